@@ -1,0 +1,41 @@
+"""What every model under test looks like to the runner."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from PIL import Image
+
+
+class BackendError(Exception):
+    """A backend cannot produce predictions: the message says what was wrong and what to do."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A model under test.
+
+    Attributes:
+        name: the model id recorded with every prediction and in results.json.
+        needs_images: whether :meth:`generate` uses the images (a predictions file does
+            not, so the runner can skip loading them).
+    """
+
+    name: str
+    needs_images: bool
+
+    def generate(self, records: list[dict], images: list[list["Image.Image"]]) -> list[str]:
+        """One output string per record, in the same order.
+
+        ``images[i]`` holds the (already loaded) images of ``records[i]``; it may be
+        empty lists when ``needs_images`` is false.
+        """
+        ...
+
+    def settings(self) -> dict:
+        """Generation settings recorded in predictions and results (JSON-serialisable, no secrets)."""
+        ...
+
+
+__all__ = ["Backend", "BackendError"]

@@ -1,0 +1,283 @@
+"""A local Hugging Face image-text-to-text model as the model under test.
+
+``HFBackend("llava-hf/llava-1.5-7b-hf")`` (Hub id or local directory) loads the model
+with ``AutoModelForImageTextToText`` and its ``AutoProcessor``; ``HFBackend(model,
+processor)`` takes objects already built (e.g. :func:`medheval.backends.tiny.build_tiny_llava`).
+
+Generation is batched with left padding, greedy unless ``do_sample=True``, and decodes
+only the new tokens. Outputs do not depend on ``batch_size``: the attention mask
+and the position ids generated from it make a left-padded row compute what it would
+compute alone (checked by the tests on a tiny LLaVA).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from medheval.backends.base import BackendError
+from medheval.prompts import PROMPT_VERSION, build_prompt
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        # float32 on CPU (exact, batch-invariant); bfloat16 on GPUs that support it.
+        if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    try:
+        return _DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise BackendError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or 'auto'") from None
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _jsonable(value: Any) -> Any:
+    """Settings values as JSON: plain values kept, anything else as its repr."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return repr(value)
+
+
+def load_model_and_processor(model_id: str | os.PathLike, *, dtype: torch.dtype, device: str, **kwargs):
+    """``AutoModelForImageTextToText`` + ``AutoProcessor`` from a Hub id or local directory.
+
+    Raises :class:`BackendError` naming ``model_id`` when it cannot be loaded (offline,
+    wrong path, not an image-text-to-text model).
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model_id = os.fspath(model_id)
+    looks_local = os.path.isabs(model_id) or model_id.startswith((".", "~")) or os.path.exists(model_id)
+    if looks_local and not os.path.isdir(os.path.expanduser(model_id)):
+        raise BackendError(
+            f"model path {model_id!r} is not a directory; pass a local directory holding config.json, "
+            "the weights and the processor files (as written by save_pretrained), or a Hub model id"
+        )
+    model_id = os.path.expanduser(model_id) if looks_local else model_id
+    try:
+        processor = AutoProcessor.from_pretrained(model_id, **kwargs)
+        model = AutoModelForImageTextToText.from_pretrained(model_id, dtype=dtype, **kwargs)
+    except (OSError, ValueError, KeyError) as err:
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+        raise BackendError(
+            f"could not load model {model_id!r} with AutoModelForImageTextToText/AutoProcessor: {err}\n"
+            "Pass a local directory holding the model and processor files (save_pretrained output), "
+            "or, for a Hub id, download it once with network access (`hf download "
+            f"{model_id}`) and then run with HF_HUB_OFFLINE=1 so the local cache is used"
+            + (" (HF_HUB_OFFLINE is set: the id must already be in the cache)." if offline else ".")
+        ) from err
+    model.to(device)
+    model.eval()
+    return model, processor
+
+
+class HFBackend:
+    """A transformers image-text-to-text model (LLaVA, Qwen2-VL, ...), batched and greedy by default.
+
+    Args:
+        model: Hub id or local directory (loaded with ``AutoModelForImageTextToText`` and
+            ``AutoProcessor``), or an already-built ``PreTrainedModel``.
+        processor: the processor for an already-built model (loaded from the model's
+            ``name_or_path`` when omitted and that is a local directory).
+        batch_size: records per ``model.generate`` call.
+        max_new_tokens, do_sample, temperature, top_p: generation settings; temperature
+            and top_p only apply when sampling.
+        seed: ``torch.manual_seed(seed)`` before every batch, so sampled outputs repeat.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default: CUDA when available.
+        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``; default float32 on
+            CPU, bfloat16 on GPU. An already-built model is converted only when given.
+        generate_kwargs: extra ``model.generate`` keyword arguments (e.g. ``custom_generate``
+            of a mitigation); they override the settings above.
+        name: model id to record; default: the string given, or the model's ``name_or_path``.
+        progress: show a tqdm bar over batches.
+    """
+
+    needs_images = True
+
+    def __init__(
+        self,
+        model: Any,
+        processor: Any = None,
+        *,
+        batch_size: int = 8,
+        max_new_tokens: int = 64,
+        do_sample: bool = False,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        device: str | None = None,
+        dtype: str | None = None,
+        generate_kwargs: dict | None = None,
+        name: str | None = None,
+        progress: bool = False,
+    ):
+        if batch_size < 1:
+            raise BackendError(f"batch_size must be >= 1, got {batch_size}")
+        if max_new_tokens < 1:
+            raise BackendError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.device = device or _default_device()
+        if isinstance(model, (str, os.PathLike)):
+            torch_dtype = _resolve_dtype(dtype, self.device)
+            loaded_model, loaded_processor = load_model_and_processor(model, dtype=torch_dtype, device=self.device)
+            self.name = name or os.fspath(model)
+            self.model = loaded_model
+            self.processor = processor if processor is not None else loaded_processor
+        else:
+            self.model = model
+            if dtype is not None:
+                self.model.to(_resolve_dtype(dtype, self.device))
+            self.model.to(self.device)
+            self.model.eval()
+            if processor is None:
+                source = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")
+                if not source or not os.path.isdir(source):
+                    raise BackendError(
+                        "HFBackend got a model object without a processor: pass processor=... "
+                        "(the model's name_or_path is not a local directory to load one from)"
+                    )
+                from transformers import AutoProcessor
+
+                processor = AutoProcessor.from_pretrained(source)
+            self.processor = processor
+            self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.batch_size = int(batch_size)
+        self.max_new_tokens = int(max_new_tokens)
+        self.do_sample = bool(do_sample)
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = int(seed)
+        self.generate_kwargs = dict(generate_kwargs or {})
+        self.progress = progress
+
+        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            if self.tokenizer.eos_token is None:
+                raise BackendError(
+                    f"the tokenizer of {self.name!r} has neither a pad nor an eos token; batched generation "
+                    "needs one (set processor.tokenizer.pad_token)"
+                )
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._use_chat_template = bool(getattr(self.processor, "chat_template", None))
+        self._image_token = (
+            getattr(self.processor, "image_token", None)
+            or getattr(self.tokenizer, "image_token", None)
+            or "<image>"
+        )
+
+    # -- prompts ----------------------------------------------------------------------
+    def format_prompt(self, record: dict, num_images: int) -> str:
+        """The full model input text for a record: chat template (or LLaVA-1.5 fallback) around
+        :func:`medheval.prompts.build_prompt`."""
+        prompt = build_prompt(record)
+        if self._use_chat_template:
+            content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": prompt}]
+            messages = [{"role": "user", "content": content}]
+            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        images = f"{self._image_token}\n" * num_images
+        return f"USER: {images}{prompt} ASSISTANT:"
+
+    # -- generation -------------------------------------------------------------------
+    def _generation_kwargs(self) -> dict:
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": self.do_sample,
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
+        if self.do_sample:
+            if self.temperature is not None:
+                kwargs["temperature"] = self.temperature
+            if self.top_p is not None:
+                kwargs["top_p"] = self.top_p
+        else:  # greedy: neutralise sampling knobs a checkpoint's generation_config may carry
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        kwargs.update(self.generate_kwargs)
+        return kwargs
+
+    def _generate_batch(self, records: list[dict], images: list[list]) -> list[str]:
+        texts = [self.format_prompt(r, len(imgs)) for r, imgs in zip(records, images)]
+        flat = [img for imgs in images for img in imgs]
+        proc_kwargs: dict[str, Any] = {"text": texts, "padding": True, "return_tensors": "pt"}
+        if flat:
+            proc_kwargs["images"] = flat
+        try:
+            inputs = self.processor(**proc_kwargs)
+        except Exception as err:  # noqa: BLE001 - name the records, keep the cause
+            ids = [r.get("id") for r in records]
+            raise BackendError(f"processor failed on records {ids}: {err}") from err
+        inputs = inputs.to(self.device)
+        if "pixel_values" in inputs and torch.is_floating_point(inputs["pixel_values"]):
+            inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
+        torch.manual_seed(self.seed)
+        with torch.inference_mode():
+            out = self.model.generate(**inputs, **self._generation_kwargs())
+        sequences = out.sequences if hasattr(out, "sequences") else out
+        new_tokens = sequences[:, inputs["input_ids"].shape[1] :]
+        decoded = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        return [text.strip() for text in decoded]
+
+    def generate(self, records: list[dict], images: list[list] | None = None) -> list[str]:
+        """One output per record, in order; ``images[i]`` are the PIL images of ``records[i]``."""
+        if images is None:
+            images = [[] for _ in records]
+        if len(images) != len(records):
+            raise BackendError(f"got {len(records)} records but {len(images)} image lists; pass one list per record")
+        starts = range(0, len(records), self.batch_size)
+        if self.progress and len(records) > self.batch_size:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc=f"generate ({self.name})", unit="batch")
+        outputs: list[str] = []
+        for start in starts:
+            end = start + self.batch_size
+            outputs.extend(self._generate_batch(records[start:end], [list(x) for x in images[start:end]]))
+        return outputs
+
+    # -- recording --------------------------------------------------------------------
+    def settings(self) -> dict:
+        settings = {
+            "backend": "hf",
+            "model": self.name,
+            "batch_size": self.batch_size,
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": self.do_sample,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "dtype": _jsonable(self.model.dtype),
+            "device": str(self.device),
+            "prompt_version": PROMPT_VERSION,
+            "chat_template": self._use_chat_template,
+        }
+        if self.generate_kwargs:
+            settings["generate_kwargs"] = _jsonable(self.generate_kwargs)
+        if getattr(self.model.config, "medheval_random_weights", False):
+            settings["random_weights"] = True
+        return settings
+
+
+__all__ = ["HFBackend", "load_model_and_processor"]

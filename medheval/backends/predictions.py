@@ -1,0 +1,158 @@
+"""Evaluate predictions made elsewhere: a JSON Lines file of ``{"id", "prediction"}``.
+
+Each non-blank line is one JSON object with the canonical record ``id``
+(``benchmark/config/upstream-id``) and the model's output text under ``prediction``.
+Other keys (``model``, ``mitigation``, settings, timing: what the runner itself writes)
+are allowed and ignored, so a predictions file from an earlier run can be re-scored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from medheval.backends.base import BackendError
+
+EXPECTED_LINE = '{"id": "<benchmark/config/upstream-id>", "prediction": "<model output text>"}'
+_MAX_LISTED = 20
+_MAX_ERRORS = 50
+
+
+def _preview(items: list[str], limit: int = _MAX_LISTED) -> str:
+    shown = ", ".join(repr(x) for x in items[:limit])
+    more = f", ... and {len(items) - limit} more" if len(items) > limit else ""
+    return f"{len(items)} id(s): {shown}{more}"
+
+
+class PredictionsFileBackend:
+    """A :class:`~medheval.backends.base.Backend` that reads its outputs from a JSONL file.
+
+    The file is read and validated when the backend is created; every problem is
+    reported at once, each with its line number.
+
+    Args:
+        path: the JSONL file.
+        name: the model id to record; defaults to the file's ``model`` field when every
+            line carries the same one, else the file name without extension.
+    """
+
+    needs_images = False
+
+    def __init__(self, path: str | os.PathLike, *, name: str | None = None):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise BackendError(f"predictions file {str(self.path)!r} does not exist or is not a file")
+        raw = self.path.read_bytes()
+        self._sha256 = hashlib.sha256(raw).hexdigest()
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as err:
+            raise BackendError(f"predictions file {str(self.path)!r} is not UTF-8: {err}") from None
+
+        self._predictions: dict[str, str] = {}
+        first_line: dict[str, int] = {}
+        duplicates: dict[str, list[int]] = {}
+        errors: list[str] = []
+        models: set[str] = set()
+
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                errors.append(f"line {lineno}: invalid JSON ({err.msg} at column {err.colno})")
+                continue
+            if not isinstance(obj, dict):
+                errors.append(f"line {lineno}: expected a JSON object, got {type(obj).__name__}")
+                continue
+            missing = [key for key in ("id", "prediction") if key not in obj]
+            if missing:
+                errors.append(
+                    f"line {lineno}: missing key(s) {missing} (found {sorted(obj)}); "
+                    f"the model output must be under 'prediction'"
+                )
+                continue
+            rid, pred = obj["id"], obj["prediction"]
+            if not isinstance(rid, str) or not rid:
+                errors.append(f"line {lineno}: 'id' must be a non-empty string, got {rid!r}")
+                continue
+            if not isinstance(pred, str):
+                errors.append(
+                    f"line {lineno} (id {rid!r}): 'prediction' must be a string, got {type(pred).__name__}"
+                )
+                continue
+            if rid in first_line:
+                duplicates.setdefault(rid, [first_line[rid]]).append(lineno)
+                continue
+            first_line[rid] = lineno
+            self._predictions[rid] = pred
+            if isinstance(obj.get("model"), str):
+                models.add(obj["model"])
+
+        if duplicates:
+            errors.extend(
+                f"duplicate id {rid!r} on lines {', '.join(map(str, lines))}" for rid, lines in duplicates.items()
+            )
+        if errors:
+            shown = errors[:_MAX_ERRORS]
+            more = f"\n  ... and {len(errors) - _MAX_ERRORS} more" if len(errors) > _MAX_ERRORS else ""
+            raise BackendError(
+                f"predictions file {str(self.path)!r} has {len(errors)} problem(s):\n  "
+                + "\n  ".join(shown)
+                + more
+                + f"\nEach line must be a JSON object like {EXPECTED_LINE}."
+            )
+        if not self._predictions:
+            raise BackendError(
+                f"predictions file {str(self.path)!r} is empty: expected one JSON object per line, "
+                f"like {EXPECTED_LINE}"
+            )
+
+        if name is None:
+            name = models.pop() if len(models) == 1 else self.path.stem
+        self.name = name
+
+    # -- inspection -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._predictions)
+
+    def ids(self) -> list[str]:
+        """The record ids in the file, in file order."""
+        return list(self._predictions)
+
+    def check_against(self, record_ids: list[str]) -> tuple[list[str], list[str]]:
+        """``(missing, extra)``: benchmark ids with no prediction, and file ids not in the benchmark.
+
+        Both lists keep their source order (benchmark order, file order).
+        """
+        wanted = set(record_ids)
+        missing = [rid for rid in record_ids if rid not in self._predictions]
+        extra = [rid for rid in self._predictions if rid not in wanted]
+        return missing, extra
+
+    # -- Backend ----------------------------------------------------------------------
+    def generate(self, records: list[dict], images: list | None = None) -> list[str]:
+        """The stored prediction of each record, in order; ``images`` is ignored."""
+        missing = [r["id"] for r in records if r["id"] not in self._predictions]
+        if missing:
+            raise BackendError(
+                f"predictions file {str(self.path)!r} has no prediction for {_preview(missing)}. "
+                "Check that the file's ids are the canonical record ids (benchmark/config/upstream-id) "
+                "of the benchmark and config being evaluated."
+            )
+        return [self._predictions[r["id"]] for r in records]
+
+    def settings(self) -> dict:
+        return {
+            "backend": "predictions_file",
+            "model": self.name,
+            "path": str(self.path),
+            "sha256": self._sha256,
+            "num_predictions": len(self._predictions),
+        }
+
+
+__all__ = ["PredictionsFileBackend"]

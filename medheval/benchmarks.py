@@ -1,0 +1,172 @@
+"""Load a benchmark split as a ``datasets.Dataset`` in the canonical schema.
+
+``datasets`` >= 4 cannot load dataset scripts, so the builder in ``datasets/<name>/<name>.py``
+is imported by path (:mod:`medheval.registry`) and instantiated directly. The Arrow cache
+is keyed by the builder code and the sha256 of the annotation files actually read, so
+editing a local ``data_dir`` copy never serves stale records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import datasets
+
+from medheval import medheval_source, parsing, schema
+from medheval.fetch import default_cache_dir, fetch
+from medheval.registry import list_units, load_unit_module
+
+ON_MISSING = ("error", "skip")
+
+
+@dataclass
+class LoadedBenchmark:
+    """A loaded split plus what the results must record about it."""
+
+    dataset: datasets.Dataset
+    name: str
+    config: str
+    files: list[dict[str, Any]] = field(default_factory=list)  # relpath, sha256, verified, origin
+    skipped_missing_images: list[tuple[str, str]] = field(default_factory=list)  # (record id, image ref)
+    quality: dict[str, Any] = field(default_factory=dict)
+
+
+def list_benchmarks() -> list[str]:
+    """Names of the benchmark units in ``datasets/``."""
+    return list_units("datasets")
+
+
+def parse_benchmark_spec(spec: str) -> tuple[str, str | None]:
+    """``"knowledge:open"`` -> ``("knowledge", "open")``; ``"mm_vishal"`` -> ``("mm_vishal", None)``."""
+    name, _, config = spec.partition(":")
+    return name.strip(), (config.strip() or None)
+
+
+def builder_class(name: str) -> type[datasets.GeneratorBasedBuilder]:
+    """The ``GeneratorBasedBuilder`` subclass defined in ``datasets/<name>/<name>.py``."""
+    module = load_unit_module("datasets", name)
+    found = [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, datasets.GeneratorBasedBuilder)
+        and obj.__module__ == module.__name__
+    ]
+    if len(found) != 1:
+        raise TypeError(f"datasets/{name}/{name}.py must define exactly one GeneratorBasedBuilder, found {len(found)}")
+    return found[0]
+
+
+def benchmark_configs(name: str) -> list[str]:
+    """Config names of one benchmark."""
+    return [config.name for config in builder_class(name).BUILDER_CONFIGS]
+
+
+def _resolve_config(name: str, config: str | None) -> str:
+    cls = builder_class(name)
+    names = [c.name for c in cls.BUILDER_CONFIGS]
+    chosen = config or cls.DEFAULT_CONFIG_NAME or names[0]
+    if chosen not in names:
+        raise ValueError(f"benchmark {name!r} has no config {chosen!r}; choose one of {names}")
+    return chosen
+
+
+def _code_fingerprint(name: str) -> hashlib._Hash:
+    digest = hashlib.sha256()
+    for module in (load_unit_module("datasets", name), medheval_source, parsing, schema):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest
+
+
+def prepare_benchmark(
+    name: str,
+    config: str | None = None,
+    data_dir: str | Path | None = None,
+    image_roots: Mapping[str, Any] | None = None,
+    on_missing: str = "error",
+    cache_dir: str | Path | None = None,
+) -> LoadedBenchmark:
+    """Build (or reuse from cache) one split; resolve image references when ``image_roots`` is given."""
+    if on_missing not in ON_MISSING:
+        raise ValueError(f"on_missing must be one of {ON_MISSING}, got {on_missing!r}")
+    config = _resolve_config(name, config)
+    cls = builder_class(name)
+    data_dir = str(Path(data_dir).expanduser().resolve()) if data_dir is not None else None
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir().parent / "datasets"
+
+    probe = cls(config_name=config, data_dir=data_dir, cache_dir=str(cache_root))
+    fetched = [(key, fetch(medheval_source.FILES[key], data_dir=data_dir)) for key, _ in probe.config_files()]
+    fingerprint = _code_fingerprint(name)
+    for _, item in fetched:
+        fingerprint.update(item.sha256.encode())
+    builder = cls(
+        config_name=config, data_dir=data_dir, cache_dir=str(cache_root), hash=fingerprint.hexdigest()[:16]
+    )
+    builder.download_and_prepare()
+    dataset = builder.as_dataset(split="test")
+    files = [
+        {"relpath": medheval_source.FILES[key].relpath, "sha256": item.sha256, "verified": item.verified,
+         "origin": item.origin}
+        for key, item in fetched
+    ]
+    quality = medheval_source.quality_summary(dataset.select_columns(["id", "config", "meta"]))
+    loaded = LoadedBenchmark(dataset=dataset, name=name, config=config, files=files, quality=quality)
+    if image_roots:
+        attach_images(loaded, image_roots, on_missing)
+    return loaded
+
+
+def attach_images(loaded: LoadedBenchmark, image_roots: Mapping[str, Any], on_missing: str = "error") -> None:
+    """Check every image reference resolves, drop (``skip``) or refuse (``error``) the missing ones,
+    and add a lazily decoded ``image`` column (a list of PIL images per record)."""
+    from medheval.images import ImageResolver
+
+    resolver = ImageResolver(image_roots)
+    records = loaded.dataset.select_columns(["id", "images", "source"]).to_list()
+    kept, skipped = resolver.partition(records, on_missing=on_missing)
+    if skipped:
+        kept_ids = {record["id"] for record in kept}
+        indices = [index for index, record in enumerate(records) if record["id"] in kept_ids]
+        loaded.dataset = loaded.dataset.select(indices)
+    loaded.skipped_missing_images = list(skipped)
+
+    def decode(batch: dict[str, list]) -> dict[str, list]:
+        batch["image"] = [
+            resolver.load_record_images({"id": rid, "images": refs, "source": source})
+            for rid, refs, source in zip(batch["id"], batch["images"], batch["source"])
+        ]
+        return batch
+
+    loaded.dataset = loaded.dataset.with_transform(decode)
+
+
+def load_benchmark(
+    name: str,
+    config: str | None = None,
+    data_dir: str | Path | None = None,
+    image_roots: Mapping[str, Any] | None = None,
+    on_missing: str = "error",
+    cache_dir: str | Path | None = None,
+) -> datasets.Dataset:
+    """One MedHEval-HF benchmark split as a ``datasets.Dataset`` (canonical schema, DESIGN.md).
+
+    >>> ds = load_benchmark("cxr_vishal", config="mimic_cxr",
+    ...                     image_roots={"mimic_cxr": "/data/mimic-cxr-jpg/2.1.0/files"})  # doctest: +SKIP
+
+    ``name`` may carry the config (``"knowledge:open"``). ``data_dir`` is a local copy of the
+    upstream ``benchmark_data/`` folder; without it the pinned upstream files are downloaded
+    once and verified. With ``image_roots`` ({source: local folder | URL template | hf://...})
+    the rows gain a lazily decoded ``image`` column; missing images raise (listing the ids) or,
+    with ``on_missing="skip"``, are dropped (use :func:`prepare_benchmark` to get the count).
+    """
+    spec_name, spec_config = parse_benchmark_spec(name)
+    if spec_config and config and spec_config != config:
+        raise ValueError(f"config given twice: {name!r} and config={config!r}")
+    return prepare_benchmark(
+        spec_name, config or spec_config, data_dir=data_dir, image_roots=image_roots,
+        on_missing=on_missing, cache_dir=cache_dir,
+    ).dataset

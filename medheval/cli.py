@@ -1,0 +1,136 @@
+"""``medheval`` command line (``run_eval.py`` is the same as ``medheval run``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+TINY_MODEL = "tiny-random-llava"
+RANDOM_WEIGHTS_LABEL = ("RANDOM WEIGHTS: the built-in tiny-random-llava is a demo model; its numbers mean nothing. "
+                        "Point --model at a real checkpoint for real numbers.")
+
+
+def _split_list(values: Sequence[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [item.strip() for value in values for item in value.split(",") if item.strip()]
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``medheval run`` / ``run_eval.py``."""
+    parser.add_argument("--benchmark", action="append", required=True, metavar="NAME[:CONFIG]",
+                        help="benchmark split, e.g. cxr_vishal, mm_vishal:slake, knowledge:open (repeatable, or comma list)")
+    who = parser.add_mutually_exclusive_group(required=True)
+    who.add_argument("--model", help=f"HF image-text-to-text model (Hub id or local dir), or '{TINY_MODEL}'")
+    who.add_argument("--predictions", help="score a JSONL of {\"id\", \"prediction\"} made elsewhere")
+    parser.add_argument("--output", required=True, help="output folder (re-running resumes it)")
+    parser.add_argument("--data-dir", help="local copy of MedHEval's benchmark_data/ (default: pinned download)")
+    parser.add_argument("--image-root", action="append", default=[], metavar="SOURCE=ROOT",
+                        help="image root per source: a folder, a URL template with {path}, or hf://dataset (repeatable)")
+    parser.add_argument("--on-missing", choices=("error", "skip"), default="error",
+                        help="missing images: stop with the list of ids (default) or skip and count them")
+    parser.add_argument("--metrics", action="append", help="metric names (default: by answer type)")
+    parser.add_argument("--limit", type=int, help="only the first N records of each split")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda when available)")
+    parser.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--allow-missing-predictions", action="store_true",
+                        help="with --predictions: score the records present, count the others as missing")
+
+
+def build_backend(args: argparse.Namespace):
+    """The backend named by ``--model`` / ``--predictions``; labels for the report."""
+    from medheval.backends.hf import HFBackend
+    from medheval.backends.predictions import PredictionsFileBackend
+
+    if args.predictions:
+        return PredictionsFileBackend(args.predictions), {}
+    common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+                  temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=args.device, dtype=args.dtype)
+    if args.model == TINY_MODEL:
+        from medheval.backends.tiny import build_tiny_llava
+
+        model, processor = build_tiny_llava(seed=args.seed)
+        model.name_or_path = TINY_MODEL
+        backend = HFBackend(model, processor, **common)
+        backend.name = TINY_MODEL
+        return backend, {"random_weights": RANDOM_WEIGHTS_LABEL}
+    return HFBackend(args.model, **common), {}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from medheval.images import parse_image_root_args
+    from medheval.runner import RunSpec, run
+
+    backend, labels = build_backend(args)
+    spec = RunSpec(
+        benchmarks=_split_list(args.benchmark) or [],
+        output=args.output,
+        data_dir=args.data_dir,
+        image_roots=parse_image_root_args(args.image_root) or None,
+        on_missing=args.on_missing,
+        metrics=_split_list(args.metrics),
+        limit=args.limit,
+        allow_missing_predictions=args.allow_missing_predictions,
+        labels=labels,
+    )
+    results = run(spec, backend, batch_size=args.batch_size)
+    print((Path(args.output) / "results.md").read_text())
+    print(f"results: {Path(args.output) / 'results.json'}")
+    return 0 if results["benchmarks"] else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from medheval.demo import run_demo
+
+    run_demo(args.output, batch_size=args.batch_size)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from medheval.benchmarks import benchmark_configs, list_benchmarks
+    from medheval.registry import list_units
+
+    listing = {"benchmarks": {name: benchmark_configs(name) for name in list_benchmarks()},
+               "metrics": list_units("metrics"), "mitigations": list_units("mitigations")}
+    print(json.dumps(listing, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="medheval", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="benchmarks × model → predictions → metrics → tables")
+    add_run_arguments(run_parser)
+    run_parser.set_defaults(handler=cmd_run)
+    demo = commands.add_parser("demo", help="the whole pipeline on the embedded fixtures with a tiny random model")
+    demo.add_argument("--output", default="runs/demo")
+    demo.add_argument("--batch-size", type=int, default=8)
+    demo.set_defaults(handler=cmd_demo)
+    listing = commands.add_parser("list", help="benchmarks (with configs), metrics, mitigations")
+    listing.set_defaults(handler=cmd_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; user errors print one clear message and exit 2."""
+    from medheval.errors import USER_ERRORS
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

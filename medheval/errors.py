@@ -1,0 +1,20 @@
+"""The exceptions that mean "the user's input or setup is wrong" (shown as one message, no traceback)."""
+
+from __future__ import annotations
+
+from medheval.backends.base import BackendError
+from medheval.fetch import AnnotationUnavailable, ChecksumMismatch
+from medheval.images import ImageError
+from medheval.predictions_log import CorruptLogError
+from medheval.runner import RunError
+
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    AnnotationUnavailable,
+    BackendError,
+    ChecksumMismatch,
+    CorruptLogError,
+    ImageError,
+    RunError,
+    KeyError,
+    ValueError,
+)

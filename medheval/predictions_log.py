@@ -1,0 +1,74 @@
+"""The append-only predictions log (``predictions.jsonl``): one JSON object per line, flushed per line.
+
+A run killed at any point leaves every finished record on disk; at most the line being written
+is torn. :func:`read_log` repairs a torn *last* line (it is dropped, then regenerated) and refuses
+a corrupt line anywhere else, naming the line number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+
+class CorruptLogError(ValueError):
+    """A line other than the last one of ``predictions.jsonl`` is not valid JSON."""
+
+
+def log_key(entry: dict[str, Any]) -> tuple[str, str, str]:
+    """Records are unique per (id, model, mitigation)."""
+    return entry["id"], entry.get("model", ""), entry.get("mitigation", "none")
+
+
+def read_log(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:
+    """All entries of a predictions log.
+
+    Every newline-terminated line must be valid JSON. An unterminated final line is what a
+    kill mid-write leaves: with ``repair`` it is truncated away (its record is regenerated).
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    complete_end = raw.rfind(b"\n") + 1  # bytes up to and including the last newline
+    if complete_end < len(raw) and repair:
+        with open(path, "r+b") as handle:
+            handle.truncate(complete_end)
+    entries: list[dict[str, Any]] = []
+    for number, line in enumerate(raw[:complete_end].split(b"\n")[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise CorruptLogError(
+                f"{path}: line {number} is not valid JSON ({error.msg}); the log was edited or"
+                f" damaged. Fix or remove that line, or start a new --output folder."
+            ) from error
+    return entries
+
+
+class LogWriter:
+    """Appends entries one per line, flushing each so a killed process loses nothing written."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle: IO[str] = open(self.path, "a", encoding="utf-8")
+
+    def write(self, entry: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+
+    def __enter__(self) -> "LogWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Paper-style tables and reports from ``results.json``."""

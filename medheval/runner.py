@@ -1,0 +1,227 @@
+"""benchmark -> backend -> ``predictions.jsonl`` (append-only, resumable) -> metrics -> results.
+
+One output folder holds one run: ``predictions.jsonl`` (all benchmarks, keyed by
+(id, model, mitigation)), ``run.json`` (the settings the predictions were made with; a resumed
+run must match them), ``scored.jsonl`` (per-item correctness), ``results.json`` and ``results.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from tqdm.auto import tqdm
+
+from medheval import __version__
+from medheval.backends.base import Backend, BackendError
+from medheval.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
+from medheval.predictions_log import LogWriter, log_key, read_log
+from medheval.registry import list_units, metric_path
+
+CLOSE_ENDED_TYPES = frozenset({"yes_no", "multiple_choice"})
+DEFAULT_METRICS = {"close": ("close_ended_accuracy",), "open": ()}
+
+
+class RunError(RuntimeError):
+    """A run cannot proceed; the message says what to change."""
+
+
+@dataclass
+class RunSpec:
+    """What to run: benchmark specs (``name`` or ``name:config``) and where inputs come from."""
+
+    benchmarks: Sequence[str]
+    output: str | Path
+    data_dir: str | Path | None = None
+    image_roots: Mapping[str, Any] | None = None
+    on_missing: str = "error"
+    metrics: Sequence[str] | None = None  # None: the defaults for each split's answer types
+    limit: int | None = None
+    mitigation: str = "none"
+    allow_missing_predictions: bool = False
+    labels: dict[str, str] = field(default_factory=dict)  # extra labels for the report (e.g. random weights)
+
+
+def _versions() -> dict[str, str]:
+    import datasets
+    import evaluate
+    import transformers
+
+    versions = {"medheval": __version__, "python": platform.python_version(), "datasets": datasets.__version__,
+                "evaluate": evaluate.__version__, "transformers": transformers.__version__}
+    try:
+        import torch
+
+        versions["torch"] = torch.__version__
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return versions
+
+
+def _check_run_settings(output: Path, settings: dict[str, Any]) -> None:
+    """Refuse to resume into a folder whose predictions were made with other settings."""
+    path = output / "run.json"
+    if path.exists():
+        previous = json.loads(path.read_text())
+        if previous != settings:
+            changed = sorted(k for k in set(previous) | set(settings) if previous.get(k) != settings.get(k))
+            raise RunError(
+                f"{output} holds predictions made with different settings (changed: {', '.join(changed)}). "
+                f"Resume with the same settings, or choose a new --output folder."
+            )
+    else:
+        output.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings, indent=2, sort_keys=True))
+
+
+def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None) -> list[str]:
+    if requested is not None:
+        available = list_units("metrics")
+        unknown = [name for name in requested if name not in available]
+        if unknown:
+            raise RunError(f"unknown metric(s) {unknown}; available: {', '.join(available)}")
+        return list(requested)
+    answer_types = set(loaded.dataset.unique("answer_type"))
+    return list(DEFAULT_METRICS["close" if answer_types <= CLOSE_ENDED_TYPES else "open"])
+
+
+def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogWriter,
+                         done: set[tuple[str, str, str]], mitigation: str, batch_size: int) -> int:
+    """Generate for every record not yet in the log; returns how many were generated now."""
+    dataset = loaded.dataset
+    ids = dataset["id"]
+    todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation) not in done]
+    generated = 0
+    with tqdm(total=len(ids), initial=len(ids) - len(todo), desc=f"{loaded.name}:{loaded.config}", unit="item") as bar:
+        for start in range(0, len(todo), batch_size):
+            batch = dataset[todo[start:start + batch_size]]
+            records = [dict(zip(batch.keys(), values)) for values in zip(*batch.values())]
+            images = [record.pop("image", []) for record in records]
+            began = time.perf_counter()
+            outputs = backend.generate(records, images)
+            seconds = (time.perf_counter() - began) / max(len(records), 1)
+            if len(outputs) != len(records):
+                raise BackendError(f"backend {backend.name} returned {len(outputs)} outputs for {len(records)} records")
+            for record, prediction in zip(records, outputs):
+                writer.write({"id": record["id"], "prediction": prediction, "model": backend.name,
+                              "mitigation": mitigation, "seconds": round(seconds, 6)})
+            generated += len(records)
+            bar.update(len(records))
+    return generated
+
+
+def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names: Sequence[str]) -> tuple[dict, list[dict]]:
+    """Run the metrics on the records that have a prediction; returns (results, per-item rows)."""
+    os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
+    import evaluate
+
+    rows = [row for row in loaded.dataset.select_columns(
+        ["id", "answer", "answer_type", "choices", "category", "source", "meta"]).to_list() if row["id"] in predictions]
+    results: dict[str, Any] = {}
+    per_item = [{"id": row["id"], "prediction": predictions[row["id"]], "reference": row["answer"]} for row in rows]
+    if not rows:
+        return results, per_item
+    for name in metric_names:
+        metric = evaluate.load(metric_path(name))
+        if name == "close_ended_accuracy":
+            out = metric.compute(
+                predictions=[predictions[row["id"]] for row in rows],
+                references=[row["answer"] for row in rows],
+                answer_types=[row["answer_type"] for row in rows],
+                choices=[row["choices"] for row in rows],
+                categories=[row["category"] for row in rows],
+            )
+            for item, correct, parsed in zip(per_item, out.pop("correct"), out.pop("parsed")):
+                item.update(correct=correct, parsed=parsed)
+            out["accuracy_by_source"] = _accuracy_by(rows, per_item, "source")
+        else:
+            out = metric.compute(predictions=[predictions[row["id"]] for row in rows],
+                                 references=[row["answer"] for row in rows])
+        results[name] = out
+    return results, per_item
+
+
+def _accuracy_by(rows: list[dict], items: list[dict], key: str) -> dict[str, float]:
+    totals: dict[str, list[int]] = {}
+    for row, item in zip(rows, items):
+        tally = totals.setdefault(row[key], [0, 0])
+        tally[0] += bool(item.get("correct"))
+        tally[1] += 1
+    return {name: hits / n for name, (hits, n) in sorted(totals.items())}
+
+
+def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
+    """Compare a predictions file's ids with the split; report mismatches clearly."""
+    missing, extra = backend.check_against(loaded.dataset["id"])
+    prefix = f"{loaded.name}/{loaded.config}/"
+    extra = [rid for rid in extra if rid.startswith(f"{loaded.name}/")]
+    if missing and not allow_missing:
+        raise RunError(
+            f"{len(missing)} record(s) of {loaded.name}:{loaded.config} have no prediction in {backend.path} "
+            f"(first: {missing[:10]}). Ids look like {prefix}<qid>. Pass --allow-missing-predictions to score "
+            f"only the records present (the others are counted as missing)."
+        )
+    if missing:
+        keep = set(loaded.dataset["id"]) - set(missing)
+        loaded.dataset = loaded.dataset.filter(lambda row: row["id"] in keep)
+    loaded.quality["missing_predictions"] = len(missing)
+    loaded.quality["unknown_prediction_ids"] = extra[:20]
+    return loaded
+
+
+def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
+    """Run every benchmark of ``spec`` with ``backend``; writes and returns ``results.json``'s content."""
+    from medheval.report.tables import write_markdown
+
+    output = Path(spec.output)
+    settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),
+                "limit": spec.limit, "benchmarks": list(spec.benchmarks)}
+    _check_run_settings(output, settings)
+    log_path = output / "predictions.jsonl"
+    entries = read_log(log_path)
+    done = {log_key(entry) for entry in entries}
+    results: dict[str, Any] = {"settings": settings, "versions": _versions(), "labels": dict(spec.labels),
+                               "benchmarks": {}}
+    scored: list[dict[str, Any]] = []
+    with LogWriter(log_path) as writer:
+        for benchmark_spec in spec.benchmarks:
+            name, config = parse_benchmark_spec(benchmark_spec)
+            loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
+                                       image_roots=spec.image_roots if backend.needs_images else None,
+                                       on_missing=spec.on_missing)
+            if backend.needs_images and not spec.image_roots:
+                sources = sorted(set(loaded.dataset["source"]))
+                raise RunError(f"model {backend.name} needs images; pass --image-root for: "
+                               + ", ".join(f"{source}=PATH" for source in sources))
+            if spec.limit is not None:
+                loaded.dataset = loaded.dataset.select(range(min(spec.limit, len(loaded.dataset))))
+            if hasattr(backend, "check_against"):
+                loaded = _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
+            metric_names = _metric_names(loaded, spec.metrics)
+            generated = generate_predictions(loaded, backend, writer, done, spec.mitigation, batch_size)
+            entries_now = read_log(log_path, repair=False) if generated else entries
+            predictions = {entry["id"]: entry["prediction"] for entry in entries_now
+                           if entry.get("model") == backend.name and entry.get("mitigation", "none") == spec.mitigation}
+            metric_results, per_item = score(loaded, predictions, metric_names)
+            scored.extend({**item, "model": backend.name, "mitigation": spec.mitigation} for item in per_item)
+            results["benchmarks"][f"{loaded.name}:{loaded.config}"] = {
+                "n_records": len(loaded.dataset),
+                "n_scored": len(per_item),
+                "generated_this_run": generated,
+                "skipped_missing_images": {"count": len(loaded.skipped_missing_images),
+                                           "examples": [rid for rid, _ in loaded.skipped_missing_images[:20]]},
+                "annotation_files": loaded.files,
+                "data_quality": loaded.quality,
+                "metrics": metric_results,
+            }
+            entries = entries_now
+    with open(output / "scored.jsonl", "w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(item, ensure_ascii=False) + "\n" for item in scored)
+    (output / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True, default=str))
+    write_markdown(results, output / "results.md")
+    return results

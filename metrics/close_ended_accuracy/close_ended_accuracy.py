@@ -1,0 +1,191 @@
+# Copyright 2025 The MedHEval-HF authors. Licensed under the Apache License, Version 2.0.
+"""Close-ended accuracy (yes/no and multiple choice) for medical VQA hallucination benchmarks."""
+
+from collections import defaultdict
+
+import datasets
+import evaluate
+import medheval.parsing
+
+
+_CITATION = """\
+@article{chang2025medheval,
+  title   = {MedHEval: Benchmarking Hallucinations and Mitigation Strategies in Medical Large Vision-Language Models},
+  author  = {Chang, Aofei and Huang, Le and Bhatia, Parminder and Kass-Hout, Taha and Ma, Fenglong and Xiao, Cao},
+  journal = {arXiv preprint arXiv:2503.02157},
+  year    = {2025}
+}
+"""
+
+_DESCRIPTION = """\
+Accuracy of free-text answers to close-ended medical VQA questions (yes/no and multiple
+choice), as used by MedHEval's visual, knowledge and context close-ended splits. Each
+prediction is parsed by `medheval.parsing`: yes/no answers with a negation- and hedge-aware
+rule parser, multiple-choice answers by letter ("B", "(B)", "The answer is B"), by option
+text, or by a fuzzy match. Unparsed predictions count as wrong (`n_unparsed`); items whose
+reference is itself unusable (label noise such as a binary answer "Abnormal") count as wrong
+and are reported (`n_bad_reference`). Accuracy is also broken down by category (for the
+visual splits: anatomy, measurement, symptom, radiology = Acc-A/M/S/R) and by answer type.
+With `upstream_compat=True` the original MedHEval scorer is reproduced instead (token rule
+for yes/no, difflib argmax over letter-prefixed options for multiple choice).
+"""
+
+_KWARGS_DESCRIPTION = """
+Args:
+    predictions (`list` of `str`): model answers, free text.
+    references (`list` of `str`): reference answers as released ("Yes", "B. Pneumonia", "B", "Pneumonia").
+    answer_types (`list` of `str`): "yes_no" or "multiple_choice" per item ("binary" and
+        "multi-choice" are accepted too).
+    choices (`list` of `list` of `str`, *optional*): option texts per item (without letters;
+        a raw "A. x, B. y" string per item is also accepted). Needed for multiple choice.
+    categories (`list` of `str`, *optional*): category per item (e.g. anatomy, measurement,
+        symptom, radiology). Gives `accuracy_by_category`; `None` entries are left out of it.
+    raw_choices (`list` of `str`, *optional*): the upstream choices strings, used by
+        `upstream_compat=True` (rebuilt as "A. x, B. y" from `choices` when absent).
+    upstream_compat (`bool`, *optional*, defaults to `False`): score exactly as MedHEval's
+        `eval_yesno.py` / `eval_multichoice.py`. Items upstream skips (no option B) are left
+        out of `n` and counted in `n_skipped_upstream`.
+    threshold (`float`, *optional*, defaults to 0.6): minimum difflib ratio for a fuzzy
+        option-text match (native scoring only).
+
+Returns:
+    accuracy (`float`): fraction of the `n` items answered correctly.
+    accuracy_by_category (`dict`): category -> accuracy (empty without `categories`).
+    accuracy_by_answer_type (`dict`): "yes_no"/"multiple_choice" -> accuracy.
+    n (`int`): number of items scored.
+    n_unparsed (`int`): predictions that could not be parsed (counted wrong).
+    n_bad_reference (`int`): items whose reference is unusable (counted wrong; 0 in upstream mode).
+    n_skipped_upstream (`int`): only with `upstream_compat=True`.
+    correct (`list` of `bool`): per item (`None` for items skipped in upstream mode).
+    parsed (`list` of `bool`): per item, whether the prediction could be parsed.
+
+Examples:
+    >>> import evaluate
+    >>> metric = evaluate.load("metrics/close_ended_accuracy")  # doctest: +SKIP
+    >>> results = metric.compute(
+    ...     predictions=["No, there is no effusion.", "The answer is B.", "Cannot be determined."],
+    ...     references=["No", "B. Pneumonia", "Yes"],
+    ...     answer_types=["yes_no", "multiple_choice", "yes_no"],
+    ...     choices=[[], ["Pleural effusion", "Pneumonia"], []],
+    ...     categories=["symptom", "symptom", "anatomy"],
+    ... )  # doctest: +SKIP
+    >>> round(results["accuracy"], 4), results["n_unparsed"], results["accuracy_by_category"]  # doctest: +SKIP
+    (0.6667, 1, {'anatomy': 0.0, 'symptom': 1.0})
+"""
+
+
+def _column(name, values, n):
+    if values is None:
+        return None
+    values = list(values)
+    if len(values) != n:
+        raise ValueError(f"Mismatch in the number of predictions ({n}) and {name} ({len(values)})")
+    return values
+
+
+def _ratio(hits, total):
+    return float(hits) / total if total else 0.0
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class CloseEndedAccuracy(evaluate.Metric):
+    """Close-ended (yes/no, multiple-choice) accuracy with robust answer parsing."""
+
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features(
+                {
+                    "predictions": datasets.Value("string"),
+                    "references": datasets.Value("string"),
+                    "answer_types": datasets.Value("string"),
+                }
+            ),
+            homepage="https://github.com/Aofei-Chang/MedHEval",
+            codebase_urls=["https://github.com/Aofei-Chang/MedHEval"],
+            reference_urls=["https://arxiv.org/abs/2503.02157"],
+        )
+
+    def _compute(
+        self,
+        predictions,
+        references,
+        answer_types,
+        choices=None,
+        categories=None,
+        raw_choices=None,
+        upstream_compat=False,
+        threshold=0.6,
+    ):
+        parsing = medheval.parsing
+        n = len(predictions)
+        if len(references) != n or len(answer_types) != n:
+            raise ValueError(
+                f"Mismatch in the number of predictions ({n}), references ({len(references)}) "
+                f"and answer_types ({len(answer_types)})"
+            )
+        choices = _column("choices", choices, n)
+        categories = _column("categories", categories, n)
+        raw_choices = _column("raw_choices", raw_choices, n)
+
+        kinds = []
+        for i, answer_type in enumerate(answer_types):
+            try:
+                kinds.append(parsing.canonical_answer_type(answer_type))
+            except ValueError:
+                raise ValueError(
+                    f"item {i}: unknown answer_type {answer_type!r} (expected 'yes_no' or 'multiple_choice')"
+                ) from None
+            if kinds[-1] == "multiple_choice" and not (choices and choices[i]) and not (raw_choices and raw_choices[i]):
+                raise ValueError(f"item {i}: answer_type {answer_type!r} needs choices, got none")
+
+        correct, parsed = [], []
+        n_bad_reference = n_skipped = 0
+        for i in range(n):
+            item_choices = choices[i] if choices is not None else None
+            if isinstance(item_choices, str):
+                item_choices = parsing.split_choices(item_choices)
+            if upstream_compat:
+                if kinds[i] == "yes_no":
+                    ok = parsing.upstream_yes_no_correct(predictions[i], references[i])
+                    is_parsed = parsing.upstream_yes_no(predictions[i]) != -1
+                else:
+                    raw = raw_choices[i] if raw_choices is not None and raw_choices[i] else None
+                    if raw is None:
+                        raw = parsing.join_choices(item_choices or [])
+                    ok = parsing.upstream_multiple_choice_correct(predictions[i], references[i], raw)
+                    is_parsed = ok is not None
+                    if ok is None:
+                        n_skipped += 1
+                correct.append(ok)
+                parsed.append(is_parsed)
+            else:
+                score = parsing.score_item(predictions[i], references[i], kinds[i], item_choices, threshold)
+                correct.append(score.correct)
+                parsed.append(score.parsed)
+                n_bad_reference += not score.reference_ok
+
+        scored = [i for i in range(n) if correct[i] is not None]
+        by_category, by_type = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0])
+        for i in scored:
+            by_type[kinds[i]][0] += bool(correct[i])
+            by_type[kinds[i]][1] += 1
+            if categories is not None and categories[i] is not None:
+                by_category[categories[i]][0] += bool(correct[i])
+                by_category[categories[i]][1] += 1
+
+        result = {
+            "accuracy": _ratio(sum(bool(correct[i]) for i in scored), len(scored)),
+            "accuracy_by_category": {str(k): _ratio(*v) for k, v in sorted(by_category.items(), key=lambda kv: str(kv[0]))},
+            "accuracy_by_answer_type": {k: _ratio(*v) for k, v in sorted(by_type.items())},
+            "n": len(scored),
+            "n_unparsed": sum(1 for i in scored if not parsed[i]),
+            "n_bad_reference": n_bad_reference,
+            "correct": correct,
+            "parsed": parsed,
+        }
+        if upstream_compat:
+            result["n_skipped_upstream"] = n_skipped
+        return result

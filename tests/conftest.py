@@ -1,0 +1,40 @@
+"""Shared fixtures: the fixture benchmark on disk, the upstream data folder when present."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_UPSTREAM = REPO.parent / "shared" / "data" / "upstream"
+UPSTREAM_MEDHEVAL = SHARED_UPSTREAM / "medheval"
+
+os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def fixture_benchmark(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The embedded fixture benchmark (synthetic items in MedHEval's real schemas) with images."""
+    from medheval.fixtures import write_fixture_benchmark
+
+    return write_fixture_benchmark(tmp_path_factory.mktemp("fixture"))
+
+
+@pytest.fixture(scope="session")
+def dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An Arrow cache folder private to this test session."""
+    return tmp_path_factory.mktemp("datasets_cache")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_medheval_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never read or write the user's ~/.cache/medheval from tests."""
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path_factory.getbasetemp() / "medheval_cache"))
+
+
+requires_upstream = pytest.mark.skipif(
+    not UPSTREAM_MEDHEVAL.is_dir(), reason="../shared/data/upstream/medheval is absent (only CI and devs have it)"
+)

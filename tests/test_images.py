@@ -1,0 +1,702 @@
+"""medheval.images: local folders, HTTP URL templates with basic auth, HF datasets, resolver."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+from urllib.parse import unquote
+
+import pytest
+from PIL import Image
+
+from medheval.images import (
+    REFERENCE_PATTERNS,
+    HFDatasetSource,
+    ImageDecodeError,
+    ImageError,
+    ImageFetchError,
+    ImageNotFound,
+    ImageResolver,
+    ImageSource,
+    LocalFolderSource,
+    MissingImagesError,
+    NoImageRoot,
+    UnsafeImagePath,
+    URLTemplateSource,
+    check_reference,
+    parse_image_root,
+    parse_image_root_args,
+)
+
+SLAKE = "xmlab102/source.jpg"
+VQA_RAD = "synpic54610.jpg"
+IU = "CXR3030_IM-1405/0.png"
+MIMIC = "p19/p19454978/s57331547/7d047120-3bd6b3b2-ab2cd7c2-13a47f0a-34da1f7e.jpg"
+
+USER, PASSWORD = "alice", "s3cr3t-Pa55word"
+
+
+def encode(color: tuple[int, int, int], fmt: str, size: tuple[int, int] = (8, 6), mode: str = "RGB") -> bytes:
+    buffer = io.BytesIO()
+    Image.new(mode, size, color if mode == "RGB" else color[0]).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def record(rid: str, source: str, *refs: str) -> dict:
+    return {"id": rid, "source": source, "images": list(refs), "question": "q", "answer": "a"}
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No real ~/.netrc, no credentials or proxies from the environment."""
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+    for name in list(os.environ):
+        if name.endswith(("_USERNAME", "_PASSWORD")) or name.upper() in ("NETRC", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
+# --------------------------------------------------------------------------- references
+
+
+@pytest.mark.parametrize(
+    "source, ref",
+    [
+        ("slake", SLAKE),
+        ("vqa_rad", VQA_RAD),
+        ("iu_xray", IU),
+        ("iu_xray", "CXR1000_IM-0003-1001/1.png"),
+        ("mimic_cxr", MIMIC),
+        ("mimic_cxr", "p10/p10000032/s50414267/02aa804e-bde0afdd-112c0b34-7bc16630-4e384014.jpg"),
+        ("other_source", "any/nested/file name.dcm"),
+        ("other_source", "img%20one.png"),
+    ],
+)
+def test_check_reference_accepts(source: str, ref: str) -> None:
+    assert check_reference(source, ref)
+
+
+@pytest.mark.parametrize(
+    "source, ref",
+    [
+        ("slake", "xmlab102/source.png"),
+        ("slake", "imgs/xmlab102/source.jpg"),
+        ("vqa_rad", "synpic54610.png"),
+        ("vqa_rad", "images/synpic1.jpg"),
+        ("iu_xray", "CXR3030_IM-1405.png"),
+        ("iu_xray", "CXR3030/0.png"),
+        ("mimic_cxr", "files/" + MIMIC),  # relative to files/, not its parent
+        ("mimic_cxr", "p18/p19454978/s57331547/7d047120-3bd6b3b2-ab2cd7c2-13a47f0a-34da1f7e.jpg"),  # p18 != p19...
+        ("mimic_cxr", "p19/p19454978/s57331547/7d047120.jpg"),
+        ("mimic_cxr", "p19/p19454978/7d047120-3bd6b3b2-ab2cd7c2-13a47f0a-34da1f7e.jpg"),
+        ("other_source", "../etc/passwd"),
+        ("other_source", "/etc/passwd"),
+        ("other_source", "a/../../x"),
+        ("other_source", "%2e%2e/x"),
+        ("other_source", "%252e%252e/x"),
+        ("other_source", "a\\..\\x"),
+        ("other_source", "a\x00b"),
+        ("other_source", "https://evil.example/x.jpg"),
+        ("other_source", "C:/x.jpg"),
+        ("other_source", "a//b"),
+        ("other_source", "./a"),
+        ("other_source", ""),
+    ],
+)
+def test_check_reference_rejects(source: str, ref: str) -> None:
+    assert not check_reference(source, ref)
+
+
+def test_patterns_cover_known_sources() -> None:
+    assert set(REFERENCE_PATTERNS) >= {"slake", "vqa_rad", "iu_xray", "mimic_cxr"}
+    assert not check_reference("slake", 123)  # type: ignore[arg-type]
+
+
+def test_upstream_references_are_well_formed() -> None:
+    """Every img_name of the real MedHEval files matches a known pattern (skipped without them)."""
+    import json
+
+    root = Path(__file__).resolve().parents[2] / "shared" / "data" / "upstream" / "medheval"
+    files = sorted(root.rglob("*.json")) if root.is_dir() else []
+    if not files:
+        pytest.skip("upstream MedHEval annotation files not present")
+    refs = []
+    for path in files:
+        data = json.loads(path.read_text())
+        rows = data if isinstance(data, list) else []
+        refs += [row["img_name"] for row in rows if isinstance(row, dict) and isinstance(row.get("img_name"), str)]
+    assert refs
+    bad = [ref for ref in refs if not any(check_reference(source, ref) for source in REFERENCE_PATTERNS)]
+    assert bad == []
+
+
+# --------------------------------------------------------------------------- local folders
+
+
+@pytest.fixture()
+def image_tree(tmp_path: Path) -> dict[str, Path]:
+    """Real per-source layouts with small generated images."""
+    roots = {
+        "slake": tmp_path / "slake" / "imgs",
+        "vqa_rad": tmp_path / "vqa_rad" / "VQA_RAD Image Folder",
+        "iu_xray": tmp_path / "iu_xray" / "images",
+        "mimic_cxr": tmp_path / "mimic-cxr-jpg" / "2.1.0" / "files",
+    }
+    files = {
+        "slake": (SLAKE, encode((255, 0, 0), "JPEG")),
+        "vqa_rad": (VQA_RAD, encode((0, 255, 0), "JPEG")),
+        "iu_xray": (IU, encode((90, 0, 0), "PNG", mode="L")),
+        "mimic_cxr": (MIMIC, encode((0, 0, 255), "JPEG")),
+    }
+    for source, (ref, data) in files.items():
+        path = roots[source] / ref
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return roots
+
+
+def test_local_open_every_layout(image_tree: dict[str, Path]) -> None:
+    resolver = ImageResolver({source: str(root) for source, root in image_tree.items()})
+    refs = {"slake": SLAKE, "vqa_rad": VQA_RAD, "iu_xray": IU, "mimic_cxr": MIMIC}
+    for source, ref in refs.items():
+        image = resolver.open(source, ref)
+        assert image.mode == "RGB" and image.size == (8, 6)
+    assert resolver.open("slake", SLAKE).getpixel((3, 3))[0] > 200
+    assert resolver.open("iu_xray", IU).getpixel((1, 1)) == (90, 90, 90)  # grayscale PNG -> RGB
+    images = resolver.load_record_images(record("r1", "mimic_cxr", MIMIC, MIMIC))
+    assert len(images) == 2 and all(isinstance(im, Image.Image) for im in images)
+    assert resolver.load_record_images(record("text-only", "mimic_cxr")) == []
+
+
+def test_local_source_basics(image_tree: dict[str, Path]) -> None:
+    source = LocalFolderSource(image_tree["slake"])
+    assert isinstance(source, ImageSource)
+    assert source.exists(SLAKE)
+    assert not source.exists("xmlab1/source.jpg")
+    assert source.open_bytes(SLAKE)[:2] == b"\xff\xd8"
+    assert str(image_tree["slake"]) in source.describe()
+    with pytest.raises(ImageNotFound) as info:
+        source.open_bytes("xmlab1/source.jpg")
+    assert "xmlab1/source.jpg" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "ref", ["../etc/passwd", "/etc/passwd", "a/../../x", "xmlab1/../../../etc/passwd", "..\\x", "a\x00.jpg", "%2e%2e/x"]
+)
+def test_local_traversal_rejected(image_tree: dict[str, Path], ref: str) -> None:
+    source = LocalFolderSource(image_tree["slake"])
+    for call in (source.exists, source.open_bytes):
+        with pytest.raises(UnsafeImagePath) as info:
+            call(ref)
+        assert str(image_tree["slake"]) in str(info.value)
+    resolver = ImageResolver({"slake": source})
+    with pytest.raises(UnsafeImagePath):
+        resolver.open("slake", ref)
+
+
+def test_local_symlink_outside_root_rejected(tmp_path: Path, image_tree: dict[str, Path]) -> None:
+    secret = tmp_path / "outside" / "secret.jpg"
+    secret.parent.mkdir()
+    secret.write_bytes(encode((1, 2, 3), "JPEG"))
+    root = image_tree["vqa_rad"]
+    (root / "synpic1.jpg").symlink_to(secret)
+    (root / "linkdir").symlink_to(secret.parent, target_is_directory=True)
+    (root / "synpic2.jpg").symlink_to(root / VQA_RAD)  # inside the root: fine
+    source = LocalFolderSource(root)
+    for ref in ("synpic1.jpg", "linkdir/secret.jpg"):
+        with pytest.raises(UnsafeImagePath, match="outside the root"):
+            source.open_bytes(ref)
+        with pytest.raises(UnsafeImagePath):
+            source.exists(ref)
+    assert source.open_bytes("synpic2.jpg") == (root / VQA_RAD).read_bytes()
+
+
+def test_local_root_given_through_a_symlink(tmp_path: Path, image_tree: dict[str, Path]) -> None:
+    link = tmp_path / "slake-link"
+    link.symlink_to(image_tree["slake"], target_is_directory=True)
+    assert LocalFolderSource(link).exists(SLAKE)
+
+
+def test_missing_images_reported_by_id(image_tree: dict[str, Path]) -> None:
+    resolver = ImageResolver({"slake": str(image_tree["slake"]), "mimic_cxr": str(image_tree["mimic_cxr"])})
+    records = [
+        record("medheval/slake/1", "slake", SLAKE),
+        record("medheval/slake/2", "slake", "xmlab9/source.jpg"),
+        record("medheval/mimic/1", "mimic_cxr", MIMIC),
+        record("medheval/mimic/2", "mimic_cxr", MIMIC.replace("7d047120", "00000000")),
+        record("medheval/text/1", "slake"),  # no image: always kept
+        record("medheval/slake/3", "slake", SLAKE, "xmlab9/source.jpg"),
+    ]
+    missing = resolver.find_missing(records, progress=False)
+    assert missing == [
+        ("medheval/slake/2", "xmlab9/source.jpg"),
+        ("medheval/mimic/2", MIMIC.replace("7d047120", "00000000")),
+        ("medheval/slake/3", "xmlab9/source.jpg"),
+    ]
+
+    with pytest.raises(MissingImagesError) as info:
+        resolver.partition(records)
+    error = info.value
+    assert isinstance(error, ImageError)
+    assert error.missing == missing
+    message = str(error)
+    for rid in ("medheval/slake/2", "medheval/mimic/2", "medheval/slake/3"):
+        assert rid in message
+    assert "3 image(s) missing for 3 record(s)" in message
+    assert "--image-root" in message and 'on_missing="skip"' in message
+
+    kept, skipped = resolver.partition(records, on_missing="skip", progress=False)
+    assert [r["id"] for r in kept] == ["medheval/slake/1", "medheval/mimic/1", "medheval/text/1"]
+    assert skipped == missing
+    assert len({rid for rid, _ in skipped}) == 3
+
+    with pytest.raises(ValueError, match="on_missing"):
+        resolver.partition(records, on_missing="ignore")
+
+
+def test_missing_error_lists_first_ids_and_count(tmp_path: Path) -> None:
+    resolver = ImageResolver({"vqa_rad": str(tmp_path)})
+    records = [record(f"rad/{i}", "vqa_rad", f"synpic{i}.jpg") for i in range(250)]
+    with pytest.raises(MissingImagesError) as info:
+        resolver.partition(records, progress=True)  # > 200 checks: progress bar path
+    message = str(info.value)
+    assert "250 image(s) missing" in message
+    assert "rad/0:" in message and "rad/19:" in message and "rad/20:" not in message
+    assert "and 230 more" in message
+    assert len(info.value.missing) == 250
+
+
+def test_source_without_root(image_tree: dict[str, Path]) -> None:
+    resolver = ImageResolver({"slake": str(image_tree["slake"])})
+    assert resolver.has_root("slake") and not resolver.has_root("mimic_cxr")
+    with pytest.raises(NoImageRoot) as info:
+        resolver.open("mimic_cxr", MIMIC)
+    assert isinstance(info.value, ImageNotFound)
+    assert "--image-root mimic_cxr=" in str(info.value)
+    records = [record("a", "slake", SLAKE), record("b", "mimic_cxr", MIMIC)]
+    with pytest.raises(MissingImagesError, match="--image-root mimic_cxr="):
+        resolver.partition(records)
+    kept, skipped = resolver.partition(records, on_missing="skip")
+    assert [r["id"] for r in kept] == ["a"] and skipped == [("b", MIMIC)]
+
+
+def test_default_root_and_not_found_message(image_tree: dict[str, Path]) -> None:
+    resolver = ImageResolver({"*": image_tree["mimic_cxr"]})  # a Path is accepted too
+    assert resolver.has_root("anything")
+    assert resolver.open("mimic_cxr", MIMIC).size == (8, 6)
+    with pytest.raises(ImageNotFound) as info:
+        resolver.open("mimic_cxr", MIMIC.replace("p19454978", "p19000000"))
+    message = str(info.value)
+    assert "mimic_cxr" in message and "p19000000" in message
+    assert str(image_tree["mimic_cxr"]) in message  # where it looked
+    assert "files/" in message  # what to do: point at MIMIC-CXR-JPG files/
+
+
+def test_decoding_is_lazy_and_errors_name_the_ref(tmp_path: Path) -> None:
+    (tmp_path / "synpic7.jpg").write_bytes(b"this is not a jpeg")
+    resolver = ImageResolver({"vqa_rad": str(tmp_path)})
+    kept, skipped = resolver.partition([record("r", "vqa_rad", "synpic7.jpg")])  # exists: no decoding
+    assert len(kept) == 1 and skipped == []
+    with pytest.raises(ImageDecodeError, match="synpic7.jpg"):
+        resolver.open("vqa_rad", "synpic7.jpg")
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def test_parse_image_root(tmp_path: Path) -> None:
+    local = parse_image_root(str(tmp_path))
+    assert isinstance(local, LocalFolderSource) and local.root == tmp_path
+    from_file_url = parse_image_root(tmp_path.as_uri())
+    assert isinstance(from_file_url, LocalFolderSource) and from_file_url.root == tmp_path
+    assert isinstance(parse_image_root("relative/imgs:v2"), LocalFolderSource)
+
+    url = parse_image_root("https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path}")
+    assert isinstance(url, URLTemplateSource)
+    assert url.url_for(MIMIC) == "https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/" + MIMIC
+    appended = parse_image_root("https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/")
+    assert isinstance(appended, URLTemplateSource)
+    assert appended.template == "https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path}"
+    assert appended.env_prefix == "PHYSIONET"
+    quoted = parse_image_root("http://127.0.0.1:1/VQA_RAD Image Folder/{path}?dl=1")
+    assert isinstance(quoted, URLTemplateSource)
+    assert quoted.url_for("a b/c#d.jpg").endswith("/a%20b/c%23d.jpg?dl=1")
+
+    hf = parse_image_root("hf://someone/iu-xray-images:test#id_column=uid,image_column=img")
+    assert isinstance(hf, HFDatasetSource)
+    assert (hf.split, hf.id_column, hf.image_column) == ("test", "uid", "img")
+    assert isinstance(parse_image_root("hf://someone/images"), HFDatasetSource)
+
+    for bad in ("s3://bucket/images", "ftp://host/x", "", "hf://", "hf://x#colour=red"):
+        with pytest.raises(ValueError):
+            parse_image_root(bad)
+
+
+def test_parse_image_root_args() -> None:
+    assert parse_image_root_args(
+        [
+            "mimic_cxr=https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path}?a=b",
+            "slake=/data/slake/imgs",
+            "/data/default",
+        ]
+    ) == {
+        "mimic_cxr": "https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path}?a=b",
+        "slake": "/data/slake/imgs",
+        "*": "/data/default",
+    }
+    assert parse_image_root_args(["https://host/x/{path}?token=a=b"]) == {"*": "https://host/x/{path}?token=a=b"}
+    assert parse_image_root_args(["hf://user/ds#id_column=uid"]) == {"*": "hf://user/ds#id_column=uid"}
+    assert parse_image_root_args(["iu_xray=hf://user/ds#id_column=uid"]) == {"iu_xray": "hf://user/ds#id_column=uid"}
+    with pytest.raises(ValueError):
+        parse_image_root_args(["slake="])
+    with pytest.raises(ValueError):
+        parse_image_root_args(["slake=/a", "slake=/b"])
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+class _Handler(BaseHTTPRequestHandler):
+    # per-server copies are made in the fixture
+    images: ClassVar[dict[str, tuple[bytes, str]]] = {}
+    credentials: ClassVar[tuple[str, str] | None] = None
+    flaky_left: ClassVar[dict[str, int]] = {}
+    hits: ClassVar[list[tuple[str, str]]] = []
+    sleep_s: ClassVar[float] = 2.0
+
+    def log_message(self, *args: object) -> None:  # keep pytest output clean
+        pass
+
+    def _authorized(self) -> bool:
+        if self.credentials is None:
+            return True
+        expected = "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
+        return self.headers.get("Authorization") == expected
+
+    def _serve(self, with_body: bool) -> None:
+        self.hits.append((self.command, self.path))
+        path = self.path.split("?", 1)[0]
+        if path.startswith("/slow/"):
+            time.sleep(self.sleep_s)
+        if path.startswith("/nohead/") and self.command == "HEAD":
+            self._reply(405, b"", "text/plain", with_body)
+            return
+        if path.startswith("/flaky/") and self.flaky_left.get(path, 0) > 0:
+            self.flaky_left[path] -= 1
+            self._reply(503, b"busy", "text/plain", with_body)
+            return
+        if path.startswith("/login/"):
+            self._reply(200, b"<html>please log in</html>", "text/html; charset=utf-8", with_body)
+            return
+        if not self._authorized():
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="test"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        key = unquote(path).split("/", 2)[-1]  # /<prefix>/<ref>
+        if key not in self.images:
+            self._reply(404, b"not found", "text/plain", with_body)
+            return
+        data, ctype = self.images[key]
+        self._reply(200, data, ctype, with_body)
+
+    def _reply(self, status: int, data: bytes, ctype: str, with_body: bool) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if with_body:
+                self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def do_GET(self) -> None:
+        self._serve(True)
+
+    def do_HEAD(self) -> None:
+        self._serve(False)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64  # the thread pool opens 8 connections at once
+
+
+@pytest.fixture()
+def server():
+    """A loopback image server requiring basic auth; yields (base_url, handler class)."""
+    handler = type(
+        "Handler",
+        (_Handler,),
+        {
+            "images": {
+                MIMIC: (encode((0, 0, 255), "JPEG"), "image/jpeg"),
+                IU: (encode((10, 200, 10), "PNG"), "image/png"),
+                "dir with space/img#1.png": (encode((7, 7, 7), "PNG"), "image/png"),
+                "corrupt.jpg": (b"garbage", "image/jpeg"),
+            },
+            "credentials": (USER, PASSWORD),
+            "flaky_left": {},
+            "hits": [],
+        },
+    )
+    httpd = _Server(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+def _assert_no_secret(*texts: object) -> None:
+    for text in texts:
+        assert PASSWORD not in str(text)
+
+
+def test_http_requires_credentials(server) -> None:
+    base, _ = server
+    source = URLTemplateSource(base + "/files/{path}", retries=0)
+    assert source.auth_origin == "no credentials"
+    for call in (source.open_bytes, source.exists):
+        with pytest.raises(ImageFetchError) as info:
+            call(MIMIC)
+        message = str(info.value)
+        assert info.value.status == 401
+        assert "credentials" in message and "MEDHEVAL_IMAGE_USERNAME" in message and "netrc" in message
+        assert base + "/files/" + MIMIC in message  # names the URL
+
+
+def test_http_wrong_password_never_leaks(server) -> None:
+    base, _ = server
+    wrong = PASSWORD + "-wrong"
+    source = URLTemplateSource(base + "/files/{path}", auth=(USER, wrong), retries=0)
+    with pytest.raises(ImageFetchError) as info:
+        source.open_bytes(MIMIC)
+    assert "refused" in str(info.value) and "explicit auth" in str(info.value)
+    for text in (info.value, repr(info.value), source.describe(), repr(source), info.value.url):
+        assert wrong not in str(text)
+    resolver = ImageResolver({"mimic_cxr": source})
+    with pytest.raises(ImageFetchError) as info2:
+        resolver.partition([record("m", "mimic_cxr", MIMIC)])
+    assert wrong not in str(info2.value) and wrong not in repr(resolver)
+
+
+def test_http_explicit_auth(server) -> None:
+    base, handler = server
+    source = URLTemplateSource(base + "/files/{path}", auth=(USER, PASSWORD))
+    assert source.exists(MIMIC) and source.exists(IU)
+    assert not source.exists(IU.replace("3030", "9999"))
+    assert Image.open(io.BytesIO(source.open_bytes(IU))).size == (8, 6)
+    assert source.open_bytes("dir with space/img#1.png")[:4] == b"\x89PNG"
+    assert ("HEAD", "/files/" + MIMIC) in handler.hits
+    _assert_no_secret(source.describe(), repr(source))
+    with pytest.raises(ImageNotFound) as info:
+        source.open_bytes("synpic1.jpg")
+    assert "synpic1.jpg" in str(info.value) and base in str(info.value)
+
+    resolver = ImageResolver({"mimic_cxr": source, "iu_xray": source})
+    assert resolver.open("mimic_cxr", MIMIC).getpixel((2, 2))[2] > 200
+    with pytest.raises(ImageDecodeError, match="corrupt.jpg"):
+        resolver.open("mimic_cxr", "corrupt.jpg")
+    with pytest.raises(ImageNotFound) as info:
+        resolver.open("mimic_cxr", MIMIC.replace("7d047120", "00000000"))
+    assert "mimic_cxr" in str(info.value) and "physionet" in str(info.value).lower()
+    _assert_no_secret(info.value, resolver.describe())
+
+
+def test_http_credentials_in_url_are_stripped(server) -> None:
+    base, _ = server
+    spec = base.replace("http://", f"http://{USER}:{PASSWORD}@") + "/files/{path}"
+    source = parse_image_root(spec)
+    assert isinstance(source, URLTemplateSource)
+    assert source.open_bytes(IU)[:4] == b"\x89PNG"
+    _assert_no_secret(source.describe(), repr(source), source.template)
+    with pytest.raises(ImageNotFound) as info:
+        source.open_bytes("nope.png")
+    _assert_no_secret(info.value)
+
+
+def test_http_env_credentials(server, monkeypatch: pytest.MonkeyPatch) -> None:
+    base, _ = server
+    monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", USER)
+    monkeypatch.setenv("MEDHEVAL_IMAGE_PASSWORD", PASSWORD)
+    generic = URLTemplateSource(base + "/files/{path}")
+    assert generic.auth_origin == "env MEDHEVAL_IMAGE_USERNAME/MEDHEVAL_IMAGE_PASSWORD"
+    assert generic.open_bytes(MIMIC)[:2] == b"\xff\xd8"
+    _assert_no_secret(generic.describe(), repr(generic))
+
+    monkeypatch.setenv("TESTSRV_USERNAME", USER)
+    monkeypatch.setenv("TESTSRV_PASSWORD", PASSWORD)
+    monkeypatch.setenv("MEDHEVAL_IMAGE_PASSWORD", "not-the-password")
+    prefixed = URLTemplateSource(base + "/files/{path}", env_prefix="TESTSRV")  # host prefix wins
+    assert prefixed.auth_origin == "env TESTSRV_USERNAME/TESTSRV_PASSWORD"
+    assert prefixed.exists(MIMIC)
+
+
+def test_physionet_env_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHYSIONET_USERNAME", USER)
+    monkeypatch.setenv("PHYSIONET_PASSWORD", PASSWORD)
+    source = URLTemplateSource("https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path}")
+    assert source.auth_origin == "env PHYSIONET_USERNAME/PHYSIONET_PASSWORD"
+    _assert_no_secret(source.describe(), repr(source))
+
+
+def test_http_netrc_credentials(server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base, _ = server
+    netrc_file = tmp_path / "netrc"
+    netrc_file.write_text(f"machine 127.0.0.1\n  login {USER}\n  password {PASSWORD}\n")
+    netrc_file.chmod(0o600)
+    source = URLTemplateSource(base + "/files/{path}", netrc_file=str(netrc_file))
+    assert source.auth_origin.startswith("netrc")
+    assert source.open_bytes(IU)[:4] == b"\x89PNG"
+    _assert_no_secret(source.describe(), repr(source))
+
+    home = Path(os.environ["HOME"])  # the isolated HOME: ~/.netrc is the default
+    (home / ".netrc").write_text(netrc_file.read_text())
+    (home / ".netrc").chmod(0o600)
+    default = URLTemplateSource(base + "/files/{path}")
+    assert default.exists(IU)
+
+    with pytest.raises(ValueError, match="does not exist"):
+        URLTemplateSource(base + "/files/{path}", netrc_file=str(tmp_path / "absent"))
+
+
+def test_http_timeout(server) -> None:
+    base, _ = server
+    source = URLTemplateSource(base + "/slow/{path}", auth=(USER, PASSWORD), timeout=0.3, retries=1, backoff=0.01)
+    started = time.monotonic()
+    with pytest.raises(ImageFetchError, match=r"timed out after 0\.3 s") as info:
+        source.open_bytes(MIMIC)
+    assert time.monotonic() - started < 1.9  # two attempts of 0.3 s, not the server's 2 s
+    assert info.value.status is None
+    _assert_no_secret(info.value)
+
+
+def test_http_retries_5xx_then_succeeds(server) -> None:
+    base, handler = server
+    handler.flaky_left["/flaky/" + IU] = 2
+    source = URLTemplateSource(base + "/flaky/{path}", auth=(USER, PASSWORD), retries=2, backoff=0.01)
+    assert source.open_bytes(IU)[:4] == b"\x89PNG"
+    handler.flaky_left["/flaky/" + IU] = 5
+    with pytest.raises(ImageFetchError) as info:
+        source.open_bytes(IU)
+    assert info.value.status == 503
+
+
+def test_http_head_not_allowed_falls_back_to_get(server) -> None:
+    base, handler = server
+    source = URLTemplateSource(base + "/nohead/{path}", auth=(USER, PASSWORD))
+    assert source.exists(IU)
+    assert not source.exists("missing.png")
+    assert ("GET", "/nohead/" + IU) in handler.hits
+
+
+def test_http_login_page_is_not_an_image(server) -> None:
+    base, _ = server
+    source = URLTemplateSource(base + "/login/{path}")
+    with pytest.raises(ImageFetchError, match="HTML page"):
+        source.open_bytes(IU)
+
+
+@pytest.mark.parametrize("ref", ["%2e%2e/%2e%2e/etc/passwd", "%2E%2E/x", "../x", "/etc/passwd", "https://evil/x", "a/%2e%2e/%2e%2e/x"])
+def test_url_traversal_rejected(server, ref: str) -> None:
+    base, handler = server
+    source = URLTemplateSource(base + "/files/{path}", auth=(USER, PASSWORD))
+    with pytest.raises(UnsafeImagePath):
+        source.url_for(ref)
+    with pytest.raises(UnsafeImagePath):
+        source.exists(ref)
+    with pytest.raises(UnsafeImagePath):
+        source.open_bytes(ref)
+    assert handler.hits == []  # nothing was requested
+
+
+def test_http_find_missing_uses_thread_pool(server) -> None:
+    base, handler = server
+    source = URLTemplateSource(base + "/files/{path}", auth=(USER, PASSWORD))
+    resolver = ImageResolver({"mimic_cxr": source})
+    records = [record("m/ok", "mimic_cxr", MIMIC)] + [
+        record(f"m/{i}", "mimic_cxr", MIMIC.replace("7d047120", f"{i:08x}")) for i in range(20)
+    ]
+    missing = resolver.find_missing(records, progress=False)
+    assert [rid for rid, _ in missing] == [f"m/{i}" for i in range(20)]
+    assert all(method == "HEAD" for method, _ in handler.hits)
+    kept, skipped = resolver.partition(records, on_missing="skip", progress=False)
+    assert [r["id"] for r in kept] == ["m/ok"] and len(skipped) == 20
+
+
+def test_http_cache_dir(server, tmp_path: Path) -> None:
+    base, handler = server
+    cache = tmp_path / "cache"
+    source = URLTemplateSource(base + "/files/{path}", auth=(USER, PASSWORD), cache_dir=cache)
+    first = source.open_bytes(IU)
+    hits = len(handler.hits)
+    assert source.open_bytes(IU) == first and source.exists(IU)
+    assert len(handler.hits) == hits  # served from the cache
+    assert list(cache.rglob("0.png"))
+    assert URLTemplateSource(base + "/files/{path}", auth=(USER, PASSWORD)).cache_dir is None  # off by default
+
+
+# --------------------------------------------------------------------------- HF datasets
+
+
+@pytest.fixture()
+def hf_dataset():
+    datasets = pytest.importorskip("datasets")
+    ids = ["slake/xmlab1", "slake/xmlab2", "rad/synpic3"]
+    images = [Image.new("RGB", (5, 4), (255, 0, 0)), Image.new("L", (6, 3), 128), Image.new("RGB", (2, 2), (0, 0, 9))]
+    return datasets.Dataset.from_dict({"id": ids, "image": images}).cast_column("image", datasets.Image())
+
+
+def test_hf_dataset_source(hf_dataset) -> None:
+    source = HFDatasetSource(hf_dataset)
+    assert isinstance(source, ImageSource)
+    assert source.exists("slake/xmlab2") and not source.exists("slake/xmlab9")
+    assert Image.open(io.BytesIO(source.open_bytes("slake/xmlab1"))).size == (5, 4)
+    with pytest.raises(ImageNotFound, match="slake/xmlab9"):
+        source.open_bytes("slake/xmlab9")
+
+    resolver = ImageResolver({"*": source})
+    image = resolver.open("slake", "slake/xmlab2")
+    assert image.mode == "RGB" and image.size == (6, 3) and image.getpixel((0, 0)) == (128, 128, 128)
+    records = [record("a", "slake", "slake/xmlab1"), record("b", "vqa_rad", "rad/synpic3", "rad/synpic4")]
+    kept, skipped = resolver.partition(records, on_missing="skip", progress=False)
+    assert [r["id"] for r in kept] == ["a"] and skipped == [("b", "rad/synpic4")]
+
+
+def test_hf_dataset_source_columns_and_paths(hf_dataset, tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    renamed = hf_dataset.rename_columns({"id": "uid", "image": "img"})
+    source = HFDatasetSource(renamed, id_column="uid", image_column="img")
+    assert source.exists("rad/synpic3")
+    with pytest.raises(ValueError, match="id_column"):
+        HFDatasetSource(renamed).exists("rad/synpic3")
+
+    # images stored as file paths (Image(decode=False) storage with path, no bytes)
+    path = tmp_path / "synpic5.jpg"
+    path.write_bytes(encode((1, 2, 3), "JPEG"))
+    by_path = datasets.Dataset.from_dict({"id": ["synpic5"], "image": [str(path)]}).cast_column("image", datasets.Image())
+    assert HFDatasetSource(by_path).open_bytes("synpic5") == path.read_bytes()
+
+    # a save_to_disk folder, loaded lazily from an hf:// spec
+    saved = tmp_path / "saved"
+    renamed.save_to_disk(str(saved))
+    lazy = parse_image_root(f"hf://{saved}#id_column=uid,image_column=img")
+    assert isinstance(lazy, HFDatasetSource) and str(saved) in lazy.describe()
+    assert ImageResolver({"slake": lazy}).open("slake", "slake/xmlab1").size == (5, 4)
+
+    duplicated = datasets.Dataset.from_dict({"id": ["x", "x"], "image": [str(path), str(path)]})
+    with pytest.raises(ValueError, match="duplicate"):
+        HFDatasetSource(duplicated).exists("x")

@@ -1,0 +1,158 @@
+"""run_eval.py end to end: predictions files, resumability after SIGKILL, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from medheval.benchmarks import load_benchmark
+from medheval.cli import main
+from medheval.predictions_log import CorruptLogError, LogWriter, read_log
+
+RUN_EVAL = str(REPO / "run_eval.py")
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _strip_timing(entries: list[dict]) -> list[dict]:
+    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in entries]
+
+
+def test_scoring_a_predictions_file(fixture_benchmark, tmp_path):
+    ds = load_benchmark("mm_vishal", data_dir=fixture_benchmark["data_dir"])
+    rows = ds.to_list()
+    # answer every yes/no item "Yes" and every multiple-choice item with its reference
+    preds = [{"id": r["id"], "prediction": "Yes." if r["answer_type"] == "yes_no" else r["answer"]} for r in rows]
+    path = _write_jsonl(tmp_path / "mine.jsonl", preds)
+    out = tmp_path / "run"
+    code = main(["run", "--benchmark", "mm_vishal", "--predictions", str(path), "--output", str(out),
+                 "--data-dir", fixture_benchmark["data_dir"]])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    metric = results["benchmarks"]["mm_vishal:all"]["metrics"]["close_ended_accuracy"]
+    scored = [json.loads(line) for line in (out / "scored.jsonl").read_text().splitlines()]
+    assert len(scored) == len(rows) == metric["n"]
+    expected_correct = sum(
+        1 for r in rows
+        if "binary_answer_not_yes_no" not in r["meta"]["quality_flags"]
+        and "answer_not_in_choices" not in r["meta"]["quality_flags"]
+        and "choices_are_bare_letters" not in r["meta"]["quality_flags"]
+        and (r["answer_type"] == "multiple_choice" or r["answer"].strip(". ").lower() == "yes")
+    )
+    assert metric["accuracy"] == pytest.approx(expected_correct / len(rows))
+    assert set(metric["accuracy_by_category"]) <= {"anatomy", "measurement", "symptom", "radiology"}
+    table = (out / "results.md").read_text()
+    assert "Acc-A" in table and "mm_vishal:all" in table
+
+
+def test_predictions_file_with_wrong_ids_is_a_clear_error(fixture_benchmark, tmp_path, capsys):
+    ds = load_benchmark("context", data_dir=fixture_benchmark["data_dir"])
+    preds = [{"id": rid, "prediction": "yes"} for rid in ds["id"][:-2]]
+    path = _write_jsonl(tmp_path / "partial.jsonl", preds)
+    args = ["run", "--benchmark", "context", "--predictions", str(path), "--data-dir",
+            fixture_benchmark["data_dir"]]
+    assert main([*args, "--output", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "2 record(s)" in err and ds["id"][-1] in err and "--allow-missing-predictions" in err
+    assert main([*args, "--output", str(tmp_path / "b"), "--allow-missing-predictions"]) == 0
+    results = json.loads((tmp_path / "b" / "results.json").read_text())
+    entry = results["benchmarks"]["context:default"]
+    assert entry["n_scored"] == len(ds) - 2 and entry["data_quality"]["missing_predictions"] == 2
+
+
+def test_empty_predictions_file_is_refused(fixture_benchmark, tmp_path, capsys):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    code = main(["run", "--benchmark", "context", "--predictions", str(path), "--output", str(tmp_path / "o"),
+                 "--data-dir", fixture_benchmark["data_dir"]])
+    assert code == 2 and "empty" in capsys.readouterr().err.lower()
+
+
+def test_unknown_benchmark_and_metric_names(fixture_benchmark, tmp_path, capsys):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": "x", "prediction": "y"}])
+    base = ["run", "--predictions", str(path), "--data-dir", fixture_benchmark["data_dir"]]
+    assert main([*base, "--benchmark", "cxr_visha", "--output", str(tmp_path / "a")]) == 2
+    assert "cxr_vishal" in capsys.readouterr().err  # suggests the close match
+    ids = load_benchmark("context", data_dir=fixture_benchmark["data_dir"])["id"]
+    _write_jsonl(path, [{"id": rid, "prediction": "no"} for rid in ids])
+    assert main([*base, "--benchmark", "context", "--metrics", "bleuu", "--output", str(tmp_path / "b")]) == 2
+    assert "unknown metric" in capsys.readouterr().err
+
+
+def test_torn_last_line_is_repaired_and_corruption_elsewhere_is_refused(tmp_path):
+    path = tmp_path / "predictions.jsonl"
+    with LogWriter(path) as writer:
+        writer.write({"id": "a", "prediction": "yes"})
+        writer.write({"id": "b", "prediction": "no"})
+    with open(path, "a") as handle:
+        handle.write('{"id": "c", "predic')  # a kill mid-write
+    assert [e["id"] for e in read_log(path)] == ["a", "b"]
+    assert path.read_text().endswith('"no"}\n')
+    path.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
+    with pytest.raises(CorruptLogError, match="line 2"):
+        read_log(path)
+
+
+def _run_eval_cmd(fixture: dict, output: Path, *extra: str) -> list[str]:
+    cmd = [sys.executable, RUN_EVAL, "--benchmark", "mm_vishal,cxr_vishal,context,knowledge:closed",
+           "--model", "tiny-random-llava", "--output", str(output), "--data-dir", fixture["data_dir"],
+           "--batch-size", "1", "--max-new-tokens", "8", *extra]
+    for source, root in fixture["image_roots"].items():
+        cmd += ["--image-root", f"{source}={root}"]
+    return cmd
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_equals_an_uninterrupted_run(fixture_benchmark, tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    full = tmp_path / "full"
+    subprocess.run(_run_eval_cmd(fixture_benchmark, full), check=True, env=env, capture_output=True, timeout=600)
+    expected = _strip_timing(read_log(full / "predictions.jsonl"))
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_run_eval_cmd(fixture_benchmark, killed), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = killed / "predictions.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if log.exists() and log.read_bytes().count(b"\n") >= 3:
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    partial = read_log(log, repair=False) if log.read_bytes().endswith(b"\n") else None
+    assert partial is None or 0 < len(partial) < len(expected)
+
+    subprocess.run(_run_eval_cmd(fixture_benchmark, killed), check=True, env=env, capture_output=True, timeout=600)
+    resumed = _strip_timing(read_log(killed / "predictions.jsonl"))
+    assert [e["id"] for e in resumed] == [e["id"] for e in expected]  # no duplicate, none lost, same order
+    assert resumed == expected
+    assert _benchmark_results(killed) == _benchmark_results(full)
+
+
+def _benchmark_results(output: Path) -> dict:
+    """results.json's per-split results without the field that differs by design."""
+    benchmarks = json.loads((output / "results.json").read_text())["benchmarks"]
+    return {split: {k: v for k, v in entry.items() if k != "generated_this_run"} for split, entry in benchmarks.items()}
+
+
+def test_resuming_with_other_settings_is_refused(fixture_benchmark, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["run", "--benchmark", "context", "--model", "tiny-random-llava", "--output", str(out), "--data-dir",
+            fixture_benchmark["data_dir"], "--limit", "2", "--max-new-tokens", "4"]
+    roots = [a for s, r in fixture_benchmark["image_roots"].items() for a in ("--image-root", f"{s}={r}")]
+    assert main([*args, *roots]) == 0
+    assert main([*args[:-1], "6", *roots]) == 2
+    assert "different settings" in capsys.readouterr().err
