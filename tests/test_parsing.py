@@ -1,0 +1,322 @@
+"""Hand-worked cases for medheval.parsing (answer normalisation and upstream compatibility)."""
+
+from __future__ import annotations
+
+import pytest
+
+from medheval import parsing
+from medheval.parsing import (
+    ItemScore,
+    normalize_reference,
+    parse_multiple_choice,
+    parse_yes_no,
+    score_item,
+    split_choices,
+    upstream_multiple_choice_correct,
+    upstream_split_choice,
+    upstream_yes_no,
+    upstream_yes_no_correct,
+)
+
+YN = "yes_no"
+MC = "multiple_choice"
+CXR = ["Pleural effusion", "Pneumonia", "Cardiomegaly", "Pulmonary edema"]
+MOD = ["X-ray", "Ultrasound", "MRI Diffusion Weighted", "CT Scan"]
+LUNG = ["Left lung", "Right lung", "Both lungs"]
+SIZE = ["3.2 cm", "4.2 cm", "5.2 cm"]
+
+# (prediction, reference, answer_type, choices) -> correct?
+CASES = [
+    # --- yes/no: plain answers -------------------------------------------------------
+    ("Yes", "Yes", YN, [], True),
+    ("yes", "Yes", YN, [], True),
+    ("YES!", "yes", YN, [], True),
+    ("No.", "No", YN, [], True),
+    ("no", "No", YN, [], True),
+    ("Yes", "No", YN, [], False),
+    ("No", "Yes", YN, [], False),
+    ("Yeah, there is.", "Yes", YN, [], True),
+    ("Nope", "No", YN, [], True),
+    ("**Answer:** Yes", "Yes", YN, [], True),
+    ("The answer is no.", "No", YN, [], True),
+    # --- yes/no: negations ---------------------------------------------------------------
+    ("No, there is no pleural effusion.", "No", YN, [], True),
+    ("There is no evidence of pneumothorax.", "No", YN, [], True),
+    ("There is no evidence of pneumothorax.", "Yes", YN, [], False),
+    ("The image does not show the spleen.", "No", YN, [], True),
+    ("No evidence of pneumothorax.", "No", YN, [], True),
+    ("Absent", "No", YN, [], True),
+    ("Negative", "No", YN, [], True),
+    ("The spleen isn't visible.", "No", YN, [], True),
+    ("The lungs are clear without focal consolidation.", "No", YN, [], True),
+    ("Pneumothorax has been ruled out.", "No", YN, [], True),
+    ("Lungs are free of consolidation.", "No", YN, [], True),
+    ("Not seen.", "No", YN, [], True),
+    ("No, there is evidence of midline shift.", "No", YN, [], True),  # the leading word wins
+    ("Nothing abnormal", "No", YN, [], True),  # decision: existential negation -> no
+    ("None", "No", YN, [], True),
+    # --- yes/no: affirmations ------------------------------------------------------------
+    ("Yes, the image shows a nodule.", "Yes", YN, [], True),
+    ("Yes, the gallbladder is not normal.", "Yes", YN, [], True),  # the leading word wins
+    ("Present", "Yes", YN, [], True),
+    ("Positive for effusion", "Yes", YN, [], True),
+    ("An effusion is seen in the left base.", "Yes", YN, [], True),
+    ("There is a small left pleural effusion.", "Yes", YN, [], True),
+    ("The heart is enlarged.", "Yes", YN, [], True),
+    ("Based on the image, yes.", "Yes", YN, [], True),
+    ("Based on the image, no.", "No", YN, [], True),
+    ("The findings are consistent with pneumonia.", "Yes", YN, [], True),
+    # --- yes/no: hedges and cue-less text are unparsed (wrong) ---------------------------
+    ("Cannot be determined from the image.", "Yes", YN, [], False),
+    ("Cannot be determined from the image.", "No", YN, [], False),
+    ("Unclear", "No", YN, [], False),
+    ("It is not possible to tell from this image.", "No", YN, [], False),
+    ("I'm not sure.", "No", YN, [], False),
+    ("Not sure", "No", YN, [], False),
+    ("Equivocal", "Yes", YN, [], False),
+    ("Maybe", "Yes", YN, [], False),
+    ("There may be a small effusion.", "Yes", YN, [], False),
+    ("I don't know", "No", YN, [], False),
+    ("", "Yes", YN, [], False),
+    ("   ", "No", YN, [], False),
+    ("Mild cardiomegaly.", "Yes", YN, [], False),  # no cue at all
+    ("Abnormal", "Yes", YN, [], False),
+    # --- yes/no: label noise in the reference ---------------------------------------------
+    ("Yes", "Abnormal", YN, [], False),
+    ("No", "Abnormal", YN, [], False),
+    ("Yes", "Unclear", YN, [], False),
+    ("No", "Cannot be determined", YN, [], False),
+    ("No", "No information provided", YN, [], False),
+    ("No", "The image does not show the spleen.", YN, [], True),  # a usable sentence reference
+    ("Yes", "Yes, minimal pulmonary edema", YN, [], True),
+    # --- multiple choice: letters ---------------------------------------------------------
+    ("B", "B. Pneumonia", MC, CXR, True),
+    ("(B)", "B. Pneumonia", MC, CXR, True),
+    ("B.", "B. Pneumonia", MC, CXR, True),
+    ("B)", "B. Pneumonia", MC, CXR, True),
+    ("Option B", "B. Pneumonia", MC, CXR, True),
+    ("The answer is B.", "B. Pneumonia", MC, CXR, True),
+    ("The correct option is C.", "C. Cardiomegaly", MC, CXR, True),
+    ("answer: b", "B", MC, CXR, True),
+    ("Answer: (D)", "Pulmonary edema", MC, CXR, True),
+    ("**B**", "Pneumonia", MC, CXR, True),
+    ("I think (C) is right", "C", MC, CXR, True),
+    ("The answer is A.", "B. Pneumonia", MC, CXR, False),
+    ("B. Pleural effusion", "B. Pneumonia", MC, CXR, True),  # the letter wins over the text
+    ("E", "B. Pneumonia", MC, CXR, False),  # out of range
+    # --- multiple choice: option text -----------------------------------------------------
+    ("Pneumonia", "B. Pneumonia", MC, CXR, True),
+    ("pneumonia.", "B", MC, CXR, True),
+    ("The image shows pneumonia.", "Pneumonia", MC, CXR, True),
+    ("The most likely diagnosis is cardiomegaly.", "C. Cardiomegaly", MC, CXR, True),
+    ("Pulmonary edema", "D. Pulmonary edema", MC, CXR, True),
+    ("edema", "D", MC, CXR, True),  # contained in exactly one option
+    ("Pnuemonia", "B. Pneumonia", MC, CXR, True),  # fuzzy
+    ("Cardiomegally", "C", MC, CXR, True),  # fuzzy
+    ("Pleural effusion and pneumonia", "B. Pneumonia", MC, CXR, False),  # ambiguous
+    ("The nodule is in the right lung", "B. Right lung", MC, LUNG, True),
+    ("lung", "A. Left lung", MC, LUNG, False),  # ambiguous (in two options)
+    ("It was taken with an MRI diffusion weighted sequence", "MRI Diffusion Weighted", MC, MOD, True),
+    ("A CT scan", "D: CT Scan", MC, MOD, True),
+    ("4.2 cm", "B) 4.2 cm", MC, SIZE, True),
+    ("5.2 cm", "B) 4.2 cm", MC, SIZE, False),
+    ("", "B. Pneumonia", MC, CXR, False),
+    ("Completely unrelated text about something else", "B", MC, CXR, False),
+    # --- multiple choice: reference forms and label noise ------------------------------------
+    ("Pneumonia", "B", MC, CXR, True),
+    ("B", "Pneumonia", MC, CXR, True),
+    ("C, Pacemaker", "C, Pacemaker", MC, ["Stent", "ICD", "Pacemaker", "VAD"], True),
+    ("A", "A) Brain Edema, B) Non-enhancing Tumor", MC, ["Brain Edema", "Non-enhancing Tumor", "Fracture"], False),
+    ("A", "C. Chest X-ray", MC, ["Chest X-ray", "Ultrasound", "PET scan"], False),  # letter contradicts text
+    ("Pneumonia", "Cannot be determined from the given information", MC, CXR, False),
+    ("C", "C", MC, ["A", "B", "C", "D"], True),  # bare-letter choices (flagged by the builder)
+]
+
+
+@pytest.mark.parametrize("prediction,reference,answer_type,choices,expected", CASES)
+def test_score_table(prediction, reference, answer_type, choices, expected):
+    assert score_item(prediction, reference, answer_type, choices).correct is expected
+
+
+def test_table_is_large_enough():
+    assert len(CASES) >= 70
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Yes", "yes"),
+        ("No.", "no"),
+        ("Not sure", None),
+        ("Nothing abnormal", "no"),
+        ("Normal", None),
+        ("No information", None),
+        ("Cannot be determined", None),
+        ("The image does not specify the imaging modality.", None),
+        ("", None),
+    ],
+)
+def test_parse_yes_no(text, expected):
+    assert parse_yes_no(text) == expected
+
+
+def test_parse_multiple_choice_returns_index():
+    assert parse_multiple_choice("The answer is B", CXR) == 1
+    assert parse_multiple_choice("cardiomegaly", CXR) == 2
+    assert parse_multiple_choice("nothing relevant", CXR) is None
+    assert parse_multiple_choice("anything", []) is None
+    # Longest contained option wins when one option contains the other.
+    assert parse_multiple_choice("There is a right lung nodule", ["Lung", "Right lung"]) == 1
+    # A lowercase letter counts only in an explicit form.
+    assert parse_multiple_choice("The answer is a pneumonia", CXR) == 1
+
+
+@pytest.mark.parametrize(
+    "answer,choices,expected",
+    [
+        ("B. Pneumonia", CXR, 1),
+        ("B", CXR, 1),
+        ("Pneumonia", CXR, 1),
+        ("(B)", CXR, 1),
+        ("B: Pneumonia", CXR, 1),
+        ("B) Pneumonia", CXR, 1),
+        ("A) Pleural effusion, B) Pneumonia", CXR, None),
+        ("Unclear", CXR, None),
+        ("B. X-ray", ["X-ray", "X-ray", "CT"], 1),  # duplicated option texts: the letter decides
+    ],
+)
+def test_normalize_reference_mc(answer, choices, expected):
+    assert normalize_reference(answer, MC, choices) == expected
+
+
+def test_normalize_reference_yes_no_and_types():
+    assert normalize_reference("Yes", "binary") == "yes"
+    assert normalize_reference("No, it is a CT image.", YN) == "no"
+    assert normalize_reference("Abnormal", YN) is None
+    assert normalize_reference("Equivocal", YN) is None
+    assert normalize_reference("B", "multi-choice", "A. x, B. y") == 1
+    with pytest.raises(ValueError):
+        normalize_reference("Yes", "open")
+
+
+def test_item_score_fields():
+    s = score_item("Cannot be determined", "Yes", YN, [])
+    assert s == ItemScore(correct=False, parsed=False, reference_ok=True, parsed_prediction=None)
+    s = score_item("Yes", "Abnormal", YN, [])
+    assert s == ItemScore(correct=False, parsed=True, reference_ok=False, parsed_prediction="yes")
+    s = score_item("The answer is B.", "B. Pneumonia", MC, CXR)
+    assert s == ItemScore(correct=True, parsed=True, reference_ok=True, parsed_prediction=1)
+    with pytest.raises(AttributeError):
+        s.correct = False  # frozen
+    with pytest.raises(ValueError):
+        score_item("x", "y", "report", [])
+
+
+# --- split_choices ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("A. Pleural effusion, B. Pneumonia, C. Cardiomegaly", ["Pleural effusion", "Pneumonia", "Cardiomegaly"]),
+        ("A: X-ray, B: Ultrasound, C: MRI Diffusion Weighted, D: CT Scan", MOD),
+        ("A) 3.2 cm, B) 4.2 cm, C) 5.2 cm", SIZE),
+        ("(A) Liver (B) Spleen", ["Liver", "Spleen"]),
+        ("A, Stent; B, Implantable cardioverter-defibrillator; C, Pacemaker",
+         ["Stent", "Implantable cardioverter-defibrillator", "Pacemaker"]),
+        ("A. Volume loss, infiltrate or effusion, B. Pneumothorax",
+         ["Volume loss, infiltrate or effusion", "Pneumothorax"]),
+        ("A. Vitamin B. deficiency, B. Iron deficiency", ["Vitamin B. deficiency", "Iron deficiency"]),
+        ("A. Right B. Left C. Both equally D. Neither", ["Right", "Left", "Both equally", "Neither"]),
+        ("A. x, B. y, or C. z", ["x", "y", "z"]),
+        ("A. 2.5cm, B. 1.5cm.", ["2.5cm", "1.5cm"]),
+        ("A, B, C, D", ["A", "B", "C", "D"]),
+        ("A, B, C", ["A", "B", "C"]),
+        ("", []),
+        (None, []),
+        (["A. Liver", "B. Spleen"], ["Liver", "Spleen"]),
+        (["Liver", "Spleen"], ["Liver", "Spleen"]),
+        ([], []),
+    ],
+)
+def test_split_choices(raw, expected):
+    assert split_choices(raw) == expected
+
+
+def test_split_choices_returns_fresh_lists():
+    first = split_choices("A. x, B. y")
+    first.append("z")
+    assert split_choices("A. x, B. y") == ["x", "y"]
+
+
+# --- upstream compatibility ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Abnormal", 1),
+        ("The image does not show X", 0),
+        ("Not sure.", 1),  # "Not" is not one of the tokens No/not/no (case-sensitive)
+        ("I am not sure.", 0),
+        ("Nope", 1),
+        ("No.", 0),
+        ("No, there is none", 0),
+        ("Yes. There is no effusion", 1),  # only the first sentence counts
+        ("Unclear", 1),
+        ("No\nthere is none", 1),  # split on ' ' only: the token is "No\nthere"
+        ("", -1),
+        ("   ", -1),
+    ],
+)
+def test_upstream_yes_no(text, expected):
+    assert upstream_yes_no(text) == expected
+
+
+def test_upstream_yes_no_correct():
+    assert upstream_yes_no_correct("Not sure.", "Yes") is True
+    assert upstream_yes_no_correct("Not sure.", "No") is False
+    assert upstream_yes_no_correct("", "Yes") is False
+    assert upstream_yes_no_correct("Yes", "Abnormal") is True
+
+
+def test_upstream_split_choice_keeps_letters():
+    assert upstream_split_choice("A. x, B. y") == ["A. x", "B. y"]
+    assert upstream_split_choice("A: x, B: y, C: z") == ["A: x", "B: y", "C: z"]
+    assert upstream_split_choice("A) x, B) y") == ["A) x", "B) y"]
+    assert upstream_split_choice("A, B, C, D") == ["A, B, C, D"]
+
+
+def test_upstream_multiple_choice():
+    raw = "A. Pleural effusion, B. Pneumonia, C. Cardiomegaly, D. Pulmonary edema"
+    assert upstream_multiple_choice_correct("B. Pneumonia", "B. Pneumonia", raw) is True
+    assert upstream_multiple_choice_correct("Pneumonia", "B. Pneumonia", raw) is True
+    assert upstream_multiple_choice_correct("Cardiomegaly", "B. Pneumonia", raw) is False
+    # Items without an option B are skipped upstream.
+    assert upstream_multiple_choice_correct("Stent", "A, Stent", "A, Stent; B, CHF") is None
+    assert upstream_multiple_choice_correct("C", "C", "A, B, C, D") is None
+    # A letter-only reference is fuzzy-matched as is. For target "C" the ratios are
+    # "A. Liver" 0, "B. Spleen" 0, "C. Heart" 2*1/(8+1) = 0.22, so it lands on option C.
+    raw2 = "A. Liver, B. Spleen, C. Heart"
+    assert upstream_multiple_choice_correct("C. Heart", "C", raw2) is True
+    assert upstream_multiple_choice_correct("Heart", "C", raw2) is True
+    # An empty prediction has ratio 0 everywhere -> no index, never equal to the label's.
+    assert upstream_multiple_choice_correct("", "C", raw2) is False
+
+
+def test_upstream_first_strictly_higher_wins():
+    # Prediction "x": ratio 2*1/(4+1) = 0.4 for both "A. x" and "B. x" -> the first (A) wins.
+    assert upstream_multiple_choice_correct("x", "A. x", "A. x, B. x") is True
+    # Label "B. x": 1.0 for "B. x" (0.75 for "A. x") -> B, which the prediction never reaches.
+    assert upstream_multiple_choice_correct("x", "B. x", "A. x, B. x") is False
+
+
+def test_canonical_answer_type():
+    assert parsing.canonical_answer_type("binary") == "yes_no"
+    assert parsing.canonical_answer_type("multi-choice") == "multiple_choice"
+    with pytest.raises(ValueError):
+        parsing.canonical_answer_type("open")
+
+
+def test_join_choices_roundtrip():
+    assert split_choices(parsing.join_choices(CXR)) == CXR
