@@ -46,6 +46,7 @@ __all__ = [
     "normalize_reference",
     "score_item",
     "join_choices",
+    "clear_caches",
     "upstream_yes_no",
     "upstream_yes_no_correct",
     "upstream_split_choice",
@@ -61,6 +62,8 @@ MULTIPLE_CHOICE_TYPES = frozenset({"multiple_choice", "multi-choice", "multi_cho
 
 def canonical_answer_type(answer_type: str) -> str:
     """Map an answer-type spelling to ``"yes_no"`` or ``"multiple_choice"``; ``ValueError`` otherwise."""
+    if answer_type == "yes_no" or answer_type == "multiple_choice":
+        return answer_type
     key = (answer_type or "").strip().lower()
     if key in YES_NO_TYPES:
         return "yes_no"
@@ -198,7 +201,7 @@ _ANSWER_PREFIX = re.compile(
 
 def _clean_text(text: str) -> str:
     """Strip markdown, quotes and an ``Answer:``-style prefix."""
-    t = text.translate(_QUOTES)
+    t = text if text.isascii() else text.translate(_QUOTES)
     t = _LEAD_JUNK.sub("", t)
     t2 = _ANSWER_PREFIX.sub("", t, count=1)
     if t2 != t:
@@ -216,7 +219,7 @@ _LEAD_HEDGE = re.compile(
     r"^(?:not\s+(?:sure|possible|able|enough|clear|certain|known|determinable|specified|provided|available|applicable|mentioned)"
     r"|unsure|unclear|uncertain|unknown|indeterminate|inconclusive|equivocal|undetermined|maybe|perhaps|possibly"
     r"|no\s+(?:idea|information|info\b|data\b|way\s+to|answer|comment|definitive|conclusive)"
-    r"|(?:nothing|none)\s+can\s+be|n/?a\b|cannot|can\s*not|can't|unable|impossible|difficult\s+to|hard\s+to"
+    r"|(?:nothing|none)\s+can\s+be|n/?a\b|impossible|difficult\s+to|hard\s+to"
     r"|i\s+(?:do\s*n[o']t|cannot|can't|am\s+not|'m\s+not|m\s+not)|insufficient|information\s+(?:is\s+)?not"
     r"|it\s+depends|hard\s+to\s+say|difficult\s+to\s+say)",
 )
@@ -282,8 +285,7 @@ def parse_yes_no(text: str) -> str | None:
 # ---------------------------------------------------------------------------
 
 _NON_WORD = re.compile(r"[\W_]+")
-_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
-_SPACES = re.compile(r"\s+")
+_ARTICLE_WORDS = frozenset({"a", "an", "the"})
 _WHOLE_LETTER = re.compile(r"^\(?\s*([A-Za-z])\s*\)?\s*[.:)]?$")
 _LEAD_LETTER = re.compile(r"^(?:\(([A-Z])\)|([A-Z])\s*[.:)]|([A-Z]),|([A-Z])\s+-)(?=\s|$)")
 _EXPLICIT_LETTER = re.compile(
@@ -297,10 +299,12 @@ _AFTER_ARTICLE = re.compile(r"\s+[a-z]")
 _SHORT_LETTER = re.compile(r"(?<![A-Za-z'])([B-H])(?![A-Za-z'\-])")
 
 
+@lru_cache(maxsize=65536)
 def _norm(text: str) -> str:
-    t = _NON_WORD.sub(" ", text.translate(_QUOTES).lower())
-    t = _ARTICLES.sub(" ", t)
-    return _SPACES.sub(" ", t).strip()
+    """Lower case, punctuation to spaces, articles dropped, spaces collapsed."""
+    if not text.isascii():
+        text = text.translate(_QUOTES)
+    return " ".join(w for w in _NON_WORD.sub(" ", text.lower()).split() if w not in _ARTICLE_WORDS)
 
 
 def _letter_index(letter: str, n: int) -> int | None:
@@ -354,7 +358,7 @@ def _norm_options(choices: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _match_text(norm_text: str, options: tuple[str, ...], threshold: float) -> int | None:
-    """Text stage: exact, contained (longest wins), containing, then fuzzy."""
+    """Text stage: exact, contained (longest wins), containing, fuzzy, then fuzzy per word window."""
     if not norm_text:
         return None
     for i, o in enumerate(options):
@@ -374,6 +378,45 @@ def _match_text(norm_text: str, options: tuple[str, ...], threshold: float) -> i
     within = [i for i, o in enumerate(options) if o and padded in f" {o} "]
     if within:
         return within[0] if len({options[i] for i in within}) == 1 else None
+    idx = _fuzzy(norm_text, options, threshold)
+    if idx is not None or idx is _TIE:
+        return None if idx is _TIE else idx
+    # A misspelt option inside a sentence ("I think it is Pneumonai"): compare each option
+    # with the windows of the text that have as many words as it does, more strictly.
+    words = norm_text.split()
+    if len(words) < 2 or len(words) > _MAX_WINDOW_WORDS:
+        return None
+    best, best_i, tie = 0.0, None, False
+    win_threshold = max(threshold, _WINDOW_THRESHOLD)
+    matcher = difflib.SequenceMatcher(None, "", "", autojunk=False)
+    for i, o in enumerate(options):
+        if not o:
+            continue
+        k = o.count(" ") + 1
+        if k >= len(words):
+            continue
+        matcher.set_seq2(o)
+        for start in range(len(words) - k + 1):
+            matcher.set_seq1(" ".join(words[start : start + k]))
+            if matcher.real_quick_ratio() < win_threshold or matcher.quick_ratio() < win_threshold:
+                continue
+            r = matcher.ratio()
+            if r > best:
+                best, best_i, tie = r, i, False
+            elif r == best and best_i is not None and options[best_i] != o:
+                tie = True
+    if best_i is None or best < win_threshold or tie:
+        return None
+    return best_i
+
+
+_TIE = -1
+_MAX_WINDOW_WORDS = 40
+_WINDOW_THRESHOLD = 0.75
+
+
+def _fuzzy(norm_text: str, options: tuple[str, ...], threshold: float) -> int | None:
+    """Best option by ``difflib`` ratio at or above ``threshold``; ``_TIE`` when two differ and tie."""
     matcher = difflib.SequenceMatcher(None, "", norm_text, autojunk=False)
     best, best_i, tie = 0.0, None, False
     for i, o in enumerate(options):
@@ -387,9 +430,9 @@ def _match_text(norm_text: str, options: tuple[str, ...], threshold: float) -> i
             best, best_i, tie = r, i, False
         elif r == best and best_i is not None and options[best_i] != o:
             tie = True
-    if best_i is None or best < threshold or tie:
+    if best_i is None or best < threshold:
         return None
-    return best_i
+    return _TIE if tie else best_i
 
 
 @lru_cache(maxsize=65536)
@@ -418,6 +461,8 @@ def parse_multiple_choice(text: str, choices: list[str], threshold: float = 0.6)
     """
     if not text:
         return None
+    if isinstance(choices, str):
+        choices = split_choices(choices)
     return _parse_mc_cached(text, tuple(choices or ()), float(threshold))
 
 
@@ -435,9 +480,9 @@ def _normalize_mc_reference(answer: str, choices: tuple[str, ...]) -> int | None
         return None
     n = len(choices)
     # Several lettered options in one reference ("A) x, B) y") is not a single answer.
-    if len(_marker_positions(s, strict=True)) >= 2 or (
-        len({m.group(1) for m in _MARKER.finditer(s) if _letter_index(m.group(1), n) is not None}) >= 2
-        and _norm(s) not in _norm_options(choices)
+    letters = {x for x, _ in _MARKER.findall(s) if _letter_index(x, n) is not None}
+    if len(letters) >= 2 and (
+        len(_marker_positions(s, strict=True)) >= 2 or _norm(s) not in _norm_options(choices)
     ):
         return None
     opts = _norm_options(choices)
@@ -608,3 +653,12 @@ def upstream_multiple_choice_correct(prediction: str, reference: str, raw_choice
     if options is None:
         return None
     return _upstream_most_similar(options, prediction or "") == _upstream_label_index(reference or "", raw_choices)
+
+
+def clear_caches() -> None:
+    """Empty the memo caches (for benchmarks and long-running processes)."""
+    for fn in (
+        _split_choices_str, parse_yes_no, _norm, _norm_options, _parse_mc_cached,
+        _normalize_mc_reference, _upstream_options, _upstream_label_index,
+    ):
+        fn.cache_clear()

@@ -320,3 +320,31 @@ def test_canonical_answer_type():
 
 def test_join_choices_roundtrip():
     assert split_choices(parsing.join_choices(CXR)) == CXR
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("The image shows a chest X-ray with no signs of pleural effusion.", "no"),
+        ("Based on the image, it appears that there is a mass in the liver.", "yes"),
+        ("It is difficult to determine from the image alone.", None),
+        ("The image does not provide enough information to answer.", None),
+        ("There are no visible signs of fracture.", "no"),
+        ("No abnormality detected.", "no"),
+        ("Not applicable", None),
+        ("Correct.", "yes"),
+        ("Yes, it is.", "yes"),
+        ("No, it is not.", "no"),
+        ("Looking at the chest X-ray. There is no effusion.", "no"),  # first sentence has no cue
+        ("\u201cYes\u201d", "yes"),
+    ],
+)
+def test_parse_yes_no_model_style(text, expected):
+    assert parse_yes_no(text) == expected
+
+
+def test_fuzzy_window_inside_sentence():
+    assert parse_multiple_choice("I think it is Pneumonai", CXR) == 1
+    assert parse_multiple_choice("I think it is Chets", ["Abdomen", "Chest", "Pelvis"]) == 1
+    # Misspelt words that are not close to any option stay unparsed.
+    assert parse_multiple_choice("I think it is something else entirely", CXR) is None

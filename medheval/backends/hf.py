@@ -79,10 +79,13 @@ def load_model_and_processor(model_id: str | os.PathLike, *, dtype: torch.dtype,
         )
     model_id = os.path.expanduser(model_id) if looks_local else model_id
     try:
-        processor = AutoProcessor.from_pretrained(model_id, **kwargs)
+        # model first: a bad id/path fails on config.json before the processor's several files
         model = AutoModelForImageTextToText.from_pretrained(model_id, dtype=dtype, **kwargs)
+        processor = AutoProcessor.from_pretrained(model_id, **kwargs)
     except (OSError, ValueError, KeyError) as err:
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+        from huggingface_hub import constants as hub_constants
+
+        offline = bool(hub_constants.HF_HUB_OFFLINE)
         raise BackendError(
             f"could not load model {model_id!r} with AutoModelForImageTextToText/AutoProcessor: {err}\n"
             "Pass a local directory holding the model and processor files (save_pretrained output), "

@@ -22,6 +22,7 @@ IMAGE_SIZE = 30
 PATCH_SIZE = 6
 NUM_IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2  # CLS is dropped by the "default" strategy
 
+TINY_MODEL_NAME = "tiny-random-llava"  # the CLI's name for the built-in demo model
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>", "<image>")
 
 # LLaVA-1.5 style: "USER: <image>\n<text> ASSISTANT:" (images first, then text).
@@ -226,6 +227,7 @@ def build_tiny_llava(seed: int = 0, save_dir: str | os.PathLike | None = None):
     gen.do_sample = False
 
     model.config.medheval_random_weights = True
+    model.config.name_or_path = TINY_MODEL_NAME  # from_pretrained replaces it with the directory
 
     if save_dir is not None:
         os.makedirs(save_dir, exist_ok=True)
@@ -234,4 +236,4 @@ def build_tiny_llava(seed: int = 0, save_dir: str | os.PathLike | None = None):
     return model, processor
 
 
-__all__ = ["build_tiny_llava", "build_tiny_processor", "build_tiny_tokenizer", "CHAT_TEMPLATE"]
+__all__ = ["TINY_MODEL_NAME", "build_tiny_llava", "build_tiny_processor", "build_tiny_tokenizer", "CHAT_TEMPLATE"]
