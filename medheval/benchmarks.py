@@ -33,6 +33,7 @@ class LoadedBenchmark:
     files: list[dict[str, Any]] = field(default_factory=list)  # relpath, sha256, verified, origin
     skipped_missing_images: list[tuple[str, str]] = field(default_factory=list)  # (record id, image ref)
     quality: dict[str, Any] = field(default_factory=dict)
+    resolver: Any = None  # medheval.images.ImageResolver when image roots were given
 
 
 def list_benchmarks() -> list[str]:
@@ -121,8 +122,9 @@ def prepare_benchmark(
 
 
 def attach_images(loaded: LoadedBenchmark, image_roots: Mapping[str, Any], on_missing: str = "error") -> None:
-    """Check every image reference resolves, drop (``skip``) or refuse (``error``) the missing ones,
-    and add a lazily decoded ``image`` column (a list of PIL images per record)."""
+    """Check that every image reference resolves; refuse (``error``) or drop and count (``skip``)
+    the records with missing images. Nothing is decoded here: ``loaded.resolver`` opens images
+    on demand (the runner), :func:`with_image_column` adds them to the rows (``load_benchmark``)."""
     from medheval.images import ImageResolver
 
     resolver = ImageResolver(image_roots)
@@ -130,9 +132,33 @@ def attach_images(loaded: LoadedBenchmark, image_roots: Mapping[str, Any], on_mi
     kept, skipped = resolver.partition(records, on_missing=on_missing)
     if skipped:
         kept_ids = {record["id"] for record in kept}
-        indices = [index for index, record in enumerate(records) if record["id"] in kept_ids]
-        loaded.dataset = loaded.dataset.select(indices)
+        loaded.dataset = loaded.dataset.select(
+            [index for index, record in enumerate(records) if record["id"] in kept_ids])
     loaded.skipped_missing_images = list(skipped)
+    loaded.resolver = resolver
+
+
+def with_image_column(loaded: LoadedBenchmark) -> datasets.Dataset:
+    """The split with an ``image`` column (a list of PIL images per row), decoded lazily.
+
+    Local roots give a native ``List(Image())`` column of absolute paths, decoded by ``datasets``
+    on row access (``ds["id"]`` stays cheap). Remote roots (URL template, ``hf://``) need our
+    fetcher, so the column comes from a format transform: with those, read metadata columns
+    through ``ds.select_columns([...])`` to avoid fetching every image.
+    """
+    from medheval.images import LocalFolderSource
+
+    resolver = loaded.resolver
+    if resolver is None:
+        return loaded.dataset
+    dataset = loaded.dataset
+    sources = set(dataset.unique("source"))
+    if all(isinstance(resolver.source_for(source), LocalFolderSource) for source in sources):
+        paths = [
+            [str(resolver.source_for(source).path_for(ref)) for ref in refs]
+            for refs, source in zip(dataset["images"], dataset["source"])
+        ]
+        return dataset.add_column("image", paths).cast_column("image", datasets.List(datasets.Image(mode="RGB")))
 
     def decode(batch: dict[str, list]) -> dict[str, list]:
         batch["image"] = [
@@ -141,7 +167,7 @@ def attach_images(loaded: LoadedBenchmark, image_roots: Mapping[str, Any], on_mi
         ]
         return batch
 
-    loaded.dataset = loaded.dataset.with_transform(decode)
+    return dataset.with_transform(decode)
 
 
 def load_benchmark(
@@ -166,7 +192,8 @@ def load_benchmark(
     spec_name, spec_config = parse_benchmark_spec(name)
     if spec_config and config and spec_config != config:
         raise ValueError(f"config given twice: {name!r} and config={config!r}")
-    return prepare_benchmark(
+    loaded = prepare_benchmark(
         spec_name, config or spec_config, data_dir=data_dir, image_roots=image_roots,
         on_missing=on_missing, cache_dir=cache_dir,
-    ).dataset
+    )
+    return with_image_column(loaded)

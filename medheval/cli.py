@@ -42,6 +42,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda when available)")
     parser.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--upstream-compat", action="store_true",
+                        help="score close-ended answers with MedHEval's released rules (to match published numbers)")
     parser.add_argument("--allow-missing-predictions", action="store_true",
                         help="with --predictions: score the records present, count the others as missing")
 
@@ -80,6 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics=_split_list(args.metrics),
         limit=args.limit,
         allow_missing_predictions=args.allow_missing_predictions,
+        upstream_compat=args.upstream_compat,
         labels=labels,
     )
     results = run(spec, backend, batch_size=args.batch_size)

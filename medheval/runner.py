@@ -11,15 +11,17 @@ import json
 import os
 import platform
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
 from medheval import __version__
 from medheval.backends.base import Backend, BackendError
 from medheval.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
+from medheval.prompts import describe_templates
 from medheval.predictions_log import LogWriter, log_key, read_log
 from medheval.registry import list_units, metric_path
 
@@ -44,6 +46,7 @@ class RunSpec:
     limit: int | None = None
     mitigation: str = "none"
     allow_missing_predictions: bool = False
+    upstream_compat: bool = False  # score close-ended items exactly as MedHEval's released scorer
     labels: dict[str, str] = field(default_factory=dict)  # extra labels for the report (e.g. random weights)
 
 
@@ -90,18 +93,34 @@ def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None) -> l
     return list(DEFAULT_METRICS["close" if answer_types <= CLOSE_ENDED_TYPES else "open"])
 
 
+def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int,
+                    pool: ThreadPoolExecutor) -> Iterator[tuple[list[dict], list[list[Any]]]]:
+    """Batches of (records, their images); the next batch's images load while the current one runs."""
+
+    def load(chunk: list[int]) -> tuple[list[dict], list[list[Any]]]:
+        batch = loaded.dataset[chunk]
+        records = [dict(zip(batch.keys(), values)) for values in zip(*batch.values())]
+        if loaded.resolver is None:
+            return records, [[] for _ in records]
+        return records, list(pool.map(loaded.resolver.load_record_images, records))
+
+    chunks = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
+    pending = pool.submit(load, chunks[0]) if chunks else None
+    for position in range(len(chunks)):
+        current = pending.result()
+        pending = pool.submit(load, chunks[position + 1]) if position + 1 < len(chunks) else None
+        yield current
+
+
 def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogWriter,
                          done: set[tuple[str, str, str]], mitigation: str, batch_size: int) -> int:
     """Generate for every record not yet in the log; returns how many were generated now."""
-    dataset = loaded.dataset
-    ids = dataset["id"]
+    ids = loaded.dataset["id"]
     todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation) not in done]
     generated = 0
-    with tqdm(total=len(ids), initial=len(ids) - len(todo), desc=f"{loaded.name}:{loaded.config}", unit="item") as bar:
-        for start in range(0, len(todo), batch_size):
-            batch = dataset[todo[start:start + batch_size]]
-            records = [dict(zip(batch.keys(), values)) for values in zip(*batch.values())]
-            images = [record.pop("image", []) for record in records]
+    with tqdm(total=len(ids), initial=len(ids) - len(todo), desc=f"{loaded.name}:{loaded.config}",
+              unit="item") as bar, ThreadPoolExecutor(max_workers=8) as pool:
+        for records, images in _record_batches(loaded, todo, batch_size, pool):
             began = time.perf_counter()
             outputs = backend.generate(records, images)
             seconds = (time.perf_counter() - began) / max(len(records), 1)
@@ -115,8 +134,11 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     return generated
 
 
-def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names: Sequence[str]) -> tuple[dict, list[dict]]:
-    """Run the metrics on the records that have a prediction; returns (results, per-item rows)."""
+def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names: Sequence[str],
+          upstream_compat: bool = False) -> tuple[dict, list[dict]]:
+    """Run the metrics on the records that have a prediction; returns (results, per-item rows).
+
+    ``upstream_compat`` scores close-ended items with MedHEval's released rules (see the metric card)."""
     os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
     import evaluate
 
@@ -135,6 +157,8 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
                 answer_types=[row["answer_type"] for row in rows],
                 choices=[row["choices"] for row in rows],
                 categories=[row["category"] for row in rows],
+                raw_choices=[(row["meta"] or {}).get("raw_choices") or "" for row in rows],
+                upstream_compat=upstream_compat,
             )
             for item, correct, parsed in zip(per_item, out.pop("correct"), out.pop("parsed")):
                 item.update(correct=correct, parsed=parsed)
@@ -149,6 +173,8 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
 def _accuracy_by(rows: list[dict], items: list[dict], key: str) -> dict[str, float]:
     totals: dict[str, list[int]] = {}
     for row, item in zip(rows, items):
+        if item.get("correct") is None:  # skipped by the upstream-compatible scorer
+            continue
         tally = totals.setdefault(row[key], [0, 0])
         tally[0] += bool(item.get("correct"))
         tally[1] += 1
@@ -186,6 +212,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     entries = read_log(log_path)
     done = {log_key(entry) for entry in entries}
     results: dict[str, Any] = {"settings": settings, "versions": _versions(), "labels": dict(spec.labels),
+                               "prompts": describe_templates(), "scoring": {"upstream_compat": spec.upstream_compat},
                                "benchmarks": {}}
     scored: list[dict[str, Any]] = []
     with LogWriter(log_path) as writer:
@@ -207,7 +234,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
             entries_now = read_log(log_path, repair=False) if generated else entries
             predictions = {entry["id"]: entry["prediction"] for entry in entries_now
                            if entry.get("model") == backend.name and entry.get("mitigation", "none") == spec.mitigation}
-            metric_results, per_item = score(loaded, predictions, metric_names)
+            metric_results, per_item = score(loaded, predictions, metric_names, spec.upstream_compat)
             scored.extend({**item, "model": backend.name, "mitigation": spec.mitigation} for item in per_item)
             results["benchmarks"][f"{loaded.name}:{loaded.config}"] = {
                 "n_records": len(loaded.dataset),

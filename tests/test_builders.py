@@ -170,3 +170,36 @@ def test_upstream_combined_files_match_the_fine_grained_ones(dataset_cache):
         key = lambda q, a, img: (q, str(a), img)  # noqa: E731
         assert Counter(key(r["question"], r["answer"], r["img_name"]) for r in combined) == Counter(
             key(q, a, imgs[0]) for q, a, imgs in zip(ours["question"], ours["answer"], ours["images"]))
+
+
+def test_local_images_are_a_native_lazy_column(fixture_benchmark, dataset_cache, tmp_path):
+    import datasets
+    import shutil
+
+    roots = {source: tmp_path / source for source in ("iu_xray", "mimic_cxr")}
+    for source, root in roots.items():
+        shutil.copytree(fixture_benchmark["image_roots"][source], root)
+    ds = load_benchmark("cxr_vishal", data_dir=fixture_benchmark["data_dir"], image_roots=roots,
+                        cache_dir=dataset_cache)
+    assert ds.features["image"] == datasets.List(datasets.Image(mode="RGB"))
+    for root in roots.values():
+        shutil.rmtree(root)
+    assert len(list(ds["id"])) == len(ds)  # metadata access never opens an image
+    with pytest.raises(FileNotFoundError):
+        ds[0]["image"]  # decoding happens on row access
+
+
+def test_remote_images_come_through_a_transform(fixture_benchmark, dataset_cache, tmp_path):
+    """An hf:// image dataset keyed by reference: rows decode through our fetcher, on access."""
+    import datasets
+    from PIL import Image
+
+    raw = load_benchmark("mm_vishal", "slake", data_dir=fixture_benchmark["data_dir"], cache_dir=dataset_cache)
+    refs = sorted({ref for refs in raw["images"] for ref in refs})
+    root = Path(fixture_benchmark["image_roots"]["slake"])
+    images = datasets.Dataset.from_dict({"ref": refs, "image": [Image.open(root / ref) for ref in refs]})
+    images.cast_column("image", datasets.Image()).save_to_disk(tmp_path / "slake_images")
+    ds = load_benchmark("mm_vishal", "slake", data_dir=fixture_benchmark["data_dir"], cache_dir=dataset_cache,
+                        image_roots={"slake": f"hf://{tmp_path / 'slake_images'}#id_column=ref"})
+    row = ds[0]
+    assert row["image"][0].mode == "RGB" and row["image"][0].size == Image.open(root / row["images"][0]).size

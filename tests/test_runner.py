@@ -156,3 +156,35 @@ def test_resuming_with_other_settings_is_refused(fixture_benchmark, tmp_path, ca
     assert main([*args, *roots]) == 0
     assert main([*args[:-1], "6", *roots]) == 2
     assert "different settings" in capsys.readouterr().err
+
+
+def test_unloadable_model_is_a_clear_error(fixture_benchmark, tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    code = main(["run", "--benchmark", "context", "--model", str(missing), "--output", str(tmp_path / "o"),
+                 "--data-dir", fixture_benchmark["data_dir"]])
+    assert code == 2 and str(missing) in capsys.readouterr().err
+
+
+def test_model_run_without_image_roots_names_the_sources(fixture_benchmark, tmp_path, capsys):
+    code = main(["run", "--benchmark", "cxr_vishal", "--model", "tiny-random-llava", "--output",
+                 str(tmp_path / "o"), "--data-dir", fixture_benchmark["data_dir"]])
+    err = capsys.readouterr().err
+    assert code == 2 and "iu_xray=PATH" in err and "mimic_cxr=PATH" in err
+
+
+def test_upstream_compat_rescoring_reads_abnormal_as_yes(fixture_benchmark, tmp_path):
+    """MedHEval's scorer reads the reference "Abnormal" as yes; ours reports it as unusable."""
+    ds = load_benchmark("mm_vishal", "vqa_rad", data_dir=fixture_benchmark["data_dir"])
+    abnormal = [r["id"] for r in ds.to_list() if r["answer"] == "Abnormal"]
+    assert abnormal, "the fixture has a binary item answered 'Abnormal'"
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "Yes."} for rid in ds["id"]])
+    out = tmp_path / "run"
+    base = ["run", "--benchmark", "mm_vishal:vqa_rad", "--predictions", str(path), "--output", str(out),
+            "--data-dir", fixture_benchmark["data_dir"]]
+    assert main(base) == 0
+    native = {json.loads(line)["id"]: json.loads(line) for line in (out / "scored.jsonl").read_text().splitlines()}
+    assert main([*base, "--upstream-compat"]) == 0  # same predictions, re-scored: no refusal
+    upstream = {json.loads(line)["id"]: json.loads(line) for line in (out / "scored.jsonl").read_text().splitlines()}
+    for rid in abnormal:
+        assert native[rid]["correct"] is False and upstream[rid]["correct"] is True
+    assert json.loads((out / "results.json").read_text())["scoring"]["upstream_compat"] is True
