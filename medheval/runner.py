@@ -7,6 +7,7 @@ run must match them), ``scored.jsonl`` (per-item correctness), ``results.json`` 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -139,9 +140,6 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
     """Run the metrics on the records that have a prediction; returns (results, per-item rows).
 
     ``upstream_compat`` scores close-ended items with MedHEval's released rules (see the metric card)."""
-    os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
-    import evaluate
-
     rows = [row for row in loaded.dataset.select_columns(
         ["id", "answer", "answer_type", "choices", "category", "source", "meta"]).to_list() if row["id"] in predictions]
     results: dict[str, Any] = {}
@@ -149,7 +147,7 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
     if not rows:
         return results, per_item
     for name in metric_names:
-        metric = evaluate.load(metric_path(name))
+        metric = _load_metric(name)
         if name == "close_ended_accuracy":
             out = metric.compute(
                 predictions=[predictions[row["id"]] for row in rows],
@@ -168,6 +166,15 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
                                  references=[row["answer"] for row in rows])
         results[name] = out
     return results, per_item
+
+
+@functools.lru_cache(maxsize=None)
+def _load_metric(name: str) -> Any:
+    """Each metric module is loaded once per process, however many splits use it."""
+    os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
+    import evaluate
+
+    return evaluate.load(metric_path(name))
 
 
 def _accuracy_by(rows: list[dict], items: list[dict], key: str) -> dict[str, float]:
@@ -243,6 +250,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                 "skipped_missing_images": {"count": len(loaded.skipped_missing_images),
                                            "examples": [rid for rid, _ in loaded.skipped_missing_images[:20]]},
                 "annotation_files": loaded.files,
+                "image_roots": loaded.resolver.describe() if loaded.resolver else {},
                 "data_quality": loaded.quality,
                 "metrics": metric_results,
             }

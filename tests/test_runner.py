@@ -188,3 +188,64 @@ def test_upstream_compat_rescoring_reads_abnormal_as_yes(fixture_benchmark, tmp_
     for rid in abnormal:
         assert native[rid]["correct"] is False and upstream[rid]["correct"] is True
     assert json.loads((out / "results.json").read_text())["scoring"]["upstream_compat"] is True
+
+
+def test_credentialed_url_images_never_leak_the_password(fixture_benchmark, tmp_path, monkeypatch):
+    """A run fetching MIMIC images over HTTP basic auth writes no credential anywhere in its output."""
+    import base64
+    import http.server
+    import threading
+
+    root = Path(fixture_benchmark["image_roots"]["mimic_cxr"])
+    user, password = "reader", "s3cret-Pa55word"
+    expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _serve(self, body: bool) -> None:
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="test"')
+                self.end_headers()
+                return
+            path = root / self.path.removeprefix("/files/")
+            if not path.is_file():
+                self.send_response(404)
+                self.end_headers()
+                return
+            data = path.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "image/jpeg")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802
+            self._serve(True)
+
+        def do_HEAD(self):  # noqa: N802
+            self._serve(False)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", user)
+        monkeypatch.setenv("MEDHEVAL_IMAGE_PASSWORD", password)
+        out = tmp_path / "run"
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/files/{{path}}"
+        code = main(["run", "--benchmark", "context", "--model", "tiny-random-llava", "--output", str(out),
+                     "--data-dir", fixture_benchmark["data_dir"], "--image-root", f"mimic_cxr={url}",
+                     "--limit", "3", "--max-new-tokens", "4"])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["benchmarks"]["context:default"]["n_scored"] == 3
+    assert "127.0.0.1" in json.dumps(results["benchmarks"]["context:default"]["image_roots"])
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert password not in path.read_text(errors="replace"), path
