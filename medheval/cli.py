@@ -44,8 +44,27 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--upstream-compat", action="store_true",
                         help="score close-ended answers with MedHEval's released rules (to match published numbers)")
+    parser.add_argument("--metric-option", action="append", default=[], metavar="METRIC.KEY=VALUE",
+                        help="an option for one metric, e.g. chair.variant=medheval_code (value parsed as JSON "
+                             "when it can be, else a string; repeatable)")
     parser.add_argument("--allow-missing-predictions", action="store_true",
                         help="with --predictions: score the records present, count the others as missing")
+
+
+def parse_metric_options(items: Sequence[str]) -> dict[str, dict[str, object]]:
+    """``["chair.variant=paper", "text_generation.bertscore_model=/m"]`` -> ``{metric: {key: value}}``."""
+    options: dict[str, dict[str, object]] = {}
+    for item in items:
+        target, sep, raw = item.partition("=")
+        metric, dot, key = target.partition(".")
+        if not (sep and dot and metric and key):
+            raise ValueError(f"--metric-option {item!r}: expected METRIC.KEY=VALUE, e.g. chair.variant=paper")
+        try:
+            value: object = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        options.setdefault(metric, {})[key] = value
+    return options
 
 
 def build_backend(args: argparse.Namespace):
@@ -83,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         limit=args.limit,
         allow_missing_predictions=args.allow_missing_predictions,
         upstream_compat=args.upstream_compat,
+        metric_options=parse_metric_options(args.metric_option),
         labels=labels,
     )
     results = run(spec, backend, batch_size=args.batch_size)

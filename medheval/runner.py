@@ -8,6 +8,7 @@ run must match them), ``scored.jsonl`` (per-item correctness), ``results.json`` 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import platform
@@ -15,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
@@ -48,6 +49,7 @@ class RunSpec:
     mitigation: str = "none"
     allow_missing_predictions: bool = False
     upstream_compat: bool = False  # score close-ended items exactly as MedHEval's released scorer
+    metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metric: {option: value}}
     labels: dict[str, str] = field(default_factory=dict)  # extra labels for the report (e.g. random weights)
 
 
@@ -135,35 +137,54 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     return generated
 
 
+# Record fields a metric receives when its ``_compute`` names them (one value per scored record).
+RECORD_INPUTS: dict[str, Callable[[dict], Any]] = {
+    "ids": lambda row: row["id"],
+    "questions": lambda row: row["question"],
+    "answer_types": lambda row: row["answer_type"],
+    "choices": lambda row: row["choices"],
+    "raw_choices": lambda row: (row["meta"] or {}).get("raw_choices") or "",
+    "categories": lambda row: row["category"],
+    "sources": lambda row: row["source"],
+    "credentialed": lambda row: bool((row["meta"] or {}).get("credentialed")),
+}
+
+
+def metric_kwargs(metric: Any, rows: list[dict], options: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for ``metric.compute`` beyond predictions/references: the record fields and
+    options its ``_compute`` signature names. An option it does not accept is an error."""
+    accepted = inspect.signature(metric._compute).parameters
+    kwargs = {name: [field(row) for row in rows] for name, field in RECORD_INPUTS.items() if name in accepted}
+    for key, value in options.items():
+        if key not in accepted:
+            raise RunError(f"metric {metric.name!r} takes no option {key!r}; it accepts: "
+                           + ", ".join(p for p in accepted if p not in ("self", "predictions", "references")))
+        kwargs[key] = value
+    return kwargs
+
+
 def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names: Sequence[str],
-          upstream_compat: bool = False) -> tuple[dict, list[dict]]:
+          options: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict, list[dict]]:
     """Run the metrics on the records that have a prediction; returns (results, per-item rows).
 
-    ``upstream_compat`` scores close-ended items with MedHEval's released rules (see the metric card)."""
-    rows = [row for row in loaded.dataset.select_columns(
-        ["id", "answer", "answer_type", "choices", "category", "source", "meta"]).to_list() if row["id"] in predictions]
+    ``options[metric_name]`` holds that metric's options (e.g. ``{"close_ended_accuracy":
+    {"upstream_compat": True}}``). List outputs with one entry per record (``correct``, ``scores`` …)
+    move from the summary to the per-item rows."""
+    rows = [row for row in loaded.dataset.to_list() if row["id"] in predictions]
     results: dict[str, Any] = {}
     per_item = [{"id": row["id"], "prediction": predictions[row["id"]], "reference": row["answer"]} for row in rows]
     if not rows:
         return results, per_item
     for name in metric_names:
         metric = _load_metric(name)
+        out = metric.compute(predictions=[predictions[row["id"]] for row in rows],
+                             references=[row["answer"] for row in rows],
+                             **metric_kwargs(metric, rows, (options or {}).get(name, {})))
+        for key in [k for k, v in out.items() if isinstance(v, list) and len(v) == len(rows)]:
+            for item, value in zip(per_item, out.pop(key)):
+                item[key if key not in item else f"{name}.{key}"] = value
         if name == "close_ended_accuracy":
-            out = metric.compute(
-                predictions=[predictions[row["id"]] for row in rows],
-                references=[row["answer"] for row in rows],
-                answer_types=[row["answer_type"] for row in rows],
-                choices=[row["choices"] for row in rows],
-                categories=[row["category"] for row in rows],
-                raw_choices=[(row["meta"] or {}).get("raw_choices") or "" for row in rows],
-                upstream_compat=upstream_compat,
-            )
-            for item, correct, parsed in zip(per_item, out.pop("correct"), out.pop("parsed")):
-                item.update(correct=correct, parsed=parsed)
             out["accuracy_by_source"] = _accuracy_by(rows, per_item, "source")
-        else:
-            out = metric.compute(predictions=[predictions[row["id"]] for row in rows],
-                                 references=[row["answer"] for row in rows])
         results[name] = out
     return results, per_item
 
@@ -186,6 +207,18 @@ def _accuracy_by(rows: list[dict], items: list[dict], key: str) -> dict[str, flo
         tally[0] += bool(item.get("correct"))
         tally[1] += 1
     return {name: hits / n for name, (hits, n) in sorted(totals.items())}
+
+
+def _options_for(spec: RunSpec, metric_names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per-metric options: ``--metric-option name.key=value`` plus the run-wide switches."""
+    options = {name: dict(spec.metric_options.get(name, {})) for name in metric_names}
+    if spec.upstream_compat and "close_ended_accuracy" in options:
+        options["close_ended_accuracy"]["upstream_compat"] = True
+    unused = sorted(set(spec.metric_options) - set(metric_names))
+    if unused:
+        raise RunError(f"--metric-option given for metric(s) {unused} that this run does not compute "
+                       f"(it computes: {', '.join(metric_names) or 'none'})")
+    return options
 
 
 def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
@@ -219,7 +252,8 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     entries = read_log(log_path)
     done = {log_key(entry) for entry in entries}
     results: dict[str, Any] = {"settings": settings, "versions": _versions(), "labels": dict(spec.labels),
-                               "prompts": describe_templates(), "scoring": {"upstream_compat": spec.upstream_compat},
+                               "prompts": describe_templates(), "scoring": {"upstream_compat": spec.upstream_compat,
+                                                                         "metric_options": spec.metric_options},
                                "benchmarks": {}}
     scored: list[dict[str, Any]] = []
     with LogWriter(log_path) as writer:
@@ -241,7 +275,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
             entries_now = read_log(log_path, repair=False) if generated else entries
             predictions = {entry["id"]: entry["prediction"] for entry in entries_now
                            if entry.get("model") == backend.name and entry.get("mitigation", "none") == spec.mitigation}
-            metric_results, per_item = score(loaded, predictions, metric_names, spec.upstream_compat)
+            metric_results, per_item = score(loaded, predictions, metric_names, _options_for(spec, metric_names))
             scored.extend({**item, "model": backend.name, "mitigation": spec.mitigation} for item in per_item)
             results["benchmarks"][f"{loaded.name}:{loaded.config}"] = {
                 "n_records": len(loaded.dataset),

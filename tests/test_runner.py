@@ -249,3 +249,17 @@ def test_credentialed_url_images_never_leak_the_password(fixture_benchmark, tmp_
     for path in out.rglob("*"):
         if path.is_file():
             assert password not in path.read_text(errors="replace"), path
+
+
+def test_metric_options_reach_the_metric_and_unknown_ones_are_refused(fixture_benchmark, tmp_path, capsys):
+    ids = load_benchmark("context", data_dir=fixture_benchmark["data_dir"])["id"]
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "yes"} for rid in ids])
+    base = ["run", "--benchmark", "context", "--predictions", str(path), "--data-dir", fixture_benchmark["data_dir"]]
+    assert main([*base, "--output", str(tmp_path / "a"), "--metric-option",
+                 "close_ended_accuracy.upstream_compat=true"]) == 0
+    saved = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert saved["benchmarks"]["context:default"]["metrics"]["close_ended_accuracy"]["n_skipped_upstream"] == 0
+    assert main([*base, "--output", str(tmp_path / "b"), "--metric-option", "close_ended_accuracy.colour=1"]) == 2
+    assert "takes no option 'colour'" in capsys.readouterr().err
+    assert main([*base, "--output", str(tmp_path / "c"), "--metric-option", "chair.variant=paper"]) == 2
+    assert "does not compute" in capsys.readouterr().err
