@@ -47,6 +47,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metric-option", action="append", default=[], metavar="METRIC.KEY=VALUE",
                         help="an option for one metric, e.g. chair.variant=medheval_code (value parsed as JSON "
                              "when it can be, else a string; repeatable)")
+    parser.add_argument("--judge", metavar="BACKEND:MODEL[@BASE_URL]",
+                        help="LLM judge for judge-based metrics, e.g. openai:gpt-4o@http://127.0.0.1:8000/v1 "
+                             "(keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)")
     parser.add_argument("--allow-missing-predictions", action="store_true",
                         help="with --predictions: score the records present, count the others as missing")
 
@@ -103,6 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         allow_missing_predictions=args.allow_missing_predictions,
         upstream_compat=args.upstream_compat,
         metric_options=parse_metric_options(args.metric_option),
+        judge=args.judge,
         labels=labels,
     )
     results = run(spec, backend, batch_size=args.batch_size)

@@ -12,6 +12,7 @@ import inspect
 import json
 import os
 import platform
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class RunSpec:
     allow_missing_predictions: bool = False
     upstream_compat: bool = False  # score close-ended items exactly as MedHEval's released scorer
     metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metric: {option: value}}
+    judge: str | dict | None = None  # LLM judge spec for the metrics that take one (``backend:model[@base_url]``)
     labels: dict[str, str] = field(default_factory=dict)  # extra labels for the report (e.g. random weights)
 
 
@@ -212,13 +214,31 @@ def _accuracy_by(rows: list[dict], items: list[dict], key: str) -> dict[str, flo
 def _options_for(spec: RunSpec, metric_names: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per-metric options: ``--metric-option name.key=value`` plus the run-wide switches."""
     options = {name: dict(spec.metric_options.get(name, {})) for name in metric_names}
-    if spec.upstream_compat and "close_ended_accuracy" in options:
-        options["close_ended_accuracy"]["upstream_compat"] = True
+    for name in metric_names:
+        accepted = inspect.signature(_load_metric(name)._compute).parameters
+        if spec.upstream_compat and "upstream_compat" in accepted:
+            options[name].setdefault("upstream_compat", True)
+        if spec.judge and "judge" in accepted:
+            options[name].setdefault("judge", spec.judge)
     unused = sorted(set(spec.metric_options) - set(metric_names))
     if unused:
         raise RunError(f"--metric-option given for metric(s) {unused} that this run does not compute "
                        f"(it computes: {', '.join(metric_names) or 'none'})")
     return options
+
+
+def _safe_options(spec: RunSpec) -> dict[str, Any]:
+    """Metric options as recorded in results: secrets (``api_key`` …) never leave the process."""
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: ("<redacted>" if "key" in k.lower() or "secret" in k.lower() or "password" in k.lower()
+                        else clean(v)) for k, v in value.items()}
+        if isinstance(value, str):
+            return re.sub(r"//[^/@\s]+@", "//", value)  # user:password@ in a URL
+        return value
+
+    judge = clean(spec.judge)
+    return {"metric_options": clean(spec.metric_options), "judge": judge}
 
 
 def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
@@ -253,7 +273,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     done = {log_key(entry) for entry in entries}
     results: dict[str, Any] = {"settings": settings, "versions": _versions(), "labels": dict(spec.labels),
                                "prompts": describe_templates(), "scoring": {"upstream_compat": spec.upstream_compat,
-                                                                         "metric_options": spec.metric_options},
+                                                                         **_safe_options(spec)},
                                "benchmarks": {}}
     scored: list[dict[str, Any]] = []
     with LogWriter(log_path) as writer:

@@ -263,3 +263,33 @@ def test_metric_options_reach_the_metric_and_unknown_ones_are_refused(fixture_be
     assert "takes no option 'colour'" in capsys.readouterr().err
     assert main([*base, "--output", str(tmp_path / "c"), "--metric-option", "chair.variant=paper"]) == 2
     assert "does not compute" in capsys.readouterr().err
+
+
+def test_missing_images_are_skipped_and_counted_in_results(fixture_benchmark, tmp_path, capsys):
+    import shutil
+
+    root = tmp_path / "mimic"
+    shutil.copytree(fixture_benchmark["image_roots"]["mimic_cxr"], root)
+    rows = load_benchmark("context", data_dir=fixture_benchmark["data_dir"]).to_list()
+    victim = rows[0]["images"][0]
+    (root / victim).unlink()
+    affected = sorted(r["id"] for r in rows if r["images"][0] == victim)
+    base = ["run", "--benchmark", "context", "--model", "tiny-random-llava", "--data-dir",
+            fixture_benchmark["data_dir"], "--image-root", f"mimic_cxr={root}", "--max-new-tokens", "4"]
+    assert main([*base, "--output", str(tmp_path / "strict")]) == 2
+    assert affected[0] in capsys.readouterr().err
+    assert main([*base, "--output", str(tmp_path / "skip"), "--on-missing", "skip"]) == 0
+    entry = json.loads((tmp_path / "skip" / "results.json").read_text())["benchmarks"]["context:default"]
+    assert entry["skipped_missing_images"]["count"] == len(affected)
+    assert sorted(entry["skipped_missing_images"]["examples"]) == affected
+    assert entry["n_scored"] == len(rows) - len(affected)
+    assert "| context:default | 8 |" not in (tmp_path / "skip" / "results.md").read_text()
+
+
+def test_recorded_scoring_options_carry_no_secret():
+    from medheval.runner import RunSpec, _safe_options
+
+    spec = RunSpec(benchmarks=[], output="unused", judge="openai:gpt-4o@https://reader:pw-123@judge.example/v1",
+                   metric_options={"sh_judge": {"judge": {"backend": "openai", "api_key": "sk-live-123"}}})
+    recorded = json.dumps(_safe_options(spec))
+    assert "pw-123" not in recorded and "sk-live-123" not in recorded and "judge.example" in recorded
