@@ -11,6 +11,8 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# WordNet for METEOR, offline: copies Debian's wordnet-base files into $(VENV)/nltk_data (apt-get only as root, only if missing)
+	$(PY) -m medheval.nltk_data --apt --target $(VENV)/nltk_data
 	touch $@
 
 install: $(VENV)/.installed
