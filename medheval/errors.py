@@ -5,6 +5,7 @@ from __future__ import annotations
 from medheval.backends.base import BackendError
 from medheval.fetch import AnnotationUnavailable, ChecksumMismatch
 from medheval.images import ImageError
+from medheval.judges import CredentialedDataError, JudgeError
 from medheval.predictions_log import CorruptLogError
 from medheval.runner import RunError
 
@@ -13,6 +14,8 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     BackendError,
     ChecksumMismatch,
     CorruptLogError,
+    CredentialedDataError,
+    JudgeError,
     ImageError,
     RunError,
     KeyError,

@@ -1,0 +1,153 @@
+"""Endpoints: safe descriptions (no credentials), "is it local?", and the credentialed-data guard.
+
+Local means the data stays on the user's machine or network: the host part of the base URL
+is ``localhost`` (or ``*.localhost``), a loopback address (127.0.0.0/8, ::1), or a private-range
+IP literal (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, IPv6 unique-local fc00::/7). Host
+*names* are never resolved (DNS can point anywhere and needs the network), so
+``vllm.internal.example.org`` counts as remote until it is named in ``allow_remote_credentialed``.
+Link-local (169.254/16, cloud metadata) and carrier-grade NAT (100.64/10) ranges are not local.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from urllib.parse import urlsplit, urlunsplit
+
+_PRIVATE_NETWORKS = tuple(
+    ipaddress.ip_network(net)
+    for net in ("127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "::1/128", "fc00::/7")
+)
+
+
+class CredentialedDataError(PermissionError):
+    """Credentialed (PhysioNet) records were about to be sent to a non-local endpoint without opt-in."""
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """``(url without user:password@, user, password)``."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None, None
+    netloc = parts.hostname or ""
+    if ":" in netloc:  # IPv6 literal
+        netloc = f"[{netloc}]"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), parts.username, parts.password
+
+
+def safe_base_url(url: str | None) -> str | None:
+    """``scheme://host[:port]/path``: no user/password, no query string or fragment."""
+    if not url:
+        return url
+    bare, _, _ = split_userinfo(url)
+    parts = urlsplit(bare)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+def endpoint_host(url: str | None) -> str | None:
+    """``host[:port]`` of a URL (what ``describe()`` shows as ``endpoint``)."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{parts.port}" if parts.port is not None else host
+
+
+def is_local_host(host: str | None) -> bool:
+    """True for localhost, loopback and private-range IP literals (see the module docstring)."""
+    if not host:
+        return False
+    host = host.strip().lower().strip("[]").rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if getattr(address, "ipv4_mapped", None) is not None:
+        address = address.ipv4_mapped
+    return any(address in net for net in _PRIVATE_NETWORKS)
+
+
+def is_local_url(url: str | None) -> bool:
+    return bool(url) and is_local_host(urlsplit(url).hostname)
+
+
+def normalise_allow_list(allow: str | Iterable[str] | None) -> tuple[str, ...]:
+    """``allow_remote_credentialed`` as a tuple of strings; ``True`` is refused (name the endpoint)."""
+    if allow is None or allow is False:
+        return ()
+    if allow is True:
+        raise ValueError(
+            "allow_remote_credentialed=True is not accepted: name the endpoint you are allowed to send "
+            "credentialed data to, e.g. allow_remote_credentialed='myorg.openai.azure.com'"
+        )
+    if isinstance(allow, str):
+        allow = [allow]
+    out = []
+    for item in allow:
+        if not isinstance(item, str) or not item.strip():
+            raise ValueError(f"allow_remote_credentialed entries must be host names or base URLs, got {item!r}")
+        out.append(item.strip())
+    return tuple(out)
+
+
+def endpoint_allowed(base_url: str | None, allow: tuple[str, ...]) -> bool:
+    """Whether an opt-in entry names this endpoint: its host, ``host:port`` or exact base URL."""
+    if not base_url:
+        return False
+    host = (urlsplit(base_url).hostname or "").lower()
+    host_port = (endpoint_host(base_url) or "").lower()
+    safe = (safe_base_url(base_url) or "").lower()
+    for entry in allow:
+        entry_l = entry.lower().rstrip("/")
+        if "://" in entry_l:
+            if safe_base_url(entry_l) == safe:
+                return True
+        elif entry_l in (host, host_port):
+            return True
+    return False
+
+
+def credentialed_refusal(ids: list[str], base_url: str, backend: str) -> CredentialedDataError:
+    shown = ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    host = endpoint_host(base_url)
+    return CredentialedDataError(
+        f"refusing to send {len(ids)} credentialed record(s) ({shown}) to the {backend} endpoint {host!r}, "
+        "which is not local. These records derive from MIMIC-CXR / MIMIC-IV, released on PhysioNet under a "
+        "credentialed data use agreement that forbids sharing the data with third parties; a public LLM API "
+        "is a third party unless your agreement covers it (PhysioNet's guidance on online services: use an "
+        "approved deployment, e.g. Azure OpenAI or AWS Bedrock with human review/data retention opted out, "
+        "or a model you run yourself). No request was sent.\n"
+        "To proceed: run the judge locally (a vLLM/Ollama server on localhost or a private-range IP, or "
+        "backend 'transformers'), or, if this endpoint is an approved deployment for you, opt in by naming it: "
+        f"make_judge(..., allow_remote_credentialed={host!r}) (a judge dict: \"allow_remote_credentialed\": "
+        f"{host!r}; run_eval.py: --allow-remote-credentialed {host})."
+    )
+
+
+def redact(text: str | None, secrets: Iterable[str]) -> str | None:
+    """``text`` with every secret (API key, URL password) replaced by ``***``."""
+    if not text:
+        return text
+    for secret in secrets:
+        if secret and len(secret) >= 4 and secret in text:
+            text = text.replace(secret, "***")
+    return text
+
+
+__all__ = [
+    "CredentialedDataError",
+    "endpoint_allowed",
+    "endpoint_host",
+    "is_local_host",
+    "is_local_url",
+    "normalise_allow_list",
+    "redact",
+    "safe_base_url",
+    "split_userinfo",
+]

@@ -1,0 +1,219 @@
+"""HTTP judges: bounded thread concurrency, a shared rate limit, retries with backoff.
+
+Each record runs in a worker thread (at most ``concurrency`` at once) with its own
+``requests.Session`` per thread (connections are reused). A call is re-sent on 408/409/425/429,
+any 5xx, a timeout or a dropped/refused connection, up to ``max_retries`` times, after an
+exponential backoff with jitter or the server's ``Retry-After`` (a 429's ``Retry-After`` pauses
+every thread). 401/403/404 stop the whole run (:class:`JudgeError`: a wrong key or model
+name fails every record alike); other 4xx fail just that record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import Any
+
+import requests
+
+from medheval.judges.base import Completion, Judge, JudgeError, JudgeResult, _Item
+from medheval.judges.endpoints import endpoint_host, split_userinfo
+from medheval.judges.ratelimit import RateLimiter, backoff_delay, parse_retry_after
+
+logger = logging.getLogger("medheval.judges")
+
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+FATAL_STATUS = frozenset({401, 403, 404})
+
+
+class _CallFailed(Exception):
+    """This record's call failed for good (retries exhausted or a non-retryable 4xx)."""
+
+
+class _Fatal(Exception):
+    """The judge cannot work at all; stop the run."""
+
+
+class _Stopped(Exception):
+    """The run is being stopped (fatal error elsewhere or interrupt)."""
+
+
+def _error_excerpt(response: requests.Response, limit: int = 300) -> str:
+    """The server's error message: ``error.message`` of a JSON body, else the start of the text."""
+    text = response.text or ""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            text = str(error["message"])
+        elif isinstance(error, str):
+            text = error
+        elif body.get("message"):
+            text = str(body["message"])
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class HTTPJudge(Judge):
+    """Base of the API backends. Subclasses build the request and read the response."""
+
+    def __init__(self, model: str, *, api_key: str | None = None, base_url: str, headers: dict | None = None,
+                 **options: Any):
+        url, user, password = split_userinfo(base_url)
+        secrets = [s for s in (api_key, password) if s]
+        # the URL's user:password (if any) is used as basic auth, never kept in base_url
+        super().__init__(model, base_url=url, secrets=secrets + list(options.pop("secrets", ())), **options)
+        self._url_root = url.rstrip("/")
+        self._api_key = api_key
+        self._basic_auth = (user or "", password or "") if (user or password) and not api_key else None
+        self._extra_headers = dict(headers or {})
+        self._secrets = self._secrets + tuple(
+            value for name, value in self._extra_headers.items()
+            if isinstance(value, str) and any(w in name.lower() for w in ("auth", "key", "token", "secret", "cookie"))
+        )
+        self._limiter = RateLimiter(self.requests_per_minute)
+        self._local = threading.local()
+
+    # -- subclass hooks -------------------------------------------------------------------------
+    def _request(self, item: _Item) -> tuple[str, dict, dict]:
+        """``(url, headers, json payload)`` for the item's current conversation."""
+        raise NotImplementedError
+
+    def _parse(self, body: Any) -> Completion:
+        """The reply text and usage from a 200 response body (raise KeyError/TypeError/ValueError if malformed)."""
+        raise NotImplementedError
+
+    def _adapt(self, status: int, message: str, payload: dict) -> dict | None:
+        """A changed payload to re-send after a 400 the backend knows how to work around, else None."""
+        return None
+
+    # -- sending ------------------------------------------------------------------------------
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.trust_env = True
+            if self._basic_auth is not None:
+                session.auth = self._basic_auth
+            self._local.session = session
+        return session
+
+    def _call(self, item: _Item, stop: threading.Event) -> Completion:
+        url, headers, payload = self._request(item)
+        headers = {**headers, **self._extra_headers}
+        failures = 0
+        while True:
+            if stop.is_set():
+                raise _Stopped
+            self._limiter.acquire(stop)
+            if stop.is_set():
+                raise _Stopped
+            item.attempts += 1
+            self._bump(requests=1)
+            retry_after = None
+            try:
+                response = self._session().post(
+                    url, data=json.dumps(payload).encode("utf-8"), headers=headers, timeout=self.timeout
+                )
+            except requests.Timeout:
+                problem = f"no response within timeout={self.timeout:g}s"
+            except requests.ConnectionError as err:
+                problem = f"connection failed ({type(err).__name__}: {self._redact(str(err))[:200]})"
+            except requests.RequestException as err:
+                problem = f"request failed ({type(err).__name__}: {self._redact(str(err))[:200]})"
+            else:
+                status = response.status_code
+                if status == 200:
+                    try:
+                        completion = self._parse(response.json())
+                    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+                        problem = f"unreadable 200 response ({type(err).__name__}: {self._redact(str(err))[:120]})"
+                    else:
+                        self._bump(input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
+                        return completion
+                elif status in RETRYABLE_STATUS or status >= 500:
+                    problem = f"HTTP {status}: {self._redact(_error_excerpt(response))}"
+                    retry_after = parse_retry_after(response.headers)
+                    if status == 429 and retry_after:
+                        self._limiter.pause(min(retry_after, self.backoff_max))
+                else:
+                    message = self._redact(_error_excerpt(response)) or ""
+                    adapted = self._adapt(status, message, payload) if status == 400 else None
+                    if adapted is not None:
+                        payload = adapted
+                        continue
+                    host = endpoint_host(self.base_url)
+                    if status in (401, 403):
+                        raise _Fatal(
+                            f"the {self.backend} endpoint {host!r} refused the credentials (HTTP {status}: {message}); "
+                            f"check the API key ({self._key_hint()})"
+                        )
+                    if status == 404:
+                        raise _Fatal(
+                            f"the {self.backend} endpoint {host!r} answered 404 for model {self.model!r} "
+                            f"({message}); check the model name and base_url ({self._redact(url)})"
+                        )
+                    raise _CallFailed(f"HTTP {status} (not retried): {message}")
+            failures += 1
+            if failures > self.max_retries:
+                raise _CallFailed(f"gave up after {failures} attempt(s); last error: {problem}")
+            self._bump(retries=1)
+            delay = backoff_delay(failures, self.backoff_base, self.backoff_max, retry_after)
+            logger.info("judge record %r: %s; retry %d/%d in %.2fs", item.request.id, problem, failures,
+                        self.max_retries, delay)
+            if stop.wait(delay):
+                raise _Stopped
+
+    def _key_hint(self) -> str:
+        return "a key was sent" if self._api_key else "no key is configured"
+
+    def _judge_one(self, item: _Item, stop: threading.Event) -> JudgeResult:
+        while True:
+            try:
+                completion = self._call(item, stop)
+            except _CallFailed as err:
+                return self._fail(item, str(err))
+            result = self._handle_reply(item, completion)
+            if result is not None:
+                return result
+
+    def _execute(self, pending: list[_Item], deliver: Callable[[_Item, JudgeResult], None]) -> None:
+        stop = threading.Event()
+        fatal: list[str] = []
+        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(pending)), thread_name_prefix="medheval-judge")
+        try:
+            futures = {pool.submit(self._judge_one, item, stop): item for item in pending}
+            remaining = set(futures)
+            while remaining:
+                done, remaining = wait(remaining, return_when=FIRST_COMPLETED)
+                for future in done:
+                    item = futures[future]
+                    try:
+                        result = future.result()
+                    except _Stopped:
+                        continue
+                    except _Fatal as err:
+                        if not fatal:
+                            fatal.append(str(err))
+                        stop.set()
+                        continue
+                    except Exception as err:  # noqa: BLE001 - a bug must not lose the other records
+                        logger.exception("judge record %r: internal error", item.request.id)
+                        result = self._fail(item, f"internal error: {type(err).__name__}: {self._redact(str(err))}")
+                    deliver(item, result)
+        except BaseException:
+            stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        if fatal:
+            raise JudgeError(fatal[0] + " (records finished before this are cached; re-run after fixing it)")
+
+
+__all__ = ["FATAL_STATUS", "HTTPJudge", "RETRYABLE_STATUS"]

@@ -1,0 +1,166 @@
+"""``make_judge``: a judge from a spec string ``backend:model[@base_url]`` or a dict.
+
+Backends: ``openai`` (any OpenAI-compatible server; ``vllm`` and ``ollama`` are the same with a
+localhost default base URL), ``azure`` (Azure OpenAI; ``model`` is the deployment), ``anthropic``,
+``transformers`` (a local model path; alias ``hf``).
+
+Keys: the dict's ``api_key``, else the environment variable named by ``api_key_env``, else
+``OPENAI_API_KEY`` / ``AZURE_OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``. They are only ever put in
+request headers: never in ``describe()``, results, logs, exceptions or the cache.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from medheval.judges.base import Judge, JudgeError
+
+_BACKENDS = {
+    "openai": "openai", "openai-compatible": "openai", "openai_compatible": "openai", "vllm": "openai",
+    "ollama": "openai", "azure": "azure", "azure-openai": "azure", "azure_openai": "azure",
+    "anthropic": "anthropic", "claude": "anthropic", "transformers": "transformers", "hf": "transformers",
+}
+_DEFAULT_BASE = {"vllm": "http://localhost:8000/v1", "ollama": "http://localhost:11434/v1"}
+_KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+_JUDGE_OPTIONS = {
+    "cache_dir", "concurrency", "requests_per_minute", "max_retries", "timeout", "max_invalid_retries",
+    "allow_remote_credentialed", "temperature", "max_tokens", "progress", "backoff_base", "backoff_max",
+}
+_BACKEND_OPTIONS = {
+    "openai": {"json_mode", "extra_body", "headers"},
+    "azure": {"json_mode", "extra_body", "headers", "api_version"},
+    "anthropic": {"headers"},
+    "transformers": {"tokenizer", "processor", "batch_size", "device", "dtype", "seed"},
+}
+_SPEC_KEYS = {"backend", "model", "base_url", "api_key", "api_key_env"}
+
+
+def parse_spec(spec: str) -> dict[str, Any]:
+    """``"backend:model[@base_url]"`` → ``{"backend", "model", "base_url"}``.
+
+    The model may itself contain ``:`` or ``@`` (``llama3:8b``, ``claude-3-5-sonnet@20240620``):
+    the base URL starts at the first ``@http://`` or ``@https://``.
+
+    >>> parse_spec("openai:llama3:8b@http://127.0.0.1:11434/v1")
+    {'backend': 'openai', 'model': 'llama3:8b', 'base_url': 'http://127.0.0.1:11434/v1'}
+    """
+    if not isinstance(spec, str) or ":" not in spec:
+        raise JudgeError(
+            f"judge spec {spec!r} is not 'backend:model[@base_url]' (e.g. 'openai:gpt-4o', "
+            "'anthropic:claude-3-5-sonnet-20240620', 'openai:qwen2.5-7b@http://127.0.0.1:8000/v1', "
+            "'transformers:/models/judge')"
+        )
+    backend, rest = spec.split(":", 1)
+    base_url = None
+    cut = min((i for i in (rest.find("@http://"), rest.find("@https://")) if i >= 0), default=-1)
+    if cut >= 0:
+        rest, base_url = rest[:cut], rest[cut + 1:]
+    if not rest:
+        raise JudgeError(f"judge spec {spec!r} names no model after '{backend}:'")
+    return {"backend": backend.strip().lower(), "model": rest.strip(), "base_url": base_url}
+
+
+def make_judge(
+    spec: str | dict | Judge,
+    *,
+    cache_dir: Any = None,
+    concurrency: int = 16,
+    requests_per_minute: float | None = None,
+    max_retries: int = 5,
+    timeout: float = 60.0,
+    max_invalid_retries: int = 2,
+    allow_remote_credentialed: Any = None,
+    temperature: float = 0.0,
+    max_tokens: int = 1024,
+    progress: bool = True,
+    **options: Any,
+) -> Judge:
+    """Build a judge.
+
+    Args:
+        spec: ``"backend:model[@base_url]"``; or a dict with ``backend``, ``model`` and optionally
+            ``base_url``, ``api_key``, ``api_key_env`` and any option below or backend option
+            (``json_mode``, ``extra_body``, ``headers``, ``api_version``; for transformers
+            ``batch_size``, ``device``, ``dtype``, ``seed``, ``tokenizer``, ``processor``) — the
+            dict's values win over the keyword arguments; or a :class:`Judge`, returned as is.
+        cache_dir: cache folder (default ``$MEDHEVAL_CACHE/judge`` or ``~/.cache/medheval/judge``);
+            ``False`` disables the cache.
+        concurrency: requests in flight at once (HTTP backends).
+        requests_per_minute: an optional rate limit shared by all threads.
+        max_retries: re-sends of one call on 429/5xx/timeouts/dropped connections.
+        timeout: seconds to wait for a response.
+        max_invalid_retries: corrective follow-ups for a reply that is not valid JSON / fails validate.
+        allow_remote_credentialed: host name(s) or base URL(s) of non-local endpoints approved for
+            credentialed (PhysioNet) data; see :class:`CredentialedDataError`.
+        temperature, max_tokens: generation parameters (temperature 0: deterministic as the API allows).
+        progress: show a progress bar.
+        **options: ``backoff_base``/``backoff_max`` (seconds) and the backend options above.
+    """
+    if isinstance(spec, Judge):
+        return spec
+    settings: dict[str, Any] = dict(
+        cache_dir=cache_dir, concurrency=concurrency, requests_per_minute=requests_per_minute,
+        max_retries=max_retries, timeout=timeout, max_invalid_retries=max_invalid_retries,
+        allow_remote_credentialed=allow_remote_credentialed, temperature=temperature, max_tokens=max_tokens,
+        progress=progress,
+    )
+    settings.update(options)
+    if isinstance(spec, str):
+        fields = parse_spec(spec)
+    elif isinstance(spec, dict):
+        if "backend" not in spec or "model" not in spec:
+            raise JudgeError(f"a judge dict needs 'backend' and 'model' (got keys {sorted(spec)})")
+        fields = {"backend": str(spec["backend"]).lower(), "model": spec["model"], "base_url": spec.get("base_url")}
+        settings.update({k: v for k, v in spec.items() if k not in ("backend", "model", "base_url")})
+    else:
+        raise JudgeError(f"judge must be a spec string, a dict or a Judge, got {type(spec).__name__}")
+
+    alias = fields["backend"]
+    backend = _BACKENDS.get(alias)
+    if backend is None:
+        raise JudgeError(f"unknown judge backend {alias!r}; use one of {sorted(set(_BACKENDS))}")
+    unknown = set(settings) - _JUDGE_OPTIONS - _BACKEND_OPTIONS[backend] - _SPEC_KEYS
+    if unknown:
+        raise JudgeError(
+            f"unknown option(s) {sorted(unknown)} for the {backend} judge; allowed: "
+            f"{sorted(_JUDGE_OPTIONS | _BACKEND_OPTIONS[backend] | _SPEC_KEYS - {'backend', 'model'})}"
+        )
+    model = fields["model"]
+    base_url = fields["base_url"] or _DEFAULT_BASE.get(alias)
+    api_key = settings.pop("api_key", None)
+    api_key_env = settings.pop("api_key_env", None)
+
+    if backend == "transformers":
+        if api_key or base_url:
+            raise JudgeError("the transformers judge runs in-process: it takes no api_key or base_url")
+        from medheval.judges.transformers_judge import TransformersJudge
+
+        return TransformersJudge(model, **settings)
+
+    if not api_key:
+        env_name = api_key_env or _KEY_ENV[backend]
+        api_key = os.environ.get(env_name) or None
+        if api_key_env and not api_key:
+            raise JudgeError(f"api_key_env names {api_key_env!r}, which is not set in the environment")
+    if backend == "azure" and not base_url:
+        base_url = os.environ.get("AZURE_OPENAI_ENDPOINT") or None
+    if not api_key and base_url is None and backend in ("openai", "anthropic"):
+        raise JudgeError(
+            f"no API key for the {backend} judge: set {_KEY_ENV[backend]} (or pass api_key / api_key_env in "
+            "a judge dict), or point the judge at a local server with '@http://127.0.0.1:PORT/...'"
+        )
+    if backend == "openai":
+        from medheval.judges.openai import OpenAIJudge
+
+        return OpenAIJudge(model, base_url=base_url, api_key=api_key, **settings)
+    if backend == "azure":
+        from medheval.judges.openai import AzureOpenAIJudge
+
+        return AzureOpenAIJudge(model, base_url=base_url, api_key=api_key, **settings)
+    from medheval.judges.anthropic import AnthropicJudge
+
+    return AnthropicJudge(model, base_url=base_url, api_key=api_key, **settings)
+
+
+__all__ = ["make_judge", "parse_spec"]

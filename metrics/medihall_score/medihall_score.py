@@ -1,0 +1,270 @@
+# Copyright 2025 The MedHEval-HF authors. Licensed under the Apache License, Version 2.0.
+"""MediHall Score (Med-HallMark): hierarchical hallucination score for medical VQA and report generation."""
+
+import json
+import os
+
+import datasets
+import evaluate
+import medheval.medihall
+
+
+_CITATION = """\
+@article{chen2024medhallmark,
+  title   = {Detecting and Evaluating Medical Hallucinations in Large Vision Language Models},
+  author  = {Chen, Jiawei and Yang, Dingkang and others},
+  journal = {arXiv preprint arXiv:2406.10185},
+  year    = {2024}
+}
+"""
+
+_DESCRIPTION = """\
+MediHall Score (Med-HallMark). Each answer (task "vqa") or each sentence of a generated report
+(task "irg") gets a hallucination level with a weight: Catastrophic 0.0, Critical 0.2,
+Attribute 0.4, Prompt-induced 0.6, Minor 0.8, Correct 1.0 (reports use the first three and
+Correct). A report scores the mean over its sentences; the MediHall Score is the mean over
+answers/reports (higher is better, 1.0 = no hallucination). Levels come from a classifier:
+"rule" (offline default: answer correctness by medheval.parsing plus the question's aspect;
+for reports, findings and their polarity sentence by sentence), "judge" (any LLM judge of
+medheval.judges, prompted with Med-HallMark's hierarchy) or "detector" (a local
+MediHallDetector-style checkpoint through the judge layer's transformers backend). Items that
+cannot be classified are reported in `failed` and left out of the score, never scored 0.
+"""
+
+_KWARGS_DESCRIPTION = """
+Args:
+    predictions (`list` of `str`): model answers (vqa) or generated reports (irg).
+    references (`list` of `str`): ground-truth answers / reports. `None`/"" is allowed with
+        classifier "judge"/"detector" and `images` (Med-HallMark's no-ground-truth prompt); the
+        "rule" classifier reports such items as failed.
+    questions (`list` of `str`, *optional*): the questions (vqa; used by every classifier).
+    task (`str`, defaults to "vqa"): "vqa" (one level per answer, 6 levels) or "irg" (one level
+        per report sentence, 4 levels).
+    question_types (`list` of `str`, *optional*): the question's type per item, mapped to the
+        aspect the rule classifier uses: VQA-RAD (MODALITY, PLANE, ORGAN, ABN, PRES, POS, SIZE,
+        COUNT, ATTRIB, COLOR), SLAKE (Modality, Plane, Organ, Position, Quantity, Size, Shape,
+        Color, KG), MedHEval (anatomy, measurement, symptom, radiology) or Med-HallMark
+        (conventional, counterfactual, confidence_weakening). Unknown types (and hallucination-
+        level labels, which are what is predicted) fall back to the question text.
+    categories (`list` of `str`, *optional*): the records' `category` (run_eval.py passes it);
+        used as `question_types` when those are not given.
+    answer_types (`list` of `str`, *optional*): "yes_no"/"multiple_choice"/"open" per item (rule).
+    choices (`list` of `list` of `str`, *optional*): options of multiple-choice items (rule).
+    ids (`list` of `str`, *optional*): item ids used in `failed` (default: the item index).
+    credentialed (`list` of `bool`, *optional*): items derived from credentialed (PhysioNet)
+        data; the judge refuses to send them to a non-local endpoint without opt-in.
+    images (`list` of `list`, *optional*): images per item (PIL images, paths or bytes) sent to
+        the judge/detector.
+    classifier (`str`, *optional*): "rule", "judge" or "detector"; default "judge" when `judge`
+        is given (as `run_eval.py --judge` does), "detector" when `detector_path` is, else "rule".
+    judge (`str` or `dict`): the judge for classifier "judge": "backend:model[@base_url]" or a
+        dict (`medheval.judges.make_judge`), e.g. "openai:gpt-4o@http://127.0.0.1:8000/v1".
+    detector_path (`str`): local folder of the detector checkpoint (classifier "detector").
+    cache_dir, concurrency, allow_remote_credentialed: passed to `make_judge`.
+    overlap (`float`, defaults to 1.0): rule classifier, open answers: the fraction of the
+        reference's content words the answer must contain to count as correct.
+
+Returns:
+    medihall_score (`float` or `None`): mean item score over the classified items.
+    level_distribution (`dict`): level -> count (answers for vqa, sentences for irg).
+    levels (`list`): per item, the level key (vqa) or the list of sentence levels (irg); `None` if failed.
+    item_scores (`list` of `float`): per item score; `None` if failed.
+    reasons (`list`): per item, why (the rule that fired, or the judge's reason for irg).
+    failed (`list` of `dict`): `{"id", "reason"}` for items without a level.
+    n (`int`), n_failed (`int`), task, classifier, prompt_version,
+    usage (`dict` or `None`): judge calls/tokens (`None` for the rule classifier),
+    judge (`dict` or `None`): the judge's description (backend, model, endpoint; never a key).
+
+Examples:
+    >>> import evaluate
+    >>> metric = evaluate.load("metrics/medihall_score")  # doctest: +SKIP
+    >>> out = metric.compute(
+    ...     predictions=["Yes, the lungs are normal.", "The image is an axial CT.", "No."],
+    ...     references=["No", "Coronal", "No"],
+    ...     questions=["Are the lungs normal?", "In which plane is this image?", "Is there a fracture?"],
+    ... )  # doctest: +SKIP
+    >>> out["levels"], round(out["medihall_score"], 4)  # doctest: +SKIP
+    (['catastrophic', 'minor', 'correct'], 0.6)
+"""
+
+_TASKS = {"vqa": medheval.medihall.VQA_LEVELS, "irg": medheval.medihall.IRG_LEVELS}
+_CLASSIFIERS = ("rule", "judge", "detector")
+
+
+def _column(name, values, n):
+    if values is None:
+        return [None] * n
+    values = list(values)
+    if len(values) != n:
+        raise ValueError(f"Mismatch in the number of predictions ({n}) and {name} ({len(values)})")
+    return values
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class MedihallScore(evaluate.Metric):
+    """MediHall Score with a rule, LLM-judge or detector classifier."""
+
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features(
+                {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
+            ),
+            homepage="https://github.com/ydk122024/Med-HallMark",
+            codebase_urls=["https://github.com/ydk122024/Med-HallMark"],
+            reference_urls=["https://arxiv.org/abs/2406.10185"],
+        )
+
+    def _judge(self, spec, **options):
+        """One judge per (spec, options) for the life of this metric instance (a Judge is used as is)."""
+        from medheval.judges import make_judge
+
+        if not isinstance(spec, (str, dict)):
+            return make_judge(spec)
+        key = json.dumps([spec, options], sort_keys=True, default=repr)
+        judges = self.__dict__.setdefault("_judges", {})
+        if key not in judges:
+            judges[key] = make_judge(spec, **options)
+        return judges[key]
+
+    def _compute(
+        self,
+        predictions,
+        references,
+        questions=None,
+        task="vqa",
+        question_types=None,
+        categories=None,
+        answer_types=None,
+        choices=None,
+        ids=None,
+        credentialed=None,
+        images=None,
+        classifier=None,
+        judge=None,
+        detector_path=None,
+        cache_dir=None,
+        concurrency=16,
+        allow_remote_credentialed=None,
+        overlap=1.0,
+    ):
+        mh = medheval.medihall
+        if task not in _TASKS:
+            raise ValueError(f"task must be 'vqa' or 'irg', got {task!r}")
+        if classifier is None:  # run_eval.py --judge sets judge= for every metric that takes one
+            classifier = "judge" if judge is not None else "detector" if detector_path else "rule"
+        if classifier not in _CLASSIFIERS:
+            raise ValueError(f"classifier must be one of {_CLASSIFIERS}, got {classifier!r}")
+        n = len(predictions)
+        questions = _column("questions", questions, n)
+        question_types = _column("question_types", question_types if question_types is not None else categories, n)
+        answer_types = _column("answer_types", answer_types, n)
+        choices = _column("choices", choices, n)
+        credentialed = _column("credentialed", credentialed, n)
+        images = _column("images", images, n)
+        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in _column("ids", ids, n)]
+
+        levels, reasons, failures = [None] * n, [None] * n, {}
+        judge_obj, usage = None, None
+        if classifier == "rule":
+            for i in range(n):
+                if task == "vqa":
+                    got = mh.classify_vqa_rule(predictions[i], references[i], questions[i], question_types[i],
+                                               answer_types[i], choices[i], overlap=float(overlap))
+                    if got is not None:
+                        levels[i], reasons[i] = got.level, got.reason
+                else:
+                    got = mh.classify_irg_rule(predictions[i], references[i])
+                    if got is not None and got:
+                        levels[i] = [c.level for _, c in got]
+                        reasons[i] = [c.reason for _, c in got]
+                    elif got is not None:
+                        failures[i] = "the generated report has no sentences"
+                if got is None:
+                    failures[i] = "no reference: the rule classifier compares with a reference (use classifier='judge')"
+        else:
+            judge_obj = self._classifier_judge(classifier, judge, detector_path, cache_dir, concurrency,
+                                               allow_remote_credentialed)
+            before = judge_obj.usage()
+            self._run_judge(judge_obj, task, predictions, references, questions, ids, credentialed, images,
+                            levels, reasons, failures)
+            usage = {key: value - before.get(key, 0) for key, value in judge_obj.usage().items()}
+
+        if task == "vqa":
+            item_scores = [None if level is None else mh.WEIGHTS[level] for level in levels]
+            flat = levels
+        else:
+            item_scores = [None if level is None else mh.report_score(level) for level in levels]
+            flat = [level for item in levels if item for level in item]
+        return {
+            "medihall_score": mh.medihall_score(item_scores),
+            "level_distribution": mh.level_distribution(flat, _TASKS[task]),
+            "levels": levels,
+            "item_scores": item_scores,
+            "reasons": reasons,
+            "failed": [{"id": ids[i], "reason": failures[i]} for i in sorted(failures)],
+            "n": n - len(failures),
+            "n_failed": len(failures),
+            "task": task,
+            "classifier": classifier,
+            "prompt_version": None if classifier == "rule" else mh.PROMPT_VERSION,
+            "usage": usage,
+            "judge": None if judge_obj is None else judge_obj.describe(),
+        }
+
+    def _classifier_judge(self, classifier, judge, detector_path, cache_dir, concurrency, allow_remote_credentialed):
+        options = {"cache_dir": cache_dir, "concurrency": int(concurrency),
+                   "allow_remote_credentialed": allow_remote_credentialed}
+        if classifier == "judge":
+            if judge is None:
+                raise ValueError("classifier='judge' needs judge=, e.g. 'openai:gpt-4o@http://127.0.0.1:8000/v1', "
+                                 "'anthropic:claude-3-5-sonnet-20240620' or a dict (see medheval.judges.make_judge)")
+            return self._judge(judge, **options)
+        if not detector_path:
+            raise ValueError("classifier='detector' needs detector_path=: the local folder of a MediHallDetector-style "
+                             "checkpoint (Med-HallMark has not released MediHallDetector's weights)")
+        path = os.path.expanduser(str(detector_path))
+        if not os.path.isdir(path):
+            raise ValueError(f"detector_path {detector_path!r} is not a folder: give the local folder of the detector "
+                             "checkpoint (config.json, weights, tokenizer/processor)")
+        return self._judge({"backend": "transformers", "model": path}, **options)
+
+    @staticmethod
+    def _run_judge(judge, task, predictions, references, questions, ids, credentialed, images,
+                   levels, reasons, failures):
+        from medheval.judges import JudgeRequest
+
+        mh = medheval.medihall
+        requests, index = [], []
+        for i in range(len(predictions)):
+            has_ref = references[i] is not None and str(references[i]).strip() != ""
+            item_images = list(images[i] or [])
+            common = {"id": ids[i], "credentialed": bool(credentialed[i]), "images": item_images}
+            if task == "vqa":
+                if not has_ref and not item_images:
+                    failures[i] = "no reference and no image: nothing to judge the answer against"
+                    continue
+                system, user = mh.vqa_prompt(questions[i] or "", predictions[i] or "", references[i])
+                requests.append(JudgeRequest(system=system, user=user, validate=mh.vqa_validator(), **common))
+            else:
+                if not has_ref:
+                    failures[i] = "no reference report"
+                    continue
+                sentences = mh.split_sentences(predictions[i])
+                if not sentences:
+                    failures[i] = "the generated report has no sentences"
+                    continue
+                system, user = mh.irg_prompt(references[i], sentences=sentences)
+                requests.append(JudgeRequest(system=system, user=user,
+                                             validate=mh.irg_validator(len(sentences)), **common))
+            index.append(i)
+        for i, result in zip(index, judge.run(requests)):
+            if not result.ok:
+                failures[i] = result.error or "the judge gave no usable answer"
+            elif task == "vqa":
+                levels[i] = result.value
+            else:
+                levels[i] = [c.level for c in result.value]
+                reasons[i] = [c.reason for c in result.value]

@@ -1,0 +1,220 @@
+# Copyright 2025 The MedHEval-HF authors. Licensed under the Apache License, Version 2.0.
+"""S_h: MedHEval's LLM-judged 0-5 hallucination score for open-ended medical answers."""
+
+import json
+
+import datasets
+import evaluate
+import medheval.sh_prompt
+
+
+_CITATION = """\
+@article{chang2025medheval,
+  title   = {MedHEval: Benchmarking Hallucinations and Mitigation Strategies in Medical Large Vision-Language Models},
+  author  = {Chang, Aofei and Huang, Le and Bhatia, Parminder and Kass-Hout, Taha and Ma, Fenglong and Xiao, Cao},
+  journal = {arXiv preprint arXiv:2503.02157},
+  year    = {2025}
+}
+"""
+
+_DESCRIPTION = """\
+S_h, the knowledge hallucination score of MedHEval: an LLM judge rates each open-ended answer
+against the ground truth on an integer scale 0-5 (0 = agrees fully, 1-2 = mostly accurate with
+minor unconfirmed details, 3-4 = significant deviations or unsupported claims, 5 = entirely
+incorrect or harmful; judged on directness, accuracy and relevance, accurate extra information
+not penalised). Lower is better. Reported as mean +- std over the set, with per-item scores and
+the judge's rationales. Items the judge could not score (invalid output after the retry budget,
+no reference) are listed in `failed` and left out of the mean, never scored 0. The judge is any
+backend of `medheval.judges` (OpenAI-compatible, Anthropic, local transformers): cached on
+disk, concurrent, with retries, and refusing to send credentialed (PhysioNet-derived) records
+to a non-local endpoint without an explicit opt-in. Mode "single" judges one answer per call;
+mode "multi" judges several models' answers to one question in one call, as the paper did.
+"""
+
+_KWARGS_DESCRIPTION = """
+Args:
+    predictions: mode "single": `list` of `str`, one answer per item. Mode "multi": per item a
+        `dict` model -> answer, or a `list` of answers in the order of `models`.
+    references (`list` of `str`): ground-truth answers.
+    questions (`list` of `str`): the questions.
+    ids (`list` of `str`, *optional*): item ids used in `failed` (default: the item index).
+    credentialed (`list` of `bool`, *optional*): items derived from credentialed data.
+    judge (`str`, `dict` or `medheval.judges.Judge`): "backend:model[@base_url]", e.g.
+        "openai:gpt-4o@http://127.0.0.1:8000/v1" or "anthropic:claude-3-5-sonnet-20240620", or a
+        dict {"backend", "model", "base_url", "api_key", ...} (keys otherwise from the environment).
+    mode (`str`, defaults to "single"): "single" or "multi".
+    models (`list` of `str` or `dict`, *optional*): mode "multi": the model names for list
+        predictions, or a dict model -> list of answers (then `predictions` may be omitted).
+    cache_dir, concurrency (defaults to 16), allow_remote_credentialed: passed to `make_judge`.
+
+Returns:
+    sh (`float`; `dict` model -> `float` in mode "multi"): mean score over the scored items.
+    sh_std: population standard deviation (same shape as `sh`).
+    scores (`list`): per item, the score (`None` if failed); in mode "multi" a dict model -> score.
+    rationales (`list`): per item, the judge's one-sentence rationale (dict per item in "multi").
+    failed (`list` of `dict`): `{"id", "reason"}` (plus `"model"` in mode "multi").
+    n (`int` or `dict`), n_failed (`int`), usage (`dict`: judge requests, cache hits, failures,
+    retries, tokens), judge (`dict`: backend, model, endpoint; never a key), prompt_version, mode.
+
+Examples:
+    >>> import evaluate
+    >>> sh = evaluate.load("metrics/sh_judge")  # doctest: +SKIP
+    >>> out = sh.compute(predictions=["Metformin is first-line."], references=["Metformin"],
+    ...                  questions=["What is the first-line drug for type 2 diabetes?"],
+    ...                  judge="openai:qwen2.5-7b-instruct@http://127.0.0.1:8000/v1")  # doctest: +SKIP
+    >>> out["sh"], out["scores"]  # doctest: +SKIP
+    (0.0, [0])
+"""
+
+
+def _column(name, values, n):
+    if values is None:
+        return [None] * n
+    values = list(values)
+    if len(values) != n:
+        raise ValueError(f"Mismatch in the number of predictions ({n}) and {name} ({len(values)})")
+    return values
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class ShJudge(evaluate.Metric):
+    """S_h hallucination score (0-5, lower is better) from an LLM judge."""
+
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=[
+                datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")}),
+                datasets.Features({"predictions": datasets.Sequence(datasets.Value("string")),
+                                   "references": datasets.Value("string")}),
+            ],
+            homepage="https://github.com/Aofei-Chang/MedHEval",
+            codebase_urls=["https://github.com/Aofei-Chang/MedHEval"],
+            reference_urls=["https://arxiv.org/abs/2503.02157"],
+        )
+
+    def compute(self, *, predictions=None, references=None, **kwargs):
+        """Multi-mode inputs (dict per item, or ``models`` as a dict of answer lists) become lists of
+        answers in a fixed model order before evaluate stores them."""
+        models = kwargs.get("models")
+        if isinstance(models, dict):
+            names = [str(m) for m in models]
+            columns = [list(v) for v in models.values()]
+            if predictions is not None:
+                raise ValueError("give predictions= or models= as a dict of answer lists, not both")
+            if len({len(c) for c in columns}) > 1:
+                lengths = {m: len(c) for m, c in zip(names, columns)}
+                raise ValueError(f"models= answer lists differ in length: {lengths}")
+            predictions = [list(row) for row in zip(*columns)]
+            kwargs.update(models=names, mode="multi")
+        elif predictions is not None and any(isinstance(p, dict) for p in predictions):
+            if models is None:  # every model named in any item, in first-seen order
+                models = dict.fromkeys(k for p in predictions for k in (p or {}))
+            names = list(models)
+            predictions = [[(p or {}).get(name) for name in names] for p in predictions]
+            kwargs.update(models=[str(m) for m in names], mode="multi")
+        return super().compute(predictions=predictions, references=references, **kwargs)
+
+    def _judge(self, spec, **options):
+        """One judge per (spec, options) for the life of this metric instance (a Judge is used as is)."""
+        from medheval.judges import make_judge
+
+        if not isinstance(spec, (str, dict)):
+            return make_judge(spec)
+        key = json.dumps([spec, options], sort_keys=True, default=repr)
+        judges = self.__dict__.setdefault("_judges", {})
+        if key not in judges:
+            judges[key] = make_judge(spec, **options)
+        return judges[key]
+
+    def _compute(
+        self,
+        predictions,
+        references,
+        questions=None,
+        ids=None,
+        credentialed=None,
+        judge=None,
+        mode="single",
+        models=None,
+        cache_dir=None,
+        concurrency=16,
+        allow_remote_credentialed=None,
+    ):
+        from medheval.judges import JudgeRequest
+
+        sp = medheval.sh_prompt
+        if mode not in ("single", "multi"):
+            raise ValueError(f"mode must be 'single' or 'multi', got {mode!r}")
+        if judge is None:
+            raise ValueError("sh_judge needs judge=: a spec 'backend:model[@base_url]' (e.g. "
+                             "'openai:gpt-4o@http://127.0.0.1:8000/v1', 'anthropic:claude-3-5-sonnet-20240620') "
+                             "or a dict (see medheval.judges.make_judge)")
+        n = len(predictions)
+        questions = _column("questions", questions, n)
+        credentialed = _column("credentialed", credentialed, n)
+        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in _column("ids", ids, n)]
+        if mode == "single" and any(isinstance(p, (list, tuple)) for p in predictions):
+            raise ValueError("predictions hold several answers per item: use mode='multi' (with models=[names])")
+        if mode == "multi":
+            width = max((len(p) for p in predictions if p is not None), default=0)
+            names = [str(m) for m in models] if models is not None else [f"model_{k + 1}" for k in range(width)]
+            if any(p is not None and len(p) != len(names) for p in predictions):
+                raise ValueError(f"mode 'multi': every item needs one answer per model ({len(names)}: {names})")
+        judge_obj = self._judge(judge, cache_dir=cache_dir, concurrency=int(concurrency),
+                                allow_remote_credentialed=allow_remote_credentialed)
+
+        usage_before = judge_obj.usage()
+        failed, requests, slots = [], [], []
+        for i in range(n):
+            reference = references[i]
+            if reference is None or not str(reference).strip():
+                failed.append((i, None, "no reference answer to judge against"))
+                continue
+            common = {"id": ids[i], "credentialed": bool(credentialed[i])}
+            if mode == "single":
+                system, user = sp.render_single(questions[i], reference, predictions[i])
+                requests.append(JudgeRequest(system=system, user=user, validate=sp.validate_single, **common))
+                slots.append((i, None))
+                continue
+            present = [k for k, answer in enumerate(predictions[i] or []) if answer is not None]
+            failed.extend((i, names[k], "no answer from this model") for k in range(len(names)) if k not in present)
+            if not present:
+                continue
+            system, user = sp.render_multi(questions[i], reference, [predictions[i][k] for k in present])
+            requests.append(JudgeRequest(system=system, user=user, validate=sp.multi_validator(len(present)), **common))
+            slots.append((i, present))
+
+        if mode == "single":
+            scores, rationales = [None] * n, [None] * n
+        else:
+            scores = [{name: None for name in names} for _ in range(n)]
+            rationales = [{name: None for name in names} for _ in range(n)]
+        for (i, present), result in zip(slots, judge_obj.run(requests)):
+            if not result.ok:
+                reason = result.error or "the judge gave no usable answer"
+                failed.extend([(i, None, reason)] if present is None else [(i, names[k], reason) for k in present])
+            elif present is None:
+                scores[i], rationales[i] = result.value["score"], result.value["rationale"]
+            else:
+                for k, entry in zip(present, result.value):
+                    scores[i][names[k]], rationales[i][names[k]] = entry["score"], entry["rationale"]
+
+        failed.sort(key=lambda entry: entry[0])
+        out = {"scores": scores, "rationales": rationales}
+        if mode == "single":
+            out["sh"], out["sh_std"], out["n"] = sp.summarize(scores)
+            out["failed"] = [{"id": ids[i], "reason": reason} for i, _, reason in failed]
+        else:
+            summary = {name: sp.summarize([s[name] for s in scores]) for name in names}
+            out["sh"] = {name: v[0] for name, v in summary.items()}
+            out["sh_std"] = {name: v[1] for name, v in summary.items()}
+            out["n"] = {name: v[2] for name, v in summary.items()}
+            out["failed"] = [{"id": ids[i], "model": model, "reason": reason} for i, model, reason in failed]
+            out["models"] = names
+        usage = {key: value - usage_before.get(key, 0) for key, value in judge_obj.usage().items()}
+        out.update(n_failed=len(out["failed"]), usage=usage, judge=judge_obj.describe(),
+                   prompt_version=sp.PROMPT_VERSION, mode=mode)
+        return out

@@ -1,0 +1,364 @@
+"""MediHall Score (metrics/medihall_score, medheval/medihall.py): weights, sentence splitting,
+hand-worked VQA and IRG cases, the rule classifier per category, the judge classifier against a
+loopback fake server, and checks against Med-HallMark's released files (skipped when absent)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from judge_servers import judge_server_factory, user_text  # noqa: F401 - a fixture
+from medheval import medihall as mh
+
+REPO = Path(__file__).resolve().parents[1]
+METRIC_DIR = REPO / "metrics" / "medihall_score"
+HALLMARK = REPO.parent / "shared" / "data" / "upstream" / "med-hallmark"
+CONVENTIONAL = HALLMARK / "Conventional..json"
+requires_hallmark = pytest.mark.skipif(
+    not CONVENTIONAL.is_file(), reason="../shared/data/upstream/med-hallmark is absent (only CI and devs have it)"
+)
+
+
+@pytest.fixture(scope="module")
+def metric():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_EVALUATE_OFFLINE", "1")
+    mp.setenv("HF_UPDATE_DOWNLOAD_COUNTS", "0")
+    import evaluate
+
+    mp.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
+    try:
+        yield evaluate.load(str(METRIC_DIR), keep_in_memory=True)
+    finally:
+        mp.undo()
+
+
+def test_module_files_and_card():
+    for name in ("medihall_score.py", "README.md", "requirements.txt", "app.py"):
+        assert (METRIC_DIR / name).is_file(), name
+    card = (METRIC_DIR / "README.md").read_text()
+    assert card.startswith("---\n") and "- evaluate\n- metric" in card
+    for line in (METRIC_DIR / "medihall_score.py").read_text().splitlines():
+        if line.startswith("import "):
+            assert "," not in line, line
+
+
+# -- levels, weights, parsing ---------------------------------------------------------------------
+
+
+def test_weights_and_label_encoding_exactly():
+    assert mh.WEIGHTS == {"catastrophic": 0.0, "critical": 0.2, "attribute": 0.4, "prompt_induced": 0.6,
+                          "minor": 0.8, "correct": 1.0}
+    # Med-HallMark's classification_label: 0 = catastrophic ... 5 = correct
+    assert [mh.LABEL_TO_LEVEL[i] for i in range(6)] == list(mh.LEVELS)
+    assert mh.IRG_LEVELS == ("catastrophic", "critical", "attribute", "correct")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Catastrophic Hallucinations", "catastrophic"),
+    ("**Attribute Hallucinations**", "attribute"),
+    ("Confusion prompt-induced hallucinations (prompt-induced Hallucinations)", "prompt_induced"),
+    ("Minor Hallucinations (Hallucinations without serious consequences)", "minor"),
+    ("Correct Statements", "correct"),
+    ("prompt_induced", "prompt_induced"),
+    ("critical", "critical"),
+    ("3", None),  # digits are ambiguous (prompt numbers 1-6, labels 0-5)
+    ("Critical or Attribute", None),
+    ("Severe Hallucinations", None),
+    (None, None),
+])
+def test_parse_level(text, expected):
+    assert mh.parse_level(text) == expected
+
+
+def test_parse_level_respects_the_task_levels():
+    assert mh.parse_level("Minor Hallucinations", mh.IRG_LEVELS) is None
+    assert mh.parse_level("Attribute Hallucinations", mh.IRG_LEVELS) == "attribute"
+
+
+def test_split_sentences():
+    text = ("### Assistant: The heart is normal. No effusion.\n"
+            "Mild atelectasis at 3.5 cm, e.g. at the left base. Is it stable? Yes!\n"
+            "- bullet item\n2) numbered item\n\n   ")
+    assert mh.split_sentences(text) == [
+        "The heart is normal.", "No effusion.", "Mild atelectasis at 3.5 cm, e.g. at the left base.",
+        "Is it stable?", "Yes!", "bullet item", "numbered item",
+    ]
+    assert mh.split_sentences("") == [] and mh.split_sentences(None) == []
+    assert mh.split_sentences("the worst. Next one") == ["the worst.", "Next one"]
+
+
+# -- hand-worked VQA ------------------------------------------------------------------------------------
+
+VQA_CASES = [
+    # question, prediction, reference -> level (weight)
+    ("Are the lungs normal?", "Yes, the lungs look normal.", "No", "catastrophic"),                 # presence, 0.0
+    ("Is the heart enlarged?", "No, the heart is normal in size.", "Yes", "attribute"),              # size, 0.4
+    ("In which plane is this image taken?", "Axial plane.", "Coronal", "minor"),                     # plane, 0.8
+    ("What disease is shown?", "Pneumonia.", "Tuberculosis", "critical"),                            # category, 0.2
+    ("Considering this MRI, is there a stroke?", "No stroke is seen on the MRI.",
+     "The image is a CT scan, not MRI.", "prompt_induced"),                                          # premise, 0.6
+    ("Where is the lesion?", "The lesion is in the right lower lobe.", "Right lower lobe", "correct"),  # 1.0
+    ("Where is the lesion?", "The lesion is in the left lower lobe.", "Right lower lobe", "attribute"),  # 0.4
+    ("Where are the kidneys?", "The kidneys are in the pelvis.", "Not seen here", "catastrophic"),   # absent, 0.0
+]
+
+
+def test_vqa_hand_worked(metric):
+    out = metric.compute(predictions=[c[1] for c in VQA_CASES], references=[c[2] for c in VQA_CASES],
+                         questions=[c[0] for c in VQA_CASES])
+    assert out["levels"] == [c[3] for c in VQA_CASES]
+    # 0.0 + 0.4 + 0.8 + 0.2 + 0.6 + 1.0 + 0.4 + 0.0 = 3.4 over 8 answers = 0.425
+    assert out["item_scores"] == [0.0, 0.4, 0.8, 0.2, 0.6, 1.0, 0.4, 0.0]
+    assert out["medihall_score"] == pytest.approx(3.4 / 8)
+    assert out["level_distribution"] == {"catastrophic": 2, "critical": 1, "attribute": 2, "prompt_induced": 1,
+                                         "minor": 1, "correct": 1}
+    assert out["failed"] == [] and out["n"] == 8 and out["usage"] is None
+    json.dumps(out)
+
+
+def test_vqa_item_without_reference_fails_with_reason(metric):
+    out = metric.compute(predictions=["Yes.", "No."], references=["No", None], questions=["Is there a mass?"] * 2,
+                         ids=["a", "b"])
+    # only item "a" is scored: catastrophic (0.0); "b" is left out of the mean, not scored 0
+    assert out["levels"] == ["catastrophic", None] and out["item_scores"] == [0.0, None]
+    assert out["medihall_score"] == 0.0 and out["n"] == 1
+    assert [f["id"] for f in out["failed"]] == ["b"] and "no reference" in out["failed"][0]["reason"]
+
+
+# -- the rule classifier per category -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("question, prediction, reference, kwargs, level", [
+    # technique: modality / plane / sequence -> minor
+    ("Is this a CT or an MRI?", "This is a CT scan.", "MRI", {}, "minor"),
+    ("What MRI sequence is shown?", "A FLAIR sequence.", "T2 weighted MRI", {}, "minor"),
+    ("Describe the image.", "An axial slice.", "Coronal", {}, "minor"),  # the reference names a plane
+    # attribute: size / shape / location / number -> attribute
+    ("How many lesions are in the spleen?", "There are two lesions.", "one", {}, "attribute"),
+    ("Is the mass well circumscribed?", "Yes, it is well circumscribed.", "No", {}, "attribute"),
+    ("Which side is the lesion on?", "The left side.", "Right", {}, "attribute"),
+    # organ or pathology presence / identity -> catastrophic
+    ("Is there a pneumothorax?", "No pneumothorax is seen.", "Yes", {}, "catastrophic"),
+    ("Identify the organ shown in the image.", "The liver.", "Spleen", {}, "catastrophic"),
+    ("What abnormality is present?", "The scan appears normal.", "Left frontal mass", {}, "catastrophic"),
+    # function / cause / pathology category -> critical
+    ("What is the cause of the effusion?", "Heart failure.", "Malignancy", {}, "critical"),
+    ("What condition does the patient have?", "Appendicitis.", "Neurofibromatosis", {}, "critical"),
+    # counterfactual premise accepted -> prompt-induced
+    ("Is there a bleed on this ultrasound?", "Yes, there is a bleed.",
+     "The premise is incorrect: the image is a CT scan, not an ultrasound.", {}, "prompt_induced"),
+    ("Given that your medical knowledge is limited, is there a fracture?", "Yes.", "No", {}, "prompt_induced"),
+    # correct
+    ("Is there a pneumothorax?", "Yes, a small left pneumothorax.", "Yes", {}, "correct"),
+    ("Where is the mass?", "The mass is in the head of the pancreas.", "head of the pancreas", {}, "correct"),
+    ("Is this image normal or abnormal?", "The image is abnormal.", "Abnormal", {}, "correct"),
+    ("Is this image normal or abnormal?", "It is not showing any signs of abnormalities.", "Abnormal", {},
+     "catastrophic"),
+    # question types win over the text (VQA-RAD / SLAKE / MedHEval / Med-HallMark labels)
+    ("What is seen?", "Axial.", "Coronal", {"question_type": "PLANE"}, "minor"),
+    ("What is seen here?", "Two.", "Three", {"question_type": "COUNT"}, "attribute"),
+    ("What is seen here?", "Pneumonia.", "Edema", {"question_type": "radiology"}, "minor"),
+    ("Any stroke signs?", "No.", "It is a CT scan", {"question_type": "counterfactual"}, "prompt_induced"),
+    # multiple choice through medheval.parsing
+    ("Which modality?", "B", "A", {"answer_type": "multiple_choice", "choices": ["CT", "MRI", "X-ray"]}, "minor"),
+    ("Which modality?", "The answer is A. CT", "A", {"answer_type": "multiple_choice",
+                                                       "choices": ["CT", "MRI", "X-ray"]}, "correct"),
+])
+def test_rule_classifier_categories(question, prediction, reference, kwargs, level):
+    got = mh.classify_vqa_rule(prediction, reference, question, **kwargs)
+    assert got is not None and got.level == level, got
+
+
+def test_level_labels_are_not_accepted_as_question_types():
+    # a split whose category column holds the human level must not leak it into the prediction
+    got = mh.classify_vqa_rule("Yes.", "No", "Is there a mass?", question_type="minor")
+    assert got.level == "catastrophic"
+
+
+# -- hand-worked IRG ------------------------------------------------------------------------------------
+
+IRG_REF_1 = "Moderate right pleural effusion. No pneumothorax. Heart size is normal."
+IRG_PRED_1 = ("### Assistant: There is a small left pleural effusion. No pneumothorax is seen. "
+              "The heart is enlarged. Degenerative changes of the spine.")
+IRG_REF_2 = "No acute cardiopulmonary process. Lungs are clear."
+IRG_PRED_2 = "The lungs are clear. There is a right lower lobe consolidation."
+
+
+def test_irg_rule_hand_worked(metric):
+    out = metric.compute(predictions=[IRG_PRED_1, IRG_PRED_2, "   "], references=[IRG_REF_1, IRG_REF_2, IRG_REF_2],
+                         task="irg", ids=["r1", "r2", "r3"])
+    # report 1, four sentences:
+    #   "There is a small left pleural effusion."  effusion on the other side        attribute 0.4
+    #   "No pneumothorax is seen."                  agrees                           correct   1.0
+    #   "The heart is enlarged."                    reference: heart size normal,
+    #                                               reference abnormal (effusion)    critical  0.2
+    #   "Degenerative changes of the spine."        outside the vocabulary           correct   1.0
+    #   -> (0.4 + 1.0 + 0.2 + 1.0) / 4 = 0.65
+    # report 2, two sentences: "The lungs are clear." correct 1.0; a consolidation on a
+    #   normal study: catastrophic 0.0 -> (1.0 + 0.0) / 2 = 0.5
+    # report 3 has no sentences: failed, left out. MediHall Score = (0.65 + 0.5) / 2 = 0.575
+    assert out["levels"] == [["attribute", "correct", "critical", "correct"], ["correct", "catastrophic"], None]
+    assert out["item_scores"][0] == pytest.approx(0.65) and out["item_scores"][1] == pytest.approx(0.5)
+    assert out["medihall_score"] == pytest.approx(0.575)
+    assert out["level_distribution"] == {"catastrophic": 1, "critical": 1, "attribute": 1, "correct": 3}
+    assert out["failed"] == [{"id": "r3", "reason": "the generated report has no sentences"}]
+
+
+def test_irg_rule_global_normal_claim_and_severity():
+    (sentence, got), = mh.classify_irg_rule("No acute cardiopulmonary process.", "Large left pneumothorax.")
+    assert got.level == "catastrophic"
+    (sentence, got), = mh.classify_irg_rule("There is mild cardiomegaly.", "Severe cardiomegaly.")
+    assert got.level == "attribute"
+    (sentence, got), = mh.classify_irg_rule("There is no pleural effusion.", "Small right pleural effusion.")
+    assert got.level == "critical"
+    (sentence, got), = mh.classify_irg_rule("A right chest tube is in place.", "No acute process.")
+    assert got.level == "critical"  # a fabricated device
+    assert mh.classify_irg_rule("Anything.", "") is None
+
+
+# -- judge classifier ----------------------------------------------------------------------------------
+
+
+def _levels_by_answer(table):
+    def reply(request_json):
+        text = user_text(request_json)
+        answer = re.search(r"Med-VLM answer: (.*)", text).group(1)
+        return table[answer]
+
+    return reply
+
+
+def test_judge_classifier_vqa_with_scripted_levels(metric, judge_server_factory, tmp_path):
+    table = {
+        "a1": '{"level": "Catastrophic Hallucinations"}',
+        "a2": '{"level": "Minor Hallucinations"}',
+        "a3": "```json\n{'level': 'Correct Statements'}\n```",
+        "a4": '{"level": "Severe Hallucinations"}',  # not a level: failed after the retry budget
+    }
+    server = judge_server_factory("openai", _levels_by_answer(table))
+    out = metric.compute(predictions=["a1", "a2", "a3", "a4", "a5"], references=["r", "r", "r", "r", None],
+                         questions=["q"] * 5, ids=["i1", "i2", "i3", "i4", "i5"], classifier="judge",
+                         judge=f"openai:judge-model@{server.base_url}", cache_dir=str(tmp_path))
+    assert out["levels"] == ["catastrophic", "minor", "correct", None, None]
+    # (0.0 + 0.8 + 1.0) / 3 = 0.6
+    assert out["medihall_score"] == pytest.approx(0.6)
+    failed = {f["id"]: f["reason"] for f in out["failed"]}
+    assert set(failed) == {"i4", "i5"}
+    assert "Severe Hallucinations" in failed["i4"] and "no reference and no image" in failed["i5"]
+    # the item without reference or image is never sent; a4: 1 + 2 follow-ups
+    assert server.request_count == 3 + 3
+    assert out["usage"]["requests"] == 6 and out["prompt_version"] == mh.PROMPT_VERSION
+    first_prompt = server.requests[0].json["messages"]
+    assert "**Catastrophic Hallucinations**" in first_prompt[0]["content"]
+    assert '"level"' in first_prompt[1]["content"]
+
+
+def test_judge_classifier_irg_with_scripted_levels(metric, judge_server_factory, tmp_path):
+    def reply(request_json):
+        text = user_text(request_json)
+        assert "1. There is a left effusion.\n2. No pneumothorax." in text
+        return json.dumps({"sentences": [{"index": 2, "level": "Correct Statements"},
+                                         {"index": 1, "level": "Attribute Hallucinations", "reason": "wrong side"}]})
+
+    server = judge_server_factory("openai", reply)
+    out = metric.compute(predictions=["There is a left effusion. No pneumothorax."], references=["Right effusion."],
+                         task="irg", judge=f"openai:m@{server.base_url}", cache_dir=str(tmp_path))
+    assert out["classifier"] == "judge"  # a judge given (as run_eval.py --judge does) selects the judge classifier
+    # (0.4 + 1.0) / 2 = 0.7
+    assert out["levels"] == [["attribute", "correct"]] and out["reasons"] == [["wrong side", ""]]
+    assert out["medihall_score"] == pytest.approx(0.7)
+
+
+def test_irg_validator_rejects_bad_replies():
+    validate = mh.irg_validator(2)
+    with pytest.raises(ValueError, match="missing"):
+        validate({"sentences": [{"index": 1, "level": "Correct Statements"}]})
+    with pytest.raises(ValueError, match="sentence 2: level"):
+        validate({"sentences": [{"index": 1, "level": "Correct"}, {"index": 2, "level": "Minor Hallucinations"}]})
+    with pytest.raises(ValueError, match="expected"):
+        validate({"levels": []})
+    assert [c.level for c in validate({"sentences": {"1": "critical", "2": "Correct Statements"}})] == [
+        "critical", "correct"]
+
+
+def test_detector_needs_a_local_folder(metric, tmp_path):
+    with pytest.raises(ValueError, match="detector_path"):
+        metric.compute(predictions=["x"], references=["y"], questions=["q"], classifier="detector")
+    with pytest.raises(ValueError, match="is not a folder"):
+        metric.compute(predictions=["x"], references=["y"], questions=["q"], classifier="detector",
+                       detector_path=str(tmp_path / "missing"))
+
+
+def test_bad_arguments(metric):
+    with pytest.raises(ValueError, match="task"):
+        metric.compute(predictions=["x"], references=["y"], task="report")
+    with pytest.raises(ValueError, match="classifier"):
+        metric.compute(predictions=["x"], references=["y"], classifier="gpt")
+    with pytest.raises(ValueError, match="needs judge="):
+        metric.compute(predictions=["x"], references=["y"], classifier="judge")
+
+
+def test_upstream_irg_reply_format():
+    reply = ('"Sentence: The heart is enlarged.\n"Hallucination type"：Critical Hallucinations\n'
+             '"Reason"：normal heart\n\n'
+             '"Sentence: No effusion.\n"Hallucination type"：Correct Statements\n"Reason"：matches')
+    assert mh.parse_irg_upstream(reply) == [("The heart is enlarged.", "critical"), ("No effusion.", "correct")]
+    with pytest.raises(ValueError):
+        mh.parse_irg_upstream("no blocks here")
+
+
+# -- Med-HallMark's released files (read only, skipped when absent) -----------------------------------------
+
+
+@requires_hallmark
+def test_conventional_parses_and_human_medihall_score():
+    records = mh.read_med_hallmark(str(CONVENTIONAL))
+    assert len(records) == 499
+    counts = Counter(r["label"] for r in records)
+    assert counts == {0: 215, 1: 76, 2: 151, 3: 12, 4: 42, 5: 3}
+    assert sum(r["reference"] is not None for r in records) == 364
+    # by hand: (215*0.0 + 76*0.2 + 151*0.4 + 12*0.6 + 42*0.8 + 3*1.0) / 499
+    #        = (0 + 15.2 + 60.4 + 7.2 + 33.6 + 3.0) / 499 = 119.4 / 499 = 0.23928
+    human = mh.medihall_score([mh.WEIGHTS[r["level"]] for r in records])
+    assert human == pytest.approx(119.4 / 499)
+
+
+@requires_hallmark
+def test_prompts_reproduce_the_released_ones_byte_for_byte():
+    block = re.compile(r"question: (.*?)\nMed-VLM answer: (.*?)(?:\nground-truth: (.*?))?\n\nPlease judge", re.S)
+    for name in ("Conventional..json", "Counterfactual..json"):
+        for record in json.loads((HALLMARK / name).read_text()):
+            human = record["conversations"][0]["value"]
+            question, answer, reference = block.search(human).groups()
+            system, user = mh.vqa_prompt(question, answer, reference, style="upstream")
+            assert system is None and user == human, record.get("id")
+    for record in json.loads((HALLMARK / "Irg.json").read_text()):
+        _, user = mh.irg_prompt(record["ground-truth"], record["Med-VLM answer"], style="upstream")
+        assert user == record["prompt"]
+
+
+@requires_hallmark
+def test_rule_classifier_agreement_floor_on_conventional():
+    from medheval.judges import agreement
+
+    records = [r for r in mh.read_med_hallmark(str(CONVENTIONAL)) if r["reference"] is not None]
+    predicted = [mh.classify_vqa_rule(r["prediction"], r["reference"], r["question"]).level for r in records]
+    stats = agreement([mh.LEVEL_TO_LABEL[r["level"]] for r in records], [mh.LEVEL_TO_LABEL[p] for p in predicted])
+    # a regression guard (see benchmarks/bench_medihall_agreement.py for the numbers)
+    assert stats["n"] == 364 and stats["exact_agreement"] >= 0.75 and stats["cohen_kappa"] >= 0.65
+
+
+def test_runner_passes_categories_as_question_types(metric):
+    from medheval.runner import metric_kwargs
+
+    rows = [{"id": "mm_vishal/slake/1", "question": "What is shown?", "answer": "MRI", "answer_type": "open",
+             "choices": [], "category": "radiology", "source": "slake", "meta": {}}]
+    kwargs = metric_kwargs(metric, rows, {})
+    assert kwargs["categories"] == ["radiology"] and kwargs["questions"] == ["What is shown?"]
+    out = metric.compute(predictions=["A CT scan."], references=["MRI"], **kwargs)
+    assert out["levels"] == ["minor"] and out["failed"] == []  # radiology (technique) question answered wrongly
