@@ -18,7 +18,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(PY) -m medheval.cli demo --output runs/demo
+	HF_HUB_OFFLINE=1 HF_EVALUATE_OFFLINE=1 $(PY) -m medheval.cli demo --output runs/demo
 
 test: $(VENV)/.installed
 	HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q
@@ -27,6 +27,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_build.py
 	$(PY) benchmarks/bench_scoring.py
 	$(PY) benchmarks/bench_hf_backend.py
+	$(PY) benchmarks/bench_labeler.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -29,7 +29,14 @@ from medheval.predictions_log import LogWriter, log_key, read_log
 from medheval.registry import list_units, metric_path
 
 CLOSE_ENDED_TYPES = frozenset({"yes_no", "multiple_choice"})
-DEFAULT_METRICS = {"close": ("close_ended_accuracy",), "open": ()}
+# Metrics computed when --metrics is not given: the ones that run offline with no weights to download.
+# Model-backed ones (chexbert_similarity, radgraph_f1, ratescore) and judges are opt-in (--metrics, --judge).
+DEFAULT_METRICS = {
+    "close": ("close_ended_accuracy",),
+    "report": ("chair", "text_generation"),
+    "open": ("text_generation",),
+}
+JUDGE_METRIC_FOR = {"open": "sh_judge"}  # added to the defaults when --judge is given
 
 
 class RunError(RuntimeError):
@@ -87,7 +94,8 @@ def _check_run_settings(output: Path, settings: dict[str, Any]) -> None:
         path.write_text(json.dumps(settings, indent=2, sort_keys=True))
 
 
-def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None) -> list[str]:
+def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judge: Any = None) -> list[str]:
+    """The requested metrics (checked), or the defaults for the split's answer types."""
     if requested is not None:
         available = list_units("metrics")
         unknown = [name for name in requested if name not in available]
@@ -95,7 +103,11 @@ def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None) -> l
             raise RunError(f"unknown metric(s) {unknown}; available: {', '.join(available)}")
         return list(requested)
     answer_types = set(loaded.dataset.unique("answer_type"))
-    return list(DEFAULT_METRICS["close" if answer_types <= CLOSE_ENDED_TYPES else "open"])
+    kind = "close" if answer_types <= CLOSE_ENDED_TYPES else "report" if answer_types == {"report"} else "open"
+    names = list(DEFAULT_METRICS[kind])
+    if judge and kind in JUDGE_METRIC_FOR:
+        names.append(JUDGE_METRIC_FOR[kind])
+    return names
 
 
 def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int,
@@ -290,7 +302,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                 loaded.dataset = loaded.dataset.select(range(min(spec.limit, len(loaded.dataset))))
             if hasattr(backend, "check_against"):
                 loaded = _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
-            metric_names = _metric_names(loaded, spec.metrics)
+            metric_names = _metric_names(loaded, spec.metrics, spec.judge)
             generated = generate_predictions(loaded, backend, writer, done, spec.mitigation, batch_size)
             entries_now = read_log(log_path, repair=False) if generated else entries
             predictions = {entry["id"]: entry["prediction"] for entry in entries_now

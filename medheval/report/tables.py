@@ -48,6 +48,47 @@ def _has_category(runs: list[dict[str, Any]], split: str, category: str) -> bool
     )
 
 
+# Open-ended columns, in the order of MedHEval's Table 5 (report metrics) then Table 7 (generation
+# metrics), then the LLM-judge scores: (metric module, output key, column label, multiplier).
+OPEN_ENDED_COLUMNS: tuple[tuple[str, str, str, float], ...] = (
+    ("chexbert_similarity", "chexbert_similarity", "CheXbert", 100.0),
+    ("radgraph_f1", "radgraph_f1", "RadGraph", 100.0),
+    ("ratescore", "ratescore", "RaTEScore", 100.0),
+    ("chair", "recall", "Recall", 100.0),
+    ("chair", "chair", "CHAIR ↓", 100.0),
+    ("text_generation", "bertscore", "BERTScore", 1.0),
+    ("text_generation", "bleu", "BLEU", 1.0),
+    ("text_generation", "meteor", "METEOR", 1.0),
+    ("text_generation", "rouge1", "ROUGE-1", 1.0),
+    ("text_generation", "rouge2", "ROUGE-2", 1.0),
+    ("text_generation", "rougeL", "ROUGE-L", 1.0),
+    ("sh_judge", "sh", "S_h ↓", 1.0),
+    ("medihall_score", "medihall_score", "MediHall", 1.0),
+)
+
+
+def open_ended_table(runs: Iterable[dict[str, Any]]) -> str:
+    """One row per (run, open-ended split); the columns any of them computed (scores in %, S_h on 0–5)."""
+    runs = list(runs)
+    present = [column for column in OPEN_ENDED_COLUMNS if any(
+        isinstance(entry["metrics"].get(column[0], {}).get(column[1]), (int, float))
+        for run in runs for entry in run["benchmarks"].values())]
+    if not present:
+        return ""
+    header = ["Model", "Mitigation", "Split", *(label for _, _, label, _ in present)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run in runs:
+        for split, entry in run["benchmarks"].items():
+            if not any(metric in entry["metrics"] for metric, _, _, _ in present):
+                continue
+            cells = []
+            for metric, key, _, scale in present:
+                value = entry["metrics"].get(metric, {}).get(key)
+                cells.append(f"{scale * value:.2f}" if isinstance(value, (int, float)) else "–")
+            lines.append("| " + " | ".join([run["settings"]["model"], run["settings"]["mitigation"], split, *cells]) + " |")
+    return "\n".join(lines)
+
+
 def counts_table(run: dict[str, Any]) -> str:
     """Per split: records, scored, unparsed predictions, unusable references, skipped images, flagged items."""
     header = ["Split", "Records", "With prediction", "Unparsed", "Bad reference", "Skipped (missing image)", "Flagged upstream"]
@@ -71,6 +112,15 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
     table = close_ended_table([run])
     if table:
         parts += ["## Close-ended accuracy (%)", "", table, ""]
+    table = open_ended_table([run])
+    if table:
+        parts += ["## Open-ended metrics (CheXbert/RadGraph/RaTEScore/Recall/CHAIR in %, text metrics 0–100, S_h 0–5)",
+                  "", table, ""]
+    notes = [f"- `{split}` · {metric}: {value}" for split, entry in run["benchmarks"].items()
+             for metric, out in entry["metrics"].items() if isinstance(out, dict)
+             for key, value in sorted(out.items()) if value and key.endswith(("_unavailable_reason", "_note"))]
+    if notes:
+        parts += ["## Notes", "", *notes, ""]
     parts += ["## Counts", "", counts_table(run), ""]
     flags = {split: entry["data_quality"].get("flags", {}) for split, entry in run["benchmarks"].items()}
     if any(flags.values()):

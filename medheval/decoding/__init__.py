@@ -1,0 +1,75 @@
+"""The shared decoding core of the mitigations (VCD, M3ID, PAI, DoLa; later AvisC, DAMRO, OPERA).
+
+- :mod:`~medheval.decoding.loop` — :class:`DecodingMethod` (a ``custom_generate`` callable) and
+  :func:`decode`, the one greedy/sampling loop every method plugs into;
+- :mod:`~medheval.decoding.streams` — contrast streams (shared batch and cache for equal
+  prompts, own cache otherwise);
+- :mod:`~medheval.decoding.contrast` — the plausibility cutoff and the combination rules;
+- :mod:`~medheval.decoding.hooks` — attention hooks (pre-softmax edits, attention rows);
+- :mod:`~medheval.decoding.visual_tokens` — where the image tokens are, from ``input_ids``.
+"""
+
+from medheval.decoding.contrast import (
+    DoLaContrast,
+    LogitContrast,
+    LogProbContrast,
+    PlausibilityCutoff,
+    RelativeTopFilter,
+    jensen_shannon_divergence,
+    m3id_weight,
+)
+from medheval.decoding.hooks import (
+    ATTENTION_FUNCTION,
+    AttentionHook,
+    AttentionRowRecorder,
+    ImageAttentionBoost,
+    VisionCLSAttention,
+    attention_hooks,
+    hooks_installed,
+    language_model,
+    num_layers,
+)
+from medheval.decoding.loop import DecodingContext, DecodingMethod, decode, generate_from_folder
+from medheval.decoding.streams import Stream, StreamGroup, concat_batch
+from medheval.decoding.visual_tokens import (
+    MissingInternalError,
+    MitigationError,
+    drop_image_tokens,
+    image_spans,
+    image_token_mask,
+    remove_positions,
+    visual_token_ids,
+)
+
+__all__ = [
+    "ATTENTION_FUNCTION",
+    "AttentionHook",
+    "AttentionRowRecorder",
+    "DecodingContext",
+    "DecodingMethod",
+    "DoLaContrast",
+    "ImageAttentionBoost",
+    "LogProbContrast",
+    "LogitContrast",
+    "MissingInternalError",
+    "MitigationError",
+    "PlausibilityCutoff",
+    "RelativeTopFilter",
+    "Stream",
+    "StreamGroup",
+    "VisionCLSAttention",
+    "attention_hooks",
+    "concat_batch",
+    "decode",
+    "drop_image_tokens",
+    "generate_from_folder",
+    "hooks_installed",
+    "image_spans",
+    "image_token_mask",
+    "jensen_shannon_divergence",
+    "language_model",
+    "m3id_weight",
+    "num_layers",
+    "remove_positions",
+    "visual_token_ids",
+]

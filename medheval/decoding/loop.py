@@ -1,0 +1,385 @@
+"""The shared decoding loop every mitigation plugs into.
+
+:class:`DecodingMethod` is a ``custom_generate`` callable for transformers 5.x::
+
+    out = model.generate(**inputs, max_new_tokens=64, custom_generate=VCD(alpha=1.0))
+
+``generate`` prepares everything as usual (generation config, logits processors such
+as repetition penalty / temperature / top-k / top-p, stopping criteria such as max
+length and EOS, left-padded attention mask) and then calls the method with
+``(model, input_ids, logits_processor=…, stopping_criteria=…, generation_config=…,
+**model_kwargs)``. The method's signature also names ``pixel_values`` and
+``image_sizes``: transformers then hands those over *raw* instead of pre-encoding them
+into ``mm_encoder_outputs``, which is what lets VCD noise the pixels (MedHEval's VCD
+never fed its noised image to the model, ``reference/medheval_repo.md`` §8).
+
+:func:`decode` then runs one loop for all methods, the same loop as ``generate``'s own
+``_sample``:
+
+1. forward every :class:`~medheval.decoding.streams.StreamGroup` (the clean stream, plus
+   contrast streams sharing its batch, plus streams with their own cache);
+2. ``scores = method.scores(ctx, logits, outputs)`` — the method's rule on the raw
+   next-token logits of each stream (float32);
+3. ``scores = logits_processor(input_ids, scores)`` — the user's processors and warpers;
+4. arg-max (greedy) or multinomial sampling, as ``generation_config.do_sample`` says —
+   the *same* base decoding for every method and for plain ``generate``;
+5. finished rows receive ``pad_token_id`` (per-row finish), stopping criteria are
+   checked on the clean sequences, and the chosen token is fed to every stream.
+
+Attention hooks a method asks for are installed around the whole loop and removed
+afterwards, also on errors. Beam search is not part of this loop (OPERA brings its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from typing import Any, ClassVar, Iterator
+
+import torch
+
+from medheval.decoding.hooks import AttentionHook, attention_hooks
+from medheval.decoding.streams import PREFILL_ONLY_INPUTS, Stream, StreamGroup
+from medheval.decoding.visual_tokens import MitigationError
+
+
+@dataclasses.dataclass
+class DecodingContext:
+    """Per-call state handed to a method's extension points (a method object itself keeps none).
+
+    Attributes:
+        model: the model being decoded.
+        generation_config: the prepared ``GenerationConfig``.
+        main: the clean stream (prompt, attention mask, ``pixel_values``...).
+        batch_size: ``B``.
+        step: number of tokens generated so far (0 during the prefill step).
+        input_ids: ``[B, T]`` clean sequences so far.
+        groups: the stream groups being decoded (``groups[0]`` holds ``main``).
+        outputs: per stream name, the latest model output of its group (rows via :meth:`rows`).
+        state: free per-call storage for the method (e.g. hooks, chosen layers).
+    """
+
+    model: Any
+    generation_config: Any
+    main: Stream
+    batch_size: int
+    step: int = 0
+    input_ids: torch.Tensor | None = None
+    groups: list[StreamGroup] = dataclasses.field(default_factory=list)
+    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def group_of(self, name: str) -> StreamGroup:
+        for group in self.groups:
+            if name in group.names:
+                return group
+        raise KeyError(f"no stream named {name!r}; streams: {[n for g in self.groups for n in g.names]}")
+
+    def rows(self, name: str) -> slice:
+        """Rows of stream ``name`` in its group's outputs."""
+        return self.group_of(name).rows(name)
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = getattr(self.generation_config, "pad_token_id", None)
+        if pad is None:
+            eos = getattr(self.generation_config, "eos_token_id", None)
+            pad = eos[0] if isinstance(eos, (list, tuple)) else eos
+        return int(pad) if pad is not None else 0
+
+
+class DecodingMethod:
+    """Base class of the mitigations: a ``custom_generate`` callable with extension points.
+
+    Subclasses are small dataclasses (their fields are the method's settings, all with
+    defaults) and override some of:
+
+    - :meth:`check` — fail early, naming the internal the model lacks;
+    - :meth:`contrast_streams` — the extra streams (same prompt → shared batch and cache);
+    - :meth:`deferred_streams` — streams that can only be built after the clean prefill
+      (e.g. from its attention), each with its own cache;
+    - :meth:`hooks` — attention hooks installed for the call;
+    - :meth:`forward_kwargs` — extra forward arguments per group (e.g. hidden states); it is
+      called right before each group's forward, so it may also switch per-forward state
+      (e.g. enable an attention recorder for the clean prefill only);
+    - :meth:`scores` — the per-step rule, from raw logits to scores for the processors.
+
+    Calling an instance runs :func:`decode`; :meth:`generate` is the same through
+    ``model.generate``.
+    """
+
+    name: ClassVar[str] = "none"
+
+    # -- custom_generate entry point ---------------------------------------------------
+    def __call__(
+        self,
+        model,
+        input_ids: torch.LongTensor,
+        logits_processor=None,
+        stopping_criteria=None,
+        generation_config=None,
+        synced_gpus: bool = False,
+        streamer=None,
+        pixel_values: torch.Tensor | None = None,
+        image_sizes: torch.Tensor | None = None,
+        **model_kwargs,
+    ):
+        if pixel_values is not None:
+            model_kwargs["pixel_values"] = pixel_values
+        if image_sizes is not None:
+            model_kwargs["image_sizes"] = image_sizes
+        return decode(
+            self,
+            model,
+            input_ids,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            streamer=streamer,
+            **model_kwargs,
+        )
+
+    def generate(self, model, **inputs):
+        """``model.generate(**inputs, custom_generate=self)``."""
+        return model.generate(**inputs, custom_generate=self)
+
+    # -- extension points --------------------------------------------------------------
+    def check(self, model, ctx: DecodingContext) -> None:
+        """Raise :class:`MissingInternalError` if the model or inputs lack what the method needs."""
+
+    def contrast_streams(self, ctx: DecodingContext) -> list[Stream]:
+        return []
+
+    def deferred_streams(self, ctx: DecodingContext) -> list[Stream]:
+        """Called once, right after the clean prefill (``ctx.outputs["main"]`` is set)."""
+        return []
+
+    def hooks(self, ctx: DecodingContext) -> list[AttentionHook]:
+        return []
+
+    def forward_kwargs(self, ctx: DecodingContext, group: StreamGroup) -> dict[str, Any]:
+        return {}
+
+    def scores(self, ctx: DecodingContext, logits: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Next-token scores ``[B, V]`` from each stream's raw float32 logits (``logits["main"]``...)."""
+        return logits["main"]
+
+    # -- description --------------------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        """The method's settings (its dataclass fields), for logs and result files."""
+        if dataclasses.is_dataclass(self):
+            return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {}
+
+    def spec(self) -> str:
+        """``name:key=value,...`` (the CLI form), parseable by ``medheval.mitigations.get_mitigation``."""
+        def text(value: Any) -> str:
+            if value is None:
+                return "none"
+            if isinstance(value, bool):
+                return str(value).lower()
+            if isinstance(value, (list, tuple)):
+                joined = "/".join(text(v) for v in value)
+                return joined + "/" if len(value) == 1 else joined  # "4/" parses back to [4]
+            return str(value)
+
+        items = ",".join(f"{k}={text(v)}" for k, v in self.settings().items())
+        return f"{self.name}:{items}" if items else self.name
+
+
+def _validate_generation_config(method: DecodingMethod, generation_config) -> None:
+    num_beams = getattr(generation_config, "num_beams", 1) or 1
+    if num_beams > 1:
+        raise MitigationError(
+            f"{method.name} decodes greedily or by sampling; num_beams={num_beams} is not supported "
+            "(pass num_beams=1; OPERA brings its own beam search)"
+        )
+    if (getattr(generation_config, "num_return_sequences", 1) or 1) > 1:
+        raise MitigationError(
+            f"{method.name}: num_return_sequences > 1 is not supported; repeat the inputs in the batch instead"
+        )
+
+
+def _split_kwargs(model_kwargs: dict[str, Any]) -> tuple[dict, dict, dict]:
+    """(prefill-only inputs, tensor kwargs for the clean group, plain kwargs for every group)."""
+    prefill, tensors, plain = {}, {}, {}
+    for key, value in model_kwargs.items():
+        if key in PREFILL_ONLY_INPUTS:
+            if value is None or (isinstance(value, dict) and not value):
+                continue
+            prefill[key] = value
+        elif torch.is_tensor(value) or isinstance(value, (dict, list, tuple)):
+            tensors[key] = value
+        else:
+            plain[key] = value
+    return prefill, tensors, plain
+
+
+@contextlib.contextmanager
+def _maybe_no_grad() -> Iterator[None]:
+    if torch.is_grad_enabled():
+        with torch.no_grad():
+            yield
+    else:
+        yield
+
+
+def decode(
+    method: DecodingMethod,
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor=None,
+    stopping_criteria=None,
+    generation_config=None,
+    streamer=None,
+    **model_kwargs,
+):
+    """Run ``method`` on a prepared batch (what ``generate`` hands to a ``custom_generate`` callable).
+
+    Returns what ``generate`` returns: the ``[B, T + new]`` sequences, or a
+    ``GenerateDecoderOnlyOutput`` (``sequences``, ``scores``, ``logits``,
+    ``past_key_values`` of the clean stream) when ``return_dict_in_generate=True``.
+    """
+    from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
+    from transformers.generation.stopping_criteria import MaxLengthCriteria
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    generation_config = generation_config if generation_config is not None else model.generation_config
+    logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+    stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
+    if not stopping_criteria and getattr(generation_config, "max_length", None):
+        stopping_criteria.append(MaxLengthCriteria(max_length=generation_config.max_length))
+    _validate_generation_config(method, generation_config)
+
+    past = model_kwargs.pop("past_key_values", None)
+    if past is not None and past.get_seq_length() > 0:
+        raise MitigationError(f"{method.name} cannot continue from a filled past_key_values cache; start from the prompt")
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    for key in ("position_ids", "use_cache", "logits_to_keep", "cache_position"):
+        model_kwargs.pop(key, None)
+    prefill, tensor_kwargs, plain_kwargs = _split_kwargs(model_kwargs)
+
+    batch_size = int(input_ids.shape[0])
+    main = Stream("main", input_ids, attention_mask, prefill)
+    ctx = DecodingContext(model=model, generation_config=generation_config, main=main,
+                          batch_size=batch_size, input_ids=input_ids)
+    method.check(model, ctx)
+
+    extra = method.contrast_streams(ctx)
+    names = ["main"] + [s.name for s in extra]
+    if len(set(names)) != len(names):
+        raise MitigationError(f"{method.name}: stream names must be unique, got {names}")
+    shared = [s for s in extra if s.share_batch is not False and s.same_prompt_as(main)]
+    separate = [s for s in extra if s not in shared]
+    main_cache = past if (past is not None and not shared and isinstance(past, DynamicCache)) else None
+    ctx.groups.append(
+        StreamGroup(model, [main, *shared], cache=main_cache, common_kwargs={**tensor_kwargs, **plain_kwargs})
+    )
+    for stream in separate:
+        ctx.groups.append(StreamGroup(model, [stream], common_kwargs=dict(plain_kwargs)))
+
+    do_sample = bool(getattr(generation_config, "do_sample", False))
+    pad_token_id = generation_config._pad_token_tensor if hasattr(generation_config, "_pad_token_tensor") else None
+    if pad_token_id is None and getattr(generation_config, "pad_token_id", None) is not None:
+        pad_token_id = torch.tensor(generation_config.pad_token_id)
+    has_eos_stopping = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
+    if has_eos_stopping and pad_token_id is None:
+        raise MitigationError("stopping on EOS needs a pad_token_id for the finished rows; set generation_config.pad_token_id")
+    return_dict = bool(getattr(generation_config, "return_dict_in_generate", False))
+    keep_scores = return_dict and bool(getattr(generation_config, "output_scores", False))
+    keep_logits = return_dict and bool(getattr(generation_config, "output_logits", False))
+    all_scores: tuple = ()
+    all_logits: tuple = ()
+
+    unfinished = torch.ones(batch_size, dtype=torch.long, device=input_ids.device)
+    hooks = method.hooks(ctx)
+    ctx.state["hooks"] = hooks
+    with _maybe_no_grad(), attention_hooks(model, hooks):
+        while True:
+            logits: dict[str, torch.Tensor] = {}
+            index = 0
+            while index < len(ctx.groups):
+                group = ctx.groups[index]
+                for hook in hooks:
+                    hook.bind(group)
+                first = not group.prefilled
+                outputs = group.forward(**method.forward_kwargs(ctx, group))
+                for name in group.names:
+                    ctx.outputs[name] = outputs
+                    logits[name] = outputs.logits[group.rows(name), -1].to(
+                        copy=True, dtype=torch.float32, device=input_ids.device
+                    )
+                if index == 0 and first:
+                    deferred = method.deferred_streams(ctx)
+                    for stream in deferred:
+                        if stream.name in {n for g in ctx.groups for n in g.names}:
+                            raise MitigationError(f"{method.name}: duplicate stream name {stream.name!r}")
+                        ctx.groups.append(StreamGroup(model, [stream], common_kwargs=dict(plain_kwargs)))
+                index += 1
+            for hook in hooks:
+                hook.bind(None)
+
+            next_scores = method.scores(ctx, logits)
+            next_scores = logits_processor(ctx.input_ids, next_scores)
+            if keep_scores:
+                all_scores += (next_scores,)
+            if keep_logits:
+                all_logits += (logits["main"],)
+
+            if do_sample:
+                probs = torch.nn.functional.softmax(next_scores, dim=-1)
+                next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
+            else:
+                next_tokens = torch.argmax(next_scores, dim=-1)
+            if has_eos_stopping:
+                pad = pad_token_id.to(next_tokens.device)
+                next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
+
+            ctx.input_ids = torch.cat([ctx.input_ids, next_tokens[:, None]], dim=-1)
+            for group in ctx.groups:
+                group.append(next_tokens)
+            ctx.step += 1
+            if streamer is not None:
+                streamer.put(next_tokens.cpu())
+            unfinished = unfinished & ~stopping_criteria(ctx.input_ids, all_scores if keep_scores else None)
+            if int(unfinished.max()) == 0:
+                break
+            ctx.outputs.clear()
+            del outputs
+
+    if streamer is not None:
+        streamer.end()
+    if not return_dict:
+        return ctx.input_ids
+    cache = ctx.groups[0].cache
+    if cache is not None and len(ctx.groups[0].streams) > 1:
+        cache.batch_select_indices(torch.arange(batch_size, device=input_ids.device))
+    return GenerateDecoderOnlyOutput(
+        sequences=ctx.input_ids,
+        scores=all_scores if keep_scores else None,
+        logits=all_logits if keep_logits else None,
+        attentions=None,
+        hidden_states=None,
+        past_key_values=cache,
+    )
+
+
+def generate_from_folder(method_cls: type[DecodingMethod], model, **generate_arguments):
+    """The body of a Hub-style ``custom_generate/generate.py``.
+
+    ``model.generate(custom_generate="<folder>", trust_remote_code=True, **kwargs)`` calls the
+    folder's ``generate(model=model, **all_generate_arguments)``. The keyword arguments that are
+    fields of ``method_cls`` (e.g. ``alpha=1.0``) configure the method; everything else goes
+    back to ``model.generate`` with the method as a ``custom_generate`` callable.
+    """
+    from transformers import GenerationMixin
+
+    fields = set(inspect.signature(method_cls).parameters)
+    method_kwargs = {k: generate_arguments.pop(k) for k in list(generate_arguments) if k in fields}
+    method = method_cls(**method_kwargs)
+    arguments = {k: v for k, v in generate_arguments.items() if v is not None}
+    return GenerationMixin.generate(model, custom_generate=method, **arguments)
+
+
+__all__ = ["DecodingContext", "DecodingMethod", "decode", "generate_from_folder"]

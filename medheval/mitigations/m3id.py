@@ -1,0 +1,79 @@
+r"""M3ID — Multi-Modal Mutual-Information Decoding.
+
+Favero, Zancato, Trager, Choudhary, Perera, Achille, Swaminathan, Soatto, *Multi-Modal
+Hallucination Control by Visual Information Grounding*, CVPR 2024 (arXiv 2403.14003).
+There is no official code; MedHEval (and this module) follow the public
+reimplementation in AvisC (``sangminwoo/AvisC``, ``use_m3id``).
+
+Per generated token ``t = 1, 2, …``, with ``ℓ_c`` the logits given image and text and
+``ℓ_u`` the logits of the *unconditioned* stream (the same prompt with every image token
+removed, its own KV cache):
+
+.. math::
+    \gamma_t = e^{-\lambda t},\qquad
+    s = \log p_c + \frac{1-\gamma_t}{\gamma_t}\,(\log p_c - \log p_u),\qquad
+    s(y) = -\infty \text{ unless } \ell_c(y) \ge \log\beta + \max \ell_c
+
+with ``log p = log_softmax(ℓ)``. The weight grows with ``t`` (0.02 at t = 1, 1.0 at
+t ≈ 35, 6.4 at t = 100 for λ = 0.02), countering the fading of visual information in
+long answers.
+
+Defaults: λ = 0.02 (hard-coded in AvisC/MedHEval), β = 0.1. ``lam=0`` is the neutral
+setting: the weight is 0 and ``s = log p_c``, whose arg-max is plain greedy's.
+
+Differences from MedHEval: the unconditioned prompt drops the image-token positions
+found from ``input_ids`` (MedHEval dropped hard-coded embedding positions 34..609), rows
+are re-left-padded so batches work, and the base decoding follows the generation config
+(MedHEval forced sampling at T = 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from medheval.decoding.contrast import LogProbContrast, PlausibilityCutoff, m3id_weight
+from medheval.decoding.loop import DecodingContext, DecodingMethod
+from medheval.decoding.streams import Stream
+from medheval.decoding.visual_tokens import MitigationError, drop_image_tokens, visual_token_ids
+
+
+def text_only_stream(ctx: DecodingContext, name: str = "text_only") -> Stream:
+    """The clean prompt without its image tokens (and without image inputs), own cache."""
+    visual_token_ids(ctx.model.config)  # fails with a clear message on models without image tokens
+    input_ids, attention_mask = drop_image_tokens(
+        ctx.main.input_ids, ctx.main.attention_mask, ctx.model.config, ctx.pad_token_id
+    )
+    return Stream(name, input_ids, attention_mask, inputs={}, share_batch=False)
+
+
+@dataclasses.dataclass
+class M3ID(DecodingMethod):
+    """Multi-Modal Mutual-Information Decoding (formula and defaults in the module docstring).
+
+    Args:
+        lam: λ of ``γ_t = exp(−λt)`` (``0`` = plain decoding).
+        beta: plausibility cutoff β on the conditioned logits (``0`` = no cutoff).
+    """
+
+    lam: float = 0.02
+    beta: float = 0.1
+
+    name = "m3id"
+
+    def __post_init__(self):
+        if self.lam < 0:
+            raise MitigationError(f"M3ID lam must be >= 0, got {self.lam}")
+        self._cutoff = PlausibilityCutoff(self.beta)
+
+    def contrast_streams(self, ctx: DecodingContext) -> list[Stream]:
+        return [text_only_stream(ctx)]
+
+    def scores(self, ctx: DecodingContext, logits: dict[str, torch.Tensor]) -> torch.Tensor:
+        weight = m3id_weight(ctx.step + 1, self.lam)
+        combined = LogProbContrast(weight)(logits["main"], logits["text_only"])
+        return self._cutoff(combined, logits["main"])
+
+
+__all__ = ["M3ID", "text_only_stream"]

@@ -1,0 +1,132 @@
+r"""VCD — Visual Contrastive Decoding.
+
+Leng, Zhang, Chen, Li, Lu, Miao, Bing, *Mitigating Object Hallucinations in Large
+Vision-Language Models through Visual Contrastive Decoding*, CVPR 2024 (arXiv 2311.16922);
+code ``DAMO-NLP-SG/VCD``.
+
+Per step, with ``ℓ`` the logits given the image and ``ℓ'`` the logits given a
+diffusion-noised copy of it:
+
+.. math::
+    s = (1+\alpha)\,\ell - \alpha\,\ell',\qquad
+    s(y) = -\infty \text{ unless } \ell(y) \ge \log\beta + \max \ell
+
+The noised image is ``v' = √ᾱ_t · v + √(1−ᾱ_t) · ε`` on the *processed* (normalised)
+``pixel_values``, with the reference schedule ``β_t = sigmoid(linspace(−6, 6, 1000)) ·
+(5e−3 − 1e−5) + 1e−5``, ``ᾱ_t = ∏_{s≤t}(1−β_s)`` and ``t = noise_step`` used as a 0-based
+index (√ᾱ_500 ≈ 0.8630, √(1−ᾱ_500) ≈ 0.5052).
+
+Defaults are MedHEval's settings (α = 1, β = 0.1, t = 500), which are also VCD's
+``object_hallucination_vqa`` defaults. The noised stream has the same tokens as the
+clean one, so both share one batch and one KV cache (2B rows per forward).
+
+Differences from the upstream code (and why):
+
+- The noised image really reaches the model. MedHEval's copy built the input embeddings
+  from the clean image before ``generate``, so its "contrast" branch saw the clean image
+  (``reference/medheval_repo.md`` §8).
+- Works with greedy decoding as well as sampling (VCD's sampler was patched only into
+  the sampling path, issue #8), and the base decoding follows the generation config like
+  every other method instead of forcing sampling at T = 1.
+- ``noise_seed`` (default 0) draws ε from a private generator seeded per image (and per
+  LLaVA-NeXT tile), so results are reproducible and do not depend on batch composition;
+  ``noise_seed=None`` draws from torch's global RNG as the upstream code does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from medheval.decoding.contrast import LogitContrast, PlausibilityCutoff
+from medheval.decoding.loop import DecodingContext, DecodingMethod
+from medheval.decoding.streams import Stream
+from medheval.decoding.visual_tokens import MissingInternalError, MitigationError
+
+NUM_DIFFUSION_STEPS = 1000
+
+
+@functools.lru_cache(maxsize=4)
+def _schedule(num_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    betas = torch.sigmoid(torch.linspace(-6, 6, num_steps, dtype=torch.float64)) * (5e-3 - 1e-5) + 1e-5
+    alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
+    return betas, alphas_cumprod
+
+
+def noise_schedule(noise_step: int, num_steps: int = NUM_DIFFUSION_STEPS) -> tuple[float, float]:
+    """``(√ᾱ_t, √(1−ᾱ_t))`` of VCD's schedule at ``t = noise_step`` (0-based)."""
+    if not 0 <= int(noise_step) < num_steps:
+        raise MitigationError(f"VCD noise_step must be in [0, {num_steps}), got {noise_step}")
+    _, alphas_cumprod = _schedule(num_steps)
+    a = float(alphas_cumprod[int(noise_step)])
+    return a**0.5, (1.0 - a) ** 0.5
+
+
+def add_diffusion_noise(pixel_values: torch.Tensor, noise_step: int = 500, seed: int | None = 0) -> torch.Tensor:
+    """VCD's forward-diffusion distortion of processed ``pixel_values``: ``√ᾱ_t·v + √(1−ᾱ_t)·ε``.
+
+    Args:
+        pixel_values: ``[N, C, H, W]`` (LLaVA) or ``[N, P, C, H, W]`` (LLaVA-NeXT tiles).
+        noise_step: ``t`` (0-based) in the 1000-step schedule.
+        seed: ``int`` — ε for every image ``[C, H, W]`` (each tile) is drawn from a generator
+            seeded with ``seed + tile index``, so it does not depend on the batch; ``None`` —
+            one draw from the global RNG (upstream behaviour).
+    """
+    signal, noise_scale = noise_schedule(noise_step)
+    values = pixel_values.float()
+    if seed is None:
+        noise = torch.randn_like(values)
+    else:
+        unit_shape = values.shape[-3:]
+        flat = values.reshape(-1, *unit_shape) if values.dim() == 5 else values
+        tiles_per_image = values.shape[1] if values.dim() == 5 else 1
+        noise = torch.empty_like(flat)
+        generator = torch.Generator(device="cpu")
+        for index in range(flat.shape[0]):
+            generator.manual_seed(int(seed) + index % tiles_per_image)
+            noise[index] = torch.randn(unit_shape, generator=generator).to(flat.device)
+        noise = noise.reshape(values.shape)
+    return (signal * values + noise_scale * noise).to(pixel_values.dtype)
+
+
+@dataclasses.dataclass
+class VCD(DecodingMethod):
+    """Visual Contrastive Decoding (see the module docstring for the formula and defaults).
+
+    Args:
+        alpha: contrast strength α (``0`` = plain decoding).
+        beta: plausibility cutoff β (``0`` = no cutoff).
+        noise_step: diffusion step ``t`` of the distortion (0–999).
+        noise_seed: seed of the noise (``None`` = torch's global RNG).
+    """
+
+    alpha: float = 1.0
+    beta: float = 0.1
+    noise_step: int = 500
+    noise_seed: int | None = 0
+
+    name = "vcd"
+
+    def __post_init__(self):
+        noise_schedule(self.noise_step)  # validates the step
+        self._cutoff = PlausibilityCutoff(self.beta)
+        self._contrast = LogitContrast(self.alpha)
+
+    def check(self, model, ctx: DecodingContext) -> None:
+        if ctx.main.inputs.get("pixel_values") is None:
+            raise MissingInternalError(
+                "VCD needs the raw pixel_values to noise them: pass the processor's pixel_values to generate "
+                "(pre-computed mm_encoder_outputs/inputs_embeds cannot be noised)"
+            )
+
+    def contrast_streams(self, ctx: DecodingContext) -> list[Stream]:
+        noised = add_diffusion_noise(ctx.main.inputs["pixel_values"], self.noise_step, self.noise_seed)
+        return [ctx.main.replace("noised", pixel_values=noised)]
+
+    def scores(self, ctx: DecodingContext, logits: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._cutoff(self._contrast(logits["main"], logits["noised"]), logits["main"])
+
+
+__all__ = ["VCD", "add_diffusion_noise", "noise_schedule"]
