@@ -27,6 +27,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     who.add_argument("--model", help=f"HF image-text-to-text model (Hub id or local dir), or '{TINY_MODEL}'")
     who.add_argument("--predictions", help="score a JSONL of {\"id\", \"prediction\"} made elsewhere")
     parser.add_argument("--output", required=True, help="output folder (re-running resumes it)")
+    parser.add_argument("--mitigation", action="append", metavar="NAME[:KEY=VALUE,...]",
+                        help="decoding-time mitigation, e.g. vcd:alpha=1,beta=0.1, pai, none (repeatable: a grid "
+                             "run side by side; default: none)")
     parser.add_argument("--data-dir", help="local copy of MedHEval's benchmark_data/ (default: pinned download)")
     parser.add_argument("--image-root", action="append", default=[], metavar="SOURCE=ROOT",
                         help="image root per source: a folder, a URL template with {path}, or hf://dataset (repeatable)")
@@ -92,7 +95,7 @@ def build_backend(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from medheval.images import parse_image_root_args
-    from medheval.runner import RunSpec, run
+    from medheval.runner import RunSpec, run_grid
 
     backend, labels = build_backend(args)
     spec = RunSpec(
@@ -109,10 +112,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         judge=args.judge,
         labels=labels,
     )
-    results = run(spec, backend, batch_size=args.batch_size)
+    results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=args.batch_size)
     print((Path(args.output) / "results.md").read_text())
     print(f"results: {Path(args.output) / 'results.json'}")
-    return 0 if results["benchmarks"] else 1
+    return 0 if results.get("benchmarks") or results.get("runs") else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

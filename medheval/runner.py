@@ -326,3 +326,39 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     (output / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True, default=str))
     write_markdown(results, output / "results.md")
     return results
+
+
+def mitigation_slug(spec: str) -> str:
+    """A folder name for one mitigation spec (``vcd:alpha=1`` -> ``vcd_alpha-1``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", spec.replace("=", "-")).strip("_") or "none"
+
+
+def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8) -> dict[str, Any]:
+    """Run ``spec`` once per mitigation (``none`` = plain decoding), side by side like MedHEval's Table 4.
+
+    One mitigation writes straight into ``spec.output``; several write one sub-folder each
+    (``<output>/<mitigation>/``, each resumable on its own) plus a combined ``results.md``/``results.json``.
+    """
+    import copy
+    import dataclasses
+
+    from medheval.mitigations import get_mitigation
+    from medheval.report.tables import write_grid_markdown
+
+    methods = [(text, get_mitigation(text)) for text in mitigations] or [("none", None)]
+    if not backend.needs_images and any(method is not None for _, method in methods):
+        raise RunError("--mitigation needs a model (--model): a predictions file was decoded elsewhere")
+    runs = []
+    for text, method in methods:
+        label = method.spec() if method is not None else "none"
+        variant = backend
+        if method is not None:
+            variant = copy.copy(backend)
+            variant.generate_kwargs = {**getattr(backend, "generate_kwargs", {}), "custom_generate": method}
+        output = spec.output if len(methods) == 1 else Path(spec.output) / mitigation_slug(label)
+        runs.append(run(dataclasses.replace(spec, output=output, mitigation=label), variant, batch_size=batch_size))
+    if len(methods) > 1:
+        combined = {"runs": runs}
+        (Path(spec.output) / "results.json").write_text(json.dumps(combined, indent=2, sort_keys=True, default=str))
+        write_grid_markdown(runs, Path(spec.output) / "results.md")
+    return runs[0] if len(runs) == 1 else {"runs": runs}

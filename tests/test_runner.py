@@ -293,3 +293,33 @@ def test_recorded_scoring_options_carry_no_secret():
                    metric_options={"sh_judge": {"judge": {"backend": "openai", "api_key": "sk-live-123"}}})
     recorded = json.dumps(_safe_options(spec))
     assert "pw-123" not in recorded and "sk-live-123" not in recorded and "judge.example" in recorded
+
+
+def test_mitigation_grid_runs_side_by_side_and_vcd_alpha0_equals_plain(fixture_benchmark, tmp_path):
+    out = tmp_path / "grid"
+    roots = [a for s, r in fixture_benchmark["image_roots"].items() for a in ("--image-root", f"{s}={r}")]
+    code = main(["run", "--benchmark", "context", "--model", "tiny-random-llava", "--output", str(out),
+                 "--data-dir", fixture_benchmark["data_dir"], "--max-new-tokens", "6", "--batch-size", "4",
+                 "--mitigation", "none", "--mitigation", "vcd:alpha=0", "--mitigation", "m3id", *roots])
+    assert code == 0
+    folders = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert len(folders) == 3 and "none" in folders
+    plain = {e["id"]: e["prediction"] for e in read_log(out / "none" / "predictions.jsonl")}
+    vcd_folder = next(f for f in folders if f.startswith("vcd"))
+    vcd = read_log(out / vcd_folder / "predictions.jsonl")
+    assert {e["id"]: e["prediction"] for e in vcd} == plain  # α = 0 contrast is plain greedy
+    assert all(e["mitigation"].startswith("vcd") for e in vcd)
+    combined = json.loads((out / "results.json").read_text())
+    assert [r["settings"]["mitigation"].split(":")[0] for r in combined["runs"]] == ["none", "vcd", "m3id"]
+    table = (out / "results.md").read_text()
+    assert table.count("| tiny-random-llava |") == 3
+
+
+def test_unknown_mitigation_and_mitigation_on_a_predictions_file_are_refused(fixture_benchmark, tmp_path, capsys):
+    ids = load_benchmark("context", data_dir=fixture_benchmark["data_dir"])["id"]
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "no"} for rid in ids])
+    base = ["run", "--benchmark", "context", "--data-dir", fixture_benchmark["data_dir"]]
+    assert main([*base, "--predictions", str(path), "--output", str(tmp_path / "a"), "--mitigation", "vcd"]) == 2
+    assert "predictions file" in capsys.readouterr().err
+    assert main([*base, "--model", "tiny-random-llava", "--output", str(tmp_path / "b"), "--mitigation", "vcdd"]) == 2
+    assert "unknown mitigation" in capsys.readouterr().err

@@ -130,3 +130,16 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
                 parts.append(f"- `{split}`: " + ", ".join(f"{name} × {n}" for name, n in sorted(counts.items())))
         parts.append("")
     Path(path).write_text("\n".join(parts))
+
+
+def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path) -> None:
+    """The combined ``results.md`` of several mitigations: one row per mitigation, same columns."""
+    parts = ["# MedHEval-HF results: mitigations side by side", ""]
+    labels = {label for run in runs for label in run.get("labels", {}).values()}
+    parts += [line for label in sorted(labels) for line in (f"> **{label}**", "")]
+    for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
+                         ("Open-ended metrics", open_ended_table(runs))):
+        if table:
+            parts += [f"## {title}", "", table, ""]
+    parts += ["Per-mitigation details (counts, notes, data quality): the `results.md` in each sub-folder.", ""]
+    Path(path).write_text("\n".join(parts))
