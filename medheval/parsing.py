@@ -662,3 +662,28 @@ def clear_caches() -> None:
         _normalize_mc_reference, _upstream_options, _upstream_label_index,
     ):
         fn.cache_clear()
+
+
+# --- generated-text cleaning shared by the open-ended metrics -------------------------------------
+
+_ROLE_PREFIX = re.compile(r"^\s*assistant\s*:\s*", re.IGNORECASE)
+UPSTREAM_SHORT_REPORT = "No report generated."
+_UPSTREAM_MIN_REPORT_CHARS = 10
+
+
+def clean_generated_text(text: str | None, upstream_compat: bool = False, report_csv: bool = False) -> str:
+    """A generated answer as the open-ended metrics score it.
+
+    Native: trim white space and drop a leading ``"Assistant:"`` role prefix. With
+    ``upstream_compat``, MedHEval's ``text.strip("Assistant:")``, which strips any of the
+    characters ``A s i t a n :`` from both ends (``"... effusion"`` -> ``"... effusio"``); with
+    ``report_csv`` as well, its report CSV conversion: texts under 10 characters become
+    ``"No report generated."`` (CheXbert, RadGraph).
+    """
+    text = "" if text is None else str(text)
+    if not upstream_compat:
+        return _ROLE_PREFIX.sub("", text).strip()
+    text = text.strip("Assistant:")  # deliberately the upstream character-set strip
+    if report_csv and len(text) < _UPSTREAM_MIN_REPORT_CHARS:
+        return UPSTREAM_SHORT_REPORT
+    return text

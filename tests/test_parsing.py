@@ -348,3 +348,14 @@ def test_fuzzy_window_inside_sentence():
     assert parse_multiple_choice("I think it is Chets", ["Abdomen", "Chest", "Pelvis"]) == 1
     # Misspelt words that are not close to any option stay unparsed.
     assert parse_multiple_choice("I think it is something else entirely", CXR) is None
+
+
+def test_clean_generated_text_native_and_upstream():
+    from medheval.parsing import UPSTREAM_SHORT_REPORT, clean_generated_text
+
+    assert clean_generated_text("  Assistant: Small left effusion. ") == "Small left effusion."
+    assert clean_generated_text(None) == ""
+    # MedHEval's str.strip("Assistant:") eats the characters A s i t a n : at both ends
+    assert clean_generated_text("Assistant: pleural effusion", upstream_compat=True) == " pleural effusio"
+    assert clean_generated_text("Assistant: no", upstream_compat=True, report_csv=True) == UPSTREAM_SHORT_REPORT
+    assert clean_generated_text("Assistant: no", upstream_compat=True) == " no"

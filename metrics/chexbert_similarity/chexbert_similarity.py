@@ -7,6 +7,7 @@ import datasets
 import evaluate
 import torch
 import medheval.labelers.chexbert
+import medheval.parsing
 
 
 _CITATION = """\
@@ -83,14 +84,11 @@ Examples:
     (1.0, 2)
 """
 
-_MIN_UPSTREAM_CHARS = 10
-_UPSTREAM_PLACEHOLDER = "No report generated."
 
 
 def upstream_prediction(text):
-    """A prediction as MedHEval's report CSV holds it (`strip("Assistant:")`, short -> placeholder)."""
-    text = (text or "").strip("Assistant:")
-    return text if len(text) >= _MIN_UPSTREAM_CHARS else _UPSTREAM_PLACEHOLDER
+    """A prediction as MedHEval's report CSV holds it (`medheval.parsing.clean_generated_text`)."""
+    return medheval.parsing.clean_generated_text(text, upstream_compat=True, report_csv=True)
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)

@@ -2,11 +2,11 @@
 """RadGraph F1 (MedHEval's entity/relation F1) and the F1RadGraph rewards, from a local RadGraph model."""
 
 import os
-import re
 
 import datasets
 import evaluate
 import medheval.radiology.radgraph_model
+import medheval.parsing
 import medheval.radiology.radgraph_rewards
 
 
@@ -111,18 +111,11 @@ Examples:
 """
 
 _REWARD_LEVELS = ("simple", "partial", "complete")
-_MIN_UPSTREAM_CHARS = 10
-_UPSTREAM_PLACEHOLDER = "No report generated."
-_ROLE_PREFIX = re.compile(r"^\s*assistant\s*:\s*", re.IGNORECASE)
 
 
 def clean_prediction(text, upstream_compat=False):
-    """Native: drop a leading "Assistant:" role prefix and trim. Upstream: MedHEval's CSV conversion."""
-    text = "" if text is None else str(text)
-    if upstream_compat:
-        text = text.strip("Assistant:")
-        return text if len(text) >= _MIN_UPSTREAM_CHARS else _UPSTREAM_PLACEHOLDER
-    return _ROLE_PREFIX.sub("", text).strip()
+    """See `medheval.parsing.clean_generated_text`; upstream also replaces reports under 10 characters."""
+    return medheval.parsing.clean_generated_text(text, upstream_compat=upstream_compat, report_csv=True)
 
 
 def _mean(values):

@@ -1,11 +1,11 @@
 # Copyright 2025 The MedHEval-HF authors. Licensed under the Apache License, Version 2.0.
 """RaTEScore: entity-aware radiology report similarity (NER + synonym embeddings + type weights)."""
 
-import re
 
 import datasets
 import evaluate
 import medheval.radiology.ratescore_model
+import medheval.parsing
 import medheval.radiology.ratescore_scoring
 
 
@@ -83,15 +83,11 @@ Examples:
     (1.0, 2)
 """
 
-_ROLE_PREFIX = re.compile(r"^\s*assistant\s*:\s*", re.IGNORECASE)
 
 
 def clean_prediction(text, upstream_compat=False):
-    """Native: drop a leading "Assistant:" role prefix and trim. Upstream: `text.strip("Assistant:")`."""
-    text = "" if text is None else str(text)
-    if upstream_compat:
-        return text.strip("Assistant:")
-    return _ROLE_PREFIX.sub("", text).strip()
+    """See `medheval.parsing.clean_generated_text` (native role-prefix trim, or MedHEval's character-set strip)."""
+    return medheval.parsing.clean_generated_text(text, upstream_compat=upstream_compat)
 
 
 def _mean(values):

@@ -3,12 +3,12 @@
 
 import csv
 import math
-import re
 from pathlib import Path
 
 import datasets
 import evaluate
 import medheval.nltk_data
+import medheval.parsing
 import sacrebleu
 import torch
 import transformers
@@ -158,7 +158,6 @@ KNOWN_NUM_LAYERS = {
     "distilbert-base-uncased": 5,
 }
 _ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
-_ROLE_PREFIX = re.compile(r"^\s*assistant\s*:\s*", re.IGNORECASE)
 _BYTE_LEVEL_TOKENIZERS = {"RobertaTokenizer", "RobertaTokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast"}
 
 
@@ -167,12 +166,8 @@ class BERTScoreConfigError(ValueError):
 
 
 def clean_prediction(text, upstream_compat=False):
-    """Native: trim white space and drop a leading "Assistant:" role prefix. Upstream: `text.strip("Assistant:")`,
-    which strips any of the characters A s i t a n : from both ends ("...effusion" -> "...effusio")."""
-    text = "" if text is None else str(text)
-    if upstream_compat:
-        return text.strip("Assistant:")  # noqa: B005 -- deliberately the upstream character-set strip
-    return _ROLE_PREFIX.sub("", text).strip()
+    """See `medheval.parsing.clean_generated_text` (native role-prefix trim, or MedHEval's character-set strip)."""
+    return medheval.parsing.clean_generated_text(text, upstream_compat=upstream_compat)
 
 
 def _mean(values):
