@@ -11,6 +11,7 @@ request headers: never in ``describe()``, results, logs, exceptions or the cache
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -164,3 +165,17 @@ def make_judge(
 
 
 __all__ = ["make_judge", "parse_spec"]
+
+
+def judge_for(owner: object, spec: Any, **options: Any) -> Any:
+    """The judge for ``spec`` + ``options``, made once per ``owner`` (e.g. a metric instance) and reused.
+
+    A ready :class:`Judge` is returned as is; spec strings and dicts are keyed by their JSON form.
+    """
+    if not isinstance(spec, (str, dict)):
+        return make_judge(spec)
+    key = json.dumps([spec, options], sort_keys=True, default=repr)
+    judges = owner.__dict__.setdefault("_judges", {})
+    if key not in judges:
+        judges[key] = make_judge(spec, **options)
+    return judges[key]

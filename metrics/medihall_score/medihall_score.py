@@ -118,16 +118,10 @@ class MedihallScore(evaluate.Metric):
         )
 
     def _judge(self, spec, **options):
-        """One judge per (spec, options) for the life of this metric instance (a Judge is used as is)."""
-        from medheval.judges import make_judge
+        """One judge per (spec, options) for the life of this metric instance (`medheval.judges.judge_for`)."""
+        from medheval.judges import judge_for
 
-        if not isinstance(spec, (str, dict)):
-            return make_judge(spec)
-        key = json.dumps([spec, options], sort_keys=True, default=repr)
-        judges = self.__dict__.setdefault("_judges", {})
-        if key not in judges:
-            judges[key] = make_judge(spec, **options)
-        return judges[key]
+        return judge_for(self, spec, **options)
 
     def _compute(
         self,
