@@ -10,7 +10,7 @@ One process, the same random-weight LLaVA, the same prompts and images for every
 - ``vcd``        VCD, noised stream sharing the clean batch and cache (2B rows per forward);
 - ``vcd-2pass``  VCD with the noised stream in its own cache (two forwards per step), to show
                  what batching the equal-length stream buys;
-- ``m3id``, ``pai``, ``dola``  the other methods at their defaults.
+- ``m3id``, ``pai``, ``dola``, ``avisc``, ``damro``  the other methods at their defaults.
 
 ``--model tiny`` is the test model (a few ms per step: Python overhead dominates);
 ``--model small`` is a larger random LLaVA (8 x 512 text layers, 224 px CLIP, 256 image
@@ -38,7 +38,7 @@ from PIL import Image
 
 from medheval.backends.tiny import SPECIAL_TOKENS, build_tiny_llava, build_tiny_tokenizer, CHAT_TEMPLATE
 from medheval.decoding import DecodingMethod
-from medheval.mitigations import DoLa, M3ID, PAI, VCD
+from medheval.mitigations import DAMRO, AvisC, DoLa, M3ID, PAI, VCD
 
 WORDS = (
     "is there a pleural effusion in the left lower lobe of this chest x ray with cardiomegaly "
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     batches = make_batches(processor, args.prompts, args.batch_size, image_size)
     methods = {
         "none": None, "loop": Loop(), "vcd": VCD(), "vcd-2pass": VCDTwoPass(), "m3id": M3ID(), "pai": PAI(),
-        "dola": DoLa(),
+        "dola": DoLa(), "avisc": AvisC(), "damro": DAMRO(),
     }
     if args.methods:
         methods = {k: v for k, v in methods.items() if k in args.methods or k == "none"}

@@ -158,7 +158,7 @@ def _new_tokens(out, inputs):
 # construction, specs, defaults
 # ---------------------------------------------------------------------------------------
 def test_every_method_constructible_without_arguments():
-    assert set(MITIGATIONS) == {"vcd", "m3id", "pai", "dola"}
+    assert {"vcd", "m3id", "pai", "dola"} <= set(MITIGATIONS)
     assert VCD().settings() == {"alpha": 1.0, "beta": 0.1, "noise_step": 500, "noise_seed": 0}
     assert M3ID().settings() == {"lam": 0.02, "beta": 0.1}
     assert PAI().settings() == {"alpha": 0.2, "gamma": 1.1, "start_layer": None, "end_layer": None, "beta": 0.1,

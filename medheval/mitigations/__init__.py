@@ -18,6 +18,8 @@ from typing import Any
 
 from medheval.decoding.loop import DecodingMethod
 from medheval.decoding.visual_tokens import MissingInternalError, MitigationError
+from medheval.mitigations.avisc import AVISC, AvisC
+from medheval.mitigations.damro import DAMRO
 from medheval.mitigations.dola import DoLa
 from medheval.mitigations.m3id import M3ID
 from medheval.mitigations.pai import PAI
@@ -25,6 +27,7 @@ from medheval.mitigations.vcd import VCD
 
 MITIGATIONS: dict[str, type[DecodingMethod]] = {"vcd": VCD, "m3id": M3ID, "pai": PAI, "dola": DoLa}
 """Method classes by their CLI name."""
+MITIGATIONS.update({"avisc": AvisC, "damro": DAMRO})
 
 NO_MITIGATION = ("none", "", "original", "greedy")
 
@@ -90,6 +93,9 @@ def generate_with(method: str | DecodingMethod | None, model, **inputs: Any):
 
 
 __all__ = [
+    "AVISC",
+    "AvisC",
+    "DAMRO",
     "DoLa",
     "M3ID",
     "MITIGATIONS",

@@ -1,0 +1,217 @@
+r"""AvisC — Attentional Vision Calibration.
+
+Woo, Kim, Jang, Choi, Kim, *Don't Miss the Forest for the Trees: Attentional Vision
+Calibration for Large Vision Language Models*, arXiv 2405.17820; code ``sangminwoo/AvisC``
+(``avisc_utils/avisc_sample.py``), which MedHEval runs as its ``avisc`` baseline.
+
+**Blind tokens** are the few image tokens that soak up the language model's attention while
+carrying little object information. They are found once, at the prefill of the clean stream,
+from the attention of the *last prompt position* over the image tokens, per row:
+
+1. for each language-model layer ``l``: ``a_l`` = the head-mean attention row over the image
+   tokens, and its share ``p_l = Σa_l / Σ_l' Σa_l'`` of the image attention of all layers;
+2. keep the ``k`` layers with the largest shares, ``k = #{cumulative sorted share < γ} + 1``
+   (a top-p over layers with ``γ = layer_gamma``; the layers are chosen per sample);
+3. ``ā = mean`` of ``a_l`` over those layers, ``τ = mean(ā) + λ·std(ā)`` (``λ = lamb``,
+   unbiased std, as ``torch.std``);
+4. blind tokens: ``{j : ā_j ≥ τ}``. Every other image token (``ā_j < τ``, the upstream
+   ``mask_idx``) is masked in the contrast stream: its input embedding after the projector is
+   set to zeros (``masking_scheme``), so that stream sees the text and the blind tokens only.
+
+Per step, with ``ℓ`` the clean logits and ``ℓ_b`` the logits of the blind-token stream (its own
+KV cache; NaN rows of ``ℓ_b`` are replaced by ``ℓ``, as upstream):
+
+.. math::
+    s = (1+\alpha)\,\ell - \alpha\,\ell_b,\qquad
+    s(y) = -\infty \text{ unless } \ell(y) \ge \log\beta + \max \ell
+
+Defaults are MedHEval's (its appendix and ``model_vqa.py``): α = 1, β = 0.1, γ = 0.5, λ = 1,
+zeros. ``alpha=0`` is the neutral setting (``s = ℓ``): greedy AvisC then equals plain greedy
+decoding token for token. There are no layer-indexed settings: the layers are chosen per sample
+among all of the language model's layers, so nothing needs scaling with depth.
+
+Attention weights are needed for the clean prefill only: for that one forward the language
+model runs medheval's hookable eager attention, which keeps just the last query row per layer
+(head mean; never the full ``[heads, T, T]`` maps); the model's own implementation (e.g.
+SDPA) is restored right after it, and on errors. The vision tower is untouched and runs once.
+
+Differences from the upstream code: image tokens are found from ``input_ids`` (upstream
+hard-coded positions 35..611 for one template; MedHEval 34..610), the selection is per row
+(upstream pooled the batch into one threshold), and the base decoding follows the generation
+config (greedy by default) instead of forcing sampling at T = 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from medheval.decoding.contrast import LogitContrast, PlausibilityCutoff
+from medheval.decoding.hooks import (
+    AttentionHook,
+    AttentionRowRecorder,
+    _text_config_key,
+    attention_modules,
+)
+from medheval.decoding.loop import DecodingContext, DecodingMethod
+from medheval.decoding.streams import Stream
+from medheval.decoding.visual_tokens import (
+    MissingInternalError,
+    MitigationError,
+    image_token_mask,
+    visual_token_ids,
+)
+from medheval.mitigations.image_masking import (
+    check_masking_scheme,
+    encode_images,
+    feature_keep_from_positions,
+    has_image_inputs,
+    image_encoder,
+    masked_image_stream,
+)
+
+
+def select_layers(attention: torch.Tensor, layer_gamma: float) -> torch.LongTensor:
+    """AvisC's layer choice: the top-``k`` layers by share of image attention, ``k`` by top-p ``γ``.
+
+    Args:
+        attention: ``[L, N]`` per layer, the head-mean attention of the last query over the ``N``
+            image tokens.
+
+    Returns:
+        the chosen layer indices, ``[k]``, largest share first.
+    """
+    mass = attention.double().sum(-1)
+    total = mass.sum()
+    share = mass / total if float(total) > 0 else torch.full_like(mass, 1.0 / mass.numel())
+    ordered = torch.sort(share, descending=True).values
+    k = min(int((torch.cumsum(ordered, 0) < layer_gamma).sum()) + 1, int(share.numel()))
+    return torch.topk(share, k).indices
+
+
+def select_blind_tokens(
+    attention: torch.Tensor, layer_gamma: float = 0.5, lamb: float = 1.0
+) -> tuple[torch.BoolTensor, torch.LongTensor]:
+    """AvisC's blind tokens of one row: ``ā ≥ mean(ā) + λ·std(ā)`` over the chosen layers.
+
+    Args:
+        attention: ``[L, N]`` (see :func:`select_layers`).
+
+    Returns:
+        ``(blind [N] bool, chosen layers [k])``. The contrast stream keeps the blind tokens and
+        masks the rest.
+    """
+    layers = select_layers(attention, layer_gamma)
+    average = attention.double()[layers].mean(0)
+    spread = average.std() if average.numel() > 1 else average.new_zeros(())
+    threshold = average.mean() + float(lamb) * spread
+    return average >= threshold, layers
+
+
+def restore_attention_implementation(model, implementation: str) -> None:
+    """Switch the language model (only) back to ``implementation``."""
+    key = _text_config_key(model)
+    if model.config.get_text_config()._attn_implementation != implementation:
+        model.set_attn_implementation(implementation if key is None else {key: implementation})
+
+
+@dataclasses.dataclass
+class AvisC(DecodingMethod):
+    """Attentional Vision Calibration (formula, selection and defaults in the module docstring).
+
+    Args:
+        alpha: contrast strength α (``0`` = plain decoding).
+        beta: plausibility cutoff β (``0`` = no cutoff).
+        layer_gamma: γ of the top-p choice of layers (``(0, 1]``).
+        lamb: λ of the blind-token threshold ``mean + λ·std``.
+        masking_scheme: how the non-blind image tokens are masked in the contrast stream:
+            ``"zeros"`` (upstream default), ``"ones"``, ``"noise"`` or ``"drop"`` (removed).
+    """
+
+    alpha: float = 1.0
+    beta: float = 0.1
+    layer_gamma: float = 0.5
+    lamb: float = 1.0
+    masking_scheme: str = "zeros"
+
+    name = "avisc"
+
+    def __post_init__(self):
+        if not 0.0 < float(self.layer_gamma) <= 1.0:
+            raise MitigationError(f"AvisC layer_gamma must be in (0, 1], got {self.layer_gamma}")
+        self.masking_scheme = check_masking_scheme("AvisC", self.masking_scheme)
+        self._cutoff = PlausibilityCutoff(self.beta)
+        self._contrast = LogitContrast(self.alpha)
+
+    # -- extension points ------------------------------------------------------------------
+    def check(self, model, ctx: DecodingContext) -> None:
+        visual_token_ids(model.config)
+        attention_modules(model)
+        if not has_image_inputs(ctx):
+            raise MissingInternalError(
+                "AvisC needs the prompt's images: pass the processor's pixel_values (or mm_encoder_outputs) to generate"
+            )
+        image_encoder(model, "AvisC")
+        ctx.state["avisc_attn_implementation"] = model.config.get_text_config()._attn_implementation
+
+    def contrast_streams(self, ctx: DecodingContext) -> list[Stream]:
+        # encode the images once; the clean stream then takes them as mm_encoder_outputs
+        ctx.state["avisc_features"] = encode_images(ctx, "AvisC")
+        return []
+
+    def hooks(self, ctx: DecodingContext) -> list[AttentionHook]:
+        recorder = AttentionRowRecorder(layers=None, reduce="mean")
+        ctx.state["avisc_recorder"] = recorder
+        return [recorder]
+
+    def deferred_streams(self, ctx: DecodingContext) -> list[Stream]:
+        recorder: AttentionRowRecorder = ctx.state["avisc_recorder"]
+        recorder.enabled = False
+        # eager attention was needed for the clean prefill only
+        restore_attention_implementation(ctx.model, ctx.state["avisc_attn_implementation"])
+        blind, layers = self.select(ctx, recorder.rows)
+        recorder.rows = {}
+        ctx.state["avisc_blind"] = blind
+        ctx.state["avisc_layers"] = layers
+        features = ctx.state.pop("avisc_features")
+        keep = feature_keep_from_positions(ctx, blind, features)
+        return [masked_image_stream(ctx, "blind", features, keep, self.masking_scheme)]
+
+    def scores(self, ctx: DecodingContext, logits: dict[str, torch.Tensor]) -> torch.Tensor:
+        clean, blind = logits["main"], logits["blind"]
+        blind = torch.where(torch.isnan(blind).any(-1, keepdim=True), clean, blind)
+        return self._cutoff(self._contrast(clean, blind), clean)
+
+    # -- selection -------------------------------------------------------------------------
+    def select(self, ctx: DecodingContext, rows: dict[int, torch.Tensor]) -> tuple[torch.BoolTensor, list[list[int]]]:
+        """``([B, T] True at blind image tokens, chosen layers per row)`` from the recorded prefill rows."""
+        total = len(attention_modules(ctx.model))
+        if sorted(rows) != list(range(total)):
+            raise MissingInternalError(
+                f"AvisC recorded attention for layers {sorted(rows)} of {total}: the language model of "
+                f"{type(ctx.model).__name__} must run its attention through transformers' AttentionInterface"
+            )
+        stacked = torch.stack([rows[layer] for layer in range(total)], 0)  # [L, B, T]
+        image_mask = image_token_mask(ctx.main.input_ids, ctx.model.config).to(stacked.device)
+        if stacked.shape[1:] != image_mask.shape:
+            raise MitigationError(
+                f"AvisC: recorded attention rows {tuple(stacked.shape[1:])} do not match the prompt "
+                f"{tuple(image_mask.shape)}"
+            )
+        blind = torch.zeros_like(image_mask)
+        chosen: list[list[int]] = []
+        for row in range(image_mask.shape[0]):
+            columns = image_mask[row]
+            if not bool(columns.any()):
+                chosen.append([])
+                continue
+            row_blind, layers = select_blind_tokens(stacked[:, row, columns], self.layer_gamma, self.lamb)
+            blind[row, columns] = row_blind
+            chosen.append(layers.tolist())
+        return blind, chosen
+
+
+AVISC = AvisC
+
+__all__ = ["AVISC", "AvisC", "restore_attention_implementation", "select_blind_tokens", "select_layers"]

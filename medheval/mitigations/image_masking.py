@@ -1,0 +1,176 @@
+"""Contrast views that mask chosen image tokens (AvisC, DAMRO).
+
+Both methods contrast the clean stream with the *same prompt* in which only some image
+tokens keep their features: AvisC keeps its "blind" (over-attended) tokens, DAMRO the
+vision encoder's outlier patches. The upstream code wrote zeros into ``inputs_embeds`` at
+hard-coded positions after the projector; here the same is done through the model's own
+input path:
+
+1. :func:`encode_images` runs the image encoder once, as ``generate`` itself does before
+   prefill (``base_model.get_image_features``), and hands the clean stream the result as
+   ``mm_encoder_outputs``, so the vision tower is not run a second time for the contrast view;
+2. the contrast view gets a copy of those features in which the rows of the masked tokens
+   are replaced (:func:`mask_features`). The model scatters feature row ``i`` into the
+   ``i``-th image-token position of the batch (row-major), so replacing a feature row *is*
+   replacing that position's input embedding. :func:`feature_keep_from_positions` maps a
+   per-position choice to feature rows;
+3. :func:`masked_image_stream` builds the stream. Masking schemes:
+
+   - ``"zeros"`` (the upstream default), ``"ones"``: the masked rows become 0 / 1;
+   - ``"noise"``: the masked rows become standard normal noise, drawn per image from a
+     generator seeded with 0 (the same image gets the same noise in any batch);
+   - ``"drop"``: the masked image tokens are removed from the prompt (rows re-left-padded),
+     as DAMRO's official code does; this view then has its own KV cache.
+
+   The first three keep the prompt tokens, so the view shares the clean stream's batch and
+   cache when it is built before the prefill (DAMRO).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Sequence
+
+import torch
+
+from medheval.decoding.loop import DecodingContext
+from medheval.decoding.streams import Stream
+from medheval.decoding.visual_tokens import (
+    MissingInternalError,
+    MitigationError,
+    image_token_mask,
+    remove_positions,
+)
+
+MASKING_SCHEMES = ("zeros", "ones", "noise", "drop")
+NOISE_SEED = 0
+
+
+def check_masking_scheme(method: str, scheme: str) -> str:
+    scheme = str(scheme).lower()
+    if scheme not in MASKING_SCHEMES:
+        raise MitigationError(f"{method} masking_scheme must be one of {list(MASKING_SCHEMES)}, got {scheme!r}")
+    return scheme
+
+
+def image_encoder(model, method: str):
+    """``model.base_model.get_image_features`` (what ``generate`` uses to pre-encode images)."""
+    base = getattr(model, "base_model", model)
+    encoder = getattr(base, "get_image_features", None) or getattr(model, "get_image_features", None)
+    if encoder is None:
+        raise MissingInternalError(
+            f"{method} needs get_image_features() on {type(model).__name__} (LLaVA-family models in transformers 5 "
+            "have it) to build its masked-image view"
+        )
+    return encoder
+
+
+def has_image_inputs(ctx: DecodingContext) -> bool:
+    inputs = ctx.main.inputs
+    encoded = inputs.get("mm_encoder_outputs") or {}
+    return inputs.get("pixel_values") is not None or encoded.get("image") is not None
+
+
+def encode_images(ctx: DecodingContext, method: str) -> list[torch.Tensor]:
+    """The clean stream's image features (one ``[tokens, hidden]`` tensor per image), encoded once.
+
+    With raw ``pixel_values`` the images are encoded here exactly as ``generate`` pre-encodes
+    them, and the clean stream's ``pixel_values`` (and the encoder's other inputs, e.g.
+    ``image_sizes``) are replaced by ``mm_encoder_outputs``; already encoded
+    ``mm_encoder_outputs`` are used as they are.
+
+    Raises:
+        MissingInternalError: no image inputs, or the model has no ``get_image_features``.
+    """
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    inputs = ctx.main.inputs
+    encoded = inputs.get("mm_encoder_outputs") or {}
+    if encoded.get("image") is not None:
+        return list(encoded["image"].pooler_output)
+    if inputs.get("pixel_values") is None:
+        raise MissingInternalError(
+            f"{method} needs the prompt's images: pass the processor's pixel_values (or mm_encoder_outputs) to "
+            "generate; prompts given only as inputs_embeds cannot be masked by image token"
+        )
+    encoder = image_encoder(ctx.model, method)
+    names = [n for n in inspect.signature(encoder).parameters if n != "kwargs" and n in inputs]
+    with torch.no_grad():
+        output = encoder(**{n: inputs[n] for n in names}, return_dict=True)
+    features = list(output.pooler_output)
+    rest = {k: v for k, v in inputs.items() if k not in names}
+    rest["mm_encoder_outputs"] = {**encoded, "image": BaseModelOutputWithPooling(pooler_output=features)}
+    ctx.main.inputs = rest
+    return features
+
+
+def feature_keep_from_positions(
+    ctx: DecodingContext, keep: torch.Tensor, features: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
+    """Per image, a ``[tokens]`` bool mask of its feature rows from a ``[B, T]`` per-position choice.
+
+    Feature row ``i`` of the concatenated features fills the ``i``-th image-token position of
+    the batch in row-major order (transformers' ``masked_scatter``), so the mapping is exact for
+    any template, padding, number of images per row and LLaVA-NeXT token layout.
+    """
+    image_mask = image_token_mask(ctx.main.input_ids, ctx.model.config)
+    lengths = [int(f.shape[0]) for f in features]
+    if int(image_mask.sum()) != sum(lengths):
+        raise MitigationError(
+            f"the prompt has {int(image_mask.sum())} image-token positions but the images give {sum(lengths)} "
+            "feature rows; expand the image placeholders with the model's processor"
+        )
+    flat = keep.to(image_mask.device)[image_mask]
+    return list(flat.split(lengths))
+
+
+def mask_features(features: Sequence[torch.Tensor], keep: Sequence[torch.Tensor], scheme: str) -> list[torch.Tensor]:
+    """Copies of ``features`` whose rows outside ``keep`` are masked by ``scheme`` (``"drop"`` removes them)."""
+    out = []
+    for feature, kept in zip(features, keep):
+        kept = kept.to(feature.device)
+        if scheme == "drop":
+            out.append(feature[kept])
+            continue
+        if scheme == "zeros":
+            fill = torch.zeros_like(feature)
+        elif scheme == "ones":
+            fill = torch.ones_like(feature)
+        elif scheme == "noise":
+            generator = torch.Generator(device="cpu").manual_seed(NOISE_SEED)
+            fill = torch.randn(feature.shape, generator=generator).to(feature.device, feature.dtype)
+        else:
+            raise MitigationError(f"unknown masking scheme {scheme!r}; use one of {list(MASKING_SCHEMES)}")
+        out.append(torch.where(kept[:, None], feature, fill))
+    return out
+
+
+def masked_image_stream(
+    ctx: DecodingContext, name: str, features: Sequence[torch.Tensor], keep: Sequence[torch.Tensor], scheme: str
+) -> Stream:
+    """The clean prompt with only the ``keep`` image tokens' features (see the module docstring)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    masked = mask_features(features, keep, scheme)
+    encoded = dict(ctx.main.inputs.get("mm_encoder_outputs") or {})
+    encoded["image"] = BaseModelOutputWithPooling(pooler_output=masked)
+    if scheme != "drop":
+        return ctx.main.replace(name, mm_encoder_outputs=encoded)
+    image_mask = image_token_mask(ctx.main.input_ids, ctx.model.config)
+    remove = image_mask.clone()
+    remove[image_mask] = ~torch.cat([k.to(remove.device) for k in keep])
+    input_ids, attention_mask = remove_positions(ctx.main.input_ids, ctx.main.attention_mask, remove, ctx.pad_token_id)
+    inputs: dict[str, Any] = {**ctx.main.inputs, "mm_encoder_outputs": encoded}
+    return Stream(name, input_ids, attention_mask, inputs=inputs, share_batch=False)
+
+
+__all__ = [
+    "MASKING_SCHEMES",
+    "check_masking_scheme",
+    "encode_images",
+    "feature_keep_from_positions",
+    "has_image_inputs",
+    "image_encoder",
+    "mask_features",
+    "masked_image_stream",
+]

@@ -1,0 +1,17 @@
+"""DAMRO as a Hub-style `custom_generate` folder for transformers 5.x.
+
+    model.generate(**inputs, custom_generate="mitigations/damro", trust_remote_code=True)
+
+Keyword arguments that are DAMRO settings (see ../README.md) configure the method; all others
+are ordinary `generate` arguments. The implementation lives in the `medheval-hf` package
+(declared in requirements.txt, which transformers checks before running this file): this file
+only forwards to it, so the folder, the Python API and `run_eval.py --mitigation damro` run
+the same code.
+"""
+
+from medheval.decoding import generate_from_folder
+from medheval.mitigations import DAMRO
+
+
+def generate(model, **kwargs):
+    return generate_from_folder(DAMRO, model, **kwargs)
