@@ -522,3 +522,22 @@ def test_nested_hooks_are_refused(tiny):
                 pass
         assert hooks_installed(model)  # the outer hooks survive the refused inner call
     assert not hooks_installed(model)
+
+
+def test_vision_cls_attention_default_layer_follows_hidden_state_indexing(tiny):
+    """hidden_states[k] is the output of encoder layer k-1 for k >= 0, of layer k for k < 0."""
+    from medheval.decoding import VisionCLSAttention
+    from medheval.decoding.visual_tokens import MissingInternalError
+
+    model, _ = tiny
+    saved = model.config.vision_feature_layer
+    try:
+        model.config.vision_feature_layer = -1
+        assert VisionCLSAttention(model).layer == -1
+        model.config.vision_feature_layer = 2
+        assert VisionCLSAttention(model).layer == 1
+        model.config.vision_feature_layer = 0
+        with pytest.raises(MissingInternalError, match="embeddings"):
+            VisionCLSAttention(model)
+    finally:
+        model.config.vision_feature_layer = saved

@@ -1,4 +1,4 @@
-"""The shared decoding core of the mitigations (VCD, M3ID, PAI, DoLa; later AvisC, DAMRO, OPERA).
+"""The shared decoding core of the mitigations (VCD, M3ID, PAI, DoLa, AvisC, DAMRO; OPERA on its own beam loop).
 
 - :mod:`~medheval.decoding.loop` — :class:`DecodingMethod` (a ``custom_generate`` callable) and
   :func:`decode`, the one greedy/sampling loop every method plugs into;

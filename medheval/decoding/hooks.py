@@ -310,9 +310,14 @@ class VisionCLSAttention:
             raise MitigationError(f"heads must be 'mean' or 'single', got {heads!r}")
         layers = vision_encoder_layers(model)
         if layer is None:
-            layer = getattr(model.config, "vision_feature_layer", -1)
-            if isinstance(layer, (list, tuple)):
-                layer = layer[0]
+            feature_layer = getattr(model.config, "vision_feature_layer", -1)
+            if isinstance(feature_layer, (list, tuple)):
+                feature_layer = feature_layer[0]
+            # hidden_states[k] is the output of layers[k - 1] for k >= 0 (hidden_states[0] = embeddings);
+            # negative indices line up with layers[k] directly
+            layer = int(feature_layer) - 1 if int(feature_layer) >= 0 else int(feature_layer)
+            if layer < 0 <= int(feature_layer):
+                raise MissingInternalError("vision_feature_layer=0 reads the embeddings: no attention to capture")
         self.layer = int(layer)
         attn = getattr(layers[self.layer], "self_attn", None)
         if attn is None or not hasattr(attn, "q_proj") or not hasattr(attn, "k_proj"):
