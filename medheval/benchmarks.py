@@ -90,8 +90,10 @@ def prepare_benchmark(
     image_roots: Mapping[str, Any] | None = None,
     on_missing: str = "error",
     cache_dir: str | Path | None = None,
+    limit: int | None = None,
 ) -> LoadedBenchmark:
-    """Build (or reuse from cache) one split; resolve image references when ``image_roots`` is given."""
+    """Build (or reuse from cache) one split (its first ``limit`` records when given); check image
+    references when ``image_roots`` is given."""
     if on_missing not in ON_MISSING:
         raise ValueError(f"on_missing must be one of {ON_MISSING}, got {on_missing!r}")
     config = _resolve_config(name, config)
@@ -115,6 +117,8 @@ def prepare_benchmark(
         for key, item in fetched
     ]
     quality = medheval_source.quality_summary(dataset.select_columns(["id", "config", "meta"]))
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
     loaded = LoadedBenchmark(dataset=dataset, name=name, config=config, files=files, quality=quality)
     if image_roots:
         attach_images(loaded, image_roots, on_missing)

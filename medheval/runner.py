@@ -293,13 +293,11 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
             name, config = parse_benchmark_spec(benchmark_spec)
             loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
                                        image_roots=spec.image_roots if backend.needs_images else None,
-                                       on_missing=spec.on_missing)
+                                       on_missing=spec.on_missing, limit=spec.limit)
             if backend.needs_images and not spec.image_roots:
                 sources = sorted(set(loaded.dataset["source"]))
                 raise RunError(f"model {backend.name} needs images; pass --image-root for: "
                                + ", ".join(f"{source}=PATH" for source in sources))
-            if spec.limit is not None:
-                loaded.dataset = loaded.dataset.select(range(min(spec.limit, len(loaded.dataset))))
             if hasattr(backend, "check_against"):
                 loaded = _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
             metric_names = _metric_names(loaded, spec.metrics, spec.judge)
