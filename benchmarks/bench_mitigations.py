@@ -11,6 +11,9 @@ One process, the same random-weight LLaVA, the same prompts and images for every
 - ``vcd-2pass``  VCD with the noised stream in its own cache (two forwards per step), to show
                  what batching the equal-length stream buys;
 - ``m3id``, ``pai``, ``dola``, ``avisc``, ``damro``  the other methods at their defaults.
+- ``beam5``      plain 5-beam ``model.generate(num_beams=5)``, the baseline of OPERA's row;
+- ``opera``      OPERA at its defaults (5 beams, 5 candidates); ``vs_beam5`` is its speed
+                 relative to ``beam5`` on the same prompts.
 
 ``--model tiny`` is the test model (a few ms per step: Python overhead dominates);
 ``--model small`` is a larger random LLaVA (8 x 512 text layers, 224 px CLIP, 256 image
@@ -38,7 +41,7 @@ from PIL import Image
 
 from medheval.backends.tiny import SPECIAL_TOKENS, build_tiny_llava, build_tiny_tokenizer, CHAT_TEMPLATE
 from medheval.decoding import DecodingMethod
-from medheval.mitigations import DAMRO, AvisC, DoLa, M3ID, PAI, VCD
+from medheval.mitigations import DAMRO, AvisC, DoLa, M3ID, OPERA, PAI, VCD
 
 WORDS = (
     "is there a pleural effusion in the left lower lobe of this chest x ray with cardiomegaly "
@@ -60,6 +63,12 @@ class VCDTwoPass(VCD):
         for stream in streams:
             stream.share_batch = False
         return streams
+
+
+class PlainBeams:
+    """Plain ``generate(num_beams=5)``: the baseline of OPERA's row (not a custom_generate method)."""
+
+    generate_kwargs = {"num_beams": 5}
 
 
 def build_small_llava(seed: int = 0):
@@ -166,7 +175,9 @@ def run(model, batches, method, max_new_tokens: int, device: str):
     for inputs in batches:
         inputs = inputs.to(device)
         kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
-        if method is not None:
+        if isinstance(method, PlainBeams):
+            kwargs.update(method.generate_kwargs)
+        elif method is not None:
             kwargs["custom_generate"] = method
         with torch.inference_mode():
             out = model.generate(**inputs, **kwargs)
@@ -201,7 +212,7 @@ def main(argv=None) -> int:
     batches = make_batches(processor, args.prompts, args.batch_size, image_size)
     methods = {
         "none": None, "loop": Loop(), "vcd": VCD(), "vcd-2pass": VCDTwoPass(), "m3id": M3ID(), "pai": PAI(),
-        "dola": DoLa(), "avisc": AvisC(), "damro": DAMRO(),
+        "dola": DoLa(), "avisc": AvisC(), "damro": DAMRO(), "beam5": PlainBeams(), "opera": OPERA(),
     }
     if args.methods:
         methods = {k: v for k, v in methods.items() if k in args.methods or k == "none"}
@@ -229,6 +240,8 @@ def main(argv=None) -> int:
     for entry in results.values():
         entry["relative_speed"] = round(entry["tokens_per_s"] / base, 3)
         entry["slowdown"] = round(base / entry["tokens_per_s"], 2)
+    if "opera" in results and "beam5" in results:
+        results["opera"]["vs_beam5"] = round(results["opera"]["tokens_per_s"] / results["beam5"]["tokens_per_s"], 3)
     if "loop" in reference_outputs:
         same = all(torch.equal(a, b) for a, b in zip(reference_outputs["loop"], reference_outputs["none"]))
         results["loop"]["same_tokens_as_none"] = same
@@ -243,6 +256,8 @@ def main(argv=None) -> int:
     for name, entry in results.items():
         print(f"{name:<10} {entry['tokens_per_s']:>10.1f} {entry['relative_speed']:>8.3f} "
               f"{entry['slowdown']:>8.2f}x {entry['peak_mem_mb']:>8.1f}")
+    if "vs_beam5" in results.get("opera", {}):
+        print(f"opera vs plain 5-beam generate: {results['opera']['vs_beam5']:.3f}x the tokens/s")
     summary = {
         "model": args.model, "device": args.device, "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "machine": platform.machine(), "prompts": args.prompts,

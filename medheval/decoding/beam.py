@@ -38,10 +38,12 @@ So a method that feeds it the plain ``log_softmax`` of the logits reproduces
 is not implemented.
 
 :meth:`snapshot` / :meth:`restore` copy the state (a few small tensors) so a method can go
-back to an earlier step. The helpers at the bottom handle the KV cache per beam:
-:func:`select_cache_rows` (one prompt's rows out of a batched prefill cache, without copying
-the others) and :func:`keep_appended_tokens` (keep, per new beam, the prefix of its source beam
-plus *one* of several tokens a look-ahead forward appended).
+back to an earlier step; :attr:`prompt_done` (prompt ``b`` searched alone would have stopped)
+and :meth:`select` (the search of some prompts only) let a caller finish each prompt as soon as
+it alone would, or move it to a search of its own. The helpers at the bottom handle the KV
+cache per beam: :func:`select_cache_rows` (some rows of a cache, without copying the others)
+and :func:`keep_appended_tokens` (keep, per new beam, the prefix of its source beam plus *one*
+of several tokens a look-ahead forward appended).
 """
 
 from __future__ import annotations
@@ -72,7 +74,10 @@ class BeamState:
 
     ``running_*`` are the ``K`` live beams per prompt; ``sequences``/``beam_scores``/
     ``beam_indices``/``is_sent_finished`` the ``K`` best finished hypotheses. Shapes as in
-    transformers: sequences ``[B, K, max_length]``, beam indices ``[B, K, max_length - T]``.
+    transformers: sequences ``[B, K, max_length]``, beam indices ``[B, K, max_length - T]``
+    (here the beam *within* its prompt, ``0..K-1``; :meth:`BeamSearch.finalize` adds the prompt
+    offset). ``prompt_done[b]``: prompt ``b`` alone would have stopped (its results no longer
+    change); ``done``: the whole batch stops, as ``generate``.
     """
 
     running_sequences: torch.Tensor
@@ -84,6 +89,7 @@ class BeamState:
     is_sent_finished: torch.Tensor
     is_early_stop_heuristic_unsatisfied: torch.Tensor
     next_token_hits_stopping_criteria: torch.Tensor
+    prompt_done: torch.Tensor
     cur_len: int
     done: bool = False
 
@@ -92,6 +98,15 @@ class BeamState:
             f.name: (getattr(self, f.name).clone() if torch.is_tensor(getattr(self, f.name)) else getattr(self, f.name))
             for f in dataclasses.fields(self)
         })
+
+    def select(self, prompts: torch.Tensor) -> "BeamState":
+        """The state of the prompts ``prompts`` only (a copy)."""
+        fields = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            fields[f.name] = value.index_select(0, prompts.to(value.device)) if torch.is_tensor(value) else value
+        fields["done"] = bool(fields["prompt_done"].all())
+        return BeamState(**fields)
 
 
 class BeamSearch:
@@ -171,6 +186,7 @@ class BeamSearch:
             is_sent_finished=torch.zeros((B, K), dtype=torch.bool, device=device),
             is_early_stop_heuristic_unsatisfied=torch.ones((B, 1), dtype=torch.bool, device=device),
             next_token_hits_stopping_criteria=torch.zeros((B, K), dtype=torch.bool, device=device),
+            prompt_done=torch.zeros((B,), dtype=torch.bool, device=device),
             cur_len=prompt_len,
         )
 
@@ -200,8 +216,21 @@ class BeamSearch:
         """Go back to a :meth:`snapshot` (the snapshot itself stays usable)."""
         self.state = state.clone()
 
+    def select(self, prompts: torch.Tensor) -> "BeamSearch":
+        """A beam search over the prompts ``prompts`` only (same settings, a copy of their state)."""
+        new = copy.copy(self)
+        new.state = self.state.select(prompts)
+        new.batch_size = int(prompts.numel())
+        return new
+
+    @property
+    def prompt_done(self) -> torch.Tensor:
+        """``[B]`` whether each prompt, searched alone, would have stopped."""
+        return self.state.prompt_done
+
     # -- one step ---------------------------------------------------------------------------
-    def step(self, log_probs: torch.Tensor, stopping_criteria=None, scores=None) -> tuple[torch.LongTensor, torch.LongTensor]:
+    def step(self, log_probs: torch.Tensor, stopping_criteria=None,
+             scores=None) -> tuple[torch.LongTensor, torch.LongTensor]:
         """Advance every prompt by one token from this step's processed log-probabilities.
 
         Args:
@@ -232,8 +261,7 @@ class BeamSearch:
         topk_running_sequences = _gather_beams(s.running_sequences, topk_current_beam_indices)
         topk_ids = topk_indices % vocab
         topk_running_sequences[:, :, cur_len] = topk_ids
-        batch_offset = torch.arange(B, device=topk_ids.device).view(-1, 1) * K
-        topk_running_beam_indices[:, :, cur_len - T] = topk_current_beam_indices + batch_offset
+        topk_running_beam_indices[:, :, cur_len - T] = topk_current_beam_indices  # (prompt offset: finalize)
 
         # d. which continuations are finished
         if stopping_criteria is not None and len(stopping_criteria) > 0:
@@ -267,7 +295,8 @@ class BeamSearch:
         is_sent_finished = _gather_beams(merged_is_sent_finished, topk_merged_indices)
 
         # g. bookkeeping for the next step
-        beam_idx = _flatten(running_beam_indices[..., cur_len - T]).long()
+        batch_offset = torch.arange(B, device=running_beam_indices.device).view(-1, 1) * K
+        beam_idx = _flatten(running_beam_indices[..., cur_len - T].long() + batch_offset)
         next_tokens = _flatten(running_sequences[:, :, cur_len])
         cur_len += 1
         heuristic = self._early_stop_heuristic(
@@ -277,6 +306,12 @@ class BeamSearch:
         exists_open_beam = ~(torch.all(is_sent_finished) & (self.early_stopping is True))
         valid_continuations = ~torch.all(hits)
         done = not bool(improvement_possible & exists_open_beam & valid_continuations)
+        # the same three conditions for each prompt on its own
+        prompt_done = ~(heuristic[:, 0] & ~(torch.all(is_sent_finished, dim=-1) & (self.early_stopping is True))
+                        & ~torch.all(hits, dim=-1))
+        if cur_len >= self.max_length:
+            prompt_done = torch.ones_like(prompt_done)
+            done = True
         self.state = BeamState(
             running_sequences=running_sequences,
             running_beam_scores=running_beam_scores,
@@ -287,6 +322,7 @@ class BeamSearch:
             is_sent_finished=is_sent_finished,
             is_early_stop_heuristic_unsatisfied=heuristic,
             next_token_hits_stopping_criteria=hits,
+            prompt_done=prompt_done | s.prompt_done,
             cur_len=cur_len,
             done=done,
         )
@@ -303,19 +339,27 @@ class BeamSearch:
         return unsatisfied & torch.any(best_possible_running_score > worst_finished_score, dim=-1, keepdim=True)
 
     # -- result -------------------------------------------------------------------------------
-    def finalize(self, trim: bool = True) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor]:
+    def finalize(self, trim: bool = True, prompt_index: torch.Tensor | None = None):
         """The best ``num_return_sequences`` hypotheses per prompt, best first.
 
+        Args:
+            trim: crop to the prompt plus the longest returned generation (as ``generate``);
+                ``False`` keeps ``max_length`` (for merging searches run separately).
+            prompt_index: ``[B]`` index of each prompt in the caller's batch, for the flat beam
+                indices ``prompt_index * K + beam`` (default ``0..B-1``).
+
         Returns:
-            ``(sequences [B*n, L], sequence_scores [B*n], beam_indices [B*n, L - T])``; with
-            ``trim=True`` ``L`` is the prompt plus the longest returned generation (as
-            ``generate``), else ``max_length`` (for merging searches run separately).
+            ``(sequences [B*n, L], sequence_scores [B*n], beam_indices [B*n, L - T])``.
         """
         s = self.state
         n = self.num_return_sequences
+        if prompt_index is None:
+            prompt_index = torch.arange(self.batch_size, device=s.beam_indices.device)
+        offset = (prompt_index.to(s.beam_indices.device) * self.num_beams).view(-1, 1, 1)
         sequences = _flatten(s.sequences[:, :n, :])
         scores = _flatten(s.beam_scores[:, :n])
-        beam_indices = _flatten(s.beam_indices[:, :n, :])
+        local = s.beam_indices[:, :n, :].long()
+        beam_indices = _flatten(torch.where(local >= 0, local + offset, local))
         if trim:
             sequences, beam_indices = trim_to_generated(sequences, beam_indices, self.prompt_length)
         return sequences, scores, beam_indices
@@ -354,18 +398,21 @@ def keep_appended_tokens(cache, prefix_length: int, source_rows: torch.Tensor, a
     """After a forward appended ``A`` tokens per row to a ``prefix_length`` cache, keep for each new
     row ``r`` the prefix of row ``source_rows[r]`` followed by its appended token ``appended_index[r]``.
 
-    This is beam reordering plus dropping all but one look-ahead token, in one gather per layer.
-    Only for :func:`supports_token_selection` caches.
+    This is beam reordering plus dropping all but one look-ahead token, with one copy of the cache
+    per layer (the reorder's ``index_select``; the kept token is moved to position
+    ``prefix_length`` in that copy, which is then narrowed — the next ``update`` concatenates it
+    anyway). Only for :func:`supports_token_selection` caches.
     """
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False) or layer.keys.numel() == 0:
             continue
         src = source_rows.to(layer.keys.device)
         index = (prefix_length + appended_index.to(layer.keys.device)).view(-1, 1, 1, 1)
-        keys, values = layer.keys.index_select(0, src), layer.values.index_select(0, src)
-        gather_index = index.expand(keys.shape[0], keys.shape[1], 1, keys.shape[3])
-        layer.keys = torch.cat([keys[:, :, :prefix_length], keys.gather(2, gather_index)], dim=2)
-        layer.values = torch.cat([values[:, :, :prefix_length], values.gather(2, gather_index)], dim=2)
+        for name in ("keys", "values"):
+            states = getattr(layer, name).index_select(0, src)
+            gather_index = index.expand(states.shape[0], states.shape[1], 1, states.shape[3])
+            states[:, :, prefix_length : prefix_length + 1] = states.gather(2, gather_index)
+            setattr(layer, name, states[:, :, : prefix_length + 1])
 
 
 __all__ = [

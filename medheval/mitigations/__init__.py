@@ -8,7 +8,7 @@ Every method runs on the shared loop of :mod:`medheval.decoding`, so the base de
 (greedy unless ``do_sample=True``, the generation config's processors and stopping
 criteria) is the same for all of them and for plain ``generate``.
 
-Done: VCD, M3ID, PAI, DoLa. Planned on the same core: AvisC, DAMRO, OPERA.
+Methods: VCD, M3ID, PAI, DoLa, AvisC, DAMRO (shared loop) and OPERA (its own beam search).
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from medheval.mitigations.avisc import AVISC, AvisC
 from medheval.mitigations.damro import DAMRO
 from medheval.mitigations.dola import DoLa
 from medheval.mitigations.m3id import M3ID
+from medheval.mitigations.opera import OPERA
 from medheval.mitigations.pai import PAI
 from medheval.mitigations.vcd import VCD
 
-MITIGATIONS: dict[str, type[DecodingMethod]] = {"vcd": VCD, "m3id": M3ID, "pai": PAI, "dola": DoLa}
+MITIGATIONS: dict[str, type[DecodingMethod]] = {
+    "vcd": VCD, "m3id": M3ID, "pai": PAI, "dola": DoLa, "avisc": AvisC, "damro": DAMRO, "opera": OPERA,
+}
 """Method classes by their CLI name."""
-MITIGATIONS.update({"avisc": AvisC, "damro": DAMRO})
 
 NO_MITIGATION = ("none", "", "original", "greedy")
 
@@ -101,6 +103,7 @@ __all__ = [
     "MITIGATIONS",
     "MissingInternalError",
     "MitigationError",
+    "OPERA",
     "PAI",
     "VCD",
     "generate_with",

@@ -1,0 +1,819 @@
+r"""OPERA — Over-trust Penalty and Retrospection-Allocation (its own beam search).
+
+Huang, Dong, Zhang, Wang, He, Wang, Lin, Zhang, Yu, *OPERA: Alleviating Hallucination in
+Multi-Modal Large Language Models via Over-Trust Penalty and Retrospection-Allocation*,
+CVPR 2024 (arXiv 2311.17911); code ``shikiw/OPERA`` (a modified transformers 4.29.2,
+``opera_beam_search``), as run by MedHEval (``reference/mitigations.md`` §6).
+
+Per step of a beam search with ``K`` beams, for every running beam:
+
+1. **Candidates**: the top ``N`` tokens by raw logit (``N = num_attn_candidates``).
+2. **Look-ahead**: append each candidate and take its last-layer attention row, max over heads,
+   normalised to sum 1. ``W`` is the local window: the rows and columns of the *generated*
+   tokens (the beam's attention history plus the candidate's row), at most ``window_size`` of
+   them.
+3. **Over-trust score** of the window (column-wise product from the diagonal down):
+
+   .. math:: \phi_j = 10^{-7} \prod_{i \ge j} \sigma W_{ij}, \qquad
+             \text{score} = \max_j \phi_j,\ \text{location} = \arg\max_j \phi_j
+
+   with ``σ = scale_factor``.
+4. **Penalty**: while the answer (candidate included) has at most 10 tokens,
+   ``−Σ_{image columns} W_{last, j}`` (a bonus for attending to the image); afterwards
+   ``max_j φ_j``. Candidate score ``= logit − penalty_weights · penalty``; every other token
+   ``−∞``.
+5. **Retrospection-allocation**: per beam the most frequent location over its candidates, per
+   prompt the most frequent over its beams (``loc``). If *every* beam has had ``loc`` as its
+   location in more than ``threshold`` steps and ``loc ≥ 10``, roll back to the step that chose
+   token ``loc + 1`` (at most ``N`` times per position, then one position earlier, then never):
+   restore the beams of that step, recompute their KV cache and attention history, and redo that
+   step as a plain beam step in which the previously chosen (beam, token) pairs are forbidden.
+6. ``log_softmax``, the generation config's logits processors, and a standard beam step with
+   length normalisation (:class:`medheval.decoding.beam.BeamSearch`: transformers 5's own beam
+   search semantics, including ``length_penalty`` and ``early_stopping``).
+
+Defaults are MedHEval's OPERA run (5 beams, σ = 25, threshold 25, 5 candidates, penalty 1,
+window 512; ``max_new_tokens=128`` is a ``generate`` argument). The differences from the
+official code are listed in ``mitigations/opera/README.md``; the main ones: image tokens come
+from ``input_ids`` (never positions 34..610), the four look-ahead forwards of a step are one
+forward (the candidates as ``N`` query tokens that each see the prefix and only themselves),
+whose KV and logits are then reused for the chosen tokens, so a step costs one forward
+instead of ``1 + N``; a rollback recomputes only the generated tokens (the prompt's cache is
+shared); the attention history is kept only for the window (never every layer or the prompt);
+the prompts of a batch are decoded in lock-step, and a prompt that rolls back continues on its
+own, so rollbacks of one prompt never move another (a batch gives the single-prompt results).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from medheval.decoding.beam import (
+    BeamSearch,
+    keep_appended_tokens,
+    select_cache_rows,
+    supports_token_selection,
+    trim_to_generated,
+)
+from medheval.decoding.hooks import AttentionHook, attention_hooks, attention_modules
+from medheval.decoding.loop import DecodingMethod
+from medheval.decoding.visual_tokens import MissingInternalError, MitigationError, image_token_mask
+
+EARLY_TOKENS = 10
+"""Answer length (candidate included) up to which the penalty is the image-attention bonus; also
+the smallest location a rollback may target (both hard-coded 10 upstream)."""
+
+SCORE_SCALE = 1e-7
+"""The constant factor of the over-trust score (hard-coded upstream)."""
+
+_FLOAT32_MAX_LOG = math.log(torch.finfo(torch.float32).max)
+
+
+# ---------------------------------------------------------------------------------------
+# the over-trust score
+# ---------------------------------------------------------------------------------------
+def overtrust_scores(window: torch.Tensor, scale_factor: float) -> torch.Tensor:
+    r"""Column-wise over-trust scores of attention windows (the reference formula).
+
+    .. math:: \phi_j = 10^{-7} \prod_{i \ge j} \sigma W_{ij}
+
+    Args:
+        window: ``[..., r, r]`` lower-triangular attention among generated tokens (row ``i``:
+            attention of token ``i`` over tokens ``0..i``).
+        scale_factor: ``σ``.
+
+    Returns:
+        ``[..., r]`` the scores ``φ_j`` (float32, computed as a direct product).
+    """
+    scaled = window.float() * scale_factor
+    r = scaled.shape[-1]
+    out = torch.empty(scaled.shape[:-1], dtype=torch.float32, device=scaled.device)
+    for j in range(r):
+        out[..., j] = SCORE_SCALE * scaled[..., j:, j].prod(-1)
+    return out
+
+
+def candidate_log_overtrust(history: torch.Tensor, candidate_rows: torch.Tensor, scale_factor: float) -> torch.Tensor:
+    r"""``log φ_j`` of each candidate's window, sharing the history's column products.
+
+    The window of candidate ``c`` is the beam's history ``H`` (``h×h``) with one zero column
+    appended and the candidate's row below it, so
+
+    .. math:: \log\phi_{c,j} = \log 10^{-7} + \sum_{i \ge j} \log \sigma H_{ij} + \log \sigma w_{c,j}
+
+    (the last sum is empty for ``j = h``). Log space keeps long products finite.
+
+    Args:
+        history: ``[K, h, h]`` the beams' attention history (lower-triangular rows).
+        candidate_rows: ``[K, N, h + 1]`` the candidates' rows.
+        scale_factor: ``σ``.
+
+    Returns:
+        ``[K, N, h + 1]`` float32 ``log φ`` (``-inf`` where a weight is 0).
+    """
+    K, h = history.shape[0], history.shape[-1]
+    scale = float(scale_factor)
+    log_scale = math.log(scale) if scale > 0 else float("-inf")
+    if h:
+        lower = torch.ones(h, h, dtype=torch.bool, device=history.device).tril()
+        logs = torch.where(lower, torch.log(history.float()) + log_scale, torch.zeros((), device=history.device))
+        column = logs.sum(dim=-2)  # [K, h]: sum over rows i >= j
+    else:
+        column = history.new_zeros((K, 0), dtype=torch.float32)
+    column = torch.cat([column, column.new_zeros((K, 1))], dim=-1)  # candidate's own column
+    return math.log(SCORE_SCALE) + column[:, None, :] + torch.log(candidate_rows.float()) + log_scale
+
+
+# ---------------------------------------------------------------------------------------
+# the rollback trigger
+# ---------------------------------------------------------------------------------------
+class RollbackTracker:
+    """OPERA's retrospection trigger for one prompt's ``K`` beams.
+
+    Each step, :meth:`observe` gets the over-trust locations of every beam's candidates: per beam
+    the most frequent one (``torch.mode``, the smallest on ties) is recorded, and ``loc`` is the
+    most frequent of those. A rollback is due when, for every beam slot, more than ``threshold``
+    recorded steps have ``loc``, and ``loc >= min_location``. The target is position ``loc + 1``;
+    a position is targeted at most ``max_per_position`` times, then the one before it, then the
+    trigger gives up; targets further back than ``history_length + 1`` are clamped. As upstream,
+    the history is per beam *slot* (not reordered with the beams).
+
+    Args:
+        threshold: repeats needed (strictly more than).
+        max_per_position: rollbacks per position (upstream: ``num_attn_candidates``).
+        history_length: how far back a rollback can go (upstream: ``window_size``).
+        min_location: smallest location that triggers (upstream: 10).
+    """
+
+    def __init__(self, threshold: int, max_per_position: int, history_length: int, min_location: int = EARLY_TOKENS):
+        self.threshold = int(threshold)
+        self.max_per_position = int(max_per_position)
+        self.history_length = int(history_length)
+        self.min_location = int(min_location)
+        self.locations: list[torch.Tensor] = []
+        self.rollbacks: dict[int, int] = {}
+
+    def observe(self, locations: torch.Tensor, response_length: int) -> int | None:
+        """Record one step and say where to roll back to, if anywhere.
+
+        Args:
+            locations: ``[K, N]`` the location of the maximal over-trust score of each candidate
+                (index among the generated tokens).
+            response_length: generated tokens including the candidate (upstream's
+                ``cur_response_lens``).
+
+        Returns:
+            The position to roll back to (the generated-token index whose choice is redone), or
+            ``None``.
+        """
+        per_beam = locations.mode(dim=-1).values
+        loc = int(per_beam.mode().values)
+        self.locations.append(per_beam)
+        history = torch.stack(self.locations, dim=-1)
+        if not bool(((history == loc).sum(dim=-1) > self.threshold).all()):
+            return None
+        if loc < self.min_location:
+            return None
+        position = loc + 1
+        if self.rollbacks.get(position, 0) >= self.max_per_position:
+            position -= 1
+            if self.rollbacks.get(position, 0) >= self.max_per_position:
+                return None
+        self.rollbacks[position] = self.rollbacks.get(position, 0) + 1
+        if response_length - position > self.history_length + 1:
+            position = max(1, response_length - self.history_length - 1)
+        return position
+
+    def truncate(self, step: int) -> None:
+        """Forget the steps after ``step`` (after a rollback to ``step``)."""
+        del self.locations[step + 1 :]
+
+
+# ---------------------------------------------------------------------------------------
+# attention rows of the last layer, window columns only
+# ---------------------------------------------------------------------------------------
+class WindowAttentionRecorder(AttentionHook):
+    """Last-layer attention, max over heads, each row normalised to sum 1; keeps only window columns.
+
+    Armed before a forward (:meth:`arm`), it reduces that forward's ``[rows, heads, q, kv]``
+    weights to what OPERA needs and drops the rest:
+
+    - ``"lookahead"`` (``q = N`` candidates appended at once, each seeing the prefix and itself):
+      per candidate its window row ``[rows, N, r]`` and its image-attention sum ``[rows, N]``;
+    - ``"step"`` (``q = 1``): the fed token's window row ``[rows, r]``;
+    - ``"rebuild"`` (``q = p`` generated tokens): the last ``keep`` rows, window columns only,
+      ``[rows, keep, keep]``.
+
+    Nothing is kept between forwards except the last result, so the attention stored is
+    ``O(N · window)`` per beam; the caller's history is ``O(window²)`` per beam.
+    """
+
+    def __init__(self, layer: int):
+        super().__init__([layer])
+        self.mode: str | None = None
+        self.result: Any = None
+        self.calls = 0
+
+    def arm(self, mode: str, *, start: int, prompt_length: int = 0, image_mask: torch.Tensor | None = None,
+            keep: int = 0) -> None:
+        self.mode, self.start, self.prompt_length = mode, int(start), int(prompt_length)
+        self.image_mask, self.keep, self.result = image_mask, int(keep), None
+
+    def observe(self, layer_idx: int, weights: torch.Tensor) -> None:
+        if self.mode is None:
+            return
+        self.calls += 1
+        w = weights.detach().float().amax(dim=1)  # [rows, q, kv]
+        if self.mode == "lookahead":
+            n = w.shape[1]
+            prefix_len = w.shape[2] - n
+            own = torch.diagonal(w[:, :, prefix_len:], dim1=1, dim2=2)  # [rows, N]
+            prefix = w[:, :, :prefix_len]
+            total = prefix.sum(-1) + own
+            window = torch.cat([prefix[:, :, self.start:], own[..., None]], dim=-1) / total[..., None]
+            t = self.prompt_length
+            image = (prefix[:, :, :t] * self.image_mask[:, None, :t].to(w.dtype)).sum(-1) / total
+            self.result = (window, image)
+        elif self.mode == "step":
+            row = w[:, -1, :]
+            self.result = row[:, self.start:] / row.sum(-1, keepdim=True)
+        elif self.mode == "rebuild":
+            lo = w.shape[1] - self.keep
+            self.result = w[:, lo:, self.start:] / w[:, lo:].sum(-1, keepdim=True)
+        else:  # pragma: no cover - programming error
+            raise MitigationError(f"unknown recorder mode {self.mode!r}")
+        self.mode = None
+
+    def take(self):
+        if self.result is None:
+            raise MissingInternalError(
+                "OPERA recorded no last-layer attention: the language model's attention must run through "
+                "transformers' AttentionInterface (eager-capable decoder layers)"
+            )
+        result, self.result = self.result, None
+        return result
+
+
+# ---------------------------------------------------------------------------------------
+# the method
+# ---------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class OPERA(DecodingMethod):
+    """OPERA's beam search (see the module docstring for the rule, defaults and differences).
+
+    Args:
+        num_beams: beams per prompt (``1`` gives OPERA on greedy-like decoding).
+        scale_factor: ``σ``, multiplies the attention window before the column products.
+        threshold: a rollback needs the same location in more than this many steps (every beam).
+        num_attn_candidates: ``N``, candidates per beam and step (clamped to the vocabulary);
+            also the number of rollbacks allowed per position.
+        penalty_weights: weight of the penalty (``0`` = no penalty).
+        window_size: most generated tokens in the attention window, and how many past steps a
+            rollback can reach.
+    """
+
+    num_beams: int = 5
+    scale_factor: float = 25.0
+    threshold: int = 25
+    num_attn_candidates: int = 5
+    penalty_weights: float = 1.0
+    window_size: int = 512
+
+    name = "opera"
+
+    def __post_init__(self):
+        if int(self.num_beams) < 1:
+            raise MitigationError(f"OPERA num_beams must be >= 1, got {self.num_beams}")
+        if int(self.num_attn_candidates) < 1:
+            raise MitigationError(f"OPERA num_attn_candidates must be >= 1, got {self.num_attn_candidates}")
+        if int(self.window_size) < 1:
+            raise MitigationError(f"OPERA window_size must be >= 1, got {self.window_size}")
+        if float(self.scale_factor) < 0:
+            raise MitigationError(f"OPERA scale_factor must be >= 0, got {self.scale_factor}")
+        if int(self.threshold) < 0:
+            raise MitigationError(f"OPERA threshold must be >= 0, got {self.threshold}")
+
+    # called by generate(custom_generate=OPERA(...)); naming pixel_values/image_sizes makes
+    # generate hand them over raw and unexpanded (not pre-encoded, not repeated per beam)
+    def __call__(
+        self,
+        model,
+        input_ids: torch.LongTensor,
+        logits_processor=None,
+        stopping_criteria=None,
+        generation_config=None,
+        synced_gpus: bool = False,
+        streamer=None,
+        pixel_values: torch.Tensor | None = None,
+        image_sizes: torch.Tensor | None = None,
+        **model_kwargs,
+    ):
+        if pixel_values is not None:
+            model_kwargs["pixel_values"] = pixel_values
+        if image_sizes is not None:
+            model_kwargs["image_sizes"] = image_sizes
+        return opera_generate(
+            self, model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+            generation_config=generation_config, synced_gpus=synced_gpus, streamer=streamer, **model_kwargs,
+        )
+
+    def observe_step(self, event: dict[str, Any]) -> None:
+        """Called with what the search computed (``event["kind"]``: ``"step"`` — candidates, penalties,
+        locations of the prompts decoded together; ``"rollback"``; ``"advance"``); does nothing.
+        Subclass it to log or inspect the search."""
+
+
+# ---------------------------------------------------------------------------------------
+# decoding
+# ---------------------------------------------------------------------------------------
+_UNSUPPORTED_INPUTS = ("inputs_embeds",)
+
+
+def _check_generation_config(method: OPERA, gen) -> int:
+    """Validate the generation settings; returns the factor ``generate`` expanded the inputs by."""
+    if getattr(gen, "do_sample", False):
+        raise MitigationError("OPERA is a beam search: do_sample=True (beam sampling) is not supported")
+    gen_beams = int(getattr(gen, "num_beams", 1) or 1)
+    if gen_beams > 1 and gen_beams != method.num_beams:
+        raise MitigationError(
+            f"OPERA(num_beams={method.num_beams}) but generate(num_beams={gen_beams}): set the beams on OPERA "
+            "(or pass the same number to both)"
+        )
+    n_return = int(getattr(gen, "num_return_sequences", 1) or 1)
+    if n_return > method.num_beams:
+        raise MitigationError(
+            f"num_return_sequences={n_return} > OPERA num_beams={method.num_beams}; at most one sequence per beam"
+        )
+    if getattr(gen, "max_length", None) is None:
+        raise MitigationError("OPERA needs generation_config.max_length (generate sets it from max_new_tokens)")
+    return max(gen_beams, n_return)
+
+
+_RAW_INPUTS = ("pixel_values", "image_sizes")  # named in OPERA.__call__: generate hands them over unexpanded
+
+
+def _dexpand(value, factor: int, rows: int):
+    """Undo generate's ``repeat_interleave(factor)`` on batch-first tensors."""
+    if factor > 1 and torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == rows * factor:
+        return value[::factor]
+    return value
+
+
+def opera_generate(
+    method: OPERA,
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor=None,
+    stopping_criteria=None,
+    generation_config=None,
+    synced_gpus: bool = False,
+    streamer=None,
+    **model_kwargs,
+):
+    """Run OPERA on a prepared batch (what ``generate`` hands a ``custom_generate`` callable).
+
+    Returns:
+        ``[B * num_return_sequences, T + new]`` sequences (finished hypotheses padded with
+        ``pad_token_id`` as in ``generate``), or a ``GenerateBeamDecoderOnlyOutput`` with
+        ``sequences``, ``sequences_scores`` (if ``output_scores``) and ``beam_indices`` when
+        ``return_dict_in_generate=True``.
+    """
+    from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
+    from transformers.generation.stopping_criteria import MaxLengthCriteria
+    from transformers.generation.utils import GenerateBeamDecoderOnlyOutput
+
+    gen = generation_config if generation_config is not None else model.generation_config
+    factor = _check_generation_config(method, gen)
+    if streamer is not None:
+        raise MitigationError("OPERA (beam search) cannot stream tokens; drop the streamer")
+    if synced_gpus:
+        raise MitigationError("OPERA does not support synced_gpus (run one process per GPU instead)")
+    for key in _UNSUPPORTED_INPUTS:
+        if model_kwargs.get(key) is not None:
+            raise MitigationError(f"OPERA needs input_ids with image placeholders; {key} is not supported")
+    logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+    stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
+    if not stopping_criteria:
+        stopping_criteria.append(MaxLengthCriteria(max_length=gen.max_length))
+
+    # generate repeated the prompts per beam (when it got num_beams/num_return_sequences): undo it,
+    # the prompt is prefilled once and its cache repeated per beam
+    rows = input_ids.shape[0] // factor
+    if factor > 1:
+        encoded = model_kwargs.get("mm_encoder_outputs")
+        if encoded:
+            raise MitigationError(
+                "OPERA: pre-encoded mm_encoder_outputs cannot be combined with generate(num_beams>1); "
+                "set the beams on OPERA instead"
+            )
+        input_ids = input_ids[::factor]
+        model_kwargs = {k: (v if k in _RAW_INPUTS else _dexpand(v, factor, rows)) for k, v in model_kwargs.items()}
+    batch_size = int(input_ids.shape[0])
+    if any(type(p).__name__ == "PrefixConstrainedLogitsProcessor" for p in logits_processor) and batch_size > 1:
+        raise MitigationError(
+            "OPERA regroups the prompts of a batch during the search (a prompt that rolls back continues alone), "
+            "but prefix_allowed_tokens_fn identifies prompts by row: use batch size 1"
+        )
+
+    past = model_kwargs.pop("past_key_values", None)
+    if past is not None and past.get_seq_length() > 0:
+        raise MitigationError("OPERA cannot continue from a filled past_key_values cache; start from the prompt")
+    cache = past if isinstance(past, DynamicCache) else DynamicCache(config=model.config)
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    position_ids = model_kwargs.pop("position_ids", None)
+    for key in ("use_cache", "logits_to_keep", "cache_position"):
+        model_kwargs.pop(key, None)
+    model_kwargs = {k: v for k, v in model_kwargs.items() if not (v is None or (isinstance(v, dict) and not v))}
+
+    image_mask = image_token_mask(input_ids, model.config)  # raises MissingInternalError without an image token id
+    last_layer = len(attention_modules(model)) - 1  # fails early if the decoder layers cannot be hooked
+
+    with torch.no_grad():
+        # 1. prefill all prompts at once, in the model's own attention implementation
+        inputs = model.prepare_inputs_for_generation(
+            input_ids, is_first_iteration=True, past_key_values=cache, attention_mask=attention_mask,
+            position_ids=position_ids, use_cache=True,
+            **({"logits_to_keep": 1} if model._supports_logits_to_keep() else {}), **model_kwargs,
+        )
+        outputs = model(**inputs, return_dict=True)
+        first_logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+        cache = outputs.past_key_values
+        del outputs, inputs
+
+        if position_ids is not None:
+            last_positions = position_ids[..., -1]
+        elif attention_mask is not None:
+            last_positions = attention_mask.long().sum(-1) - 1
+        else:
+            last_positions = torch.full((batch_size,), input_ids.shape[1] - 1, dtype=torch.long)
+
+        # 2. the beam searches, with the last layer's attention recorded (eager, this call only)
+        K = method.num_beams
+        emb = model.get_input_embeddings()
+        shared = _Shared(
+            method=method, model=model, recorder=WindowAttentionRecorder(last_layer), K=K, T=int(input_ids.shape[1]),
+            window=int(method.window_size), vocab=int(first_logits.shape[-1]),
+            dtype=emb.weight.dtype if emb is not None else torch.float32, device=input_ids.device,
+            logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+            accepts_positions="position_ids" in inspect.signature(model.forward).parameters,
+            token_selection=supports_token_selection(cache),
+        )
+        beams = BeamSearch(
+            input_ids.repeat_interleave(K, dim=0), K, gen.max_length,
+            length_penalty=gen.length_penalty if gen.length_penalty is not None else 1.0,
+            early_stopping=gen.early_stopping if gen.early_stopping is not None else False,
+            eos_token_id=getattr(gen, "_eos_token_tensor", None), pad_token_id=getattr(gen, "_pad_token_tensor", None),
+            num_return_sequences=int(getattr(gen, "num_return_sequences", 1) or 1),
+        )
+        cache.batch_repeat_interleave(K)
+        prompt_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            prompt_mask = attention_mask.repeat_interleave(K, dim=0)
+        group = _Group(
+            shared, prompts=list(range(batch_size)), beams=beams, cache=cache, prompt_mask=prompt_mask,
+            image_mask=image_mask.repeat_interleave(K, dim=0),
+            next_position=(last_positions.to(input_ids.device).long() + 1).repeat_interleave(K),
+            logits=first_logits.repeat_interleave(K, dim=0),
+            history=first_logits.new_zeros((batch_size * K, 0, 0)),
+            trackers=[RollbackTracker(method.threshold, method.num_attn_candidates, method.window_size)
+                      for _ in range(batch_size)],
+        )
+        del cache
+        results: dict[int, tuple] = {}
+        with attention_hooks(model, [shared.recorder]):
+            queue = [group]
+            del group
+            while queue:
+                queue.pop(0).run(queue, results)
+
+    sequences = torch.cat([results[b][0] for b in range(batch_size)], dim=0)
+    sequence_scores = torch.cat([results[b][1] for b in range(batch_size)], dim=0)
+    beam_indices = torch.cat([results[b][2] for b in range(batch_size)], dim=0)
+    sequences, beam_indices = trim_to_generated(sequences, beam_indices, input_ids.shape[1])
+    if not getattr(gen, "return_dict_in_generate", False):
+        return sequences
+    return GenerateBeamDecoderOnlyOutput(
+        sequences=sequences,
+        sequences_scores=sequence_scores if getattr(gen, "output_scores", False) else None,
+        scores=None,
+        logits=None,
+        beam_indices=beam_indices,
+        attentions=None,
+        hidden_states=None,
+        past_key_values=None,
+    )
+
+
+@dataclasses.dataclass
+class _Shared:
+    """What every group of a call shares."""
+
+    method: OPERA
+    model: Any
+    recorder: WindowAttentionRecorder
+    K: int
+    T: int
+    window: int
+    vocab: int
+    dtype: torch.dtype
+    device: torch.device
+    logits_processor: Any
+    stopping_criteria: Any
+    accepts_positions: bool
+    token_selection: bool
+
+
+@dataclasses.dataclass
+class _Lookahead:
+    tokens: torch.Tensor  # [R, N] candidates (R = rows = prompts x beams)
+    logits: torch.Tensor  # [R, N] their raw logits
+    rows: torch.Tensor  # [R, N, r] their window rows
+    image: torch.Tensor  # [R, N] their image-attention sums
+    next_logits: torch.Tensor  # [R, N, V] the logits after each candidate
+    log_score: torch.Tensor  # [R, N] log max_j phi_j
+    locations: torch.Tensor  # [R, N] argmax_j, as generated-token index
+    appended: int  # tokens appended to the cache
+
+    def select(self, rows: torch.Tensor) -> "_Lookahead":
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return _Lookahead(**{k: (v.index_select(0, rows) if torch.is_tensor(v) else v) for k, v in fields.items()})
+
+
+class _Group:
+    """Prompts decoded in lock-step: their ``K`` beams each are the rows of one batch and one cache.
+
+    All prompts of a call start in one group. A prompt leaves it when its beam search is done
+    (its result is kept), or when it rolls back: it then continues in a group of its own, so the
+    others never wait for it or move with it, and every prompt gets exactly what it would get alone.
+    """
+
+    def __init__(self, shared: _Shared, *, prompts: list[int], beams: BeamSearch, cache, prompt_mask, image_mask,
+                 next_position, logits, history, trackers, snapshots=None, selections=None, rejects=None):
+        self.shared = shared
+        self.prompts = prompts  # index of each member in the caller's batch
+        self.beams = beams
+        self.cache = cache
+        self.prompt_mask = prompt_mask  # [R, T] or None (no padding)
+        self.image_mask = image_mask  # [R, T]
+        self.next_position = next_position  # [R] position of the first generated token
+        self.logits = logits  # [R, V] next-token logits of the running beams
+        self.history = history  # [R, h, h] attention among the generated tokens (window)
+        self.trackers = trackers  # one RollbackTracker per member
+        self.snapshots: dict[int, Any] = snapshots if snapshots is not None else {}  # step -> BeamState
+        self.selections: dict[int, tuple] = selections if selections is not None else {}  # step -> (beam_idx, tokens)
+        self.rejects: list[dict[int, torch.Tensor]] = rejects if rejects is not None else [{} for _ in prompts]
+        self.redo: torch.Tensor | None = None  # (single-member group) pairs forbidden at the redone step
+        self.rollback_to: tuple[int, int] | None = None  # (target, step) to execute first
+
+    # -- membership ---------------------------------------------------------------------------
+    def _rows(self, members: list[int]) -> torch.Tensor:
+        K = self.shared.K
+        return torch.cat([torch.arange(m * K, (m + 1) * K) for m in members]).to(self.shared.device)
+
+    def _subset(self, members: list[int]) -> dict[str, Any]:
+        """Everything per member/row, for ``members`` only (new tensors; the cache is not included)."""
+        K = self.shared.K
+        rows = self._rows(members)
+        index = torch.tensor(members, device=self.shared.device)
+        remap = torch.full((len(self.prompts) * K,), -1, dtype=torch.long, device=self.shared.device)
+        remap[rows] = torch.arange(rows.numel(), device=self.shared.device)
+        selections = {}
+        for step, (beam_idx, tokens) in self.selections.items():
+            selections[step] = (remap[beam_idx.index_select(0, rows)], tokens.index_select(0, rows))
+        return dict(
+            prompts=[self.prompts[m] for m in members],
+            beams=self.beams.select(index),
+            prompt_mask=None if self.prompt_mask is None else self.prompt_mask.index_select(0, rows),
+            image_mask=self.image_mask.index_select(0, rows),
+            next_position=self.next_position.index_select(0, rows),
+            logits=self.logits.index_select(0, rows),
+            history=self.history.index_select(0, rows),
+            trackers=[self.trackers[m] for m in members],
+            snapshots={step: state.select(index) for step, state in self.snapshots.items()},
+            selections=selections,
+            rejects=[self.rejects[m] for m in members],
+        )
+
+    def split(self, member: int) -> "_Group":
+        """A new group for one member (a copy of its state and cache rows)."""
+        part = self._subset([member])
+        return _Group(self.shared, cache=select_cache_rows(self.cache, self._rows([member])), **part)
+
+    def keep(self, members: list[int]) -> None:
+        """Drop every member not in ``members``."""
+        rows = self._rows(members)
+        for key, value in self._subset(members).items():
+            setattr(self, key, value)
+        self.cache.batch_select_indices(rows)
+
+    def _finish(self, members: list[int], results: dict) -> None:
+        index = torch.tensor(members, device=self.shared.device)
+        done = self.beams.select(index)
+        sequences, scores, beam_indices = done.finalize(
+            trim=False, prompt_index=torch.tensor([self.prompts[m] for m in members], device=self.shared.device))
+        n = done.num_return_sequences
+        for i, m in enumerate(members):
+            results[self.prompts[m]] = (sequences[i * n : (i + 1) * n], scores[i * n : (i + 1) * n],
+                                        beam_indices[i * n : (i + 1) * n])
+
+    # -- forwards --------------------------------------------------------------------------------
+    def _mask(self, length: int) -> torch.Tensor | None:
+        if self.prompt_mask is None:
+            return None
+        extra = length - self.shared.T
+        return torch.cat([self.prompt_mask, self.prompt_mask.new_ones((self.prompt_mask.shape[0], extra))], dim=-1)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, attention_mask, logits_to_keep=1):
+        kwargs = dict(input_ids=tokens, attention_mask=attention_mask, past_key_values=self.cache, use_cache=True,
+                      logits_to_keep=logits_to_keep, return_dict=True)
+        if self.shared.accepts_positions:
+            kwargs["position_ids"] = positions
+        return self.shared.model(**kwargs)
+
+    def _window_start(self, step: int) -> int:
+        """First generated-token index in the window of step ``step`` (its candidate at ``step``)."""
+        return max(0, step + 1 - self.shared.window)
+
+    def _lookahead(self, step: int) -> _Lookahead:
+        sh = self.shared
+        R, T = self.logits.shape[0], sh.T
+        n = min(int(sh.method.num_attn_candidates), sh.vocab)
+        cand_logits, cand_tokens = torch.topk(self.logits, n, dim=-1)
+        prefix = T + step
+        if self.cache.get_seq_length() != prefix:  # pragma: no cover - internal invariant
+            raise MitigationError(f"OPERA cache holds {self.cache.get_seq_length()} tokens, expected {prefix}")
+        # the N candidates in one forward: each sees the prefix and itself only, all at the same position
+        prefix_mask = self._mask(prefix)
+        allowed_prefix = (prefix_mask.bool() if prefix_mask is not None
+                          else torch.ones((R, prefix), dtype=torch.bool, device=sh.device))
+        allowed = torch.cat([allowed_prefix[:, None, :].expand(R, n, prefix),
+                             torch.eye(n, dtype=torch.bool, device=sh.device).expand(R, n, n)], dim=-1)
+        mask4d = torch.zeros((R, 1, n, prefix + n), dtype=sh.dtype, device=sh.device)
+        mask4d.masked_fill_(~allowed[:, None], torch.finfo(sh.dtype).min)
+        positions = (self.next_position + step)[:, None].expand(R, n)
+        lo = self._window_start(step)
+        sh.recorder.arm("lookahead", start=T + lo, prompt_length=T, image_mask=self.image_mask)
+        out = self._forward(cand_tokens, positions, attention_mask=mask4d, logits_to_keep=0)
+        rows, image = sh.recorder.take()
+        next_logits = out.logits.to(dtype=torch.float32)
+        del out
+        log_phi = candidate_log_overtrust(self.history, rows, sh.method.scale_factor)
+        log_score, location = log_phi.max(dim=-1)
+        return _Lookahead(cand_tokens, cand_logits, rows, image, next_logits, log_score, location + lo, n)
+
+    # -- scores ------------------------------------------------------------------------------------
+    def _penalised_scores(self, look: _Lookahead, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if step + 1 <= EARLY_TOKENS:
+            penalty = -look.image
+        else:
+            penalty = torch.exp(look.log_score.clamp(max=_FLOAT32_MAX_LOG)).clamp(max=torch.finfo(torch.float32).max)
+        weight = float(self.shared.method.penalty_weights)
+        cand = look.logits - weight * penalty if weight != 0.0 else look.logits
+        scores = torch.full_like(self.logits, float("-inf"))
+        scores.scatter_(-1, look.tokens, cand)
+        return scores, penalty
+
+    # -- history ---------------------------------------------------------------------------------
+    def _append_history(self, beam_idx: torch.Tensor, row: torch.Tensor) -> None:
+        history = self.history.index_select(0, beam_idx)
+        history = F.pad(history, (0, 1))
+        history = torch.cat([history, row[:, None, :]], dim=1)
+        if history.shape[-1] > self.shared.window - 1:
+            cut = history.shape[-1] - (self.shared.window - 1)
+            history = history[:, cut:, cut:]
+        self.history = history
+
+    def _advance(self, step: int, beam_idx: torch.Tensor, tokens: torch.Tensor, look: _Lookahead | None) -> None:
+        """Cache, logits and history for the chosen tokens (the look-ahead's when possible)."""
+        sh = self.shared
+        if look is not None and sh.token_selection:
+            match = look.tokens.index_select(0, beam_idx) == tokens[:, None]
+            if bool(match.any(dim=-1).all()):
+                which = match.to(torch.int8).argmax(dim=-1)
+                keep_appended_tokens(self.cache, sh.T + step, beam_idx, which)
+                self.logits = look.next_logits[beam_idx, which]
+                self._append_history(beam_idx, look.rows[beam_idx, which])
+                sh.method.observe_step({"kind": "advance", "prompts": list(self.prompts), "step": step,
+                                        "reused": True})
+                return
+        if look is not None:
+            self.cache.crop(-look.appended)
+        self.cache.reorder_cache(beam_idx)
+        sh.recorder.arm("step", start=sh.T + self._window_start(step))
+        out = self._forward(tokens[:, None], (self.next_position + step)[:, None],
+                            attention_mask=self._mask(sh.T + step + 1))
+        self.logits = out.logits[:, -1, :].to(dtype=torch.float32)
+        del out
+        self._append_history(beam_idx, sh.recorder.take())
+        sh.method.observe_step({"kind": "advance", "prompts": list(self.prompts), "step": step, "reused": False})
+
+    # -- rollback (single-member group) ------------------------------------------------------------
+    def _rollback(self, target: int, step: int) -> None:
+        """Go back to the start of step ``target`` and forbid the (beam, token) pairs chosen there."""
+        sh = self.shared
+        rejects = self.rejects[0]
+        beam_idx, tokens = self.selections[target]
+        rejected = beam_idx * sh.vocab + tokens
+        if target in rejects:
+            rejected = torch.cat([rejects[target], rejected])
+        self.rejects[0] = {k: v for k, v in rejects.items() if k < target}
+        self.rejects[0][target] = rejected
+        self.snapshots = {k: v for k, v in self.snapshots.items() if k <= target}
+        self.selections = {k: v for k, v in self.selections.items() if k < target}
+        self.trackers[0].truncate(target)
+        self.beams.restore(self.snapshots[target])
+        # the prompt's KV is the same for every beam: keep it, recompute the generated tokens
+        self.cache.crop(-(self.cache.get_seq_length() - sh.T))
+        generated = self.beams.flat_sequences()[:, sh.T :]
+        keep = min(target, sh.window - 1)
+        sh.recorder.arm("rebuild", start=sh.T + target - keep, keep=keep)
+        positions = self.next_position[:, None] + torch.arange(target, device=sh.device)
+        out = self._forward(generated, positions, attention_mask=self._mask(sh.T + target))
+        self.logits = out.logits[:, -1, :].to(dtype=torch.float32)
+        del out
+        self.history = sh.recorder.take()
+        self.redo = rejected
+        sh.method.observe_step({"kind": "rollback", "prompt": self.prompts[0], "from": step, "to": target,
+                                "rejected": rejected.clone(), "logits": self.logits.clone(),
+                                "history": self.history, "sequences": self.beams.flat_sequences().clone()})
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self, queue: list, results: dict) -> None:
+        """Decode until every member is done or has left for a group of its own (appended to ``queue``)."""
+        sh = self.shared
+        beams = self.beams
+        if self.rollback_to is not None:
+            self._rollback(*self.rollback_to)
+            self.rollback_to = None
+        while self.prompts:
+            beams = self.beams
+            step = beams.generated_length
+            look = None
+            if self.redo is not None:  # the step a rollback returned to: plain scores, earlier choices forbidden
+                scores = self.logits.clone()
+                scores.view(-1).index_fill_(0, self.redo, float("-inf"))
+            else:
+                look = self._lookahead(step)
+                rolling = {}
+                for m, tracker in enumerate(self.trackers):
+                    rows = self._rows([m])
+                    target = tracker.observe(look.locations.index_select(0, rows), step + 1)
+                    if target is not None:
+                        target = min(target, step - 1)
+                        if target >= 1 and target in self.snapshots:
+                            rolling[m] = target
+                if rolling:
+                    if len(self.prompts) == 1:
+                        self._rollback(rolling[0], step)
+                        continue
+                    for m, target in rolling.items():
+                        part = self.split(m)
+                        part.rollback_to = (target, step)
+                        queue.append(part)
+                    stay = [m for m in range(len(self.prompts)) if m not in rolling]
+                    if not stay:
+                        return
+                    rows = self._rows(stay)
+                    self.keep(stay)
+                    look = look.select(rows)
+                    beams = self.beams
+                scores, penalty = self._penalised_scores(look, step)
+                sh.method.observe_step({
+                    "kind": "step", "prompts": list(self.prompts), "step": step,
+                    "sequences": beams.flat_sequences(), "candidates": look.tokens, "candidate_logits": look.logits,
+                    "penalty": penalty, "image_attention": look.image, "log_score": look.log_score,
+                    "locations": look.locations, "rows": look.rows, "history": self.history,
+                })
+            log_probs = F.log_softmax(scores, dim=-1)
+            log_probs = sh.logits_processor(beams.flat_sequences(), log_probs)
+            self.snapshots[step] = beams.snapshot()
+            for old in [k for k in self.snapshots if k < step - sh.window - 1]:
+                del self.snapshots[old]
+            beam_idx, tokens = beams.step(log_probs, sh.stopping_criteria)
+            self.selections[step] = (beam_idx, tokens)
+            self.redo = None
+            done = [m for m, flag in enumerate(beams.prompt_done.tolist()) if flag]
+            if len(done) == len(self.prompts):
+                self._finish(done, results)
+                return
+            self._advance(step, beam_idx, tokens, look)
+            if done:
+                self._finish(done, results)
+                self.keep([m for m in range(len(self.prompts)) if m not in done])
+
+
+__all__ = [
+    "EARLY_TOKENS",
+    "OPERA",
+    "RollbackTracker",
+    "WindowAttentionRecorder",
+    "candidate_log_overtrust",
+    "opera_generate",
+    "overtrust_scores",
+]
