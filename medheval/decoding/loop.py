@@ -125,20 +125,25 @@ class DecodingMethod:
         image_sizes: torch.Tensor | None = None,
         **model_kwargs,
     ):
+        # naming pixel_values/image_sizes makes generate hand them over raw (not pre-encoded)
         if pixel_values is not None:
             model_kwargs["pixel_values"] = pixel_values
         if image_sizes is not None:
             model_kwargs["image_sizes"] = image_sizes
-        return decode(
-            self,
+        return self.run_loop(
             model,
             input_ids,
             logits_processor=logits_processor,
             stopping_criteria=stopping_criteria,
             generation_config=generation_config,
+            synced_gpus=synced_gpus,
             streamer=streamer,
             **model_kwargs,
         )
+
+    def run_loop(self, model, input_ids, *, synced_gpus: bool = False, **kwargs):
+        """The decoding loop this method runs on (the shared :func:`decode`; OPERA: its beam search)."""
+        return decode(self, model, input_ids, **kwargs)
 
     def generate(self, model, **inputs):
         """``model.generate(**inputs, custom_generate=self)``."""

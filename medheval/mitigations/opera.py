@@ -299,29 +299,9 @@ class OPERA(DecodingMethod):
         if int(self.threshold) < 0:
             raise MitigationError(f"OPERA threshold must be >= 0, got {self.threshold}")
 
-    # called by generate(custom_generate=OPERA(...)); naming pixel_values/image_sizes makes
-    # generate hand them over raw and unexpanded (not pre-encoded, not repeated per beam)
-    def __call__(
-        self,
-        model,
-        input_ids: torch.LongTensor,
-        logits_processor=None,
-        stopping_criteria=None,
-        generation_config=None,
-        synced_gpus: bool = False,
-        streamer=None,
-        pixel_values: torch.Tensor | None = None,
-        image_sizes: torch.Tensor | None = None,
-        **model_kwargs,
-    ):
-        if pixel_values is not None:
-            model_kwargs["pixel_values"] = pixel_values
-        if image_sizes is not None:
-            model_kwargs["image_sizes"] = image_sizes
-        return opera_generate(
-            self, model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-            generation_config=generation_config, synced_gpus=synced_gpus, streamer=streamer, **model_kwargs,
-        )
+    def run_loop(self, model, input_ids, *, synced_gpus: bool = False, **kwargs):
+        """OPERA runs its own beam search; generate hands pixel values over raw and unexpanded."""
+        return opera_generate(self, model, input_ids, synced_gpus=synced_gpus, **kwargs)
 
     def observe_step(self, event: dict[str, Any]) -> None:
         """Called with what the search computed (``event["kind"]``: ``"step"`` — candidates, penalties,
