@@ -5,6 +5,7 @@ from collections import defaultdict
 
 import datasets
 import evaluate
+import medheval.metric_inputs
 import medheval.parsing
 
 
@@ -74,15 +75,6 @@ Examples:
 """
 
 
-def _column(name, values, n):
-    if values is None:
-        return None
-    values = list(values)
-    if len(values) != n:
-        raise ValueError(f"Mismatch in the number of predictions ({n}) and {name} ({len(values)})")
-    return values
-
-
 def _ratio(hits, total):
     return float(hits) / total if total else 0.0
 
@@ -126,9 +118,9 @@ class CloseEndedAccuracy(evaluate.Metric):
                 f"Mismatch in the number of predictions ({n}), references ({len(references)}) "
                 f"and answer_types ({len(answer_types)})"
             )
-        choices = _column("choices", choices, n)
-        categories = _column("categories", categories, n)
-        raw_choices = _column("raw_choices", raw_choices, n)
+        choices = medheval.metric_inputs.per_item_column("choices", choices, n)
+        categories = medheval.metric_inputs.per_item_column("categories", categories, n)
+        raw_choices = medheval.metric_inputs.per_item_column("raw_choices", raw_choices, n)
 
         kinds = []
         for i, answer_type in enumerate(answer_types):

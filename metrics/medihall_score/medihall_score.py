@@ -6,6 +6,7 @@ import os
 
 import datasets
 import evaluate
+import medheval.metric_inputs
 import medheval.medihall
 
 
@@ -91,15 +92,6 @@ _TASKS = {"vqa": medheval.medihall.VQA_LEVELS, "irg": medheval.medihall.IRG_LEVE
 _CLASSIFIERS = ("rule", "judge", "detector")
 
 
-def _column(name, values, n):
-    if values is None:
-        return [None] * n
-    values = list(values)
-    if len(values) != n:
-        raise ValueError(f"Mismatch in the number of predictions ({n}) and {name} ({len(values)})")
-    return values
-
-
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class MedihallScore(evaluate.Metric):
     """MediHall Score with a rule, LLM-judge or detector classifier."""
@@ -152,13 +144,13 @@ class MedihallScore(evaluate.Metric):
         if classifier not in _CLASSIFIERS:
             raise ValueError(f"classifier must be one of {_CLASSIFIERS}, got {classifier!r}")
         n = len(predictions)
-        questions = _column("questions", questions, n)
-        question_types = _column("question_types", question_types if question_types is not None else categories, n)
-        answer_types = _column("answer_types", answer_types, n)
-        choices = _column("choices", choices, n)
-        credentialed = _column("credentialed", credentialed, n)
-        images = _column("images", images, n)
-        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in _column("ids", ids, n)]
+        questions = medheval.metric_inputs.per_item_column("questions", questions, n, missing=None)
+        question_types = medheval.metric_inputs.per_item_column("question_types", question_types if question_types is not None else categories, n, missing=None)
+        answer_types = medheval.metric_inputs.per_item_column("answer_types", answer_types, n, missing=None)
+        choices = medheval.metric_inputs.per_item_column("choices", choices, n, missing=None)
+        credentialed = medheval.metric_inputs.per_item_column("credentialed", credentialed, n, missing=None)
+        images = medheval.metric_inputs.per_item_column("images", images, n, missing=None)
+        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in medheval.metric_inputs.per_item_column("ids", ids, n, missing=None)]
 
         levels, reasons, failures = [None] * n, [None] * n, {}
         judge_obj, usage = None, None

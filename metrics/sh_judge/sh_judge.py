@@ -5,6 +5,7 @@ import json
 
 import datasets
 import evaluate
+import medheval.metric_inputs
 import medheval.sh_prompt
 
 
@@ -65,15 +66,6 @@ Examples:
     >>> out["sh"], out["scores"]  # doctest: +SKIP
     (0.0, [0])
 """
-
-
-def _column(name, values, n):
-    if values is None:
-        return [None] * n
-    values = list(values)
-    if len(values) != n:
-        raise ValueError(f"Mismatch in the number of predictions ({n}) and {name} ({len(values)})")
-    return values
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
@@ -147,9 +139,9 @@ class ShJudge(evaluate.Metric):
                              "'openai:gpt-4o@http://127.0.0.1:8000/v1', 'anthropic:claude-3-5-sonnet-20240620') "
                              "or a dict (see medheval.judges.make_judge)")
         n = len(predictions)
-        questions = _column("questions", questions, n)
-        credentialed = _column("credentialed", credentialed, n)
-        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in _column("ids", ids, n)]
+        questions = medheval.metric_inputs.per_item_column("questions", questions, n, missing=None)
+        credentialed = medheval.metric_inputs.per_item_column("credentialed", credentialed, n, missing=None)
+        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in medheval.metric_inputs.per_item_column("ids", ids, n, missing=None)]
         if mode == "single" and any(isinstance(p, (list, tuple)) for p in predictions):
             raise ValueError("predictions hold several answers per item: use mode='multi' (with models=[names])")
         if mode == "multi":
