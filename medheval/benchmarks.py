@@ -34,6 +34,11 @@ class LoadedBenchmark:
     skipped_missing_images: list[tuple[str, str]] = field(default_factory=list)  # (record id, image ref)
     quality: dict[str, Any] = field(default_factory=dict)
     resolver: Any = None  # medheval.images.ImageResolver when image roots were given
+    all_ids: list[str] = field(default_factory=list)  # every record id of the split, before --limit
+
+
+class BenchmarkDataError(ValueError):
+    """An annotation file cannot be turned into records; the message is the builder's own."""
 
 
 def list_benchmarks() -> list[str]:
@@ -109,20 +114,32 @@ def prepare_benchmark(
     builder = cls(
         config_name=config, data_dir=data_dir, cache_dir=str(cache_root), hash=fingerprint.hexdigest()[:16]
     )
-    builder.download_and_prepare()
+    try:
+        builder.download_and_prepare()
+    except datasets.exceptions.DatasetGenerationError as error:
+        raise BenchmarkDataError(f"benchmark {name}:{config}: {_root_cause(error)}") from None
     dataset = builder.as_dataset(split="test")
     files = [
         {"relpath": medheval_source.FILES[key].relpath, "sha256": item.sha256, "verified": item.verified,
-         "origin": item.origin}
+         "origin": item.origin, "expected_sha256": medheval_source.FILES[key].sha256}
         for key, item in fetched
     ]
     quality = medheval_source.quality_summary(dataset.select_columns(["id", "config", "meta"]))
+    all_ids = dataset["id"]
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-    loaded = LoadedBenchmark(dataset=dataset, name=name, config=config, files=files, quality=quality)
+    loaded = LoadedBenchmark(dataset=dataset, name=name, config=config, files=files, quality=quality,
+                             all_ids=all_ids)
     if image_roots:
         attach_images(loaded, image_roots, on_missing)
     return loaded
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The exception ``datasets`` wrapped (``DatasetGenerationError`` hides the builder's message)."""
+    while error.__cause__ is not None or (error.__context__ is not None and not error.__suppress_context__):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def attach_images(loaded: LoadedBenchmark, image_roots: Mapping[str, Any], on_missing: str = "error") -> None:
@@ -134,6 +151,16 @@ def attach_images(loaded: LoadedBenchmark, image_roots: Mapping[str, Any], on_mi
     resolver = ImageResolver(image_roots)
     records = loaded.dataset.select_columns(["id", "images", "source"]).to_list()
     kept, skipped = resolver.partition(records, on_missing=on_missing)
+    if records and not kept:
+        from medheval.images import ImageError
+
+        roots = "; ".join(f"{source} -> {root}" for source, root in resolver.describe().items()) or "none"
+        raise ImageError(
+            f"{loaded.name}:{loaded.config}: all {len(records)} record(s) have a missing image (first: "
+            f"{', '.join(f'{rid}: {ref}' for rid, ref in skipped[:3])}), so skipping them would leave nothing "
+            f"to evaluate. Check that --image-root SOURCE=PATH points at the folder the references are "
+            f"relative to (image roots in use: {roots})."
+        )
     if skipped:
         kept_ids = {record["id"] for record in kept}
         loaded.dataset = loaded.dataset.select(

@@ -14,7 +14,9 @@ RANDOM_WEIGHTS_LABEL = ("RANDOM WEIGHTS: the built-in tiny-random-llava is a dem
 
 
 def _split_list(values: Sequence[str] | None) -> list[str] | None:
-    if not values:
+    """``["a,b", "c"]`` -> ``["a", "b", "c"]``; ``None`` when the flag was not given (``[]`` when it was
+    given but names nothing, e.g. ``--metrics ,``: the runner refuses that)."""
+    if values is None:
         return None
     return [item.strip() for value in values for item in value.split(",") if item.strip()]
 
@@ -48,28 +50,33 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream-compat", action="store_true",
                         help="score close-ended answers with MedHEval's released rules (to match published numbers)")
     parser.add_argument("--metric-option", action="append", default=[], metavar="METRIC.KEY=VALUE",
-                        help="an option for one metric, e.g. chair.variant=medheval_code (value parsed as JSON "
-                             "when it can be, else a string; repeatable)")
+                        help="an option for one metric, e.g. chair.variant=medheval_code; the value is checked "
+                             "against the option's type before anything runs (booleans true/false, numbers, JSON "
+                             "lists/objects; repeatable)")
     parser.add_argument("--judge", metavar="BACKEND:MODEL[@BASE_URL]",
                         help="LLM judge for judge-based metrics, e.g. openai:gpt-4o@http://127.0.0.1:8000/v1 "
                              "(keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)")
     parser.add_argument("--allow-missing-predictions", action="store_true",
                         help="with --predictions: score the records present, count the others as missing")
+    parser.add_argument("--allow-remote-credentialed", action="append", default=[], metavar="HOST_OR_URL",
+                        help="a non-local judge endpoint approved under your PhysioNet agreement for credentialed "
+                             "(MIMIC-derived) records, e.g. myorg.openai.azure.com (repeatable; recorded in results)")
+    parser.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+                        help="when another run holds --output: wait up to SECONDS for it (default 0: refuse at once)")
 
 
 def parse_metric_options(items: Sequence[str]) -> dict[str, dict[str, object]]:
-    """``["chair.variant=paper", "text_generation.bertscore_model=/m"]`` -> ``{metric: {key: value}}``."""
+    """``["chair.variant=paper", "text_generation.bertscore_model=/m"]`` -> ``{metric: {key: "text"}}``.
+
+    Values stay text here: the runner converts each to the type its metric declares
+    (:mod:`medheval.metric_options`), so ``upstream_compat=False`` is ``False``, not the string."""
     options: dict[str, dict[str, object]] = {}
     for item in items:
         target, sep, raw = item.partition("=")
         metric, dot, key = target.partition(".")
         if not (sep and dot and metric and key):
             raise ValueError(f"--metric-option {item!r}: expected METRIC.KEY=VALUE, e.g. chair.variant=paper")
-        try:
-            value: object = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        options.setdefault(metric, {})[key] = value
+        options.setdefault(metric.strip(), {})[key.strip()] = raw
     return options
 
 
@@ -111,6 +118,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         metric_options=parse_metric_options(args.metric_option),
         judge=args.judge,
         labels=labels,
+        allow_remote_credentialed=tuple(args.allow_remote_credentialed),
+        lock_timeout=args.lock_timeout,
     )
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=args.batch_size)
     print((Path(args.output) / "results.md").read_text())

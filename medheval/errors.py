@@ -6,6 +6,7 @@ from medheval.backends.base import BackendError
 from medheval.fetch import AnnotationUnavailable, ChecksumMismatch
 from medheval.images import ImageError
 from medheval.judges import CredentialedDataError, JudgeError
+from medheval.outputs import OutputFolderLocked
 from medheval.predictions_log import CorruptLogError
 from medheval.runner import RunError
 
@@ -17,6 +18,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     CredentialedDataError,
     JudgeError,
     ImageError,
+    OutputFolderLocked,
     RunError,
     KeyError,
     ValueError,

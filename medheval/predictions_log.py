@@ -36,18 +36,39 @@ def read_log(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:
     if complete_end < len(raw) and repair:
         with open(path, "r+b") as handle:
             handle.truncate(complete_end)
-    entries: list[dict[str, Any]] = []
+    parsed: list[tuple[int, Any]] = []
     for number, line in enumerate(raw[:complete_end].split(b"\n")[:-1], start=1):
         if not line.strip():
             continue
         try:
-            entries.append(json.loads(line))
+            parsed.append((number, json.loads(line)))
         except json.JSONDecodeError as error:
             raise CorruptLogError(
                 f"{path}: line {number} is not valid JSON ({error.msg}); the log was edited or"
                 f" damaged. Fix or remove that line, or start a new --output folder."
             ) from error
+    entries: list[dict[str, Any]] = []
+    for number, entry in parsed:  # damage (invalid JSON) is reported first, then entries of the wrong shape
+        problem = _entry_problem(entry)
+        if problem:
+            raise CorruptLogError(
+                f"{path}: line {number} {problem}; every line is an object with a string \"id\" and"
+                f" \"prediction\". Fix or remove that line, or start a new --output folder."
+            )
+        entries.append(entry)
     return entries
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """Why a parsed log line is not a usable entry (``None`` when it is)."""
+    if not isinstance(entry, dict):
+        return f"is a JSON {type(entry).__name__}, not an object"
+    for key in ("id", "prediction"):
+        if key not in entry:
+            return f"has no {key!r} (keys: {sorted(entry)})"
+        if not isinstance(entry[key], str):
+            return f"has a non-string {key!r} ({entry[key]!r})"
+    return None
 
 
 class LogWriter:

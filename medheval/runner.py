@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import os
 import platform
 import re
+import sys
 import time
+import contextlib
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,8 @@ from tqdm.auto import tqdm
 from medheval import __version__
 from medheval.backends.base import Backend, BackendError
 from medheval.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
+from medheval.metric_options import check_options
+from medheval.outputs import OutputLock, atomic_write_text
 from medheval.prompts import describe_templates
 from medheval.predictions_log import LogWriter, log_key, read_log
 from medheval.registry import list_units, metric_path
@@ -60,6 +64,8 @@ class RunSpec:
     metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metric: {option: value}}
     judge: str | dict | None = None  # LLM judge spec for the metrics that take one (``backend:model[@base_url]``)
     labels: dict[str, str] = field(default_factory=dict)  # extra labels for the report (e.g. random weights)
+    allow_remote_credentialed: Sequence[str] = ()  # judge endpoints approved for credentialed data (host/URL)
+    lock_timeout: float = 0.0  # seconds to wait for another run holding the output folder (0: refuse at once)
 
 
 def _versions() -> dict[str, str]:
@@ -84,14 +90,26 @@ def _check_run_settings(output: Path, settings: dict[str, Any]) -> None:
     if path.exists():
         previous = json.loads(path.read_text())
         if previous != settings:
-            changed = sorted(k for k in set(previous) | set(settings) if previous.get(k) != settings.get(k))
+            before, after = _flatten(previous), _flatten(settings)
+            changed = [f"{key} {json.dumps(before.get(key, '<unset>'))} → {json.dumps(after.get(key, '<unset>'))}"
+                       for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
             raise RunError(
-                f"{output} holds predictions made with different settings (changed: {', '.join(changed)}). "
+                f"{output} holds predictions made with different settings (changed: {'; '.join(changed)}). "
                 f"Resume with the same settings, or choose a new --output folder."
             )
     else:
-        output.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(settings, indent=2, sort_keys=True))
+        atomic_write_text(path, json.dumps(settings, indent=2, sort_keys=True))
+
+
+def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"backend": {"max_new_tokens": 8}}`` -> ``{"backend.max_new_tokens": 8}`` (names a changed setting)."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judge: Any = None) -> list[str]:
@@ -166,14 +184,11 @@ RECORD_INPUTS: dict[str, Callable[[dict], Any]] = {
 
 def metric_kwargs(metric: Any, rows: list[dict], options: Mapping[str, Any]) -> dict[str, Any]:
     """Keyword arguments for ``metric.compute`` beyond predictions/references: the record fields and
-    options its ``_compute`` signature names. An option it does not accept is an error."""
+    options its ``_compute`` signature names. An option it does not accept, or whose value does not
+    fit the option's declared type, is an error (:mod:`medheval.metric_options`)."""
     accepted = inspect.signature(metric._compute).parameters
     kwargs = {name: [field(row) for row in rows] for name, field in RECORD_INPUTS.items() if name in accepted}
-    for key, value in options.items():
-        if key not in accepted:
-            raise RunError(f"metric {metric.name!r} takes no option {key!r}; it accepts: "
-                           + ", ".join(p for p in accepted if p not in ("self", "predictions", "references")))
-        kwargs[key] = value
+    kwargs.update(check_options(metric.name, metric, options, set(RECORD_INPUTS)))
     return kwargs
 
 
@@ -205,8 +220,8 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
 
 @functools.lru_cache(maxsize=None)
 def _load_metric(name: str) -> Any:
-    """Each metric module is loaded once per process, however many splits use it."""
-    os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
+    """Each metric module is loaded once per process, however many splits use it. A local folder never
+    reaches the Hub, so no offline setting is needed (and the runner leaves ``os.environ`` alone)."""
     import evaluate
 
     return evaluate.load(metric_path(name))
@@ -224,19 +239,28 @@ def _accuracy_by(rows: list[dict], items: list[dict], key: str) -> dict[str, flo
 
 
 def _options_for(spec: RunSpec, metric_names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per-metric options: ``--metric-option name.key=value`` plus the run-wide switches."""
+    """Per-metric options of one split's metrics, checked and typed: ``--metric-option name.key=value``
+    plus the run-wide switches (``--upstream-compat``, ``--judge``, ``--allow-remote-credentialed``)."""
     options = {name: dict(spec.metric_options.get(name, {})) for name in metric_names}
     for name in metric_names:
-        accepted = inspect.signature(_load_metric(name)._compute).parameters
+        metric = _load_metric(name)
+        accepted = inspect.signature(metric._compute).parameters
         if spec.upstream_compat and "upstream_compat" in accepted:
             options[name].setdefault("upstream_compat", True)
         if spec.judge and "judge" in accepted:
             options[name].setdefault("judge", spec.judge)
-    unused = sorted(set(spec.metric_options) - set(metric_names))
+        if spec.allow_remote_credentialed and "allow_remote_credentialed" in accepted:
+            options[name].setdefault("allow_remote_credentialed", list(spec.allow_remote_credentialed))
+        options[name] = check_options(name, metric, options[name], set(RECORD_INPUTS))
+    return options
+
+
+def _check_options_used(spec: RunSpec, computed: set[str]) -> None:
+    """An option for a metric that no split of the run computes is a mistake (a typo, a missing --metrics)."""
+    unused = sorted(set(spec.metric_options) - computed)
     if unused:
         raise RunError(f"--metric-option given for metric(s) {unused} that this run does not compute "
-                       f"(it computes: {', '.join(metric_names) or 'none'})")
-    return options
+                       f"(it computes: {', '.join(sorted(computed)) or 'none'})")
 
 
 def _safe_options(spec: RunSpec) -> dict[str, Any]:
@@ -250,14 +274,17 @@ def _safe_options(spec: RunSpec) -> dict[str, Any]:
         return value
 
     judge = clean(spec.judge)
-    return {"metric_options": clean(spec.metric_options), "judge": judge}
+    return {"metric_options": clean(spec.metric_options), "judge": judge,
+            "allow_remote_credentialed": [clean(str(entry)) for entry in spec.allow_remote_credentialed]}
 
 
 def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
     """Compare a predictions file's ids with the split; report mismatches clearly."""
     missing, extra = backend.check_against(loaded.dataset["id"])
     prefix = f"{loaded.name}/{loaded.config}/"
-    extra = [rid for rid in extra if rid.startswith(f"{loaded.name}/")]
+    known = set(loaded.all_ids or loaded.dataset["id"])
+    # ids that look like this split's but name no record of it (typos, another release): counted, not dropped
+    unknown = [rid for rid in extra if rid.startswith(prefix) and rid not in known]
     if missing and not allow_missing:
         raise RunError(
             f"{len(missing)} record(s) of {loaded.name}:{loaded.config} have no prediction in {backend.path} "
@@ -268,61 +295,154 @@ def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_miss
         keep = set(loaded.dataset["id"]) - set(missing)
         loaded.dataset = loaded.dataset.filter(lambda row: row["id"] in keep)
     loaded.quality["missing_predictions"] = len(missing)
-    loaded.quality["unknown_prediction_ids"] = extra[:20]
+    loaded.quality["missing_prediction_examples"] = missing[:20]
+    loaded.quality["n_unknown_prediction_ids"] = len(unknown)
+    loaded.quality["unknown_prediction_ids"] = unknown[:20]
     return loaded
 
 
+def _warn(warnings: list[str], text: str) -> None:
+    """A problem the run survives: shown on the console now and listed in results.json / results.md."""
+    warnings.append(text)
+    print(f"warning: {text}", file=sys.stderr)
+
+
+def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
+    split = f"{loaded.name}:{loaded.config}"
+    for entry in loaded.files:
+        if not entry.get("verified", True):
+            _warn(warnings, f"{split}: annotation file {entry['relpath']} (from --data-dir) has sha256 "
+                            f"{entry['sha256']}, not the pinned {entry.get('expected_sha256', '?')}: a modified "
+                            f"copy, so results may differ from MedHEval's released data")
+    quality = loaded.quality
+    if quality.get("missing_predictions"):
+        _warn(warnings, f"{split}: {quality['missing_predictions']} record(s) have no prediction and were not "
+                        f"scored (--allow-missing-predictions; first: {quality['missing_prediction_examples'][:5]})")
+    if quality.get("n_unknown_prediction_ids"):
+        _warn(warnings, f"{split}: {quality['n_unknown_prediction_ids']} prediction id(s) match no record of the "
+                        f"split and were not scored (first: {quality['unknown_prediction_ids'][:5]})")
+
+
+def _check_spec(spec: RunSpec) -> None:
+    """Refuse a run that would compute nothing."""
+    if not spec.benchmarks:
+        raise RunError("no benchmark given: pass --benchmark NAME[:CONFIG] (see `medheval list`)")
+    if spec.metrics is not None and not spec.metrics:
+        raise RunError("--metrics names no metric (an empty list computes nothing); leave it out for the "
+                       "defaults, or name metrics from `medheval list`")
+
+
+def _refuse_grid_folder(output: Path) -> None:
+    """A single run must not overwrite the combined results of a mitigation grid in the same folder."""
+    path = output / "results.json"
+    if path.exists() and not (output / "run.json").exists():
+        try:
+            previous = json.loads(path.read_text())
+        except ValueError:
+            return
+        if isinstance(previous, dict) and "runs" in previous:
+            raise RunError(f"{output} holds a mitigation grid (its sub-folders and combined results.json); a single "
+                           f"run there would overwrite the grid's results. Re-run the same grid, or choose another "
+                           f"--output folder.")
+
+
+def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str,
+                   warnings: list[str]) -> tuple[LoadedBenchmark, list[str], dict[str, dict[str, Any]]]:
+    """Load one split and check everything about it that can fail before generation: images, the
+    predictions file's ids, the metric names and their (typed) options."""
+    name, config = parse_benchmark_spec(benchmark_spec)
+    loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
+                               image_roots=spec.image_roots if backend.needs_images else None,
+                               on_missing=spec.on_missing, limit=spec.limit)
+    if backend.needs_images and not spec.image_roots:
+        sources = sorted(set(loaded.dataset["source"]))
+        raise RunError(f"model {backend.name} needs images; pass --image-root for: "
+                       + ", ".join(f"{source}=PATH" for source in sources))
+    if hasattr(backend, "check_against"):
+        loaded = _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
+    metric_names = _metric_names(loaded, spec.metrics, spec.judge)
+    options = _options_for(spec, metric_names)
+    _split_warnings(loaded, warnings)
+    return loaded, metric_names, options
+
+
+def _predictions_file_summary(backend: Any, prepared: list[tuple[LoadedBenchmark, Any, Any]],
+                              warnings: list[str]) -> dict[str, Any] | None:
+    """How many of a predictions file's ids this run scored, and how many match none of its records."""
+    if not hasattr(backend, "ids"):
+        return None
+    in_run = {rid for loaded, _, _ in prepared for rid in loaded.dataset["id"]}
+    known = {rid for loaded, _, _ in prepared for rid in (loaded.all_ids or loaded.dataset["id"])}
+    ids = backend.ids()
+    unused = [rid for rid in ids if rid not in in_run]
+    unknown = [rid for rid in unused if rid not in known]
+    if unknown:
+        _warn(warnings, f"{len(unknown)} of {len(ids)} id(s) in the predictions file match no record of the "
+                        f"split(s) in this run and were not scored (first: {unknown[:5]})")
+    return {"n_predictions": len(ids), "n_used": len(ids) - len(unused), "n_not_used": len(unused),
+            "n_unknown": len(unknown), "unknown_examples": unknown[:20]}
+
+
 def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
-    """Run every benchmark of ``spec`` with ``backend``; writes and returns ``results.json``'s content."""
+    """Run every benchmark of ``spec`` with ``backend``; writes and returns ``results.json``'s content.
+
+    Everything that can be checked is checked before the first generation (splits, images, metric
+    names, typed metric options). The output folder is locked for the whole run
+    (:class:`medheval.outputs.OutputLock`) and every summary file is replaced atomically."""
     from medheval.report.tables import write_markdown
 
+    _check_spec(spec)
     output = Path(spec.output)
-    settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),
-                "limit": spec.limit, "benchmarks": list(spec.benchmarks)}
-    _check_run_settings(output, settings)
-    log_path = output / "predictions.jsonl"
-    entries = read_log(log_path)
-    done = {log_key(entry) for entry in entries}
-    results: dict[str, Any] = {"settings": settings, "versions": _versions(), "labels": dict(spec.labels),
-                               "prompts": describe_templates(), "scoring": {"upstream_compat": spec.upstream_compat,
-                                                                         **_safe_options(spec)},
-                               "benchmarks": {}}
-    scored: list[dict[str, Any]] = []
-    with LogWriter(log_path) as writer:
-        for benchmark_spec in spec.benchmarks:
-            name, config = parse_benchmark_spec(benchmark_spec)
-            loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
-                                       image_roots=spec.image_roots if backend.needs_images else None,
-                                       on_missing=spec.on_missing, limit=spec.limit)
-            if backend.needs_images and not spec.image_roots:
-                sources = sorted(set(loaded.dataset["source"]))
-                raise RunError(f"model {backend.name} needs images; pass --image-root for: "
-                               + ", ".join(f"{source}=PATH" for source in sources))
-            if hasattr(backend, "check_against"):
-                loaded = _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
-            metric_names = _metric_names(loaded, spec.metrics, spec.judge)
-            generated = generate_predictions(loaded, backend, writer, done, spec.mitigation, batch_size)
-            entries_now = read_log(log_path, repair=False) if generated else entries
-            predictions = {entry["id"]: entry["prediction"] for entry in entries_now
-                           if entry.get("model") == backend.name and entry.get("mitigation", "none") == spec.mitigation}
-            metric_results, per_item = score(loaded, predictions, metric_names, _options_for(spec, metric_names))
-            scored.extend({**item, "model": backend.name, "mitigation": spec.mitigation} for item in per_item)
-            results["benchmarks"][f"{loaded.name}:{loaded.config}"] = {
-                "n_records": len(loaded.dataset),
-                "n_scored": len(per_item),
-                "generated_this_run": generated,
-                "skipped_missing_images": {"count": len(loaded.skipped_missing_images),
-                                           "examples": [rid for rid, _ in loaded.skipped_missing_images[:20]]},
-                "annotation_files": loaded.files,
-                "image_roots": loaded.resolver.describe() if loaded.resolver else {},
-                "data_quality": loaded.quality,
-                "metrics": metric_results,
-            }
-            entries = entries_now
-    with open(output / "scored.jsonl", "w", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(item, ensure_ascii=False) + "\n" for item in scored)
-    (output / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True, default=str))
-    write_markdown(results, output / "results.md")
+    with OutputLock(output, timeout=spec.lock_timeout):
+        _refuse_grid_folder(output)
+        warnings: list[str] = []
+        prepared = [_prepare_split(spec, backend, benchmark_spec, warnings) for benchmark_spec in spec.benchmarks]
+        _check_options_used(spec, {name for _, names, _ in prepared for name in names})
+        predictions_file = _predictions_file_summary(backend, prepared, warnings)
+        settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),
+                    "limit": spec.limit, "benchmarks": list(spec.benchmarks)}
+        _check_run_settings(output, settings)
+        log_path = output / "predictions.jsonl"
+        entries = read_log(log_path)
+        done = {log_key(entry) for entry in entries}
+        typed: dict[str, dict[str, Any]] = {}
+        for _, _, options in prepared:  # the typed value of each option, from a split that computes its metric
+            for metric, given in spec.metric_options.items():
+                if metric in options and metric not in typed:
+                    typed[metric] = {key: options[metric][key] for key in given}
+        recorded = dataclasses.replace(spec, metric_options=typed)
+        results: dict[str, Any] = {"settings": settings, "versions": _versions(), "labels": dict(spec.labels),
+                                   "prompts": describe_templates(),
+                                   "scoring": {"upstream_compat": spec.upstream_compat, **_safe_options(recorded)},
+                                   "benchmarks": {}, "warnings": warnings}
+        if predictions_file is not None:
+            results["predictions_file"] = predictions_file
+        scored: list[dict[str, Any]] = []
+        with LogWriter(log_path) as writer:
+            for loaded, metric_names, options in prepared:
+                generated = generate_predictions(loaded, backend, writer, done, spec.mitigation, batch_size)
+                entries_now = read_log(log_path, repair=False) if generated else entries
+                predictions = {entry["id"]: entry["prediction"] for entry in entries_now
+                               if entry.get("model") == backend.name
+                               and entry.get("mitigation", "none") == spec.mitigation}
+                metric_results, per_item = score(loaded, predictions, metric_names, options)
+                scored.extend({**item, "model": backend.name, "mitigation": spec.mitigation} for item in per_item)
+                results["benchmarks"][f"{loaded.name}:{loaded.config}"] = {
+                    "n_records": len(loaded.dataset),
+                    "n_scored": len(per_item),
+                    "generated_this_run": generated,
+                    "skipped_missing_images": {"count": len(loaded.skipped_missing_images),
+                                               "examples": [rid for rid, _ in loaded.skipped_missing_images[:20]]},
+                    "annotation_files": loaded.files,
+                    "image_roots": loaded.resolver.describe() if loaded.resolver else {},
+                    "data_quality": loaded.quality,
+                    "metrics": metric_results,
+                }
+                entries = entries_now
+        atomic_write_text(output / "scored.jsonl", "".join(json.dumps(item, ensure_ascii=False) + "\n"
+                                                           for item in scored))
+        atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
+        write_markdown(results, output / "results.md")
     return results
 
 
@@ -337,15 +457,25 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
     One mitigation writes straight into ``spec.output``; several write one sub-folder each
     (``<output>/<mitigation>/``, each resumable on its own) plus a combined ``results.md``/``results.json``.
     """
-    import copy
-    import dataclasses
-
     from medheval.mitigations import get_mitigation
-    from medheval.report.tables import write_grid_markdown
 
     methods = [(text, get_mitigation(text)) for text in mitigations] or [("none", None)]
     if not backend.needs_images and any(method is not None for _, method in methods):
         raise RunError("--mitigation needs a model (--model): a predictions file was decoded elsewhere")
+    if len(methods) > 1 and (Path(spec.output) / "run.json").exists():
+        raise RunError(f"{spec.output} holds a single run (run.json); a grid of {len(methods)} mitigations there "
+                       f"would overwrite its results.md/results.json. Choose another --output folder.")
+    lock = OutputLock(spec.output, timeout=spec.lock_timeout) if len(methods) > 1 else contextlib.nullcontext()
+    with lock:
+        return _run_methods(spec, backend, methods, batch_size)
+
+
+def _run_methods(spec: RunSpec, backend: Backend, methods: list[tuple[str, Any]], batch_size: int) -> dict[str, Any]:
+    """The body of :func:`run_grid` (its folder locked when the grid has several runs)."""
+    import copy
+
+    from medheval.report.tables import write_grid_markdown
+
     runs = []
     for text, method in methods:
         label = method.spec() if method is not None else "none"
@@ -357,6 +487,6 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
         runs.append(run(dataclasses.replace(spec, output=output, mitigation=label), variant, batch_size=batch_size))
     if len(methods) > 1:
         combined = {"runs": runs}
-        (Path(spec.output) / "results.json").write_text(json.dumps(combined, indent=2, sort_keys=True, default=str))
+        atomic_write_text(Path(spec.output) / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
         write_grid_markdown(runs, Path(spec.output) / "results.md")
     return runs[0] if len(runs) == 1 else {"runs": runs}

@@ -57,7 +57,9 @@ class PredictionsFileBackend:
         errors: list[str] = []
         models: set[str] = set()
 
-        for lineno, line in enumerate(text.splitlines(), start=1):
+        # Lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 … inside an answer
+        # (JSON allows them raw, and the runner's own log writes them so).
+        for lineno, line in enumerate(text.split("\n"), start=1):
             if not line.strip():
                 continue
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
+from medheval.outputs import atomic_write_text
 from medheval.schema import VISUAL_CATEGORIES
 
 CATEGORY_COLUMNS = {"anatomy": "Acc-A", "measurement": "Acc-M", "symptom": "Acc-S", "radiology": "Acc-R"}
@@ -109,6 +110,7 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
         parts += [f"> **{label}**", ""]
     settings = run["settings"]
     parts += [f"Model: `{settings['model']}` · mitigation: `{settings['mitigation']}`", ""]
+    parts += warnings_section(run.get("warnings", []))
     table = close_ended_table([run])
     if table:
         parts += ["## Close-ended accuracy (%)", "", table, ""]
@@ -129,7 +131,14 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
             if counts:
                 parts.append(f"- `{split}`: " + ", ".join(f"{name} × {n}" for name, n in sorted(counts.items())))
         parts.append("")
-    Path(path).write_text("\n".join(parts))
+    atomic_write_text(path, "\n".join(parts))
+
+
+def warnings_section(warnings: Iterable[str]) -> list[str]:
+    """``## Warnings``: what the run survived but a reader must know (modified annotation files,
+    records without a prediction, prediction ids matching no record); nothing when there is none."""
+    warnings = list(warnings)
+    return ["## Warnings", "", *(f"- {text}" for text in warnings), ""] if warnings else []
 
 
 def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path) -> None:
@@ -137,9 +146,11 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path) -> None:
     parts = ["# MedHEval-HF results: mitigations side by side", ""]
     labels = {label for run in runs for label in run.get("labels", {}).values()}
     parts += [line for label in sorted(labels) for line in (f"> **{label}**", "")]
+    parts += warnings_section(f"`{run['settings']['mitigation']}`: {text}" for run in runs
+                              for text in run.get("warnings", []))
     for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
                          ("Open-ended metrics", open_ended_table(runs))):
         if table:
             parts += [f"## {title}", "", table, ""]
     parts += ["Per-mitigation details (counts, notes, data quality): the `results.md` in each sub-folder.", ""]
-    Path(path).write_text("\n".join(parts))
+    atomic_write_text(path, "\n".join(parts))

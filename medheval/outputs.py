@@ -1,0 +1,128 @@
+"""Safe output folders: atomic file writes and one run per folder at a time.
+
+* :func:`atomic_write_text` writes to a temporary file in the same folder, fsyncs it and renames it
+  over the target (``os.replace``): a kill or a full disk leaves the old file or the new one, never
+  half of one.
+* :class:`OutputLock` holds an exclusive ``fcntl.flock`` on ``<folder>/.medheval.lock`` (the holder's
+  pid and start time are written in it). The kernel drops the lock when its process dies, so a lock
+  file left by a killed run is taken over, never mistaken for a live run. A second run into the
+  folder refuses at once, or waits up to ``timeout`` seconds for the first to finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks, see OutputLock
+    fcntl = None
+
+LOCK_NAME = ".medheval.lock"
+
+
+class OutputFolderLocked(RuntimeError):
+    """Another process is writing into the same output folder."""
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) atomically: temp file, fsync, ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
+                                         suffix=".tmp", delete=False)
+    try:
+        with handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (POSIX; a no-op where folders cannot be opened)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - Windows
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:  # pragma: no cover - some filesystems refuse fsync on folders
+        pass
+    finally:
+        os.close(descriptor)
+
+
+class OutputLock:
+    """Exclusive lock on an output folder for the life of a run (a context manager).
+
+    Args:
+        folder: the output folder (created if needed).
+        timeout: seconds to wait for another run to release the folder; ``0`` refuses at once.
+        poll: seconds between attempts while waiting.
+    """
+
+    def __init__(self, folder: str | Path, timeout: float = 0.0, poll: float = 0.5) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self.timeout = float(timeout)
+        self.poll = poll
+        self._handle: IO[str] | None = None
+
+    def _holder(self) -> str:
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return "another process"
+        return f"pid {info.get('pid')} on {info.get('host')} (since {info.get('started')})"
+
+    def acquire(self) -> "OutputLock":
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if fcntl is None:  # pragma: no cover - no advisory locks on this platform: run unguarded
+            return self
+        handle = open(self.path, "a+", encoding="utf-8")
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = self._holder()
+                    handle.close()
+                    waited = f" after waiting {self.timeout:g} s" if self.timeout > 0 else ""
+                    raise OutputFolderLocked(
+                        f"{self.folder} is in use by another run ({holder}){waited}. Two runs into one folder "
+                        f"would duplicate every record: wait for it to finish (or pass --lock-timeout SECONDS "
+                        f"to wait), or choose another --output folder."
+                    ) from None
+                time.sleep(self.poll)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is not None:
+            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
