@@ -167,13 +167,13 @@ def _finding_indices(findings):
     return sorted(set(indices))
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;
 # the other options take the type of their bool/int/float/str default).
 OPTION_TYPES = {"chexbert_path": str | None, "chexbert_tokenizer_path": str | None, "device": str | None,
                 "findings": str | list[str] | None}
 
 
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Chair(evaluate.Metric):
     """CHAIR / Recall over CheXpert findings, the paper's definition or MedHEval's released code."""
 

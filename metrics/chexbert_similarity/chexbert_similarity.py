@@ -91,12 +91,12 @@ def upstream_prediction(text):
     return medheval.parsing.clean_generated_text(text, upstream_compat=True, report_csv=True)
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;
 # the other options take the type of their bool/int/float/str default).
 OPTION_TYPES = {"chexbert_path": str | None, "tokenizer_path": str | None, "device": str | None}
 
 
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class ChexbertSimilarity(evaluate.Metric):
     """Mean cosine similarity of CheXbert [CLS] embeddings (reference vs generated report)."""
 

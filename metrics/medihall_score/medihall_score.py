@@ -92,7 +92,6 @@ _TASKS = {"vqa": medheval.medihall.VQA_LEVELS, "irg": medheval.medihall.IRG_LEVE
 _CLASSIFIERS = ("rule", "judge", "detector")
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;
 # the other options take the type of their bool/int/float/str default).
 OPTION_TYPES = {"classifier": str | None, "judge": str | dict | None, "detector_path": str | None,
@@ -100,6 +99,7 @@ OPTION_TYPES = {"classifier": str | None, "judge": str | dict | None, "detector_
                 "question_types": list | None, "images": list | None}
 
 
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class MedihallScore(evaluate.Metric):
     """MediHall Score with a rule, LLM-judge or detector classifier."""
 

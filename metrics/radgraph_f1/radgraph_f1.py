@@ -122,13 +122,13 @@ def _mean(values):
     return sum(values) / len(values) if values else None
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;
 # the other options take the type of their bool/int/float/str default).
 OPTION_TYPES = {"radgraph_path": str | None, "encoder_path": str | None, "model_type": str | None,
                 "device": str | None, "prediction_graphs": list | None, "reference_graphs": list | None}
 
 
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class RadgraphF1(evaluate.Metric):
     """RadGraph entity/relation F1 (MedHEval) and F1RadGraph rewards."""
 

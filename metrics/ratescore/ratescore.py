@@ -94,13 +94,13 @@ def _mean(values):
     return sum(values) / len(values) if values else None
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;
 # the other options take the type of their bool/int/float/str default).
 OPTION_TYPES = {"ner_model_path": str | None, "embedding_model_path": str | None, "affinity_matrix": str | dict,
                 "neg_weight": float | None, "device": str | None}
 
 
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Ratescore(evaluate.Metric):
     """RaTEScore from local NER and synonym-encoder models."""
 

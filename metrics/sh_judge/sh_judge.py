@@ -68,13 +68,13 @@ Examples:
 """
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;
 # the other options take the type of their bool/int/float/str default).
 OPTION_TYPES = {"judge": str | dict | None, "models": list | dict | None, "cache_dir": str | bool | None,
                 "allow_remote_credentialed": str | list[str] | None}
 
 
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class ShJudge(evaluate.Metric):
     """S_h hallucination score (0-5, lower is better) from an LLM judge."""
 

@@ -331,13 +331,13 @@ def read_baseline(path, num_layers):
     return tuple(float(row[k]) for k in ("P", "R", "F"))
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;
 # the other options take the type of their bool/int/float/str default).
 OPTION_TYPES = {"bertscore_model": str | None, "bertscore_num_layers": int | None,
                 "bertscore_baseline_path": str | None, "device": str | None, "nltk_data_dir": str | None}
 
 
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class TextGeneration(evaluate.Metric):
     """BERTScore, BLEU, sacreBLEU, METEOR and ROUGE-1/2/L in one call, as MedHEval's Table 7."""
 
