@@ -136,8 +136,8 @@ def prepare_benchmark(
 
 
 def _root_cause(error: BaseException) -> BaseException:
-    """The exception ``datasets`` wrapped (``DatasetGenerationError`` hides the builder's message)."""
-    while error.__cause__ is not None or (error.__context__ is not None and not error.__suppress_context__):
+    """The builder's exception that ``datasets`` wrapped (``DatasetGenerationError`` hides its message)."""
+    while type(error).__module__.startswith("datasets") and (error.__cause__ or error.__context__):
         error = error.__cause__ or error.__context__
     return error
 

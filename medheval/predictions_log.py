@@ -71,6 +71,19 @@ def _entry_problem(entry: Any) -> str | None:
     return None
 
 
+# Characters str.splitlines() treats as line ends that json.dumps(ensure_ascii=False) leaves raw.
+_LINE_BREAKS = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def jsonl_line(entry: Any) -> str:
+    """One JSON Lines line (UTF-8 text kept readable); the Unicode line separators that
+    ``str.splitlines`` would cut at are escaped, so naive readers see one record per line too."""
+    text = json.dumps(entry, ensure_ascii=False, sort_keys=True)
+    for char, escaped in _LINE_BREAKS.items():
+        text = text.replace(char, escaped)
+    return text + "\n"
+
+
 class LogWriter:
     """Appends entries one per line, flushing each so a killed process loses nothing written."""
 
@@ -80,7 +93,7 @@ class LogWriter:
         self._handle: IO[str] = open(self.path, "a", encoding="utf-8")
 
     def write(self, entry: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n")
+        self._handle.write(jsonl_line(entry))
         self._handle.flush()
 
     def close(self) -> None:

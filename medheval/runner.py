@@ -29,7 +29,7 @@ from medheval.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_b
 from medheval.metric_options import check_options
 from medheval.outputs import OutputLock, atomic_write_text
 from medheval.prompts import describe_templates
-from medheval.predictions_log import LogWriter, log_key, read_log
+from medheval.predictions_log import LogWriter, jsonl_line, log_key, read_log
 from medheval.registry import list_units, metric_path
 
 CLOSE_ENDED_TYPES = frozenset({"yes_no", "multiple_choice"})
@@ -439,8 +439,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                     "metrics": metric_results,
                 }
                 entries = entries_now
-        atomic_write_text(output / "scored.jsonl", "".join(json.dumps(item, ensure_ascii=False) + "\n"
-                                                           for item in scored))
+        atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))
         atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
         write_markdown(results, output / "results.md")
     return results
