@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+
+from medheval.outputs import atomic_write_bytes
 
 _TRUTHY = {"1", "true", "yes", "on"}
 
@@ -127,8 +128,5 @@ def fetch(
         raise ChecksumMismatch(
             f"downloaded {pinned.url} has sha256 {digest}, expected {pinned.sha256}; nothing was cached."
         )
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cached.parent, delete=False) as tmp:
-        tmp.write(response.content)
-    os.replace(tmp.name, cached)
+    atomic_write_bytes(cached, response.content)
     return FetchedFile(cached, digest, True, "download")

@@ -33,13 +33,18 @@ class OutputFolderLocked(RuntimeError):
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Replace ``path`` with ``text`` (UTF-8) atomically: temp file, fsync, ``os.replace``."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: temp file in the same folder, fsync, ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
-                                         suffix=".tmp", delete=False)
+    handle = tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                         delete=False)
     try:
         with handle:
-            handle.write(text)
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(handle.name, path)

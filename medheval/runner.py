@@ -330,6 +330,10 @@ def _check_spec(spec: RunSpec) -> None:
     if spec.metrics is not None and not spec.metrics:
         raise RunError("--metrics names no metric (an empty list computes nothing); leave it out for the "
                        "defaults, or name metrics from `medheval list`")
+    if isinstance(spec.judge, str):  # a malformed --judge fails now, not after generation
+        from medheval.judges.spec import parse_spec
+
+        parse_spec(spec.judge)
 
 
 def _refuse_grid_folder(output: Path) -> None:

@@ -160,6 +160,15 @@ def test_empty_metric_list_is_refused(fixture_benchmark, tmp_path, capsys):
     assert not (tmp_path / "o" / "results.json").exists()
 
 
+def test_a_malformed_judge_spec_is_refused_before_generation(fixture_benchmark, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["run", "--benchmark", "knowledge:open", "--model", "tiny-random-llava", "--output", str(out),
+                 "--data-dir", fixture_benchmark["data_dir"], "--max-new-tokens", "4", *_roots(fixture_benchmark),
+                 "--judge", "gpt-4o"])
+    assert code == 2 and "backend:model" in capsys.readouterr().err
+    assert not (out / "predictions.jsonl").exists()
+
+
 # -- part 9: atomic writes -------------------------------------------------------------------------
 
 
