@@ -36,7 +36,7 @@ def _describe(tp: Any) -> str:
     if members is not None:
         return " or ".join(_describe(member) for member in members)
     names = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string",
-             type(None): "null", dict: "a JSON object", list: "a JSON list"}
+             type(None): "null", dict: "a JSON object", list: "a JSON list", object: "an object (Python API)"}
     if tp in names:
         return names[tp]
     origin = typing.get_origin(tp)
@@ -62,8 +62,8 @@ def _convert(value: Any, tp: Any) -> Any:
     """``value`` as type ``tp``; text is parsed, other values must already have the type."""
     members = _union_members(tp)
     if members is not None:
-        # Text: the non-text members first ("null" is None, "[...]" a list), the text member last.
-        ordered = sorted(members, key=lambda member: member is str)
+        # Text: the specific members first ("null" is None, "[...]" a list), then ``object``, then text.
+        ordered = sorted(members, key=lambda member: (member is object, member is str))
         for member in ordered:
             try:
                 return _convert(value, member)
@@ -116,6 +116,10 @@ def _convert(value: Any, tp: Any) -> Any:
             return [_convert(element, item) for element in value]
         if origin is dict and isinstance(value, dict):
             return dict(value)
+        raise _Mismatch
+    if isinstance(tp, type):  # a class (``object``: anything the Python API passes, e.g. a Judge instance)
+        if isinstance(value, tp):
+            return value
         raise _Mismatch
     raise MetricOptionError(f"unsupported option type {tp!r}")
 

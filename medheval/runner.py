@@ -7,6 +7,8 @@ run must match them), ``scored.jsonl`` (per-item correctness), ``results.json`` 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -14,8 +16,6 @@ import platform
 import re
 import sys
 import time
-import contextlib
-import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -318,9 +318,6 @@ def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
     if quality.get("missing_predictions"):
         _warn(warnings, f"{split}: {quality['missing_predictions']} record(s) have no prediction and were not "
                         f"scored (--allow-missing-predictions; first: {quality['missing_prediction_examples'][:5]})")
-    if quality.get("n_unknown_prediction_ids"):
-        _warn(warnings, f"{split}: {quality['n_unknown_prediction_ids']} prediction id(s) match no record of the "
-                        f"split and were not scored (first: {quality['unknown_prediction_ids'][:5]})")
 
 
 def _check_spec(spec: RunSpec) -> None:
@@ -387,6 +384,16 @@ def _predictions_file_summary(backend: Any, prepared: list[tuple[LoadedBenchmark
             "n_unknown": len(unknown), "unknown_examples": unknown[:20]}
 
 
+def _typed_options(spec: RunSpec, prepared: list[tuple[Any, Any, dict[str, dict[str, Any]]]]) -> dict[str, Any]:
+    """The ``--metric-option`` values as the metrics receive them (typed), for the record."""
+    typed: dict[str, dict[str, Any]] = {}
+    for _, _, options in prepared:
+        for metric, given in spec.metric_options.items():
+            if metric in options and metric not in typed:
+                typed[metric] = {key: options[metric][key] for key in given}
+    return typed
+
+
 def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     """Run every benchmark of ``spec`` with ``backend``; writes and returns ``results.json``'s content.
 
@@ -409,12 +416,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         log_path = output / "predictions.jsonl"
         entries = read_log(log_path)
         done = {log_key(entry) for entry in entries}
-        typed: dict[str, dict[str, Any]] = {}
-        for _, _, options in prepared:  # the typed value of each option, from a split that computes its metric
-            for metric, given in spec.metric_options.items():
-                if metric in options and metric not in typed:
-                    typed[metric] = {key: options[metric][key] for key in given}
-        recorded = dataclasses.replace(spec, metric_options=typed)
+        recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
         results: dict[str, Any] = {"settings": settings, "versions": _versions(), "labels": dict(spec.labels),
                                    "prompts": describe_templates(),
                                    "scoring": {"upstream_compat": spec.upstream_compat, **_safe_options(recorded)},
@@ -465,11 +467,11 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
     methods = [(text, get_mitigation(text)) for text in mitigations] or [("none", None)]
     if not backend.needs_images and any(method is not None for _, method in methods):
         raise RunError("--mitigation needs a model (--model): a predictions file was decoded elsewhere")
-    if len(methods) > 1 and (Path(spec.output) / "run.json").exists():
-        raise RunError(f"{spec.output} holds a single run (run.json); a grid of {len(methods)} mitigations there "
-                       f"would overwrite its results.md/results.json. Choose another --output folder.")
     lock = OutputLock(spec.output, timeout=spec.lock_timeout) if len(methods) > 1 else contextlib.nullcontext()
     with lock:
+        if len(methods) > 1 and (Path(spec.output) / "run.json").exists():
+            raise RunError(f"{spec.output} holds a single run (run.json); a grid of {len(methods)} mitigations "
+                           f"there would overwrite its results.md/results.json. Choose another --output folder.")
         return _run_methods(spec, backend, methods, batch_size)
 
 

@@ -69,6 +69,9 @@ def test_boolean_options_are_parsed_by_type(raw, expected):
     ("chair", "variant", "1", "1"),  # a string option keeps digits as text
     ("ratescore", "affinity_matrix", '{"a": 1}', {"a": 1}),
     ("sh_judge", "allow_remote_credentialed", "judge.example", "judge.example"),
+    ("sh_judge", "judge", '{"backend": "openai", "model": "m"}', {"backend": "openai", "model": "m"}),
+    ("sh_judge", "judge", "openai:m@http://127.0.0.1:1/v1", "openai:m@http://127.0.0.1:1/v1"),
+    ("sh_judge", "cache_dir", "false", False),
 ])
 def test_options_take_their_declared_type(metric, key, raw, expected):
     from medheval.metric_options import check_options

@@ -94,7 +94,7 @@ _CLASSIFIERS = ("rule", "judge", "detector")
 
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;
 # the other options take the type of their bool/int/float/str default).
-OPTION_TYPES = {"classifier": str | None, "judge": str | dict | None, "detector_path": str | None,
+OPTION_TYPES = {"classifier": str | None, "judge": str | dict | object | None, "detector_path": str | None,
                 "cache_dir": str | bool | None, "allow_remote_credentialed": str | list[str] | None,
                 "question_types": list | None, "images": list | None}
 
