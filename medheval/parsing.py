@@ -244,7 +244,11 @@ def _clean_text(text: str) -> str:
 _YN_FAST = {"yes": "yes", "no": "no", "y": "yes", "n": "no"}
 _WORD = re.compile(r"[a-z0-9]+")
 # Clauses of an answer sentence: a question's finding is judged in the clause that names it.
-_CLAUSE_SPLIT = re.compile(r",|:|\b(?:but|however|although|though|whereas|while|yet)\b")
+# A comma starts a new clause only before a word that opens a new statement ("..., a small effusion
+# is seen"), not around a parenthetical ("the heart, as depicted in the image, ...").
+_CLAUSE_SPLIT = re.compile(
+    r";|:|\b(?:but|however|although|though|whereas|while|yet)\b"
+    r"|,\s*(?=(?:there|a|an|the|mild|mildly|small|large|moderate|severe|trace|minimal)\b)")
 _CLAUSE_PIECES = re.compile(r"[,;:]")
 
 # Words of a question that do not name its finding: function words, question verbs, generic
@@ -289,26 +293,22 @@ _GLOBAL_WORDS = frozenset(
 
 
 class _Finding(NamedTuple):
-    """What a yes/no question asks about: its content words and the ones an answer must name."""
+    """What a yes/no question asks about: its content words and the ones an answer must name
+    (as stems, see :func:`_stem`)."""
 
     terms: tuple[str, ...]
-    keys: tuple[str, ...]
+    keys: frozenset[str]
 
 
-def _same_word(a: str, b: str) -> bool:
-    """Crude stemming: equal up to a plural ``s``, or sharing a prefix of five letters or more
-    (the whole shorter word when it is shorter): effusion/effusions, enlarged/enlargement."""
-    if a == b or a.rstrip("s") == b.rstrip("s"):
-        return True
-    shortest = min(len(a), len(b))
-    if shortest < 4:
-        return False
-    k = min(5, shortest)
-    return a[:k] == b[:k]
-
-
-def _names(words: list[str], term: str) -> bool:
-    return any(_same_word(w, term) for w in words)
+@lru_cache(maxsize=65536)
+def _stem(word: str) -> str:
+    """Crude stemming: a plural ending off, then the first five letters (effusion/effusions,
+    enlarged/enlargement, mass/masses, lung/lungs)."""
+    if len(word) > 4 and word.endswith("es") and word[-3] in "sxz":
+        word = word[:-2]
+    elif len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]
+    return word[:5]
 
 
 @lru_cache(maxsize=8192)
@@ -334,9 +334,9 @@ def _question_finding(question: str) -> _Finding | None:
                 break
             if w not in _QUESTION_STOP:
                 core.append(w)
-        if core and core[-1] not in keys:
+        if core:
             keys.append(core[-1])
-        return _Finding(tuple(content), tuple(keys))
+        return _Finding(tuple(content), frozenset(_stem(k) for k in keys))
     return None
 
 
@@ -356,16 +356,17 @@ def _clause_verdict(clause: str, finding: _Finding) -> str | None:
     seen"). Affirmed: otherwise, when it names at least half of the question's content words and
     no opposite (left/right, small/large, normal/enlarged ...) of what was asked.
     """
-    words = _WORD.findall(clause)
-    key_at = [m.start() for m in _WORD.finditer(clause) if any(_same_word(m.group(), k) for k in finding.keys)]
-    if not key_at:
+    matches = list(_WORD.finditer(clause))
+    stems = {_stem(m.group()) for m in matches}
+    if not stems & finding.keys:
         return None
-    first = key_at[0]
+    first = next(m.start() for m in matches if _stem(m.group()) in finding.keys)
     if any(m.start() < first for m in NEGATION.finditer(clause)) or POST_NEGATION.search(clause, first):
         return "no"
+    words = [m.group() for m in matches]
     if _conflicts(finding, words):
         return None
-    covered = sum(_names(words, term) for term in finding.terms)
+    covered = sum(_stem(term) in stems for term in finding.terms)
     return "yes" if covered >= _COVERAGE * len(finding.terms) else None
 
 
@@ -381,7 +382,7 @@ def _sentence_verdict(sentence: str, finding: _Finding | None) -> str | None:
             return "no"
         return "yes" if ASSERTION.search(sentence) else None
     words = _WORD.findall(sentence)
-    if all(w in _ELLIPTICAL for w in words):
+    if all(w in _ELLIPTICAL or not w.isalpha() for w in words):  # numbers: "(q14)", "2"
         if NEGATION.search(sentence):
             return "no"
         return "yes" if ASSERTION.search(sentence) or NEUTRAL_VERB.search(sentence) else None
@@ -419,7 +420,8 @@ def parse_yes_no(text: str, question: str | None = None) -> str | None:
         # "No pneumothorax, but a small effusion ...": "no" is a determiner, the sentences decide;
         # a global negation ("No acute abnormality.") still denies.
         verdict = _read_sentences(low, finding)
-        if verdict is None and all(w in _ELLIPTICAL or w in _GLOBAL_WORDS for w in _WORD.findall(_first_clause(low))):
+        if verdict is None and all(w in _ELLIPTICAL or w in _GLOBAL_WORDS or not w.isalpha()
+                                   for w in _WORD.findall(_first_clause(low))):
             return "no"
         return verdict
     return _read_sentences(low, finding)
@@ -434,7 +436,7 @@ def _read_sentences(low: str, finding: _Finding | None) -> str | None:
     for sentence in split_sentences(low, ANSWER_SENTENCES)[:4]:
         hedge = HEDGE.search(sentence)
         # "not clear" is a hedge unless the question asks whether something is clear
-        if hedge and not (finding and any(_same_word(hedge.group().split()[-1], k) for k in finding.keys)):
+        if hedge and not (finding and _stem(hedge.group().split()[-1]) in finding.keys):
             return None
         verdict = _sentence_verdict(sentence, finding)
         if verdict is not None:
@@ -885,7 +887,7 @@ def upstream_multiple_choice_correct(prediction: str, reference: str, raw_choice
 def clear_caches() -> None:
     """Empty the memo caches (for benchmarks and long-running processes)."""
     for fn in (
-        _split_choices_str, parse_yes_no, _question_finding, _norm, _norm_options, _parse_mc_cached,
+        _split_choices_str, parse_yes_no, _question_finding, _stem, _norm, _norm_options, _parse_mc_cached,
         _normalize_mc_reference, _upstream_options, _upstream_label_index,
     ):
         fn.cache_clear()

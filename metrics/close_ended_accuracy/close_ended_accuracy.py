@@ -28,7 +28,8 @@ reference is itself unusable (label noise such as a binary answer "Abnormal") co
 and are reported (`n_bad_reference`). Accuracy is also broken down by category (for the
 visual splits: anatomy, measurement, symptom, radiology = Acc-A/M/S/R) and by answer type.
 With `upstream_compat=True` the original MedHEval scorer is reproduced instead (token rule
-for yes/no, difflib argmax over letter-prefixed options for multiple choice).
+for yes/no, difflib argmax over letter-prefixed options for multiple choice, its group-level
+stale-variable bug and its weighted per-category means).
 """
 
 _KWARGS_DESCRIPTION = """
@@ -43,14 +44,21 @@ Args:
         symptom, radiology). Gives `accuracy_by_category`; `None` entries are left out of it.
     raw_choices (`list` of `str`, *optional*): the upstream choices strings, used by
         `upstream_compat=True` (rebuilt as "A. x, B. y" from `choices` when absent).
+    questions (`list` of `str`, *optional*): the question per item. With it, a yes/no answer
+        without a yes/no word counts only where it affirms or denies the question's finding
+        (native scoring; the runner passes it).
+    sources (`list` of `str`, *optional*): the source file per item (slake, vqa_rad, ...). Upstream
+        mode scores yes/no items in groups of one source and one category, as MedHEval does.
     upstream_compat (`bool`, *optional*, defaults to `False`): score exactly as MedHEval's
-        `eval_yesno.py` / `eval_multichoice.py`. Items upstream skips (no option B) are left
-        out of `n` and counted in `n_skipped_upstream`.
+        `eval_yesno.py` / `eval_multichoice.py` / `type1_utils.py`, bugs included (see the card).
+        Items upstream skips (no option B) are left out of `n` and counted in
+        `n_skipped_upstream`, but weigh in the accuracies as upstream's means do.
     threshold (`float`, *optional*, defaults to 0.6): minimum difflib ratio for a fuzzy
         option-text match (native scoring only).
 
 Returns:
-    accuracy (`float`): fraction of the `n` items answered correctly.
+    accuracy (`float`): fraction of the `n` items answered correctly (upstream mode: MedHEval's
+        weighted mean over the (source, category) groups).
     accuracy_by_category (`dict`): category -> accuracy (empty without `categories`).
     accuracy_by_answer_type (`dict`): "yes_no"/"multiple_choice" -> accuracy.
     n (`int`): number of items scored.
