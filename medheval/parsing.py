@@ -7,17 +7,21 @@ Two families of functions live here:
   hedge-aware, deterministic. A prediction it cannot read is *unparsed* and counts
   as wrong; a reference it cannot read (label noise such as a binary answer
   ``"Abnormal"``) is flagged instead of being silently scored;
-* the **upstream-compatible** scorer (:func:`upstream_yes_no`,
-  :func:`upstream_split_choice`, :func:`upstream_multiple_choice_correct`), which
-  reproduces MedHEval's ``eval_yesno.py`` / ``eval_multichoice.py`` per item.
+* the **upstream-compatible** scorer (:func:`upstream_yes_no`, :func:`upstream_yes_no_group`,
+  :func:`upstream_group_breaks`, :func:`upstream_split_choice`,
+  :func:`upstream_multiple_choice_correct`, :func:`upstream_group_accuracy`), which
+  reproduces MedHEval's ``eval_yesno.py`` / ``eval_multichoice.py`` / ``type1_utils.py``
+  per item and per group, bugs included (empty answers read as yes, a group whose last
+  answer is blank scored 0, skipped multiple-choice items weighted in the means).
 
 Decisions worth knowing (the tests pin them):
 
 * A leading answer word wins: ``"No, there is ..."`` is ``no`` and
   ``"Yes, the gallbladder is not normal"`` is ``yes``.
 * ``"Nothing abnormal"`` / ``"None seen"`` parse as ``no`` (existential negation,
-  like ``"No abnormality"``). The parser never sees the question, so for a question
-  such as "Is the heart normal?" this is the wrong reading; such phrasing is rare.
+  like ``"No abnormality"``), whatever the question: for "Is the heart normal?" this is
+  the wrong reading; such phrasing is rare. (With the question, a leading "no" that is a
+  determiner, ``"No pneumothorax, but ..."``, leaves the decision to the clauses.)
 * A bare ``"Normal"`` / ``"Abnormal"`` carries no yes/no by itself and is unparsed.
 * Hedges (``"cannot be determined"``, ``"unclear"``, ``"not sure"``, ``"may be"``,
   ``"possibly"``, ``"the image does not specify ..."``) are unparsed, even when they
@@ -31,7 +35,7 @@ Decisions worth knowing (the tests pin them):
 * With the question (``parse_yes_no(answer, question)``, what the metric does when it gets
   ``questions``), such a sentence decides only where it affirms or denies the question's
   finding: a clause that names the finding's key word (the question's last content word, and
-  the last one before a location word) is ``no`` when negated before it or by a verb negation
+  the last one before a location phrase) is ``no`` when negated before it or by a verb negation
   after it ("No effusion is seen", "The effusion is not visible"), ``yes`` when it names at
   least half of the question's content words without contradicting it (left/right,
   small/large, normal/enlarged ...). An elliptical sentence ("It is not seen.", "It is.")
@@ -280,7 +284,8 @@ _CONFLICTS = (
     (frozenset({"anterior"}), frozenset({"posterior"})),
     (frozenset({"increased", "increase"}), frozenset({"decreased", "decrease", "reduced"})),
     (frozenset({"normal", "normally", "unremarkable"}),
-     frozenset({"abnormal", "enlarged", "enlargement", "increased", "widened", "dilated", "abnormality", "abnormalities"})),
+     frozenset({"abnormal", "enlarged", "enlargement", "increased", "widened", "dilated", "abnormality",
+                "abnormalities"})),
 )
 _COVERAGE = 0.5
 # "no" followed by a word: a determiner ("no effusion"), not the answer "No, ..." / "No."
