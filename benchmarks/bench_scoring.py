@@ -107,7 +107,8 @@ def make_prediction(rec: dict, choices: list[str], rng: random.Random) -> str:
 
 def build_items(records: list[dict], seed: int = 0) -> dict[str, list]:
     rng = random.Random(seed)
-    cols = {k: [] for k in ("predictions", "references", "answer_types", "choices", "categories", "raw_choices")}
+    cols = {k: [] for k in ("predictions", "references", "answer_types", "choices", "categories", "raw_choices",
+                            "questions")}
     for rec in records:
         raw = rec.get("choices") or ""
         choices = parsing.split_choices(raw) if rec["question_type"] != "binary" else []
@@ -117,15 +118,17 @@ def build_items(records: list[dict], seed: int = 0) -> dict[str, list]:
         cols["choices"].append(choices)
         cols["categories"].append(CATEGORIES.get(rec.get("hallucination_type"), "other"))
         cols["raw_choices"].append(raw)
+        cols["questions"].append(rec.get("question") or "")
     return cols
 
 
 def time_score_item(items: dict[str, list], warm: bool) -> tuple[float, float]:
     if not warm:
         parsing.clear_caches()
-    rows = list(zip(items["predictions"], items["references"], items["answer_types"], items["choices"]))
+    rows = list(zip(items["predictions"], items["references"], items["answer_types"], items["choices"],
+                    items["questions"]))
     began = time.perf_counter()
-    correct = sum(parsing.score_item(p, r, t, c).correct for p, r, t, c in rows)
+    correct = sum(parsing.score_item(p, r, t, c, question=q).correct for p, r, t, c, q in rows)
     elapsed = time.perf_counter() - began
     return elapsed, correct / len(rows)
 
@@ -151,7 +154,7 @@ def time_metric(items: dict[str, list]) -> tuple[float, dict]:
     began = time.perf_counter()
     result = metric.compute(
         predictions=items["predictions"], references=items["references"], answer_types=items["answer_types"],
-        choices=items["choices"], categories=items["categories"],
+        choices=items["choices"], categories=items["categories"], questions=items["questions"],
     )
     return time.perf_counter() - began, result
 

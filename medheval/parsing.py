@@ -7,25 +7,40 @@ Two families of functions live here:
   hedge-aware, deterministic. A prediction it cannot read is *unparsed* and counts
   as wrong; a reference it cannot read (label noise such as a binary answer
   ``"Abnormal"``) is flagged instead of being silently scored;
-* the **upstream-compatible** scorer (:func:`upstream_yes_no`,
-  :func:`upstream_split_choice`, :func:`upstream_multiple_choice_correct`), which
-  reproduces MedHEval's ``eval_yesno.py`` / ``eval_multichoice.py`` per item.
+* the **upstream-compatible** scorer (:func:`upstream_yes_no`, :func:`upstream_yes_no_group`,
+  :func:`upstream_group_breaks`, :func:`upstream_split_choice`,
+  :func:`upstream_multiple_choice_correct`, :func:`upstream_group_accuracy`), which
+  reproduces MedHEval's ``eval_yesno.py`` / ``eval_multichoice.py`` / ``type1_utils.py``
+  per item and per group, bugs included (empty answers read as yes, a group whose last
+  answer is blank scored 0, skipped multiple-choice items weighted in the means).
 
 Decisions worth knowing (the tests pin them):
 
 * A leading answer word wins: ``"No, there is ..."`` is ``no`` and
   ``"Yes, the gallbladder is not normal"`` is ``yes``.
 * ``"Nothing abnormal"`` / ``"None seen"`` parse as ``no`` (existential negation,
-  like ``"No abnormality"``). The parser never sees the question, so for a question
-  such as "Is the heart normal?" this is the wrong reading; such phrasing is rare.
+  like ``"No abnormality"``), whatever the question: for "Is the heart normal?" this is
+  the wrong reading; such phrasing is rare. (With the question, a leading "no" that is a
+  determiner, ``"No pneumothorax, but ..."``, leaves the decision to the clauses.)
 * A bare ``"Normal"`` / ``"Abnormal"`` carries no yes/no by itself and is unparsed.
 * Hedges (``"cannot be determined"``, ``"unclear"``, ``"not sure"``, ``"may be"``,
   ``"possibly"``, ``"the image does not specify ..."``) are unparsed, even when they
   contain a negation word, unless a leading ``yes``/``no`` commits to an answer.
-* Without a leading answer word the first sentence that carries a cue decides:
-  a negation cue (``no``, ``not``, ``n't``, ``without``, ``absent``, ``negative``,
-  ``free of``, ``ruled out`` ...) gives ``no``; otherwise an affirmative cue (a
-  copula or ``shows``/``present``/``seen``/``visible``/``evident`` ...) gives ``yes``.
+* Without a leading answer word the first of the first four sentences that decides wins.
+  A hedge in it makes the answer unparsed. Without the question, a negation cue (``no``,
+  ``not``, ``n't``, ``without``, ``absent``, ``negative``, ``unlikely``, ``free of``,
+  ``ruled out`` ...) gives ``no`` and an explicit assertion (``there is``, ``shows``,
+  ``present``, ``seen``, ``visible``, ``evident``, ``consistent with`` ...) gives ``yes``; a bare
+  copula does not: ``"The lungs are clear."`` and ``"It is a CT scan."`` are unparsed.
+* With the question (``parse_yes_no(answer, question)``, what the metric does when it gets
+  ``questions``), such a sentence decides only where it affirms or denies the question's
+  finding: a clause that names the finding's key word (the question's last content word, and
+  the last one before a location phrase) is ``no`` when negated before it or by a verb negation
+  after it ("No effusion is seen", "The effusion is not visible"), ``yes`` when it names at
+  least half of the question's content words without contradicting it (left/right,
+  small/large, normal/enlarged ...). An elliptical sentence ("It is not seen.", "It is.")
+  answers by its polarity. Anything else is unparsed: for "Is there a pleural effusion?",
+  ``"The lungs are clear."`` is unparsed.
 """
 
 from __future__ import annotations
@@ -34,6 +49,20 @@ import difflib
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
+
+from medheval.text_cues import (
+    ANSWER_SENTENCES,
+    ASSERTION,
+    HEDGE,
+    LEAD_HEDGE,
+    LEAD_NO,
+    LEAD_YES,
+    NEGATION,
+    NEUTRAL_VERB,
+    POST_NEGATION,
+    split_sentences,
+)
 
 __all__ = [
     "ItemScore",
@@ -49,6 +78,9 @@ __all__ = [
     "clear_caches",
     "upstream_yes_no",
     "upstream_yes_no_correct",
+    "upstream_yes_no_group",
+    "upstream_group_breaks",
+    "upstream_group_accuracy",
     "upstream_split_choice",
     "upstream_multiple_choice_correct",
 ]
@@ -214,45 +246,165 @@ def _clean_text(text: str) -> str:
 # ---------------------------------------------------------------------------
 
 _YN_FAST = {"yes": "yes", "no": "no", "y": "yes", "n": "no"}
-_SENTENCE_SPLIT = re.compile(r"(?<!\d)[.!?;\n]+|[.!?;\n]+(?!\d)")
-_LEAD_HEDGE = re.compile(
-    r"^(?:not\s+(?:sure|possible|able|enough|clear|certain|known|determinable|specified|provided|available|applicable|mentioned)"
-    r"|unsure|unclear|uncertain|unknown|indeterminate|inconclusive|equivocal|undetermined|maybe|perhaps|possibly"
-    r"|no\s+(?:idea|information|info\b|data\b|way\s+to|answer|comment|definitive|conclusive)"
-    r"|(?:nothing|none)\s+can\s+be|n/?a\b|impossible|difficult\s+to|hard\s+to"
-    r"|i\s+(?:do\s*n[o']t|cannot|can't|am\s+not|'m\s+not|m\s+not)|insufficient|information\s+(?:is\s+)?not"
-    r"|it\s+depends|hard\s+to\s+say|difficult\s+to\s+say)",
+_WORD = re.compile(r"[a-z0-9]+")
+# Clauses of an answer sentence: a question's finding is judged in the clause that names it.
+# A comma starts a new clause only before a word that opens a new statement ("..., a small effusion
+# is seen"), not around a parenthetical ("the heart, as depicted in the image, ...").
+_CLAUSE_SPLIT = re.compile(
+    r";|:|\b(?:but|however|although|though|whereas|while|yet)\b"
+    r"|,\s*(?=(?:there|a|an|the|mild|mildly|small|large|moderate|severe|trace|minimal)\b)")
+_CLAUSE_PIECES = re.compile(r"[,;:]")
+
+# Words of a question that do not name its finding: function words, question verbs, generic
+# words about the image, the patient or the evidence.
+_QUESTION_STOP = frozenset(
+    "a an the this that these those it its they them their there here you we i me my our is are was were be been "
+    "being am does do did done can could would should will shall may might must has have had having of in on at "
+    "to for with from by as and or nor not any some all each every other another what which where when why how "
+    "who whom whose if whether than then so such into onto about based according given considering regarding "
+    "image images picture pictures photo scan scans film view views radiograph radiographs x ray rays xray "
+    "chest study exam examination patient patients s show shows shown showing visible visualized seen see "
+    "present presence evidence evident sign signs suggest suggests suggestive suggesting indicate indicates "
+    "indicative identify identified detect detected noted observed finding findings appear appears appearing "
+    "demonstrate demonstrates reveal reveals depict depicts contain contains exist exists noticeable apparent "
+    "likely possible possibility probably due related associated size".split()
 )
-_LEAD_YES = re.compile(r"^(?:yes|yeah|yep|yup|affirmative|correct|true|positive|present)\b")
-_LEAD_NO = re.compile(r"^(?:no|nope|nah|negative|incorrect|false|absent|none|nothing|neither)\b")
-_HEDGE = re.compile(
-    r"\b(?:not\s+sure|unsure|unclear|uncertain(?:ty)?|unknown|indeterminate|inconclusive|equivocal|undetermined"
-    r"|maybe|perhaps|possibly|may\s+or\s+may\s+not"
-    r"|(?:cannot|can\s*not|can't|unable\s+to|impossible\s+to|not\s+possible\s+to|difficult\s+to|hard\s+to|not\s+able\s+to)"
-    r"\s+(?:be\s+)?(?:determin|tell|say|assess|evaluat|confirm|ascertain|know|answer|infer|specif|comment|conclude"
-    r"|establish|judge|decide|definitively|accurately|reliably|clearly|with\s+certainty)\w*"
-    r"|not\s+(?:clear|certain|determinable|specified|provided|available|mentioned|stated|known|enough\s+information)"
-    r"|(?:does|do|did)\s*n[o']t\s+(?:specify|confirm|indicate\s+whether|indicate\s+if|mention|state|say|provide|allow)"
-    r"|no\s+(?:information|idea|way\s+to)|insufficient|(?:could|may|might)\s+(?:be|indicate|represent|suggest|show)"
-    r"|i\s+do\s*n[o']t\s+know|i\s+don't\s+know)"
+# Words that end the finding's core phrase ("pneumothorax in the lungs": the core is "pneumothorax").
+_LOCATION_WORDS = frozenset("in on within at inside near located along above below between into".split())
+# Words an elliptical answer consists of ("It is not seen.", "Not visible.", "There is.").
+_ELLIPTICAL = _QUESTION_STOP | frozenset(
+    "no none nothing neither never without absent negative positive yes yeah correct true false n t isn "
+    "aren wasn weren doesn don didn cannot clearly definitely definitively certainly really".split()
 )
-_NEG = re.compile(
-    r"\b(?:no|not|none|nothing|neither|nor|without|absent|absence|negative|never|cannot)\b|n't\b"
-    r"|\bfree\s+of\b|\brul(?:ed|es)\s+out\b|\black(?:s|ing)?\b|\bexclud(?:es|ed)\b"
+# (one side, other side): a clause naming only the other side of what the question asks is no affirmation.
+_CONFLICTS = (
+    (frozenset({"left"}), frozenset({"right"})),
+    (frozenset({"small", "smaller", "tiny", "minimal", "mild"}), frozenset({"large", "larger", "massive", "severe"})),
+    (frozenset({"upper"}), frozenset({"lower"})),
+    (frozenset({"anterior"}), frozenset({"posterior"})),
+    (frozenset({"increased", "increase"}), frozenset({"decreased", "decrease", "reduced"})),
+    (frozenset({"normal", "normally", "unremarkable"}),
+     frozenset({"abnormal", "enlarged", "enlargement", "increased", "widened", "dilated", "abnormality",
+                "abnormalities"})),
 )
-_AFFIRM = re.compile(
-    r"\b(?:yes|is|are|was|were|there's|shows?|showing|shown|demonstrat\w*|reveal\w*|presen(?:t|ce)|positive"
-    r"|seen|visible|evident|noted|observed|identified|detected|appears?|consistent\s+with|indicat\w*"
-    r"|suggest\w*|has|have|contains?|exists?|correct|true|confirm\w*)\b"
-)
+_COVERAGE = 0.5
+# "no" followed by a word: a determiner ("no effusion"), not the answer "No, ..." / "No."
+_DETERMINER_NO = re.compile(r"^no\s+(?=[a-z])")
+# Words of a global negation ("no acute abnormality", "no significant findings").
+_GLOBAL_WORDS = frozenset(
+    "abnormal abnormality abnormalities acute significant pathology pathological findings finding disease "
+    "process issues issue problems problem concerning remarkable cardiopulmonary intrathoracic cardiothoracic "
+    "thoracic".split())
+
+
+class _Finding(NamedTuple):
+    """What a yes/no question asks about: its content words and the ones an answer must name
+    (as stems, see :func:`_stem`)."""
+
+    terms: tuple[str, ...]
+    keys: frozenset[str]
 
 
 @lru_cache(maxsize=65536)
-def parse_yes_no(text: str) -> str | None:
+def _stem(word: str) -> str:
+    """Crude stemming: a plural ending off, then the first five letters (effusion/effusions,
+    enlarged/enlargement, mass/masses, lung/lungs)."""
+    if len(word) > 4 and word.endswith("es") and word[-3] in "sxz":
+        word = word[:-2]
+    elif len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]
+    return word[:5]
+
+
+@lru_cache(maxsize=8192)
+def _question_finding(question: str) -> _Finding | None:
+    """The finding a yes/no question asks about, from its last clause that has content words.
+
+    ``terms``: the clause's content words. ``keys``: its last content word, and the last one before
+    a location phrase ("Is there evidence of pneumothorax in the lungs?": pneumothorax and lungs;
+    "in the image" is no location phrase).
+    ``None`` when the question has no content word.
+    """
+    low = _clean_text(question).lower() if question else ""
+    for piece in reversed(_CLAUSE_PIECES.split(low)):
+        words = _WORD.findall(piece)
+        content = [w for w in words if w not in _QUESTION_STOP]
+        if not content:
+            continue
+        keys = [content[-1]]
+        core: list[str] = []
+        for j, w in enumerate(words):
+            # a location phrase with content ("in the lungs", not "in the image") ends the core
+            if w in _LOCATION_WORDS and core and any(x not in _QUESTION_STOP for x in words[j + 1 : j + 4]):
+                break
+            if w not in _QUESTION_STOP:
+                core.append(w)
+        if core:
+            keys.append(core[-1])
+        return _Finding(tuple(content), frozenset(_stem(k) for k in keys))
+    return None
+
+
+def _conflicts(finding: _Finding, words: list[str]) -> bool:
+    asked, said = set(finding.terms), set(words)
+    for one, other in _CONFLICTS:
+        for mine, theirs in ((one, other), (other, one)):
+            if asked & mine and not asked & theirs and said & theirs and not said & mine:
+                return True
+    return False
+
+
+def _clause_verdict(clause: str, finding: _Finding) -> str | None:
+    """``"yes"``/``"no"`` when the clause names the question's finding and asserts or denies it.
+
+    Denied: a negation before the finding's key word, or a verb negation after it ("X is not
+    seen"). Affirmed: otherwise, when it names at least half of the question's content words and
+    no opposite (left/right, small/large, normal/enlarged ...) of what was asked.
+    """
+    matches = list(_WORD.finditer(clause))
+    stems = {_stem(m.group()) for m in matches}
+    if not stems & finding.keys:
+        return None
+    first = next(m.start() for m in matches if _stem(m.group()) in finding.keys)
+    if any(m.start() < first for m in NEGATION.finditer(clause)) or POST_NEGATION.search(clause, first):
+        return "no"
+    words = [m.group() for m in matches]
+    if _conflicts(finding, words):
+        return None
+    covered = sum(_stem(term) in stems for term in finding.terms)
+    return "yes" if covered >= _COVERAGE * len(finding.terms) else None
+
+
+def _sentence_verdict(sentence: str, finding: _Finding | None) -> str | None:
+    """One sentence of an answer (lower case, no hedge): ``"yes"``, ``"no"`` or ``None`` (no cue).
+
+    Without a question: any negation gives no, an explicit assertion (:data:`ASSERTION`) yes.
+    With one: an elliptical sentence ("It is not seen.", "There is.") answers the question by its
+    polarity; otherwise only a clause that names the question's finding decides.
+    """
+    if finding is None:
+        if NEGATION.search(sentence):
+            return "no"
+        return "yes" if ASSERTION.search(sentence) else None
+    words = _WORD.findall(sentence)
+    if all(w in _ELLIPTICAL or not w.isalpha() for w in words):  # numbers: "(q14)", "2"
+        if NEGATION.search(sentence):
+            return "no"
+        return "yes" if ASSERTION.search(sentence) or NEUTRAL_VERB.search(sentence) else None
+    for clause in _CLAUSE_SPLIT.split(sentence):
+        verdict = _clause_verdict(clause, finding)
+        if verdict is not None:
+            return verdict
+    return None
+
+
+@lru_cache(maxsize=65536)
+def parse_yes_no(text: str, question: str | None = None) -> str | None:
     """Read a free-text answer to a yes/no question: ``"yes"``, ``"no"`` or ``None``.
 
-    ``None`` means unparsed (empty, a hedge, or no cue at all). See the module
-    docstring for the rules.
+    ``None`` means unparsed (empty, a hedge, or no cue). A leading answer word decides; then the
+    first of the first four sentences that decides: see the module docstring. With ``question``
+    a sentence without a yes/no word counts only when it affirms or denies the question's finding.
     """
     if not text:
         return None
@@ -262,21 +414,38 @@ def parse_yes_no(text: str) -> str | None:
     fast = _YN_FAST.get(low.rstrip(" .!,"))
     if fast is not None:
         return fast
-    if _LEAD_HEDGE.match(low):
+    if LEAD_HEDGE.match(low):
         return None
-    if _LEAD_YES.match(low):
+    if LEAD_YES.match(low):
         return "yes"
-    if _LEAD_NO.match(low):
-        return "no"
-    for sentence in _SENTENCE_SPLIT.split(low)[:4]:
-        if not sentence.strip():
-            continue
-        if _HEDGE.search(sentence):
-            return None
-        if _NEG.search(sentence):
+    finding = _question_finding(question) if question else None
+    if LEAD_NO.match(low):
+        if finding is None or not _DETERMINER_NO.match(low):
             return "no"
-        if _AFFIRM.search(sentence):
-            return "yes"
+        # "No pneumothorax, but a small effusion ...": "no" is a determiner, the sentences decide;
+        # a global negation ("No acute abnormality.") still denies.
+        verdict = _read_sentences(low, finding)
+        if verdict is None and all(w in _ELLIPTICAL or w in _GLOBAL_WORDS or not w.isalpha()
+                                   for w in _WORD.findall(_first_clause(low))):
+            return "no"
+        return verdict
+    return _read_sentences(low, finding)
+
+
+def _first_clause(text: str) -> str:
+    return _CLAUSE_SPLIT.split(split_sentences(text, ANSWER_SENTENCES)[0])[0]
+
+
+def _read_sentences(low: str, finding: _Finding | None) -> str | None:
+    """The first of the first four sentences that decides (a hedge makes the answer unparsed)."""
+    for sentence in split_sentences(low, ANSWER_SENTENCES)[:4]:
+        hedge = HEDGE.search(sentence)
+        # "not clear" is a hedge unless the question asks whether something is clear
+        if hedge and not (finding and _stem(hedge.group().split()[-1]) in finding.keys):
+            return None
+        verdict = _sentence_verdict(sentence, finding)
+        if verdict is not None:
+            return verdict
     return None
 
 
@@ -534,13 +703,19 @@ def score_item(
     answer_type: str,
     choices: list[str] | str | None = None,
     threshold: float = 0.6,
+    question: str | None = None,
 ) -> ItemScore:
-    """Score one item. Unparsed predictions and unusable references count as wrong."""
+    """Score one item. Unparsed predictions and unusable references count as wrong.
+
+    ``question`` (yes/no items) lets the parser read an answer without a yes/no word that
+    affirms or denies the question's finding; the reference is read without it, as the
+    dataset builders read it.
+    """
     kind = canonical_answer_type(answer_type)
     prediction = prediction or ""
     if kind == "yes_no":
         ref = parse_yes_no(reference) if reference else None
-        pred = parse_yes_no(prediction)
+        pred = parse_yes_no(prediction, question or None)
     else:
         if isinstance(choices, str):
             choices = split_choices(choices)
@@ -562,36 +737,95 @@ def score_item(
 _UPSTREAM_SPLIT = re.compile(r"(?<!\w)([A-Z][:.])|([A-Z]\))")
 
 
+def _upstream_first_sentence(text: str) -> str:
+    """Upstream's reduction of one answer: the text before the first ``.``, without ``,``."""
+    if "." in text:
+        text = text.split(".")[0]
+    return text.replace(",", "")
+
+
+def _upstream_token_rule(text: str) -> int:
+    words = _upstream_first_sentence(text).split(" ")
+    return 0 if ("No" in words or "not" in words or "no" in words) else 1
+
+
 def upstream_yes_no(text: str) -> int:
-    """MedHEval's yes/no rule: ``1`` yes, ``0`` no, ``-1`` for an empty answer.
+    """MedHEval's yes/no rule for one answer in an intact group: ``1`` yes, ``0`` no.
 
     Keep the text before the first ``.``, drop ``,``, split on single spaces; the
     exact (case-sensitive) tokens ``No``, ``not`` or ``no`` mean no, anything else
     yes. So ``"Abnormal"`` is 1, ``"Not sure."`` is 1 (``Not`` is not a listed
-    token) and ``"I am not sure."`` is 0. Upstream's empty-answer handling depends
-    on a stale loop variable; here an empty answer is ``-1``, which never equals a
-    label and so scores wrong.
+    token) and ``"I am not sure."`` is 0. An empty or white-space answer is 1 too:
+    upstream's first pass leaves it untouched and its second pass splits it into
+    empty tokens, none of which is a no-token. Whether the group is intact is
+    :func:`upstream_group_breaks`; :func:`upstream_yes_no_group` applies both.
     """
-    if text is None or not text.strip():
-        return -1
-    if "." in text:
-        text = text.split(".")[0]
-    words = text.replace(",", "").split(" ")
-    return 0 if ("No" in words or "not" in words or "no" in words) else 1
+    return _upstream_token_rule(text or "")
+
+
+def upstream_group_breaks(last_text: str) -> bool:
+    """True when upstream scores a whole yes/no group as unanswered because of ``last_text``.
+
+    ``evaluate_yes_no`` checks ``len(text.strip()) < 1`` in its second loop on the
+    variable ``text`` left over from the first loop: the *last* answer of the group
+    after its reduction (its part before the first ``.``, without ``,``), or the last
+    answer itself when that is empty or white space (the first loop skips it before
+    reducing). When that is blank every prediction of the group becomes ``-1``, a
+    false negative, and the group's accuracy is 0. Blank cases: an empty or white-space
+    last answer, one that starts with ``.`` (``".5 cm"``), or one whose first sentence
+    is only commas and spaces (``", ."``).
+    """
+    text = last_text or ""
+    if not text.strip():
+        return True
+    return not _upstream_first_sentence(text).strip()
+
+
+def upstream_yes_no_group(predictions: list[str], references: list[str]) -> list[bool]:
+    """Per-item correctness of one group scored by one upstream ``evaluate_yes_no`` call.
+
+    A group is what upstream passes in one call, in prediction order: the yes/no items
+    of one source file and one hallucination type (visual splits), or all items of
+    the file (knowledge, context). Correct when :func:`upstream_yes_no` of the
+    prediction equals the label's token-rule value, unless :func:`upstream_group_breaks`
+    on the group's last prediction, which makes every item wrong.
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    if not predictions:
+        return []
+    if upstream_group_breaks(predictions[-1]):
+        return [False] * len(predictions)
+    return [upstream_yes_no_correct(p, r) for p, r in zip(predictions, references)]
 
 
 def _upstream_label(reference: str) -> int:
-    # Labels go through the same rule without the empty check (an empty label is 1).
-    text = reference or ""
-    if "." in text:
-        text = text.split(".")[0]
-    words = text.replace(",", "").split(" ")
-    return 0 if ("No" in words or "not" in words or "no" in words) else 1
+    # Labels go through the token rule without any empty check (an empty label is 1).
+    return _upstream_token_rule(reference or "")
 
 
 def upstream_yes_no_correct(prediction: str, reference: str) -> bool:
-    """One yes/no item scored as MedHEval does: the two token-rule values are equal."""
+    """One yes/no item of an intact group scored as MedHEval does: the two token-rule values are equal."""
     return upstream_yes_no(prediction) == _upstream_label(reference)
+
+
+def upstream_group_accuracy(yes_no_correct: list[bool], multiple_choice_correct: list[bool | None]) -> float:
+    """Accuracy of one (source, hallucination type) group as MedHEval's ``eval_closed`` weights it.
+
+    ``acc = (acc_yn * n_yn + acc_mc * n_mc) / (n_yn + n_mc)``, where ``acc_yn`` is the
+    share of correct yes/no items (0 without any), ``acc_mc`` the share of correct items
+    among the multiple-choice items ``eval_mc`` scores (0 when it scores none) and
+    ``n_mc`` counts *all* multiple-choice items, skipped ones (``None``, no option B)
+    included: a skipped item weighs in at the group's multiple-choice accuracy.
+    0.0 for an empty group.
+    """
+    n_yn, n_mc = len(yes_no_correct), len(multiple_choice_correct)
+    if n_yn + n_mc == 0:
+        return 0.0
+    acc_yn = sum(map(bool, yes_no_correct)) / n_yn if n_yn else 0.0
+    scored = [c for c in multiple_choice_correct if c is not None]
+    acc_mc = sum(map(bool, scored)) / len(scored) if scored else 0.0
+    return (acc_yn * n_yn + acc_mc * n_mc) / (n_yn + n_mc)
 
 
 def upstream_split_choice(raw_choices: str) -> list[str]:
@@ -658,7 +892,7 @@ def upstream_multiple_choice_correct(prediction: str, reference: str, raw_choice
 def clear_caches() -> None:
     """Empty the memo caches (for benchmarks and long-running processes)."""
     for fn in (
-        _split_choices_str, parse_yes_no, _norm, _norm_options, _parse_mc_cached,
+        _split_choices_str, parse_yes_no, _question_finding, _stem, _norm, _norm_options, _parse_mc_cached,
         _normalize_mc_reference, _upstream_options, _upstream_label_index,
     ):
         fn.cache_clear()

@@ -117,9 +117,11 @@ def test_unknown_answer_type_raises(metric):
 
 
 def test_upstream_compat_known_answers(metric):
+    # Groups (no sources given): (None, category). Yes/no groups: anatomy [u0, u1], symptom [u2].
     # u0 "Not sure." vs "Yes": tokens Not/sure -> 1 == 1               correct
     # u1 "Abnormal" vs "No": 1 vs 0                                     wrong
-    # u2 "" vs "Yes": -1 (empty)                                       wrong, unparsed
+    # u2 "" vs "Yes": the last (only) answer of its group is empty, so upstream's stale
+    #    variable makes the group unanswered (-1)                        wrong, unparsed
     # u3 "C. Cardiomegaly" vs "C. Cardiomegaly": same option (ratio 1)  correct
     # u4 raw "A, Stent; B, CHF": no option B                           skipped
     # u5 "Pneumonia" -> "B. Pneumonia" (ratio 18/21), label -> C       wrong
@@ -134,12 +136,48 @@ def test_upstream_compat_known_answers(metric):
     )
     assert r["correct"] == [True, False, False, True, None, False]
     assert r["n"] == 5 and r["n_skipped_upstream"] == 1
-    assert r["accuracy"] == pytest.approx(2 / 5)
     assert r["n_unparsed"] == 1
-    assert r["accuracy_by_category"] == pytest.approx({"anatomy": 0.5, "symptom": 0.5, "radiology": 0.0})
+    # Upstream's weighted means (issue 9, part 2; before, skipped items were left out: 2/5 overall,
+    # symptom 1/2). anatomy: 1/2 over 2 items. symptom: yes/no 0/1, MC 1/1 scored but weighted by
+    # its 2 items (the skipped one too): (0*1 + 1*2)/3 = 2/3. radiology: 0/1.
+    # Overall: (0.5*2 + 2/3*3 + 0*1) / 6 = 0.5.
+    assert r["accuracy"] == pytest.approx(0.5)
+    assert r["accuracy_by_category"] == pytest.approx({"anatomy": 0.5, "symptom": 2 / 3, "radiology": 0.0})
     # The same inputs natively: "Not sure." is unparsed, "Abnormal" vs "No" unparsed.
     r2 = metric.compute(predictions=preds, references=refs, answer_types=types, choices=choices)
     assert "n_skipped_upstream" not in r2 and r2["n"] == 6
+
+
+def test_upstream_compat_groups_by_source_and_category(metric):
+    # Two yes/no groups of one category, one per source. Source "a" ends with ". yes" (its whole
+    # group is wrong); source "b" has an empty answer in the middle, read as "yes".
+    preds = ["Yes", "No", ". yes", "No", "", "No"]
+    refs = ["Yes", "No", "Yes", "No", "Yes", "No"]
+    r = metric.compute(
+        predictions=preds, references=refs, answer_types=["yes_no"] * 6,
+        categories=["symptom"] * 6, sources=["a", "a", "a", "b", "b", "b"], upstream_compat=True,
+    )
+    assert r["correct"] == [False, False, False, True, True, True]
+    assert r["parsed"] == [False, False, False, True, True, True]
+    assert r["accuracy"] == pytest.approx(0.5) and r["accuracy_by_category"] == {"symptom": pytest.approx(0.5)}
+    # Without sources the six answers are one group whose last answer is fine.
+    r = metric.compute(predictions=preds, references=refs, answer_types=["yes_no"] * 6, upstream_compat=True)
+    assert r["correct"] == [True, True, True, True, True, True]
+
+
+def test_native_mode_reads_answers_with_their_questions(metric):
+    q = "Is there a pleural effusion?"
+    r = metric.compute(
+        predictions=["There is a small pleural effusion.", "The lungs are clear.", "No effusion is seen."],
+        references=["Yes", "No", "No"], answer_types=["yes_no"] * 3, questions=[q, q, q],
+    )
+    assert r["correct"] == [True, False, True] and r["n_unparsed"] == 1
+    # Without the questions the copula sentence asserts nothing either; "There is ..." still does.
+    r = metric.compute(
+        predictions=["There is a small pleural effusion.", "The lungs are clear."],
+        references=["Yes", "No"], answer_types=["yes_no"] * 2,
+    )
+    assert r["correct"] == [True, False] and r["n_unparsed"] == 1
 
 
 # --- the released MedHEval files (read only; skipped when absent) --------------------------------

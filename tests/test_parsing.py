@@ -62,7 +62,9 @@ CASES = [
     ("Positive for effusion", "Yes", YN, [], True),
     ("An effusion is seen in the left base.", "Yes", YN, [], True),
     ("There is a small left pleural effusion.", "Yes", YN, [], True),
-    ("The heart is enlarged.", "Yes", YN, [], True),
+    # A bare copula asserts nothing without the question (issue 9, part 4; this row said True
+    # before): with "Is the heart enlarged?" it is yes (QUESTION_CASES).
+    ("The heart is enlarged.", "Yes", YN, [], False),
     ("Based on the image, yes.", "Yes", YN, [], True),
     ("Based on the image, no.", "No", YN, [], True),
     ("The findings are consistent with pneumonia.", "Yes", YN, [], True),
@@ -171,6 +173,106 @@ def test_parse_multiple_choice_returns_index():
     assert parse_multiple_choice("The answer is a pneumonia", CXR) == 1
 
 
+# --- yes/no with the question (issue 9, part 4) ---------------------------------------------
+# An answer without a yes/no word decides only where it affirms or denies the question's finding.
+
+EFF = "Is there a pleural effusion?"
+HEART = "Is the heart enlarged?"
+LUNGS = "Are the lungs clear?"
+LEFT = "Is there a lesion in the left lung?"
+PTX = "Is there evidence of pneumothorax in the lungs?"
+CT = "Is this a CT scan?"
+NORMAL = "Does the image show a normal heart size?"
+CORD = "Is the spinal cord visible in the image?"
+CTX = ("Considering the patient's history of altered mental status and the CT findings, is it likely that the "
+       "altered mental status is due to an acute intracranial hemorrhage?")
+PNA = "According to the image, does the patient have pneumonia?"
+QUESTION_CASES = [
+    # the question's finding asserted
+    ("There is a small pleural effusion.", EFF, "yes"),
+    ("A pleural effusion is present on the left.", EFF, "yes"),
+    ("The image shows bilateral pleural effusions.", EFF, "yes"),
+    ("Small left pleural effusion.", EFF, "yes"),
+    ("The heart is enlarged.", HEART, "yes"),
+    ("The lungs are clear.", LUNGS, "yes"),
+    ("It is a CT scan.", CT, "yes"),
+    ("The spinal cord can be seen in the midline.", CORD, "yes"),
+    ("The heart size is normal.", NORMAL, "yes"),
+    ("There is a right pneumothorax.", PTX, "yes"),
+    ("A lesion is seen in the left lung.", LEFT, "yes"),
+    ("The patient has a right lower lobe pneumonia.", PNA, "yes"),
+    ("No pneumothorax, but a small pleural effusion is present.", EFF, "yes"),  # negation of another finding
+    # the question's finding denied
+    ("No effusion is seen.", EFF, "no"),
+    ("The pleural effusion is not visible.", EFF, "no"),
+    ("There is no evidence of pleural effusion.", EFF, "no"),
+    ("The heart is not enlarged.", HEART, "no"),
+    ("The lungs are not clear, with a right basal opacity.", LUNGS, "no"),
+    ("Pneumothorax has been ruled out.", PTX, "no"),
+    ("It is unlikely that the altered mental status is due to an intracranial hemorrhage.", CTX, "no"),
+    ("The spinal cord isn't visible.", CORD, "no"),
+    ("The lungs are clear without pneumonia.", PNA, "no"),
+    # elliptical answers: they answer the question by their polarity
+    ("It is not seen.", EFF, "no"),
+    ("It is.", HEART, "yes"),
+    ("Not visible in this image.", CORD, "no"),
+    # cue-less or off-topic text: unparsed
+    ("The lungs are clear.", EFF, None),
+    ("It is a CT scan.", EFF, None),
+    ("organ is contours is", HEART, None),
+    ("The heart is enlarged.", NORMAL, None),  # the opposite of what was asked: not an affirmation
+    ("There is a lesion in the right lung.", LEFT, None),  # the other side
+    ("There is a large pleural effusion.", "Is there a small pleural effusion?", None),
+    ("The pathology is in the lungs.", "Is the pathology shown in the image related to the heart?", None),
+    ("There is cardiomegaly.", EFF, None),
+    ("The heart is normal in size.", HEART, None),
+    ("It is an MRI.", CT, None),
+    # yes/no words, hedges and empties keep their meaning with a question
+    ("Yes, but it is small.", EFF, "yes"),
+    ("No.", EFF, "no"),
+    ("There may be a small effusion.", EFF, None),
+    ("", EFF, None),
+    # a leading "no" that is a determiner: the clause decides; a global negation still denies
+    ("No pneumothorax.", EFF, None),
+    ("No acute cardiopulmonary abnormality.", EFF, "no"),
+    ("No, there is no effusion.", EFF, "no"),
+    ("No there isn't.", EFF, "no"),
+    ("No evidence of a pleural effusion.", EFF, "no"),
+]
+
+
+@pytest.mark.parametrize("answer,question,expected", QUESTION_CASES)
+def test_parse_yes_no_with_question(answer, question, expected):
+    assert parse_yes_no(answer, question) == expected
+
+
+def test_question_table_is_large_enough():
+    assert len(QUESTION_CASES) >= 30
+
+
+@pytest.mark.parametrize(
+    "answer,expected",
+    [
+        ("The lungs are clear.", None),  # issue 9: a copula sentence was "yes"
+        ("It is a CT scan.", None),
+        ("organ is contours is", None),
+        ("It is unlikely.", "no"),
+        ("There is a nodule.", "yes"),  # an explicit assertion still counts without a question
+        ("No pneumothorax, but a small pleural effusion is present.", "no"),  # the leading word
+    ],
+)
+def test_parse_yes_no_without_question(answer, expected):
+    assert parse_yes_no(answer) == expected
+
+
+def test_score_item_uses_the_question_for_the_prediction_only():
+    assert score_item("There is a small pleural effusion.", "Yes", YN, question=EFF).correct is True
+    assert score_item("The lungs are clear.", "No", YN, question=EFF).parsed is False
+    assert score_item("No effusion is seen.", "No", YN, question=EFF).correct is True
+    # the reference is read without the question, as the dataset builders read it
+    assert score_item("No", "The lungs are clear.", YN, question=EFF).reference_ok is False
+
+
 @pytest.mark.parametrize(
     "answer,choices,expected",
     [
@@ -265,8 +367,10 @@ def test_split_choices_returns_fresh_lists():
         ("Yes. There is no effusion", 1),  # only the first sentence counts
         ("Unclear", 1),
         ("No\nthere is none", 1),  # split on ' ' only: the token is "No\nthere"
-        ("", -1),
-        ("   ", -1),
+        # Empty answers are "yes" upstream (issue 9, part 2; these rows said -1 before): its first
+        # loop leaves them untouched, its second splits them into empty tokens.
+        ("", 1),
+        ("   ", 1),
     ],
 )
 def test_upstream_yes_no(text, expected):
@@ -276,8 +380,53 @@ def test_upstream_yes_no(text, expected):
 def test_upstream_yes_no_correct():
     assert upstream_yes_no_correct("Not sure.", "Yes") is True
     assert upstream_yes_no_correct("Not sure.", "No") is False
-    assert upstream_yes_no_correct("", "Yes") is False
+    assert upstream_yes_no_correct("", "Yes") is True  # an empty answer reads as "yes" (issue 9)
+    assert upstream_yes_no_correct("", "No") is False
     assert upstream_yes_no_correct("Yes", "Abnormal") is True
+
+
+@pytest.mark.parametrize(
+    "last,breaks",
+    [
+        ("", True),
+        ("  \n", True),
+        (".5 cm", True),  # the part before the first "." is empty
+        (" . yes", True),
+        (",,,", True),  # commas are removed before the check
+        (", . no", True),
+        ("Yes", False),
+        ("No.", False),
+        ("a.", False),
+    ],
+)
+def test_upstream_group_breaks(last, breaks):
+    assert parsing.upstream_group_breaks(last) is breaks
+
+
+def test_upstream_yes_no_group_stale_variable():
+    refs = ["Yes", "No", "Yes"]
+    # Intact group: the empty middle answer reads "yes" (wrong against "No").
+    assert parsing.upstream_yes_no_group(["Yes", "", "Yes."], refs) == [True, False, True]
+    # The last answer starts with ".": every answer of the group is wrong, correct ones included.
+    assert parsing.upstream_yes_no_group(["Yes", "No", ". Yes"], refs) == [False, False, False]
+    assert parsing.upstream_yes_no_group(["Yes", "No", "   "], refs) == [False, False, False]
+    assert parsing.upstream_yes_no_group([], []) == []
+    with pytest.raises(ValueError):
+        parsing.upstream_yes_no_group(["Yes"], [])
+
+
+def test_upstream_group_accuracy_weights_skipped_items():
+    # 2 yes/no (1 right) and 3 multiple choice: 1 right, 1 wrong, 1 skipped (None).
+    # acc_yn = 1/2, acc_mc = 1/2 over the 2 scored, weighted by all 3: (0.5*2 + 0.5*3) / 5 = 0.5.
+    assert parsing.upstream_group_accuracy([True, False], [True, False, None]) == pytest.approx(0.5)
+    # 1 yes/no right, 2 MC: 1 right, 1 skipped -> acc_mc = 1, (1*1 + 1*2)/3 = 1.0
+    # (a plain mean over scored items would also give 1.0; the next case tells them apart).
+    assert parsing.upstream_group_accuracy([True], [True, None]) == pytest.approx(1.0)
+    # yes/no 0/2, MC 1 right + 2 skipped: (0*2 + 1*3)/5 = 0.6; a mean over scored items: 1/3.
+    assert parsing.upstream_group_accuracy([False, False], [True, None, None]) == pytest.approx(0.6)
+    # Only skipped MC items: eval_mc returns 0, and they weigh in at 0.
+    assert parsing.upstream_group_accuracy([True], [None]) == pytest.approx(0.5)
+    assert parsing.upstream_group_accuracy([], []) == 0.0
 
 
 def test_upstream_split_choice_keeps_letters():

@@ -65,6 +65,9 @@ from functools import lru_cache
 from typing import Iterable, NamedTuple, Sequence
 
 from medheval.labelers import CONDITIONS, Label
+from medheval.text_cues import CHEXPERT_SENTENCES, CHEXPERT_TRIGGERS, FORWARD, sentence_ends
+from medheval.text_cues import expand as _x
+from medheval.text_cues import split_sentences as _split_sentences
 
 __all__ = ["RuleLabeler", "label_report", "as_dict", "split_sentences", "POSITIVE", "NEGATIVE", "UNCERTAIN"]
 
@@ -80,11 +83,6 @@ _OTHER = -1  # another abnormality: no label of its own, but it stops "No Findin
 _DESC = 1  # neutral heart/mediastinum descriptor: needs a size/appearance word; "stable" → uncertain
 _ALWAYS_UNC = 2  # uncertain unless negated (vascular congestion …)
 _CHF = 4  # congestive heart failure: a positive/uncertain mention adds an uncertain Cardiomegaly
-
-
-def _x(heads: str, tail: str = "", head: str = "") -> list[str]:
-    """Expand ``head + h + tail`` for every ``h`` in the ``|``-separated ``heads``."""
-    return [f"{head}{h}{tail}" for h in heads.split("|")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,148 +226,9 @@ _MENTIONS: list[tuple] = [
                r"fractured (?:\w+ ){0,2}wires?", r"wire fractures?"]),
 ]
 
-# --------------------------------------------------------------------------------------------
-# Triggers. Roles: (kind, direction, window in words or None), kinds "pre" (pre-negation
-# uncertainty), "neg", "post" (post-negation uncertainty), "stable" (post uncertainty for the
-# neutral descriptors only). Entry kinds: "trig" (ends earlier forward scopes where it opens a new
-# phrase: after a comma, "and", "or", "with"), "break" (always ends them), "soft" (never does),
-# "soft_pre" (ends "pre" scopes only), "pseudo" (looks like a trigger, is none; consumes the text),
-# "term" (ends scopes in both directions), "term_f" (ends forward scopes only).
-# --------------------------------------------------------------------------------------------
-_F, _B = "f", "b"
-_END = r"(?=\s*(?:[.,;:!?]|$|(?:and|but|or|with|although|however)\b))"  # end of a clause
-_COPULA = "is|are|was|were|remains?|remain|appears?|appear|seems?|seem|looks?|look|has been|have been|is now|are now"
-_ADV = r"(?:(?:now|otherwise|again|still|overall|grossly|essentially|relatively|largely|entirely|completely|" \
-       r"within|stably|also|likely|probably|largely) )?"
-
-_TRIGGERS: list[tuple] = [
-    # ---- pseudo triggers (consume the text; "no change" is a stable-appearance trigger)
-    ("pseudo", (), ["not only", "whether or not", "with or without", "gram negative", "no sooner",
-                    "not necessarily"]),
-    ("trig", (("stable", _F, 6),), [
-        r"no (?:(?:significant|substantial|appreciable|definite|major|interval|other|gross|notable|"
-        r"significant interval|appreciable interval|relevant) )?(?:changes?|difference)",
-        r"without (?:(?:significant|substantial|appreciable|interval|significant interval) )?(?:changes?|difference)",
-    ]),
-    ("trig", (), [  # "no increase in effusion": the effusion is there
-        r"no (?:(?:significant|substantial|appreciable|definite|interval|further|significant interval|"
-        r"appreciable interval|radiographic) )?(?:increase|decrease|worsening|progression|improvement|shift|"
-        r"evolution|growth|reduction|enlargement in size)",
-        r"without (?:(?:significant|substantial|appreciable|interval|further) )?"
-        r"(?:increase|decrease|worsening|progression|improvement|evolution|growth)",
-    ]),
-    # ---- stable / unchanged (uncertain for the neutral heart/mediastinum descriptors only)
-    ("trig", (("stable", _F, 5), ("stable", _B, 8)), [
-        "stable", "stably", "unchanged", "similar", "constant", "grossly stable", "grossly unchanged",
-        "little changed", "not changed", "essentially unchanged", "essentially stable",
-        *_x("stable|unchanged|similar", " in appearance"), *_x("stable|unchanged|similar", " appearance"),
-    ]),
-    ("trig", (("stable", _B, 8),), [
-        *_x("has|have", r" not (?:significantly |substantially |appreciably )?changed"),
-        r"not (?:been )?(?:significantly |substantially |appreciably )?changed",
-        *_x("is|are", r" similar to (?:the )?(?:prior|previous)"),
-    ]),
-    # ---- pre-negation uncertainty
-    ("trig", (("pre", _F, None),), [
-        *_x("cannot|can not|could not|can't|may not|is not possible to|not able to|unable to|difficult to",
-            r" (?:entirely |completely |definitely |totally |reliably )?(?:exclude|rule out)"),
-        r"no evidence to rule out", "not excluding", "not ruling out",
-    ]),
-    ("trig", (("pre", _B, 10),), [
-        *_x("cannot|can not|could not|can't|may not", r" be (?:entirely |completely |definitely |totally |"
-            r"reliably |fully )?(?:excluded|ruled out)"),
-        r"not (?:be )?(?:entirely |completely |definitely |totally |fully )?(?:excluded|ruled out)",
-        r"is not (?:entirely |completely |definitely |totally |fully )?(?:excluded|ruled out)",
-    ]),
-    # "no new X" is uncertain (CheXpert); the "no" still negates what follows further on
-    ("trig", (("pre", _F, None), ("neg", _F, None)), [
-        r"no (?:(?:definite|significant|other|focal|acute|obvious|convincing|large|appreciable|clear|"
-        r"definitive|gross) )?new",
-        r"no new (?:areas?|foci|focus|sites?|regions?) of",
-        "without new", "without any new",
-    ]),
-    # ---- negation, forward
-    ("trig", (("neg", _F, None),), [
-        "no", "without", "neither", "nor", "no evidence of", "no evidence for", "no signs? of",
-        "negative for", "free of", "clear of", "clearing of", "absence of", "resolution of",
-        "interval resolution of", "removal of", "interval removal of", "rule out", "to exclude", "exclude",
-        "excludes", "none", "lack of", "lacks", "no longer any", "no sign of",
-    ]),
-    ("trig", (("neg", _F, 4),), ["not", "rather than", "instead of", "normal", "unremarkable"]),
-    ("trig", (("neg", _F, 4), ("neg", _B, 8)), ["top normal", "top-normal", "high normal", "high-normal",
-                                               "upper normal"]),
-    ("trig", (("neg", _F, 3),), ["history of", "absent"]),
-    # "no opacity to suggest pneumonia": what the absent finding would have suggested is absent too
-    ("break", (("neg", _F, 6),), _x("suggest|indicate|explain|account for|support|represent", head="to ")),
-    ("trig", (("neg", _F, 3), ("neg", _B, 8)), ["resolved", "removed"]),
-    # ---- negation, backward
-    ("trig", (("neg", _B, 8),), [
-        r"not (?:definitely |clearly |convincingly |definitively |significantly |substantially |currently )?"
-        r"(?:seen|identified|demonstrated|present|evident|detected|observed|noted|visible|apparent|"
-        r"appreciated|appreciable|enlarged|widened|increased|dilated|shown|found|depicted|visualised)",
-        r"no longer (?:clearly )?(?:seen|visualized|visualised|visible|present|evident|identified|"
-        r"demonstrated|apparent|noted|appreciated|detected|appreciable)",
-        "no longer", *_x("has|have", r" (?:since |now |completely |nearly )?(?:resolved|cleared|disappeared)"),
-        *_x("has|have", r" been (?:removed|withdrawn|discontinued|resolved|taken out)"),
-        "cleared", "disappeared", "ruled out", "excluded", "is absent", "are absent",
-        *_x("is|are|was|were", r" (?:now )?(?:gone|negative)"),
-        *_x(_COPULA, f" {_ADV}(?:normal|unremarkable|within normal limits|within the normal range|"
-                     r"normal in (?:size|caliber|configuration|appearance|contour))"),
-        *_x("appears?|appear|seems?|seem", r" to be (?:normal|unremarkable|within normal limits)"),
-        "within normal limits", "within the normal range", "within normal range", "wnl",
-        *_x("at|near", r" (?:the )?upper limits? of normal"), r"upper limits? of normal",
-        "normal in size", "normal in caliber", "normal" + _END, "unremarkable" + _END,
-        r"of normal (?:size|caliber|configuration|appearance|contours?|width)",
-        r"normal (?:size|caliber|configuration|appearance|contours?|width)" + _END,
-    ]),
-    # ---- post-negation uncertainty, forward (hedges: they end other forward scopes)
-    ("trig", (("post", _F, None),), [
-        "possible", "possibly", "probable", "probably", "likely", "most likely", "more likely", "less likely",
-        "presumed", "presumably", "presumptive", "questionable", "questionably", "question of", "suspect",
-        "suspected", "suspicious", "suspicion of", "suspicion for",
-        "cannot be determined", "perhaps", "maybe", "favor", "favored", "favoring", "favour", "favoured",
-        "consider", "considered", "considering", "possibility of", "possibilities include", "equivocal",
-        "indeterminate", "uncertain", "differential diagnosis", "differential",
-        "correlate clinically", "clinical correlation", "correlate", "concern", "query",
-        "can represent", "can reflect", "versus", "potential", "potentially",
-    ]),
-    # "suggesting" ends a "no new" scope but not a negation: "no new opacity suggesting pneumonia" → 0
-    ("soft_pre", (("post", _F, 6),), [r"suggest\w*"]),
-    ("soft", (("post", _F, 6),), [  # non-breaking: "no findings concerning for pneumonia" stays negative
-        "concerning for", r"concerns? for", r"concerns? of", "worrisome for", "worrying for",
-        "secondary to", "raising the possibility of", "raises the possibility of", "representing",
-        "may", "might", "could", "would",
-    ]),
-    ("soft", (("post", _F, 3),), [r"obscur\w*"]),
-    ("trig", (("post", _F, None), ("post", _B, 4)), ["borderline"]),
-    ("soft", (("post", _F, 3), ("post", _B, 3)), ["if any"]),
-    # ---- post-negation uncertainty, backward
-    ("trig", (("post", _B, 8),), [
-        *_x("is|are|was|were", r" (?:most |more |less |also |very )?(?:likely|possible|probable|suspected|"
-            r"questioned|favored|favoured|considered|uncertain|equivocal|questionable|not excluded)" + _END),
-        *_x("may|might|could|can", r" (?:also )?be (?:present|seen|noted|considered|possible|included)"),
-        *_x("is|are", r" (?:partially |partly |largely |completely )?obscured"),
-        r"poorly (?:seen|visualized|visualised|evaluated|assessed)",
-        r"incompletely (?:seen|visualized|visualised|evaluated|assessed)",
-        r"not (?:well|clearly|adequately|fully|optimally) (?:seen|visualized|visualised|evaluated|assessed|"
-        r"appreciated|demonstrated|characterized)",
-        r"not (?:visualized|visualised|evaluated|assessed)",
-        *_x("cannot|can not|could not", r" be (?:evaluated|assessed|excluded with certainty)"),
-        r"difficult to (?:evaluate|assess|see)", *_x("likely|possible|suspected|questionable", _END),
-    ]),
-    # ---- terminators
-    ("term", (), ["but", "however", "although", "though", "whereas", "which", "except", "aside from",
-                  "apart from", "other than", "besides", "while", "yet"]),
-    ("term", (), [r"and(?= (?:there|this|these|it|its)\b)"]),
-    ("term_f", (), [
-        r"there (?:is|are|was|were|has been|have been|remains?)",
-        r"and(?= (?:the|a|an|mild|mildly|moderate|moderately|severe|severely|small|large|"
-        r"minimal|trace|stable|unchanged|persistent|new|increased|increasing|decreased|decreasing|improved|"
-        r"improving|worsened|worsening|residual|chronic|slight|slightly|enlarged|significant)\b)",
-        r"and(?=(?: [a-z0-9-]+){1,3}? (?:is|are|was|were|remains?|appears?|has|have|persists?|demonstrates?)\b)",
-        r"(?<!consistent )(?<!compatible )(?<!associated )(?<!along )with",
-    ]),
-]
+# Triggers (negation, uncertainty, stable, terminators): medheval.text_cues.CHEXPERT_TRIGGERS, where the
+# roles and entry kinds are described.
+_TRIGGERS = CHEXPERT_TRIGGERS
 
 # words after a comma that open a new assertion (end a forward scope there)
 _ASSERT_WORDS = frozenset(
@@ -392,7 +251,7 @@ _QUAL_OTHER_WORDS = frozenset(
     "changed changes constant wnl".split())
 
 _WORD_RE = re.compile(r"[a-z0-9]+")
-_PUNCT_RE = re.compile(r"[.!?](?=\s|$)|[;:,]")
+_CLAUSE_PUNCT_RE = re.compile(r"[;:,]")
 _SLASH_RE = re.compile(r"\band/or\b|(?<=[a-z])/(?=[a-z])")
 _PARA_RE = re.compile(r"\n[ \t\r\f\v]*\n|\n(?=[ \t]*(?:\d+[.)]|[-*\u2022]) )")
 _HEADER_NO_RE = re.compile(r"\s*(?:findings|impression)\s*:\s*no\b")
@@ -466,18 +325,7 @@ def _normalize(text: str) -> str:
 
 def split_sentences(text: str) -> list[str]:
     """Sentences of a report as this labeler sees them (after its normalisation, lower case)."""
-    text = _normalize(text)
-    out, start = [], 0
-    for m in _PUNCT_RE.finditer(text):
-        if m.group() in ".!?":
-            piece = text[start:m.end()].strip()
-            if piece.strip(" .!?"):
-                out.append(piece)
-            start = m.end()
-    piece = text[start:].strip()
-    if piece.strip(" .!?"):
-        out.append(piece)
-    return out
+    return _split_sentences(_normalize(text), CHEXPERT_SENTENCES)
 
 
 class _Trig(NamedTuple):
@@ -518,28 +366,43 @@ def _free(cuts: list[int], a: int, b: int) -> bool:
     return i == len(cuts) or cuts[i] >= b
 
 
-def _label_text(raw: str) -> list[Label]:
-    """Label one report: 14 values in CONDITIONS order."""
-    text = _normalize(raw)
-    n_cond = len(CONDITIONS)
-    if not text.strip(" .,;:!?"):
-        return [None] * n_cond
+class _Scan(NamedTuple):
+    """Phase 1 of labelling: words, vocabulary hits and the word positions later phases need."""
+
+    words: list[str]
+    wstarts: list[int]
+    mentions: list[tuple]  # (start, end, word index, outputs, text)
+    triggers: list[tuple]  # (start, end, word index, (kind, roles))
+    verb_pos: list[int]
+    andor_pos: list[int]
+
+
+class _Cuts(NamedTuple):
+    """Phase 2: sentence bounds and the positions where scopes stop, per direction."""
+
+    bounds: list[int]  # sentence starts
+    soft: list[int]  # ";" and ":" (cut both directions)
+    commas: list[int]
+    fcuts: list[int]  # forward scopes stop here
+    bcuts: list[int]  # backward scopes stop here
+    pre_cuts: list[int]  # "pre" (forward) scopes stop here
+    chain_cuts: list[int]  # "X or Y" chains stop here
+    triggers: list[_Trig]  # triggers with roles
+
+
+def _scan(text: str) -> _Scan:
+    """One pass over the words: at each word start try the trigger and the mention tables (keyed by
+    the word's first four letters), and note verbs and conjunctions."""
     mention_table, trigger_table = _tables()
     m_rx, m_pay = mention_table
     t_rx, t_pay = trigger_table
-
-    words: list[str] = []
-    wstarts: list[int] = []
-    raw_mentions: list[tuple] = []
-    raw_triggers: list[tuple] = []
-    verb_pos: list[int] = []
-    andor_pos: list[int] = []
+    scan = _Scan([], [], [], [], [], [])
     m_until = t_until = -1
     for i, wm in enumerate(_WORD_RE.finditer(text)):
         s = wm.start()
         w = wm.group()
-        words.append(w)
-        wstarts.append(s)
+        scan.words.append(w)
+        scan.wstarts.append(s)
         key = w[:4]
         if s >= t_until:
             rx = t_rx.get(key)
@@ -547,7 +410,7 @@ def _label_text(raw: str) -> list[Label]:
                 hit = rx.match(text, s)
                 if hit is not None:
                     t_until = hit.end()
-                    raw_triggers.append((s, t_until, i, t_pay[key][hit.lastindex - 1]))
+                    scan.triggers.append((s, t_until, i, t_pay[key][hit.lastindex - 1]))
         if s >= m_until:
             rx = m_rx.get(key)
             if rx is not None:
@@ -556,24 +419,23 @@ def _label_text(raw: str) -> list[Label]:
                     m_until = hit.end()
                     outputs = m_pay[key][hit.lastindex - 1]
                     if outputs:
-                        raw_mentions.append((s, m_until, i, outputs, hit.group()))
+                        scan.mentions.append((s, m_until, i, outputs, hit.group()))
         if w in _BACK_VERBS:
-            verb_pos.append(s)
+            scan.verb_pos.append(s)
         elif w in _ANDOR:
-            andor_pos.append(s)
+            scan.andor_pos.append(s)
+    return scan
 
-    n = len(text)
-    bounds = [0]  # sentence starts
-    soft: list[int] = []  # cuts in both directions
+
+def _cuts(text: str, scan: _Scan) -> _Cuts:
+    """Sentence bounds (:data:`medheval.text_cues.CHEXPERT_SENTENCES`) and scope cuts: ";"/":" both
+    ways, a comma before an assertion word forward, terminators and phrase-opening triggers."""
+    words, wstarts = scan.words, scan.wstarts
+    bounds = [0, *sentence_ends(text, CHEXPERT_SENTENCES)]
+    soft: list[int] = []
     commas: list[int] = []
-    for pm in _PUNCT_RE.finditer(text):
-        ch = pm.group()
-        if ch == ",":
-            commas.append(pm.start())
-        elif ch in ";:":
-            soft.append(pm.start())
-        else:
-            bounds.append(pm.end())
+    for pm in _CLAUSE_PUNCT_RE.finditer(text):
+        (commas if pm.group() == "," else soft).append(pm.start())
     # "No pneumothorax, mild cardiomegaly": a comma followed by an assertion word ends forward scopes
     fcuts = list(soft)
     for c in commas:
@@ -583,7 +445,7 @@ def _label_text(raw: str) -> list[Label]:
     bcuts = list(soft)
     pre_cuts: list[int] = []
     triggers: list[_Trig] = []
-    for s, e, i, (kind, roles) in raw_triggers:
+    for s, e, i, (kind, roles) in scan.triggers:
         if kind == "term":
             fcuts.append(s)
             bcuts.append(s)
@@ -601,18 +463,13 @@ def _label_text(raw: str) -> list[Label]:
     fcuts.sort()
     bcuts.sort()
     pre_cuts = sorted(fcuts + pre_cuts) if pre_cuts else fcuts
-    chain_cuts = sorted(set(soft) | set(bounds[1:]) | {t[0] for t in raw_triggers if t[3][0] in ("term", "term_f")})
+    chain_cuts = sorted(set(soft) | set(bounds[1:])
+                        | {t[0] for t in scan.triggers if t[3][0] in ("term", "term_f")})
+    return _Cuts(bounds, soft, commas, fcuts, bcuts, pre_cuts, chain_cuts, triggers)
 
-    mentions = [_Mention(s, e, i, bisect_left(wstarts, e), outputs, txt) for s, e, i, outputs, txt in raw_mentions]
-    if not mentions:
-        out: list[Label] = [None] * n_cond
-        out[_NO_FINDING] = POSITIVE
-        return out
 
-    # sentence-level "Findings: no …" / "Impression: no …" rule
-    header_no = {k for k, b in enumerate(bounds) if _HEADER_NO_RE.match(text, b)}
-
-    # "X or Y", "X versus Y", "X, Y, or Z": every member of such a chain is uncertain
+def _or_members(text: str, words: list[str], mentions: list[_Mention], chain_cuts: list[int]) -> set[int]:
+    """Indices of the mentions in an "X or Y", "X versus Y", "X, Y, or Z" chain: each is uncertain."""
     or_members: set[int] = set()
     order = sorted(range(len(mentions)), key=lambda k: mentions[k].start)
     group: list[int] = [order[0]]
@@ -642,66 +499,105 @@ def _label_text(raw: str) -> list[Label]:
             has_or = has_or or link == "or"
     if has_or:
         or_members.update(group)
+    return or_members
+
+
+def _in_scope(m: _Mention, t: _Trig, kind: str, direction: str, window: int | None,
+              scan: _Scan, cuts: _Cuts) -> bool:
+    """Whether trigger ``t``'s role (kind, direction, window) reaches mention ``m``."""
+    if direction == FORWARD:
+        if t.end > m.start or (window is not None and m.ws - t.we > window):
+            return False
+        return _free(cuts.pre_cuts if kind == "pre" else cuts.fcuts, t.end, m.start)
+    if m.end > t.start or (window is not None and t.ws - m.we > window):
+        return False
+    if not _free(cuts.bcuts, m.end, t.start):
+        return False
+    # a verb of an earlier clause separates them ("effusion is small and X has resolved");
+    # the copula of the trigger's own clause ("X is now stable") does not
+    if scan.verb_pos and not _free(scan.verb_pos, m.end, scan.wstarts[max(m.we, t.ws - 3)]):
+        return False
+    # a comma between them starts a new clause unless a list ("A, B and C are …") runs on
+    commas = cuts.commas
+    ci = bisect_left(commas, t.start) - 1
+    if ci >= 0 and commas[ci] >= m.end and (_free(scan.andor_pos, commas[ci], t.start)
+                                             or _clause_after(scan.words, scan.wstarts, commas[ci])):
+        return False
+    return True
+
+
+def _context(m: _Mention, s_start: int, s_end: int, scan: _Scan, cuts: _Cuts) -> set[str]:
+    """The trigger kinds ("pre", "neg", "post", "stable") whose scope reaches mention ``m``."""
+    kinds: set[str] = set()
+    for t in cuts.triggers:
+        if t.end <= s_start or t.start >= s_end:
+            continue
+        for kind, direction, window in t.roles:
+            if _in_scope(m, t, kind, direction, window, scan, cuts):
+                kinds.add(kind)
+    return kinds
+
+
+def _mention_value(kinds: set[str], unc: bool) -> int:
+    """CheXpert's order: pre-negation uncertainty, then negation, then post-negation uncertainty."""
+    if "pre" in kinds:
+        return UNCERTAIN
+    if "neg" in kinds:
+        return NEGATIVE
+    return UNCERTAIN if unc else POSITIVE
+
+
+def _aggregate(labels: list[list[int]], no_finding: bool) -> list[Label]:
+    """Per observation: positive beats uncertain beats negative; "No Finding" is 1 or blank."""
+    out: list[Label] = [None] * len(CONDITIONS)
+    for obs, values in enumerate(labels):
+        if values:
+            out[obs] = POSITIVE if POSITIVE in values else (UNCERTAIN if UNCERTAIN in values else NEGATIVE)
+    out[_NO_FINDING] = POSITIVE if no_finding else None
+    return out
+
+
+def _label_text(raw: str) -> list[Label]:
+    """Label one report: 14 values in CONDITIONS order.
+
+    Phases: normalise; scan words for mentions and triggers (:func:`_scan`); sentence bounds and
+    scope cuts (:func:`_cuts`); "X or Y" chains (:func:`_or_members`); per mention, the triggers
+    in scope (:func:`_context`) and its value; aggregation (:func:`_aggregate`).
+    """
+    text = _normalize(raw)
+    n_cond = len(CONDITIONS)
+    if not text.strip(" .,;:!?"):
+        return [None] * n_cond
+    scan = _scan(text)
+    mentions = [_Mention(s, e, i, bisect_left(scan.wstarts, e), outputs, txt)
+                for s, e, i, outputs, txt in scan.mentions]
+    if not mentions:
+        out: list[Label] = [None] * n_cond
+        out[_NO_FINDING] = POSITIVE
+        return out
+    cuts = _cuts(text, scan)
+    bounds = cuts.bounds
+    # sentence-level "Findings: no …" / "Impression: no …" rule
+    header_no = {k for k, b in enumerate(bounds) if _HEADER_NO_RE.match(text, b)}
+    or_members = _or_members(text, scan.words, mentions, cuts.chain_cuts)
 
     labels: list[list[int]] = [[] for _ in range(n_cond)]
     no_finding = True
     for k, m in enumerate(mentions):
         sent = bisect_left(bounds, m.start + 1) - 1
         s_start = bounds[sent]
-        s_end = bounds[sent + 1] if sent + 1 < len(bounds) else n
-        pre = neg = post = stable = False
-        if sent in header_no:
-            neg = True
-        else:
-            for t in triggers:
-                if t.end <= s_start or t.start >= s_end:
-                    continue
-                for kind, direction, window in t.roles:
-                    if direction == _F:
-                        if t.end > m.start or (window is not None and m.ws - t.we > window):
-                            continue
-                        if not _free(pre_cuts if kind == "pre" else fcuts, t.end, m.start):
-                            continue
-                    else:
-                        if m.end > t.start or (window is not None and t.ws - m.we > window):
-                            continue
-                        if not _free(bcuts, m.end, t.start):
-                            continue
-                        # a verb of an earlier clause separates them ("effusion is small and X has resolved");
-                        # the copula of the trigger's own clause ("X is now stable") does not
-                        if verb_pos and not _free(verb_pos, m.end, wstarts[max(m.we, t.ws - 3)]):
-                            continue
-                        # a comma between them starts a new clause unless a list ("A, B and C are …") runs on
-                        ci = bisect_left(commas, t.start) - 1
-                        if ci >= 0 and commas[ci] >= m.end and (_free(andor_pos, commas[ci], t.start)
-                                                                 or _clause_after(words, wstarts, commas[ci])):
-                            continue
-                    if kind == "pre":
-                        pre = True
-                    elif kind == "neg":
-                        neg = True
-                    elif kind == "post":
-                        post = True
-                    else:
-                        stable = True
-        if k in or_members:
-            post = True
+        s_end = bounds[sent + 1] if sent + 1 < len(bounds) else len(text)
+        kinds = {"neg"} if sent in header_no else _context(m, s_start, s_end, scan, cuts)
+        post = "post" in kinds or k in or_members
         for obs, flags in m.outputs:
             if flags & _DESC:
-                qual = _qualifier(words, wstarts, m, s_start, s_end, soft, commas)
+                qual = _qualifier(scan.words, scan.wstarts, m, s_start, s_end, cuts.soft, cuts.commas)
                 if qual is None:
                     continue  # a bare "heart" / "mediastinum": not a mention
-                unc = post or (stable and qual != "pos")
+                unc = post or ("stable" in kinds and qual != "pos")
             else:
                 unc = post or bool(flags & _ALWAYS_UNC)
-            if pre:
-                value = UNCERTAIN
-            elif neg:
-                value = NEGATIVE
-            elif unc:
-                value = UNCERTAIN
-            else:
-                value = POSITIVE
+            value = _mention_value(kinds, unc)
             if value != NEGATIVE and obs != _SUPPORT:
                 no_finding = False
             if obs == _OTHER:
@@ -709,13 +605,7 @@ def _label_text(raw: str) -> list[Label]:
             labels[obs].append(value)
             if flags & _CHF and value != NEGATIVE:
                 labels[_CARDIO].append(UNCERTAIN)
-
-    out = [None] * n_cond
-    for obs, values in enumerate(labels):
-        if values:
-            out[obs] = POSITIVE if POSITIVE in values else (UNCERTAIN if UNCERTAIN in values else NEGATIVE)
-    out[_NO_FINDING] = POSITIVE if no_finding else None
-    return out
+    return _aggregate(labels, no_finding)
 
 
 def _qualifier(words: list[str], wstarts: list[int], m: _Mention, s_start: int, s_end: int,

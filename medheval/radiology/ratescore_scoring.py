@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from medheval.text_cues import RATESCORE_SENTENCES, keep_sentence, split_sentences
 
 ENTITY_TYPES: tuple[str, ...] = ("ABNORMALITY", "NON-ABNORMALITY", "DISEASE", "NON-DISEASE", "ANATOMY")
 
@@ -257,16 +258,6 @@ def pair_score(prediction_embeddings: Any, reference_embeddings: Any, prediction
 # --------------------------------------------------------------------------------------------------
 # Sentences
 
-_BLANK_LINES = re.compile(r"\n\s*\n")
-_BOUNDARY = re.compile(r"(?<=[.!?])\s+(?=[^a-z\s])|\n\s*(?=[A-Z0-9\-*•])")
-_LIST_NUMBER = re.compile(r"\d{1,2}[.)]")
-
-
-def keep_sentence(sentence: str) -> bool:
-    """The package's filter: drop sentences with no word or shorter than 3 characters (after strip)."""
-    return bool(sentence.split()) and len(sentence) >= 3
-
-
 def split_sentences_rules(text: str) -> list[str]:
     """A dependency-free approximation of the package's medspacy/PyRuSH sentence splitting.
 
@@ -274,19 +265,9 @@ def split_sentences_rules(text: str) -> list[str]:
     a lower-case letter ("2.5 cm" and "e.g. the" stay whole, "Impression: 1. No ..." splits after
     "1." as PyRuSH does), except after a bare list number ("2. Stable ..." stays one sentence); a
     line break before a capital, digit or bullet. Sentences are stripped and filtered with
-    :func:`keep_sentence`.
+    :func:`keep_sentence`. (:data:`medheval.text_cues.RATESCORE_SENTENCES`.)
     """
-    sentences = []
-    for block in _BLANK_LINES.split(text or ""):
-        pieces = [piece.strip() for piece in _BOUNDARY.split(block)]
-        merged: list[str] = []
-        for piece in pieces:
-            if merged and _LIST_NUMBER.fullmatch(merged[-1]):  # "2." opening a sentence stays with it
-                merged[-1] = f"{merged[-1]} {piece}"
-            else:
-                merged.append(piece)
-        sentences.extend(piece for piece in merged if keep_sentence(piece))
-    return sentences
+    return split_sentences(text, RATESCORE_SENTENCES)
 
 
 __all__ = [

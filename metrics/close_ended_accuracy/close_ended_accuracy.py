@@ -28,7 +28,8 @@ reference is itself unusable (label noise such as a binary answer "Abnormal") co
 and are reported (`n_bad_reference`). Accuracy is also broken down by category (for the
 visual splits: anatomy, measurement, symptom, radiology = Acc-A/M/S/R) and by answer type.
 With `upstream_compat=True` the original MedHEval scorer is reproduced instead (token rule
-for yes/no, difflib argmax over letter-prefixed options for multiple choice).
+for yes/no, difflib argmax over letter-prefixed options for multiple choice, its group-level
+stale-variable bug and its weighted per-category means).
 """
 
 _KWARGS_DESCRIPTION = """
@@ -43,14 +44,21 @@ Args:
         symptom, radiology). Gives `accuracy_by_category`; `None` entries are left out of it.
     raw_choices (`list` of `str`, *optional*): the upstream choices strings, used by
         `upstream_compat=True` (rebuilt as "A. x, B. y" from `choices` when absent).
+    questions (`list` of `str`, *optional*): the question per item. With it, a yes/no answer
+        without a yes/no word counts only where it affirms or denies the question's finding
+        (native scoring; the runner passes it).
+    sources (`list` of `str`, *optional*): the source file per item (slake, vqa_rad, ...). Upstream
+        mode scores yes/no items in groups of one source and one category, as MedHEval does.
     upstream_compat (`bool`, *optional*, defaults to `False`): score exactly as MedHEval's
-        `eval_yesno.py` / `eval_multichoice.py`. Items upstream skips (no option B) are left
-        out of `n` and counted in `n_skipped_upstream`.
+        `eval_yesno.py` / `eval_multichoice.py` / `type1_utils.py`, bugs included (see the card).
+        Items upstream skips (no option B) are left out of `n` and counted in
+        `n_skipped_upstream`, but weigh in the accuracies as upstream's means do.
     threshold (`float`, *optional*, defaults to 0.6): minimum difflib ratio for a fuzzy
         option-text match (native scoring only).
 
 Returns:
-    accuracy (`float`): fraction of the `n` items answered correctly.
+    accuracy (`float`): fraction of the `n` items answered correctly (upstream mode: MedHEval's
+        weighted mean over the (source, category) groups).
     accuracy_by_category (`dict`): category -> accuracy (empty without `categories`).
     accuracy_by_answer_type (`dict`): "yes_no"/"multiple_choice" -> accuracy.
     n (`int`): number of items scored.
@@ -77,6 +85,66 @@ Examples:
 
 def _ratio(hits, total):
     return float(hits) / total if total else 0.0
+
+
+def _upstream_items(predictions, references, kinds, choices, raw_choices, categories, sources):
+    """Per-item results of MedHEval's scorer: (correct, parsed, n_skipped).
+
+    Yes/no items are scored per group (source, category) in input order, as upstream's
+    ``evaluate_yes_no`` sees them, so its stale-variable bug applies: a group whose last
+    answer is blank or starts with "." is wrong throughout. ``parsed`` is False where
+    upstream has no reading (-1: a broken group); an empty answer in an intact group
+    reads as "yes". Multiple-choice items upstream skips are ``None``.
+    """
+    parsing = medheval.parsing
+    n = len(predictions)
+    correct, parsed, n_skipped = [None] * n, [False] * n, 0
+    groups = defaultdict(list)
+    for i in range(n):
+        if kinds[i] == "yes_no":
+            groups[_group_key(i, categories, sources)].append(i)
+            continue
+        raw = raw_choices[i] if raw_choices is not None and raw_choices[i] else None
+        if raw is None:
+            item_choices = choices[i] if choices is not None else None
+            if isinstance(item_choices, str):
+                item_choices = parsing.split_choices(item_choices)
+            raw = parsing.join_choices(item_choices or [])
+        ok = parsing.upstream_multiple_choice_correct(predictions[i], references[i], raw)
+        correct[i], parsed[i] = ok, ok is not None
+        n_skipped += ok is None
+    for members in groups.values():
+        preds = [predictions[i] or "" for i in members]
+        broken = parsing.upstream_group_breaks(preds[-1])
+        results = parsing.upstream_yes_no_group(preds, [references[i] or "" for i in members])
+        for i, ok in zip(members, results):
+            correct[i], parsed[i] = ok, not broken
+    return correct, parsed, n_skipped
+
+
+def _group_key(i, categories, sources):
+    return (sources[i] if sources is not None else None, categories[i] if categories is not None else None)
+
+
+def _upstream_means(correct, kinds, categories, sources):
+    """MedHEval's weighted means: per (source, category) group ``upstream_group_accuracy``, then
+    each category's groups and all groups weighted by their item counts (skipped items included)."""
+    parsing = medheval.parsing
+    groups = defaultdict(lambda: ([], []))
+    for i, ok in enumerate(correct):
+        yn, mc = groups[_group_key(i, categories, sources)]
+        (yn if kinds[i] == "yes_no" else mc).append(ok)
+    by_category = defaultdict(lambda: [0.0, 0])
+    total = [0.0, 0]
+    for (_, category), (yn, mc) in groups.items():
+        size = len(yn) + len(mc)
+        weighted = parsing.upstream_group_accuracy(yn, mc) * size
+        total[0] += weighted
+        total[1] += size
+        if category is not None:
+            by_category[category][0] += weighted
+            by_category[category][1] += size
+    return _ratio(*total), {str(k): _ratio(*v) for k, v in sorted(by_category.items(), key=lambda kv: str(kv[0]))}
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
@@ -110,6 +178,8 @@ class CloseEndedAccuracy(evaluate.Metric):
         raw_choices=None,
         upstream_compat=False,
         threshold=0.6,
+        questions=None,
+        sources=None,
     ):
         parsing = medheval.parsing
         n = len(predictions)
@@ -121,6 +191,8 @@ class CloseEndedAccuracy(evaluate.Metric):
         choices = medheval.metric_inputs.per_item_column("choices", choices, n)
         categories = medheval.metric_inputs.per_item_column("categories", categories, n)
         raw_choices = medheval.metric_inputs.per_item_column("raw_choices", raw_choices, n)
+        questions = medheval.metric_inputs.per_item_column("questions", questions, n)
+        sources = medheval.metric_inputs.per_item_column("sources", sources, n)
 
         kinds = []
         for i, answer_type in enumerate(answer_types):
@@ -133,28 +205,20 @@ class CloseEndedAccuracy(evaluate.Metric):
             if kinds[-1] == "multiple_choice" and not (choices and choices[i]) and not (raw_choices and raw_choices[i]):
                 raise ValueError(f"item {i}: answer_type {answer_type!r} needs choices, got none")
 
-        correct, parsed = [], []
-        n_bad_reference = n_skipped = 0
-        for i in range(n):
-            item_choices = choices[i] if choices is not None else None
-            if isinstance(item_choices, str):
-                item_choices = parsing.split_choices(item_choices)
-            if upstream_compat:
-                if kinds[i] == "yes_no":
-                    ok = parsing.upstream_yes_no_correct(predictions[i], references[i])
-                    is_parsed = parsing.upstream_yes_no(predictions[i]) != -1
-                else:
-                    raw = raw_choices[i] if raw_choices is not None and raw_choices[i] else None
-                    if raw is None:
-                        raw = parsing.join_choices(item_choices or [])
-                    ok = parsing.upstream_multiple_choice_correct(predictions[i], references[i], raw)
-                    is_parsed = ok is not None
-                    if ok is None:
-                        n_skipped += 1
-                correct.append(ok)
-                parsed.append(is_parsed)
-            else:
-                score = parsing.score_item(predictions[i], references[i], kinds[i], item_choices, threshold)
+        if upstream_compat:
+            correct, parsed, n_skipped = _upstream_items(predictions, references, kinds, choices, raw_choices,
+                                                         categories, sources)
+            n_bad_reference = 0
+        else:
+            correct, parsed = [], []
+            n_bad_reference = n_skipped = 0
+            for i in range(n):
+                item_choices = choices[i] if choices is not None else None
+                if isinstance(item_choices, str):
+                    item_choices = parsing.split_choices(item_choices)
+                question = questions[i] if questions is not None else None
+                score = parsing.score_item(predictions[i], references[i], kinds[i], item_choices, threshold,
+                                           question=question)
                 correct.append(score.correct)
                 parsed.append(score.parsed)
                 n_bad_reference += not score.reference_ok
@@ -168,9 +232,14 @@ class CloseEndedAccuracy(evaluate.Metric):
                 by_category[categories[i]][0] += bool(correct[i])
                 by_category[categories[i]][1] += 1
 
+        if upstream_compat:
+            accuracy, accuracy_by_category = _upstream_means(correct, kinds, categories, sources)
+        else:
+            accuracy = _ratio(sum(bool(correct[i]) for i in scored), len(scored))
+            accuracy_by_category = {str(k): _ratio(*v) for k, v in sorted(by_category.items(), key=lambda kv: str(kv[0]))}
         result = {
-            "accuracy": _ratio(sum(bool(correct[i]) for i in scored), len(scored)),
-            "accuracy_by_category": {str(k): _ratio(*v) for k, v in sorted(by_category.items(), key=lambda kv: str(kv[0]))},
+            "accuracy": accuracy,
+            "accuracy_by_category": accuracy_by_category,
             "accuracy_by_answer_type": {k: _ratio(*v) for k, v in sorted(by_type.items())},
             "n": len(scored),
             "n_unparsed": sum(1 for i in scored if not parsed[i]),
