@@ -7,6 +7,7 @@ from pathlib import Path
 
 import datasets
 import evaluate
+import medheval.nltk39
 import medheval.nltk_data
 import medheval.parsing
 import sacrebleu
@@ -14,7 +15,6 @@ import torch
 import transformers
 from nltk.translate.bleu_score import SmoothingFunction
 from nltk.translate.bleu_score import sentence_bleu
-from nltk.translate.meteor_score import meteor_score
 from rouge_score import rouge_scorer
 from tqdm.auto import tqdm
 
@@ -85,9 +85,12 @@ scale, computed offline:
 - BERTScore F1 (greedy cosine matching of contextual token embeddings; default backbone
   roberta-large, layer 17, no idf, no baseline rescaling, as `bert_score.score(lang="en")`),
   implemented here on `transformers` (the `bert-score` package fails on transformers 5);
+- word tokens for BLEU and METEOR: NLTK 3.9's `word_tokenize`, reproduced in `medheval.nltk39` so the
+  numbers do not change with the installed NLTK (3.10 splits quotes differently);
 - BLEU: NLTK sentence BLEU, uniform 4-gram weights, `SmoothingFunction().method4`, mean over items;
 - sacreBLEU: corpus BLEU (13a tokenizer), an extra column for comparison with other papers;
-- METEOR: NLTK `meteor_score` with WordNet 3.0 read offline (see `medheval.nltk_data`);
+- METEOR: NLTK 3.9's `meteor_score` (reproduced in `medheval.nltk39`) with WordNet 3.0 read offline
+  (see `medheval.nltk_data`);
 - ROUGE-1/2/L: `rouge-score` F1 with the Porter stemmer, reference as target (precision and recall
   also returned).
 
@@ -398,7 +401,7 @@ class TextGeneration(evaluate.Metric):
         result = {"n": n, "n_empty_predictions": sum(not p.strip() for p in predictions),
                   "n_empty_references": sum(not r for r in references), "upstream_compat": bool(upstream_compat)}
 
-        # BLEU and METEOR on NLTK word tokens (MedHEval: nltk.word_tokenize).
+        # BLEU and METEOR on NLTK word tokens (MedHEval: nltk.word_tokenize of NLTK 3.9).
         tokenize, tokenizer_name = medheval.nltk_data.word_tokenizer()
         pred_tokens = [tokenize(p) for p in predictions]
         ref_tokens = [tokenize(r) for r in references]
@@ -415,7 +418,7 @@ class TextGeneration(evaluate.Metric):
         if wordnet is None:
             result.update(meteor=None, meteor_per_item=None, meteor_unavailable_reason=why)
         else:
-            meteor = [float(meteor_score([r], p, wordnet=wordnet)) if p and r else 0.0
+            meteor = [float(medheval.nltk39.meteor([r], p, wordnet)) if p and r else 0.0
                       for p, r in zip(pred_tokens, ref_tokens)]
             result.update(meteor=_mean(meteor), meteor_per_item=[100.0 * x for x in meteor],
                           meteor_unavailable_reason=None)
