@@ -344,3 +344,12 @@ def test_metric_closes_the_cache_connection_of_its_judge(metric, judge_server_fa
         assert out["scores"] == [1]
         assert open_files_under(tmp_path) == []  # no SQLite connection (or WAL file) left open
     assert server.request_count == 1  # the second call was answered from the reopened cache
+
+
+def test_runner_counts_a_record_without_the_flag_by_its_source(metric):
+    from medheval.runner import metric_kwargs
+
+    rows = [{"id": f"b/c/{i}", "question": "Q", "answer": "A", "answer_type": "open", "choices": [], "category": None,
+             "source": source, "meta": meta}
+            for i, (source, meta) in enumerate([("mimic_cxr", {}), ("vqa_rad", None), ("mimic_cxr", {"credentialed": False})])]
+    assert metric_kwargs(metric, rows, {})["credentialed"] == [True, False, False]
