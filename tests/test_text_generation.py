@@ -533,3 +533,74 @@ def test_nltk39_cross_check_against_real_nltk_3_9(tmp_path):
     tokens, meteors = json.loads(done.stdout)
     assert [nltk39.tokenize_sentence(t) for t in texts] == tokens
     assert [nltk39.meteor([r], h, WORDNET) for h, r in pairs] == meteors
+
+
+# ---------------------------------------------------------------------------------------------
+# no Hub access and no offline flags: BERTScore is reported unavailable after a quick probe
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def online_mode_without_hub(monkeypatch):
+    """HF offline flags off, HF_ENDPOINT on a closed loopback port, the probe's per-process memo cleared."""
+    import huggingface_hub.constants
+
+    from medheval import hub
+
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    hub._probe.cache_clear()
+    yield endpoint
+    hub._probe.cache_clear()
+
+
+def test_hub_probe_answers_and_is_remembered(online_mode_without_hub, monkeypatch):
+    import http.server
+    import threading
+
+    from medheval import hub
+
+    ok, why = hub.hub_reachable()
+    assert not ok and online_mode_without_hub in why
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802
+            hits.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        assert hub.hub_reachable(endpoint) == (True, None)  # any HTTP answer, even 404, means reachable
+        assert hub.hub_reachable(endpoint) == (True, None)
+        assert hits == ["/"]  # probed once per process
+    finally:
+        server.shutdown()
+        server.server_close()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.hub_reachable(endpoint) == (False, "HF_HUB_OFFLINE is set")
+
+
+def test_uncached_hub_backbone_without_hub_is_unavailable_after_the_probe(online_mode_without_hub):
+    metric = evaluate.load(str(METRIC_DIR))
+    out = _compute(metric, ["No effusion."], ["No pleural effusion."], bertscore_model="medheval-test/not-cached-bert")
+    reason = out["bertscore_unavailable_reason"]
+    assert out["bertscore"] is None and "not in the local Hugging Face cache" in reason
+    assert "Hub is not reachable" in reason and online_mode_without_hub in reason
+    assert out["rouge1"] == pytest.approx(100 * 4 / 5)  # the other columns are computed

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import datasets
 import evaluate
+import medheval.hub
 import medheval.nltk39
 import medheval.nltk_data
 import medheval.parsing
@@ -194,11 +195,12 @@ class BERTScorer:
     for each of P, R, F.
     """
 
-    def __init__(self, model_name_or_path, num_layers, device=None):
+    def __init__(self, model_name_or_path, num_layers, device=None, local_files_only=False):
         self.model_name_or_path = str(model_name_or_path)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_name_or_path)
-        model = transformers.AutoModel.from_pretrained(self.model_name_or_path)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_name_or_path,
+                                                                    local_files_only=local_files_only)
+        model = transformers.AutoModel.from_pretrained(self.model_name_or_path, local_files_only=local_files_only)
         if hasattr(model, "encoder") and hasattr(model, "decoder") and hasattr(model, "get_encoder"):
             model = model.get_encoder()
         self.num_layers = int(num_layers)
@@ -360,12 +362,33 @@ class TextGeneration(evaluate.Metric):
         )
 
     # ---- heavy resources, loaded once per metric instance -------------------------------------
-    def _bertscorer(self, model, num_layers, device):
+    def _bertscorer(self, model, num_layers, device, local_files_only=False):
         cache = self.__dict__.setdefault("_bertscorers", {})
         key = (str(model), int(num_layers), str(device))
         if key not in cache:
-            cache[key] = BERTScorer(model, num_layers, device)
+            cache[key] = BERTScorer(model, num_layers, device, local_files_only=local_files_only)
         return cache[key]
+
+    def _hub_scorer(self, model, num_layers, device):
+        """A Hub id's scorer: from the local cache first; only when it is not there, from the Hub, and only
+        when a quick probe (`medheval.hub.hub_reachable`, once per process) finds the Hub reachable, so an
+        offline machine without HF_HUB_OFFLINE learns it in seconds instead of a minute of retries.
+        Returns (scorer, None) or (None, reason)."""
+        try:
+            return self._bertscorer(model, num_layers, device, local_files_only=True), None
+        except BERTScoreConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 -- not cached (or a broken cache entry): try the Hub
+            cached_error = err
+        reachable, why = medheval.hub.hub_reachable()
+        if not reachable:
+            return None, self._load_failure(model, cached_error, hub=why)
+        try:
+            return self._bertscorer(model, num_layers, device), None
+        except BERTScoreConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 -- download failed, gated model, corrupt files ...
+            return None, self._load_failure(model, err)
 
     @staticmethod
     def _num_layers(model, num_layers):
@@ -463,21 +486,34 @@ class TextGeneration(evaluate.Metric):
                 "config.json, the weights and the tokenizer (e.g. a copy of roberta-large), or a Hub id when online. "
                 "The other columns were computed.")
             return out
-        try:
-            scorer = self._bertscorer(str(local) if local.is_dir() else model, num_layers, device)
-        except BERTScoreConfigError:
-            raise
-        except Exception as err:  # noqa: BLE001 -- offline Hub id, corrupt folder, missing tokenizer files ...
-            out["bertscore_unavailable_reason"] = self._load_failure(model, err)
-            return out
+        if local.is_dir():
+            try:
+                scorer = self._bertscorer(str(local), num_layers, device)
+            except BERTScoreConfigError:
+                raise
+            except Exception as err:  # noqa: BLE001 -- corrupt folder, missing tokenizer files ...
+                out["bertscore_unavailable_reason"] = self._load_failure(model, err)
+                return out
+        else:
+            scorer, why = self._hub_scorer(model, num_layers, device)
+            if scorer is None:
+                out["bertscore_unavailable_reason"] = why
+                return out
         precision, recall, f1 = scorer.score(predictions, references, idf=idf, batch_size=batch_size, baseline=baseline)
         out.update(bertscore=_mean(f1), bertscore_precision=_mean(precision), bertscore_recall=_mean(recall),
                    bertscore_per_item=[100.0 * x for x in f1])
         return out
 
     @staticmethod
-    def _load_failure(model, err):
+    def _load_failure(model, err, hub=None):
         message = " ".join(str(err).split())[:400]
+        if hub is not None:
+            return (
+                f"the BERTScore backbone {model!r} is not in the local Hugging Face cache ({type(err).__name__}) "
+                f"and the Hub is not reachable ({hub}). Offline, pass bertscore_model= a local folder (e.g. a copy "
+                "of roberta-large; its layer 17 is the papers' setting), or run online once so the Hub id is "
+                "cached. The other columns were computed."
+            )
         return (
             f"could not load the BERTScore backbone {model!r} ({type(err).__name__}: {message}). Offline, pass "
             "bertscore_model= a local folder (e.g. a copy of roberta-large; its layer 17 is the papers' setting), "
