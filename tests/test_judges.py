@@ -767,3 +767,40 @@ def test_plain_text_reply_format(judge_server_factory, tmp_path):
     assert judge.run([request])[0].cached and server.request_count == 2
     with pytest.raises(ValueError, match="reply_format"):
         JudgeRequest("t", user="x", reply_format="yaml")
+
+
+# -- the local-transformers loader shared with the HF backend (medheval.local_models) -------------
+def test_shared_loader_picks_the_kind_and_keeps_given_preprocessors(tiny_text_judge_dir, tmp_path):
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from medheval.backends.tiny import build_tiny_llava
+    from medheval.local_models import load_local_model
+
+    model, tokenizer = load_local_model(tiny_text_judge_dir, dtype=torch.float32, device="cpu")
+    assert type(model).__name__ == "LlamaForCausalLM" and isinstance(tokenizer, PreTrainedTokenizerBase)
+    assert not model.training
+    _, same = load_local_model(tiny_text_judge_dir, dtype=torch.float32, device="cpu", tokenizer=tokenizer)
+    assert same is tokenizer  # a given tokenizer is used, not reloaded
+    build_tiny_llava(save_dir=tmp_path / "llava")
+    model, processor = load_local_model(tmp_path / "llava", dtype=torch.float32, device="cpu")
+    assert "ConditionalGeneration" in type(model).__name__ and hasattr(processor, "image_processor")
+
+
+def test_shared_loader_errors_name_the_model_and_the_fix(tmp_path):
+    import torch
+
+    from medheval.local_models import load_local_model
+
+    with pytest.raises(JudgeError, match="is not a directory") as info:
+        load_local_model(tmp_path / "missing", dtype=torch.float32, device="cpu", error=JudgeError)
+    assert str(tmp_path / "missing") in str(info.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(JudgeError, match="could not load the judge model") as info:
+        load_local_model(tmp_path / "empty", dtype=torch.float32, device="cpu", error=JudgeError, what="the judge model")
+    assert "local directory" in str(info.value)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        load_local_model(tmp_path / "empty", kind="seq2seq", dtype=torch.float32, device="cpu")
+    judge = make_judge(f"transformers:{tmp_path / 'empty'}", cache_dir=False, progress=False)
+    with pytest.raises(JudgeError, match="could not load the judge model"):
+        judge.run([JudgeRequest("r0", user="x")])
