@@ -13,11 +13,11 @@ machines (and many hospital machines) do not have. Two pieces of NLTK data matte
   Files are copied, never symlinked: NLTK >= 3.9.3 resolves corpus paths and refuses any that
   leave its data roots.
 * **punkt_tab** (English sentence splitter), used by ``nltk.word_tokenize``. It is not on PyPI
-  nor in Debian. :func:`word_tokenizer` uses ``nltk.word_tokenize`` when the model is installed
-  and otherwise the data-free equivalent: an *untrained* ``PunktSentenceTokenizer`` (sentence
-  breaks at ``.``/``?``/``!`` before white space; no learned abbreviation list) followed by the
-  same ``NLTKWordTokenizer`` (improved Treebank tokenizer) that ``word_tokenize`` applies per
-  sentence. The two differ only where the trained English model knows an abbreviation
+  nor in Debian. :func:`word_tokenizer` splits sentences with the trained model when it is installed
+  and otherwise with the data-free equivalent: an *untrained* ``PunktSentenceTokenizer`` (sentence
+  breaks at ``.``/``?``/``!`` before white space; no learned abbreviation list); each sentence then
+  gets NLTK 3.9's ``NLTKWordTokenizer`` rules (:mod:`medheval.nltk39`). The two splitters differ only where
+  the trained English model knows an abbreviation
   (``e.g.``, ``Dr.``): the data-free splitter may end a sentence there, which moves the final
   period of that "sentence" into its own token. The metrics report which tokenizer ran.
 
@@ -227,22 +227,12 @@ def punkt_available(language: str = "english") -> bool:
 
 
 def word_tokenizer():
-    """``(tokenize, name)``: ``nltk.word_tokenize`` when punkt_tab is installed, otherwise the data-free
-    equivalent described in the module docstring. ``name`` says which one it is."""
-    from nltk.tokenize import NLTKWordTokenizer
-    from nltk.tokenize.punkt import PunktSentenceTokenizer
+    """``(tokenize, name)``: ``nltk.word_tokenize`` as NLTK 3.9 tokenises (:func:`medheval.nltk39.word_tokenize`:
+    trained Punkt sentences when punkt_tab is installed, else the data-free splitter described in the module
+    docstring). ``name`` says which sentence splitter ran."""
+    from medheval import nltk39
 
-    if punkt_available():
-        from nltk.tokenize import word_tokenize
-
-        return word_tokenize, "nltk.word_tokenize (punkt_tab english)"
-    sentences = PunktSentenceTokenizer()
-    words = NLTKWordTokenizer()
-
-    def tokenize(text: str) -> list[str]:
-        return [token for sentence in sentences.tokenize(text) for token in words.tokenize(sentence)]
-
-    return tokenize, "untrained PunktSentenceTokenizer + NLTKWordTokenizer (punkt_tab not installed)"
+    return nltk39.word_tokenize, nltk39.tokenizer_name()
 
 
 def _apt_install(packages) -> str | None:

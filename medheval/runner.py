@@ -178,8 +178,16 @@ RECORD_INPUTS: dict[str, Callable[[dict], Any]] = {
     "raw_choices": lambda row: (row["meta"] or {}).get("raw_choices") or "",
     "categories": lambda row: row["category"],
     "sources": lambda row: row["source"],
-    "credentialed": lambda row: bool((row["meta"] or {}).get("credentialed")),
+    "credentialed": lambda row: _record_credentialed(row),
 }
+
+
+def _record_credentialed(row: dict) -> bool:
+    """A record's ``meta.credentialed``; a record without it counts by its source (MIMIC: credentialed)."""
+    from medheval.schema import is_credentialed
+
+    flag = (row["meta"] or {}).get("credentialed")
+    return flag if isinstance(flag, bool) else is_credentialed(str(row.get("source") or ""))
 
 
 def metric_kwargs(metric: Any, rows: list[dict], options: Mapping[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -320,7 +321,67 @@ def judge_server_factory():
         server.stop()
 
 
+class RecordingProxy:
+    """A forward HTTP proxy on 127.0.0.1 that records the target of every request it gets and answers
+    each like an OpenAI-compatible judge replying ``{"score": 4}`` (so a proxied request succeeds)."""
+
+    def __init__(self):
+        hits = self.hits = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                hits.append(self.path)
+                data = json.dumps(openai_body('{"score": 4}')).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_CONNECT = do_POST  # noqa: N815 - an https target is recorded too
+
+            def log_message(self, *args):
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+@pytest.fixture
+def recording_proxy(monkeypatch):
+    """A :class:`RecordingProxy` named in HTTP(S)_PROXY / ALL_PROXY (both cases), NO_PROXY unset."""
+    proxy = RecordingProxy()
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, proxy.url)
+    yield proxy
+    proxy.close()
+
+
+def open_files_under(folder: Path) -> list[str]:
+    """Files under ``folder`` this process holds open (Linux /proc/self/fd)."""
+    fd_dir = Path("/proc/self/fd")
+    if not fd_dir.is_dir():
+        pytest.skip("needs /proc/self/fd (Linux) to count open files")
+    found = []
+    for fd in fd_dir.iterdir():
+        try:
+            target = str(Path(fd).resolve())
+        except OSError:
+            continue
+        if target.startswith(str(folder.resolve())):
+            found.append(target)
+    return sorted(found)
+
+
 __all__ = [
-    "Drop", "Hang", "JudgeServer", "Recorded", "Reply", "anthropic_body", "image_parts", "is_followup",
-    "judge_server_factory", "openai_body", "user_text", "user_texts",
+    "Drop", "Hang", "JudgeServer", "Recorded", "RecordingProxy", "Reply", "anthropic_body", "image_parts", "is_followup",
+    "judge_server_factory", "open_files_under", "openai_body", "recording_proxy", "user_text", "user_texts",
 ]

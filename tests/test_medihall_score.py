@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from judge_servers import judge_server_factory, user_text  # noqa: F401 - a fixture
+from judge_servers import judge_server_factory, recording_proxy, user_text  # noqa: F401 - fixtures
 from medheval import medihall as mh
 
 REPO = Path(__file__).resolve().parents[1]
@@ -362,3 +362,21 @@ def test_runner_passes_categories_as_question_types(metric):
     assert kwargs["categories"] == ["radiology"] and kwargs["questions"] == ["What is shown?"]
     out = metric.compute(predictions=["A CT scan."], references=["MRI"], **kwargs)
     assert out["levels"] == ["minor"] and out["failed"] == []  # radiology (technique) question answered wrongly
+
+
+def test_judge_classifier_guards_unknown_records_and_closes_its_cache(metric, judge_server_factory,
+                                                                      recording_proxy, tmp_path):
+    """Called directly without credentialed=: a remote judge is refused, a local one is used without the
+    environment's proxy, and the metric closes the SQLite cache connection of the judge it made."""
+    from medheval.judges import CredentialedDataError
+    from judge_servers import open_files_under
+
+    remote = {"backend": "openai", "model": "m", "base_url": "http://judge.example.org/v1", "api_key": "k-test"}
+    with pytest.raises(CredentialedDataError, match="treated as credentialed"):
+        metric.compute(predictions=["a1"], references=["r"], questions=["q"], classifier="judge", judge=remote,
+                       cache_dir=str(tmp_path))
+    server = judge_server_factory("openai", lambda request: '{"level": "Correct Statements"}')
+    out = metric.compute(predictions=["a1"], references=["r"], questions=["q"], classifier="judge",
+                         judge=f"openai:judge-model@{server.base_url}", cache_dir=str(tmp_path))
+    assert out["levels"] == ["correct"] and server.request_count == 1
+    assert recording_proxy.hits == [] and open_files_under(tmp_path) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from judge_servers import judge_server_factory, user_text  # noqa: F401 - a fixture
+from judge_servers import judge_server_factory, recording_proxy, user_text  # noqa: F401 - fixtures
 from medheval import sh_prompt
 from medheval.judges import CredentialedDataError
 
@@ -303,3 +303,53 @@ def test_list_predictions_need_multi_mode_and_take_model_names(metric, judge_ser
     out = metric.compute(predictions=[["a", "b"]], references=["r"], questions=["q"], judge=spec, mode="multi",
                          models=["m1", "m2"], cache_dir=str(tmp_path))
     assert out["scores"] == [{"m1": 2, "m2": 3}] and out["sh"] == {"m1": 2.0, "m2": 3.0}
+
+
+# -- the guard when the metric is called directly (issue 9, part 8) ---------------------------------
+def test_direct_compute_without_credentialed_is_refused_for_a_remote_endpoint(metric, recording_proxy, tmp_path):
+    """evaluate.load(...).compute(...) on rows of unknown origin: treated as credentialed, nothing sent."""
+    judge = {"backend": "openai", "model": "m", "base_url": "http://judge.example.org/v1", "api_key": "k-test",
+             "max_retries": 0}
+    with pytest.raises(CredentialedDataError, match="treated as credentialed"):
+        metric.compute(predictions=["x", "y"], references=["r", "r"], questions=["q", "q"], ids=["m/1", "m/2"],
+                       judge=judge, cache_dir=str(tmp_path))
+    with pytest.raises(CredentialedDataError, match="treated as credentialed"):  # one unknown item is enough
+        metric.compute(predictions=["x", "y"], references=["r", "r"], questions=["q", "q"],
+                       credentialed=[False, None], judge=judge, cache_dir=str(tmp_path))
+    assert recording_proxy.hits == []
+    # told the data is not credentialed, the request goes out (here through the environment's proxy)
+    out = metric.compute(predictions=["x"], references=["r"], questions=["q"], credentialed=False, judge=judge,
+                         cache_dir=str(tmp_path))
+    assert out["scores"] == [4] and recording_proxy.hits == ["http://judge.example.org/v1/chat/completions"]
+    with pytest.raises(ValueError, match=r"credentialed\[0\] must be True, False or None"):
+        metric.compute(predictions=["x"], references=["r"], questions=["q"], credentialed=["yes"], judge=judge)
+
+
+def test_direct_compute_without_credentialed_goes_to_a_local_judge_directly(metric, judge_server_factory,
+                                                                            recording_proxy, tmp_path):
+    server = judge_server_factory("openai", lambda request: '{"score": 2, "rationale": "r"}')
+    out = metric.compute(predictions=["x"], references=["r"], questions=["q"],
+                         judge=f"openai:local-model@{server.base_url}", cache_dir=str(tmp_path))
+    assert out["scores"] == [2] and server.request_count == 1
+    assert recording_proxy.hits == []  # HTTP_PROXY/ALL_PROXY point at it, but local traffic bypasses it
+
+
+def test_metric_closes_the_cache_connection_of_its_judge(metric, judge_server_factory, tmp_path):
+    from judge_servers import open_files_under
+
+    server = judge_server_factory("openai", lambda request: '{"score": 1}')
+    spec = f"openai:local-model@{server.base_url}"
+    for _ in range(2):
+        out = metric.compute(predictions=["x"], references=["r"], questions=["q"], judge=spec, cache_dir=str(tmp_path))
+        assert out["scores"] == [1]
+        assert open_files_under(tmp_path) == []  # no SQLite connection (or WAL file) left open
+    assert server.request_count == 1  # the second call was answered from the reopened cache
+
+
+def test_runner_counts_a_record_without_the_flag_by_its_source(metric):
+    from medheval.runner import metric_kwargs
+
+    rows = [{"id": f"b/c/{i}", "question": "Q", "answer": "A", "answer_type": "open", "choices": [], "category": None,
+             "source": source, "meta": meta}
+            for i, (source, meta) in enumerate([("mimic_cxr", {}), ("vqa_rad", None), ("mimic_cxr", {"credentialed": False})])]
+    assert metric_kwargs(metric, rows, {})["credentialed"] == [True, False, False]

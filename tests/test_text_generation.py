@@ -404,3 +404,203 @@ def test_tiny_roberta_backbone_gets_a_prefix_space(tg_module, tmp_path):
     assert f[0] == pytest.approx(1.0, abs=1e-6)
     p, r, f = scorer.score([""], ["no effusion."])
     assert (p[0], r[0], f[0]) == (0.0, 0.0, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# NLTK 3.9 tokenizer and METEOR (medheval.nltk39): exact whatever NLTK is installed
+
+from medheval import nltk39  # noqa: E402
+
+# Sentences where NLTK 3.9 and 3.10 tokenise differently: 3.9 splits a leading quote only before a
+# one-character word; 3.10 before any non-contraction word.
+QUOTE_CASES = [
+    ("The 'mass' is small.", ["The", "'mass", "'", "is", "small", "."]),
+    ("Called 'effusion' here.", ["Called", "'effusion", "'", "here", "."]),
+    ("An 'a' wave.", ["An", "'", "a", "'", "wave", "."]),  # one-character word: both versions split
+    ("It's the patient's 'x' film.", ["It", "'s", "the", "patient", "'s", "'", "x", "'", "film", "."]),
+    ('He said "no effusion" today.', ["He", "said", "``", "no", "effusion", "''", "today", "."]),
+    ("Cannot exclude it -- gonna recheck.", ["Can", "not", "exclude", "it", "--", "gon", "na", "recheck", "."]),
+]
+
+
+@pytest.mark.parametrize("text, tokens", QUOTE_CASES)
+def test_nltk39_tokenizer_hand_checked(text, tokens):
+    assert nltk39.tokenize_sentence(text) == tokens
+    assert nltk39.word_tokenize(text) == tokens
+
+
+def test_nltk39_tokenizer_agrees_with_installed_nltk_without_single_quotes():
+    """Away from the changed quote rule, the 3.9 rules and the installed NLTKWordTokenizer agree."""
+    from nltk.tokenize import NLTKWordTokenizer
+
+    words = NLTKWordTokenizer()
+    texts = [
+        "No pleural effusion. Heart size is normal, 3.5 cm nodule.",
+        'Findings: (1) "stable" opacity; [2] 50% smaller -- see prior... ok?',
+        "Cannot rule out pneumonia, gonna wait & see!",
+        "Lines/tubes: ETT 4 cm above the carina, NG tube in the stomach*",
+        "«Quoted» text — and “curly” ones.",
+    ]
+    for text in texts:
+        assert nltk39.tokenize_sentence(text) == words.tokenize(text), text
+
+
+def test_nltk39_meteor_exact_stage_matches_last_reference_word():
+    """Hand-worked: hypothesis "a b", reference "a b a". Scanning the hypothesis from the end, "b" takes
+    reference 1 and "a" the *last* free "a" (reference 2): matches (0,2),(1,1), 2 chunks.
+    P = 1, R = 2/3, Fmean = (2/3) / (0.9 + 0.1 * 2/3) = 2/2.9; penalty = 0.5 * (2/2)**3 = 0.5."""
+    assert nltk39.meteor([["a", "b", "a"]], ["a", "b"], wordnet=_NoSynonyms()) == pytest.approx(0.5 * 2 / 2.9, abs=1e-15)
+    # Identical 3-word sentences: one chunk, penalty 0.5 * (1/3)**3.
+    assert nltk39.meteor([["x", "y", "z"]], ["x", "y", "z"], wordnet=_NoSynonyms()) == pytest.approx(1 - 0.5 / 27)
+    assert nltk39.meteor([["x"]], ["q"], wordnet=_NoSynonyms()) == 0.0
+    with pytest.raises(TypeError, match="token lists"):
+        nltk39.meteor(["a b"], "a b", wordnet=_NoSynonyms())
+
+
+class _NoSynonyms:
+    """A WordNet stand-in without synsets: only the exact and stem stages can match."""
+
+    @staticmethod
+    def synsets(word):
+        return []
+
+
+@needs_wordnet
+def test_nltk39_meteor_equals_installed_nltk_on_random_token_lists():
+    """NLTK 3.10 re-implemented the alignment with an index; its scores still equal 3.9's rules."""
+    import random
+
+    from nltk.translate.meteor_score import meteor_score
+
+    rng = random.Random(0)
+    vocab = ("the no a is lung lungs effusion effusions small little large big heart normal opacity opacities "
+             "consolidation consolidated edema swelling enlarged study studies clear present shows . ,").split()
+    for _ in range(500):
+        hyp = [rng.choice(vocab) for _ in range(rng.randint(1, 10))]
+        ref = [rng.choice(vocab) for _ in range(rng.randint(1, 10))]
+        assert nltk39.meteor([ref], hyp, WORDNET) == meteor_score([ref], hyp, wordnet=WORDNET), (hyp, ref)
+
+
+@needs_wordnet
+def test_metric_uses_nltk39_tokens_for_bleu_and_meteor(metric):
+    """'mass' keeps its quote under 3.9 ("'mass", "'"): 6 prediction tokens, 4 exact matches (The is small .),
+    2 chunks. METEOR = (1 - 0.5 (2/4)^3) * (4/6 * 4/5) / (0.9 * 4/6 + 0.1 * 4/5)."""
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
+    out = _compute(metric, ["The 'mass' is small."], ["The mass is small."])
+    assert out["tokenizer"].startswith(nltk39.TOKENIZER_NAME)
+    p, r = 4 / 6, 4 / 5
+    assert out["meteor_per_item"][0] == pytest.approx(100 * (1 - 0.5 / 8) * (p * r) / (0.9 * p + 0.1 * r))
+    bleu = sentence_bleu([["The", "mass", "is", "small", "."]], ["The", "'mass", "'", "is", "small", "."],
+                         smoothing_function=SmoothingFunction().method4)
+    assert out["bleu_per_item"][0] == pytest.approx(100 * bleu)
+
+
+_CROSS_CHECK = r"""
+import json, random, sys, warnings
+warnings.simplefilter("ignore")
+import nltk
+from nltk.tokenize import NLTKWordTokenizer
+from nltk.translate.meteor_score import meteor_score
+from nltk.corpus.reader.wordnet import WordNetCorpusReader
+assert nltk.__version__.startswith("3.9"), nltk.__version__
+corpus = sys.argv[1]
+nltk.data.path.append(str(__import__("pathlib").Path(corpus).parent.parent))
+wn = WordNetCorpusReader(corpus, None)
+texts, pairs = json.load(open(sys.argv[2]))
+words = NLTKWordTokenizer()
+json.dump([[words.tokenize(t) for t in texts], [meteor_score([r], h, wordnet=wn) for h, r in pairs]], sys.stdout)
+"""
+
+
+@needs_wordnet
+@pytest.mark.skipif(not os.environ.get("MEDHEVAL_NLTK39_DIR"),
+                    reason="set MEDHEVAL_NLTK39_DIR to a `pip install --target DIR 'nltk>=3.9,<3.10'` folder")
+def test_nltk39_cross_check_against_real_nltk_3_9(tmp_path):
+    """Token for token and bit for bit against a real NLTK 3.9 (run in a subprocess from MEDHEVAL_NLTK39_DIR)."""
+    import random
+
+    rng = random.Random(7)
+    vocab = ("the a no 'mass' 'a' ' \" 's n't patient's it's . , ; : ? ! ( ) e.g. dr. effusion 'effusion' "
+             "``quoted'' 'tis rock'n'roll ‘curly’ “double” lungs lung small little clear consolidated").split()
+    texts = [" ".join(rng.choice(vocab) for _ in range(rng.randint(1, 12))) for _ in range(600)]
+    texts += [text for text, _ in QUOTE_CASES]
+    pairs = [[nltk39.tokenize_sentence(texts[i]), nltk39.tokenize_sentence(texts[i + 1])] for i in range(0, 600, 2)]
+    (tmp_path / "in.json").write_text(json.dumps([texts, pairs]))
+    env = dict(os.environ, PYTHONPATH=os.environ["MEDHEVAL_NLTK39_DIR"])
+    done = subprocess.run([sys.executable, "-c", _CROSS_CHECK, str(nltk_data.find_wordnet()), str(tmp_path / "in.json")],
+                          capture_output=True, text=True, env=env, timeout=600, check=True)
+    tokens, meteors = json.loads(done.stdout)
+    assert [nltk39.tokenize_sentence(t) for t in texts] == tokens
+    assert [nltk39.meteor([r], h, WORDNET) for h, r in pairs] == meteors
+
+
+# ---------------------------------------------------------------------------------------------
+# no Hub access and no offline flags: BERTScore is reported unavailable after a quick probe
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def online_mode_without_hub(monkeypatch):
+    """HF offline flags off, HF_ENDPOINT on a closed loopback port, the probe's per-process memo cleared."""
+    import huggingface_hub.constants
+
+    from medheval import hub
+
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    hub._probe.cache_clear()
+    yield endpoint
+    hub._probe.cache_clear()
+
+
+def test_hub_probe_answers_and_is_remembered(online_mode_without_hub, monkeypatch):
+    import http.server
+    import threading
+
+    from medheval import hub
+
+    ok, why = hub.hub_reachable()
+    assert not ok and online_mode_without_hub in why
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802
+            hits.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        assert hub.hub_reachable(endpoint) == (True, None)  # any HTTP answer, even 404, means reachable
+        assert hub.hub_reachable(endpoint) == (True, None)
+        assert hits == ["/"]  # probed once per process
+    finally:
+        server.shutdown()
+        server.server_close()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.hub_reachable(endpoint) == (False, "HF_HUB_OFFLINE is set")
+
+
+def test_uncached_hub_backbone_without_hub_is_unavailable_after_the_probe(online_mode_without_hub):
+    metric = evaluate.load(str(METRIC_DIR))
+    out = _compute(metric, ["No effusion."], ["No pleural effusion."], bertscore_model="medheval-test/not-cached-bert")
+    reason = out["bertscore_unavailable_reason"]
+    assert out["bertscore"] is None and "not in the local Hugging Face cache" in reason
+    assert "Hub is not reachable" in reason and online_mode_without_hub in reason
+    assert out["rouge1"] == pytest.approx(100 * 4 / 5)  # the other columns are computed

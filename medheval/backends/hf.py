@@ -63,39 +63,16 @@ def _jsonable(value: Any) -> Any:
 
 
 def load_model_and_processor(model_id: str | os.PathLike, *, dtype: torch.dtype, device: str, **kwargs):
-    """``AutoModelForImageTextToText`` + ``AutoProcessor`` from a Hub id or local directory.
+    """``AutoModelForImageTextToText`` + ``AutoProcessor`` from a Hub id or local directory
+    (:func:`medheval.local_models.load_local_model`, shared with the transformers judge).
 
     Raises :class:`BackendError` naming ``model_id`` when it cannot be loaded (offline,
     wrong path, not an image-text-to-text model).
     """
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from medheval.local_models import load_local_model
 
-    model_id = os.fspath(model_id)
-    looks_local = os.path.isabs(model_id) or model_id.startswith((".", "~")) or os.path.exists(model_id)
-    if looks_local and not os.path.isdir(os.path.expanduser(model_id)):
-        raise BackendError(
-            f"model path {model_id!r} is not a directory; pass a local directory holding config.json, "
-            "the weights and the processor files (as written by save_pretrained), or a Hub model id"
-        )
-    model_id = os.path.expanduser(model_id) if looks_local else model_id
-    try:
-        # model first: a bad id/path fails on config.json before the processor's several files
-        model = AutoModelForImageTextToText.from_pretrained(model_id, dtype=dtype, **kwargs)
-        processor = AutoProcessor.from_pretrained(model_id, **kwargs)
-    except (OSError, ValueError, KeyError) as err:
-        from huggingface_hub import constants as hub_constants
-
-        offline = bool(hub_constants.HF_HUB_OFFLINE)
-        raise BackendError(
-            f"could not load model {model_id!r} with AutoModelForImageTextToText/AutoProcessor: {err}\n"
-            "Pass a local directory holding the model and processor files (save_pretrained output), "
-            "or, for a Hub id, download it once with network access (`hf download "
-            f"{model_id}`) and then run with HF_HUB_OFFLINE=1 so the local cache is used"
-            + (" (HF_HUB_OFFLINE is set: the id must already be in the cache)." if offline else ".")
-        ) from err
-    model.to(device)
-    model.eval()
-    return model, processor
+    return load_local_model(model_id, kind="image-text-to-text", dtype=dtype, device=device, error=BackendError,
+                            **kwargs)
 
 
 class HFBackend:

@@ -66,7 +66,8 @@ class JudgeRequest:
     Give either ``messages`` (``[{"role": "system"|"user"|"assistant", "content": str}, ...]``)
     or ``user`` (with an optional ``system``). ``images`` (PIL images, encoded bytes or file
     paths) are attached to the last user message of the initial conversation and sent as
-    base64 data. ``credentialed=True`` marks PhysioNet-derived content (see the guard).
+    base64 data. ``credentialed=True`` marks PhysioNet-derived content (see the guard);
+    ``credentialed=None`` means the status is unknown, which the guard treats as credentialed.
     ``validate(parsed_json)`` returns the value to report and raises ``ValueError`` for a reply
     that is not acceptable (its message is shown to the judge in the corrective follow-up).
     ``metadata`` is carried to the result untouched. ``reply_format="text"`` is for judges
@@ -80,7 +81,7 @@ class JudgeRequest:
     system: str | None = None
     user: str | None = None
     images: list = field(default_factory=list)
-    credentialed: bool = False
+    credentialed: bool | None = False
     validate: Callable[[dict], Any] | None = None
     metadata: dict = field(default_factory=dict)
     reply_format: str = "json"
@@ -270,10 +271,9 @@ class Judge:
             return dict(self._usage)
 
     def close(self) -> None:
-        """Close the cache connection (later runs of this judge are not cached)."""
+        """Close the cache's SQLite connection; a later run of this judge opens it again."""
         if self.cache is not None:
             self.cache.close()
-            self.cache = None
 
     def __enter__(self) -> "Judge":
         return self
@@ -317,10 +317,13 @@ class Judge:
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
     def check_credentialed(self, requests: Iterable[JudgeRequest]) -> None:
-        """Raise :class:`CredentialedDataError` if credentialed requests may not go to this endpoint."""
+        """Raise :class:`CredentialedDataError` if credentialed requests, or requests whose status is
+        unknown (``credentialed=None``), may not go to this endpoint."""
+        requests = list(requests)
         flagged = [r.id for r in requests if r.credentialed]
-        if flagged and not self.credentialed_allowed:
-            raise credentialed_refusal(flagged, self.base_url or "", self.backend)
+        unknown = [r.id for r in requests if r.credentialed is None]
+        if (flagged or unknown) and not self.credentialed_allowed:
+            raise credentialed_refusal(flagged, self.base_url or "", self.backend, unknown=unknown)
 
     def _prepare(self, index: int, request: JudgeRequest) -> _Item:
         messages = request.conversation()

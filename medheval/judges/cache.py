@@ -36,16 +36,29 @@ class JudgeCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / CACHE_FILENAME
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(str(self.path), timeout=60.0, check_same_thread=False, isolation_level=None)
+        self._conn: sqlite3.Connection | None = None
         with self._lock:
+            self._connection()
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection (caller holds the lock); opened again after :meth:`close`."""
+        if self._conn is None:
+            conn = sqlite3.connect(str(self.path), timeout=60.0, check_same_thread=False, isolation_level=None)
             try:
-                self._conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA journal_mode=WAL")
             except sqlite3.OperationalError:  # e.g. a network file system without shared memory
                 pass
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.execute(
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(
                 "CREATE TABLE IF NOT EXISTS entries (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)"
             )
+            self._conn = conn
+        return self._conn
+
+    @property
+    def is_open(self) -> bool:
+        """Whether a SQLite connection is open now."""
+        return self._conn is not None
 
     def get_many(self, keys) -> dict[str, dict[str, Any]]:
         keys = list(dict.fromkeys(keys))
@@ -54,7 +67,7 @@ class JudgeCache:
             for start in range(0, len(keys), 500):
                 chunk = keys[start : start + 500]
                 marks = ",".join("?" * len(chunk))
-                rows = self._conn.execute(f"SELECT key, value FROM entries WHERE key IN ({marks})", chunk).fetchall()
+                rows = self._connection().execute(f"SELECT key, value FROM entries WHERE key IN ({marks})", chunk).fetchall()
                 for key, value in rows:
                     try:
                         found[key] = json.loads(value)
@@ -68,21 +81,24 @@ class JudgeCache:
     def put(self, key: str, entry: dict[str, Any]) -> None:
         value = json.dumps(entry, ensure_ascii=False, sort_keys=True)
         with self._lock:
-            self._conn.execute(
+            self._connection().execute(
                 "INSERT OR REPLACE INTO entries (key, value, created) VALUES (?, ?, ?)", (key, value, time.time())
             )
 
     def __len__(self) -> int:
         with self._lock:
-            return int(self._conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
+            return int(self._connection().execute("SELECT COUNT(*) FROM entries").fetchone()[0])
 
     def clear(self) -> None:
         with self._lock:
-            self._conn.execute("DELETE FROM entries")
+            self._connection().execute("DELETE FROM entries")
 
     def close(self) -> None:
+        """Close the SQLite connection (idempotent); the next read or write opens it again."""
         with self._lock:
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
 
 __all__ = ["CACHE_FILENAME", "JudgeCache", "default_cache_dir"]

@@ -1,16 +1,22 @@
 """Endpoints: safe descriptions (no credentials), "is it local?", and the credentialed-data guard.
 
 Local means the data stays on the user's machine or network: the host part of the base URL
-is ``localhost`` (or ``*.localhost``), a loopback address (127.0.0.0/8, ::1), or a private-range
-IP literal (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, IPv6 unique-local fc00::/7). Host
-*names* are never resolved (DNS can point anywhere and needs the network), so
-``vllm.internal.example.org`` counts as remote until it is named in ``allow_remote_credentialed``.
-Link-local (169.254/16, cloud metadata) and carrier-grade NAT (100.64/10) ranges are not local.
+is a loopback address (127.0.0.0/8, ::1), a private-range IP literal (10.0.0.0/8, 172.16.0.0/12,
+192.168.0.0/16, IPv6 unique-local fc00::/7), or ``localhost`` / ``*.localhost`` **when that name
+resolves** (system resolver, ``/etc/hosts`` included) **to loopback addresses only**: a hosts file
+or resolver can map ``judge.localhost`` anywhere, and then it is remote. Other host *names* are
+never resolved (DNS can point anywhere and needs the network), so ``vllm.internal.example.org``
+counts as remote until it is named in ``allow_remote_credentialed``. Link-local (169.254/16,
+cloud metadata) and carrier-grade NAT (100.64/10) ranges are not local.
+
+Traffic to an endpoint judged local never goes through a proxy from the environment
+(``HTTP(S)_PROXY``/``ALL_PROXY``): :mod:`medheval.judges.http` ignores them for local endpoints.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -63,14 +69,30 @@ def is_local_host(host: str | None) -> bool:
         return False
     host = host.strip().lower().strip("[]").rstrip(".")
     if host == "localhost" or host.endswith(".localhost"):
-        return True
+        return resolves_to_loopback(host)
+    address = _ip_literal(host)
+    return address is not None and any(address in net for net in _PRIVATE_NETWORKS)
+
+
+def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address ``host`` spells (IPv4-mapped IPv6 as IPv4, zone id dropped), or None for a name."""
     try:
         address = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
-        return False
+        return None
     if getattr(address, "ipv4_mapped", None) is not None:
         address = address.ipv4_mapped
-    return any(address in net for net in _PRIVATE_NETWORKS)
+    return address
+
+
+def resolves_to_loopback(name: str) -> bool:
+    """True when the system resolver maps ``name`` to at least one address and every one is loopback."""
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    addresses = [_ip_literal(str(info[4][0])) for info in infos]
+    return bool(addresses) and all(a is not None and a.is_loopback for a in addresses)
 
 
 def is_local_url(url: str | None) -> bool:
@@ -113,11 +135,28 @@ def endpoint_allowed(base_url: str | None, allow: tuple[str, ...]) -> bool:
     return False
 
 
-def credentialed_refusal(ids: list[str], base_url: str, backend: str) -> CredentialedDataError:
-    shown = ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+def _shown(ids: list[str]) -> str:
+    return ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
+def credentialed_refusal(ids: list[str], base_url: str, backend: str,
+                         unknown: list[str] | None = None) -> CredentialedDataError:
+    """The refusal for credentialed records (``ids``) and records of unknown status (``unknown``)."""
     host = endpoint_host(base_url)
+    if unknown and not ids:
+        return CredentialedDataError(
+            f"refusing to send {len(unknown)} record(s) ({_shown(unknown)}) to the {backend} endpoint {host!r}, "
+            "which is not local: nothing says whether they derive from credentialed data (MIMIC-CXR / MIMIC-IV "
+            "on PhysioNet), so they are treated as credentialed. No request was sent.\n"
+            "To proceed: pass the records' status, credentialed=[...] with one bool per record (run_eval.py "
+            "passes each record's meta['credentialed']), or credentialed=False when none of the data is "
+            "credentialed (e.g. VQA-RAD, SLAKE, PMC images); or run the judge locally (a server on localhost "
+            "or a private-range IP, or backend 'transformers'); or, for an approved deployment, name it: "
+            f"allow_remote_credentialed={host!r}."
+        )
+    ids = list(ids) + list(unknown or [])
     return CredentialedDataError(
-        f"refusing to send {len(ids)} credentialed record(s) ({shown}) to the {backend} endpoint {host!r}, "
+        f"refusing to send {len(ids)} credentialed record(s) ({_shown(ids)}) to the {backend} endpoint {host!r}, "
         "which is not local. These records derive from MIMIC-CXR / MIMIC-IV, released on PhysioNet under a "
         "credentialed data use agreement that forbids sharing the data with third parties; a public LLM API "
         "is a third party unless your agreement covers it (PhysioNet's guidance on online services: use an "
@@ -148,6 +187,7 @@ __all__ = [
     "is_local_url",
     "normalise_allow_list",
     "redact",
+    "resolves_to_loopback",
     "safe_base_url",
     "split_userinfo",
 ]

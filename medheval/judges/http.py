@@ -1,7 +1,8 @@
 """HTTP judges: bounded thread concurrency, a shared rate limit, retries with backoff.
 
 Each record runs in a worker thread (at most ``concurrency`` at once) with its own
-``requests.Session`` per thread (connections are reused). A call is re-sent on 408/409/425/429,
+``requests.Session`` per thread (connections are reused). Sessions to a local endpoint ignore
+proxy settings from the environment, so loopback/private traffic never leaves through a proxy. A call is re-sent on 408/409/425/429,
 any 5xx, a timeout or a dropped/refused connection, up to ``max_retries`` times, after an
 exponential backoff with jitter or the server's ``Retry-After`` (a 429's ``Retry-After`` pauses
 every thread). 401/403/404 stop the whole run (:class:`JudgeError`: a wrong key or model
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -98,7 +100,15 @@ class HTTPJudge(Judge):
         session = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
-            session.trust_env = True
+            if self.is_local:
+                # A local endpoint's traffic must not leave through a proxy from the environment
+                # (HTTP(S)_PROXY / ALL_PROXY): ignore the environment, keeping only a CA bundle it names.
+                session.trust_env = False
+                bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+                if bundle:
+                    session.verify = bundle
+            else:
+                session.trust_env = True
             if self._basic_auth is not None:
                 session.auth = self._basic_auth
             self._local.session = session

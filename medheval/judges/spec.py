@@ -164,7 +164,7 @@ def make_judge(
     return AnthropicJudge(model, base_url=base_url, api_key=api_key, **settings)
 
 
-__all__ = ["make_judge", "parse_spec"]
+__all__ = ["close_judges", "judge_for", "make_judge", "parse_spec"]
 
 
 def judge_for(owner: object, spec: Any, **options: Any) -> Any:
@@ -179,3 +179,10 @@ def judge_for(owner: object, spec: Any, **options: Any) -> Any:
     if key not in judges:
         judges[key] = make_judge(spec, **options)
     return judges[key]
+
+
+def close_judges(owner: object) -> None:
+    """Close the SQLite cache connections of the judges :func:`judge_for` made for ``owner`` (they reopen
+    on their next run). Metrics call it when a ``compute`` ends; a ready Judge passed in is never closed."""
+    for judge in owner.__dict__.get("_judges", {}).values():
+        judge.close()

@@ -155,34 +155,22 @@ class TransformersJudge(Judge):
             tokenizer.pad_token = tokenizer.eos_token
 
     def _load(self) -> None:
+        """Model + tokenizer/processor from the path (:func:`medheval.local_models.load_local_model`, shared
+        with the HF backend): image-text-to-text when the config has a ``vision_config``, else causal LM."""
         import torch
-        from transformers import (
-            AutoConfig,
-            AutoModelForCausalLM,
-            AutoModelForImageTextToText,
-            AutoProcessor,
-            AutoTokenizer,
-        )
+
+        from medheval.local_models import default_dtype_name, load_local_model
 
         if self._dtype_name is None:
-            use_bf16 = self._device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-            self._dtype_name = "bfloat16" if use_bf16 else "float32"
-        dtype = getattr(torch, self._dtype_name)
-        try:
-            config = AutoConfig.from_pretrained(self.model)
-            if getattr(config, "vision_config", None) is not None:
-                self._model = AutoModelForImageTextToText.from_pretrained(self.model, dtype=dtype)
-                self._processor = self._processor or AutoProcessor.from_pretrained(self.model)
-            else:
-                self._model = AutoModelForCausalLM.from_pretrained(self.model, dtype=dtype)
-                self._tokenizer = self._tokenizer or AutoTokenizer.from_pretrained(self.model)
-        except (OSError, ValueError, KeyError) as err:
-            raise JudgeError(
-                f"could not load the judge model {self.model!r}: {err}. Pass a local directory holding the model "
-                "and its tokenizer/processor (save_pretrained output), or a Hub id already in the local cache."
-            ) from err
-        self._model.to(self._device)
-        self._model.eval()
+            self._dtype_name = default_dtype_name(self._device)
+        model, preprocessor = load_local_model(
+            self.model, kind="auto", dtype=getattr(torch, self._dtype_name), device=self._device, error=JudgeError,
+            processor=self._processor, tokenizer=self._tokenizer, what="the judge model")
+        self._model = model
+        if getattr(model.config, "vision_config", None) is not None:
+            self._processor = preprocessor
+        else:
+            self._tokenizer = preprocessor
 
     def _text_tokenizer(self):
         if self._processor is not None:

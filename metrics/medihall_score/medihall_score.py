@@ -52,8 +52,10 @@ Args:
     answer_types (`list` of `str`, *optional*): "yes_no"/"multiple_choice"/"open" per item (rule).
     choices (`list` of `list` of `str`, *optional*): options of multiple-choice items (rule).
     ids (`list` of `str`, *optional*): item ids used in `failed` (default: the item index).
-    credentialed (`list` of `bool`, *optional*): items derived from credentialed (PhysioNet)
-        data; the judge refuses to send them to a non-local endpoint without opt-in.
+    credentialed (`list` of `bool`/`None`, or one `bool`, *optional*): items derived from credentialed
+        (PhysioNet) data; the judge refuses to send them to a non-local endpoint without opt-in.
+        Not given (or `None` for an item): unknown, treated as credentialed; pass `False` for data
+        that is not credentialed. run_eval.py passes each record's meta['credentialed'].
     images (`list` of `list`, *optional*): images per item (PIL images, paths or bytes) sent to
         the judge/detector.
     classifier (`str`, *optional*): "rule", "judge" or "detector"; default "judge" when `judge`
@@ -116,6 +118,15 @@ class MedihallScore(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2406.10185"],
         )
 
+    def compute(self, *args, **kwargs):
+        """`evaluate.Metric.compute`, then close the SQLite cache connections of judges this metric made."""
+        try:
+            return super().compute(*args, **kwargs)
+        finally:
+            from medheval.judges import close_judges
+
+            close_judges(self)
+
     def _judge(self, spec, **options):
         """One judge per (spec, options) for the life of this metric instance (`medheval.judges.judge_for`)."""
         from medheval.judges import judge_for
@@ -155,7 +166,7 @@ class MedihallScore(evaluate.Metric):
         question_types = medheval.metric_inputs.per_item_column("question_types", question_types if question_types is not None else categories, n, missing=None)
         answer_types = medheval.metric_inputs.per_item_column("answer_types", answer_types, n, missing=None)
         choices = medheval.metric_inputs.per_item_column("choices", choices, n, missing=None)
-        credentialed = medheval.metric_inputs.per_item_column("credentialed", credentialed, n, missing=None)
+        credentialed = medheval.metric_inputs.credentialed_column(credentialed, n)
         images = medheval.metric_inputs.per_item_column("images", images, n, missing=None)
         ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in medheval.metric_inputs.per_item_column("ids", ids, n, missing=None)]
 
@@ -234,7 +245,7 @@ class MedihallScore(evaluate.Metric):
         for i in range(len(predictions)):
             has_ref = references[i] is not None and str(references[i]).strip() != ""
             item_images = list(images[i] or [])
-            common = {"id": ids[i], "credentialed": bool(credentialed[i]), "images": item_images}
+            common = {"id": ids[i], "credentialed": credentialed[i], "images": item_images}
             if task == "vqa":
                 if not has_ref and not item_images:
                     failures[i] = "no reference and no image: nothing to judge the answer against"

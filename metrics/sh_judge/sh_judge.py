@@ -39,7 +39,10 @@ Args:
     references (`list` of `str`): ground-truth answers.
     questions (`list` of `str`): the questions.
     ids (`list` of `str`, *optional*): item ids used in `failed` (default: the item index).
-    credentialed (`list` of `bool`, *optional*): items derived from credentialed data.
+    credentialed (`list` of `bool`/`None`, or one `bool`, *optional*): items derived from credentialed
+        (PhysioNet) data. Not given (or `None` for an item): unknown, treated as credentialed, so
+        only a local judge (or one named in allow_remote_credentialed) gets them; pass `False` for
+        data that is not credentialed. run_eval.py passes each record's meta['credentialed'].
     judge (`str`, `dict` or `medheval.judges.Judge`): "backend:model[@base_url]", e.g.
         "openai:gpt-4o@http://127.0.0.1:8000/v1" or "anthropic:claude-3-5-sonnet-20240620", or a
         dict {"backend", "model", "base_url", "api_key", ...} (keys otherwise from the environment).
@@ -113,7 +116,12 @@ class ShJudge(evaluate.Metric):
             names = list(models)
             predictions = [[(p or {}).get(name) for name in names] for p in predictions]
             kwargs.update(models=[str(m) for m in names], mode="multi")
-        return super().compute(predictions=predictions, references=references, **kwargs)
+        try:
+            return super().compute(predictions=predictions, references=references, **kwargs)
+        finally:  # the SQLite cache connections of judges this metric made (they reopen on the next call)
+            from medheval.judges import close_judges
+
+            close_judges(self)
 
     def _judge(self, spec, **options):
         """One judge per (spec, options) for the life of this metric instance (`medheval.judges.judge_for`)."""
@@ -146,7 +154,7 @@ class ShJudge(evaluate.Metric):
                              "or a dict (see medheval.judges.make_judge)")
         n = len(predictions)
         questions = medheval.metric_inputs.per_item_column("questions", questions, n, missing=None)
-        credentialed = medheval.metric_inputs.per_item_column("credentialed", credentialed, n, missing=None)
+        credentialed = medheval.metric_inputs.credentialed_column(credentialed, n)
         ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in medheval.metric_inputs.per_item_column("ids", ids, n, missing=None)]
         if mode == "single" and any(isinstance(p, (list, tuple)) for p in predictions):
             raise ValueError("predictions hold several answers per item: use mode='multi' (with models=[names])")
@@ -165,7 +173,7 @@ class ShJudge(evaluate.Metric):
             if reference is None or not str(reference).strip():
                 failed.append((i, None, "no reference answer to judge against"))
                 continue
-            common = {"id": ids[i], "credentialed": bool(credentialed[i])}
+            common = {"id": ids[i], "credentialed": credentialed[i]}
             if mode == "single":
                 system, user = sp.render_single(questions[i], reference, predictions[i])
                 requests.append(JudgeRequest(system=system, user=user, validate=sp.validate_single, **common))

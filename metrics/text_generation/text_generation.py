@@ -7,6 +7,8 @@ from pathlib import Path
 
 import datasets
 import evaluate
+import medheval.hub
+import medheval.nltk39
 import medheval.nltk_data
 import medheval.parsing
 import sacrebleu
@@ -14,7 +16,6 @@ import torch
 import transformers
 from nltk.translate.bleu_score import SmoothingFunction
 from nltk.translate.bleu_score import sentence_bleu
-from nltk.translate.meteor_score import meteor_score
 from rouge_score import rouge_scorer
 from tqdm.auto import tqdm
 
@@ -85,9 +86,12 @@ scale, computed offline:
 - BERTScore F1 (greedy cosine matching of contextual token embeddings; default backbone
   roberta-large, layer 17, no idf, no baseline rescaling, as `bert_score.score(lang="en")`),
   implemented here on `transformers` (the `bert-score` package fails on transformers 5);
+- word tokens for BLEU and METEOR: NLTK 3.9's `word_tokenize`, reproduced in `medheval.nltk39` so the
+  numbers do not change with the installed NLTK (3.10 splits quotes differently);
 - BLEU: NLTK sentence BLEU, uniform 4-gram weights, `SmoothingFunction().method4`, mean over items;
 - sacreBLEU: corpus BLEU (13a tokenizer), an extra column for comparison with other papers;
-- METEOR: NLTK `meteor_score` with WordNet 3.0 read offline (see `medheval.nltk_data`);
+- METEOR: NLTK 3.9's `meteor_score` (reproduced in `medheval.nltk39`) with WordNet 3.0 read offline
+  (see `medheval.nltk_data`);
 - ROUGE-1/2/L: `rouge-score` F1 with the Porter stemmer, reference as target (precision and recall
   also returned).
 
@@ -191,11 +195,12 @@ class BERTScorer:
     for each of P, R, F.
     """
 
-    def __init__(self, model_name_or_path, num_layers, device=None):
+    def __init__(self, model_name_or_path, num_layers, device=None, local_files_only=False):
         self.model_name_or_path = str(model_name_or_path)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_name_or_path)
-        model = transformers.AutoModel.from_pretrained(self.model_name_or_path)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_name_or_path,
+                                                                    local_files_only=local_files_only)
+        model = transformers.AutoModel.from_pretrained(self.model_name_or_path, local_files_only=local_files_only)
         if hasattr(model, "encoder") and hasattr(model, "decoder") and hasattr(model, "get_encoder"):
             model = model.get_encoder()
         self.num_layers = int(num_layers)
@@ -363,12 +368,33 @@ class TextGeneration(evaluate.Metric):
         )
 
     # ---- heavy resources, loaded once per metric instance -------------------------------------
-    def _bertscorer(self, model, num_layers, device):
+    def _bertscorer(self, model, num_layers, device, local_files_only=False):
         cache = self.__dict__.setdefault("_bertscorers", {})
         key = (str(model), int(num_layers), str(device))
         if key not in cache:
-            cache[key] = BERTScorer(model, num_layers, device)
+            cache[key] = BERTScorer(model, num_layers, device, local_files_only=local_files_only)
         return cache[key]
+
+    def _hub_scorer(self, model, num_layers, device):
+        """A Hub id's scorer: from the local cache first; only when it is not there, from the Hub, and only
+        when a quick probe (`medheval.hub.hub_reachable`, once per process) finds the Hub reachable, so an
+        offline machine without HF_HUB_OFFLINE learns it in seconds instead of a minute of retries.
+        Returns (scorer, None) or (None, reason)."""
+        try:
+            return self._bertscorer(model, num_layers, device, local_files_only=True), None
+        except BERTScoreConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 -- not cached (or a broken cache entry): try the Hub
+            cached_error = err
+        reachable, why = medheval.hub.hub_reachable()
+        if not reachable:
+            return None, self._load_failure(model, cached_error, hub=why)
+        try:
+            return self._bertscorer(model, num_layers, device), None
+        except BERTScoreConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 -- download failed, gated model, corrupt files ...
+            return None, self._load_failure(model, err)
 
     @staticmethod
     def _num_layers(model, num_layers):
@@ -404,7 +430,7 @@ class TextGeneration(evaluate.Metric):
         result = {"n": n, "n_empty_predictions": sum(not p.strip() for p in predictions),
                   "n_empty_references": sum(not r for r in references), "upstream_compat": bool(upstream_compat)}
 
-        # BLEU and METEOR on NLTK word tokens (MedHEval: nltk.word_tokenize).
+        # BLEU and METEOR on NLTK word tokens (MedHEval: nltk.word_tokenize of NLTK 3.9).
         tokenize, tokenizer_name = medheval.nltk_data.word_tokenizer()
         pred_tokens = [tokenize(p) for p in predictions]
         ref_tokens = [tokenize(r) for r in references]
@@ -421,7 +447,7 @@ class TextGeneration(evaluate.Metric):
         if wordnet is None:
             result.update(meteor=None, meteor_per_item=None, meteor_unavailable_reason=why)
         else:
-            meteor = [float(meteor_score([r], p, wordnet=wordnet)) if p and r else 0.0
+            meteor = [float(medheval.nltk39.meteor([r], p, wordnet)) if p and r else 0.0
                       for p, r in zip(pred_tokens, ref_tokens)]
             result.update(meteor=_mean(meteor), meteor_per_item=[100.0 * x for x in meteor],
                           meteor_unavailable_reason=None)
@@ -466,21 +492,34 @@ class TextGeneration(evaluate.Metric):
                 "config.json, the weights and the tokenizer (e.g. a copy of roberta-large), or a Hub id when online. "
                 "The other columns were computed.")
             return out
-        try:
-            scorer = self._bertscorer(str(local) if local.is_dir() else model, num_layers, device)
-        except BERTScoreConfigError:
-            raise
-        except Exception as err:  # noqa: BLE001 -- offline Hub id, corrupt folder, missing tokenizer files ...
-            out["bertscore_unavailable_reason"] = self._load_failure(model, err)
-            return out
+        if local.is_dir():
+            try:
+                scorer = self._bertscorer(str(local), num_layers, device)
+            except BERTScoreConfigError:
+                raise
+            except Exception as err:  # noqa: BLE001 -- corrupt folder, missing tokenizer files ...
+                out["bertscore_unavailable_reason"] = self._load_failure(model, err)
+                return out
+        else:
+            scorer, why = self._hub_scorer(model, num_layers, device)
+            if scorer is None:
+                out["bertscore_unavailable_reason"] = why
+                return out
         precision, recall, f1 = scorer.score(predictions, references, idf=idf, batch_size=batch_size, baseline=baseline)
         out.update(bertscore=_mean(f1), bertscore_precision=_mean(precision), bertscore_recall=_mean(recall),
                    bertscore_per_item=[100.0 * x for x in f1])
         return out
 
     @staticmethod
-    def _load_failure(model, err):
+    def _load_failure(model, err, hub=None):
         message = " ".join(str(err).split())[:400]
+        if hub is not None:
+            return (
+                f"the BERTScore backbone {model!r} is not in the local Hugging Face cache ({type(err).__name__}) "
+                f"and the Hub is not reachable ({hub}). Offline, pass bertscore_model= a local folder (e.g. a copy "
+                "of roberta-large; its layer 17 is the papers' setting), or run online once so the Hub id is "
+                "cached. The other columns were computed."
+            )
         return (
             f"could not load the BERTScore backbone {model!r} ({type(err).__name__}: {message}). Offline, pass "
             "bertscore_model= a local folder (e.g. a copy of roberta-large; its layer 17 is the papers' setting), "

@@ -1,0 +1,68 @@
+# Copyright 2025 The MedHEval-HF authors. Licensed under the Apache License, Version 2.0.
+"""Is the Hugging Face Hub reachable? One quick probe per endpoint per process.
+
+Without the offline flags (``HF_HUB_OFFLINE``) and without a route to the Hub, ``from_pretrained``
+of a Hub id that is not cached spends about a minute in ``huggingface_hub``'s retries before it
+fails. Code that can go on without the model (the BERTScore column of ``metrics/text_generation``)
+first tries the local cache, then asks :func:`hub_reachable`: one HTTP ``HEAD`` of the endpoint with
+a short timeout (proxies from the environment are honoured, as the Hub client does). Any HTTP
+answer counts as reachable; a DNS failure, refused connection or timeout does not. The answer is
+kept for the life of the process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+#: Seconds for the probe's connect and read (each).
+PROBE_TIMEOUT = 3.0
+
+
+def hub_endpoint() -> str:
+    """``$HF_ENDPOINT`` when set, else huggingface_hub's endpoint (``https://huggingface.co``)."""
+    endpoint = os.environ.get("HF_ENDPOINT")
+    if not endpoint:
+        try:
+            from huggingface_hub import constants
+
+            endpoint = constants.ENDPOINT
+        except ImportError:
+            endpoint = "https://huggingface.co"
+    return endpoint.rstrip("/")
+
+
+def hub_offline() -> bool:
+    """Whether the Hub client is in offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    try:
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:
+            return True
+    except ImportError:
+        pass
+    return any(os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_reachable(endpoint: str | None = None) -> tuple[bool, str | None]:
+    """``(True, None)`` when ``endpoint`` (default :func:`hub_endpoint`) answers HTTP, else ``(False, why)``;
+    ``(False, ...)`` without a probe in offline mode. Cached per endpoint for the process."""
+    if hub_offline():
+        return False, "HF_HUB_OFFLINE is set"
+    return _probe(endpoint or hub_endpoint())
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(endpoint: str) -> tuple[bool, str | None]:
+    import requests
+
+    try:
+        requests.head(endpoint, timeout=(PROBE_TIMEOUT, PROBE_TIMEOUT), allow_redirects=False)
+    except requests.RequestException as err:
+        message = " ".join(str(err).split())[:200]
+        return False, f"no answer from {endpoint} (timeout {PROBE_TIMEOUT:g}s; {type(err).__name__}: {message})"
+    return True, None
+
+
+__all__ = ["PROBE_TIMEOUT", "hub_endpoint", "hub_offline", "hub_reachable"]
