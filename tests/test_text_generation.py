@@ -552,7 +552,7 @@ def online_mode_without_hub(monkeypatch):
     """HF offline flags off, HF_ENDPOINT on a closed loopback port, the probe's per-process memo cleared."""
     import huggingface_hub.constants
 
-    from medheval import hub
+    from medheval import hub_access as hub
 
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
@@ -568,7 +568,7 @@ def test_hub_probe_answers_and_is_remembered(online_mode_without_hub, monkeypatc
     import http.server
     import threading
 
-    from medheval import hub
+    from medheval import hub_access as hub
 
     ok, why = hub.hub_reachable()
     assert not ok and online_mode_without_hub in why

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import datasets
 import evaluate
-import medheval.hub
+import medheval.hub_access
 import medheval.nltk39
 import medheval.nltk_data
 import medheval.parsing
@@ -377,7 +377,7 @@ class TextGeneration(evaluate.Metric):
 
     def _hub_scorer(self, model, num_layers, device):
         """A Hub id's scorer: from the local cache first; only when it is not there, from the Hub, and only
-        when a quick probe (`medheval.hub.hub_reachable`, once per process) finds the Hub reachable, so an
+        when a quick probe (`medheval.hub_access.hub_reachable`, once per process) finds the Hub reachable, so an
         offline machine without HF_HUB_OFFLINE learns it in seconds instead of a minute of retries.
         Returns (scorer, None) or (None, reason)."""
         try:
@@ -386,7 +386,7 @@ class TextGeneration(evaluate.Metric):
             raise
         except Exception as err:  # noqa: BLE001 -- not cached (or a broken cache entry): try the Hub
             cached_error = err
-        reachable, why = medheval.hub.hub_reachable()
+        reachable, why = medheval.hub_access.hub_reachable()
         if not reachable:
             return None, self._load_failure(model, cached_error, hub=why)
         try:
