@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/bench_mitigations.py [--model tiny|small] [--batch-size 4]
         [--prompts 8] [--max-new-tokens 32] [--repeats 3] [--device cpu|cuda] [--threads N]
+        [--preset medheval|official|...]
 
 One process, the same random-weight LLaVA, the same prompts and images for every row:
 
@@ -10,9 +11,10 @@ One process, the same random-weight LLaVA, the same prompts and images for every
 - ``vcd``        VCD, noised stream sharing the clean batch and cache (2B rows per forward);
 - ``vcd-2pass``  VCD with the noised stream in its own cache (two forwards per step), to show
                  what batching the equal-length stream buys;
-- ``m3id``, ``pai``, ``dola``, ``avisc``, ``damro``  the other methods at their defaults.
+- ``m3id``, ``pai``, ``dola``, ``avisc``, ``damro``  the other methods at their ``--preset``
+                 (default ``medheval``; a preset a method lacks falls back to ``medheval``).
 - ``beam5``      plain 5-beam ``model.generate(num_beams=5)``, the baseline of OPERA's row;
-- ``opera``      OPERA at its defaults (5 beams, 5 candidates); ``vs_beam5`` is its speed
+- ``opera``      OPERA at its preset (5 beams, 5 candidates); ``vs_beam5`` is its speed
                  relative to ``beam5`` on the same prompts.
 
 ``--model tiny`` is the test model (a few ms per step: Python overhead dominates);
@@ -198,6 +200,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--methods", nargs="+", default=None, help="subset of the methods to run")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--preset", default="medheval", help="the methods' preset (medheval, official, ...)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -210,9 +213,13 @@ def main(argv=None) -> int:
         image_size = 224
     model.to(args.device)
     batches = make_batches(processor, args.prompts, args.batch_size, image_size)
+    def preset(cls):
+        return cls(preset=args.preset if args.preset in cls.PRESETS else "medheval")
+
     methods = {
-        "none": None, "loop": Loop(), "vcd": VCD(), "vcd-2pass": VCDTwoPass(), "m3id": M3ID(), "pai": PAI(),
-        "dola": DoLa(), "avisc": AvisC(), "damro": DAMRO(), "beam5": PlainBeams(), "opera": OPERA(),
+        "none": None, "loop": Loop(), "vcd": preset(VCD), "vcd-2pass": preset(VCDTwoPass), "m3id": preset(M3ID),
+        "pai": preset(PAI), "dola": preset(DoLa), "avisc": preset(AvisC), "damro": preset(DAMRO),
+        "beam5": PlainBeams(), "opera": preset(OPERA),
     }
     if args.methods:
         methods = {k: v for k, v in methods.items() if k in args.methods or k == "none"}
@@ -236,6 +243,8 @@ def main(argv=None) -> int:
         best = min(times[name])
         results[name] = {"seconds": round(best, 4), "tokens_per_s": round(tokens / best, 1),
                          "peak_mem_mb": round(memory.peak_bytes / 2**20, 1)}
+        if hasattr(method, "PRESETS"):
+            results[name]["settings"] = method.spec()
     base = results["none"]["tokens_per_s"]
     for entry in results.values():
         entry["relative_speed"] = round(entry["tokens_per_s"] / base, 3)
@@ -251,7 +260,8 @@ def main(argv=None) -> int:
 
     prompt_len = int(batches[0]["input_ids"].shape[1])
     print(f"model={args.model} device={args.device} threads={torch.get_num_threads()} prompts={args.prompts} "
-          f"batch={args.batch_size} new_tokens={args.max_new_tokens} prompt_len(batch 0)={prompt_len}")
+          f"batch={args.batch_size} new_tokens={args.max_new_tokens} prompt_len(batch 0)={prompt_len} "
+          f"preset={args.preset}")
     print(f"{'method':<10} {'tokens/s':>10} {'x plain':>8} {'slowdown':>9} {'peak MB':>8}")
     for name, entry in results.items():
         print(f"{name:<10} {entry['tokens_per_s']:>10.1f} {entry['relative_speed']:>8.3f} "
@@ -261,7 +271,8 @@ def main(argv=None) -> int:
     summary = {
         "model": args.model, "device": args.device, "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "machine": platform.machine(), "prompts": args.prompts,
-        "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "results": results,
+        "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "preset": args.preset,
+        "results": results,
     }
     if args.device.startswith("cuda"):
         summary["gpu"] = torch.cuda.get_device_name()

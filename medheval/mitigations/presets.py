@@ -16,7 +16,8 @@ caller passes it explicitly, so explicit arguments always win::
 
 The instance then holds the resolved values, so ``method.settings()`` and ``method.spec()``
 (what the runner writes to ``run.json`` / ``results.json``) carry the preset name *and* every
-resolved parameter. :func:`preset_table` renders a method's presets as the table in its card.
+resolved parameter. :func:`preset_table` renders a method's presets as the table in its card
+(``python -m medheval.mitigations.cards`` rewrites those tables).
 """
 
 from __future__ import annotations
@@ -99,3 +100,4 @@ def preset_table(cls: type) -> str:
 
 
 __all__ = ["DEFAULT_PRESET", "FROM_PRESET", "from_preset", "preset_table", "resolve_preset"]
+
