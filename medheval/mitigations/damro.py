@@ -2,7 +2,8 @@ r"""DAMRO — Dive into the Attention Mechanism of LVLM to Reduce Object Halluci
 
 Gong, Ming, Wang, Wei, *DAMRO: Dive into the Attention Mechanism of LVLM to Reduce Object
 Hallucination*, EMNLP 2024 (arXiv 2410.04514); code ``coder-gx/DAMRO``. MedHEval ran its own
-reimplementation (``clip_encoder.get_damro_mask_idx``), which this module follows.
+reimplementation (``clip_encoder.get_damro_mask_idx``): the ``medheval`` preset (default) follows
+it, the ``official`` preset follows DAMRO's code.
 
 The vision encoder's [CLS] token attends strongly to a few **outlier** patches; the language
 model over-relies on them. DAMRO contrasts the clean stream with a stream that sees *only*
@@ -28,8 +29,8 @@ Per step, with ``ℓ`` the clean logits and ``ℓ_o`` the outlier-only stream's 
 Presets: ``medheval`` (default) — α = 0.5, β = 0.1, k = 10, last vision layer, head mean,
 zeros (MedHEval's appendix A.4 and ``clip_encoder.get_damro_mask_idx``); ``official`` — α = 2,
 β = 0.1, k = 10, ``vision_feature_layer``, one head over the full width, drop (DAMRO's argparse
-defaults and LLaVA-1.5 scripts; its InstructBLIP POPE runs use α = 0.5, k = 4). ``alpha=0`` is the neutral setting: greedy DAMRO then equals
-plain greedy decoding token for token.
+defaults and LLaVA-1.5 scripts; its InstructBLIP POPE runs use α = 0.5, k = 4). ``alpha=0`` is
+the neutral setting: greedy DAMRO then equals plain greedy decoding token for token.
 
 **k on other grids.** k = 10 is for LLaVA-1.5's 24×24 = 576 patches per image (1.7 %). With
 ``top_k=None`` (the default) k is scaled to the encoder's grid: ``max(1, round(10·P/576))`` for

@@ -20,7 +20,8 @@ long answers.
 
 Presets: ``medheval`` (default) and ``official`` are the same, λ = 0.02, β = 0.1 — M3ID has
 no official code, and MedHEval hard-coded the values of the AvisC reimplementation it copied
-(the paper's own hyperparameters were not verified). ``lam=0`` is the neutral setting: the weight is 0 and ``s = log p_c``, whose arg-max is plain greedy's.
+(the paper's own hyperparameters were not verified). ``lam=0`` is the neutral setting: the
+weight is 0 and ``s = log p_c``, whose arg-max is plain greedy's.
 
 Differences from MedHEval: the unconditioned prompt drops the image-token positions
 found from ``input_ids`` (MedHEval dropped hard-coded embedding positions 34..609), rows

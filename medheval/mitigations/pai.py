@@ -22,8 +22,7 @@ Presets: ``medheval`` (default) and ``official`` are the same: α = 0.2, γ = 1.
 (hard-coded in PAI), layers 2..32 of a 32-layer model — MedHEval's runner and the run commands
 of PAI's README agree (PAI's evaluation scripts default to γ = 2 when none is passed). Layer
 defaults adapt to depth: ``start_layer = round(2·N/32)``, ``end_layer = N`` for an ``N``-layer
-language model (2..32 for 7B, 2..40 for 13B). ``alpha=0, gamma=1`` is the
-neutral setting (scores = ``log p_c``, whose arg-max is plain greedy's).
+language model (2..32 for 7B, 2..40 for 13B). ``alpha=0, gamma=1`` is the neutral setting (scores = ``log p_c``, whose arg-max is plain greedy's).
 
 Needs eager attention on the language model: while PAI runs, its attention is switched to
 medheval's hookable eager implementation and switched back afterwards (also on errors);
