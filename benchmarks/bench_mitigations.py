@@ -43,7 +43,7 @@ from PIL import Image
 
 from medheval.backends.tiny import SPECIAL_TOKENS, build_tiny_llava, build_tiny_tokenizer, CHAT_TEMPLATE
 from medheval.decoding import DecodingMethod
-from medheval.mitigations import DAMRO, AvisC, DoLa, M3ID, OPERA, PAI, VCD
+from medheval.mitigations import DAMRO, AvisC, DoLa, M3ID, OPERA, PAI, VCD, get_mitigation
 
 WORDS = (
     "is there a pleural effusion in the left lower lobe of this chest x ray with cardiomegaly "
@@ -198,7 +198,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per method (best is reported)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    parser.add_argument("--methods", nargs="+", default=None, help="subset of the methods to run")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="subset of the methods to run; a spec such as opera:preset=official adds that variant")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--preset", default="medheval", help="the methods' preset (medheval, official, ...)")
     args = parser.parse_args(argv)
@@ -222,7 +223,8 @@ def main(argv=None) -> int:
         "beam5": PlainBeams(), "opera": preset(OPERA),
     }
     if args.methods:
-        methods = {k: v for k, v in methods.items() if k in args.methods or k == "none"}
+        extra = {spec: get_mitigation(spec) for spec in args.methods if ":" in spec}
+        methods = {k: v for k, v in methods.items() if k in args.methods or k == "none"} | extra
 
     tokens = args.prompts * args.max_new_tokens
     for method in methods.values():  # warm-up
@@ -249,8 +251,10 @@ def main(argv=None) -> int:
     for entry in results.values():
         entry["relative_speed"] = round(entry["tokens_per_s"] / base, 3)
         entry["slowdown"] = round(base / entry["tokens_per_s"], 2)
-    if "opera" in results and "beam5" in results:
-        results["opera"]["vs_beam5"] = round(results["opera"]["tokens_per_s"] / results["beam5"]["tokens_per_s"], 3)
+    if "beam5" in results:
+        for name, method in methods.items():
+            if isinstance(method, OPERA):
+                results[name]["vs_beam5"] = round(results[name]["tokens_per_s"] / results["beam5"]["tokens_per_s"], 3)
     if "loop" in reference_outputs:
         same = all(torch.equal(a, b) for a, b in zip(reference_outputs["loop"], reference_outputs["none"]))
         results["loop"]["same_tokens_as_none"] = same
@@ -262,12 +266,14 @@ def main(argv=None) -> int:
     print(f"model={args.model} device={args.device} threads={torch.get_num_threads()} prompts={args.prompts} "
           f"batch={args.batch_size} new_tokens={args.max_new_tokens} prompt_len(batch 0)={prompt_len} "
           f"preset={args.preset}")
-    print(f"{'method':<10} {'tokens/s':>10} {'x plain':>8} {'slowdown':>9} {'peak MB':>8}")
+    width = max(10, *(len(name) for name in results))
+    print(f"{'method':<{width}} {'tokens/s':>10} {'x plain':>8} {'slowdown':>9} {'peak MB':>8}")
     for name, entry in results.items():
-        print(f"{name:<10} {entry['tokens_per_s']:>10.1f} {entry['relative_speed']:>8.3f} "
+        print(f"{name:<{width}} {entry['tokens_per_s']:>10.1f} {entry['relative_speed']:>8.3f} "
               f"{entry['slowdown']:>8.2f}x {entry['peak_mem_mb']:>8.1f}")
-    if "vs_beam5" in results.get("opera", {}):
-        print(f"opera vs plain 5-beam generate: {results['opera']['vs_beam5']:.3f}x the tokens/s")
+    for name, entry in results.items():
+        if "vs_beam5" in entry:
+            print(f"{name} vs plain 5-beam generate: {entry['vs_beam5']:.3f}x the tokens/s")
     summary = {
         "model": args.model, "device": args.device, "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "machine": platform.machine(), "prompts": args.prompts,

@@ -16,7 +16,9 @@ caller passes it explicitly, so explicit arguments always win::
 
 The instance then holds the resolved values, so ``method.settings()`` and ``method.spec()``
 (what the runner writes to ``run.json`` / ``results.json``) carry the preset name *and* every
-resolved parameter. :func:`preset_table` renders a method's presets as the table in its card
+resolved parameter. The preset is applied at construction: ``dataclasses.replace(method,
+preset="official")`` keeps the other (already resolved) values; build a new instance instead.
+:func:`preset_table` renders a method's presets as the table in its card
 (``python -m medheval.mitigations.cards`` rewrites those tables).
 """
 
