@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/bench_mitigations.py [--model tiny|small] [--batch-size 4]
         [--prompts 8] [--max-new-tokens 32] [--repeats 3] [--device cpu|cuda] [--threads N]
+        [--preset medheval|official|...]
 
 One process, the same random-weight LLaVA, the same prompts and images for every row:
 
@@ -10,9 +11,10 @@ One process, the same random-weight LLaVA, the same prompts and images for every
 - ``vcd``        VCD, noised stream sharing the clean batch and cache (2B rows per forward);
 - ``vcd-2pass``  VCD with the noised stream in its own cache (two forwards per step), to show
                  what batching the equal-length stream buys;
-- ``m3id``, ``pai``, ``dola``, ``avisc``, ``damro``  the other methods at their defaults.
+- ``m3id``, ``pai``, ``dola``, ``avisc``, ``damro``  the other methods at their ``--preset``
+                 (default ``medheval``; a preset a method lacks falls back to ``medheval``).
 - ``beam5``      plain 5-beam ``model.generate(num_beams=5)``, the baseline of OPERA's row;
-- ``opera``      OPERA at its defaults (5 beams, 5 candidates); ``vs_beam5`` is its speed
+- ``opera``      OPERA at its preset (5 beams, 5 candidates); ``vs_beam5`` is its speed
                  relative to ``beam5`` on the same prompts.
 
 ``--model tiny`` is the test model (a few ms per step: Python overhead dominates);
@@ -41,7 +43,7 @@ from PIL import Image
 
 from medheval.backends.tiny import SPECIAL_TOKENS, build_tiny_llava, build_tiny_tokenizer, CHAT_TEMPLATE
 from medheval.decoding import DecodingMethod
-from medheval.mitigations import DAMRO, AvisC, DoLa, M3ID, OPERA, PAI, VCD
+from medheval.mitigations import DAMRO, AvisC, DoLa, M3ID, OPERA, PAI, VCD, get_mitigation
 
 WORDS = (
     "is there a pleural effusion in the left lower lobe of this chest x ray with cardiomegaly "
@@ -196,8 +198,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per method (best is reported)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    parser.add_argument("--methods", nargs="+", default=None, help="subset of the methods to run")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="subset of the methods to run; a spec such as opera:preset=official adds that variant")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--preset", default="medheval", help="the methods' preset (medheval, official, ...)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -210,12 +214,17 @@ def main(argv=None) -> int:
         image_size = 224
     model.to(args.device)
     batches = make_batches(processor, args.prompts, args.batch_size, image_size)
+    def preset(cls):
+        return cls(preset=args.preset if args.preset in cls.PRESETS else "medheval")
+
     methods = {
-        "none": None, "loop": Loop(), "vcd": VCD(), "vcd-2pass": VCDTwoPass(), "m3id": M3ID(), "pai": PAI(),
-        "dola": DoLa(), "avisc": AvisC(), "damro": DAMRO(), "beam5": PlainBeams(), "opera": OPERA(),
+        "none": None, "loop": Loop(), "vcd": preset(VCD), "vcd-2pass": preset(VCDTwoPass), "m3id": preset(M3ID),
+        "pai": preset(PAI), "dola": preset(DoLa), "avisc": preset(AvisC), "damro": preset(DAMRO),
+        "beam5": PlainBeams(), "opera": preset(OPERA),
     }
     if args.methods:
-        methods = {k: v for k, v in methods.items() if k in args.methods or k == "none"}
+        extra = {spec: get_mitigation(spec) for spec in args.methods if ":" in spec}
+        methods = {k: v for k, v in methods.items() if k in args.methods or k == "none"} | extra
 
     tokens = args.prompts * args.max_new_tokens
     for method in methods.values():  # warm-up
@@ -236,12 +245,16 @@ def main(argv=None) -> int:
         best = min(times[name])
         results[name] = {"seconds": round(best, 4), "tokens_per_s": round(tokens / best, 1),
                          "peak_mem_mb": round(memory.peak_bytes / 2**20, 1)}
+        if hasattr(method, "PRESETS"):
+            results[name]["settings"] = method.spec()
     base = results["none"]["tokens_per_s"]
     for entry in results.values():
         entry["relative_speed"] = round(entry["tokens_per_s"] / base, 3)
         entry["slowdown"] = round(base / entry["tokens_per_s"], 2)
-    if "opera" in results and "beam5" in results:
-        results["opera"]["vs_beam5"] = round(results["opera"]["tokens_per_s"] / results["beam5"]["tokens_per_s"], 3)
+    if "beam5" in results:
+        for name, method in methods.items():
+            if isinstance(method, OPERA):
+                results[name]["vs_beam5"] = round(results[name]["tokens_per_s"] / results["beam5"]["tokens_per_s"], 3)
     if "loop" in reference_outputs:
         same = all(torch.equal(a, b) for a, b in zip(reference_outputs["loop"], reference_outputs["none"]))
         results["loop"]["same_tokens_as_none"] = same
@@ -251,17 +264,21 @@ def main(argv=None) -> int:
 
     prompt_len = int(batches[0]["input_ids"].shape[1])
     print(f"model={args.model} device={args.device} threads={torch.get_num_threads()} prompts={args.prompts} "
-          f"batch={args.batch_size} new_tokens={args.max_new_tokens} prompt_len(batch 0)={prompt_len}")
-    print(f"{'method':<10} {'tokens/s':>10} {'x plain':>8} {'slowdown':>9} {'peak MB':>8}")
+          f"batch={args.batch_size} new_tokens={args.max_new_tokens} prompt_len(batch 0)={prompt_len} "
+          f"preset={args.preset}")
+    width = max(10, *(len(name) for name in results))
+    print(f"{'method':<{width}} {'tokens/s':>10} {'x plain':>8} {'slowdown':>9} {'peak MB':>8}")
     for name, entry in results.items():
-        print(f"{name:<10} {entry['tokens_per_s']:>10.1f} {entry['relative_speed']:>8.3f} "
+        print(f"{name:<{width}} {entry['tokens_per_s']:>10.1f} {entry['relative_speed']:>8.3f} "
               f"{entry['slowdown']:>8.2f}x {entry['peak_mem_mb']:>8.1f}")
-    if "vs_beam5" in results.get("opera", {}):
-        print(f"opera vs plain 5-beam generate: {results['opera']['vs_beam5']:.3f}x the tokens/s")
+    for name, entry in results.items():
+        if "vs_beam5" in entry:
+            print(f"{name} vs plain 5-beam generate: {entry['vs_beam5']:.3f}x the tokens/s")
     summary = {
         "model": args.model, "device": args.device, "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "machine": platform.machine(), "prompts": args.prompts,
-        "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "results": results,
+        "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "preset": args.preset,
+        "results": results,
     }
     if args.device.startswith("cuda"):
         summary["gpu"] = torch.cuda.get_device_name()

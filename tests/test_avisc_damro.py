@@ -119,9 +119,10 @@ class SpyDAMRO(Spy, DAMRO):
 # ---------------------------------------------------------------------------------------
 def test_constructible_without_arguments_and_specs():
     assert MITIGATIONS["avisc"] is AvisC and MITIGATIONS["damro"] is DAMRO and AVISC is AvisC
-    assert AvisC().settings() == {"alpha": 1.0, "beta": 0.1, "layer_gamma": 0.5, "lamb": 1.0,
-                                  "masking_scheme": "zeros"}
-    assert DAMRO().settings() == {"alpha": 0.5, "beta": 0.1, "top_k": None, "vision_layer": None,
+    # issue 9: the "medheval" preset by default: AvisC's top-10 blind tokens, DAMRO's last vision layer
+    assert AvisC().settings() == {"preset": "medheval", "alpha": 1.0, "beta": 0.1, "layer_gamma": 0.5, "top_k": 10,
+                                  "lamb": 1.0, "masking_scheme": "zeros"}
+    assert DAMRO().settings() == {"preset": "medheval", "alpha": 0.5, "beta": 0.1, "top_k": None, "vision_layer": -1,
                                   "cls_heads": "mean", "masking_scheme": "zeros"}
     for method in (AvisC(), DAMRO(), AvisC(lamb=0.99, masking_scheme="noise"),
                    DAMRO(top_k=3, vision_layer=-2, cls_heads="single", masking_scheme="drop")):
@@ -248,11 +249,14 @@ def test_mask_features_schemes():
 # ---------------------------------------------------------------------------------------
 # selections inside the model
 # ---------------------------------------------------------------------------------------
-def test_avisc_selection_from_model_attention(tiny):
-    """The blind tokens equal AvisC's rule applied to eager output_attentions (head mean, last query)."""
+@pytest.mark.parametrize("preset", ["official", "medheval"])
+def test_avisc_selection_from_model_attention(tiny, preset):
+    """The blind tokens equal AvisC's rule applied to eager output_attentions (head mean, last query):
+    the mean + std threshold (official) or the top-10 (medheval)."""
     kind, model, processor = tiny
     inputs = _inputs(kind, processor)
-    spy = SpyAvisC()
+    spy = SpyAvisC(preset=preset)
+    top_k = 10 if preset == "medheval" else None
     _gen(model, inputs, custom_generate=spy, max_new_tokens=3)
     blind = spy.state["avisc_blind"]
     previous = model.config.text_config._attn_implementation
@@ -265,10 +269,12 @@ def test_avisc_selection_from_model_attention(tiny):
     rows = torch.stack([a.mean(1)[:, -1, :] for a in out.attentions], 0)  # [L, B, T]
     image_mask = image_token_mask(inputs["input_ids"], model.config)
     for row in range(len(PROMPTS)):
-        expected, layers = select_blind_tokens(rows[:, row, image_mask[row]], 0.5, 1.0)
+        expected, layers = select_blind_tokens(rows[:, row, image_mask[row]], 0.5, 1.0, top_k)
         assert blind[row, image_mask[row]].tolist() == expected.tolist()
         assert spy.state["avisc_layers"][row] == layers.tolist()
         assert 0 < int(expected.sum()) < int(image_mask[row].sum())  # some blind, some masked
+        if top_k:
+            assert int(blind[row].sum()) == top_k
     assert not bool(blind[~image_mask].any())
     # eager (medheval's hookable attention) for the clean prefill only; the model's own afterwards
     assert spy.implementations[0] == (("main",), False, ATTENTION_FUNCTION)

@@ -78,8 +78,9 @@ ROLLING = dict(num_beams=3, scale_factor=25.0, threshold=0)
 # construction
 # ---------------------------------------------------------------------------------------
 def test_defaults_registry_and_spec():
-    assert OPERA().settings() == {"num_beams": 5, "scale_factor": 25.0, "threshold": 25, "num_attn_candidates": 5,
-                                  "penalty_weights": 1.0, "window_size": 512}
+    # issue 9: the default is the "medheval" preset (MedHEval appendix A.4: σ 50, threshold 15), recorded in settings
+    assert OPERA().settings() == {"preset": "medheval", "num_beams": 5, "scale_factor": 50.0, "threshold": 15,
+                                  "num_attn_candidates": 5, "penalty_weights": 1.0, "window_size": 512}
     assert MITIGATIONS["opera"] is OPERA
     assert get_mitigation("opera:num_beams=3") == OPERA(num_beams=3)
     assert get_mitigation("opera") == OPERA()

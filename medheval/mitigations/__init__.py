@@ -9,6 +9,9 @@ Every method runs on the shared loop of :mod:`medheval.decoding`, so the base de
 criteria) is the same for all of them and for plain ``generate``.
 
 Methods: VCD, M3ID, PAI, DoLa, AvisC, DAMRO (shared loop) and OPERA (its own beam search).
+Each has named presets (:mod:`medheval.mitigations.presets`): ``medheval`` (MedHEval's settings, the
+default) and ``official`` (the method's own code), e.g. ``OPERA(preset="official")`` or
+``"opera:preset=official"``; explicit options override the preset's values.
 """
 
 from __future__ import annotations

@@ -12,11 +12,13 @@ from the attention of the *last prompt position* over the image tokens, per row:
    tokens, and its share ``p_l = Σa_l / Σ_l' Σa_l'`` of the image attention of all layers;
 2. keep the ``k`` layers with the largest shares, ``k = #{cumulative sorted share < γ} + 1``
    (a top-p over layers with ``γ = layer_gamma``; the layers are chosen per sample);
-3. ``ā = mean`` of ``a_l`` over those layers, ``τ = mean(ā) + λ·std(ā)`` (``λ = lamb``,
-   unbiased std, as ``torch.std``);
-4. blind tokens: ``{j : ā_j ≥ τ}``. Every other image token (``ā_j < τ``, the upstream
-   ``mask_idx``) is masked in the contrast stream: its input embedding after the projector is
-   set to zeros (``masking_scheme``), so that stream sees the text and the blind tokens only.
+3. ``ā = mean`` of ``a_l`` over those layers;
+4. blind tokens: with ``top_k = k`` (MedHEval: "top-10 outlier image tokens"), the ``k`` image
+   tokens with the largest ``ā_j``; with ``top_k=None`` (AvisC's paper and code), ``{j : ā_j ≥ τ}``
+   with ``τ = mean(ā) + λ·std(ā)`` (``λ = lamb``, unbiased std, as ``torch.std``). Every other
+   image token (the upstream ``mask_idx``) is masked in the contrast stream: its input embedding
+   after the projector is set to zeros (``masking_scheme``), so that stream sees the text and the
+   blind tokens only.
 
 Per step, with ``ℓ`` the clean logits and ``ℓ_b`` the logits of the blind-token stream (its own
 KV cache; NaN rows of ``ℓ_b`` are replaced by ``ℓ``, as upstream):
@@ -25,9 +27,13 @@ KV cache; NaN rows of ``ℓ_b`` are replaced by ``ℓ``, as upstream):
     s = (1+\alpha)\,\ell - \alpha\,\ell_b,\qquad
     s(y) = -\infty \text{ unless } \ell(y) \ge \log\beta + \max \ell
 
-Defaults are MedHEval's (its appendix and ``model_vqa.py``): α = 1, β = 0.1, γ = 0.5, λ = 1,
-zeros. ``alpha=0`` is the neutral setting (``s = ℓ``): greedy AvisC then equals plain greedy
-decoding token for token. There are no layer-indexed settings: the layers are chosen per sample
+Presets: ``medheval`` (default) — the top-10 blind tokens (MedHEval's appendix A.4; its released
+``model_vqa.py`` still ran the threshold), α = 1, β = 0.1, γ = 0.5, zeros; ``official`` — the
+threshold with λ = 1 (AvisC's scripts), α = 1 (its POPE script; 2.5 for AMBER and LLaVA-Bench),
+β = 0.1, γ = 0.5, zeros. ``lamb`` is used only by the threshold (``top_k=None``). The top-10 is
+a fixed count (10 of LLaVA-1.5's 576 image tokens; clamped to the image tokens a row has).
+``alpha=0`` is the neutral setting (``s = ℓ``): greedy AvisC then equals plain greedy decoding
+token for token. There are no layer-indexed settings: the layers are chosen per sample
 among all of the language model's layers, so nothing needs scaling with depth.
 
 Attention weights are needed for the clean prefill only: for that one forward the language
@@ -44,6 +50,7 @@ config (greedy by default) instead of forcing sampling at T = 1.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 import torch
 
@@ -70,6 +77,7 @@ from medheval.mitigations.image_masking import (
     image_encoder,
     masked_image_stream,
 )
+from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
 
 
 def select_layers(attention: torch.Tensor, layer_gamma: float) -> torch.LongTensor:
@@ -91,9 +99,12 @@ def select_layers(attention: torch.Tensor, layer_gamma: float) -> torch.LongTens
 
 
 def select_blind_tokens(
-    attention: torch.Tensor, layer_gamma: float = 0.5, lamb: float = 1.0
+    attention: torch.Tensor, layer_gamma: float = 0.5, lamb: float = 1.0, top_k: int | None = None
 ) -> tuple[torch.BoolTensor, torch.LongTensor]:
-    """AvisC's blind tokens of one row: ``ā ≥ mean(ā) + λ·std(ā)`` over the chosen layers.
+    """AvisC's blind tokens of one row from ``ā``, the mean attention of the chosen layers.
+
+    ``top_k=k``: the ``k`` tokens with the largest ``ā`` (all of them if there are at most ``k``;
+    ties broken by ``torch.topk``); ``top_k=None``: ``ā ≥ mean(ā) + λ·std(ā)``.
 
     Args:
         attention: ``[L, N]`` (see :func:`select_layers`).
@@ -104,6 +115,10 @@ def select_blind_tokens(
     """
     layers = select_layers(attention, layer_gamma)
     average = attention.double()[layers].mean(0)
+    if top_k is not None:
+        blind = torch.zeros_like(average, dtype=torch.bool)
+        blind[torch.topk(average, min(int(top_k), int(average.numel()))).indices] = True
+        return blind, layers
     spread = average.std() if average.numel() > 1 else average.new_zeros(())
     threshold = average.mean() + float(lamb) * spread
     return average >= threshold, layers
@@ -121,23 +136,46 @@ class AvisC(DecodingMethod):
     """Attentional Vision Calibration (formula, selection and defaults in the module docstring).
 
     Args:
+        preset: ``"medheval"`` (default) or ``"official"``; the unset options below take its values.
         alpha: contrast strength α (``0`` = plain decoding).
         beta: plausibility cutoff β (``0`` = no cutoff).
         layer_gamma: γ of the top-p choice of layers (``(0, 1]``).
-        lamb: λ of the blind-token threshold ``mean + λ·std``.
+        top_k: blind tokens = the ``top_k`` image tokens with the most attention; ``None`` = the
+            threshold ``mean + λ·std``.
+        lamb: λ of the threshold (used only with ``top_k=None``).
         masking_scheme: how the non-blind image tokens are masked in the contrast stream:
             ``"zeros"`` (upstream default), ``"ones"``, ``"noise"`` or ``"drop"`` (removed).
     """
 
-    alpha: float = 1.0
-    beta: float = 0.1
-    layer_gamma: float = 0.5
-    lamb: float = 1.0
-    masking_scheme: str = "zeros"
+    preset: str = DEFAULT_PRESET
+    alpha: float = from_preset()
+    beta: float = from_preset()
+    layer_gamma: float = from_preset()
+    top_k: int | None = from_preset()
+    lamb: float = from_preset()
+    masking_scheme: str = from_preset()
 
     name = "avisc"
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "medheval": {"alpha": 1.0, "beta": 0.1, "layer_gamma": 0.5, "top_k": 10, "lamb": 1.0,
+                     "masking_scheme": "zeros"},
+        "official": {"alpha": 1.0, "beta": 0.1, "layer_gamma": 0.5, "top_k": None, "lamb": 1.0,
+                     "masking_scheme": "zeros"},
+    }
+    PRESET_SOURCES: ClassVar[dict[str, str]] = {
+        "alpha": "MedHEval `cd_alpha=1.0`; AvisC `pope_eval_batch.sh` (`amber_eval.sh`, `llava_bench_eval.sh`: 2.5)",
+        "beta": "MedHEval and AvisC `cd_beta=0.1`",
+        "layer_gamma": "MedHEval and AvisC `layer_gamma=0.5`",
+        "top_k": "MedHEval appendix A.4: the top-10 outlier image tokens (its `model_vqa.py` still used the "
+                 "threshold); AvisC paper/code: `None` = threshold `mean + λ·std`",
+        "lamb": "AvisC's scripts `lamb=1.0` (its POPE argparse default 0.99); unused with `top_k`",
+        "masking_scheme": "MedHEval and AvisC `masking_scheme=\"zeros\"`",
+    }
 
     def __post_init__(self):
+        resolve_preset(self)
+        if self.top_k is not None and int(self.top_k) < 1:
+            raise MitigationError(f"AvisC top_k must be >= 1 (or None for the mean + lamb*std threshold), got {self.top_k}")
         if not 0.0 < float(self.layer_gamma) <= 1.0:
             raise MitigationError(f"AvisC layer_gamma must be in (0, 1], got {self.layer_gamma}")
         self.masking_scheme = check_masking_scheme("AvisC", self.masking_scheme)
@@ -206,7 +244,7 @@ class AvisC(DecodingMethod):
             if not bool(columns.any()):
                 chosen.append([])
                 continue
-            row_blind, layers = select_blind_tokens(stacked[:, row, columns], self.layer_gamma, self.lamb)
+            row_blind, layers = select_blind_tokens(stacked[:, row, columns], self.layer_gamma, self.lamb, self.top_k)
             blind[row, columns] = row_blind
             chosen.append(layers.tolist())
         return blind, chosen

@@ -2,15 +2,18 @@ r"""DAMRO — Dive into the Attention Mechanism of LVLM to Reduce Object Halluci
 
 Gong, Ming, Wang, Wei, *DAMRO: Dive into the Attention Mechanism of LVLM to Reduce Object
 Hallucination*, EMNLP 2024 (arXiv 2410.04514); code ``coder-gx/DAMRO``. MedHEval ran its own
-reimplementation (``clip_encoder.get_damro_mask_idx``), which this module follows.
+reimplementation (``clip_encoder.get_damro_mask_idx``): the ``medheval`` preset (default) follows
+it, the ``official`` preset follows DAMRO's code.
 
 The vision encoder's [CLS] token attends strongly to a few **outlier** patches; the language
 model over-relies on them. DAMRO contrasts the clean stream with a stream that sees *only*
 those outliers:
 
-1. In the vision-encoder layer whose output the projector reads (``config.vision_feature_layer``),
-   take the [CLS] query's attention over the patches, averaged over heads (MedHEval; DAMRO's
-   official code treats the full width as one head: ``cls_heads="single"``).
+1. In one vision-encoder layer (``vision_layer``), take the [CLS] query's attention over the
+   patches. MedHEval reads the tower's **last** layer (``vision_layer=-1``) averaged over heads
+   (``cls_heads="mean"``); DAMRO's official code reads the layer whose output the projector
+   takes (``vision_layer=None`` → ``config.vision_feature_layer``, −2 for LLaVA-1.5) and treats
+   the full width as one head (``cls_heads="single"``).
 2. The ``top_k`` patches with the largest [CLS] attention are the outliers.
 3. The contrast stream is the same prompt in which every other image token is masked: its
    input embedding after the projector is set to zeros (MedHEval). ``masking_scheme="drop"``
@@ -23,9 +26,11 @@ Per step, with ``ℓ`` the clean logits and ``ℓ_o`` the outlier-only stream's 
     s = (1+\alpha)\,\ell - \alpha\,\ell_o,\qquad
     s(y) = -\infty \text{ unless } \ell(y) \ge \log\beta + \max \ell
 
-Defaults are MedHEval's: α = 0.5, β = 0.1, k = 10 (DAMRO's scripts use α = 2 for LLaVA-1.5,
-0.5 for InstructBLIP on POPE). ``alpha=0`` is the neutral setting: greedy DAMRO then equals
-plain greedy decoding token for token.
+Presets: ``medheval`` (default) — α = 0.5, β = 0.1, k = 10, last vision layer, head mean,
+zeros (MedHEval's appendix A.4 and ``clip_encoder.get_damro_mask_idx``); ``official`` — α = 2,
+β = 0.1, k = 10, ``vision_feature_layer``, one head over the full width, drop (DAMRO's argparse
+defaults and LLaVA-1.5 scripts; its InstructBLIP POPE runs use α = 0.5, k = 4). ``alpha=0`` is
+the neutral setting: greedy DAMRO then equals plain greedy decoding token for token.
 
 **k on other grids.** k = 10 is for LLaVA-1.5's 24×24 = 576 patches per image (1.7 %). With
 ``top_k=None`` (the default) k is scaled to the encoder's grid: ``max(1, round(10·P/576))`` for
@@ -53,6 +58,7 @@ default) instead of forcing sampling at T = 1.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 import torch
 
@@ -67,6 +73,7 @@ from medheval.mitigations.image_masking import (
     image_encoder,
     masked_image_stream,
 )
+from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
 
 REFERENCE_TOP_K = 10
 REFERENCE_PATCHES = 576  # LLaVA-1.5: 336 px / 14 px
@@ -211,26 +218,49 @@ class DAMRO(DecodingMethod):
     """DAMRO's outlier-token contrast (formula, selection and defaults in the module docstring).
 
     Args:
+        preset: ``"medheval"`` (default) or ``"official"``; the unset options below take its values.
         alpha: contrast strength α (``0`` = plain decoding).
         beta: plausibility cutoff β (``0`` = no cutoff).
         top_k: outlier patches per vision tile; ``None`` = 10 per 576 patches, scaled to the grid.
-        vision_layer: vision-encoder layer index whose [CLS] attention is read; ``None`` = the layer
-            that produces the projector's input (``config.vision_feature_layer``).
+        vision_layer: vision-encoder layer index whose [CLS] attention is read (``-1`` = the last
+            layer, MedHEval); ``None`` = the layer that produces the projector's input
+            (``config.vision_feature_layer``, DAMRO's code).
         cls_heads: ``"mean"`` over heads (MedHEval) or ``"single"`` head over the full width (DAMRO code).
         masking_scheme: how the other image tokens are masked: ``"zeros"`` (MedHEval), ``"ones"``,
             ``"noise"``, or ``"drop"`` (removed, as DAMRO's official code).
     """
 
-    alpha: float = 0.5
-    beta: float = 0.1
-    top_k: int | None = None
-    vision_layer: int | None = None
-    cls_heads: str = "mean"
-    masking_scheme: str = "zeros"
+    preset: str = DEFAULT_PRESET
+    alpha: float = from_preset()
+    beta: float = from_preset()
+    top_k: int | None = from_preset()
+    vision_layer: int | None = from_preset()
+    cls_heads: str = from_preset()
+    masking_scheme: str = from_preset()
 
     name = "damro"
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "medheval": {"alpha": 0.5, "beta": 0.1, "top_k": None, "vision_layer": -1, "cls_heads": "mean",
+                     "masking_scheme": "zeros"},
+        "official": {"alpha": 2.0, "beta": 0.1, "top_k": None, "vision_layer": None, "cls_heads": "single",
+                     "masking_scheme": "drop"},
+    }
+    PRESET_SOURCES: ClassVar[dict[str, str]] = {
+        "alpha": "MedHEval `cd_alpha=0.5`; DAMRO argparse and LLaVA-1.5 scripts `damro_alpha=2` "
+                 "(InstructBLIP: 0.5 POPE, 1.5 CHAIR)",
+        "beta": "MedHEval and DAMRO `0.1`",
+        "top_k": "`None` = 10 per 576 patches (MedHEval `topK=10`; DAMRO `damro_topk=10` for LLaVA-1.5, "
+                 "4 for InstructBLIP), scaled to other grids",
+        "vision_layer": "MedHEval appendix A.4 / `get_damro_mask_idx`: the vision tower's last layer (`-1`); "
+                        "DAMRO hooks layer `vision_feature_layer` (`None`; −2 for LLaVA-1.5)",
+        "cls_heads": "MedHEval averages the heads; DAMRO's LLaVA code uses one head over the full width "
+                     "(its InstructBLIP code averages heads)",
+        "masking_scheme": "MedHEval zeroes the other image-token embeddings; DAMRO feeds only the k outlier "
+                          "features (`\"drop\"`)",
+    }
 
     def __post_init__(self):
+        resolve_preset(self)
         if self.top_k is not None and int(self.top_k) < 1:
             raise MitigationError(f"DAMRO top_k must be >= 1 (or None for the scaled default), got {self.top_k}")
         if self.cls_heads not in ("mean", "single"):

@@ -15,17 +15,28 @@ Per step, with ``q_j = softmax(lm_head(h_j))`` the early-exit distribution of la
 
 The user's logits processors then run on ``s`` — so a repetition penalty is just
 ``generate(..., repetition_penalty=1.2)`` (the paper's recommended value; MedHEval ran
-DoLa without one, which is the default here).
+DoLa without one, and a repetition penalty is a ``generate`` option, not part of a preset).
 
-Candidate layers ``J`` (``layers``):
+Candidate layers ``J`` (``layers``), for an ``N``-layer language model:
 
-- ``"low"`` (default; MedHEval's ``[0, 2, …, 14]`` for a 32-layer model): ``range(0, N//2, 2)``,
-  or ``range(0, 20, 2)`` when ``N > 40``;
-- ``"high"``: ``range(N//2, N, 2)``, or ``range(N−20, N, 2)`` when ``N > 40``;
-- a list of layer indices in ``[0, N)``.
+- ``"medheval"``: ``[0, 2, …, 14]`` whatever ``N`` (MedHEval's setting, also for 40-layer
+  models); layers ``≥ N`` are left out on models with at most 14 layers;
+- ``"low"``: transformers' ``dola_layers="low"`` rule (≤ 4.52, now the Hub repo
+  ``transformers-community/dola``), exactly: start ``s = 0`` without tied input/output
+  embeddings, with tied ones ``s = 2`` if ``N > 2``, ``1`` if ``N = 2``, ``0`` if ``N = 1`` (an
+  early exit at the tied embeddings just peaks at the current token); then ``[s]`` if
+  ``s = N//2``, else ``range(s, N//2, 2)`` (``range(s, 20, 2)`` when ``N > 40``). E.g. 32
+  layers: ``[0, 2, …, 14]`` (tied: ``[2, …, 14]``); 40: ``[0, 2, …, 18]``; 4 tied: ``[2]``;
+- ``"high"``: transformers' rule: ``range(N//2, N, 2)``, or ``range(N−20, N, 2)`` when ``N > 40``;
+- a list of layer indices in ``[0, N)`` (transformers silently drops indices ``≥ N``; here they
+  are an error).
 
-These are transformers' ``dola_layers`` rules. With tied input/output embeddings, layer 0 is
-left out of the ``"low"`` set (``lm_head(embed(x))`` then just peaks at the current token).
+"Tied" is the language model's ``tie_word_embeddings`` (its text config; transformers read the
+top-level config, the same for text-only models).
+
+Presets: ``medheval`` (default) — ``layers="medheval"``; ``official`` — ``layers="low"``, the
+rule of transformers' port (which DoLa's repository points its users to); it gives the
+``[0, 2, …, 14]`` of DoLa's README for LLaMA-7B. Both: ``relative_top = 0.1``, no final norm on early exits.
 
 Early-exit states are used **without** the final norm, as in the original code (its issue #9
 asks whether to apply it); ``final_norm=True`` applies the language model's final norm to
@@ -41,6 +52,7 @@ arg-max, so greedy DoLa equals greedy decoding. (Candidates equal to the mature 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 import torch
 
@@ -49,23 +61,45 @@ from medheval.decoding.hooks import language_model, num_layers
 from medheval.decoding.loop import DecodingContext, DecodingMethod
 from medheval.decoding.streams import StreamGroup
 from medheval.decoding.visual_tokens import MissingInternalError, MitigationError
+from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
+
+MEDHEVAL_LAYERS = tuple(range(0, 16, 2))
+"""MedHEval's DoLa candidates, ``[0, 2, …, 14]``, for every model."""
+
+
+def low_start_layer(total_layers: int, tied_embeddings: bool) -> int:
+    """transformers' first ``"low"`` candidate: 0 untied; tied: 2 if ``N > 2``, 1 if ``N = 2``, else 0."""
+    if not tied_embeddings:
+        return 0
+    return 2 if total_layers > 2 else 1 if total_layers == 2 else 0
 
 
 def candidate_layers(spec: str | list[int] | tuple[int, ...], total_layers: int, tied_embeddings: bool = False) -> list[int]:
-    """The premature-layer candidates for an ``total_layers``-layer model (see module docstring)."""
+    """The premature-layer candidates for an ``total_layers``-layer model (rules in the module docstring)."""
     n = int(total_layers)
     if isinstance(spec, str):
         key = spec.strip().lower()
-        if key == "low":
-            layers = list(range(0, n // 2, 2)) if n <= 40 else list(range(0, 20, 2))
-            if tied_embeddings and 0 in layers:
-                layers = [j for j in layers if j != 0] or [min(1, n - 1)]
+        if key == "medheval":
+            layers = [j for j in MEDHEVAL_LAYERS if j < n]
+        elif key == "low":
+            start = low_start_layer(n, tied_embeddings)
+            if start == n // 2:
+                layers = [start]
+            else:
+                layers = list(range(start, n // 2, 2)) if n <= 40 else list(range(start, 20, 2))
         elif key == "high":
             layers = list(range(n // 2, n, 2)) if n <= 40 else list(range(n - 20, n, 2))
         else:
-            raise MitigationError(f"DoLa layers must be 'low', 'high' or a list of layer indices, got {spec!r}")
-    else:
-        layers = sorted({int(j) for j in (spec if isinstance(spec, (list, tuple)) else [spec])})
+            raise MitigationError(
+                f"DoLa layers must be 'medheval', 'low', 'high' or a list of layer indices, got {spec!r}"
+            )
+        if not layers:
+            raise MitigationError(
+                f"DoLa layers={spec!r} gives no candidate layer for a {n}-layer language model"
+                f"{' with tied embeddings' if tied_embeddings else ''}; pass a list of layer indices in [0, {n})"
+            )
+        return layers
+    layers = sorted({int(j) for j in (spec if isinstance(spec, (list, tuple)) else [spec])})
     bad = [j for j in layers if not 0 <= j < n]
     if bad or not layers:
         raise MitigationError(
@@ -80,18 +114,31 @@ class DoLa(DecodingMethod):
     """Decoding by Contrasting Layers (formula and defaults in the module docstring).
 
     Args:
-        layers: premature candidates: ``"low"``, ``"high"`` or a list of indices in ``[0, N)``.
+        preset: ``"medheval"`` (default) or ``"official"``; the unset options below take its values.
+        layers: premature candidates: ``"medheval"``, ``"low"``, ``"high"`` or a list of indices in ``[0, N)``.
         relative_top: the relative-top filter's threshold (0.1 in the paper).
         final_norm: apply the final norm to early-exit hidden states.
     """
 
-    layers: str | list[int] = "low"
-    relative_top: float = 0.1
-    final_norm: bool = False
+    preset: str = DEFAULT_PRESET
+    layers: str | list[int] = from_preset()
+    relative_top: float = from_preset()
+    final_norm: bool = from_preset()
 
     name = "dola"
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "medheval": {"layers": "medheval", "relative_top": 0.1, "final_norm": False},
+        "official": {"layers": "low", "relative_top": 0.1, "final_norm": False},
+    }
+    PRESET_SOURCES: ClassVar[dict[str, str]] = {
+        "layers": "MedHEval appendix A.4 / `model_vqa.py`: `[0, 2, …, 14]` for every model; official: "
+                  "transformers' `dola_layers=\"low\"` rule (= DoLa README's `[0, 2, …, 14]` for LLaMA-7B)",
+        "relative_top": "DoLa's code and transformers' default; MedHEval `relative_top=0.1`",
+        "final_norm": "DoLa's code and transformers apply no final norm to early exits; neither does MedHEval",
+    }
 
     def __post_init__(self):
+        resolve_preset(self)
         self._contrast = DoLaContrast(self.relative_top)
 
     def candidate_layers(self, model) -> list[int]:

@@ -18,8 +18,10 @@ with ``log p = log_softmax(ℓ)``. The weight grows with ``t`` (0.02 at t = 1, 1
 t ≈ 35, 6.4 at t = 100 for λ = 0.02), countering the fading of visual information in
 long answers.
 
-Defaults: λ = 0.02 (hard-coded in AvisC/MedHEval), β = 0.1. ``lam=0`` is the neutral
-setting: the weight is 0 and ``s = log p_c``, whose arg-max is plain greedy's.
+Presets: ``medheval`` (default) and ``official`` are the same, λ = 0.02, β = 0.1 — M3ID has
+no official code, and MedHEval hard-coded the values of the AvisC reimplementation it copied
+(the paper's own hyperparameters were not verified). ``lam=0`` is the neutral setting: the
+weight is 0 and ``s = log p_c``, whose arg-max is plain greedy's.
 
 Differences from MedHEval: the unconditioned prompt drops the image-token positions
 found from ``input_ids`` (MedHEval dropped hard-coded embedding positions 34..609), rows
@@ -30,6 +32,7 @@ are re-left-padded so batches work, and the base decoding follows the generation
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 import torch
 
@@ -37,6 +40,7 @@ from medheval.decoding.contrast import LogProbContrast, PlausibilityCutoff, m3id
 from medheval.decoding.loop import DecodingContext, DecodingMethod
 from medheval.decoding.streams import Stream
 from medheval.decoding.visual_tokens import MitigationError, drop_image_tokens, visual_token_ids
+from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
 
 
 def text_only_stream(ctx: DecodingContext, name: str = "text_only") -> Stream:
@@ -53,16 +57,28 @@ class M3ID(DecodingMethod):
     """Multi-Modal Mutual-Information Decoding (formula and defaults in the module docstring).
 
     Args:
+        preset: ``"medheval"`` (default) or ``"official"`` (identical for M3ID); the unset options below
+            take the preset's values.
         lam: λ of ``γ_t = exp(−λt)`` (``0`` = plain decoding).
         beta: plausibility cutoff β on the conditioned logits (``0`` = no cutoff).
     """
 
-    lam: float = 0.02
-    beta: float = 0.1
+    preset: str = DEFAULT_PRESET
+    lam: float = from_preset()
+    beta: float = from_preset()
 
     name = "m3id"
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "medheval": {"lam": 0.02, "beta": 0.1},
+        "official": {"lam": 0.02, "beta": 0.1},
+    }
+    PRESET_SOURCES: ClassVar[dict[str, str]] = {
+        "lam": "hard-coded in AvisC's `use_m3id` branch, copied by MedHEval (no official M3ID code)",
+        "beta": "MedHEval `cd_beta=0.1`; AvisC's sampler default",
+    }
 
     def __post_init__(self):
+        resolve_preset(self)
         if self.lam < 0:
             raise MitigationError(f"M3ID lam must be >= 0, got {self.lam}")
         self._cutoff = PlausibilityCutoff(self.beta)

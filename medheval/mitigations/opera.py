@@ -32,8 +32,12 @@ Per step of a beam search with ``K`` beams, for every running beam:
    length normalisation (:class:`medheval.decoding.beam.BeamSearch`: transformers 5's own beam
    search semantics, including ``length_penalty`` and ``early_stopping``).
 
-Defaults are MedHEval's OPERA run (5 beams, σ = 25, threshold 25, 5 candidates, penalty 1,
-window 512; ``max_new_tokens=128`` is a ``generate`` argument). The differences from the
+Presets: ``medheval`` (default) and ``official`` are the same — 5 beams, σ = 50, threshold 15,
+5 candidates, penalty 1, window 512 (MedHEval's appendix A.4; OPERA's evaluation settings).
+MedHEval used σ = 25, threshold 25 for LLaVA-Med-1.5 *report generation* only (also what its
+released ``model_vqa.py`` passes): select that with ``preset="medheval_llava_med_report"``
+(the model is never guessed from its name). ``max_new_tokens`` is a ``generate`` argument
+(MedHEval 128, OPERA 512). The differences from the
 official code are listed in ``mitigations/opera/README.md``; the main ones: image tokens come
 from ``input_ids`` (never positions 34..610), the four look-ahead forwards of a step are one
 forward (the candidates as ``N`` query tokens that each see the prefix and only themselves),
@@ -49,7 +53,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +68,7 @@ from medheval.decoding.beam import (
 from medheval.decoding.hooks import AttentionHook, attention_hooks, attention_modules
 from medheval.decoding.loop import DecodingMethod
 from medheval.decoding.visual_tokens import MissingInternalError, MitigationError, image_token_mask
+from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
 
 EARLY_TOKENS = 10
 """Answer length (candidate included) up to which the penalty is the image-attention bonus; also
@@ -268,6 +273,8 @@ class OPERA(DecodingMethod):
     """OPERA's beam search (see the module docstring for the rule, defaults and differences).
 
     Args:
+        preset: ``"medheval"`` (default), ``"official"`` (the same values) or
+            ``"medheval_llava_med_report"`` (σ = 25, threshold 25); the unset options below take its values.
         num_beams: beams per prompt (``1`` gives OPERA on greedy-like decoding).
         scale_factor: ``σ``, multiplies the attention window before the column products.
         threshold: a rollback needs the same location in more than this many steps (every beam).
@@ -278,16 +285,36 @@ class OPERA(DecodingMethod):
             rollback can reach.
     """
 
-    num_beams: int = 5
-    scale_factor: float = 25.0
-    threshold: int = 25
-    num_attn_candidates: int = 5
-    penalty_weights: float = 1.0
-    window_size: int = 512
+    preset: str = DEFAULT_PRESET
+    num_beams: int = from_preset()
+    scale_factor: float = from_preset()
+    threshold: int = from_preset()
+    num_attn_candidates: int = from_preset()
+    penalty_weights: float = from_preset()
+    window_size: int = from_preset()
 
     name = "opera"
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "medheval": {"num_beams": 5, "scale_factor": 50.0, "threshold": 15, "num_attn_candidates": 5,
+                     "penalty_weights": 1.0, "window_size": 512},
+        "official": {"num_beams": 5, "scale_factor": 50.0, "threshold": 15, "num_attn_candidates": 5,
+                     "penalty_weights": 1.0, "window_size": 512},
+        "medheval_llava_med_report": {"num_beams": 5, "scale_factor": 25.0, "threshold": 25,
+                                      "num_attn_candidates": 5, "penalty_weights": 1.0, "window_size": 512},
+    }
+    PRESET_SOURCES: ClassVar[dict[str, str]] = {
+        "num_beams": "MedHEval `num_beams=5`; OPERA's evaluation (5 beams)",
+        "scale_factor": "MedHEval appendix A.4 (25 for LLaVA-Med-1.5 report generation, as its `model_vqa.py`); "
+                        "OPERA `generate` default and evaluation 50",
+        "threshold": "MedHEval appendix A.4 (25 for LLaVA-Med-1.5 report generation); OPERA default 15 "
+                     "(its README's faster setting: 25 with 1 candidate)",
+        "num_attn_candidates": "MedHEval appendix A.4; OPERA default 5",
+        "penalty_weights": "MedHEval appendix A.4; OPERA default 1",
+        "window_size": "OPERA `window_size=512` (MedHEval keeps the default)",
+    }
 
     def __post_init__(self):
+        resolve_preset(self)
         if int(self.num_beams) < 1:
             raise MitigationError(f"OPERA num_beams must be >= 1, got {self.num_beams}")
         if int(self.num_attn_candidates) < 1:

@@ -18,11 +18,11 @@ Two parts:
        s = \gamma(\log p_c - \log p_u) + \log p_u,\qquad
        s(y) = -\infty \text{ unless } \log p_c(y) \ge \log\beta + \max \log p_c
 
-Defaults are MedHEval's: α = 0.2, γ = 1.1, β = 0.1 (hard-coded in PAI), layers 2..32 of
-a 32-layer model. Layer defaults adapt to depth: ``start_layer = round(2·N/32)``,
-``end_layer = N`` for an ``N``-layer language model (2..32 for 7B, 2..40 for 13B).
-PAI's own scripts use γ = 2 (argparse) or 1.1 (README). ``alpha=0, gamma=1`` is the
-neutral setting (scores = ``log p_c``, whose arg-max is plain greedy's).
+Presets: ``medheval`` (default) and ``official`` are the same: α = 0.2, γ = 1.1, β = 0.1
+(hard-coded in PAI), layers 2..32 of a 32-layer model — MedHEval's runner and the run commands
+of PAI's README agree (PAI's evaluation scripts default to γ = 2 when none is passed). Layer
+defaults adapt to depth: ``start_layer = round(2·N/32)``, ``end_layer = N`` for an ``N``-layer
+language model (2..32 for 7B, 2..40 for 13B). ``alpha=0, gamma=1`` is the neutral setting (scores = ``log p_c``, whose arg-max is plain greedy's).
 
 Needs eager attention on the language model: while PAI runs, its attention is switched to
 medheval's hookable eager implementation and switched back afterwards (also on errors);
@@ -37,6 +37,7 @@ upstream code skipped it there because of a flag-ordering quirk
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 import torch
 
@@ -46,6 +47,7 @@ from medheval.decoding.loop import DecodingContext, DecodingMethod
 from medheval.decoding.streams import Stream
 from medheval.decoding.visual_tokens import MitigationError, visual_token_ids
 from medheval.mitigations.m3id import text_only_stream
+from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
 
 
 def default_layer_range(total_layers: int, start: int | None = None, end: int | None = None) -> tuple[int, int]:
@@ -64,6 +66,8 @@ class PAI(DecodingMethod):
     """Paying More Attention to Image (formula and defaults in the module docstring).
 
     Args:
+        preset: ``"medheval"`` (default) or ``"official"`` (identical for PAI); the unset options below
+            take the preset's values.
         alpha: attention amplification α (``0`` = no intervention).
         gamma: CFG scale γ against the text-only stream (``1`` = no CFG term).
         start_layer, end_layer: the intervened layers ``[start, end)``; ``None`` = scaled defaults.
@@ -72,16 +76,30 @@ class PAI(DecodingMethod):
             intervention only, on the raw logits).
     """
 
-    alpha: float = 0.2
-    gamma: float = 1.1
-    start_layer: int | None = None
-    end_layer: int | None = None
-    beta: float = 0.1
-    use_cfg: bool = True
+    preset: str = DEFAULT_PRESET
+    alpha: float = from_preset()
+    gamma: float = from_preset()
+    start_layer: int | None = from_preset()
+    end_layer: int | None = from_preset()
+    beta: float = from_preset()
+    use_cfg: bool = from_preset()
 
     name = "pai"
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "medheval": {"alpha": 0.2, "gamma": 1.1, "start_layer": None, "end_layer": None, "beta": 0.1, "use_cfg": True},
+        "official": {"alpha": 0.2, "gamma": 1.1, "start_layer": None, "end_layer": None, "beta": 0.1, "use_cfg": True},
+    }
+    PRESET_SOURCES: ClassVar[dict[str, str]] = {
+        "alpha": "MedHEval `llama_modify(alpha=0.2)`; PAI README run commands and argparse",
+        "gamma": "MedHEval `init_cfg_processor(gamma=1.1)`; PAI README run commands (its argparse default is 2)",
+        "start_layer": "`None` = `round(2·N/32)`, i.e. layer 2 of 32 (MedHEval; PAI README `--start-layer 2`)",
+        "end_layer": "`None` = `N`, i.e. 32 of 32 (MedHEval; PAI README `--end-layer 32`)",
+        "beta": "hard-coded 0.1 in PAI's CFG processor (MedHEval copies it)",
+        "use_cfg": "MedHEval `use_attn=True, use_cfg=True`; PAI's README examples set γ for the CFG part",
+    }
 
     def __post_init__(self):
+        resolve_preset(self)
         self._cutoff = PlausibilityCutoff(self.beta)
 
     def layers(self, model) -> range:

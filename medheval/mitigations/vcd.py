@@ -16,8 +16,9 @@ The noised image is ``v' = √ᾱ_t · v + √(1−ᾱ_t) · ε`` on the *proces
 (5e−3 − 1e−5) + 1e−5``, ``ᾱ_t = ∏_{s≤t}(1−β_s)`` and ``t = noise_step`` used as a 0-based
 index (√ᾱ_500 ≈ 0.8630, √(1−ᾱ_500) ≈ 0.5052).
 
-Defaults are MedHEval's settings (α = 1, β = 0.1, t = 500), which are also VCD's
-``object_hallucination_vqa`` defaults. The noised stream has the same tokens as the
+Presets (``preset=``; explicit arguments override them): ``medheval`` (default) and
+``official`` are the same, α = 1, β = 0.1, t = 500: MedHEval's runner and VCD's
+``object_hallucination_vqa`` defaults agree (VCD's POPE script uses β = 0.2). The noised stream has the same tokens as the
 clean one, so both share one batch and one KV cache (2B rows per forward).
 
 Differences from the upstream code (and why):
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, ClassVar
 
 import torch
 
@@ -44,6 +46,7 @@ from medheval.decoding.contrast import LogitContrast, PlausibilityCutoff
 from medheval.decoding.loop import DecodingContext, DecodingMethod
 from medheval.decoding.streams import Stream
 from medheval.decoding.visual_tokens import MissingInternalError, MitigationError
+from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
 
 NUM_DIFFUSION_STEPS = 1000
 
@@ -96,20 +99,33 @@ class VCD(DecodingMethod):
     """Visual Contrastive Decoding (see the module docstring for the formula and defaults).
 
     Args:
+        preset: ``"medheval"`` (default) or ``"official"`` (identical for VCD); the unset options below
+            take the preset's values.
         alpha: contrast strength α (``0`` = plain decoding).
         beta: plausibility cutoff β (``0`` = no cutoff).
         noise_step: diffusion step ``t`` of the distortion (0–999).
-        noise_seed: seed of the noise (``None`` = torch's global RNG).
+        noise_seed: seed of the noise (``None`` = torch's global RNG); not part of the presets.
     """
 
-    alpha: float = 1.0
-    beta: float = 0.1
-    noise_step: int = 500
+    preset: str = DEFAULT_PRESET
+    alpha: float = from_preset()
+    beta: float = from_preset()
+    noise_step: int = from_preset()
     noise_seed: int | None = 0
 
     name = "vcd"
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "medheval": {"alpha": 1.0, "beta": 0.1, "noise_step": 500},
+        "official": {"alpha": 1.0, "beta": 0.1, "noise_step": 500},
+    }
+    PRESET_SOURCES: ClassVar[dict[str, str]] = {
+        "alpha": "MedHEval `model_vqa.py` (`cd_alpha=1`); VCD `object_hallucination_vqa_llava.py` argparse",
+        "beta": "MedHEval `cd_beta=0.1`; VCD argparse (its POPE script uses 0.2)",
+        "noise_step": "MedHEval `add_diffusion_noise(image, 500)`; VCD argparse `noise_step=500`",
+    }
 
     def __post_init__(self):
+        resolve_preset(self)
         noise_schedule(self.noise_step)  # validates the step
         self._cutoff = PlausibilityCutoff(self.beta)
         self._contrast = LogitContrast(self.alpha)

@@ -2,11 +2,11 @@
 
     model.generate(**inputs, custom_generate="mitigations/damro", trust_remote_code=True)
 
-Keyword arguments that are DAMRO settings (see ../README.md) configure the method; all others
-are ordinary `generate` arguments. The implementation lives in the `medheval-hf` package
-(declared in requirements.txt, which transformers checks before running this file): this file
-only forwards to it, so the folder, the Python API and `run_eval.py --mitigation damro` run
-the same code.
+Keyword arguments that are DAMRO settings (see ../README.md), `preset` among them (e.g.
+`preset="official"`), configure the method; all others are ordinary `generate` arguments. The
+implementation lives in the `medheval-hf` package (declared in requirements.txt, which transformers
+checks before running this file): this file only forwards to it, so the folder, the Python API and
+`run_eval.py --mitigation damro` run the same code.
 """
 
 from medheval.decoding import generate_from_folder

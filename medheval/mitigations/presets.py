@@ -1,0 +1,105 @@
+"""Named parameter presets of the mitigation methods.
+
+Every method has at least two presets:
+
+- ``medheval`` (the default): the settings MedHEval reports for its mitigation baselines
+  (its appendix A.4, and its released runner ``model_vqa.py`` where the appendix says nothing else);
+- ``official``: the settings of the method's own paper / official code.
+
+A field declared with :func:`from_preset` takes its value from the chosen preset unless the
+caller passes it explicitly, so explicit arguments always win::
+
+    VCD()                              # preset "medheval"
+    OPERA(preset="official")           # OPERA's own evaluation settings
+    OPERA(preset="official", threshold=25)   # ... with the threshold overridden
+    get_mitigation("opera:preset=official,threshold=25")   # the same from a spec string
+
+The instance then holds the resolved values, so ``method.settings()`` and ``method.spec()``
+(what the runner writes to ``run.json`` / ``results.json``) carry the preset name *and* every
+resolved parameter. The preset is applied at construction: ``dataclasses.replace(method,
+preset="official")`` keeps the other (already resolved) values; build a new instance instead.
+:func:`preset_table` renders a method's presets as the table in its card
+(``python -m medheval.mitigations.cards`` rewrites those tables).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from medheval.decoding.visual_tokens import MitigationError
+
+DEFAULT_PRESET = "medheval"
+"""The preset used when none is given."""
+
+
+class _FromPreset:
+    """Sentinel default of a preset-managed field (replaced in ``__post_init__``)."""
+
+    def __repr__(self) -> str:
+        return "<from preset>"
+
+    def __deepcopy__(self, memo: dict) -> "_FromPreset":
+        return self
+
+
+FROM_PRESET: Any = _FromPreset()
+
+
+def from_preset() -> Any:
+    """A dataclass field whose default comes from the method's preset (``PRESETS[preset][name]``)."""
+    return dataclasses.field(default=FROM_PRESET)
+
+
+def resolve_preset(method: Any) -> None:
+    """Fill ``method``'s fields still at :data:`FROM_PRESET` from ``PRESETS[method.preset]``.
+
+    Raises:
+        MitigationError: unknown preset (the message lists the method's presets).
+    """
+    presets: dict[str, dict[str, Any]] = type(method).PRESETS
+    name = method.preset
+    if not isinstance(name, str) or name not in presets:
+        raise MitigationError(
+            f"{method.name}: unknown preset {name!r}; presets: {', '.join(presets)} "
+            f"(default {DEFAULT_PRESET!r}; explicit options override the preset's values)"
+        )
+    values = presets[name]
+    for field in dataclasses.fields(method):
+        if getattr(method, field.name) is FROM_PRESET:
+            if field.name not in values:  # a definition error in the method, not a user error
+                raise MitigationError(f"{method.name}: preset {name!r} has no value for {field.name!r}")
+            setattr(method, field.name, copy.deepcopy(values[field.name]))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "`None`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    return f"`{value}`"
+
+
+def preset_table(cls: type) -> str:
+    """A markdown table of ``cls``'s presets: one row per parameter, one column per preset, and the source."""
+    presets: dict[str, dict[str, Any]] = cls.PRESETS
+    sources: dict[str, str] = cls.PRESET_SOURCES
+    names = list(presets)
+    parameters = [f.name for f in dataclasses.fields(cls) if f.default is FROM_PRESET]
+    missing = [p for p in parameters if p not in sources]
+    if missing:
+        raise MitigationError(f"{cls.name}: no source given for preset parameter(s) {missing}")
+    lines = ["| parameter | " + " | ".join(f"`{n}`" for n in names) + " | source |",
+             "|---|" + "---|" * len(names) + "---|"]
+    for parameter in parameters:
+        cells = [_cell(presets[n][parameter]) for n in names]
+        same = "" if len({repr(presets[n][parameter]) for n in names}) > 1 else " (presets agree)"
+        lines.append(f"| `{parameter}` | " + " | ".join(cells) + f" | {sources[parameter]}{same} |")
+    return "\n".join(lines)
+
+
+__all__ = ["DEFAULT_PRESET", "FROM_PRESET", "from_preset", "preset_table", "resolve_preset"]
+
