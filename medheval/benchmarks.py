@@ -78,7 +78,8 @@ def _resolve_config(name: str, config: str | None) -> str:
 
 def _code_fingerprint(name: str) -> hashlib._Hash:
     digest = hashlib.sha256()
-    for module in (load_unit_module("datasets", name), medheval_source, parsing, schema):
+    unit = load_unit_module("datasets", name)
+    for module in (unit, medheval_source, parsing, schema, *getattr(unit, "FINGERPRINT_MODULES", ())):
         digest.update(Path(module.__file__).read_bytes())
     return digest
 
@@ -102,7 +103,8 @@ def prepare_benchmark(
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir().parent / "datasets"
 
     probe = cls(config_name=config, data_dir=data_dir, cache_dir=str(cache_root))
-    fetched = [(key, fetch(medheval_source.FILES[key], data_dir=data_dir)) for key, _ in probe.config_files()]
+    pinned = getattr(cls, "PINNED", medheval_source.FILES)
+    fetched = [(key, fetch(pinned[key], data_dir=data_dir)) for key, _ in probe.config_files()]
     fingerprint = _code_fingerprint(name)
     for _, item in fetched:
         fingerprint.update(item.sha256.encode())
@@ -112,7 +114,7 @@ def prepare_benchmark(
     builder.download_and_prepare()
     dataset = builder.as_dataset(split="test")
     files = [
-        {"relpath": medheval_source.FILES[key].relpath, "sha256": item.sha256, "verified": item.verified,
+        {"relpath": pinned[key].relpath, "sha256": item.sha256, "verified": item.verified,
          "origin": item.origin}
         for key, item in fetched
     ]
