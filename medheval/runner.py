@@ -27,6 +27,7 @@ from medheval.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_b
 from medheval.prompts import describe_templates
 from medheval.predictions_log import LogWriter, log_key, read_log
 from medheval.registry import list_units, metric_path
+from medheval.tasks import benchmark_default_metrics, detector_options
 
 CLOSE_ENDED_TYPES = frozenset({"yes_no", "multiple_choice"})
 # Metrics computed when --metrics is not given: the ones that run offline with no weights to download.
@@ -60,6 +61,7 @@ class RunSpec:
     metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metric: {option: value}}
     judge: str | dict | None = None  # LLM judge spec for the metrics that take one (``backend:model[@base_url]``)
     labels: dict[str, str] = field(default_factory=dict)  # extra labels for the report (e.g. random weights)
+    detector: str | None = None  # MediHall level source: "rule" or a local detector folder (medheval.tasks)
 
 
 def _versions() -> dict[str, str]:
@@ -96,6 +98,9 @@ def _check_run_settings(output: Path, settings: dict[str, Any]) -> None:
 
 def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judge: Any = None) -> list[str]:
     """The requested metrics (checked), or the defaults for the split's answer types."""
+    unit_defaults = benchmark_default_metrics(loaded.name)
+    if requested is None and unit_defaults:
+        return list(unit_defaults)
     if requested is not None:
         available = list_units("metrics")
         unknown = [name for name in requested if name not in available]
@@ -232,6 +237,7 @@ def _options_for(spec: RunSpec, metric_names: Sequence[str]) -> dict[str, dict[s
             options[name].setdefault("upstream_compat", True)
         if spec.judge and "judge" in accepted:
             options[name].setdefault("judge", spec.judge)
+        options[name].update(detector_options(spec.detector, accepted))
     unused = sorted(set(spec.metric_options) - set(metric_names))
     if unused:
         raise RunError(f"--metric-option given for metric(s) {unused} that this run does not compute "

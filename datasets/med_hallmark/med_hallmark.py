@@ -14,6 +14,9 @@ from medheval import med_hallmark_source as source
 from medheval.medheval_source import MedHEvalBuilder
 
 FINGERPRINT_MODULES = (source,)
+# run_eval's metrics for every config: MediHall Score (levels from --judge, --detector or the rules) and
+# the text metrics against the ground truth (paper Table 1)
+DEFAULT_METRICS = ("medihall_score", "text_generation")
 
 
 class MedHallMark(MedHEvalBuilder):

@@ -22,7 +22,7 @@ from medheval.medihall.levels import Classified, split_sentences
 
 __all__ = [
     "ASPECT_LEVEL", "QUESTION_TYPE_ASPECT", "FINDINGS", "question_aspect", "answer_correct",
-    "classify_vqa_rule", "classify_irg_rule",
+    "classify_vqa_rule", "classify_vqa_aspect", "classify_irg_rule",
 ]
 
 
@@ -283,6 +283,19 @@ def classify_vqa_rule(
         return Classified("catastrophic", "calls the image normal where the reference names a finding")
     aspect = aspect or default_aspect
     return Classified(ASPECT_LEVEL[aspect], f"wrong answer to a {aspect} question")
+
+
+
+def classify_vqa_aspect(question: str | None, question_type: str | None = None,
+                        default_aspect: str = "presence") -> Classified:
+    """Level of an answer *assumed wrong*, from the question's aspect alone (no reference to compare with).
+
+    For answers without a ground truth (Med-HallMark's no-ground-truth prompt variant) the rules cannot
+    tell right from wrong; this gives the level a wrong answer to that question would get. Sensible
+    only where nearly every answer is a hallucination (496 of Med-HallMark's 499 conventional ones).
+    """
+    aspect = question_aspect(question, question_type) or default_aspect
+    return Classified(ASPECT_LEVEL[aspect], f"no reference: a wrong answer to a {aspect} question assumed")
 
 
 # ---------------------------------------------------------------------------

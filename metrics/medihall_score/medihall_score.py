@@ -71,6 +71,10 @@ Args:
         sha256-verified upstream files; plain-text replies as the paper's detector gives).
     upstream_dir (`str`, *optional*): a local folder with Med-HallMark's files for
         prompt_style="upstream" (default: the pinned download / cache).
+    rule_without_reference (`bool`, defaults to False): rule classifier, VQA items without a
+        reference: instead of failing, give the level a wrong answer to that question would get
+        (the question's aspect alone; the answer is assumed wrong). Only for sets where nearly every
+        answer hallucinates, such as Med-HallMark's released answers (the detection task).
     premise_rule (`bool`, defaults to True): Med-HallMark's counterfactual rule: an answer to a
         question of type "counterfactual" that is not correct counts as prompt-induced (0.6),
         whatever level the classifier gave.
@@ -148,6 +152,7 @@ class MedihallScore(evaluate.Metric):
         prompt_style="json",
         upstream_dir=None,
         premise_rule=True,
+        rule_without_reference=False,
     ):
         mh = medheval.medihall
         if task is None:
@@ -176,6 +181,8 @@ class MedihallScore(evaluate.Metric):
                 if task == "vqa":
                     got = mh.classify_vqa_rule(predictions[i], references[i], questions[i], question_types[i],
                                                answer_types[i], choices[i], overlap=float(overlap))
+                    if got is None and rule_without_reference:
+                        got = mh.classify_vqa_aspect(questions[i], question_types[i])
                     if got is not None:
                         levels[i], reasons[i] = got.level, got.reason
                 else:
