@@ -438,3 +438,23 @@ def test_mimic_dicom_ids_resolve_through_the_metadata_csv_or_a_flat_folder(tmp_p
     bad.write_text("dicom,subject\n")
     with pytest.raises(Exception, match="expected columns"):
         MimicDicomSource(str(files), bad).path_of(f"{DICOM[0]}.jpg")
+
+
+@requires_medheval_code
+def test_sh_judge_upstream_style_sends_medheval_prompt_to_the_judge(judge_server_factory, tmp_path):
+    import evaluate
+
+    from medheval import sh_prompt
+
+    system, _ = sh_prompt.upstream_prompt(str(MEDHEVAL_CODE))
+    server = judge_server_factory("openai", lambda request: '{"model_1": 2}')
+    metric = evaluate.load(str(REPO / "metrics" / "sh_judge"))
+    out = metric.compute(predictions=["Metformin, plus insulin."], references=["Metformin"], questions=["First drug?"],
+                         judge=f"openai:m@{server.base_url}", prompt_style="upstream", upstream_dir=str(MEDHEVAL_CODE),
+                         cache_dir=str(tmp_path))
+    assert out["scores"] == [2] and out["sh"] == 2.0 and out["prompt_style"] == "upstream"
+    assert out["prompt_version"] == sh_prompt.UPSTREAM_PROMPT_VERSION
+    messages = server.requests[0].json["messages"]
+    assert messages[0] == {"role": "system", "content": system}
+    assert "{'input': 'First drug?', 'ground_truth': 'Metformin', 'models': {'model_1': 'Metformin, plus insulin.'}}" \
+        in messages[1]["content"]
