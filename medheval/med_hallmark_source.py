@@ -40,8 +40,7 @@ BASE_URL = f"https://raw.githubusercontent.com/ydk122024/Med-HallMark/{COMMIT}"
 HOMEPAGE = "https://github.com/ydk122024/Med-HallMark"
 CITATION = """@article{chen2024medhallmark,
   title={Detecting and Evaluating Medical Hallucinations in Large Vision Language Models},
-  author={Chen, Jiawei and Yang, Dingkang and Wu, Tong and Jiang, Yue and Hou, Xiaolu and Li, Mingcheng and
-          Wang, Shunli and Xiao, Dongling and Li, Ke and Zhang, Lihua},
+  author={Chen, Jiawei and Yang, Dingkang and others},
   journal={arXiv preprint arXiv:2406.10185},
   year={2024}
 }"""
