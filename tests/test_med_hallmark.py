@@ -458,3 +458,14 @@ def test_sh_judge_upstream_style_sends_medheval_prompt_to_the_judge(judge_server
     assert messages[0] == {"role": "system", "content": system}
     assert "{'input': 'First drug?', 'ground_truth': 'Metformin', 'models': {'model_1': 'Metformin, plus insulin.'}}" \
         in messages[1]["content"]
+
+
+def test_sh_is_shown_as_mean_plus_minus_std_in_the_tables():
+    from medheval.report.tables import open_ended_table
+
+    run = {"settings": {"model": "m", "mitigation": "none"},
+           "benchmarks": {"knowledge:open": {"metrics": {"sh_judge": {"sh": 1.25, "sh_std": 0.5}}},
+                          "context:default": {"metrics": {"sh_judge": {"sh": 2.0, "sh_std": None}}}}}
+    table = open_ended_table([run])
+    assert "| m | none | knowledge:open | 1.25 ± 0.50 |" in table
+    assert "| m | none | context:default | 2.00 |" in table  # no std: the mean alone
