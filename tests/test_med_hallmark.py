@@ -469,3 +469,15 @@ def test_sh_is_shown_as_mean_plus_minus_std_in_the_tables():
     table = open_ended_table([run])
     assert "| m | none | knowledge:open | 1.25 ± 0.50 |" in table
     assert "| m | none | context:default | 2.00 |" in table  # no std: the mean alone
+
+
+def test_detector_flag_becomes_options_of_the_metrics_that_take_a_level_source():
+    from medheval.tasks import benchmark_default_metrics, detector_options
+
+    takes = {"classifier", "detector_path", "judge"}
+    assert detector_options("rule", takes) == {"classifier": "rule"}
+    assert detector_options("/models/det", takes) == {"classifier": "detector", "detector_path": "/models/det"}
+    assert detector_options("/models/det", {"judge", "mode"}) == {}  # sh_judge: not a level-source metric
+    assert detector_options(None, takes) == {}
+    assert benchmark_default_metrics("med_hallmark") == ("medihall_score", "text_generation")
+    assert benchmark_default_metrics("knowledge") is None

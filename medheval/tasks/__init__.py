@@ -28,9 +28,10 @@ def benchmark_default_metrics(name: str) -> tuple[str, ...] | None:
 
 def detector_options(detector: str | None, accepted: Container[str]) -> dict[str, Any]:
     """Metric options for ``--detector``: ``"rule"`` -> ``classifier="rule"``; a folder ->
-    ``detector_path=<folder>``; only for metrics whose ``_compute`` takes them."""
+    ``classifier="detector", detector_path=<folder>``; only for metrics whose ``_compute`` takes them."""
     if not detector or "detector_path" not in accepted:
         return {}
     if detector == "rule":
         return {"classifier": "rule"} if "classifier" in accepted else {}
-    return {"detector_path": detector}
+    # explicit, so that a --judge given for other metrics (sh_judge) does not take over the levels
+    return {"detector_path": detector, **({"classifier": "detector"} if "classifier" in accepted else {})}
