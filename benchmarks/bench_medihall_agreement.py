@@ -31,9 +31,17 @@ from collections import Counter
 from pathlib import Path
 
 from medheval import medihall as mh
+from medheval.med_hallmark_source import judged_records
 from medheval.judges import agreement
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "upstream" / "med-hallmark"
+
+
+def _read(path: Path) -> list[dict]:
+    """Records of a judged Med-HallMark file in the fields this script uses."""
+    return [{"question": r["question"], "prediction": r["meta"]["released_response"],
+             "reference": r["answer"] if r["meta"]["has_ground_truth"] else None, "level": r["meta"]["human_level"]}
+            for r in judged_records(path, "conventional")]
 
 
 def _labels(levels):
@@ -81,7 +89,7 @@ def main() -> None:
         raise SystemExit(f"{conventional} not found: pass --data-dir pointing at a copy of "
                          "github.com/ydk122024/Med-HallMark (commit 1eb83d8)")
     report: dict = {}
-    records = mh.read_med_hallmark(str(conventional))
+    records = _read(conventional)
     with_ref = [r for r in records if r["reference"] is not None]
     without_ref = [r for r in records if r["reference"] is None]
 
@@ -101,7 +109,7 @@ def main() -> None:
 
     counterfactual = args.data_dir / "Counterfactual..json"
     if counterfactual.is_file():
-        cf = mh.read_med_hallmark(str(counterfactual))
+        cf = _read(counterfactual)
         typed = [mh.classify_vqa_rule(r["prediction"], r["reference"], r["question"],
                                       question_type="counterfactual").level for r in cf]
         text_only = [mh.classify_vqa_rule(r["prediction"], r["reference"], r["question"]).level for r in cf]

@@ -83,7 +83,8 @@ def _resolve_config(name: str, config: str | None) -> str:
 
 def _code_fingerprint(name: str) -> hashlib._Hash:
     digest = hashlib.sha256()
-    for module in (load_unit_module("datasets", name), medheval_source, parsing, schema):
+    unit = load_unit_module("datasets", name)
+    for module in (unit, medheval_source, parsing, schema, *getattr(unit, "FINGERPRINT_MODULES", ())):
         digest.update(Path(module.__file__).read_bytes())
     return digest
 
@@ -107,7 +108,8 @@ def prepare_benchmark(
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir().parent / "datasets"
 
     probe = cls(config_name=config, data_dir=data_dir, cache_dir=str(cache_root))
-    fetched = [(key, fetch(medheval_source.FILES[key], data_dir=data_dir)) for key, _ in probe.config_files()]
+    pinned = getattr(cls, "PINNED", medheval_source.FILES)
+    fetched = [(key, fetch(pinned[key], data_dir=data_dir)) for key, _ in probe.config_files()]
     fingerprint = _code_fingerprint(name)
     for _, item in fetched:
         fingerprint.update(item.sha256.encode())
@@ -120,8 +122,8 @@ def prepare_benchmark(
         raise BenchmarkDataError(f"benchmark {name}:{config}: {_root_cause(error)}") from None
     dataset = builder.as_dataset(split="test")
     files = [
-        {"relpath": medheval_source.FILES[key].relpath, "sha256": item.sha256, "verified": item.verified,
-         "origin": item.origin, "expected_sha256": medheval_source.FILES[key].sha256}
+        {"relpath": pinned[key].relpath, "sha256": item.sha256, "verified": item.verified,
+         "origin": item.origin, "expected_sha256": pinned[key].sha256}
         for key, item in fetched
     ]
     quality = medheval_source.quality_summary(dataset.select_columns(["id", "config", "meta"]))

@@ -25,7 +25,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``medheval run`` / ``run_eval.py``."""
     parser.add_argument("--benchmark", action="append", required=True, metavar="NAME[:CONFIG]",
                         help="benchmark split, e.g. cxr_vishal, mm_vishal:slake, knowledge:open (repeatable, or comma list)")
-    who = parser.add_mutually_exclusive_group(required=True)
+    who = parser.add_mutually_exclusive_group(required=False)  # one of them, except with --task detection
     who.add_argument("--model", help=f"HF image-text-to-text model (Hub id or local dir), or '{TINY_MODEL}'")
     who.add_argument("--predictions", help="score a JSONL of {\"id\", \"prediction\"} made elsewhere")
     parser.add_argument("--output", required=True, help="output folder (re-running resumes it)")
@@ -63,6 +63,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "(MIMIC-derived) records, e.g. myorg.openai.azure.com (repeatable; recorded in results)")
     parser.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
                         help="when another run holds --output: wait up to SECONDS for it (default 0: refuse at once)")
+    parser.add_argument("--task", choices=("generate", "detection"), default="generate",
+                        help="generate: a model answers, metrics score it (default); detection: score a MediHall "
+                             "level source (--judge or --detector) against Med-HallMark's human levels")
+    parser.add_argument("--detector", metavar="rule|PATH",
+                        help="MediHall level source: 'rule' (offline classifier) or a local detector checkpoint "
+                             "folder (default with neither this nor --judge: rule)")
 
 
 def parse_metric_options(items: Sequence[str]) -> dict[str, dict[str, object]]:
@@ -102,8 +108,13 @@ def build_backend(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from medheval.images import parse_image_root_args
-    from medheval.runner import RunSpec, run_grid
+    from medheval.runner import RunError, RunSpec, run_grid
 
+    if args.task == "detection":
+        return cmd_detect(args)
+    if not (args.model or args.predictions):
+        raise RunError("give --model (a model answers) or --predictions (a file of answers), "
+                       "or --task detection to score a level source on Med-HallMark's released answers")
     backend, labels = build_backend(args)
     spec = RunSpec(
         benchmarks=_split_list(args.benchmark) or [],
@@ -120,11 +131,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         labels=labels,
         allow_remote_credentialed=tuple(args.allow_remote_credentialed),
         lock_timeout=args.lock_timeout,
+        detector=args.detector,
     )
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=args.batch_size)
     print((Path(args.output) / "results.md").read_text())
     print(f"results: {Path(args.output) / 'results.json'}")
     return 0 if results.get("benchmarks") or results.get("runs") else 1
+
+
+def cmd_detect(args: argparse.Namespace) -> int:
+    """``--task detection``: no model; the level source judges Med-HallMark's released answers."""
+    from medheval.images import parse_image_root_args
+    from medheval.runner import RunError, RunSpec
+    from medheval.tasks.detection import run_detection
+
+    if args.model or args.predictions or args.mitigation:
+        raise RunError("--task detection scores a level source (--judge / --detector) on the released answers: "
+                       "drop --model, --predictions and --mitigation")
+    spec = RunSpec(benchmarks=_split_list(args.benchmark) or [], output=args.output, data_dir=args.data_dir,
+                   image_roots=parse_image_root_args(args.image_root) or None, on_missing=args.on_missing,
+                   limit=args.limit, metric_options=parse_metric_options(args.metric_option), judge=args.judge,
+                   detector=args.detector)
+    results = run_detection(spec)
+    print((Path(args.output) / "results.md").read_text())
+    print(f"results: {Path(args.output) / 'results.json'}")
+    return 0 if results["benchmarks"] else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

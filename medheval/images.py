@@ -52,6 +52,7 @@ __all__ = [
     "ImageNotFound",
     "NoImageRoot",
     "MissingImagesError",
+    "MimicDicomSource",
     "ImageFetchError",
     "ImageDecodeError",
     "ImageSource",
@@ -72,8 +73,9 @@ REFERENCE_PATTERNS: dict[str, re.Pattern[str]] = {
     "vqa_rad": re.compile(r"synpic\d+\.jpg"),
     # IU-Xray in the R2Gen/R2GenGPT iu_xray/images/ layout
     "iu_xray": re.compile(r"CXR\d+_IM-\d{4}(?:-\d+)*/\d+\.png"),
-    # MIMIC-CXR-JPG files/ folder: p<first two digits of subject>/p<subject>/s<study>/<dicom_id>.jpg
-    "mimic_cxr": re.compile(r"p(\d{2})/p\1\d{6}/s\d{8}/[0-9a-f]{8}(?:-[0-9a-f]{8}){4}\.jpg"),
+    # MIMIC-CXR-JPG files/ folder: p<first two digits of subject>/p<subject>/s<study>/<dicom_id>.jpg,
+    # or a bare <dicom_id>.jpg (Med-HallMark; see MimicDicomSource)
+    "mimic_cxr": re.compile(r"(?:p(\d{2})/p\1\d{6}/s\d{8}/)?[0-9a-f]{8}(?:-[0-9a-f]{8}){4}\.jpg"),
 }
 
 # Where each known source's references are relative to (used in error hints).
@@ -718,6 +720,79 @@ class HFDatasetSource:
         raise ImageNotFound(None, ref, f"row {row} of {self.describe()}", "the image cell is empty")
 
 
+_BARE_DICOM = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{8}){4}\.jpg")
+
+
+class MimicDicomSource:
+    """MIMIC-CXR-JPG images referenced by a bare ``<dicom_id>.jpg`` (Med-HallMark's ``Irg.json``).
+
+    The dataset's metadata CSV (``mimic-cxr-2.0.0-metadata.csv[.gz]``, columns ``dicom_id``,
+    ``subject_id``, ``study_id``) maps each dicom id to ``p<XX>/p<subject>/s<study>/<dicom_id>.jpg``
+    under ``base`` (the ``files/`` folder, or the PhysioNet URL template). A full relative path
+    passes through unchanged. Without a CSV, use a plain folder holding the ``<dicom_id>.jpg``
+    files directly instead (a flat folder). CLI: ``--image-root mimic_cxr=ROOT#metadata=CSV``.
+    """
+
+    def __init__(self, base: ImageSource | str, metadata_csv: str | os.PathLike[str]) -> None:
+        self.base = parse_image_root(base) if isinstance(base, str) else base
+        self.metadata_csv = Path(metadata_csv).expanduser()
+        self.is_remote = bool(getattr(self.base, "is_remote", False))
+        self._paths: dict[str, str] | None = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return f"{self.base.describe()} (dicom ids mapped by {self.metadata_csv.name})"
+
+    def __repr__(self) -> str:
+        return f"MimicDicomSource({self.base!r}, {str(self.metadata_csv)!r})"
+
+    def _table(self) -> dict[str, str]:
+        with self._lock:
+            if self._paths is None:
+                self._paths = self._read_table()
+            return self._paths
+
+    def _read_table(self) -> dict[str, str]:
+        import csv
+        import gzip
+
+        if not self.metadata_csv.is_file():
+            raise ImageError(f"MIMIC-CXR metadata CSV {self.metadata_csv} not found: point #metadata= at "
+                             "mimic-cxr-2.0.0-metadata.csv(.gz) from MIMIC-CXR-JPG")
+        opener = gzip.open if self.metadata_csv.suffix == ".gz" else open
+        paths: dict[str, str] = {}
+        with opener(self.metadata_csv, "rt", encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle)
+            needed = {"dicom_id", "subject_id", "study_id"}
+            if not needed <= set(reader.fieldnames or ()):
+                raise ImageError(f"{self.metadata_csv}: expected columns {sorted(needed)}, "
+                                 f"found {reader.fieldnames}")
+            for row in reader:
+                subject = row["subject_id"].strip()
+                paths[row["dicom_id"].strip()] = f"p{subject[:2]}/p{subject}/s{row['study_id'].strip()}"
+        return paths
+
+    def path_of(self, ref: str) -> str:
+        """The reference under ``base``: ``p<XX>/p<subject>/s<study>/<dicom_id>.jpg`` for a bare id."""
+        if not _BARE_DICOM.fullmatch(ref):
+            return ref
+        folder = self._table().get(ref[: -len(".jpg")])
+        if folder is None:
+            raise ImageNotFound("mimic_cxr", ref, f"{self.metadata_csv} (no row for this dicom_id)",
+                                "check that the metadata CSV is MIMIC-CXR-JPG's mimic-cxr-2.0.0-metadata.csv")
+        return f"{folder}/{ref}"
+
+    def exists(self, ref: str) -> bool:
+        try:
+            mapped = self.path_of(ref)
+        except ImageNotFound:
+            return False
+        return self.base.exists(mapped)
+
+    def open_bytes(self, ref: str) -> bytes:
+        return self.base.open_bytes(self.path_of(ref))
+
+
 # --------------------------------------------------------------------------- specs
 
 
@@ -727,6 +802,7 @@ def parse_image_root(spec: str) -> ImageSource:
     * ``/local/dir``, ``~/dir``, ``rel/dir`` or ``file:///local/dir`` -> :class:`LocalFolderSource`
     * ``http(s)://host/...{path}...`` -> :class:`URLTemplateSource` (``/{path}`` appended when absent)
     * ``hf://<hub-id-or-path>[:split][#id_column=...,image_column=...]`` -> :class:`HFDatasetSource`
+    * ``<local or URL root>#metadata=<MIMIC-CXR metadata CSV>`` -> :class:`MimicDicomSource`
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"empty image root {spec!r}: pass a folder, a file:// or http(s):// URL, or hf://dataset")
@@ -734,6 +810,11 @@ def parse_image_root(spec: str) -> ImageSource:
     lowered = spec.lower()
     if lowered.startswith("hf://"):
         return _parse_hf_spec(spec)
+    base, marker, metadata = spec.rpartition("#metadata=")
+    if marker:
+        if not base.strip() or not metadata.strip():
+            raise ValueError(f"image root {spec!r}: expected ROOT#metadata=/path/to/mimic-cxr-2.0.0-metadata.csv")
+        return MimicDicomSource(parse_image_root(base), metadata.strip())
     if lowered.startswith(("http://", "https://")):
         template = spec if "{path}" in spec else spec.rstrip("/") + "/{path}"
         return URLTemplateSource(template)

@@ -236,17 +236,20 @@ class MedHEvalBuilder(datasets.GeneratorBasedBuilder):
 
     VERSION = datasets.Version("1.0.0")
     DESCRIPTION = ""
+    PINNED: dict[str, PinnedFile] = FILES  # the upstream files ``config_files()`` keys name
+    HOMEPAGE = HOMEPAGE
+    CITATION = CITATION
 
     def _info(self) -> datasets.DatasetInfo:
         return datasets.DatasetInfo(
-            description=self.DESCRIPTION, features=FEATURES, homepage=HOMEPAGE, citation=CITATION
+            description=self.DESCRIPTION, features=FEATURES, homepage=self.HOMEPAGE, citation=self.CITATION
         )
 
     def config_files(self) -> list[tuple[str, Any]]:  # pragma: no cover - each unit overrides
         raise NotImplementedError
 
     def _split_generators(self, dl_manager: datasets.DownloadManager) -> list[datasets.SplitGenerator]:
-        parts = [(fetch(FILES[key], data_dir=self.config.data_dir).path, make) for key, make in self.config_files()]
+        parts = [(fetch(self.PINNED[key], data_dir=self.config.data_dir).path, make) for key, make in self.config_files()]
         return [datasets.SplitGenerator(name=datasets.Split.TEST, gen_kwargs={"parts": parts})]
 
     def _generate_examples(self, parts: list[tuple[Path, Any]]) -> Iterator[tuple[str, dict]]:

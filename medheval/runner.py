@@ -31,6 +31,7 @@ from medheval.outputs import OutputLock, atomic_write_text
 from medheval.prompts import describe_templates
 from medheval.predictions_log import LogWriter, jsonl_line, log_key, read_log
 from medheval.registry import list_units, metric_path
+from medheval.tasks import benchmark_default_metrics, detector_options
 
 CLOSE_ENDED_TYPES = frozenset({"yes_no", "multiple_choice"})
 # Metrics computed when --metrics is not given: the ones that run offline with no weights to download.
@@ -66,6 +67,7 @@ class RunSpec:
     labels: dict[str, str] = field(default_factory=dict)  # extra labels for the report (e.g. random weights)
     allow_remote_credentialed: Sequence[str] = ()  # judge endpoints approved for credentialed data (host/URL)
     lock_timeout: float = 0.0  # seconds to wait for another run holding the output folder (0: refuse at once)
+    detector: str | None = None  # MediHall level source: "rule" or a local detector folder (medheval.tasks)
 
 
 def _versions() -> dict[str, str]:
@@ -114,6 +116,9 @@ def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judge: Any = None) -> list[str]:
     """The requested metrics (checked), or the defaults for the split's answer types."""
+    unit_defaults = benchmark_default_metrics(loaded.name)
+    if requested is None and unit_defaults:
+        return list(unit_defaults)
     if requested is not None:
         available = list_units("metrics")
         unknown = [name for name in requested if name not in available]
@@ -257,6 +262,7 @@ def _options_for(spec: RunSpec, metric_names: Sequence[str]) -> dict[str, dict[s
             options[name].setdefault("upstream_compat", True)
         if spec.judge and "judge" in accepted:
             options[name].setdefault("judge", spec.judge)
+        options[name].update(detector_options(spec.detector, accepted))
         if spec.allow_remote_credentialed and "allow_remote_credentialed" in accepted:
             options[name].setdefault("allow_remote_credentialed", list(spec.allow_remote_credentialed))
         options[name] = check_options(name, metric, options[name], set(RECORD_INPUTS))

@@ -13,6 +13,7 @@ import pytest
 
 from judge_servers import judge_server_factory, recording_proxy, user_text  # noqa: F401 - fixtures
 from medheval import medihall as mh
+from medheval.med_hallmark_source import judged_records
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_DIR = REPO / "metrics" / "medihall_score"
@@ -227,7 +228,7 @@ def test_irg_rule_global_normal_claim_and_severity():
 def _levels_by_answer(table):
     def reply(request_json):
         text = user_text(request_json)
-        answer = re.search(r"Med-VLM answer: (.*)", text).group(1)
+        answer = re.search(r"Model answer: (.*)", text).group(1)
         return table[answer]
 
     return reply
@@ -254,7 +255,8 @@ def test_judge_classifier_vqa_with_scripted_levels(metric, judge_server_factory,
     assert server.request_count == 3 + 3
     assert out["usage"]["requests"] == 6 and out["prompt_version"] == mh.PROMPT_VERSION
     first_prompt = server.requests[0].json["messages"]
-    assert "**Catastrophic Hallucinations**" in first_prompt[0]["content"]
+    # the project's own wording of the hierarchy (issue 10: no pasted upstream prose)
+    assert "1. Catastrophic Hallucinations: " in first_prompt[0]["content"]
     assert '"level"' in first_prompt[1]["content"]
 
 
@@ -317,7 +319,9 @@ def test_upstream_irg_reply_format():
 
 @requires_hallmark
 def test_conventional_parses_and_human_medihall_score():
-    records = mh.read_med_hallmark(str(CONVENTIONAL))
+    records = [{"level": r["meta"]["human_level"], "label": r["meta"]["human_label"],
+                "reference": r["answer"] if r["meta"]["has_ground_truth"] else None}
+               for r in judged_records(CONVENTIONAL, "conventional")]
     assert len(records) == 499
     counts = Counter(r["label"] for r in records)
     assert counts == {0: 215, 1: 76, 2: 151, 3: 12, 4: 42, 5: 3}
@@ -335,10 +339,11 @@ def test_prompts_reproduce_the_released_ones_byte_for_byte():
         for record in json.loads((HALLMARK / name).read_text()):
             human = record["conversations"][0]["value"]
             question, answer, reference = block.search(human).groups()
-            system, user = mh.vqa_prompt(question, answer, reference, style="upstream")
+            system, user = mh.vqa_prompt(question, answer, reference, style="upstream", upstream_dir=str(HALLMARK))
             assert system is None and user == human, record.get("id")
     for record in json.loads((HALLMARK / "Irg.json").read_text()):
-        _, user = mh.irg_prompt(record["ground-truth"], record["Med-VLM answer"], style="upstream")
+        _, user = mh.irg_prompt(record["ground-truth"], record["Med-VLM answer"], style="upstream",
+                                upstream_dir=str(HALLMARK))
         assert user == record["prompt"]
 
 
@@ -346,9 +351,10 @@ def test_prompts_reproduce_the_released_ones_byte_for_byte():
 def test_rule_classifier_agreement_floor_on_conventional():
     from medheval.judges import agreement
 
-    records = [r for r in mh.read_med_hallmark(str(CONVENTIONAL)) if r["reference"] is not None]
-    predicted = [mh.classify_vqa_rule(r["prediction"], r["reference"], r["question"]).level for r in records]
-    stats = agreement([mh.LEVEL_TO_LABEL[r["level"]] for r in records], [mh.LEVEL_TO_LABEL[p] for p in predicted])
+    records = [r for r in judged_records(CONVENTIONAL, "conventional") if r["meta"]["has_ground_truth"]]
+    predicted = [mh.classify_vqa_rule(r["meta"]["released_response"], r["answer"], r["question"]).level
+                 for r in records]
+    stats = agreement([r["meta"]["human_label"] for r in records], [mh.LEVEL_TO_LABEL[p] for p in predicted])
     # a regression guard (see benchmarks/bench_medihall_agreement.py for the numbers)
     assert stats["n"] == 364 and stats["exact_agreement"] >= 0.75 and stats["cohen_kappa"] >= 0.65
 

@@ -66,6 +66,8 @@ OPEN_ENDED_COLUMNS: tuple[tuple[str, str, str, float], ...] = (
     ("sh_judge", "sh", "S_h ↓", 1.0),
     ("medihall_score", "medihall_score", "MediHall", 1.0),
 )
+# Columns shown as "mean ± std" (the paper reports S_h so): (metric, key) -> the std key.
+STD_OF: dict[tuple[str, str], str] = {("sh_judge", "sh"): "sh_std"}
 
 
 def open_ended_table(runs: Iterable[dict[str, Any]]) -> str:
@@ -85,7 +87,10 @@ def open_ended_table(runs: Iterable[dict[str, Any]]) -> str:
             cells = []
             for metric, key, _, scale in present:
                 value = entry["metrics"].get(metric, {}).get(key)
-                cells.append(f"{scale * value:.2f}" if isinstance(value, (int, float)) else "–")
+                std = entry["metrics"].get(metric, {}).get(STD_OF.get((metric, key), ""))
+                cell = f"{scale * value:.2f}" if isinstance(value, (int, float)) else "–"
+                cells.append(f"{cell} ± {scale * std:.2f}" if isinstance(value, (int, float))
+                             and isinstance(std, (int, float)) else cell)
             lines.append("| " + " | ".join([run["settings"]["model"], run["settings"]["mitigation"], split, *cells]) + " |")
     return "\n".join(lines)
 

@@ -7,6 +7,7 @@ import os
 import datasets
 import evaluate
 import medheval.metric_inputs
+import medheval.med_hallmark_source
 import medheval.medihall
 
 
@@ -39,8 +40,9 @@ Args:
         classifier "judge"/"detector" and `images` (Med-HallMark's no-ground-truth prompt); the
         "rule" classifier reports such items as failed.
     questions (`list` of `str`, *optional*): the questions (vqa; used by every classifier).
-    task (`str`, defaults to "vqa"): "vqa" (one level per answer, 6 levels) or "irg" (one level
-        per report sentence, 4 levels).
+    task (`str`, *optional*): "vqa" (one level per answer, 6 levels) or "irg" (one level per
+        report sentence, 4 levels); default "irg" when every `answer_types` entry is "report"
+        (as run_eval.py passes for report splits), else "vqa".
     question_types (`list` of `str`, *optional*): the question's type per item, mapped to the
         aspect the rule classifier uses: VQA-RAD (MODALITY, PLANE, ORGAN, ABN, PRES, POS, SIZE,
         COUNT, ATTRIB, COLOR), SLAKE (Modality, Plane, Organ, Position, Quantity, Size, Shape,
@@ -66,6 +68,18 @@ Args:
     cache_dir, concurrency, allow_remote_credentialed: passed to `make_judge`.
     overlap (`float`, defaults to 1.0): rule classifier, open answers: the fraction of the
         reference's content words the answer must contain to count as correct.
+    prompt_style (`str`, defaults to "json"): judge/detector prompt: "json" (this project's wording,
+        JSON reply) or "upstream" (Med-HallMark's exact prompts, read at run time from the pinned,
+        sha256-verified upstream files; plain-text replies as the paper's detector gives).
+    upstream_dir (`str`, *optional*): a local folder with Med-HallMark's files for
+        prompt_style="upstream" (default: the pinned download / cache).
+    rule_without_reference (`bool`, defaults to False): rule classifier, VQA items without a
+        reference: instead of failing, give the level a wrong answer to that question would get
+        (the question's aspect alone; the answer is assumed wrong). Only for sets where nearly every
+        answer hallucinates, such as Med-HallMark's released answers (the detection task).
+    premise_rule (`bool`, defaults to True): Med-HallMark's counterfactual rule: an answer to a
+        question of type "counterfactual" that is not correct counts as prompt-induced (0.6),
+        whatever level the classifier gave.
 
 Returns:
     medihall_score (`float` or `None`): mean item score over the classified items.
@@ -138,7 +152,7 @@ class MedihallScore(evaluate.Metric):
         predictions,
         references,
         questions=None,
-        task="vqa",
+        task=None,
         question_types=None,
         categories=None,
         answer_types=None,
@@ -153,8 +167,16 @@ class MedihallScore(evaluate.Metric):
         concurrency=16,
         allow_remote_credentialed=None,
         overlap=1.0,
+        prompt_style="json",
+        upstream_dir=None,
+        premise_rule=True,
+        rule_without_reference=False,
     ):
         mh = medheval.medihall
+        if task is None:
+            task = "irg" if answer_types and all(t == "report" for t in answer_types) else "vqa"
+        if prompt_style not in mh.PROMPT_STYLES:
+            raise ValueError(f"prompt_style must be one of {mh.PROMPT_STYLES}, got {prompt_style!r}")
         if task not in _TASKS:
             raise ValueError(f"task must be 'vqa' or 'irg', got {task!r}")
         if classifier is None:  # run_eval.py --judge sets judge= for every metric that takes one
@@ -177,6 +199,8 @@ class MedihallScore(evaluate.Metric):
                 if task == "vqa":
                     got = mh.classify_vqa_rule(predictions[i], references[i], questions[i], question_types[i],
                                                answer_types[i], choices[i], overlap=float(overlap))
+                    if got is None and rule_without_reference:
+                        got = mh.classify_vqa_aspect(questions[i], question_types[i])
                     if got is not None:
                         levels[i], reasons[i] = got.level, got.reason
                 else:
@@ -193,9 +217,14 @@ class MedihallScore(evaluate.Metric):
                                                allow_remote_credentialed)
             before = judge_obj.usage()
             self._run_judge(judge_obj, task, predictions, references, questions, ids, credentialed, images,
-                            levels, reasons, failures)
+                            levels, reasons, failures, prompt_style, upstream_dir)
             usage = {key: value - before.get(key, 0) for key, value in judge_obj.usage().items()}
 
+        if task == "vqa" and premise_rule:
+            for i, level in enumerate(levels):
+                moved = mh.premise_level(level, question_types[i])
+                if moved != level:
+                    levels[i], reasons[i] = moved, f"counterfactual premise: {level} counted as prompt-induced"
         if task == "vqa":
             item_scores = [None if level is None else mh.WEIGHTS[level] for level in levels]
             flat = levels
@@ -213,7 +242,8 @@ class MedihallScore(evaluate.Metric):
             "n_failed": len(failures),
             "task": task,
             "classifier": classifier,
-            "prompt_version": None if classifier == "rule" else mh.PROMPT_VERSION,
+            "prompt_version": None if classifier == "rule" else mh.PROMPT_VERSION if prompt_style == "json"
+            else "med-hallmark-upstream@" + medheval.med_hallmark_source.COMMIT[:8],
             "usage": usage,
             "judge": None if judge_obj is None else judge_obj.describe(),
         }
@@ -237,7 +267,7 @@ class MedihallScore(evaluate.Metric):
 
     @staticmethod
     def _run_judge(judge, task, predictions, references, questions, ids, credentialed, images,
-                   levels, reasons, failures):
+                   levels, reasons, failures, prompt_style="json", upstream_dir=None):
         from medheval.judges import JudgeRequest
 
         mh = medheval.medihall
@@ -250,8 +280,11 @@ class MedihallScore(evaluate.Metric):
                 if not has_ref and not item_images:
                     failures[i] = "no reference and no image: nothing to judge the answer against"
                     continue
-                system, user = mh.vqa_prompt(questions[i] or "", predictions[i] or "", references[i])
-                requests.append(JudgeRequest(system=system, user=user, validate=mh.vqa_validator(), **common))
+                system, user = mh.vqa_prompt(questions[i] or "", predictions[i] or "", references[i],
+                                             style=prompt_style, upstream_dir=upstream_dir)
+                validate = mh.vqa_validator() if prompt_style == "json" else mh.vqa_text_validator()
+                requests.append(JudgeRequest(system=system, user=user, validate=validate,
+                                             reply_format="json" if prompt_style == "json" else "text", **common))
             else:
                 if not has_ref:
                     failures[i] = "no reference report"
@@ -260,9 +293,15 @@ class MedihallScore(evaluate.Metric):
                 if not sentences:
                     failures[i] = "the generated report has no sentences"
                     continue
-                system, user = mh.irg_prompt(references[i], sentences=sentences)
-                requests.append(JudgeRequest(system=system, user=user,
-                                             validate=mh.irg_validator(len(sentences)), **common))
+                if prompt_style == "json":
+                    system, user = mh.irg_prompt(references[i], sentences=sentences)
+                    request = JudgeRequest(system=system, user=user, validate=mh.irg_validator(len(sentences)), **common)
+                else:
+                    system, user = mh.irg_prompt(references[i], predictions[i], style="upstream",
+                                                 upstream_dir=upstream_dir)
+                    request = JudgeRequest(system=system, user=user, validate=mh.irg_text_validator(),
+                                           reply_format="text", **common)
+                requests.append(request)
             index.append(i)
         for i, result in zip(index, judge.run(requests)):
             if not result.ok:

@@ -50,6 +50,11 @@ Args:
     models (`list` of `str` or `dict`, *optional*): mode "multi": the model names for list
         predictions, or a dict model -> list of answers (then `predictions` may be omitted).
     cache_dir, concurrency (defaults to 16), allow_remote_credentialed: passed to `make_judge`.
+    prompt_style (`str`, defaults to "json"): "json" (this project's wording, score + rationale) or
+        "upstream" (MedHEval's exact prompt, read at run time with `ast` from the pinned,
+        sha256-verified `knowledge_hallucination_score.py`; answers keyed model_1..k, bare scores).
+    upstream_dir (`str`, *optional*): local copy of the MedHEval repository root for
+        prompt_style="upstream" (default: the pinned download / cache).
 
 Returns:
     sh (`float`; `dict` model -> `float` in mode "multi"): mean score over the scored items.
@@ -142,10 +147,15 @@ class ShJudge(evaluate.Metric):
         cache_dir=None,
         concurrency=16,
         allow_remote_credentialed=None,
+        prompt_style="json",
+        upstream_dir=None,
     ):
         from medheval.judges import JudgeRequest
 
         sp = medheval.sh_prompt
+        if prompt_style not in sp.PROMPT_STYLES:
+            raise ValueError(f"prompt_style must be one of {sp.PROMPT_STYLES}, got {prompt_style!r}")
+        upstream = prompt_style == "upstream"
         if mode not in ("single", "multi"):
             raise ValueError(f"mode must be 'single' or 'multi', got {mode!r}")
         if judge is None:
@@ -174,6 +184,13 @@ class ShJudge(evaluate.Metric):
                 failed.append((i, None, "no reference answer to judge against"))
                 continue
             common = {"id": ids[i], "credentialed": credentialed[i]}
+            if mode == "single" and upstream:  # the upstream prompt always takes a dict of answers
+                system, user = sp.render_upstream(questions[i], reference, [predictions[i]], upstream_dir)
+                validate = sp.multi_validator(1, sp.upstream_label)
+                requests.append(JudgeRequest(system=system, user=user, validate=lambda r, v=validate: v(r)[0],
+                                             **common))
+                slots.append((i, None))
+                continue
             if mode == "single":
                 system, user = sp.render_single(questions[i], reference, predictions[i])
                 requests.append(JudgeRequest(system=system, user=user, validate=sp.validate_single, **common))
@@ -183,8 +200,14 @@ class ShJudge(evaluate.Metric):
             failed.extend((i, names[k], "no answer from this model") for k in range(len(names)) if k not in present)
             if not present:
                 continue
-            system, user = sp.render_multi(questions[i], reference, [predictions[i][k] for k in present])
-            requests.append(JudgeRequest(system=system, user=user, validate=sp.multi_validator(len(present)), **common))
+            answers = [predictions[i][k] for k in present]
+            if upstream:
+                system, user = sp.render_upstream(questions[i], reference, answers, upstream_dir)
+                validate = sp.multi_validator(len(present), sp.upstream_label)
+            else:
+                system, user = sp.render_multi(questions[i], reference, answers)
+                validate = sp.multi_validator(len(present))
+            requests.append(JudgeRequest(system=system, user=user, validate=validate, **common))
             slots.append((i, present))
 
         if mode == "single":
@@ -216,5 +239,6 @@ class ShJudge(evaluate.Metric):
             out["models"] = names
         usage = {key: value - usage_before.get(key, 0) for key, value in judge_obj.usage().items()}
         out.update(n_failed=len(out["failed"]), usage=usage, judge=judge_obj.describe(),
-                   prompt_version=sp.PROMPT_VERSION, mode=mode)
+                   prompt_version=sp.UPSTREAM_PROMPT_VERSION if upstream else sp.PROMPT_VERSION, mode=mode,
+                   prompt_style=prompt_style)
         return out

@@ -1,176 +1,29 @@
-"""MediHall Score (Med-HallMark, arXiv 2406.10185): hallucination levels, weights and classifiers.
+"""The offline ``rule`` classifier of MediHall levels (no model, no network).
 
-Each answer (VQA) or each sentence of a generated report (IRG) gets one hallucination level;
-a level has a weight, and the score is a mean of weights::
+* VQA (:func:`classify_vqa_rule`): correct when the answer agrees with the reference
+  (:func:`answer_correct`), otherwise a level from the aspect the question probes
+  (:func:`question_aspect`), with answer-side overrides for Med-HallMark's catastrophic cases.
+* IRG (:func:`classify_irg_rule`): findings of a small chest X-ray vocabulary, their polarity
+  and attributes, sentence by sentence against the reference report.
 
-    level            weight   Med-HallMark name                  classification_label
-    catastrophic     0.0      "Catastrophic Hallucinations"      0
-    critical         0.2      "Critical Hallucinations"          1
-    attribute        0.4      "Attribute Hallucinations"         2
-    prompt_induced   0.6      "Prompt-induced Hallucinations"    3
-    minor            0.8      "Minor Hallucinations"             4
-    correct          1.0      "Correct Statements"               5
-
-    VQA item score   = weight(level of the answer)
-    IRG item score   = (1/N) * sum_i weight(level of sentence i)     (N sentences in the report)
-    MediHall Score   = mean of the item scores
-
-IRG uses four levels (catastrophic, critical, attribute, correct): the upstream report prompt
-lists no prompt-induced or minor level. ``classification_label`` is the integer encoding of
-Med-HallMark's released ``Conventional..json`` / ``Counterfactual..json`` (0 = catastrophic …
-5 = correct), so ``weight == 0.2 * label``.
-
-This module holds what the ``medihall_score`` metric needs beyond the formula:
-
-* :func:`split_sentences` — the report sentence splitter (IRG);
-* :func:`classify_vqa_rule` / :func:`classify_irg_rule` — the offline ``rule`` classifier;
-* :func:`vqa_prompt` / :func:`irg_prompt` and their validators — the judge/detector prompts
-  (Med-HallMark's hierarchy text, with a JSON reply for LLM judges).
+The rules were written from Med-HallMark's level definitions and tuned on the 364 records of
+``Conventional..json`` that carry a ground truth (see ``datasets/med_hallmark/README.md`` for
+the agreement figures on both subsets).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 from medheval import parsing
+from medheval.medihall.levels import Classified, split_sentences
 
 __all__ = [
-    "LEVELS", "VQA_LEVELS", "IRG_LEVELS", "WEIGHTS", "LEVEL_NAMES", "LABEL_TO_LEVEL", "LEVEL_TO_LABEL",
-    "PROMPT_VERSION", "Classified", "parse_level", "level_weight", "report_score", "medihall_score",
-    "level_distribution", "split_sentences", "question_aspect", "answer_correct", "classify_vqa_rule",
-    "classify_irg_rule", "vqa_prompt", "irg_prompt", "vqa_validator", "irg_validator",
-    "parse_irg_upstream",
+    "ASPECT_LEVEL", "QUESTION_TYPE_ASPECT", "FINDINGS", "question_aspect", "answer_correct",
+    "classify_vqa_rule", "classify_vqa_aspect", "classify_irg_rule",
 ]
-
-LEVELS: tuple[str, ...] = ("catastrophic", "critical", "attribute", "prompt_induced", "minor", "correct")
-VQA_LEVELS: tuple[str, ...] = LEVELS
-IRG_LEVELS: tuple[str, ...] = ("catastrophic", "critical", "attribute", "correct")
-WEIGHTS: dict[str, float] = {
-    "catastrophic": 0.0, "critical": 0.2, "attribute": 0.4, "prompt_induced": 0.6, "minor": 0.8, "correct": 1.0,
-}
-LEVEL_NAMES: dict[str, str] = {
-    "catastrophic": "Catastrophic Hallucinations",
-    "critical": "Critical Hallucinations",
-    "attribute": "Attribute Hallucinations",
-    "prompt_induced": "Prompt-induced Hallucinations",
-    "minor": "Minor Hallucinations",
-    "correct": "Correct Statements",
-}
-LABEL_TO_LEVEL: dict[int, str] = dict(enumerate(LEVELS))
-LEVEL_TO_LABEL: dict[str, int] = {level: i for i, level in enumerate(LEVELS)}
-PROMPT_VERSION = "medihall-v1"
-
-
-@dataclass(frozen=True)
-class Classified:
-    """One classification: the level and a short reason (which rule fired, or the judge's words)."""
-
-    level: str
-    reason: str = ""
-
-
-# ---------------------------------------------------------------------------
-# Levels and scores
-# ---------------------------------------------------------------------------
-
-_LEVEL_CUES: tuple[tuple[str, re.Pattern], ...] = (
-    ("catastrophic", re.compile(r"\bcatastrophic\b")),
-    ("critical", re.compile(r"\bcritical\b")),
-    ("attribute", re.compile(r"\battribute\b")),
-    ("prompt_induced", re.compile(r"\bprompt[\s_-]*induced\b|\bconfusion\b")),
-    ("minor", re.compile(r"\bminor\b|without serious consequences")),
-    ("correct", re.compile(r"\bcorrect(?:\s+statements?)?\b|\bno hallucinations?\b")),
-)
-
-
-def parse_level(text: Any, allowed: Sequence[str] = LEVELS) -> str | None:
-    """The level named in ``text`` (a key, Med-HallMark's name, ``"**Attribute Hallucinations**"`` …).
-
-    ``None`` when no level or more than one different level is named, or the level is not in
-    ``allowed`` (IRG allows four). Numbers are not read: upstream numbers the levels 1–6 in its
-    prompt but encodes them 0–5 in its labels, so a bare digit is ambiguous.
-    """
-    if not isinstance(text, str):
-        return None
-    low = text.strip().lower().replace("_", " ")
-    found = {level for level, cue in _LEVEL_CUES if cue.search(low)}
-    if "prompt_induced" in found and "minor" not in found:
-        found.discard("correct")  # "…prompt-induced…" text never means a correct answer
-    if len(found) == 2 and "correct" in found and re.search(r"\b(?:not|in)correct\b", low):
-        found.discard("correct")
-    if len(found) != 1:
-        return None
-    level = found.pop()
-    return level if level in allowed else None
-
-
-def level_weight(level: str) -> float:
-    """The MediHall weight of a level key (``KeyError`` for an unknown level)."""
-    return WEIGHTS[level]
-
-
-def report_score(levels: Sequence[str]) -> float | None:
-    """Mean weight over a report's sentence levels; ``None`` for a report without sentences."""
-    if not levels:
-        return None
-    return sum(WEIGHTS[level] for level in levels) / len(levels)
-
-
-def medihall_score(item_scores: Sequence[float | None]) -> float | None:
-    """Mean over the scored items (``None`` entries are failed items, left out)."""
-    scored = [s for s in item_scores if s is not None]
-    return sum(scored) / len(scored) if scored else None
-
-
-def level_distribution(levels: Sequence[str | None], allowed: Sequence[str] = LEVELS) -> dict[str, int]:
-    """``{level: count}`` over ``allowed`` (zeros kept), ``None`` entries skipped."""
-    counts = {level: 0 for level in allowed}
-    for level in levels:
-        if level is not None:
-            counts[level] = counts.get(level, 0) + 1
-    return counts
-
-
-# ---------------------------------------------------------------------------
-# Sentence splitting (IRG)
-# ---------------------------------------------------------------------------
-
-_ROLE_PREFIX = re.compile(r"^\s*(?:#+\s*)?(?:assistant|gpt|answer|response|report|findings|impression)\s*:\s*", re.I)
-_ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "approx.", "dr.", "fig.", "cf.", "st.", "mr.", "mrs.", "ms.",
-                  "prof.", "incl.", "resp.")
-_SENT_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
-_BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
-
-
-def split_sentences(text: str | None) -> list[str]:
-    """Split a generated report into sentences (the IRG unit of the MediHall Score).
-
-    Rules: a leading role/section prefix (``"### Assistant:"``, ``"Findings:"``) is dropped;
-    line breaks and list bullets end a sentence; otherwise a sentence ends at ``.``, ``!`` or
-    ``?`` followed by whitespace and an upper-case letter or a digit. A full stop does not end a
-    sentence inside a number (``"3.5 cm"``) or after a common abbreviation (``"e.g."``, ``"vs."``,
-    ``"approx."``). Empty pieces and pieces without a letter or digit are dropped.
-    """
-    if not text:
-        return []
-    sentences: list[str] = []
-    for line in str(text).replace("\r", "\n").split("\n"):
-        line = _BULLET.sub("", _ROLE_PREFIX.sub("", line.strip()))
-        if not line:
-            continue
-        start = 0
-        for m in _SENT_END.finditer(line):
-            piece = line[start:m.start()]
-            words = piece.split()
-            if words and words[-1].lower().lstrip("(\"'") in _ABBREVIATIONS:
-                continue
-            sentences.append(piece)
-            start = m.end()
-        sentences.append(line[start:])
-    return [s.strip() for s in sentences if re.search(r"[A-Za-z0-9]", s)]
 
 
 # ---------------------------------------------------------------------------
@@ -432,40 +285,17 @@ def classify_vqa_rule(
     return Classified(ASPECT_LEVEL[aspect], f"wrong answer to a {aspect} question")
 
 
-# ---------------------------------------------------------------------------
-# Med-HallMark's released files
-# ---------------------------------------------------------------------------
 
-_HALLMARK_QA = re.compile(
-    r"question:\s*(?P<question>.*?)\nMed-VLM answer:\s*(?P<answer>.*?)(?:\nground-truth:\s*(?P<reference>.*?))?"
-    r"\n\nPlease judge", re.S,
-)
+def classify_vqa_aspect(question: str | None, question_type: str | None = None,
+                        default_aspect: str = "presence") -> Classified:
+    """Level of an answer *assumed wrong*, from the question's aspect alone (no reference to compare with).
 
-
-def read_med_hallmark(path: str) -> list[dict]:
-    """Records of Med-HallMark's ``Conventional..json`` / ``Counterfactual..json`` as plain dicts.
-
-    Each: ``id``, ``image``, ``question``, ``prediction`` (the Med-VLM answer), ``reference``
-    (``None`` in the template without ground truth), ``label`` (``classification_label``, 0–5)
-    and ``level`` (its level key). The question/answer/ground truth are cut out of the
-    judge prompt the file stores in its human turn.
+    For answers without a ground truth (Med-HallMark's no-ground-truth prompt variant) the rules cannot
+    tell right from wrong; this gives the level a wrong answer to that question would get. Sensible
+    only where nearly every answer is a hallucination (496 of Med-HallMark's 499 conventional ones).
     """
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    out = []
-    for i, record in enumerate(data):
-        human = record["conversations"][0]["value"]
-        m = _HALLMARK_QA.search(human)
-        if m is None:
-            raise ValueError(f"{path}: record {record.get('id', i)!r}: no 'question: … Med-VLM answer: …' block")
-        label = int(record["classification_label"])
-        out.append({
-            "id": record.get("id", i), "image": record.get("image"), "question": m["question"].strip(),
-            "prediction": m["answer"].strip(),
-            "reference": m["reference"].strip() if m["reference"] is not None else None,
-            "label": label, "level": LABEL_TO_LEVEL[label],
-        })
-    return out
+    aspect = question_aspect(question, question_type) or default_aspect
+    return Classified(ASPECT_LEVEL[aspect], f"no reference: a wrong answer to a {aspect} question assumed")
 
 
 # ---------------------------------------------------------------------------
@@ -643,224 +473,4 @@ def classify_irg_rule(prediction: str | None, reference: str | None) -> list[tup
                 elif mention.severity and ref_severity and not mention.severity & ref_severity:
                     verdict = _worst(verdict, Classified("attribute", f"{name}: severity differs from the reference"))
         out.append((sentence, verdict))
-    return out
-
-
-# ---------------------------------------------------------------------------
-# Judge / detector prompts
-# ---------------------------------------------------------------------------
-#
-# The hierarchy text is Med-HallMark's, as released in its data files (the human turn of
-# ``Conventional..json`` for VQA, the ``prompt`` field of ``Irg.json`` for reports), so that a
-# judge sees the categories exactly as the benchmark's annotators and MediHallDetector did.
-# ``style="upstream"`` reproduces those prompts byte for byte (a plain-text reply: the category
-# name); ``style="json"`` (LLM judges, the default) keeps the instructions and asks for JSON.
-
-_VQA_INTRO = (
-    "Now you are an intelligent AI assistant evaluating the performance of a medical visual language model "
-    "(Med-VLM) in a medical multimodal question and answer task, and you need to judge the correctness of the "
-    "Med-VLM outputs as well as the type of hallucinations based on the image, the question{inputs}. "
-    "The way in which the hierarchy of the hallucinations is classified is as follows:"
-)
-_VQA_INPUTS_GT = (", the response of the Med-VLM as well as the ground-truth of the image-question and "
-                  "answer pairs")
-_VQA_INPUTS_NO_GT = " and the response of the Med-VLM"
-_CATASTROPHIC = (
-    "Mostly wrong <judgments>, usually involving misjudging the global health status of the image, "
-    "misidentifying organs, fabricating organs, fabricating pathologies or lesions on {q}normal{q} images, or "
-    "making incorrect descriptions of the image based on previous errors, which typically have disastrous impacts "
-    "on clinical decision-making."
-)
-_CRITICAL = (
-    "Typically involving incorrect <descriptions> of organ functions or pathological categories, fabricating "
-    "{q}other types of lesions{q} on {q}abnormal{q} images, resulting in {q}misanalyses{q} or {q}omissions{q}, "
-    "and incorrect descriptions of the causes of pathologies;{sp} these hallucinations are serious but slightly "
-    "less severe than catastrophic hallucinations, still significantly affecting clinical diagnosis and "
-    "decision-making."
-)
-_ATTRIBUTE_DEF = ("Manifest as incorrect judgments or descriptions of the size, shape, location, and number of "
-                  "organs and pathologies{extra}.")
-_PROMPT_INDUCED_DEF = (
-    "This type of hallucination is manifested in the input model of the prompt contains certain interference "
-    "information, can be divided into two kinds: the first is the input contains a prefix that interferes with "
-    "the degree of confidence of the model; the other is the prompt contains the description of the factual "
-    "content of the image is opposite to that of the model caused by misleading. These types of illusions are "
-    "usually caused by a lack of plausibility or factuality in the prompt, and examine the robustness of the model "
-    "in a particular context."
-)
-_MINOR_DEF = (
-    "These hallucinations are often manifested as judgements about the modality of medical images, the way they "
-    "are collected, and they do not have serious consequences for clinical diagnosis and treatment."
-)
-_CORRECT_DEF = "No hallucinations are present;{sp} the statement semantically matches the {target}."
-
-
-def _vqa_hierarchy(with_reference: bool) -> str:
-    items = [
-        ("Catastrophic Hallucinations", _CATASTROPHIC.format(q="'")),
-        ("Critical Hallucinations", _CRITICAL.format(q="'", sp="")),
-        ("Attribute Hallucinations", _ATTRIBUTE_DEF.format(extra="")),
-        ("Confusion prompt-induced hallucinations (prompt-induced Hallucinations)", _PROMPT_INDUCED_DEF),
-        ("Minor Hallucinations (Hallucinations without serious consequences)", _MINOR_DEF),
-        ("Correct Statements", _CORRECT_DEF.format(sp="", target="ground truth" if with_reference else "image")),
-    ]
-    return "\n\n".join(f"{i}. **{name}**: {text}" for i, (name, text) in enumerate(items, 1))
-
-
-def _level_choices(levels: Sequence[str]) -> str:
-    return ", ".join(f'"{LEVEL_NAMES[level]}"' for level in levels)
-
-
-def vqa_prompt(question: Any, prediction: Any, reference: Any = None, style: str = "json") -> tuple[str | None, str]:
-    """``(system, user)`` asking for the hallucination level of one VQA answer.
-
-    Without a reference (``None``/empty) the upstream no-ground-truth variant is used (the judge
-    must then see the image). ``style="upstream"``: Med-HallMark's exact prompt, all in the user
-    message (``system`` is ``None``), reply = a category name. ``style="json"``: the same
-    instructions as the system message, the item and a JSON reply request as the user message.
-    """
-    has_ref = reference is not None and str(reference).strip() != ""
-    intro = _VQA_INTRO.format(inputs=_VQA_INPUTS_GT if has_ref else _VQA_INPUTS_NO_GT)
-    instructions = f"{intro}\n\n{_vqa_hierarchy(has_ref)}"
-    if has_ref:
-        item = (f"Here is the question received by Med-VLM, the output of it and the ground-truth:\n\n"
-                f"question: {question}\nMed-VLM answer: {prediction}\nground-truth: {reference}")
-        basis = "according to the image and the ground-truth"
-    else:
-        item = (f"Here is the question received by Med-VLM and the output of it:\n\n"
-                f"question: {question}\nMed-VLM answer: {prediction}")
-        basis = "according to the image"
-    if style == "upstream":
-        return None, (f"{instructions}\n\n{item}\n\nPlease judge Med-VLM's hallucination type based on the above "
-                      f"hallucination hierarchy {basis}, just judge without giving any explanation.")
-    if style != "json":
-        raise ValueError(f"style must be 'json' or 'upstream', got {style!r}")
-    return instructions, (
-        f"{item}\n\nPlease judge Med-VLM's hallucination type based on the above hallucination hierarchy {basis}. "
-        f'Reply with one JSON object and nothing else: {{"level": "<one of {_level_choices(VQA_LEVELS)}>"}}'
-    )
-
-
-_IRG_INTRO = "Imagine you are an experienced doctor.  Here is a medical image report generation task. "
-
-
-def _irg_hierarchy() -> str:
-    items = [
-        ("Catastrophic Hallucinations", _CATASTROPHIC.format(q='"')),
-        ("Critical Hallucinations", _CRITICAL.format(q='"', sp=" ")),
-        ("Attribute Hallucinations", _ATTRIBUTE_DEF.format(
-            extra=", affecting diagnostic accuracy to some extent but not resulting in disastrous impacts")),
-        ("Correct Statements", _CORRECT_DEF.format(sp=" ", target="ground truth")),
-    ]
-    return "\n\n".join(f"{i}.  **{name}**: {text}" for i, (name, text) in enumerate(items, 1))
-
-
-def irg_prompt(reference: Any, prediction: Any = None, sentences: Sequence[str] | None = None,
-               style: str = "json") -> tuple[str | None, str]:
-    """``(system, user)`` asking for the level of each sentence of a generated report.
-
-    ``style="json"``: the report is given as numbered ``sentences`` (this module's split, so the
-    levels line up with :func:`split_sentences`), the reply is
-    ``{"sentences": [{"index": 1, "level": "..."}, ...]}``. ``style="upstream"``: Med-HallMark's
-    exact ``Irg.json`` prompt with the whole ``prediction``; the reply is its
-    ``Sentence:… / "Hallucination type"：… / "Reason"：…`` blocks (:func:`parse_irg_upstream`).
-    """
-    criteria = _irg_hierarchy()
-    if style == "upstream":
-        return None, (
-            f"{_IRG_INTRO}\n\nFor a certain image, the ground-truth report is:  \n\n{reference}  \n\n"
-            f"And the report predicted by the model is: \n\n{prediction}\n\n"
-            "Please evaluate whether each sentence in the report predicted by the model is correct, and identify if "
-            "any hallucinations are present, including their type based on the following criteria:\n\n"
-            f"{criteria}\n\nEvaluate each sentence accordingly and categorize the type of hallucination if "
-            'applicable.Please output in the following format:\n"Sentence:……\n"Hallucination type"：……\n"Reason"：……'
-        )
-    if style != "json":
-        raise ValueError(f"style must be 'json' or 'upstream', got {style!r}")
-    if sentences is None:
-        sentences = split_sentences(prediction)
-    numbered = "\n".join(f"{i}. {s}" for i, s in enumerate(sentences, 1))
-    system = (f"{_IRG_INTRO}\n\nYou will read a ground-truth report and a report predicted by a model, split into "
-              "numbered sentences. Evaluate whether each sentence of the predicted report is correct, and identify "
-              "if any hallucinations are present, including their type based on the following criteria:\n\n"
-              f"{criteria}")
-    user = (
-        f"The ground-truth report is:\n\n{reference}\n\nThe report predicted by the model, one sentence per line:\n\n"
-        f"{numbered}\n\nCategorize every numbered sentence. Reply with one JSON object and nothing else: "
-        f'{{"sentences": [{{"index": 1, "level": "<one of {_level_choices(IRG_LEVELS)}>", "reason": "<short>"}}, '
-        f"...]}} with exactly one entry per sentence (indices 1 to {len(sentences)})."
-    )
-    return system, user
-
-
-def vqa_validator(allowed: Sequence[str] = VQA_LEVELS) -> Callable[[dict], str]:
-    """A ``validate`` for the judge layer: the parsed JSON reply -> a level key (``ValueError`` if none)."""
-
-    def validate(reply: dict) -> str:
-        if not isinstance(reply, dict):
-            raise ValueError("expected a JSON object")
-        value = reply.get("level", reply.get("hallucination_type", reply.get("type")))
-        if value is None and len(reply) == 1:
-            (value,) = reply.values()
-        level = parse_level(value, allowed)
-        if level is None:
-            raise ValueError(f'"level" must be one of {_level_choices(allowed)}, got {value!r}')
-        return level
-
-    return validate
-
-
-def irg_validator(n_sentences: int) -> Callable[[dict], list[Classified]]:
-    """A ``validate`` for an IRG reply: one :class:`Classified` (IRG level, reason) per sentence, in
-    order (``ValueError`` otherwise)."""
-
-    def validate(reply: dict) -> list[Classified]:
-        entries = reply.get("sentences") if isinstance(reply, dict) else None
-        if isinstance(entries, dict):
-            entries = [{"index": k, "level": v} for k, v in entries.items()]
-        if not isinstance(entries, list):
-            raise ValueError('expected {"sentences": [{"index": 1, "level": "..."}, ...]}')
-        levels: dict[int, Classified] = {}
-        for position, entry in enumerate(entries, 1):
-            reason = ""
-            if isinstance(entry, dict):
-                raw_index, value = entry.get("index", position), entry.get("level", entry.get("type"))
-                reason = str(entry.get("reason") or "")
-            else:
-                raw_index, value = position, entry
-            try:
-                index = int(raw_index)
-            except (TypeError, ValueError):
-                raise ValueError(f"sentence index {raw_index!r} is not a number") from None
-            level = parse_level(value, IRG_LEVELS)
-            if level is None:
-                raise ValueError(f"sentence {index}: level must be one of {_level_choices(IRG_LEVELS)}, got {value!r}")
-            levels[index] = Classified(level, reason)
-        missing = [i for i in range(1, n_sentences + 1) if i not in levels]
-        if missing or len(levels) != n_sentences:
-            raise ValueError(f"expected levels for sentences 1 to {n_sentences}; "
-                             + (f"missing {missing}" if missing else f"got indices {sorted(levels)}"))
-        return [levels[i] for i in range(1, n_sentences + 1)]
-
-    return validate
-
-
-_UPSTREAM_IRG_BLOCK = re.compile(
-    r"Sentence\"?\s*[:：]\s*(?P<sentence>.*?)\s*\n\s*\"?Hallucination type\"?\s*[:：]\s*(?P<level>[^\n]*)", re.I | re.S
-)
-
-
-def parse_irg_upstream(text: str) -> list[tuple[str, str]]:
-    """``[(sentence, level), …]`` from a reply in Med-HallMark's IRG output format (full-width colons).
-
-    ``ValueError`` when no block is found or a block's type is not an IRG level.
-    """
-    out = []
-    for m in _UPSTREAM_IRG_BLOCK.finditer(text or ""):
-        level = parse_level(m["level"], IRG_LEVELS)
-        if level is None:
-            raise ValueError(f"unknown hallucination type {m['level'].strip()!r} for sentence {m['sentence'][:60]!r}")
-        out.append((m["sentence"].strip().strip('"'), level))
-    if not out:
-        raise ValueError('no "Sentence: … / "Hallucination type": …" blocks in the reply')
     return out
