@@ -112,7 +112,8 @@ _CLASSIFIERS = ("rule", "judge", "detector")
 # the other options take the type of their bool/int/float/str default).
 OPTION_TYPES = {"classifier": str | None, "judge": str | dict | object | None, "detector_path": str | None,
                 "cache_dir": str | bool | None, "allow_remote_credentialed": str | list[str] | None,
-                "question_types": list | None, "images": list | None}
+                "question_types": list | None, "images": list | None, "task": str | None,
+                "upstream_dir": str | None}
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)

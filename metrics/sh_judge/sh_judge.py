@@ -79,7 +79,7 @@ Examples:
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;
 # the other options take the type of their bool/int/float/str default).
 OPTION_TYPES = {"judge": str | dict | object | None, "models": list | dict | None, "cache_dir": str | bool | None,
-                "allow_remote_credentialed": str | list[str] | None}
+                "allow_remote_credentialed": str | list[str] | None, "upstream_dir": str | None}
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
