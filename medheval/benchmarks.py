@@ -34,6 +34,7 @@ class LoadedBenchmark:
     skipped_missing_images: list[tuple[str, str]] = field(default_factory=list)  # (record id, image ref)
     quality: dict[str, Any] = field(default_factory=dict)
     resolver: Any = None  # medheval.images.ImageResolver when image roots were given
+    run_options: dict[str, Any] = field(default_factory=dict)  # benchmark-specific run options, as applied
 
 
 def list_benchmarks() -> list[str]:
@@ -47,14 +48,14 @@ def parse_benchmark_spec(spec: str) -> tuple[str, str | None]:
     return name.strip(), (config.strip() or None)
 
 
-def builder_class(name: str) -> type[datasets.GeneratorBasedBuilder]:
-    """The ``GeneratorBasedBuilder`` subclass defined in ``datasets/<name>/<name>.py``."""
+def builder_class(name: str) -> type[datasets.DatasetBuilder]:
+    """The ``GeneratorBasedBuilder`` (or ``ArrowBasedBuilder``) subclass defined in ``datasets/<name>/<name>.py``."""
     module = load_unit_module("datasets", name)
     found = [
         obj
         for obj in vars(module).values()
         if inspect.isclass(obj)
-        and issubclass(obj, datasets.GeneratorBasedBuilder)
+        and issubclass(obj, (datasets.GeneratorBasedBuilder, datasets.ArrowBasedBuilder))
         and obj.__module__ == module.__name__
     ]
     if len(found) != 1:
@@ -78,7 +79,10 @@ def _resolve_config(name: str, config: str | None) -> str:
 
 def _code_fingerprint(name: str) -> hashlib._Hash:
     digest = hashlib.sha256()
-    for module in (load_unit_module("datasets", name), medheval_source, parsing, schema):
+    unit = load_unit_module("datasets", name)
+    own = [value for value in vars(unit).values()  # core modules the unit imports (e.g. medheval.stepbench)
+           if inspect.ismodule(value) and value.__name__.startswith("medheval.")]
+    for module in dict.fromkeys((unit, medheval_source, parsing, schema, *own)):
         digest.update(Path(module.__file__).read_bytes())
     return digest
 
@@ -91,9 +95,16 @@ def prepare_benchmark(
     on_missing: str = "error",
     cache_dir: str | Path | None = None,
     limit: int | None = None,
+    run_options: Mapping[str, Any] | None = None,
 ) -> LoadedBenchmark:
     """Build (or reuse from cache) one split (its first ``limit`` records when given); check image
-    references when ``image_roots`` is given."""
+    references when ``image_roots`` is given.
+
+    Builders over a user's local folder (no pinned upstream files, e.g. Med-StepBench) define
+    ``input_files()``; builders may define ``quality_summary(dataset)`` and
+    ``apply_run_options(dataset, run_options) -> (dataset, recorded)``: with ``run_options`` given
+    (``{}`` = the defaults; the runner always gives them), e.g. prompt settings, applied before the
+    image check and recorded in ``LoadedBenchmark.run_options``."""
     if on_missing not in ON_MISSING:
         raise ValueError(f"on_missing must be one of {ON_MISSING}, got {on_missing!r}")
     config = _resolve_config(name, config)
@@ -102,24 +113,37 @@ def prepare_benchmark(
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir().parent / "datasets"
 
     probe = cls(config_name=config, data_dir=data_dir, cache_dir=str(cache_root))
-    fetched = [(key, fetch(medheval_source.FILES[key], data_dir=data_dir)) for key, _ in probe.config_files()]
+    if run_options and not hasattr(probe, "apply_run_options"):
+        raise ValueError(f"benchmark {name!r} takes no run options (got {sorted(run_options)})")
+    if hasattr(probe, "input_files"):
+        files = probe.input_files()
+        fetched = []
+    else:
+        fetched = [(key, fetch(medheval_source.FILES[key], data_dir=data_dir)) for key, _ in probe.config_files()]
+        files = [
+            {"relpath": medheval_source.FILES[key].relpath, "sha256": item.sha256, "verified": item.verified,
+             "origin": item.origin}
+            for key, item in fetched
+        ]
     fingerprint = _code_fingerprint(name)
-    for _, item in fetched:
-        fingerprint.update(item.sha256.encode())
+    for item in files:
+        fingerprint.update(item["sha256"].encode())
     builder = cls(
         config_name=config, data_dir=data_dir, cache_dir=str(cache_root), hash=fingerprint.hexdigest()[:16]
     )
     builder.download_and_prepare()
     dataset = builder.as_dataset(split="test")
-    files = [
-        {"relpath": medheval_source.FILES[key].relpath, "sha256": item.sha256, "verified": item.verified,
-         "origin": item.origin}
-        for key, item in fetched
-    ]
-    quality = medheval_source.quality_summary(dataset.select_columns(["id", "config", "meta"]))
+    if hasattr(builder, "quality_summary"):
+        quality = builder.quality_summary(dataset)
+    else:
+        quality = medheval_source.quality_summary(dataset.select_columns(["id", "config", "meta"]))
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-    loaded = LoadedBenchmark(dataset=dataset, name=name, config=config, files=files, quality=quality)
+    recorded: dict[str, Any] = {}
+    if run_options is not None and hasattr(builder, "apply_run_options"):
+        dataset, recorded = builder.apply_run_options(dataset, run_options)
+    loaded = LoadedBenchmark(dataset=dataset, name=name, config=config, files=files, quality=quality,
+                             run_options=recorded)
     if image_roots:
         attach_images(loaded, image_roots, on_missing)
     return loaded
