@@ -35,6 +35,7 @@ DEFAULT_METRICS = {
     "close": ("close_ended_accuracy",),
     "report": ("chair", "text_generation"),
     "open": ("text_generation",),
+    "statement": ("stepbench",),  # Med-StepBench statement verification
 }
 JUDGE_METRIC_FOR = {"open": "sh_judge"}  # added to the defaults when --judge is given
 
@@ -60,6 +61,8 @@ class RunSpec:
     metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metric: {option: value}}
     judge: str | dict | None = None  # LLM judge spec for the metrics that take one (``backend:model[@base_url]``)
     labels: dict[str, str] = field(default_factory=dict)  # extra labels for the report (e.g. random weights)
+    # per-benchmark run options, e.g. {"med_stepbench": {"knowledge": "prior"}} (recorded in results)
+    benchmark_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _versions() -> dict[str, str]:
@@ -104,6 +107,7 @@ def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judg
         return list(requested)
     answer_types = set(loaded.dataset.unique("answer_type"))
     kind = "close" if answer_types <= CLOSE_ENDED_TYPES else "report" if answer_types == {"report"} else "open"
+    kind = "statement" if answer_types == {"statement"} else kind
     names = list(DEFAULT_METRICS[kind])
     if judge and kind in JUDGE_METRIC_FOR:
         names.append(JUDGE_METRIC_FOR[kind])
@@ -161,6 +165,8 @@ RECORD_INPUTS: dict[str, Callable[[dict], Any]] = {
     "categories": lambda row: row["category"],
     "sources": lambda row: row["source"],
     "credentialed": lambda row: bool((row["meta"] or {}).get("credentialed")),
+    "steps": lambda row: (row["meta"] or {}).get("step"),
+    "languages": lambda row: (row["meta"] or {}).get("language"),
 }
 
 
@@ -279,6 +285,11 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     output = Path(spec.output)
     settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),
                 "limit": spec.limit, "benchmarks": list(spec.benchmarks)}
+    if spec.benchmark_options:  # prompts depend on them: a resumed run must use the same
+        settings["benchmark_options"] = spec.benchmark_options
+        unknown = sorted(set(spec.benchmark_options) - {parse_benchmark_spec(b)[0] for b in spec.benchmarks})
+        if unknown:
+            raise RunError(f"--benchmark-option given for benchmark(s) {unknown} that this run does not include")
     _check_run_settings(output, settings)
     log_path = output / "predictions.jsonl"
     entries = read_log(log_path)
@@ -293,7 +304,8 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
             name, config = parse_benchmark_spec(benchmark_spec)
             loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
                                        image_roots=spec.image_roots if backend.needs_images else None,
-                                       on_missing=spec.on_missing, limit=spec.limit)
+                                       on_missing=spec.on_missing, limit=spec.limit,
+                                       run_options=spec.benchmark_options.get(name, {}))
             if backend.needs_images and not spec.image_roots:
                 sources = sorted(set(loaded.dataset["source"]))
                 raise RunError(f"model {backend.name} needs images; pass --image-root for: "
@@ -317,6 +329,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                 "image_roots": loaded.resolver.describe() if loaded.resolver else {},
                 "data_quality": loaded.quality,
                 "metrics": metric_results,
+                **({"run_options": loaded.run_options} if loaded.run_options else {}),
             }
             entries = entries_now
     with open(output / "scored.jsonl", "w", encoding="utf-8") as handle:
