@@ -281,14 +281,18 @@ def _meta_column(table: pa.Table, views: Mapping[str, pa.ChunkedArray]) -> pa.Ar
     return pa.array(text.rstrip("\n").split("\n"), pa.string())
 
 
-def canonical_batches(path: str | Path, languages: tuple[str, ...] = LANGUAGES,
+def load_checked(path: str | Path) -> tuple[pa.Table, dict[str, pa.ChunkedArray]]:
+    """The raw table of ``path`` and its flattened view columns, every row checked."""
+    table = read_statements(path)
+    return table, check_statements(table, path)
+
+
+def canonical_batches(table: pa.Table, views: dict[str, pa.ChunkedArray], languages: tuple[str, ...] = LANGUAGES,
                       batch_rows: int = _BATCH_ROWS) -> Iterator[pa.Table]:
-    """The statements of ``path`` in ``languages`` as canonical tables (:data:`medheval.schema.FEATURES`
-    order), ``batch_rows`` rows at a time. The whole file is checked first."""
+    """Checked statements (:func:`load_checked`) in ``languages`` as canonical tables
+    (:data:`medheval.schema.FEATURES` order), ``batch_rows`` rows at a time."""
     from medheval.schema import FEATURES
 
-    table = read_statements(path)
-    views = check_statements(table, path)
     if set(languages) != set(LANGUAGES):
         keep = pc.is_in(table["language"], pa.array(list(languages)))
         table = table.filter(keep)
@@ -528,6 +532,6 @@ def parse_verdict(text: str | None) -> str | None:
 
 __all__ = [
     "BENCHMARK", "LABELS", "LANGUAGES", "POSITIVE_LABEL", "STEPS", "STEP_TITLES", "StepBenchDataError",
-    "StepBenchOptions", "apply_run_options", "build_prompt", "canonical_batches", "check_statements",
+    "StepBenchOptions", "apply_run_options", "build_prompt", "canonical_batches", "check_statements", "load_checked",
     "choose_views", "find_statements_file", "parse_verdict", "quality_summary", "read_statements",
 ]

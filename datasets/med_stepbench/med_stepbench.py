@@ -61,9 +61,11 @@ class MedStepBench(datasets.ArrowBasedBuilder):
         return stepbench.apply_run_options(dataset, options)
 
     def _split_generators(self, dl_manager):
-        return [datasets.SplitGenerator(name=datasets.Split.TEST, gen_kwargs={"path": self.statements_path()})]
+        # read and checked here, so a malformed row raises StepBenchDataError itself (not wrapped by datasets)
+        table, views = stepbench.load_checked(self.statements_path())
+        return [datasets.SplitGenerator(name=datasets.Split.TEST, gen_kwargs={"checked": (table, views)})]
 
-    def _generate_tables(self, path):
-        languages = _LANGUAGES[self.config.name]
-        for index, table in enumerate(stepbench.canonical_batches(path, languages)):
-            yield datasets.builder.Key(0, index), table
+    def _generate_tables(self, checked):
+        table, views = checked
+        for index, batch in enumerate(stepbench.canonical_batches(table, views, _LANGUAGES[self.config.name])):
+            yield datasets.builder.Key(0, index), batch
