@@ -263,22 +263,62 @@ def _images_column(views: Mapping[str, pa.ChunkedArray], start: int, length: int
     columns = [views[key].slice(start, length).combine_chunks() for key in views]
     valid = np.stack([c.is_valid().to_numpy(zero_copy_only=False) for c in columns], axis=1)  # (rows, keys)
     offsets = np.concatenate([[0], np.cumsum(valid.sum(axis=1))]).astype(np.int32)
-    order = np.flatnonzero(valid.reshape(-1))  # row-major: row r, key k -> r * K + k
-    values = pa.concat_arrays(columns)  # key-major: key k, row r -> k * rows + r
-    rows, keys = divmod(order, len(columns))
-    flat = values.take(pa.array(keys * length + rows))
+    values = pa.concat_arrays(columns)  # key-major: key k, row r at k * rows + r
+    positions = (np.arange(len(columns))[None, :] * length + np.arange(length)[:, None]).reshape(-1)  # row-major
+    flat = values.take(pa.array(positions[valid.reshape(-1)]))
     return pa.ListArray.from_arrays(pa.array(offsets), flat)
+
+
+_JSON_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
+_OTHER_CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"
+_NEEDS_ESCAPE = r"[\\\"\x00-\x1f]"
+
+
+def _json_values(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Each value of ``column`` as JSON text (``null`` for nulls), computed column-wise.
+
+    Strings are escaped with Arrow string kernels; the rare row holding another control character
+    is encoded by :func:`json.dumps`. Numbers and booleans are cast; any other type (lists,
+    objects in extra fields) falls back to :func:`json.dumps` per row for that column only."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        text = column.cast(pa.string())
+        if pc.any(pc.match_substring_regex(text, _NEEDS_ESCAPE)).as_py():  # most columns (paths, ids) need none
+            for old, new in _JSON_ESCAPES:
+                text = pc.replace_substring(text, old, new)
+            odd = np.flatnonzero(pc.fill_null(pc.match_substring_regex(column, _OTHER_CONTROL), False)
+                                 .to_numpy(zero_copy_only=False))
+        else:
+            odd = np.array([], dtype=np.int64)
+        text = pc.binary_join_element_wise('"', text, '"', "")
+        if odd.size:
+            values = text.to_pylist()
+            for row in odd:
+                values[row] = json.dumps(column[int(row)].as_py(), ensure_ascii=False)
+            text = pa.array(values, pa.string())
+    elif pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_floating(kind):
+        text = column.cast(pa.string())
+    elif pa.types.is_null(kind):
+        text = pa.nulls(len(column), pa.string())
+    else:
+        text = pa.array([json.dumps(value, ensure_ascii=False) for value in column.to_pylist()], pa.string())
+    return pc.fill_null(text, "null")
 
 
 def _meta_column(table: pa.Table, views: Mapping[str, pa.ChunkedArray]) -> pa.Array:
     """``meta`` as JSON text per row: every field but the canonical ones, ``views`` keyed
-    ``plane[/modality[/window]]`` (null where a row lacks a view). Encoded by pandas' C JSON writer."""
+    ``plane[/modality[/window]]`` (null where a row lacks a view). Built column-wise: one
+    ``{"key": value, ...}`` concatenation over Arrow columns, no per-row Python."""
     keep = [name for name in table.column_names if name not in ("statement", "label", "views")]
-    columns = {name: table[name] for name in keep}
-    columns["views"] = pa.StructArray.from_arrays([views[key].combine_chunks() for key in views], names=list(views))
-    frame = pa.table(columns).to_pandas()
-    text = frame.to_json(orient="records", lines=True, force_ascii=False)
-    return pa.array(text.rstrip("\n").split("\n"), pa.string())
+    pieces: list[Any] = []
+    for index, name in enumerate(keep):
+        pieces += [("{" if index == 0 else ", ") + json.dumps(name) + ": ", _json_values(table[name])]
+    pieces.append(("{" if not keep else ", ") + '"views": ')
+    for index, key in enumerate(views):
+        pieces += [("{" if index == 0 else ", ") + json.dumps(key) + ": ", _json_values(views[key])]
+    pieces.append("}}" if views else "{}}")
+    return pc.binary_join_element_wise(*pieces, "")
 
 
 def load_checked(path: str | Path) -> tuple[pa.Table, dict[str, pa.ChunkedArray]]:
