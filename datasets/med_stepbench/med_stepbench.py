@@ -13,10 +13,9 @@ import datasets
 from medheval import stepbench
 from medheval.schema import FEATURES
 
-_CITATION = """@article{medstepbench2026,
-  title={Med-StepBench: step-wise hallucination evaluation of vision-language models on 3D oncological PET/CT},
-  journal={arXiv preprint arXiv:2605.10002},
-  year={2026}
+_CITATION = """@misc{medstepbench,
+  title = {Med-StepBench},
+  note = {arXiv:2605.10002}
 }"""
 _LANGUAGES = {"en": ("en",), "vi": ("vi",), "all": stepbench.LANGUAGES}
 

@@ -9,10 +9,9 @@ import medheval.stepbench
 
 
 _CITATION = """\
-@article{medstepbench2026,
-  title   = {Med-StepBench: step-wise hallucination evaluation of vision-language models on 3D oncological PET/CT},
-  journal = {arXiv preprint arXiv:2605.10002},
-  year    = {2026}
+@misc{medstepbench,
+  title = {Med-StepBench},
+  note = {arXiv:2605.10002}
 }
 """
 
