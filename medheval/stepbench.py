@@ -520,8 +520,6 @@ def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[
         batch["question"], batch["images"] = questions, images
         return batch
 
-    if "study_id" in dataset.column_names:  # pragma: no cover - canonical rows keep it in meta
-        dataset = dataset.sort("study_id")
     metas = dataset.select_columns(["meta"])["meta"]
     studies = [(meta or {}).get("study_id", "") for meta in metas]
     for meta in metas:

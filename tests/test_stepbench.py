@@ -305,6 +305,14 @@ def test_prefix_cache_gives_the_naive_answers(fixture, dataset_cache, tiny):
     assert len(set(naive)) > 3  # the answers differ across statements: the check is not vacuous
     assert cached_backend._prefix_cache.prefix_encodings == 3  # one per study
     assert cached_backend.settings()["prefix_cache"] is True
+    # a study split over two calls (runner batches) is encoded once; a lone statement works too
+    study = [i for i, r in enumerate(records) if r["meta"]["study_id"] == "study001"]
+    split = HFBackend(model, processor, batch_size=4, max_new_tokens=6, prefix_cache=True)
+    halves = [study[:5], study[5:]]
+    got = [text for half in halves for text in split.generate([records[i] for i in half], [images[i] for i in half])]
+    assert got == [naive[i] for i in study] and split._prefix_cache.prefix_encodings == 1
+    lone = HFBackend(model, processor, max_new_tokens=6, prefix_cache=True).generate(records[:1], images[:1])
+    assert lone == naive[:1]
 
 
 def test_prefix_cache_refuses_a_mitigation(tiny):

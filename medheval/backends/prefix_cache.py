@@ -1,8 +1,8 @@
 """Prefix caching for many prompts about the same images (Med-StepBench: ~80 statements per study).
 
-Statements about one study share its images, so their prompts share a token prefix (the chat
-template's opening, the image tokens, the instruction before the statement). This encodes that
-prefix once (vision tower + language model), keeps its KV cache (``DynamicCache``), and for each
+Statements about one study share its images, so their prompts share a token prefix: the chat
+template's opening and the image tokens (the prefix ends after the last image token). This encodes
+that prefix once (vision tower + language model), keeps its KV cache (``DynamicCache``), and for each
 chunk of statements copies the cache (``copy.deepcopy``), repeats it over the chunk
 (``DynamicCache.batch_repeat_interleave``) and lets ``generate`` continue from it with only the
 statement tokens. Greedy answers equal the one-prompt-per-statement path (tested on a tiny LLaVA).
@@ -160,7 +160,7 @@ class PrefixCache:
             group = [records[i] for i in indices]
             imgs = list(images[indices[0]])
             ids, pixel_values = self._encode(group, imgs)
-            length = _common_prefix_length(ids) if len(ids) > 1 else _single_prefix_length(ids[0], self.backend)
+            length = _prefix_length(ids, self.backend)
             prefix = ids[0][:length]
             cache = self._prefix(key, prefix, pixel_values)
             for start in range(0, len(indices), self.backend.batch_size):
@@ -177,11 +177,16 @@ def _image_token_id(backend: Any) -> int | None:
     return found if found is not None else getattr(config, "image_token_index", None)
 
 
-def _single_prefix_length(ids: list[int], backend: Any) -> int:
-    """For a lone prompt: the prefix ends after its last image token (nothing to share otherwise)."""
+def _prefix_length(ids: list[list[int]], backend: Any) -> int:
+    """Where the shared prefix ends: right after the last image token (a boundary that does not depend
+    on which statements share the batch, so a study split over batches reuses one cache), or, without
+    image tokens, the longest common prefix. Every statement keeps at least one token of its own."""
+    common = _common_prefix_length(ids) if len(ids) > 1 else len(ids[0]) - 1
     image_id = _image_token_id(backend)
-    positions = [i for i, token in enumerate(ids) if token == image_id]
-    return min(positions[-1] + 1, len(ids) - 1) if positions else len(ids) - 1
+    positions = [i for i, token in enumerate(ids[0]) if token == image_id]
+    if positions and positions[-1] + 1 <= common:
+        return positions[-1] + 1
+    return common
 
 
 __all__ = ["PrefixCache", "group_by_images", "image_key"]
