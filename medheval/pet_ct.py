@@ -44,6 +44,16 @@ def load_volume(data_dir: str | Path, ref: str) -> tuple[np.ndarray, np.ndarray]
     return np.asarray(image.dataobj, dtype=np.float32), np.asarray(image.affine)
 
 
+def load_record_volumes(data_dir: str | Path, record: dict, fields: tuple[str, ...] = ("volume",)) -> dict[str, np.ndarray]:
+    """The volumes a 3D-capable backend receives for one canonical Med-StepBench record: ``meta[field]``
+    paths (e.g. ``("volume", "volume_pet")``) read from ``DIR``; a record without one raises, naming it."""
+    meta = record.get("meta") or {}
+    missing = [field for field in fields if not meta.get(field)]
+    if missing:
+        raise FileNotFoundError(f"record {record.get('id')!r} has no {missing} in meta; a 3D model needs the volume paths")
+    return {field: load_volume(data_dir, meta[field])[0] for field in fields}
+
+
 def save_volume(array: np.ndarray, path: str | Path, spacing: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> None:
     """Write ``array`` as NIfTI-1 (``.nii`` or ``.nii.gz``) with a diagonal affine of ``spacing`` mm."""
     nib = _nibabel()
@@ -85,4 +95,4 @@ def render_view(ct: np.ndarray | None, pet: np.ndarray | None, plane: str, modal
     return Image.fromarray((255 * rgb).round().astype(np.uint8), mode="RGB")
 
 
-__all__ = ["CT_WINDOWS", "load_volume", "middle_slice", "render_view", "save_volume", "volume_path", "window_ct"]
+__all__ = ["CT_WINDOWS", "load_record_volumes", "load_volume", "middle_slice", "render_view", "save_volume", "volume_path", "window_ct"]

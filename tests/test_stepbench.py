@@ -264,6 +264,11 @@ def test_volume_round_trip_and_path_safety(fixture):
         pet_ct.load_volume(fixture["data_dir"], "../volumes/study000/ct.nii.gz")
     with pytest.raises(FileNotFoundError, match="volumes/none.nii.gz"):
         pet_ct.load_volume(fixture["data_dir"], "volumes/none.nii.gz")
+    record = {"id": "r", "meta": {"volume": "volumes/study000/ct.nii.gz", "volume_pet": "volumes/study000/pet.nii.gz"}}
+    volumes = pet_ct.load_record_volumes(fixture["data_dir"], record, ("volume", "volume_pet"))
+    assert np.array_equal(volumes["volume"], ct) and np.array_equal(volumes["volume_pet"], pet)
+    with pytest.raises(FileNotFoundError, match=r"record 'r' has no \['volume'\]"):
+        pet_ct.load_record_volumes(fixture["data_dir"], {"id": "r", "meta": {}})
     # the PNG views are renderings of these volumes
     from PIL import Image
 
