@@ -372,3 +372,24 @@ def test_table3_shape():
     assert table[2] == "| m | none | none | " + " | ".join(["50.0 | 25.0"] * 4) + " | 50.0 | 25.0 | " + \
         " | ".join(["– | –"] * 3) + " | 2 |"
     assert table[3].startswith("| m | none | both | 50.0 | 75.0 |")
+
+
+def test_cli_run_with_options(fixture, tmp_path, capsys):
+    from medheval.cli import main
+
+    data = fixture["data_dir"]
+    out = tmp_path / "cli"
+    args = ["run", "--benchmark", "med_stepbench:vi", "--model", "tiny-random-llava", "--data-dir", data,
+            "--image-root", f"med_stepbench={data}", "--output", str(out), "--prefix-cache", "--max-new-tokens", "2",
+            "--limit", "6", "--benchmark-option", "med_stepbench.rationale=clinician"]
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    entry = results["benchmarks"]["med_stepbench:vi"]
+    assert entry["n_scored"] == 6 and entry["run_options"]["rationale"] == "clinician"
+    assert results["settings"]["backend"]["prefix_cache"] is True
+    capsys.readouterr()
+    args[args.index(str(out))] = str(tmp_path / "bad")
+    assert main(args[:-1] + ["med_stepbench.knowledge=lots"]) == 2
+    assert "knowledge='lots': choose one of ['none', 'prior', 'external', 'both']" in capsys.readouterr().err
+    assert main(args[:-1] + ["knowledge=prior"]) == 2
+    assert "expected BENCHMARK.KEY=VALUE" in capsys.readouterr().err
