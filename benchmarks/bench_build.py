@@ -21,7 +21,7 @@ DEFAULT_UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "up
 def build_all(data_dir: Path, cache_dir: Path) -> dict[str, int]:
     return {
         f"{name}:{config}": len(prepare_benchmark(name, config, data_dir=data_dir, cache_dir=cache_dir).dataset)
-        for name in list_benchmarks()
+        for name in list_benchmarks() if name != "med_stepbench"  # its own folder: bench_stepbench.py
         for config in benchmark_configs(name)
     }
 

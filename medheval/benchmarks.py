@@ -35,6 +35,7 @@ class LoadedBenchmark:
     quality: dict[str, Any] = field(default_factory=dict)
     resolver: Any = None  # medheval.images.ImageResolver when image roots were given
     all_ids: list[str] = field(default_factory=list)  # every record id of the split, before --limit
+    run_options: dict[str, Any] = field(default_factory=dict)  # benchmark-specific run options, as applied
 
 
 class BenchmarkDataError(ValueError):
@@ -52,14 +53,14 @@ def parse_benchmark_spec(spec: str) -> tuple[str, str | None]:
     return name.strip(), (config.strip() or None)
 
 
-def builder_class(name: str) -> type[datasets.GeneratorBasedBuilder]:
-    """The ``GeneratorBasedBuilder`` subclass defined in ``datasets/<name>/<name>.py``."""
+def builder_class(name: str) -> type[datasets.DatasetBuilder]:
+    """The ``GeneratorBasedBuilder`` (or ``ArrowBasedBuilder``) subclass defined in ``datasets/<name>/<name>.py``."""
     module = load_unit_module("datasets", name)
     found = [
         obj
         for obj in vars(module).values()
         if inspect.isclass(obj)
-        and issubclass(obj, datasets.GeneratorBasedBuilder)
+        and issubclass(obj, (datasets.GeneratorBasedBuilder, datasets.ArrowBasedBuilder))
         and obj.__module__ == module.__name__
     ]
     if len(found) != 1:
@@ -84,7 +85,9 @@ def _resolve_config(name: str, config: str | None) -> str:
 def _code_fingerprint(name: str) -> hashlib._Hash:
     digest = hashlib.sha256()
     unit = load_unit_module("datasets", name)
-    for module in (unit, medheval_source, parsing, schema, *getattr(unit, "FINGERPRINT_MODULES", ())):
+    own = [value for value in vars(unit).values()  # core modules the unit imports (e.g. medheval.stepbench)
+           if inspect.ismodule(value) and value.__name__.startswith("medheval.")]
+    for module in dict.fromkeys((unit, medheval_source, parsing, schema, *own, *getattr(unit, "FINGERPRINT_MODULES", ()))):
         digest.update(Path(module.__file__).read_bytes())
     return digest
 
@@ -97,9 +100,16 @@ def prepare_benchmark(
     on_missing: str = "error",
     cache_dir: str | Path | None = None,
     limit: int | None = None,
+    run_options: Mapping[str, Any] | None = None,
 ) -> LoadedBenchmark:
     """Build (or reuse from cache) one split (its first ``limit`` records when given); check image
-    references when ``image_roots`` is given."""
+    references when ``image_roots`` is given.
+
+    Builders over a user's local folder (no pinned upstream files, e.g. Med-StepBench) define
+    ``input_files()``; builders may define ``quality_summary(dataset)`` and
+    ``apply_run_options(dataset, run_options) -> (dataset, recorded)``: with ``run_options`` given
+    (``{}`` = the defaults; the runner always gives them), e.g. prompt settings, applied before the
+    image check and recorded in ``LoadedBenchmark.run_options``."""
     if on_missing not in ON_MISSING:
         raise ValueError(f"on_missing must be one of {ON_MISSING}, got {on_missing!r}")
     config = _resolve_config(name, config)
@@ -108,11 +118,22 @@ def prepare_benchmark(
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir().parent / "datasets"
 
     probe = cls(config_name=config, data_dir=data_dir, cache_dir=str(cache_root))
+    if run_options and not hasattr(probe, "apply_run_options"):
+        raise ValueError(f"benchmark {name!r} takes no run options (got {sorted(run_options)})")
     pinned = getattr(cls, "PINNED", medheval_source.FILES)
-    fetched = [(key, fetch(pinned[key], data_dir=data_dir)) for key, _ in probe.config_files()]
+    if hasattr(probe, "input_files"):
+        files = probe.input_files()
+        fetched = []
+    else:
+        fetched = [(key, fetch(pinned[key], data_dir=data_dir)) for key, _ in probe.config_files()]
+        files = [
+            {"relpath": pinned[key].relpath, "sha256": item.sha256, "verified": item.verified,
+             "origin": item.origin, "expected_sha256": pinned[key].sha256}
+            for key, item in fetched
+        ]
     fingerprint = _code_fingerprint(name)
-    for _, item in fetched:
-        fingerprint.update(item.sha256.encode())
+    for item in files:
+        fingerprint.update(item["sha256"].encode())
     builder = cls(
         config_name=config, data_dir=data_dir, cache_dir=str(cache_root), hash=fingerprint.hexdigest()[:16]
     )
@@ -121,17 +142,18 @@ def prepare_benchmark(
     except datasets.exceptions.DatasetGenerationError as error:
         raise BenchmarkDataError(f"benchmark {name}:{config}: {_root_cause(error)}") from None
     dataset = builder.as_dataset(split="test")
-    files = [
-        {"relpath": pinned[key].relpath, "sha256": item.sha256, "verified": item.verified,
-         "origin": item.origin, "expected_sha256": pinned[key].sha256}
-        for key, item in fetched
-    ]
-    quality = medheval_source.quality_summary(dataset.select_columns(["id", "config", "meta"]))
+    if hasattr(builder, "quality_summary"):
+        quality = builder.quality_summary(dataset)
+    else:
+        quality = medheval_source.quality_summary(dataset.select_columns(["id", "config", "meta"]))
     all_ids = dataset["id"]
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
+    recorded: dict[str, Any] = {}
+    if run_options is not None and hasattr(builder, "apply_run_options"):
+        dataset, recorded = builder.apply_run_options(dataset, run_options)
     loaded = LoadedBenchmark(dataset=dataset, name=name, config=config, files=files, quality=quality,
-                             all_ids=all_ids)
+                             run_options=recorded, all_ids=all_ids)
     if image_roots:
         attach_images(loaded, image_roots, on_missing)
     return loaded

@@ -69,6 +69,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detector", metavar="rule|PATH",
                         help="MediHall level source: 'rule' (offline classifier) or a local detector checkpoint "
                              "folder (default with neither this nor --judge: rule)")
+    parser.add_argument("--benchmark-option", action="append", default=[], metavar="BENCHMARK.KEY=VALUE",
+                        help="a run option of one benchmark, e.g. med_stepbench.knowledge=prior, "
+                             "med_stepbench.rationale=clinician, med_stepbench.modality=separate (repeatable)")
+    parser.add_argument("--prefix-cache", action="store_true",
+                        help="encode the prompt prefix of records sharing images once and reuse its KV cache "
+                             "(same greedy answers; Med-StepBench: statements of one study)")
 
 
 def parse_metric_options(items: Sequence[str]) -> dict[str, dict[str, object]]:
@@ -86,6 +92,16 @@ def parse_metric_options(items: Sequence[str]) -> dict[str, dict[str, object]]:
     return options
 
 
+def parse_benchmark_options(items: Sequence[str]) -> dict[str, dict[str, object]]:
+    """``["med_stepbench.knowledge=prior"]`` -> ``{"med_stepbench": {"knowledge": "prior"}}``."""
+    for item in items:
+        target, sep, _ = item.partition("=")
+        name, dot, key = target.partition(".")
+        if not (sep and dot and name and key):
+            raise ValueError(f"--benchmark-option {item!r}: expected BENCHMARK.KEY=VALUE, e.g. med_stepbench.knowledge=prior")
+    return parse_metric_options(items)
+
+
 def build_backend(args: argparse.Namespace):
     """The backend named by ``--model`` / ``--predictions``; labels for the report."""
     from medheval.backends.hf import HFBackend
@@ -95,6 +111,8 @@ def build_backend(args: argparse.Namespace):
         return PredictionsFileBackend(args.predictions), {}
     common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
                   temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=args.device, dtype=args.dtype)
+    if getattr(args, "prefix_cache", False):
+        common["prefix_cache"] = True
     if args.model == TINY_MODEL:
         from medheval.backends.tiny import build_tiny_llava
 
@@ -132,6 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         allow_remote_credentialed=tuple(args.allow_remote_credentialed),
         lock_timeout=args.lock_timeout,
         detector=args.detector,
+        benchmark_options=parse_benchmark_options(getattr(args, "benchmark_option", [])),
     )
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=args.batch_size)
     print((Path(args.output) / "results.md").read_text())

@@ -40,6 +40,7 @@ DEFAULT_METRICS = {
     "close": ("close_ended_accuracy",),
     "report": ("chair", "text_generation"),
     "open": ("text_generation",),
+    "statement": ("stepbench",),  # Med-StepBench statement verification
 }
 JUDGE_METRIC_FOR = {"open": "sh_judge"}  # added to the defaults when --judge is given
 
@@ -68,6 +69,8 @@ class RunSpec:
     allow_remote_credentialed: Sequence[str] = ()  # judge endpoints approved for credentialed data (host/URL)
     lock_timeout: float = 0.0  # seconds to wait for another run holding the output folder (0: refuse at once)
     detector: str | None = None  # MediHall level source: "rule" or a local detector folder (medheval.tasks)
+    # per-benchmark run options, e.g. {"med_stepbench": {"knowledge": "prior"}} (recorded in results)
+    benchmark_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _versions() -> dict[str, str]:
@@ -127,6 +130,7 @@ def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judg
         return list(requested)
     answer_types = set(loaded.dataset.unique("answer_type"))
     kind = "close" if answer_types <= CLOSE_ENDED_TYPES else "report" if answer_types == {"report"} else "open"
+    kind = "statement" if answer_types == {"statement"} else kind
     names = list(DEFAULT_METRICS[kind])
     if judge and kind in JUDGE_METRIC_FOR:
         names.append(JUDGE_METRIC_FOR[kind])
@@ -184,6 +188,8 @@ RECORD_INPUTS: dict[str, Callable[[dict], Any]] = {
     "categories": lambda row: row["category"],
     "sources": lambda row: row["source"],
     "credentialed": lambda row: _record_credentialed(row),
+    "steps": lambda row: (row["meta"] or {}).get("step"),
+    "languages": lambda row: (row["meta"] or {}).get("language"),
 }
 
 
@@ -368,7 +374,8 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str,
     name, config = parse_benchmark_spec(benchmark_spec)
     loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
                                image_roots=spec.image_roots if backend.needs_images else None,
-                               on_missing=spec.on_missing, limit=spec.limit)
+                               on_missing=spec.on_missing, limit=spec.limit,
+                               run_options=spec.benchmark_options.get(name, {}))
     if backend.needs_images and not spec.image_roots:
         sources = sorted(set(loaded.dataset["source"]))
         raise RunError(f"model {backend.name} needs images; pass --image-root for: "
@@ -426,6 +433,11 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         predictions_file = _predictions_file_summary(backend, prepared, warnings)
         settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),
                     "limit": spec.limit, "benchmarks": list(spec.benchmarks)}
+        if spec.benchmark_options:  # prompts depend on them: a resumed run must use the same
+            settings["benchmark_options"] = spec.benchmark_options
+            unknown = sorted(set(spec.benchmark_options) - {parse_benchmark_spec(b)[0] for b in spec.benchmarks})
+            if unknown:
+                raise RunError(f"--benchmark-option given for benchmark(s) {unknown} that this run does not include")
         _check_run_settings(output, settings)
         log_path = output / "predictions.jsonl"
         entries = read_log(log_path)
@@ -457,6 +469,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                     "image_roots": loaded.resolver.describe() if loaded.resolver else {},
                     "data_quality": loaded.quality,
                     "metrics": metric_results,
+                    **({"run_options": loaded.run_options} if loaded.run_options else {}),
                 }
                 entries = entries_now
         atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))

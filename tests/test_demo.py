@@ -26,3 +26,11 @@ def test_demo_runs_end_to_end(tmp_path):
     assert "RANDOM WEIGHTS" in markdown and "Acc-A" in markdown
     saved = json.loads((run_dir / "results.json").read_text())
     assert saved["settings"]["backend"]["random_weights"] is True
+    # Med-StepBench: both knowledge settings through the prefix-cached backend, one Table-3-shaped table
+    table3 = (tmp_path / "demo" / "stepbench" / "table3.md").read_text()
+    assert "| tiny-random-llava | none | none |" in table3 and "| tiny-random-llava | none | both |" in table3
+    for knowledge in ("none", "both"):
+        sb = json.loads((tmp_path / "demo" / "stepbench" / f"knowledge_{knowledge}" / "results.json").read_text())
+        entry = sb["benchmarks"]["med_stepbench:all"]
+        assert entry["n_scored"] == 48 and entry["run_options"]["knowledge"] == knowledge
+        assert sb["settings"]["backend"]["prefix_cache"] is True

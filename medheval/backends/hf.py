@@ -94,6 +94,9 @@ class HFBackend:
             of a mitigation); they override the settings above.
         name: model id to record; default: the string given, or the model's ``name_or_path``.
         progress: show a tqdm bar over batches.
+        prefix_cache: encode the shared prompt prefix of records with identical images once and
+            reuse its KV cache (:mod:`medheval.backends.prefix_cache`; same greedy answers, faster
+            when many prompts share images, e.g. Med-StepBench statements of one study).
     """
 
     needs_images = True
@@ -114,6 +117,7 @@ class HFBackend:
         generate_kwargs: dict | None = None,
         name: str | None = None,
         progress: bool = False,
+        prefix_cache: bool = False,
     ):
         if batch_size < 1:
             raise BackendError(f"batch_size must be >= 1, got {batch_size}")
@@ -152,6 +156,8 @@ class HFBackend:
         self.seed = int(seed)
         self.generate_kwargs = dict(generate_kwargs or {})
         self.progress = progress
+        self.prefix_cache = bool(prefix_cache)
+        self._prefix_cache = None
 
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.tokenizer.padding_side = "left"
@@ -226,6 +232,12 @@ class HFBackend:
             images = [[] for _ in records]
         if len(images) != len(records):
             raise BackendError(f"got {len(records)} records but {len(images)} image lists; pass one list per record")
+        if self.prefix_cache:
+            from medheval.backends.prefix_cache import PrefixCache
+
+            if self._prefix_cache is None or self._prefix_cache.backend is not self:  # copies (run_grid) get their own
+                self._prefix_cache = PrefixCache(self)
+            return self._prefix_cache.generate(records, [list(x) for x in images])
         starts = range(0, len(records), self.batch_size)
         if self.progress and len(records) > self.batch_size:
             from tqdm.auto import tqdm
@@ -255,6 +267,8 @@ class HFBackend:
         }
         if self.generate_kwargs:
             settings["generate_kwargs"] = _jsonable(self.generate_kwargs)
+        if self.prefix_cache:
+            settings["prefix_cache"] = True
         if getattr(self.model.config, "medheval_random_weights", False):
             settings["random_weights"] = True
         return settings

@@ -123,6 +123,9 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
     if table:
         parts += ["## Open-ended metrics (CheXbert/RadGraph/RaTEScore/Recall/CHAIR in %, text metrics 0–100, S_h 0–5)",
                   "", table, ""]
+    table = stepbench_table([run])
+    if table:
+        parts += ["## Med-StepBench: recall and F1 (%) per step, hallucination = positive class", "", table, ""]
     notes = [f"- `{split}` · {metric}: {value}" for split, entry in run["benchmarks"].items()
              for metric, out in entry["metrics"].items() if isinstance(out, dict)
              for key, value in sorted(out.items()) if value and key.endswith(("_unavailable_reason", "_note"))]
@@ -154,8 +157,56 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path) -> None:
     parts += warnings_section(f"`{run['settings']['mitigation']}`: {text}" for run in runs
                               for text in run.get("warnings", []))
     for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
-                         ("Open-ended metrics", open_ended_table(runs))):
+                         ("Open-ended metrics", open_ended_table(runs)),
+                         ("Med-StepBench: recall and F1 (%) per step", stepbench_table(runs))):
         if table:
             parts += [f"## {title}", "", table, ""]
     parts += ["Per-mitigation details (counts, notes, data quality): the `results.md` in each sub-folder.", ""]
     atomic_write_text(path, "\n".join(parts))
+
+
+# Med-StepBench, shaped like its Table 3: recall and F1 (hallucination = positive class) per step,
+# English and Vietnamese side by side, one row per model × knowledge setting.
+STEPBENCH_STEPS = (1, 2, 3, 4)
+STEPBENCH_LANGUAGES = ("en", "vi")
+
+
+def stepbench_rows(runs: Iterable[dict[str, Any]]) -> list[tuple[str, str, str, dict[str, dict]]]:
+    """(model, mitigation, knowledge, {language: per_step, "n_unparsed": int}) for runs with ``stepbench`` results."""
+    rows: list[tuple[str, str, str, dict[str, dict]]] = []
+    for run in runs:
+        for entry in run["benchmarks"].values():
+            metric = entry.get("metrics", {}).get("stepbench")
+            if not metric:
+                continue
+            knowledge = str(entry.get("run_options", {}).get("knowledge", "none"))
+            key = (run["settings"]["model"], run["settings"]["mitigation"], knowledge)
+            found = next((row for row in rows if row[:3] == key), None)
+            if found is None:
+                found = (*key, {})
+                rows.append(found)
+            for language, summary in (metric.get("by_language") or {}).items():
+                found[3][language] = summary.get("per_step", {})
+            found[3]["n_unparsed"] = found[3].get("n_unparsed", 0) + int(metric.get("n_unparsed", 0))
+    return rows
+
+
+def stepbench_table(runs: Iterable[dict[str, Any]]) -> str:
+    """R and F1 (%) per step S1–S4 × EN/VI, one row per model × knowledge setting ("–": not run)."""
+    rows = stepbench_rows(runs)
+    if not rows:
+        return ""
+    header = ["Model", "Mitigation", "Knowledge"] + [
+        f"{language.upper()} S{step} {what}" for language in STEPBENCH_LANGUAGES
+        for step in STEPBENCH_STEPS for what in ("R", "F1")] + ["Unparsed"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for model, mitigation, knowledge, by_language in rows:
+        cells = []
+        for language in STEPBENCH_LANGUAGES:
+            per_step = by_language.get(language, {})
+            for step in STEPBENCH_STEPS:
+                scores = per_step.get(step) or per_step.get(str(step))
+                cells += [_pct(scores["recall"]) if scores else "–", _pct(scores["f1"]) if scores else "–"]
+        cells.append(str(by_language.get("n_unparsed", 0)))
+        lines.append("| " + " | ".join([model, mitigation, knowledge, *cells]) + " |")
+    return "\n".join(lines)
