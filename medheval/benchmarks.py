@@ -76,10 +76,12 @@ def _resolve_config(name: str, config: str | None) -> str:
     return chosen
 
 
-def _code_fingerprint(name: str) -> hashlib._Hash:
+def _code_fingerprint(name: str, cls: type | None = None) -> hashlib._Hash:
     digest = hashlib.sha256()
     for module in (load_unit_module("datasets", name), medheval_source, parsing, schema):
         digest.update(Path(module.__file__).read_bytes())
+    for path in getattr(cls, "code_dependencies", ()):  # core modules a builder maps its records with
+        digest.update(Path(path).read_bytes())
     return digest
 
 
@@ -102,20 +104,23 @@ def prepare_benchmark(
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir().parent / "datasets"
 
     probe = cls(config_name=config, data_dir=data_dir, cache_dir=str(cache_root))
-    fetched = [(key, fetch(medheval_source.FILES[key], data_dir=data_dir)) for key, _ in probe.config_files()]
-    fingerprint = _code_fingerprint(name)
-    for _, item in fetched:
-        fingerprint.update(item.sha256.encode())
+    if hasattr(probe, "source_files"):  # a builder reading its own sources (ClinHallu: Hub Parquet)
+        files = probe.source_files()
+    else:
+        files = [
+            {"relpath": medheval_source.FILES[key].relpath, "sha256": item.sha256, "verified": item.verified,
+             "origin": item.origin}
+            for key, item in ((key, fetch(medheval_source.FILES[key], data_dir=data_dir))
+                              for key, _ in probe.config_files())
+        ]
+    fingerprint = _code_fingerprint(name, cls)
+    for item in files:
+        fingerprint.update(str(item["sha256"]).encode())
     builder = cls(
         config_name=config, data_dir=data_dir, cache_dir=str(cache_root), hash=fingerprint.hexdigest()[:16]
     )
     builder.download_and_prepare()
     dataset = builder.as_dataset(split="test")
-    files = [
-        {"relpath": medheval_source.FILES[key].relpath, "sha256": item.sha256, "verified": item.verified,
-         "origin": item.origin}
-        for key, item in fetched
-    ]
     quality = medheval_source.quality_summary(dataset.select_columns(["id", "config", "meta"]))
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
