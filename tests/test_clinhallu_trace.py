@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from clinhallu_fixture import shared_upstream
 from medheval.clinhallu.trace import STAGES, parse_trace, render_stages
 
-UPSTREAM_COMMON = Path(__file__).resolve().parents[1].parent / "shared/data/upstream/clinhallu/src/common.py"
-if not UPSTREAM_COMMON.is_file():
-    UPSTREAM_COMMON = Path("/work/shared/data/upstream/clinhallu/src/common.py")
+UPSTREAM_COMMON = shared_upstream() / "clinhallu" / "src" / "common.py"
 
 VR = "An axial CT slice of the chest shows a rounded opacity in the right lower lobe."
 KR = "Solitary pulmonary nodules larger than eight millimetres warrant further workup."
