@@ -92,14 +92,20 @@ def test_upstream_compat_excludes_invalid_and_counts_unjudged_steps_as_hallucina
 
 def test_setting_not_run_and_empty_denominators_give_none(metric):
     columns = {"correct": [1, 1], **{key: [N, N] for key in KEYS[1:]}}
-    r = metric.compute(**columns)
+    r = metric.compute(**columns, settings=["org"])
     assert r["acc"] == 1.0
     assert all(r[key] is None for key in ("acc_rep_v", "delta_v", "h_v", "h_k", "h_r"))
     assert r["fix_rate"]["rep_k"] is None and r["counts"]["rep_k"]["n_break"] == 0
-    ran = metric.compute(**{**columns, "correct_rep_v": [1, 0]})
+    # run but every trace invalid: the default charges the model, upstream has nothing to score
+    invalid = metric.compute(**columns)
+    assert invalid["acc_rep_v"] == 0.0 and invalid["break_rate"]["rep_v"] == 1.0
+    assert metric.compute(**columns, upstream_compat=True)["acc_rep_v"] is None
+    ran = metric.compute(**{**columns, "correct_rep_v": [1, 0]}, settings=["org", "rep_v"])
     assert ran["fix_rate"]["rep_v"] is None  # no ORG-wrong item: undefined, not 0
     assert ran["break_rate"]["rep_v"] == 0.5
     assert metric.compute(**{key: [] for key in KEYS})["acc"] is None
+    with pytest.raises(ValueError, match="unknown setting"):
+        metric.compute(**columns, settings=["rep_x"])
 
 
 def test_bad_values_and_lengths_are_clear_errors(metric):

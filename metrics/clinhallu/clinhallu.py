@@ -37,8 +37,9 @@ delta_s = (n_fix_s - n_break_s) / n; E = the judged items (None left out). With
 D_s = items whose answer is not None (upstream scores valid traces only), accuracies rounded to
 4 places and delta_s taken from the rounded values; E = all items with None counted as
 hallucinated (upstream judges a missing step or a failed judge call as hallucinated); Fix/Break
-(which upstream does not compute) over the items valid in both ORG and s. A setting whose values
-are all None was not run: its rates are None. A rate with an empty denominator is None.
+(which upstream does not compute) over the items valid in both ORG and s. Settings left out of
+`settings` were not run: their rates (and the Δ, Fix/Break needing them) are None, and a stage
+rate is None when no item was judged. A rate with an empty denominator is None, never 0.
 """
 
 _KWARGS_DESCRIPTION = """
@@ -49,6 +50,8 @@ Args:
     h_v, h_k, h_r (`list` of `int` or `None`): stage hallucination judgements (1 hallucinated).
     sources (`list` of `str`, *optional*): source dataset per item (vqa_rad, pathvqa, ...): gives
         `per_source`.
+    settings (`list` of `str`, *optional*): the settings that were run, from "org", "rep_v",
+        "rep_k", "rep_vk" (default: all four); pass all-None columns for the others.
     upstream_compat (`bool`, *optional*, defaults to `False`): denominators as ClinHallu's scripts
         (see the description).
 
@@ -91,8 +94,9 @@ def _check_binary(name, values):
     return [None if value is None else int(value) for value in values]
 
 
-def stage_metrics(columns, upstream_compat=False):
-    """The metrics of one group of items; ``columns`` maps ``org``/``rep_*``/``h_*`` to per-item lists."""
+def stage_metrics(columns, upstream_compat=False, settings=SETTINGS):
+    """The metrics of one group of items; ``columns`` maps ``org``/``rep_*``/``h_*`` to per-item lists
+    and ``settings`` names the settings that were run."""
     n = len(columns["org"])
     counts = {"n": n}
     result = {}
@@ -100,7 +104,7 @@ def stage_metrics(columns, upstream_compat=False):
     for setting in SETTINGS:
         values = columns[setting]
         valid = [value for value in values if value is not None]
-        ran = any(value is not None for value in values)
+        ran = setting in settings
         n_correct = sum(valid)
         counts[setting] = {"n_valid": len(valid), "n_correct": n_correct}
         acc = _ratio(n_correct, len(valid) if upstream_compat else n) if ran else None
@@ -109,7 +113,7 @@ def stage_metrics(columns, upstream_compat=False):
         result[_ACC_KEY[setting]] = acc
     for setting in REPLACEMENTS:
         values = columns[setting]
-        ran = any(value is not None for value in values) and any(value is not None for value in org)
+        ran = setting in settings and "org" in settings
         before, after = [], []
         for base, swapped in zip(org, values) if ran else ():
             if upstream_compat and (base is None or swapped is None):
@@ -141,11 +145,15 @@ def stage_metrics(columns, upstream_compat=False):
 
 
 def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v, h_k, h_r, sources=None,
-                      upstream_compat=False):
+                      upstream_compat=False, settings=None):
     """All metrics, overall and per source (see the module description for the formulas)."""
     named = {"org": ("correct", correct), "rep_v": ("correct_rep_v", correct_rep_v),
              "rep_k": ("correct_rep_k", correct_rep_k), "rep_vk": ("correct_rep_vk", correct_rep_vk),
              "h_v": ("h_v", h_v), "h_k": ("h_k", h_k), "h_r": ("h_r", h_r)}
+    settings = tuple(SETTINGS if settings is None else settings)
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown setting(s) {unknown}; expected names from {SETTINGS}")
     n = len(correct)
     columns = {}
     for key, (name, values) in named.items():
@@ -153,7 +161,7 @@ def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v
         if len(values) != n:
             raise ValueError(f"Mismatch in the number of items: correct has {n}, {name} has {len(values)}")
         columns[key] = _check_binary(name, values)
-    result = stage_metrics(columns, upstream_compat)
+    result = stage_metrics(columns, upstream_compat, settings)
     result["per_source"] = {}
     if sources is not None:
         sources = list(sources)
@@ -162,7 +170,7 @@ def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v
         for source in sorted({str(s) for s in sources}):
             rows = [i for i, s in enumerate(sources) if str(s) == source]
             group = {key: [values[i] for i in rows] for key, values in columns.items()}
-            result["per_source"][source] = stage_metrics(group, upstream_compat)
+            result["per_source"][source] = stage_metrics(group, upstream_compat, settings)
     result["denominator"] = "valid_only" if upstream_compat else "all_items"
     return result
 
@@ -184,6 +192,6 @@ class ClinHallu(evaluate.Metric):
         )
 
     def _compute(self, correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v, h_k, h_r, sources=None,
-                 upstream_compat=False):
+                 upstream_compat=False, settings=None):
         return clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v, h_k, h_r,
-                                 sources=sources, upstream_compat=upstream_compat)
+                                 sources=sources, upstream_compat=upstream_compat, settings=settings)
