@@ -274,3 +274,23 @@ def test_tiny_llava_resume_after_sigkill_equals_an_uninterrupted_run(snapshot, t
     counts = json.loads((full / RUN_INFO).read_text())["counts"]
     assert counts["org"]["attempts"] == {"2": 3} and counts["org"]["n_invalid"] == 3
     assert json.loads((full / RUN_INFO).read_text())["backend"]["random_weights"] is True
+
+
+def test_hf_backend_chat_with_an_assistant_prefix():
+    from medheval.backends.hf import HFBackend
+    from medheval.backends.tiny import build_tiny_llava
+
+    model, processor = build_tiny_llava(seed=0)
+    backend = HFBackend(model, processor, batch_size=2, max_new_tokens=6)
+    text = backend.format_chat("Be careful.", "Is there an effusion?", "[Visual Recognition]\nA chest", 1)
+    assert text.startswith("Be careful.") and "<image>" in text
+    assert text.endswith("ASSISTANT: [Visual Recognition]\nA chest")
+    requests = [{"id": "a", "system": "s", "user": "lungs", "assistant_prefix": "[Reasoning]\n"},
+                {"id": "b", "system": "s", "user": "heart", "assistant_prefix": ""}]
+    sampled = {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
+    first = backend.generate_chat(requests, seed=5, overrides=sampled)
+    assert backend.generate_chat(requests, seed=5, overrides=sampled) == first
+    assert backend.generate_chat(requests, seed=6, overrides=sampled) != first
+    assert len(first) == 2 and all(isinstance(reply, str) for reply in first)
+    with pytest.raises(BackendError, match="2 requests but 1 image lists"):
+        backend.generate_chat(requests, [[]])
