@@ -294,3 +294,16 @@ def test_hf_backend_chat_with_an_assistant_prefix():
     assert len(first) == 2 and all(isinstance(reply, str) for reply in first)
     with pytest.raises(BackendError, match="2 requests but 1 image lists"):
         backend.generate_chat(requests, [[]])
+
+
+def test_judging_in_chunks_gives_the_same_judgments(loaded, tmp_path):
+    records = _records(loaded, [EFF, HEART, LUNG])
+    with JudgeServer("openai", reply=_judge_reply) as server:
+        judge = clinhallu_judge(f"openai:j@{server.base_url}", cache_dir=False, progress=False)
+        run = ClinHalluRun(ScriptedModel(SCRIPT), judge, prompt_set("own"), tmp_path, progress=False,
+                           images_for=loaded.resolver.load_record_images)
+        judgments = run.judge_all(records, run.generate(records), chunk_size=5)
+    assert len(read_log(tmp_path / JUDGMENTS)) == 12
+    cols = metric_inputs(records, judgments)
+    assert (cols["correct"], cols["correct_rep_k"], cols["h_v"], cols["h_k"]) == (
+        [1, 0, None], [0, 1, 1], [0, 1, 0], [0, 0, 1])

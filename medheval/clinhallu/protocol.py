@@ -185,37 +185,43 @@ class ClinHalluRun:
                                     validate=validate_step_reply, metadata={"kind": "step", "stage": stage}))
         return out
 
-    def judge_all(self, records: Sequence[Mapping[str, Any]], generations: Sequence[dict]) -> list[dict]:
-        """Judge every generation without a judgment yet; returns all judgment entries of ``records``."""
+    def judge_all(self, records: Sequence[Mapping[str, Any]], generations: Sequence[dict],
+                  chunk_size: int = 256) -> list[dict]:
+        """Judge every generation without a judgment yet, ``chunk_size`` generations per judge batch
+        (each chunk is logged before the next starts); returns all judgment entries of ``records``."""
         path = self.output_dir / JUDGMENTS
         done = _index(read_log(path))
         by_id = {str(r["id"]): r for r in records}
         pending = [e for e in generations if (e["id"], e["setting"]) not in done]
+        with LogWriter(path) as log:
+            for start in range(0, len(pending), chunk_size):
+                for judged in self._judge_chunk(pending[start:start + chunk_size], by_id):
+                    log.write(judged)
+                    done[(judged["id"], judged["setting"])] = judged
+        return [entry for key, entry in done.items() if key[0] in by_id]
+
+    def _judge_chunk(self, entries: Sequence[dict], by_id: Mapping[str, Mapping[str, Any]]) -> list[dict]:
         requests: dict[tuple[str, str], list[JudgeRequest]] = {}
-        for entry in pending:
+        for entry in entries:
             record = by_id[entry["id"]]
             needs_images = entry["setting"] == "org" and self.images_for is not None
             images = list(self.images_for(record)) if needs_images else []
             requests[(entry["id"], entry["setting"])] = self._requests(record, entry, images)
         flat = [request for group in requests.values() for request in group]
         results = {result.id: result for result in self.judge.run(flat)} if flat else {}
-        with LogWriter(path) as log:
-            for entry in pending:
-                pair = (entry["id"], entry["setting"])
-                judged = {"id": entry["id"], "setting": entry["setting"], "answer_correct": None, "steps": {}}
-                for request in requests[pair]:
-                    result = results[request.id]
-                    if request.metadata["kind"] == "answer":
-                        judged["answer_correct"] = result.value["answer_correct"] if result.ok else None
-                        judged["answer_judge"] = _judge_note(result)
-                    else:
-                        judged["steps"][request.metadata["stage"]] = {
-                            "hallucinated": result.value["hallucinated"] if result.ok else None,
-                            **_judge_note(result)}
-                log.write(judged)
-                done[pair] = judged
-        ids = set(by_id)
-        return [entry for key, entry in done.items() if key[0] in ids]
+        out = []
+        for entry in entries:
+            judged = {"id": entry["id"], "setting": entry["setting"], "answer_correct": None, "steps": {}}
+            for request in requests[(entry["id"], entry["setting"])]:
+                result = results[request.id]
+                if request.metadata["kind"] == "answer":
+                    judged["answer_correct"] = result.value["answer_correct"] if result.ok else None
+                    judged["answer_judge"] = _judge_note(result)
+                else:
+                    judged["steps"][request.metadata["stage"]] = {
+                        "hallucinated": result.value["hallucinated"] if result.ok else None, **_judge_note(result)}
+            out.append(judged)
+        return out
 
     # ---------------------------------------------------------------------------- whole run
     def run(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

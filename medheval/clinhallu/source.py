@@ -122,7 +122,7 @@ def load_source(source: str, data_dir: str | Path | None = None) -> tuple[Iterab
     return rows, described
 
 
-def _gold_trace(raw_cot: Any, rid: str, flags: list[str]) -> dict[str, str]:
+def _gold_trace(raw_cot: Any, flags: list[str]) -> dict[str, str]:
     """The gold trace's stages: the parsed fields when the row has them, else parsed from ``raw``."""
     if not isinstance(raw_cot, Mapping):
         flags.append("gold_trace_missing")
@@ -139,7 +139,7 @@ def _gold_trace(raw_cot: Any, rid: str, flags: list[str]) -> dict[str, str]:
     return trace
 
 
-def _choices(options: Any, rid: str, flags: list[str]) -> tuple[list[str], list[str]]:
+def _choices(options: Any, flags: list[str]) -> tuple[list[str], list[str]]:
     """Option texts without their letters, and the letters (``A``, ``B``, ...)."""
     texts, letters = [], []
     for option in list(options or []):
@@ -189,7 +189,7 @@ def record(row: Mapping[str, Any], index: int, config: str) -> dict:
     choices: list[str] = []
     letter = str(row.get("answer_letter") or "").strip()
     if answer_type == "multiple_choice":
-        choices, letters = _choices(row.get("options"), rid, flags)
+        choices, letters = _choices(row.get("options"), flags)
         if letter and letter not in letters:
             flags.append("answer_letter_not_in_options")
         if normalize_reference(str(row["answer"]), "multiple_choice", choices) is None:
@@ -205,7 +205,7 @@ def record(row: Mapping[str, Any], index: int, config: str) -> dict:
         "question_type": row.get("question_type"),
         "answer_letter": letter or None,
         "options": list(row.get("options") or []),
-        "gold_trace": _gold_trace(row.get("gold_cot"), rid, flags),
+        "gold_trace": _gold_trace(row.get("gold_cot"), flags),
         **{name: row.get(name) for name in _META_COLUMNS if row.get(name) is not None},
         "quality_flags": flags,
         "credentialed": False,
