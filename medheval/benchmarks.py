@@ -115,7 +115,7 @@ def prepare_benchmark(
         ]
     fingerprint = _code_fingerprint(name, cls)
     for item in files:
-        fingerprint.update(str(item["sha256"]).encode())
+        fingerprint.update(str(item.get("sha256") or item.get("fingerprint")).encode())
     builder = cls(
         config_name=config, data_dir=data_dir, cache_dir=str(cache_root), hash=fingerprint.hexdigest()[:16]
     )

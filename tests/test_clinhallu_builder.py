@@ -91,7 +91,7 @@ def test_label_noise_is_kept_and_flagged(snapshot, dataset_cache):
     assert loaded.quality["n_flagged"] == 2 and loaded.quality["n_records"] == 9
     assert [f["relpath"] for f in loaded.files] == [f"{HUB_FOLDERS[s]}/test-00000-of-00001.parquet"
                                                     for s in clinhallu_source.SOURCES]
-    assert all(len(f["sha256"]) == 64 and f["origin"] == "data_dir" for f in loaded.files)
+    assert all(len(f["sha256"]) == 64 and f["origin"] == "data_dir" and f["verified"] is None for f in loaded.files)
 
 
 def test_images_resolve_from_local_roots_and_missing_ones_are_counted(snapshot, dataset_cache, tmp_path):

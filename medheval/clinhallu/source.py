@@ -108,7 +108,9 @@ def load_source(source: str, data_dir: str | Path | None = None) -> tuple[Iterab
             rows = _split_of(datasets.load_dataset(HUB_ID, name))
         except (ConnectionError, OSError, ValueError) as error:
             raise _unavailable(source, f"the Hub ({HUB_ID})", error) from error
-        return rows, [{"relpath": f"{HUB_ID}:{name}", "sha256": rows._fingerprint, "verified": True, "origin": "hub"}]
+        # no per-file sha256 here: the datasets fingerprint (Hub revision + files) identifies the bytes
+        return rows, [{"relpath": f"{HUB_ID}:{name}", "sha256": None, "fingerprint": rows._fingerprint,
+                       "verified": None, "origin": "hub"}]
     root = Path(data_dir)
     if not root.is_dir():
         raise ClinHalluUnavailable(f"data_dir={str(data_dir)!r} is not a folder (expected a snapshot of {HUB_ID})")
@@ -117,7 +119,8 @@ def load_source(source: str, data_dir: str | Path | None = None) -> tuple[Iterab
         raise _unavailable(source, f"data_dir={str(data_dir)!r}")
     tables = [pq.read_table(path) for path in files]
     rows = pa.concat_tables(tables, promote_options="default").to_pylist()
-    described = [{"relpath": str(path.relative_to(root)), "sha256": sha256_of(path), "verified": False,
+    # verified=None: ClinHallu publishes no checksums to compare with; the sha256 records the bytes used
+    described = [{"relpath": str(path.relative_to(root)), "sha256": sha256_of(path), "verified": None,
                   "origin": "data_dir"} for path in files]
     return rows, described
 
