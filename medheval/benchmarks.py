@@ -83,11 +83,12 @@ def _resolve_config(name: str, config: str | None) -> str:
 
 
 def _code_fingerprint(name: str) -> hashlib._Hash:
+    """Cache key part: the builder's code and every ``medheval.*`` module it imports as a module object."""
     digest = hashlib.sha256()
     unit = load_unit_module("datasets", name)
     own = [value for value in vars(unit).values()  # core modules the unit imports (e.g. medheval.stepbench)
            if inspect.ismodule(value) and value.__name__.startswith("medheval.")]
-    for module in dict.fromkeys((unit, medheval_source, parsing, schema, *own, *getattr(unit, "FINGERPRINT_MODULES", ()))):
+    for module in dict.fromkeys((unit, medheval_source, parsing, schema, *own))):
         digest.update(Path(module.__file__).read_bytes())
     return digest
 
@@ -121,7 +122,7 @@ def prepare_benchmark(
     if run_options and not hasattr(probe, "apply_run_options"):
         raise ValueError(f"benchmark {name!r} takes no run options (got {sorted(run_options)})")
     pinned = getattr(cls, "PINNED", medheval_source.FILES)
-    if hasattr(probe, "input_files"):
+    if hasattr(probe, "input_files"):  # a builder reading its own sources (Med-StepBench, ClinHallu)
         files = probe.input_files()
         fetched = []
     else:
@@ -133,7 +134,7 @@ def prepare_benchmark(
         ]
     fingerprint = _code_fingerprint(name)
     for item in files:
-        fingerprint.update(item["sha256"].encode())
+        fingerprint.update(str(item.get("sha256") or item.get("fingerprint")).encode())
     builder = cls(
         config_name=config, data_dir=data_dir, cache_dir=str(cache_root), hash=fingerprint.hexdigest()[:16]
     )

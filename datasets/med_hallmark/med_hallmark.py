@@ -13,7 +13,6 @@ import datasets
 from medheval import med_hallmark_source as source
 from medheval.medheval_source import MedHEvalBuilder
 
-FINGERPRINT_MODULES = (source,)
 # run_eval's metrics for every config: MediHall Score (levels from --judge, --detector or the rules) and
 # the text metrics against the ground truth (paper Table 1)
 DEFAULT_METRICS = ("medihall_score", "text_generation")

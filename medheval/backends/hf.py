@@ -206,6 +206,39 @@ class HFBackend:
 
     def _generate_batch(self, records: list[dict], images: list[list]) -> list[str]:
         texts = [self.format_prompt(r, len(imgs)) for r, imgs in zip(records, images)]
+        return self._generate_texts(texts, images, records)
+
+    def format_chat(self, system: str, user: str, assistant_prefix: str, num_images: int) -> str:
+        """The model input for a system + user turn whose reply starts with ``assistant_prefix``
+        (the model continues that text; a protocol's given stages, e.g. ClinHallu Rep-V)."""
+        if self._use_chat_template:
+            content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": user}]
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": content}]
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        else:
+            images = f"{self._image_token}\n" * num_images
+            text = f"{system}\n\nUSER: {images}{user} ASSISTANT:" if system else f"USER: {images}{user} ASSISTANT:"
+        return f"{text} {assistant_prefix}" if assistant_prefix else text
+
+    def generate_chat(self, requests: list[dict], images: list[list] | None = None, *, seed: int | None = None,
+                      overrides: dict | None = None) -> list[str]:
+        """One reply per request (``{"id", "system", "user", "assistant_prefix"}``), batched like
+        :meth:`generate`; the reply excludes the prefix. ``seed`` replaces the backend's seed and
+        ``overrides`` the generation settings (e.g. sampling at temperature 0.7) for this call."""
+        images = images if images is not None else [[] for _ in requests]
+        if len(images) != len(requests):
+            raise BackendError(f"got {len(requests)} requests but {len(images)} image lists; pass one list per request")
+        outputs: list[str] = []
+        for start in range(0, len(requests), self.batch_size):
+            chunk, chunk_images = requests[start:start + self.batch_size], images[start:start + self.batch_size]
+            texts = [self.format_chat(r.get("system", ""), r["user"], r.get("assistant_prefix", ""), len(imgs))
+                     for r, imgs in zip(chunk, chunk_images)]
+            outputs.extend(self._generate_texts(texts, [list(x) for x in chunk_images], chunk, seed, overrides))
+        return outputs
+
+    def _generate_texts(self, texts: list[str], images: list[list], records: list[dict], seed: int | None = None,
+                        overrides: dict | None = None) -> list[str]:
         flat = [img for imgs in images for img in imgs]
         proc_kwargs: dict[str, Any] = {"text": texts, "padding": True, "return_tensors": "pt"}
         if flat:
@@ -218,9 +251,9 @@ class HFBackend:
         inputs = inputs.to(self.device)
         if "pixel_values" in inputs and torch.is_floating_point(inputs["pixel_values"]):
             inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
-        torch.manual_seed(self.seed)
+        torch.manual_seed(self.seed if seed is None else seed)
         with torch.inference_mode():
-            out = self.model.generate(**inputs, **self._generation_kwargs())
+            out = self.model.generate(**inputs, **{**self._generation_kwargs(), **(overrides or {})})
         sequences = out.sequences if hasattr(out, "sequences") else out
         new_tokens = sequences[:, inputs["input_ids"].shape[1] :]
         decoded = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)

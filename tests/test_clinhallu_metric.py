@@ -1,0 +1,163 @@
+"""metrics/clinhallu on hand-worked tables (Acc, Δ, H, Fix/Break, None handling, per source), and
+upstream_compat against ClinHallu's own table script (skipped when ../shared is absent)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from clinhallu_fixture import shared_upstream
+
+METRIC_DIR = Path(__file__).resolve().parents[1] / "metrics" / "clinhallu"
+TABLE_SCRIPT = shared_upstream() / "clinhallu" / "src" / "result_analysis" / "05_make_result_tables.py"
+
+N = None
+# item: source, ORG, Rep-V, Rep-K, Rep-VK, h_v, h_k, h_r
+TABLE = [
+    ("a", 1, 1, 1, 1, 0, 0, 0),
+    ("a", 0, 1, 0, 1, 1, 0, 0),
+    ("a", N, 1, N, 0, N, 1, 0),
+    ("b", 1, 0, 1, N, 0, N, 1),
+    ("b", 0, 0, 1, 1, 1, 1, N),
+    ("b", 0, N, 0, 1, 0, 0, 0),
+]
+KEYS = ("correct", "correct_rep_v", "correct_rep_k", "correct_rep_vk", "h_v", "h_k", "h_r")
+
+
+def _columns(table=TABLE):
+    return {key: [row[i + 1] for row in table] for i, key in enumerate(KEYS)}
+
+
+@pytest.fixture(scope="module")
+def metric():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_EVALUATE_OFFLINE", "1")
+    mp.setenv("HF_UPDATE_DOWNLOAD_COUNTS", "0")
+    import evaluate
+
+    mp.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
+    try:
+        yield evaluate.load(str(METRIC_DIR), keep_in_memory=True)
+    finally:
+        mp.undo()
+
+
+def test_default_denominator_is_all_items(metric):
+    r = metric.compute(**_columns(), sources=[row[0] for row in TABLE])
+    assert r["denominator"] == "all_items"
+    assert r["acc"] == pytest.approx(2 / 6)
+    assert (r["acc_rep_v"], r["acc_rep_k"], r["acc_rep_vk"]) == pytest.approx((3 / 6, 3 / 6, 4 / 6))
+    assert (r["delta_v"], r["delta_k"], r["delta_vk"]) == pytest.approx((1 / 6, 1 / 6, 2 / 6))
+    # ORG wrong (None counts as wrong) = items 1, 2, 4, 5; ORG right = 0, 3
+    assert r["fix_rate"] == pytest.approx({"rep_v": 2 / 4, "rep_k": 1 / 4, "rep_vk": 3 / 4})
+    assert r["break_rate"] == pytest.approx({"rep_v": 1 / 2, "rep_k": 0.0, "rep_vk": 1 / 2})
+    assert (r["h_v"], r["h_k"], r["h_r"]) == pytest.approx((2 / 5, 2 / 5, 1 / 5))
+    c = r["counts"]
+    assert c["n"] == 6 and c["org"] == {"n_valid": 5, "n_correct": 2}
+    assert c["rep_vk"] == {"n_valid": 5, "n_correct": 4, "n_fix": 3, "n_org_wrong": 4, "n_break": 1, "n_org_right": 2}
+    assert c["h_r"] == {"n_judged": 5, "n_hallucinated": 1}
+
+
+def test_delta_equals_fixes_minus_breaks_over_n(metric):
+    r = metric.compute(**_columns())
+    for setting, delta in (("rep_v", "delta_v"), ("rep_k", "delta_k"), ("rep_vk", "delta_vk")):
+        counts = r["counts"][setting]
+        assert r[delta] == pytest.approx((counts["n_fix"] - counts["n_break"]) / r["counts"]["n"])
+
+
+def test_per_source(metric):
+    r = metric.compute(**_columns(), sources=[row[0] for row in TABLE])
+    a, b = r["per_source"]["a"], r["per_source"]["b"]
+    assert (a["acc"], a["acc_rep_v"], a["acc_rep_k"], a["acc_rep_vk"]) == pytest.approx((1 / 3, 1, 1 / 3, 2 / 3))
+    assert (a["delta_v"], a["delta_k"], a["delta_vk"]) == pytest.approx((2 / 3, 0, 1 / 3))
+    assert (a["fix_rate"]["rep_v"], a["break_rate"]["rep_v"]) == (1.0, 0.0)
+    assert (a["h_v"], a["h_k"], a["h_r"]) == pytest.approx((1 / 2, 1 / 3, 0))
+    assert (b["acc_rep_v"], b["fix_rate"]["rep_v"], b["break_rate"]["rep_v"]) == (0.0, 0.0, 1.0)
+    assert b["h_r"] == 0.5 and a["counts"]["n"] + b["counts"]["n"] == 6
+
+
+def test_upstream_compat_excludes_invalid_and_counts_unjudged_steps_as_hallucinated(metric):
+    r = metric.compute(**_columns(), upstream_compat=True)
+    assert r["denominator"] == "valid_only"
+    assert (r["acc"], r["acc_rep_v"], r["acc_rep_k"], r["acc_rep_vk"]) == (0.4, 0.6, 0.6, 0.8)
+    assert (r["delta_v"], r["delta_k"], r["delta_vk"]) == (0.2, 0.2, 0.4)
+    assert (r["h_v"], r["h_k"], r["h_r"]) == pytest.approx((3 / 6, 3 / 6, 2 / 6))
+    # Fix/Break over items valid in both ORG and the setting
+    assert r["fix_rate"] == pytest.approx({"rep_v": 1 / 2, "rep_k": 1 / 3, "rep_vk": 1.0})
+    assert r["break_rate"] == pytest.approx({"rep_v": 1 / 2, "rep_k": 0.0, "rep_vk": 0.0})
+
+
+def test_setting_not_run_and_empty_denominators_give_none(metric):
+    columns = {"correct": [1, 1], **{key: [N, N] for key in KEYS[1:]}}
+    r = metric.compute(**columns, settings=["org"])
+    assert r["acc"] == 1.0
+    assert all(r[key] is None for key in ("acc_rep_v", "delta_v", "h_v", "h_k", "h_r"))
+    assert r["fix_rate"]["rep_k"] is None and r["counts"]["rep_k"]["n_break"] == 0
+    # run but every trace invalid: the default charges the model, upstream has nothing to score
+    invalid = metric.compute(**columns)
+    assert invalid["acc_rep_v"] == 0.0 and invalid["break_rate"]["rep_v"] == 1.0
+    assert metric.compute(**columns, upstream_compat=True)["acc_rep_v"] is None
+    ran = metric.compute(**{**columns, "correct_rep_v": [1, 0]}, settings=["org", "rep_v"])
+    assert ran["fix_rate"]["rep_v"] is None  # no ORG-wrong item: undefined, not 0
+    assert ran["break_rate"]["rep_v"] == 0.5
+    assert metric.compute(**{key: [] for key in KEYS})["acc"] is None
+    with pytest.raises(ValueError, match="unknown setting"):
+        metric.compute(**columns, settings=["rep_x"])
+
+
+def test_bad_values_and_lengths_are_clear_errors(metric):
+    columns = _columns()
+    with pytest.raises(ValueError, match=r"item 1: correct_rep_k=2; expected 1, 0 or None"):
+        metric.compute(**{**columns, "correct_rep_k": [0, 2, 0, 0, 0, 0]})
+    with pytest.raises(ValueError, match="-1 is None"):
+        metric.compute(**{**columns, "correct": [0, -1, 0, 0, 0, 0]})
+    with pytest.raises(ValueError, match="sources has 2"):
+        metric.compute(**columns, sources=["a", "b"])
+
+
+# ---------------------------------------------------------------- against upstream's table script
+
+def _write_upstream_results(root: Path, table) -> None:
+    """ClinHallu's per-run summary files for ``table``, aggregated as its scripts document: answer
+    accuracy over valid traces (rounded to 4 places), step rate over all records, a missing or
+    failed judgement counted as hallucinated."""
+    def acc(column):
+        valid = [v for v in column if v is not None]
+        return round(sum(valid) / len(valid), 4)
+
+    def rate(column):
+        return sum(1 if v is None else v for v in column) / len(column)
+
+    columns = _columns(table)
+    run = root / "vqa-rad-test" / "eval" / "model-x"
+    (run / "replace").mkdir(parents=True)
+    base = acc(columns["correct"])
+    (run / "judge.json").write_text(json.dumps({"config": {}, "aggregated_metrics": {"answer_accuracy": {
+        "scope": "cot_valid_true_only", "acc": base}}}))
+    experiments = {name: {"acc": acc(columns[key]), "delta_vs_baseline": round(acc(columns[key]) - base, 4)}
+                   for name, key in (("replace_vr", "correct_rep_v"), ("replace_kr", "correct_rep_k"),
+                                     ("replace_vr_kr", "correct_rep_vk"))}
+    (run / "replace" / "summary.json").write_text(json.dumps({"experiments": experiments}))
+    steps = {"replace_kr": {"visual_recognition": columns["h_v"]}, "replace_vr": {"knowledge_recall": columns["h_k"]},
+             "replace_vr_kr": {"reasoning": columns["h_r"]}}
+    for name, stage_columns in steps.items():
+        summary = {"steps": {step: {"hallucination_rate": rate(col)} for step, col in stage_columns.items()}}
+        (run / "replace" / f"{name}_step_hallucination_judge_summary.json").write_text(json.dumps(summary))
+
+
+@pytest.mark.skipif(not TABLE_SCRIPT.is_file(), reason="../shared/data/upstream/clinhallu is absent")
+def test_upstream_compat_matches_the_upstream_table_script(metric, tmp_path):
+    spec = importlib.util.spec_from_file_location("clinhallu_tables", TABLE_SCRIPT)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)  # stdlib-only script; its main() is not called
+    _write_upstream_results(tmp_path, TABLE)
+    rows = tables.collect_rows(tmp_path, None, None)
+    _, answer = tables.answer_table_data(rows)
+    _, hallucination = tables.hallucination_table_data(rows)
+    r = metric.compute(**_columns(), upstream_compat=True)
+    assert answer[0][2:] == [f"{r['acc']:.4f}", f"{r['delta_v']:+.4f}", f"{r['delta_k']:+.4f}",
+                             f"{r['delta_vk']:+.4f}"]
+    assert hallucination[0][2:] == [f"{r['h_v']:.4f}", f"{r['h_k']:.4f}", f"{r['h_r']:.4f}"]

@@ -1,0 +1,163 @@
+"""ClinHallu prompts: the project's wording, the upstream constants read from the pinned files
+(byte-equal to the files in ../shared), and request rendering for every setting."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+import shutil
+import string
+
+import pytest
+
+from clinhallu_fixture import shared_upstream
+from medheval.clinhallu import prompts as P
+from medheval.clinhallu.trace import parse_trace
+from medheval.fetch import AnnotationUnavailable
+
+UPSTREAM = shared_upstream() / "clinhallu"
+requires_upstream = pytest.mark.skipif(not (UPSTREAM / "prompts").is_dir(),
+                                       reason="../shared/data/upstream/clinhallu is absent")
+
+GOLD = {"visual_recognition": "Chest CT with a spiculated mass in the right upper lobe.",
+        "knowledge_recall": "Spiculated masses in smokers are often malignant.",
+        "reasoning": "A spiculated mass favours lung cancer.", "answer": "C. Lung cancer"}
+RECORD = {"id": "clinhallu/medxpertqa/MM-26", "question": "What is the diagnosis?", "answer": "C. Lung cancer",
+          "answer_type": "multiple_choice", "choices": ["Pneumonia", "Abscess", "Lung cancer"],
+          "meta": {"options": ["A. Pneumonia", "B. Abscess", "C. Lung cancer"]}}
+
+
+def _fields(template: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+
+
+PLACEHOLDERS = {
+    "org_user_image": {"question", "options_text"}, "org_user_text": {"question", "options_text"},
+    "continue_rep_v": {"question", "options_text", "visual_recognition"},
+    "continue_rep_k": {"question", "options_text", "visual_recognition", "knowledge_recall"},
+    "continue_rep_vk": {"question", "options_text", "visual_recognition", "knowledge_recall"},
+    "answer_judge_user": {"question", "ground_truth", "predicted_answer"},
+    "step_judge_visual_recognition": {"question", "ground_truth", "reference_text", "candidate_text"},
+    "step_judge_knowledge_recall": {"question", "ground_truth", "reference_text", "candidate_text", "support_context"},
+    "step_judge_reasoning": {"question", "ground_truth", "reference_text", "candidate_text", "support_context"},
+}
+
+
+def _check_placeholders(prompts: P.PromptSet) -> None:
+    for name, allowed in PLACEHOLDERS.items():
+        assert _fields(getattr(prompts, name)) <= allowed, name
+    for name in ("trace_system", "answer_judge_system", "step_judge_system"):
+        assert not _fields(getattr(prompts, name)), name
+
+
+def test_own_prompts_name_the_markers_and_fill_known_placeholders():
+    own = P.prompt_set("own")
+    _check_placeholders(own)
+    for marker in ("[Visual Recognition]", "[Knowledge Recall]", "[Reasoning]", "[Answer]"):
+        assert marker in own.trace_system
+    assert own.describe()["version"] == P.OWN_VERSION and own.given_stages_in == "assistant"
+    assert '"answer_correct"' in own.answer_judge_user.format(question="q", ground_truth="g", predicted_answer="p")
+    with pytest.raises(ValueError, match="unknown prompt style 'paper'"):
+        P.prompt_set("paper")
+
+
+def test_own_org_and_continuation_requests():
+    own = P.own_prompts()
+    org = P.trace_request(own, RECORD, "org", GOLD)
+    assert "Options:\nA. Pneumonia\nB. Abscess\nC. Lung cancer\n\n" in org.user
+    assert org.assistant_prefix == "" and org.full_trace(" x ") == "x"
+    rep_v = P.trace_request(own, RECORD, "rep_v", GOLD)
+    assert rep_v.assistant_prefix == f"[Visual Recognition]\n{GOLD['visual_recognition']}\n\n[Knowledge Recall]\n"
+    reply = "Masses with spicules are often cancer.\n\n[Reasoning]\nThe mass is spiculated, hence cancer.\n[Answer] C"
+    trace = parse_trace(rep_v.full_trace(reply))
+    assert trace.valid and trace.visual_recognition == GOLD["visual_recognition"] and trace.answer == "C"
+    rep_k = P.trace_request(own, RECORD, "rep_k", GOLD, own_vr="A round opacity in the lung.")
+    assert rep_k.assistant_prefix.startswith("[Visual Recognition]\nA round opacity in the lung.\n\n[Knowledge Recall]")
+    assert rep_k.assistant_prefix.endswith("[Reasoning]\n")
+    rep_vk = P.trace_request(own, RECORD, "rep_vk", GOLD)
+    assert GOLD["knowledge_recall"] in rep_vk.assistant_prefix and GOLD["visual_recognition"] in rep_vk.assistant_prefix
+    text_only = P.trace_request(own, {**RECORD, "meta": {}}, "org", GOLD, has_images=False)
+    assert "No image" in text_only.user and "A. Pneumonia" in text_only.user  # lettered from choices
+    with pytest.raises(ValueError, match="unknown setting"):
+        P.trace_request(own, RECORD, "rep_x", GOLD)
+
+
+def test_judge_messages_and_support_context():
+    own = P.own_prompts()
+    system, user = P.answer_judge_messages(own, RECORD, "C")
+    assert "Reference answer: C. Lung cancer" in user and "Model's answer: C" in user
+    candidate = {"visual_recognition": "A mass.", "knowledge_recall": "", "reasoning": "So cancer."}
+    _, kr_user = P.step_judge_messages(own, RECORD, "knowledge_recall", candidate, GOLD)
+    assert P.support_context(GOLD, candidate) == (
+        f"Reference Visual Recognition: {GOLD['visual_recognition']}\n"
+        f"Reference Knowledge Recall: {GOLD['knowledge_recall']}\nCandidate Visual Recognition: A mass.")
+    assert "Reference Knowledge Recall:" in kr_user
+    assert P.support_context({}, {}) == "No additional support context provided."
+    _, vr_user = P.step_judge_messages(own, RECORD, "visual_recognition", candidate, {})
+    assert "(empty)" in vr_user and "Other context" not in vr_user
+    with pytest.raises(ValueError, match="unknown stage"):
+        P.step_judge_messages(own, RECORD, "answer", candidate, GOLD)
+
+
+def test_read_string_constants_uses_ast_only(tmp_path):
+    path = tmp_path / "p.py"
+    path.write_text('import os\nA = ("x "\n     "y")\nB = A + "z"\nC = B\nD = 3\nE = f"{A}"\nos.system("exit 1")\n')
+    assert P.read_string_constants(path) == {"A": "x y", "B": "x yz", "C": "x yz"}
+
+
+@requires_upstream
+def test_pins_match_the_files_in_shared():
+    for name, pinned in P.UPSTREAM_FILES.items():
+        assert hashlib.sha256((UPSTREAM / pinned.relpath).read_bytes()).hexdigest() == pinned.sha256, name
+        assert pinned.url.endswith(f"/{P.UPSTREAM_COMMIT}/{pinned.relpath}")
+
+
+@requires_upstream
+def test_upstream_constants_are_byte_equal_to_the_modules():
+    prompts = P.prompt_set("upstream", data_dir=UPSTREAM)
+    _check_placeholders(prompts)
+    assert prompts.given_stages_in == "user" and {f["origin"] for f in prompts.files} == {"data_dir"}
+    for slot, (name, constant) in P.UPSTREAM_NAMES.items():
+        spec = importlib.util.spec_from_file_location(f"clinhallu_prompts_{name}", UPSTREAM / "prompts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # test only: the reference values to compare with
+        assert getattr(prompts, slot).encode() == getattr(module, constant).encode(), slot
+
+
+@requires_upstream
+def test_upstream_continuation_puts_given_stages_in_the_user_prompt():
+    prompts = P.prompt_set("upstream", data_dir=UPSTREAM)
+    request = P.trace_request(prompts, RECORD, "rep_k", GOLD, own_vr="A round opacity in the lung.")
+    assert request.assistant_prefix == ""
+    assert "A round opacity in the lung." in request.user and GOLD["knowledge_recall"] in request.user
+    assert "What is the diagnosis?\n\nOptions:\nA. Pneumonia" in request.user
+    trace = parse_trace(request.full_trace("[Reasoning]\nThe opacity fits a malignant mass here.\n[Answer] C"))
+    assert trace.valid and trace.knowledge_recall == GOLD["knowledge_recall"]
+
+
+@requires_upstream
+def test_modified_or_missing_upstream_files_are_refused(tmp_path, monkeypatch):
+    copy = tmp_path / "clinhallu"
+    shutil.copytree(UPSTREAM / "prompts", copy / "prompts")
+    with open(copy / "prompts" / "judge.py", "a", encoding="utf-8") as handle:
+        handle.write("\n# edited\n")
+    with pytest.raises(ValueError, match=r"judge\.py: sha256 .* differs from the pin"):
+        P.prompt_set("upstream", data_dir=copy)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(AnnotationUnavailable, match="raw.githubusercontent.com/alibaba-damo-academy/ClinHallu"):
+        P.prompt_set("upstream")
+
+
+@requires_upstream
+def test_own_wording_shares_no_long_run_of_words_with_upstream():
+    upstream = P.prompt_set("upstream", data_dir=UPSTREAM)
+    own = P.own_prompts()
+
+    def runs(text, k=7):
+        words = re.findall(r"[a-z']+", re.sub(r"\{\w+\}", " ", text).lower())  # placeholders are shared names
+        return {" ".join(words[i:i + k]) for i in range(len(words) - k + 1)}
+
+    theirs = set().union(*(runs(getattr(upstream, slot)) for slot in P.UPSTREAM_NAMES))
+    for slot in P.UPSTREAM_NAMES:
+        assert not runs(getattr(own, slot)) & theirs, slot
