@@ -88,7 +88,7 @@ def _code_fingerprint(name: str) -> hashlib._Hash:
     unit = load_unit_module("datasets", name)
     own = [value for value in vars(unit).values()  # core modules the unit imports (e.g. medheval.stepbench)
            if inspect.ismodule(value) and value.__name__.startswith("medheval.")]
-    for module in dict.fromkeys((unit, medheval_source, parsing, schema, *own))):
+    for module in dict.fromkeys((unit, medheval_source, parsing, schema, *own)):
         digest.update(Path(module.__file__).read_bytes())
     return digest
 
