@@ -7,6 +7,7 @@ from medheval.fetch import AnnotationUnavailable, ChecksumMismatch
 from medheval.images import ImageError
 from medheval.judges import CredentialedDataError, JudgeError
 from medheval.predictions_log import CorruptLogError
+from medheval.registry import NoUnitsError
 from medheval.runner import RunError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
@@ -17,6 +18,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     CredentialedDataError,
     JudgeError,
     ImageError,
+    NoUnitsError,
     RunError,
     KeyError,
     ValueError,

@@ -3,7 +3,7 @@
     model.generate(**inputs, custom_generate="mitigations/damro", trust_remote_code=True)
 
 Keyword arguments that are DAMRO settings (see ../README.md) configure the method; all others
-are ordinary `generate` arguments. The implementation lives in the `medheval-hf` package
+are ordinary `generate` arguments. The implementation lives in the `medheval` package
 (declared in requirements.txt, which transformers checks before running this file): this file
 only forwards to it, so the folder, the Python API and `run_eval.py --mitigation damro` run
 the same code.
