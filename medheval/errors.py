@@ -7,11 +7,13 @@ from medheval.fetch import AnnotationUnavailable, ChecksumMismatch
 from medheval.images import ImageError
 from medheval.judges import CredentialedDataError, JudgeError
 from medheval.predictions_log import CorruptLogError
+from medheval.credentialed import CredentialedImageError
 from medheval.registry import NoUnitsError
 from medheval.runner import RunError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     AnnotationUnavailable,
+    CredentialedImageError,
     BackendError,
     ChecksumMismatch,
     CorruptLogError,
