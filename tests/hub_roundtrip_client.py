@@ -50,9 +50,15 @@ def main(out_path: str, data_dir: str, image_roots_json: str) -> None:
     out["vcd_local"] = model.generate(**inputs, **settings, custom_generate=VCD(alpha=0.5)).tolist()
     out["greedy"] = model.generate(**inputs, **settings).tolist()
 
-    # a gated repo refuses an anonymous download (token=False: send no token at all)
-    out["gated_anonymous"] = _error_name(
-        lambda: hf_hub_download("medheval/cxr_vishal", "README.md", repo_type="dataset", token=False))
+    # a gated repo refuses an anonymous download (token=False: send no token at all; a fresh cache, so
+    # nothing downloaded above with the token can answer instead)
+    import tempfile
+
+    out["gated_anonymous"] = _error_name(lambda: hf_hub_download(
+        "medheval/cxr_vishal", "mimic_cxr/test-00000-of-00001.parquet", repo_type="dataset", token=False,
+        cache_dir=tempfile.mkdtemp()))
+    out["public_anonymous"] = _error_name(lambda: hf_hub_download(
+        "medheval/vcd", "custom_generate/generate.py", token=False, cache_dir=tempfile.mkdtemp()))
     out["gated_with_token"] = _error_name(
         lambda: hf_hub_download("medheval/cxr_vishal", "README.md", repo_type="dataset"))
 

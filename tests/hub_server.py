@@ -246,7 +246,11 @@ class HubServer:
             if repo_type == "space" and not payload.get("sdk"):
                 self._send(handler, 400, {"error": "a Space needs an sdk"})
                 return True
-            self.repos[(repo_type, repo_id)] = Repo(repo_id, repo_type, sdk=payload.get("sdk"))
+            # like the Hub: a new repo starts with one commit holding .gitattributes
+            repo = Repo(repo_id, repo_type, sdk=payload.get("sdk"),
+                        files={".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n"})
+            repo.commits.append(hashlib.sha1(f"init {repo_type} {repo_id}".encode()).hexdigest())
+            self.repos[(repo_type, repo_id)] = repo
         self._send(handler, 200, {"url": url, "name": repo_id})
         return True
 

@@ -211,7 +211,7 @@ def test_round_trip_through_a_hub_on_loopback(tmp_path, fixture_benchmark, datas
             [sys.executable, "-m", "medheval.cli", "publish", "--push", "--org", "medheval", "--to",
              str(tmp_path / "out"), "--data-dir", fixture_benchmark["data_dir"],
              "--name", "cxr_vishal,medihall_score,vcd"],
-            env=env, capture_output=True, text=True, timeout=300)
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert publish.returncode == 0, publish.stderr[-3000:]
         assert "hf_owner_token" not in publish.stdout + publish.stderr  # the token is never logged
         repos = fake.repos
@@ -225,12 +225,12 @@ def test_round_trip_through_a_hub_on_loopback(tmp_path, fixture_benchmark, datas
         client = subprocess.run(
             [sys.executable, str(TESTS / "hub_roundtrip_client.py"), str(tmp_path / "client.json"),
              fixture_benchmark["data_dir"], json.dumps(fixture_benchmark["image_roots"])],
-            env=env, capture_output=True, text=True, timeout=300)
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert client.returncode == 0, client.stderr[-3000:]
         got = json.loads((tmp_path / "client.json").read_text())
         assert fake.unhandled == [], fake.unhandled
         user_repo_files = repos.get(("dataset", "owner/my-mimic-copy"))
-        refs_repo = repos[("dataset", "owner/my-mimic-refs")]
+        fake_refs_parquet = [p for p in repos[("dataset", "owner/my-mimic-refs")].files if p.endswith(".parquet")]
 
     # datasets: same records as load_benchmark
     local = load_benchmark("cxr_vishal", "mimic_cxr", data_dir=fixture_benchmark["data_dir"], cache_dir=dataset_cache)
@@ -246,9 +246,10 @@ def test_round_trip_through_a_hub_on_loopback(tmp_path, fixture_benchmark, datas
     assert got["vcd_hub"] == got["vcd_local"]
     # gating: anonymous refused, the owner's token allowed
     assert got["gated_anonymous"] and got["gated_anonymous"].startswith("GatedRepoError"), got["gated_anonymous"]
-    assert got["gated_with_token"] is None
+    assert got["gated_with_token"] is None and got["public_anonymous"] is None
     # a user's push_to_hub of MIMIC images is refused before any Parquet reaches the Hub; references go through
     assert got["user_push"] and got["user_push"].startswith("CredentialedImageError"), got["user_push"]
     assert not [p for p in (user_repo_files.files if user_repo_files else {}) if p.endswith(".parquet")]
+    assert fake_refs_parquet
     assert got["user_push_without_images"] is None, got["user_push_without_images"]
-    assert any(p.endswith(".parquet") for p in refs_repo.files)
+
