@@ -253,3 +253,42 @@ def test_round_trip_through_a_hub_on_loopback(tmp_path, fixture_benchmark, datas
     assert fake_refs_parquet
     assert got["user_push_without_images"] is None, got["user_push_without_images"]
 
+
+
+# -- bare metric names ----------------------------------------------------------------------------
+
+_BARE_LOAD = """
+import json, sys, evaluate
+metric = evaluate.load("medihall_score")
+out = metric.compute(predictions=["Yes.", "No."], references=["No", "No"], questions=["Is there a mass?"] * 2)
+print(json.dumps({"score": out["medihall_score"], "file": sys.modules[type(metric).__module__].__file__}))
+"""
+
+
+@pytest.mark.slow
+def test_install_metrics_makes_bare_names_load(tmp_path):
+    env = _client_env("http://127.0.0.1:9", tmp_path, None)
+    env.update({"HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_EVALUATE_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    before = subprocess.run([sys.executable, "-c", _BARE_LOAD], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert before.returncode != 0 and "medihall_score" in before.stderr  # not there yet
+    install = subprocess.run([sys.executable, "-m", "medheval.cli", "install-metrics", "--name",
+                              "medihall_score,close_ended_accuracy"],
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr[-2000:]
+    assert (tmp_path / "modules" / "evaluate_modules" / "metrics" / "evaluate-metric--medihall_score").is_dir()
+    offline = subprocess.run([sys.executable, "-c", _BARE_LOAD], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300)
+    assert offline.returncode == 0, offline.stderr[-2000:]
+    got = json.loads(offline.stdout.strip().splitlines()[-1])
+    assert got["score"] == 0.5 and "evaluate-metric--medihall_score" in got["file"]
+    # online, a Hub without evaluate-metric/medihall_score: evaluate falls back to the same registered module
+    with HubServer() as fake:
+        online_env = {**env, "HF_ENDPOINT": fake.url}
+        del online_env["HF_EVALUATE_OFFLINE"], online_env["HF_HUB_OFFLINE"]
+        online = subprocess.run([sys.executable, "-c", _BARE_LOAD], env=online_env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=300)
+        asked = [path for _, path, _ in fake.requests]
+    assert online.returncode == 0, online.stderr[-2000:]
+    assert json.loads(online.stdout.strip().splitlines()[-1])["score"] == 0.5
+    assert any("evaluate-metric/medihall_score" in path for path in asked)  # the Hub was asked first
