@@ -30,7 +30,6 @@ import datetime as _dt
 import json
 import re
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -76,6 +75,7 @@ class RepoFolder:
     folder: str
     repo_id: str
     repo_type: str  # "dataset" | "space" | "model"
+    kind: str  # "datasets" | "metrics" | "mitigations" | "results" (results go to an existing model repo)
     gated: bool = False
     space_sdk: str | None = None
     warnings: list[str] = field(default_factory=list)
@@ -178,7 +178,7 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
         usage += (f" Configs derived from MIMIC-CXR ({', '.join(credentialed_configs)}) make this repo gated: "
                   "request access with your PhysioNet credentials.")
     (folder / "README.md").write_text(render_card(card_data.to_dict(), body.rstrip() + usage + "\n"))
-    return RepoFolder(str(folder), f"{org}/{name}", "dataset", gated=gated)
+    return RepoFolder(str(folder), f"{org}/{name}", "dataset", "datasets", gated=gated)
 
 
 def check_no_credentialed_bytes(repo: RepoFolder) -> None:
@@ -242,7 +242,7 @@ def export_metric(name: str, out_dir: str | Path, org: str = DEFAULT_ORG) -> Rep
         "<h1>{t}</h1><p>{d}</p><pre>pip install medheval\nimport evaluate\n"
         "metric = evaluate.load(\"{org}/{n}\")</pre><p>See README.md for inputs and outputs.</p></body></html>\n"
         .format(t=_html(title), d=_html(description), org=org, n=name))
-    return RepoFolder(str(folder), f"{org}/{name}", "space", space_sdk="static")
+    return RepoFolder(str(folder), f"{org}/{name}", "space", "metrics", space_sdk="static")
 
 
 def _html(text: str) -> str:
@@ -272,7 +272,7 @@ def export_mitigation(name: str, out_dir: str | Path, org: str = DEFAULT_ORG,
     missing = [section for section in MITIGATION_SECTIONS if section not in headings]
     warnings = [f"mitigations/{name}/README.md lacks section(s) {missing} that users of custom_generate repos expect"
                 ] if missing else []
-    return RepoFolder(str(folder), f"{org}/{name}", "model", warnings=warnings)
+    return RepoFolder(str(folder), f"{org}/{name}", "model", "mitigations", warnings=warnings)
 
 
 # -------------------------------------------------------------------------------------- results
@@ -331,7 +331,7 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
     (folder / ".eval_results").mkdir(parents=True)
     for name, entries in files.items():
         (folder / ".eval_results" / name).write_text(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True))
-    return RepoFolder(str(folder), model_repo, "model")
+    return RepoFolder(str(folder), model_repo, "model", "results")
 
 
 # ------------------------------------------------------------------------------ export and push
@@ -395,8 +395,8 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
         check_no_credentialed_bytes(repo)
     urls = []
     for repo in tqdm(repos, desc="push", unit="repo"):
-        is_results = Path(repo.folder).parent.name == "results"
-        if not is_results:
+        is_results = repo.kind == "results"
+        if not is_results:  # results go to the evaluated model's existing repo
             api.create_repo(repo.repo_id, repo_type=repo.repo_type, exist_ok=True, space_sdk=repo.space_sdk)
         if repo.gated:
             api.update_repo_settings(repo.repo_id, repo_type=repo.repo_type, gated="manual")
@@ -404,19 +404,6 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
                                    commit_message="Publish with medheval", create_pr=create_pr and is_results)
         urls.append(str(commit))
     return urls
-
-
-def publish(out_dir: str | Path | None = None, push_to_hub: bool = False, org: str = DEFAULT_ORG,
-            **export_kwargs: Any) -> list[RepoFolder]:
-    """Export (into ``out_dir`` or a temporary folder) and, with ``push_to_hub``, upload."""
-    if out_dir is None:
-        if not push_to_hub:
-            raise PublishError("nothing to do: give --to DIR (write folders) and/or --push (upload)")
-        out_dir = tempfile.mkdtemp(prefix="medheval-publish-")
-    repos = export_all(out_dir, org=org, **export_kwargs)
-    if push_to_hub:
-        push(repos)
-    return repos
 
 
 # ------------------------------------------------------------------------- bare metric names

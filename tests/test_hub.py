@@ -108,7 +108,7 @@ def test_push_check_refuses_image_bytes_in_a_credentialed_repo(exported, tmp_pat
                                        features=datasets.Features({"id": datasets.Value("string"),
                                                                    "source": datasets.Value("string"),
                                                                    "image": datasets.Image()}))
-    bad = hub.RepoFolder(str(tmp_path), "medheval/bad", "dataset", gated=True)
+    bad = hub.RepoFolder(str(tmp_path), "medheval/bad", "dataset", "datasets", gated=True)
     table.to_parquet(str(tmp_path / "bad.parquet"))
     with pytest.raises(CredentialedImageError, match="bad.parquet"):
         hub.check_no_credentialed_bytes(bad)
