@@ -49,6 +49,26 @@ def test_every_unit_gets_a_repo_folder_and_a_manifest(exported):
     assert {(r.repo_type, r.repo_id) for r in manifest} == set(repos)
 
 
+REQUIRED_CARD_FIELDS = {
+    "dataset": ("configs", "dataset_info", "license", "license_name", "license_link", "task_categories",
+                "size_categories", "source_datasets"),
+    "space": ("title", "sdk", "tags", "description"),
+    "model": ("library_name", "base_model", "tags"),
+}
+
+
+def test_every_published_card_parses_with_its_fields(exported):
+    out, repos = exported
+    for (kind, repo_id), repo in repos.items():
+        meta = _card(Path(repo.folder) / "README.md")
+        missing = [name for name in REQUIRED_CARD_FIELDS[kind] if not meta.get(name)]
+        assert not missing, (repo_id, missing)
+        if kind == "dataset":
+            # gated exactly when some config holds MIMIC-derived rows
+            assert bool(meta.get("extra_gated_fields")) == repo.gated == (
+                "extended|mimic-cxr-jpg" in meta["source_datasets"]), repo_id
+
+
 def test_dataset_card_yaml_has_what_the_hub_reads(exported, fixture_benchmark, dataset_cache):
     out, repos = exported
     repo = repos[("dataset", "medheval/cxr_vishal")]
