@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import datasets
 
 from medheval import medheval_source, parsing, schema
+from medheval.credentialed import image_feature
 from medheval.fetch import default_cache_dir, fetch
 from medheval.registry import list_units, load_unit_module
 
@@ -197,7 +198,8 @@ def attach_images(loaded: LoadedBenchmark, image_roots: Mapping[str, Any], on_mi
 def with_image_column(loaded: LoadedBenchmark) -> datasets.Dataset:
     """The split with an ``image`` column (a list of PIL images per row), decoded lazily.
 
-    Local roots give a native ``List(Image())`` column of absolute paths, decoded by ``datasets``
+    Local roots give a native ``List(Image())`` column (``CredentialedImage`` for MIMIC: pushing or
+    saving it with the images embedded is refused, :mod:`medheval.credentialed`) of absolute paths, decoded by ``datasets``
     on row access (``ds["id"]`` stays cheap). Remote roots (URL template, ``hf://``) need our
     fetcher, so the column comes from a format transform: with those, read metadata columns
     through ``ds.select_columns([...])`` to avoid fetching every image.
@@ -214,7 +216,9 @@ def with_image_column(loaded: LoadedBenchmark) -> datasets.Dataset:
             [str(resolver.source_for(source).path_for(ref)) for ref in refs]
             for refs, source in zip(dataset["images"], dataset["source"])
         ]
-        return dataset.add_column("image", paths).cast_column("image", datasets.List(datasets.Image(mode="RGB")))
+        # credentialed sources get an image type that refuses push_to_hub/save_to_disk embedding
+        credentialed = any(schema.is_credentialed(source) for source in sources)
+        return dataset.add_column("image", paths).cast_column("image", datasets.List(image_feature(credentialed)))
 
     def decode(batch: dict[str, list]) -> dict[str, list]:
         batch["image"] = [

@@ -194,6 +194,67 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from medheval import hub
+
+    if args.results and not args.model_repo:
+        raise ValueError("--results needs --model-repo ORG/MODEL (the Hub repo of the evaluated model)")
+    out_dir = args.to
+    if out_dir is None and not args.push:
+        raise ValueError("nothing to do: give --to DIR (write one folder per Hub repo) and/or --push --org ORG")
+    if out_dir is None:
+        import tempfile
+
+        out_dir = tempfile.mkdtemp(prefix="medheval-publish-")
+    repos = []
+    if args.results:
+        repos.append(hub.export_results(args.results, out_dir, args.model_repo, org=args.org))
+        hub.write_manifest(out_dir, repos)
+    if not args.results or args.kind or args.name:
+        repos += hub.export_all(out_dir, org=args.org, kinds=_split_list(args.kind) or tuple(hub.REPO_TYPES),
+                                names=_split_list(args.name), data_dir=args.data_dir)
+    for repo in repos:
+        gated = " (gated: PhysioNet)" if repo.gated else ""
+        print(f"{repo.repo_type:8s} {repo.repo_id:40s} {repo.folder}{gated}")
+        for warning in repo.warnings:
+            print(f"  warning: {warning}", file=sys.stderr)
+    if args.push:
+        for url in hub.push(repos, create_pr=args.create_pr):
+            print(f"pushed: {url}")
+    return 0
+
+
+def cmd_install_metrics(args: argparse.Namespace) -> int:
+    from medheval.hub import install_metrics
+
+    for path in install_metrics(_split_list(args.name)):
+        print(f"installed {path.name.split('--', 1)[1]}: evaluate.load(\"{path.name.split('--', 1)[1]}\") -> {path}")
+    return 0
+
+
+def add_hub_commands(commands: argparse._SubParsersAction) -> None:
+    """``medheval publish`` and ``medheval install-metrics``."""
+    publish = commands.add_parser("publish", help="write Hub repo folders for datasets/metrics/mitigations/results; "
+                                                  "--push uploads them")
+    publish.add_argument("--to", metavar="DIR", help="write one folder per Hub repo here (default with --push: a temp dir)")
+    publish.add_argument("--push", action="store_true", help="upload (create_repo + upload_folder; token from HF_TOKEN "
+                                                              "or `hf auth login`; endpoint from HF_ENDPOINT)")
+    publish.add_argument("--org", default="medheval", help="Hub organisation or user owning the repos (default: medheval)")
+    publish.add_argument("--kind", action="append", help="datasets, metrics, mitigations (repeatable; default: all)")
+    publish.add_argument("--name", action="append", help="only these units (repeatable or comma list)")
+    publish.add_argument("--data-dir", help="local copy of MedHEval's benchmark_data/ (default: pinned download)")
+    publish.add_argument("--results", metavar="RUN_DIR", help="a run's output folder: its results become "
+                                                              ".eval_results/*.yaml for --model-repo")
+    publish.add_argument("--model-repo", metavar="ORG/MODEL", help="the evaluated model's Hub repo (with --results)")
+    publish.add_argument("--create-pr", action="store_true", help="results: open a PR on the model repo instead of "
+                                                                  "committing to main")
+    publish.set_defaults(handler=cmd_publish)
+    install = commands.add_parser("install-metrics", help="make evaluate.load(\"<metric>\") (bare names) find this "
+                                                          "package's metrics")
+    install.add_argument("--name", action="append", help="only these metrics (default: all)")
+    install.set_defaults(handler=cmd_install_metrics)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="medheval", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -206,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=cmd_demo)
     listing = commands.add_parser("list", help="benchmarks (with configs), metrics, mitigations")
     listing.set_defaults(handler=cmd_list)
+    add_hub_commands(commands)
     return parser
 
 

@@ -8,10 +8,13 @@ from medheval.images import ImageError
 from medheval.judges import CredentialedDataError, JudgeError
 from medheval.outputs import OutputFolderLocked
 from medheval.predictions_log import CorruptLogError
+from medheval.credentialed import CredentialedImageError
+from medheval.registry import NoUnitsError
 from medheval.runner import RunError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     AnnotationUnavailable,
+    CredentialedImageError,
     BackendError,
     ChecksumMismatch,
     CorruptLogError,
@@ -19,6 +22,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     JudgeError,
     ImageError,
     OutputFolderLocked,
+    NoUnitsError,
     RunError,
     KeyError,
     ValueError,

@@ -4,7 +4,7 @@ A 3D-capable model receives the volume (:func:`load_volume`); a 2D model receive
 and sagittal slices rendered with a CT window or as PET / fused PET-on-CT (:func:`render_view`).
 Paths are relative to the data folder and can never leave it (:class:`medheval.images.LocalFolderSource`).
 
-``nibabel`` is an optional extra: ``pip install medheval-hf[stepbench]``.
+``nibabel`` is an optional extra: ``pip install medheval[stepbench]``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _nibabel():
     try:
         import nibabel
     except ImportError as error:  # pragma: no cover - depends on the extra
-        raise ImportError("reading NIfTI volumes needs nibabel: pip install 'medheval-hf[stepbench]'") from error
+        raise ImportError("reading NIfTI volumes needs nibabel: pip install 'medheval[stepbench]'") from error
     return nibabel
 
 

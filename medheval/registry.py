@@ -4,6 +4,11 @@
 ``datasets`` would shadow the library), so their modules are loaded by path and
 registered in ``sys.modules`` under ``medheval_units.<kind>.<name>`` (datasets needs a
 builder's module to be importable by name).
+
+Where the units live: ``$MEDHEVAL_HOME`` when set; else ``medheval/units/`` inside an installed
+wheel (the build copies the three top-level folders there, see ``setup.py``); else the source
+checkout holding ``medheval/`` (editable installs, ``PYTHONPATH=.``). Finding no units at all is
+an error, never an empty listing.
 """
 
 from __future__ import annotations
@@ -18,26 +23,54 @@ from types import ModuleType
 UNIT_KINDS = ("datasets", "metrics", "mitigations")
 
 
+PACKAGED_UNITS = Path(__file__).resolve().parent / "units"
+SOURCE_CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+class NoUnitsError(RuntimeError):
+    """The registry found no unit folders: a broken install or a wrong ``$MEDHEVAL_HOME``."""
+
+
+def _is_checkout(folder: Path) -> bool:
+    # the folder above ``medheval/`` in a non-editable install is site-packages, which holds HF's
+    # own ``datasets`` package: only a folder with this project's packaging files is a checkout
+    return (folder / "setup.cfg").is_file() and all((folder / kind).is_dir() for kind in UNIT_KINDS)
+
+
 def project_root() -> Path:
-    """The folder holding ``datasets/``, ``metrics/``, ``mitigations/`` (``$MEDHEVAL_HOME`` overrides)."""
+    """The folder holding ``datasets/``, ``metrics/``, ``mitigations/``: ``$MEDHEVAL_HOME``, the
+    installed package's ``medheval/units/``, or the source checkout; :class:`NoUnitsError` if none."""
     override = os.environ.get("MEDHEVAL_HOME")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parent.parent
+    if PACKAGED_UNITS.is_dir():
+        return PACKAGED_UNITS
+    if _is_checkout(SOURCE_CHECKOUT):
+        return SOURCE_CHECKOUT
+    raise NoUnitsError(
+        f"medheval found no unit folders: neither {PACKAGED_UNITS} (installed wheel) nor a source checkout at "
+        f"{SOURCE_CHECKOUT}. Reinstall the package (pip install medheval) or set MEDHEVAL_HOME to a folder "
+        "holding datasets/, metrics/ and mitigations/."
+    )
 
 
 def list_units(kind: str) -> list[str]:
-    """Names of the units of one kind (folders holding ``<name>.py`` or ``custom_generate/``)."""
+    """Names of the units of one kind (folders holding ``<name>.py`` or ``custom_generate/``);
+    :class:`NoUnitsError` when there are none."""
     if kind not in UNIT_KINDS:
         raise ValueError(f"unknown unit kind {kind!r}; expected one of {UNIT_KINDS}")
     folder = project_root() / kind
-    if not folder.is_dir():
-        return []
-    return sorted(
+    names = sorted(
         entry.name
-        for entry in folder.iterdir()
-        if (entry / f"{entry.name}.py").is_file() or (entry / "custom_generate").is_dir()
+        for entry in (folder.iterdir() if folder.is_dir() else ())
+        if (entry / f"{entry.name}.py").is_file() or (entry / "custom_generate" / "generate.py").is_file()
     )
+    if not names:
+        raise NoUnitsError(
+            f"no {kind} units in {folder} (each is a folder <name>/ holding <name>.py or custom_generate/generate.py)."
+            " Reinstall the package, or point MEDHEVAL_HOME at a folder holding datasets/, metrics/, mitigations/."
+        )
+    return names
 
 
 def unit_dir(kind: str, name: str) -> Path:

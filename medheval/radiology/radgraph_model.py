@@ -264,7 +264,7 @@ def _import_radgraph() -> dict[str, Any]:
     except ImportError as error:
         raise RadGraphPackageMissing(
             f"RadGraph F1 runs the RadGraph model with the `radgraph` package's model code, which is not installed "
-            f"({error}). Install it: pip install '{PACKAGE_SPEC}' (or pip install 'medheval-hf[radiology]')."
+            f"({error}). Install it: pip install '{PACKAGE_SPEC}' (or pip install 'medheval[radiology]')."
         ) from error
     _patch_tokenizer_factory(cached_transformers)
     return dict(cached_transformers=cached_transformers, Vocabulary=Vocabulary, token_indexers=token_indexers,

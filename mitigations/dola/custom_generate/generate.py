@@ -4,7 +4,7 @@
 
 Keyword arguments that are DoLa settings (see ../README.md), `preset` among them (e.g.
 `preset="official"`), configure the method; all others are ordinary `generate` arguments. The
-implementation lives in the `medheval-hf` package (declared in requirements.txt, which transformers
+implementation lives in the `medheval` package (declared in requirements.txt, which transformers
 checks before running this file): this file only forwards to it, so the folder, the Python API and
 `run_eval.py --mitigation dola` run the same code.
 """

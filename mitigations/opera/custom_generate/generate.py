@@ -4,7 +4,7 @@
 
 Keyword arguments that are OPERA settings (see ../README.md), `preset` and `num_beams` among them,
 configure the method; all others are ordinary `generate` arguments. The implementation lives in the
-`medheval-hf` package (declared in requirements.txt, which transformers checks before running this
+`medheval` package (declared in requirements.txt, which transformers checks before running this
 file): this file only forwards to it, so the folder, the Python API and `run_eval.py --mitigation
 opera` run the same code.
 """

@@ -1,0 +1,314 @@
+"""Publishing to the Hub: repo folders and cards, the credentialed-image guard, and a round trip
+through a fake Hub on 127.0.0.1 (tests/hub_server.py) read back with datasets, evaluate and
+transformers by Hub id."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import REPO
+from hub_server import HubServer
+
+from medheval import hub
+from medheval.benchmarks import load_benchmark, prepare_benchmark
+from medheval.credentialed import CredentialedImage, CredentialedImageError, refuse_credentialed_images
+
+TESTS = Path(__file__).resolve().parent
+
+
+# -- folders and cards (offline) ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, fixture_benchmark, dataset_cache):
+    out = tmp_path_factory.mktemp("publish")
+    repos = hub.export_all(out, org="medheval", data_dir=fixture_benchmark["data_dir"], cache_dir=dataset_cache)
+    return out, {(repo.repo_type, repo.repo_id): repo for repo in repos}
+
+
+def _card(path: Path) -> dict:
+    meta, body = hub.split_card(path.read_text())
+    assert meta and body.strip(), path
+    return meta
+
+
+def test_every_unit_gets_a_repo_folder_and_a_manifest(exported):
+    out, repos = exported
+    kinds = {kind: {repo_id for (kind_, repo_id) in repos if kind_ == kind} for kind in ("dataset", "space", "model")}
+    assert "medheval/cxr_vishal" in kinds["dataset"] and "medheval/medihall_score" in kinds["space"]
+    assert "medheval/vcd" in kinds["model"]
+    manifest = hub.read_manifest(out)
+    assert {(r.repo_type, r.repo_id) for r in manifest} == set(repos)
+
+
+REQUIRED_CARD_FIELDS = {
+    "dataset": ("configs", "dataset_info", "license", "license_name", "license_link", "task_categories",
+                "size_categories", "source_datasets"),
+    "space": ("title", "sdk", "tags", "description"),
+    "model": ("library_name", "base_model", "tags"),
+}
+
+
+def test_every_published_card_parses_with_its_fields(exported):
+    out, repos = exported
+    for (kind, repo_id), repo in repos.items():
+        meta = _card(Path(repo.folder) / "README.md")
+        missing = [name for name in REQUIRED_CARD_FIELDS[kind] if not meta.get(name)]
+        assert not missing, (repo_id, missing)
+        if kind == "dataset":
+            # gated exactly when some config holds MIMIC-derived rows
+            assert bool(meta.get("extra_gated_fields")) == repo.gated == (
+                "extended|mimic-cxr-jpg" in meta["source_datasets"]), repo_id
+
+
+def test_dataset_card_yaml_has_what_the_hub_reads(exported, fixture_benchmark, dataset_cache):
+    out, repos = exported
+    repo = repos[("dataset", "medheval/cxr_vishal")]
+    meta = _card(Path(repo.folder) / "README.md")
+    assert [c["config_name"] for c in meta["configs"]] == ["all", "iu_xray", "mimic_cxr"]
+    assert [c for c in meta["configs"] if c.get("default")] == [meta["configs"][0]]
+    assert meta["configs"][2]["data_files"] == [{"split": "test", "path": "mimic_cxr/test-*"}]
+    info = {entry["config_name"]: entry for entry in meta["dataset_info"]}
+    n_mimic = len(prepare_benchmark("cxr_vishal", "mimic_cxr", data_dir=fixture_benchmark["data_dir"],
+                                    cache_dir=dataset_cache).dataset)
+    assert info["mimic_cxr"]["splits"] == [{"name": "test", "num_bytes": info["mimic_cxr"]["splits"][0]["num_bytes"],
+                                            "num_examples": n_mimic}]
+    assert {"name": "images", "list": "string"} in info["mimic_cxr"]["features"]
+    assert meta["license"] == "other" and meta["license_name"] and meta["license_link"].startswith("https://")
+    assert meta["task_categories"] == ["visual-question-answering"] and meta["size_categories"] == ["n<1K"]
+    assert meta["source_datasets"] == ["extended|iu_xray", "extended|mimic-cxr-jpg"]
+    # MIMIC-derived: gated, with the PhysioNet fields
+    assert repo.gated and "PhysioNet" in meta["extra_gated_prompt"]
+    assert set(meta["extra_gated_fields"].values()) == {"text", "checkbox"}
+    # every config's Parquet file is where the card says
+    for config in info:
+        assert (Path(repo.folder) / config / "test-00000-of-00001.parquet").is_file()
+
+
+def test_non_credentialed_dataset_is_not_gated(exported):
+    out, repos = exported
+    repo = repos[("dataset", "medheval/mm_vishal")]
+    meta = _card(Path(repo.folder) / "README.md")
+    assert not repo.gated and "extra_gated_prompt" not in meta and "extra_gated_fields" not in meta
+    assert meta["source_datasets"] == ["extended|slake", "extended|vqa_rad"]
+
+
+def test_mimic_parquet_holds_references_not_bytes(exported):
+    out, repos = exported
+    for (kind, repo_id), repo in repos.items():
+        if kind != "dataset" or not repo.gated:
+            continue
+        for path in Path(repo.folder).rglob("*.parquet"):
+            schema = pq.read_schema(path)
+            assert str(schema.field("images").type) == "list<element: string>", path
+            assert all("binary" not in str(field.type) for field in schema), path
+            assert b"Image" not in (schema.metadata or {}).get(b"huggingface", b""), path
+        hub.check_no_credentialed_bytes(repo)  # the push-time check agrees
+
+
+def test_push_check_refuses_image_bytes_in_a_credentialed_repo(exported, tmp_path):
+    out, repos = exported
+    repo = repos[("dataset", "medheval/cxr_vishal")]
+    planted = Path(repo.folder) / "mimic_cxr" / "leak.jpg"
+    planted.write_bytes(b"\xff\xd8\xff")
+    try:
+        with pytest.raises(CredentialedImageError, match="leak.jpg"):
+            hub.check_no_credentialed_bytes(repo)
+    finally:
+        planted.unlink()
+    table = datasets.Dataset.from_dict({"id": ["x"], "source": ["mimic_cxr"], "image": [{"bytes": b"\x89PNG", "path": None}]},
+                                       features=datasets.Features({"id": datasets.Value("string"),
+                                                                   "source": datasets.Value("string"),
+                                                                   "image": datasets.Image()}))
+    bad = hub.RepoFolder(str(tmp_path), "medheval/bad", "dataset", "datasets", gated=True)
+    table.to_parquet(str(tmp_path / "bad.parquet"))
+    with pytest.raises(CredentialedImageError, match="bad.parquet"):
+        hub.check_no_credentialed_bytes(bad)
+
+
+def test_a_mimic_config_with_an_image_column_is_refused(fixture_benchmark, dataset_cache, tmp_path):
+    ds = load_benchmark("cxr_vishal", "mimic_cxr", data_dir=fixture_benchmark["data_dir"],
+                        image_roots=fixture_benchmark["image_roots"], cache_dir=dataset_cache)
+    assert isinstance(ds.features["image"].feature, CredentialedImage)
+    assert ds[0]["image"][0].size == (64, 64)  # still decodes locally
+    with pytest.raises(CredentialedImageError, match="credentialed rows"):
+        refuse_credentialed_images(ds, "cxr_vishal:mimic_cxr")
+    # the refusal travels with the dataset through transforms, and blocks datasets' own embedding
+    derived = ds.select([0]).filter(lambda row: True).map(lambda row: row)
+    assert isinstance(derived.features["image"].feature, CredentialedImage)
+    with pytest.raises(CredentialedImageError, match="refusing to embed"):
+        derived.save_to_disk(str(tmp_path / "saved"))
+    # the safe way: references only
+    refuse_credentialed_images(ds.remove_columns("image"), "refs")
+    # a non-credentialed source keeps the plain Image type and may be embedded
+    iu = load_benchmark("cxr_vishal", "iu_xray", data_dir=fixture_benchmark["data_dir"],
+                        image_roots=fixture_benchmark["image_roots"], cache_dir=dataset_cache)
+    assert type(iu.features["image"].feature) is datasets.Image
+    iu.select([0]).save_to_disk(str(tmp_path / "iu"))
+
+
+def test_metric_space_folder(exported):
+    out, repos = exported
+    repo = repos[("space", "medheval/medihall_score")]
+    folder = Path(repo.folder)
+    meta = _card(folder / "README.md")
+    assert meta["sdk"] == "static" and repo.space_sdk == "static" and "evaluate" in meta["tags"]
+    assert meta["title"] and meta["description"]
+    assert (folder / "medihall_score.py").is_file() and (folder / "index.html").is_file()
+    requirements = [line.strip() for line in (folder / "requirements.txt").read_text().splitlines()]
+    assert "medheval" in requirements and "medheval-hf" not in requirements
+
+
+def test_mitigation_repo_folder(exported):
+    out, repos = exported
+    repo = repos[("model", "medheval/vcd")]
+    folder = Path(repo.folder)
+    meta = _card(folder / "README.md")
+    assert meta["base_model"] and meta["library_name"] == "transformers" and "custom_generate" in meta["tags"]
+    assert (folder / "custom_generate" / "generate.py").is_file()
+    assert (folder / "custom_generate" / "requirements.txt").read_text().split()[0].startswith("medheval>=")
+    for section in hub.MITIGATION_SECTIONS:  # present, or reported as missing
+        assert section in (folder / "README.md").read_text().lower() or any(section in w for w in repo.warnings)
+
+
+def _results(random_weights: bool) -> dict:
+    run = {"benchmarks": {"cxr_vishal:mimic_cxr": {"n_scored": 4, "metrics": {"close_ended_accuracy": {
+        "accuracy": 0.75, "n": 4, "n_unparsed": 1, "accuracy_by_category": {"anatomy": 1.0}}}}},
+        "settings": {"mitigation": "vcd:alpha=1", "model": "org/model"}, "labels": {}}
+    if random_weights:
+        run["labels"]["random_weights"] = "demo"
+    return {"runs": [run, {**run, "settings": {"mitigation": "none", "model": "org/model"}}]}
+
+
+def test_eval_results_files(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(json.dumps(_results(random_weights=False)))
+    repo = hub.export_results(tmp_path / "run", tmp_path / "out", "org/model")
+    files = sorted((Path(repo.folder) / ".eval_results").iterdir())
+    assert [f.name for f in files] == ["cxr_vishal_mimic_cxr.yaml", "cxr_vishal_mimic_cxr_vcd_alpha_1.yaml"]
+    entries = yaml.safe_load(files[1].read_text())
+    # counts and nested breakdowns are not headline numbers: one entry, accuracy
+    assert len(entries) == 1
+    entry = entries[0]
+    assert entry["dataset"] == {"id": "medheval/cxr_vishal", "task_id": "mimic_cxr/close_ended_accuracy/accuracy"}
+    assert entry["value"] == 0.75 and "mitigation=vcd:alpha=1" in entry["notes"] and "n=4" in entry["notes"]
+    assert repo.repo_id == "org/model" and repo.repo_type == "model"
+    (tmp_path / "run" / "results.json").write_text(json.dumps(_results(random_weights=True)))
+    with pytest.raises(hub.PublishError, match="random-weight"):
+        hub.export_results(tmp_path / "run", tmp_path / "out2", "org/model")
+
+
+# -- the round trip through a fake Hub ------------------------------------------------------------
+
+
+def _client_env(hub_url: str, home: Path, token: str | None) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("HF_HUB_OFFLINE", "HF_EVALUATE_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+                          "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env.update({"HF_ENDPOINT": hub_url, "HF_HOME": str(home / "hf_home"), "HF_HUB_DISABLE_XET": "1",
+                "HF_HUB_DISABLE_TELEMETRY": "1", "HF_UPDATE_DOWNLOAD_COUNTS": "0",
+                "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])})
+    if token:
+        env["HF_TOKEN"] = token
+    return env
+
+
+@pytest.mark.slow
+def test_round_trip_through_a_hub_on_loopback(tmp_path, fixture_benchmark, dataset_cache, monkeypatch):
+    import evaluate
+
+    with HubServer(tokens={"hf_owner_token": "owner"}) as fake:
+        env = _client_env(fake.url, tmp_path, "hf_owner_token")
+        publish = subprocess.run(
+            [sys.executable, "-m", "medheval.cli", "publish", "--push", "--org", "medheval", "--to",
+             str(tmp_path / "out"), "--data-dir", fixture_benchmark["data_dir"],
+             "--name", "cxr_vishal,medihall_score,vcd"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert publish.returncode == 0, publish.stderr[-3000:]
+        assert "hf_owner_token" not in publish.stdout + publish.stderr  # the token is never logged
+        repos = fake.repos
+        assert set(repos) == {("dataset", "medheval/cxr_vishal"), ("space", "medheval/medihall_score"),
+                              ("model", "medheval/vcd")}
+        assert repos[("dataset", "medheval/cxr_vishal")].gated == "manual"
+        assert repos[("space", "medheval/medihall_score")].sdk == "static"
+        assert "mimic_cxr/test-00000-of-00001.parquet" in repos[("dataset", "medheval/cxr_vishal")].files
+        assert "custom_generate/generate.py" in repos[("model", "medheval/vcd")].files
+
+        client = subprocess.run(
+            [sys.executable, str(TESTS / "hub_roundtrip_client.py"), str(tmp_path / "client.json"),
+             fixture_benchmark["data_dir"], json.dumps(fixture_benchmark["image_roots"])],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert client.returncode == 0, client.stderr[-3000:]
+        got = json.loads((tmp_path / "client.json").read_text())
+        assert fake.unhandled == [], fake.unhandled
+        user_repo_files = repos.get(("dataset", "owner/my-mimic-copy"))
+        fake_refs_parquet = [p for p in repos[("dataset", "owner/my-mimic-refs")].files if p.endswith(".parquet")]
+
+    # datasets: same records as load_benchmark
+    local = load_benchmark("cxr_vishal", "mimic_cxr", data_dir=fixture_benchmark["data_dir"], cache_dir=dataset_cache)
+    assert got["dataset_rows"] == json.loads(json.dumps(local.to_list(), default=str))
+    assert len(got["dataset_rows"]) == len(local) > 0
+    # evaluate: the Hub module computes what the local module computes
+    local_metric = evaluate.load(str(REPO / "metrics" / "medihall_score"))
+    expected = local_metric.compute(predictions=["Yes.", "No."], references=["No", "No"],
+                                    questions=["Is there a mass?"] * 2, ids=["a", "b"])
+    assert got["metric"] == json.loads(json.dumps(expected, default=str))
+    assert got["metric"]["medihall_score"] == 0.5  # "Yes." to a "No" item is catastrophic (0.0), "No." correct (1.0)
+    # transformers: custom_generate by Hub id equals the local VCD
+    assert got["vcd_hub"] == got["vcd_local"]
+    # gating: anonymous refused, the owner's token allowed
+    assert got["gated_anonymous"] and got["gated_anonymous"].startswith("GatedRepoError"), got["gated_anonymous"]
+    assert got["gated_with_token"] is None and got["public_anonymous"] is None
+    # a user's push_to_hub of MIMIC images is refused before any Parquet reaches the Hub; references go through
+    assert got["user_push"] and got["user_push"].startswith("CredentialedImageError"), got["user_push"]
+    assert not [p for p in (user_repo_files.files if user_repo_files else {}) if p.endswith(".parquet")]
+    assert fake_refs_parquet
+    assert got["user_push_without_images"] is None, got["user_push_without_images"]
+
+
+
+# -- bare metric names ----------------------------------------------------------------------------
+
+_BARE_LOAD = """
+import json, sys, evaluate
+metric = evaluate.load("medihall_score")
+out = metric.compute(predictions=["Yes.", "No."], references=["No", "No"], questions=["Is there a mass?"] * 2)
+print(json.dumps({"score": out["medihall_score"], "file": sys.modules[type(metric).__module__].__file__}))
+"""
+
+
+@pytest.mark.slow
+def test_install_metrics_makes_bare_names_load(tmp_path):
+    env = _client_env("http://127.0.0.1:9", tmp_path, None)
+    env.update({"HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_EVALUATE_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    before = subprocess.run([sys.executable, "-c", _BARE_LOAD], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert before.returncode != 0 and "medihall_score" in before.stderr  # not there yet
+    install = subprocess.run([sys.executable, "-m", "medheval.cli", "install-metrics", "--name",
+                              "medihall_score,close_ended_accuracy"],
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr[-2000:]
+    assert (tmp_path / "modules" / "evaluate_modules" / "metrics" / "evaluate-metric--medihall_score").is_dir()
+    offline = subprocess.run([sys.executable, "-c", _BARE_LOAD], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300)
+    assert offline.returncode == 0, offline.stderr[-2000:]
+    got = json.loads(offline.stdout.strip().splitlines()[-1])
+    assert got["score"] == 0.5 and "evaluate-metric--medihall_score" in got["file"]
+    # online, a Hub without evaluate-metric/medihall_score: evaluate falls back to the same registered module
+    with HubServer() as fake:
+        online_env = {**env, "HF_ENDPOINT": fake.url}
+        del online_env["HF_EVALUATE_OFFLINE"], online_env["HF_HUB_OFFLINE"]
+        online = subprocess.run([sys.executable, "-c", _BARE_LOAD], env=online_env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=300)
+        asked = [path for _, path, _ in fake.requests]
+    assert online.returncode == 0, online.stderr[-2000:]
+    assert json.loads(online.stdout.strip().splitlines()[-1])["score"] == 0.5
+    assert any("evaluate-metric/medihall_score" in path for path in asked)  # the Hub was asked first
