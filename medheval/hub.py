@@ -30,6 +30,7 @@ import datetime as _dt
 import json
 import re
 import shutil
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -233,7 +234,10 @@ def export_metric(name: str, out_dir: str | Path, org: str = DEFAULT_ORG) -> Rep
     meta["tags"] = tags + [tag for tag in ("evaluate", "metric") if tag not in tags]
     (folder / "README.md").write_text(render_card(meta, body))
     requirements = (folder / "requirements.txt").read_text() if (folder / "requirements.txt").exists() else ""
-    if not any(line.strip().split("[")[0].split(">")[0].split("=")[0] == "medheval" for line in requirements.splitlines()):
+    imports_core = re.search(r"^\s*(import|from) medheval\b", (source / f"{name}.py").read_text(), re.M)
+    names_core = any(line.strip().split("[")[0].split(">")[0].split("=")[0] == "medheval"
+                     for line in requirements.splitlines())
+    if imports_core and not names_core:
         raise PublishError(f"metrics/{name}/requirements.txt must name the medheval package (the module imports it)")
     title = meta.get("title", name)
     description = str(meta.get("description", "")).strip()
@@ -337,12 +341,20 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
 # ------------------------------------------------------------------------------ export and push
 
 
+def _not_published(name: str) -> str | None:
+    """Why a benchmark is never exported (its builder's ``NOT_PUBLISHED``), or ``None``."""
+    from medheval.benchmarks import builder_class
+
+    return getattr(builder_class(name), "NOT_PUBLISHED", None)
+
+
 def export_all(out_dir: str | Path, org: str = DEFAULT_ORG, kinds: Sequence[str] = tuple(REPO_TYPES),
                names: Iterable[str] | None = None, data_dir: str | Path | None = None,
                cache_dir: str | Path | None = None) -> list[RepoFolder]:
     """Write one folder per Hub repo under ``out_dir`` (and ``publish.json`` listing them)."""
     wanted = set(names) if names else None
     repos: list[RepoFolder] = []
+    skipped: dict[str, str] = {}  # dataset name -> why it was not exported (also in skipped.json)
     for kind in kinds:
         if kind not in REPO_TYPES:
             raise PublishError(f"unknown kind {kind!r}; choose from {list(REPO_TYPES)}")
@@ -350,7 +362,19 @@ def export_all(out_dir: str | Path, org: str = DEFAULT_ORG, kinds: Sequence[str]
             if wanted is not None and name not in wanted:
                 continue
             if kind == "datasets":
-                repos.append(export_dataset(name, out_dir, org, data_dir=data_dir, cache_dir=cache_dir))
+                reason = _not_published(name)
+                if reason is None:
+                    try:
+                        repos.append(export_dataset(name, out_dir, org, data_dir=data_dir, cache_dir=cache_dir))
+                        continue
+                    except FileNotFoundError as error:  # its annotations are not where data_dir points
+                        if wanted is not None:
+                            raise
+                        reason = f"annotation files not available ({str(error).splitlines()[0]})"
+                if wanted is not None:
+                    raise PublishError(f"dataset {name!r} is not published: {reason}")
+                skipped[name] = reason
+                print(f"publish: skipped dataset {name}: {reason}", file=sys.stderr)
             elif kind == "metrics":
                 repos.append(export_metric(name, out_dir, org))
             else:
@@ -360,6 +384,8 @@ def export_all(out_dir: str | Path, org: str = DEFAULT_ORG, kinds: Sequence[str]
         if unknown:
             raise PublishError(f"no unit named {sorted(unknown)} among {list(kinds)}")
     write_manifest(out_dir, repos)
+    if skipped:
+        (Path(out_dir) / "skipped.json").write_text(json.dumps(skipped, indent=2))
     return repos
 
 

@@ -22,8 +22,10 @@ def log_key(entry: dict[str, Any]) -> tuple[str, str, str]:
     return entry["id"], entry.get("model", ""), entry.get("mitigation", "none")
 
 
-def read_log(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:
-    """All entries of a predictions log.
+def read_log(path: str | Path, repair: bool = True,
+             required: tuple[str, ...] = ("id", "prediction")) -> list[dict[str, Any]]:
+    """All entries of a predictions log (or of another append-only log whose lines carry the
+    string fields ``required``).
 
     Every newline-terminated line must be valid JSON. An unterminated final line is what a
     kill mid-write leaves: with ``repair`` it is truncated away (its record is regenerated).
@@ -49,21 +51,22 @@ def read_log(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:
             ) from error
     entries: list[dict[str, Any]] = []
     for number, entry in parsed:  # damage (invalid JSON) is reported first, then entries of the wrong shape
-        problem = _entry_problem(entry)
+        problem = _entry_problem(entry, required)
         if problem:
+            fields = " and ".join(f'"{key}"' for key in required)
             raise CorruptLogError(
-                f"{path}: line {number} {problem}; every line is an object with a string \"id\" and"
-                f" \"prediction\". Fix or remove that line, or start a new --output folder."
+                f"{path}: line {number} {problem}; every line is an object with a string {fields}."
+                f" Fix or remove that line, or start a new --output folder."
             )
         entries.append(entry)
     return entries
 
 
-def _entry_problem(entry: Any) -> str | None:
+def _entry_problem(entry: Any, required: tuple[str, ...]) -> str | None:
     """Why a parsed log line is not a usable entry (``None`` when it is)."""
     if not isinstance(entry, dict):
         return f"is a JSON {type(entry).__name__}, not an object"
-    for key in ("id", "prediction"):
+    for key in required:
         if key not in entry:
             return f"has no {key!r} (keys: {sorted(entry)})"
         if not isinstance(entry[key], str):

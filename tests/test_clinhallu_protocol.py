@@ -22,6 +22,7 @@ from medheval.clinhallu.prompts import prompt_set
 from medheval.clinhallu.protocol import (
     GENERATIONS,
     JUDGMENTS,
+    LOG_FIELDS,
     RUN_INFO,
     ClinHalluRun,
     ProtocolConfig,
@@ -123,7 +124,7 @@ def test_scripted_flow_regeneration_judging_and_metric_columns(loaded, tmp_path)
                            images_for=loaded.resolver.load_record_images, progress=False)
         result = run.run(records)
         sent = list(server.requests)
-    generations = {(e["id"], e["setting"]): e for e in read_log(tmp_path / "out" / GENERATIONS)}
+    generations = {(e["id"], e["setting"]): e for e in read_log(tmp_path / "out" / GENERATIONS, required=LOG_FIELDS)}
     assert len(generations) == 12
     assert [generations[(i, "org")]["attempts"] for i in (EFF, HEART, LUNG)] == [1, 3, 3]
     assert generations[(HEART, "org")]["attempt_reasons"] == [
@@ -233,7 +234,7 @@ def _strip(entries):
 
 def _judgments(path):
     out = []
-    for entry in read_log(path):
+    for entry in read_log(path, required=LOG_FIELDS):
         steps = {k: {kk: vv for kk, vv in v.items() if kk != "cached"} for k, v in entry["steps"].items()}
         out.append(json.dumps({**entry, "steps": steps}, sort_keys=True))
     return sorted(out)
@@ -262,13 +263,13 @@ def test_tiny_llava_resume_after_sigkill_equals_an_uninterrupted_run(snapshot, t
             time.sleep(0.05)
         job.wait(timeout=60)
         assert job.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-        assert not (killed / JUDGMENTS).exists() or not read_log(killed / JUDGMENTS)
+        assert not (killed / JUDGMENTS).exists() or not read_log(killed / JUDGMENTS, required=LOG_FIELDS)
         job = _job(snapshot, killed, server.base_url, tmp_path / "c2", tmp_path / "d2")
         assert job.wait(timeout=600) == 0, job.stderr.read().decode()[-2000:]
 
-    full_generations = read_log(full / GENERATIONS)
+    full_generations = read_log(full / GENERATIONS, required=LOG_FIELDS)
     assert len(full_generations) == 3 * 4
-    assert _strip(read_log(killed / GENERATIONS)) == _strip(full_generations)
+    assert _strip(read_log(killed / GENERATIONS, required=LOG_FIELDS)) == _strip(full_generations)
     assert _judgments(killed / JUDGMENTS) == _judgments(full / JUDGMENTS)
     # random weights: no valid trace, every ORG regenerated up to the bound and counted
     counts = json.loads((full / RUN_INFO).read_text())["counts"]
@@ -303,7 +304,7 @@ def test_judging_in_chunks_gives_the_same_judgments(loaded, tmp_path):
         run = ClinHalluRun(ScriptedModel(SCRIPT), judge, prompt_set("own"), tmp_path, progress=False,
                            images_for=loaded.resolver.load_record_images)
         judgments = run.judge_all(records, run.generate(records), chunk_size=5)
-    assert len(read_log(tmp_path / JUDGMENTS)) == 12
+    assert len(read_log(tmp_path / JUDGMENTS, required=LOG_FIELDS)) == 12
     cols = metric_inputs(records, judgments)
     assert (cols["correct"], cols["correct_rep_k"], cols["h_v"], cols["h_k"]) == (
         [1, 0, None], [0, 1, 1], [0, 1, 0], [0, 0, 1])

@@ -47,6 +47,17 @@ def test_every_unit_gets_a_repo_folder_and_a_manifest(exported):
     assert "medheval/vcd" in kinds["model"]
     manifest = hub.read_manifest(out)
     assert {(r.repo_type, r.repo_id) for r in manifest} == set(repos)
+    # not exported, and said so: ClinHallu is its authors' Hub repo, Med-StepBench is the user's data,
+    # Med-HallMark's files are not in this MedHEval data_dir
+    skipped = json.loads((out / "skipped.json").read_text())
+    assert set(skipped) == {"clinhallu", "med_stepbench", "med_hallmark"}
+    assert "Alibaba-DAMO-Academy/ClinHallu" in skipped["clinhallu"]
+    assert "annotation files not available" in skipped["med_hallmark"]
+
+
+def test_a_dataset_that_is_never_published_is_refused_by_name(tmp_path):
+    with pytest.raises(hub.PublishError, match="med_stepbench.*no public release"):
+        hub.export_all(tmp_path, kinds=["datasets"], names=["med_stepbench"])
 
 
 REQUIRED_CARD_FIELDS = {

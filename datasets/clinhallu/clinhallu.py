@@ -25,6 +25,7 @@ class ClinHallu(datasets.GeneratorBasedBuilder):
         datasets.BuilderConfig(name="medxpertqa", description="MedXpertQA-MM test (multiple choice)"),
     ]
     DEFAULT_CONFIG_NAME = "all"
+    NOT_PUBLISHED = "its authors publish it on the Hub as Alibaba-DAMO-Academy/ClinHallu: load it from there"
 
     def _info(self) -> datasets.DatasetInfo:
         return datasets.DatasetInfo(

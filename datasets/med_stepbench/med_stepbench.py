@@ -30,6 +30,8 @@ class MedStepBench(datasets.ArrowBasedBuilder):
         datasets.BuilderConfig(name="all", description="both languages"),
     ]
     DEFAULT_CONFIG_NAME = "all"
+    NOT_PUBLISHED = ("no public release: the statements are your own data (publish them yourself, under your "
+                     "data's terms)")
 
     def _info(self) -> datasets.DatasetInfo:
         return datasets.DatasetInfo(

@@ -41,6 +41,7 @@ from medheval.predictions_log import LogWriter, read_log
 
 GENERATIONS = "clinhallu_generations.jsonl"
 JUDGMENTS = "clinhallu_judgments.jsonl"
+LOG_FIELDS = ("id", "setting")  # each line of both logs: one (item, setting)
 RUN_INFO = "clinhallu_run.json"
 # which stage of which setting's trace each rate judges (ClinHallu's Table 2)
 JUDGED_STAGE = {"org": "visual_recognition", "rep_v": "knowledge_recall", "rep_vk": "reasoning"}
@@ -146,7 +147,7 @@ class ClinHalluRun:
     def generate(self, records: Sequence[Mapping[str, Any]]) -> list[dict]:
         """Generate every missing (item, setting); returns all generation entries of ``records``."""
         path = self.output_dir / GENERATIONS
-        done = _index(read_log(path))
+        done = _index(read_log(path, required=LOG_FIELDS))
         todo = [r for r in records if any((str(r["id"]), s) not in done for s in self.config.settings)]
         iterator: Iterable = todo
         if self.progress and todo:
@@ -190,7 +191,7 @@ class ClinHalluRun:
         """Judge every generation without a judgment yet, ``chunk_size`` generations per judge batch
         (each chunk is logged before the next starts); returns all judgment entries of ``records``."""
         path = self.output_dir / JUDGMENTS
-        done = _index(read_log(path))
+        done = _index(read_log(path, required=LOG_FIELDS))
         by_id = {str(r["id"]): r for r in records}
         pending = [e for e in generations if (e["id"], e["setting"]) not in done]
         with LogWriter(path) as log:

@@ -175,6 +175,11 @@ def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v
     return result
 
 
+# per-item columns (lists, one value per item) and options, for medheval.metric_options
+OPTION_TYPES = {"correct": list, "correct_rep_v": list, "correct_rep_k": list, "correct_rep_vk": list,
+                "h_v": list, "h_k": list, "h_r": list, "sources": list | None, "settings": list | None}
+
+
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class ClinHallu(evaluate.Metric):
     """ClinHallu's Acc, Δ^V/Δ^K/Δ^VK, H^V/H^K/H^R and Fix/Break per setting."""
