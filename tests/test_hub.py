@@ -323,3 +323,25 @@ def test_install_metrics_makes_bare_names_load(tmp_path):
     assert online.returncode == 0, online.stderr[-2000:]
     assert json.loads(online.stdout.strip().splitlines()[-1])["score"] == 0.5
     assert any("evaluate-metric/medihall_score" in path for path in asked)  # the Hub was asked first
+
+
+def test_med_hallmark_exports_with_its_mimic_config_gated(tmp_path):
+    """Med-HallMark's IRG items are MIMIC-CXR reports: the repo is gated, its Parquet holds no image bytes."""
+    import pyarrow.parquet as pq
+
+    from conftest import SHARED_UPSTREAM
+
+    files = SHARED_UPSTREAM / "med-hallmark"
+    if not files.is_dir():
+        pytest.skip("../shared/data/upstream/med-hallmark is absent")
+    (repo,) = hub.export_all(tmp_path, kinds=["datasets"], names=["med_hallmark"], data_dir=files,
+                             cache_dir=tmp_path / "cache")
+    assert repo.gated
+    meta = _card(Path(repo.folder) / "README.md")
+    assert {entry["config_name"] for entry in meta["configs"]} == {
+        "conventional", "counterfactual", "confidence_weakening", "irg"}
+    for parquet in Path(repo.folder).rglob("*.parquet"):
+        schema = pq.read_schema(parquet)
+        assert not any("binary" in str(field.type) for field in schema), parquet
+    irg = pq.read_table(next((Path(repo.folder) / "irg").rglob("*.parquet")))
+    assert irg.num_rows == 359 and set(irg.column("source").to_pylist()) == {"mimic_cxr"}
