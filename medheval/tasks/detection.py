@@ -23,6 +23,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from medheval.benchmarks import parse_benchmark_spec, prepare_benchmark
+from medheval.outputs import OutputLock, atomic_write_text
+from medheval.predictions_log import jsonl_line
 
 SUBSETS = {"with_ground_truth": True, "without_ground_truth": False}
 
@@ -159,16 +161,16 @@ def run_detection(spec: Any) -> dict[str, Any]:
                                             "benchmarks": list(spec.benchmarks)},
                                "versions": _versions(), "benchmarks": {}}
     scored: list[dict[str, Any]] = []
-    for benchmark_spec in spec.benchmarks:
-        name, config = parse_benchmark_spec(benchmark_spec)
-        loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
-                                   image_roots=spec.image_roots if source["kind"] != "rule" else None,
-                                   on_missing=spec.on_missing, limit=spec.limit)
-        entry, items = detect_split(loaded, spec, source)
-        results["benchmarks"][f"{loaded.name}:{loaded.config}"] = entry
-        scored.extend(items)
-    with open(output / "scored.jsonl", "w", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(item, ensure_ascii=False) + "\n" for item in scored)
-    (output / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True, default=str))
-    (output / "results.md").write_text(detection_markdown(results))
+    with OutputLock(output, timeout=spec.lock_timeout):
+        for benchmark_spec in spec.benchmarks:
+            name, config = parse_benchmark_spec(benchmark_spec)
+            loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
+                                       image_roots=spec.image_roots if source["kind"] != "rule" else None,
+                                       on_missing=spec.on_missing, limit=spec.limit)
+            entry, items = detect_split(loaded, spec, source)
+            results["benchmarks"][f"{loaded.name}:{loaded.config}"] = entry
+            scored.extend(items)
+        atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))
+        atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
+        atomic_write_text(output / "results.md", detection_markdown(results))
     return results
