@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from medheval import text_cues
+
 __all__ = [
     "LEVELS", "VQA_LEVELS", "IRG_LEVELS", "WEIGHTS", "LEVEL_NAMES", "LABEL_TO_LEVEL", "LEVEL_TO_LABEL",
     "PREMISE_CATEGORIES", "Classified", "parse_level", "level_weight", "report_score", "medihall_score",
@@ -126,39 +128,12 @@ def level_distribution(levels: Sequence[str | None], allowed: Sequence[str] = LE
 # Sentence splitting (IRG)
 # ---------------------------------------------------------------------------
 
-_ROLE_PREFIX = re.compile(r"^\s*(?:#+\s*)?(?:assistant|gpt|answer|response|report|findings|impression)\s*:\s*", re.I)
-_ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "approx.", "dr.", "fig.", "cf.", "st.", "mr.", "mrs.", "ms.",
-                  "prof.", "incl.", "resp.")
-_SENT_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
-_BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
-
-
 def split_sentences(text: str | None) -> list[str]:
-    """Split a generated report into sentences (the IRG unit of the MediHall Score).
-
-    Rules: a leading role/section prefix (``"### Assistant:"``, ``"Findings:"``) is dropped;
-    line breaks and list bullets end a sentence; otherwise a sentence ends at ``.``, ``!`` or
-    ``?`` followed by whitespace and an upper-case letter or a digit. A full stop does not end a
-    sentence inside a number (``"3.5 cm"``) or after a common abbreviation (``"e.g."``, ``"vs."``,
-    ``"approx."``). Empty pieces and pieces without a letter or digit are dropped.
-    """
-    if not text:
-        return []
-    sentences: list[str] = []
-    for line in str(text).replace("\r", "\n").split("\n"):
-        line = _BULLET.sub("", _ROLE_PREFIX.sub("", line.strip()))
-        if not line:
-            continue
-        start = 0
-        for m in _SENT_END.finditer(line):
-            piece = line[start:m.start()]
-            words = piece.split()
-            if words and words[-1].lower().lstrip("(\"'") in _ABBREVIATIONS:
-                continue
-            sentences.append(piece)
-            start = m.end()
-        sentences.append(line[start:])
-    return [s.strip() for s in sentences if re.search(r"[A-Za-z0-9]", s)]
+    """Split a generated report into sentences (the IRG unit of the MediHall Score): the shared
+    splitter with its MediHall preset (:data:`medheval.text_cues.MEDIHALL_SENTENCES`: role/section
+    prefixes dropped, line breaks and bullets end a sentence, no break inside numbers or after
+    common abbreviations, pieces without a letter or digit dropped)."""
+    return text_cues.split_sentences(text, text_cues.MEDIHALL_SENTENCES)
 
 
 # Question types whose false premise (counterfactual) makes any wrong answer prompt-induced.

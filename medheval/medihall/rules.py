@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from medheval import parsing
+from medheval import parsing, text_cues
 from medheval.medihall.levels import Classified, split_sentences
 
 __all__ = [
@@ -339,17 +339,11 @@ FINDINGS: dict[str, re.Pattern] = {name: re.compile(rf"\b(?:{pattern})\b") for n
               r"|port-?a-?cath|stents?|(?:valve\s+)?prosthes[ie]s",
 }.items()}
 _DEVICE = "device"
-_NEGATION = re.compile(
-    r"\b(?:no|not|without|negative\s+for|free\s+of|absence\s+of|resolved|clear\s+of|nor|ruled\s+out|exclude[sd]?)\b"
-)
-_POST_NEGATION = re.compile(r"^[^.;]{0,40}?\b(?:(?:is|are|was|were|has|have)\s+(?:not|no\s+longer)|absent|resolved)\b")
-_UNCERTAIN = re.compile(
-    r"\b(?:may|might|possib\w*|probabl\w*|likely|suggest\w*|concerning\s+for|cannot\s+be\s+(?:excluded|ruled\s+out)"
-    r"|could|questionable|versus|vs|worrisome\s+for)\b"
-)
-_CLAUSE_BREAK = re.compile(
-    r";|\b(?:but|however|although|whereas|except|while)\b|,\s+(?:and\s+)?(?=(?:the|a|an|there)\b)"
-)
+# negation / hedge / clause cues of report text: one home (medheval.text_cues)
+_NEGATION = text_cues.REPORT_NEGATION
+_POST_NEGATION = text_cues.REPORT_POST_NEGATION
+_UNCERTAIN = text_cues.REPORT_UNCERTAIN
+_CLAUSE_BREAK = text_cues.REPORT_CLAUSE_BREAK
 _NORMAL_HEART = re.compile(
     r"\b(?:heart|cardiac)(?:\s+size|\s+silhouette)?\b[^.;]{0,40}\b(?:normal|within\s+normal\s+limits|unremarkable|top\s+normal)\b"
     r"|\bnormal\s+(?:heart|cardiac)\b"
