@@ -11,6 +11,7 @@ prior/external knowledge and two rationales. No text or image comes from Med-Ste
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -74,12 +75,14 @@ def make_volumes(seed: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     return ct, pet, facts
 
 
-def write_study(root: Path, study: str, seed: int) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """Write one study's volumes and views; returns (views, volume path, facts)."""
+def write_study(root: Path, study: str, seed: int,
+                volumes: bool = True) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+    """Write one study's views, and its NIfTI volumes when ``volumes``; returns (views, volume path, facts)."""
     ct, pet, facts = make_volumes(seed)
-    (root / "volumes" / study).mkdir(parents=True, exist_ok=True)
-    pet_ct.save_volume(ct, root / "volumes" / study / "ct.nii.gz")
-    pet_ct.save_volume(pet, root / "volumes" / study / "pet.nii.gz")
+    if volumes:
+        (root / "volumes" / study).mkdir(parents=True, exist_ok=True)
+        pet_ct.save_volume(ct, root / "volumes" / study / "ct.nii.gz")
+        pet_ct.save_volume(pet, root / "volumes" / study / "pet.nii.gz")
     views: dict[str, Any] = {}
     for plane in stepbench.PLANES:
         folder = root / "views" / study / plane
@@ -92,10 +95,10 @@ def write_study(root: Path, study: str, seed: int) -> tuple[dict[str, Any], str,
             pet_ct.render_view(ct, pet, plane, modality).save(folder / f"{modality}.png")
             entry[modality] = f"views/{study}/{plane}/{modality}.png"
         views[plane] = entry
-    return views, f"volumes/{study}/ct.nii.gz", facts
+    return views, f"volumes/{study}/ct.nii.gz" if volumes else None, facts
 
 
-def statement_rows(study: str, views: dict, volume: str, facts: dict, per_study: int) -> list[dict[str, Any]]:
+def statement_rows(study: str, views: dict, volume: str | None, facts: dict, per_study: int) -> list[dict[str, Any]]:
     """``per_study`` statements per language for one study (templates cycled, ids numbered)."""
     rows = []
     fill = {**facts}
@@ -111,20 +114,25 @@ def statement_rows(study: str, views: dict, volume: str, facts: dict, per_study:
                 "prior_knowledge": prior_text.format(**fill) if prior_text else None,
                 "external_knowledge": EXTERNAL[language],
                 "rationale_llm": RATIONALE["llm"][language], "rationale_clinician": RATIONALE["clinician"][language],
-                "volume_pet": volume.replace("ct.nii.gz", "pet.nii.gz"),
+                "volume_pet": volume.replace("ct.nii.gz", "pet.nii.gz") if volume else None,
             })
     return rows
 
 
 def write_stepbench_fixture(out_dir: str | Path, studies: int = 3, per_study: int = 8,
-                            fmt: str = "jsonl") -> dict[str, Any]:
-    """Write the fixture folder; returns ``{"data_dir", "statements", "n_statements", "studies"}``."""
+                            fmt: str = "jsonl", volumes: bool | None = None) -> dict[str, Any]:
+    """Write the fixture folder; returns ``{"data_dir", "statements", "n_statements", "studies", "volumes"}``.
+
+    ``volumes=None`` writes the NIfTI volumes when ``nibabel`` (the ``stepbench`` extra) is installed;
+    without them the statements carry views only (what 2D models, and the demo, use)."""
+    if volumes is None:
+        volumes = importlib.util.find_spec("nibabel") is not None
     root = Path(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     names = [f"study{n:03d}" for n in range(studies)]
     for seed, study in enumerate(names):
-        views, volume, facts = write_study(root, study, seed)
+        views, volume, facts = write_study(root, study, seed, volumes)
         rows.extend(statement_rows(study, views, volume, facts, per_study))
     if fmt == "jsonl":
         path = root / "statements.jsonl"
@@ -137,7 +145,8 @@ def write_stepbench_fixture(out_dir: str | Path, studies: int = 3, per_study: in
         pq.write_table(pa.Table.from_pylist(rows), path)
     else:
         raise ValueError(f"fmt must be 'jsonl' or 'parquet', got {fmt!r}")
-    return {"data_dir": str(root), "statements": str(path), "n_statements": len(rows), "studies": names}
+    return {"data_dir": str(root), "statements": str(path), "n_statements": len(rows), "studies": names,
+            "volumes": volumes}
 
 
 def main() -> None:

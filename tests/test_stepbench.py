@@ -393,3 +393,15 @@ def test_cli_run_with_options(fixture, tmp_path, capsys):
     assert "knowledge='lots': choose one of ['none', 'prior', 'external', 'both']" in capsys.readouterr().err
     assert main(args[:-1] + ["knowledge=prior"]) == 2
     assert "expected BENCHMARK.KEY=VALUE" in capsys.readouterr().err
+
+
+def test_fixture_without_volumes_is_a_views_only_benchmark(tmp_path, dataset_cache, monkeypatch):
+    """Without nibabel (the stepbench extra) the demo's fixture still builds: views, no volumes."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "nibabel", None)  # import nibabel now fails, as when not installed
+    written = write_stepbench_fixture(tmp_path / "data", studies=2, per_study=4, volumes=False)
+    assert not written["volumes"] and not (tmp_path / "data" / "volumes").exists()
+    ds = prepare_benchmark("med_stepbench", "all", data_dir=written["data_dir"], cache_dir=dataset_cache).dataset
+    assert len(ds) == written["n_statements"] == 16
+    assert all(ref.startswith("views/") for row in ds for ref in row["images"])
