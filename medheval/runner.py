@@ -211,6 +211,13 @@ def metric_kwargs(metric: Any, rows: list[dict], options: Mapping[str, Any]) -> 
     return kwargs
 
 
+def _images_without_reference(resolver: Any, rows: list[dict]) -> list[list | None]:
+    """Images for a metric that takes them (an LLM judge of Med-HallMark's reference-free items): a
+    record with no reference answer can only be judged by looking, so its images are decoded; every
+    other record gets ``None`` (nothing decoded)."""
+    return [None if str(row["answer"] or "").strip() else resolver.load_record_images(row) for row in rows]
+
+
 def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names: Sequence[str],
           options: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict, list[dict]]:
     """Run the metrics on the records that have a prediction; returns (results, per-item rows).
@@ -225,9 +232,11 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
         return results, per_item
     for name in metric_names:
         metric = _load_metric(name)
+        kwargs = metric_kwargs(metric, rows, (options or {}).get(name, {}))
+        if "images" in inspect.signature(metric._compute).parameters and "images" not in kwargs and loaded.resolver:
+            kwargs["images"] = _images_without_reference(loaded.resolver, rows)
         out = metric.compute(predictions=[predictions[row["id"]] for row in rows],
-                             references=[row["answer"] for row in rows],
-                             **metric_kwargs(metric, rows, (options or {}).get(name, {})))
+                             references=[row["answer"] for row in rows], **kwargs)
         for key in [k for k, v in out.items() if isinstance(v, list) and len(v) == len(rows)]:
             for item, value in zip(per_item, out.pop(key)):
                 item[key if key not in item else f"{name}.{key}"] = value
@@ -373,7 +382,7 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str,
     predictions file's ids, the metric names and their (typed) options."""
     name, config = parse_benchmark_spec(benchmark_spec)
     loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
-                               image_roots=spec.image_roots if backend.needs_images else None,
+                               image_roots=spec.image_roots or None,  # also for scoring: judges may look
                                on_missing=spec.on_missing, limit=spec.limit,
                                run_options=spec.benchmark_options.get(name, {}))
     if backend.needs_images and not spec.image_roots:

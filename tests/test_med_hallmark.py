@@ -481,3 +481,36 @@ def test_detector_flag_becomes_options_of_the_metrics_that_take_a_level_source()
     assert detector_options(None, takes) == {}
     assert benchmark_default_metrics("med_hallmark") == ("medihall_score", "text_generation")
     assert benchmark_default_metrics("knowledge") is None
+
+
+def test_reference_free_items_are_judged_with_their_image(hallmark_dir, judge_server_factory, tmp_path):
+    """With --image-root, an item without ground truth reaches the judge with its image (and only it)."""
+    from PIL import Image
+
+    from judge_servers import image_parts
+    from medheval.cli import main
+
+    images = tmp_path / "vqa_rad"
+    images.mkdir()
+    for n in range(100, 105):
+        Image.new("RGB", (8, 8), (n, 0, 0)).save(images / f"synpic{n}.jpg")
+    seen = {}
+
+    def reply(request):
+        text = user_text(request)
+        seen[text] = len(image_parts(request))
+        return json.dumps({"level": "Correct Statements"})
+
+    server = judge_server_factory("openai", reply)
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text("".join(json.dumps({"id": f"med_hallmark/conventional/{i}", "prediction": a}) + "\n"
+                             for i, a in {1: "There is no fracture.", 6: "No mass is seen."}.items()))
+    out = tmp_path / "run"
+    assert main(["run", "--benchmark", "med_hallmark:conventional", "--predictions", str(preds), "--output", str(out),
+                 "--data-dir", str(hallmark_dir), "--judge", f"openai:local-judge@{server.base_url}",
+                 "--image-root", f"vqa_rad={images}", "--metrics", "medihall_score", "--allow-missing-predictions"]) == 0
+    mhs = json.loads((out / "results.json").read_text())["benchmarks"]["med_hallmark:conventional"]["metrics"][
+        "medihall_score"]
+    assert mhs["n"] == 2 and mhs["n_failed"] == 0 and mhs["medihall_score"] == pytest.approx(1.0)
+    with_image = [text for text, count in seen.items() if count]
+    assert len(seen) == 2 and len(with_image) == 1 and "No mass is seen." in with_image[0]
