@@ -514,3 +514,23 @@ def test_reference_free_items_are_judged_with_their_image(hallmark_dir, judge_se
     assert mhs["n"] == 2 and mhs["n_failed"] == 0 and mhs["medihall_score"] == pytest.approx(1.0)
     with_image = [text for text, count in seen.items() if count]
     assert len(seen) == 2 and len(with_image) == 1 and "No mass is seen." in with_image[0]
+
+
+def test_confidence_weakening_plain_question_run_option(hallmark_dir, tmp_path):
+    """question=plain drops the prefix (meta.plain_question) so a run can measure the prefix's effect."""
+    from medheval.benchmarks import prepare_benchmark
+
+    released = prepare_benchmark("med_hallmark", "confidence_weakening", data_dir=hallmark_dir,
+                                 cache_dir=tmp_path / "c")
+    plain = prepare_benchmark("med_hallmark", "confidence_weakening", data_dir=hallmark_dir, cache_dir=tmp_path / "c",
+                              run_options={"question": "plain"})
+    assert plain.run_options == {"question": "plain"} and len(plain.dataset) == len(released.dataset) > 0
+    for before, after in zip(released.dataset, plain.dataset):
+        assert after["question"] == before["meta"]["plain_question"] != before["question"]
+        assert before["question"].endswith(after["question"]) and after["id"] == before["id"]
+    with pytest.raises(ValueError, match="confidence_weakening config only"):
+        prepare_benchmark("med_hallmark", "conventional", data_dir=hallmark_dir, cache_dir=tmp_path / "c",
+                          run_options={"question": "plain"})
+    with pytest.raises(ValueError, match="choose one of"):
+        prepare_benchmark("med_hallmark", "confidence_weakening", data_dir=hallmark_dir, cache_dir=tmp_path / "c",
+                          run_options={"question": "bare"})

@@ -34,6 +34,30 @@ class MedHallMark(MedHEvalBuilder):
     ]
     DEFAULT_CONFIG_NAME = "conventional"
 
+    QUESTION_OPTIONS = ("as_released", "plain")
+
+    def apply_run_options(self, dataset: datasets.Dataset, options: dict | None):
+        """Run option ``question``: ``as_released`` (default) or ``plain``, which asks confidence_weakening's
+        questions without their prefix (``meta.plain_question``); two runs, one each way, give the
+        prefix's effect (the paper's Table 2). Returns the dataset and what to record."""
+        options = dict(options or {})
+        question = str(options.pop("question", "as_released"))
+        if options:
+            raise ValueError(f"unknown med_hallmark run option(s) {sorted(options)}; known: "
+                             f"question={'|'.join(self.QUESTION_OPTIONS)}")
+        if question not in self.QUESTION_OPTIONS:
+            raise ValueError(f"med_hallmark.question={question!r}: choose one of {list(self.QUESTION_OPTIONS)}")
+        if question == "as_released":
+            return dataset, {}
+        if self.config.name != "confidence_weakening":
+            raise ValueError(f"med_hallmark.question=plain applies to the confidence_weakening config only "
+                             f"(its questions carry a prefix); {self.config.name!r} has none")
+
+        def plain(row: dict) -> dict:
+            return {"question": (row["meta"] or {}).get("plain_question") or row["question"]}
+
+        return dataset.map(plain, desc="plain questions"), {"question": "plain"}
+
     def config_files(self):
         name = self.config.name
         return [(name, functools.partial(source.READERS[name], config=name))]
