@@ -37,6 +37,7 @@ class LoadedBenchmark:
     resolver: Any = None  # medheval.images.ImageResolver when image roots were given
     all_ids: list[str] = field(default_factory=list)  # every record id of the split, before --limit
     run_options: dict[str, Any] = field(default_factory=dict)  # benchmark-specific run options, as applied
+    volume_reader: Any = None  # record -> {name: 3D array}, for benchmarks with volumes (Med-StepBench)
 
 
 class BenchmarkDataError(ValueError):
@@ -155,7 +156,8 @@ def prepare_benchmark(
     if run_options is not None and hasattr(builder, "apply_run_options"):
         dataset, recorded = builder.apply_run_options(dataset, run_options)
     loaded = LoadedBenchmark(dataset=dataset, name=name, config=config, files=files, quality=quality,
-                             run_options=recorded, all_ids=all_ids)
+                             run_options=recorded, all_ids=all_ids,
+                             volume_reader=getattr(builder, "record_volumes", None))
     if image_roots:
         attach_images(loaded, image_roots, on_missing)
     return loaded

@@ -137,13 +137,17 @@ def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judg
     return names
 
 
-def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int,
-                    pool: ThreadPoolExecutor) -> Iterator[tuple[list[dict], list[list[Any]]]]:
-    """Batches of (records, their images); the next batch's images load while the current one runs."""
+def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int, pool: ThreadPoolExecutor,
+                    volumes: bool = False) -> Iterator[tuple[list[dict], list[list[Any]]]]:
+    """Batches of (records, their images); the next batch's images load while the current one runs.
+    With ``volumes`` each record also carries ``"volumes"`` ({name: 3D array}) for a 3D-capable backend."""
 
     def load(chunk: list[int]) -> tuple[list[dict], list[list[Any]]]:
         batch = loaded.dataset[chunk]
         records = [dict(zip(batch.keys(), values)) for values in zip(*batch.values())]
+        if volumes:
+            for record in records:
+                record["volumes"] = loaded.volume_reader(record)
         if loaded.resolver is None:
             return records, [[] for _ in records]
         return records, list(pool.map(loaded.resolver.load_record_images, records))
@@ -161,10 +165,13 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     """Generate for every record not yet in the log; returns how many were generated now."""
     ids = loaded.dataset["id"]
     todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation) not in done]
+    volumes = bool(getattr(backend, "needs_volumes", False))
+    if volumes and loaded.volume_reader is None:
+        raise RunError(f"model {backend.name} reads 3D volumes, and {loaded.name} has none (Med-StepBench does)")
     generated = 0
     with tqdm(total=len(ids), initial=len(ids) - len(todo), desc=f"{loaded.name}:{loaded.config}",
               unit="item") as bar, ThreadPoolExecutor(max_workers=8) as pool:
-        for records, images in _record_batches(loaded, todo, batch_size, pool):
+        for records, images in _record_batches(loaded, todo, batch_size, pool, volumes):
             began = time.perf_counter()
             outputs = backend.generate(records, images)
             seconds = (time.perf_counter() - began) / max(len(records), 1)
@@ -339,10 +346,10 @@ def _warn(warnings: list[str], text: str) -> None:
 def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
     split = f"{loaded.name}:{loaded.config}"
     for entry in loaded.files:
-        if not entry.get("verified", True):
+        if entry.get("verified") is False:  # None: no pin to check against (user data, Hub snapshots)
             _warn(warnings, f"{split}: annotation file {entry['relpath']} (from --data-dir) has sha256 "
                             f"{entry['sha256']}, not the pinned {entry.get('expected_sha256', '?')}: a modified "
-                            f"copy, so results may differ from MedHEval's released data")
+                            f"copy, so results may differ from the released data")
     quality = loaded.quality
     if quality.get("missing_predictions"):
         _warn(warnings, f"{split}: {quality['missing_predictions']} record(s) have no prediction and were not "

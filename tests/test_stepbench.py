@@ -405,3 +405,42 @@ def test_fixture_without_volumes_is_a_views_only_benchmark(tmp_path, dataset_cac
     ds = prepare_benchmark("med_stepbench", "all", data_dir=written["data_dir"], cache_dir=dataset_cache).dataset
     assert len(ds) == written["n_statements"] == 16
     assert all(ref.startswith("views/") for row in ds for ref in row["images"])
+
+
+class _VolumeModel:
+    """A stand-in 3D model: answers from the CT volume it is handed (bright voxels -> a lesion)."""
+
+    name = "volume-model"
+    needs_images = False
+    needs_volumes = True
+
+    def __init__(self):
+        self.shapes: list[tuple] = []
+
+    def generate(self, records, images):
+        out = []
+        for record in records:
+            ct = record["volumes"]["volume"]
+            self.shapes.append((ct.shape, "volume_pet" in record["volumes"]))
+            out.append("inconsistent" if float(ct.max()) > 0 else "consistent")
+        return out
+
+    def settings(self):
+        return {"kind": "volume-model"}
+
+
+def test_a_3d_backend_receives_each_records_volumes(fixture, fixture_benchmark, tmp_path):
+    """needs_volumes: the runner reads meta.volume (and volume_pet) with nibabel and hands the arrays over."""
+    from medheval import pet_ct
+    from medheval.runner import RunError, RunSpec, run
+
+    model = _VolumeModel()
+    spec = RunSpec(benchmarks=["med_stepbench:en"], output=tmp_path / "run", data_dir=fixture["data_dir"])
+    run(spec, model)
+    ct, _ = pet_ct.load_volume(fixture["data_dir"], "volumes/study000/ct.nii.gz")
+    assert len(model.shapes) == fixture["n_statements"] // 2 and set(model.shapes) == {(ct.shape, True)}
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert "stepbench" in results["benchmarks"]["med_stepbench:en"]["metrics"]
+    assert results["warnings"] == []  # the user's own statements file has no pin to be checked against
+    with pytest.raises(RunError, match="reads 3D volumes"):
+        run(RunSpec(benchmarks=["context"], output=tmp_path / "other", data_dir=fixture_benchmark["data_dir"]), model)

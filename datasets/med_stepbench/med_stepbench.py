@@ -10,7 +10,7 @@ from pathlib import Path
 
 import datasets
 
-from medheval import stepbench
+from medheval import pet_ct, stepbench
 from medheval.schema import FEATURES
 
 _CITATION = """@misc{medstepbench,
@@ -46,6 +46,12 @@ class MedStepBench(datasets.ArrowBasedBuilder):
                 "statements.jsonl or statements.parquet (layout: datasets/med_stepbench/README.md)")
         return stepbench.find_statements_file(self.config.data_dir)
 
+    def record_volumes(self, record: dict) -> dict:
+        """The NIfTI volumes of one record (``meta.volume``, and ``meta.volume_pet`` when present) as
+        arrays, for a 3D-capable backend (``needs_volumes``); paths are read inside ``DIR`` only."""
+        fields = ("volume", "volume_pet") if (record.get("meta") or {}).get("volume_pet") else ("volume",)
+        return pet_ct.load_record_volumes(self.config.data_dir, record, fields)
+
     def input_files(self) -> list[dict]:
         """What the results record about the input (and what keys the Arrow cache): path and sha256."""
         path = self.statements_path()
@@ -53,7 +59,7 @@ class MedStepBench(datasets.ArrowBasedBuilder):
         with open(path, "rb") as handle:
             for block in iter(lambda: handle.read(1 << 24), b""):
                 digest.update(block)
-        return [{"relpath": path.name, "sha256": digest.hexdigest(), "verified": False, "origin": str(path)}]
+        return [{"relpath": path.name, "sha256": digest.hexdigest(), "verified": None, "origin": str(path)}]
 
     def quality_summary(self, dataset: datasets.Dataset) -> dict:
         return stepbench.quality_summary(dataset)

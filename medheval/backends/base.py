@@ -20,6 +20,8 @@ class Backend(Protocol):
         name: the model id recorded with every prediction and in results.json.
         needs_images: whether :meth:`generate` uses the images (a predictions file does
             not, so the runner can skip loading them).
+        needs_volumes: optional; a 3D-capable backend sets it ``True`` and then finds each
+            record's volumes, read with nibabel, in ``record["volumes"]`` ({name: 3D array}).
     """
 
     name: str
