@@ -339,7 +339,7 @@ def _warn(warnings: list[str], text: str) -> None:
 def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
     split = f"{loaded.name}:{loaded.config}"
     for entry in loaded.files:
-        if not entry.get("verified", True):
+        if entry.get("verified", True) is False:  # None: no published checksum to compare with (ClinHallu)
             _warn(warnings, f"{split}: annotation file {entry['relpath']} (from --data-dir) has sha256 "
                             f"{entry['sha256']}, not the pinned {entry.get('expected_sha256', '?')}: a modified "
                             f"copy, so results may differ from MedHEval's released data")
@@ -396,7 +396,7 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str,
                        + ", ".join(f"{source}=PATH" for source in sources))
     if protocol == "clinhallu":  # scored by metrics/clinhallu on the protocol's judged columns
         _split_warnings(loaded, warnings)
-        return loaded, ["clinhallu"], {}
+        return loaded, ["clinhallu"], _options_for(spec, ["clinhallu"])
     if hasattr(backend, "check_against"):
         loaded = _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
     metric_names = _metric_names(loaded, spec.metrics, spec.judge)
@@ -470,8 +470,8 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         with LogWriter(log_path) as writer:
             for loaded, metric_names, options in prepared:
                 if benchmark_protocol(loaded.name) == "clinhallu":
-                    results["benchmarks"][f"{loaded.name}:{loaded.config}"] = _protocol_split(loaded, backend,
-                                                                                               spec, output)
+                    results["benchmarks"][f"{loaded.name}:{loaded.config}"] = _protocol_split(
+                        loaded, backend, spec, output, options["clinhallu"])
                     continue
                 generated = generate_predictions(loaded, backend, writer, done, spec.mitigation, batch_size)
                 entries_now = read_log(log_path, repair=False) if generated else entries
@@ -499,12 +499,13 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     return results
 
 
-def _protocol_split(loaded: LoadedBenchmark, backend: Backend, spec: RunSpec, output: Path) -> dict[str, Any]:
+def _protocol_split(loaded: LoadedBenchmark, backend: Backend, spec: RunSpec, output: Path,
+                    metric_options: Mapping[str, Any]) -> dict[str, Any]:
     """A split run by its benchmark's own protocol (ClinHallu: :mod:`medheval.tasks.clinhallu`): its
     results entry, shaped like the others plus ``clinhallu_run`` (temperatures, counts) and ``logs``."""
     from medheval.tasks.clinhallu import run_split
 
-    out = run_split(loaded, backend, spec, output)
+    out = run_split(loaded, backend, spec, output, metric_options)
     counts = out["metrics"]["clinhallu"].get("counts", {})
     return {
         "n_records": len(loaded.dataset),

@@ -82,9 +82,18 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
         assert main(_args(snapshot, out, "--model", "tiny-random-llava", "--judge", judge,
                           "--benchmark-option", "clinhallu.prompts=own")) == 0
         assert server.request_count == first_requests
-    again = json.loads((out / "results.json").read_text())["benchmarks"]["clinhallu:vqa_rad"]
-    assert again["generated_this_run"] == 0 and (logs / GENERATIONS).read_text() == log_before
-    assert again["metrics"]["clinhallu"] == metric
+        again = json.loads((out / "results.json").read_text())["benchmarks"]["clinhallu:vqa_rad"]
+        assert again["generated_this_run"] == 0 and (logs / GENERATIONS).read_text() == log_before
+        assert again["metrics"]["clinhallu"] == metric and metric["denominator"] == "all_items"
+        # metric options reach metrics/clinhallu (rescored from the logs, still no call)
+        assert main(_args(snapshot, out, "--model", "tiny-random-llava", "--judge", judge,
+                          "--benchmark-option", "clinhallu.prompts=own",
+                          "--metric-option", "clinhallu.upstream_compat=true")) == 0
+        assert server.request_count == first_requests
+    rescored = json.loads((out / "results.json").read_text())
+    assert rescored["benchmarks"]["clinhallu:vqa_rad"]["metrics"]["clinhallu"]["denominator"] == "valid_only"
+    # a local snapshot has no published checksum: nothing to warn about
+    assert rescored["warnings"] == []
 
 
 def test_run_eval_refuses_without_judge_or_with_a_predictions_file(snapshot, tmp_path, capsys):
@@ -102,4 +111,7 @@ def test_run_eval_refuses_without_judge_or_with_a_predictions_file(snapshot, tmp
     assert main(_args(snapshot, tmp_path / "c", "--model", "tiny-random-llava", "--judge",
                       "openai:m@http://127.0.0.1:9/v1", "--benchmark-option", "clinhallu.prompts=mine")) == 2
     assert "clinhallu.prompts='mine'" in capsys.readouterr().err
-    assert not (tmp_path / "a" / "clinhallu").exists() and not (tmp_path / "c" / "clinhallu").exists()
+    assert main(_args(snapshot, tmp_path / "d", "--model", "tiny-random-llava", "--judge",
+                      "openai:m@http://127.0.0.1:9/v1", "--metric-option", "clinhallu.bogus=1")) == 2
+    assert "bogus" in capsys.readouterr().err
+    assert not any((tmp_path / name / "clinhallu").exists() for name in "abcd")

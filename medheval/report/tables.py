@@ -163,7 +163,9 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path) -> None:
                               for text in run.get("warnings", []))
     for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
                          ("Open-ended metrics", open_ended_table(runs)),
-                         ("Med-StepBench: recall and F1 (%) per step", stepbench_table(runs))):
+                         ("Med-StepBench: recall and F1 (%) per step", stepbench_table(runs)),
+                         ("ClinHallu: Acc and stage hallucination rates (%)", clinhallu_stage_table(runs)),
+                         ("ClinHallu: Δ (points) and Fix/Break (%)", clinhallu_replacement_table(runs))):
         if table:
             parts += [f"## {title}", "", table, ""]
     parts += ["Per-mitigation details (counts, notes, data quality): the `results.md` in each sub-folder.", ""]

@@ -40,11 +40,12 @@ def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[
     return dataset, {"prompts": style}
 
 
-def run_split(loaded: Any, backend: Any, spec: Any, output: Path) -> dict[str, Any]:
+def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
+              metric_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run the protocol on one split; returns ``{"generated_this_run", "metrics", "clinhallu_run"}``.
 
-    ``metrics["clinhallu"]`` is ``metrics/clinhallu`` on :func:`metric_inputs` (``--upstream-compat``
-    applies); ``clinhallu_run`` is the content of ``clinhallu_run.json`` (temperatures, counts)."""
+    ``metrics["clinhallu"]`` is ``metrics/clinhallu`` on :func:`metric_inputs` with ``metric_options``
+    (the runner's checked ``--metric-option clinhallu.*`` and ``--upstream-compat``); ``clinhallu_run`` is the content of ``clinhallu_run.json`` (temperatures, counts)."""
     from medheval.clinhallu.prompts import prompt_set
     from medheval.clinhallu.protocol import (GENERATIONS, LOG_FIELDS, RUN_INFO, ClinHalluRun, ProtocolConfig,
                                              clinhallu_judge)
@@ -67,6 +68,6 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path) -> dict[str, A
     result = protocol.run(records)
     after = len(read_log(folder / GENERATIONS, required=LOG_FIELDS))
     inputs = dict(result["metric_inputs"])
-    metric = _load_metric("clinhallu").compute(**inputs, upstream_compat=bool(spec.upstream_compat))
+    metric = _load_metric("clinhallu").compute(**{**inputs, **dict(metric_options or {})})
     return {"generated_this_run": after - before, "metrics": {"clinhallu": metric},
             "clinhallu_run": json.loads((folder / RUN_INFO).read_text()), "logs": str(folder)}
