@@ -115,3 +115,20 @@ def test_run_eval_refuses_without_judge_or_with_a_predictions_file(snapshot, tmp
                       "openai:m@http://127.0.0.1:9/v1", "--metric-option", "clinhallu.bogus=1")) == 2
     assert "bogus" in capsys.readouterr().err
     assert not any((tmp_path / name / "clinhallu").exists() for name in "abcd")
+
+
+def test_tables_shaped_like_the_papers_tables_2_and_3():
+    from medheval.report.tables import clinhallu_replacement_table, clinhallu_stage_table
+
+    part = {"acc": 0.5, "h_v": 0.25, "h_k": None, "h_r": 0.125, "delta_v": 0.1, "delta_k": -0.05, "delta_vk": None,
+            "fix_rate": {"rep_v": 0.4, "rep_k": None, "rep_vk": 1.0}, "break_rate": {"rep_v": 0.0, "rep_k": 0.5},
+            "counts": {"n": 4}}
+    run = {"settings": {"model": "m"}, "benchmarks": {
+        "clinhallu:all": {"metrics": {"clinhallu": {**part, "per_source": {"pathvqa": {**part, "counts": {"n": 1}}}}}},
+        "other:x": {"metrics": {"close_ended_accuracy": {"accuracy": 1.0}}}}}
+    assert clinhallu_stage_table([run]).splitlines()[2:] == [
+        "| m | clinhallu:all | all | 4 | 50.0 | 25.0 | – | 12.5 |",
+        "| m | clinhallu:all | pathvqa | 1 | 50.0 | 25.0 | – | 12.5 |"]
+    assert clinhallu_replacement_table([run]).splitlines()[2] == (
+        "| m | clinhallu:all | all | 4 | 50.0 | +10.0 | -5.0 | – | 40.0 | 0.0 | – | 50.0 | 100.0 | – |")
+    assert clinhallu_stage_table([{"settings": {"model": "m"}, "benchmarks": {}}]) == ""
