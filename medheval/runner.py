@@ -31,7 +31,7 @@ from medheval.outputs import OutputLock, atomic_write_text
 from medheval.prompts import describe_templates
 from medheval.predictions_log import LogWriter, jsonl_line, log_key, read_log
 from medheval.registry import list_units, metric_path
-from medheval.tasks import benchmark_default_metrics, detector_options
+from medheval.tasks import benchmark_default_metrics, benchmark_protocol, detector_options
 
 CLOSE_ENDED_TYPES = frozenset({"yes_no", "multiple_choice"})
 # Metrics computed when --metrics is not given: the ones that run offline with no weights to download.
@@ -388,6 +388,11 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str,
     """Load one split and check everything about it that can fail before generation: images, the
     predictions file's ids, the metric names and their (typed) options."""
     name, config = parse_benchmark_spec(benchmark_spec)
+    protocol = benchmark_protocol(name)
+    if protocol == "clinhallu":  # its own protocol (medheval.tasks.clinhallu): a chat model and a judge
+        from medheval.tasks.clinhallu import check_backend_and_judge
+
+        check_backend_and_judge(name, backend, spec.judge)
     loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
                                image_roots=spec.image_roots or None,  # also for scoring: judges may look
                                on_missing=spec.on_missing, limit=spec.limit,
@@ -396,6 +401,9 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str,
         sources = sorted(set(loaded.dataset["source"]))
         raise RunError(f"model {backend.name} needs images; pass --image-root for: "
                        + ", ".join(f"{source}=PATH" for source in sources))
+    if protocol == "clinhallu":  # scored by metrics/clinhallu on the protocol's judged columns
+        _split_warnings(loaded, warnings)
+        return loaded, ["clinhallu"], _options_for(spec, ["clinhallu"])
     if hasattr(backend, "check_against"):
         loaded = _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
     metric_names = _metric_names(loaded, spec.metrics, spec.judge)
@@ -468,6 +476,10 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         scored: list[dict[str, Any]] = []
         with LogWriter(log_path) as writer:
             for loaded, metric_names, options in prepared:
+                if benchmark_protocol(loaded.name) == "clinhallu":
+                    results["benchmarks"][f"{loaded.name}:{loaded.config}"] = _protocol_split(
+                        loaded, backend, spec, output, options["clinhallu"])
+                    continue
                 generated = generate_predictions(loaded, backend, writer, done, spec.mitigation, batch_size)
                 entries_now = read_log(log_path, repair=False) if generated else entries
                 predictions = {entry["id"]: entry["prediction"] for entry in entries_now
@@ -492,6 +504,30 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
         write_markdown(results, output / "results.md")
     return results
+
+
+def _protocol_split(loaded: LoadedBenchmark, backend: Backend, spec: RunSpec, output: Path,
+                    metric_options: Mapping[str, Any]) -> dict[str, Any]:
+    """A split run by its benchmark's own protocol (ClinHallu: :mod:`medheval.tasks.clinhallu`): its
+    results entry, shaped like the others plus ``clinhallu_run`` (temperatures, counts) and ``logs``."""
+    from medheval.tasks.clinhallu import run_split
+
+    out = run_split(loaded, backend, spec, output, metric_options)
+    counts = out["metrics"]["clinhallu"].get("counts", {})
+    return {
+        "n_records": len(loaded.dataset),
+        "n_scored": counts.get("n", len(loaded.dataset)),
+        "generated_this_run": out["generated_this_run"],
+        "skipped_missing_images": {"count": len(loaded.skipped_missing_images),
+                                   "examples": [rid for rid, _ in loaded.skipped_missing_images[:20]]},
+        "annotation_files": loaded.files,
+        "image_roots": loaded.resolver.describe() if loaded.resolver else {},
+        "data_quality": loaded.quality,
+        "metrics": out["metrics"],
+        "clinhallu_run": out["clinhallu_run"],
+        "logs": out["logs"],
+        **({"run_options": loaded.run_options} if loaded.run_options else {}),
+    }
 
 
 def mitigation_slug(spec: str) -> str:

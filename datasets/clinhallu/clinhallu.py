@@ -11,6 +11,11 @@ import datasets
 from medheval.clinhallu import source as clinhallu_source
 from medheval.clinhallu import trace as clinhallu_trace  # noqa: F401  (imported so the cache key covers it)
 from medheval.schema import FEATURES
+from medheval.tasks import clinhallu as clinhallu_task
+
+# run_eval drives this benchmark through its own protocol (four traces per item + judges),
+# not "one answer per item" (medheval.tasks.clinhallu)
+PROTOCOL = "clinhallu"
 
 
 class ClinHallu(datasets.GeneratorBasedBuilder):
@@ -40,6 +45,10 @@ class ClinHallu(datasets.GeneratorBasedBuilder):
     def input_files(self) -> list[dict]:
         """What each source was read from (``relpath``, ``sha256``, ``verified``, ``origin``), for the results."""
         return [item for name in self.sources() for item in clinhallu_source.load_source(name, self.config.data_dir)[1]]
+
+    def apply_run_options(self, dataset: datasets.Dataset, options: dict | None):
+        """``--benchmark-option clinhallu.prompts=own|upstream`` (:mod:`medheval.tasks.clinhallu`)."""
+        return clinhallu_task.apply_run_options(dataset, options)
 
     def _split_generators(self, dl_manager: datasets.DownloadManager) -> list[datasets.SplitGenerator]:
         return [datasets.SplitGenerator(name=datasets.Split.TEST, gen_kwargs={"names": self.sources()})]

@@ -126,6 +126,11 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
     table = stepbench_table([run])
     if table:
         parts += ["## Med-StepBench: recall and F1 (%) per step, hallucination = positive class", "", table, ""]
+    table = clinhallu_stage_table([run])
+    if table:
+        parts += ["## ClinHallu: accuracy and stage hallucination rates (%) (its Table 2)", "", table, ""]
+        parts += ["## ClinHallu: gold-stage replacement, Δ (points) and Fix/Break (%) (its Table 3)", "",
+                  clinhallu_replacement_table([run]), ""]
     notes = [f"- `{split}` · {metric}: {value}" for split, entry in run["benchmarks"].items()
              for metric, out in entry["metrics"].items() if isinstance(out, dict)
              for key, value in sorted(out.items()) if value and key.endswith(("_unavailable_reason", "_note"))]
@@ -158,7 +163,9 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path) -> None:
                               for text in run.get("warnings", []))
     for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
                          ("Open-ended metrics", open_ended_table(runs)),
-                         ("Med-StepBench: recall and F1 (%) per step", stepbench_table(runs))):
+                         ("Med-StepBench: recall and F1 (%) per step", stepbench_table(runs)),
+                         ("ClinHallu: Acc and stage hallucination rates (%)", clinhallu_stage_table(runs)),
+                         ("ClinHallu: Δ (points) and Fix/Break (%)", clinhallu_replacement_table(runs))):
         if table:
             parts += [f"## {title}", "", table, ""]
     parts += ["Per-mitigation details (counts, notes, data quality): the `results.md` in each sub-folder.", ""]
@@ -210,3 +217,58 @@ def stepbench_table(runs: Iterable[dict[str, Any]]) -> str:
         cells.append(str(by_language.get("n_unparsed", 0)))
         lines.append("| " + " | ".join([model, mitigation, knowledge, *cells]) + " |")
     return "\n".join(lines)
+
+
+# ClinHallu, shaped like its Table 2 (accuracy and stage hallucination rates) and Table 3 (accuracy
+# and the change Δ when gold stages replace the model's), plus Fix/Break per replacement setting;
+# one row per model × split × source ("all" = the split's items together).
+CLINHALLU_REPLACEMENTS = (("rep_v", "Rep-V"), ("rep_k", "Rep-K"), ("rep_vk", "Rep-VK"))
+
+
+def _signed_pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:+.1f}"
+
+
+def clinhallu_rows(runs: Iterable[dict[str, Any]]) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(model, split, source, metrics) for runs with ``clinhallu`` results: the whole split first, then per source."""
+    rows: list[tuple[str, str, str, dict[str, Any]]] = []
+    for run in runs:
+        for split, entry in run["benchmarks"].items():
+            metric = entry.get("metrics", {}).get("clinhallu")
+            if not metric:
+                continue
+            model = run["settings"]["model"]
+            rows.append((model, split, "all", metric))
+            rows += [(model, split, source, sub) for source, sub in sorted((metric.get("per_source") or {}).items())]
+    return rows
+
+
+def _clinhallu_table(runs: Iterable[dict[str, Any]], columns: list[tuple[str, Any]]) -> str:
+    rows = clinhallu_rows(runs)
+    if not rows:
+        return ""
+    header = ["Model", "Split", "Source", "n"] + [title for title, _ in columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for model, split, source, metric in rows:
+        cells = [cell(metric) for _, cell in columns]
+        lines.append("| " + " | ".join([model, split, source, str((metric.get("counts") or {}).get("n", "–")), *cells])
+                     + " |")
+    return "\n".join(lines)
+
+
+def clinhallu_stage_table(runs: Iterable[dict[str, Any]]) -> str:
+    """ClinHallu Table 2: ORG accuracy and H^V (VR of ORG), H^K (KR in Rep-V), H^R (reasoning in Rep-VK), %."""
+    return _clinhallu_table(runs, [("Acc", lambda m: _pct(m.get("acc"))), ("H^V", lambda m: _pct(m.get("h_v"))),
+                                   ("H^K", lambda m: _pct(m.get("h_k"))), ("H^R", lambda m: _pct(m.get("h_r")))])
+
+
+def clinhallu_replacement_table(runs: Iterable[dict[str, Any]]) -> str:
+    """ClinHallu Table 3: ORG accuracy and Δ^V, Δ^K, Δ^VK (setting minus ORG, points), then Fix/Break (%)
+    per replacement setting (Fix = ORG wrong → right, over ORG wrong; Break = ORG right → wrong, over ORG right)."""
+    columns: list[tuple[str, Any]] = [("Acc", lambda m: _pct(m.get("acc")))]
+    columns += [(f"Δ^{label[4:]}", lambda m, key=key: _signed_pct(m.get(f"delta_{key[4:]}")))
+                for key, label in CLINHALLU_REPLACEMENTS]
+    for key, label in CLINHALLU_REPLACEMENTS:
+        columns += [(f"{label} Fix", lambda m, key=key: _pct((m.get("fix_rate") or {}).get(key))),
+                    (f"{label} Break", lambda m, key=key: _pct((m.get("break_rate") or {}).get(key)))]
+    return _clinhallu_table(runs, columns)

@@ -26,6 +26,18 @@ def benchmark_default_metrics(name: str) -> tuple[str, ...] | None:
     return tuple(found) if found else None
 
 
+def benchmark_protocol(name: str) -> str | None:
+    """The ``PROTOCOL`` a benchmark unit declares (``"clinhallu"``: :mod:`medheval.tasks.clinhallu`), or
+    ``None`` (one generation per item, scored by metrics)."""
+    from medheval.registry import load_unit_module
+
+    try:
+        module = load_unit_module("datasets", name)
+    except KeyError:
+        return None
+    return getattr(module, "PROTOCOL", None)
+
+
 def detector_options(detector: str | None, accepted: Container[str]) -> dict[str, Any]:
     """Metric options for ``--detector``: ``"rule"`` -> ``classifier="rule"``; a folder ->
     ``classifier="detector", detector_path=<folder>``; only for metrics whose ``_compute`` takes them."""

@@ -1,0 +1,134 @@
+"""``run_eval --benchmark clinhallu``: the runner drives the ClinHallu protocol end to end (tiny random
+LLaVA, a judge server on 127.0.0.1, the fixture snapshot), writes the metrics and the Table 2/3-shaped
+tables, resumes without new model or judge calls, and refuses a run it cannot do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clinhallu_fixture import write_snapshot
+from judge_servers import JudgeServer, user_text
+from medheval.benchmarks import prepare_benchmark
+from medheval.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
+from medheval.predictions_log import read_log
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory):
+    return write_snapshot(tmp_path_factory.mktemp("clinhallu_run"))
+
+
+def _args(snapshot, out, *extra):
+    roots = [arg for key, path in snapshot["image_roots"].items() for arg in ("--image-root", f"{key}={path}")]
+    return ["run", "--benchmark", "clinhallu:vqa_rad", "--data-dir", snapshot["data_dir"], *roots,
+            "--output", str(out), "--max-new-tokens", "8", *extra]
+
+
+def _reply(request_json):
+    # VR judged hallucinated, every other stage not; answers judged wrong
+    hallucinated = int("Section checked: Visual Recognition" in user_text(request_json))
+    return json.dumps({"hallucinated": hallucinated, "reason": "checked", "answer_correct": 0,
+                       "answer_reasoning": "compared"})
+
+
+def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
+    import evaluate
+
+    from medheval.cli import main
+
+    out = tmp_path / "run"
+    with JudgeServer("openai", reply=_reply) as server:
+        judge = f"openai:fake-judge@{server.base_url}"
+        assert main(_args(snapshot, out, "--model", "tiny-random-llava", "--judge", judge,
+                          "--benchmark-option", "clinhallu.prompts=own")) == 0
+        first_requests = server.request_count
+        results = json.loads((out / "results.json").read_text())
+        entry = results["benchmarks"]["clinhallu:vqa_rad"]
+        logs = Path(entry["logs"])
+        generations = read_log(logs / GENERATIONS, required=LOG_FIELDS)
+        n = entry["n_records"]
+        assert n >= 2 and entry["generated_this_run"] == len(generations) == 4 * n
+        assert entry["run_options"] == {"prompts": "own"}
+
+        # the metric in results.json is metrics/clinhallu on the judged columns of the logs
+        records = prepare_benchmark("clinhallu", "vqa_rad", data_dir=snapshot["data_dir"]).dataset.to_list()
+        columns = metric_inputs(records, read_log(logs / JUDGMENTS, required=LOG_FIELDS))
+        expected = evaluate.load(str(REPO / "metrics" / "clinhallu"), keep_in_memory=True).compute(**columns)
+        metric = entry["metrics"]["clinhallu"]
+        assert json.loads(json.dumps(expected)) == metric
+        assert metric["counts"]["n"] == n and metric["acc"] == 0.0  # the judge calls every answer wrong
+        judged_vr = [value for value in columns["h_v"] if value is not None]
+        assert metric["h_v"] == (1.0 if judged_vr else None) and set(judged_vr) <= {1}
+        # temperatures and counts of the protocol are recorded with the split
+        info = entry["clinhallu_run"]
+        assert info["protocol"]["temperature"] == 0.7 and info["judge"]["temperature"] == 0.01
+        assert info["protocol"]["max_new_tokens"] == 8
+        assert sum(c["n"] for c in info["counts"].values()) == 4 * n
+        assert info["counts"]["org"]["n_invalid"] == n  # random weights write no valid trace
+
+        md = (out / "results.md").read_text()
+        assert "| Model | Split | Source | n | Acc | H^V | H^K | H^R |" in md
+        assert "| Acc | Δ^V | Δ^K | Δ^VK | Rep-V Fix | Rep-V Break | Rep-K Fix |" in md
+        assert f"| tiny-random-llava | clinhallu:vqa_rad | all | {n} | 0.0 |" in md
+        assert f"| tiny-random-llava | clinhallu:vqa_rad | vqa_rad | {n} | 0.0 |" in md
+
+        # a second identical run: no model generation, no judge call, same metrics
+        log_before = (logs / GENERATIONS).read_text()
+        assert main(_args(snapshot, out, "--model", "tiny-random-llava", "--judge", judge,
+                          "--benchmark-option", "clinhallu.prompts=own")) == 0
+        assert server.request_count == first_requests
+        again = json.loads((out / "results.json").read_text())["benchmarks"]["clinhallu:vqa_rad"]
+        assert again["generated_this_run"] == 0 and (logs / GENERATIONS).read_text() == log_before
+        assert again["metrics"]["clinhallu"] == metric and metric["denominator"] == "all_items"
+        # metric options reach metrics/clinhallu (rescored from the logs, still no call)
+        assert main(_args(snapshot, out, "--model", "tiny-random-llava", "--judge", judge,
+                          "--benchmark-option", "clinhallu.prompts=own",
+                          "--metric-option", "clinhallu.upstream_compat=true")) == 0
+        assert server.request_count == first_requests
+    rescored = json.loads((out / "results.json").read_text())
+    assert rescored["benchmarks"]["clinhallu:vqa_rad"]["metrics"]["clinhallu"]["denominator"] == "valid_only"
+    # a local snapshot has no published checksum: nothing to warn about
+    assert rescored["warnings"] == []
+
+
+def test_run_eval_refuses_without_judge_or_with_a_predictions_file(snapshot, tmp_path, capsys):
+    from medheval.cli import main
+
+    assert main(_args(snapshot, tmp_path / "a", "--model", "tiny-random-llava")) == 2
+    err = capsys.readouterr().err
+    assert "needs --judge" in err and "clinhallu" in err
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"id": "clinhallu/vqa_rad/5", "prediction": "yes"}) + "\n")
+    assert main(_args(snapshot, tmp_path / "b", "--predictions", str(predictions),
+                      "--judge", "openai:m@http://127.0.0.1:9/v1")) == 2
+    err = capsys.readouterr().err
+    assert "generate_chat" in err and "--model, not --predictions" in err
+    assert main(_args(snapshot, tmp_path / "c", "--model", "tiny-random-llava", "--judge",
+                      "openai:m@http://127.0.0.1:9/v1", "--benchmark-option", "clinhallu.prompts=mine")) == 2
+    assert "clinhallu.prompts='mine'" in capsys.readouterr().err
+    assert main(_args(snapshot, tmp_path / "d", "--model", "tiny-random-llava", "--judge",
+                      "openai:m@http://127.0.0.1:9/v1", "--metric-option", "clinhallu.bogus=1")) == 2
+    assert "bogus" in capsys.readouterr().err
+    assert not any((tmp_path / name / "clinhallu").exists() for name in "abcd")
+
+
+def test_tables_shaped_like_the_papers_tables_2_and_3():
+    from medheval.report.tables import clinhallu_replacement_table, clinhallu_stage_table
+
+    part = {"acc": 0.5, "h_v": 0.25, "h_k": None, "h_r": 0.125, "delta_v": 0.1, "delta_k": -0.05, "delta_vk": None,
+            "fix_rate": {"rep_v": 0.4, "rep_k": None, "rep_vk": 1.0}, "break_rate": {"rep_v": 0.0, "rep_k": 0.5},
+            "counts": {"n": 4}}
+    run = {"settings": {"model": "m"}, "benchmarks": {
+        "clinhallu:all": {"metrics": {"clinhallu": {**part, "per_source": {"pathvqa": {**part, "counts": {"n": 1}}}}}},
+        "other:x": {"metrics": {"close_ended_accuracy": {"accuracy": 1.0}}}}}
+    assert clinhallu_stage_table([run]).splitlines()[2:] == [
+        "| m | clinhallu:all | all | 4 | 50.0 | 25.0 | – | 12.5 |",
+        "| m | clinhallu:all | pathvqa | 1 | 50.0 | 25.0 | – | 12.5 |"]
+    assert clinhallu_replacement_table([run]).splitlines()[2] == (
+        "| m | clinhallu:all | all | 4 | 50.0 | +10.0 | -5.0 | – | 40.0 | 0.0 | – | 50.0 | 100.0 | – |")
+    assert clinhallu_stage_table([{"settings": {"model": "m"}, "benchmarks": {}}]) == ""
