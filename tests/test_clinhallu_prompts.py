@@ -93,7 +93,7 @@ def test_judge_messages_and_support_context():
         f"Reference Visual Recognition: {GOLD['visual_recognition']}\n"
         f"Reference Knowledge Recall: {GOLD['knowledge_recall']}\nCandidate Visual Recognition: A mass.")
     assert "Reference Knowledge Recall:" in kr_user
-    assert P.support_context({}, {}) == "No additional support context provided."
+    assert P.support_context({}, {}) == "(no visual or knowledge lines to compare against)"
     _, vr_user = P.step_judge_messages(own, RECORD, "visual_recognition", candidate, {})
     assert "(empty)" in vr_user and "Other context" not in vr_user
     with pytest.raises(ValueError, match="unknown stage"):

@@ -21,7 +21,7 @@ from medheval.parsing import (
 YN = "yes_no"
 MC = "multiple_choice"
 CXR = ["Pleural effusion", "Pneumonia", "Cardiomegaly", "Pulmonary edema"]
-MOD = ["X-ray", "Ultrasound", "MRI Diffusion Weighted", "CT Scan"]
+MOD = ["X-ray", "Sonography", "MRI Diffusion Weighted", "CT Scan"]
 LUNG = ["Left lung", "Right lung", "Both lungs"]
 SIZE = ["3.2 cm", "4.2 cm", "5.2 cm"]
 
@@ -184,8 +184,8 @@ PTX = "Is there evidence of pneumothorax in the lungs?"
 CT = "Is this a CT scan?"
 NORMAL = "Does the image show a normal heart size?"
 CORD = "Is the spinal cord visible in the image?"
-CTX = ("Considering the patient's history of altered mental status and the CT findings, is it likely that the "
-       "altered mental status is due to an acute intracranial hemorrhage?")
+CTX = ("Given the new confusion and these CT images, is the confusion most likely caused by an acute "
+       "intracranial hemorrhage?")
 PNA = "According to the image, does the patient have pneumonia?"
 QUESTION_CASES = [
     # the question's finding asserted
@@ -209,7 +209,7 @@ QUESTION_CASES = [
     ("The heart is not enlarged.", HEART, "no"),
     ("The lungs are not clear, with a right basal opacity.", LUNGS, "no"),
     ("Pneumothorax has been ruled out.", PTX, "no"),
-    ("It is unlikely that the altered mental status is due to an intracranial hemorrhage.", CTX, "no"),
+    ("It is unlikely that the confusion is caused by an intracranial hemorrhage.", CTX, "no"),
     ("The spinal cord isn't visible.", CORD, "no"),
     ("The lungs are clear without pneumonia.", PNA, "no"),
     # elliptical answers: they answer the question by their polarity
@@ -321,7 +321,7 @@ def test_item_score_fields():
     "raw,expected",
     [
         ("A. Pleural effusion, B. Pneumonia, C. Cardiomegaly", ["Pleural effusion", "Pneumonia", "Cardiomegaly"]),
-        ("A: X-ray, B: Ultrasound, C: MRI Diffusion Weighted, D: CT Scan", MOD),
+        ("A: X-ray, B: Sonography, C: MRI Diffusion Weighted, D: CT Scan", MOD),
         ("A) 3.2 cm, B) 4.2 cm, C) 5.2 cm", SIZE),
         ("(A) Liver (B) Spleen", ["Liver", "Spleen"]),
         ("A, Stent; B, Implantable cardioverter-defibrillator; C, Pacemaker",

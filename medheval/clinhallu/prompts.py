@@ -372,7 +372,7 @@ def support_context(gold: Mapping[str, str], candidate: Mapping[str, str]) -> st
              for label, source in (("Reference", gold), ("Candidate", candidate))
              for key, title in (("visual_recognition", "Visual Recognition"), ("knowledge_recall", "Knowledge Recall"))
              if str(source.get(key) or "").strip()]
-    return "\n".join(lines).strip() or "No additional support context provided."
+    return "\n".join(lines).strip() or "(no visual or knowledge lines to compare against)"
 
 
 def step_judge_messages(prompts: PromptSet, record: Mapping[str, Any], stage: str, candidate: Mapping[str, str],
