@@ -38,3 +38,18 @@ def _isolated_medheval_cache(tmp_path_factory: pytest.TempPathFactory, monkeypat
 requires_upstream = pytest.mark.skipif(
     not UPSTREAM_MEDHEVAL.is_dir(), reason="../shared/data/upstream/medheval is absent (only CI and devs have it)"
 )
+
+
+def load_metric_offline(path: str | Path):
+    """An evaluate module loaded from a local folder with evaluate's offline switch on (the variable and
+    the value evaluate parsed from it at import), so no test can reach the Hub."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_EVALUATE_OFFLINE", "1")
+    mp.setenv("HF_UPDATE_DOWNLOAD_COUNTS", "0")
+    import evaluate
+
+    mp.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
+    try:
+        return evaluate.load(str(path), keep_in_memory=True)
+    finally:
+        mp.undo()

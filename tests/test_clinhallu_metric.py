@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import load_metric_offline
 
 from clinhallu_fixture import shared_upstream
 
@@ -33,16 +34,7 @@ def _columns(table=TABLE):
 
 @pytest.fixture(scope="module")
 def metric():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_EVALUATE_OFFLINE", "1")
-    mp.setenv("HF_UPDATE_DOWNLOAD_COUNTS", "0")
-    import evaluate
-
-    mp.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
-    try:
-        yield evaluate.load(str(METRIC_DIR), keep_in_memory=True)
-    finally:
-        mp.undo()
+    return load_metric_offline(METRIC_DIR)
 
 
 def test_default_denominator_is_all_items(metric):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import load_metric_offline
 
 from medheval import parsing
 from medheval.schema import HALLUCINATION_TYPE_TO_CATEGORY
@@ -22,17 +23,7 @@ CXR = ["Pleural effusion", "Pneumonia", "Cardiomegaly", "Pulmonary edema"]
 
 @pytest.fixture(scope="module")
 def metric():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_EVALUATE_OFFLINE", "1")
-    mp.setenv("HF_UPDATE_DOWNLOAD_COUNTS", "0")
-    import evaluate
-
-    # evaluate reads the variable at import time; patch the parsed value as well.
-    mp.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
-    try:
-        yield evaluate.load(str(METRIC_DIR), keep_in_memory=True)
-    finally:
-        mp.undo()
+    return load_metric_offline(METRIC_DIR)
 
 
 def test_module_files_present():

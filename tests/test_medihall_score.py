@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import load_metric_offline
 
 from judge_servers import judge_server_factory, recording_proxy, user_text  # noqa: F401 - fixtures
 from medheval import medihall as mh
@@ -26,16 +27,7 @@ requires_hallmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def metric():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_EVALUATE_OFFLINE", "1")
-    mp.setenv("HF_UPDATE_DOWNLOAD_COUNTS", "0")
-    import evaluate
-
-    mp.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
-    try:
-        yield evaluate.load(str(METRIC_DIR), keep_in_memory=True)
-    finally:
-        mp.undo()
+    return load_metric_offline(METRIC_DIR)
 
 
 def test_module_files_and_card():

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_metric_offline
 import torch
 
 from medheval.radiology import ratescore_scoring as sc
@@ -183,16 +184,7 @@ def tiny_models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def metric():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_EVALUATE_OFFLINE", "1")
-    mp.setenv("HF_UPDATE_DOWNLOAD_COUNTS", "0")
-    import evaluate
-
-    mp.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
-    try:
-        yield evaluate.load(str(METRIC_DIR), keep_in_memory=True)
-    finally:
-        mp.undo()
+    return load_metric_offline(METRIC_DIR)
 
 
 def test_module_files_present():

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import load_metric_offline
 
 from judge_servers import judge_server_factory, recording_proxy, user_text  # noqa: F401 - fixtures
 from medheval import sh_prompt
@@ -33,16 +34,7 @@ Reply with one JSON object and nothing else."""
 
 
 def _load(path: Path):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_EVALUATE_OFFLINE", "1")
-    mp.setenv("HF_UPDATE_DOWNLOAD_COUNTS", "0")
-    import evaluate
-
-    mp.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
-    try:
-        return evaluate.load(str(path), keep_in_memory=True)
-    finally:
-        mp.undo()
+    return load_metric_offline(path)
 
 
 @pytest.fixture

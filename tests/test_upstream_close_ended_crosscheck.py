@@ -31,6 +31,7 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import load_metric_offline
 
 from medheval.schema import HALLUCINATION_TYPE_TO_CATEGORY
 
@@ -94,16 +95,7 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def metric():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_EVALUATE_OFFLINE", "1")
-    mp.setenv("HF_UPDATE_DOWNLOAD_COUNTS", "0")
-    import evaluate
-
-    mp.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
-    try:
-        yield evaluate.load(str(METRIC_DIR), keep_in_memory=True)
-    finally:
-        mp.undo()
+    return load_metric_offline(METRIC_DIR)
 
 
 def _quiet(fn, *args, **kwargs):
