@@ -53,3 +53,25 @@ def load_metric_offline(path: str | Path):
         return evaluate.load(str(path), keep_in_memory=True)
     finally:
         mp.undo()
+
+
+# Tiny random-weight LLaVA and LLaVA-NeXT for the decoding tests (built once per test module);
+# ``tiny`` runs a test on both.
+@pytest.fixture(scope="module")
+def llava():
+    from medheval.backends.tiny import build_tiny_llava
+
+    return build_tiny_llava(seed=0)
+
+
+@pytest.fixture(scope="module")
+def llava_next():
+    from test_mitigations import build_tiny_llava_next
+
+    return build_tiny_llava_next(seed=0)
+
+
+@pytest.fixture(scope="module", params=["llava", "llava_next"])
+def tiny(request):
+    model, processor = request.getfixturevalue(request.param)
+    return request.param, model, processor

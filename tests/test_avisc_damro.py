@@ -31,24 +31,6 @@ from test_mitigations import PROMPTS, _gen, _inputs, _new_tokens, build_tiny_lla
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def llava():
-    from medheval.backends.tiny import build_tiny_llava
-
-    return build_tiny_llava(seed=0)
-
-
-@pytest.fixture(scope="module")
-def llava_next():
-    return build_tiny_llava_next(seed=0)
-
-
-@pytest.fixture(scope="module", params=["llava", "llava_next"])
-def tiny(request):
-    model, processor = request.getfixturevalue(request.param)
-    return request.param, model, processor
-
-
 def _fresh(kind):
     from medheval.backends.tiny import build_tiny_llava
 

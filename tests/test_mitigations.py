@@ -111,24 +111,6 @@ def build_tiny_llava_next(seed: int = 0):
     return model, processor
 
 
-@pytest.fixture(scope="module")
-def llava():
-    from medheval.backends.tiny import build_tiny_llava
-
-    return build_tiny_llava(seed=0)
-
-
-@pytest.fixture(scope="module")
-def llava_next():
-    return build_tiny_llava_next(seed=0)
-
-
-@pytest.fixture(scope="module", params=["llava", "llava_next"])
-def tiny(request):
-    model, processor = request.getfixturevalue(request.param)
-    return request.param, model, processor
-
-
 def _images(kind, indices):
     from PIL import Image
 

@@ -32,24 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 NEVER = 10**9  # a threshold no location count reaches: no rollback
 
 
-@pytest.fixture(scope="module")
-def llava():
-    from medheval.backends.tiny import build_tiny_llava
-
-    return build_tiny_llava(seed=0)
-
-
-@pytest.fixture(scope="module")
-def llava_next():
-    return build_tiny_llava_next(seed=0)
-
-
-@pytest.fixture(scope="module", params=["llava", "llava_next"])
-def tiny(request):
-    model, processor = request.getfixturevalue(request.param)
-    return request.param, model, processor
-
-
 def _vocab(model) -> int:
     return model.config.get_text_config().vocab_size
 

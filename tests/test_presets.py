@@ -26,27 +26,9 @@ from medheval.mitigations.avisc import select_blind_tokens
 from medheval.mitigations.dola import candidate_layers
 from medheval.mitigations.presets import DEFAULT_PRESET, FROM_PRESET, preset_table
 from test_avisc_damro import SpyDAMRO, _eager_cls_attention
-from test_mitigations import PROMPTS, _gen, _inputs, _new_tokens, build_tiny_llava_next
+from test_mitigations import PROMPTS, _gen, _inputs, _new_tokens
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def llava():
-    from medheval.backends.tiny import build_tiny_llava
-
-    return build_tiny_llava(seed=0)
-
-
-@pytest.fixture(scope="module")
-def llava_next():
-    return build_tiny_llava_next(seed=0)
-
-
-@pytest.fixture(scope="module", params=["llava", "llava_next"])
-def tiny(request):
-    model, processor = request.getfixturevalue(request.param)
-    return request.param, model, processor
 
 
 # ---------------------------------------------------------------------------------------
