@@ -82,21 +82,13 @@ def _convert(value: Any, tp: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
             return value.strip().lower() in _TRUE
         raise _Mismatch
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+    if tp in (int, float):  # an int fits a float option; a float never fits an int option; bools fit neither
+        numeric = (int,) if tp is int else (int, float)
+        if isinstance(value, numeric) and not isinstance(value, bool):
+            return tp(value)
         if isinstance(value, str):
             try:
-                return int(value.strip())
-            except ValueError:
-                raise _Mismatch from None
-        raise _Mismatch
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
+                return tp(value.strip())
             except ValueError:
                 raise _Mismatch from None
         raise _Mismatch
