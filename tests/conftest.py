@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_UPSTREAM = REPO.parent / "shared" / "data" / "upstream"
+# ``../shared`` beside the checkout; ``$MEDHEVAL_SHARED`` names it elsewhere (e.g. from a git worktree)
+SHARED_UPSTREAM = Path(os.environ.get("MEDHEVAL_SHARED") or REPO.parent / "shared") / "data" / "upstream"
 UPSTREAM_MEDHEVAL = SHARED_UPSTREAM / "medheval"
 
 os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
