@@ -27,10 +27,11 @@ _KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_API_KEY", "anthro
 _JUDGE_OPTIONS = {
     "cache_dir", "concurrency", "requests_per_minute", "max_retries", "timeout", "max_invalid_retries",
     "allow_remote_credentialed", "temperature", "max_tokens", "progress", "backoff_base", "backoff_max",
+    "max_consecutive_failures",
 }
 _BACKEND_OPTIONS = {
-    "openai": {"json_mode", "extra_body", "headers"},
-    "azure": {"json_mode", "extra_body", "headers", "api_version"},
+    "openai": {"json_mode", "extra_body", "headers", "images_first"},
+    "azure": {"json_mode", "extra_body", "headers", "api_version", "images_first"},
     "anthropic": {"headers"},
     "transformers": {"tokenizer", "processor", "batch_size", "device", "dtype", "seed"},
 }
