@@ -398,7 +398,8 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str,
                                on_missing=spec.on_missing, limit=spec.limit,
                                run_options=spec.benchmark_options.get(name, {}))
     if callable(getattr(backend, "check_records", None)):  # an API model: credentialed records refused up front
-        backend.check_records(loaded.dataset.select_columns(["id", "source", "meta"]).to_list())
+        fields = [name for name in ("id", "source", "meta") if name in loaded.dataset.column_names]
+        backend.check_records(loaded.dataset.select_columns(fields).to_list())
     if backend.needs_images and not spec.image_roots:
         sources = sorted(set(loaded.dataset["source"]))
         raise RunError(f"model {backend.name} needs images; pass --image-root for: "

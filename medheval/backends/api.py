@@ -121,7 +121,10 @@ class APIBackend:
                  **options: Any):
         if max_new_tokens < 1:
             raise BackendError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        fields = parse_spec(spec) if isinstance(spec, str) else {"backend": str(spec.get("backend", "")).lower()}
+        try:
+            fields = parse_spec(spec) if isinstance(spec, str) else {"backend": str(spec.get("backend", "")).lower()}
+        except JudgeError as err:
+            raise BackendError(f"--model {spec!r} is not an API model spec: {err}") from None
         options = {k: v for k, v in options.items() if k not in ("progress", "max_invalid_retries")}
         self.kind = {"azure-openai": "azure", "azure_openai": "azure", "claude": "anthropic"}.get(
             fields["backend"], fields["backend"])
