@@ -338,3 +338,21 @@ def test_clinhallu_through_the_api_backend(tmp_path, monkeypatch):
         # a second identical run resumes from the logs: no model or judge request
         assert main(args + ["--model", f"openai:vlm@{server.base_url}", "--judge", f"openai:judge@{server.base_url}"]) == 0
         assert server.request_count == first
+
+
+def test_azure_deployment_url_key_header_and_no_vllm_fields(monkeypatch):
+    monkeypatch.setenv("AZURE_OPENAI_API_KEY", SECRET)
+    with JudgeServer("azure", reply=lambda body: "No") as server:
+        backend = APIBackend(f"azure:my-deploy@{server.root_url}", cache_dir=False)
+        chat = [{"id": "x", "system": "", "user": "U", "assistant_prefix": "[Answer]", "credentialed": False}]
+        image = Image.new("RGB", (4, 4), (1, 2, 3))
+        assert backend.generate_chat(chat, [[image]]) == ["No"]
+        request = server.requests[-1]
+    assert request.path.startswith("/openai/deployments/my-deploy/chat/completions?api-version=")
+    assert request.headers["api-key"] == SECRET and "Authorization" not in request.headers
+    body = request.json
+    assert "continue_final_message" not in body and backend.settings()["continue_final_message"] is False
+    user = body["messages"][0]
+    assert [part["type"] for part in user["content"]] == ["image_url", "text"]
+    assert _pixels_of_data_url(user["content"][0]["image_url"]["url"]) == ("RGB", (4, 4), image.tobytes())
+    assert body["messages"][-1] == {"role": "assistant", "content": "[Answer]"}

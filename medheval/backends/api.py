@@ -130,6 +130,7 @@ class APIBackend:
             fields["backend"], fields["backend"])
         if self.kind not in ("azure", "anthropic"):
             self.kind = "openai"
+        if self.kind != "anthropic":  # (Anthropic's requests put images first already)
             options["images_first"] = True  # images, then the prompt, like the HF backend's chat template
         try:
             self._client = make_judge(
