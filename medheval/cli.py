@@ -26,7 +26,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmark", action="append", required=True, metavar="NAME[:CONFIG]",
                         help="benchmark split, e.g. cxr_vishal, mm_vishal:slake, knowledge:open (repeatable, or comma list)")
     who = parser.add_mutually_exclusive_group(required=False)  # one of them, except with --task detection
-    who.add_argument("--model", help=f"HF image-text-to-text model (Hub id or local dir), or '{TINY_MODEL}'")
+    who.add_argument("--model", help=f"HF image-text-to-text model (Hub id or local dir), '{TINY_MODEL}', or a model "
+                                     "behind an API: openai:<model>@<base_url> (vLLM, SGLang, TGI, OpenAI), "
+                                     "azure:<deployment>@<endpoint>, anthropic:<model>")
     who.add_argument("--predictions", help="score a JSONL of {\"id\", \"prediction\"} made elsewhere")
     parser.add_argument("--output", required=True, help="output folder (re-running resumes it)")
     parser.add_argument("--mitigation", action="append", metavar="NAME[:KEY=VALUE,...]",
@@ -59,8 +61,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-missing-predictions", action="store_true",
                         help="with --predictions: score the records present, count the others as missing")
     parser.add_argument("--allow-remote-credentialed", action="append", default=[], metavar="HOST_OR_URL",
-                        help="a non-local judge endpoint approved under your PhysioNet agreement for credentialed "
-                             "(MIMIC-derived) records, e.g. myorg.openai.azure.com (repeatable; recorded in results)")
+                        help="a non-local judge or model endpoint approved under your PhysioNet agreement for "
+                             "credentialed (MIMIC-derived) records, e.g. myorg.openai.azure.com (repeatable; recorded "
+                             "in results)")
     parser.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
                         help="when another run holds --output: wait up to SECONDS for it (default 0: refuse at once)")
     parser.add_argument("--task", choices=("generate", "detection"), default="generate",
@@ -72,6 +75,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmark-option", action="append", default=[], metavar="BENCHMARK.KEY=VALUE",
                         help="a run option of one benchmark, e.g. med_stepbench.knowledge=prior, "
                              "med_stepbench.rationale=clinician, med_stepbench.modality=separate (repeatable)")
+    parser.add_argument("--api-concurrency", type=int, default=16, metavar="N",
+                        help="--model openai:/azure:/anthropic:… : requests in flight at once (default 16)")
+    parser.add_argument("--api-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="--model openai:/azure:/anthropic:… : timeout, max_retries, requests_per_minute, "
+                             "continue_final_message, api_version, cache_dir, max_consecutive_failures, headers, "
+                             "extra_body (values read as JSON when they parse; repeatable)")
     parser.add_argument("--prefix-cache", action="store_true",
                         help="encode the prompt prefix of records sharing images once and reuse its KV cache "
                              "(same greedy answers; Med-StepBench: statements of one study)")
@@ -109,6 +118,10 @@ def build_backend(args: argparse.Namespace):
 
     if args.predictions:
         return PredictionsFileBackend(args.predictions), {}
+    from medheval.backends.api import is_api_model
+
+    if is_api_model(args.model):
+        return build_api_backend(args), {}
     common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
                   temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=args.device, dtype=args.dtype)
     if getattr(args, "prefix_cache", False):
@@ -122,6 +135,31 @@ def build_backend(args: argparse.Namespace):
         backend.name = TINY_MODEL
         return backend, {"random_weights": RANDOM_WEIGHTS_LABEL}
     return HFBackend(args.model, **common), {}
+
+
+def build_api_backend(args: argparse.Namespace):
+    """``--model openai:…|azure:…|anthropic:…``: :class:`medheval.backends.api.APIBackend`."""
+    from medheval.backends.api import APIBackend
+    from medheval.backends.base import BackendError
+
+    local_only = [flag for flag, given in (("--device", args.device), ("--dtype", args.dtype),
+                                           ("--prefix-cache", getattr(args, "prefix_cache", False))) if given]
+    if local_only:
+        raise BackendError(f"{', '.join(local_only)} apply to a local model; {args.model!r} runs on its server")
+    options: dict[str, object] = {}
+    for item in getattr(args, "api_option", []):
+        key, sep, raw = item.partition("=")
+        if not (sep and key.strip()):
+            raise ValueError(f"--api-option {item!r}: expected KEY=VALUE, e.g. timeout=600")
+        try:
+            options[key.strip()] = json.loads(raw)
+        except ValueError:
+            options[key.strip()] = raw
+    return APIBackend(args.model, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+                      temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                      concurrency=getattr(args, "api_concurrency", 16),
+                      batch_size=max(args.batch_size, 4 * getattr(args, "api_concurrency", 16)),
+                      allow_remote_credentialed=list(args.allow_remote_credentialed) or None, **options)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -152,7 +190,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         detector=args.detector,
         benchmark_options=parse_benchmark_options(getattr(args, "benchmark_option", [])),
     )
-    results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=args.batch_size)
+    results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", args.batch_size))
     print((Path(args.output) / "results.md").read_text())
     print(f"results: {Path(args.output) / 'results.json'}")
     return 0 if results.get("benchmarks") or results.get("runs") else 1

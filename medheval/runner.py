@@ -397,6 +397,9 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str,
                                image_roots=spec.image_roots or None,  # also for scoring: judges may look
                                on_missing=spec.on_missing, limit=spec.limit,
                                run_options=spec.benchmark_options.get(name, {}))
+    if callable(getattr(backend, "check_records", None)):  # an API model: credentialed records refused up front
+        fields = [name for name in ("id", "source", "meta") if name in loaded.dataset.column_names]
+        backend.check_records(loaded.dataset.select_columns(fields).to_list())
     if backend.needs_images and not spec.image_roots:
         sources = sorted(set(loaded.dataset["source"]))
         raise RunError(f"model {backend.name} needs images; pass --image-root for: "
@@ -500,6 +503,8 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                     **({"run_options": loaded.run_options} if loaded.run_options else {}),
                 }
                 entries = entries_now
+        if callable(getattr(backend, "usage", None)):  # an API model: requests, cache hits, tokens
+            results["usage"] = backend.usage()
         atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))
         atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
         write_markdown(results, output / "results.md")
@@ -546,6 +551,9 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
     methods = [(text, get_mitigation(text)) for text in mitigations] or [("none", None)]
     if not backend.needs_images and any(method is not None for _, method in methods):
         raise RunError("--mitigation needs a model (--model): a predictions file was decoded elsewhere")
+    if not getattr(backend, "supports_mitigations", True) and any(method is not None for _, method in methods):
+        raise RunError(f"--mitigation changes a local model's decoding loop; {backend.name} answers over an API. "
+                       f"Run mitigations with an HF model (--model <hub id or folder>)")
     lock = OutputLock(spec.output, timeout=spec.lock_timeout) if len(methods) > 1 else contextlib.nullcontext()
     with lock:
         if len(methods) > 1 and (Path(spec.output) / "run.json").exists():

@@ -1,4 +1,5 @@
-"""Models under test: a local HF image-text-to-text model, or a predictions file.
+"""Models under test: a local HF image-text-to-text model, a model behind an API (``APIBackend``:
+OpenAI-compatible servers such as vLLM, Azure OpenAI, Anthropic), or a predictions file.
 
 ``HFBackend`` and the tiny model builder import torch/transformers lazily, so
 ``from medheval.backends import PredictionsFileBackend`` stays light.
@@ -9,10 +10,14 @@ from __future__ import annotations
 from medheval.backends.base import Backend, BackendError
 from medheval.backends.predictions import PredictionsFileBackend
 
-__all__ = ["Backend", "BackendError", "PredictionsFileBackend", "HFBackend", "build_tiny_llava"]
+__all__ = ["APIBackend", "Backend", "BackendError", "PredictionsFileBackend", "HFBackend", "build_tiny_llava"]
 
 
 def __getattr__(name: str):
+    if name == "APIBackend":
+        from medheval.backends.api import APIBackend
+
+        return APIBackend
     if name == "HFBackend":
         from medheval.backends.hf import HFBackend
 

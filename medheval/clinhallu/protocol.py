@@ -131,7 +131,8 @@ class ClinHalluRun:
             seed = attempt_seed(self.config.seed, str(record["id"]), setting, attempt)
             reply = self.backend.generate_chat(
                 [{"id": record["id"], "system": request.system, "user": request.user,
-                  "assistant_prefix": request.assistant_prefix}], [images],
+                  "assistant_prefix": request.assistant_prefix,
+                  "credentialed": bool((record.get("meta") or {}).get("credentialed"))}], [images],
                 seed=seed, overrides=self.config.generation_overrides())[0]
             trace = parse_trace(request.full_trace(reply), lenient_markers=self.config.lenient_markers)
             reasons.append(trace.reason)

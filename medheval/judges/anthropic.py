@@ -2,7 +2,8 @@
 
 ``POST {base_url}/v1/messages`` with ``x-api-key`` and ``anthropic-version: 2023-06-01``; system
 messages go in the top-level ``system`` field; images as base64 ``image`` blocks before the
-text; the reply is the text blocks of ``content``; usage from ``input_tokens``/``output_tokens``.
+text; the reply is the text blocks of ``content``; usage from ``input_tokens``/``output_tokens``. A conversation ending
+with an assistant message is a prefill: the reply continues that text.
 """
 
 from __future__ import annotations
@@ -49,11 +50,15 @@ class AnthropicJudge(HTTPJudge):
             else:
                 content = message["content"]
             messages.append({"role": message["role"], "content": content})
+        params = {"temperature": self.temperature, "max_tokens": self.max_tokens, **item.request.params}
+        params.pop("seed", None)  # the Messages API has no seed
         payload: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
+            "max_tokens": params.pop("max_tokens"),
+            "temperature": params.pop("temperature"),
             "messages": messages,
+            **params,  # top_p
+            **item.request.extra_body,
         }
         if system_parts:
             payload["system"] = "\n\n".join(system_parts)

@@ -52,7 +52,9 @@ TEXT_CORRECTION_PROMPT = (
     "Your previous reply could not be used: {reason}\n"
     "Reply again with only the answer in the format requested above, with no other text."
 )
-REPLY_FORMATS = ("json", "text")
+REPLY_FORMATS = ("json", "text", "raw")
+# per-request generation settings (JudgeRequest.params) the HTTP backends map to their API's fields
+REQUEST_PARAMS = frozenset({"temperature", "top_p", "max_tokens", "seed"})
 
 
 class JudgeError(RuntimeError):
@@ -73,7 +75,13 @@ class JudgeRequest:
     ``metadata`` is carried to the result untouched. ``reply_format="text"`` is for judges
     that answer in plain text (e.g. a detector checkpoint that replies with a bare label):
     ``validate`` then gets the stripped reply text instead of a parsed JSON object, and no JSON
-    mode is requested from the API.
+    mode is requested from the API. ``reply_format="raw"`` (a model under test,
+    :class:`medheval.backends.api.APIBackend`) hands back the reply text exactly as received,
+    empty included, with no corrective follow-up. ``params`` overrides the judge's generation
+    settings for this request (keys ``temperature``, ``top_p``, ``max_tokens``, ``seed``; Anthropic
+    has no seed: it is only part of the cache key there) and ``extra_body`` adds fields to the
+    request body verbatim (e.g. vLLM's ``continue_final_message``); both are part of the cache key
+    and apply to the HTTP backends.
     """
 
     id: str
@@ -85,11 +93,16 @@ class JudgeRequest:
     validate: Callable[[dict], Any] | None = None
     metadata: dict = field(default_factory=dict)
     reply_format: str = "json"
+    params: dict = field(default_factory=dict)
+    extra_body: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.id = str(self.id)
         if self.reply_format not in REPLY_FORMATS:
             raise ValueError(f"JudgeRequest {self.id!r}: reply_format must be one of {REPLY_FORMATS}")
+        unknown = sorted(set(self.params) - REQUEST_PARAMS)
+        if unknown:
+            raise ValueError(f"JudgeRequest {self.id!r}: unknown params {unknown}; allowed: {sorted(REQUEST_PARAMS)}")
         if self.messages is not None and (self.user is not None or self.system is not None):
             raise ValueError(f"JudgeRequest {self.id!r}: give either messages= or system=/user=, not both")
         if self.messages is None and self.user is None:
@@ -206,6 +219,7 @@ class Judge:
         backoff_base: float = 1.0,
         backoff_max: float = 60.0,
         secrets: Iterable[str] = (),
+        max_consecutive_failures: int | None = None,
     ):
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -215,6 +229,8 @@ class Judge:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        if max_consecutive_failures is not None and max_consecutive_failures < 1:
+            raise ValueError(f"max_consecutive_failures must be >= 1 or None, got {max_consecutive_failures}")
         self.model = model
         self.base_url = base_url
         self.concurrency = int(concurrency)
@@ -229,6 +245,8 @@ class Judge:
         self.backoff_base = float(backoff_base)
         self.backoff_max = float(backoff_max)
         self._secrets = tuple(s for s in secrets if s)
+        # HTTP backends: stop the run (JudgeError) once this many records in a row failed for good
+        self.max_consecutive_failures = max_consecutive_failures
         self.cache: JudgeCache | None = None if cache_dir is False else JudgeCache(cache_dir)
         self._lock = threading.Lock()
         self._usage = {"requests": 0, "cached": 0, "failures": 0, "retries": 0, "invalid_retries": 0,
@@ -302,7 +320,8 @@ class Judge:
         return {"temperature": self.temperature, "max_tokens": self.max_tokens}
 
     def cache_key(self, messages: list[dict], image_digests: list[str], image_index: int,
-                  reply_format: str = "json") -> str:
+                  reply_format: str = "json", request_params: dict | None = None,
+                  extra_body: dict | None = None) -> str:
         material = {
             "v": CACHE_KEY_VERSION,
             **self._identity(),
@@ -313,6 +332,10 @@ class Judge:
         }
         if reply_format != "json":
             material["reply_format"] = reply_format
+        if request_params:
+            material["request_params"] = request_params
+        if extra_body:
+            material["extra_body"] = extra_body
         blob = json.dumps(material, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -333,10 +356,12 @@ class Judge:
             raise ValueError(f"JudgeRequest {request.id!r}: {err}") from err
         image_index = max(i for i, m in enumerate(messages) if m["role"] == "user")
         key = self.cache_key(messages, [img.digest for img in images], image_index if images else -1,
-                             request.reply_format)
+                             request.reply_format, request.params, request.extra_body)
         return _Item(index, request, messages, images, image_index, key)
 
     def _validated(self, request: JudgeRequest, text: str) -> Any:
+        if request.reply_format == "raw":
+            return request.validate(text) if request.validate is not None else text
         if request.reply_format == "text":
             if not text or not text.strip():
                 raise ValueError("the judge's reply is empty")

@@ -6,7 +6,9 @@ proxy settings from the environment, so loopback/private traffic never leaves th
 any 5xx, a timeout or a dropped/refused connection, up to ``max_retries`` times, after an
 exponential backoff with jitter or the server's ``Retry-After`` (a 429's ``Retry-After`` pauses
 every thread). 401/403/404 stop the whole run (:class:`JudgeError`: a wrong key or model
-name fails every record alike); other 4xx fail just that record.
+name fails every record alike); other 4xx fail just that record. With ``max_consecutive_failures``
+set, that many records failing for good one after another (in completion order) stop the run too
+(a dead or misconfigured server fails fast instead of retrying every remaining record).
 """
 
 from __future__ import annotations
@@ -196,9 +198,26 @@ class HTTPJudge(Judge):
     def _execute(self, pending: list[_Item], deliver: Callable[[_Item, JudgeResult], None]) -> None:
         stop = threading.Event()
         fatal: list[str] = []
+        tripped: list[str] = []  # max_consecutive_failures reached
+        in_a_row = [0]  # records failed for good one after another, in completion order
+        counter = threading.Lock()
+
+        def work(item: _Item) -> JudgeResult:
+            result = self._judge_one(item, stop)
+            limit = self.max_consecutive_failures
+            if limit:
+                with counter:
+                    in_a_row[0] = 0 if result.ok else in_a_row[0] + 1
+                    if in_a_row[0] >= limit and not tripped:
+                        tripped.append(f"{limit} records in a row failed for good against the {self.backend} endpoint "
+                                       f"{endpoint_host(self.base_url)!r}; the last ({item.request.id!r}): "
+                                       f"{result.error}")
+                        stop.set()
+            return result
+
         pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(pending)), thread_name_prefix="medheval-judge")
         try:
-            futures = {pool.submit(self._judge_one, item, stop): item for item in pending}
+            futures = {pool.submit(work, item): item for item in pending}
             remaining = set(futures)
             while remaining:
                 done, remaining = wait(remaining, return_when=FIRST_COMPLETED)
@@ -222,8 +241,8 @@ class HTTPJudge(Judge):
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown(wait=True)
-        if fatal:
-            raise JudgeError(fatal[0] + " (records finished before this are cached; re-run after fixing it)")
+        if fatal or tripped:
+            raise JudgeError((fatal or tripped)[0] + " (records finished before this are cached; re-run after fixing it)")
 
 
 __all__ = ["FATAL_STATUS", "HTTPJudge", "RETRYABLE_STATUS"]

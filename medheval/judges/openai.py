@@ -21,14 +21,15 @@ DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_AZURE_API_VERSION = "2024-10-21"
 
 
-def openai_messages(item: _Item) -> list[dict]:
-    """The conversation in chat-completions form, images as data-URL parts of one user message."""
+def openai_messages(item: _Item, images_first: bool = False) -> list[dict]:
+    """The conversation in chat-completions form, images as data-URL parts of one user message
+    (after its text, or before it with ``images_first``)."""
     out = []
     for index, message in enumerate(item.messages):
         if item.images and index == item.image_index:
-            content: Any = [{"type": "text", "text": message["content"]}] + [
-                {"type": "image_url", "image_url": {"url": image.data_url}} for image in item.images
-            ]
+            text = [{"type": "text", "text": message["content"]}]
+            images = [{"type": "image_url", "image_url": {"url": image.data_url}} for image in item.images]
+            content: Any = images + text if images_first else text + images
         else:
             content = message["content"]
         out.append({"role": message["role"], "content": content})
@@ -44,16 +45,20 @@ class OpenAIJudge(HTTPJudge):
         api_key: sent as ``Authorization: Bearer``; never stored, logged or cached.
         json_mode: ask for ``response_format={"type": "json_object"}`` (falls back when refused).
         extra_body: more fields for the request body (e.g. ``{"seed": 0}``); part of the cache key.
+        images_first: put a message's images before its text (how the model under test is asked,
+            like the HF backend's chat template); part of the cache key when set.
         **options: the :class:`~medheval.judges.base.Judge` options.
     """
 
     backend = "openai"
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
-                 json_mode: bool = True, extra_body: dict | None = None, **options: Any):
+                 json_mode: bool = True, extra_body: dict | None = None, images_first: bool = False,
+                 **options: Any):
         super().__init__(model, base_url=base_url or DEFAULT_OPENAI_BASE_URL, api_key=api_key, **options)
         self.json_mode = bool(json_mode)
         self.extra_body = dict(extra_body or {})
+        self.images_first = bool(images_first)
         self._json_mode_refused = False
         self._max_tokens_field = "max_tokens"
 
@@ -61,6 +66,8 @@ class OpenAIJudge(HTTPJudge):
         params = {**super()._params(), "json_mode": self.json_mode}
         if self.extra_body:
             params["extra_body"] = self.extra_body
+        if self.images_first:
+            params["images_first"] = True
         return params
 
     def describe(self) -> dict:
@@ -79,15 +86,18 @@ class OpenAIJudge(HTTPJudge):
         return headers
 
     def _request(self, item: _Item) -> tuple[str, dict, dict]:
+        params = {"temperature": self.temperature, "max_tokens": self.max_tokens, **item.request.params}
         payload: dict[str, Any] = {
             "model": self.model,
-            "messages": openai_messages(item),
-            "temperature": self.temperature,
-            self._max_tokens_field: self.max_tokens,
+            "messages": openai_messages(item, self.images_first),
+            "temperature": params.pop("temperature"),
+            self._max_tokens_field: params.pop("max_tokens"),
+            **params,  # top_p, seed
         }
         if self.json_mode and not self._json_mode_refused and item.request.reply_format == "json":
             payload["response_format"] = {"type": "json_object"}
         payload.update(self.extra_body)
+        payload.update(item.request.extra_body)
         return self._url(), self._headers(), payload
 
     def _adapt(self, status: int, message: str, payload: dict) -> dict | None:

@@ -27,10 +27,11 @@ _KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_API_KEY", "anthro
 _JUDGE_OPTIONS = {
     "cache_dir", "concurrency", "requests_per_minute", "max_retries", "timeout", "max_invalid_retries",
     "allow_remote_credentialed", "temperature", "max_tokens", "progress", "backoff_base", "backoff_max",
+    "max_consecutive_failures",
 }
 _BACKEND_OPTIONS = {
-    "openai": {"json_mode", "extra_body", "headers"},
-    "azure": {"json_mode", "extra_body", "headers", "api_version"},
+    "openai": {"json_mode", "extra_body", "headers", "images_first"},
+    "azure": {"json_mode", "extra_body", "headers", "api_version", "images_first"},
     "anthropic": {"headers"},
     "transformers": {"tokenizer", "processor", "batch_size", "device", "dtype", "seed"},
 }
@@ -96,7 +97,9 @@ def make_judge(
             credentialed (PhysioNet) data; see :class:`CredentialedDataError`.
         temperature, max_tokens: generation parameters (temperature 0: deterministic as the API allows).
         progress: show a progress bar.
-        **options: ``backoff_base``/``backoff_max`` (seconds) and the backend options above.
+        **options: ``backoff_base``/``backoff_max`` (seconds), ``max_consecutive_failures`` (records
+            failing for good in a row that stop the run, HTTP backends; default: never), ``images_first``
+            (openai/azure: images before the text) and the backend options above.
     """
     if isinstance(spec, Judge):
         return spec
