@@ -1,0 +1,110 @@
+"""Generation settings per benchmark and answer type: the built-in defaults (one table, here) and the
+layered plan a run applies per record.
+
+A yes/no answer needs a few tokens, a radiology report hundreds, a ClinHallu reasoning trace (Visual
+Recognition → Knowledge Recall → Reasoning → Answer) around a thousand; one ``--max-new-tokens`` for
+all truncates the long ones or wastes time on the short ones. The built-in ``max_new_tokens`` apply
+when the user did not set ``--max-new-tokens``:
+
+================================  ==============  ===================================================
+what                              max_new_tokens  why
+================================  ==============  ===================================================
+answer type ``yes_no``            16              "Yes." plus a short justification at most
+answer type ``multiple_choice``   32              a letter or the option text
+answer type ``statement``         16              Med-StepBench true/false verdicts
+answer type ``open``              256             a sentence or short paragraph (knowledge:open …)
+answer type ``report``            512             a full radiology report (vishal_report)
+benchmark ``clinhallu``           1024            a four-stage reasoning trace per generation
+================================  ==============  ===================================================
+
+Layers, later wins (:meth:`GenerationPlan.for_record`): the built-in table (a benchmark entry beats
+an answer-type entry) → ``generation.defaults`` of a grid config → ``generation.answer_types.<type>``
+→ ``generation.benchmarks.<name>`` → ``generation.benchmarks.<name:config>`` → generation flags
+given on the command line (``--max-new-tokens``, ``--do-sample``, ``--temperature``, ``--top-p``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# Settings a plan may set (``model.generate`` names; a backend maps them to its own API).
+GENERATION_KEYS: dict[str, type | tuple[type, ...]] = {
+    "max_new_tokens": int, "do_sample": bool, "temperature": (int, float), "top_p": (int, float),
+    "top_k": int, "num_beams": int, "repetition_penalty": (int, float),
+}
+BUILTIN_BY_ANSWER_TYPE: dict[str, dict[str, Any]] = {
+    "yes_no": {"max_new_tokens": 16},
+    "multiple_choice": {"max_new_tokens": 32},
+    "statement": {"max_new_tokens": 16},
+    "open": {"max_new_tokens": 256},
+    "report": {"max_new_tokens": 512},
+}
+BUILTIN_BY_BENCHMARK: dict[str, dict[str, Any]] = {"clinhallu": {"max_new_tokens": 1024}}
+FALLBACK_MAX_NEW_TOKENS = 64  # the backend's own value when no layer sets one
+
+
+def check_settings(settings: Any, where: str) -> dict[str, Any]:
+    """A mapping of known generation keys with values of the right type; errors name ``where``."""
+    if not isinstance(settings, Mapping):
+        raise ValueError(f"{where}: expected a mapping of generation settings, got {type(settings).__name__}")
+    for key, value in settings.items():
+        if key not in GENERATION_KEYS:
+            raise ValueError(f"{where}: unknown generation setting {key!r}; known: {', '.join(GENERATION_KEYS)}")
+        wanted = GENERATION_KEYS[key]
+        if (isinstance(value, bool) and wanted is not bool) or not isinstance(value, wanted):
+            names = " or ".join(t.__name__ for t in (wanted if isinstance(wanted, tuple) else (wanted,)))
+            raise ValueError(f"{where}.{key}: expected {names}, got {value!r}")
+        if key in ("max_new_tokens", "num_beams") and value < 1:
+            raise ValueError(f"{where}.{key}: must be >= 1, got {value}")
+    return dict(settings)
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """Generation settings per record, layered as in the module docstring.
+
+    ``builtin=False`` drops the built-in table (only the given layers apply)."""
+
+    defaults: dict[str, Any] = field(default_factory=dict)
+    answer_types: dict[str, dict[str, Any]] = field(default_factory=dict)
+    benchmarks: dict[str, dict[str, Any]] = field(default_factory=dict)  # "name" or "name:config"
+    fixed: dict[str, Any] = field(default_factory=dict)  # command-line flags: beat every other layer
+    builtin: bool = True
+
+    def for_record(self, benchmark: str, config: str | None, answer_type: str | None) -> dict[str, Any]:
+        """The settings one record of ``benchmark:config`` with ``answer_type`` is generated with."""
+        settings: dict[str, Any] = {}
+        if self.builtin:
+            settings.update(BUILTIN_BY_ANSWER_TYPE.get(answer_type or "", {}))
+            settings.update(BUILTIN_BY_BENCHMARK.get(benchmark, {}))
+        settings.update(self.defaults)
+        settings.update(self.answer_types.get(answer_type or "", {}))
+        settings.update(self.benchmarks.get(benchmark, {}))
+        settings.update(self.benchmarks.get(f"{benchmark}:{config}", {}))
+        settings.update(self.fixed)
+        return settings
+
+    def describe(self) -> dict[str, Any]:
+        """The plan as recorded in ``run.json`` (a resumed run must use the same)."""
+        described: dict[str, Any] = {"builtin": self.builtin}
+        for name in ("defaults", "answer_types", "benchmarks", "fixed"):
+            if getattr(self, name):
+                described[name] = getattr(self, name)
+        return described
+
+
+def settings_key(settings: Mapping[str, Any]) -> str:
+    """A stable key to group records that share generation settings into one batch."""
+    return json.dumps(dict(settings), sort_keys=True)
+
+
+def effective_settings(backend_settings: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """What a record was generated with: the backend's generation settings, then the per-call overrides."""
+    base = {key: backend_settings[key] for key in GENERATION_KEYS if key in backend_settings}
+    return {**base, **overrides}
+
+
+__all__ = ["BUILTIN_BY_ANSWER_TYPE", "BUILTIN_BY_BENCHMARK", "FALLBACK_MAX_NEW_TOKENS", "GENERATION_KEYS",
+           "GenerationPlan", "check_settings", "effective_settings", "settings_key"]
