@@ -158,6 +158,10 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
         raise _fail(source, missing[0], "required (and must not be empty)")
     models = _string_list(source, "models", data["models"])
     benchmarks = _string_list(source, "benchmarks", data["benchmarks"])
+    for key, values in (("models", [model_slug(m) for m in models]), ("benchmarks", benchmarks)):
+        repeated = sorted({value for value in values if values.count(value) > 1})
+        if repeated:
+            raise _fail(source, key, f"listed twice: {repeated[0]!r} (each model writes one folder)")
     known = set(list_benchmarks())
     for index, spec in enumerate(benchmarks):
         if parse_benchmark_spec(spec)[0] not in known:

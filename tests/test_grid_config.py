@@ -75,6 +75,7 @@ def test_the_shipped_configs_cover_the_papers_tables():
      "expected a mapping"),
     ("output: o\nmodels: [m/x]\nbenchmarks: [context]\non_missing: ignore\n", "on_missing", "error or skip"),
     ("- output: o\n", "", "expected a mapping of settings at the top"),
+    ("output: o\nmodels: [m/x, m/x]\nbenchmarks: [context]\n", "models", "listed twice: 'm__x'"),
 ])
 def test_a_malformed_config_is_an_error_naming_the_file_and_key(tmp_path, text, key, fragment):
     path = _write(tmp_path, text)
@@ -82,6 +83,12 @@ def test_a_malformed_config_is_an_error_naming_the_file_and_key(tmp_path, text, 
         load_grid_config(path)
     message = str(caught.value)
     assert message.startswith(f"{path}: {key}") and fragment in message
+
+
+def test_a_grid_refuses_a_predictions_file(tmp_path, capsys):
+    path = _write(tmp_path, f"output: {tmp_path / 'o'}\nmodels: [{TINY}]\nbenchmarks: [context]\n")
+    assert main(["run", "--config", str(path), "--predictions", str(tmp_path / "p.jsonl")]) == 2
+    assert f"{path}: --predictions scores one file" in capsys.readouterr().err
 
 
 def test_missing_file_and_invalid_yaml_are_clear_errors(tmp_path, capsys):
