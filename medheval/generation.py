@@ -25,9 +25,11 @@ given on the command line (``--max-new-tokens``, ``--do-sample``, ``--temperatur
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 # Settings a plan may set (``model.generate`` names; a backend maps them to its own API).
 GENERATION_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -95,9 +97,23 @@ class GenerationPlan:
         return described
 
 
-def settings_key(settings: Mapping[str, Any]) -> str:
-    """A stable key to group records that share generation settings into one batch."""
-    return json.dumps(dict(settings), sort_keys=True)
+def settings_for(plan: GenerationPlan | None, benchmark: str, config: str | None) -> Callable[[str], dict[str, Any]]:
+    """A record's answer type -> its settings under ``plan`` for one split (``{}`` for all without a plan)."""
+    if plan is None:
+        return lambda answer_type: {}
+    return functools.lru_cache(maxsize=None)(lambda answer_type: plan.for_record(benchmark, config, answer_type))
+
+
+def group_by_settings(records: list[dict], images: list[list[Any]], settings: Callable[[str], dict[str, Any]]
+                      ) -> Iterator[tuple[list[dict], list[list[Any]], dict[str, Any]]]:
+    """A batch as (records, their images, settings) groups sharing generation settings, in first-seen order."""
+    groups: dict[str, tuple[list[dict], list[list[Any]], dict[str, Any]]] = {}
+    for record, record_images in zip(records, images):
+        chosen = settings(record["answer_type"])
+        group = groups.setdefault(json.dumps(chosen, sort_keys=True), ([], [], chosen))
+        group[0].append(record)
+        group[1].append(record_images)
+    yield from groups.values()
 
 
 def effective_settings(backend_settings: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,5 +122,32 @@ def effective_settings(backend_settings: Mapping[str, Any], overrides: Mapping[s
     return {**base, **overrides}
 
 
+def accepts_overrides(backend: Any) -> bool:
+    """Whether ``backend.generate`` takes ``overrides=`` (by name or ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(backend.generate).parameters
+    except (TypeError, ValueError):
+        return False
+    return "overrides" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def generate_with(backend: Any, records: list[dict], images: list[list[Any]],
+                  overrides: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """``backend.generate`` with per-call ``overrides`` when it takes them; a backend that does not (a
+    predictions file, an older backend) gets the plain call. Returns the outputs and the settings they
+    were generated with (recorded per prediction)."""
+    if overrides and accepts_overrides(backend):
+        outputs = backend.generate(records, images, overrides=dict(overrides))
+        return outputs, effective_settings(backend.settings(), overrides)
+    return backend.generate(records, images), effective_settings(backend.settings(), {})
+
+
+def rendered_prompt(backend: Any, record: dict, images: list[Any]) -> dict[str, str]:
+    """``{"prompt": full model input text}`` from a backend with ``format_prompt(record, num_images)``."""
+    render = getattr(backend, "format_prompt", None)
+    return {"prompt": render(record, len(images))} if callable(render) else {}
+
+
 __all__ = ["BUILTIN_BY_ANSWER_TYPE", "BUILTIN_BY_BENCHMARK", "FALLBACK_MAX_NEW_TOKENS", "GENERATION_KEYS",
-           "GenerationPlan", "check_settings", "effective_settings", "settings_key"]
+           "GenerationPlan", "accepts_overrides", "check_settings", "effective_settings", "generate_with",
+           "group_by_settings", "rendered_prompt", "settings_for"]

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from medheval import __version__
 from medheval.backends.base import Backend, BackendError
 from medheval.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
-from medheval.generation import GenerationPlan, effective_settings, settings_key
+from medheval.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
 from medheval.metric_options import check_options
 from medheval.outputs import OutputLock, atomic_write_text
 from medheval.prompts import describe_templates
@@ -170,10 +170,10 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     records the rendered prompt (when the backend has ``format_prompt``) and the generation settings."""
     ids = loaded.dataset["id"]
     todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation) not in done]
-    plan_for = _plan_lookup(loaded, generation)
+    plan_for = settings_for(generation, loaded.name, loaded.config)
     if generation is not None:  # stable sort: one setting per batch where possible
         answer_types = loaded.dataset["answer_type"]
-        todo.sort(key=lambda index: settings_key(plan_for(answer_types[index])))
+        todo.sort(key=lambda index: json.dumps(plan_for(answer_types[index]), sort_keys=True))
     volumes = bool(getattr(backend, "needs_volumes", False))
     if volumes and loaded.volume_reader is None:
         raise RunError(f"model {backend.name} reads 3D volumes, and {loaded.name} has none (Med-StepBench does)")
@@ -181,62 +181,19 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     with tqdm(total=len(ids), initial=len(ids) - len(todo), desc=f"{loaded.name}:{loaded.config}",
               unit="item") as bar, ThreadPoolExecutor(max_workers=8) as pool:
         for records, images in _record_batches(loaded, todo, batch_size, pool, volumes):
-            for group, group_images, settings in _settings_groups(records, images, plan_for):
+            for group, group_images, settings in group_by_settings(records, images, plan_for):
                 began = time.perf_counter()
-                outputs, used = _generate_with(backend, group, group_images, settings)
+                outputs, used = generate_with(backend, group, group_images, settings)
                 seconds = (time.perf_counter() - began) / max(len(group), 1)
                 if len(outputs) != len(group):
                     raise BackendError(f"backend {backend.name} returned {len(outputs)} outputs for {len(group)} records")
                 for record, record_images, prediction in zip(group, group_images, outputs):
                     writer.write({"id": record["id"], "prediction": prediction, "model": backend.name,
                                   "mitigation": mitigation, "seconds": round(seconds, 6), "generation": used,
-                                  **_rendered_prompt(backend, record, record_images)})
+                                  **rendered_prompt(backend, record, record_images)})
             generated += len(records)
             bar.update(len(records))
     return generated
-
-
-def _plan_lookup(loaded: LoadedBenchmark, plan: GenerationPlan | None) -> Callable[[str], dict[str, Any]]:
-    """A record's answer type -> its generation overrides under ``plan`` (``{}`` for all without a plan)."""
-    if plan is None:
-        return lambda answer_type: {}
-    return functools.lru_cache(maxsize=None)(lambda answer_type: plan.for_record(loaded.name, loaded.config, answer_type))
-
-
-def _settings_groups(records: list[dict], images: list[list[Any]], plan_for: Callable[[str], dict[str, Any]],
-                     ) -> Iterator[tuple[list[dict], list[list[Any]], dict[str, Any]]]:
-    """A batch split into runs of records sharing generation settings (records arrive sorted by them)."""
-    groups: dict[str, tuple[list[dict], list[list[Any]], dict[str, Any]]] = {}
-    for record, record_images in zip(records, images):
-        settings = plan_for(record["answer_type"])
-        group = groups.setdefault(settings_key(settings), ([], [], settings))
-        group[0].append(record)
-        group[1].append(record_images)
-    yield from groups.values()
-
-
-def _generate_with(backend: Backend, records: list[dict], images: list[list[Any]],
-                   overrides: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """``backend.generate`` with per-call ``overrides`` when its ``generate`` takes them (a backend
-    without an ``overrides`` keyword, e.g. a predictions file, gets the plain call and its own settings);
-    returns the outputs and the settings they were generated with."""
-    if overrides and _accepts_overrides(backend):
-        return backend.generate(records, images, overrides=dict(overrides)), effective_settings(backend.settings(), overrides)
-    return backend.generate(records, images), effective_settings(backend.settings(), {})
-
-
-def _accepts_overrides(backend: Backend) -> bool:
-    try:
-        parameters = inspect.signature(backend.generate).parameters
-    except (TypeError, ValueError):
-        return False
-    return "overrides" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-
-
-def _rendered_prompt(backend: Backend, record: dict, images: list[Any]) -> dict[str, str]:
-    """``{"prompt": full model input text}`` from a backend with ``format_prompt(record, num_images)``."""
-    render = getattr(backend, "format_prompt", None)
-    return {"prompt": render(record, len(images))} if callable(render) else {}
 
 
 # Record fields a metric receives when its ``_compute`` names them (one value per scored record).
