@@ -355,3 +355,15 @@ def test_clinhallu_traces_take_their_length_from_the_plan_not_the_backend(tmp_pa
     entry = json.loads((out / "results.json").read_text())["runs"][0]["benchmarks"]["clinhallu:vqa_rad"]
     assert entry["clinhallu_run"]["protocol"]["max_new_tokens"] == 6
     assert entry["clinhallu_run"]["backend"]["max_new_tokens"] == 64  # the backend's own length, unused here
+
+
+def test_a_plain_run_without_max_new_tokens_uses_the_table_and_with_it_one_length():
+    from medheval.cli import _generation_plan, build_parser
+
+    base = ["run", "--benchmark", "clinhallu", "--model", TINY, "--output", "o"]
+    plan = _generation_plan(build_parser().parse_args(base))
+    assert plan.for_record("clinhallu", "all", "yes_no") == {"max_new_tokens": 1024}  # issue 11: traces need room
+    assert plan.for_record("vishal_report", "default", "report") == {"max_new_tokens": 512}
+    assert _generation_plan(build_parser().parse_args([*base, "--max-new-tokens", "64"])) is None  # as before
+    assert _generation_plan(build_parser().parse_args(["run", "--benchmark", "context", "--predictions", "p",
+                                                       "--output", "o"])) is None
