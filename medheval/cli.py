@@ -23,14 +23,17 @@ def _split_list(values: Sequence[str] | None) -> list[str] | None:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``medheval run`` / ``run_eval.py``."""
-    parser.add_argument("--benchmark", action="append", required=True, metavar="NAME[:CONFIG]",
+    parser.add_argument("--config", metavar="GRID.yaml",
+                        help="a run grid (models × benchmarks × mitigations × settings, see configs/); flags "
+                             "given as well override its values")
+    parser.add_argument("--benchmark", action="append", metavar="NAME[:CONFIG]",
                         help="benchmark split, e.g. cxr_vishal, mm_vishal:slake, knowledge:open (repeatable, or comma list)")
     who = parser.add_mutually_exclusive_group(required=False)  # one of them, except with --task detection
     who.add_argument("--model", help=f"HF image-text-to-text model (Hub id or local dir), '{TINY_MODEL}', or a model "
                                      "behind an API: openai:<model>@<base_url> (vLLM, SGLang, TGI, OpenAI), "
                                      "azure:<deployment>@<endpoint>, anthropic:<model>")
     who.add_argument("--predictions", help="score a JSONL of {\"id\", \"prediction\"} made elsewhere")
-    parser.add_argument("--output", required=True, help="output folder (re-running resumes it)")
+    parser.add_argument("--output", help="output folder (re-running resumes it)")
     parser.add_argument("--mitigation", action="append", metavar="NAME[:KEY=VALUE,...]",
                         help="decoding-time mitigation, e.g. vcd:alpha=1,beta=0.1, pai, none (repeatable: a grid "
                              "run side by side; default: none)")
@@ -42,7 +45,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", action="append", help="metric names (default: by answer type)")
     parser.add_argument("--limit", type=int, help="only the first N records of each split")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int,
+                        help="one length for every record (default: per answer type / benchmark, see "
+                             "medheval/generation.py: 16 yes/no … 512 reports, 1024 ClinHallu traces)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-p", type=float)
@@ -119,10 +124,12 @@ def build_backend(args: argparse.Namespace):
     if args.predictions:
         return PredictionsFileBackend(args.predictions), {}
     from medheval.backends.api import is_api_model
+    from medheval.generation import FALLBACK_MAX_NEW_TOKENS
 
     if is_api_model(args.model):
         return build_api_backend(args), {}
-    common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+    common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens or FALLBACK_MAX_NEW_TOKENS,
+                  do_sample=args.do_sample,
                   temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=args.device, dtype=args.dtype)
     if getattr(args, "prefix_cache", False):
         common["prefix_cache"] = True
@@ -141,6 +148,7 @@ def build_api_backend(args: argparse.Namespace):
     """``--model openai:…|azure:…|anthropic:…``: :class:`medheval.backends.api.APIBackend`."""
     from medheval.backends.api import APIBackend
     from medheval.backends.base import BackendError
+    from medheval.generation import FALLBACK_MAX_NEW_TOKENS
 
     local_only = [flag for flag, given in (("--device", args.device), ("--dtype", args.dtype),
                                            ("--prefix-cache", getattr(args, "prefix_cache", False))) if given]
@@ -155,7 +163,7 @@ def build_api_backend(args: argparse.Namespace):
             options[key.strip()] = json.loads(raw)
         except ValueError:
             options[key.strip()] = raw
-    return APIBackend(args.model, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+    return APIBackend(args.model, max_new_tokens=args.max_new_tokens or FALLBACK_MAX_NEW_TOKENS, do_sample=args.do_sample,
                       temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                       concurrency=getattr(args, "api_concurrency", 16),
                       batch_size=max(args.batch_size, 4 * getattr(args, "api_concurrency", 16)),
@@ -166,8 +174,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from medheval.images import parse_image_root_args
     from medheval.runner import RunError, RunSpec, run_grid
 
+    if getattr(args, "config", None):
+        return cmd_grid(args)
     if args.task == "detection":
         return cmd_detect(args)
+    if not args.output:
+        raise RunError("give --output FOLDER (or --config GRID.yaml)")
     if not (args.model or args.predictions):
         raise RunError("give --model (a model answers) or --predictions (a file of answers), "
                        "or --task detection to score a level source on Med-HallMark's released answers")
@@ -189,11 +201,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         lock_timeout=args.lock_timeout,
         detector=args.detector,
         benchmark_options=parse_benchmark_options(getattr(args, "benchmark_option", [])),
+        generation=_generation_plan(args),
     )
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", args.batch_size))
     print((Path(args.output) / "results.md").read_text())
     print(f"results: {Path(args.output) / 'results.json'}")
     return 0 if results.get("benchmarks") or results.get("runs") else 1
+
+
+def _generation_plan(args: argparse.Namespace):
+    """Lengths per benchmark / answer type (:mod:`medheval.generation`) unless ``--max-new-tokens`` was
+    given (then that one length for every record, as the backend has it); none for a predictions file."""
+    from medheval.generation import GenerationPlan
+
+    if args.predictions or args.max_new_tokens is not None:
+        return None
+    return GenerationPlan()
+
+
+def cmd_grid(args: argparse.Namespace) -> int:
+    """``medheval run --config grid.yaml [flags]``: models × benchmarks × mitigations (:mod:`medheval.grid_config`)."""
+    from medheval.grid_config import apply_cli, given_options, load_grid_config, run_config
+
+    argv = list(getattr(args, "argv", None) or [])
+    config = apply_cli(load_grid_config(args.config), args, given_options(argv[1:]))
+    results = run_config(config)
+    print((Path(config.output) / "results.md").read_text())
+    print(f"results: {Path(config.output) / 'results.json'}")
+    return 0 if results["runs"] else 1
 
 
 def cmd_detect(args: argparse.Namespace) -> int:
@@ -202,6 +237,8 @@ def cmd_detect(args: argparse.Namespace) -> int:
     from medheval.runner import RunError, RunSpec
     from medheval.tasks.detection import run_detection
 
+    if not args.output:
+        raise RunError("give --output FOLDER")
     if args.model or args.predictions or args.mitigation:
         raise RunError("--task detection scores a level source (--judge / --detector) on the released answers: "
                        "drop --model, --predictions and --mitigation")
@@ -314,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from medheval.errors import USER_ERRORS
 
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # which flags were typed (a grid config's overrides)
     try:
         return args.handler(args)
     except USER_ERRORS as error:

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from medheval import __version__
 from medheval.backends.base import Backend, BackendError
 from medheval.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
+from medheval.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
 from medheval.metric_options import check_options
 from medheval.outputs import OutputLock, atomic_write_text
 from medheval.prompts import describe_templates
@@ -71,6 +72,8 @@ class RunSpec:
     detector: str | None = None  # MediHall level source: "rule" or a local detector folder (medheval.tasks)
     # per-benchmark run options, e.g. {"med_stepbench": {"knowledge": "prior"}} (recorded in results)
     benchmark_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # generation settings per benchmark / answer type (medheval.generation); None: the backend's own for all
+    generation: GenerationPlan | None = None
 
 
 def _versions() -> dict[str, str]:
@@ -161,10 +164,16 @@ def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int
 
 
 def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogWriter,
-                         done: set[tuple[str, str, str]], mitigation: str, batch_size: int) -> int:
-    """Generate for every record not yet in the log; returns how many were generated now."""
+                         done: set[tuple[str, str, str]], mitigation: str, batch_size: int,
+                         generation: GenerationPlan | None = None) -> int:
+    """Generate for every record not yet in the log; returns how many were generated now. Each log entry
+    records the rendered prompt (when the backend has ``format_prompt``) and the generation settings."""
     ids = loaded.dataset["id"]
     todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation) not in done]
+    plan_for = settings_for(generation, loaded.name, loaded.config)
+    if generation is not None:  # stable sort: one setting per batch where possible
+        answer_types = loaded.dataset["answer_type"]
+        todo.sort(key=lambda index: json.dumps(plan_for(answer_types[index]), sort_keys=True))
     volumes = bool(getattr(backend, "needs_volumes", False))
     if volumes and loaded.volume_reader is None:
         raise RunError(f"model {backend.name} reads 3D volumes, and {loaded.name} has none (Med-StepBench does)")
@@ -172,14 +181,16 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     with tqdm(total=len(ids), initial=len(ids) - len(todo), desc=f"{loaded.name}:{loaded.config}",
               unit="item") as bar, ThreadPoolExecutor(max_workers=8) as pool:
         for records, images in _record_batches(loaded, todo, batch_size, pool, volumes):
-            began = time.perf_counter()
-            outputs = backend.generate(records, images)
-            seconds = (time.perf_counter() - began) / max(len(records), 1)
-            if len(outputs) != len(records):
-                raise BackendError(f"backend {backend.name} returned {len(outputs)} outputs for {len(records)} records")
-            for record, prediction in zip(records, outputs):
-                writer.write({"id": record["id"], "prediction": prediction, "model": backend.name,
-                              "mitigation": mitigation, "seconds": round(seconds, 6)})
+            for group, group_images, settings in group_by_settings(records, images, plan_for):
+                began = time.perf_counter()
+                outputs, used = generate_with(backend, group, group_images, settings)
+                seconds = (time.perf_counter() - began) / max(len(group), 1)
+                if len(outputs) != len(group):
+                    raise BackendError(f"backend {backend.name} returned {len(outputs)} outputs for {len(group)} records")
+                for record, record_images, prediction in zip(group, group_images, outputs):
+                    writer.write({"id": record["id"], "prediction": prediction, "model": backend.name,
+                                  "mitigation": mitigation, "seconds": round(seconds, 6), "generation": used,
+                                  **rendered_prompt(backend, record, record_images)})
             generated += len(records)
             bar.update(len(records))
     return generated
@@ -465,6 +476,8 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
             unknown = sorted(set(spec.benchmark_options) - {parse_benchmark_spec(b)[0] for b in spec.benchmarks})
             if unknown:
                 raise RunError(f"--benchmark-option given for benchmark(s) {unknown} that this run does not include")
+        if spec.generation is not None:  # per benchmark / answer type (medheval.generation)
+            settings["generation"] = spec.generation.describe()
         _check_run_settings(output, settings)
         log_path = output / "predictions.jsonl"
         entries = read_log(log_path)
@@ -483,7 +496,8 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                     results["benchmarks"][f"{loaded.name}:{loaded.config}"] = _protocol_split(
                         loaded, backend, spec, output, options["clinhallu"])
                     continue
-                generated = generate_predictions(loaded, backend, writer, done, spec.mitigation, batch_size)
+                generated = generate_predictions(loaded, backend, writer, done, spec.mitigation, batch_size,
+                                                 spec.generation)
                 entries_now = read_log(log_path, repair=False) if generated else entries
                 predictions = {entry["id"]: entry["prediction"] for entry in entries_now
                                if entry.get("model") == backend.name

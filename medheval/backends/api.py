@@ -179,14 +179,23 @@ class APIBackend:
             params["top_p"] = self.top_p
         return params
 
-    def generate(self, records: list[dict], images: list[list] | None = None) -> list[str]:
-        """One reply per record: ``build_prompt(record)`` after the record's images, in one user turn."""
+    def format_prompt(self, record: dict, num_images: int) -> str:
+        """The text sent for a record (the server applies the model's chat template around it, after
+        the ``num_images`` images); recorded per prediction."""
+        return build_prompt(record)
+
+    def generate(self, records: list[dict], images: list[list] | None = None, *,
+                 overrides: dict | None = None) -> list[str]:
+        """One reply per record: ``build_prompt(record)`` after the record's images, in one user turn.
+        ``overrides`` (HF names: ``max_new_tokens``, ``do_sample``, ``temperature``, ``top_p``) replace
+        the backend's settings for this call, e.g. a benchmark's generation length."""
         images = images if images is not None else [[] for _ in records]
         if len(images) != len(records):
             raise BackendError(f"got {len(records)} records but {len(images)} image lists; pass one list per record")
-        requests = [JudgeRequest(str(record["id"]), user=build_prompt(record), images=list(imgs),
+        params = self._chat_params(None, overrides) if overrides else self._sampling()
+        requests = [JudgeRequest(str(record["id"]), user=self.format_prompt(record, len(imgs)), images=list(imgs),
                                  credentialed=_record_credentialed(record), reply_format="raw",
-                                 params=self._sampling())
+                                 params=params)
                     for record, imgs in zip(records, images)]
         return self._run(requests, ["" for _ in requests])
 

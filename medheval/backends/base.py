@@ -22,6 +22,11 @@ class Backend(Protocol):
             not, so the runner can skip loading them).
         needs_volumes: optional; a 3D-capable backend sets it ``True`` and then finds each
             record's volumes, read with nibabel, in ``record["volumes"]`` ({name: 3D array}).
+
+    Optional, found by the runner when present: ``generate(records, images, overrides=...)`` (a keyword
+    ``overrides`` or ``**kwargs``) receives per-call generation settings (``max_new_tokens`` … by
+    benchmark / answer type, :mod:`medheval.generation`; the records of one call share them), and
+    ``format_prompt(record, num_images) -> str`` gives the full model input recorded per prediction.
     """
 
     name: str

@@ -204,9 +204,9 @@ class HFBackend:
         kwargs.update(self.generate_kwargs)
         return kwargs
 
-    def _generate_batch(self, records: list[dict], images: list[list]) -> list[str]:
+    def _generate_batch(self, records: list[dict], images: list[list], overrides: dict | None = None) -> list[str]:
         texts = [self.format_prompt(r, len(imgs)) for r, imgs in zip(records, images)]
-        return self._generate_texts(texts, images, records)
+        return self._generate_texts(texts, images, records, overrides=overrides)
 
     def format_chat(self, system: str, user: str, assistant_prefix: str, num_images: int) -> str:
         """The model input for a system + user turn whose reply starts with ``assistant_prefix``
@@ -259,8 +259,11 @@ class HFBackend:
         decoded = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         return [text.strip() for text in decoded]
 
-    def generate(self, records: list[dict], images: list[list] | None = None) -> list[str]:
-        """One output per record, in order; ``images[i]`` are the PIL images of ``records[i]``."""
+    def generate(self, records: list[dict], images: list[list] | None = None, *,
+                 overrides: dict | None = None) -> list[str]:
+        """One output per record, in order; ``images[i]`` are the PIL images of ``records[i]``.
+        ``overrides`` replaces generation settings for this call (e.g. ``{"max_new_tokens": 512}`` for
+        reports: :mod:`medheval.generation`)."""
         if images is None:
             images = [[] for _ in records]
         if len(images) != len(records):
@@ -270,7 +273,7 @@ class HFBackend:
 
             if self._prefix_cache is None or self._prefix_cache.backend is not self:  # copies (run_grid) get their own
                 self._prefix_cache = PrefixCache(self)
-            return self._prefix_cache.generate(records, [list(x) for x in images])
+            return self._prefix_cache.generate(records, [list(x) for x in images], overrides=overrides)
         starts = range(0, len(records), self.batch_size)
         if self.progress and len(records) > self.batch_size:
             from tqdm.auto import tqdm
@@ -279,7 +282,7 @@ class HFBackend:
         outputs: list[str] = []
         for start in starts:
             end = start + self.batch_size
-            outputs.extend(self._generate_batch(records[start:end], [list(x) for x in images[start:end]]))
+            outputs.extend(self._generate_batch(records[start:end], [list(x) for x in images[start:end]], overrides))
         return outputs
 
     # -- recording --------------------------------------------------------------------

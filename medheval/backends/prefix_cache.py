@@ -134,7 +134,8 @@ class PrefixCache:
             self._cache.popitem(last=False)
         return out.past_key_values
 
-    def _generate_chunk(self, prefix: list[int], suffixes: list[list[int]], cache: Any) -> list[str]:
+    def _generate_chunk(self, prefix: list[int], suffixes: list[list[int]], cache: Any,
+                        overrides: dict | None = None) -> list[str]:
         backend = self.backend
         width = max(len(s) for s in suffixes)
         pad = backend.tokenizer.pad_token_id
@@ -148,13 +149,14 @@ class PrefixCache:
         torch.manual_seed(backend.seed)
         with torch.inference_mode():
             out = backend.model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past,
-                                         **backend._generation_kwargs())
+                                         **{**backend._generation_kwargs(), **(overrides or {})})
         sequences = out.sequences if hasattr(out, "sequences") else out
         decoded = backend.tokenizer.batch_decode(sequences[:, input_ids.shape[1]:], skip_special_tokens=True)
         return [text.strip() for text in decoded]
 
-    def generate(self, records: list[dict], images: list[list]) -> list[str]:
-        """One output per record, in order; records with identical images share one prefix encoding."""
+    def generate(self, records: list[dict], images: list[list], overrides: dict | None = None) -> list[str]:
+        """One output per record, in order; records with identical images share one prefix encoding.
+        ``overrides``: generation settings for this call (as :meth:`HFBackend.generate`)."""
         outputs: list[str | None] = [None] * len(records)
         for key, indices in group_by_images(images).items():
             group = [records[i] for i in indices]
@@ -166,7 +168,7 @@ class PrefixCache:
             for start in range(0, len(indices), self.backend.batch_size):
                 chunk = indices[start:start + self.backend.batch_size]
                 suffixes = [ids[indices.index(i)][length:] for i in chunk]
-                for i, text in zip(chunk, self._generate_chunk(prefix, suffixes, cache)):
+                for i, text in zip(chunk, self._generate_chunk(prefix, suffixes, cache, overrides)):
                     outputs[i] = text
         return [text if text is not None else "" for text in outputs]
 

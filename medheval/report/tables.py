@@ -154,12 +154,13 @@ def warnings_section(warnings: Iterable[str]) -> list[str]:
     return ["## Warnings", "", *(f"- {text}" for text in warnings), ""] if warnings else []
 
 
-def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path) -> None:
-    """The combined ``results.md`` of several mitigations: one row per mitigation, same columns."""
-    parts = ["# MedHEval-HF results: mitigations side by side", ""]
+def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: str = "mitigations") -> None:
+    """The combined ``results.md`` of several runs (mitigations, or models × mitigations of a grid
+    config): one row per run, same columns."""
+    parts = [f"# MedHEval-HF results: {heading} side by side", ""]
     labels = {label for run in runs for label in run.get("labels", {}).values()}
     parts += [line for label in sorted(labels) for line in (f"> **{label}**", "")]
-    parts += warnings_section(f"`{run['settings']['mitigation']}`: {text}" for run in runs
+    parts += warnings_section(f"`{run['settings']['model']}` · `{run['settings']['mitigation']}`: {text}" for run in runs
                               for text in run.get("warnings", []))
     for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
                          ("Open-ended metrics", open_ended_table(runs)),

@@ -60,9 +60,12 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     judge = clinhallu_judge(spec.judge, **judge_options)
     records = loaded.dataset.to_list()
     before = len(read_log(folder / GENERATIONS, required=LOG_FIELDS)) if (folder / GENERATIONS).exists() else 0
-    # the paper's sampling (temperature 0.7, top-p 0.9); length and seed from --max-new-tokens / --seed
-    config = ProtocolConfig(max_new_tokens=int(getattr(backend, "max_new_tokens", 1024)),
-                            seed=int(getattr(backend, "seed", 0)))
+    # the paper's sampling (temperature 0.7, top-p 0.9); length from the run's generation plan (built-in:
+    # 1024 tokens per trace, medheval.generation) or else the backend's --max-new-tokens; seed from --seed
+    plan = getattr(spec, "generation", None)
+    length = (plan.for_record(loaded.name, loaded.config, None) if plan is not None else {}).get(
+        "max_new_tokens", getattr(backend, "max_new_tokens", 1024))
+    config = ProtocolConfig(max_new_tokens=int(length), seed=int(getattr(backend, "seed", 0)))
     protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config,
                             images_for=loaded.resolver.load_record_images if loaded.resolver else None)
     result = protocol.run(records)
