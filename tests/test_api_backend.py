@@ -356,3 +356,26 @@ def test_azure_deployment_url_key_header_and_no_vllm_fields(monkeypatch):
     assert [part["type"] for part in user["content"]] == ["image_url", "text"]
     assert _pixels_of_data_url(user["content"][0]["image_url"]["url"]) == ("RGB", (4, 4), image.tobytes())
     assert body["messages"][-1] == {"role": "assistant", "content": "[Answer]"}
+
+
+def test_api_model_takes_the_generation_length_of_each_answer_type(fixture_benchmark, monkeypatch, tmp_path):
+    """Without --max-new-tokens, each record's request carries its answer type's built-in length
+    (medheval.generation), and the prediction records the prompt sent and the settings used."""
+    from medheval.cli import main
+    from medheval.generation import BUILTIN_BY_ANSWER_TYPE
+
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    with JudgeServer("openai", reply=lambda body: "Yes") as server:
+        args = _run_args(fixture_benchmark, tmp_path / "a", f"openai:m@{server.base_url}")
+        cut = args.index("--max-new-tokens")
+        assert main(args[:cut] + args[cut + 2:]) == 0
+        lengths = {(_content(r.json)[-1]["text"], r.json["max_tokens"]) for r in server.requests}
+    records = [r for spec in (("mm_vishal", "slake"), ("cxr_vishal", "mimic_cxr"))
+               for r in prepare_benchmark(*spec, data_dir=fixture_benchmark["data_dir"]).dataset.to_list()]
+    assert {r["answer_type"] for r in records} == {"yes_no", "multiple_choice"}
+    assert lengths == {(build_prompt(r), BUILTIN_BY_ANSWER_TYPE[r["answer_type"]]["max_new_tokens"]) for r in records}
+    logged = {e["id"]: e for e in map(json.loads, (tmp_path / "a" / "predictions.jsonl").read_text().splitlines())}
+    for record in records:
+        entry = logged[record["id"]]
+        assert entry["prompt"] == build_prompt(record)
+        assert entry["generation"]["max_new_tokens"] == BUILTIN_BY_ANSWER_TYPE[record["answer_type"]]["max_new_tokens"]
