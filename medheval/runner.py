@@ -234,7 +234,10 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
     move from the summary to the per-item rows."""
     rows = [row for row in loaded.dataset.to_list() if row["id"] in predictions]
     results: dict[str, Any] = {}
-    per_item = [{"id": row["id"], "prediction": predictions[row["id"]], "reference": row["answer"]} for row in rows]
+    split = f"{loaded.name}:{loaded.config}"  # what the report groups and filters items by
+    per_item = [{"id": row["id"], "prediction": predictions[row["id"]], "reference": row["answer"], "split": split,
+                 **{key: row[key] for key in ("category", "source", "answer_type", "images")},
+                 "credentialed": _record_credentialed(row)} for row in rows]
     if not rows:
         return results, per_item
     for name in metric_names:
