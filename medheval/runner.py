@@ -504,9 +504,31 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                 }
                 entries = entries_now
         atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))
+        results["report"] = _report_plan()
         atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
         write_markdown(results, output / "results.md")
+        _own_report(output, results)
     return results
+
+
+def _report_plan() -> dict[str, Any]:
+    """What ``report.html`` will hold, recorded before it is written (plots need the ``report`` extra)."""
+    from medheval.report.build import plots_unavailable
+
+    note = plots_unavailable()
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return {"html": "report.html", "note": note}
+
+
+def _own_report(output: Path, results: dict[str, Any]) -> None:
+    """``report.html`` beside ``results.md``, written last (:func:`medheval.report.build.write_run_report`):
+    the results are on disk already, so a problem here is printed, never raised."""
+    from medheval.report.build import write_run_report
+
+    problem = write_run_report(output, results)
+    if problem:
+        print(f"note: {problem}", file=sys.stderr)
 
 
 def _protocol_split(loaded: LoadedBenchmark, backend: Backend, spec: RunSpec, output: Path,
@@ -576,4 +598,5 @@ def _run_methods(spec: RunSpec, backend: Backend, methods: list[tuple[str, Any]]
         combined = {"runs": runs}
         atomic_write_text(Path(spec.output) / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
         write_grid_markdown(runs, Path(spec.output) / "results.md")
+        _own_report(Path(spec.output), combined)
     return runs[0] if len(runs) == 1 else {"runs": runs}

@@ -114,9 +114,8 @@ def test_cli_writes_markdown_csv_json(tmp_path, capsys):
     assert "no such folder" in capsys.readouterr().err
 
 
-def test_write_report_on_the_real_runner_output(tmp_path):
-    from medheval.demo import DEMO_BENCHMARKS  # noqa: F401  (the demo's splits are what the runner writes)
-
+def test_write_report_tables_only(tmp_path):
     run = write_run(tmp_path / "r", "none", BASE)
     written = write_report([run], tmp_path / "out", plots=False, html=False)
-    assert written["markdown"].exists() and written["csv"].exists()
+    assert written["markdown"].exists() and written["csv"].exists() and written["plots"] == {}
+    assert not (tmp_path / "out" / "plots").exists() and not (tmp_path / "out" / "report.html").exists()

@@ -19,17 +19,67 @@ if TYPE_CHECKING:  # imported when a report is written, so `medheval --help` sta
 
 def caveats(runs: list["Run"]) -> list[str]:
     """What a reader must know about the runs: labels (random weights), warnings, unread parts."""
+    from medheval.report.tables import caveats as run_caveats
+
     lines: list[str] = []
     for run in runs:
         for label in run.results.get("labels", {}).values():
             if f"{label}" not in lines:
                 lines.append(str(label))
         lines += [f"{run.label} ({run.path}): {text}" for text in run.results.get("warnings", [])]
+        lines += [f"{run.label}: {text}" for text in run_caveats(run.results)]
         lines += run.notes
     if any(item.get("credentialed") for run in runs for item in run.items):
         lines.append("Some items derive from credentialed data (MIMIC, PhysioNet agreement): keep this report "
                      "under the same terms; images of those items are never embedded.")
     return lines
+
+
+def plots_unavailable() -> str | None:
+    """Why there can be no plots (matplotlib, an optional extra, is missing), or ``None``."""
+    try:
+        import medheval.report.plots  # noqa: F401
+    except ImportError as error:
+        return f"plots left out: {error} (pip install 'medheval[report]')"
+    return None
+
+
+def _plots(runs: list["Run"], folder: Path) -> tuple[dict[str, Path], str | None]:
+    """The figures, or none and why (the tables never depend on matplotlib)."""
+    note = plots_unavailable()
+    if note:
+        return {}, note
+    from medheval.report.plots import write_plots
+
+    return write_plots(runs, folder), None
+
+
+def write_run_report(output: str | Path, results: dict[str, Any]) -> str | None:
+    """``report.html`` for the run (or grid) just written into ``output``; ``results`` is its results.json
+    content (``{"runs": [...]}`` for a grid). Never raises: the run's results are already on disk, so a
+    problem is returned as a one-line note (``None`` when all went well)."""
+    import tempfile
+
+    from medheval.report.collect import Run, find_runs, read_items
+    from medheval.report.html import write_html
+    from medheval.report.paper import build_tables
+
+    output = Path(output)
+    try:
+        if "runs" in results:
+            runs = find_runs([output])
+        else:
+            notes: list[str] = []
+            runs = [Run(path=output, results=results, items=read_items(output, results, notes), notes=notes)]
+        with tempfile.TemporaryDirectory(prefix="medheval-plots-") as folder:
+            figures, note = _plots(runs, Path(folder))
+            notes = caveats(runs)
+            notes += [note] if note and not any(note in line for line in notes) else []
+            write_html(runs, build_tables(runs), figures, notes, output / "report.html")
+        return None
+    except Exception as error:  # noqa: BLE001 - the run succeeded; its report must not undo that
+        return (f"report.html not written ({type(error).__name__}: {error}); "
+                f"try `medheval report {output} --output DIR`")
 
 
 def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = True, html: bool = True,
@@ -45,15 +95,7 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     tables = build_tables(runs)
     _, compared = comparisons(runs)
     notes = caveats(runs)
-    figures: dict[str, Path] = {}
-    plot_note = None
-    if plots:
-        try:
-            from medheval.report.plots import write_plots
-        except ImportError as error:  # matplotlib missing: the tables still come
-            plot_note = f"plots skipped: {error} (pip install 'medheval[report]')"
-        else:
-            figures = write_plots(runs, output / "plots")
+    figures, plot_note = _plots(runs, output / "plots") if plots else ({}, None)
     if plot_note:
         notes.append(plot_note)
     header = ["# MedHEval-HF report", "", "Runs: " + ", ".join(f"`{run.label}` ({run.path})" for run in runs), ""]

@@ -339,9 +339,11 @@ def comparisons(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
                   [Column("none", ranked=False), Column("mitigation", ranked=False), Column("Δ", ranked=False),
                    Column("p", ranked=False), Column("n", ranked=False)])
     records: list[dict[str, Any]] = []
-    baselines = {run.model: run for run in runs if run.mitigation == "none" and run.items}
+    baselines = [run for run in runs if run.mitigation == "none" and run.items]
     for run in runs:
-        base = baselines.get(run.model)
+        # the same model's `none`, preferably from the same grid (the sibling folder)
+        same = [b for b in baselines if b.model == run.model]
+        base = next((b for b in same if b.path.parent == run.path.parent), same[0] if same else None)
         if run.mitigation == "none" or base is None or not run.items:
             continue
         for split in run.results["benchmarks"]:
