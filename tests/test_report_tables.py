@@ -119,3 +119,26 @@ def test_write_report_tables_only(tmp_path):
     written = write_report([run], tmp_path / "out", plots=False, html=False)
     assert written["markdown"].exists() and written["csv"].exists() and written["plots"] == {}
     assert not (tmp_path / "out" / "plots").exists() and not (tmp_path / "out" / "report.html").exists()
+
+
+def test_stepbench_recall_and_f1_intervals_from_items(tmp_path):
+    # EN step 1: hallucinated statements right T,T,F,F (tp 2, fn 2); ground-truth ones T,T,T,F (tn 3, fp 1)
+    # recall = 2/4 = 0.5; F1 = 2tp / (2tp + fp + fn) = 4/7
+    run = tmp_path / "sb"
+    run.mkdir()
+    labels = ["hallucination"] * 4 + ["ground_truth"] * 4
+    correct = [True, True, False, False, True, True, True, False]
+    items = [{"id": f"med_stepbench/en/s{i}", "prediction": "x", "reference": label, "correct": ok,
+              "split": "med_stepbench:all", "category": "anatomical_mapping", "source": "med_stepbench"}
+             for i, (label, ok) in enumerate(zip(labels, correct))]
+    (run / "scored.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
+    per_step = {"1": {"recall": 0.5, "f1": 4 / 7}}
+    (run / "results.json").write_text(json.dumps({"settings": {"model": "m", "mitigation": "none"}, "benchmarks": {
+        "med_stepbench:all": {"n_records": 8, "n_scored": 8, "metrics": {"stepbench": {
+            "accuracy": 5 / 8, "n_unparsed": 0, "by_language": {"en": {"per_step": per_step}}}}}}}))
+    (table,) = [t for t in build_tables(find_runs([run])) if t.key == "med_stepbench"]
+    labels_ = [c.label for c in table.columns]
+    recall, f1 = (table.rows[0][1][labels_.index(name)] for name in ("EN S1 R", "EN S1 F1"))
+    assert recall.value == pytest.approx(50.0) and recall.n == 4 and recall.low < 50 < recall.high
+    assert f1.value == pytest.approx(400 / 7) and f1.n == 8 and f1.low < 400 / 7 < f1.high
+    assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(62.5)

@@ -269,30 +269,55 @@ def med_hallmark(runs: list[Run]) -> list[Table]:
     return tables
 
 
+def _stepbench_cell(value: Any, items: list[dict[str, Any]], what: str) -> Cell:
+    """Recall (mean correctness over hallucinated statements) or F1 = Σ2tp / Σ(2tp + fp + fn), both
+    recomputed per item (an unparsed answer is already ``correct = False``), with their intervals."""
+    if not _num(value):
+        return Cell()
+    cell = Cell(value=100 * value)
+    rows = [(item.get("reference") == "hallucination", bool(item.get("correct"))) for item in items
+            if item.get("reference") in ("hallucination", "ground_truth")]
+    if not rows:
+        cell.note = "scored.jsonl does not carry each statement's step and label (re-score the run)"
+        return cell
+    if what == "recall":
+        values = [float(ok) for positive, ok in rows if positive]
+        return _with_interval(cell, values, 100.0, value) if values else cell
+    numerators = [2.0 * ok if positive else 0.0 for positive, ok in rows]
+    denominators = [1.0 + ok if positive else 1.0 - ok for positive, ok in rows]
+    if not sum(denominators):
+        return cell
+    return _with_interval(cell, numerators, 100.0, value, denominators)
+
+
 def stepbench(runs: list[Run]) -> Table | None:
     """Med-StepBench Table 3: recall and F1 (%) per step and language (hallucination = positive class)."""
+    from medheval.stepbench import STEPS
+
     rows = stepbench_rows([run.results for run in runs])
     if not rows:
         return None
     columns = [Column(f"{lang.upper()} S{step} {what}") for lang in STEPBENCH_LANGUAGES for step in STEPBENCH_STEPS
                for what in ("R", "F1")]
     table = Table("med_stepbench", "Med-StepBench Table 3: recall and F1 (%) per step",
-                  ["Model", "Mitigation", "Knowledge"], columns + [Column("Acc"), Column("Unparsed", ranked=False)],
-                  footer=["Per-step R/F1 have no interval: F1 is not an item mean, and scored.jsonl does not carry "
-                          "each statement's step, language and label."])
-    accuracy = {}
+                  ["Model", "Mitigation", "Knowledge"], columns + [Column("Acc"), Column("Unparsed", ranked=False)])
+    found: dict[tuple[str, str, str], tuple[Run, str]] = {}
     for run in runs:
         for split, entry in run.results["benchmarks"].items():
             if "stepbench" in entry.get("metrics", {}):
-                knowledge = str(entry.get("run_options", {}).get("knowledge", "none"))
-                accuracy[(run.model, run.mitigation, knowledge)] = figure(run, split, "stepbench", "accuracy")
+                found[(run.model, run.mitigation, str(entry.get("run_options", {}).get("knowledge", "none")))] = (run, split)
     for model, mitigation, knowledge, by_language in rows:
+        run, split = found[(model, mitigation, knowledge)]
+        items = run.items_of(split)
         cells = []
         for lang in STEPBENCH_LANGUAGES:
             for step in STEPBENCH_STEPS:
                 scores = by_language.get(lang, {}).get(step) or by_language.get(lang, {}).get(str(step)) or {}
-                cells += [Cell(value=100 * v) if _num(v) else Cell() for v in (scores.get("recall"), scores.get("f1"))]
-        cells += [accuracy.get((model, mitigation, knowledge), Cell()), Cell(text=str(by_language.get("n_unparsed", 0)))]
+                mine = [item for item in items if item.get("category") == STEPS[step]
+                        and item["id"].split("/")[1:2] == [lang]]
+                cells += [_stepbench_cell(scores.get("recall"), mine, "recall"),
+                          _stepbench_cell(scores.get("f1"), mine, "f1")]
+        cells += [figure(run, split, "stepbench", "accuracy"), Cell(text=str(by_language.get("n_unparsed", 0)))]
         table.rows.append(([model, mitigation, knowledge], cells))
     return table
 
