@@ -134,7 +134,7 @@ def samples(runs: list[Run], thumbnails: bool = False, image_roots: dict[str, st
             rows.append({"id": item["id"], "split": item["split"], "category": item.get("category") or "–",
                          "model": run.model, "mitigation": run.mitigation,
                          "correct": "correct" if correct is True else "wrong" if correct is False else "not scored",
-                         "prompt": item.get("prompt") or "", "prediction": str(item.get("prediction", "")),
+                         "prompt": item.get("prompt") or "(not logged)", "prediction": str(item.get("prediction", "")),
                          "reference": str(item.get("reference") or ""),
                          **({"thumbnail": thumb} if thumbnails and (thumb := _thumbnail(item, image_roots or {}))
                             else {})})
