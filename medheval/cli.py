@@ -343,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("list", help="benchmarks (with configs), metrics, mitigations")
     listing.set_defaults(handler=cmd_list)
     add_hub_commands(commands)
+    from medheval.report.build import add_report_command
+
+    add_report_command(commands)
     return parser
 
 

@@ -245,7 +245,10 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
     move from the summary to the per-item rows."""
     rows = [row for row in loaded.dataset.to_list() if row["id"] in predictions]
     results: dict[str, Any] = {}
-    per_item = [{"id": row["id"], "prediction": predictions[row["id"]], "reference": row["answer"]} for row in rows]
+    split = f"{loaded.name}:{loaded.config}"  # what the report groups and filters items by
+    per_item = [{"id": row["id"], "prediction": predictions[row["id"]], "reference": row["answer"], "split": split,
+                 **{key: row[key] for key in ("category", "source", "answer_type", "images")},
+                 "credentialed": _record_credentialed(row)} for row in rows]
     if not rows:
         return results, per_item
     for name in metric_names:
@@ -520,9 +523,31 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         if callable(getattr(backend, "usage", None)):  # an API model: requests, cache hits, tokens
             results["usage"] = backend.usage()
         atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))
+        results["report"] = _report_plan()
         atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
         write_markdown(results, output / "results.md")
+        _own_report(output, results)
     return results
+
+
+def _report_plan() -> dict[str, Any]:
+    """What ``report.html`` will hold, recorded before it is written (plots need the ``report`` extra)."""
+    from medheval.report.build import plots_unavailable
+
+    note = plots_unavailable()
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return {"html": "report.html", "note": note}
+
+
+def _own_report(output: Path, results: dict[str, Any]) -> None:
+    """``report.html`` beside ``results.md``, written last (:func:`medheval.report.build.write_run_report`):
+    the results are on disk already, so a problem here is printed, never raised."""
+    from medheval.report.build import write_run_report
+
+    problem = write_run_report(output, results)
+    if problem:
+        print(f"note: {problem}", file=sys.stderr)
 
 
 def _protocol_split(loaded: LoadedBenchmark, backend: Backend, spec: RunSpec, output: Path,
@@ -595,4 +620,5 @@ def _run_methods(spec: RunSpec, backend: Backend, methods: list[tuple[str, Any]]
         combined = {"runs": runs}
         atomic_write_text(Path(spec.output) / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
         write_grid_markdown(runs, Path(spec.output) / "results.md")
+        _own_report(Path(spec.output), combined)
     return runs[0] if len(runs) == 1 else {"runs": runs}

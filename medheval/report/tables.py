@@ -116,6 +116,8 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
     settings = run["settings"]
     parts += [f"Model: `{settings['model']}` · mitigation: `{settings['mitigation']}`", ""]
     parts += warnings_section(run.get("warnings", []))
+    found = caveats(run)
+    parts += ["## Caveats", "", *(f"- {line}" for line in found), ""] if found else []
     table = close_ended_table([run])
     if table:
         parts += ["## Close-ended accuracy (%)", "", table, ""]
@@ -147,6 +149,39 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
     atomic_write_text(path, "\n".join(parts))
 
 
+def caveats(run: dict[str, Any]) -> list[str]:
+    """What a reader of one run's numbers must know beyond its warnings: random weights, records scored
+    without a prediction or an image, items a metric could not score, annotation files not checked
+    against a pinned checksum (``medheval report`` lists the same lines)."""
+    lines = []
+    if (run.get("report") or {}).get("note"):
+        lines.append(f"report: {run['report']['note']}")
+    if (run.get("settings", {}).get("backend") or {}).get("random_weights") and not run.get("labels"):
+        lines.append("the model has random weights: its numbers mean nothing")
+    for split, entry in run.get("benchmarks", {}).items():
+        missing = int(entry.get("n_records", 0)) - int(entry.get("n_scored", entry.get("n_records", 0)))
+        if missing > 0:
+            lines.append(f"`{split}`: {missing} of {entry['n_records']} record(s) have no prediction and are not scored")
+        skipped = (entry.get("skipped_missing_images") or {}).get("count", 0)
+        if skipped:
+            lines.append(f"`{split}`: {skipped} record(s) skipped for a missing image (--on-missing skip)")
+        for metric, out in entry.get("metrics", {}).items():
+            failed = (out or {}).get("n_failed") if isinstance(out, dict) else None
+            if isinstance(failed, int) and failed:
+                lines.append(f"`{split}` · {metric}: {failed} item(s) could not be scored and are left out of "
+                             f"its figures")
+            for key, what in (("n_unparsed", "unparsed answer(s), counted wrong"),
+                              ("n_bad_reference", "unusable reference(s)"),
+                              ("n_empty_predictions", "empty prediction(s), scored 0")):
+                if isinstance(out, dict) and isinstance(out.get(key), int) and out[key]:
+                    lines.append(f"`{split}` · {metric}: {out[key]} {what}")
+        unchecked = [f["relpath"] for f in entry.get("annotation_files", []) if f.get("verified") is None]
+        if unchecked:
+            lines.append(f"`{split}`: annotation file(s) not checked against a pinned checksum (user data or a Hub "
+                         f"snapshot): {', '.join(unchecked[:3])}{' …' if len(unchecked) > 3 else ''}")
+    return lines
+
+
 def warnings_section(warnings: Iterable[str]) -> list[str]:
     """``## Warnings``: what the run survived but a reader must know (modified annotation files,
     records without a prediction, prediction ids matching no record); nothing when there is none."""
@@ -162,6 +197,8 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
     parts += [line for label in sorted(labels) for line in (f"> **{label}**", "")]
     parts += warnings_section(f"`{run['settings']['model']}` · `{run['settings']['mitigation']}`: {text}" for run in runs
                               for text in run.get("warnings", []))
+    found = [f"`{run['settings']['mitigation']}`: {line}" for run in runs for line in caveats(run)]
+    parts += ["## Caveats", "", *(f"- {line}" for line in found), ""] if found else []
     for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
                          ("Open-ended metrics", open_ended_table(runs)),
                          ("Med-StepBench: recall and F1 (%) per step", stepbench_table(runs)),

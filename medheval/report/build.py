@@ -1,0 +1,150 @@
+"""``medheval report RUN_DIR... --output DIR``: tables (Markdown, CSV, JSON), plots and one HTML file.
+
+Writes ``report.md``, ``tables.csv`` (one tidy row per cell), ``report.json`` (tables, comparisons,
+notes), ``plots/*.png`` and ``report.html`` (self-contained). Plots need matplotlib (the ``report``
+extra); without it the report is written without them and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+
+if TYPE_CHECKING:  # imported when a report is written, so `medheval --help` stays fast
+    from medheval.report.collect import Run
+
+
+def caveats(runs: list["Run"]) -> list[str]:
+    """What a reader must know about the runs: labels (random weights), warnings, unread parts."""
+    from medheval.report.tables import caveats as run_caveats
+
+    lines: list[str] = []
+    for run in runs:
+        for label in run.results.get("labels", {}).values():
+            if f"{label}" not in lines:
+                lines.append(str(label))
+        lines += [f"{run.label} ({run.path}): {text}" for text in run.results.get("warnings", [])]
+        lines += [f"{run.label}: {text}" for text in run_caveats(run.results)]
+        lines += run.notes
+    if any(item.get("credentialed") for run in runs for item in run.items):
+        lines.append("Some items derive from credentialed data (MIMIC, PhysioNet agreement): keep this report "
+                     "under the same terms; images of those items are never embedded.")
+    return lines
+
+
+def plots_unavailable() -> str | None:
+    """Why there can be no plots (matplotlib, an optional extra, is missing), or ``None``."""
+    try:
+        import medheval.report.plots  # noqa: F401
+    except ImportError as error:
+        return f"plots left out: {error} (pip install 'medheval[report]')"
+    return None
+
+
+def _plots(runs: list["Run"], folder: Path) -> tuple[dict[str, Path], str | None]:
+    """The figures, or none and why (the tables never depend on matplotlib)."""
+    note = plots_unavailable()
+    if note:
+        return {}, note
+    from medheval.report.plots import write_plots
+
+    return write_plots(runs, folder), None
+
+
+def write_run_report(output: str | Path, results: dict[str, Any]) -> str | None:
+    """``report.html`` for the run (or grid) just written into ``output``; ``results`` is its results.json
+    content (``{"runs": [...]}`` for a grid). Never raises: the run's results are already on disk, so a
+    problem is returned as a one-line note (``None`` when all went well)."""
+    import tempfile
+
+    from medheval.report.collect import Run, find_runs, read_items
+    from medheval.report.html import write_html
+    from medheval.report.paper import build_tables
+
+    output = Path(output)
+    try:
+        if "runs" in results:
+            runs = find_runs([output])
+        else:
+            notes: list[str] = []
+            runs = [Run(path=output, results=results, items=read_items(output, results, notes), notes=notes)]
+        with tempfile.TemporaryDirectory(prefix="medheval-plots-") as folder:
+            figures, note = _plots(runs, Path(folder))
+            notes = caveats(runs)
+            notes += [note] if note and not any(note in line for line in notes) else []
+            write_html(runs, build_tables(runs), figures, notes, output / "report.html")
+        return None
+    except Exception as error:  # noqa: BLE001 - the run succeeded; its report must not undo that
+        return (f"report.html not written ({type(error).__name__}: {error}); "
+                f"try `medheval report {output} --output DIR`")
+
+
+def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = True, html: bool = True,
+                 thumbnails: bool = False, image_roots: dict[str, str] | None = None,
+                 runs: "list[Run] | None" = None) -> dict[str, Any]:
+    """Read the run folders under ``paths`` and write the report into ``output``; returns what was written."""
+    from medheval.outputs import atomic_write_text
+    from medheval.report.collect import find_runs
+    from medheval.report.paper import build_tables, comparisons, to_csv, to_json, to_markdown
+
+    runs = find_runs(paths) if runs is None else runs
+    output = Path(output)
+    tables = build_tables(runs)
+    _, compared = comparisons(runs)
+    notes = caveats(runs)
+    figures, plot_note = _plots(runs, output / "plots") if plots else ({}, None)
+    if plot_note:
+        notes.append(plot_note)
+    header = ["# MedHEval-HF report", "", "Runs: " + ", ".join(f"`{run.label}` ({run.path})" for run in runs), ""]
+    header += ["## Caveats", "", *(f"- {line}" for line in notes), ""] if notes else []
+    markdown = "\n".join(header) + "\n" + "\n".join(to_markdown(table) for table in tables)
+    markdown += "".join(f"\n![{name}](plots/{path.name})\n" for name, path in figures.items())
+    atomic_write_text(output / "report.md", markdown)
+    atomic_write_text(output / "tables.csv", to_csv(tables))
+    summary = {"runs": [{"path": str(run.path), "model": run.model, "mitigation": run.mitigation} for run in runs],
+               "caveats": notes, "tables": [to_json(table) for table in tables], "comparisons": compared,
+               "plots": {name: str(path) for name, path in figures.items()}}
+    atomic_write_text(output / "report.json", json.dumps(summary, indent=2, default=str))
+    written = {"markdown": output / "report.md", "csv": output / "tables.csv", "json": output / "report.json",
+               "plots": figures, "plot_note": plot_note}
+    if html:
+        from medheval.report.html import write_html
+
+        written["html"] = write_html(runs, tables, figures, notes, output / "report.html",
+                                     thumbnails=thumbnails, image_roots=image_roots or {})
+    return written
+
+
+def add_report_command(commands: argparse._SubParsersAction) -> None:
+    """``medheval report RUN_DIR... --output DIR``."""
+    parser = commands.add_parser("report", help="tables with intervals, plots and one HTML file from run folders")
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders, mitigation grids, or folders of them")
+    parser.add_argument("--output", required=True, help="folder for report.md/.json/.html, tables.csv, plots/")
+    parser.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib needed)")
+    parser.add_argument("--no-html", action="store_true", help="no report.html")
+    parser.add_argument("--thumbnails", action="store_true",
+                        help="embed thumbnails of non-credentialed images found under a local --image-root "
+                             "(never MIMIC/credentialed ones)")
+    parser.add_argument("--image-root", action="append", default=[], metavar="SOURCE=FOLDER",
+                        help="local image folder per source, for --thumbnails (repeatable)")
+    parser.set_defaults(handler=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    roots = {}
+    for item in args.image_root:
+        source, sep, root = item.partition("=")
+        if not sep or not source or not root:
+            raise ValueError(f"--image-root {item!r}: expected SOURCE=FOLDER, e.g. slake=/data/slake/imgs")
+        roots[source] = root
+    written = write_report(args.runs, args.output, plots=not args.no_plots, html=not args.no_html,
+                           thumbnails=args.thumbnails, image_roots=roots)
+    for kind, path in written.items():
+        if isinstance(path, Path):
+            print(f"{kind}: {path}")
+    if written.get("plot_note"):
+        print(f"note: {written['plot_note']}")
+    return 0

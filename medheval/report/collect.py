@@ -1,0 +1,169 @@
+"""Find and read run folders for ``medheval report``: single runs, mitigation grids, nested folders.
+
+A *run folder* holds ``results.json`` with ``settings`` and ``benchmarks`` (written by
+:func:`medheval.runner.run` or the detection task), usually with ``scored.jsonl`` (per-item rows) and
+``predictions.jsonl``. A grid folder holds ``results.json`` with ``runs`` plus one run folder per
+mitigation; any other folder is searched (a few levels deep) for run folders.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from medheval.schema import is_credentialed
+
+MAX_DEPTH = 4  # how deep a folder that is not a run is searched for run folders
+
+
+class ReportError(ValueError):
+    """A path given to ``medheval report`` is not a run folder; the message names it."""
+
+
+@dataclass
+class Run:
+    """One run folder: its ``results.json`` and its per-item rows (``[]`` when it has no ``scored.jsonl``)."""
+
+    path: Path
+    results: dict[str, Any]
+    items: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what could not be read (shown in the report)
+
+    @property
+    def model(self) -> str:
+        settings = self.results.get("settings", {})
+        if settings.get("model"):
+            return str(settings["model"])
+        source = settings.get("level_source")  # the detection task: no model, a level source
+        if isinstance(source, dict):
+            return "detector:" + str(source.get("model") or source.get("path") or source.get("kind", "?"))
+        return self.path.name
+
+    @property
+    def mitigation(self) -> str:
+        return str(self.results.get("settings", {}).get("mitigation", "none"))
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} · {self.mitigation}"
+
+    def items_of(self, split: str) -> list[dict[str, Any]]:
+        return [item for item in self.items if item["split"] == split]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ReportError(f"{path}: not readable JSON ({error}); is the run still writing it, or was it "
+                          f"truncated? Re-run `medheval run` into that folder to rewrite it.") from error
+
+
+def _is_run(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("settings"), dict) and isinstance(data.get("benchmarks"), dict)
+
+
+def split_of(item_id: str, splits: Iterable[str]) -> str:
+    """The results key (``name:config``) of an item id ``benchmark/config/qid`` for scored rows that
+    predate the ``split`` field: ``name:config`` when that is a split of the run, else the run's only
+    split of that benchmark (e.g. ``mm_vishal:all`` holds ``mm_vishal/slake/…``), else ``name:all``."""
+    name, _, rest = item_id.partition("/")
+    config = rest.partition("/")[0]
+    splits = list(splits)
+    if f"{name}:{config}" in splits:
+        return f"{name}:{config}"
+    same = [split for split in splits if split.partition(":")[0] == name]
+    if len(same) == 1:
+        return same[0]
+    return f"{name}:all" if f"{name}:all" in same else f"{name}:{config}"
+
+
+def read_items(path: Path, results: dict[str, Any], notes: list[str]) -> list[dict[str, Any]]:
+    """``scored.jsonl`` rows with ``split`` (joined by id prefix for older rows), ``category``/``source``
+    (``None`` when older rows lack them), ``credentialed`` and, when ``predictions.jsonl`` has them, the
+    rendered ``prompt`` of each item."""
+    scored = path / "scored.jsonl"
+    if not scored.exists():
+        notes.append(f"{path}: no scored.jsonl, so no per-item intervals or samples for this run")
+        return []
+    items = []
+    for number, line in enumerate(scored.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            items.append(json.loads(line))
+        except ValueError as error:
+            raise ReportError(f"{scored}: line {number} is not JSON ({error}); re-run `medheval run` into "
+                              f"{path} to rewrite it") from error
+    splits = list(results.get("benchmarks", {}))
+    prompts = _prompts(path / "predictions.jsonl")
+    for item in items:
+        item_id = str(item.get("id", ""))
+        item["id"] = item_id
+        item.setdefault("split", split_of(item_id, splits))
+        item.setdefault("category", None)
+        item.setdefault("source", None)
+        flag = item.get("credentialed")
+        item["credentialed"] = flag if isinstance(flag, bool) else is_credentialed(str(item.get("source") or "")) \
+            or item["source"] is None and "mimic" in item_id.lower()
+        if "prompt" not in item and item_id in prompts:
+            item["prompt"] = prompts[item_id]
+    return items
+
+
+def _prompts(path: Path) -> dict[str, str]:
+    """id -> rendered prompt, for logs whose entries carry one (newer runs; never required)."""
+    if not path.exists():
+        return {}
+    found: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a torn last line: the run's own reader repairs it
+        if isinstance(entry, dict) and isinstance(entry.get("prompt"), str):
+            found[str(entry.get("id"))] = entry["prompt"]
+    return found
+
+
+def find_runs(paths: Iterable[str | Path]) -> list[Run]:
+    """Every run folder under ``paths`` (a run, a grid, or a folder of them), each once, in path order.
+
+    A grid's combined results.json whose sub-folders are gone still yields its runs (without items)."""
+    runs: list[Run] = []
+    seen: set[Path] = set()
+    for given in paths:
+        path = Path(given)
+        if not path.is_dir():
+            raise ReportError(f"{path}: no such folder; pass run folders written by `medheval run`")
+        found = _walk(path, 0)
+        if not found:
+            raise ReportError(f"{path}: not a run folder (no results.json with 'settings' and 'benchmarks') and "
+                              f"no run folder below it (searched {MAX_DEPTH} levels); pass the --output folder "
+                              f"of `medheval run`")
+        for run in found:
+            if run.path.resolve() not in seen:
+                seen.add(run.path.resolve())
+                runs.append(run)
+    return runs
+
+
+def _walk(path: Path, depth: int) -> list[Run]:
+    results_path = path / "results.json"
+    data = _read_json(results_path) if results_path.exists() else None
+    if _is_run(data):
+        notes: list[str] = []
+        return [Run(path=path, results=data, items=read_items(path, data, notes), notes=notes)]
+    runs: list[Run] = []
+    if depth < MAX_DEPTH:
+        for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            runs += _walk(child, depth + 1)
+    if not runs and isinstance(data, dict) and isinstance(data.get("runs"), list):
+        for index, embedded in enumerate(data["runs"]):
+            if _is_run(embedded):
+                runs.append(Run(path=path / f"runs[{index}]", results=embedded,
+                                notes=[f"{path}: grid sub-folder missing; run {index} read from the combined "
+                                       f"results.json (no per-item intervals)"]))
+    return runs

@@ -1,0 +1,176 @@
+"""One self-contained ``report.html``: tables, embedded PNG plots and a per-sample browser.
+
+Nothing is fetched when it opens (a Content-Security-Policy forbids any network source; plots and
+thumbnails are ``data:`` URIs; the script is inline vanilla JS). Every text is escaped: table cells
+with :func:`html.escape`, the samples travel as JSON inside ``<script type="application/json">`` with
+``<``, ``>`` and ``&`` written as ``\\u003c``… and are put on the page with ``textContent`` only, so a
+prediction cannot inject markup. Images of credentialed items (MIMIC; ``is_credentialed`` or the
+record's ``meta.credentialed``) are never embedded; other thumbnails only when asked for and the
+source's image root is a local folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from medheval.outputs import atomic_write_text
+from medheval.report.collect import Run
+from medheval.report.paper import Table, format_cell
+from medheval.schema import is_credentialed
+
+MAX_SAMPLES = 5000  # per report; the browser says when items were left out
+THUMBNAIL_PX = 128
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1400px}
+table{border-collapse:collapse;margin:.5em 0;font-size:13px}
+th,td{border:1px solid #bbb;padding:3px 6px;text-align:left;vertical-align:top}
+th{background:#eee}.best{font-weight:bold;background:#e3f1e9}.worst{background:#fbe9e2}
+.foot{font-size:12px;color:#555;margin:0 0 1.5em}.caveats li{color:#8a3b00}
+#samples td{max-width:420px;white-space:pre-wrap;word-break:break-word}
+img.plot{max-width:100%;border:1px solid #ddd;margin:.5em 0}
+.filters label{margin-right:1em}
+"""
+
+_SCRIPT = r"""
+(function () {
+  var data = JSON.parse(document.getElementById('sample-data').textContent);
+  var body = document.querySelector('#samples tbody');
+  var shown = document.getElementById('shown');
+  var filters = {benchmark: 'split', category: 'category', mitigation: 'mitigation', correct: 'correct'};
+  function fill(name, key) {
+    var select = document.getElementById('f-' + name), seen = {};
+    data.forEach(function (s) {
+      var v = String(s[key]);
+      if (!seen[v]) { seen[v] = true; var o = document.createElement('option'); o.value = v; o.textContent = v; select.appendChild(o); }
+    });
+    select.addEventListener('change', render);
+  }
+  function cell(row, text) { var td = document.createElement('td'); td.textContent = text == null ? '' : String(text); row.appendChild(td); return td; }
+  function render() {
+    var query = document.getElementById('f-text').value.toLowerCase();
+    while (body.firstChild) { body.removeChild(body.firstChild); }
+    var n = 0;
+    data.forEach(function (s) {
+      for (var name in filters) {
+        var value = document.getElementById('f-' + name).value;
+        if (value !== '*' && String(s[filters[name]]) !== value) { return; }
+      }
+      if (query && (s.prediction + ' ' + s.reference + ' ' + s.prompt + ' ' + s.id).toLowerCase().indexOf(query) < 0) { return; }
+      n += 1;
+      var row = document.createElement('tr');
+      row.className = 'sample';
+      ['id', 'split', 'category', 'model', 'mitigation', 'correct', 'prompt', 'prediction', 'reference'].forEach(function (k) { cell(row, s[k]); });
+      var td = cell(row, '');
+      if (s.thumbnail) { var img = document.createElement('img'); img.src = s.thumbnail; img.alt = s.id; td.appendChild(img); }
+      body.appendChild(row);
+    });
+    shown.textContent = String(n);
+  }
+  Object.keys(filters).forEach(function (name) { fill(name, filters[name]); });
+  document.getElementById('f-text').addEventListener('input', render);
+  render();
+})();
+"""
+
+
+def _json_for_script(value: Any) -> str:
+    """JSON that cannot close its ``<script>`` element or open a comment."""
+    return json.dumps(value, ensure_ascii=False).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def _table_html(table: Table) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in [*table.row_header, *(c.label for c in table.columns)])
+    rows = []
+    for labels, cells in table.rows:
+        tds = "".join(f"<td>{e(label)}</td>" for label in labels)
+        tds += "".join(f'<td class="{cell.mark}"' + (f' title="{e(cell.note)}"' if cell.note else "")
+                       + f">{e(format_cell(cell, markdown=False))}</td>" for cell in cells)
+        rows.append(f"<tr>{tds}</tr>")
+    foot = "".join(f"<div>{e(line)}</div>" for line in table.footer)
+    return (f'<h3>{e(table.title)}</h3><table class="paper" data-table="{e(table.key)}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table><div class="foot">{foot}</div>')
+
+
+def _credentialed(item: dict[str, Any]) -> bool:
+    return bool(item.get("credentialed")) or is_credentialed(str(item.get("source") or ""))
+
+
+def _thumbnail(item: dict[str, Any], image_roots: dict[str, str]) -> str | None:
+    """A ``data:`` PNG of the item's first image when it is not credentialed and its source's root is a
+    local folder holding it (a path escaping the root is refused)."""
+    images, source = item.get("images") or [], str(item.get("source") or "")
+    root = image_roots.get(source)
+    if _credentialed(item) or not images or not root or "://" in root or not Path(root).is_dir():
+        return None
+    base = Path(root).resolve()
+    path = (base / str(images[0])).resolve()
+    if base not in path.parents or not path.is_file():
+        return None
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
+            buffer = io.BytesIO()
+            image.convert("RGB").save(buffer, format="PNG")
+    except OSError:
+        return None
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def samples(runs: list[Run], thumbnails: bool = False, image_roots: dict[str, str] | None = None) -> list[dict]:
+    """The browser's rows: id, split, category, model, mitigation, correct, prompt, prediction, reference."""
+    rows = []
+    for run in runs:
+        for item in run.items:
+            correct = item.get("correct")
+            rows.append({"id": item["id"], "split": item["split"], "category": item.get("category") or "–",
+                         "model": run.model, "mitigation": run.mitigation,
+                         "correct": "correct" if correct is True else "wrong" if correct is False else "not scored",
+                         "prompt": item.get("prompt") or "(not logged)", "prediction": str(item.get("prediction", "")),
+                         "reference": str(item.get("reference") or ""),
+                         **({"thumbnail": thumb} if thumbnails and (thumb := _thumbnail(item, image_roots or {}))
+                            else {})})
+    return rows
+
+
+def write_html(runs: list[Run], tables: list[Table], figures: dict[str, Path], notes: list[str], path: str | Path,
+               thumbnails: bool = False, image_roots: dict[str, str] | None = None) -> Path:
+    """Write the single-file report; returns its path."""
+    e = html.escape
+    rows = samples(runs, thumbnails, image_roots)
+    left_out = max(0, len(rows) - MAX_SAMPLES)
+    rows = rows[:MAX_SAMPLES]
+    plots = "".join(f'<figure><img class="plot" alt="{e(name)}" src="data:image/png;base64,'
+                    f'{base64.b64encode(Path(file).read_bytes()).decode("ascii")}"><figcaption>{e(name)}</figcaption>'
+                    f"</figure>" for name, file in figures.items())
+    selects = "".join(f'<label>{label} <select id="f-{name}"><option value="*">all</option></select></label>'
+                      for name, label in (("benchmark", "benchmark"), ("category", "category"),
+                                          ("correct", "correctness"), ("mitigation", "mitigation")))
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<title>MedHEval-HF report</title><style>{_STYLE}</style></head><body>
+<h1>MedHEval-HF report</h1>
+<p>Runs: {e(", ".join(f"{run.label} ({run.path})" for run in runs))}</p>
+{"<h2>Caveats</h2><ul class='caveats'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>" if notes else ""}
+<h2>Tables</h2>{"".join(_table_html(t) for t in tables) or "<p>No table: the runs hold no scored metric.</p>"}
+<h2>Plots</h2>{plots or "<p>No plots (see the caveats).</p>"}
+<h2>Samples</h2>
+<div class="filters">{selects}<label>text <input id="f-text" type="search"></label>
+<span><span id="shown">0</span> of {len(rows)} shown{f"; {left_out} more not included" if left_out else ""}</span></div>
+<table id="samples"><thead><tr><th>id</th><th>benchmark</th><th>category</th><th>model</th><th>mitigation</th>
+<th>correct</th><th>prompt</th><th>prediction</th><th>reference</th><th>image</th></tr></thead><tbody></tbody></table>
+<script type="application/json" id="sample-data">{_json_for_script(rows)}</script>
+<script>{_SCRIPT}</script>
+</body></html>
+"""
+    atomic_write_text(path, page)
+    return Path(path)

@@ -1,0 +1,488 @@
+"""Paper-shaped tables over many runs, with intervals and best/worst marks (``medheval report``).
+
+Shapes (columns reuse :mod:`medheval.report.tables`' definitions): MedHEval Tables 3–4 (visual
+close-ended Acc-A/M/S/R/Acc, here also the knowledge/context close-ended splits), Tables 5–6 (report
+metrics), Tables 7–11 (generation metrics, S_h as mean ± std), Med-HallMark Table 1 (text metrics and
+MediHall Score per question type) with its level distribution, Med-StepBench Table 3, ClinHallu Tables
+2–3 with Fix/Break, and every mitigation against ``none`` on the same items. A figure is the value in
+``results.json``; its interval is recomputed from ``scored.jsonl`` (:mod:`medheval.report.stats`) and
+only when the per-item values reproduce that figure — otherwise the cell says why there is none.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from medheval.report.collect import Run
+from medheval.report.stats import METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
+from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
+                                    STEPBENCH_LANGUAGES, STEPBENCH_STEPS, clinhallu_rows, stepbench_rows)
+from medheval.schema import VISUAL_CATEGORIES
+
+# (metric, summary key) -> the per-item key in scored.jsonl whose mean is that figure.
+PER_ITEM: dict[tuple[str, str], str] = {
+    ("close_ended_accuracy", "accuracy"): "correct",
+    ("stepbench", "accuracy"): "correct",
+    ("chexbert_similarity", "chexbert_similarity"): "similarities",
+    ("radgraph_f1", "radgraph_f1"): "radgraph_f1_per_item",
+    ("ratescore", "ratescore"): "ratescore_per_item",
+    ("sh_judge", "sh"): "scores",
+    ("medihall_score", "medihall_score"): "item_scores",
+    **{("text_generation", key): f"{key}_per_item" for key in ("bleu", "meteor", "rouge1", "rouge2", "rougeL",
+                                                               "bertscore")},
+}
+# Micro rates: (metric, key) -> per-item (numerator, denominator) keys, used when scored.jsonl has them.
+RATIO_PARTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("chair", "chair"): ("n_hallucinated_per_item", "n_generated_per_item"),
+    ("chair", "recall"): ("n_matched_per_item", "n_reference_per_item"),
+}
+NO_PARTS = "a ratio over all items' counts, and scored.jsonl holds no per-item counts to resample"
+MARK_NOTE = "▲ best, ▼ worst per column (within a split where rows span several; ↓: lower is better)."
+
+
+@dataclass
+class Cell:
+    """A figure (in display units), its interval (or why none), its std and n."""
+
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    std: float | None = None
+    n: int | None = None
+    note: str | None = None  # why there is no interval
+    text: str | None = None  # shown instead of a number (e.g. a count)
+    mark: str = ""  # "best" / "worst"
+    signed: bool = False
+
+
+@dataclass
+class Column:
+    label: str
+    lower_is_better: bool = False
+    ranked: bool = True
+
+
+@dataclass
+class Table:
+    """Rows of labels + cells; ``group`` (a label index) scopes the best/worst marks (e.g. per split)."""
+
+    key: str
+    title: str
+    row_header: list[str]
+    columns: list[Column]
+    rows: list[tuple[list[str], list[Cell]]] = field(default_factory=list)
+    footer: list[str] = field(default_factory=list)
+    group: int | None = None
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _item_value(item: dict[str, Any], metric: str, key: str) -> Any:
+    return item.get(f"{metric}.{key}", item.get(key))
+
+
+def figure(run: Run, split: str, metric: str, key: str, scale: float = 100.0, category: str | None = None) -> Cell:
+    """``results.json``'s figure × ``scale`` and its bootstrap interval over the split's items."""
+    out = run.results["benchmarks"].get(split, {}).get("metrics", {}).get(metric) or {}
+    value = (out.get("accuracy_by_category") or {}).get(category) if category else out.get(key)
+    if not _num(value):
+        return Cell()
+    std_key = STD_OF.get((metric, key))
+    cell = Cell(value=scale * value, std=scale * out[std_key] if std_key and _num(out.get(std_key)) else None)
+    items = run.items_of(split)
+    if not items:
+        cell.note = "no scored.jsonl items for this run"
+        return cell
+    if category is not None:
+        if all(item.get("category") is None for item in items):
+            cell.note = "scored.jsonl predates per-item categories (re-score the run to get them)"
+            return cell
+        items = [item for item in items if item.get("category") == category]
+    if (metric, key) in RATIO_PARTS:
+        num, den = RATIO_PARTS[(metric, key)]
+        pairs = [(item[num], item[den]) for item in items if _num(item.get(num)) and _num(item.get(den))]
+        if not pairs or len(pairs) != len(items):
+            cell.note = NO_PARTS
+            return cell
+        numerators, denominators = zip(*pairs)
+        return _with_interval(cell, list(numerators), scale, value, list(denominators))
+    per_item = PER_ITEM.get((metric, key))
+    if per_item is None:
+        cell.note = "no per-item values for this figure"
+        return cell
+    values = [float(v) for v in (_item_value(item, metric, per_item) for item in items)
+              if isinstance(v, bool) or _num(v)]
+    if not values:
+        cell.note = f"scored.jsonl has no per-item '{per_item}'"
+        return cell
+    return _with_interval(cell, values, scale, value)
+
+
+def _with_interval(cell: Cell, values: list[float], scale: float, value: float,
+                   denominators: list[float] | None = None) -> Cell:
+    """Attach the interval when the items reproduce the reported figure (same units up to ×100)."""
+    recomputed = sum(values) / (sum(denominators) if denominators else len(values)) if (
+        sum(denominators) if denominators else values) else None
+    factor = next((f for f in (1.0, 0.01, 100.0) if recomputed is not None
+                   and math.isclose(recomputed * f, value, rel_tol=1e-6, abs_tol=1e-9)), None)
+    if factor is None:
+        cell.note = f"the per-item values give {recomputed!r}, not the reported {value!r}"
+        return cell
+    interval = bootstrap_ci(values, denominators)
+    cell.n = len(values)
+    if interval is None:
+        cell.note = "no items"
+    else:
+        cell.low, cell.high = (scale * factor * bound for bound in interval)
+    return cell
+
+
+def _run_labels(runs: list[Run]) -> dict[int, tuple[str, str]]:
+    """(model, mitigation) per run; runs sharing both and a split get their folder name appended."""
+    labels = {}
+    for run in runs:
+        twins = [other for other in runs if other is not run and (other.model, other.mitigation)
+                 == (run.model, run.mitigation) and set(other.results["benchmarks"]) & set(run.results["benchmarks"])]
+        suffix = f" ({run.path.name})" if twins else ""
+        labels[id(run)] = (run.model, run.mitigation + suffix)
+    return labels
+
+
+def _splits(runs: list[Run], keep: Callable[[str, dict], bool]) -> list[str]:
+    found: list[str] = []
+    for run in runs:
+        for split, entry in run.results["benchmarks"].items():
+            if split not in found and keep(split, entry.get("metrics", {})):
+                found.append(split)
+    return found
+
+
+def _name(split: str) -> str:
+    return split.partition(":")[0]
+
+
+def close_ended(runs: list[Run]) -> Table | None:
+    """MedHEval Tables 3–4: Acc-A/M/S/R and Acc (%) per split, one row per model × mitigation × split."""
+    splits = _splits(runs, lambda s, m: "close_ended_accuracy" in m and _name(s) != "med_hallmark")
+    if not splits:
+        return None
+    categories = [c for c in VISUAL_CATEGORIES if any(
+        c in (run.results["benchmarks"].get(s, {}).get("metrics", {}).get("close_ended_accuracy", {})
+              .get("accuracy_by_category") or {}) for run in runs for s in splits)]
+    table = Table("medheval_close_ended", "MedHEval Tables 3–4: close-ended accuracy (%)",
+                  ["Model", "Mitigation", "Split"], [Column(CATEGORY_COLUMNS[c]) for c in categories]
+                  + [Column("Acc"), Column("n", ranked=False)], group=2)
+    labels = _run_labels(runs)
+    for split in splits:
+        for run in runs:
+            out = run.results["benchmarks"].get(split, {}).get("metrics", {}).get("close_ended_accuracy")
+            if not out:
+                continue
+            cells = [figure(run, split, "close_ended_accuracy", "accuracy", category=c) for c in categories]
+            cells += [figure(run, split, "close_ended_accuracy", "accuracy"), Cell(text=str(out.get("n", "–")))]
+            table.rows.append(([*labels[id(run)], split], cells))
+    return table
+
+
+def _metric_table(runs: list[Run], key: str, title: str, metrics: set[str],
+                  keep: Callable[[str], bool]) -> Table | None:
+    columns = [c for c in OPEN_ENDED_COLUMNS if c[0] in metrics]
+    splits = _splits(runs, lambda s, m: keep(s) and any(_num((m.get(c[0]) or {}).get(c[1])) for c in columns))
+    present = [c for c in columns if any(_num((run.results["benchmarks"].get(s, {}).get("metrics", {}).get(c[0]) or {})
+                                              .get(c[1])) for run in runs for s in splits)]
+    if not present:
+        return None
+    table = Table(key, title, ["Model", "Mitigation", "Split"],
+                  [Column(label, lower_is_better="↓" in label) for _, _, label, _ in present], group=2)
+    labels = _run_labels(runs)
+    for split in splits:
+        for run in runs:
+            if split not in run.results["benchmarks"]:
+                continue
+            cells = [figure(run, split, metric, out_key, scale) for metric, out_key, _, scale in present]
+            if any(cell.value is not None for cell in cells):
+                table.rows.append(([*labels[id(run)], split], cells))
+    return table
+
+
+REPORT_METRICS = {"chexbert_similarity", "radgraph_f1", "ratescore", "chair"}
+GENERATION_METRICS = {"text_generation", "sh_judge"}
+
+
+def report_metrics(runs: list[Run]) -> Table | None:
+    """MedHEval Tables 5–6: CheXbert, RadGraph, RaTEScore, Recall, CHAIR ↓ (%) per report split."""
+    return _metric_table(runs, "medheval_report", "MedHEval Tables 5–6: report metrics (%)", REPORT_METRICS,
+                         lambda s: _name(s) != "med_hallmark")
+
+
+def generation_metrics(runs: list[Run]) -> Table | None:
+    """MedHEval Tables 7–11: BERTScore, BLEU, METEOR, ROUGE (0–100) and S_h ↓ (0–5, mean ± std)."""
+    return _metric_table(runs, "medheval_generation", "MedHEval Tables 7–11: generation metrics (0–100) and "
+                         "S_h ↓ (0–5, mean ± std)", GENERATION_METRICS, lambda s: _name(s) != "med_hallmark")
+
+
+HALLMARK_COLUMNS = (("text_generation", "bertscore", "BERTScore", 1.0), ("text_generation", "meteor", "METEOR", 1.0),
+                    ("text_generation", "rougeL", "ROUGE-L", 1.0), ("text_generation", "bleu", "BLEU", 1.0),
+                    ("chair", "chair", "CHAIR ↓", 100.0), ("close_ended_accuracy", "accuracy", "Acc", 100.0),
+                    ("medihall_score", "medihall_score", "MediHall Score", 1.0))
+
+
+def med_hallmark(runs: list[Run]) -> list[Table]:
+    """Med-HallMark Table 1 (text metrics and MediHall Score per question type) and the level distribution."""
+    splits = _splits(runs, lambda s, m: _name(s) == "med_hallmark")
+    present = [c for c in HALLMARK_COLUMNS if any(_num((run.results["benchmarks"].get(s, {}).get("metrics", {})
+                                                       .get(c[0]) or {}).get(c[1])) for run in runs for s in splits)]
+    if not present:
+        return []
+    labels = _run_labels(runs)
+    table = Table("med_hallmark", "Med-HallMark Table 1: metrics per question type (MediHall Score 0–1)",
+                  ["Model", "Mitigation", "Split"], [Column(label, "↓" in label) for _, _, label, _ in present],
+                  group=2)
+    levels: list[str] = []
+    distributions: list[tuple[list[str], dict[str, int]]] = []
+    for split in splits:
+        for run in runs:
+            metrics = run.results["benchmarks"].get(split, {}).get("metrics", {})
+            if not metrics:
+                continue
+            table.rows.append(([*labels[id(run)], split], [figure(run, split, m, k, s) for m, k, _, s in present]))
+            counts = (metrics.get("medihall_score") or {}).get("level_distribution") or {}
+            levels += [level for level in counts if level not in levels]
+            if counts:
+                distributions.append(([*labels[id(run)], split], counts))
+    tables = [table]
+    if distributions:
+        dist = Table("med_hallmark_levels", "Med-HallMark: MediHall level distribution (% of answers / sentences)",
+                     ["Model", "Mitigation", "Split"], [Column(level, ranked=False) for level in levels]
+                     + [Column("n", ranked=False)])
+        for row, counts in distributions:
+            total = sum(counts.values()) or 1
+            dist.rows.append((row, [Cell(value=100 * counts.get(level, 0) / total) for level in levels]
+                              + [Cell(text=str(sum(counts.values())))]))
+        tables.append(dist)
+    return tables
+
+
+def _stepbench_cell(value: Any, items: list[dict[str, Any]], what: str) -> Cell:
+    """Recall (mean correctness over hallucinated statements) or F1 = Σ2tp / Σ(2tp + fp + fn), both
+    recomputed per item (an unparsed answer is already ``correct = False``), with their intervals."""
+    if not _num(value):
+        return Cell()
+    cell = Cell(value=100 * value)
+    rows = [(item.get("reference") == "hallucination", bool(item.get("correct"))) for item in items
+            if item.get("reference") in ("hallucination", "ground_truth")]
+    if not rows:
+        cell.note = "scored.jsonl does not carry each statement's step and label (re-score the run)"
+        return cell
+    if what == "recall":
+        values = [float(ok) for positive, ok in rows if positive]
+        return _with_interval(cell, values, 100.0, value) if values else cell
+    numerators = [2.0 * ok if positive else 0.0 for positive, ok in rows]
+    denominators = [1.0 + ok if positive else 1.0 - ok for positive, ok in rows]
+    if not sum(denominators):
+        return cell
+    return _with_interval(cell, numerators, 100.0, value, denominators)
+
+
+def stepbench(runs: list[Run]) -> Table | None:
+    """Med-StepBench Table 3: recall and F1 (%) per step and language (hallucination = positive class)."""
+    from medheval.stepbench import STEPS
+
+    rows = stepbench_rows([run.results for run in runs])
+    if not rows:
+        return None
+    columns = [Column(f"{lang.upper()} S{step} {what}") for lang in STEPBENCH_LANGUAGES for step in STEPBENCH_STEPS
+               for what in ("R", "F1")]
+    table = Table("med_stepbench", "Med-StepBench Table 3: recall and F1 (%) per step",
+                  ["Model", "Mitigation", "Knowledge"], columns + [Column("Acc"), Column("Unparsed", ranked=False)])
+    found: dict[tuple[str, str, str], tuple[Run, str]] = {}
+    for run in runs:
+        for split, entry in run.results["benchmarks"].items():
+            if "stepbench" in entry.get("metrics", {}):
+                found[(run.model, run.mitigation, str(entry.get("run_options", {}).get("knowledge", "none")))] = (run, split)
+    for model, mitigation, knowledge, by_language in rows:
+        run, split = found[(model, mitigation, knowledge)]
+        items = run.items_of(split)
+        cells = []
+        for lang in STEPBENCH_LANGUAGES:
+            for step in STEPBENCH_STEPS:
+                scores = by_language.get(lang, {}).get(step) or by_language.get(lang, {}).get(str(step)) or {}
+                mine = [item for item in items if item.get("category") == STEPS[step]
+                        and item["id"].split("/")[1:2] == [lang]]
+                cells += [_stepbench_cell(scores.get("recall"), mine, "recall"),
+                          _stepbench_cell(scores.get("f1"), mine, "f1")]
+        cells += [figure(run, split, "stepbench", "accuracy"), Cell(text=str(by_language.get("n_unparsed", 0)))]
+        table.rows.append(([model, mitigation, knowledge], cells))
+    return table
+
+
+def clinhallu(runs: list[Run]) -> list[Table]:
+    """ClinHallu Table 2 (Acc, H^V, H^K, H^R) and Table 3 (Acc, Δ, Fix/Break per replacement), %."""
+    rows = clinhallu_rows([run.results for run in runs])
+    if not rows:
+        return []
+    pct = lambda v: Cell(value=100 * v) if _num(v) else Cell()  # noqa: E731
+    note = ["ClinHallu figures have no interval here: its per-item judgements live in the protocol logs, "
+            "not scored.jsonl."]
+    stage = Table("clinhallu_stages", "ClinHallu Table 2: accuracy and stage hallucination rates (%)",
+                  ["Model", "Split", "Source", "n"], [Column("Acc"), Column("H^V", True), Column("H^K", True),
+                                                      Column("H^R", True)], footer=note, group=1)
+    columns = [Column("Acc")] + [Column(f"Δ^{label[4:]}") for _, label in CLINHALLU_REPLACEMENTS]
+    for _, label in CLINHALLU_REPLACEMENTS:
+        columns += [Column(f"{label} Fix"), Column(f"{label} Break", True)]
+    replacement = Table("clinhallu_replacement", "ClinHallu Table 3: Δ (points) when gold stages replace the "
+                        "model's, and Fix/Break (%)", ["Model", "Split", "Source", "n"], columns, footer=note, group=1)
+    for model, split, source, metric in rows:
+        labels = [model, split, source, str((metric.get("counts") or {}).get("n", "–"))]
+        stage.rows.append((labels, [pct(metric.get(k)) for k in ("acc", "h_v", "h_k", "h_r")]))
+        cells = [pct(metric.get("acc"))]
+        for key, _ in CLINHALLU_REPLACEMENTS:
+            delta = metric.get(f"delta_{key[4:]}")
+            cells.append(Cell(value=100 * delta, signed=True) if _num(delta) else Cell())
+        for key, _ in CLINHALLU_REPLACEMENTS:
+            cells += [pct((metric.get("fix_rate") or {}).get(key)), pct((metric.get("break_rate") or {}).get(key))]
+        replacement.rows.append((labels, cells))
+    return [stage, replacement]
+
+
+COMPARED: tuple[tuple[str, str, str, float], ...] = (
+    ("close_ended_accuracy", "accuracy", "Acc", 100.0), ("stepbench", "accuracy", "Acc", 100.0),
+    *((m, k, label, s) for m, k, label, s in OPEN_ENDED_COLUMNS if (m, k) in PER_ITEM),
+)
+
+
+def comparisons(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
+    """Each mitigation against ``none`` of the same model, on the items both scored (paired by id)."""
+    table = Table("mitigation_vs_none", "Mitigation − none on the same items (paired)",
+                  ["Model", "Mitigation", "Split", "Metric"],
+                  [Column("none", ranked=False), Column("mitigation", ranked=False), Column("Δ", ranked=False),
+                   Column("p", ranked=False), Column("n", ranked=False)])
+    records: list[dict[str, Any]] = []
+    baselines = [run for run in runs if run.mitigation == "none" and run.items]
+    for run in runs:
+        # the same model's `none`, preferably from the same grid (the sibling folder)
+        same = [b for b in baselines if b.model == run.model]
+        base = next((b for b in same if b.path.parent == run.path.parent), same[0] if same else None)
+        if run.mitigation == "none" or base is None or not run.items:
+            continue
+        for split in run.results["benchmarks"]:
+            ours = {item["id"]: item for item in run.items_of(split)}
+            theirs = {item["id"]: item for item in base.items_of(split)}
+            for metric, key, label, scale in COMPARED:
+                per_item = PER_ITEM[(metric, key)]
+                pairs = [(_item_value(theirs[i], metric, per_item), _item_value(ours[i], metric, per_item))
+                         for i in ours if i in theirs]
+                pairs = [(a, b) for a, b in pairs if (isinstance(a, bool) or _num(a)) and (isinstance(b, bool) or _num(b))]
+                if not pairs or metric not in run.results["benchmarks"][split].get("metrics", {}):
+                    continue
+                a, b = zip(*pairs)
+                result = compare_accuracy(a, b) if per_item == "correct" else paired_bootstrap(a, b)
+                mean_a, mean_b = scale * sum(map(float, a)) / len(a), scale * sum(map(float, b)) / len(b)
+                table.rows.append(([run.model, run.mitigation, split, label], [
+                    Cell(value=mean_a), Cell(value=mean_b),
+                    Cell(value=scale * result.diff, low=scale * result.low, high=scale * result.high, signed=True),
+                    Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text=str(result.n))]))
+                records.append({"model": run.model, "mitigation": run.mitigation, "split": split, "metric": label,
+                                "baseline": mean_a, "value": mean_b, "diff": scale * result.diff,
+                                "low": scale * result.low, "high": scale * result.high, "p_value": result.p_value,
+                                "n": result.n, "test": result.test})
+    return (table if table.rows else None), records
+
+
+def build_tables(runs: list[Run]) -> list[Table]:
+    """Every table the runs have data for, marked and footnoted."""
+    tables = [t for t in (close_ended(runs), report_metrics(runs), generation_metrics(runs)) if t]
+    tables += med_hallmark(runs)
+    tables += [t for t in (stepbench(runs),) if t]
+    tables += clinhallu(runs)
+    comparison, _ = comparisons(runs)
+    if comparison:
+        tables.append(comparison)
+    for table in tables:
+        mark(table)
+        if any(c.ranked for c in table.columns) and table.rows:
+            table.footer.append(MARK_NOTE)
+        if any(cell.low is not None or cell.note for _, cells in table.rows for cell in cells):
+            table.footer.append(METHOD_NOTE)
+        notes = sorted({cell.note for _, cells in table.rows for cell in cells if cell.note})
+        table.footer += [f"No interval (†): {note}." for note in notes]
+    return tables
+
+
+def mark(table: Table) -> None:
+    """Best and worst value per ranked column (within each group), when at least two rows differ."""
+    groups: dict[str, list[int]] = {}
+    for index, (labels, _) in enumerate(table.rows):
+        groups.setdefault(labels[table.group] if table.group is not None else "", []).append(index)
+    for col, column in enumerate(table.columns):
+        if not column.ranked:
+            continue
+        for indices in groups.values():
+            cells = [table.rows[i][1][col] for i in indices if table.rows[i][1][col].value is not None]
+            values = {round(cell.value, 9) for cell in cells}
+            if len(values) < 2:
+                continue
+            best, worst = (min(values), max(values)) if column.lower_is_better else (max(values), min(values))
+            for cell in cells:
+                cell.mark = "best" if round(cell.value, 9) == best else "worst" if round(cell.value, 9) == worst else ""
+
+
+def format_cell(cell: Cell, markdown: bool = True) -> str:
+    """``71.3 ± 2.0 [65.1, 77.4]`` (std, interval as present); ``–`` when missing; marks in Markdown."""
+    if cell.text is not None:
+        return cell.text
+    if cell.value is None:
+        return "–"
+    fmt = "{:+.1f}" if cell.signed else "{:.2f}" if abs(cell.value) < 10 and cell.std is not None else "{:.1f}"
+    text = fmt.format(cell.value)
+    if cell.std is not None:
+        text += f" ± {cell.std:.2f}"
+    if cell.low is not None:
+        text += f" [{fmt.format(cell.low)}, {fmt.format(cell.high)}]"
+    elif cell.note and markdown:
+        text += " †"
+    if markdown and cell.mark == "best":
+        text = f"**{text}** ▲"
+    elif markdown and cell.mark == "worst":
+        text += " ▼"
+    return text
+
+
+def _escape_md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(table: Table) -> str:
+    header = [*table.row_header, *(c.label for c in table.columns)]
+    lines = [f"## {table.title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for labels, cells in table.rows:
+        lines.append("| " + " | ".join([*map(_escape_md, labels), *(format_cell(c) for c in cells)]) + " |")
+    if table.footer:
+        lines += ["", *(f"_{line}_  " for line in table.footer)]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(tables: list[Table]) -> str:
+    """One tidy row per cell: table, row labels (joined), column, value, std, CI, n, mark, note."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["table", "row", "column", "value", "std", "ci_low", "ci_high", "n", "mark", "text",
+                     "no_interval_reason"])
+    for table in tables:
+        for labels, cells in table.rows:
+            for column, cell in zip(table.columns, cells):
+                writer.writerow([table.key, " | ".join(labels), column.label, *("" if v is None else v for v in (
+                    cell.value, cell.std, cell.low, cell.high, cell.n, cell.mark, cell.text, cell.note))])
+    return buffer.getvalue()
+
+
+def to_json(table: Table) -> dict[str, Any]:
+    return {"key": table.key, "title": table.title, "row_header": table.row_header,
+            "columns": [asdict(c) for c in table.columns], "footer": table.footer,
+            "rows": [{"labels": labels, "cells": [asdict(c) for c in cells]} for labels, cells in table.rows]}

@@ -1,0 +1,61 @@
+"""Hand-made run folders (results.json + scored.jsonl + predictions.jsonl) for the report tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CATEGORIES = ("anatomy", "measurement", "symptom", "radiology")
+
+
+def write_run(folder: Path, mitigation: str, correct: list[bool], model: str = "m", new_fields: bool = True,
+              bleu: list[float] | None = None, prompt: bool = False) -> Path:
+    """A run with one close-ended split (``mm_vishal:all``, ids ``mm_vishal/slake/<i>``, categories in turn)
+    and, with ``bleu``, an open-ended split (``knowledge:open``) scored by text_generation."""
+    folder.mkdir(parents=True, exist_ok=True)
+    items: list[dict[str, Any]] = []
+    by_category: dict[str, list[bool]] = {}
+    for i, ok in enumerate(correct):
+        category = CATEGORIES[i % 4]
+        by_category.setdefault(category, []).append(ok)
+        item = {"id": f"mm_vishal/slake/{i}", "prediction": "yes" if ok else "<b onmouseover=x>no</b>",
+                "reference": "yes", "correct": ok, "parsed": True, "model": model, "mitigation": mitigation}
+        if new_fields:
+            item.update(split="mm_vishal:all", category=category, source="slake", answer_type="yes_no",
+                        images=[f"img{i}.png"], credentialed=False)
+        items.append(item)
+    benchmarks: dict[str, Any] = {"mm_vishal:all": {
+        "n_records": len(correct), "n_scored": len(correct), "skipped_missing_images": {"count": 0, "examples": []},
+        "data_quality": {}, "metrics": {"close_ended_accuracy": {
+            "accuracy": sum(correct) / len(correct), "n": len(correct), "n_unparsed": 0, "n_bad_reference": 0,
+            "accuracy_by_category": {c: sum(v) / len(v) for c, v in by_category.items()}}}}}
+    if bleu is not None:
+        for i, value in enumerate(bleu):
+            item = {"id": f"knowledge/open/{i}", "prediction": f"answer {i}", "reference": "ref", "model": model,
+                    "mitigation": mitigation, "bleu_per_item": value}
+            if new_fields:
+                item.update(split="knowledge:open", category="knowledge", source="mimic_cxr", answer_type="open",
+                            images=[f"p{i}.jpg"], credentialed=True)
+            items.append(item)
+        benchmarks["knowledge:open"] = {
+            "n_records": len(bleu), "n_scored": len(bleu), "skipped_missing_images": {"count": 0, "examples": []},
+            "data_quality": {}, "metrics": {"text_generation": {"bleu": sum(bleu) / len(bleu), "sacrebleu": 1.0}}}
+    results = {"settings": {"model": model, "mitigation": mitigation}, "labels": {}, "warnings": [],
+               "benchmarks": benchmarks}
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "scored.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(
+        {"id": item["id"], "prediction": item["prediction"], "model": model, "mitigation": mitigation,
+         **({"prompt": f"Question {item['id']}?"} if prompt else {})}) + "\n" for item in items))
+    return folder
+
+
+def write_grid(folder: Path, runs: dict[str, list[bool]], **kwargs: Any) -> Path:
+    """A mitigation grid: one sub-folder per mitigation plus the combined results.json."""
+    combined = []
+    for mitigation, correct in runs.items():
+        sub = write_run(folder / mitigation, mitigation, correct, **kwargs)
+        combined.append(json.loads((sub / "results.json").read_text()))
+    (folder / "results.json").write_text(json.dumps({"runs": combined}))
+    return folder

@@ -1,0 +1,87 @@
+"""A run writes its own report.html; results.md lists every caveat a reader needs."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from medheval.benchmarks import load_benchmark
+from medheval.cli import main
+from medheval.report.tables import caveats, write_markdown
+
+
+def _score_half(fixture_benchmark, tmp_path, *extra):
+    """Score a predictions file answering half of mm_vishal ("Yes." everywhere), the rest missing."""
+    rows = load_benchmark("mm_vishal", data_dir=fixture_benchmark["data_dir"]).to_list()
+    kept = rows[: len(rows) // 2]
+    path = tmp_path / "half.jsonl"
+    path.write_text("".join(json.dumps({"id": r["id"], "prediction": "Yes."}) + "\n" for r in kept))
+    out = tmp_path / "run"
+    assert main(["run", "--benchmark", "mm_vishal", "--predictions", str(path), "--output", str(out),
+                 "--data-dir", fixture_benchmark["data_dir"], "--allow-missing-predictions", *extra]) == 0
+    return out, rows, kept
+
+
+def test_a_run_writes_report_html_and_per_item_fields(fixture_benchmark, tmp_path):
+    out, rows, kept = _score_half(fixture_benchmark, tmp_path)
+    results = json.loads((out / "results.json").read_text())
+    assert results["report"] == {"html": "report.html", "note": None}
+    page = (out / "report.html").read_text()
+    assert 'data-table="medheval_close_ended"' in page and "data:image/png;base64," in page
+    scored = [json.loads(line) for line in (out / "scored.jsonl").read_text().splitlines()]
+    by_id = {r["id"]: r for r in rows}
+    assert [(s["split"], s["category"], s["source"]) for s in scored] == [
+        ("mm_vishal:all", by_id[s["id"]]["category"], by_id[s["id"]]["source"]) for s in scored]
+    assert len(scored) == len(kept)
+    md = (out / "results.md").read_text()
+    assert f"{len(rows) - len(kept)} record(s) have no prediction" in md  # the warning, from the runner
+
+
+def test_a_run_without_matplotlib_still_succeeds_and_says_so(fixture_benchmark, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "medheval.report.plots", None)  # import fails as with matplotlib missing
+    out, _, _ = _score_half(fixture_benchmark, tmp_path)
+    results = json.loads((out / "results.json").read_text())
+    assert results["report"]["html"] == "report.html" and "plots left out" in results["report"]["note"]
+    assert "report: plots left out" in (out / "results.md").read_text()
+    assert "plots left out" in capsys.readouterr().err
+    page = (out / "report.html").read_text()
+    assert "data:image/png" not in page and "plots left out" in page and 'data-table="medheval_close_ended"' in page
+
+
+def test_a_report_that_cannot_be_written_does_not_fail_the_run(fixture_benchmark, tmp_path, monkeypatch, capsys):
+    from medheval.report import html
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(html, "write_html", broken)
+    out, _, _ = _score_half(fixture_benchmark, tmp_path)
+    assert (out / "results.md").exists() and not (out / "report.html").exists()
+    assert "report.html not written (OSError" in capsys.readouterr().err
+
+
+def test_results_md_states_the_caveats(tmp_path):
+    run = {"settings": {"model": "m", "mitigation": "none", "backend": {"random_weights": True}}, "labels": {},
+           "warnings": [], "benchmarks": {"knowledge:open": {
+               "n_records": 10, "n_scored": 7, "skipped_missing_images": {"count": 2, "examples": []},
+               "data_quality": {}, "annotation_files": [{"relpath": "a.json", "verified": None},
+                                                        {"relpath": "b.json", "verified": True}],
+               "metrics": {"sh_judge": {"sh": 1.5, "n_failed": 3},
+                           "text_generation": {"bleu": 1.0, "n_empty_predictions": 1}}}}}
+    lines = caveats(run)
+    assert lines == [
+        "the model has random weights: its numbers mean nothing",
+        "`knowledge:open`: 3 of 10 record(s) have no prediction and are not scored",
+        "`knowledge:open`: 2 record(s) skipped for a missing image (--on-missing skip)",
+        "`knowledge:open` · sh_judge: 3 item(s) could not be scored and are left out of its figures",
+        "`knowledge:open` · text_generation: 1 empty prediction(s), scored 0",
+        "`knowledge:open`: annotation file(s) not checked against a pinned checksum (user data or a Hub snapshot): "
+        "a.json"]
+    write_markdown(run, tmp_path / "results.md")
+    md = (tmp_path / "results.md").read_text()
+    assert "## Caveats" in md and all(line in md for line in lines)
+    run["benchmarks"]["knowledge:open"].update(n_scored=10, skipped_missing_images={"count": 0})
+    run["benchmarks"]["knowledge:open"]["metrics"] = {}
+    run["benchmarks"]["knowledge:open"]["annotation_files"] = []
+    run["settings"]["backend"] = {}
+    assert caveats(run) == []

@@ -1,0 +1,144 @@
+"""``medheval report``: finding run folders, paper-shaped tables with intervals, marks, CSV/JSON."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from medheval.cli import main
+from medheval.report.build import write_report
+from medheval.report.collect import ReportError, find_runs, split_of
+from medheval.report.paper import build_tables, comparisons, format_cell, to_markdown
+from report_runs import write_grid, write_run
+
+BASE = [True] * 6 + [False] * 10 + [True] * 4  # 10/20 right
+BETTER = [True] * 6 + [True] * 5 + [False] * 5 + [True] * 4  # 15/20: c = 5 fixes, b = 0 breaks
+
+
+def test_grid_and_nested_folders_are_found_once(tmp_path):
+    grid = write_grid(tmp_path / "grid", {"none": BASE, "vcd": BETTER})
+    write_run(tmp_path / "nested" / "a" / "single", "none", BASE, model="other")
+    runs = find_runs([grid, tmp_path / "nested", grid / "vcd"])
+    assert [(run.model, run.mitigation) for run in runs] == [("m", "none"), ("m", "vcd"), ("other", "none")]
+
+
+def test_a_folder_that_is_not_a_run_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReportError, match=f"{tmp_path / 'empty'}: not a run folder"):
+        find_runs([tmp_path / "empty"])
+    with pytest.raises(ReportError, match="no such folder"):
+        find_runs([tmp_path / "missing"])
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("{trunc")
+    with pytest.raises(ReportError, match="results.json: not readable JSON"):
+        find_runs([tmp_path / "bad"])
+
+
+def test_grid_without_sub_folders_uses_the_combined_results(tmp_path):
+    grid = write_grid(tmp_path / "grid", {"none": BASE, "vcd": BETTER})
+    for sub in ("none", "vcd"):
+        for path in (grid / sub).iterdir():
+            path.unlink()
+        (grid / sub).rmdir()
+    runs = find_runs([grid])
+    assert [run.mitigation for run in runs] == ["none", "vcd"] and all(not run.items for run in runs)
+    assert "no per-item intervals" in runs[0].notes[0]
+
+
+def test_older_scored_rows_join_by_id_prefix():
+    assert split_of("mm_vishal/slake/3", ["mm_vishal:all", "knowledge:open"]) == "mm_vishal:all"
+    assert split_of("knowledge/open/3", ["knowledge:closed", "knowledge:open"]) == "knowledge:open"
+    assert split_of("context/default/1", ["context:default"]) == "context:default"
+
+
+def test_close_ended_table_values_intervals_and_marks(tmp_path):
+    grid = write_grid(tmp_path / "grid", {"none": BASE, "vcd": BETTER})
+    tables = {table.key: table for table in build_tables(find_runs([grid]))}
+    table = tables["medheval_close_ended"]
+    assert [c.label for c in table.columns] == ["Acc-A", "Acc-M", "Acc-S", "Acc-R", "Acc", "n"]
+    (none_labels, none_cells), (vcd_labels, vcd_cells) = table.rows
+    assert none_labels == ["m", "none", "mm_vishal:all"] and vcd_labels == ["m", "vcd", "mm_vishal:all"]
+    acc_none, acc_vcd = none_cells[4], vcd_cells[4]
+    assert (acc_none.value, acc_vcd.value) == (50.0, 75.0) and acc_none.n == 20
+    assert acc_none.low < 50 < acc_none.high and acc_vcd.low < 75 < acc_vcd.high
+    assert (acc_none.mark, acc_vcd.mark) == ("worst", "best")
+    assert none_cells[0].value == 60.0 and none_cells[0].n == 5  # anatomy: items 0, 4, 8, 12, 16 -> 3/5
+    markdown = to_markdown(table)
+    assert "**75.0 [" in markdown and "▲" in markdown and "▼" in markdown and "percentile bootstrap" in markdown
+
+
+def test_comparison_uses_mcnemar_on_paired_items(tmp_path):
+    grid = write_grid(tmp_path / "grid", {"none": BASE, "vcd": BETTER})
+    table, records = comparisons(find_runs([grid]))
+    (record,) = records
+    # b = 0, c = 5: p = 2 * (1/2)^5 = 0.0625
+    assert record["diff"] == pytest.approx(25.0) and record["p_value"] == pytest.approx(0.0625)
+    assert record["n"] == 20 and record["test"] == "exact McNemar"
+    assert format_cell(table.rows[0][1][2]).startswith("+25.0 [")
+
+
+def test_older_runs_and_corpus_figures_say_why_there_is_no_interval(tmp_path):
+    run = write_run(tmp_path / "old", "none", BASE, new_fields=False, bleu=[10.0, 30.0, 20.0])
+    tables = {table.key: table for table in build_tables(find_runs([run]))}
+    close = tables["medheval_close_ended"]
+    anatomy, acc = close.rows[0][1][0], close.rows[0][1][4]
+    assert anatomy.low is None and "predates per-item categories" in anatomy.note
+    assert acc.low is not None  # the split is joined by the id prefix
+    generation = tables["medheval_generation"]
+    bleu = generation.rows[0][1][[c.label for c in generation.columns].index("BLEU")]
+    assert bleu.value == pytest.approx(20.0) and bleu.low is not None and bleu.n == 3
+
+
+def test_an_item_mean_that_does_not_match_the_summary_gets_no_interval(tmp_path):
+    run = write_run(tmp_path / "r", "none", BASE)
+    results = json.loads((run / "results.json").read_text())
+    results["benchmarks"]["mm_vishal:all"]["metrics"]["close_ended_accuracy"]["accuracy"] = 0.9
+    (run / "results.json").write_text(json.dumps(results))
+    cell = build_tables(find_runs([run]))[0].rows[0][1][4]
+    assert cell.value == 90.0 and cell.low is None and "not the reported 0.9" in cell.note
+
+
+def test_cli_writes_markdown_csv_json(tmp_path, capsys):
+    grid = write_grid(tmp_path / "grid", {"none": BASE, "vcd": BETTER}, bleu=[10.0, 20.0])
+    out = tmp_path / "report"
+    assert main(["report", str(grid), "--output", str(out), "--no-plots", "--no-html"]) == 0
+    assert "MedHEval Tables 3–4" in (out / "report.md").read_text()
+    rows = list(csv.DictReader(io.StringIO((out / "tables.csv").read_text())))
+    acc = [r for r in rows if r["table"] == "medheval_close_ended" and r["column"] == "Acc"]
+    assert [(r["row"], float(r["value"]), r["mark"]) for r in acc] == [
+        ("m | none | mm_vishal:all", 50.0, "worst"), ("m | vcd | mm_vishal:all", 75.0, "best")]
+    summary = json.loads((out / "report.json").read_text())
+    assert {t["key"] for t in summary["tables"]} >= {"medheval_close_ended", "medheval_generation", "mitigation_vs_none"}
+    assert main(["report", str(tmp_path / "nothing"), "--output", str(out)]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_write_report_tables_only(tmp_path):
+    run = write_run(tmp_path / "r", "none", BASE)
+    written = write_report([run], tmp_path / "out", plots=False, html=False)
+    assert written["markdown"].exists() and written["csv"].exists() and written["plots"] == {}
+    assert not (tmp_path / "out" / "plots").exists() and not (tmp_path / "out" / "report.html").exists()
+
+
+def test_stepbench_recall_and_f1_intervals_from_items(tmp_path):
+    # EN step 1: hallucinated statements right T,T,F,F (tp 2, fn 2); ground-truth ones T,T,T,F (tn 3, fp 1)
+    # recall = 2/4 = 0.5; F1 = 2tp / (2tp + fp + fn) = 4/7
+    run = tmp_path / "sb"
+    run.mkdir()
+    labels = ["hallucination"] * 4 + ["ground_truth"] * 4
+    correct = [True, True, False, False, True, True, True, False]
+    items = [{"id": f"med_stepbench/en/s{i}", "prediction": "x", "reference": label, "correct": ok,
+              "split": "med_stepbench:all", "category": "anatomical_mapping", "source": "med_stepbench"}
+             for i, (label, ok) in enumerate(zip(labels, correct))]
+    (run / "scored.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
+    per_step = {"1": {"recall": 0.5, "f1": 4 / 7}}
+    (run / "results.json").write_text(json.dumps({"settings": {"model": "m", "mitigation": "none"}, "benchmarks": {
+        "med_stepbench:all": {"n_records": 8, "n_scored": 8, "metrics": {"stepbench": {
+            "accuracy": 5 / 8, "n_unparsed": 0, "by_language": {"en": {"per_step": per_step}}}}}}}))
+    (table,) = [t for t in build_tables(find_runs([run])) if t.key == "med_stepbench"]
+    labels_ = [c.label for c in table.columns]
+    recall, f1 = (table.rows[0][1][labels_.index(name)] for name in ("EN S1 R", "EN S1 F1"))
+    assert recall.value == pytest.approx(50.0) and recall.n == 4 and recall.low < 50 < recall.high
+    assert f1.value == pytest.approx(400 / 7) and f1.n == 8 and f1.low < 400 / 7 < f1.high
+    assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(62.5)
