@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from medheval.generation import GenerationPlan, check_settings
-from medheval.runner import RunError, RunSpec, run_grid
+from medheval.runner import RunError, RunSpec, run_grid, write_report_html
 
 # key -> (accepted types, description for the error). ``None`` is accepted for every optional key.
 CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -333,6 +333,7 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
                     "mitigations": config.mitigations, "runs": runs}
         atomic_write_text(output / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
         write_grid_markdown(runs, output / "results.md", heading="models × mitigations")
+        write_report_html(output, combined)
     return combined
 
 

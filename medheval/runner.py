@@ -526,7 +526,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         results["report"] = _report_plan()
         atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
         write_markdown(results, output / "results.md")
-        _own_report(output, results)
+        write_report_html(output, results)
     return results
 
 
@@ -540,7 +540,7 @@ def _report_plan() -> dict[str, Any]:
     return {"html": "report.html", "note": note}
 
 
-def _own_report(output: Path, results: dict[str, Any]) -> None:
+def write_report_html(output: Path, results: dict[str, Any]) -> None:
     """``report.html`` beside ``results.md``, written last (:func:`medheval.report.build.write_run_report`):
     the results are on disk already, so a problem here is printed, never raised."""
     from medheval.report.build import write_run_report
@@ -620,5 +620,5 @@ def _run_methods(spec: RunSpec, backend: Backend, methods: list[tuple[str, Any]]
         combined = {"runs": runs}
         atomic_write_text(Path(spec.output) / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
         write_grid_markdown(runs, Path(spec.output) / "results.md")
-        _own_report(Path(spec.output), combined)
+        write_report_html(Path(spec.output), combined)
     return runs[0] if len(runs) == 1 else {"runs": runs}

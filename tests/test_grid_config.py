@@ -287,6 +287,8 @@ def test_every_shipped_config_runs_on_the_tiny_model_and_resumes(path, fixture_b
         assert [run["settings"]["model"] for run in combined["runs"]] == [TINY] * len(config.mitigations)
         assert [p.name for p in out.iterdir() if p.is_dir()] == [model_slug(TINY)]  # --model replaced the list
         assert "| tiny-random-llava |" in (out / "results.md").read_text()
+        html = (out / "report.html").read_text()  # the whole grid's report, every cell in it
+        assert all(f"{run['settings']['mitigation']}" in html for run in combined["runs"])
         for run in combined["runs"]:
             assert run["settings"]["limit"] == 2 and len(run["benchmarks"]) == len(config.benchmarks)
             assert all(entry["generated_this_run"] > 0 for entry in run["benchmarks"].values())
