@@ -97,7 +97,7 @@ def build_tiny_tokenizer(
     *,
     bos_token: str | None = "<s>",
     eos_token: str = "</s>",
-    pad_token: str = "<pad>",
+    pad_token: str | None = "<pad>",
     unk_token: str = "<unk>",
     named_tokens: dict[str, str] | None = None,
     add_bos: bool = True,
