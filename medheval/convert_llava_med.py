@@ -48,7 +48,6 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -61,8 +60,8 @@ MISTRAL_INSTRUCT_TEMPLATE = (
     "{% if message['content'] is string %}{% set parts = [{'type': 'text', 'text': message['content']}] %}"
     "{% else %}{% set parts = message['content'] %}{% endif %}"
     "{% if message['role'] == 'system' %}"
-    "{% set ns.system = '<<SYS>>\n' + (parts | selectattr('type', 'equalto', 'text') | map(attribute='text') | join(' '))"
-    " + '\n<</SYS>>\n\n' %}"
+    "{% set ns.system = '<<SYS>>\n' + (parts | selectattr('type', 'equalto', 'text') | map(attribute='text')"
+    " | join(' ')) + '\n<</SYS>>\n\n' %}"
     "{% elif message['role'] == 'user' %}"
     "{{ '[INST] ' + ns.system }}{% set ns.system = '' %}"
     "{% for part in parts | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
@@ -296,8 +295,9 @@ def convert(src: str | Path, dst: str | Path, *, vision_tower: str | Path | None
             + (f"unexpected {', '.join(unexpected[:20])}" if unexpected else ""))
     for key, target in model.state_dict().items():
         if key in weights and tuple(weights[key].shape) != tuple(target.shape):
-            raise ConversionError(f"weight {key}: shape {tuple(weights[key].shape)} in the checkpoint, "
-                                  f"{tuple(target.shape)} expected from the config (check --vision-tower / config.json)")
+            raise ConversionError(
+                f"weight {key}: shape {tuple(weights[key].shape)} in the checkpoint, {tuple(target.shape)} expected "
+                "from the config (check --vision-tower / config.json)")
     model.load_state_dict({k: v.to(torch_dtype) for k, v in weights.items()}, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.tie_weights()

@@ -97,12 +97,14 @@ def _image(size=(30, 30), seed=0):
 
 def test_rename_key_maps_every_original_family():
     assert rename_key("model.embed_tokens.weight") == "model.language_model.embed_tokens.weight"
-    assert rename_key("model.layers.31.self_attn.q_proj.weight") == "model.language_model.layers.31.self_attn.q_proj.weight"
+    assert (rename_key("model.layers.31.self_attn.q_proj.weight")
+            == "model.language_model.layers.31.self_attn.q_proj.weight")
     assert rename_key("model.norm.weight") == "model.language_model.norm.weight"
     assert rename_key("lm_head.weight") == "lm_head.weight"
     assert rename_key("model.mm_projector.0.bias") == "model.multi_modal_projector.linear_1.bias"
     assert rename_key("model.mm_projector.2.weight") == "model.multi_modal_projector.linear_2.weight"
-    assert rename_key(PREFIX + "encoder.layers.23.mlp.fc1.weight") == "model.vision_tower.encoder.layers.23.mlp.fc1.weight"
+    assert (rename_key(PREFIX + "encoder.layers.23.mlp.fc1.weight")
+            == "model.vision_tower.encoder.layers.23.mlp.fc1.weight")
     assert rename_key("model.mm_projector.1.weight") is None and rename_key("model.image_newline") is None
 
 

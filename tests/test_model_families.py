@@ -130,7 +130,8 @@ def test_generate_chat_with_system_and_assistant_prefix(family):
     before = prompt[: -len("The chest")]
     assert before.endswith(("\n", " ")) and not before.endswith(("\n ", "  "))  # no stray space after a newline
     requests = [
-        {"id": "c1", "system": "Be careful with findings.", "user": "Describe the image.", "assistant_prefix": "The chest"},
+        {"id": "c1", "system": "Be careful with findings.", "user": "Describe the image.",
+         "assistant_prefix": "The chest"},
         {"id": "c2", "user": "Any effusion?", "assistant_prefix": ""},
     ]
     images = _images([[(30, 30)], [(30, 30), (30, 40)]])
@@ -185,3 +186,17 @@ def test_saved_tiny_model_runs_through_the_cli(name, fixture_benchmark, tmp_path
     assert loaded.generate(RECORDS[:1], images) == HFBackend(fresh, processor, max_new_tokens=NEW_TOKENS).generate(
         RECORDS[:1], images)
     assert loaded.settings()["random_weights"] is True
+
+
+def test_a_folder_whose_processor_cannot_be_built_is_a_clear_error(tmp_path):
+    """AutoProcessor silently falls back to the tokenizer when the processor class is unknown; the backend says so."""
+    from medheval.backends.base import BackendError
+
+    build_tiny("gemma3", seed=0, save_dir=tmp_path)
+    for name in ("processor_config.json", "tokenizer_config.json"):
+        path = tmp_path / name
+        path.write_text(path.read_text().replace('"Gemma3Processor"', '"NoSuchProcessor"'))
+    with pytest.raises(BackendError, match="only a .*Tokenizer.* no image processor"):
+        HFBackend(str(tmp_path))
+    with pytest.raises(ValueError, match="no video processor"):
+        build_tiny("qwen2_5_vl", save_dir=tmp_path / "q")

@@ -5,9 +5,9 @@ with ``AutoModelForImageTextToText`` and its ``AutoProcessor``; ``HFBackend(mode
 processor)`` takes objects already built (e.g. :func:`medheval.backends.tiny.build_tiny_llava`).
 
 Families (each covered by a tiny random-weight test, :mod:`medheval.backends.tiny_families`): LLaVA-1.5,
-LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL, Gemma 3 / MedGemma, InternVL 3/3.5 (HF format), Idefics3 / SmolVLM. The
-prompt is the processor's chat template over one user turn (image parts, then the text); the processor
-expands each image marker into the family's image tokens and returns the extra tensors it needs
+LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL, Gemma 3 / MedGemma, InternVL 3/3.5 (HF format), Idefics3 (SmolVLM's
+architecture). The prompt is the processor's chat template over one user turn (image parts, then the
+text); the processor expands each image marker into the family's image tokens and returns the extra tensors it needs
 (``image_grid_thw``, ``token_type_ids``, ``pixel_attention_mask``, ``image_sizes``), all passed to
 ``generate``. Images go to the processor as one list per prompt (several per record are fine).
 
@@ -137,6 +137,12 @@ class HFBackend:
             self.name = name or os.fspath(model)
             self.model = loaded_model
             self.processor = processor if processor is not None else loaded_processor
+            if getattr(self.processor, "image_processor", None) is None:
+                raise BackendError(
+                    f"AutoProcessor loaded only a {type(self.processor).__name__} for {self.name!r}, no image "
+                    "processor: the folder's processor_config.json names a processor class this transformers cannot "
+                    "build (a custom class, or one whose video part needs torchvision); install what it needs or "
+                    "pass processor=...")
         else:
             self.model = model
             if dtype is not None:
@@ -232,7 +238,7 @@ class HFBackend:
             text = f"{system}\n\nUSER: {images}{user} ASSISTANT:" if system else f"USER: {images}{user} ASSISTANT:"
         if not assistant_prefix:
             return text
-        # "ASSISTANT: prefix", but "<|im_start|>assistant\nprefix" after a template that ends its turn header with a newline
+        # "ASSISTANT: prefix", but "<|im_start|>assistant\nprefix" after a turn header that ends with a newline
         return f"{text}{assistant_prefix}" if text[-1:].isspace() else f"{text} {assistant_prefix}"
 
     def generate_chat(self, requests: list[dict], images: list[list] | None = None, *, seed: int | None = None,

@@ -11,7 +11,7 @@ qwen2_5_vl ``Qwen2_5_VLForConditionalGeneration``       ``<|vision_start|><|imag
 qwen3_vl   ``Qwen3VLForConditionalGeneration``          ``<|vision_start|><|image_pad|><|vision_end|>``
 gemma3     ``Gemma3ForConditionalGeneration``           ``<start_of_image>`` (Gemma 3, MedGemma)
 internvl   ``InternVLForConditionalGeneration``         ``<IMG_CONTEXT>`` (InternVL 3/3.5 HF)
-idefics3   ``Idefics3ForConditionalGeneration``         ``<image>`` (Idefics3; SmolVLM's layout)
+idefics3   ``Idefics3ForConditionalGeneration``         ``<image>`` (Idefics3; SmolVLM's architecture)
 ========== ============================================ =======================================
 
 Each is the family's real transformers model and processor classes at toy size: a 2–3 layer text
@@ -288,7 +288,8 @@ def build_tiny_internvl(seed: int = 0):
 
 
 def build_tiny_idefics3(seed: int = 0):
-    """Idefics3 (SmolVLM's architecture): SigLIP-style tower on 28x28 images (7x7 patches, pixel-shuffled
+    """Idefics3 (SmolVLM is the same architecture; its own processor needs ``num2words``, and ``torchvision`` for
+    its video part, so it is not built here): SigLIP-style tower on 28x28 images (7x7 patches, pixel-shuffled
     2x2 -> 4 tokens), image splitting off, ``pixel_attention_mask`` for padded images, BOS in the template."""
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
 
@@ -330,6 +331,7 @@ BUILDERS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "idefics3": build_tiny_idefics3,
 }
 FAMILIES = tuple(BUILDERS)
+_IMAGE_ONLY_PROCESSORS = ("qwen2_5_vl", "qwen3_vl", "internvl")  # built with _without_video
 
 
 def build_tiny(family: str, seed: int = 0, save_dir: str | os.PathLike | None = None):
@@ -337,12 +339,18 @@ def build_tiny(family: str, seed: int = 0, save_dir: str | os.PathLike | None = 
 
     ``seed`` seeds the weights (same seed, same model); ``save_dir``: ``save_pretrained`` model and
     processor there, so ``HFBackend(save_dir)`` / ``medheval run --model save_dir`` load them through
-    ``AutoModelForImageTextToText`` / ``AutoProcessor``.
+    ``AutoModelForImageTextToText`` / ``AutoProcessor`` (not for the Qwen and InternVL families, whose
+    tiny processors lack the video part a saved folder needs).
     """
     try:
         builder = BUILDERS[family]
     except KeyError:
         raise ValueError(f"unknown tiny model family {family!r}; use one of {', '.join(FAMILIES)}") from None
+    if save_dir is not None and family in _IMAGE_ONLY_PROCESSORS:
+        raise ValueError(
+            f"build_tiny({family!r}, save_dir=...): the tiny {family} processor has no video processor (transformers "
+            "builds those only with torchvision), so AutoProcessor could not load it back from the folder; build it "
+            "in memory and pass model and processor to HFBackend")
     model, processor = builder(seed=seed)
     if save_dir is not None:
         os.makedirs(save_dir, exist_ok=True)
