@@ -200,3 +200,31 @@ def test_a_folder_whose_processor_cannot_be_built_is_a_clear_error(tmp_path):
         HFBackend(str(tmp_path))
     with pytest.raises(ValueError, match="no video processor"):
         build_tiny("qwen2_5_vl", save_dir=tmp_path / "q")
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_bfloat16_converts_the_image_tensors(name, monkeypatch):
+    """A bfloat16 model gets bfloat16 ``pixel_values`` whatever the family's pixel layout."""
+    model, processor = build_tiny(name, seed=0)
+    backend = HFBackend(model, processor, batch_size=2, max_new_tokens=2, dtype="bfloat16")
+    calls = _capture_generate(monkeypatch, model)
+    out = backend.generate(RECORDS[:2], _images(IMAGE_SIZES[:2]))
+    assert calls[0]["pixel_values"].dtype == torch.bfloat16 == model.dtype
+    assert [len(o.split()) for o in out] == [2, 2]
+
+
+def test_prefix_cache_matches_plain_generation_or_refuses(family):
+    """--prefix-cache: same answers where the processor's output is ids + pixel_values, a clear refusal elsewhere."""
+    from medheval.backends.base import BackendError
+
+    name, model, processor = family
+    image = _images([[(30, 30)]])[0]
+    images = [image] * 3
+    plain = HFBackend(model, processor, batch_size=3, max_new_tokens=3).generate(RECORDS, images)
+    cached = HFBackend(model, processor, batch_size=3, max_new_tokens=3, prefix_cache=True)
+    if name in ("llava", "internvl"):
+        assert cached.generate(RECORDS, images) == plain
+    else:
+        extra = FAMILY_TABLE[name][3]
+        with pytest.raises(BackendError, match=f"--prefix-cache supports .*also needs .*{extra}"):
+            cached.generate(RECORDS, images)
