@@ -10,6 +10,7 @@ Per family (LLaVA-1.5, LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL, Gemma 3, InternVL, Idef
 - the family's extra image tensors (``image_grid_thw``, ``token_type_ids``, ``pixel_attention_mask``,
   ``image_sizes``) reach ``generate``;
 - ``generate_chat`` with a system message and an ``assistant_prefix``;
+- text-only and image records in one batch; bfloat16 image tensors; ``--prefix-cache`` equal or refused;
 - a saved tiny model directory runs through ``medheval run --model DIR``.
 """
 
