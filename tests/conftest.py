@@ -67,7 +67,7 @@ def llava():
 
 @pytest.fixture(scope="module")
 def llava_next():
-    from test_mitigations import build_tiny_llava_next
+    from medheval.backends.tiny_families import build_tiny_llava_next
 
     return build_tiny_llava_next(seed=0)
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from medheval.backends.tiny_families import build_tiny_llava_next  # noqa: F401 (test_opera etc. import it from here)
 from medheval.decoding import MissingInternalError, MitigationError, hooks_installed, image_token_mask
 from medheval.mitigations import DoLa, M3ID, MITIGATIONS, PAI, VCD, generate_with, get_mitigation, parse_spec
 from medheval.mitigations.dola import candidate_layers
@@ -46,71 +47,6 @@ DEFAULTS = {name: cls() for name, cls in MITIGATIONS.items()}
 # ---------------------------------------------------------------------------------------
 # tiny models
 # ---------------------------------------------------------------------------------------
-def build_tiny_llava_next(seed: int = 0):
-    """A tiny random-weight ``LlavaNextForConditionalGeneration`` + ``LlavaNextProcessor``.
-
-    The text tokenizer and chat template of ``medheval.backends.tiny``; a 30x30 CLIP tower with
-    6x6 patches and any-resolution pinpoints up to 60x90, so images of different shapes get
-    different numbers of tiles and image tokens (base + tiles + row newlines). Grouped-query
-    attention (4 heads, 2 KV heads) and 3 text layers, to exercise more than the LLaVA tester.
-    """
-    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextProcessor
-
-    from medheval.backends.tiny import CHAT_TEMPLATE, IMAGE_SIZE, PATCH_SIZE, SPECIAL_TOKENS, build_tiny_tokenizer
-
-    try:
-        from transformers import LlavaNextImageProcessorPil as ImageProcessor
-    except ImportError:  # pragma: no cover
-        from transformers import LlavaNextImageProcessor as ImageProcessor
-
-    tokenizer = build_tiny_tokenizer()
-    pinpoints = [[30, 30], [30, 60], [60, 30], [60, 60], [30, 90], [90, 30]]
-    image_processor = ImageProcessor(
-        size={"shortest_edge": IMAGE_SIZE},
-        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-        image_grid_pinpoints=pinpoints,
-    )
-    processor = LlavaNextProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=PATCH_SIZE,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        chat_template=CHAT_TEMPLATE,
-    )
-    text_config = {
-        "model_type": "llama", "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
-        "initializer_range": 0.2, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id, "tie_word_embeddings": False,
-    }
-    vision_config = {
-        "model_type": "clip_vision_model", "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, "hidden_size": 32,
-        "intermediate_size": 64, "projection_dim": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "initializer_range": 0.2,
-    }
-    config = LlavaNextConfig(
-        text_config=text_config, vision_config=vision_config,
-        image_token_index=tokenizer.convert_tokens_to_ids("<image>"), image_grid_pinpoints=pinpoints,
-        vision_feature_select_strategy="default", vision_feature_layer=-1, projector_hidden_act="gelu",
-    )
-    rng = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        model = LlavaNextForConditionalGeneration(config).eval()
-    finally:
-        torch.random.set_rng_state(rng)
-    with torch.no_grad():  # as tiny LLaVA: special tokens never win, answers run to max_new_tokens
-        head = model.get_output_embeddings().weight
-        for token in SPECIAL_TOKENS:
-            head[tokenizer.convert_tokens_to_ids(token)].zero_()
-    gen = model.generation_config
-    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = (
-        tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    gen.do_sample = False
-    return model, processor
-
-
 def _images(kind, indices):
     from PIL import Image
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from medheval.backends.base import Backend, BackendError
 from medheval.backends.predictions import PredictionsFileBackend
 
-__all__ = ["APIBackend", "Backend", "BackendError", "PredictionsFileBackend", "HFBackend", "build_tiny_llava"]
+__all__ = ["APIBackend", "Backend", "BackendError", "PredictionsFileBackend", "HFBackend", "build_tiny", "build_tiny_llava"]
 
 
 def __getattr__(name: str):
@@ -22,6 +22,10 @@ def __getattr__(name: str):
         from medheval.backends.hf import HFBackend
 
         return HFBackend
+    if name == "build_tiny":
+        from medheval.backends.tiny_families import build_tiny
+
+        return build_tiny
     if name == "build_tiny_llava":
         from medheval.backends.tiny import build_tiny_llava
 

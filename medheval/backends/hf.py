@@ -4,6 +4,13 @@
 with ``AutoModelForImageTextToText`` and its ``AutoProcessor``; ``HFBackend(model,
 processor)`` takes objects already built (e.g. :func:`medheval.backends.tiny.build_tiny_llava`).
 
+Families (each covered by a tiny random-weight test, :mod:`medheval.backends.tiny_families`): LLaVA-1.5,
+LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL, Gemma 3 / MedGemma, InternVL 3/3.5 (HF format), Idefics3 (SmolVLM's
+architecture). The prompt is the processor's chat template over one user turn (image parts, then the
+text); the processor expands each image marker into the family's image tokens and returns the extra tensors it needs
+(``image_grid_thw``, ``token_type_ids``, ``pixel_attention_mask``, ``image_sizes``), all passed to
+``generate``. Images go to the processor as one list per prompt (several per record are fine).
+
 Generation is batched with left padding, greedy unless ``do_sample=True``, and decodes
 only the new tokens. Outputs do not depend on ``batch_size``: the attention mask
 and the position ids generated from it make a left-padded row compute what it would
@@ -130,6 +137,12 @@ class HFBackend:
             self.name = name or os.fspath(model)
             self.model = loaded_model
             self.processor = processor if processor is not None else loaded_processor
+            if getattr(self.processor, "image_processor", None) is None:
+                raise BackendError(
+                    f"AutoProcessor loaded only a {type(self.processor).__name__} for {self.name!r}, no image "
+                    "processor: the folder's processor_config.json names a processor class this transformers cannot "
+                    "build (a custom class, or one whose video part needs torchvision); install what it needs or "
+                    "pass processor=...")
         else:
             self.model = model
             if dtype is not None:
@@ -169,6 +182,9 @@ class HFBackend:
                 )
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self._use_chat_template = bool(getattr(self.processor, "chat_template", None))
+        # Templates that write the BOS themselves (Gemma 3, Idefics3) must not get a second one from the tokenizer.
+        bos_id = self.tokenizer.bos_token_id
+        self._tokenizer_adds_bos = bos_id is not None and bos_id in self.tokenizer("a")["input_ids"]
         self._image_token = (
             getattr(self.processor, "image_token", None)
             or getattr(self.tokenizer, "image_token", None)
@@ -213,13 +229,17 @@ class HFBackend:
         (the model continues that text; a protocol's given stages, e.g. ClinHallu Rep-V)."""
         if self._use_chat_template:
             content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": user}]
-            messages = ([{"role": "system", "content": system}] if system else []) + [
+            # content as parts: multimodal templates (llava-hf, Idefics3) drop a plain-string system message
+            messages = ([{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []) + [
                 {"role": "user", "content": content}]
             text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         else:
             images = f"{self._image_token}\n" * num_images
             text = f"{system}\n\nUSER: {images}{user} ASSISTANT:" if system else f"USER: {images}{user} ASSISTANT:"
-        return f"{text} {assistant_prefix}" if assistant_prefix else text
+        if not assistant_prefix:
+            return text
+        # "ASSISTANT: prefix", but "<|im_start|>assistant\nprefix" after a turn header that ends with a newline
+        return f"{text}{assistant_prefix}" if text[-1:].isspace() else f"{text} {assistant_prefix}"
 
     def generate_chat(self, requests: list[dict], images: list[list] | None = None, *, seed: int | None = None,
                       overrides: dict | None = None) -> list[str]:
@@ -239,10 +259,12 @@ class HFBackend:
 
     def _generate_texts(self, texts: list[str], images: list[list], records: list[dict], seed: int | None = None,
                         overrides: dict | None = None) -> list[str]:
-        flat = [img for imgs in images for img in imgs]
         proc_kwargs: dict[str, Any] = {"text": texts, "padding": True, "return_tensors": "pt"}
-        if flat:
-            proc_kwargs["images"] = flat
+        if any(images):  # one list per prompt: Gemma 3 and Idefics3 need the nesting, the others accept it
+            proc_kwargs["images"] = [list(imgs) for imgs in images]
+        bos = self.tokenizer.bos_token
+        if self._tokenizer_adds_bos and bos and all(text.startswith(bos) for text in texts):
+            proc_kwargs["add_special_tokens"] = False
         try:
             inputs = self.processor(**proc_kwargs)
         except Exception as err:  # noqa: BLE001 - name the records, keep the cause

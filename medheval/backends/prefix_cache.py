@@ -53,6 +53,9 @@ def _common_prefix_length(rows: list[list[int]]) -> int:
     return min(length, shortest - 1)  # every statement keeps at least one token of its own
 
 
+_PLAIN_INPUTS = {"input_ids", "attention_mask", "pixel_values"}
+
+
 class PrefixCache:
     """Encodes a group's shared prefix once and generates every statement from a copy of its cache.
 
@@ -88,6 +91,11 @@ class PrefixCache:
         backend = self.backend
         texts = [backend.format_prompt(record, len(imgs)) for record in records]
         first = self._process(records[:1], texts[:1], imgs)
+        extra = sorted(set(first) - _PLAIN_INPUTS)
+        if extra:  # positions or masks tied to the image layout (M-RoPE, image masks): not reproduced here
+            raise BackendError(
+                f"--prefix-cache supports models whose processor returns only {sorted(_PLAIN_INPUTS)} (LLaVA-1.5, "
+                f"InternVL); {backend.name!r} also needs {extra}: run without --prefix-cache")
         first_ids = first["input_ids"][0][first["attention_mask"][0].bool()].tolist()
         pixel_values = first.get("pixel_values")
         if len(texts) == 1:

@@ -92,34 +92,48 @@ def _vocab_words() -> list[str]:
     return list(seen)
 
 
-def build_tiny_tokenizer():
+def build_tiny_tokenizer(
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
+    *,
+    bos_token: str | None = "<s>",
+    eos_token: str = "</s>",
+    pad_token: str | None = "<pad>",
+    unk_token: str = "<unk>",
+    named_tokens: dict[str, str] | None = None,
+    add_bos: bool = True,
+):
     """A word-level ``PreTrainedTokenizerFast`` over the medical vocabulary above.
 
-    Lower-cases its input, splits on whitespace and punctuation, prepends ``<s>``;
-    decoding joins words with spaces.
+    Lower-cases its input, splits on whitespace and punctuation, prepends ``bos_token`` when
+    ``add_bos``; decoding joins words with spaces. ``special_tokens`` take the first ids (never
+    split, skipped when decoding); ``named_tokens`` become tokenizer attributes a family's
+    processor reads (e.g. ``{"boi_token": "<start_of_image>"}`` gives ``tokenizer.boi_token`` and
+    ``tokenizer.boi_token_id``). The defaults are the LLaVA tokenizer.
     """
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab = {tok: i for i, tok in enumerate(special_tokens)}
     for word in _vocab_words():
         vocab.setdefault(word, len(vocab))
-    backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend = Tokenizer(WordLevel(vocab=vocab, unk_token=unk_token))
     backend.normalizer = normalizers.Lowercase()
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])]
-    )
-    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    if add_bos and bos_token is not None:
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos_token} $A", pair=f"{bos_token} $A $B", special_tokens=[(bos_token, vocab[bos_token])]
+        )
+    backend.add_special_tokens(list(special_tokens))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
+        bos_token=bos_token,
+        eos_token=eos_token,
+        unk_token=unk_token,
+        pad_token=pad_token,
         padding_side="left",
         model_max_length=2048,
+        **({"extra_special_tokens": dict(named_tokens)} if named_tokens else {}),
     )
     return tokenizer
 
