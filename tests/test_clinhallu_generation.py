@@ -6,6 +6,12 @@ equals an uninterrupted run; trace length/temperature run options; mitigations."
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +24,7 @@ from medheval.benchmarks import prepare_benchmark
 from medheval.clinhallu.prompts import prompt_set, trace_request
 from medheval.clinhallu.protocol import (
     GENERATIONS,
+    JUDGMENTS,
     LOG_FIELDS,
     RUN_INFO,
     ClinHalluRun,
@@ -27,6 +34,8 @@ from medheval.clinhallu.protocol import (
 from medheval.clinhallu.trace import render_stages
 from medheval.predictions_log import read_log
 from medheval.tasks.clinhallu import apply_run_options, protocol_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +114,70 @@ def test_api_model_gets_chunks_concurrently_and_writes_what_one_at_a_time_writes
     org = {e["id"]: e for e in entries if e["setting"] == "org"}
     for entry in (e for e in entries if e["setting"] == "rep_k"):
         assert entry["stages"]["visual_recognition"] == org[entry["id"]]["stages"]["visual_recognition"]
+
+
+def _model_or_judge(body):
+    if body["model"] == "fake-judge":
+        return json.dumps({"hallucinated": len(json.dumps(body)) % 2, "reason": "parity", "answer_correct": 1,
+                           "answer_reasoning": "r"})
+    return _model_reply(body)
+
+
+def test_api_model_resume_after_sigkill_equals_an_uninterrupted_run(snapshot, tmp_path):
+    """tests/clinhallu_protocol_job.py with an API model (chunks of concurrent requests, 200 ms each):
+    killed once some entries are logged, then run again; logs equal an uninterrupted run's."""
+    import clinhallu_protocol_job
+
+    def job(out, tag):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "HF_HUB_OFFLINE": "1"}
+        return subprocess.Popen([sys.executable, str(REPO / "tests" / "clinhallu_protocol_job.py"),
+                                 snapshot["data_dir"], str(out), server.base_url, str(tmp_path / f"c{tag}"),
+                                 str(tmp_path / f"d{tag}"), server.base_url], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+
+    with JudgeServer("openai", reply=_model_or_judge, latency=0.2) as server:
+        full = tmp_path / "full"
+        clinhallu_protocol_job.main(snapshot["data_dir"], str(full), server.base_url, str(tmp_path / "c1"),
+                                    str(tmp_path / "d1"), server.base_url)
+        killed = tmp_path / "killed"
+        running = job(killed, 2)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and running.poll() is None:
+            if (killed / GENERATIONS).exists() and (killed / GENERATIONS).read_text().count("\n") >= 1:
+                running.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        running.wait(timeout=60)
+        assert running.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+        logged = (killed / GENERATIONS).read_text().count("\n")
+        assert 1 <= logged < 12
+        assert job(killed, 2).wait(timeout=300) == 0
+
+    assert _log(killed) == _log(full) and len(_log(full)) == 3 * 4
+    judged = [sorted(json.dumps({**e, "steps": {k: {kk: vv for kk, vv in v.items() if kk != "cached"}
+                                                for k, v in e["steps"].items()}}, sort_keys=True)
+                     for e in read_log(folder / JUDGMENTS, required=LOG_FIELDS)) for folder in (killed, full)]
+    assert judged[0] == judged[1]
+
+
+def test_a_folder_resumes_only_with_the_settings_of_its_traces(loaded, tmp_path):
+    records = loaded.dataset.to_list()[:2]
+    with JudgeServer("openai", reply=_model_reply) as server:
+        backend = APIBackend(f"openai:vlm@{server.base_url}", concurrency=4, cache_dir=False)
+        first = _run(backend, loaded, tmp_path, config=ProtocolConfig(max_new_tokens=8))
+        first.generate(records[:1])  # (a run killed here finds the settings of its traces recorded)
+        assert json.loads((tmp_path / RUN_INFO).read_text())["protocol"]["max_new_tokens"] == 8
+        sent = server.request_count
+        for config, message in ((ProtocolConfig(max_new_tokens=16), "max_new_tokens=8 (now 16)"),
+                                (ProtocolConfig(max_new_tokens=8, temperature=0), "temperature=0.7 (now 0)"),
+                                (ProtocolConfig(max_new_tokens=8, seed=1), "seed=0 (now 1)")):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                _run(backend, loaded, tmp_path, config=config).generate(records)
+        assert server.request_count == sent
+        # the same settings resume; a different chunking or concurrency is no change
+        _run(APIBackend(f"openai:vlm@{server.base_url}", concurrency=1, cache_dir=False), loaded, tmp_path,
+             config=ProtocolConfig(max_new_tokens=8), chunk_size=1).generate(records)
+    assert len(read_log(tmp_path / GENERATIONS, required=LOG_FIELDS)) == 8
 
 
 # --------------------------------------------------------------------- HF backend: tiny random LLaVA
@@ -208,7 +281,7 @@ def _cli(snapshot, out, judge_url, *extra):
     roots = [arg for key, path in snapshot["image_roots"].items() for arg in ("--image-root", f"{key}={path}")]
     return ["run", "--benchmark", "clinhallu:vqa_rad", "--data-dir", snapshot["data_dir"], *roots,
             "--output", str(out), "--model", "tiny-random-llava", "--judge", f"openai:j@{judge_url}",
-            "--benchmark-option", "clinhallu.max_new_tokens=6", *extra]
+            "--benchmark-option", "clinhallu.max_new_tokens=6", "--limit", "2", *extra]
 
 
 @pytest.mark.parametrize("temperature, neutral", [("0.7", "vcd:alpha=0,beta=0"), ("0", "vcd:alpha=0")])
@@ -223,7 +296,7 @@ def test_a_neutral_mitigation_writes_the_traces_of_none(snapshot, tmp_path, temp
                          f"clinhallu.temperature={temperature}", *grid)) == 0
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     folders = [Path(run["benchmarks"]["clinhallu:vqa_rad"]["logs"]) for run in runs]
-    assert _log(folders[0]) == _log(folders[1]) and len(_log(folders[0])) == 4 * 3
+    assert _log(folders[0]) == _log(folders[1]) and len(_log(folders[0])) == 4 * 2
     infos = [json.loads((folder / RUN_INFO).read_text()) for folder in folders]
     assert [info["mitigation"] for info in infos] == [run["settings"]["mitigation"] for run in runs]
     assert infos[0]["mitigation"] == "none" and infos[1]["mitigation"].startswith("vcd:") and "alpha=0" in infos[1]["mitigation"]

@@ -46,6 +46,7 @@ from medheval.clinhallu.prompts import (
 )
 from medheval.clinhallu.trace import STAGES, parse_trace
 from medheval.judges import JudgeRequest, make_judge
+from medheval.outputs import atomic_write_text
 from medheval.predictions_log import LogWriter, read_log
 
 GENERATIONS = "clinhallu_generations.jsonl"
@@ -58,6 +59,8 @@ RATE_OF_SETTING = {"org": "h_v", "rep_v": "h_k", "rep_vk": "h_r"}
 # generation phases of a chunk: Rep-K needs the ORG VR; Rep-V and Rep-VK need only the gold stages
 PHASES = (("org",), ("rep_v", "rep_vk"), ("rep_k",))
 CHUNK_BATCHES = 4  # default chunk: this many backend batches of items
+# ProtocolConfig fields the traces depend on: a folder's logs are resumed only with the same values
+TRACE_SETTINGS = ("temperature", "top_p", "max_new_tokens", "seed", "max_attempts", "lenient_markers")
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,7 @@ class ClinHalluRun:
         (module docstring); returns all generation entries of ``records``."""
         path = self.output_dir / GENERATIONS
         done = _index(read_log(path, required=LOG_FIELDS))
+        self._check_resumable(bool(done))
         todo = [r for r in records if any((str(r["id"]), s) not in done for s in self.config.settings)]
         bar = None
         if self.progress and todo:
@@ -203,6 +207,31 @@ class ClinHalluRun:
             bar.close()
         ids = {str(r["id"]) for r in records}
         return [entry for key, entry in done.items() if key[0] in ids]
+
+    def _trace_settings(self) -> dict[str, Any]:
+        return {**{key: getattr(self.config, key) for key in TRACE_SETTINGS},
+                "prompt_version": self.prompts.version, "mitigation": mitigation_spec(self.backend)}
+
+    def _check_resumable(self, has_entries: bool) -> None:
+        """Refuse to add traces made with other settings to a folder's logs (``clinhallu_run.json``
+        names those of its traces); a folder without one gets it now, so a killed run is checked too."""
+        info_path = self.output_dir / RUN_INFO
+        now = self._trace_settings()
+        if has_entries and info_path.exists():
+            info = json.loads(info_path.read_text())
+            before = {**{k: v for k, v in (info.get("protocol") or {}).items() if k in TRACE_SETTINGS},
+                      "prompt_version": (info.get("prompts") or {}).get("version"),
+                      "mitigation": info.get("mitigation", "none")}
+            changed = [f"{key}={before[key]!r} (now {now[key]!r})" for key in now
+                       if key in before and before[key] is not None and before[key] != now[key]]
+            if changed:
+                raise ValueError(f"{self.output_dir} holds ClinHallu traces made with {', '.join(changed)}; resume "
+                                 f"with the same settings (e.g. --benchmark-option clinhallu.max_new_tokens=N / "
+                                 f"clinhallu.temperature=T, the same --seed, --mitigation and prompts), or choose "
+                                 f"another --output folder")
+        elif not info_path.exists():
+            atomic_write_text(info_path, json.dumps({"protocol": asdict(self.config), "prompts": {
+                "version": self.prompts.version}, "mitigation": now["mitigation"]}, indent=2, sort_keys=True))
 
     def _run_jobs(self, jobs: list["_Job"]) -> Iterable[dict]:
         """Yield each job's entry as soon as it is finished (valid, or out of attempts). Batched: one
@@ -300,7 +329,7 @@ class ClinHalluRun:
             "judge": self.judge.describe() if callable(getattr(self.judge, "describe", None)) else {},
             "counts": run_counts(generations, judgments),
         }
-        (self.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, sort_keys=True, default=str))
+        atomic_write_text(self.output_dir / RUN_INFO, json.dumps(info, indent=2, sort_keys=True, default=str))
         return {"metric_inputs": inputs, "counts": info["counts"]}
 
 
