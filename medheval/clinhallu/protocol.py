@@ -221,7 +221,7 @@ class ClinHalluRun:
             info = json.loads(info_path.read_text())
             before = {**{k: v for k, v in (info.get("protocol") or {}).items() if k in TRACE_SETTINGS},
                       "prompt_version": (info.get("prompts") or {}).get("version"),
-                      "mitigation": info.get("mitigation", "none")}
+                      "mitigation": info.get("mitigation")}  # (absent before it was recorded: not compared)
             changed = [f"{key}={before[key]!r} (now {now[key]!r})" for key in now
                        if key in before and before[key] is not None and before[key] != now[key]]
             if changed:
