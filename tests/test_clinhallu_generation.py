@@ -299,7 +299,8 @@ def test_a_neutral_mitigation_writes_the_traces_of_none(snapshot, tmp_path, temp
     assert _log(folders[0]) == _log(folders[1]) and len(_log(folders[0])) == 4 * 2
     infos = [json.loads((folder / RUN_INFO).read_text()) for folder in folders]
     assert [info["mitigation"] for info in infos] == [run["settings"]["mitigation"] for run in runs]
-    assert infos[0]["mitigation"] == "none" and infos[1]["mitigation"].startswith("vcd:") and "alpha=0" in infos[1]["mitigation"]
+    assert infos[0]["mitigation"] == "none"
+    assert infos[1]["mitigation"].startswith("vcd:") and "alpha=0" in infos[1]["mitigation"]
     assert {info["protocol"]["temperature"] for info in infos} == {float(temperature)}
     if temperature == "0":
         assert _log(folders[2]) != _log(folders[0])

@@ -55,8 +55,8 @@ def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[
         "temperature": _number("temperature", options.pop("temperature", default.temperature), float, 0),
     }
     if options:
-        raise ValueError(f"unknown clinhallu run option(s) {sorted(options)}; known: prompts={'|'.join(PROMPT_STYLES)}, "
-                         f"max_new_tokens=N, temperature=T")
+        raise ValueError(f"unknown clinhallu run option(s) {sorted(options)}; known: "
+                         f"prompts={'|'.join(PROMPT_STYLES)}, max_new_tokens=N, temperature=T")
     if style not in PROMPT_STYLES:
         raise ValueError(f"clinhallu.prompts={style!r}: expected one of {PROMPT_STYLES}")
     return dataset, recorded
