@@ -47,7 +47,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int,
                         help="one length for every record (default: per answer type / benchmark, see "
-                             "medheval/generation.py: 16 yes/no … 512 reports, 1024 ClinHallu traces)")
+                             "medheval/generation.py: 16 yes/no … 512 reports, 4096 ClinHallu traces)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-p", type=float)

@@ -14,7 +14,7 @@ answer type ``multiple_choice``   32              a letter or the option text
 answer type ``statement``         16              Med-StepBench true/false verdicts
 answer type ``open``              256             a sentence or short paragraph (knowledge:open …)
 answer type ``report``            512             a full radiology report (vishal_report)
-benchmark ``clinhallu``           1024            a four-stage reasoning trace per generation
+benchmark ``clinhallu``           4096            a four-stage reasoning trace (ClinHallu's config.yaml)
 ================================  ==============  ===================================================
 
 Layers, later wins (:meth:`GenerationPlan.for_record`): the built-in table (a benchmark entry beats
@@ -43,7 +43,7 @@ BUILTIN_BY_ANSWER_TYPE: dict[str, dict[str, Any]] = {
     "open": {"max_new_tokens": 256},
     "report": {"max_new_tokens": 512},
 }
-BUILTIN_BY_BENCHMARK: dict[str, dict[str, Any]] = {"clinhallu": {"max_new_tokens": 1024}}
+BUILTIN_BY_BENCHMARK: dict[str, dict[str, Any]] = {"clinhallu": {"max_new_tokens": 4096}}  # ClinHallu's config.yaml
 FALLBACK_MAX_NEW_TOKENS = 64  # the backend's own value when no layer sets one
 
 

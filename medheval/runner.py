@@ -419,6 +419,9 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str,
         raise RunError(f"model {backend.name} needs images; pass --image-root for: "
                        + ", ".join(f"{source}=PATH" for source in sources))
     if protocol == "clinhallu":  # scored by metrics/clinhallu on the protocol's judged columns
+        from medheval.tasks.clinhallu import check_protocol
+
+        check_protocol(loaded, backend)
         _split_warnings(loaded, warnings)
         return loaded, ["clinhallu"], _options_for(spec, ["clinhallu"])
     if hasattr(backend, "check_against"):

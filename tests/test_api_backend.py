@@ -126,6 +126,26 @@ def test_greedy_by_default_and_continuation_body(monkeypatch, tmp_path):
     assert APIBackend("openai:m@http://10.0.0.5:8000/v1", cache_dir=False).continue_final_message is True
 
 
+def test_each_request_samples_with_its_own_seed(monkeypatch, tmp_path):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with JudgeServer("openai", reply=lambda body: f"seed {body.get('seed')}") as server:
+        backend = APIBackend(f"openai:m@{server.base_url}", concurrency=4, cache_dir=tmp_path / "c")
+        assert backend.per_request_seed is True
+        chat = [{"id": f"r{i}", "system": "", "user": f"U{i}", "assistant_prefix": "", "credentialed": False,
+                 **({"seed": seed} if seed is not None else {})} for i, seed in enumerate((5, 9, None))]
+        sampled = {"do_sample": True, "temperature": 0.7}
+        # a request's seed goes in its own body; one without takes the call's seed
+        assert backend.generate_chat(chat, seed=3, overrides=sampled) == ["seed 5", "seed 9", "seed 3"]
+        assert sorted(r.json["seed"] for r in server.requests) == [3, 5, 9]
+        # a reply does not depend on the other requests of its call: alone, in another order, from the cache
+        assert backend.generate_chat(chat[1:2], seed=3, overrides=sampled) == ["seed 9"]
+        assert backend.generate_chat(chat[::-1], seed=4, overrides=sampled) == ["seed 4", "seed 9", "seed 5"]
+        # greedy: no seed is sent, whatever the requests carry
+        server.reset_counts()
+        assert backend.generate_chat(chat[:1], overrides={"do_sample": False}) == ["seed None"]
+        assert "seed" not in server.requests[-1].json
+
+
 def test_anthropic_prefill_continues_natively(monkeypatch, tmp_path):
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
     with JudgeServer("anthropic", reply=lambda body: "\nKnowledge text here.", api_key=SECRET) as server:

@@ -108,7 +108,7 @@ def test_generation_layers_later_wins():
     assert plan.for_record("vishal_report", "default", "report") == {"max_new_tokens": 300}
     assert plan.for_record("knowledge", "open", "open") == {"max_new_tokens": 50, "top_p": 0.5}
     assert GenerationPlan().for_record("vishal_report", "default", "report") == {"max_new_tokens": 512}
-    assert GenerationPlan().for_record("clinhallu", "all", "yes_no") == {"max_new_tokens": 1024}  # benchmark > type
+    assert GenerationPlan().for_record("clinhallu", "all", "yes_no") == {"max_new_tokens": 4096}  # benchmark > type
     assert GenerationPlan().for_record("mm_vishal", "all", "yes_no") == BUILTIN_BY_ANSWER_TYPE["yes_no"]
     assert GenerationPlan(builtin=False).for_record("mm_vishal", "all", "yes_no") == {}
     assert GenerationPlan(fixed={"max_new_tokens": 4}, benchmarks={"clinhallu": {"max_new_tokens": 9}}).for_record(
@@ -341,7 +341,7 @@ def test_default_lengths_apply_without_max_new_tokens_and_old_logs_still_resume(
 
 
 def test_clinhallu_traces_take_their_length_from_the_plan_not_the_backend(tmp_path):
-    """Without --max-new-tokens the protocol's traces get the plan's length (built-in 1024; here the
+    """Without --max-new-tokens the protocol's traces get the plan's length (built-in 4096; here the
     config's 6), not the backend's fallback of 64 (issue 11: traces need far more than 64)."""
     from clinhallu_fixture import write_snapshot
     from judge_servers import JudgeServer
@@ -364,7 +364,7 @@ def test_a_plain_run_without_max_new_tokens_uses_the_table_and_with_it_one_lengt
 
     base = ["run", "--benchmark", "clinhallu", "--model", TINY, "--output", "o"]
     plan = _generation_plan(build_parser().parse_args(base))
-    assert plan.for_record("clinhallu", "all", "yes_no") == {"max_new_tokens": 1024}  # issue 11: traces need room
+    assert plan.for_record("clinhallu", "all", "yes_no") == {"max_new_tokens": 4096}  # issue 11: traces need room
     assert plan.for_record("vishal_report", "default", "report") == {"max_new_tokens": 512}
     assert _generation_plan(build_parser().parse_args([*base, "--max-new-tokens", "64"])) is None  # as before
     assert _generation_plan(build_parser().parse_args(["run", "--benchmark", "context", "--predictions", "p",

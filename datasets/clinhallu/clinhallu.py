@@ -47,7 +47,8 @@ class ClinHallu(datasets.GeneratorBasedBuilder):
         return [item for name in self.sources() for item in clinhallu_source.load_source(name, self.config.data_dir)[1]]
 
     def apply_run_options(self, dataset: datasets.Dataset, options: dict | None):
-        """``--benchmark-option clinhallu.prompts=own|upstream`` (:mod:`medheval.tasks.clinhallu`)."""
+        """``--benchmark-option clinhallu.prompts=own|upstream``, ``max_new_tokens=N``, ``temperature=T``
+        (:mod:`medheval.tasks.clinhallu`)."""
         return clinhallu_task.apply_run_options(dataset, options)
 
     def _split_generators(self, dl_manager: datasets.DownloadManager) -> list[datasets.SplitGenerator]:

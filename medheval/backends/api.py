@@ -112,6 +112,7 @@ class APIBackend:
 
     needs_images = True
     supports_mitigations = False  # decoding-time mitigations run inside a local model's decoding loop
+    per_request_seed = True  # generate_chat samples each request with its own "seed": batch freely
 
     def __init__(self, spec: str | dict, *, max_new_tokens: int = 64, do_sample: bool = False,
                  temperature: float | None = None, top_p: float | None = None, seed: int = 0,
@@ -221,9 +222,10 @@ class APIBackend:
     def generate_chat(self, requests: list[dict], images: list[list] | None = None, *, seed: int | None = None,
                       overrides: dict | None = None) -> list[str]:
         """One reply per request (``{"id", "system", "user", "assistant_prefix"}``, optionally
-        ``"credentialed"``: unknown counts as credentialed); the reply continues the prefix and
-        excludes it. ``overrides`` take the HF names (``do_sample``, ``temperature``, ``top_p``,
-        ``max_new_tokens``)."""
+        ``"credentialed"``: unknown counts as credentialed, and ``"seed"``: this request's sampling
+        seed, sent in its body, else ``seed``); the reply continues the prefix and excludes it, and
+        depends on its own request only, never on the others of the call. ``overrides`` take the HF
+        names (``do_sample``, ``temperature``, ``top_p``, ``max_new_tokens``)."""
         images = images if images is not None else [[] for _ in requests]
         if len(images) != len(requests):
             raise BackendError(f"got {len(requests)} requests but {len(images)} image lists; pass one list per request")
@@ -241,9 +243,12 @@ class APIBackend:
                 if self.continue_final_message:
                     extra = {"continue_final_message": True, "add_generation_prompt": False}
             credentialed = request.get("credentialed")
+            own = dict(params)
+            if "seed" in params and request.get("seed") is not None:  # sampling: the request's own seed
+                own["seed"] = int(request["seed"])
             built.append(JudgeRequest(str(request["id"]), messages=messages, images=list(imgs),
                                       credentialed=credentialed if isinstance(credentialed, bool) else None,
-                                      reply_format="raw", params=params, extra_body=extra))
+                                      reply_format="raw", params=own, extra_body=extra))
             prefixes.append(prefix)
         replies = self._run(built, prefixes)
         if self.kind == "anthropic":  # the original prefix keeps the whitespace the prefill dropped

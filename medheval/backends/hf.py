@@ -107,6 +107,9 @@ class HFBackend:
     """
 
     needs_images = True
+    # one torch seed per generate call: a sampled row depends on the rows beside it, so callers
+    # needing per-request seeds (ClinHallu) sample one request per call; greedy batches freely
+    per_request_seed = False
 
     def __init__(
         self,
@@ -245,7 +248,8 @@ class HFBackend:
                       overrides: dict | None = None) -> list[str]:
         """One reply per request (``{"id", "system", "user", "assistant_prefix"}``), batched like
         :meth:`generate`; the reply excludes the prefix. ``seed`` replaces the backend's seed and
-        ``overrides`` the generation settings (e.g. sampling at temperature 0.7) for this call."""
+        ``overrides`` the generation settings (e.g. sampling at temperature 0.7) for this call
+        (one seed per call: a request's own ``"seed"`` key is not used, ``per_request_seed = False``)."""
         images = images if images is not None else [[] for _ in requests]
         if len(images) != len(requests):
             raise BackendError(f"got {len(requests)} requests but {len(images)} image lists; pass one list per request")

@@ -1,12 +1,20 @@
 """The ClinHallu protocol: four generations per item (ORG, Rep-V, Rep-K, Rep-VK), then an answer
 judge and three step judges, resumable per (item, setting).
 
-1. **Generate** (per item, ORG first since Rep-K starts from the model's own ORG VR). ORG is
-   regenerated while its trace is invalid (:func:`medheval.clinhallu.trace.parse_trace`), up to
-   ``max_attempts`` generations, then kept as invalid and counted. Rep settings are generated once.
-   Each attempt samples with its own seed, derived from (seed, item id, setting, attempt), so a
-   resumed run repeats an uninterrupted one. One line per (item, setting) goes to
-   ``clinhallu_generations.jsonl`` (append-only, flushed: :mod:`medheval.predictions_log`).
+1. **Generate**, phase by phase over chunks of items (``chunk_size`` items; default four backend
+   batches): ORG for every item of the chunk in one ``generate_chat`` call; the invalid ORG traces
+   (:func:`medheval.clinhallu.trace.parse_trace`) asked again, attempt after attempt, up to
+   ``max_attempts`` generations, then kept as invalid and counted; Rep-V and Rep-VK together; then
+   Rep-K, which starts from the model's own ORG VR. Each attempt samples with its own seed, derived
+   from (seed, item id, setting, attempt) (:func:`attempt_seed`). A backend that takes a seed per
+   request (``per_request_seed = True``, e.g. :class:`~medheval.backends.api.APIBackend`) gets
+   whole chunks at once, since a reply then does not depend on the rest of the call; any other
+   backend gets one call per (item, setting, attempt) while sampling (``HFBackend`` draws one
+   seeded stream per call, so a sampled row would depend on the batch) and whole chunks when
+   greedy. Either way a resumed run repeats an uninterrupted one. Under greedy decoding a
+   regenerated ORG trace would repeat the first, so ORG gets one attempt. One line per (item,
+   setting) goes to ``clinhallu_generations.jsonl`` (append-only, flushed:
+   :mod:`medheval.predictions_log`) as soon as its call returns.
 2. **Judge** through the judge layer (cache, retries, concurrency, credentialed guard): the
    answer of every valid trace (1/0), and the three stages the paper's rates read: VR of the ORG
    trace (H^V; images attached), KR written in Rep-V (H^K), reasoning written in Rep-VK (H^R).
@@ -14,8 +22,9 @@ judge and three step judges, resumable per (item, setting).
    (item, setting) goes to ``clinhallu_judgments.jsonl``.
 3. :func:`metric_inputs` turns both logs into the per-item columns of ``metrics/clinhallu``.
 
-Paper defaults: traces sampled at temperature 0.7 (top-p 0.9), judges at temperature 0.01
-(:func:`clinhallu_judge`); all settings go to ``clinhallu_run.json``.
+Defaults from ClinHallu's ``configs/config.yaml`` (generation: temperature 0.7, top-p 0.9,
+``max_tokens`` 4096; judges: temperature 0.01, :func:`clinhallu_judge`); all settings, and the
+backend's decoding-time mitigation if any, go to ``clinhallu_run.json``.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from medheval.clinhallu.prompts import (
 )
 from medheval.clinhallu.trace import STAGES, parse_trace
 from medheval.judges import JudgeRequest, make_judge
+from medheval.outputs import atomic_write_text
 from medheval.predictions_log import LogWriter, read_log
 
 GENERATIONS = "clinhallu_generations.jsonl"
@@ -46,6 +56,11 @@ RUN_INFO = "clinhallu_run.json"
 # which stage of which setting's trace each rate judges (ClinHallu's Table 2)
 JUDGED_STAGE = {"org": "visual_recognition", "rep_v": "knowledge_recall", "rep_vk": "reasoning"}
 RATE_OF_SETTING = {"org": "h_v", "rep_v": "h_k", "rep_vk": "h_r"}
+# generation phases of a chunk: Rep-K needs the ORG VR; Rep-V and Rep-VK need only the gold stages
+PHASES = (("org",), ("rep_v", "rep_vk"), ("rep_k",))
+CHUNK_BATCHES = 4  # default chunk: this many backend batches of items
+# ProtocolConfig fields the traces depend on: a folder's logs are resumed only with the same values
+TRACE_SETTINGS = ("temperature", "top_p", "max_new_tokens", "seed", "max_attempts", "lenient_markers")
 
 
 @dataclass(frozen=True)
@@ -54,9 +69,9 @@ class ProtocolConfig:
 
     settings: tuple[str, ...] = SETTINGS
     max_attempts: int = 3  # ORG generations per item (1 + regenerations of invalid traces)
-    temperature: float = 0.7
+    temperature: float = 0.7  # 0 = greedy
     top_p: float = 0.9
-    max_new_tokens: int = 1024
+    max_new_tokens: int = 4096  # ClinHallu's generation max_tokens
     seed: int = 0
     lenient_markers: bool = False
 
@@ -66,10 +81,18 @@ class ProtocolConfig:
             raise ValueError(f"settings {list(self.settings)}: each must be one of {SETTINGS}, and rep_k needs org")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.max_new_tokens < 1 or self.temperature < 0:
+            raise ValueError(f"max_new_tokens must be >= 1 and temperature >= 0, got {self.max_new_tokens} "
+                             f"and {self.temperature}")
+
+    @property
+    def samples(self) -> bool:
+        """Whether traces are sampled (temperature > 0) rather than greedy."""
+        return self.temperature > 0
 
     def generation_overrides(self) -> dict[str, Any]:
         """``generate`` settings of every trace (sampling when temperature > 0)."""
-        if self.temperature > 0:
+        if self.samples:
             return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p,
                     "max_new_tokens": self.max_new_tokens}
         return {"do_sample": False, "max_new_tokens": self.max_new_tokens}
@@ -83,6 +106,32 @@ def clinhallu_judge(spec: Any, temperature: float = 0.01, **options: Any):
 def attempt_seed(seed: int, record_id: str, setting: str, attempt: int) -> int:
     """The sampling seed of one attempt: stable across runs and processes."""
     return (seed * 1_000_003 + zlib.crc32(f"{record_id}\x00{setting}\x00{attempt}".encode())) % (2**31 - 1)
+
+
+def mitigation_of(backend: Any) -> Any:
+    """The decoding-time mitigation a backend runs (``generate_kwargs["custom_generate"]``), else ``None``."""
+    return (getattr(backend, "generate_kwargs", None) or {}).get("custom_generate")
+
+
+def mitigation_spec(backend: Any) -> str:
+    """The backend's mitigation as recorded (``"vcd:alpha=0.0,..."``), ``"none"`` without one."""
+    method = mitigation_of(backend)
+    if method is None:
+        return "none"
+    return method.spec() if callable(getattr(method, "spec", None)) else str(method)
+
+
+def check_backend(backend: Any, config: ProtocolConfig) -> None:
+    """Refuse, before any generation, a backend without ``generate_chat``, or a mitigation that cannot
+    sample (``supports_sampling = False``, e.g. OPERA's beam search) when the traces are sampled."""
+    if not callable(getattr(backend, "generate_chat", None)):
+        raise BackendError(f"backend {getattr(backend, 'name', backend)!r} has no generate_chat(); "
+                           "ClinHallu needs a backend that takes system/user messages and an assistant prefix")
+    method = mitigation_of(backend)
+    if config.samples and method is not None and not getattr(method, "supports_sampling", True):
+        raise BackendError(f"mitigation {mitigation_spec(backend)} cannot sample, and ClinHallu samples its traces "
+                           f"at temperature {config.temperature}: pass --benchmark-option clinhallu.temperature=0 "
+                           "(greedy traces; ProtocolConfig(temperature=0)), or another mitigation")
 
 
 def _gold(record: Mapping[str, Any]) -> dict[str, str]:
@@ -102,9 +151,12 @@ def _index(entries: Iterable[dict]) -> dict[tuple[str, str], dict]:
 class ClinHalluRun:
     """One model through the protocol, writing to ``output_dir``.
 
-    ``backend`` needs ``generate_chat(requests, images, seed=, overrides=)`` (``HFBackend`` has it);
-    ``images_for(record)`` returns the record's PIL images (e.g. ``ImageResolver.load_record_images``),
-    or is ``None`` for text-only prompts. ``judge`` is a :class:`medheval.judges.Judge`.
+    ``backend`` needs ``generate_chat(requests, images, seed=, overrides=)`` (``HFBackend`` and
+    ``APIBackend`` have it); with ``per_request_seed = True`` it samples each request with the
+    request's own ``"seed"`` key (see the module docstring). ``images_for(record)`` returns the
+    record's PIL images (e.g. ``ImageResolver.load_record_images``), or is ``None`` for text-only
+    prompts. ``judge`` is a :class:`medheval.judges.Judge`. ``chunk_size``: items generated phase by
+    phase together (default ``4 * backend.batch_size``).
     """
 
     backend: Any
@@ -114,60 +166,98 @@ class ClinHalluRun:
     config: ProtocolConfig = field(default_factory=ProtocolConfig)
     images_for: Callable[[Mapping[str, Any]], list] | None = None
     progress: bool = True
+    chunk_size: int | None = None
 
     def __post_init__(self) -> None:
-        if not callable(getattr(self.backend, "generate_chat", None)):
-            raise BackendError(f"backend {getattr(self.backend, 'name', self.backend)!r} has no generate_chat(); "
-                               "ClinHallu needs a backend that takes system/user messages and an assistant prefix")
+        check_backend(self.backend, self.config)
+        if self.chunk_size is None:
+            self.chunk_size = CHUNK_BATCHES * max(1, int(getattr(self.backend, "batch_size", 1) or 1))
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
         self.output_dir = Path(self.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
 
     # ---------------------------------------------------------------------------- generation
-    def _generate(self, record: Mapping[str, Any], setting: str, images: list, own_vr: str) -> dict:
-        request = trace_request(self.prompts, record, setting, _gold(record), own_vr=own_vr, has_images=bool(images))
-        attempts = self.config.max_attempts if setting == "org" else 1
-        reasons = []
-        for attempt in range(attempts):
-            seed = attempt_seed(self.config.seed, str(record["id"]), setting, attempt)
-            reply = self.backend.generate_chat(
-                [{"id": record["id"], "system": request.system, "user": request.user,
-                  "assistant_prefix": request.assistant_prefix,
-                  "credentialed": bool((record.get("meta") or {}).get("credentialed"))}], [images],
-                seed=seed, overrides=self.config.generation_overrides())[0]
-            trace = parse_trace(request.full_trace(reply), lenient_markers=self.config.lenient_markers)
-            reasons.append(trace.reason)
-            if trace.valid:
-                break
-        return {
-            "id": str(record["id"]), "setting": setting, "model": getattr(self.backend, "name", ""),
-            "reply": reply, "trace": request.full_trace(reply), "stages": trace.as_dict(), "valid": trace.valid,
-            "reason": trace.reason, "attempts": len(reasons), "attempt_reasons": reasons, "seed": seed,
-            "given_stages": _given_names(setting), "prompt_version": self.prompts.version,
-        }
-
     def generate(self, records: Sequence[Mapping[str, Any]]) -> list[dict]:
-        """Generate every missing (item, setting); returns all generation entries of ``records``."""
+        """Generate every missing (item, setting), ``chunk_size`` items at a time, phase by phase
+        (module docstring); returns all generation entries of ``records``."""
         path = self.output_dir / GENERATIONS
         done = _index(read_log(path, required=LOG_FIELDS))
+        self._check_resumable(bool(done))
         todo = [r for r in records if any((str(r["id"]), s) not in done for s in self.config.settings)]
-        iterator: Iterable = todo
+        bar = None
         if self.progress and todo:
             from tqdm.auto import tqdm
 
-            iterator = tqdm(todo, desc="ClinHallu traces", unit="item")
+            bar = tqdm(total=len(todo), desc="ClinHallu traces", unit="item")
         with LogWriter(path) as log:
-            for record in iterator:
-                rid = str(record["id"])
-                images = list(self.images_for(record)) if self.images_for is not None else []
-                for setting in self.config.settings:
-                    if (rid, setting) in done:
-                        continue
-                    own_vr = done[(rid, "org")]["stages"]["visual_recognition"] if setting == "rep_k" else ""
-                    entry = self._generate(record, setting, images, own_vr)
-                    log.write(entry)
-                    done[(rid, setting)] = entry
+            for start in range(0, len(todo), self.chunk_size):
+                chunk = todo[start:start + self.chunk_size]
+                images = {str(r["id"]): list(self.images_for(r)) if self.images_for is not None else [] for r in chunk}
+                for phase in PHASES:
+                    jobs = [_Job(self, record, setting, images[str(record["id"])], done)
+                            for record in chunk for setting in phase
+                            if setting in self.config.settings and (str(record["id"]), setting) not in done]
+                    for entry in self._run_jobs(jobs):
+                        log.write(entry)
+                        done[(entry["id"], entry["setting"])] = entry
+                if bar is not None:
+                    bar.update(len(chunk))
+        if bar is not None:
+            bar.close()
         ids = {str(r["id"]) for r in records}
         return [entry for key, entry in done.items() if key[0] in ids]
+
+    def _trace_settings(self) -> dict[str, Any]:
+        return {**{key: getattr(self.config, key) for key in TRACE_SETTINGS},
+                "prompt_version": self.prompts.version, "mitigation": mitigation_spec(self.backend)}
+
+    def _check_resumable(self, has_entries: bool) -> None:
+        """Refuse to add traces made with other settings to a folder's logs (``clinhallu_run.json``
+        names those of its traces); a folder without one gets it now, so a killed run is checked too."""
+        info_path = self.output_dir / RUN_INFO
+        now = self._trace_settings()
+        if has_entries and info_path.exists():
+            info = json.loads(info_path.read_text())
+            before = {**{k: v for k, v in (info.get("protocol") or {}).items() if k in TRACE_SETTINGS},
+                      "prompt_version": (info.get("prompts") or {}).get("version"),
+                      "mitigation": info.get("mitigation")}  # (absent before it was recorded: not compared)
+            changed = [f"{key}={before[key]!r} (now {now[key]!r})" for key in now
+                       if key in before and before[key] is not None and before[key] != now[key]]
+            if changed:
+                raise ValueError(f"{self.output_dir} holds ClinHallu traces made with {', '.join(changed)}; resume "
+                                 f"with the same settings (e.g. --max-new-tokens N / --benchmark-option "
+                                 f"clinhallu.temperature=T, the same --seed, --mitigation and prompts), or choose "
+                                 f"another --output folder")
+        elif not info_path.exists():
+            atomic_write_text(info_path, json.dumps({"protocol": asdict(self.config), "prompts": {
+                "version": self.prompts.version}, "mitigation": now["mitigation"]}, indent=2, sort_keys=True))
+
+    def _run_jobs(self, jobs: list["_Job"]) -> Iterable[dict]:
+        """Yield each job's entry as soon as it is finished (valid, or out of attempts). Batched: one
+        ``generate_chat`` call per attempt for all pending jobs, when a reply does not depend on the
+        others of its call (greedy, or a per-request-seed backend); else one call per attempt."""
+        overrides = self.config.generation_overrides()
+        if not self.config.samples or getattr(self.backend, "per_request_seed", False):
+            pending = jobs
+            while pending:
+                requests = [job.request() for job in pending]
+                replies = self.backend.generate_chat(requests, [job.images for job in pending],
+                                                     seed=self.config.seed, overrides=overrides)
+                if len(replies) != len(requests):
+                    raise BackendError(f"backend {getattr(self.backend, 'name', '')!r} returned {len(replies)} "
+                                       f"replies for {len(requests)} requests")
+                finished = [job.add(reply) for job, reply in zip(pending, replies)]
+                yield from (job.entry() for job, done in zip(pending, finished) if done)
+                pending = [job for job, done in zip(pending, finished) if not done]
+            return
+        for job in jobs:
+            while True:
+                request = job.request()
+                if job.add(self.backend.generate_chat([request], [job.images], seed=request["seed"],
+                                                      overrides=overrides)[0]):
+                    yield job.entry()
+                    break
 
     # ---------------------------------------------------------------------------- judging
     def _requests(self, record: Mapping[str, Any], entry: dict, images: list) -> list[JudgeRequest]:
@@ -233,13 +323,59 @@ class ClinHalluRun:
         inputs = metric_inputs(records, judgments, self.config.settings)
         info = {
             "protocol": asdict(self.config),
+            "mitigation": mitigation_spec(self.backend),
             "prompts": self.prompts.describe(),
             "backend": self.backend.settings() if callable(getattr(self.backend, "settings", None)) else {},
             "judge": self.judge.describe() if callable(getattr(self.judge, "describe", None)) else {},
             "counts": run_counts(generations, judgments),
         }
-        (self.output_dir / RUN_INFO).write_text(json.dumps(info, indent=2, sort_keys=True, default=str))
+        atomic_write_text(self.output_dir / RUN_INFO, json.dumps(info, indent=2, sort_keys=True, default=str))
         return {"metric_inputs": inputs, "counts": info["counts"]}
+
+
+class _Job:
+    """One (item, setting) being generated: its request, attempts so far and the last reply."""
+
+    def __init__(self, run: ClinHalluRun, record: Mapping[str, Any], setting: str, images: list,
+                 done: Mapping[tuple[str, str], dict]):
+        self.run, self.record, self.setting, self.images = run, record, setting, images
+        self.id = str(record["id"])
+        own_vr = done[(self.id, "org")]["stages"]["visual_recognition"] if setting == "rep_k" else ""
+        self.trace_request = trace_request(run.prompts, record, setting, _gold(record), own_vr=own_vr,
+                                           has_images=bool(images))
+        config = run.config
+        self.max_attempts = config.max_attempts if setting == "org" and config.samples else 1
+        self.reasons: list[str] = []
+        self.reply, self.trace = "", None
+
+    @property
+    def seed(self) -> int:
+        """The seed of the next attempt."""
+        return attempt_seed(self.run.config.seed, self.id, self.setting, len(self.reasons))
+
+    def request(self) -> dict[str, Any]:
+        request = self.trace_request
+        return {"id": self.id, "system": request.system, "user": request.user,
+                "assistant_prefix": request.assistant_prefix, "seed": self.seed,
+                "credentialed": bool((self.record.get("meta") or {}).get("credentialed"))}
+
+    def add(self, reply: str) -> bool:
+        """Record one attempt's reply; whether the job is finished (valid, or out of attempts)."""
+        self.reply = reply
+        self.trace = parse_trace(self.trace_request.full_trace(reply), lenient_markers=self.run.config.lenient_markers)
+        self.reasons.append(self.trace.reason)
+        return self.trace.valid or len(self.reasons) >= self.max_attempts
+
+    def entry(self) -> dict[str, Any]:
+        """The log line (the seed is the last attempt's)."""
+        return {
+            "id": self.id, "setting": self.setting, "model": getattr(self.run.backend, "name", ""),
+            "reply": self.reply, "trace": self.trace_request.full_trace(self.reply), "stages": self.trace.as_dict(),
+            "valid": self.trace.valid, "reason": self.trace.reason, "attempts": len(self.reasons),
+            "attempt_reasons": list(self.reasons),
+            "seed": attempt_seed(self.run.config.seed, self.id, self.setting, len(self.reasons) - 1),
+            "given_stages": _given_names(self.setting), "prompt_version": self.run.prompts.version,
+        }
 
 
 def _given_names(setting: str) -> list[str]:

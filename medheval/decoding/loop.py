@@ -110,6 +110,7 @@ class DecodingMethod:
     """
 
     name: ClassVar[str] = "none"
+    supports_sampling: ClassVar[bool] = True  # decodes with do_sample=True too (OPERA's beam search does not)
 
     # -- custom_generate entry point ---------------------------------------------------
     def __call__(

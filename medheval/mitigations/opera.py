@@ -294,6 +294,7 @@ class OPERA(DecodingMethod):
     window_size: int = from_preset()
 
     name = "opera"
+    supports_sampling: ClassVar[bool] = False  # a beam search (see _check_generation_config)
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "medheval": {"num_beams": 5, "scale_factor": 50.0, "threshold": 15, "num_attn_candidates": 5,
                      "penalty_weights": 1.0, "window_size": 512},

@@ -29,15 +29,71 @@ def check_backend_and_judge(name: str, backend: Any, judge: Any) -> None:
                        f"of the ClinHallu protocol), e.g. --judge openai:gpt-4o@http://127.0.0.1:8000/v1")
 
 
+def _number(key: str, value: Any, cast: type, low: float) -> Any:
+    try:
+        number = cast(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or isinstance(value, bool) or number < low:
+        kind = "an integer" if cast is int else "a number"
+        raise ValueError(f"clinhallu.{key}={value!r}: expected {kind} >= {low:g}")
+    return number
+
+
 def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
-    """``--benchmark-option clinhallu.prompts=own|upstream`` (default ``own``); returns (dataset, recorded)."""
+    """``--benchmark-option clinhallu.KEY=VALUE``: ``prompts=own|upstream`` (default ``own``),
+    ``temperature=T`` (default 0.7; 0 = greedy traces). The trace length is a generation setting like
+    any benchmark's (:mod:`medheval.generation`: ClinHallu's 4096 built in; ``--max-new-tokens`` or a
+    grid's ``generation`` replace it). Returns (dataset, recorded)."""
+    from medheval.clinhallu.protocol import ProtocolConfig
+
     options = dict(options or {})
+    default = ProtocolConfig()
     style = str(options.pop("prompts", "own"))
+    recorded = {
+        "prompts": style,
+        "temperature": _number("temperature", options.pop("temperature", default.temperature), float, 0),
+    }
     if options:
-        raise ValueError(f"unknown clinhallu run option(s) {sorted(options)}; known: prompts={'|'.join(PROMPT_STYLES)}")
+        raise ValueError(f"unknown clinhallu run option(s) {sorted(options)}; known: "
+                         f"prompts={'|'.join(PROMPT_STYLES)}, temperature=T (the trace length: --max-new-tokens)")
     if style not in PROMPT_STYLES:
         raise ValueError(f"clinhallu.prompts={style!r}: expected one of {PROMPT_STYLES}")
-    return dataset, {"prompts": style}
+    return dataset, recorded
+
+
+def trace_length(spec: Any, loaded: Any) -> int:
+    """``max_new_tokens`` of a trace: the run's generation plan for this split (built-in: ClinHallu's
+    4096), or ClinHallu's 4096 when the run has no plan (``RunSpec(generation=None)``)."""
+    from medheval.clinhallu.protocol import ProtocolConfig
+
+    plan = getattr(spec, "generation", None)
+    settings = plan.for_record(loaded.name, loaded.config, None) if plan is not None else {}
+    return int(settings.get("max_new_tokens", ProtocolConfig().max_new_tokens))
+
+
+def protocol_config(run_options: Mapping[str, Any] | None, backend: Any, max_new_tokens: int | None = None) -> Any:
+    """The run's :class:`~medheval.clinhallu.protocol.ProtocolConfig`: the temperature from the run
+    options (:func:`apply_run_options`), the trace length given (default ClinHallu's), the seed from ``--seed``."""
+    from medheval.clinhallu.protocol import ProtocolConfig
+
+    options = dict(run_options or {})
+    default = ProtocolConfig()
+    return ProtocolConfig(max_new_tokens=int(max_new_tokens or default.max_new_tokens),
+                          temperature=float(options.get("temperature", default.temperature)),
+                          seed=int(getattr(backend, "seed", 0)))
+
+
+def check_protocol(loaded: Any, backend: Any) -> None:
+    """Refuse, before any generation, a run the protocol cannot do with this backend (e.g. a mitigation
+    that cannot sample, while the traces are sampled)."""
+    from medheval.clinhallu.protocol import check_backend
+    from medheval.runner import RunError
+
+    try:
+        check_backend(backend, protocol_config(loaded.run_options, backend))
+    except Exception as err:  # noqa: BLE001 - one message naming the benchmark
+        raise RunError(f"benchmark {loaded.name}: {err}") from None
 
 
 def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
@@ -47,8 +103,7 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     ``metrics["clinhallu"]`` is ``metrics/clinhallu`` on :func:`metric_inputs` with ``metric_options``
     (the runner's checked ``--metric-option clinhallu.*`` and ``--upstream-compat``); ``clinhallu_run`` is the content of ``clinhallu_run.json`` (temperatures, counts)."""
     from medheval.clinhallu.prompts import prompt_set
-    from medheval.clinhallu.protocol import (GENERATIONS, LOG_FIELDS, RUN_INFO, ClinHalluRun, ProtocolConfig,
-                                             clinhallu_judge)
+    from medheval.clinhallu.protocol import GENERATIONS, LOG_FIELDS, RUN_INFO, ClinHalluRun, clinhallu_judge
     from medheval.predictions_log import read_log
     from medheval.runner import _load_metric
 
@@ -60,12 +115,9 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     judge = clinhallu_judge(spec.judge, **judge_options)
     records = loaded.dataset.to_list()
     before = len(read_log(folder / GENERATIONS, required=LOG_FIELDS)) if (folder / GENERATIONS).exists() else 0
-    # the paper's sampling (temperature 0.7, top-p 0.9); length from the run's generation plan (built-in:
-    # 1024 tokens per trace, medheval.generation) or else the backend's --max-new-tokens; seed from --seed
-    plan = getattr(spec, "generation", None)
-    length = (plan.for_record(loaded.name, loaded.config, None) if plan is not None else {}).get(
-        "max_new_tokens", getattr(backend, "max_new_tokens", 1024))
-    config = ProtocolConfig(max_new_tokens=int(length), seed=int(getattr(backend, "seed", 0)))
+    # ClinHallu's sampling (temperature 0.7, top-p 0.9) unless the run options say otherwise; the trace
+    # length from the run's generation plan (built-in: ClinHallu's 4096, medheval.generation)
+    config = protocol_config(loaded.run_options, backend, trace_length(spec, loaded))
     protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config,
                             images_for=loaded.resolver.load_record_images if loaded.resolver else None)
     result = protocol.run(records)
