@@ -268,11 +268,13 @@ def test_trace_temperature_is_a_run_option_and_the_length_a_generation_setting()
     assert config.generation_overrides() == {"do_sample": False, "max_new_tokens": 12}
     assert protocol_config({}, SimpleNamespace(seed=0)).max_new_tokens == 4096  # ClinHallu's config.yaml
     loaded = SimpleNamespace(name="clinhallu", config="vqa_rad")
-    assert trace_length(SimpleNamespace(generation=GenerationPlan()), loaded) == 4096  # the built-in table
-    assert trace_length(SimpleNamespace(generation=GenerationPlan(fixed={"max_new_tokens": 12})), loaded) == 12
+    backend = SimpleNamespace(max_new_tokens=64)
+    assert trace_length(SimpleNamespace(generation=GenerationPlan()), loaded, backend) == 4096  # the built-in table
+    assert trace_length(SimpleNamespace(generation=GenerationPlan(fixed={"max_new_tokens": 12})), loaded, backend) == 12
     assert trace_length(SimpleNamespace(generation=GenerationPlan(benchmarks={"clinhallu:vqa_rad": {
-        "max_new_tokens": 20}})), loaded) == 20
-    assert trace_length(SimpleNamespace(generation=None), loaded) == 4096
+        "max_new_tokens": 20}})), loaded, backend) == 20
+    assert trace_length(SimpleNamespace(generation=None), loaded, backend) == 64  # --max-new-tokens 64: no plan
+    assert trace_length(SimpleNamespace(generation=None), loaded, SimpleNamespace()) == 4096
     for bad, message in (({"temperature": "-1"}, "clinhallu.temperature='-1': expected a number >= 0"),
                          ({"max_new_tokens": "8"}, "unknown clinhallu run option"),
                          ({"top_k": "5"}, "unknown clinhallu run option")):

@@ -53,7 +53,8 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
         generations = read_log(logs / GENERATIONS, required=LOG_FIELDS)
         n = entry["n_records"]
         assert n >= 2 and entry["generated_this_run"] == len(generations) == 4 * n
-        assert entry["run_options"] == {"prompts": "own", "max_new_tokens": 8, "temperature": 0.7}
+        assert entry["run_options"] == {"prompts": "own", "temperature": 0.7}
+        assert entry["clinhallu_run"]["protocol"]["max_new_tokens"] == 8  # --max-new-tokens
 
         # the metric in results.json is metrics/clinhallu on the judged columns of the logs
         records = prepare_benchmark("clinhallu", "vqa_rad", data_dir=snapshot["data_dir"]).dataset.to_list()

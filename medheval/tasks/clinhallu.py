@@ -62,14 +62,17 @@ def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[
     return dataset, recorded
 
 
-def trace_length(spec: Any, loaded: Any) -> int:
+def trace_length(spec: Any, loaded: Any, backend: Any) -> int:
     """``max_new_tokens`` of a trace: the run's generation plan for this split (built-in: ClinHallu's
-    4096), or ClinHallu's 4096 when the run has no plan (``RunSpec(generation=None)``)."""
+    4096); a run without a plan (``--max-new-tokens N``, ``RunSpec(generation=None)``) keeps the
+    backend's own length, like every other benchmark."""
     from medheval.clinhallu.protocol import ProtocolConfig
 
     plan = getattr(spec, "generation", None)
-    settings = plan.for_record(loaded.name, loaded.config, None) if plan is not None else {}
-    return int(settings.get("max_new_tokens", ProtocolConfig().max_new_tokens))
+    if plan is not None:
+        return int(plan.for_record(loaded.name, loaded.config, None).get("max_new_tokens",
+                                                                          ProtocolConfig().max_new_tokens))
+    return int(getattr(backend, "max_new_tokens", None) or ProtocolConfig().max_new_tokens)
 
 
 def protocol_config(run_options: Mapping[str, Any] | None, backend: Any, max_new_tokens: int | None = None) -> Any:
@@ -117,7 +120,7 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     before = len(read_log(folder / GENERATIONS, required=LOG_FIELDS)) if (folder / GENERATIONS).exists() else 0
     # ClinHallu's sampling (temperature 0.7, top-p 0.9) unless the run options say otherwise; the trace
     # length from the run's generation plan (built-in: ClinHallu's 4096, medheval.generation)
-    config = protocol_config(loaded.run_options, backend, trace_length(spec, loaded))
+    config = protocol_config(loaded.run_options, backend, trace_length(spec, loaded, backend))
     protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config,
                             images_for=loaded.resolver.load_record_images if loaded.resolver else None)
     result = protocol.run(records)
