@@ -106,11 +106,13 @@ def build_backend(args: argparse.Namespace):
     """The backend named by ``--model`` / ``--predictions``; labels for the report."""
     from medheval.backends.hf import HFBackend
     from medheval.backends.predictions import PredictionsFileBackend
+    from medheval.distributed import device_for
 
     if args.predictions:
         return PredictionsFileBackend(args.predictions), {}
     common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
-                  temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=args.device, dtype=args.dtype)
+                  temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=device_for(args.device),
+                  dtype=args.dtype)
     if getattr(args, "prefix_cache", False):
         common["prefix_cache"] = True
     if args.model == TINY_MODEL:
@@ -125,6 +127,7 @@ def build_backend(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from medheval.distributed import group as process_group
     from medheval.images import parse_image_root_args
     from medheval.runner import RunError, RunSpec, run_grid
 
@@ -153,8 +156,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         benchmark_options=parse_benchmark_options(getattr(args, "benchmark_option", [])),
     )
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=args.batch_size)
-    print((Path(args.output) / "results.md").read_text())
-    print(f"results: {Path(args.output) / 'results.json'}")
+    if process_group().is_main:  # one report per launch, not one per process
+        print((Path(args.output) / "results.md").read_text())
+        print(f"results: {Path(args.output) / 'results.json'}")
     return 0 if results.get("benchmarks") or results.get("runs") else 1
 
 
