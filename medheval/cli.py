@@ -159,6 +159,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if process_group().is_main:  # one report per launch, not one per process
         print((Path(args.output) / "results.md").read_text())
         print(f"results: {Path(args.output) / 'results.json'}")
+    failed = [name for one in results.get("runs", [results]) for name in one.get("failed_metrics", [])]
+    if failed:
+        print(f"error: metric(s) failed on every item: {', '.join(failed)} (see results.md)",
+              file=sys.stderr)
+        return 1
     return 0 if results.get("benchmarks") or results.get("runs") else 1
 
 

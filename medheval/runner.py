@@ -349,6 +349,25 @@ def _warn(warnings: list[str], text: str) -> None:
         print(f"warning: {text}", file=sys.stderr)
 
 
+def failed_on_every_item(out: Any) -> bool:
+    """A metric output reporting failures (``n_failed`` > 0) and nothing scored (``n`` 0, or 0 per model)."""
+    if not isinstance(out, Mapping) or not isinstance(out.get("n_failed"), int) or out["n_failed"] <= 0:
+        return False
+    counts = list(out["n"].values()) if isinstance(out.get("n"), Mapping) else [out.get("n")]
+    return all(count == 0 for count in counts)
+
+
+def _note_failed_metrics(results: dict[str, Any], split: str, metric_results: Mapping[str, Any],
+                         warnings: list[str]) -> None:
+    """A metric that failed on every item is listed in ``results["failed_metrics"]`` and as a warning
+    (so ``results.md`` says so); the command then exits non-zero (:func:`medheval.cli.cmd_run`)."""
+    for name, out in metric_results.items():
+        if failed_on_every_item(out):
+            _warn(warnings, f"{split}: metric {name} failed on every item ({out['n_failed']} failure(s), reasons "
+                            f"in scored.jsonl or results.json): it has no result")
+            results.setdefault("failed_metrics", []).append(f"{split} {name}")
+
+
 def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
     split = f"{loaded.name}:{loaded.config}"
     for entry in loaded.files:
@@ -491,6 +510,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                            if entry.get("model") == backend.name
                            and entry.get("mitigation", "none") == spec.mitigation}
             metric_results, per_item = score(loaded, predictions, metric_names, options)
+            _note_failed_metrics(results, f"{loaded.name}:{loaded.config}", metric_results, warnings)
             scored.extend({**item, "model": backend.name, "mitigation": spec.mitigation} for item in per_item)
             results["benchmarks"][f"{loaded.name}:{loaded.config}"] = {
                 "n_records": len(loaded.dataset),
