@@ -1,7 +1,8 @@
 """Data-parallel runs: ``accelerate launch run_eval.py ...`` shards records across processes.
 
 One launch is one run. The main process (rank 0) holds the output folder's lock
-(:class:`medheval.outputs.OutputLock`), checks ``run.json`` and writes every summary file; every
+(:class:`medheval.outputs.OutputLock`), prepares the splits first (downloads, ``datasets`` cache; the
+others prepare after it), checks ``run.json`` and writes every summary file; every
 process (main included) generates its shard of each split into its own append-only log
 ``predictions.rank{r}.jsonl``. After each split all processes meet; the main process merges the part
 logs into ``predictions.jsonl`` in the dataset's record order (atomic rewrite, duplicates by
@@ -31,11 +32,12 @@ import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from medheval.outputs import OutputLock, atomic_write_text
 from medheval.predictions_log import LogWriter, jsonl_line, log_key, read_log
 
+T = TypeVar("T")
 TIMEOUT_ENV = "MEDHEVAL_DP_TIMEOUT"
 DEFAULT_TIMEOUT_S = 4 * 3600
 
@@ -134,6 +136,18 @@ class Group:
         if failures:
             rank, status = failures[0]
             raise RankFailed(f"process {rank} of {self.world_size} failed while {step}: {status}")
+
+    def main_first(self, step: str, work: Callable[[], T]) -> T:
+        """``work()`` on the main process, then on the others: they find the data it downloaded and the
+        ``datasets`` cache it built (several processes building one Arrow cache at once collide)."""
+        result: Any = None
+        with self.together(step):
+            if self.is_main:
+                result = work()
+        with self.together(step):
+            if not self.is_main:
+                result = work()
+        return result
 
     def _exchange(self, status: str | None) -> list[Any]:
         assert self.gather is not None

@@ -480,8 +480,8 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     log_path = output / "predictions.jsonl"
     with group.lock(output, spec.lock_timeout):
         warnings: list[str] = []
-        with group.together("preparing the run"):
-            prepared, settings, predictions_file = _prepare_run(spec, backend, output, warnings, group.is_main)
+        prepared, settings, predictions_file = group.main_first(
+            "preparing the run", lambda: _prepare_run(spec, backend, output, warnings, group.is_main))
         entries = read_log(log_path, repair=group.is_main)
         done = {log_key(entry) for entry in entries}
         order = [rid for loaded, _, _ in prepared for rid in loaded.dataset["id"]]

@@ -7,16 +7,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import REPO
 
 from medheval.cli import main
-from medheval.distributed import Group, RankFailed, device_for, merge_parts, part_log_path, shard_batches
+from medheval.distributed import (SOLO, Group, RankFailed, device_for, group, merge_parts, part_log_path,
+                                  shard_batches)
 from medheval.predictions_log import read_log
 
 ACCELERATE = Path(sys.executable).with_name("accelerate")
@@ -93,11 +96,25 @@ def test_a_failure_on_one_process_is_an_error_on_every_process():
     assert sent == ["ValueError: bad record"]  # ... and tells the others
 
 
-def test_single_process_runs_need_no_accelerate(monkeypatch):
+def test_the_main_process_prepares_first_and_the_others_after_it():
+    for rank in (0, 1):
+        member, sent = _fake_group(rank, [None, None])
+        calls: list[int] = []
+        assert member.main_first("preparing", lambda: calls.append(len(sent)) or "prepared") == "prepared"
+        assert calls == [0 if rank == 0 else 1] and sent == [None, None]  # before the first meeting, or after it
+    other, _ = _fake_group(1, ["RunError: different settings", None])
+    ran: list[bool] = []
+    with pytest.raises(RankFailed, match="process 0 of 2 failed while preparing: RunError: different settings"):
+        other.main_first("preparing", lambda: ran.append(True))
+    assert ran == []  # nothing prepared, nothing written, after the main process refused the run
+
+
+def test_without_a_launcher_a_run_is_one_process_on_its_own_device(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert group() is SOLO and SOLO.is_main and SOLO.world_size == 1
     assert device_for(None) is None and device_for("cpu") == "cpu"
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert device_for("cuda:1") == "cuda:1"
+    assert group() is SOLO and device_for("cuda:1") == "cuda:1"
 
 
 # -- 2 processes through `accelerate launch` ---------------------------------------------------------------
@@ -115,16 +132,21 @@ def _run_args(fixture: dict, output: Path, *extra: str) -> list[str]:
     return args
 
 
-def _launch(fixture: dict, output: Path, *extra: str, module: bool = False) -> subprocess.CompletedProcess:
+def _launch_cmd(fixture: dict, output: Path, *extra: str, module: bool = False) -> list[str]:
     """``accelerate launch`` with 2 CPU processes (torchrun + gloo: ``--multi_gpu`` is accelerate's
     multi-process launcher; on a machine without CUDA the processes use the CPU)."""
     target = ["-m", "medheval.cli", "run"] if module else [str(REPO / "run_eval.py")]
-    cmd = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-           *target, *_run_args(fixture, output, "--device", "cpu", *extra)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1",
-           "MEDHEVAL_DP_TIMEOUT": "300"}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    return [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+            *target, *_run_args(fixture, output, "--device", "cpu", *extra)]
+
+
+LAUNCH_ENV = {"PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1", "MEDHEVAL_DP_TIMEOUT": "300"}
+
+
+def _launch(fixture: dict, output: Path, *extra: str, module: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(_launch_cmd(fixture, output, *extra, module=module), env={**os.environ, **LAUNCH_ENV},
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
 def _without_timing(path: Path) -> list[dict]:
@@ -183,6 +205,42 @@ def test_resume_from_part_logs_of_a_killed_launch_equals_the_uninterrupted_run(f
     assert {split: entry["generated_this_run"] for split, entry in results["benchmarks"].items()} == {
         "mm_vishal:all": 2, "context:default": LIMIT - 1}
     assert _scores(output) == _scores(single_run)
+
+
+@pytest.mark.slow
+@needs_accelerate
+def test_a_launch_killed_mid_run_resumes_to_the_uninterrupted_run(fixture_benchmark, tmp_path):
+    """SIGKILL to the launcher and the processes it started once the part logs have lines, then launch again."""
+    psutil = pytest.importorskip("psutil")  # (an accelerate dependency) lists the processes to kill
+    extra = ("--batch-size", "1", "--max-new-tokens", "12", "--limit", "12")  # slower: time to kill it
+    full = tmp_path / "full"
+    assert main(["run", *_run_args(fixture_benchmark, full, "--device", "cpu", *extra)]) == 0
+    output = tmp_path / "killed"
+    process = subprocess.Popen(_launch_cmd(fixture_benchmark, output, *extra), env={**os.environ, **LAUNCH_ENV},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    deadline = time.monotonic() + 300
+    killed = False
+    while time.monotonic() < deadline and process.poll() is None:
+        parts = list(output.glob("predictions.rank*.jsonl"))
+        if sum(part.read_bytes().count(b"\n") for part in parts) >= 2:
+            launched = [process.pid, *(child.pid for child in psutil.Process(process.pid).children(recursive=True))]
+            for pid in launched:  # torchrun starts its workers in sessions of their own: kill each by pid
+                os.kill(pid, signal.SIGKILL)
+            killed = True
+            break
+        time.sleep(0.005)
+    process.wait(timeout=60)
+    assert killed, "the launch finished before it could be killed"
+    for pid in launched[1:]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert list(output.glob("predictions.rank*.jsonl"))  # left for the next launch to merge
+    relaunched = subprocess.run(_launch_cmd(fixture_benchmark, output, *extra), env={**os.environ, **LAUNCH_ENV},
+                                capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert relaunched.returncode == 0, relaunched.stderr[-3000:]
+    assert _without_timing(output / "predictions.jsonl") == _without_timing(full / "predictions.jsonl")
+    generated = sum(entry["generated_this_run"]
+                    for entry in json.loads((output / "results.json").read_text())["benchmarks"].values())
+    assert 0 < generated < 24 and not list(output.glob("predictions.rank*"))
 
 
 def test_a_single_process_run_merges_part_logs_left_by_a_launch(fixture_benchmark, single_run, tmp_path):
