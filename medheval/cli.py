@@ -160,9 +160,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print((Path(args.output) / "results.md").read_text())
         print(f"results: {Path(args.output) / 'results.json'}")
     failed = [name for one in results.get("runs", [results]) for name in one.get("failed_metrics", [])]
-    if failed:
-        print(f"error: metric(s) failed on every item: {', '.join(failed)} (see results.md)",
-              file=sys.stderr)
+    if failed:  # every process exits 1; the main one says why
+        if process_group().is_main:
+            print(f"error: metric(s) failed on every item: {', '.join(failed)} (see results.md)", file=sys.stderr)
         return 1
     return 0 if results.get("benchmarks") or results.get("runs") else 1
 

@@ -63,7 +63,8 @@ def shard_batches(indices: Sequence[int], batch_size: int, rank: int, world_size
     if world_size == 1:
         return list(indices)
     step = batch_size * world_size
-    return [index for start in range(rank * batch_size, len(indices), step) for index in indices[start:start + batch_size]]
+    starts = range(rank * batch_size, len(indices), step)
+    return [index for start in starts for index in indices[start:start + batch_size]]
 
 
 def part_log_path(log_path: Path, rank: int) -> Path:

@@ -655,8 +655,9 @@ class HFDatasetSource:
             return datasets.load_dataset(str(spec), split=self.split or "train")
         except (OSError, ValueError) as error:  # offline, unknown id, gated, network down (ConnectionError ⊂ OSError)
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            root = f"hf://{spec}" + (f":{self.split}" if self.split else "")
             raise ImageRootUnavailable(
-                f"image root hf://{spec}{f':{self.split}' if self.split else ''}: cannot open the dataset ({type(error).__name__}: {reason}). Check the "
+                f"image root {root}: cannot open the dataset ({type(error).__name__}: {reason}). Check the "
                 f"dataset id or local path, the network (HF_HUB_OFFLINE / HF_ENDPOINT), and access to gated "
                 f"datasets (`hf auth login` or HF_TOKEN); or point --image-root at a local folder"
             ) from None

@@ -46,7 +46,8 @@ def test_an_hf_image_root_that_cannot_be_opened_is_a_one_line_error(fixture_benc
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]  # (stderr also has progress bars)
     assert code == 2 and len(errors) == 1 and "Traceback" not in err
-    assert errors[0].startswith("error: image root hf://nobody/no-such-images: cannot open the dataset (ConnectionError")
+    assert errors[0].startswith("error: image root hf://nobody/no-such-images: cannot open the dataset "
+                                "(ConnectionError")
     assert not (out / "predictions.jsonl").exists()
 
 
