@@ -27,6 +27,7 @@ single-process run never imports ``accelerate``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 from dataclasses import dataclass, field
@@ -213,7 +214,18 @@ def group(device: str | None = None) -> Group:
 
     _GROUP = Group(rank=state.process_index, world_size=state.num_processes,
                    local_rank=state.local_process_index, gather=gather)
+    atexit.register(_shut_down)
     return _GROUP
+
+
+def _shut_down() -> None:
+    """Destroy the process groups before the interpreter exits: a gloo group torn down by static destructors
+    (threads still running) can abort the process ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def device_for(requested: str | None) -> str | None:
