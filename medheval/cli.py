@@ -120,6 +120,7 @@ def build_backend(args: argparse.Namespace):
     """The backend named by ``--model`` / ``--predictions``; labels for the report."""
     from medheval.backends.hf import HFBackend
     from medheval.backends.predictions import PredictionsFileBackend
+    from medheval.distributed import device_for
 
     if args.predictions:
         return PredictionsFileBackend(args.predictions), {}
@@ -129,8 +130,8 @@ def build_backend(args: argparse.Namespace):
     if is_api_model(args.model):
         return build_api_backend(args), {}
     common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens or FALLBACK_MAX_NEW_TOKENS,
-                  do_sample=args.do_sample,
-                  temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=args.device, dtype=args.dtype)
+                  do_sample=args.do_sample, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                  device=device_for(args.device), dtype=args.dtype)
     if getattr(args, "prefix_cache", False):
         common["prefix_cache"] = True
     if args.model == TINY_MODEL:
@@ -204,8 +205,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         generation=_generation_plan(args),
     )
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", args.batch_size))
-    print((Path(args.output) / "results.md").read_text())
-    print(f"results: {Path(args.output) / 'results.json'}")
+    return _finish(results, Path(args.output))
+
+
+def _finish(results: dict, output: Path) -> int:
+    """Print the run's (or grid's) results.md once per launch; the exit code: 1 when a metric failed on
+    every item (every process exits 1; the main one says why) or nothing was scored, else 0."""
+    from medheval.distributed import group as process_group
+
+    if process_group().is_main:  # one report per launch, not one per process
+        print((output / "results.md").read_text())
+        print(f"results: {output / 'results.json'}")
+    failed = [name for one in results.get("runs", [results]) for name in one.get("failed_metrics", [])]
+    if failed:
+        if process_group().is_main:
+            print(f"error: metric(s) failed on every item: {', '.join(failed)} (see results.md)", file=sys.stderr)
+        return 1
     return 0 if results.get("benchmarks") or results.get("runs") else 1
 
 
@@ -225,10 +240,7 @@ def cmd_grid(args: argparse.Namespace) -> int:
 
     argv = list(getattr(args, "argv", None) or [])
     config = apply_cli(load_grid_config(args.config), args, given_options(argv[1:]))
-    results = run_config(config)
-    print((Path(config.output) / "results.md").read_text())
-    print(f"results: {Path(config.output) / 'results.json'}")
-    return 0 if results["runs"] else 1
+    return _finish(run_config(config), Path(config.output))
 
 
 def cmd_detect(args: argparse.Namespace) -> int:

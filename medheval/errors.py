@@ -9,6 +9,7 @@ from medheval.judges import CredentialedDataError, JudgeError
 from medheval.outputs import OutputFolderLocked
 from medheval.predictions_log import CorruptLogError
 from medheval.credentialed import CredentialedImageError
+from medheval.distributed import RankFailed
 from medheval.registry import NoUnitsError
 from medheval.runner import RunError
 
@@ -22,6 +23,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     JudgeError,
     ImageError,
     OutputFolderLocked,
+    RankFailed,
     NoUnitsError,
     RunError,
     KeyError,

@@ -306,7 +306,8 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
                ) -> dict[str, Any]:
     """Run every model × mitigation cell of ``config``; writes ``<output>/<model>/…`` and a combined
     ``<output>/results.json`` / ``results.md``. Returns the combined results (``{"runs": [...]}``)."""
-    from medheval.outputs import OutputLock, atomic_write_text
+    from medheval.distributed import group as process_group
+    from medheval.outputs import atomic_write_text
     from medheval.report.tables import write_grid_markdown
 
     if build_backend is None:
@@ -321,7 +322,8 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
         raise RunError(f"{output} holds a single run (run.json); a grid there would overwrite its results. "
                        f"Choose another output folder.")
     runs: list[dict[str, Any]] = []
-    with OutputLock(output, timeout=float(config.get("lock_timeout", 0.0))):
+    group = process_group()  # one launch of several processes (accelerate) is one grid run
+    with group.lock(output, float(config.get("lock_timeout", 0.0))):
         for model in config.models:
             backend, labels = build_backend(backend_args(config, model))
             result = run_grid(run_spec(config, model, labels), backend, config.mitigations,
@@ -331,9 +333,10 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
             _free_memory()
         combined = {"config": config.source, "models": config.models, "benchmarks": config.benchmarks,
                     "mitigations": config.mitigations, "runs": runs}
-        atomic_write_text(output / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
-        write_grid_markdown(runs, output / "results.md", heading="models × mitigations")
-        write_report_html(output, combined)
+        if group.is_main:
+            atomic_write_text(output / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
+            write_grid_markdown(runs, output / "results.md", heading="models × mitigations")
+            write_report_html(output, combined)
     return combined
 
 

@@ -256,6 +256,10 @@ class ImageDecodeError(ImageError):
     """The bytes of an image could not be decoded by PIL."""
 
 
+class ImageRootUnavailable(ImageError):
+    """An image root (an ``hf://`` dataset) cannot be opened at all: offline, unknown id, no access."""
+
+
 # --------------------------------------------------------------------------- sources
 
 
@@ -647,7 +651,16 @@ class HFDatasetSource:
             (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
         ):
             return datasets.load_from_disk(str(path))
-        return datasets.load_dataset(str(spec), split=self.split or "train")
+        try:
+            return datasets.load_dataset(str(spec), split=self.split or "train")
+        except (OSError, ValueError) as error:  # offline, unknown id, gated, network down (ConnectionError ⊂ OSError)
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            root = f"hf://{spec}" + (f":{self.split}" if self.split else "")
+            raise ImageRootUnavailable(
+                f"image root {root}: cannot open the dataset ({type(error).__name__}: {reason}). Check the "
+                f"dataset id or local path, the network (HF_HUB_OFFLINE / HF_ENDPOINT), and access to gated "
+                f"datasets (`hf auth login` or HF_TOKEN); or point --image-root at a local folder"
+            ) from None
 
     def _ensure(self) -> None:
         if self._index is not None:

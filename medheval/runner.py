@@ -26,9 +26,11 @@ from tqdm.auto import tqdm
 from medheval import __version__
 from medheval.backends.base import Backend, BackendError
 from medheval.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
+from medheval.distributed import group as process_group
+from medheval.distributed import shard_batches
 from medheval.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
 from medheval.metric_options import check_options
-from medheval.outputs import OutputLock, atomic_write_text
+from medheval.outputs import atomic_write_text
 from medheval.prompts import describe_templates
 from medheval.predictions_log import LogWriter, jsonl_line, log_key, read_log
 from medheval.registry import list_units, metric_path
@@ -165,15 +167,17 @@ def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int
 
 def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogWriter,
                          done: set[tuple[str, str, str]], mitigation: str, batch_size: int,
-                         generation: GenerationPlan | None = None) -> int:
+                         generation: GenerationPlan | None = None, shard: tuple[int, int] = (0, 1)) -> int:
     """Generate for every record not yet in the log; returns how many were generated now. Each log entry
-    records the rendered prompt (when the backend has ``format_prompt``) and the generation settings."""
+    records the rendered prompt (when the backend has ``format_prompt``) and the generation settings.
+    ``shard=(rank, world_size)``: only this process's batches (:func:`medheval.distributed.shard_batches`)."""
     ids = loaded.dataset["id"]
     todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation) not in done]
     plan_for = settings_for(generation, loaded.name, loaded.config)
     if generation is not None:  # stable sort: one setting per batch where possible
         answer_types = loaded.dataset["answer_type"]
         todo.sort(key=lambda index: json.dumps(plan_for(answer_types[index]), sort_keys=True))
+    todo = shard_batches(todo, batch_size, *shard)
     volumes = bool(getattr(backend, "needs_volumes", False))
     if volumes and loaded.volume_reader is None:
         raise RunError(f"model {backend.name} reads 3D volumes, and {loaded.name} has none (Med-StepBench does)")
@@ -354,7 +358,27 @@ def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_miss
 def _warn(warnings: list[str], text: str) -> None:
     """A problem the run survives: shown on the console now and listed in results.json / results.md."""
     warnings.append(text)
-    print(f"warning: {text}", file=sys.stderr)
+    if process_group().is_main:  # once per launch, not once per process
+        print(f"warning: {text}", file=sys.stderr)
+
+
+def failed_on_every_item(out: Any) -> bool:
+    """A metric output reporting failures (``n_failed`` > 0) and nothing scored (``n`` 0, or 0 per model)."""
+    if not isinstance(out, Mapping) or not isinstance(out.get("n_failed"), int) or out["n_failed"] <= 0:
+        return False
+    counts = list(out["n"].values()) if isinstance(out.get("n"), Mapping) else [out.get("n")]
+    return all(count == 0 for count in counts)
+
+
+def _note_failed_metrics(results: dict[str, Any], split: str, metric_results: Mapping[str, Any],
+                         warnings: list[str]) -> None:
+    """A metric that failed on every item is listed in ``results["failed_metrics"]`` and as a warning
+    (so ``results.md`` says so); the command then exits non-zero (:func:`medheval.cli.cmd_run`)."""
+    for name, out in metric_results.items():
+        if failed_on_every_item(out):
+            _warn(warnings, f"{split}: metric {name} failed on every item ({out['n_failed']} failure(s), reasons "
+                            f"in scored.jsonl or results.json): it has no result")
+            results.setdefault("failed_metrics", []).append(f"{split} {name}")
 
 
 def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
@@ -464,73 +488,97 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
 
     Everything that can be checked is checked before the first generation (splits, images, metric
     names, typed metric options). The output folder is locked for the whole run
-    (:class:`medheval.outputs.OutputLock`) and every summary file is replaced atomically."""
+    (:class:`medheval.outputs.OutputLock`) and every summary file is replaced atomically. Launched
+    with several processes (``accelerate launch``), records are sharded across them
+    (:mod:`medheval.distributed`); the main process merges, scores and writes."""
     from medheval.report.tables import write_markdown
 
     _check_spec(spec)
     output = Path(spec.output)
-    with OutputLock(output, timeout=spec.lock_timeout):
-        _refuse_grid_folder(output)
+    group = process_group()
+    log_path = output / "predictions.jsonl"
+    with group.lock(output, spec.lock_timeout):
         warnings: list[str] = []
-        prepared = [_prepare_split(spec, backend, benchmark_spec, warnings) for benchmark_spec in spec.benchmarks]
-        _check_options_used(spec, {name for _, names, _ in prepared for name in names})
-        predictions_file = _predictions_file_summary(backend, prepared, warnings)
-        settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),
-                    "limit": spec.limit, "benchmarks": list(spec.benchmarks)}
-        if spec.benchmark_options:  # prompts depend on them: a resumed run must use the same
-            settings["benchmark_options"] = spec.benchmark_options
-            unknown = sorted(set(spec.benchmark_options) - {parse_benchmark_spec(b)[0] for b in spec.benchmarks})
-            if unknown:
-                raise RunError(f"--benchmark-option given for benchmark(s) {unknown} that this run does not include")
-        if spec.generation is not None:  # per benchmark / answer type (medheval.generation)
-            settings["generation"] = spec.generation.describe()
-        _check_run_settings(output, settings)
-        log_path = output / "predictions.jsonl"
-        entries = read_log(log_path)
+        prepared, settings, predictions_file = group.main_first(
+            "preparing the run", lambda: _prepare_run(spec, backend, output, warnings, group.is_main))
+        entries = read_log(log_path, repair=group.is_main)
         done = {log_key(entry) for entry in entries}
+        order = [rid for loaded, _, _ in prepared for rid in loaded.dataset["id"]]
         recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
         results: dict[str, Any] = {"settings": settings, "versions": _versions(), "labels": dict(spec.labels),
                                    "prompts": describe_templates(),
                                    "scoring": {"upstream_compat": spec.upstream_compat, **_safe_options(recorded)},
-                                   "benchmarks": {}, "warnings": warnings}
+                                   "benchmarks": {}, "warnings": warnings, "world_size": group.world_size}
         if predictions_file is not None:
             results["predictions_file"] = predictions_file
         scored: list[dict[str, Any]] = []
-        with LogWriter(log_path) as writer:
-            for loaded, metric_names, options in prepared:
-                if benchmark_protocol(loaded.name) == "clinhallu":
+        for loaded, metric_names, options in prepared:
+            if benchmark_protocol(loaded.name) == "clinhallu":
+                if group.is_main:  # not sharded: the main process runs the protocol, the others wait
                     results["benchmarks"][f"{loaded.name}:{loaded.config}"] = _protocol_split(
                         loaded, backend, spec, output, options["clinhallu"])
-                    continue
-                generated = generate_predictions(loaded, backend, writer, done, spec.mitigation, batch_size,
-                                                 spec.generation)
-                entries_now = read_log(log_path, repair=False) if generated else entries
-                predictions = {entry["id"]: entry["prediction"] for entry in entries_now
-                               if entry.get("model") == backend.name
-                               and entry.get("mitigation", "none") == spec.mitigation}
-                metric_results, per_item = score(loaded, predictions, metric_names, options)
-                scored.extend({**item, "model": backend.name, "mitigation": spec.mitigation} for item in per_item)
-                results["benchmarks"][f"{loaded.name}:{loaded.config}"] = {
-                    "n_records": len(loaded.dataset),
-                    "n_scored": len(per_item),
-                    "generated_this_run": generated,
-                    "skipped_missing_images": {"count": len(loaded.skipped_missing_images),
-                                               "examples": [rid for rid, _ in loaded.skipped_missing_images[:20]]},
-                    "annotation_files": loaded.files,
-                    "image_roots": loaded.resolver.describe() if loaded.resolver else {},
-                    "data_quality": loaded.quality,
-                    "metrics": metric_results,
-                    **({"run_options": loaded.run_options} if loaded.run_options else {}),
-                }
-                entries = entries_now
-        if callable(getattr(backend, "usage", None)):  # an API model: requests, cache hits, tokens
-            results["usage"] = backend.usage()
-        atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))
-        results["report"] = _report_plan()
-        atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
-        write_markdown(results, output / "results.md")
-        write_report_html(output, results)
-    return results
+                continue
+            generated = group.generate(
+                lambda writer, shard: generate_predictions(loaded, backend, writer, done, spec.mitigation,
+                                                           batch_size, spec.generation, shard),
+                log_path, order, f"{loaded.name}:{loaded.config}")
+            if not group.is_main:
+                continue
+            entries_now = read_log(log_path, repair=False) if generated else entries
+            predictions = {entry["id"]: entry["prediction"] for entry in entries_now
+                           if entry.get("model") == backend.name
+                           and entry.get("mitigation", "none") == spec.mitigation}
+            metric_results, per_item = score(loaded, predictions, metric_names, options)
+            _note_failed_metrics(results, f"{loaded.name}:{loaded.config}", metric_results, warnings)
+            scored.extend({**item, "model": backend.name, "mitigation": spec.mitigation} for item in per_item)
+            results["benchmarks"][f"{loaded.name}:{loaded.config}"] = {
+                "n_records": len(loaded.dataset),
+                "n_scored": len(per_item),
+                "generated_this_run": generated,
+                "skipped_missing_images": {"count": len(loaded.skipped_missing_images),
+                                           "examples": [rid for rid, _ in loaded.skipped_missing_images[:20]]},
+                "annotation_files": loaded.files,
+                "image_roots": loaded.resolver.describe() if loaded.resolver else {},
+                "data_quality": loaded.quality,
+                "metrics": metric_results,
+                **({"run_options": loaded.run_options} if loaded.run_options else {}),
+            }
+            entries = entries_now
+        with group.together("writing the results"):
+            if group.is_main:
+                if callable(getattr(backend, "usage", None)):  # an API model: requests, cache hits, tokens
+                    results["usage"] = backend.usage()
+                atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))
+                results["report"] = _report_plan()
+                atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
+                write_markdown(results, output / "results.md")
+                write_report_html(output, results)
+    return results if group.is_main else json.loads((output / "results.json").read_text())
+
+
+def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[str],
+                 main: bool = True) -> tuple[list, dict[str, Any], dict[str, Any] | None]:
+    """Every split prepared and checked, the run's settings checked against ``run.json`` (the main process
+    writes it, and merges predictions left by the processes of a killed data-parallel run)."""
+    from medheval.distributed import merge_parts
+
+    _refuse_grid_folder(output)
+    prepared = [_prepare_split(spec, backend, benchmark_spec, warnings) for benchmark_spec in spec.benchmarks]
+    _check_options_used(spec, {name for _, names, _ in prepared for name in names})
+    predictions_file = _predictions_file_summary(backend, prepared, warnings)
+    settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),
+                "limit": spec.limit, "benchmarks": list(spec.benchmarks)}
+    if spec.benchmark_options:  # prompts depend on them: a resumed run must use the same
+        settings["benchmark_options"] = spec.benchmark_options
+        unknown = sorted(set(spec.benchmark_options) - {parse_benchmark_spec(b)[0] for b in spec.benchmarks})
+        if unknown:
+            raise RunError(f"--benchmark-option given for benchmark(s) {unknown} that this run does not include")
+    if spec.generation is not None:  # per benchmark / answer type (medheval.generation)
+        settings["generation"] = spec.generation.describe()
+    if main:
+        _check_run_settings(output, settings)
+        merge_parts(output / "predictions.jsonl", [rid for loaded, _, _ in prepared for rid in loaded.dataset["id"]])
+    return prepared, settings, predictions_file
 
 
 def _report_plan() -> dict[str, Any]:
@@ -596,7 +644,8 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
     if not getattr(backend, "supports_mitigations", True) and any(method is not None for _, method in methods):
         raise RunError(f"--mitigation changes a local model's decoding loop; {backend.name} answers over an API. "
                        f"Run mitigations with an HF model (--model <hub id or folder>)")
-    lock = OutputLock(spec.output, timeout=spec.lock_timeout) if len(methods) > 1 else contextlib.nullcontext()
+    group = process_group()
+    lock = group.lock(spec.output, spec.lock_timeout) if len(methods) > 1 else contextlib.nullcontext()
     with lock:
         if len(methods) > 1 and (Path(spec.output) / "run.json").exists():
             raise RunError(f"{spec.output} holds a single run (run.json); a grid of {len(methods)} mitigations "
@@ -619,7 +668,7 @@ def _run_methods(spec: RunSpec, backend: Backend, methods: list[tuple[str, Any]]
             variant.generate_kwargs = {**getattr(backend, "generate_kwargs", {}), "custom_generate": method}
         output = spec.output if len(methods) == 1 else Path(spec.output) / mitigation_slug(label)
         runs.append(run(dataclasses.replace(spec, output=output, mitigation=label), variant, batch_size=batch_size))
-    if len(methods) > 1:
+    if len(methods) > 1 and process_group().is_main:
         combined = {"runs": runs}
         atomic_write_text(Path(spec.output) / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
         write_grid_markdown(runs, Path(spec.output) / "results.md")

@@ -402,8 +402,9 @@ def test_the_credentialed_refusal_names_a_flag_run_eval_has(fixture_benchmark, t
     flag = "--allow-remote-credentialed"
     assert build_parser().parse_args(["run", "--benchmark", "x", "--predictions", "p", "--output", "o", flag,
                                       "judge.example"]).allow_remote_credentialed == ["judge.example"]
-    # the opt-in lifts the refusal: requests reach the transport (which fails here, so each item is reported failed)
-    assert main([*base, "--output", str(tmp_path / "b"), flag, "https://user:pw-1@judge.example/v1"]) == 0
+    # the opt-in lifts the refusal: requests reach the transport (which fails here, so each item is reported
+    # failed, and a metric that failed on every item makes the run exit 1 after writing its results)
+    assert main([*base, "--output", str(tmp_path / "b"), flag, "https://user:pw-1@judge.example/v1"]) == 1
     assert sent and all(url.startswith("https://judge.example/v1") for url in sent)
     results = json.loads((tmp_path / "b" / "results.json").read_text())
     assert results["scoring"]["allow_remote_credentialed"] == ["https://judge.example/v1"]

@@ -56,6 +56,20 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _check_device(device: str) -> None:
+    """``--device cuda`` (``cuda:N``) must name a CUDA device torch can see: a one-line error, not a traceback."""
+    if not str(device).startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise BackendError(f"--device {device}: torch sees no CUDA device (torch {torch.__version__}, CUDA build "
+                           f"{torch.version.cuda or 'none'}); pass --device cpu, or leave --device out to use CUDA "
+                           f"only when it is available")
+    _, _, index = str(device).partition(":")
+    if index.isdigit() and int(index) >= torch.cuda.device_count():
+        raise BackendError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible "
+                           f"(cuda:0 … cuda:{torch.cuda.device_count() - 1}; CUDA_VISIBLE_DEVICES may hide others)")
+
+
 def _jsonable(value: Any) -> Any:
     """Settings values as JSON: plain values kept, anything else as its repr."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -134,6 +148,7 @@ class HFBackend:
         if max_new_tokens < 1:
             raise BackendError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.device = device or _default_device()
+        _check_device(self.device)
         if isinstance(model, (str, os.PathLike)):
             torch_dtype = _resolve_dtype(dtype, self.device)
             loaded_model, loaded_processor = load_model_and_processor(model, dtype=torch_dtype, device=self.device)

@@ -1,0 +1,86 @@
+"""Fail fast and say so (issue 13 part 5): a CUDA device that is not there, an ``hf://`` image root that
+cannot be opened, a metric that failed on every item — one-line errors and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from judge_servers import judge_server_factory  # noqa: F401 - fixture
+
+from medheval.cli import main
+from medheval.images import ImageRootUnavailable, parse_image_root
+from medheval.runner import failed_on_every_item
+
+
+def _roots(fixture: dict) -> list[str]:
+    return [arg for source, root in fixture["image_roots"].items() for arg in ("--image-root", f"{source}={root}")]
+
+
+def test_a_cuda_device_that_is_not_there_is_a_one_line_error(fixture_benchmark, tmp_path, capsys):
+    device = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    out = tmp_path / "run"
+    code = main(["run", "--benchmark", "context", "--model", "tiny-random-llava", "--output", str(out),
+                 "--data-dir", fixture_benchmark["data_dir"], "--limit", "1", "--device", device,
+                 *_roots(fixture_benchmark)])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err
+    assert errors[0].startswith(f"error: --device {device}: ")
+    assert "--device cpu" in err or "visible" in err
+    assert not out.exists()  # refused before the output folder was touched
+
+
+def test_an_hf_image_root_that_cannot_be_opened_is_a_one_line_error(fixture_benchmark, tmp_path, capsys,
+                                                                      monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ImageRootUnavailable, match=r"hf://nobody/no-such-images:test: cannot open the dataset"):
+        parse_image_root("hf://nobody/no-such-images:test").exists("x.png")
+    with pytest.raises(ImageRootUnavailable, match=r"FileNotFoundError"):
+        parse_image_root(f"hf://{tmp_path / 'absent'}").exists("x.png")
+    out = tmp_path / "run"
+    code = main(["run", "--benchmark", "context", "--model", "tiny-random-llava", "--output", str(out),
+                 "--data-dir", fixture_benchmark["data_dir"], "--limit", "1", "--device", "cpu",
+                 "--image-root", "mimic_cxr=hf://nobody/no-such-images"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]  # (stderr also has progress bars)
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err
+    assert errors[0].startswith("error: image root hf://nobody/no-such-images: cannot open the dataset "
+                                "(ConnectionError")
+    assert not (out / "predictions.jsonl").exists()
+
+
+def test_failed_on_every_item_reads_the_metrics_counts():
+    assert failed_on_every_item({"n": 0, "n_failed": 3})
+    assert failed_on_every_item({"n": {"m1": 0, "m2": 0}, "n_failed": 4})
+    assert not failed_on_every_item({"n": 2, "n_failed": 1})  # some items scored
+    assert not failed_on_every_item({"n": {"m1": 0, "m2": 1}, "n_failed": 3})
+    assert not failed_on_every_item({"n": 0, "n_failed": 0})  # nothing to score is not a failure
+    assert not failed_on_every_item({"accuracy": 0.0, "n": 0})  # a metric without failure counts
+    assert not failed_on_every_item(0.5)
+
+
+def test_a_metric_that_failed_on_every_item_is_reported_and_exits_non_zero(fixture_benchmark, judge_server_factory,
+                                                                           tmp_path, capsys):
+    from medheval import load_benchmark
+
+    rows = load_benchmark("knowledge", config="open", data_dir=fixture_benchmark["data_dir"]).to_list()
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text("".join(json.dumps({"id": r["id"], "prediction": r["answer"]}) + "\n" for r in rows))
+    server = judge_server_factory("openai", lambda request: "I would rather not score this.")  # never valid JSON
+    out = tmp_path / "run"
+    args = ["run", "--benchmark", "knowledge:open", "--predictions", str(preds), "--output", str(out),
+            "--data-dir", fixture_benchmark["data_dir"], "--metrics", "sh_judge,text_generation",
+            "--judge", f"openai:local-judge@{server.base_url}"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "error: metric(s) failed on every item: knowledge:open sh_judge" in err
+    results = json.loads((out / "results.json").read_text())
+    assert results["failed_metrics"] == ["knowledge:open sh_judge"]  # text_generation worked
+    assert results["benchmarks"]["knowledge:open"]["metrics"]["sh_judge"]["n_failed"] == len(rows)
+    table = (out / "results.md").read_text()
+    assert f"knowledge:open: metric sh_judge failed on every item ({len(rows)} failure(s), reasons in" in table
+    scored = [json.loads(line) for line in (out / "scored.jsonl").read_text().splitlines()]
+    assert all("no JSON object" in item["failed"]["reason"] for item in scored)
+    assert server.request_count >= len(rows)
