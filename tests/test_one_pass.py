@@ -200,3 +200,39 @@ def test_a_stream_that_cannot_join_stays_separate(llava):
     assert torch.equal(got, _gen(model, inputs, max_new_tokens=3))
     assert method.layout == [("main",), ("longer",)]
     assert "longer than the clean prompt" in method.separate["longer"]
+
+
+# ---------------------------------------------------------------------------------------
+# the benchmark's models and a smoke run (no timing asserted)
+# ---------------------------------------------------------------------------------------
+def test_llava_7b_shaped_model_has_llava_1_5_7b_parameter_count():
+    from medheval.backends.tiny import build_random_llava
+
+    model, processor = build_random_llava("llava-1.5-7b", dtype=torch.bfloat16, device="meta")
+    assert sum(p.numel() for p in model.parameters()) == 7_063_427_072  # llava-hf/llava-1.5-7b-hf
+    assert next(model.parameters()).dtype == torch.bfloat16 and model.config.image_seq_length == 576
+    with pytest.raises(ValueError, match="unknown random LLaVA size"):
+        build_random_llava("huge")
+
+
+def test_benchmark_runs_and_skips_the_gpu_model_without_cuda(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mitigations.py"
+    spec = importlib.util.spec_from_file_location("bench_mitigations", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "bench.json"
+    assert bench.main(["--models", "tiny", "llava-1.5-7b", "--device", "cpu", "--prompts", "2", "--batch-size", "2",
+                       "--max-new-tokens", "2", "--repeats", "1", "--methods", "m3id", "m3id-2pass",
+                       "--json", str(out)]) == 0
+    assert "model=llava-1.5-7b: skipped (needs a CUDA device" in capsys.readouterr().out
+    [summary] = json.loads(out.read_text())
+    results = summary["results"]
+    assert set(results) == {"none", "floor2B", "m3id", "m3id-2pass"}
+    assert results["floor2B"]["same_tokens_as_none"] is True  # the doubled batch decodes the same rows
+    assert results["m3id-2pass"]["same_tokens_as_one_pass"] is True
+    assert results["none"]["x_greedy"] == 1.0 and results["floor2B"]["x_floor"] == 1.0
