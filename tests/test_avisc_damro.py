@@ -499,7 +499,9 @@ def test_eager_model_stays_eager():
     spy = SpyAvisC()
     _gen(model, inputs, custom_generate=spy, max_new_tokens=3)
     assert model.config.text_config._attn_implementation == "eager"
-    assert [impl for _, _, impl in spy.implementations] == [ATTENTION_FUNCTION] + ["eager"] * 5
+    # step 0: the clean prefill (hooked eager), then the blind prefill; then one forward of both streams per step
+    assert spy.implementations == [(("main",), False, ATTENTION_FUNCTION), (("blind",), False, "eager"),
+                                   (("main", "blind"), True, "eager"), (("main", "blind"), True, "eager")]
 
 
 # ---------------------------------------------------------------------------------------

@@ -250,4 +250,81 @@ def build_tiny_llava(seed: int = 0, save_dir: str | os.PathLike | None = None):
     return model, processor
 
 
-__all__ = ["TINY_MODEL_NAME", "build_tiny_llava", "build_tiny_processor", "build_tiny_tokenizer", "CHAT_TEMPLATE"]
+# Larger random LLaVA shapes (the tiny tokenizer, so every id is a real word): ``small`` makes the
+# forward dominate over Python on a CPU; ``llava-1.5-7b`` has LLaVA-1.5-7B's shapes (Vicuna-7B text
+# model, CLIP ViT-L/14 at 336 px, 576 image tokens) for GPU benchmarks.
+RANDOM_LLAVA_SIZES: dict[str, dict] = {
+    "small": {
+        "text": {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 8, "num_attention_heads": 8,
+                 "num_key_value_heads": 8, "initializer_range": 0.05},
+        "vision": {"hidden_size": 256, "intermediate_size": 1024, "projection_dim": 256, "num_hidden_layers": 4,
+                   "num_attention_heads": 4},
+        "image_size": 224, "patch_size": 14,
+    },
+    "llava-1.5-7b": {
+        "text": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+                 "num_key_value_heads": 32, "vocab_size": 32064, "initializer_range": 0.02},
+        "vision": {"hidden_size": 1024, "intermediate_size": 4096, "projection_dim": 768, "num_hidden_layers": 24,
+                   "num_attention_heads": 16},
+        "image_size": 336, "patch_size": 14,
+    },
+}
+
+
+def build_random_llava(size: str = "small", seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu"):
+    """A random-weight LLaVA of one of :data:`RANDOM_LLAVA_SIZES` with the tiny tokenizer, built on ``device``.
+
+    Returns ``(model, processor)`` like :func:`build_tiny_llava` (eval mode, special tokens never
+    generated, ``config.medheval_random_weights = True``).
+    """
+    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+
+    try:
+        from transformers import CLIPImageProcessorPil as _ImageProcessor
+    except ImportError:  # pragma: no cover - older/newer layouts
+        from transformers import CLIPImageProcessor as _ImageProcessor
+
+    if size not in RANDOM_LLAVA_SIZES:
+        raise ValueError(f"unknown random LLaVA size {size!r}; choose one of {sorted(RANDOM_LLAVA_SIZES)}")
+    shape = RANDOM_LLAVA_SIZES[size]
+    tokenizer = build_tiny_tokenizer()
+    image_size, patch = shape["image_size"], shape["patch_size"]
+    processor = LlavaProcessor(
+        image_processor=_ImageProcessor(size={"shortest_edge": image_size},
+                                        crop_size={"height": image_size, "width": image_size}),
+        tokenizer=tokenizer, patch_size=patch, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE,
+    )
+    config = LlavaConfig(
+        text_config={"model_type": "llama", "vocab_size": len(tokenizer), "max_position_embeddings": 2048,
+                     "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+                     "eos_token_id": tokenizer.eos_token_id, "tie_word_embeddings": False, **shape["text"]},
+        vision_config={"model_type": "clip_vision_model", "image_size": image_size, "patch_size": patch,
+                       **shape["vision"]},
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"), image_seq_length=(image_size // patch) ** 2,
+        projector_hidden_act="gelu", vision_feature_select_strategy="default", vision_feature_layer=-2,
+    )
+    rng_state = torch.random.get_rng_state()
+    default_dtype = torch.get_default_dtype()
+    torch.manual_seed(seed)
+    try:
+        torch.set_default_dtype(dtype)
+        with torch.device(device):
+            model = LlavaForConditionalGeneration(config).eval()
+    finally:
+        torch.set_default_dtype(default_dtype)
+        torch.random.set_rng_state(rng_state)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        for token in SPECIAL_TOKENS:
+            head[tokenizer.convert_tokens_to_ids(token)].zero_()
+    gen = model.generation_config
+    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = (
+        tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    gen.do_sample = False
+    model.config.medheval_random_weights = True
+    return model, processor
+
+
+__all__ = ["TINY_MODEL_NAME", "RANDOM_LLAVA_SIZES", "build_random_llava", "build_tiny_llava", "build_tiny_processor",
+           "build_tiny_tokenizer", "CHAT_TEMPLATE"]

@@ -2,8 +2,8 @@
 
 - :mod:`~medheval.decoding.loop` — :class:`DecodingMethod` (a ``custom_generate`` callable) and
   :func:`decode`, the one greedy/sampling loop every method plugs into;
-- :mod:`~medheval.decoding.streams` — contrast streams (shared batch and cache for equal
-  prompts, own cache otherwise);
+- :mod:`~medheval.decoding.streams` — contrast streams, decoded in the clean stream's batch and
+  KV cache (one forward over 2B rows per step; other prompt lengths left-padded after prefill);
 - :mod:`~medheval.decoding.contrast` — the plausibility cutoff and the combination rules;
 - :mod:`~medheval.decoding.hooks` — attention hooks (pre-softmax edits, attention rows);
 - :mod:`~medheval.decoding.visual_tokens` — where the image tokens are, from ``input_ids``.

@@ -16,15 +16,22 @@ never fed its noised image to the model, ``reference/medheval_repo.md`` §8).
 :func:`decode` then runs one loop for all methods, the same loop as ``generate``'s own
 ``_sample``:
 
-1. forward every :class:`~medheval.decoding.streams.StreamGroup` (the clean stream, plus
-   contrast streams sharing its batch, plus streams with their own cache);
+1. forward every :class:`~medheval.decoding.streams.StreamGroup`: after the first step
+   there is **one** — the clean stream and every contrast stream, 2B rows, one cache (see
+   :mod:`~medheval.decoding.streams`); a stream that cannot join keeps its own group;
 2. ``scores = method.scores(ctx, logits, outputs)`` — the method's rule on the raw
    next-token logits of each stream (float32);
 3. ``scores = logits_processor(input_ids, scores)`` — the user's processors and warpers;
 4. arg-max (greedy) or multinomial sampling, as ``generation_config.do_sample`` says —
    the *same* base decoding for every method and for plain ``generate``;
 5. finished rows receive ``pad_token_id`` (per-row finish), stopping criteria are
-   checked on the clean sequences, and the chosen token is fed to every stream.
+   checked on the clean sequences, and the chosen token is fed to every stream;
+6. after the first step, contrast streams prefilled in their own forward (another prompt
+   length, or built from the clean prefill) join the clean group.
+
+``one_pass = False`` on a method (:meth:`DecodingMethod.two_pass`) gives every contrast stream
+its own cache and forward at every step instead: the reference the one-pass path is tested
+against, token for token.
 
 Attention hooks a method asks for are installed around the whole loop and removed
 afterwards, also on errors. Beam search is not part of this loop (OPERA brings its own).
@@ -33,6 +40,7 @@ afterwards, also on errors. Beam search is not part of this loop (OPERA brings i
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import inspect
 from typing import Any, ClassVar, Iterator
@@ -96,13 +104,15 @@ class DecodingMethod:
     defaults) and override some of:
 
     - :meth:`check` — fail early, naming the internal the model lacks;
-    - :meth:`contrast_streams` — the extra streams (same prompt → shared batch and cache);
+    - :meth:`contrast_streams` — the extra streams (same prompt → prefilled in the clean batch;
+      another prompt → prefilled alone, then joined to the clean batch);
     - :meth:`deferred_streams` — streams that can only be built after the clean prefill
-      (e.g. from its attention), each with its own cache;
+      (e.g. from its attention); prefilled in the same step, then joined to the clean batch;
     - :meth:`hooks` — attention hooks installed for the call;
     - :meth:`forward_kwargs` — extra forward arguments per group (e.g. hidden states); it is
       called right before each group's forward, so it may also switch per-forward state
-      (e.g. enable an attention recorder for the clean prefill only);
+      (e.g. enable an attention recorder for the clean prefill only); once streams have
+      joined the clean group they are forwarded with what it returns for that group;
     - :meth:`scores` — the per-step rule, from raw logits to scores for the processors.
 
     Calling an instance runs :func:`decode`; :meth:`generate` is the same through
@@ -111,6 +121,9 @@ class DecodingMethod:
 
     name: ClassVar[str] = "none"
     supports_sampling: ClassVar[bool] = True  # decodes with do_sample=True too (OPERA's beam search does not)
+    # True: every contrast stream runs in the clean stream's batch and cache (one forward per
+    # step); False: each in its own cache and forward (the two-pass reference, see two_pass())
+    one_pass: ClassVar[bool] = True
 
     # -- custom_generate entry point ---------------------------------------------------
     def __call__(
@@ -145,6 +158,15 @@ class DecodingMethod:
     def run_loop(self, model, input_ids, *, synced_gpus: bool = False, **kwargs):
         """The decoding loop this method runs on (the shared :func:`decode`; OPERA: its beam search)."""
         return decode(self, model, input_ids, **kwargs)
+
+    def two_pass(self) -> "DecodingMethod":
+        """A copy decoding every contrast stream in its own cache and forward (the reference path).
+
+        Same settings, same tokens as the one-pass default (up to float rounding); slower.
+        """
+        clone = copy.copy(self)
+        clone.one_pass = False
+        return clone
 
     def generate(self, model, **inputs):
         """``model.generate(**inputs, custom_generate=self)``."""
@@ -231,6 +253,24 @@ def _maybe_no_grad() -> Iterator[None]:
         yield
 
 
+def _join_streams(ctx: DecodingContext, names: set[str]) -> None:
+    """Join each prefilled group whose streams are all in ``names`` to the clean group, where it can.
+
+    A group that cannot join (:meth:`StreamGroup.join_refusal`) keeps its own cache; the reason
+    is kept in ``ctx.state["separate_streams"]`` (stream name → reason).
+    """
+    main_group = ctx.groups[0]
+    kept = [main_group]
+    for group in ctx.groups[1:]:
+        reason = main_group.join_refusal(group) if set(group.names) <= names else "its method keeps it separate"
+        if reason is None:
+            main_group.join(group, ctx.pad_token_id)
+        else:
+            kept.append(group)
+            ctx.state.setdefault("separate_streams", {}).update({n: reason for n in group.names})
+    ctx.groups[:] = kept
+
+
 def decode(
     method: DecodingMethod,
     model,
@@ -276,8 +316,11 @@ def decode(
     names = ["main"] + [s.name for s in extra]
     if len(set(names)) != len(names):
         raise MitigationError(f"{method.name}: stream names must be unique, got {names}")
-    shared = [s for s in extra if s.share_batch is not False and s.same_prompt_as(main)]
-    separate = [s for s in extra if s not in shared]
+    one_pass = bool(method.one_pass)
+    shared = [s for s in extra if one_pass and s.share_batch is not False and s.same_prompt_as(main)]
+    separate = [s for s in extra if not any(s is t for t in shared)]
+    # streams prefilled in their own forward that join the clean group after the first step
+    joining = {s.name for s in separate if one_pass and s.share_batch is not False}
     main_cache = past if (past is not None and not shared and isinstance(past, DynamicCache)) else None
     ctx.groups.append(
         StreamGroup(model, [main, *shared], cache=main_cache, common_kwargs={**tensor_kwargs, **plain_kwargs})
@@ -322,6 +365,8 @@ def decode(
                         if stream.name in {n for g in ctx.groups for n in g.names}:
                             raise MitigationError(f"{method.name}: duplicate stream name {stream.name!r}")
                         ctx.groups.append(StreamGroup(model, [stream], common_kwargs=dict(plain_kwargs)))
+                        if one_pass and stream.share_batch is not False:
+                            joining.add(stream.name)
                 index += 1
             for hook in hooks:
                 hook.bind(None)
@@ -345,6 +390,9 @@ def decode(
             ctx.input_ids = torch.cat([ctx.input_ids, next_tokens[:, None]], dim=-1)
             for group in ctx.groups:
                 group.append(next_tokens)
+            if joining:
+                _join_streams(ctx, joining)
+                joining = set()
             ctx.step += 1
             if streamer is not None:
                 streamer.put(next_tokens.cpu())

@@ -1,4 +1,4 @@
-"""Decoding streams: several views of the same batch decoded in lock-step.
+r"""Decoding streams: several views of the same batch decoded in lock-step.
 
 A contrastive mitigation scores each next token from two (or more) forward passes:
 the clean prompt and a *contrast* view of it (VCD: the same tokens with a noised
@@ -9,11 +9,26 @@ at every step; only its prompt differs.
 - :class:`Stream` describes one view: its prompt ``input_ids``/``attention_mask`` and the
   inputs used only at prefill (``pixel_values``, ``image_sizes``, ``mm_encoder_outputs``,
   ``inputs_embeds``...).
-- :class:`StreamGroup` runs streams in one forward. Streams whose prompt has exactly the
-  clean prompt's tokens (VCD, AvisC) **share one batch and one cache** with the clean
-  stream: their rows are concatenated along the batch (2B rows, one KV cache), which
-  beats two separate passes. A stream of another length (text-only, token-pruned) gets
-  its **own** group and cache.
+- :class:`StreamGroup` runs streams in one forward: their rows are concatenated along the
+  batch (stream ``i`` holds rows ``[iB, (i+1)B)``) and share **one KV cache**.
+
+One forward per step (2B rows) for every two-stream method:
+
+- a stream whose prompt has exactly the clean prompt's tokens (VCD, DAMRO with zeros) is
+  prefilled *with* the clean stream, in the same group;
+- a stream with another prompt (M3ID/PAI's text-only prompt, DAMRO's ``"drop"``) or one built
+  after the clean prefill (AvisC's blind-token stream) is prefilled in its own forward, at its
+  own length — no compute spent on padding — and then :meth:`StreamGroup.join`\ s the clean
+  group: its cache, mask and positions are left-padded to the clean length and its rows
+  appended. Padded key positions carry zero keys/values and mask 0, so they get exactly zero
+  attention weight; the position ids of the real tokens are unchanged (``cumsum(mask) - 1``, as
+  ``generate``). Each row's logits are therefore those of the stream decoded alone (up to
+  float rounding of a wider reduction).
+
+:meth:`StreamGroup.join_refusal` says when a stream must keep its own cache and forward: a
+cache that is not transformers' plain ``DynamicCache`` of ``DynamicLayer``\ s (sliding-window,
+static, quantized caches), multi-dimensional position ids (M-RoPE), a contrast prompt longer
+than the clean one, or per-row inputs other than mask/positions (e.g. ``token_type_ids``).
 
 The group feeds the model through ``model.prepare_inputs_for_generation`` and advances
 with ``model._update_model_kwargs_for_generation``, the same helpers ``generate``'s own
@@ -53,8 +68,10 @@ class Stream:
         attention_mask: ``[B, T]`` (``None`` means all ones).
         inputs: model inputs used only at prefill (``pixel_values``, ``image_sizes``,
             ``mm_encoder_outputs``, ``inputs_embeds``...).
-        share_batch: ``None`` (default) shares the clean stream's batch and cache when the
-            prompt tokens and mask are identical; ``False`` forces a separate cache.
+        share_batch: ``None`` (default) decodes the stream in the clean stream's batch and
+            cache: prefilled together when the prompt tokens and mask are identical, otherwise
+            prefilled alone and joined after the first step; ``False`` keeps its own cache and
+            forward at every step (the two-pass path).
     """
 
     name: str
@@ -106,6 +123,10 @@ def concat_batch(values: Sequence[Any], what: str = "input") -> Any:
     if all(v == first for v in values):
         return first
     raise MitigationError(f"cannot batch {what!r} of type {type(first).__name__} across streams")
+
+
+# what join() pads and concatenates (or what holds no per-row data)
+_JOINED_KWARGS = ("attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep")
 
 
 def _position_ids(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
@@ -229,6 +250,81 @@ class StreamGroup:
         """Feed the chosen ``[B]`` tokens to every stream of the group."""
         tokens = next_tokens.to(self.input_ids.device).repeat(len(self.streams))
         self.input_ids = torch.cat([self.input_ids, tokens[:, None]], dim=-1)
+
+    def join_refusal(self, other: "StreamGroup") -> str | None:
+        """Why ``other`` cannot :meth:`join` this group (``None`` if it can)."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        if not (self.prefilled and other.prefilled):
+            return "both groups must be prefilled"
+        if other.batch_size != self.batch_size:
+            return f"batch {other.batch_size} != {self.batch_size}"
+        if other.input_ids.shape[1] > self.input_ids.shape[1]:
+            return "its prompt is longer than the clean prompt"
+        for group in (self, other):
+            cache = group.cache
+            if type(cache) is not DynamicCache or not all(
+                type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers
+            ):
+                return f"{type(cache).__name__} is not a plain DynamicCache of DynamicLayers (e.g. sliding window)"
+            if any(layer.keys.shape[-2] != group.input_ids.shape[1] - 1 for layer in cache.layers):
+                return "the cache length does not follow the tokens"
+            positions = group.model_kwargs.get("position_ids")
+            if positions is not None and positions.dim() != 2:
+                return "multi-dimensional position ids (M-RoPE)"
+        if len(self.cache.layers) != len(other.cache.layers):
+            return "caches with different numbers of layers"
+        for key in set(self.model_kwargs) | set(other.model_kwargs):
+            if key in _JOINED_KWARGS:
+                continue
+            mine, theirs = self.model_kwargs.get(key), other.model_kwargs.get(key)
+            if torch.is_tensor(mine) or torch.is_tensor(theirs) or isinstance(mine, (dict, list, tuple)) or isinstance(
+                theirs, (dict, list, tuple)
+            ):
+                return f"per-row input {key!r} cannot be joined"
+            if mine != theirs:
+                return f"input {key!r} differs ({mine!r} != {theirs!r})"
+        return None
+
+    def join(self, other: "StreamGroup", pad_token_id: int) -> None:
+        """Append the streams of the prefilled group ``other`` to this one (one forward, one cache from now on).
+
+        ``other`` is left-padded to this group's length ``T``: ``d = T - T_other`` columns of zero
+        keys/values in every cache layer, attention-mask 0, position id 0 and ``pad_token_id``.
+        Its real tokens keep their positions and attend to exactly what they attended to before.
+
+        Raises:
+            MitigationError: :meth:`join_refusal` gives a reason.
+        """
+        reason = self.join_refusal(other)
+        if reason is not None:
+            raise MitigationError(f"streams {other.names} cannot join {self.names}: {reason}")
+        pad = int(self.input_ids.shape[1] - other.input_ids.shape[1])
+
+        def left(tensor: torch.Tensor, value=0) -> torch.Tensor:
+            return torch.nn.functional.pad(tensor, (pad, 0), value=value) if pad else tensor
+
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([mine.keys, torch.nn.functional.pad(theirs.keys, (0, 0, pad, 0))], dim=0)
+            mine.values = torch.cat([mine.values, torch.nn.functional.pad(theirs.values, (0, 0, pad, 0))], dim=0)
+        masks = [self.model_kwargs.get("attention_mask"), other.model_kwargs.get("attention_mask")]
+        if pad or any(m is not None for m in masks):
+            mine = masks[0] if masks[0] is not None else torch.ones_like(self.input_ids)
+            theirs = masks[1] if masks[1] is not None else torch.ones_like(other.input_ids)
+            self.model_kwargs["attention_mask"] = torch.cat([mine, left(theirs.to(mine.dtype))], dim=0)
+        positions = [self.model_kwargs.get("position_ids"), other.model_kwargs.get("position_ids")]
+        if any(p is not None for p in positions):
+            mine = positions[0] if positions[0] is not None else _position_ids(masks[0], self.input_ids)
+            theirs = positions[1] if positions[1] is not None else _position_ids(masks[1], other.input_ids)
+            self.model_kwargs["position_ids"] = torch.cat(
+                [mine.expand(self.input_ids.shape[0], -1), left(theirs.expand(other.input_ids.shape[0], -1))], dim=0
+            )
+        self.input_ids = torch.cat([self.input_ids, left(other.input_ids, pad_token_id)], dim=0)
+        if self.image_mask is not None:  # both or neither: the same config
+            self.image_mask = torch.cat([self.image_mask, left(other.image_mask, False)], dim=0)
+        self.streams += other.streams
+        self.names += other.names
 
 
 __all__ = ["Stream", "StreamGroup", "concat_batch", "PREFILL_ONLY_INPUTS"]

@@ -20,8 +20,8 @@ from the attention of the *last prompt position* over the image tokens, per row:
    after the projector is set to zeros (``masking_scheme``), so that stream sees the text and the
    blind tokens only.
 
-Per step, with ``ℓ`` the clean logits and ``ℓ_b`` the logits of the blind-token stream (its own
-KV cache; NaN rows of ``ℓ_b`` are replaced by ``ℓ``, as upstream):
+Per step, with ``ℓ`` the clean logits and ``ℓ_b`` the logits of the blind-token stream (NaN rows
+of ``ℓ_b`` are replaced by ``ℓ``, as upstream):
 
 .. math::
     s = (1+\alpha)\,\ell - \alpha\,\ell_b,\qquad
@@ -40,6 +40,13 @@ Attention weights are needed for the clean prefill only: for that one forward th
 model runs medheval's hookable eager attention, which keeps just the last query row per layer
 (head mean; never the full ``[heads, T, T]`` maps); the model's own implementation (e.g.
 SDPA) is restored right after it, and on errors. The vision tower is untouched and runs once.
+
+The blind-token stream depends on that prefill, so it cannot be prefilled with the clean stream.
+Nor is its cache a copy of the clean cache under another attention mask: the masked image
+tokens get *other input embeddings* (zeros, ones or noise — not absent keys), which changes the
+keys and values of every later position in every layer. So it gets its own prefill forward, in
+the same step, right after the clean one; then its cache joins the clean cache (same length; with
+``"drop"`` left-padded) and every later step is one forward over 2B rows.
 
 Differences from the upstream code: image tokens are found from ``input_ids`` (upstream
 hard-coded positions 35..611 for one template; MedHEval 34..610), the selection is per row

@@ -45,8 +45,10 @@ features, so the mapping follows the model's code exactly, whatever the tiling. 
 tile is taken among its patches that survive un-padding; newline tokens are masked like every
 other non-outlier token. (DAMRO's official LLaVA-NeXT code kept only the base tile's top-k.)
 
-Both streams have the same prompt tokens (except with ``"drop"``), so they share one batch and
-one KV cache (2B rows per forward); the images are encoded once, with the [CLS] attention
+Both streams have the same prompt tokens (except with ``"drop"``), so they are prefilled as one
+batch with one KV cache (2B rows per forward); with ``"drop"`` the outlier stream is prefilled at
+its own length and then joins that batch and cache (left-padded), so every later step is one
+forward of 2B rows as well. The images are encoded once, with the [CLS] attention
 captured from that same pass. No attention weights of the language model are needed, and the
 vision tower keeps its attention implementation (q/k projections are hooked).
 

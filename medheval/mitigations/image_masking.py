@@ -20,10 +20,12 @@ input path:
    - ``"noise"``: the masked rows become standard normal noise, drawn per image from a
      generator seeded with 0 (the same image gets the same noise in any batch);
    - ``"drop"``: the masked image tokens are removed from the prompt (rows re-left-padded),
-     as DAMRO's official code does; this view then has its own KV cache.
+     as DAMRO's official code does; this view is then prefilled at its own (shorter) length.
 
-   The first three keep the prompt tokens, so the view shares the clean stream's batch and
-   cache when it is built before the prefill (DAMRO).
+   The first three keep the prompt tokens, so the view is prefilled in the clean stream's batch
+   when it is built before the prefill (DAMRO); otherwise (``"drop"``, or AvisC's view built
+   after the clean prefill) it is prefilled alone and then joins the clean batch and cache.
+   Either way every later step is one forward over 2B rows.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ def masked_image_stream(
     remove[image_mask] = ~torch.cat([k.to(remove.device) for k in keep])
     input_ids, attention_mask = remove_positions(ctx.main.input_ids, ctx.main.attention_mask, remove, ctx.pad_token_id)
     inputs: dict[str, Any] = {**ctx.main.inputs, "mm_encoder_outputs": encoded}
-    return Stream(name, input_ids, attention_mask, inputs=inputs, share_batch=False)
+    return Stream(name, input_ids, attention_mask, inputs=inputs)
 
 
 __all__ = [

@@ -7,14 +7,16 @@ reimplementation in AvisC (``sangminwoo/AvisC``, ``use_m3id``).
 
 Per generated token ``t = 1, 2, …``, with ``ℓ_c`` the logits given image and text and
 ``ℓ_u`` the logits of the *unconditioned* stream (the same prompt with every image token
-removed, its own KV cache):
+removed):
 
 .. math::
     \gamma_t = e^{-\lambda t},\qquad
     s = \log p_c + \frac{1-\gamma_t}{\gamma_t}\,(\log p_c - \log p_u),\qquad
     s(y) = -\infty \text{ unless } \ell_c(y) \ge \log\beta + \max \ell_c
 
-with ``log p = log_softmax(ℓ)``. The weight grows with ``t`` (0.02 at t = 1, 1.0 at
+with ``log p = log_softmax(ℓ)``. The text-only prompt is prefilled in its own (short) forward,
+then joins the clean stream's batch and KV cache, left-padded: every later step is one forward
+over 2B rows (:mod:`medheval.decoding.streams`). The weight grows with ``t`` (0.02 at t = 1, 1.0 at
 t ≈ 35, 6.4 at t = 100 for λ = 0.02), countering the fading of visual information in
 long answers.
 
@@ -44,12 +46,15 @@ from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_pr
 
 
 def text_only_stream(ctx: DecodingContext, name: str = "text_only") -> Stream:
-    """The clean prompt without its image tokens (and without image inputs), own cache."""
+    """The clean prompt without its image tokens (and without image inputs).
+
+    Prefilled alone at its own length, then joined to the clean batch (one forward per step).
+    """
     visual_token_ids(ctx.model.config)  # fails with a clear message on models without image tokens
     input_ids, attention_mask = drop_image_tokens(
         ctx.main.input_ids, ctx.main.attention_mask, ctx.model.config, ctx.pad_token_id
     )
-    return Stream(name, input_ids, attention_mask, inputs={}, share_batch=False)
+    return Stream(name, input_ids, attention_mask, inputs={})
 
 
 @dataclasses.dataclass

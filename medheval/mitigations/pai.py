@@ -11,7 +11,8 @@ Two parts:
 
    .. math:: z_{j} \leftarrow z_{j} + \alpha\,|z_{j}| \qquad (j \text{ an image column})
 
-2. **CFG on a text-only stream** (the prompt without its image, own KV cache), with
+2. **CFG on a text-only stream** (the prompt without its image; prefilled alone, then decoded
+   in the clean stream's batch and KV cache, one forward of 2B rows per step), with
    ``log p = log_softmax(ℓ)``:
 
    .. math::
