@@ -245,6 +245,13 @@ class JudgeServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             behaviour = self._script.popleft() if self._script else None
+        left = []
+
+        def leave() -> None:
+            if not left:
+                left.append(True)
+                with self._lock:
+                    self.in_flight -= 1
         try:
             expected = PATHS[self.kind]
             if expected is not None and handler.path.split("?", 1)[0] != expected:
@@ -255,17 +262,19 @@ class JudgeServer:
                 behaviour = self.reply(payload)
             if self.latency:
                 time.sleep(self.latency)
-            self._respond(handler, behaviour)
+            self._respond(handler, behaviour, leave)
         except (BrokenPipeError, ConnectionResetError):
             pass
         finally:
-            with self._lock:
-                self.in_flight -= 1
+            leave()
 
-    def _respond(self, handler: BaseHTTPRequestHandler, behaviour: Any) -> None:
+    def _respond(self, handler: BaseHTTPRequestHandler, behaviour: Any, leave: Any = lambda: None) -> None:
+        """Send ``behaviour``; ``leave()`` runs just before the first byte goes out: a client that got its
+        answer and sends the next request at once is never counted in flight twice."""
         if isinstance(behaviour, Drop):
             if behaviour.delay:
                 time.sleep(behaviour.delay)
+            leave()
             handler.close_connection = True
             try:
                 handler.connection.shutdown(socket.SHUT_RDWR)
@@ -296,6 +305,7 @@ class JudgeServer:
             data = b"{}"
         else:
             data = bytes(body)
+        leave()
         handler.send_response(behaviour.status)
         handler.send_header("Content-Type", content_type)
         handler.send_header("Content-Length", str(len(data)))

@@ -84,3 +84,24 @@ def test_a_metric_that_failed_on_every_item_is_reported_and_exits_non_zero(fixtu
     scored = [json.loads(line) for line in (out / "scored.jsonl").read_text().splitlines()]
     assert all("no JSON object" in item["failed"]["reason"] for item in scored)
     assert server.request_count >= len(rows)
+
+
+def test_a_judge_endpoint_failing_every_request_stops_after_eight_records_in_a_row(judge_server_factory):
+    """Issue 13 part 5: a dead judge endpoint stops the run (JudgeError: the CLI's one-line error, exit 2)
+    after 8 records whose calls failed for good, instead of trying all of them; a judge that answers,
+    even unusably, is working and never stops the run."""
+    from judge_servers import Reply
+
+    from medheval.judges import JudgeError, JudgeRequest, make_judge
+
+    requests = [JudgeRequest(f"r{i}", user=f"item {i}") for i in range(20)]
+    dead = judge_server_factory("openai", lambda request: Reply(503, {"error": {"message": "overloaded"}}))
+    judge = make_judge(f"openai:j@{dead.base_url}", cache_dir=False, concurrency=1, max_retries=0, progress=False)
+    with pytest.raises(JudgeError, match=r"8 records in a row failed for good .* overloaded"):
+        judge.run(requests)
+    assert dead.request_count == 8
+    unusable = judge_server_factory("openai", lambda request: "no JSON here")
+    judge = make_judge(f"openai:j@{unusable.base_url}", cache_dir=False, concurrency=1, max_invalid_retries=0,
+                       progress=False)
+    results = judge.run(requests)
+    assert [r.ok for r in results] == [False] * 20 and unusable.request_count == 20

@@ -190,6 +190,7 @@ class _Item:
     raw_text: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    endpoint_failed: bool = False  # failed for good because the call failed (not an unusable reply)
 
 
 class Judge:
@@ -219,7 +220,7 @@ class Judge:
         backoff_base: float = 1.0,
         backoff_max: float = 60.0,
         secrets: Iterable[str] = (),
-        max_consecutive_failures: int | None = None,
+        max_consecutive_failures: int | None = 8,
     ):
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -245,7 +246,8 @@ class Judge:
         self.backoff_base = float(backoff_base)
         self.backoff_max = float(backoff_max)
         self._secrets = tuple(s for s in secrets if s)
-        # HTTP backends: stop the run (JudgeError) once this many records in a row failed for good
+        # HTTP backends: stop the run (JudgeError) once this many records in a row failed for good because
+        # the endpoint call failed (retries exhausted, a 4xx); an unusable reply shows the endpoint works
         self.max_consecutive_failures = max_consecutive_failures
         self.cache: JudgeCache | None = None if cache_dir is False else JudgeCache(cache_dir)
         self._lock = threading.Lock()

@@ -6,9 +6,10 @@ proxy settings from the environment, so loopback/private traffic never leaves th
 any 5xx, a timeout or a dropped/refused connection, up to ``max_retries`` times, after an
 exponential backoff with jitter or the server's ``Retry-After`` (a 429's ``Retry-After`` pauses
 every thread). 401/403/404 stop the whole run (:class:`JudgeError`: a wrong key or model
-name fails every record alike); other 4xx fail just that record. With ``max_consecutive_failures``
-set, that many records failing for good one after another (in completion order) stop the run too
-(a dead or misconfigured server fails fast instead of retrying every remaining record).
+name fails every record alike); other 4xx fail just that record. ``max_consecutive_failures``
+(default 8; ``None``: never) records whose calls failed for good one after another (in completion
+order) stop the run too: a dead or misconfigured server fails fast instead of retrying every
+remaining record. Records the judge answered unusably do not count (the endpoint works).
 """
 
 from __future__ import annotations
@@ -190,6 +191,7 @@ class HTTPJudge(Judge):
             try:
                 completion = self._call(item, stop)
             except _CallFailed as err:
+                item.endpoint_failed = True
                 return self._fail(item, str(err))
             result = self._handle_reply(item, completion)
             if result is not None:
@@ -207,7 +209,7 @@ class HTTPJudge(Judge):
             limit = self.max_consecutive_failures
             if limit:
                 with counter:
-                    in_a_row[0] = 0 if result.ok else in_a_row[0] + 1
+                    in_a_row[0] = in_a_row[0] + 1 if item.endpoint_failed else 0
                     if in_a_row[0] >= limit and not tripped:
                         tripped.append(f"{limit} records in a row failed for good against the {self.backend} endpoint "
                                        f"{endpoint_host(self.base_url)!r}; the last ({item.request.id!r}): "

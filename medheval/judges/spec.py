@@ -98,7 +98,7 @@ def make_judge(
         temperature, max_tokens: generation parameters (temperature 0: deterministic as the API allows).
         progress: show a progress bar.
         **options: ``backoff_base``/``backoff_max`` (seconds), ``max_consecutive_failures`` (records
-            failing for good in a row that stop the run, HTTP backends; default: never), ``images_first``
+            whose calls failed for good in a row that stop the run, HTTP backends; default 8, None: never), ``images_first``
             (openai/azure: images before the text) and the backend options above.
     """
     if isinstance(spec, Judge):
