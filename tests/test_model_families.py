@@ -42,6 +42,7 @@ FAMILY_TABLE = {
     "gemma3": ("<start_of_image>", "<image_soft_token>", 4, "token_type_ids"),
     "internvl": ("<IMG_CONTEXT>", "<img>", 1, None),
     "idefics3": ("<image>", "<fake_token_around_image>", 2, "pixel_attention_mask"),
+    "smolvlm": ("<image>", "<fake_token_around_image>", 2, "pixel_attention_mask"),
 }
 
 

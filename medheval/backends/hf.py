@@ -5,8 +5,8 @@ with ``AutoModelForImageTextToText`` and its ``AutoProcessor``; ``HFBackend(mode
 processor)`` takes objects already built (e.g. :func:`medheval.backends.tiny.build_tiny_llava`).
 
 Families (each covered by a tiny random-weight test, :mod:`medheval.backends.tiny_families`): LLaVA-1.5,
-LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL, Gemma 3 / MedGemma, InternVL 3/3.5 (HF format), Idefics3 (SmolVLM's
-architecture). The prompt is the processor's chat template over one user turn (image parts, then the
+LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL, Gemma 3 / MedGemma, InternVL 3/3.5 (HF format), Idefics3 and
+SmolVLM. The prompt is the processor's chat template over one user turn (image parts, then the
 text); the processor expands each image marker into the family's image tokens and returns the extra tensors it needs
 (``image_grid_thw``, ``token_type_ids``, ``pixel_attention_mask``, ``image_sizes``), all passed to
 ``generate``. Images go to the processor as one list per prompt (several per record are fine).

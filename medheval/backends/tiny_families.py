@@ -11,7 +11,8 @@ qwen2_5_vl ``Qwen2_5_VLForConditionalGeneration``       ``<|vision_start|><|imag
 qwen3_vl   ``Qwen3VLForConditionalGeneration``          ``<|vision_start|><|image_pad|><|vision_end|>``
 gemma3     ``Gemma3ForConditionalGeneration``           ``<start_of_image>`` (Gemma 3, MedGemma)
 internvl   ``InternVLForConditionalGeneration``         ``<IMG_CONTEXT>`` (InternVL 3/3.5 HF)
-idefics3   ``Idefics3ForConditionalGeneration``         ``<image>`` (Idefics3; SmolVLM's architecture)
+idefics3   ``Idefics3ForConditionalGeneration``         ``<image>`` (Idefics3)
+smolvlm    ``SmolVLMForConditionalGeneration``          ``<image>`` (SmolVLM; its processor needs num2words)
 ========== ============================================ =======================================
 
 Each is the family's real transformers model and processor classes at toy size: a 2–3 layer text
@@ -30,6 +31,7 @@ them, so every answer is ``max_new_tokens`` words) and ``config.medheval_random_
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -287,32 +289,47 @@ def build_tiny_internvl(seed: int = 0):
     return _finish(model, tokenizer, tokens, "tiny-random-internvl"), processor
 
 
-def build_tiny_idefics3(seed: int = 0):
-    """Idefics3 (SmolVLM is the same architecture; its own processor needs ``num2words``, and ``torchvision`` for
-    its video part, so it is not built here): SigLIP-style tower on 28x28 images (7x7 patches, pixel-shuffled
-    2x2 -> 4 tokens), image splitting off, ``pixel_attention_mask`` for padded images, BOS in the template."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+def _idefics_family(seed: int, smolvlm: bool):
+    """Idefics3 or SmolVLM (the same architecture, separate classes): SigLIP-style tower on 28x28 images
+    (7x7 patches, pixel-shuffled 2x2 -> 4 tokens), image splitting off, ``pixel_attention_mask`` for padded
+    images, BOS in the template. The SmolVLM processor is built without its video part (torchvision);
+    its chat-template call reads the video defaults (``num_frames``, ``fps``), unused for images, so they
+    are ``None`` here."""
+    import transformers
 
-    try:
-        from transformers import Idefics3ImageProcessorPil as ImageProcessor
-    except ImportError:  # pragma: no cover
-        from transformers import Idefics3ImageProcessor as ImageProcessor
-
+    prefix = "SmolVLM" if smolvlm else "Idefics3"
+    image_processor_class = getattr(transformers, f"{prefix}ImageProcessorPil", None) or getattr(
+        transformers, f"{prefix}ImageProcessor")
     tokens = ("<|begin_of_text|>", "<|end_of_text|>", "<pad>", "<unk>", "<image>", "<fake_token_around_image>",
               "<global-img>", "<end_of_utterance>")
     tokenizer = build_tiny_tokenizer(tokens, bos_token="<|begin_of_text|>", eos_token="<end_of_utterance>",
                                      pad_token="<pad>")
-    image_processor = ImageProcessor(do_image_splitting=False, size={"longest_edge": 28},
-                                     max_image_size={"longest_edge": 28})
-    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4,
-                                  chat_template=IDEFICS3_CHAT_TEMPLATE)
+    image_processor = image_processor_class(do_image_splitting=False, size={"longest_edge": 28},
+                                            max_image_size={"longest_edge": 28})
+    kwargs = dict(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4,
+                  chat_template=IDEFICS3_CHAT_TEMPLATE)
+    if smolvlm:
+        processor = _without_video(transformers.SmolVLMProcessor)(video_processor=None, **kwargs)
+        processor.video_processor = SimpleNamespace(num_frames=None, fps=None)
+    else:
+        processor = transformers.Idefics3Processor(**kwargs)
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "image_size": 28, "patch_size": 7, "initializer_range": 0.2}
-    config = Idefics3Config(vision_config=vision, text_config=_text_config(tokenizer, "llama"),
-                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"), scale_factor=2,
-                            tie_word_embeddings=False)
-    model = _seeded(Idefics3ForConditionalGeneration, config, seed)
-    return _finish(model, tokenizer, tokens, "tiny-random-idefics3"), processor
+    config = getattr(transformers, f"{prefix}Config")(
+        vision_config=vision, text_config=_text_config(tokenizer, "llama"),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), scale_factor=2, tie_word_embeddings=False)
+    model = _seeded(getattr(transformers, f"{prefix}ForConditionalGeneration"), config, seed)
+    return _finish(model, tokenizer, tokens, f"tiny-random-{prefix.lower()}"), processor
+
+
+def build_tiny_idefics3(seed: int = 0):
+    """Idefics3 (:func:`_idefics_family`)."""
+    return _idefics_family(seed, smolvlm=False)
+
+
+def build_tiny_smolvlm(seed: int = 0):
+    """SmolVLM (:func:`_idefics_family`; its processor needs ``num2words``)."""
+    return _idefics_family(seed, smolvlm=True)
 
 
 def _build_llava(seed: int = 0):
@@ -329,9 +346,10 @@ BUILDERS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "gemma3": build_tiny_gemma3,
     "internvl": build_tiny_internvl,
     "idefics3": build_tiny_idefics3,
+    "smolvlm": build_tiny_smolvlm,
 }
 FAMILIES = tuple(BUILDERS)
-_IMAGE_ONLY_PROCESSORS = ("qwen2_5_vl", "qwen3_vl", "internvl")  # built with _without_video
+_IMAGE_ONLY_PROCESSORS = ("qwen2_5_vl", "qwen3_vl", "internvl", "smolvlm")  # built with _without_video
 
 
 def build_tiny(family: str, seed: int = 0, save_dir: str | os.PathLike | None = None):
@@ -339,8 +357,8 @@ def build_tiny(family: str, seed: int = 0, save_dir: str | os.PathLike | None = 
 
     ``seed`` seeds the weights (same seed, same model); ``save_dir``: ``save_pretrained`` model and
     processor there, so ``HFBackend(save_dir)`` / ``medheval run --model save_dir`` load them through
-    ``AutoModelForImageTextToText`` / ``AutoProcessor`` (not for the Qwen and InternVL families, whose
-    tiny processors lack the video part a saved folder needs).
+    ``AutoModelForImageTextToText`` / ``AutoProcessor`` (not for the Qwen, InternVL and SmolVLM families,
+    whose tiny processors lack the video part a saved folder needs).
     """
     try:
         builder = BUILDERS[family]
