@@ -78,6 +78,9 @@ def test_paper_variant_hand_worked(chair):
     assert out["hallucinated_findings"] == [["Pleural Effusion"], [], ["Pneumonia"], ["Support Devices"]]
     assert out["missed_findings"] == [[], [], ["Consolidation", "Pneumothorax"], ["Atelectasis"]]
     assert out["report_chair"] == [0.5, 0.0, 1.0, 1.0]
+    # per report, its part of the micro counts (a report resamples reports with them)
+    assert out["n_generated_per_item"] == [2, 1, 1, 1] and out["n_reference_per_item"] == [1, 1, 2, 1]
+    assert out["n_hallucinated_per_item"] == [1, 0, 1, 1] and out["n_matched_per_item"] == [1, 1, 0, 0]
     per = out["per_finding"]
     assert set(per) == set(CONDITIONS)
     assert per["Cardiomegaly"] == {"n_generated": 1, "n_reference": 1, "n_hallucinated": 0, "n_matched": 1,
@@ -117,6 +120,8 @@ def test_medheval_code_variant_hand_worked(chair):
     assert out["hallucinated_findings"] == [["Pleural Effusion"], [], ["Pneumothorax"], []]
     assert out["missed_findings"] == [[], [], ["Consolidation", "Pneumothorax"], ["Atelectasis"]]
     assert out["report_chair"] == [0.5, 0.0, 0.5, 0.0]
+    assert out["n_generated_per_item"] == [2, 1, 2, 1] and out["n_reference_per_item"] == [1, 1, 2, 1]
+    assert out["n_hallucinated_per_item"] == [1, 0, 1, 0] and out["n_matched_per_item"] == [1, 1, 0, 0]
     # a finding asserted in the prediction but blank in the reference: denominator only
     assert out["per_finding"]["Support Devices"]["n_generated"] == 1
     assert out["per_finding"]["Support Devices"]["n_hallucinated"] == 0
@@ -254,7 +259,9 @@ def test_runner_passes_options_and_moves_per_item_lists(chair):
     assert kwargs == {"variant": "medheval_code", "labeler": "rule"}
     out = chair.compute(predictions=PREDICTIONS, references=REFERENCES, **kwargs)
     per_item = [k for k, v in out.items() if isinstance(v, list) and len(v) == len(PREDICTIONS)]
-    assert sorted(per_item) == ["hallucinated_findings", "missed_findings", "report_chair"]
+    assert sorted(per_item) == ["hallucinated_findings", "missed_findings", "n_generated_per_item",
+                                "n_hallucinated_per_item", "n_matched_per_item", "n_reference_per_item",
+                                "report_chair"]
     json.dumps(out)  # results.json-ready
 
 

@@ -142,3 +142,22 @@ def test_stepbench_recall_and_f1_intervals_from_items(tmp_path):
     assert recall.value == pytest.approx(50.0) and recall.n == 4 and recall.low < 50 < recall.high
     assert f1.value == pytest.approx(400 / 7) and f1.n == 8 and f1.low < 400 / 7 < f1.high
     assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(62.5)
+
+
+def test_chair_and_recall_intervals_from_per_report_counts(tmp_path):
+    # 4 reports: hallucinated/generated 1/2, 0/1, 1/1, 1/1 -> CHAIR 3/5; matched/reference 1/1, 1/1, 0/2, 0/1 -> 2/5
+    run = tmp_path / "chair"
+    run.mkdir()
+    counts = {"n_generated_per_item": [2, 1, 1, 1], "n_hallucinated_per_item": [1, 0, 1, 1],
+              "n_matched_per_item": [1, 1, 0, 0], "n_reference_per_item": [1, 1, 2, 1]}
+    items = [{"id": f"vishal_report/default/{i}", "prediction": "p", "reference": "r", "split": "vishal_report:default",
+              **{key: values[i] for key, values in counts.items()}} for i in range(4)]
+    (run / "scored.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
+    (run / "results.json").write_text(json.dumps({"settings": {"model": "m", "mitigation": "none"}, "benchmarks": {
+        "vishal_report:default": {"n_records": 4, "n_scored": 4, "metrics": {"chair": {"chair": 0.6, "recall": 0.4}}}}}))
+    (table,) = [t for t in build_tables(find_runs([run])) if any(c.label == "CHAIR ↓" for c in t.columns)]
+    labels = [c.label for c in table.columns]
+    chair, recall = (table.rows[0][1][labels.index(name)] for name in ("CHAIR ↓", "Recall"))
+    assert chair.value == pytest.approx(60.0) and chair.low is not None and chair.low <= 60.0 <= chair.high
+    assert recall.value == pytest.approx(40.0) and recall.low is not None and recall.low <= 40.0 <= recall.high
+    assert chair.high <= 100.0 and recall.low >= 0.0

@@ -94,6 +94,8 @@ Returns:
     missed_findings (`list` of `list` of `str`): per report, reference positives the generated
         report does not assert.
     report_chair (`list` of `float` or `None`): per report, its own CHAIR.
+    n_generated_per_item, n_reference_per_item, n_hallucinated_per_item, n_matched_per_item (`list` of
+        `int`): per report, its part of the micro counts above (they sum to them).
     labeler (`str`), variant (`str`): what was used.
 
 Examples:
@@ -271,11 +273,23 @@ class Chair(evaluate.Metric):
         return result
 
 
+# Per-report counts (lists, one int per report) whose sums are the micro counts: CHAIR =
+# sum(n_hallucinated) / sum(n_generated), recall = sum(n_matched) / sum(n_reference), so a report can
+# resample reports and recompute both (bootstrap intervals).
+ITEM_COUNTS = ("n_generated_per_item", "n_reference_per_item", "n_hallucinated_per_item", "n_matched_per_item")
+
+
+def _count_item(item_counts: dict[str, list[int]], **counts: int) -> None:
+    for name, value in counts.items():
+        item_counts[f"n_{name}_per_item"].append(value)
+
+
 def _paper(generated, reference, columns, uncertain_as_positive):
     names = medheval.labelers.CONDITIONS
     asserted = (1, -1) if uncertain_as_positive else (1,)
     per = {names[c]: {"n_generated": 0, "n_reference": 0, "n_hallucinated": 0, "n_matched": 0} for c in columns}
     hallucinated, missed, report_chair = [], [], []
+    item_counts: dict[str, list[int]] = {key: [] for key in ITEM_COUNTS}
     for gen, ref in zip(generated, reference):
         g = [c for c in columns if gen[c] in asserted]
         s = {c for c in columns if ref[c] in asserted}
@@ -289,6 +303,7 @@ def _paper(generated, reference, columns, uncertain_as_positive):
         hallucinated.append(bad)
         missed.append(miss)
         report_chair.append(_ratio(len(bad), len(g)))
+        _count_item(item_counts, generated=len(g), reference=len(s), hallucinated=len(bad), matched=len(g) - len(bad))
     for counts in per.values():
         counts["chair"] = _ratio(counts["n_hallucinated"], counts["n_generated"])
         counts["recall"] = _ratio(counts["n_matched"], counts["n_reference"])
@@ -312,6 +327,7 @@ def _paper(generated, reference, columns, uncertain_as_positive):
         "hallucinated_findings": hallucinated,
         "missed_findings": missed,
         "report_chair": report_chair,
+        **item_counts,
     }
 
 
@@ -319,8 +335,9 @@ def _medheval_code(generated, reference, columns):
     names = medheval.labelers.CONDITIONS
     per = {names[c]: {"tp": 0, "tn": 0, "fp": 0, "fn": 0, "n_generated": 0, "n_reference": 0} for c in columns}
     hallucinated, missed, report_chair = [], [], []
+    item_counts: dict[str, list[int]] = {key: [] for key in ITEM_COUNTS}
     for gen, ref in zip(generated, reference):
-        bad, miss, n_gen = [], [], 0
+        bad, miss, n_gen, n_ref, n_hit = [], [], 0, 0, 0
         for c in columns:
             g, r = gen[c], ref[c]
             if r == -1:  # upstream drops the rows whose ground truth is uncertain, per condition
@@ -331,10 +348,12 @@ def _medheval_code(generated, reference, columns):
                 n_gen += 1
             if r == 1:
                 counts["n_reference"] += 1
+                n_ref += 1
                 if g != 1:
                     miss.append(names[c])
             if g == 1 and r == 1:
                 counts["tp"] += 1
+                n_hit += 1
             elif g == 0 and r == 0:
                 counts["tn"] += 1
             elif g == 1 and r == 0:
@@ -346,6 +365,7 @@ def _medheval_code(generated, reference, columns):
         hallucinated.append(bad)
         missed.append(miss)
         report_chair.append(_ratio(len(bad), n_gen))
+        _count_item(item_counts, generated=n_gen, reference=n_ref, hallucinated=len(bad), matched=n_hit)
     for counts in per.values():
         counts["n_hallucinated"] = counts["fp"] + counts["fn"]
         counts["n_matched"] = counts["tp"]
@@ -375,4 +395,5 @@ def _medheval_code(generated, reference, columns):
         "hallucinated_findings": hallucinated,
         "missed_findings": missed,
         "report_chair": report_chair,
+        **item_counts,
     }
