@@ -118,6 +118,18 @@ def test_write_report_tables_only(tmp_path):
     run = write_run(tmp_path / "r", "none", BASE)
     written = write_report([run], tmp_path / "out", plots=False, html=False)
     assert written["markdown"].exists() and written["csv"].exists() and written["plots"] == {}
+    assert "API usage" not in written["markdown"].read_text()  # a local model: no usage section
+
+
+def test_api_usage_of_a_run_is_reported(tmp_path):
+    run = write_run(tmp_path / "api", "none", BASE, model="served-llava")
+    results = json.loads((run / "results.json").read_text())
+    results["usage"] = {"requests": 18, "cached": 2, "failures": 0, "retries": 1, "input_tokens": 900,
+                        "output_tokens": 120}
+    (run / "results.json").write_text(json.dumps(results))
+    written = write_report([run], tmp_path / "out", plots=False, html=False)
+    assert "| `served-llava · none` | 18 | 2 | 0 | 1 | 900 | 120 |" in written["markdown"].read_text()
+    assert json.loads(written["json"].read_text())["runs"][0]["usage"]["requests"] == 18
     assert not (tmp_path / "out" / "plots").exists() and not (tmp_path / "out" / "report.html").exists()
 
 

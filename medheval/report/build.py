@@ -100,11 +100,13 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
         notes.append(plot_note)
     header = ["# MedHEval-HF report", "", "Runs: " + ", ".join(f"`{run.label}` ({run.path})" for run in runs), ""]
     header += ["## Caveats", "", *(f"- {line}" for line in notes), ""] if notes else []
+    header += usage_section(runs)
     markdown = "\n".join(header) + "\n" + "\n".join(to_markdown(table) for table in tables)
     markdown += "".join(f"\n![{name}](plots/{path.name})\n" for name, path in figures.items())
     atomic_write_text(output / "report.md", markdown)
     atomic_write_text(output / "tables.csv", to_csv(tables))
-    summary = {"runs": [{"path": str(run.path), "model": run.model, "mitigation": run.mitigation} for run in runs],
+    summary = {"runs": [{"path": str(run.path), "model": run.model, "mitigation": run.mitigation,
+                         **({"usage": run.results["usage"]} if run.results.get("usage") else {})} for run in runs],
                "caveats": notes, "tables": [to_json(table) for table in tables], "comparisons": compared,
                "plots": {name: str(path) for name, path in figures.items()}}
     atomic_write_text(output / "report.json", json.dumps(summary, indent=2, default=str))
@@ -116,6 +118,22 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
         written["html"] = write_html(runs, tables, figures, notes, output / "report.html",
                                      thumbnails=thumbnails, image_roots=image_roots or {})
     return written
+
+
+USAGE_COLUMNS = ("requests", "cached", "failures", "retries", "input_tokens", "output_tokens")
+
+
+def usage_section(runs: Sequence["Run"]) -> list[str]:
+    """``## API usage``: requests, cache hits, failures, retries and tokens of runs whose model answered over
+    an API (``results.json["usage"]``); nothing when no run did."""
+    rows = [(run, run.results["usage"]) for run in runs if isinstance(run.results.get("usage"), dict)]
+    if not rows:
+        return []
+    lines = ["## API usage (model under test)", "", "| Run | " + " | ".join(USAGE_COLUMNS) + " |",
+             "|" + "---|" * (len(USAGE_COLUMNS) + 1)]
+    lines += [f"| `{run.label}` | " + " | ".join(str(usage.get(key, "–")) for key in USAGE_COLUMNS) + " |"
+              for run, usage in rows]
+    return lines + [""]
 
 
 def add_report_command(commands: argparse._SubParsersAction) -> None:
