@@ -1,4 +1,4 @@
-"""VCD, M3ID, PAI and DoLa beyond LLaVA: Qwen2.5-VL, Qwen3-VL and Gemma 3 (MedGemma), tiny random weights.
+"""VCD, M3ID, PAI, DoLa and AvisC beyond LLaVA (DAMRO: a clear refusal): Qwen2.5-VL, Qwen3-VL and Gemma 3 (MedGemma), tiny random weights.
 
 The invariants of ``test_mitigations.py`` on each family's real model and processor classes:
 
@@ -7,7 +7,8 @@ The invariants of ``test_mitigations.py`` on each family's real model and proces
 - no hook is left behind, and the model computes exactly what it computed before;
 - the family-specific parts: image tokens found from ``image_token_id`` (Qwen) / ``image_token_index``
   (Gemma 3), Qwen's M-RoPE position ids (its text-only stream stays a separate forward), VCD's noise on
-  Qwen's flattened patch layout, PAI's image columns on Gemma 3's sliding-window layers.
+  Qwen's flattened patch layout, PAI's image columns on Gemma 3's sliding-window layers, AvisC's masked
+  features handed back in Gemma 3's tensor form; DAMRO refuses towers without a [CLS] token (SigLIP, Qwen-VL).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from medheval.backends.tiny_families import build_tiny
 from medheval.decoding import MitigationError, hooks_installed, image_token_mask
-from medheval.mitigations import DoLa, M3ID, PAI, VCD
+from medheval.mitigations import AvisC, DoLa, M3ID, PAI, VCD
 from medheval.mitigations.vcd import add_diffusion_noise
 
 FAMILIES = ["qwen2_5_vl", "gemma3", "qwen3_vl"]
@@ -32,6 +33,7 @@ NEUTRAL = {
     "m3id": M3ID(lam=0.0),
     "pai": PAI(alpha=0.0, gamma=1.0),
     "dola": DoLa(relative_top=1.0),
+    "avisc": AvisC(alpha=0.0),
 }
 # strong settings: the tiny models' 4-16 image tokens weigh little, the defaults may keep greedy's tokens
 STRONG = {
@@ -39,6 +41,7 @@ STRONG = {
     "m3id": M3ID(lam=1.0, beta=0.0),
     "pai": PAI(alpha=0.5, gamma=3.0),
     "dola": DoLa(),
+    "avisc": AvisC(alpha=3.0, beta=0.0),
 }
 NEW = 6
 
@@ -78,9 +81,15 @@ def test_image_tokens_found_from_the_config(family):
     assert (inputs["attention_mask"] == 0).any()
 
 
+def _skip_unsupported(name, method):
+    if name == "qwen3_vl" and method == "avisc":
+        pytest.skip("AvisC on Qwen3-VL refuses (DeepStack features): see test_avisc_refuses_deepstack")
+
+
 @pytest.mark.parametrize("method", sorted(NEUTRAL))
 def test_neutral_setting_equals_greedy(family, method):
-    _, model, processor = family
+    name, model, processor = family
+    _skip_unsupported(name, method)
     inputs = _inputs(processor)
     expected = _gen(model, inputs)
     assert torch.equal(_gen(model, inputs, custom_generate=NEUTRAL[method]), expected)
@@ -90,6 +99,7 @@ def test_neutral_setting_equals_greedy(family, method):
 @pytest.mark.parametrize("method", sorted(STRONG))
 def test_batch_equals_single_runs_and_output_changes(family, method):
     name, model, processor = family
+    _skip_unsupported(name, method)
     inputs = _inputs(processor)
     with torch.no_grad():
         before = model(**inputs).logits
@@ -168,3 +178,26 @@ def test_text_only_stream(family):
         with torch.no_grad():
             direct = model(input_ids=text_ids[None]).logits[0, -1]
         assert torch.allclose(spy.first["text_only"][row], direct, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,tower", [("qwen2_5_vl", "qwen2_5_vl_vision"), ("gemma3", "siglip_vision_model")])
+def test_damro_refuses_towers_without_cls(name, tower):
+    from medheval.decoding import MissingInternalError
+    from medheval.mitigations import DAMRO
+
+    model, processor = build_tiny(name)
+    processor.tokenizer.padding_side = "left"
+    inputs = _inputs(processor, [0])
+    with pytest.raises(MissingInternalError, match=rf"{type(model).__name__} \(vision tower '{tower}'\) has none"):
+        _gen(model, inputs, custom_generate=DAMRO())
+    assert not hooks_installed(model)
+
+
+def test_avisc_refuses_deepstack():
+    from medheval.decoding import MissingInternalError
+
+    model, processor = build_tiny("qwen3_vl")
+    processor.tokenizer.padding_side = "left"
+    with pytest.raises(MissingInternalError, match="AvisC on Qwen3VLForConditionalGeneration.*DeepStack"):
+        _gen(model, _inputs(processor, [0]), custom_generate=AvisC())
+    assert not hooks_installed(model)
