@@ -19,7 +19,7 @@ import torch
 
 from medheval.backends.tiny_families import build_tiny
 from medheval.decoding import MitigationError, hooks_installed, image_token_mask
-from medheval.mitigations import AvisC, DoLa, M3ID, PAI, VCD
+from medheval.mitigations import AvisC, DoLa, M3ID, OPERA, PAI, VCD
 from medheval.mitigations.vcd import add_diffusion_noise
 
 FAMILIES = ["qwen2_5_vl", "gemma3", "qwen3_vl"]
@@ -200,4 +200,45 @@ def test_avisc_refuses_deepstack():
     processor.tokenizer.padding_side = "left"
     with pytest.raises(MissingInternalError, match="AvisC on Qwen3VLForConditionalGeneration.*DeepStack"):
         _gen(model, _inputs(processor, [0]), custom_generate=AvisC())
+    assert not hooks_installed(model)
+
+
+# ---------------------------------------------------------------------------------------
+# OPERA on Qwen-VL (M-RoPE positions through its own beam search)
+# ---------------------------------------------------------------------------------------
+class SpyOPERA(OPERA):
+    def observe_step(self, event):
+        self.__dict__.setdefault("events", []).append(event)
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def qwen(request):
+    model, processor = build_tiny(request.param)
+    processor.tokenizer.padding_side = "left"
+    return request.param, model, processor
+
+
+def test_opera_penalty_off_equals_beam_search_on_qwen(qwen):
+    _, model, processor = qwen
+    inputs = _inputs(processor)
+    vocab = model.config.get_text_config().vocab_size
+    expected = model.generate(**inputs, max_new_tokens=NEW, num_beams=3, do_sample=False)
+    neutral = OPERA(num_beams=3, penalty_weights=0.0, threshold=10**9, num_attn_candidates=vocab)
+    assert torch.equal(model.generate(**inputs, max_new_tokens=NEW, custom_generate=neutral), expected)
+    assert not hooks_installed(model)
+
+
+def test_opera_rolling_batch_equals_single_runs_on_qwen(qwen):
+    name, model, processor = qwen
+    inputs = _inputs(processor)
+    length = inputs["input_ids"].shape[1]
+    method = SpyOPERA(num_beams=3, scale_factor=25.0, threshold=0)
+    beams = model.generate(**inputs, max_new_tokens=16, num_beams=3, do_sample=False)[:, length:]
+    batched = model.generate(**inputs, max_new_tokens=16, custom_generate=method)[:, length:]
+    assert any(e["kind"] == "rollback" for e in method.events)
+    assert not torch.equal(batched, beams)
+    for row in range(len(PROMPTS)):
+        single = _inputs(processor, [row])
+        alone = model.generate(**single, max_new_tokens=16, custom_generate=method)[:, single["input_ids"].shape[1]:]
+        assert torch.equal(batched[row:row + 1], alone), f"{name} row {row}"
     assert not hooks_installed(model)
