@@ -242,3 +242,11 @@ def test_opera_rolling_batch_equals_single_runs_on_qwen(qwen):
         alone = model.generate(**single, max_new_tokens=16, custom_generate=method)[:, single["input_ids"].shape[1]:]
         assert torch.equal(batched[row:row + 1], alone), f"{name} row {row}"
     assert not hooks_installed(model)
+
+
+def test_opera_refuses_sliding_window_models():
+    model, processor = build_tiny("gemma3")
+    processor.tokenizer.padding_side = "left"
+    with pytest.raises(MitigationError, match="OPERA on Gemma3ForConditionalGeneration.*sliding-window"):
+        model.generate(**_inputs(processor, [0]), max_new_tokens=2, custom_generate=OPERA(num_beams=2))
+    assert not hooks_installed(model)

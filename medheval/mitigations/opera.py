@@ -434,6 +434,13 @@ def opera_generate(
     if past is not None and past.get_seq_length() > 0:
         raise MitigationError("OPERA cannot continue from a filled past_key_values cache; start from the prompt")
     cache = past if isinstance(past, DynamicCache) else DynamicCache(config=model.config)
+    sliding = sorted({type(layer).__name__ for layer in cache.layers if type(layer).__name__ != "DynamicLayer"})
+    if sliding:
+        raise MitigationError(
+            f"OPERA on {type(model).__name__}: its cache has {', '.join(sliding)} layers (sliding-window attention, "
+            "e.g. Gemma 3 / MedGemma); OPERA's look-ahead masks and rollbacks assume full-attention layers "
+            "(not implemented)"
+        )
     attention_mask = model_kwargs.pop("attention_mask", None)
     model_kwargs.pop("position_ids", None)
     for key in ("use_cache", "logits_to_keep", "cache_position"):
