@@ -257,6 +257,11 @@ def build_tiny_gemma3(seed: int = 0):
                           image_token_index=ids("<image_soft_token>"), initializer_range=0.2,
                           tie_word_embeddings=False)
     model = _seeded(Gemma3ForConditionalGeneration, config, seed)
+    # transformers initialises the projector's weight to zeros: the image would have no effect at all
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        weight = model.model.multi_modal_projector.mm_input_projection_weight
+        weight.copy_(torch.randn(weight.shape, generator=generator) * 0.2)
     return _finish(model, tokenizer, tokens, "tiny-random-gemma3"), processor
 
 

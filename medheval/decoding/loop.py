@@ -137,13 +137,15 @@ class DecodingMethod:
         streamer=None,
         pixel_values: torch.Tensor | None = None,
         image_sizes: torch.Tensor | None = None,
+        image_grid_thw: torch.Tensor | None = None,
         **model_kwargs,
     ):
-        # naming pixel_values/image_sizes makes generate hand them over raw (not pre-encoded)
-        if pixel_values is not None:
-            model_kwargs["pixel_values"] = pixel_values
-        if image_sizes is not None:
-            model_kwargs["image_sizes"] = image_sizes
+        # naming pixel_values/image_sizes/image_grid_thw makes generate hand them over raw (not
+        # pre-encoded into mm_encoder_outputs, and Qwen's grid not consumed by the encoder)
+        for key, value in (("pixel_values", pixel_values), ("image_sizes", image_sizes),
+                           ("image_grid_thw", image_grid_thw)):
+            if value is not None:
+                model_kwargs[key] = value
         return self.run_loop(
             model,
             input_ids,

@@ -137,6 +137,21 @@ def _position_ids(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) 
     return position_ids.masked_fill(attention_mask == 0, 0)
 
 
+def _group_position_ids(model, input_ids: torch.Tensor, attention_mask, inputs: dict) -> torch.Tensor:
+    """The prompt's position ids as ``generate`` computes them: the model's own
+    ``_prepare_position_ids_for_generation`` where it overrides the generic one (Qwen-VL's M-RoPE:
+    ``[4, B, T]`` text + 3-D vision positions from ``image_grid_thw``/``mm_token_type_ids``),
+    otherwise ``cumsum(mask) - 1``."""
+    from transformers.generation.utils import GenerationMixin
+
+    own = getattr(type(model), "_prepare_position_ids_for_generation", None)
+    if own is None or own is GenerationMixin._prepare_position_ids_for_generation:
+        return _position_ids(attention_mask, input_ids)
+    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    kwargs = {**inputs, "input_ids": input_ids, "attention_mask": mask}
+    return model._prepare_position_ids_for_generation(input_ids, kwargs)
+
+
 class StreamGroup:
     """Streams decoded in one forward (rows concatenated along the batch) with one KV cache.
 
@@ -188,15 +203,20 @@ class StreamGroup:
                 prefill[key] = value
         self._prefill_keys = set(prefill)
 
+        common = dict(common_kwargs or {})
+        if len(self.streams) > 1:  # per-row inputs (token_type_ids...) of streams with the clean prompt
+            for key, value in common.items():
+                if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == self.batch_size:
+                    common[key] = value.repeat(len(self.streams), *([1] * (value.dim() - 1)))
         if cache is None:
             from transformers import DynamicCache
 
             cache = DynamicCache(config=model.config)
         self.model_kwargs: dict[str, Any] = {
-            **(common_kwargs or {}),
+            **common,
             **prefill,
             "attention_mask": attention_mask,
-            "position_ids": _position_ids(attention_mask, self.input_ids),
+            "position_ids": _group_position_ids(model, self.input_ids, attention_mask, {**common, **prefill}),
             "past_key_values": cache,
             "use_cache": True,
         }
@@ -214,13 +234,20 @@ class StreamGroup:
         return slice(index * self.batch_size, (index + 1) * self.batch_size)
 
     def image_columns(self, kv_length: int) -> torch.Tensor | None:
-        """``[S*B, kv_length]`` True on the key positions that hold image features."""
+        """``[S*B, kv_length]`` True on the key positions that hold image features.
+
+        The keys are the *last* ``kv_length`` positions of the sequence fed so far: all of it for a
+        full cache, only the window for a sliding-window layer (Gemma 3). A longer ``kv_length``
+        (a static cache's capacity) is padded on the right.
+        """
         if self.image_mask is None:
             return None
         mask = self.image_mask
-        if kv_length > mask.shape[1]:
-            mask = torch.nn.functional.pad(mask, (0, kv_length - mask.shape[1]), value=False)
-        return mask[:, :kv_length]
+        total = max(int(self.input_ids.shape[1]), int(mask.shape[1]))
+        mask = torch.nn.functional.pad(mask, (0, total - mask.shape[1]), value=False)
+        if kv_length > total:
+            return torch.nn.functional.pad(mask, (0, kv_length - total), value=False)
+        return mask[:, total - kv_length:]
 
     def forward(self, **extra: Any):
         """One forward: the whole prompt on the first call, then the last token."""

@@ -273,12 +273,16 @@ class DAMRO(DecodingMethod):
 
     def check(self, model, ctx: DecodingContext) -> None:
         visual_token_ids(model.config)
-        vision_encoder_layers(model)
         if getattr(_vision_embeddings(model), "class_embedding", None) is None:
+            vision = getattr(model.config, "vision_config", None)
+            kind = getattr(vision, "model_type", None) or "unknown"
             raise MissingInternalError(
-                f"DAMRO needs a [CLS] token in the vision encoder of {type(model).__name__} (CLIP-style "
-                "embeddings.class_embedding); its outlier patches are defined by the [CLS] attention"
+                f"DAMRO needs a [CLS] token in the vision encoder, and {type(model).__name__} (vision tower "
+                f"{kind!r}) has none: its outlier patches are defined by the [CLS] attention, which SigLIP "
+                "(Gemma 3 / MedGemma) and Qwen-VL's patch-merging ViT do not compute; use DAMRO with a CLIP-style "
+                "tower (LLaVA, LLaVA-NeXT) or another mitigation (VCD, M3ID, PAI, DoLa)"
             )
+        vision_encoder_layers(model)
         image_encoder(model, "DAMRO")
         if ctx.main.inputs.get("pixel_values") is None:
             raise MissingInternalError(

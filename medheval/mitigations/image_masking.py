@@ -89,6 +89,7 @@ def encode_images(ctx: DecodingContext, method: str) -> list[torch.Tensor]:
     inputs = ctx.main.inputs
     encoded = inputs.get("mm_encoder_outputs") or {}
     if encoded.get("image") is not None:
+        ctx.state["image_features_as_tensor"] = torch.is_tensor(encoded["image"].pooler_output)
         return list(encoded["image"].pooler_output)
     if inputs.get("pixel_values") is None:
         raise MissingInternalError(
@@ -99,11 +100,27 @@ def encode_images(ctx: DecodingContext, method: str) -> list[torch.Tensor]:
     names = [n for n in inspect.signature(encoder).parameters if n != "kwargs" and n in inputs]
     with torch.no_grad():
         output = encoder(**{n: inputs[n] for n in names}, return_dict=True)
+    if getattr(output, "deepstack_features", None) is not None:
+        raise MissingInternalError(
+            f"{method} on {type(ctx.model).__name__}: the image features come with DeepStack features (Qwen3-VL) "
+            "that a masked view would have to mask too; not implemented"
+        )
+    ctx.state["image_features_as_tensor"] = torch.is_tensor(output.pooler_output)
     features = list(output.pooler_output)
-    rest = {k: v for k, v in inputs.items() if k not in names}
-    rest["mm_encoder_outputs"] = {**encoded, "image": BaseModelOutputWithPooling(pooler_output=features)}
+    # the grid stays: Qwen-VL's M-RoPE positions are computed from it
+    rest = {k: v for k, v in inputs.items() if k not in names or k in ("image_grid_thw", "video_grid_thw")}
+    rest["mm_encoder_outputs"] = {**encoded, "image": BaseModelOutputWithPooling(pooler_output=_pooled(ctx, features))}
     ctx.main.inputs = rest
     return features
+
+
+def _pooled(ctx: DecodingContext, features: Sequence[torch.Tensor]):
+    """Features in the form the model's forward takes back: a list per image (LLaVA, Qwen-VL), or, where
+    ``get_image_features`` returned one tensor (Gemma 3), the rows concatenated into ``[Σ tokens, hidden]``
+    (the forward scatters them into the image-token positions in order)."""
+    if ctx.state.get("image_features_as_tensor"):
+        return torch.cat(list(features), dim=0)
+    return list(features)
 
 
 def feature_keep_from_positions(
@@ -155,7 +172,7 @@ def masked_image_stream(
 
     masked = mask_features(features, keep, scheme)
     encoded = dict(ctx.main.inputs.get("mm_encoder_outputs") or {})
-    encoded["image"] = BaseModelOutputWithPooling(pooler_output=masked)
+    encoded["image"] = BaseModelOutputWithPooling(pooler_output=_pooled(ctx, masked))
     if scheme != "drop":
         return ctx.main.replace(name, mm_encoder_outputs=encoded)
     image_mask = image_token_mask(ctx.main.input_ids, ctx.model.config)

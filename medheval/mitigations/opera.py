@@ -67,6 +67,7 @@ from medheval.decoding.beam import (
 )
 from medheval.decoding.hooks import AttentionHook, attention_hooks, attention_modules
 from medheval.decoding.loop import DecodingMethod
+from medheval.decoding.streams import _group_position_ids
 from medheval.decoding.visual_tokens import MissingInternalError, MitigationError, image_token_mask
 from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
 
@@ -363,7 +364,7 @@ def _check_generation_config(method: OPERA, gen) -> int:
     return max(gen_beams, n_return)
 
 
-_RAW_INPUTS = ("pixel_values", "image_sizes")  # named in OPERA.__call__: generate hands them over unexpanded
+_RAW_INPUTS = ("pixel_values", "image_sizes", "image_grid_thw")  # named in DecodingMethod.__call__: generate hands them over unexpanded
 
 
 def _dexpand(value, factor: int, rows: int):
@@ -433,11 +434,22 @@ def opera_generate(
     if past is not None and past.get_seq_length() > 0:
         raise MitigationError("OPERA cannot continue from a filled past_key_values cache; start from the prompt")
     cache = past if isinstance(past, DynamicCache) else DynamicCache(config=model.config)
+    sliding = sorted({type(layer).__name__ for layer in cache.layers if type(layer).__name__ != "DynamicLayer"})
+    if sliding:
+        raise MitigationError(
+            f"OPERA on {type(model).__name__}: its cache has {', '.join(sliding)} layers (sliding-window attention, "
+            "e.g. Gemma 3 / MedGemma); OPERA's look-ahead masks and rollbacks assume full-attention layers "
+            "(not implemented)"
+        )
     attention_mask = model_kwargs.pop("attention_mask", None)
-    position_ids = model_kwargs.pop("position_ids", None)
+    model_kwargs.pop("position_ids", None)
     for key in ("use_cache", "logits_to_keep", "cache_position"):
         model_kwargs.pop(key, None)
     model_kwargs = {k: v for k, v in model_kwargs.items() if not (v is None or (isinstance(v, dict) and not v))}
+    # the prompt's positions as generate computes them (Qwen-VL: [4, B, T] M-RoPE positions)
+    position_ids = _group_position_ids(model, input_ids, attention_mask, model_kwargs)
+    if position_ids.dim() == 2:
+        position_ids = position_ids.expand(input_ids.shape[0], -1)
 
     image_mask = image_token_mask(input_ids, model.config)  # raises MissingInternalError without an image token id
     last_layer = len(attention_modules(model)) - 1  # fails early if the decoder layers cannot be hooked
@@ -455,7 +467,8 @@ def opera_generate(
         del outputs, inputs
 
         if position_ids is not None:
-            last_positions = position_ids[..., -1]
+            # [B], or [B, A] for multi-axis (M-RoPE) positions: generated tokens advance every axis by one
+            last_positions = position_ids[..., -1] if position_ids.dim() == 2 else position_ids[..., -1].T
         elif attention_mask is not None:
             last_positions = attention_mask.long().sum(-1) - 1
         else:
@@ -486,7 +499,7 @@ def opera_generate(
         group = _Group(
             shared, prompts=list(range(batch_size)), beams=beams, cache=cache, prompt_mask=prompt_mask,
             image_mask=image_mask.repeat_interleave(K, dim=0),
-            next_position=(last_positions.to(input_ids.device).long() + 1).repeat_interleave(K),
+            next_position=(last_positions.to(input_ids.device).long() + 1).repeat_interleave(K, dim=0),
             logits=first_logits.repeat_interleave(K, dim=0),
             history=first_logits.new_zeros((batch_size * K, 0, 0)),
             trackers=[RollbackTracker(method.threshold, method.num_attn_candidates, method.window_size)
@@ -637,6 +650,14 @@ class _Group:
         extra = length - self.shared.T
         return torch.cat([self.prompt_mask, self.prompt_mask.new_ones((self.prompt_mask.shape[0], extra))], dim=-1)
 
+    def _positions(self, offsets: torch.Tensor) -> torch.Tensor:
+        """``[R, n]`` positions ``next_position + offsets`` (multi-axis M-RoPE: ``[A, R, n]``, the same
+        offset on every axis, as ``generate`` advances them)."""
+        base = self.next_position
+        if base.dim() == 1:
+            return base[:, None] + offsets[None, :]
+        return (base[:, :, None] + offsets[None, None, :]).permute(1, 0, 2)
+
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, attention_mask, logits_to_keep=1):
         kwargs = dict(input_ids=tokens, attention_mask=attention_mask, past_key_values=self.cache, use_cache=True,
                       logits_to_keep=logits_to_keep, return_dict=True)
@@ -664,7 +685,7 @@ class _Group:
                              torch.eye(n, dtype=torch.bool, device=sh.device).expand(R, n, n)], dim=-1)
         mask4d = torch.zeros((R, 1, n, prefix + n), dtype=sh.dtype, device=sh.device)
         mask4d.masked_fill_(~allowed[:, None], torch.finfo(sh.dtype).min)
-        positions = (self.next_position + step)[:, None].expand(R, n)
+        positions = self._positions(torch.full((n,), step, device=sh.device))
         lo = self._window_start(step)
         sh.recorder.arm("lookahead", start=T + lo, prompt_length=T, image_mask=self.image_mask)
         out = self._forward(cand_tokens, positions, attention_mask=mask4d, logits_to_keep=0)
@@ -714,7 +735,7 @@ class _Group:
             self.cache.crop(-look.appended)
         self.cache.reorder_cache(beam_idx)
         sh.recorder.arm("step", start=sh.T + self._window_start(step))
-        out = self._forward(tokens[:, None], (self.next_position + step)[:, None],
+        out = self._forward(tokens[:, None], self._positions(torch.tensor([step], device=sh.device)),
                             attention_mask=self._mask(sh.T + step + 1))
         self.logits = out.logits[:, -1, :].to(dtype=torch.float32)
         del out
@@ -741,7 +762,7 @@ class _Group:
         generated = self.beams.flat_sequences()[:, sh.T :]
         keep = min(target, sh.window - 1)
         sh.recorder.arm("rebuild", start=sh.T + target - keep, keep=keep)
-        positions = self.next_position[:, None] + torch.arange(target, device=sh.device)
+        positions = self._positions(torch.arange(target, device=sh.device))
         out = self._forward(generated, positions, attention_mask=self._mask(sh.T + target))
         self.logits = out.logits[:, -1, :].to(dtype=torch.float32)
         del out

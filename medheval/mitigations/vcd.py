@@ -67,11 +67,17 @@ def noise_schedule(noise_step: int, num_steps: int = NUM_DIFFUSION_STEPS) -> tup
     return a**0.5, (1.0 - a) ** 0.5
 
 
-def add_diffusion_noise(pixel_values: torch.Tensor, noise_step: int = 500, seed: int | None = 0) -> torch.Tensor:
+def add_diffusion_noise(
+    pixel_values: torch.Tensor, noise_step: int = 500, seed: int | None = 0, image_grid_thw: torch.Tensor | None = None
+) -> torch.Tensor:
     """VCD's forward-diffusion distortion of processed ``pixel_values``: ``√ᾱ_t·v + √(1−ᾱ_t)·ε``.
 
     Args:
-        pixel_values: ``[N, C, H, W]`` (LLaVA) or ``[N, P, C, H, W]`` (LLaVA-NeXT tiles).
+        pixel_values: ``[N, C, H, W]`` (LLaVA, Gemma 3), ``[N, P, C, H, W]`` (LLaVA-NeXT tiles), or
+            Qwen-VL's flattened patches ``[Σ t·h·w, C·T·P·P]`` with ``image_grid_thw`` (one ``[t, h, w]``
+            row per image). The noise is added elementwise to the *processed* (normalised) values in
+            every layout, as upstream VCD does for LLaVA; for Qwen each image's block of patch rows is
+            one unit (its temporal copies get independent noise).
         noise_step: ``t`` (0-based) in the 1000-step schedule.
         seed: ``int`` — ε for every image ``[C, H, W]`` (each tile) is drawn from a generator
             seeded with ``seed + tile index``, so it does not depend on the batch; ``None`` —
@@ -81,6 +87,20 @@ def add_diffusion_noise(pixel_values: torch.Tensor, noise_step: int = 500, seed:
     values = pixel_values.float()
     if seed is None:
         noise = torch.randn_like(values)
+    elif values.dim() == 2:
+        if image_grid_thw is None:
+            raise MitigationError(
+                f"VCD: flattened pixel_values {tuple(values.shape)} need image_grid_thw (Qwen-VL) to find each image"
+            )
+        sizes = image_grid_thw.prod(-1).tolist()
+        if sum(sizes) != values.shape[0]:
+            raise MitigationError(f"VCD: image_grid_thw covers {sum(sizes)} patch rows, pixel_values has {values.shape[0]}")
+        generator = torch.Generator(device="cpu")
+        chunks = []
+        for size in sizes:
+            generator.manual_seed(int(seed))
+            chunks.append(torch.randn((int(size), values.shape[1]), generator=generator))
+        noise = torch.cat(chunks).to(values.device)
     else:
         unit_shape = values.shape[-3:]
         flat = values.reshape(-1, *unit_shape) if values.dim() == 5 else values
@@ -138,7 +158,8 @@ class VCD(DecodingMethod):
             )
 
     def contrast_streams(self, ctx: DecodingContext) -> list[Stream]:
-        noised = add_diffusion_noise(ctx.main.inputs["pixel_values"], self.noise_step, self.noise_seed)
+        noised = add_diffusion_noise(ctx.main.inputs["pixel_values"], self.noise_step, self.noise_seed,
+                                     ctx.main.inputs.get("image_grid_thw"))
         return [ctx.main.replace("noised", pixel_values=noised)]
 
     def scores(self, ctx: DecodingContext, logits: dict[str, torch.Tensor]) -> torch.Tensor:
