@@ -137,7 +137,7 @@ def _position_ids(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) 
     return position_ids.masked_fill(attention_mask == 0, 0)
 
 
-def _group_position_ids(model, input_ids: torch.Tensor, attention_mask, inputs: dict) -> torch.Tensor:
+def prompt_position_ids(model, input_ids: torch.Tensor, attention_mask, inputs: dict) -> torch.Tensor:
     """The prompt's position ids as ``generate`` computes them: the model's own
     ``_prepare_position_ids_for_generation`` where it overrides the generic one (Qwen-VL's M-RoPE:
     ``[4, B, T]`` text + 3-D vision positions from ``image_grid_thw``/``mm_token_type_ids``),
@@ -216,7 +216,7 @@ class StreamGroup:
             **common,
             **prefill,
             "attention_mask": attention_mask,
-            "position_ids": _group_position_ids(model, self.input_ids, attention_mask, {**common, **prefill}),
+            "position_ids": prompt_position_ids(model, self.input_ids, attention_mask, {**common, **prefill}),
             "past_key_values": cache,
             "use_cache": True,
         }

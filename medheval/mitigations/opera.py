@@ -67,7 +67,7 @@ from medheval.decoding.beam import (
 )
 from medheval.decoding.hooks import AttentionHook, attention_hooks, attention_modules
 from medheval.decoding.loop import DecodingMethod
-from medheval.decoding.streams import _group_position_ids
+from medheval.decoding.streams import prompt_position_ids
 from medheval.decoding.visual_tokens import MissingInternalError, MitigationError, image_token_mask
 from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
 
@@ -447,7 +447,7 @@ def opera_generate(
         model_kwargs.pop(key, None)
     model_kwargs = {k: v for k, v in model_kwargs.items() if not (v is None or (isinstance(v, dict) and not v))}
     # the prompt's positions as generate computes them (Qwen-VL: [4, B, T] M-RoPE positions)
-    position_ids = _group_position_ids(model, input_ids, attention_mask, model_kwargs)
+    position_ids = prompt_position_ids(model, input_ids, attention_mask, model_kwargs)
     if position_ids.dim() == 2:
         position_ids = position_ids.expand(input_ids.shape[0], -1)
 
