@@ -161,6 +161,23 @@ def build_tiny_processor(chat_template: str | None = CHAT_TEMPLATE):
     )
 
 
+def finish_random_model(model, tokenizer, special_tokens: tuple[str, ...]):
+    """A random-weight model made usable: special tokens get an all-zero output row (some real word
+    always scores higher, so it never stops early or emits padding/image tokens, and every answer is
+    ``max_new_tokens`` real words); the generation config takes the tokenizer's ids, greedy; and
+    ``config.medheval_random_weights`` marks every result made with it."""
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        for token in special_tokens:
+            head[tokenizer.convert_tokens_to_ids(token)].zero_()
+    gen = model.generation_config
+    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = (
+        tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    gen.do_sample = False
+    model.config.medheval_random_weights = True
+    return model
+
+
 def build_tiny_llava(seed: int = 0, save_dir: str | os.PathLike | None = None):
     """Build a tiny random-weight ``LlavaForConditionalGeneration`` and its processor.
 
@@ -224,23 +241,7 @@ def build_tiny_llava(seed: int = 0, save_dir: str | os.PathLike | None = None):
         model = LlavaForConditionalGeneration(config)
     finally:
         torch.random.set_rng_state(rng_state)
-    model = model.to(torch.float32).eval()
-
-    # Special tokens get an all-zero output row: with random weights some real word
-    # always scores higher, so the model never stops early or emits padding/<image>,
-    # and every answer is max_new_tokens real words.
-    with torch.no_grad():
-        head = model.get_output_embeddings().weight
-        for tok in SPECIAL_TOKENS:
-            head[tokenizer.convert_tokens_to_ids(tok)].zero_()
-
-    gen = model.generation_config
-    gen.bos_token_id = tokenizer.bos_token_id
-    gen.eos_token_id = tokenizer.eos_token_id
-    gen.pad_token_id = tokenizer.pad_token_id
-    gen.do_sample = False
-
-    model.config.medheval_random_weights = True
+    model = finish_random_model(model.to(torch.float32).eval(), tokenizer, SPECIAL_TOKENS)
     model.config.name_or_path = TINY_MODEL_NAME  # from_pretrained replaces it with the directory
 
     if save_dir is not None:
@@ -314,17 +315,9 @@ def build_random_llava(size: str = "small", seed: int = 0, dtype: torch.dtype = 
     finally:
         torch.set_default_dtype(default_dtype)
         torch.random.set_rng_state(rng_state)
-    with torch.no_grad():
-        head = model.get_output_embeddings().weight
-        for token in SPECIAL_TOKENS:
-            head[tokenizer.convert_tokens_to_ids(token)].zero_()
-    gen = model.generation_config
-    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = (
-        tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    gen.do_sample = False
-    model.config.medheval_random_weights = True
-    return model, processor
+    return finish_random_model(model, tokenizer, SPECIAL_TOKENS), processor
 
 
 __all__ = ["TINY_MODEL_NAME", "RANDOM_LLAVA_SIZES", "build_random_llava", "build_tiny_llava", "build_tiny_processor",
+           "finish_random_model",
            "build_tiny_tokenizer", "CHAT_TEMPLATE"]

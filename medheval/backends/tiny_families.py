@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 
 from medheval.backends.tiny import CHAT_TEMPLATE as LLAVA_CHAT_TEMPLATE
-from medheval.backends.tiny import IMAGE_SIZE, PATCH_SIZE, SPECIAL_TOKENS, build_tiny_tokenizer
+from medheval.backends.tiny import IMAGE_SIZE, PATCH_SIZE, SPECIAL_TOKENS, build_tiny_tokenizer, finish_random_model
 
 # Our own minimal chat templates (images first, then text, as in each family's real template).
 _CONTENT = (
@@ -90,16 +90,7 @@ def _text_config(tokenizer, model_type: str, **overrides: Any) -> dict:
 
 def _finish(model, tokenizer, special_tokens: tuple[str, ...], name: str):
     """Eval mode, float32; special tokens never win; generation config from the tokenizer; random-weights flag."""
-    model = model.to(torch.float32).eval()
-    with torch.no_grad():
-        head = model.get_output_embeddings().weight
-        for token in special_tokens:
-            head[tokenizer.convert_tokens_to_ids(token)].zero_()
-    gen = model.generation_config
-    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = (
-        tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    gen.do_sample = False
-    model.config.medheval_random_weights = True
+    model = finish_random_model(model.to(torch.float32).eval(), tokenizer, special_tokens)
     model.config.name_or_path = name
     return model
 
