@@ -8,7 +8,9 @@ The invariants of ``test_mitigations.py`` on each family's real model and proces
 - the family-specific parts: image tokens found from ``image_token_id`` (Qwen) / ``image_token_index``
   (Gemma 3), Qwen's M-RoPE position ids (its text-only stream stays a separate forward), VCD's noise on
   Qwen's flattened patch layout, PAI's image columns on Gemma 3's sliding-window layers, AvisC's masked
-  features handed back in Gemma 3's tensor form; DAMRO refuses towers without a [CLS] token (SigLIP, Qwen-VL).
+  features handed back in Gemma 3's tensor form and with Qwen3-VL's DeepStack features (masked tokens get no
+  DeepStack injection; its blind stream = a direct forward on the masked encoder output); DAMRO refuses towers
+  without a [CLS] token (SigLIP, Qwen-VL).
 """
 
 from __future__ import annotations
@@ -81,15 +83,9 @@ def test_image_tokens_found_from_the_config(family):
     assert (inputs["attention_mask"] == 0).any()
 
 
-def _skip_unsupported(name, method):
-    if name == "qwen3_vl" and method == "avisc":
-        pytest.skip("AvisC on Qwen3-VL refuses (DeepStack features): see test_avisc_refuses_deepstack")
-
-
 @pytest.mark.parametrize("method", sorted(NEUTRAL))
 def test_neutral_setting_equals_greedy(family, method):
     name, model, processor = family
-    _skip_unsupported(name, method)
     inputs = _inputs(processor)
     expected = _gen(model, inputs)
     assert torch.equal(_gen(model, inputs, custom_generate=NEUTRAL[method]), expected)
@@ -99,7 +95,6 @@ def test_neutral_setting_equals_greedy(family, method):
 @pytest.mark.parametrize("method", sorted(STRONG))
 def test_batch_equals_single_runs_and_output_changes(family, method):
     name, model, processor = family
-    _skip_unsupported(name, method)
     inputs = _inputs(processor)
     with torch.no_grad():
         before = model(**inputs).logits
@@ -193,14 +188,115 @@ def test_damro_refuses_towers_without_cls(name, tower):
     assert not hooks_installed(model)
 
 
-def test_avisc_refuses_deepstack():
-    from medheval.decoding import MissingInternalError
+class SpyAvisC(AvisC):
+    def scores(self, ctx, logits):
+        if ctx.step == 0:
+            self.first = {k: v.clone() for k, v in logits.items()}
+            self.blind = ctx.state["avisc_blind"].clone()
+            self.streams = {s.name: s for g in ctx.groups for s in g.streams}
+        return super().scores(ctx, logits)
 
+
+def _image_features(model, inputs):
+    """``get_image_features`` as the model's forward runs it on the processor's inputs."""
+    kwargs = {k: inputs[k] for k in ("pixel_values", "image_grid_thw") if k in inputs}
+    with torch.no_grad():
+        return model.model.get_image_features(**kwargs, return_dict=True)
+
+
+def _masked_by_hand(model, inputs, keep_positions):
+    """The encoder output with the rows of the image tokens outside ``keep_positions`` zeroed, in the main
+    features and in every DeepStack layer; feature row i is the i-th image-token position, row-major."""
+    output = _image_features(model, inputs)
+    keep = keep_positions[image_token_mask(inputs["input_ids"], model.config)]
+
+    def masked(value):
+        if torch.is_tensor(value):  # Gemma 3: [images, tokens, hidden]
+            flat = value.reshape(-1, value.shape[-1])
+            return torch.where(keep[:, None], flat, torch.zeros_like(flat)).reshape(value.shape)
+        rows = torch.cat(list(value))
+        return torch.where(keep[:, None], rows, torch.zeros_like(rows)).split([len(v) for v in value])
+
+    image = {"pooler_output": masked(output.pooler_output)}
+    if getattr(output, "deepstack_features", None) is not None:
+        image["deepstack_features"] = [masked(layer) for layer in output.deepstack_features]
+    return type(output)(**image), output
+
+
+def test_avisc_blind_stream_equals_a_direct_forward(family):
+    """The blind stream's first logits = ``model(...)`` on the full processor inputs (``mm_token_type_ids`` /
+    ``token_type_ids``, ``image_grid_thw``) with ``pixel_values`` replaced by the masked encoder output
+    (masked main features AND DeepStack rows), for every row of a left-padded batch."""
+    name, model, processor = family
+    inputs = _inputs(processor)
+    spy = SpyAvisC(alpha=1.0, top_k=2)
+    model.generate(**inputs, max_new_tokens=1, do_sample=False, custom_generate=spy)
+    image_mask = image_token_mask(inputs["input_ids"], model.config)
+    assert spy.blind.sum(1).tolist() == [2] * len(PROMPTS) and not (spy.blind & ~image_mask).any()
+    masked, clean = _masked_by_hand(model, inputs, spy.blind)
+    rest = {k: v for k, v in inputs.items() if k != "pixel_values"}
+    with torch.no_grad():
+        direct = model(**rest, mm_encoder_outputs={"image": masked}).logits[:, -1]
+        plain = model(**inputs).logits[:, -1]
+    assert torch.allclose(spy.first["main"], plain, atol=1e-4)
+    for row in range(len(PROMPTS)):
+        assert torch.allclose(spy.first["blind"][row], direct[row], atol=1e-4), f"{name} row {row}"
+    assert (direct - plain).abs().max() > 1e-3
+    if name == "qwen3_vl":  # the DeepStack rows matter: unmasked, they would give other logits
+        leaky = type(masked)(pooler_output=masked.pooler_output, deepstack_features=clean.deepstack_features)
+        with torch.no_grad():
+            unmasked_deepstack = model(**rest, mm_encoder_outputs={"image": leaky}).logits[:, -1]
+        assert (unmasked_deepstack - direct).abs().max() > 1e-4
+
+
+@pytest.fixture(scope="module")
+def qwen3_vl():
     model, processor = build_tiny("qwen3_vl")
     processor.tokenizer.padding_side = "left"
-    with pytest.raises(MissingInternalError, match="AvisC on Qwen3VLForConditionalGeneration.*DeepStack"):
-        _gen(model, _inputs(processor, [0]), custom_generate=AvisC())
-    assert not hooks_installed(model)
+    return model, processor
+
+
+@pytest.mark.parametrize("scheme", ["zeros", "ones", "noise", "drop"])
+def test_avisc_masks_deepstack_rows_of_masked_tokens(qwen3_vl, scheme):
+    """Qwen3-VL: the clean stream keeps the encoder's DeepStack features; in the blind view a masked token's
+    DeepStack rows are 0 whatever fills its input embedding (dropped with ``"drop"``), kept tokens keep theirs."""
+    model, processor = qwen3_vl
+    inputs = _inputs(processor)
+    spy = SpyAvisC(alpha=1.0, top_k=3, masking_scheme=scheme)
+    model.generate(**inputs, max_new_tokens=1, do_sample=False, custom_generate=spy)
+    reference = _image_features(model, inputs)
+    clean = spy.streams["main"].inputs["mm_encoder_outputs"]["image"]
+    view = spy.streams["blind"].inputs["mm_encoder_outputs"]["image"]
+    assert type(clean).__name__ == "BaseModelOutputWithDeepstackFeatures" and type(view) is type(clean)
+    keep = spy.blind[image_token_mask(inputs["input_ids"], model.config)]
+    assert keep.any() and (~keep).any()
+    layers = len(model.config.vision_config.deepstack_visual_indexes)
+    assert len(clean.deepstack_features) == len(view.deepstack_features) == len(reference.deepstack_features) == layers
+    kept_per_image = [int(k.sum()) for k in keep.split([len(t) for t in reference.pooler_output])]
+    for got, want in zip(clean.deepstack_features, reference.deepstack_features):
+        assert torch.equal(torch.cat(list(got)), torch.cat(list(want)))
+    for got, want in zip(view.deepstack_features, reference.deepstack_features):
+        rows, want = torch.cat(list(got)), torch.cat(list(want))
+        if scheme == "drop":
+            assert [len(t) for t in got] == kept_per_image
+            assert torch.equal(rows, want[keep])
+        else:
+            assert torch.equal(rows[keep], want[keep]) and bool((rows[~keep] == 0).all())
+            assert bool((want[~keep] != 0).any())
+    pooled, want = torch.cat(list(view.pooler_output)), torch.cat(list(reference.pooler_output))
+    if scheme == "drop":
+        assert torch.equal(pooled, want[keep])
+        stream = spy.streams["blind"]
+        assert image_token_mask(stream.input_ids, model.config).sum(1).tolist() == kept_per_image
+        return
+    assert torch.equal(pooled[keep], want[keep])
+    fill = pooled[~keep]
+    if scheme == "zeros":
+        assert bool((fill == 0).all())
+    elif scheme == "ones":
+        assert bool((fill == 1).all())
+    else:
+        assert bool((fill != 0).all()) and abs(float(fill.std()) - 1.0) < 0.2
 
 
 # ---------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ from the attention of the *last prompt position* over the image tokens, per row:
    with ``τ = mean(ā) + λ·std(ā)`` (``λ = lamb``, unbiased std, as ``torch.std``). Every other
    image token (the upstream ``mask_idx``) is masked in the contrast stream: its input embedding
    after the projector is set to zeros (``masking_scheme``), so that stream sees the text and the
-   blind tokens only.
+   blind tokens only. On Qwen3-VL the masked tokens' DeepStack rows (the visual features its first
+   decoder layers add at the image positions) are zeroed too, for every scheme, or dropped with
+   ``"drop"`` (:mod:`~medheval.mitigations.image_masking`).
 
 Per step, with ``ℓ`` the clean logits and ``ℓ_b`` the logits of the blind-token stream (NaN rows
 of ``ℓ_b`` are replaced by ``ℓ``, as upstream):

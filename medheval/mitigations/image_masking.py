@@ -26,6 +26,19 @@ input path:
    when it is built before the prefill (DAMRO); otherwise (``"drop"``, or AvisC's view built
    after the clean prefill) it is prefilled alone and then joins the clean batch and cache.
    Either way every later step is one forward over 2B rows.
+
+**DeepStack (Qwen3-VL).** Qwen3-VL's ``get_image_features`` also returns ``deepstack_features``:
+a list over the DeepStack layers ``d`` of per-image ``[tokens, hidden]`` tensors ``D_d``, and the
+first decoder layers add them to the hidden states at the image-token positions,
+``h_{d}[p_i] += D_d[i]`` (feature row ``i`` ↔ ``i``-th image-token position, as for the main
+features). The clean stream gets them back unchanged (it stays plain ``generate``). A masked token
+must carry no image information, so in the masked view its DeepStack rows are
+
+- ``0`` (no injection) for ``"zeros"``, ``"ones"`` and ``"noise"`` alike — the scheme fills the
+  *input embedding* ``E[p_i]`` only: ``E'[p_i] = fill``, ``D'_d[i] = 0``;
+- dropped together with the token for ``"drop"``;
+
+and the kept (blind / outlier) tokens keep their rows ``D_d[i]`` in every layer.
 """
 
 from __future__ import annotations
@@ -79,7 +92,9 @@ def encode_images(ctx: DecodingContext, method: str) -> list[torch.Tensor]:
     With raw ``pixel_values`` the images are encoded here exactly as ``generate`` pre-encodes
     them, and the clean stream's ``pixel_values`` (and the encoder's other inputs, e.g.
     ``image_sizes``) are replaced by ``mm_encoder_outputs``; already encoded
-    ``mm_encoder_outputs`` are used as they are.
+    ``mm_encoder_outputs`` are used as they are. Qwen3-VL's ``deepstack_features`` travel with
+    the features in the encoder's own output class, so the clean stream computes what it
+    computes from ``pixel_values`` (see the module docstring).
 
     Raises:
         MissingInternalError: no image inputs, or the model has no ``get_image_features``.
@@ -100,16 +115,16 @@ def encode_images(ctx: DecodingContext, method: str) -> list[torch.Tensor]:
     names = [n for n in inspect.signature(encoder).parameters if n != "kwargs" and n in inputs]
     with torch.no_grad():
         output = encoder(**{n: inputs[n] for n in names}, return_dict=True)
-    if getattr(output, "deepstack_features", None) is not None:
-        raise MissingInternalError(
-            f"{method} on {type(ctx.model).__name__}: the image features come with DeepStack features (Qwen3-VL) "
-            "that a masked view would have to mask too; not implemented"
-        )
     ctx.state["image_features_as_tensor"] = torch.is_tensor(output.pooler_output)
     features = list(output.pooler_output)
+    deepstack = getattr(output, "deepstack_features", None)
+    if deepstack is None:
+        image = BaseModelOutputWithPooling(pooler_output=_pooled(ctx, features))
+    else:  # Qwen3-VL: keep the encoder's class, drop its last_hidden_state (the forward reads neither)
+        image = type(output)(pooler_output=_pooled(ctx, features), deepstack_features=deepstack)
     # the grid stays: Qwen-VL's M-RoPE positions are computed from it
     rest = {k: v for k, v in inputs.items() if k not in names or k in ("image_grid_thw", "video_grid_thw")}
-    rest["mm_encoder_outputs"] = {**encoded, "image": BaseModelOutputWithPooling(pooler_output=_pooled(ctx, features))}
+    rest["mm_encoder_outputs"] = {**encoded, "image": image}
     ctx.main.inputs = rest
     return features
 
@@ -164,15 +179,50 @@ def mask_features(features: Sequence[torch.Tensor], keep: Sequence[torch.Tensor]
     return out
 
 
+def mask_deepstack_features(deepstack: Sequence[Any], keep: Sequence[torch.Tensor], scheme: str) -> list[Any]:
+    """Qwen3-VL's DeepStack features for a masked view: ``D'_d[i] = D_d[i]`` where ``keep``, else ``0``
+    (no injection; whatever ``scheme`` fills the input embedding with), or removed with ``"drop"``.
+
+    Args:
+        deepstack: per DeepStack layer, the per-image ``[tokens, hidden]`` tensors (as
+            ``get_image_features`` returns them) or one tensor of all images' rows.
+        keep: per image, the ``[tokens]`` bool mask of kept feature rows.
+
+    Returns:
+        the same structure with the masked rows zeroed (or dropped).
+    """
+    lengths = [int(k.shape[0]) for k in keep]
+    rows_scheme = "drop" if scheme == "drop" else "zeros"
+    out = []
+    for layer in deepstack:
+        per_image = list(layer.split(lengths)) if torch.is_tensor(layer) else list(layer)
+        if [int(t.shape[0]) for t in per_image] != lengths:
+            raise MitigationError(
+                f"DeepStack features have {[int(t.shape[0]) for t in per_image]} rows per image but the image "
+                f"features have {lengths}; pass the deepstack_features get_image_features returned"
+            )
+        masked = mask_features(per_image, keep, rows_scheme)
+        out.append(torch.cat(masked, dim=0) if torch.is_tensor(layer) else type(layer)(masked))
+    return out
+
+
 def masked_image_stream(
     ctx: DecodingContext, name: str, features: Sequence[torch.Tensor], keep: Sequence[torch.Tensor], scheme: str
 ) -> Stream:
-    """The clean prompt with only the ``keep`` image tokens' features (see the module docstring)."""
+    """The clean prompt with only the ``keep`` image tokens' features (and DeepStack rows; see the module
+    docstring)."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
     masked = mask_features(features, keep, scheme)
     encoded = dict(ctx.main.inputs.get("mm_encoder_outputs") or {})
-    encoded["image"] = BaseModelOutputWithPooling(pooler_output=_pooled(ctx, masked))
+    clean = encoded.get("image")
+    deepstack = getattr(clean, "deepstack_features", None)
+    if deepstack is None:
+        encoded["image"] = BaseModelOutputWithPooling(pooler_output=_pooled(ctx, masked))
+    else:
+        encoded["image"] = type(clean)(
+            pooler_output=_pooled(ctx, masked), deepstack_features=mask_deepstack_features(deepstack, keep, scheme)
+        )
     if scheme != "drop":
         return ctx.main.replace(name, mm_encoder_outputs=encoded)
     image_mask = image_token_mask(ctx.main.input_ids, ctx.model.config)
@@ -190,6 +240,7 @@ __all__ = [
     "feature_keep_from_positions",
     "has_image_inputs",
     "image_encoder",
+    "mask_deepstack_features",
     "mask_features",
     "masked_image_stream",
 ]
