@@ -99,6 +99,9 @@ def _check_run_settings(output: Path, settings: dict[str, Any]) -> None:
     path = output / "run.json"
     if path.exists():
         previous = json.loads(path.read_text())
+        recorded = previous.get("backend", {}) if isinstance(previous.get("backend"), dict) else {}
+        if isinstance(recorded.get("device"), str):  # folders of earlier versions hold a data-parallel "cuda:N"
+            recorded["device"] = recorded["device"].split(":")[0]
         if previous != settings:
             before, after = _flatten(previous), _flatten(settings)
             changed = [f"{key} {json.dumps(before.get(key, '<unset>'))} → {json.dumps(after.get(key, '<unset>'))}"

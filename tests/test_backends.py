@@ -161,6 +161,8 @@ def test_settings_record_generation_and_mark_random_weights(tiny, monkeypatch):
         assert key in settings
     assert settings["generate_kwargs"] == {"num_beams": 1}
     assert "hf_doNotLeakThisValue123" not in json.dumps(settings)
+    backend.device = "cuda:1"  # a data-parallel process's device: recorded as the type, as a single process's
+    assert backend.settings()["device"] == "cuda"
     for key in settings:
         assert not any(word in key.lower() for word in ("hf_token", "access_token", "api_key", "password", "authorization", "secret"))
 

@@ -1,4 +1,4 @@
-"""VCD, M3ID, PAI, DoLa and AvisC beyond LLaVA (DAMRO: a clear refusal): Qwen2.5-VL, Qwen3-VL and Gemma 3 (MedGemma), tiny random weights.
+"""VCD, M3ID, PAI, DoLa, AvisC and OPERA beyond LLaVA (DAMRO: a clear refusal): Qwen2.5-VL, Qwen3-VL and Gemma 3 (MedGemma), tiny random weights.
 
 The invariants of ``test_mitigations.py`` on each family's real model and processor classes:
 
@@ -6,11 +6,15 @@ The invariants of ``test_mitigations.py`` on each family's real model and proces
 - a left-padded batch of 3 equals three single runs at a non-neutral setting that changes the output;
 - no hook is left behind, and the model computes exactly what it computed before;
 - the family-specific parts: image tokens found from ``image_token_id`` (Qwen) / ``image_token_index``
-  (Gemma 3), Qwen's M-RoPE position ids (its text-only stream stays a separate forward), VCD's noise on
+  (Gemma 3), Qwen's M-RoPE position ids (its text-only stream joins the clean batch), VCD's noise on
   Qwen's flattened patch layout, PAI's image columns on Gemma 3's sliding-window layers, AvisC's masked
   features handed back in Gemma 3's tensor form and with Qwen3-VL's DeepStack features (masked tokens get no
-  DeepStack injection; its blind stream = a direct forward on the masked encoder output); DAMRO refuses towers
-  without a [CLS] token (SigLIP, Qwen-VL).
+  DeepStack injection; the blind stream = a direct forward on the masked encoder output); DAMRO refuses towers
+  without a [CLS] token (SigLIP, Qwen-VL);
+- OPERA (its own beam search) on Qwen-VL (M-RoPE) and Gemma 3: penalty off equals transformers' beam search, a
+  rolling batch equals single runs; on Gemma 3 its full-length cache keeps the sliding window (same logits as the
+  model's sliding cache and cache-free forward), with the last layer full (tiny model) or sliding (as MedGemma),
+  and a caller's sliding or static cache is refused.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ STRONG = {
     "m3id": M3ID(lam=1.0, beta=0.0),
     "pai": PAI(alpha=0.5, gamma=3.0),
     "dola": DoLa(),
-    "avisc": AvisC(alpha=3.0, beta=0.0),
+    "avisc": AvisC(alpha=3.0, beta=0.0, top_k=2),  # Gemma 3 has 4 image tokens: top 10 would keep them all
 }
 NEW = 6
 
@@ -158,14 +162,13 @@ class SpyM3ID(M3ID):
 
 
 def test_text_only_stream(family):
-    """The prompt without its image tokens, with the model's own positions: Qwen's text-only stream
-    keeps its own forward (M-RoPE), Gemma 3's too (sliding-window cache)."""
+    """The prompt without its image tokens, with the model's own positions (Qwen: M-RoPE with no image,
+    all axes equal), joined to the clean batch and cache after prefill (Gemma 3: sliding-window layers too)."""
     name, model, processor = family
     inputs = _inputs(processor)
     spy = SpyM3ID()
     _gen(model, inputs, custom_generate=spy)
-    reason = spy.separate["text_only"]
-    assert ("M-RoPE" in reason) if name.startswith("qwen") else ("DynamicCache" in reason), reason
+    assert spy.separate == {}
     for row in range(len(PROMPTS)):
         text_ids = spy.text.input_ids[row][spy.text.attention_mask[row].bool()]
         full = inputs["input_ids"][row][inputs["attention_mask"][row].bool()]
@@ -300,7 +303,7 @@ def test_avisc_masks_deepstack_rows_of_masked_tokens(qwen3_vl, scheme):
 
 
 # ---------------------------------------------------------------------------------------
-# OPERA on Qwen-VL (M-RoPE positions through its own beam search)
+# OPERA on Qwen-VL (M-RoPE positions through its own beam search) and Gemma 3 (below)
 # ---------------------------------------------------------------------------------------
 class SpyOPERA(OPERA):
     def observe_step(self, event):
@@ -340,9 +343,166 @@ def test_opera_rolling_batch_equals_single_runs_on_qwen(qwen):
     assert not hooks_installed(model)
 
 
-def test_opera_refuses_sliding_window_models():
+# ---------------------------------------------------------------------------------------
+# OPERA on Gemma 3 / MedGemma (sliding-window layers over a full-length cache)
+# ---------------------------------------------------------------------------------------
+GEMMA_NEW = 16  # more generated tokens than the tiny model's sliding_window (8)
+GEMMA_ROLL = 20  # a rollback needs a location >= 10 chosen by every beam: enough steps for both layer layouts
+
+
+def _last_layer_sliding(model):
+    """The tiny Gemma 3 with its layer types swapped (same weights): the last layer is a sliding one, as in
+    MedGemma 4B / 27B (layer 34 / 62 of a 5-sliding-1-full pattern)."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    config.text_config.layer_types = list(reversed(config.text_config.layer_types))
+    flipped = type(model)(config).to(torch.float32).eval()
+    flipped.load_state_dict(model.state_dict())
+    flipped.generation_config = copy.deepcopy(model.generation_config)
+    return flipped
+
+
+@pytest.fixture(scope="module", params=["last_full", "last_sliding"])
+def gemma(request):
     model, processor = build_tiny("gemma3")
     processor.tokenizer.padding_side = "left"
-    with pytest.raises(MitigationError, match="OPERA on Gemma3ForConditionalGeneration.*sliding-window"):
-        model.generate(**_inputs(processor, [0]), max_new_tokens=2, custom_generate=OPERA(num_beams=2))
+    if request.param == "last_sliding":
+        model = _last_layer_sliding(model)
+    assert model.config.text_config.layer_types[-1] == ("sliding_attention" if request.param == "last_sliding"
+                                                        else "full_attention")
+    return request.param, model, processor
+
+
+def _model_inputs(single, sequences):
+    """The model's own (cache-free) forward inputs for ``sequences`` = one unpadded prompt + generated tokens."""
+    rows, extra = sequences.shape[0], sequences.shape[1] - single["input_ids"].shape[1]
+    token_types = torch.cat([single["token_type_ids"], single["token_type_ids"].new_zeros((1, extra))], dim=-1)
+    return dict(input_ids=sequences, pixel_values=single["pixel_values"].expand(rows, -1, -1, -1),
+                token_type_ids=token_types.expand(rows, -1), use_cache=False)
+
+
+def test_opera_full_length_cache_keeps_the_sliding_window(gemma):
+    """Gemma 3's own masks over a cache of full-length DynamicLayers (what OPERA uses) give exactly what its
+    sliding-window cache (which drops keys) and a cache-free forward give, prefill (bidirectional image
+    tokens via token_type_ids) and decoding past the window; with the window switched off they differ."""
+    from transformers import DynamicCache
+
+    _, model, processor = gemma
+    inputs = _inputs(processor)
+    length = inputs["input_ids"].shape[1]
+    sequences = model.generate(**inputs, max_new_tokens=GEMMA_NEW, do_sample=False)
+    mask = torch.cat([inputs["attention_mask"], inputs["attention_mask"].new_ones((3, GEMMA_NEW))], dim=-1)
+
+    def decode(cache):
+        with torch.no_grad():
+            logits = [model(**inputs, past_key_values=cache, use_cache=True).logits[:, -1]]
+            for i in range(GEMMA_NEW - 1):
+                logits.append(model(input_ids=sequences[:, length + i, None], attention_mask=mask[:, : length + i + 1],
+                                    past_key_values=cache, use_cache=True).logits[:, -1])
+        return torch.stack(logits, dim=1), cache
+
+    full, full_cache = decode(DynamicCache())
+    windowed, windowed_cache = decode(DynamicCache(config=model.config))
+    sliding = model.config.text_config.layer_types.index("sliding_attention")
+    assert full_cache.layers[sliding].keys.shape[-2] == length + GEMMA_NEW - 1  # every key kept
+    assert windowed_cache.layers[sliding].keys.shape[-2] < 8  # the sliding layer dropped them
+    assert torch.allclose(full, windowed, atol=1e-5)
+    with torch.no_grad():
+        direct = model(input_ids=sequences[:, :-1], attention_mask=mask[:, :-1], pixel_values=inputs["pixel_values"],
+                       token_type_ids=torch.cat([inputs["token_type_ids"], inputs["token_type_ids"].new_zeros(
+                           (3, GEMMA_NEW - 1))], dim=-1), use_cache=False).logits[:, length - 1:]
+    assert torch.allclose(full, direct, atol=1e-5)
+    text = model.config.text_config
+    window, text.sliding_window = text.sliding_window, 10**6
+    try:
+        unwindowed, _ = decode(DynamicCache())
+    finally:
+        text.sliding_window = window
+    assert (unwindowed - full).abs().max() > 1e-3  # the window matters in this test
+
+
+def test_opera_penalty_off_equals_beam_search_on_gemma3(gemma):
+    _, model, processor = gemma
+    inputs = _inputs(processor)
+    vocab = model.config.get_text_config().vocab_size
+    assert GEMMA_NEW > model.config.text_config.sliding_window
+    expected = model.generate(**inputs, max_new_tokens=GEMMA_NEW, num_beams=3, do_sample=False)
+    neutral = OPERA(num_beams=3, penalty_weights=0.0, threshold=10**9, num_attn_candidates=vocab)
+    assert torch.equal(model.generate(**inputs, max_new_tokens=GEMMA_NEW, custom_generate=neutral), expected)
     assert not hooks_installed(model)
+
+
+def test_opera_rolling_batch_equals_single_runs_on_gemma3(gemma):
+    name, model, processor = gemma
+    inputs = _inputs(processor)
+    with torch.no_grad():
+        before = model(**inputs).logits
+    length = inputs["input_ids"].shape[1]
+    method = SpyOPERA(num_beams=3, scale_factor=25.0, threshold=0)
+    beams = model.generate(**inputs, max_new_tokens=GEMMA_ROLL, num_beams=3, do_sample=False)[:, length:]
+    batched = model.generate(**inputs, max_new_tokens=GEMMA_ROLL, custom_generate=method)[:, length:]
+    assert any(e["kind"] == "rollback" for e in method.events)
+    assert not torch.equal(batched, beams)
+    for row in range(len(PROMPTS)):
+        single = _inputs(processor, [row])
+        spy = SpyOPERA(num_beams=3, scale_factor=25.0, threshold=0)
+        alone = model.generate(**single, max_new_tokens=GEMMA_ROLL, custom_generate=spy)
+        assert torch.equal(batched[row:row + 1], alone[:, single["input_ids"].shape[1]:]), f"{name} row {row}"
+        # a rollback recomputes the generated tokens' cache: its logits are the model's own (sliding masks, no cache)
+        for event in (e for e in spy.events if e["kind"] == "rollback"):
+            with torch.no_grad():
+                direct = model(**_model_inputs(single, event["sequences"])).logits[:, -1]
+            assert torch.allclose(event["logits"], direct, atol=1e-4), f"{name} row {row} rollback to {event['to']}"
+    assert not hooks_installed(model)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, before)
+
+
+def test_opera_attention_rows_of_a_sliding_last_layer(gemma):
+    """OPERA's window rows are the last layer's attention over the full-length keys: on a sliding last layer
+    (MedGemma) exactly 0 on the generated tokens outside the window and positive inside it, and the image
+    bonus 0 once every image token has left the window; on a full last layer positive everywhere."""
+    name, model, processor = gemma
+    single = _inputs(processor, [1])
+    length = single["input_ids"].shape[1]
+    window = model.config.text_config.sliding_window
+    last_image = int(image_token_mask(single["input_ids"], model.config)[0].nonzero().max())
+    spy = SpyOPERA(num_beams=3, threshold=10**9)
+    model.generate(**single, max_new_tokens=GEMMA_NEW, custom_generate=spy)
+    steps = [e for e in spy.events if e["kind"] == "step"]
+    assert len(steps) == GEMMA_NEW
+    for event in steps:
+        step, rows, image = event["step"], event["rows"], event["image_attention"]
+        assert rows.shape[-1] == step + 1  # generated tokens 0..step (window_size 512)
+        assert torch.isfinite(rows).all() and (rows.sum(-1) + image <= 1 + 1e-5).all()  # shares of one row
+        query = length + step  # the candidate's cache index
+        if name == "last_sliding":
+            outside = max(0, step + 1 - window)  # generated tokens g with length + g <= query - window
+            assert (rows[..., :outside] == 0).all() and (rows[..., outside:] > 0).all(), f"step {step}"
+            assert bool((image == 0).all()) == (last_image <= query - window), f"step {step}"
+        else:
+            assert (rows > 0).all() and (image > 0).all()
+    # both sides of the window: image tokens inside it at the first step, outside at the last
+    assert last_image > length - window and last_image <= length + GEMMA_NEW - 1 - window
+
+
+def test_opera_refuses_caches_it_cannot_crop():
+    """A caller's cache whose sliding layers drop keys (or a static one) is refused, naming model and fix."""
+    from transformers import DynamicCache, StaticCache
+
+    model, processor = build_tiny("gemma3")
+    processor.tokenizer.padding_side = "left"
+    inputs = _inputs(processor, [0])
+    for cache, kind in [(DynamicCache(config=model.config), "DynamicCache with DynamicSlidingWindowLayer"),
+                        (StaticCache(config=model.config, max_cache_len=64), "StaticCache")]:
+        with pytest.raises(MitigationError, match=f"OPERA on Gemma3ForConditionalGeneration: .* is a {kind}.*"
+                                                  "pass no past_key_values"):
+            model.generate(**inputs, max_new_tokens=2, past_key_values=cache, custom_generate=OPERA(num_beams=2))
+    assert not hooks_installed(model)
+    # generate's own hybrid (static, sliding) cache from the generation config is replaced, not refused
+    vocab = model.config.get_text_config().vocab_size
+    neutral = OPERA(num_beams=2, penalty_weights=0.0, threshold=10**9, num_attn_candidates=vocab)
+    expected = model.generate(**inputs, max_new_tokens=4, num_beams=2, do_sample=False)
+    assert torch.equal(model.generate(**inputs, max_new_tokens=4, custom_generate=neutral,
+                                      cache_implementation="hybrid"), expected)

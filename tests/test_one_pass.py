@@ -6,6 +6,9 @@ stream in its own cache and forward), float32, on the tiny LLaVA / LLaVA-NeXT an
 random LLaVA, for batches of 1 and 3 rows with left padding; joining really leaves one group
 after the first step; hooks and attention implementations are gone afterwards; a joined
 stream's logits equal those of its own cache; and what cannot join stays separate, with a reason.
+Beyond LLaVA (tiny Qwen2.5-VL, Qwen3-VL, Gemma 3): M3ID/PAI's text-only stream and AvisC's
+blind stream join too (M-RoPE positions, sliding-window layers, per-token type ids), with every
+step's logits equal to the two-pass reference.
 """
 
 from __future__ import annotations
@@ -236,3 +239,127 @@ def test_benchmark_runs_and_skips_the_gpu_model_without_cuda(tmp_path, capsys, m
     assert results["floor2B"]["same_tokens_as_none"] is True  # the doubled batch decodes the same rows
     assert results["m3id-2pass"]["same_tokens_as_one_pass"] is True
     assert results["none"]["x_greedy"] == 1.0 and results["floor2B"]["x_floor"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------
+# beyond LLaVA: Qwen-VL's M-RoPE positions, Gemma 3's sliding-window layers and token types
+# ---------------------------------------------------------------------------------------
+FAMILY_METHODS = {
+    "m3id": lambda: M3ID(lam=1.0, beta=0.0),         # text-only prompt, joined after prefill
+    "pai": lambda: PAI(alpha=0.5, gamma=3.0),        # text-only prompt + attention hooks on the joined batch
+    "avisc": lambda: AvisC(alpha=3.0, beta=0.0, top_k=2),  # the clean prompt, built after prefill, joined
+}
+
+
+class StepLogits:
+    """Mixin: keeps every step's logits of every stream and the group layout."""
+
+    def scores(self, ctx, logits):
+        if ctx.step == 0:
+            self.steps, self.layout = [], []
+        self.steps.append({k: v.clone() for k, v in logits.items()})
+        self.layout.append([tuple(g.names) for g in ctx.groups])
+        self.separate = dict(ctx.state.get("separate_streams", {}))
+        return super().scores(ctx, logits)
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", "gemma3"])
+def family(request):
+    from medheval.backends.tiny_families import build_tiny
+
+    model, processor = build_tiny(request.param)
+    processor.tokenizer.padding_side = "left"
+    return request.param, model, processor
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_METHODS))
+def test_one_pass_equals_two_pass_beyond_llava(family, name):
+    """Same tokens, and every step's logits of every stream, as each contrast stream in its own cache;
+    16 new tokens run every row past Gemma 3's 8-token window."""
+    from test_family_mitigations import _inputs as family_inputs
+
+    kind, model, processor = family
+    if kind == "qwen3_vl" and name == "avisc":
+        pytest.skip("AvisC on Qwen3-VL refuses (DeepStack features)")
+    inputs = family_inputs(processor)
+    assert (inputs["attention_mask"] == 0).any()
+    method = FAMILY_METHODS[name]()
+    one = type("One", (StepLogits, type(method)), {})(**method.settings())
+    two = type("Two", (StepLogits, type(method)), {})(**method.settings()).two_pass()
+    first = _gen(model, inputs, custom_generate=one, max_new_tokens=16)
+    second = _gen(model, inputs, custom_generate=two, max_new_tokens=16)
+    assert not hooks_installed(model)
+    assert torch.equal(first, second), f"{kind} {name}: one-pass tokens differ from the two-pass reference"
+    contrast = CONTRAST[name]
+    assert one.separate == {} and all(step == [("main", contrast)] for step in one.layout[1:]), one.layout
+    assert all(step == [("main",), (contrast,)] for step in two.layout), two.layout
+    assert (one.steps[0]["main"] - one.steps[0][contrast]).abs().max() > 1e-3, "the contrast view changed nothing"
+    for step, (a, b) in enumerate(zip(one.steps, two.steps)):
+        for stream in ("main", contrast):
+            assert torch.allclose(a[stream], b[stream], atol=1e-4), f"{kind} {name} step {step} {stream}"
+
+
+def test_join_pads_sliding_window_layers():
+    """Gemma 3: a 4-token stream joins a 20-token one (window 8: the short one's window is not full, the
+    clean one's is); for 10 steps its logits equal those of its own cache, and its padded window is zero."""
+    from medheval.backends.tiny_families import build_tiny
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    model, _ = build_tiny("gemma3")
+    window = model.config.get_text_config().sliding_window
+    long_ids = torch.arange(10, 30)[None].repeat(2, 1)
+    short_ids = torch.tensor([[2, 40, 41, 42], [2, 50, 51, 52]])
+    clean, alone, reference = (StreamGroup(model, [Stream("main", long_ids)]),
+                               StreamGroup(model, [Stream("short", short_ids)]),
+                               StreamGroup(model, [Stream("short", short_ids)]))
+    with torch.no_grad():
+        for group in (clean, alone, reference):
+            group.forward()
+            group.append(torch.tensor([5, 6]))
+        clean.join(alone, pad_token_id=0)
+        sliding = [i for i, layer in enumerate(clean.cache.layers) if isinstance(layer, DynamicSlidingWindowLayer)]
+        assert sliding, "the tiny Gemma 3 has sliding-window layers"
+        keys = clean.cache.layers[sliding[0]].keys
+        assert keys.shape[-2] == window - 1 and not keys[2:, :, : window - 1 - 4].any()
+        for step in range(10):
+            both, own = clean.forward(), reference.forward()
+            assert torch.allclose(both.logits[2:, -1], own.logits[:, -1], atol=1e-5), f"step {step}"
+            token = own.logits[:, -1].argmax(-1)
+            clean.append(token)
+            reference.append(token)
+
+
+def test_join_pads_m_rope_positions_and_token_types():
+    """Qwen2.5-VL: the joined positions are [4, 2B, T] with the text-only rows' positions left-padded
+    and their mm_token_type_ids 0; the joined rows' logits equal those of their own cache."""
+    from medheval.backends.tiny_families import build_tiny
+    from medheval.decoding.streams import token_type_inputs
+    from test_family_mitigations import _inputs as family_inputs
+
+    model, processor = build_tiny("qwen2_5_vl")
+    processor.tokenizer.padding_side = "left"
+    inputs = family_inputs(processor, [0, 2])
+    pad = processor.tokenizer.pad_token_id
+    prefill = {"pixel_values": inputs["pixel_values"], "image_grid_thw": inputs["image_grid_thw"]}
+    types = {"mm_token_type_ids": inputs["mm_token_type_ids"]}
+    main = Stream("main", inputs["input_ids"], inputs["attention_mask"], prefill)
+    text_ids, text_mask = drop_image_tokens(inputs["input_ids"], inputs["attention_mask"], model.config, pad)
+    text = Stream("text", text_ids, text_mask)
+    own_types = token_type_inputs(model, main, text, types)
+    assert not own_types["mm_token_type_ids"].any() and own_types["mm_token_type_ids"].shape == text_ids.shape
+    assert token_type_inputs(model, main, main.replace("same"), types)["mm_token_type_ids"] is types["mm_token_type_ids"]
+    clean = StreamGroup(model, [main], common_kwargs=types)
+    alone, reference = (StreamGroup(model, [text], common_kwargs=own_types) for _ in range(2))
+    with torch.no_grad():
+        for group in (clean, alone, reference):
+            group.forward()
+            group.append(torch.tensor([7, 8]))
+        width = inputs["input_ids"].shape[1] - text_ids.shape[1]
+        clean.join(alone, pad)
+        positions = clean.model_kwargs["position_ids"]
+        assert positions.shape == (4, 4, inputs["input_ids"].shape[1] + 1)
+        assert torch.equal(positions[:, 2:, width:], reference.model_kwargs["position_ids"])
+        assert not positions[:, 2:, :width].any()
+        assert not clean.model_kwargs["mm_token_type_ids"][2:].any()
+        both, own = clean.forward(), reference.forward()
+    assert torch.allclose(both.logits[2:, -1], own.logits[:, -1], atol=1e-5)

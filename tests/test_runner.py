@@ -156,6 +156,11 @@ def test_resuming_with_other_settings_is_refused(fixture_benchmark, tmp_path, ca
     assert main([*args, *roots]) == 0
     assert main([*args[:-1], "6", *roots]) == 2
     assert "different settings" in capsys.readouterr().err
+    # a folder whose device carries an index (an earlier data-parallel process's cuda:N) resumes by device type
+    recorded = json.loads((out / "run.json").read_text())
+    recorded["backend"]["device"] = "cpu:0"
+    (out / "run.json").write_text(json.dumps(recorded))
+    assert main([*args, *roots]) == 0
 
 
 def test_unloadable_model_is_a_clear_error(fixture_benchmark, tmp_path, capsys):

@@ -338,7 +338,9 @@ class HFBackend:
             "top_p": self.top_p,
             "seed": self.seed,
             "dtype": _jsonable(self.model.dtype),
-            "device": str(self.device),
+            # the device type: a data-parallel process's cuda:N and a single process's cuda make the same
+            # predictions, so a run folder resumes under either launch mode
+            "device": str(self.device).split(":")[0],
             "prompt_version": PROMPT_VERSION,
             "chat_template": self._use_chat_template,
         }

@@ -27,7 +27,9 @@ never fed its noised image to the model, ``reference/medheval_repo.md`` §8).
 5. finished rows receive ``pad_token_id`` (per-row finish), stopping criteria are
    checked on the clean sequences, and the chosen token is fed to every stream;
 6. after the first step, contrast streams prefilled in their own forward (another prompt
-   length, or built from the clean prefill) join the clean group.
+   length, or built from the clean prefill) join the clean group. Such a stream is prefilled
+   with the per-token type ids of its own prompt (Gemma 3's ``token_type_ids``, Qwen-VL's
+   ``mm_token_type_ids``): its image tokens attend and are positioned as in the clean prompt.
 
 ``one_pass = False`` on a method (:meth:`DecodingMethod.two_pass`) gives every contrast stream
 its own cache and forward at every step instead: the reference the one-pass path is tested
@@ -48,7 +50,7 @@ from typing import Any, ClassVar, Iterator
 import torch
 
 from medheval.decoding.hooks import AttentionHook, attention_hooks
-from medheval.decoding.streams import PREFILL_ONLY_INPUTS, Stream, StreamGroup
+from medheval.decoding.streams import PREFILL_ONLY_INPUTS, Stream, StreamGroup, token_type_inputs
 from medheval.decoding.visual_tokens import MitigationError
 
 
@@ -328,7 +330,8 @@ def decode(
         StreamGroup(model, [main, *shared], cache=main_cache, common_kwargs={**tensor_kwargs, **plain_kwargs})
     )
     for stream in separate:
-        ctx.groups.append(StreamGroup(model, [stream], common_kwargs=dict(plain_kwargs)))
+        own = token_type_inputs(model, main, stream, tensor_kwargs)
+        ctx.groups.append(StreamGroup(model, [stream], common_kwargs={**plain_kwargs, **own}))
 
     do_sample = bool(getattr(generation_config, "do_sample", False))
     pad_token_id = generation_config._pad_token_tensor if hasattr(generation_config, "_pad_token_tensor") else None
@@ -366,7 +369,8 @@ def decode(
                     for stream in deferred:
                         if stream.name in {n for g in ctx.groups for n in g.names}:
                             raise MitigationError(f"{method.name}: duplicate stream name {stream.name!r}")
-                        ctx.groups.append(StreamGroup(model, [stream], common_kwargs=dict(plain_kwargs)))
+                        own = token_type_inputs(model, main, stream, tensor_kwargs)
+                        ctx.groups.append(StreamGroup(model, [stream], common_kwargs={**plain_kwargs, **own}))
                         if one_pass and stream.share_batch is not False:
                             joining.add(stream.name)
                 index += 1

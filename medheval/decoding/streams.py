@@ -25,10 +25,18 @@ One forward per step (2B rows) for every two-stream method:
   ``generate``). Each row's logits are therefore those of the stream decoded alone (up to
   float rounding of a wider reduction).
 
-:meth:`StreamGroup.join_refusal` says when a stream must keep its own cache and forward: a
-cache that is not transformers' plain ``DynamicCache`` of ``DynamicLayer``\ s (sliding-window,
-static, quantized caches), multi-dimensional position ids (M-RoPE), a contrast prompt longer
-than the clean one, or per-row inputs other than mask/positions (e.g. ``token_type_ids``).
+The join covers what the supported families need: full and sliding-window layers of
+transformers' ``DynamicCache`` (Gemma 3: a sliding layer keeps the last ``W - 1`` keys of each row,
+right-aligned, so the shorter stream's window is left-padded to the clean window), 2-D and
+multi-dimensional position ids (Qwen-VL's ``[4, B, T]`` M-RoPE positions, padded on the last axis)
+and the per-token type ids of :data:`TOKEN_TYPE_INPUTS` (padded with 0, "text").
+:meth:`StreamGroup.join_refusal` says when a stream must keep its own cache and forward: any other
+cache (static, quantized, offloaded), a contrast prompt longer than the clean one, or another
+per-row input.
+
+A stream prefilled in its own forward gets the per-token type ids of its own prompt
+(:func:`token_type_inputs`): the clean ones when its tokens are the clean prompt's (AvisC), else
+``1`` at its image tokens and ``0`` elsewhere (a text-only prompt: all ``0``).
 
 The group feeds the model through ``model.prepare_inputs_for_generation`` and advances
 with ``model._update_model_kwargs_for_generation``, the same helpers ``generate``'s own
@@ -125,8 +133,37 @@ def concat_batch(values: Sequence[Any], what: str = "input") -> Any:
     raise MitigationError(f"cannot batch {what!r} of type {type(first).__name__} across streams")
 
 
+# per-token inputs that mark each prompt position's modality (Gemma 3: 1 = image token, for its
+# bidirectional image attention; Qwen-VL: 1 = image, 2 = video, for M-RoPE); generate extends them per step
+TOKEN_TYPE_INPUTS = ("token_type_ids", "mm_token_type_ids")
+
 # what join() pads and concatenates (or what holds no per-row data)
-_JOINED_KWARGS = ("attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep")
+_JOINED_KWARGS = ("attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep",
+                  *TOKEN_TYPE_INPUTS)
+
+
+def token_type_inputs(model, main: "Stream", stream: "Stream", clean_inputs: dict[str, Any]) -> dict[str, Any]:
+    """The per-token type ids (:data:`TOKEN_TYPE_INPUTS`) of ``stream``'s own prompt.
+
+    The clean values when ``stream`` has the clean prompt's tokens; otherwise ``1`` at its image
+    tokens and ``0`` elsewhere (padding included), the processors' convention for image-only prompts.
+
+    Raises:
+        MitigationError: the clean prompt has other types (video tokens) and ``stream`` another prompt.
+    """
+    given = {k: clean_inputs[k] for k in TOKEN_TYPE_INPUTS if torch.is_tensor(clean_inputs.get(k))}
+    if not given or stream.same_prompt_as(main):
+        return dict(given)
+    out = {}
+    for key, value in given.items():
+        if bool((value > 1).any()):
+            raise MitigationError(
+                f"stream {stream.name!r} has another prompt than the clean one, and {key} marks video tokens "
+                "(type > 1): contrast prompts of video inputs are not supported"
+            )
+        image = image_token_mask(stream.input_ids, model.config)
+        out[key] = image.to(device=value.device, dtype=value.dtype)
+    return out
 
 
 def _position_ids(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
@@ -150,6 +187,10 @@ def prompt_position_ids(model, input_ids: torch.Tensor, attention_mask, inputs: 
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     kwargs = {**inputs, "input_ids": input_ids, "attention_mask": mask}
     return model._prepare_position_ids_for_generation(input_ids, kwargs)
+
+
+def _layer_kind(layer) -> tuple[str, int | None]:
+    return type(layer).__name__, getattr(layer, "sliding_window", None)
 
 
 class StreamGroup:
@@ -281,7 +322,7 @@ class StreamGroup:
     def join_refusal(self, other: "StreamGroup") -> str | None:
         """Why ``other`` cannot :meth:`join` this group (``None`` if it can)."""
         from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
         if not (self.prefilled and other.prefilled):
             return "both groups must be prefilled"
@@ -292,16 +333,23 @@ class StreamGroup:
         for group in (self, other):
             cache = group.cache
             if type(cache) is not DynamicCache or not all(
-                type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers
+                type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) and layer.is_initialized
+                and not getattr(layer, "record_past", False)
+                for layer in cache.layers
             ):
-                return f"{type(cache).__name__} is not a plain DynamicCache of DynamicLayers (e.g. sliding window)"
-            if any(layer.keys.shape[-2] != group.input_ids.shape[1] - 1 for layer in cache.layers):
+                return f"{type(cache).__name__} is not a DynamicCache of full or sliding-window dynamic layers"
+            if any(layer.get_seq_length() != group.input_ids.shape[1] - 1 for layer in cache.layers):
                 return "the cache length does not follow the tokens"
-            positions = group.model_kwargs.get("position_ids")
-            if positions is not None and positions.dim() != 2:
-                return "multi-dimensional position ids (M-RoPE)"
-        if len(self.cache.layers) != len(other.cache.layers):
-            return "caches with different numbers of layers"
+        if [_layer_kind(layer) for layer in self.cache.layers] != [_layer_kind(layer) for layer in other.cache.layers]:
+            return "caches with different layer types or windows"
+        positions = [self.model_kwargs.get("position_ids"), other.model_kwargs.get("position_ids")]
+        if all(p is not None for p in positions) and positions[0].shape[:-2] != positions[1].shape[:-2]:
+            return f"position ids of shapes {tuple(positions[0].shape)} and {tuple(positions[1].shape)}"
+        if any(p is not None and p.dim() > 2 for p in positions) and any(p is None for p in positions):
+            return "multi-dimensional position ids on one side only"
+        for key in TOKEN_TYPE_INPUTS:
+            if (self.model_kwargs.get(key) is None) != (other.model_kwargs.get(key) is None):
+                return f"{key} is given to one group only"
         for key in set(self.model_kwargs) | set(other.model_kwargs):
             if key in _JOINED_KWARGS:
                 continue
@@ -333,8 +381,10 @@ class StreamGroup:
             return torch.nn.functional.pad(tensor, (pad, 0), value=value) if pad else tensor
 
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.keys = torch.cat([mine.keys, torch.nn.functional.pad(theirs.keys, (0, 0, pad, 0))], dim=0)
-            mine.values = torch.cat([mine.values, torch.nn.functional.pad(theirs.values, (0, 0, pad, 0))], dim=0)
+            # a sliding layer holds the last min(T - 1, W - 1) keys of each row, right-aligned like the tokens
+            short = int(mine.keys.shape[-2] - theirs.keys.shape[-2])
+            mine.keys = torch.cat([mine.keys, torch.nn.functional.pad(theirs.keys, (0, 0, short, 0))], dim=0)
+            mine.values = torch.cat([mine.values, torch.nn.functional.pad(theirs.values, (0, 0, short, 0))], dim=0)
         masks = [self.model_kwargs.get("attention_mask"), other.model_kwargs.get("attention_mask")]
         if pad or any(m is not None for m in masks):
             mine = masks[0] if masks[0] is not None else torch.ones_like(self.input_ids)
@@ -344,9 +394,14 @@ class StreamGroup:
         if any(p is not None for p in positions):
             mine = positions[0] if positions[0] is not None else _position_ids(masks[0], self.input_ids)
             theirs = positions[1] if positions[1] is not None else _position_ids(masks[1], other.input_ids)
-            self.model_kwargs["position_ids"] = torch.cat(
-                [mine.expand(self.input_ids.shape[0], -1), left(theirs.expand(other.input_ids.shape[0], -1))], dim=0
-            )
+            rows = mine.dim() - 2  # the batch axis: 0 for [B, T], 1 for M-RoPE's [axes, B, T]
+            mine = mine.expand(*mine.shape[:-2], self.input_ids.shape[0], -1)
+            theirs = theirs.expand(*theirs.shape[:-2], other.input_ids.shape[0], -1)
+            self.model_kwargs["position_ids"] = torch.cat([mine, left(theirs)], dim=rows)
+        for key in TOKEN_TYPE_INPUTS:
+            if self.model_kwargs.get(key) is not None:
+                theirs = other.model_kwargs[key].to(self.model_kwargs[key])
+                self.model_kwargs[key] = torch.cat([self.model_kwargs[key], left(theirs)], dim=0)
         self.input_ids = torch.cat([self.input_ids, left(other.input_ids, pad_token_id)], dim=0)
         if self.image_mask is not None:  # both or neither: the same config
             self.image_mask = torch.cat([self.image_mask, left(other.image_mask, False)], dim=0)
@@ -354,4 +409,4 @@ class StreamGroup:
         self.names += other.names
 
 
-__all__ = ["Stream", "StreamGroup", "concat_batch", "PREFILL_ONLY_INPUTS"]
+__all__ = ["Stream", "StreamGroup", "concat_batch", "token_type_inputs", "PREFILL_ONLY_INPUTS", "TOKEN_TYPE_INPUTS"]

@@ -46,6 +46,16 @@ instead of ``1 + N``; a rollback recomputes only the generated tokens (the promp
 shared); the attention history is kept only for the window (never every layer or the prompt);
 the prompts of a batch are decoded in lock-step, and a prompt that rolls back continues on its
 own, so rollbacks of one prompt never move another (a batch gives the single-prompt results).
+
+Sliding-window models (Gemma 3 / MedGemma): rollbacks and look-ahead crops need every key, so the
+cache is a ``DynamicCache`` of full-length ``DynamicLayer``\ s (never the ``DynamicSlidingWindowLayer``\ s
+``generate`` prepares, which drop keys outside the window). The model's own mask functions apply
+the window per layer over those keys (``kv_idx > q_idx - sliding_window``: the keys a sliding layer
+would keep, so the logits are the same), the prefill takes the processor's ``token_type_ids``
+(bidirectional attention over image tokens; generated tokens are causal, as in ``generate``), and
+the look-ahead forward gets one 4-D mask per layer type. On a sliding last layer (MedGemma) the
+recorded rows are over the full-length keys with weight 0 outside the window. A caller's cache with
+sliding or static layers is refused.
 """
 
 from __future__ import annotations
@@ -374,6 +384,83 @@ def _dexpand(value, factor: int, rows: int):
     return value
 
 
+def _sliding_window(model) -> int | None:
+    """The sliding window of a model whose text config mixes ``"sliding_attention"`` and ``"full_attention"``
+    layers (Gemma 3 / MedGemma), ``None`` for full attention only; refuses other layer kinds."""
+    text = model.config.get_text_config(decoder=True)
+    layer_types = getattr(text, "layer_types", None)
+    window = getattr(text, "sliding_window", None)
+    if not layer_types:
+        if window is not None and getattr(text, "use_sliding_window", True) is not False:
+            raise MitigationError(
+                f"OPERA on {type(model).__name__}: its text config sets sliding_window={window} without per-layer "
+                "layer_types, so the model takes one mask for every layer and OPERA cannot give the look-ahead "
+                "forward its sliding-window mask (not supported; models with layer_types, e.g. Gemma 3, are)"
+            )
+        return None
+    kinds = set(layer_types)
+    other = sorted(kinds - {"full_attention", "sliding_attention"})
+    if other:
+        raise MitigationError(
+            f"OPERA on {type(model).__name__}: layer types {other} are not supported (OPERA handles "
+            "'full_attention' and 'sliding_attention' layers)"
+        )
+    if "sliding_attention" not in kinds:
+        return None
+    if not isinstance(window, int) or window < 1:
+        raise MitigationError(
+            f"OPERA on {type(model).__name__}: 'sliding_attention' layers but sliding_window={window!r} "
+            "in its text config"
+        )
+    return window
+
+
+def _full_length_cache(model, past) -> tuple[Any, int | None]:
+    """OPERA's cache, and the model's sliding window (``None`` without sliding-window layers).
+
+    OPERA crops its cache (rollbacks, look-ahead tokens) and selects its rows (beams), so every layer
+    must keep every key: a ``DynamicCache`` of plain ``DynamicLayer``\\ s. A sliding-window model
+    (Gemma 3) gets one too, without its ``DynamicSlidingWindowLayer``\\ s: the model's own mask
+    functions then apply the window per layer over the full-length keys (``kv_idx > q_idx - window``,
+    the same keys a sliding layer keeps), and OPERA's look-ahead mask does the same for those layers.
+    The cache ``generate`` prepared (``DynamicCache(config)``, or a static one from the generation
+    config's ``cache_implementation``, e.g. Gemma 3's ``"hybrid"``) is replaced; a cache the caller
+    passed is used only if it is already such a cache and empty.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    name = type(model).__name__
+    window = _sliding_window(model)
+    if past is not None and past.get_seq_length() > 0:
+        raise MitigationError(
+            f"OPERA on {name} cannot continue from a filled past_key_values cache ({type(past).__name__}; a "
+            "sliding-window layer has also dropped the keys a rollback needs): start from the prompt"
+        )
+    if past is not None and getattr(past, "_is_user_defined", False):
+        layers = sorted({type(layer).__name__ for layer in getattr(past, "layers", [])} - {"DynamicLayer"})
+        if type(past) is not DynamicCache or layers:
+            raise MitigationError(
+                f"OPERA on {name}: the past_key_values passed to generate is a {type(past).__name__}"
+                f"{' with ' + ', '.join(layers) + ' layers' if layers else ''}; OPERA crops and reorders its cache "
+                "and needs every key of every layer: pass no past_key_values (OPERA then builds a DynamicCache of "
+                "full-length layers) or DynamicCache() without a config"
+            )
+        return past, window
+    if window is not None:
+        return DynamicCache(), window  # lazily filled with full-length DynamicLayers
+    if isinstance(past, DynamicCache) and all(type(layer) is DynamicLayer for layer in past.layers):
+        return past, None
+    cache = DynamicCache(config=model.config)
+    layers = sorted({type(layer).__name__ for layer in cache.layers} - {"DynamicLayer"})
+    if layers:
+        raise MitigationError(
+            f"OPERA on {name}: its cache has {', '.join(layers)} layers; OPERA needs full-length DynamicLayers "
+            "(it crops and reorders the cache)"
+        )
+    return cache, None
+
+
 def opera_generate(
     method: OPERA,
     model,
@@ -393,7 +480,7 @@ def opera_generate(
         ``sequences``, ``sequences_scores`` (if ``output_scores``) and ``beam_indices`` when
         ``return_dict_in_generate=True``.
     """
-    from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
+    from transformers import LogitsProcessorList, StoppingCriteriaList
     from transformers.generation.stopping_criteria import MaxLengthCriteria
     from transformers.generation.utils import GenerateBeamDecoderOnlyOutput
 
@@ -430,17 +517,7 @@ def opera_generate(
             "but prefix_allowed_tokens_fn identifies prompts by row: use batch size 1"
         )
 
-    past = model_kwargs.pop("past_key_values", None)
-    if past is not None and past.get_seq_length() > 0:
-        raise MitigationError("OPERA cannot continue from a filled past_key_values cache; start from the prompt")
-    cache = past if isinstance(past, DynamicCache) else DynamicCache(config=model.config)
-    sliding = sorted({type(layer).__name__ for layer in cache.layers if type(layer).__name__ != "DynamicLayer"})
-    if sliding:
-        raise MitigationError(
-            f"OPERA on {type(model).__name__}: its cache has {', '.join(sliding)} layers (sliding-window attention, "
-            "e.g. Gemma 3 / MedGemma); OPERA's look-ahead masks and rollbacks assume full-attention layers "
-            "(not implemented)"
-        )
+    cache, sliding_window = _full_length_cache(model, model_kwargs.pop("past_key_values", None))
     attention_mask = model_kwargs.pop("attention_mask", None)
     model_kwargs.pop("position_ids", None)
     for key in ("use_cache", "logits_to_keep", "cache_position"):
@@ -483,7 +560,7 @@ def opera_generate(
             dtype=emb.weight.dtype if emb is not None else torch.float32, device=input_ids.device,
             logits_processor=logits_processor, stopping_criteria=stopping_criteria,
             accepts_positions="position_ids" in inspect.signature(model.forward).parameters,
-            token_selection=supports_token_selection(cache),
+            token_selection=supports_token_selection(cache), sliding_window=sliding_window,
         )
         beams = BeamSearch(
             input_ids.repeat_interleave(K, dim=0), K, gen.max_length,
@@ -548,6 +625,7 @@ class _Shared:
     stopping_criteria: Any
     accepts_positions: bool
     token_selection: bool
+    sliding_window: int | None  # Gemma 3: the window of its "sliding_attention" layers (None: full attention only)
 
 
 @dataclasses.dataclass
@@ -665,6 +743,12 @@ class _Group:
             kwargs["position_ids"] = positions
         return self.shared.model(**kwargs)
 
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """``[R, 1, q, kv]`` additive mask (0 where ``allowed``, the dtype's minimum elsewhere)."""
+        dtype = self.shared.dtype
+        mask = torch.zeros((allowed.shape[0], 1, *allowed.shape[1:]), dtype=dtype, device=allowed.device)
+        return mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+
     def _window_start(self, step: int) -> int:
         """First generated-token index in the window of step ``step`` (its candidate at ``step``)."""
         return max(0, step + 1 - self.shared.window)
@@ -683,8 +767,12 @@ class _Group:
                           else torch.ones((R, prefix), dtype=torch.bool, device=sh.device))
         allowed = torch.cat([allowed_prefix[:, None, :].expand(R, n, prefix),
                              torch.eye(n, dtype=torch.bool, device=sh.device).expand(R, n, n)], dim=-1)
-        mask4d = torch.zeros((R, 1, n, prefix + n), dtype=sh.dtype, device=sh.device)
-        mask4d.masked_fill_(~allowed[:, None], torch.finfo(sh.dtype).min)
+        mask4d = self._additive(allowed)
+        if sh.sliding_window is not None:
+            # Gemma 3: a mask per layer type; a sliding layer's candidate (query index ``prefix``) sees the
+            # keys ``j > prefix - window`` (as the model's own sliding mask) and itself
+            recent = torch.arange(prefix + n, device=sh.device) > prefix - sh.sliding_window
+            mask4d = {"full_attention": mask4d, "sliding_attention": self._additive(allowed & recent)}
         positions = self._positions(torch.full((n,), step, device=sh.device))
         lo = self._window_start(step)
         sh.recorder.arm("lookahead", start=T + lo, prompt_length=T, image_mask=self.image_mask)
