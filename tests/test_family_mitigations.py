@@ -259,10 +259,10 @@ def qwen3_vl():
     return model, processor
 
 
-@pytest.mark.parametrize("scheme", ["zeros", "ones", "noise", "drop"])
+@pytest.mark.parametrize("scheme", ["zeros", "ones", "noise"])
 def test_avisc_masks_deepstack_rows_of_masked_tokens(qwen3_vl, scheme):
     """Qwen3-VL: the clean stream keeps the encoder's DeepStack features; in the blind view a masked token's
-    DeepStack rows are 0 whatever fills its input embedding (dropped with ``"drop"``), kept tokens keep theirs."""
+    DeepStack rows are 0 whatever fills its input embedding, the blind tokens keep theirs."""
     model, processor = qwen3_vl
     inputs = _inputs(processor)
     spy = SpyAvisC(alpha=1.0, top_k=3, masking_scheme=scheme)
@@ -275,23 +275,14 @@ def test_avisc_masks_deepstack_rows_of_masked_tokens(qwen3_vl, scheme):
     assert keep.any() and (~keep).any()
     layers = len(model.config.vision_config.deepstack_visual_indexes)
     assert len(clean.deepstack_features) == len(view.deepstack_features) == len(reference.deepstack_features) == layers
-    kept_per_image = [int(k.sum()) for k in keep.split([len(t) for t in reference.pooler_output])]
     for got, want in zip(clean.deepstack_features, reference.deepstack_features):
         assert torch.equal(torch.cat(list(got)), torch.cat(list(want)))
     for got, want in zip(view.deepstack_features, reference.deepstack_features):
+        assert [len(t) for t in got] == [len(t) for t in want]
         rows, want = torch.cat(list(got)), torch.cat(list(want))
-        if scheme == "drop":
-            assert [len(t) for t in got] == kept_per_image
-            assert torch.equal(rows, want[keep])
-        else:
-            assert torch.equal(rows[keep], want[keep]) and bool((rows[~keep] == 0).all())
-            assert bool((want[~keep] != 0).any())
+        assert torch.equal(rows[keep], want[keep]) and bool((rows[~keep] == 0).all())
+        assert bool((want[~keep] != 0).any())
     pooled, want = torch.cat(list(view.pooler_output)), torch.cat(list(reference.pooler_output))
-    if scheme == "drop":
-        assert torch.equal(pooled, want[keep])
-        stream = spy.streams["blind"]
-        assert image_token_mask(stream.input_ids, model.config).sum(1).tolist() == kept_per_image
-        return
     assert torch.equal(pooled[keep], want[keep])
     fill = pooled[~keep]
     if scheme == "zeros":
@@ -300,6 +291,38 @@ def test_avisc_masks_deepstack_rows_of_masked_tokens(qwen3_vl, scheme):
         assert bool((fill == 1).all())
     else:
         assert bool((fill != 0).all()) and abs(float(fill.std()) - 1.0) < 0.2
+
+
+def test_mask_deepstack_features_known_answer():
+    """Per DeepStack layer: kept rows unchanged, masked rows 0 for every scheme, removed with "drop";
+    per-image tuples stay per-image tuples, a layer given as one tensor of all rows stays one tensor."""
+    from medheval.mitigations.image_masking import mask_deepstack_features
+
+    first, second = torch.arange(1.0, 7.0).reshape(3, 2), torch.arange(7.0, 11.0).reshape(2, 2)
+    deepstack = [(first, second), torch.cat([first, second]) * 10]
+    keep = [torch.tensor([True, False, True]), torch.tensor([False, True])]
+    for scheme in ("zeros", "ones", "noise"):
+        layer0, layer1 = mask_deepstack_features(deepstack, keep, scheme)
+        assert isinstance(layer0, tuple) and torch.is_tensor(layer1)
+        assert [t.tolist() for t in layer0] == [[[1, 2], [0, 0], [5, 6]], [[0, 0], [9, 10]]]
+        assert layer1.tolist() == [[10, 20], [0, 0], [50, 60], [0, 0], [90, 100]]
+    layer0, layer1 = mask_deepstack_features(deepstack, keep, "drop")
+    assert [t.tolist() for t in layer0] == [[[1, 2], [5, 6]], [[9, 10]]]
+    assert layer1.tolist() == [[10, 20], [50, 60], [90, 100]]
+    with pytest.raises(MitigationError, match=r"\[3, 1\] rows per image but the image features have \[3, 2\]"):
+        mask_deepstack_features([(first, second[:1])], keep, "zeros")
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+def test_avisc_drop_refused_on_qwen_vl(name):
+    """Dropping image tokens leaves Qwen-VL's image_grid_thw (its M-RoPE layout) unfilled: a clear refusal."""
+    model, processor = build_tiny(name)
+    processor.tokenizer.padding_side = "left"
+    implementation = model.config.get_text_config()._attn_implementation
+    with pytest.raises(MitigationError, match=rf"AvisC masking_scheme='drop' on {type(model).__name__}: .*image_grid_thw"):
+        _gen(model, _inputs(processor, [0]), custom_generate=AvisC(masking_scheme="drop"))
+    assert not hooks_installed(model)
+    assert model.config.get_text_config()._attn_implementation == implementation
 
 
 # ---------------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ from medheval.decoding.visual_tokens import (
     visual_token_ids,
 )
 from medheval.mitigations.image_masking import (
+    check_drop_supported,
     check_masking_scheme,
     encode_images,
     feature_keep_from_positions,
@@ -153,7 +154,8 @@ class AvisC(DecodingMethod):
             threshold ``mean + λ·std``.
         lamb: λ of the threshold (used only with ``top_k=None``).
         masking_scheme: how the non-blind image tokens are masked in the contrast stream:
-            ``"zeros"`` (upstream default), ``"ones"``, ``"noise"`` or ``"drop"`` (removed).
+            ``"zeros"`` (upstream default), ``"ones"``, ``"noise"`` or ``"drop"`` (removed; refused on
+            Qwen-VL, whose M-RoPE positions need each image's full ``image_grid_thw`` grid).
     """
 
     preset: str = DEFAULT_PRESET
@@ -200,6 +202,7 @@ class AvisC(DecodingMethod):
                 "AvisC needs the prompt's images: pass the processor's pixel_values (or mm_encoder_outputs) to generate"
             )
         image_encoder(model, "AvisC")
+        check_drop_supported(ctx, "AvisC", self.masking_scheme)
         ctx.state["avisc_attn_implementation"] = model.config.get_text_config()._attn_implementation
 
     def contrast_streams(self, ctx: DecodingContext) -> list[Stream]:

@@ -21,6 +21,8 @@ input path:
      generator seeded with 0 (the same image gets the same noise in any batch);
    - ``"drop"``: the masked image tokens are removed from the prompt (rows re-left-padded),
      as DAMRO's official code does; this view is then prefilled at its own (shorter) length.
+     Refused where ``image_grid_thw`` fixes each image's token count (Qwen-VL: its M-RoPE
+     positions are laid out on the ``t × h × w`` grid, which a subset of tokens does not fill).
 
    The first three keep the prompt tokens, so the view is prefilled in the clean stream's batch
    when it is built before the prefill (DAMRO); otherwise (``"drop"``, or AvisC's view built
@@ -66,6 +68,19 @@ def check_masking_scheme(method: str, scheme: str) -> str:
     if scheme not in MASKING_SCHEMES:
         raise MitigationError(f"{method} masking_scheme must be one of {list(MASKING_SCHEMES)}, got {scheme!r}")
     return scheme
+
+
+def check_drop_supported(ctx: DecodingContext, method: str, scheme: str) -> None:
+    """Refuse ``"drop"`` on models whose image-token count is fixed by ``image_grid_thw`` (Qwen-VL).
+
+    Their M-RoPE positions are computed from the grid and the per-token types; with tokens
+    dropped, the image no longer fills its ``t × h × w`` grid and the model cannot position it.
+    """
+    if scheme == "drop" and ctx.main.inputs.get("image_grid_thw") is not None:
+        raise MitigationError(
+            f"{method} masking_scheme='drop' on {type(ctx.model).__name__}: its M-RoPE positions come from "
+            "image_grid_thw, which a prompt with image tokens removed no longer matches; use masking_scheme='zeros'"
+        )
 
 
 def image_encoder(model, method: str):
@@ -213,6 +228,7 @@ def masked_image_stream(
     docstring)."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+    check_drop_supported(ctx, name, scheme)
     masked = mask_features(features, keep, scheme)
     encoded = dict(ctx.main.inputs.get("mm_encoder_outputs") or {})
     clean = encoded.get("image")
@@ -235,6 +251,7 @@ def masked_image_stream(
 
 __all__ = [
     "MASKING_SCHEMES",
+    "check_drop_supported",
     "check_masking_scheme",
     "encode_images",
     "feature_keep_from_positions",
