@@ -279,8 +279,6 @@ def test_one_pass_equals_two_pass_beyond_llava(family, name):
     from test_family_mitigations import _inputs as family_inputs
 
     kind, model, processor = family
-    if kind == "qwen3_vl" and name == "avisc":
-        pytest.skip("AvisC on Qwen3-VL refuses (DeepStack features)")
     inputs = family_inputs(processor)
     assert (inputs["attention_mask"] == 0).any()
     method = FAMILY_METHODS[name]()
