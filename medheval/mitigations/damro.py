@@ -70,6 +70,7 @@ from medheval.decoding.loop import DecodingContext, DecodingMethod
 from medheval.decoding.streams import Stream
 from medheval.decoding.visual_tokens import MissingInternalError, MitigationError, visual_token_ids
 from medheval.mitigations.image_masking import (
+    check_drop_supported,
     check_masking_scheme,
     encode_images,
     image_encoder,
@@ -284,6 +285,7 @@ class DAMRO(DecodingMethod):
             )
         vision_encoder_layers(model)
         image_encoder(model, "DAMRO")
+        check_drop_supported(ctx, "DAMRO", self.masking_scheme)
         if ctx.main.inputs.get("pixel_values") is None:
             raise MissingInternalError(
                 "DAMRO needs the raw pixel_values (the [CLS] attention is read while the vision encoder runs); "

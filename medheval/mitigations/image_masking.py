@@ -225,10 +225,9 @@ def masked_image_stream(
     ctx: DecodingContext, name: str, features: Sequence[torch.Tensor], keep: Sequence[torch.Tensor], scheme: str
 ) -> Stream:
     """The clean prompt with only the ``keep`` image tokens' features (and DeepStack rows; see the module
-    docstring)."""
+    docstring). The method refuses ``"drop"`` beforehand where it cannot work (:func:`check_drop_supported`)."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    check_drop_supported(ctx, name, scheme)
     masked = mask_features(features, keep, scheme)
     encoded = dict(ctx.main.inputs.get("mm_encoder_outputs") or {})
     clean = encoded.get("image")
