@@ -361,3 +361,39 @@ def test_join_pads_m_rope_positions_and_token_types():
         assert not clean.model_kwargs["mm_token_type_ids"][2:].any()
         both, own = clean.forward(), reference.forward()
     assert torch.allclose(both.logits[2:, -1], own.logits[:, -1], atol=1e-5)
+
+
+def test_deepstack_features_are_batched_layer_by_layer():
+    """Qwen3-VL: two streams with the clean prompt and their own encoder outputs (DeepStack rows zeroed in
+    the second) prefilled in one batch give each stream's own logits: the per-layer DeepStack lists are
+    joined layer by layer (end to end they would not even fit the image tokens)."""
+    from medheval.backends.tiny_families import build_tiny
+    from medheval.mitigations.image_masking import mask_deepstack_features
+    from test_family_mitigations import _inputs as family_inputs
+
+    model, processor = build_tiny("qwen3_vl")
+    processor.tokenizer.padding_side = "left"
+    inputs = family_inputs(processor, [0, 2])
+    with torch.no_grad():
+        encoded = model.model.get_image_features(pixel_values=inputs["pixel_values"],
+                                                 image_grid_thw=inputs["image_grid_thw"], return_dict=True)
+    features = list(encoded.pooler_output)
+    keep = [torch.zeros(f.shape[0], dtype=torch.bool) for f in features]
+    clean = type(encoded)(pooler_output=features, deepstack_features=encoded.deepstack_features)
+    masked = type(encoded)(pooler_output=features,
+                           deepstack_features=mask_deepstack_features(encoded.deepstack_features, keep, "zeros"))
+    grid, types = inputs["image_grid_thw"], {"mm_token_type_ids": inputs["mm_token_type_ids"]}
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    streams = [Stream(name, ids, mask, {"mm_encoder_outputs": {"image": out}, "image_grid_thw": grid})
+               for name, out in (("main", clean), ("masked", masked))]
+    group = StreamGroup(model, streams, common_kwargs=types)
+    with torch.no_grad():
+        both = group.forward().logits[:, -1]
+        direct = {name: model(input_ids=ids, attention_mask=mask, image_grid_thw=grid, **types,
+                              mm_encoder_outputs={"image": out}).logits[:, -1]
+                  for name, out in (("main", clean), ("masked", masked))}
+        plain = model(**inputs).logits[:, -1]
+    assert torch.allclose(direct["main"], plain, atol=1e-5)
+    assert (direct["main"] - direct["masked"]).abs().max() > 1e-3  # the DeepStack rows matter
+    assert torch.allclose(both[group.rows("main")], direct["main"], atol=1e-5)
+    assert torch.allclose(both[group.rows("masked")], direct["masked"], atol=1e-5)

@@ -105,9 +105,24 @@ class Stream:
                       inputs={**self.inputs, **inputs}, share_batch=None)
 
 
+# encoder outputs that are lists over decoder layers of per-image features (Qwen3-VL's DeepStack):
+# streams are joined layer by layer, never end to end
+PER_LAYER_FEATURES = ("deepstack_features",)
+
+
+def _concat_per_layer(values: Sequence[Any], what: str) -> Any:
+    """``[[a_0, a_1, ...], [b_0, b_1, ...]] -> [concat(a_0, b_0), concat(a_1, b_1), ...]`` (one entry per layer)."""
+    if values[0] is None or len(values) == 1:
+        return concat_batch(values, what)
+    if any(v is None or len(v) != len(values[0]) for v in values):
+        raise MitigationError(f"streams sharing a batch disagree on the number of layers of {what!r}")
+    return [concat_batch([v[layer] for v in values], f"{what}[{layer}]") for layer in range(len(values[0]))]
+
+
 def concat_batch(values: Sequence[Any], what: str = "input") -> Any:
     """Concatenate per-stream values along the batch: tensors on dim 0, lists end to end,
-    dicts and ``ModelOutput``s key by key; ``None`` stays ``None``; equal plain values pass."""
+    dicts and ``ModelOutput``s key by key (the per-layer lists of :data:`PER_LAYER_FEATURES` layer by
+    layer); ``None`` stays ``None``; equal plain values pass."""
     first = values[0]
     if len(values) == 1:
         return first
@@ -123,7 +138,8 @@ def concat_batch(values: Sequence[Any], what: str = "input") -> Any:
         return type(first)(joined) if isinstance(first, tuple) else joined
     if isinstance(first, dict):  # also ModelOutput (an OrderedDict)
         keys = list(first.keys())
-        merged = {k: concat_batch([v[k] for v in values], f"{what}.{k}") for k in keys}
+        merged = {k: (_concat_per_layer([v[k] for v in values], f"{what}.{k}") if k in PER_LAYER_FEATURES
+                      else concat_batch([v[k] for v in values], f"{what}.{k}")) for k in keys}
         try:
             return type(first)(**merged)
         except TypeError:
