@@ -340,14 +340,18 @@ def qwen(request):
     return request.param, model, processor
 
 
-def test_opera_penalty_off_equals_beam_search_on_qwen(qwen):
-    _, model, processor = qwen
+def _opera_penalty_off_equals_beam_search(model, processor, new_tokens: int) -> None:
     inputs = _inputs(processor)
     vocab = model.config.get_text_config().vocab_size
-    expected = model.generate(**inputs, max_new_tokens=NEW, num_beams=3, do_sample=False)
+    expected = model.generate(**inputs, max_new_tokens=new_tokens, num_beams=3, do_sample=False)
     neutral = OPERA(num_beams=3, penalty_weights=0.0, threshold=10**9, num_attn_candidates=vocab)
-    assert torch.equal(model.generate(**inputs, max_new_tokens=NEW, custom_generate=neutral), expected)
+    assert torch.equal(model.generate(**inputs, max_new_tokens=new_tokens, custom_generate=neutral), expected)
     assert not hooks_installed(model)
+
+
+def test_opera_penalty_off_equals_beam_search_on_qwen(qwen):
+    _, model, processor = qwen
+    _opera_penalty_off_equals_beam_search(model, processor, NEW)
 
 
 def test_opera_rolling_batch_equals_single_runs_on_qwen(qwen):
@@ -447,13 +451,8 @@ def test_opera_full_length_cache_keeps_the_sliding_window(gemma):
 
 def test_opera_penalty_off_equals_beam_search_on_gemma3(gemma):
     _, model, processor = gemma
-    inputs = _inputs(processor)
-    vocab = model.config.get_text_config().vocab_size
     assert GEMMA_NEW > model.config.text_config.sliding_window
-    expected = model.generate(**inputs, max_new_tokens=GEMMA_NEW, num_beams=3, do_sample=False)
-    neutral = OPERA(num_beams=3, penalty_weights=0.0, threshold=10**9, num_attn_candidates=vocab)
-    assert torch.equal(model.generate(**inputs, max_new_tokens=GEMMA_NEW, custom_generate=neutral), expected)
-    assert not hooks_installed(model)
+    _opera_penalty_off_equals_beam_search(model, processor, GEMMA_NEW)
 
 
 def test_opera_rolling_batch_equals_single_runs_on_gemma3(gemma):

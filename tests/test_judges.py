@@ -714,7 +714,8 @@ def test_a_run_killed_mid_way_resumes_from_the_cache(judge_server_factory, tmp_p
     import subprocess
     import sys
 
-    server = judge_server_factory("openai", by_item, latency=0.05)
+    # 60 calls, 2 at a time, 0.15 s each: about 4.5 s, so a loaded machine still interrupts it mid-way
+    server = judge_server_factory("openai", by_item, latency=0.15)
     script = tmp_path / "run.py"
     script.write_text(
         "import json, sys\n"
@@ -729,6 +730,7 @@ def test_a_run_killed_mid_way_resumes_from_the_cache(judge_server_factory, tmp_p
     deadline = time.monotonic() + 30
     while server.request_count < 12 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.02)
+    assert proc.poll() is None, "the judging subprocess finished before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode != 0 and b"KeyboardInterrupt" in stderr
