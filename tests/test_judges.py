@@ -714,11 +714,11 @@ def test_a_run_killed_mid_way_resumes_from_the_cache(judge_server_factory, tmp_p
     import subprocess
     import sys
 
-    # 60 calls, 2 at a time, 0.15 s each: about 4.5 s, so a loaded machine still interrupts it mid-way
-    server = judge_server_factory("openai", by_item, latency=0.15)
+    server = judge_server_factory("openai", by_item, latency=0.05)
     script = tmp_path / "run.py"
-    script.write_text(
-        "import json, sys\n"
+    script.write_text(  # Ctrl-C's handler even where the launching shell ignores SIGINT (a background job)
+        "import json, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from medheval.judges import JudgeRequest, make_judge\n"
         f"judge = make_judge({{'backend': 'openai', 'model': 'judge-model', 'base_url': {server.base_url!r}, "
         f"'api_key': 'k-1234'}}, cache_dir={str(tmp_path / 'cache')!r}, concurrency=2, progress=False)\n"
