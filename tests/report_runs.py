@@ -59,3 +59,42 @@ def write_grid(folder: Path, runs: dict[str, list[bool]], **kwargs: Any) -> Path
         combined.append(json.loads((sub / "results.json").read_text()))
     (folder / "results.json").write_text(json.dumps({"runs": combined}))
     return folder
+
+
+# ClinHallu item: source, ORG, Rep-V, Rep-K, Rep-VK answer judged (1/0/None), h_v, h_k, h_r (1/0/None)
+CLINHALLU_COLUMNS = ("correct", "correct_rep_v", "correct_rep_k", "correct_rep_vk", "h_v", "h_k", "h_r")
+
+
+def write_clinhallu_run(folder: Path, table: list[tuple], mitigation: str = "none", model: str = "m",
+                        upstream_compat: bool = False, split: str = "clinhallu:all") -> Path:
+    """A ClinHallu run as ``medheval run`` leaves it: results.json with ``metrics/clinhallu`` on the items of
+    ``table`` (ids ``clinhallu/<source>/<i>``), an empty scored.jsonl, and the protocol's generation and
+    judgment logs in ``<folder>/clinhallu/<config>/`` (written in reverse item order)."""
+    from conftest import load_metric_offline
+    from medheval.clinhallu.protocol import GENERATIONS, JUDGED_STAGE, JUDGMENTS, RATE_OF_SETTING
+    from medheval.predictions_log import LogWriter
+
+    logs = folder / "clinhallu" / split.partition(":")[2]
+    answers = dict(zip(("org", "rep_v", "rep_k", "rep_vk"), CLINHALLU_COLUMNS))
+    with LogWriter(logs / GENERATIONS) as generations, LogWriter(logs / JUDGMENTS) as judgments:
+        for i, (source, *values) in reversed(list(enumerate(table))):
+            row = dict(zip(CLINHALLU_COLUMNS, values))
+            for setting, column in answers.items():
+                rid = f"clinhallu/{source}/{i}"
+                generations.write({"id": rid, "setting": setting, "valid": row[column] is not None, "attempts": 1,
+                                   "reason": None if row[column] is not None else "missing_answer"})
+                steps = {}
+                rate = RATE_OF_SETTING.get(setting)
+                if rate and row[rate] is not None:
+                    steps[JUDGED_STAGE[setting]] = {"hallucinated": row[rate], "reason": "checked", "error": None,
+                                                    "cached": False}
+                judgments.write({"id": rid, "setting": setting, "answer_correct": row[column], "steps": steps})
+    columns = {key: [row[i + 1] for row in table] for i, key in enumerate(CLINHALLU_COLUMNS)}
+    metric = load_metric_offline(Path(__file__).resolve().parents[1] / "metrics" / "clinhallu").compute(
+        **columns, sources=[row[0] for row in table], upstream_compat=upstream_compat)
+    results = {"settings": {"model": model, "mitigation": mitigation}, "labels": {}, "warnings": [],
+               "benchmarks": {split: {"n_records": len(table), "n_scored": len(table), "logs": str(logs),
+                                      "metrics": {"clinhallu": json.loads(json.dumps(metric))}}}}
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "scored.jsonl").write_text("")
+    return folder

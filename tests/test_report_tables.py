@@ -9,8 +9,9 @@ import pytest
 from medheval.cli import main
 from medheval.report.build import write_report
 from medheval.report.collect import ReportError, find_runs, split_of
-from medheval.report.paper import build_tables, comparisons, format_cell, to_markdown
-from report_runs import write_grid, write_run
+from medheval.report.paper import CLINHALLU_NOTE, DELTA_VALID_ONLY, build_tables, comparisons, format_cell, to_markdown
+from medheval.report.stats import METHOD_NOTE, bootstrap_ci
+from report_runs import write_clinhallu_run, write_grid, write_run
 
 BASE = [True] * 6 + [False] * 10 + [True] * 4  # 10/20 right
 BETTER = [True] * 6 + [True] * 5 + [False] * 5 + [True] * 4  # 15/20: c = 5 fixes, b = 0 breaks
@@ -173,3 +174,129 @@ def test_chair_and_recall_intervals_from_per_report_counts(tmp_path):
     assert chair.value == pytest.approx(60.0) and chair.low is not None and chair.low <= 60.0 <= chair.high
     assert recall.value == pytest.approx(40.0) and recall.low is not None and recall.low <= 40.0 <= recall.high
     assert chair.high <= 100.0 and recall.low >= 0.0
+
+
+N = None
+# ClinHallu items (the hand-worked table of test_clinhallu_metric):
+# source, ORG, Rep-V, Rep-K, Rep-VK answer right, then h_v, h_k, h_r (1 = hallucinated, None = not judged)
+CLINHALLU = [
+    ("a", 1, 1, 1, 1, 0, 0, 0),
+    ("a", 0, 1, 0, 1, 1, 0, 0),
+    ("a", N, 1, N, 0, N, 1, 0),
+    ("b", 1, 0, 1, N, 0, N, 1),
+    ("b", 0, 0, 1, 1, 1, 1, N),
+    ("b", 0, N, 0, 1, 0, 0, 0),
+]
+
+
+def _clinhallu_tables(path):
+    tables = {table.key: table for table in build_tables(find_runs([path]))}
+    stage, replacement = tables["clinhallu_stages"], tables["clinhallu_replacement"]
+    rows = {labels[2]: dict(zip([c.label for c in stage.columns], cells)) for labels, cells in stage.rows}
+    for labels, cells in replacement.rows:
+        rows[labels[2]].update(zip([c.label for c in replacement.columns], cells))
+    return stage, replacement, rows
+
+
+def _bounds(values, denominators=None):
+    return tuple(100 * bound for bound in bootstrap_ci(values, denominators))
+
+
+def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
+    _, _, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "ch", CLINHALLU))
+    whole = rows["all"]
+    # per item, worked by hand (default denominator: an invalid answer is wrong, an unjudged stage left out)
+    expected = {
+        "Acc": (2 / 6, [1, 0, 0, 1, 0, 0], None),
+        "H^V": (2 / 5, [0, 1, 0, 0, 1, 0], [1, 1, 0, 1, 1, 1]),
+        "H^K": (2 / 5, [0, 0, 1, 0, 1, 0], [1, 1, 1, 0, 1, 1]),
+        "H^R": (1 / 5, [0, 0, 0, 1, 0, 0], [1, 1, 1, 1, 0, 1]),
+        "Δ^V": (1 / 6, [0, 1, 1, -1, 0, 0], None),  # Rep-V right minus ORG right
+        "Δ^VK": (2 / 6, [0, 1, 0, -1, 1, 1], None),
+        "Rep-V Fix": (2 / 4, [0, 1, 1, 0, 0, 0], [0, 1, 1, 0, 1, 1]),  # over ORG wrong (None = wrong)
+        "Rep-VK Break": (1 / 2, [0, 0, 0, 1, 0, 0], [1, 0, 0, 1, 0, 0]),  # over ORG right
+    }
+    for column, (figure, values, denominators) in expected.items():
+        cell = whole[column]
+        assert cell.value == pytest.approx(100 * figure), column
+        assert cell.note is None and cell.n == 6, column
+        assert (cell.low, cell.high) == pytest.approx(_bounds(values, denominators)), column
+    assert whole["Δ^V"].signed and whole["Δ^V"].low < 0 < whole["Δ^V"].high
+    # per source: source a is items 0-2 only
+    a = rows["a"]
+    assert a["Acc"].value == pytest.approx(100 / 3) and a["Acc"].n == 3
+    assert (a["Acc"].low, a["Acc"].high) == pytest.approx(_bounds([1, 0, 0]))
+    assert (a["H^V"].low, a["H^V"].high) == pytest.approx(_bounds([0, 1, 0], [1, 1, 0]))
+    # every figure present got its interval
+    assert all(cell.low is not None for row in rows.values() for cell in row.values() if cell.value is not None)
+
+
+def test_clinhallu_upstream_denominators_and_rounding(tmp_path):
+    stage, replacement, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "up", CLINHALLU, upstream_compat=True))
+    whole = rows["all"]
+    # Acc over valid ORG answers: 2/5; H^V over all items, unjudged = hallucinated: 3/6
+    assert whole["Acc"].value == pytest.approx(40.0)
+    assert (whole["Acc"].low, whole["Acc"].high) == pytest.approx(_bounds([1, 0, 0, 1, 0, 0], [1, 1, 0, 1, 1, 1]))
+    assert whole["H^V"].value == pytest.approx(50.0)
+    assert (whole["H^V"].low, whole["H^V"].high) == pytest.approx(_bounds([0, 1, 1, 0, 1, 0]))
+    # Rep-V Fix over items valid in ORG and Rep-V (0, 1, 3, 4): ORG wrong 1, 4; fixed 1 -> 1/2
+    assert whole["Rep-V Fix"].value == pytest.approx(50.0)
+    assert (whole["Rep-V Fix"].low, whole["Rep-V Fix"].high) == pytest.approx(
+        _bounds([0, 1, 0, 0, 0, 0], [0, 1, 0, 0, 1, 0]))
+    # source b: ORG 1/3, reported rounded to 0.3333 — still reproduced (to the metric's rounding)
+    assert rows["b"]["Acc"].value == pytest.approx(33.33) and rows["b"]["Acc"].low is not None
+    # Δ has no per-item form here: marked, with the reason
+    assert whole["Δ^V"].low is None and whole["Δ^V"].note == DELTA_VALID_ONLY
+    assert f"No interval (†): {DELTA_VALID_ONLY}." in replacement.footer
+    assert f"No interval (†): {DELTA_VALID_ONLY}." not in stage.footer
+
+
+def test_clinhallu_figure_the_logs_do_not_reproduce_gets_no_interval(tmp_path):
+    run = write_clinhallu_run(tmp_path / "ch", CLINHALLU)
+    results = json.loads((run / "results.json").read_text())
+    metric = results["benchmarks"]["clinhallu:all"]["metrics"]["clinhallu"]
+    metric["h_v"] = 0.9
+    metric["per_source"]["a"]["fix_rate"]["rep_v"] = 0.25
+    (run / "results.json").write_text(json.dumps(results))
+    stage, _, rows = _clinhallu_tables(run)
+    assert rows["all"]["H^V"].value == pytest.approx(90.0) and rows["all"]["H^V"].low is None
+    assert "not the reported 0.9" in rows["all"]["H^V"].note
+    assert rows["a"]["Rep-V Fix"].low is None and "not the reported 0.25" in rows["a"]["Rep-V Fix"].note
+    assert rows["all"]["Acc"].low is not None and rows["a"]["Rep-V Break"].low is not None  # the others keep theirs
+    markdown = to_markdown(stage)
+    assert "| m | clinhallu:all | all | 6 | 33.3 [" in markdown and "| 90.0 †" in markdown
+    assert "No interval (†): the per-item values give 0.4, not the reported 0.9." in stage.footer
+
+
+def test_clinhallu_logs_missing_or_holding_other_items(tmp_path):
+    import shutil
+
+    from medheval.clinhallu.protocol import GENERATIONS
+    from medheval.predictions_log import LogWriter
+
+    gone = write_clinhallu_run(tmp_path / "gone", CLINHALLU)
+    shutil.rmtree(gone / "clinhallu")
+    _, _, rows = _clinhallu_tables(gone)
+    assert rows["all"]["Acc"].value == pytest.approx(100 / 3) and rows["all"]["Acc"].low is None
+    assert "no ClinHallu protocol logs" in rows["all"]["Acc"].note
+    more = write_clinhallu_run(tmp_path / "more", CLINHALLU)  # logs of a run resumed with a larger --limit
+    with LogWriter(more / "clinhallu" / "all" / GENERATIONS) as log:
+        log.write({"id": "clinhallu/a/9", "setting": "org", "valid": True, "attempts": 1, "reason": None})
+    _, _, rows = _clinhallu_tables(more)
+    assert "the protocol logs hold 7 items but results.json counts 6" in rows["all"]["Acc"].note
+    assert "hold 4 items of a but results.json counts 3" in rows["a"]["Acc"].note
+    assert rows["b"]["Acc"].low is not None  # source b's items are the same
+
+
+def test_clinhallu_intervals_in_the_written_report(tmp_path):
+    run = write_clinhallu_run(tmp_path / "ch", CLINHALLU, model="med-vlm")
+    written = write_report([run], tmp_path / "out", plots=False)
+    markdown = written["markdown"].read_text()
+    acc = format_cell(_clinhallu_tables(run)[2]["all"]["Acc"])
+    assert acc.startswith("33.3 [") and f"| med-vlm | clinhallu:all | all | 6 | {acc} |" in markdown
+    assert CLINHALLU_NOTE in markdown and METHOD_NOTE in markdown and "no interval here" not in markdown
+    page = written["html"].read_text()
+    assert format_cell(_clinhallu_tables(run)[2]["all"]["Acc"], markdown=False) in page and "ClinHallu Table 2" in page
+    rows = list(csv.DictReader(io.StringIO(written["csv"].read_text())))
+    h_v = [r for r in rows if r["table"] == "clinhallu_stages" and r["column"] == "H^V" and r["row"].endswith("all | 6")]
+    assert h_v and float(h_v[0]["ci_low"]) <= 40.0 <= float(h_v[0]["ci_high"])

@@ -3,7 +3,8 @@
 A *run folder* holds ``results.json`` with ``settings`` and ``benchmarks`` (written by
 :func:`medheval.runner.run` or the detection task), usually with ``scored.jsonl`` (per-item rows) and
 ``predictions.jsonl``. A grid folder holds ``results.json`` with ``runs`` plus one run folder per
-mitigation; any other folder is searched (a few levels deep) for run folders.
+mitigation; any other folder is searched (a few levels deep) for run folders. A ClinHallu split has no
+``scored.jsonl`` rows: its per-item columns come from the protocol logs (:func:`read_clinhallu`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Run:
     results: dict[str, Any]
     items: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what could not be read (shown in the report)
+    _clinhallu: dict[str, tuple[dict[str, list] | None, str | None]] = field(default_factory=dict, repr=False)
 
     @property
     def model(self) -> str:
@@ -51,6 +53,13 @@ class Run:
 
     def items_of(self, split: str) -> list[dict[str, Any]]:
         return [item for item in self.items if item["split"] == split]
+
+    def clinhallu_columns(self, split: str) -> tuple[dict[str, list] | None, str | None]:
+        """The split's per-item ClinHallu columns (:func:`read_clinhallu`, read once), or why there are none."""
+        if split not in self._clinhallu:
+            entry = self.results["benchmarks"].get(split, {})
+            self._clinhallu[split] = read_clinhallu(self.path, split, entry)
+        return self._clinhallu[split]
 
 
 def _read_json(path: Path) -> Any:
@@ -111,6 +120,34 @@ def read_items(path: Path, results: dict[str, Any], notes: list[str]) -> list[di
         if "prompt" not in item and item_id in prompts:
             item["prompt"] = prompts[item_id]
     return items
+
+
+def read_clinhallu(path: Path, split: str, entry: dict[str, Any]) -> tuple[dict[str, list] | None, str | None]:
+    """Per-item columns of a ClinHallu split, as the run gave them to ``metrics/clinhallu``:
+    :func:`medheval.clinhallu.protocol.metric_inputs` on the protocol's judgments log, over the items
+    of its generations log (``<run>/clinhallu/<config>/``, else the folder ``results.json`` names in
+    ``logs``). Items are taken in id order (so an interval does not depend on the order the log was
+    written in), each with its source from the id (``clinhallu/<source>/<qid>``). Returns (columns,
+    ``None``) or (``None``, why not); the logs are only read, never repaired."""
+    from medheval.clinhallu.prompts import SETTINGS
+    from medheval.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
+    from medheval.predictions_log import read_log
+
+    folder = path / "clinhallu" / split.partition(":")[2]
+    if not (folder / GENERATIONS).exists() and isinstance(entry.get("logs"), str):
+        folder = Path(entry["logs"])
+    if not (folder / GENERATIONS).exists():
+        return None, f"no ClinHallu protocol logs ({GENERATIONS}) in {folder}"
+    try:
+        generations = read_log(folder / GENERATIONS, repair=False, required=LOG_FIELDS)
+        judgments = read_log(folder / JUDGMENTS, repair=False, required=LOG_FIELDS)
+        ids = sorted({generation["id"] for generation in generations})
+        records = [{"id": rid, "config": rid.split("/")[1] if rid.count("/") >= 2 else split.partition(":")[2]}
+                   for rid in ids]
+        protocol = (entry.get("clinhallu_run") or {}).get("protocol") or {}
+        return metric_inputs(records, judgments, protocol.get("settings") or SETTINGS), None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        return None, f"the ClinHallu protocol logs in {folder} could not be read ({error})"
 
 
 def _prompts(path: Path) -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from medheval.report.collect import Run
 from medheval.report.stats import METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
-                                    STEPBENCH_LANGUAGES, STEPBENCH_STEPS, clinhallu_rows, stepbench_rows)
+                                    STEPBENCH_LANGUAGES, STEPBENCH_STEPS, stepbench_rows)
 from medheval.schema import VISUAL_CATEGORIES
 
 # (metric, summary key) -> the per-item key in scored.jsonl whose mean is that figure.
@@ -125,10 +125,13 @@ def figure(run: Run, split: str, metric: str, key: str, scale: float = 100.0, ca
 
 
 def _with_interval(cell: Cell, values: list[float], scale: float, value: float,
-                   denominators: list[float] | None = None) -> Cell:
-    """Attach the interval when the items reproduce the reported figure (same units up to ×100)."""
+                   denominators: list[float] | None = None, digits: int | None = None) -> Cell:
+    """Attach the interval when the items reproduce the reported figure (same units up to ×100; rounded
+    to ``digits`` places first when the metric rounds it)."""
     recomputed = sum(values) / (sum(denominators) if denominators else len(values)) if (
         sum(denominators) if denominators else values) else None
+    if digits is not None and recomputed is not None:
+        recomputed = round(recomputed, digits)
     factor = next((f for f in (1.0, 0.01, 100.0) if recomputed is not None
                    and math.isclose(recomputed * f, value, rel_tol=1e-6, abs_tol=1e-9)), None)
     if factor is None:
@@ -322,32 +325,109 @@ def stepbench(runs: list[Run]) -> Table | None:
     return table
 
 
+# metrics/clinhallu's answer column of each setting (as medheval.clinhallu.protocol.metric_inputs names them)
+CLINHALLU_ANSWERS = {"org": "correct", "rep_v": "correct_rep_v", "rep_k": "correct_rep_k", "rep_vk": "correct_rep_vk"}
+CLINHALLU_NOTE = ("ClinHallu per-item values: each item's judged answers and stage judgements from the run's "
+                  "protocol logs (clinhallu/<config>/, read with metric_inputs), counted as metrics/clinhallu "
+                  "counts them: Acc, H and Fix/Break are ratios of per-item counts, resampled by item (default "
+                  "denominator: an invalid or unjudged answer counts as wrong, an unjudged stage is left out of H; "
+                  "with upstream_compat: Acc over valid answers, H over all items with unjudged as hallucinated, "
+                  "Fix/Break over items valid in both settings); Δ is the mean of the paired per-item difference "
+                  "(setting right − ORG right).")
+DELTA_VALID_ONLY = ("under upstream_compat Δ is the difference of two rounded accuracies over different valid "
+                    "items, not a mean of per-item differences")
+
+
+def clinhallu_item_values(columns: dict[str, list], key: str, valid_only: bool = False
+                          ) -> tuple[list[float], list[float] | None, int | None] | str:
+    """Per-item (numerators, denominators or ``None`` for a mean, rounding digits) whose ratio of sums is
+    the ``metrics/clinhallu`` figure ``key`` (``acc``, ``h_v``/``h_k``/``h_r``, ``delta_v``/``delta_k``/
+    ``delta_vk``, ``fix_rate.rep_*``, ``break_rate.rep_*``) on ``columns`` (its per-item inputs: 1, 0 or
+    ``None``), with the metric's denominators (``valid_only``: its ``upstream_compat``); or why none.
+
+    Default: Acc = Σ[c = 1] / n; H = Σ[h = 1] / Σ[h judged]; Δ_s = mean([c_s = 1] − [c = 1]);
+    Fix_s = Σ[c ≠ 1 ∧ c_s = 1] / Σ[c ≠ 1]; Break_s = Σ[c = 1 ∧ c_s ≠ 1] / Σ[c = 1]. ``valid_only``:
+    Acc = Σ[c = 1] / Σ[c valid] rounded to 4 places; H = Σ[h ≠ 0] / n; Fix/Break over the items valid in
+    ORG and s; Δ has no per-item form (a difference of accuracies over different items)."""
+    org = columns["correct"]
+    if key == "acc":
+        right = [float(v == 1) for v in org]
+        return (right, [float(v is not None) for v in org], 4) if valid_only else (right, None, None)
+    if key in ("h_v", "h_k", "h_r"):
+        judged = columns[key]
+        if valid_only:
+            return [float(v != 0) for v in judged], None, None
+        return [float(v == 1) for v in judged], [float(v is not None) for v in judged], None
+    kind, _, setting = key.partition(".")
+    if kind.startswith("delta_"):
+        setting, kind = "rep_" + kind[len("delta_"):], "delta"
+    if setting not in CLINHALLU_ANSWERS or setting == "org" or kind not in ("delta", "fix_rate", "break_rate"):
+        raise ValueError(f"clinhallu_item_values: unknown figure {key!r}")
+    pairs = list(zip(org, columns[CLINHALLU_ANSWERS[setting]]))
+    if kind == "delta":
+        return DELTA_VALID_ONLY if valid_only else ([float(b == 1) - float(a == 1) for a, b in pairs], None, None)
+    kept = [not valid_only or (a is not None and b is not None) for a, b in pairs]
+    if kind == "fix_rate":
+        return ([float(k and a != 1 and b == 1) for k, (a, b) in zip(kept, pairs)],
+                [float(k and a != 1) for k, (a, _) in zip(kept, pairs)], None)
+    return ([float(k and a == 1 and b != 1) for k, (a, b) in zip(kept, pairs)],
+            [float(k and a == 1) for k, (a, _) in zip(kept, pairs)], None)
+
+
+def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], key: str, valid_only: bool) -> Cell:
+    """A ClinHallu figure (×100) of the whole split (``source == "all"``) or one source, with its interval
+    when the per-item values from the protocol logs reproduce it."""
+    kind, _, setting = key.partition(".")
+    value = (metric.get(kind) or {}).get(setting) if setting else metric.get(key)
+    if not _num(value):
+        return Cell()
+    cell = Cell(value=100 * value, signed=key.startswith("delta_"))
+    columns, why = run.clinhallu_columns(split)
+    if columns is None:
+        cell.note = why
+        return cell
+    rows = [i for i, s in enumerate(columns["sources"]) if source == "all" or s == source]
+    n = (metric.get("counts") or {}).get("n")
+    if n != len(rows):
+        where = "" if source == "all" else f" of {source}"
+        cell.note = (f"the protocol logs hold {len(rows)} items{where} but results.json counts {n} (a run resumed "
+                     f"with another --limit?)")
+        return cell
+    group = {name: [values[i] for i in rows] for name, values in columns.items() if name not in ("sources", "settings")}
+    parts = clinhallu_item_values(group, key, valid_only)
+    if isinstance(parts, str):
+        cell.note = parts
+        return cell
+    numerators, denominators, digits = parts
+    return _with_interval(cell, numerators, 100.0, value, denominators, digits)
+
+
 def clinhallu(runs: list[Run]) -> list[Table]:
-    """ClinHallu Table 2 (Acc, H^V, H^K, H^R) and Table 3 (Acc, Δ, Fix/Break per replacement), %."""
-    rows = clinhallu_rows([run.results for run in runs])
-    if not rows:
+    """ClinHallu Table 2 (Acc, H^V, H^K, H^R) and Table 3 (Acc, Δ, Fix/Break per replacement), %, with
+    intervals from the per-item values of the protocol logs (:func:`clinhallu_item_values`)."""
+    found = [(run, split, entry["metrics"]["clinhallu"]) for run in runs
+             for split, entry in run.results["benchmarks"].items() if (entry.get("metrics") or {}).get("clinhallu")]
+    if not found:
         return []
-    pct = lambda v: Cell(value=100 * v) if _num(v) else Cell()  # noqa: E731
-    note = ["ClinHallu figures have no interval here: its per-item judgements live in the protocol logs, "
-            "not scored.jsonl."]
     stage = Table("clinhallu_stages", "ClinHallu Table 2: accuracy and stage hallucination rates (%)",
                   ["Model", "Split", "Source", "n"], [Column("Acc"), Column("H^V", True), Column("H^K", True),
-                                                      Column("H^R", True)], footer=note, group=1)
+                                                      Column("H^R", True)], footer=[CLINHALLU_NOTE], group=1)
     columns = [Column("Acc")] + [Column(f"Δ^{label[4:]}") for _, label in CLINHALLU_REPLACEMENTS]
     for _, label in CLINHALLU_REPLACEMENTS:
         columns += [Column(f"{label} Fix"), Column(f"{label} Break", True)]
     replacement = Table("clinhallu_replacement", "ClinHallu Table 3: Δ (points) when gold stages replace the "
-                        "model's, and Fix/Break (%)", ["Model", "Split", "Source", "n"], columns, footer=note, group=1)
-    for model, split, source, metric in rows:
-        labels = [model, split, source, str((metric.get("counts") or {}).get("n", "–"))]
-        stage.rows.append((labels, [pct(metric.get(k)) for k in ("acc", "h_v", "h_k", "h_r")]))
-        cells = [pct(metric.get("acc"))]
-        for key, _ in CLINHALLU_REPLACEMENTS:
-            delta = metric.get(f"delta_{key[4:]}")
-            cells.append(Cell(value=100 * delta, signed=True) if _num(delta) else Cell())
-        for key, _ in CLINHALLU_REPLACEMENTS:
-            cells += [pct((metric.get("fix_rate") or {}).get(key)), pct((metric.get("break_rate") or {}).get(key))]
-        replacement.rows.append((labels, cells))
+                        "model's, and Fix/Break (%)", ["Model", "Split", "Source", "n"], columns,
+                        footer=[CLINHALLU_NOTE], group=1)
+    for run, split, whole in found:
+        valid_only = whole.get("denominator") == "valid_only"
+        for source, metric in [("all", whole), *sorted((whole.get("per_source") or {}).items())]:
+            labels = [run.model, split, source, str((metric.get("counts") or {}).get("n", "–"))]
+            cell = lambda key: _clinhallu_cell(run, split, source, metric, key, valid_only)  # noqa: E731
+            stage.rows.append((labels, [cell(k) for k in ("acc", "h_v", "h_k", "h_r")]))
+            cells = [cell("acc")] + [cell(f"delta_{key[4:]}") for key, _ in CLINHALLU_REPLACEMENTS]
+            for key, _ in CLINHALLU_REPLACEMENTS:
+                cells += [cell(f"fix_rate.{key}"), cell(f"break_rate.{key}")]
+            replacement.rows.append((labels, cells))
     return [stage, replacement]
 
 
