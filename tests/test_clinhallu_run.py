@@ -77,6 +77,16 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
         assert "| Acc | Δ^V | Δ^K | Δ^VK | Rep-V Fix | Rep-V Break | Rep-K Fix |" in md
         assert f"| tiny-random-llava | clinhallu:vqa_rad | all | {n} | 0.0 |" in md
         assert f"| tiny-random-llava | clinhallu:vqa_rad | vqa_rad | {n} | 0.0 |" in md
+        # `medheval report` (and the run's report.html) read the per-item values back from the protocol logs:
+        # they reproduce the figures, so the cells get intervals
+        from medheval.report.collect import find_runs
+        from medheval.report.paper import build_tables
+
+        stage = next(t for t in build_tables(find_runs([out])) if t.key == "clinhallu_stages")
+        (labels, cells), *_ = stage.rows
+        assert labels[2] == "all" and (cells[0].value, cells[0].low, cells[0].high, cells[0].n) == (0.0, 0.0, 0.0, n)
+        assert not [cell.note for _, row in stage.rows for cell in row if cell.note]
+        assert "0.0 [0.0, 0.0]" in (out / "report.html").read_text()
 
         # a second identical run: no model generation, no judge call, same metrics
         log_before = (logs / GENERATIONS).read_text()

@@ -300,3 +300,18 @@ def test_clinhallu_intervals_in_the_written_report(tmp_path):
     rows = list(csv.DictReader(io.StringIO(written["csv"].read_text())))
     h_v = [r for r in rows if r["table"] == "clinhallu_stages" and r["column"] == "H^V" and r["row"].endswith("all | 6")]
     assert h_v and float(h_v[0]["ci_low"]) <= 40.0 <= float(h_v[0]["ci_high"])
+
+
+def test_clinhallu_mitigation_against_none_mcnemar_on_org_accuracy(tmp_path):
+    write_clinhallu_run(tmp_path / "grid" / "none", CLINHALLU)
+    # ORG answers 1, 1, 1, 1, 0, 1 against none's 1, 0, None, 1, 0, 0: b = 0 breaks, c = 3 fixes
+    better = [(row[0], org, *row[2:]) for row, org in zip(CLINHALLU, (1, 1, 1, 1, 0, 1))]
+    write_clinhallu_run(tmp_path / "grid" / "vcd", better, mitigation="vcd")
+    table, records = comparisons(find_runs([tmp_path / "grid"]))
+    (record,) = records
+    assert (record["metric"], record["split"], record["n"], record["test"]) == ("Acc (ORG)", "clinhallu:all", 6,
+                                                                                 "exact McNemar")
+    assert (record["baseline"], record["value"]) == pytest.approx((100 / 3, 500 / 6))
+    assert record["diff"] == pytest.approx(50.0) and record["p_value"] == pytest.approx(0.25)  # 2 * (1/2)^3
+    assert record["low"] <= record["diff"] <= record["high"]
+    assert table.rows[0][0] == ["m", "vcd", "clinhallu:all", "Acc (ORG)"]

@@ -127,8 +127,8 @@ def read_clinhallu(path: Path, split: str, entry: dict[str, Any]) -> tuple[dict[
     :func:`medheval.clinhallu.protocol.metric_inputs` on the protocol's judgments log, over the items
     of its generations log (``<run>/clinhallu/<config>/``, else the folder ``results.json`` names in
     ``logs``). Items are taken in id order (so an interval does not depend on the order the log was
-    written in), each with its source from the id (``clinhallu/<source>/<qid>``). Returns (columns,
-    ``None``) or (``None``, why not); the logs are only read, never repaired."""
+    written in), each with its source from the id (``clinhallu/<source>/<qid>``). Returns (columns plus
+    ``ids``, ``None``) or (``None``, why not); the logs are only read, never repaired."""
     from medheval.clinhallu.prompts import SETTINGS
     from medheval.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
     from medheval.predictions_log import read_log
@@ -145,7 +145,7 @@ def read_clinhallu(path: Path, split: str, entry: dict[str, Any]) -> tuple[dict[
         records = [{"id": rid, "config": rid.split("/")[1] if rid.count("/") >= 2 else split.partition(":")[2]}
                    for rid in ids]
         protocol = (entry.get("clinhallu_run") or {}).get("protocol") or {}
-        return metric_inputs(records, judgments, protocol.get("settings") or SETTINGS), None
+        return {**metric_inputs(records, judgments, protocol.get("settings") or SETTINGS), "ids": ids}, None
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         return None, f"the ClinHallu protocol logs in {folder} could not be read ({error})"
 

@@ -393,7 +393,8 @@ def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], k
         cell.note = (f"the protocol logs hold {len(rows)} items{where} but results.json counts {n} (a run resumed "
                      f"with another --limit?)")
         return cell
-    group = {name: [values[i] for i in rows] for name, values in columns.items() if name not in ("sources", "settings")}
+    group = {name: [values[i] for i in rows] for name, values in columns.items()
+             if name not in ("ids", "sources", "settings")}
     parts = clinhallu_item_values(group, key, valid_only)
     if isinstance(parts, str):
         cell.note = parts
@@ -446,9 +447,7 @@ def comparisons(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
     records: list[dict[str, Any]] = []
     baselines = [run for run in runs if run.mitigation == "none" and run.items]
     for run in runs:
-        # the same model's `none`, preferably from the same grid (the sibling folder)
-        same = [b for b in baselines if b.model == run.model]
-        base = next((b for b in same if b.path.parent == run.path.parent), same[0] if same else None)
+        base = _baseline(run, baselines)
         if run.mitigation == "none" or base is None or not run.items:
             continue
         for split in run.results["benchmarks"]:
@@ -472,7 +471,53 @@ def comparisons(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
                                 "baseline": mean_a, "value": mean_b, "diff": scale * result.diff,
                                 "low": scale * result.low, "high": scale * result.high, "p_value": result.p_value,
                                 "n": result.n, "test": result.test})
+    _clinhallu_comparisons(runs, table, records)
     return (table if table.rows else None), records
+
+
+def _baseline(run: Run, baselines: list[Run]) -> Run | None:
+    """The same model's ``none`` run, preferably from the same grid (the sibling folder)."""
+    same = [b for b in baselines if b.model == run.model]
+    return next((b for b in same if b.path.parent == run.path.parent), same[0] if same else None)
+
+
+def _clinhallu_comparisons(runs: list[Run], table: Table, records: list[dict[str, Any]]) -> None:
+    """ClinHallu ORG accuracy of each mitigation against ``none`` on the items both ran (paired by id, exact
+    McNemar), from the protocol logs; an answer counts as right when judged 1, as the metric counts it
+    (with ``upstream_compat`` in either run: only items whose ORG answer is valid in both)."""
+    def clinhallu_splits(run: Run) -> dict[str, dict[str, Any]]:
+        return {split: entry["metrics"]["clinhallu"] for split, entry in run.results["benchmarks"].items()
+                if (entry.get("metrics") or {}).get("clinhallu")}
+
+    baselines = [run for run in runs if run.mitigation == "none" and clinhallu_splits(run)]
+    for run in runs:
+        base = _baseline(run, baselines)
+        if run.mitigation == "none" or base is None:
+            continue
+        theirs_splits = clinhallu_splits(base)
+        for split, metric in clinhallu_splits(run).items():
+            if split not in theirs_splits:
+                continue
+            (ours, _), (theirs, _) = run.clinhallu_columns(split), base.clinhallu_columns(split)
+            if ours is None or theirs is None:
+                continue
+            valid_only = "valid_only" in (metric.get("denominator"), theirs_splits[split].get("denominator"))
+            before = dict(zip(theirs["ids"], theirs["correct"]))
+            pairs = [(before[i], c) for i, c in zip(ours["ids"], ours["correct"]) if i in before]
+            pairs = [(a == 1, b == 1) for a, b in pairs if not valid_only or (a is not None and b is not None)]
+            if not pairs:
+                continue
+            a, b = zip(*pairs)
+            result = compare_accuracy(a, b)
+            mean_a, mean_b = 100 * sum(a) / len(a), 100 * sum(b) / len(b)
+            table.rows.append(([run.model, run.mitigation, split, "Acc (ORG)"], [
+                Cell(value=mean_a), Cell(value=mean_b),
+                Cell(value=100 * result.diff, low=100 * result.low, high=100 * result.high, signed=True),
+                Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text=str(result.n))]))
+            records.append({"model": run.model, "mitigation": run.mitigation, "split": split, "metric": "Acc (ORG)",
+                            "baseline": mean_a, "value": mean_b, "diff": 100 * result.diff,
+                            "low": 100 * result.low, "high": 100 * result.high, "p_value": result.p_value,
+                            "n": result.n, "test": result.test})
 
 
 def build_tables(runs: list[Run]) -> list[Table]:
