@@ -5,8 +5,9 @@ close-ended Acc-A/M/S/R/Acc, here also the knowledge/context close-ended splits)
 metrics), Tables 7–11 (generation metrics, S_h as mean ± std), Med-HallMark Table 1 (text metrics and
 MediHall Score per question type) with its level distribution, Med-StepBench Table 3, ClinHallu Tables
 2–3 with Fix/Break, and every mitigation against ``none`` on the same items. A figure is the value in
-``results.json``; its interval is recomputed from ``scored.jsonl`` (:mod:`medheval.report.stats`) and
-only when the per-item values reproduce that figure — otherwise the cell says why there is none.
+``results.json``; its interval is recomputed from ``scored.jsonl`` (ClinHallu: from the protocol logs,
+:func:`medheval.report.collect.read_clinhallu`) with :mod:`medheval.report.stats`, and only when the
+per-item values reproduce that figure — otherwise the cell says why there is none.
 """
 
 from __future__ import annotations
@@ -388,7 +389,7 @@ def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], k
         return cell
     rows = [i for i, s in enumerate(columns["sources"]) if source == "all" or s == source]
     n = (metric.get("counts") or {}).get("n")
-    if n != len(rows):
+    if n is not None and n != len(rows):
         where = "" if source == "all" else f" of {source}"
         cell.note = (f"the protocol logs hold {len(rows)} items{where} but results.json counts {n} (a run resumed "
                      f"with another --limit?)")
