@@ -18,6 +18,18 @@ from medheval.clinhallu.trace import render_stages
 HUB_FOLDERS = {"vqa_rad": "VQA-RAD", "pathvqa": "PathVQA", "medframeqa": "MedFrameQA", "medxpertqa": "MedXpertQA"}
 
 
+# A hand-worked ClinHallu table (metric and report tests): per item source, ORG, Rep-V, Rep-K, Rep-VK
+# answer right, then h_v, h_k, h_r (1 = hallucinated; None = invalid / not judged)
+HAND_TABLE = [
+    ("a", 1, 1, 1, 1, 0, 0, 0),
+    ("a", 0, 1, 0, 1, 1, 0, 0),
+    ("a", None, 1, None, 0, None, 1, 0),
+    ("b", 1, 0, 1, None, 0, None, 1),
+    ("b", 0, 0, 1, 1, 1, 1, None),
+    ("b", 0, None, 0, 1, 0, 0, 0),
+]
+
+
 def shared_upstream() -> Path:
     """``../shared/data/upstream`` next to the repository (``$MEDHEVAL_SHARED`` overrides ``../shared``)."""
     base = os.environ.get("MEDHEVAL_SHARED") or str(Path(__file__).resolve().parents[2] / "shared")

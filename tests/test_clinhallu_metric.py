@@ -10,21 +10,13 @@ from pathlib import Path
 import pytest
 from conftest import load_metric_offline
 
-from clinhallu_fixture import shared_upstream
+from clinhallu_fixture import HAND_TABLE, shared_upstream
 
 METRIC_DIR = Path(__file__).resolve().parents[1] / "metrics" / "clinhallu"
 TABLE_SCRIPT = shared_upstream() / "clinhallu" / "src" / "result_analysis" / "05_make_result_tables.py"
 
 N = None
-# item: source, ORG, Rep-V, Rep-K, Rep-VK, h_v, h_k, h_r
-TABLE = [
-    ("a", 1, 1, 1, 1, 0, 0, 0),
-    ("a", 0, 1, 0, 1, 1, 0, 0),
-    ("a", N, 1, N, 0, N, 1, 0),
-    ("b", 1, 0, 1, N, 0, N, 1),
-    ("b", 0, 0, 1, 1, 1, 1, N),
-    ("b", 0, N, 0, 1, 0, 0, 0),
-]
+TABLE = HAND_TABLE  # item: source, ORG, Rep-V, Rep-K, Rep-VK, h_v, h_k, h_r
 KEYS = ("correct", "correct_rep_v", "correct_rep_k", "correct_rep_vk", "h_v", "h_k", "h_r")
 
 

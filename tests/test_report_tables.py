@@ -11,6 +11,7 @@ from medheval.report.build import write_report
 from medheval.report.collect import ReportError, find_runs, split_of
 from medheval.report.paper import CLINHALLU_NOTE, DELTA_VALID_ONLY, build_tables, comparisons, format_cell, to_markdown
 from medheval.report.stats import METHOD_NOTE, bootstrap_ci
+from clinhallu_fixture import HAND_TABLE
 from report_runs import write_clinhallu_run, write_grid, write_run
 
 BASE = [True] * 6 + [False] * 10 + [True] * 4  # 10/20 right
@@ -176,17 +177,7 @@ def test_chair_and_recall_intervals_from_per_report_counts(tmp_path):
     assert chair.high <= 100.0 and recall.low >= 0.0
 
 
-N = None
-# ClinHallu items (the hand-worked table of test_clinhallu_metric):
-# source, ORG, Rep-V, Rep-K, Rep-VK answer right, then h_v, h_k, h_r (1 = hallucinated, None = not judged)
-CLINHALLU = [
-    ("a", 1, 1, 1, 1, 0, 0, 0),
-    ("a", 0, 1, 0, 1, 1, 0, 0),
-    ("a", N, 1, N, 0, N, 1, 0),
-    ("b", 1, 0, 1, N, 0, N, 1),
-    ("b", 0, 0, 1, 1, 1, 1, N),
-    ("b", 0, N, 0, 1, 0, 0, 0),
-]
+CLINHALLU = HAND_TABLE  # the hand-worked table of test_clinhallu_metric
 
 
 def _clinhallu_tables(path):
