@@ -8,6 +8,7 @@ extra); without it the report is written without them and says so.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -38,7 +39,7 @@ def caveats(runs: list["Run"]) -> list[str]:
 def plots_unavailable() -> str | None:
     """Why there can be no plots (matplotlib, an optional extra, is missing), or ``None``."""
     try:
-        import medheval.report.plots  # noqa: F401
+        importlib.import_module("medheval.report.plots")
     except ImportError as error:
         return f"plots left out: {error} (pip install 'medheval[report]')"
     return None
