@@ -306,3 +306,19 @@ def test_clinhallu_mitigation_against_none_mcnemar_on_org_accuracy(tmp_path):
     assert record["diff"] == pytest.approx(50.0) and record["p_value"] == pytest.approx(0.25)  # 2 * (1/2)^3
     assert record["low"] <= record["diff"] <= record["high"]
     assert table.rows[0][0] == ["m", "vcd", "clinhallu:all", "Acc (ORG)"]
+
+
+def test_clinhallu_marks_rank_models_within_split_and_source(tmp_path):
+    """▲/▼ compare rows of the same split and source (one model's per-source rows never compete with its "all" row)."""
+    write_clinhallu_run(tmp_path / "runs" / "one", CLINHALLU, model="m1")
+    alone = {t.key: t for t in build_tables(find_runs([tmp_path / "runs"]))}
+    for key in ("clinhallu_stages", "clinhallu_replacement"):
+        assert all(cell.mark == "" for _, cells in alone[key].rows for cell in cells), key
+    every_org_right = [(row[0], 1, *row[2:]) for row in CLINHALLU]
+    write_clinhallu_run(tmp_path / "runs" / "two", every_org_right, model="m2")
+    stage = {t.key: t for t in build_tables(find_runs([tmp_path / "runs"]))}["clinhallu_stages"]
+    acc = {(labels[0], labels[2]): cells[0] for labels, cells in stage.rows}
+    sources = {source for _, source in acc}
+    assert len(sources) == 3  # all, a, b
+    for source in sources:
+        assert (acc[("m1", source)].mark, acc[("m2", source)].mark) == ("worst", "best"), source

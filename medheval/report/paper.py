@@ -69,7 +69,8 @@ class Column:
 
 @dataclass
 class Table:
-    """Rows of labels + cells; ``group`` (a label index) scopes the best/worst marks (e.g. per split)."""
+    """Rows of labels + cells; ``group`` (a label index, or several) scopes the best/worst marks (e.g. per
+    split, or per split and source)."""
 
     key: str
     title: str
@@ -77,7 +78,7 @@ class Table:
     columns: list[Column]
     rows: list[tuple[list[str], list[Cell]]] = field(default_factory=list)
     footer: list[str] = field(default_factory=list)
-    group: int | None = None
+    group: int | tuple[int, ...] | None = None
 
 
 def _num(value: Any) -> bool:
@@ -413,13 +414,13 @@ def clinhallu(runs: list[Run]) -> list[Table]:
         return []
     stage = Table("clinhallu_stages", "ClinHallu Table 2: accuracy and stage hallucination rates (%)",
                   ["Model", "Split", "Source", "n"], [Column("Acc"), Column("H^V", True), Column("H^K", True),
-                                                      Column("H^R", True)], footer=[CLINHALLU_NOTE], group=1)
+                                                      Column("H^R", True)], footer=[CLINHALLU_NOTE], group=(1, 2))
     columns = [Column("Acc")] + [Column(f"Δ^{label[4:]}") for _, label in CLINHALLU_REPLACEMENTS]
     for _, label in CLINHALLU_REPLACEMENTS:
         columns += [Column(f"{label} Fix"), Column(f"{label} Break", True)]
     replacement = Table("clinhallu_replacement", "ClinHallu Table 3: Δ (points) when gold stages replace the "
                         "model's, and Fix/Break (%)", ["Model", "Split", "Source", "n"], columns,
-                        footer=[CLINHALLU_NOTE], group=1)
+                        footer=[CLINHALLU_NOTE], group=(1, 2))
     for run, split, whole in found:
         valid_only = whole.get("denominator") == "valid_only"
         for source, metric in [("all", whole), *sorted((whole.get("per_source") or {}).items())]:
@@ -543,9 +544,10 @@ def build_tables(runs: list[Run]) -> list[Table]:
 
 def mark(table: Table) -> None:
     """Best and worst value per ranked column (within each group), when at least two rows differ."""
-    groups: dict[str, list[int]] = {}
+    scope = () if table.group is None else (table.group,) if isinstance(table.group, int) else tuple(table.group)
+    groups: dict[tuple[str, ...], list[int]] = {}
     for index, (labels, _) in enumerate(table.rows):
-        groups.setdefault(labels[table.group] if table.group is not None else "", []).append(index)
+        groups.setdefault(tuple(labels[i] for i in scope), []).append(index)
     for col, column in enumerate(table.columns):
         if not column.ranked:
             continue
