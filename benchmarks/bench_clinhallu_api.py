@@ -26,13 +26,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the loopback fake servers live with the tests
 
+from clinhallu_fixture import scripted_trace_reply  # noqa: E402
 from judge_servers import JudgeServer  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from medheval.backends.api import APIBackend  # noqa: E402
 from medheval.clinhallu.prompts import prompt_set  # noqa: E402
 from medheval.clinhallu.protocol import GENERATIONS, LOG_FIELDS, ClinHalluRun  # noqa: E402
-from medheval.clinhallu.trace import render_stages  # noqa: E402
 from medheval.predictions_log import read_log  # noqa: E402
 
 
@@ -49,16 +49,6 @@ def images_for(record: dict) -> list:
     return [Image.new("RGB", (64, 64), (record["meta"]["shade"], 90, 160))]
 
 
-def model_reply(body: dict) -> str:
-    seed = body["seed"]
-    last = body["messages"][-1]
-    prefix = last["content"] if last["role"] == "assistant" else ""
-    if not prefix and seed % 3 == 0:
-        return f"no markers, seed {seed}"
-    full = render_stages(visual_recognition=f"A region seen under seed {seed}.",
-                         knowledge_recall=f"A fact recalled under seed {seed}.",
-                         reasoning=f"Reasoning written under seed {seed}.", answer="yes")
-    return full if not prefix else full.split(prefix.rstrip().splitlines()[-1], 1)[1]
 
 
 def timed(backend: APIBackend, items: list[dict], out: Path) -> tuple[float, list[str]]:
@@ -79,7 +69,8 @@ def main() -> None:
 
     items = make_items(args.items)
     subset = items[:args.sequential_subset]
-    with JudgeServer("openai", reply=model_reply, latency=args.latency) as server, \
+    reply = lambda body: scripted_trace_reply(body, answer_of=lambda seed: "yes")  # noqa: E731
+    with JudgeServer("openai", reply=reply, latency=args.latency) as server, \
             tempfile.TemporaryDirectory() as tmp:
         spec = f"openai:bench-model@{server.base_url}"
         seq_time, _ = timed(APIBackend(spec, concurrency=1, cache_dir=False), subset, Path(tmp) / "seq")

@@ -30,6 +30,21 @@ HAND_TABLE = [
 ]
 
 
+def scripted_trace_reply(body: dict, answer_of=lambda seed: f"A{seed % 5}") -> str:
+    """An OpenAI-style scripted model for ClinHallu traces whose text depends on its request and seed only:
+    ORG traces (no assistant prefix) with ``seed % 3 == 0`` have no stage markers (invalid, asked again);
+    continuations continue the assistant prefix."""
+    seed = body["seed"]
+    last = body["messages"][-1]
+    prefix = last["content"] if last["role"] == "assistant" else ""
+    if not prefix and seed % 3 == 0:
+        return f"no markers, seed {seed}"
+    full = render_stages(visual_recognition=f"A region seen under seed {seed}.",
+                         knowledge_recall=f"A fact recalled under seed {seed}.",
+                         reasoning=f"Reasoning written under seed {seed}.", answer=answer_of(seed))
+    return full if not prefix else full.split(prefix.rstrip().splitlines()[-1], 1)[1]
+
+
 def shared_upstream() -> Path:
     """``../shared/data/upstream`` next to the repository (``$MEDHEVAL_SHARED`` overrides ``../shared``)."""
     base = os.environ.get("MEDHEVAL_SHARED") or str(Path(__file__).resolve().parents[2] / "shared")

@@ -76,3 +76,20 @@ def llava_next():
 def tiny(request):
     model, processor = request.getfixturevalue(request.param)
     return request.param, model, processor
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A ClinHallu Hub snapshot in the real layout (``clinhallu_fixture.write_snapshot``), one per test module."""
+    from clinhallu_fixture import write_snapshot
+
+    return write_snapshot(tmp_path_factory.mktemp("clinhallu_snapshot"))
+
+
+@pytest.fixture(scope="module")
+def loaded(snapshot: dict, tmp_path_factory: pytest.TempPathFactory):
+    """Every ClinHallu config of :func:`snapshot`, prepared (``prepare_benchmark("clinhallu", "all")``)."""
+    from medheval.benchmarks import prepare_benchmark
+
+    return prepare_benchmark("clinhallu", "all", data_dir=snapshot["data_dir"], image_roots=snapshot["image_roots"],
+                             cache_dir=tmp_path_factory.mktemp("dcache"))

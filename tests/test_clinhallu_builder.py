@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import datasets
 import pytest
 
-from clinhallu_fixture import HUB_FOLDERS, write_snapshot
+from clinhallu_fixture import HUB_FOLDERS
 from medheval.benchmarks import load_benchmark, prepare_benchmark
 from medheval.clinhallu import source as clinhallu_source
 from medheval.schema import validate_record
-
-
-@pytest.fixture(scope="module")
-def snapshot(tmp_path_factory):
-    return write_snapshot(tmp_path_factory.mktemp("clinhallu_snapshot"))
 
 
 def _load(snapshot, config, cache, **kwargs):

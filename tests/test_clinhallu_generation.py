@@ -17,10 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from clinhallu_fixture import write_snapshot
+from clinhallu_fixture import scripted_trace_reply
 from judge_servers import JudgeServer
 from medheval.backends.api import APIBackend
-from medheval.benchmarks import prepare_benchmark
 from medheval.clinhallu.prompts import prompt_set, trace_request
 from medheval.clinhallu.protocol import (
     GENERATIONS,
@@ -31,22 +30,10 @@ from medheval.clinhallu.protocol import (
     ProtocolConfig,
     attempt_seed,
 )
-from medheval.clinhallu.trace import render_stages
 from medheval.predictions_log import read_log
 from medheval.tasks.clinhallu import apply_run_options, protocol_config
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def snapshot(tmp_path_factory):
-    return write_snapshot(tmp_path_factory.mktemp("clinhallu_generation"))
-
-
-@pytest.fixture(scope="module")
-def loaded(snapshot, tmp_path_factory):
-    return prepare_benchmark("clinhallu", "all", data_dir=snapshot["data_dir"], image_roots=snapshot["image_roots"],
-                             cache_dir=tmp_path_factory.mktemp("dcache"))
 
 
 def _log(folder) -> list[str]:
@@ -61,18 +48,6 @@ def _cut(full: Path, into: Path, keep: int) -> list[dict]:
     return [json.loads(line) for line in lines[keep:]]
 
 
-def _model_reply(body):
-    """A scripted model whose text depends on its request and seed only: ORG traces with seed % 3 == 0
-    have no markers (invalid, asked again); continuations continue the assistant prefix."""
-    seed = body["seed"]
-    last = body["messages"][-1]
-    prefix = last["content"] if last["role"] == "assistant" else ""
-    if not prefix and seed % 3 == 0:
-        return f"no markers, seed {seed}"
-    full = render_stages(visual_recognition=f"A region seen under seed {seed}.",
-                         knowledge_recall=f"A fact recalled under seed {seed}.",
-                         reasoning=f"Reasoning written under seed {seed}.", answer=f"A{seed % 5}")
-    return full if not prefix else full.split(prefix.rstrip().splitlines()[-1], 1)[1]
 
 
 def _run(backend, loaded, out, **kwargs):
@@ -84,7 +59,7 @@ def _run(backend, loaded, out, **kwargs):
 
 def test_api_model_gets_chunks_concurrently_and_writes_what_one_at_a_time_writes(loaded, tmp_path):
     records = loaded.dataset.to_list()
-    with JudgeServer("openai", reply=_model_reply, latency=0.05) as server:
+    with JudgeServer("openai", reply=scripted_trace_reply, latency=0.05) as server:
         spec = f"openai:vlm@{server.base_url}"
         entries = _run(APIBackend(spec, concurrency=8, cache_dir=False), loaded, tmp_path / "par").generate(records)
         peak, sent = server.max_in_flight, [r.json for r in server.requests]
@@ -120,7 +95,7 @@ def _model_or_judge(body):
     if body["model"] == "fake-judge":
         return json.dumps({"hallucinated": len(json.dumps(body)) % 2, "reason": "parity", "answer_correct": 1,
                            "answer_reasoning": "r"})
-    return _model_reply(body)
+    return scripted_trace_reply(body)
 
 
 def test_api_model_resume_after_sigkill_equals_an_uninterrupted_run(snapshot, tmp_path):
@@ -162,7 +137,7 @@ def test_api_model_resume_after_sigkill_equals_an_uninterrupted_run(snapshot, tm
 
 def test_a_folder_resumes_only_with_the_settings_of_its_traces(loaded, tmp_path):
     records = loaded.dataset.to_list()[:2]
-    with JudgeServer("openai", reply=_model_reply) as server:
+    with JudgeServer("openai", reply=scripted_trace_reply) as server:
         backend = APIBackend(f"openai:vlm@{server.base_url}", concurrency=4, cache_dir=False)
         first = _run(backend, loaded, tmp_path, config=ProtocolConfig(max_new_tokens=8))
         first.generate(records[:1])  # (a run killed here finds the settings of its traces recorded)

@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from clinhallu_fixture import write_snapshot
 from judge_servers import JudgeServer, image_parts, user_text
 from medheval.backends.base import BackendError
-from medheval.benchmarks import prepare_benchmark
 from medheval.clinhallu.prompts import prompt_set
 from medheval.clinhallu.protocol import (
     GENERATIONS,
@@ -35,17 +33,6 @@ from medheval.clinhallu.protocol import (
 from medheval.predictions_log import read_log
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def snapshot(tmp_path_factory):
-    return write_snapshot(tmp_path_factory.mktemp("clinhallu_protocol"))
-
-
-@pytest.fixture(scope="module")
-def loaded(snapshot, tmp_path_factory):
-    return prepare_benchmark("clinhallu", "all", data_dir=snapshot["data_dir"], image_roots=snapshot["image_roots"],
-                             cache_dir=tmp_path_factory.mktemp("dcache"))
 
 
 def _trace(vr="The image shows a clear finding here.", kr="Textbook facts apply to this case.",

@@ -7,20 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
-from clinhallu_fixture import write_snapshot
 from judge_servers import JudgeServer, user_text
 from medheval.benchmarks import prepare_benchmark
 from medheval.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
 from medheval.predictions_log import read_log
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def snapshot(tmp_path_factory):
-    return write_snapshot(tmp_path_factory.mktemp("clinhallu_run"))
 
 
 def _args(snapshot, out, *extra):
