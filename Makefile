@@ -1,16 +1,26 @@
-# Fresh machine: `make demo` (whole pipeline on the embedded fixtures) and `make test`.
+# Fresh machine: `make demo` (whole pipeline on the embedded fixtures) and `make test`, both installed from
+# requirements/lock.txt (exactly what CI tests). `make test-latest` / `make test-oldest`: the decoding and
+# mitigation tests and `medheval selftest` on the newest / oldest versions setup.cfg allows (own venvs).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU wheel on this project's machines; set TORCH_SPEC="torch" (or a CUDA index) elsewhere.
-TORCH_SPEC ?= torch==2.13.0
+LOCK := requirements/lock.txt
+# torch first, at the lock's release: the CPU wheel on this project's machines (pip prefers /opt/wheels' +cpu
+# build); set TORCH_SPEC="torch==X+cu124 --index-url ..." for a CUDA build of the same release elsewhere.
+TORCH_SPEC ?= $(shell sed -n 's/^torch==\([^ ]*\).*/torch==\1/p' $(LOCK))
+PIP_QUIET := --quiet --disable-pip-version-check
+# the tests that exercise transformers' generation internals (the drift alarm's subset)
+DECODING_TESTS := tests/test_decoding.py tests/test_one_pass.py tests/test_mitigations.py tests/test_avisc_damro.py \
+	tests/test_family_mitigations.py tests/test_opera.py tests/test_presets.py tests/test_selftest.py \
+	tests/test_deprecations.py tests/test_backends.py
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench install lock test-latest test-oldest clean
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed: setup.cfg pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(PY) -m pip install $(PIP_QUIET) $(TORCH_SPEC)
+	$(PY) -m pip install $(PIP_QUIET) -r $(LOCK)
+	$(PY) -m pip install $(PIP_QUIET) --no-deps -e .
 # WordNet for METEOR, offline: copies Debian's wordnet-base files into $(VENV)/nltk_data (apt-get only as root, only if missing)
 	$(PY) -m medheval.nltk_data --apt --target $(VENV)/nltk_data
 	touch $@
@@ -23,6 +33,24 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
+# Re-resolve every dependency to the newest versions setup.cfg allows (torch held at requirements/lock-pins.in),
+# with pip-tools in a throwaway venv; then update TESTED in medheval/versions.py (tests/test_versions.py checks).
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install $(PIP_QUIET) "pip-tools>=7.4,<8"
+	.venv-lock/bin/pip-compile --quiet --upgrade --extra test --strip-extras --no-emit-index-url --no-emit-find-links \
+		--output-file $(LOCK) setup.cfg requirements/lock-pins.in
+	sed -i 's/^\(torch==[0-9.]*\)+[a-z0-9.]*/\1/' $(LOCK)  # the public release, not this machine's local +cpu label
+	rm -rf .venv-lock
+
+# The drift alarm: newest versions the ranges allow, no lock. Prints a one-line verdict naming the versions.
+test-latest:
+	.ci/stack_check latest .venv-latest "$(DECODING_TESTS)"
+
+# The lower bounds of setup.cfg (requirements/oldest.txt): the decoding and mitigation tests and the self-test.
+test-oldest:
+	.ci/stack_check oldest .venv-oldest "$(DECODING_TESTS)"
+
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_build.py
 	$(PY) benchmarks/bench_scoring.py
@@ -30,4 +58,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_labeler.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .venv-latest .venv-oldest .venv-lock runs .pytest_cache

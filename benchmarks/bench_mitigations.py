@@ -52,6 +52,7 @@ from PIL import Image
 from medheval.backends.tiny import build_random_llava, build_tiny_llava
 from medheval.decoding import DecodingMethod
 from medheval.mitigations import DAMRO, AvisC, DoLa, M3ID, OPERA, PAI, VCD, get_mitigation
+from medheval.versions import stack_versions
 
 WORDS = (
     "is there a pleural effusion in the left lower lobe of this chest x ray with cardiomegaly "
@@ -247,7 +248,7 @@ def bench_model(name: str, args) -> dict | None:
     for key, entry in results.items():
         if "vs_beam5" in entry:
             print(f"{key} vs plain 5-beam generate: {entry['vs_beam5']:.3f}x the tokens/s")
-    summary = {"model": name, "device": device, "torch_threads": threads, "torch": torch.__version__,
+    summary = {"model": name, "device": device, "torch_threads": threads, "versions": stack_versions(),
                "machine": platform.machine(), "prompts": args.prompts, "batch_size": args.batch_size,
                "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "preset": args.preset,
                "dtype": str(next(model.parameters()).dtype), "results": results}
@@ -278,6 +279,8 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     models = args.models or (["tiny", "small"] + (["llava-1.5-7b"] if args.device.startswith("cuda") else []))
+    stack = stack_versions()
+    print("stack: " + ", ".join(f"{package} {version}" for package, version in stack.items()), flush=True)
 
     summaries = [summary for name in models if (summary := bench_model(name, args)) is not None]
     print(json.dumps(summaries, indent=2))

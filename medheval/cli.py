@@ -342,6 +342,12 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
     install.set_defaults(handler=cmd_install_metrics)
 
 
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from medheval.mitigations import selftest
+
+    return selftest.main(_split_list(args.family), _split_list(args.method), quiet=args.quiet)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="medheval", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -354,6 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=cmd_demo)
     listing = commands.add_parser("list", help="benchmarks (with configs), metrics, mitigations")
     listing.set_defaults(handler=cmd_list)
+    check = commands.add_parser("selftest", help="check every mitigation's decoding invariants on the installed "
+                                                 "transformers/torch (tiny random models, under a minute on CPU)")
+    check.add_argument("--family", action="append", help="only these model families (repeatable or comma list; "
+                                                         "default: llava, llava_next, qwen2_5_vl, qwen3_vl, gemma3)")
+    check.add_argument("--method", action="append", help="only these mitigations (repeatable or comma list)")
+    check.add_argument("--quiet", action="store_true", help="print the table and the verdict only")
+    check.set_defaults(handler=cmd_selftest)
     add_hub_commands(commands)
     from medheval.report.build import add_report_command
 

@@ -1,8 +1,9 @@
 """benchmark -> backend -> ``predictions.jsonl`` (append-only, resumable) -> metrics -> results.
 
 One output folder holds one run: ``predictions.jsonl`` (all benchmarks, keyed by
-(id, model, mitigation)), ``run.json`` (the settings the predictions were made with; a resumed
-run must match them), ``scored.jsonl`` (per-item correctness), ``results.json`` and ``results.md``.
+(id, model, mitigation)), ``run.json`` (the settings the predictions were made with, which a resumed
+run must match, and under ``"versions"`` the software stack they were first made with, which a resumed
+run only warns about), ``scored.jsonl`` (per-item correctness), ``results.json`` and ``results.md``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import dataclasses
 import functools
 import inspect
 import json
-import platform
 import re
 import sys
 import time
@@ -23,7 +23,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
-from medheval import __version__
 from medheval.backends.base import Backend, BackendError
 from medheval.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
 from medheval.distributed import group as process_group
@@ -35,6 +34,7 @@ from medheval.prompts import describe_templates
 from medheval.predictions_log import LogWriter, jsonl_line, log_key, read_log
 from medheval.registry import list_units, metric_path
 from medheval.tasks import benchmark_default_metrics, benchmark_protocol, detector_options
+from medheval.versions import changed_output_packages, stack_versions, warn_if_newer_than_tested
 
 CLOSE_ENDED_TYPES = frozenset({"yes_no", "multiple_choice"})
 # Metrics computed when --metrics is not given: the ones that run offline with no weights to download.
@@ -78,27 +78,16 @@ class RunSpec:
     generation: GenerationPlan | None = None
 
 
-def _versions() -> dict[str, str]:
-    import datasets
-    import evaluate
-    import transformers
-
-    versions = {"medheval": __version__, "python": platform.python_version(), "datasets": datasets.__version__,
-                "evaluate": evaluate.__version__, "transformers": transformers.__version__}
-    try:
-        import torch
-
-        versions["torch"] = torch.__version__
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
-    return versions
-
-
-def _check_run_settings(output: Path, settings: dict[str, Any]) -> None:
-    """Refuse to resume into a folder whose predictions were made with other settings."""
+def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mapping[str, str | None],
+                        warnings: list[str]) -> None:
+    """Refuse to resume into a folder whose predictions were made with other settings; warn when they were
+    made with another transformers or torch (``run.json["versions"]``: a finished prediction stays valid).
+    A new folder's run.json gets the settings and ``versions``; an existing one is never rewritten (a
+    folder from before versions were recorded keeps none, as its predictions' stack is unknown)."""
     path = output / "run.json"
     if path.exists():
         previous = json.loads(path.read_text())
+        recorded_versions = previous.pop("versions", None)
         recorded = previous.get("backend", {}) if isinstance(previous.get("backend"), dict) else {}
         if isinstance(recorded.get("device"), str):  # folders of earlier versions hold a data-parallel "cuda:N"
             recorded["device"] = recorded["device"].split(":")[0]
@@ -110,8 +99,12 @@ def _check_run_settings(output: Path, settings: dict[str, Any]) -> None:
                 f"{output} holds predictions made with different settings (changed: {'; '.join(changed)}). "
                 f"Resume with the same settings, or choose a new --output folder."
             )
+        if isinstance(recorded_versions, Mapping):
+            for package, old, new in changed_output_packages(recorded_versions, versions):
+                _warn(warnings, f"resuming {output} made with {package} {old}; this process runs {package} {new}: "
+                                f"outputs may differ from the earlier predictions")
     else:
-        atomic_write_text(path, json.dumps(settings, indent=2, sort_keys=True))
+        atomic_write_text(path, json.dumps({**settings, "versions": dict(versions)}, indent=2, sort_keys=True))
 
 
 def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -500,15 +493,19 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     output = Path(spec.output)
     group = process_group()
     log_path = output / "predictions.jsonl"
+    versions = stack_versions()
     with group.lock(output, spec.lock_timeout):
         warnings: list[str] = []
+        newer = warn_if_newer_than_tested(versions) if group.is_main else None  # printed once per process
+        if newer:
+            warnings.append(newer)
         prepared, settings, predictions_file = group.main_first(
-            "preparing the run", lambda: _prepare_run(spec, backend, output, warnings, group.is_main))
+            "preparing the run", lambda: _prepare_run(spec, backend, output, warnings, group.is_main, versions))
         entries = read_log(log_path, repair=group.is_main)
         done = {log_key(entry) for entry in entries}
         order = [rid for loaded, _, _ in prepared for rid in loaded.dataset["id"]]
         recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
-        results: dict[str, Any] = {"settings": settings, "versions": _versions(), "labels": dict(spec.labels),
+        results: dict[str, Any] = {"settings": settings, "versions": versions, "labels": dict(spec.labels),
                                    "prompts": describe_templates(),
                                    "scoring": {"upstream_compat": spec.upstream_compat, **_safe_options(recorded)},
                                    "benchmarks": {}, "warnings": warnings, "world_size": group.world_size}
@@ -559,10 +556,12 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     return results if group.is_main else json.loads((output / "results.json").read_text())
 
 
-def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[str],
-                 main: bool = True) -> tuple[list, dict[str, Any], dict[str, Any] | None]:
+def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[str], main: bool = True,
+                 versions: Mapping[str, str | None] | None = None
+                 ) -> tuple[list, dict[str, Any], dict[str, Any] | None]:
     """Every split prepared and checked, the run's settings checked against ``run.json`` (the main process
-    writes it, and merges predictions left by the processes of a killed data-parallel run)."""
+    writes it with ``versions``, the stack, and merges predictions left by the processes of a killed
+    data-parallel run)."""
     from medheval.distributed import merge_parts
 
     _refuse_grid_folder(output)
@@ -579,7 +578,7 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
     if spec.generation is not None:  # per benchmark / answer type (medheval.generation)
         settings["generation"] = spec.generation.describe()
     if main:
-        _check_run_settings(output, settings)
+        _check_run_settings(output, settings, stack_versions() if versions is None else versions, warnings)
         merge_parts(output / "predictions.jsonl", [rid for loaded, _, _ in prepared for rid in loaded.dataset["id"]])
     return prepared, settings, predictions_file
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from medheval.decoding import internals
 from medheval.decoding import (
     ATTENTION_FUNCTION,
     AttentionHook,
@@ -433,7 +434,8 @@ def test_loop_return_dict(tiny):
     assert len(got.scores) == len(expected.scores) == 6
     assert torch.allclose(got.scores[0], expected.scores[0], atol=1e-5)
     assert torch.allclose(got.logits[-1], expected.logits[-1], atol=1e-5)
-    assert got.past_key_values.get_seq_length() == expected.past_key_values.get_seq_length()
+    assert internals.cache_length(internals.output_cache(got)) == internals.cache_length(internals.output_cache(expected))
+    assert internals.cache_length(internals.output_cache(got)) > 0
 
 
 @pytest.mark.parametrize("share", [True, False])
@@ -445,7 +447,7 @@ def test_second_stream_shared_or_separate(tiny, share):
     assert method.seen["groups"] == ([2] if share else [1, 1])
     assert max(method.seen["diff"]) < 1e-4  # identical inputs -> identical logits, every step
     assert torch.equal(out.sequences, _gen(model, inputs))
-    assert out.past_key_values.layers[0].keys.shape[0] == len(PROMPTS)  # clean rows only are returned
+    assert internals.first_layer_keys(internals.output_cache(out)).shape[0] == len(PROMPTS)  # clean rows only
 
 
 def test_loop_rejects_beam_search(tiny):
@@ -541,3 +543,25 @@ def test_vision_cls_attention_default_layer_follows_hidden_state_indexing(tiny):
             VisionCLSAttention(model)
     finally:
         model.config.vision_feature_layer = saved
+
+
+def test_registered_attention_refuses_sinks_and_matches_sdpa():
+    """transformers' calling convention reaches medheval's eager attention through internals' adapter."""
+    from transformers import AttentionInterface
+
+    from medheval.decoding.hooks import ATTENTION_FUNCTION, _register_attention_function
+    from medheval.decoding.visual_tokens import MissingInternalError
+
+    _register_attention_function()
+    attention = AttentionInterface()[ATTENTION_FUNCTION]
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, 4, 5, 8, generator=generator) for _ in range(3))
+    module = torch.nn.Module().eval()
+    output, weights = attention(module, query, key[:, :2], value[:, :2], None, scaling=0.25, dropout=0.0)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, key[:, :2].repeat_interleave(2, dim=1), value[:, :2].repeat_interleave(2, dim=1), scale=0.25)
+    assert torch.allclose(output, expected.transpose(1, 2), atol=1e-6)
+    assert torch.allclose(weights.sum(-1), torch.ones(1, 4, 5))
+    module.sinks = torch.zeros(4)
+    with pytest.raises(MissingInternalError, match="attention sinks"):
+        attention(module, query, key, value, None, scaling=0.25)

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from medheval.backends.tiny_families import build_tiny
+from medheval.decoding import internals
 from medheval.decoding import MitigationError, hooks_installed, image_token_mask
 from medheval.mitigations import AvisC, DoLa, M3ID, OPERA, PAI, VCD
 from medheval.mitigations.vcd import add_diffusion_noise
@@ -413,8 +414,6 @@ def test_opera_full_length_cache_keeps_the_sliding_window(gemma):
     """Gemma 3's own masks over a cache of full-length DynamicLayers (what OPERA uses) give exactly what its
     sliding-window cache (which drops keys) and a cache-free forward give, prefill (bidirectional image
     tokens via token_type_ids) and decoding past the window; with the window switched off they differ."""
-    from transformers import DynamicCache
-
     _, model, processor = gemma
     inputs = _inputs(processor)
     length = inputs["input_ids"].shape[1]
@@ -423,14 +422,14 @@ def test_opera_full_length_cache_keeps_the_sliding_window(gemma):
 
     def decode(cache):
         with torch.no_grad():
-            logits = [model(**inputs, past_key_values=cache, use_cache=True).logits[:, -1]]
+            logits = [model(**inputs, **internals.cache_keyword(cache), use_cache=True).logits[:, -1]]
             for i in range(GEMMA_NEW - 1):
                 logits.append(model(input_ids=sequences[:, length + i, None], attention_mask=mask[:, : length + i + 1],
-                                    past_key_values=cache, use_cache=True).logits[:, -1])
+                                    **internals.cache_keyword(cache), use_cache=True).logits[:, -1])
         return torch.stack(logits, dim=1), cache
 
-    full, full_cache = decode(DynamicCache())
-    windowed, windowed_cache = decode(DynamicCache(config=model.config))
+    full, full_cache = decode(internals.new_cache())
+    windowed, windowed_cache = decode(internals.new_cache(model))
     sliding = model.config.text_config.layer_types.index("sliding_attention")
     assert full_cache.layers[sliding].keys.shape[-2] == length + GEMMA_NEW - 1  # every key kept
     assert windowed_cache.layers[sliding].keys.shape[-2] < 8  # the sliding layer dropped them
@@ -443,7 +442,7 @@ def test_opera_full_length_cache_keeps_the_sliding_window(gemma):
     text = model.config.text_config
     window, text.sliding_window = text.sliding_window, 10**6
     try:
-        unwindowed, _ = decode(DynamicCache())
+        unwindowed, _ = decode(internals.new_cache())
     finally:
         text.sliding_window = window
     assert (unwindowed - full).abs().max() > 1e-3  # the window matters in this test
@@ -519,8 +518,9 @@ def test_opera_refuses_caches_it_cannot_crop():
     for cache, kind in [(DynamicCache(config=model.config), "DynamicCache with DynamicSlidingWindowLayer"),
                         (StaticCache(config=model.config, max_cache_len=64), "StaticCache")]:
         with pytest.raises(MitigationError, match=f"OPERA on Gemma3ForConditionalGeneration: .* is a {kind}.*"
-                                                  "pass no past_key_values"):
-            model.generate(**inputs, max_new_tokens=2, past_key_values=cache, custom_generate=OPERA(num_beams=2))
+                                                  "pass no cache"):
+            model.generate(**inputs, max_new_tokens=2, **internals.cache_keyword(cache),
+                           custom_generate=OPERA(num_beams=2))
     assert not hooks_installed(model)
     # generate's own hybrid (static, sliding) cache from the generation config is replaced, not refused
     vocab = model.config.get_text_config().vocab_size

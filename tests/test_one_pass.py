@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from medheval.decoding import internals
 from medheval.decoding import DecodingMethod, MitigationError, Stream, StreamGroup, hooks_installed
 from medheval.decoding.visual_tokens import drop_image_tokens
 from medheval.mitigations import DAMRO, M3ID, PAI, VCD, AvisC
@@ -117,7 +118,8 @@ def test_return_dict_keeps_the_clean_cache_only(llava):
     inputs = _inputs("llava", processor, [0, 1, 2])
     out = _gen(model, inputs, custom_generate=M3ID(), return_dict_in_generate=True)
     plain = _gen(model, inputs, return_dict_in_generate=True)
-    assert out.past_key_values.layers[0].keys.shape == plain.past_key_values.layers[0].keys.shape
+    assert (internals.first_layer_keys(internals.output_cache(out)).shape
+            == internals.first_layer_keys(internals.output_cache(plain)).shape)
 
 
 # ---------------------------------------------------------------------------------------

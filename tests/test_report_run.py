@@ -85,3 +85,24 @@ def test_results_md_states_the_caveats(tmp_path):
     run["benchmarks"]["knowledge:open"]["annotation_files"] = []
     run["settings"]["backend"] = {}
     assert caveats(run) == []
+
+
+def test_a_run_and_its_report_show_the_software_stack(fixture_benchmark, tmp_path):
+    from medheval.report.build import write_report
+    from medheval.versions import stack_versions
+
+    out, _, _ = _score_half(fixture_benchmark, tmp_path)
+    now = stack_versions()
+    shown = [f"{package} {now[package]}" for package in
+             ("medheval", "transformers", "torch", "datasets", "evaluate", "huggingface_hub")]
+    written = write_report([out], tmp_path / "report", plots=False)
+    markdown = written["markdown"].read_text()
+    assert "## Software stack" in markdown
+    line = next(line for line in markdown.splitlines() if line.startswith("All runs: "))
+    assert all(entry in line for entry in shown), line
+    summary = json.loads(written["json"].read_text())
+    assert summary["software_stack"] == [{"runs": "all runs", "versions": {k: str(v) for k, v in now.items()}}]
+    assert summary["runs"][0]["versions"] == now
+    for page in (written["html"].read_text(), (out / "report.html").read_text()):  # medheval report; the run's own
+        stack = page.split("<h2>Software stack</h2>")[1].split("</table>")[0]
+        assert all(f"<td>{now[package]}</td>" in stack for package in now), stack

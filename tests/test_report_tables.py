@@ -322,3 +322,45 @@ def test_clinhallu_marks_rank_models_within_split_and_source(tmp_path):
     assert len(sources) == 3  # all, a, b
     for source in sources:
         assert (acc[("m1", source)].mark, acc[("m2", source)].mark) == ("worst", "best"), source
+
+
+def _with_versions(run, **changed):
+    """Record a software stack in a hand-made run's results.json (``changed`` overrides versions)."""
+    results = json.loads((run / "results.json").read_text())
+    results["versions"] = {"medheval": "0.1.0", "python": "3.11.7", "transformers": "5.24.0", "torch": "2.13.0",
+                           "datasets": "5.2.0", "evaluate": "0.4.6", "huggingface_hub": "2.4.0", **changed}
+    (run / "results.json").write_text(json.dumps(results))
+    return run
+
+
+def test_software_stack_one_line_when_shared_one_row_per_run_otherwise(tmp_path):
+    from medheval.report.build import software_stack
+
+    first = _with_versions(write_run(tmp_path / "a", "none", BASE))
+    second = _with_versions(write_run(tmp_path / "b", "vcd", BETTER))
+    written = write_report([first, second], tmp_path / "same", plots=False)
+    markdown = written["markdown"].read_text()
+    assert ("## Software stack\n\nAll runs: medheval 0.1.0 · python 3.11.7 · transformers 5.24.0 · torch 2.13.0 · "
+            "datasets 5.2.0 · evaluate 0.4.6 · huggingface_hub 2.4.0\n") in markdown
+    summary = json.loads(written["json"].read_text())
+    assert [row["runs"] for row in summary["software_stack"]] == ["all runs"]
+    assert [run["versions"]["torch"] for run in summary["runs"]] == ["2.13.0", "2.13.0"]
+    assert written["html"].read_text().count("<td>all runs</td>") == 1
+
+    _with_versions(second, torch="2.14.0", huggingface_hub=None)
+    written = write_report([first, second], tmp_path / "differ", plots=False)
+    markdown = written["markdown"].read_text()
+    assert "All runs:" not in markdown
+    assert f"| `m · none ({first})` | 0.1.0 | 3.11.7 | 5.24.0 | 2.13.0 | 5.2.0 | 0.4.6 | 2.4.0 |" in markdown
+    assert f"| `m · vcd ({second})` | 0.1.0 | 3.11.7 | 5.24.0 | 2.14.0 | 5.2.0 | 0.4.6 | – |" in markdown
+    rows = json.loads(written["json"].read_text())["software_stack"]
+    assert [(row["runs"], row["versions"]["torch"]) for row in rows] == [
+        (f"m · none ({first})", "2.13.0"), (f"m · vcd ({second})", "2.14.0")]
+    stack = written["html"].read_text().split("<h2>Software stack</h2>")[1].split("</table>")[0]
+    assert stack.count("<tr>") == 3 and "<td>2.14.0</td>" in stack and "<td>2.13.0</td>" in stack
+
+    older = write_run(tmp_path / "old", "none", BASE)  # written before results.json held versions
+    assert software_stack(find_runs([older])) == []
+    assert [row[1]["torch"] for row in software_stack(find_runs([first, older]))] == ["2.13.0", "–"]
+    written = write_report([older], tmp_path / "old-report", plots=False)
+    assert "Software stack" not in written["markdown"].read_text() + written["html"].read_text()

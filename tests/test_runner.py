@@ -328,3 +328,118 @@ def test_unknown_mitigation_and_mitigation_on_a_predictions_file_are_refused(fix
     assert "predictions file" in capsys.readouterr().err
     assert main([*base, "--model", "tiny-random-llava", "--output", str(tmp_path / "b"), "--mitigation", "vcdd"]) == 2
     assert "unknown mitigation" in capsys.readouterr().err
+
+
+NEWER = "is newer than this medheval release was tested with"
+
+
+def _context_predictions(fixture: dict, tmp_path: Path, answer: str = "no") -> tuple[list[str], list[str]]:
+    """A predictions file answering every context item ``answer``; returns (its ids, the run's base args)."""
+    ids = load_benchmark("context", data_dir=fixture["data_dir"])["id"]
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": answer} for rid in ids])
+    return ids, ["run", "--benchmark", "context", "--predictions", str(path), "--data-dir", fixture["data_dir"]]
+
+
+def test_newer_than_tested_warns_once_per_process(fixture_benchmark, tmp_path, monkeypatch, capsys):
+    from medheval import versions
+
+    monkeypatch.setattr(versions, "_warned_newer", False)
+    monkeypatch.setitem(versions.TESTED, "transformers", "0.1")  # the installed transformers is newer
+    installed = versions.installed_version("transformers")
+    _, base = _context_predictions(fixture_benchmark, tmp_path)
+    assert main([*base, "--output", str(tmp_path / "a")]) == 0
+    assert main([*base, "--output", str(tmp_path / "b")]) == 0
+    err = capsys.readouterr().err
+    assert err.count(NEWER) == 1
+    assert f"transformers {installed} (tested up to 0.1)" in err and "medheval selftest" in err
+    first = json.loads((tmp_path / "a" / "results.json").read_text())["warnings"]
+    second = json.loads((tmp_path / "b" / "results.json").read_text())["warnings"]
+    assert [text for text in first if NEWER in text] == [next(line for line in err.splitlines()
+                                                              if NEWER in line).removeprefix("warning: ")]
+    assert not [text for text in second if NEWER in text]  # it fired in the first run of this process only
+
+
+def test_nothing_newer_than_tested_no_warning(fixture_benchmark, tmp_path, monkeypatch, capsys):
+    from medheval import versions
+
+    monkeypatch.setattr(versions, "_warned_newer", False)
+    for package in versions.WATCHED_PACKAGES:
+        monkeypatch.setitem(versions.TESTED, package, "999")
+    _, base = _context_predictions(fixture_benchmark, tmp_path)
+    assert main([*base, "--output", str(tmp_path / "a")]) == 0
+    assert NEWER not in capsys.readouterr().err
+    assert not [t for t in json.loads((tmp_path / "a" / "results.json").read_text())["warnings"] if NEWER in t]
+    assert versions._warned_newer is False
+
+
+def _set_recorded(out: Path, **recorded: str | None) -> None:
+    """Edit run.json's recorded versions (``None``: remove the whole ``versions`` key)."""
+    settings = json.loads((out / "run.json").read_text())
+    if any(value is None for value in recorded.values()):
+        settings.pop("versions")
+    else:
+        settings["versions"].update(recorded)
+    (out / "run.json").write_text(json.dumps(settings))
+
+
+def test_run_json_and_results_json_record_the_stack(fixture_benchmark, tmp_path):
+    from medheval.versions import stack_versions
+
+    _, base = _context_predictions(fixture_benchmark, tmp_path)
+    out = tmp_path / "run"
+    assert main([*base, "--output", str(out)]) == 0
+    expected = stack_versions()
+    recorded = json.loads((out / "run.json").read_text())["versions"]
+    results = json.loads((out / "results.json").read_text())["versions"]
+    for package in ("medheval", "transformers", "torch", "datasets", "evaluate", "huggingface_hub"):
+        assert expected[package] and recorded[package] == results[package] == expected[package], package
+
+
+def test_resume_under_another_transformers_or_torch_warns_and_keeps_predictions(fixture_benchmark, tmp_path,
+                                                                                 capsys):
+    from medheval.versions import stack_versions
+
+    now = stack_versions()
+    ids, base = _context_predictions(fixture_benchmark, tmp_path)
+    out = tmp_path / "run"
+    assert main([*base, "--output", str(out)]) == 0
+    # an interrupted run made with another transformers: 2 predictions (unlike the file's) and no more
+    earlier = [{**entry, "prediction": "yes"} for entry in read_log(out / "predictions.jsonl")[:2]]
+    _write_jsonl(out / "predictions.jsonl", earlier)
+    _set_recorded(out, transformers="4.0.0")
+    capsys.readouterr()
+    assert main([*base, "--output", str(out)]) == 0
+    err = capsys.readouterr().err
+    expected = (f"resuming {out} made with transformers 4.0.0; this process runs transformers "
+                f"{now['transformers']}: outputs may differ from the earlier predictions")
+    assert f"warning: {expected}" in err and "made with torch" not in err
+    results = json.loads((out / "results.json").read_text())
+    assert expected in results["warnings"]
+    assert results["benchmarks"]["context:default"]["generated_this_run"] == len(ids) - 2
+    scored = {row["id"]: row["prediction"] for row in map(json.loads, (out / "scored.jsonl").read_text().splitlines())}
+    assert scored == {rid: "yes" if rid in {e["id"] for e in earlier} else "no" for rid in ids}
+    assert json.loads((out / "run.json").read_text())["versions"]["transformers"] == "4.0.0"  # not rewritten
+
+    _set_recorded(out, transformers=now["transformers"], torch="1.0.0")
+    assert main([*base, "--output", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"made with torch 1.0.0; this process runs torch {now['torch']}" in err
+    assert "made with transformers" not in err
+    assert any("made with torch 1.0.0" in text for text in json.loads((out / "results.json").read_text())["warnings"])
+
+
+def test_older_folder_resumes_silently_and_other_settings_are_still_refused(fixture_benchmark, tmp_path, capsys):
+    _, base = _context_predictions(fixture_benchmark, tmp_path)
+    out = tmp_path / "run"
+    assert main([*base, "--output", str(out)]) == 0
+    _set_recorded(out, transformers=None)  # run.json as written before versions were recorded
+    assert main([*base, "--output", str(out)]) == 0
+    assert "resuming" not in capsys.readouterr().err
+    assert "versions" not in json.loads((out / "run.json").read_text())  # left as it was
+    assert not [t for t in json.loads((out / "results.json").read_text())["warnings"] if "resuming" in t]
+
+    assert main([*base, "--output", str(tmp_path / "new")]) == 0
+    _set_recorded(tmp_path / "new", transformers="4.0.0", torch="1.0.0")
+    assert main([*base, "--output", str(tmp_path / "new"), "--limit", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "different settings (changed: limit null → 3)" in err and "versions" not in err and "resuming" not in err

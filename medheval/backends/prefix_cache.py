@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from medheval.backends.base import BackendError
+from medheval.decoding import internals
 
 
 def image_key(images: list) -> str:
@@ -127,20 +128,19 @@ class PrefixCache:
         if cache_key in self._cache:
             self._cache.move_to_end(cache_key)
             return self._cache[cache_key]
-        from transformers import DynamicCache
-
         model = backend.model
         inputs: dict[str, Any] = {"input_ids": torch.tensor([prefix], device=backend.device)}
         inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
         if pixel_values is not None:
             inputs["pixel_values"] = pixel_values.to(backend.device, model.dtype)
         with torch.inference_mode():
-            out = model(**inputs, past_key_values=DynamicCache(config=model.config), use_cache=True)
+            out = model(**inputs, **internals.cache_keyword(internals.new_cache(model)), use_cache=True)
         self.prefix_encodings += 1
-        self._cache[cache_key] = out.past_key_values
+        cache = internals.output_cache(out)
+        self._cache[cache_key] = cache
         while len(self._cache) > self.keep:
             self._cache.popitem(last=False)
-        return out.past_key_values
+        return cache
 
     def _generate_chunk(self, prefix: list[int], suffixes: list[list[int]], cache: Any,
                         overrides: dict | None = None) -> list[str]:
@@ -153,10 +153,10 @@ class PrefixCache:
         attention_mask = torch.tensor(masks, device=backend.device)
         past = copy.deepcopy(cache)
         if len(suffixes) > 1:
-            past.batch_repeat_interleave(len(suffixes))
+            internals.repeat_rows(past, len(suffixes))
         torch.manual_seed(backend.seed)
         with torch.inference_mode():
-            out = backend.model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past,
+            out = backend.model.generate(input_ids=input_ids, attention_mask=attention_mask, **internals.cache_keyword(past),
                                          **{**backend._generation_kwargs(), **(overrides or {})})
         sequences = out.sequences if hasattr(out, "sequences") else out
         decoded = backend.tokenizer.batch_decode(sequences[:, input_ids.shape[1]:], skip_special_tokens=True)

@@ -6,7 +6,9 @@
   KV cache (one forward over 2B rows per step; other prompt lengths left-padded after prefill);
 - :mod:`~medheval.decoding.contrast` — the plausibility cutoff and the combination rules;
 - :mod:`~medheval.decoding.hooks` — attention hooks (pre-softmax edits, attention rows);
-- :mod:`~medheval.decoding.visual_tokens` — where the image tokens are, from ``input_ids``.
+- :mod:`~medheval.decoding.visual_tokens` — where the image tokens are, from ``input_ids``;
+- :mod:`~medheval.decoding.internals` — the only module that names transformers' generation internals
+  (the cache argument and classes, ``prepare_inputs_for_generation``, the attention interface...).
 """
 
 from medheval.decoding.contrast import (

@@ -53,6 +53,7 @@ import dataclasses
 
 import torch
 
+from medheval.decoding import internals
 from medheval.decoding.visual_tokens import MitigationError
 
 
@@ -372,47 +373,11 @@ def trim_to_generated(sequences: torch.Tensor, beam_indices: torch.Tensor, promp
 
 
 # ---------------------------------------------------------------------------------------
-# KV cache per beam
+# KV cache per beam: transformers' cache layers are edited in medheval.decoding.internals only
 # ---------------------------------------------------------------------------------------
-def select_cache_rows(cache, rows: torch.Tensor):
-    """A cache holding only ``rows`` of ``cache`` (which is left untouched).
-
-    The layers are shallow-copied and each copy's ``batch_select_indices`` rebinds its own tensors,
-    so only the selected rows are copied (``copy.deepcopy`` would copy the whole batch).
-    """
-    new = copy.copy(cache)
-    new.layers = [copy.copy(layer) for layer in cache.layers]
-    for layer in new.layers:
-        layer.batch_select_indices(rows.to(layer.keys.device) if getattr(layer, "is_initialized", False) else rows)
-    return new
-
-
-def supports_token_selection(cache) -> bool:
-    """Whether :func:`keep_appended_tokens` can edit ``cache`` (plain, full-length dynamic layers only)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
-    return isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
-
-
-def keep_appended_tokens(cache, prefix_length: int, source_rows: torch.Tensor, appended_index: torch.Tensor) -> None:
-    """After a forward appended ``A`` tokens per row to a ``prefix_length`` cache, keep for each new
-    row ``r`` the prefix of row ``source_rows[r]`` followed by its appended token ``appended_index[r]``.
-
-    This is beam reordering plus dropping all but one look-ahead token, with one copy of the cache
-    per layer (the reorder's ``index_select``; the kept token is moved to position
-    ``prefix_length`` in that copy, which is then narrowed — the next ``update`` concatenates it
-    anyway). Only for :func:`supports_token_selection` caches.
-    """
-    for layer in cache.layers:
-        if not getattr(layer, "is_initialized", False) or layer.keys.numel() == 0:
-            continue
-        src = source_rows.to(layer.keys.device)
-        index = (prefix_length + appended_index.to(layer.keys.device)).view(-1, 1, 1, 1)
-        for name in ("keys", "values"):
-            states = getattr(layer, name).index_select(0, src)
-            gather_index = index.expand(states.shape[0], states.shape[1], 1, states.shape[3])
-            states[:, :, prefix_length : prefix_length + 1] = states.gather(2, gather_index)
-            setattr(layer, name, states[:, :, : prefix_length + 1])
+select_cache_rows = internals.copy_selected_rows  # some rows of a cache, the others not copied
+supports_token_selection = internals.is_full_length_cache  # whether keep_appended_tokens can edit it
+keep_appended_tokens = internals.keep_appended_tokens
 
 
 __all__ = [

@@ -29,6 +29,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from medheval.decoding import internals
 from medheval.decoding.visual_tokens import MissingInternalError, MitigationError
 
 ATTENTION_FUNCTION = "medheval_eager"
@@ -40,11 +41,7 @@ def _register_attention_function() -> None:
     global _registered
     if _registered:
         return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    AttentionInterface.register(ATTENTION_FUNCTION, medheval_attention_forward)
-    AttentionMaskInterface.register(ATTENTION_FUNCTION, eager_mask)
+    internals.register_attention_function(ATTENTION_FUNCTION, medheval_attention_forward)
     _registered = True
 
 
@@ -63,16 +60,13 @@ def medheval_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    **kwargs,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention with per-layer score edits and weight observers (see module docstring).
 
-    Without hooks on ``module`` it computes exactly Llama's eager attention.
+    Without hooks on ``module`` it computes exactly Llama's eager attention. transformers calls it
+    through :func:`medheval.decoding.internals.register_attention_function`.
     """
-    if getattr(module, "sinks", None) is not None or kwargs.get("s_aux") is not None:
-        raise MissingInternalError(
-            f"{type(module).__name__} uses attention sinks, which medheval's eager attention does not implement"
-        )
     hooks = getattr(module, _HOOKS_ATTR, ())
     layer_idx = getattr(module, "layer_idx", None)
     groups = query.shape[1] // key.shape[1]
@@ -80,7 +74,6 @@ def medheval_attention_forward(
     value_states = _repeat_kv(value, groups)
 
     scores = torch.matmul(query, key_states.transpose(2, 3)) * scaling
-    softcap = kwargs.get("softcap")
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
@@ -127,20 +120,6 @@ def attention_modules(model) -> list[torch.nn.Module]:
 def num_layers(model) -> int:
     """Number of decoder layers of the language model."""
     return len(language_model(model).layers)
-
-
-def _text_config_key(model) -> str | None:
-    """The sub-config key holding the language model's config (``"text_config"`` for LLaVA)."""
-    text_config = model.config.get_text_config()
-    if text_config is model.config:
-        return None
-    for key in getattr(model.config, "sub_configs", {}) or {}:
-        if getattr(model.config, key, None) is text_config:
-            return key
-    raise MissingInternalError(
-        f"{type(model).__name__}: cannot find which sub-config is the text config, to switch only the "
-        "language model to eager attention"
-    )
 
 
 class AttentionHook:
@@ -248,9 +227,7 @@ def attention_hooks(model, hooks: Sequence[AttentionHook]) -> Iterator[None]:
                 f"{type(hook).__name__} asks for layers {bad}, but the language model has {len(modules)} layers"
             )
     _register_attention_function()
-    key = _text_config_key(model)
-    text_config = model.config.get_text_config()
-    previous = text_config._attn_implementation
+    previous = internals.text_attention_implementation(model)
     attached: list[torch.nn.Module] = []
     try:
         for index, module in enumerate(modules):
@@ -258,8 +235,8 @@ def attention_hooks(model, hooks: Sequence[AttentionHook]) -> Iterator[None]:
             if mine:
                 setattr(module, _HOOKS_ATTR, tuple(mine))
                 attached.append(module)
-        model.set_attn_implementation(ATTENTION_FUNCTION if key is None else {key: ATTENTION_FUNCTION})
-        if text_config._attn_implementation != ATTENTION_FUNCTION:
+        internals.set_text_attention_implementation(model, ATTENTION_FUNCTION)
+        if internals.text_attention_implementation(model) != ATTENTION_FUNCTION:
             raise MissingInternalError(
                 f"{type(model).__name__} did not accept attn_implementation={ATTENTION_FUNCTION!r} for its language "
                 "model: the mitigation needs eager attention it can hook (AttentionInterface)"
@@ -269,8 +246,7 @@ def attention_hooks(model, hooks: Sequence[AttentionHook]) -> Iterator[None]:
         for module in attached:
             if hasattr(module, _HOOKS_ATTR):
                 delattr(module, _HOOKS_ATTR)
-        if text_config._attn_implementation != previous:
-            model.set_attn_implementation(previous if key is None else {key: previous})
+        internals.set_text_attention_implementation(model, previous)
 
 
 def vision_encoder_layers(model) -> list[torch.nn.Module]:
@@ -368,7 +344,7 @@ def hooks_installed(model) -> bool:
     except MissingInternalError:
         return False
     attached = any(hasattr(m, _HOOKS_ATTR) for m in modules)
-    return attached or model.config.get_text_config()._attn_implementation == ATTENTION_FUNCTION
+    return attached or internals.text_attention_implementation(model) == ATTENTION_FUNCTION
 
 
 __all__ = [

@@ -49,6 +49,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
+from medheval.decoding import internals
 from medheval.decoding.hooks import AttentionHook, attention_hooks
 from medheval.decoding.streams import PREFILL_ONLY_INPUTS, Stream, StreamGroup, token_type_inputs
 from medheval.decoding.visual_tokens import MitigationError
@@ -288,23 +289,21 @@ def decode(
     """Run ``method`` on a prepared batch (what ``generate`` hands to a ``custom_generate`` callable).
 
     Returns what ``generate`` returns: the ``[B, T + new]`` sequences, or a
-    ``GenerateDecoderOnlyOutput`` (``sequences``, ``scores``, ``logits``,
-    ``past_key_values`` of the clean stream) when ``return_dict_in_generate=True``.
+    ``GenerateDecoderOnlyOutput`` (``sequences``, ``scores``, ``logits`` and the clean stream's
+    cache) when ``return_dict_in_generate=True``.
     """
-    from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
-    from transformers.generation.stopping_criteria import MaxLengthCriteria
-    from transformers.generation.utils import GenerateDecoderOnlyOutput
+    from transformers import LogitsProcessorList, StoppingCriteriaList
 
     generation_config = generation_config if generation_config is not None else model.generation_config
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
     if not stopping_criteria and getattr(generation_config, "max_length", None):
-        stopping_criteria.append(MaxLengthCriteria(max_length=generation_config.max_length))
+        stopping_criteria.append(internals.max_length_criteria(generation_config.max_length))
     _validate_generation_config(method, generation_config)
 
-    past = model_kwargs.pop("past_key_values", None)
-    if past is not None and past.get_seq_length() > 0:
-        raise MitigationError(f"{method.name} cannot continue from a filled past_key_values cache; start from the prompt")
+    past = internals.pop_cache(model_kwargs)
+    if internals.cache_length(past) > 0:
+        raise MitigationError(f"{method.name} cannot continue from a filled KV cache; start from the prompt")
     attention_mask = model_kwargs.pop("attention_mask", None)
     for key in ("position_ids", "use_cache", "logits_to_keep", "cache_position"):
         model_kwargs.pop(key, None)
@@ -325,7 +324,7 @@ def decode(
     separate = [s for s in extra if not any(s is t for t in shared)]
     # streams prefilled in their own forward that join the clean group after the first step
     joining = {s.name for s in separate if one_pass and s.share_batch is not False}
-    main_cache = past if (past is not None and not shared and isinstance(past, DynamicCache)) else None
+    main_cache = past if (past is not None and not shared and internals.is_dynamic_cache(past)) else None
     ctx.groups.append(
         StreamGroup(model, [main, *shared], cache=main_cache, common_kwargs={**tensor_kwargs, **plain_kwargs})
     )
@@ -334,9 +333,7 @@ def decode(
         ctx.groups.append(StreamGroup(model, [stream], common_kwargs={**plain_kwargs, **own}))
 
     do_sample = bool(getattr(generation_config, "do_sample", False))
-    pad_token_id = generation_config._pad_token_tensor if hasattr(generation_config, "_pad_token_tensor") else None
-    if pad_token_id is None and getattr(generation_config, "pad_token_id", None) is not None:
-        pad_token_id = torch.tensor(generation_config.pad_token_id)
+    pad_token_id = internals.pad_token_tensor(generation_config)
     has_eos_stopping = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
     if has_eos_stopping and pad_token_id is None:
         raise MitigationError("stopping on EOS needs a pad_token_id for the finished rows; set generation_config.pad_token_id")
@@ -414,14 +411,12 @@ def decode(
         return ctx.input_ids
     cache = ctx.groups[0].cache
     if cache is not None and len(ctx.groups[0].streams) > 1:
-        cache.batch_select_indices(torch.arange(batch_size, device=input_ids.device))
-    return GenerateDecoderOnlyOutput(
+        internals.select_rows(cache, torch.arange(batch_size, device=input_ids.device))
+    return internals.decoder_only_output(
         sequences=ctx.input_ids,
         scores=all_scores if keep_scores else None,
         logits=all_logits if keep_logits else None,
-        attentions=None,
-        hidden_states=None,
-        past_key_values=cache,
+        cache=cache,
     )
 
 
@@ -433,13 +428,11 @@ def generate_from_folder(method_cls: type[DecodingMethod], model, **generate_arg
     fields of ``method_cls`` (e.g. ``alpha=1.0``) configure the method; everything else goes
     back to ``model.generate`` with the method as a ``custom_generate`` callable.
     """
-    from transformers import GenerationMixin
-
     fields = set(inspect.signature(method_cls).parameters)
     method_kwargs = {k: generate_arguments.pop(k) for k in list(generate_arguments) if k in fields}
     method = method_cls(**method_kwargs)
     arguments = {k: v for k, v in generate_arguments.items() if v is not None}
-    return GenerationMixin.generate(model, custom_generate=method, **arguments)
+    return internals.generate_entry()(model, custom_generate=method, **arguments)
 
 
 __all__ = ["DecodingContext", "DecodingMethod", "decode", "generate_from_folder"]

@@ -38,9 +38,9 @@ A stream prefilled in its own forward gets the per-token type ids of its own pro
 (:func:`token_type_inputs`): the clean ones when its tokens are the clean prompt's (AvisC), else
 ``1`` at its image tokens and ``0`` elsewhere (a text-only prompt: all ``0``).
 
-The group feeds the model through ``model.prepare_inputs_for_generation`` and advances
-with ``model._update_model_kwargs_for_generation``, the same helpers ``generate``'s own
-sampling loop uses, so positions, masks and caches behave exactly as in ``generate``.
+The group feeds the model and advances its kwargs with the same helpers ``generate``'s own
+sampling loop uses (through :mod:`medheval.decoding.internals`, the one module that names them), so
+positions, masks and caches behave exactly as in ``generate``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ from typing import Any, Sequence
 
 import torch
 
+from medheval.decoding import internals
+from medheval.decoding.internals import generic_position_ids as _position_ids
+from medheval.decoding.internals import prompt_position_ids
 from medheval.decoding.visual_tokens import MitigationError, image_token_mask
 
 # Inputs consumed only by the first forward (the prompt); later steps feed one token.
@@ -153,9 +156,8 @@ def concat_batch(values: Sequence[Any], what: str = "input") -> Any:
 # bidirectional image attention; Qwen-VL: 1 = image, 2 = video, for M-RoPE); generate extends them per step
 TOKEN_TYPE_INPUTS = ("token_type_ids", "mm_token_type_ids")
 
-# what join() pads and concatenates (or what holds no per-row data)
-_JOINED_KWARGS = ("attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep",
-                  *TOKEN_TYPE_INPUTS)
+# what join() pads and concatenates (or what holds no per-row data); the cache, under any name, too
+_JOINED_KWARGS = ("attention_mask", "position_ids", "use_cache", "logits_to_keep", *TOKEN_TYPE_INPUTS)
 
 
 def token_type_inputs(model, main: "Stream", stream: "Stream", clean_inputs: dict[str, Any]) -> dict[str, Any]:
@@ -180,33 +182,6 @@ def token_type_inputs(model, main: "Stream", stream: "Stream", clean_inputs: dic
         image = image_token_mask(stream.input_ids, model.config)
         out[key] = image.to(device=value.device, dtype=value.dtype)
     return out
-
-
-def _position_ids(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
-    """As ``generate``: cumulative sum of the mask (0 on padding), or ``arange`` without a mask."""
-    if attention_mask is None:
-        return torch.arange(input_ids.shape[1], dtype=torch.long, device=input_ids.device).unsqueeze(0)
-    position_ids = attention_mask.long().cumsum(-1) - 1
-    return position_ids.masked_fill(attention_mask == 0, 0)
-
-
-def prompt_position_ids(model, input_ids: torch.Tensor, attention_mask, inputs: dict) -> torch.Tensor:
-    """The prompt's position ids as ``generate`` computes them: the model's own
-    ``_prepare_position_ids_for_generation`` where it overrides the generic one (Qwen-VL's M-RoPE:
-    ``[4, B, T]`` text + 3-D vision positions from ``image_grid_thw``/``mm_token_type_ids``),
-    otherwise ``cumsum(mask) - 1``."""
-    from transformers.generation.utils import GenerationMixin
-
-    own = getattr(type(model), "_prepare_position_ids_for_generation", None)
-    if own is None or own is GenerationMixin._prepare_position_ids_for_generation:
-        return _position_ids(attention_mask, input_ids)
-    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-    kwargs = {**inputs, "input_ids": input_ids, "attention_mask": mask}
-    return model._prepare_position_ids_for_generation(input_ids, kwargs)
-
-
-def _layer_kind(layer) -> tuple[str, int | None]:
-    return type(layer).__name__, getattr(layer, "sliding_window", None)
 
 
 class StreamGroup:
@@ -266,24 +241,21 @@ class StreamGroup:
                 if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == self.batch_size:
                     common[key] = value.repeat(len(self.streams), *([1] * (value.dim() - 1)))
         if cache is None:
-            from transformers import DynamicCache
-
-            cache = DynamicCache(config=model.config)
-        self.model_kwargs: dict[str, Any] = {
+            cache = internals.new_cache(model)
+        self.model_kwargs: dict[str, Any] = internals.with_cache({
             **common,
             **prefill,
             "attention_mask": attention_mask,
             "position_ids": prompt_position_ids(model, self.input_ids, attention_mask, {**common, **prefill}),
-            "past_key_values": cache,
             "use_cache": True,
-        }
-        if model._supports_logits_to_keep() and "logits_to_keep" not in self.model_kwargs:
+        }, cache)
+        if internals.supports_logits_to_keep(model) and "logits_to_keep" not in self.model_kwargs:
             self.model_kwargs["logits_to_keep"] = 1
         self.prefilled = False
 
     @property
     def cache(self):
-        return self.model_kwargs.get("past_key_values")
+        return internals.cache_in(self.model_kwargs)
 
     def rows(self, name: str) -> slice:
         """Rows of stream ``name`` in this group's batch."""
@@ -313,17 +285,10 @@ class StreamGroup:
         if self.prefilled:
             for key in self._prefill_keys:
                 kwargs.pop(key, None)
-        inputs = model.prepare_inputs_for_generation(
-            self.input_ids,
-            next_sequence_length=1 if self.prefilled else None,
-            is_first_iteration=not self.prefilled,
-            **kwargs,
-        )
+        inputs = internals.prepare_step_inputs(model, self.input_ids, kwargs, first=not self.prefilled)
         inputs.update(extra)
         outputs = model(**inputs, return_dict=True)
-        self.model_kwargs = model._update_model_kwargs_for_generation(
-            outputs, self.model_kwargs, is_encoder_decoder=False
-        )
+        self.model_kwargs = internals.update_model_kwargs(model, outputs, self.model_kwargs)
         if not self.prefilled:
             for key in self._prefill_keys:
                 self.model_kwargs.pop(key, None)
@@ -337,9 +302,6 @@ class StreamGroup:
 
     def join_refusal(self, other: "StreamGroup") -> str | None:
         """Why ``other`` cannot :meth:`join` this group (``None`` if it can)."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
         if not (self.prefilled and other.prefilled):
             return "both groups must be prefilled"
         if other.batch_size != self.batch_size:
@@ -347,16 +309,10 @@ class StreamGroup:
         if other.input_ids.shape[1] > self.input_ids.shape[1]:
             return "its prompt is longer than the clean prompt"
         for group in (self, other):
-            cache = group.cache
-            if type(cache) is not DynamicCache or not all(
-                type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) and layer.is_initialized
-                and not getattr(layer, "record_past", False)
-                for layer in cache.layers
-            ):
-                return f"{type(cache).__name__} is not a DynamicCache of full or sliding-window dynamic layers"
-            if any(layer.get_seq_length() != group.input_ids.shape[1] - 1 for layer in cache.layers):
-                return "the cache length does not follow the tokens"
-        if [_layer_kind(layer) for layer in self.cache.layers] != [_layer_kind(layer) for layer in other.cache.layers]:
+            reason = internals.join_refusal(group.cache, int(group.input_ids.shape[1]) - 1)
+            if reason is not None:
+                return reason
+        if internals.layer_signature(self.cache) != internals.layer_signature(other.cache):
             return "caches with different layer types or windows"
         positions = [self.model_kwargs.get("position_ids"), other.model_kwargs.get("position_ids")]
         if all(p is not None for p in positions) and positions[0].shape[:-2] != positions[1].shape[:-2]:
@@ -367,7 +323,7 @@ class StreamGroup:
             if (self.model_kwargs.get(key) is None) != (other.model_kwargs.get(key) is None):
                 return f"{key} is given to one group only"
         for key in set(self.model_kwargs) | set(other.model_kwargs):
-            if key in _JOINED_KWARGS:
+            if key in _JOINED_KWARGS or internals.is_cache_key(key):
                 continue
             mine, theirs = self.model_kwargs.get(key), other.model_kwargs.get(key)
             if torch.is_tensor(mine) or torch.is_tensor(theirs) or isinstance(mine, (dict, list, tuple)) or isinstance(
@@ -396,11 +352,7 @@ class StreamGroup:
         def left(tensor: torch.Tensor, value=0) -> torch.Tensor:
             return torch.nn.functional.pad(tensor, (pad, 0), value=value) if pad else tensor
 
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            # a sliding layer holds the last min(T - 1, W - 1) keys of each row, right-aligned like the tokens
-            short = int(mine.keys.shape[-2] - theirs.keys.shape[-2])
-            mine.keys = torch.cat([mine.keys, torch.nn.functional.pad(theirs.keys, (0, 0, short, 0))], dim=0)
-            mine.values = torch.cat([mine.values, torch.nn.functional.pad(theirs.values, (0, 0, short, 0))], dim=0)
+        internals.append_rows_left_padded(self.cache, other.cache)
         masks = [self.model_kwargs.get("attention_mask"), other.model_kwargs.get("attention_mask")]
         if pad or any(m is not None for m in masks):
             mine = masks[0] if masks[0] is not None else torch.ones_like(self.input_ids)

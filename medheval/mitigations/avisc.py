@@ -63,13 +63,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from medheval.decoding import internals
 from medheval.decoding.contrast import LogitContrast, PlausibilityCutoff
-from medheval.decoding.hooks import (
-    AttentionHook,
-    AttentionRowRecorder,
-    _text_config_key,
-    attention_modules,
-)
+from medheval.decoding.hooks import AttentionHook, AttentionRowRecorder, attention_modules
 from medheval.decoding.loop import DecodingContext, DecodingMethod
 from medheval.decoding.streams import Stream
 from medheval.decoding.visual_tokens import (
@@ -136,9 +132,7 @@ def select_blind_tokens(
 
 def restore_attention_implementation(model, implementation: str) -> None:
     """Switch the language model (only) back to ``implementation``."""
-    key = _text_config_key(model)
-    if model.config.get_text_config()._attn_implementation != implementation:
-        model.set_attn_implementation(implementation if key is None else {key: implementation})
+    internals.set_text_attention_implementation(model, implementation)
 
 
 @dataclasses.dataclass
@@ -203,7 +197,7 @@ class AvisC(DecodingMethod):
             )
         image_encoder(model, "AvisC")
         check_drop_supported(ctx, "AvisC", self.masking_scheme)
-        ctx.state["avisc_attn_implementation"] = model.config.get_text_config()._attn_implementation
+        ctx.state["avisc_attn_implementation"] = internals.text_attention_implementation(model)
 
     def contrast_streams(self, ctx: DecodingContext) -> list[Stream]:
         # encode the images once; the clean stream then takes them as mm_encoder_outputs

@@ -68,6 +68,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from medheval.decoding import internals
 from medheval.decoding.beam import (
     BeamSearch,
     keep_appended_tokens,
@@ -77,7 +78,7 @@ from medheval.decoding.beam import (
 )
 from medheval.decoding.hooks import AttentionHook, attention_hooks, attention_modules
 from medheval.decoding.loop import DecodingMethod
-from medheval.decoding.streams import prompt_position_ids
+from medheval.decoding.internals import prompt_position_ids
 from medheval.decoding.visual_tokens import MissingInternalError, MitigationError, image_token_mask
 from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
 
@@ -427,32 +428,29 @@ def _full_length_cache(model, past) -> tuple[Any, int | None]:
     config's ``cache_implementation``, e.g. Gemma 3's ``"hybrid"``) is replaced; a cache the caller
     passed is used only if it is already such a cache and empty.
     """
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
     name = type(model).__name__
     window = _sliding_window(model)
-    if past is not None and past.get_seq_length() > 0:
+    if internals.cache_length(past) > 0:
         raise MitigationError(
-            f"OPERA on {name} cannot continue from a filled past_key_values cache ({type(past).__name__}; a "
+            f"OPERA on {name} cannot continue from a filled KV cache ({type(past).__name__}; a "
             "sliding-window layer has also dropped the keys a rollback needs): start from the prompt"
         )
-    if past is not None and getattr(past, "_is_user_defined", False):
-        layers = sorted({type(layer).__name__ for layer in getattr(past, "layers", [])} - {"DynamicLayer"})
-        if type(past) is not DynamicCache or layers:
+    if past is not None and internals.is_user_cache(past):
+        layers = internals.non_full_layer_kinds(past)
+        if not internals.is_plain_dynamic_cache(past) or layers:
             raise MitigationError(
-                f"OPERA on {name}: the past_key_values passed to generate is a {type(past).__name__}"
+                f"OPERA on {name}: the KV cache passed to generate is a {type(past).__name__}"
                 f"{' with ' + ', '.join(layers) + ' layers' if layers else ''}; OPERA crops and reorders its cache "
-                "and needs every key of every layer: pass no past_key_values (OPERA then builds a DynamicCache of "
+                "and needs every key of every layer: pass no cache (OPERA then builds a DynamicCache of "
                 "full-length layers) or DynamicCache() without a config"
             )
         return past, window
     if window is not None:
-        return DynamicCache(), window  # lazily filled with full-length DynamicLayers
-    if isinstance(past, DynamicCache) and all(type(layer) is DynamicLayer for layer in past.layers):
+        return internals.new_cache(), window  # lazily filled with full-length DynamicLayers
+    if past is not None and internals.is_full_length_cache(past):
         return past, None
-    cache = DynamicCache(config=model.config)
-    layers = sorted({type(layer).__name__ for layer in cache.layers} - {"DynamicLayer"})
+    cache = internals.new_cache(model)
+    layers = internals.non_full_layer_kinds(cache)
     if layers:
         raise MitigationError(
             f"OPERA on {name}: its cache has {', '.join(layers)} layers; OPERA needs full-length DynamicLayers "
@@ -481,8 +479,6 @@ def opera_generate(
         ``return_dict_in_generate=True``.
     """
     from transformers import LogitsProcessorList, StoppingCriteriaList
-    from transformers.generation.stopping_criteria import MaxLengthCriteria
-    from transformers.generation.utils import GenerateBeamDecoderOnlyOutput
 
     gen = generation_config if generation_config is not None else model.generation_config
     factor = _check_generation_config(method, gen)
@@ -496,7 +492,7 @@ def opera_generate(
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
     if not stopping_criteria:
-        stopping_criteria.append(MaxLengthCriteria(max_length=gen.max_length))
+        stopping_criteria.append(internals.max_length_criteria(gen.max_length))
 
     # generate repeated the prompts per beam (when it got num_beams/num_return_sequences): undo it,
     # the prompt is prefilled once and its cache repeated per beam
@@ -517,7 +513,7 @@ def opera_generate(
             "but prefix_allowed_tokens_fn identifies prompts by row: use batch size 1"
         )
 
-    cache, sliding_window = _full_length_cache(model, model_kwargs.pop("past_key_values", None))
+    cache, sliding_window = _full_length_cache(model, internals.pop_cache(model_kwargs))
     attention_mask = model_kwargs.pop("attention_mask", None)
     model_kwargs.pop("position_ids", None)
     for key in ("use_cache", "logits_to_keep", "cache_position"):
@@ -533,14 +529,13 @@ def opera_generate(
 
     with torch.no_grad():
         # 1. prefill all prompts at once, in the model's own attention implementation
-        inputs = model.prepare_inputs_for_generation(
-            input_ids, is_first_iteration=True, past_key_values=cache, attention_mask=attention_mask,
-            position_ids=position_ids, use_cache=True,
-            **({"logits_to_keep": 1} if model._supports_logits_to_keep() else {}), **model_kwargs,
+        inputs = internals.prefill_inputs(
+            model, input_ids, cache=cache, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+            **({"logits_to_keep": 1} if internals.supports_logits_to_keep(model) else {}), **model_kwargs,
         )
         outputs = model(**inputs, return_dict=True)
         first_logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)
-        cache = outputs.past_key_values
+        cache = internals.output_cache(outputs)
         del outputs, inputs
 
         if position_ids is not None:
@@ -566,10 +561,10 @@ def opera_generate(
             input_ids.repeat_interleave(K, dim=0), K, gen.max_length,
             length_penalty=gen.length_penalty if gen.length_penalty is not None else 1.0,
             early_stopping=gen.early_stopping if gen.early_stopping is not None else False,
-            eos_token_id=getattr(gen, "_eos_token_tensor", None), pad_token_id=getattr(gen, "_pad_token_tensor", None),
+            eos_token_id=internals.eos_token_tensor(gen), pad_token_id=internals.pad_token_tensor(gen),
             num_return_sequences=int(getattr(gen, "num_return_sequences", 1) or 1),
         )
-        cache.batch_repeat_interleave(K)
+        internals.repeat_rows(cache, K)
         prompt_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             prompt_mask = attention_mask.repeat_interleave(K, dim=0)
@@ -596,15 +591,10 @@ def opera_generate(
     sequences, beam_indices = trim_to_generated(sequences, beam_indices, input_ids.shape[1])
     if not getattr(gen, "return_dict_in_generate", False):
         return sequences
-    return GenerateBeamDecoderOnlyOutput(
+    return internals.beam_output(
         sequences=sequences,
         sequences_scores=sequence_scores if getattr(gen, "output_scores", False) else None,
-        scores=None,
-        logits=None,
         beam_indices=beam_indices,
-        attentions=None,
-        hidden_states=None,
-        past_key_values=None,
     )
 
 
@@ -709,7 +699,7 @@ class _Group:
         rows = self._rows(members)
         for key, value in self._subset(members).items():
             setattr(self, key, value)
-        self.cache.batch_select_indices(rows)
+        internals.select_rows(self.cache, rows)
 
     def _finish(self, members: list[int], results: dict) -> None:
         index = torch.tensor(members, device=self.shared.device)
@@ -737,8 +727,8 @@ class _Group:
         return (base[:, :, None] + offsets[None, None, :]).permute(1, 0, 2)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, attention_mask, logits_to_keep=1):
-        kwargs = dict(input_ids=tokens, attention_mask=attention_mask, past_key_values=self.cache, use_cache=True,
-                      logits_to_keep=logits_to_keep, return_dict=True)
+        kwargs = dict(input_ids=tokens, attention_mask=attention_mask, use_cache=True,
+                      logits_to_keep=logits_to_keep, return_dict=True, **internals.cache_keyword(self.cache))
         if self.shared.accepts_positions:
             kwargs["position_ids"] = positions
         return self.shared.model(**kwargs)
@@ -759,8 +749,8 @@ class _Group:
         n = min(int(sh.method.num_attn_candidates), sh.vocab)
         cand_logits, cand_tokens = torch.topk(self.logits, n, dim=-1)
         prefix = T + step
-        if self.cache.get_seq_length() != prefix:  # pragma: no cover - internal invariant
-            raise MitigationError(f"OPERA cache holds {self.cache.get_seq_length()} tokens, expected {prefix}")
+        if internals.cache_length(self.cache) != prefix:  # pragma: no cover - internal invariant
+            raise MitigationError(f"OPERA cache holds {internals.cache_length(self.cache)} tokens, expected {prefix}")
         # the N candidates in one forward: each sees the prefix and itself only, all at the same position
         prefix_mask = self._mask(prefix)
         allowed_prefix = (prefix_mask.bool() if prefix_mask is not None
@@ -820,8 +810,8 @@ class _Group:
                                         "reused": True})
                 return
         if look is not None:
-            self.cache.crop(-look.appended)
-        self.cache.reorder_cache(beam_idx)
+            internals.crop(self.cache, look.appended)
+        internals.reorder_rows(self.cache, beam_idx)
         sh.recorder.arm("step", start=sh.T + self._window_start(step))
         out = self._forward(tokens[:, None], self._positions(torch.tensor([step], device=sh.device)),
                             attention_mask=self._mask(sh.T + step + 1))
@@ -846,7 +836,7 @@ class _Group:
         self.trackers[0].truncate(target)
         self.beams.restore(self.snapshots[target])
         # the prompt's KV is the same for every beam: keep it, recompute the generated tokens
-        self.cache.crop(-(self.cache.get_seq_length() - sh.T))
+        internals.crop(self.cache, internals.cache_length(self.cache) - sh.T)
         generated = self.beams.flat_sequences()[:, sh.T :]
         keep = min(target, sh.window - 1)
         sh.recorder.arm("rebuild", start=sh.T + target - keep, keep=keep)

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from medheval.versions import STACK_PACKAGES
 
 if TYPE_CHECKING:  # imported when a report is written, so `medheval --help` stays fast
     from medheval.report.collect import Run
@@ -102,12 +103,15 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     header = ["# MedHEval-HF report", "", "Runs: " + ", ".join(f"`{run.label}` ({run.path})" for run in runs), ""]
     header += ["## Caveats", "", *(f"- {line}" for line in notes), ""] if notes else []
     header += usage_section(runs)
+    header += stack_section(runs)
     markdown = "\n".join(header) + "\n" + "\n".join(to_markdown(table) for table in tables)
     markdown += "".join(f"\n![{name}](plots/{path.name})\n" for name, path in figures.items())
     atomic_write_text(output / "report.md", markdown)
     atomic_write_text(output / "tables.csv", to_csv(tables))
     summary = {"runs": [{"path": str(run.path), "model": run.model, "mitigation": run.mitigation,
-                         **({"usage": run.results["usage"]} if run.results.get("usage") else {})} for run in runs],
+                         **({"usage": run.results["usage"]} if run.results.get("usage") else {}),
+                         **({"versions": run.versions} if run.versions else {})} for run in runs],
+               "software_stack": [{"runs": label, "versions": versions} for label, versions in software_stack(runs)],
                "caveats": notes, "tables": [to_json(table) for table in tables], "comparisons": compared,
                "plots": {name: str(path) for name, path in figures.items()}}
     atomic_write_text(output / "report.json", json.dumps(summary, indent=2, default=str))
@@ -134,6 +138,35 @@ def usage_section(runs: Sequence["Run"]) -> list[str]:
              "|" + "---|" * (len(USAGE_COLUMNS) + 1)]
     lines += [f"| `{run.label}` | " + " | ".join(str(usage.get(key, "–")) for key in USAGE_COLUMNS) + " |"
               for run, usage in rows]
+    return lines + [""]
+
+
+STACK_COLUMNS = ("medheval", "python", *STACK_PACKAGES)
+
+
+def software_stack(runs: Sequence["Run"]) -> list[tuple[str, dict[str, str]]]:
+    """``(runs, versions)`` rows of the "Software stack" section: one ``("all runs", …)`` row when every run
+    records the same stack, else one row per run folder (``–`` where a version is not recorded); ``[]``
+    when no run records its stack (runs written before results.json held ``versions``)."""
+    if not any(run.versions for run in runs):
+        return []
+    stacks = [{name: str((run.versions or {}).get(name) or "–") for name in STACK_COLUMNS} for run in runs]
+    if all(run.versions for run in runs) and all(stack == stacks[0] for stack in stacks):
+        return [("all runs", stacks[0])]
+    return [(f"{run.label} ({run.path})", stack) for run, stack in zip(runs, stacks)]
+
+
+def stack_section(runs: Sequence["Run"]) -> list[str]:
+    """``## Software stack``: one line when all runs share one stack, else a table with a row per run."""
+    rows = software_stack(runs)
+    if not rows:
+        return []
+    if len(rows) == 1 and rows[0][0] == "all runs":
+        return ["## Software stack", "", "All runs: " + " · ".join(f"{name} {version}"
+                                                                  for name, version in rows[0][1].items()), ""]
+    lines = ["## Software stack", "", "| Run | " + " | ".join(STACK_COLUMNS) + " |",
+             "|" + "---|" * (len(STACK_COLUMNS) + 1)]
+    lines += [f"| `{label}` | " + " | ".join(stack[name] for name in STACK_COLUMNS) + " |" for label, stack in rows]
     return lines + [""]
 
 

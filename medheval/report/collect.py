@@ -51,6 +51,12 @@ class Run:
     def label(self) -> str:
         return f"{self.model} · {self.mitigation}"
 
+    @property
+    def versions(self) -> dict[str, Any] | None:
+        """The software stack ``results.json`` records (``None`` for runs written before it did)."""
+        versions = self.results.get("versions")
+        return dict(versions) if isinstance(versions, dict) else None
+
     def items_of(self, split: str) -> list[dict[str, Any]]:
         return [item for item in self.items if item["split"] == split]
 

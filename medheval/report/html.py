@@ -141,6 +141,20 @@ def samples(runs: list[Run], thumbnails: bool = False, image_roots: dict[str, st
     return rows
 
 
+def _stack_html(runs: list[Run]) -> str:
+    """The "Software stack" section (:func:`medheval.report.build.software_stack`); empty when no run records it."""
+    from medheval.report.build import STACK_COLUMNS, software_stack
+
+    e = html.escape
+    rows = software_stack(runs)
+    if not rows:
+        return ""
+    head = "".join(f"<th>{e(name)}</th>" for name in ("Runs", *STACK_COLUMNS))
+    body = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in (label, *(stack[n] for n in STACK_COLUMNS)))
+                   + "</tr>" for label, stack in rows)
+    return f'<h2>Software stack</h2><table class="stack"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
 def write_html(runs: list[Run], tables: list[Table], figures: dict[str, Path], notes: list[str], path: str | Path,
                thumbnails: bool = False, image_roots: dict[str, str] | None = None) -> Path:
     """Write the single-file report; returns its path."""
@@ -161,6 +175,7 @@ def write_html(runs: list[Run], tables: list[Table], figures: dict[str, Path], n
 <h1>MedHEval-HF report</h1>
 <p>Runs: {e(", ".join(f"{run.label} ({run.path})" for run in runs))}</p>
 {"<h2>Caveats</h2><ul class='caveats'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>" if notes else ""}
+{_stack_html(runs)}
 <h2>Tables</h2>{"".join(_table_html(t) for t in tables) or "<p>No table: the runs hold no scored metric.</p>"}
 <h2>Plots</h2>{plots or "<p>No plots (see the caveats).</p>"}
 <h2>Samples</h2>

@@ -152,14 +152,14 @@ def detection_markdown(results: dict[str, Any]) -> str:
 
 def run_detection(spec: Any) -> dict[str, Any]:
     """Run the detection task for every benchmark of ``spec``; writes results.json/results.md/scored.jsonl."""
-    from medheval.runner import _versions
+    from medheval.versions import stack_versions
 
     source = level_source(spec)
     output = Path(spec.output)
     output.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"settings": {"task": "detection", "level_source": source, "limit": spec.limit,
                                             "benchmarks": list(spec.benchmarks)},
-                               "versions": _versions(), "benchmarks": {}}
+                               "versions": stack_versions(), "benchmarks": {}}
     scored: list[dict[str, Any]] = []
     with OutputLock(output, timeout=spec.lock_timeout):
         for benchmark_spec in spec.benchmarks:

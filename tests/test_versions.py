@@ -1,0 +1,95 @@
+"""The tested stack: the lock, the lower bounds and medheval.versions agree; version comparisons."""
+
+from __future__ import annotations
+
+import configparser
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from medheval import versions
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _pins(path: Path) -> dict[str, str]:
+    """``name==version`` lines of a requirements file, names normalised (``huggingface-hub`` -> ``huggingface_hub``)."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)", line)
+        if match:
+            pins[match.group(1).lower().replace("-", "_")] = match.group(2)
+    return pins
+
+
+def _install_requires() -> dict[str, str]:
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    lines = [line.strip() for line in config["options"]["install_requires"].splitlines() if line.strip()]
+    return {re.split(r"[<>=!]", line, maxsplit=1)[0].lower().replace("-", "_"): line for line in lines}
+
+
+def test_tested_stack_is_the_lock():
+    lock = _pins(REPO / "requirements" / "lock.txt")
+    assert {package: lock[package] for package in versions.TESTED} == versions.TESTED
+    assert "+" not in lock["torch"], "the lock names the public torch release, not a local build label"
+    required = _install_requires()
+    assert set(required) <= set(lock), f"unlocked dependencies: {sorted(set(required) - set(lock))}"
+    test_extra = configparser.ConfigParser()
+    test_extra.read(REPO / "setup.cfg")
+    for line in test_extra["options.extras_require"]["test"].split():
+        name = re.split(r"[<>=!\[]", line, maxsplit=1)[0].lower().replace("-", "_")
+        assert name in lock, f"test extra {name} is not in the lock"
+
+
+def test_lower_bounds_are_the_oldest_tested_stack():
+    """Every install_requires entry: lower bound = requirements/oldest.txt's pin, upper bound below the next major."""
+    oldest = _pins(REPO / "requirements" / "oldest.txt")
+    required = _install_requires()
+    assert set(oldest) == set(required)
+    for name, spec in required.items():
+        lower = re.search(r">=\s*([0-9][^,\s]*)", spec)
+        upper = re.search(r"<\s*([0-9][^,\s]*)", spec)
+        assert lower and lower.group(1) == oldest[name], f"{spec}: lower bound should be {oldest[name]}"
+        assert upper, f"{spec} has no upper bound"
+        first, *rest = versions.release(upper.group(1))
+        assert not rest or (first == 0 and len(rest) == 1), f"{spec}: the ceiling should be the next major release"
+    assert {package: oldest[package] for package in versions.OLDEST_TESTED} == versions.OLDEST_TESTED
+
+
+def test_release_ignores_local_labels_and_trailing_zeros():
+    assert versions.release("2.13.0+cpu") == versions.release("2.13") == (2, 13)
+    assert versions.release("5.24.0") > versions.release("5.23.9")
+    assert versions.release("5.24.0rc1") == (5, 24)
+    with pytest.raises(ValueError, match="not a version"):
+        versions.release("latest")
+
+
+def test_newer_than_tested_and_changed_packages():
+    tested = versions.TESTED
+    same = {**tested, "torch": tested["torch"] + "+cu124"}
+    assert versions.newer_than_tested(same) == []
+    newer = {**tested, "transformers": "9.0.0", "evaluate": "9.9"}  # evaluate is not watched
+    assert versions.newer_than_tested(newer) == [("transformers", "9.0.0", tested["transformers"])]
+    assert versions.changed_output_packages({"transformers": "5.23.0", "torch": "2.13.0", "datasets": "1"},
+                                            {"transformers": "5.24.0", "torch": "2.13.0", "datasets": "2"}) == [
+        ("transformers", "5.23.0", "5.24.0")]
+    assert versions.changed_output_packages({}, {"transformers": "5.24.0"}) == []
+
+
+def test_newer_than_tested_warns_once(monkeypatch):
+    monkeypatch.setattr(versions, "_warned_newer", False)
+    newer = {**versions.TESTED, "torch": "3.1.0"}
+    first, second = io.StringIO(), io.StringIO()
+    text = versions.warn_if_newer_than_tested(newer, stream=first)
+    assert text and "torch 3.1.0 (tested up to" in text and "medheval selftest" in text
+    assert first.getvalue() == f"warning: {text}\n"
+    assert versions.warn_if_newer_than_tested(newer, stream=second) is None and second.getvalue() == ""
+
+
+def test_stack_versions_names_every_package():
+    stack = versions.stack_versions()
+    assert set(stack) == {"medheval", "python", *versions.STACK_PACKAGES}
+    assert all(stack[k] for k in stack)
