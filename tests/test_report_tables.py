@@ -334,7 +334,7 @@ def _with_versions(run, **changed):
 
 
 def test_software_stack_one_line_when_shared_one_row_per_run_otherwise(tmp_path):
-    from medheval.report.build import software_stack
+    from medheval.report.collect import software_stack
 
     first = _with_versions(write_run(tmp_path / "a", "none", BASE))
     second = _with_versions(write_run(tmp_path / "b", "vcd", BETTER))

@@ -13,8 +13,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from medheval.versions import STACK_PACKAGES
-
 if TYPE_CHECKING:  # imported when a report is written, so `medheval --help` stays fast
     from medheval.report.collect import Run
 
@@ -89,7 +87,7 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
                  runs: "list[Run] | None" = None) -> dict[str, Any]:
     """Read the run folders under ``paths`` and write the report into ``output``; returns what was written."""
     from medheval.outputs import atomic_write_text
-    from medheval.report.collect import find_runs
+    from medheval.report.collect import find_runs, software_stack
     from medheval.report.paper import build_tables, comparisons, to_csv, to_json, to_markdown
 
     runs = find_runs(paths) if runs is None else runs
@@ -141,23 +139,10 @@ def usage_section(runs: Sequence["Run"]) -> list[str]:
     return lines + [""]
 
 
-STACK_COLUMNS = ("medheval", "python", *STACK_PACKAGES)
-
-
-def software_stack(runs: Sequence["Run"]) -> list[tuple[str, dict[str, str]]]:
-    """``(runs, versions)`` rows of the "Software stack" section: one ``("all runs", …)`` row when every run
-    records the same stack, else one row per run folder (``–`` where a version is not recorded); ``[]``
-    when no run records its stack (runs written before results.json held ``versions``)."""
-    if not any(run.versions for run in runs):
-        return []
-    stacks = [{name: str((run.versions or {}).get(name) or "–") for name in STACK_COLUMNS} for run in runs]
-    if all(run.versions for run in runs) and all(stack == stacks[0] for stack in stacks):
-        return [("all runs", stacks[0])]
-    return [(f"{run.label} ({run.path})", stack) for run, stack in zip(runs, stacks)]
-
-
 def stack_section(runs: Sequence["Run"]) -> list[str]:
     """``## Software stack``: one line when all runs share one stack, else a table with a row per run."""
+    from medheval.report.collect import STACK_COLUMNS, software_stack
+
     rows = software_stack(runs)
     if not rows:
         return []

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from medheval.schema import is_credentialed
+from medheval.versions import STACK_PACKAGES
 
 MAX_DEPTH = 4  # how deep a folder that is not a run is searched for run folders
 
@@ -210,3 +211,18 @@ def _walk(path: Path, depth: int) -> list[Run]:
                                 notes=[f"{path}: grid sub-folder missing; run {index} read from the combined "
                                        f"results.json (no per-item intervals)"]))
     return runs
+
+
+STACK_COLUMNS = ("medheval", "python", *STACK_PACKAGES)
+
+
+def software_stack(runs: Sequence[Run]) -> list[tuple[str, dict[str, str]]]:
+    """``(runs, versions)`` rows of the "Software stack" section: one ``("all runs", …)`` row when every run
+    records the same stack, else one row per run folder (``–`` where a version is not recorded); ``[]``
+    when no run records its stack (runs written before results.json held ``versions``)."""
+    if not any(run.versions for run in runs):
+        return []
+    stacks = [{name: str((run.versions or {}).get(name) or "–") for name in STACK_COLUMNS} for run in runs]
+    if all(run.versions for run in runs) and all(stack == stacks[0] for stack in stacks):
+        return [("all runs", stacks[0])]
+    return [(f"{run.label} ({run.path})", stack) for run, stack in zip(runs, stacks)]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from medheval.outputs import atomic_write_text
-from medheval.report.collect import Run
+from medheval.report.collect import STACK_COLUMNS, Run, software_stack
 from medheval.report.paper import Table, format_cell
 from medheval.schema import is_credentialed
 
@@ -142,9 +142,7 @@ def samples(runs: list[Run], thumbnails: bool = False, image_roots: dict[str, st
 
 
 def _stack_html(runs: list[Run]) -> str:
-    """The "Software stack" section (:func:`medheval.report.build.software_stack`); empty when no run records it."""
-    from medheval.report.build import STACK_COLUMNS, software_stack
-
+    """The "Software stack" section (:func:`medheval.report.collect.software_stack`); empty when no run records it."""
     e = html.escape
     rows = software_stack(runs)
     if not rows:
