@@ -22,7 +22,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml $(LOCK)
 	$(PY) -m pip install $(PIP_QUIET) -r $(LOCK)
 	$(PY) -m pip install $(PIP_QUIET) --no-deps -e .
 # WordNet for METEOR, offline: copies Debian's wordnet-base files into $(VENV)/nltk_data (apt-get only as root, only if missing)
-	$(PY) -m medheval.nltk_data --apt --target $(VENV)/nltk_data
+	$(PY) -m medheval.scoring.nltk_data --apt --target $(VENV)/nltk_data
 	touch $@
 
 install: $(VENV)/.installed

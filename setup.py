@@ -1,7 +1,7 @@
 """Packaging glue: the metadata is in setup.cfg. This file only makes the wheel carry the unit
 folders. The repository keeps ``datasets/``, ``metrics/`` and ``mitigations/`` at the top level (a
 top-level package named ``datasets`` would shadow HF's library); a built wheel holds copies under
-``medheval/units/``, where ``medheval.registry`` finds them. Editable installs read the checkout."""
+``medheval/units/``, where ``medheval.data.registry`` finds them. Editable installs read the checkout."""
 
 import shutil
 from pathlib import Path

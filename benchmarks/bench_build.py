@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from medheval.benchmarks import benchmark_configs, list_benchmarks, prepare_benchmark
+from medheval.data.benchmarks import benchmark_configs, list_benchmarks, prepare_benchmark
 
 DEFAULT_UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "upstream" / "medheval"
 
@@ -33,7 +33,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = args.data_dir
         if data_dir is None:
-            from medheval.fixtures import write_fixture_benchmark
+            from medheval.families.medheval.fixtures import write_fixture_benchmark
 
             data_dir = Path(write_fixture_benchmark(Path(tmp) / "fixture", with_images=False)["data_dir"])
         cache = Path(tmp) / "cache"

@@ -27,11 +27,11 @@ N_REPORTS = 490
 
 
 def load_reports(data_dir: Path | None, tmp: Path) -> tuple[list[str], str]:
-    from medheval.benchmarks import prepare_benchmark
+    from medheval.data.benchmarks import prepare_benchmark
 
     source = "MedHEval vishal_report references"
     if data_dir is None:
-        from medheval.fixtures import write_fixture_benchmark
+        from medheval.families.medheval.fixtures import write_fixture_benchmark
 
         data_dir = Path(write_fixture_benchmark(tmp / "fixture", with_images=False)["data_dir"])
         source = "fixture vishal_report references, repeated"

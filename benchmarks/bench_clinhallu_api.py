@@ -31,9 +31,9 @@ from judge_servers import JudgeServer  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from medheval.backends.api import APIBackend  # noqa: E402
-from medheval.clinhallu.prompts import prompt_set  # noqa: E402
-from medheval.clinhallu.protocol import GENERATIONS, LOG_FIELDS, ClinHalluRun  # noqa: E402
-from medheval.predictions_log import read_log  # noqa: E402
+from medheval.families.clinhallu.prompts import prompt_set  # noqa: E402
+from medheval.families.clinhallu.protocol import GENERATIONS, LOG_FIELDS, ClinHalluRun  # noqa: E402
+from medheval.run.predictions_log import read_log  # noqa: E402
 
 
 def make_items(n: int) -> list[dict]:

@@ -3,13 +3,13 @@
     PYTHONPATH=. python benchmarks/bench_data_parallel.py [--max-new-tokens 32] [--batch-size 4] \
         [--repeats 2] [--merge-records 200000]
 
-1. The whole MedHEval fixture (every split, synthetic images; :mod:`medheval.fixtures`) through
+1. The whole MedHEval fixture (every split, synthetic images; :mod:`medheval.families.medheval.fixtures`) through
    ``run_eval.py`` with the tiny random LLaVA on the CPU, once in one process and once with
    ``accelerate launch --multi_gpu --num_processes 2`` (torchrun + gloo on a machine without CUDA),
    each into a fresh folder, best of ``--repeats`` wall-clock times (process start, model build,
    generation, merge and scoring included). Prints the ratio and checks that both
    ``predictions.jsonl`` are equal (timing field aside).
-2. :func:`medheval.distributed.merge_parts` on ``--merge-records`` synthetic entries spread over two
+2. :func:`medheval.run.distributed.merge_parts` on ``--merge-records`` synthetic entries spread over two
    part logs plus a merged log holding half of them (what the main process does after a split).
 
 Numbers depend on the cores free at the time: 2 processes can only beat 1 when 2 cores are free.
@@ -62,15 +62,15 @@ def _run(fixture: dict, output: Path, processes: int, args: argparse.Namespace) 
 
 
 def _predictions(output: Path) -> list[dict]:
-    from medheval.predictions_log import read_log
+    from medheval.run.predictions_log import read_log
 
     return [{k: v for k, v in entry.items() if k != "seconds"} for entry in read_log(output / "predictions.jsonl")]
 
 
 def bench_merge(n: int, folder: Path) -> dict:
     """Time ``merge_parts`` on ``n`` entries: half already merged, a quarter in each part log."""
-    from medheval.distributed import merge_parts, part_log_path
-    from medheval.predictions_log import jsonl_line
+    from medheval.run.distributed import merge_parts, part_log_path
+    from medheval.run.predictions_log import jsonl_line
 
     order = [f"bench/split/{i}" for i in range(n)]
     entries = [{"id": rid, "prediction": f"there is no pleural effusion {i}", "model": "m", "mitigation": "none",
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge-records", type=int, default=200_000)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from medheval.fixtures import write_fixture_benchmark
+    from medheval.families.medheval.fixtures import write_fixture_benchmark
 
     with tempfile.TemporaryDirectory(prefix="bench-dp-") as tmp:
         folder = Path(tmp)

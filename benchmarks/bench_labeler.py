@@ -338,8 +338,8 @@ def load_references(data_dir: Path) -> tuple[list[str], str]:
     path = data_dir / REPORT_FILE
     if path.is_file():
         return [item["answer"] for item in json.loads(path.read_text())], str(path)
-    from medheval.fixtures import REPORT_FILE as FIXTURE_FILE
-    from medheval.fixtures import build_records
+    from medheval.families.medheval.fixtures import REPORT_FILE as FIXTURE_FILE
+    from medheval.families.medheval.fixtures import build_records
 
     records = [item["answer"] for item in build_records()[FIXTURE_FILE]]
     return [records[i % len(records)] for i in range(N_PAIRS)], "fixture reports (repeated)"

@@ -30,8 +30,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from medheval import medihall as mh
-from medheval.med_hallmark_source import judged_records
+from medheval.families import med_hallmark as mh
+from medheval.families.med_hallmark.source import judged_records
 from medheval.judges import agreement
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "upstream" / "med-hallmark"

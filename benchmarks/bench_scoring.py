@@ -1,4 +1,4 @@
-"""Time close-ended scoring: ``medheval.parsing.score_item`` and the evaluate module.
+"""Time close-ended scoring: ``medheval.scoring.parsing.score_item`` and the evaluate module.
 
     python benchmarks/bench_scoring.py [--data-dir ../shared/data/upstream/medheval] [--repeat 3]
 
@@ -21,7 +21,7 @@ import re
 import time
 from pathlib import Path
 
-from medheval import parsing
+from medheval.scoring import parsing
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "upstream" / "medheval"

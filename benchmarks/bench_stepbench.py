@@ -70,7 +70,7 @@ def write_statements(path: Path, rows: int, per_study: int = 20) -> None:
 
 
 def bench_build(rows: int, tmp: Path) -> None:
-    from medheval.benchmarks import prepare_benchmark
+    from medheval.data.benchmarks import prepare_benchmark
 
     data = tmp / "data"
     data.mkdir()
@@ -90,7 +90,7 @@ def bench_build(rows: int, tmp: Path) -> None:
 def bench_score(rows: int) -> None:
     import evaluate
 
-    from medheval.registry import metric_path
+    from medheval.data.registry import metric_path
 
     rng = random.Random(1)
     phrasings = ["Consistent", "Inconsistent", "Consistent.", "Inconsistent.", "The statement is consistent with the images.",
@@ -111,8 +111,8 @@ def bench_prefix(studies: int, repeats: int, tmp: Path) -> None:
 
     from medheval.backends.hf import HFBackend
     from medheval.backends.tiny import build_tiny_llava
-    from medheval.benchmarks import prepare_benchmark
-    from medheval.stepbench_fixtures import write_stepbench_fixture
+    from medheval.data.benchmarks import prepare_benchmark
+    from medheval.families.stepbench.fixtures import write_stepbench_fixture
 
     info = write_stepbench_fixture(tmp / "fixture", studies=studies, per_study=10)  # 20 statements per study
     loaded = prepare_benchmark("med_stepbench", "all", data_dir=info["data_dir"], cache_dir=tmp / "cache",

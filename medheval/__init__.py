@@ -11,7 +11,7 @@ __all__ = ["__version__", "load_benchmark", "list_benchmarks"]
 def __getattr__(name: str) -> Any:
     """Import the heavy entry points (datasets, transformers) only when first used."""
     if name in ("load_benchmark", "list_benchmarks"):
-        from medheval import benchmarks
+        from medheval.data import benchmarks
 
         return getattr(benchmarks, name)
     raise AttributeError(f"module 'medheval' has no attribute {name!r}")

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from medheval.backends.base import BackendError
-from medheval.fetch import AnnotationUnavailable, ChecksumMismatch
-from medheval.images import ImageError
+from medheval.data.fetch import AnnotationUnavailable, ChecksumMismatch
+from medheval.data.images import ImageError
 from medheval.judges import CredentialedDataError, JudgeError
-from medheval.outputs import OutputFolderLocked
-from medheval.predictions_log import CorruptLogError
-from medheval.credentialed import CredentialedImageError
-from medheval.distributed import RankFailed
-from medheval.registry import NoUnitsError
-from medheval.runner import RunError
+from medheval.run.outputs import OutputFolderLocked
+from medheval.run.predictions_log import CorruptLogError
+from medheval.data.credentialed import CredentialedImageError
+from medheval.run.distributed import RankFailed
+from medheval.data.registry import NoUnitsError
+from medheval.run.runner import RunError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     AnnotationUnavailable,

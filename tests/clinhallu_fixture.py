@@ -13,7 +13,7 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
-from medheval.clinhallu.trace import render_stages
+from medheval.families.clinhallu.trace import render_stages
 
 HUB_FOLDERS = {"vqa_rad": "VQA-RAD", "pathvqa": "PathVQA", "medframeqa": "MedFrameQA", "medxpertqa": "MedXpertQA"}
 

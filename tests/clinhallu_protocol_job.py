@@ -11,10 +11,10 @@ def main(snapshot: str, output: str, judge_url: str, cache: str, datasets_cache:
     from medheval.backends.api import APIBackend
     from medheval.backends.hf import HFBackend
     from medheval.backends.tiny import build_tiny_llava
-    from medheval.benchmarks import prepare_benchmark
-    from medheval.clinhallu.prompts import prompt_set
-    from medheval.clinhallu.protocol import ClinHalluRun, ProtocolConfig, clinhallu_judge
-    from medheval.images import ImageResolver
+    from medheval.data.benchmarks import prepare_benchmark
+    from medheval.families.clinhallu.prompts import prompt_set
+    from medheval.families.clinhallu.protocol import ClinHalluRun, ProtocolConfig, clinhallu_judge
+    from medheval.data.images import ImageResolver
 
     roots = {f"clinhallu_{s}": f"{snapshot}/images/{s}" for s in ("vqa_rad", "pathvqa", "medframeqa", "medxpertqa")}
     loaded = prepare_benchmark("clinhallu", "vqa_rad", data_dir=snapshot, image_roots=roots, cache_dir=datasets_cache)

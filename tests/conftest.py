@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def fixture_benchmark(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The embedded fixture benchmark (synthetic items in MedHEval's real schemas) with images."""
-    from medheval.fixtures import write_fixture_benchmark
+    from medheval.families.medheval.fixtures import write_fixture_benchmark
 
     return write_fixture_benchmark(tmp_path_factory.mktemp("fixture"))
 
@@ -89,7 +89,7 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.fixture(scope="module")
 def loaded(snapshot: dict, tmp_path_factory: pytest.TempPathFactory):
     """Every ClinHallu config of :func:`snapshot`, prepared (``prepare_benchmark("clinhallu", "all")``)."""
-    from medheval.benchmarks import prepare_benchmark
+    from medheval.data.benchmarks import prepare_benchmark
 
     return prepare_benchmark("clinhallu", "all", data_dir=snapshot["data_dir"], image_roots=snapshot["image_roots"],
                              cache_dir=tmp_path_factory.mktemp("dcache"))

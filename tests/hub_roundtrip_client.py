@@ -63,7 +63,7 @@ def main(out_path: str, data_dir: str, image_roots_json: str) -> None:
         lambda: hf_hub_download("medheval/cxr_vishal", "README.md", repo_type="dataset"))
 
     # a user's own push_to_hub of MIMIC images loaded with image_roots is refused (datasets embeds by default)
-    from medheval.benchmarks import load_benchmark
+    from medheval.data.benchmarks import load_benchmark
 
     with_images = load_benchmark("cxr_vishal", "mimic_cxr", data_dir=data_dir, image_roots=json.loads(image_roots_json))
     out["user_push"] = _error_name(lambda: with_images.push_to_hub("owner/my-mimic-copy"))

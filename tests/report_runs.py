@@ -71,8 +71,8 @@ def write_clinhallu_run(folder: Path, table: list[tuple], mitigation: str = "non
     ``table`` (ids ``clinhallu/<source>/<i>``), an empty scored.jsonl, and the protocol's generation and
     judgment logs in ``<folder>/clinhallu/<config>/`` (written in reverse item order)."""
     from conftest import load_metric_offline
-    from medheval.clinhallu.protocol import GENERATIONS, JUDGED_STAGE, JUDGMENTS, RATE_OF_SETTING
-    from medheval.predictions_log import LogWriter
+    from medheval.families.clinhallu.protocol import GENERATIONS, JUDGED_STAGE, JUDGMENTS, RATE_OF_SETTING
+    from medheval.run.predictions_log import LogWriter
 
     logs = folder / "clinhallu" / split.partition(":")[2]
     answers = dict(zip(("org", "rep_v", "rep_k", "rep_vk"), CLINHALLU_COLUMNS))

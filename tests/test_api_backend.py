@@ -19,10 +19,10 @@ from clinhallu_fixture import write_snapshot
 from judge_servers import JudgeServer, Reply, image_parts, recording_proxy, user_text  # noqa: F401 - fixture
 from medheval.backends.api import APIBackend, is_api_model, strip_echo
 from medheval.backends.base import BackendError
-from medheval.benchmarks import prepare_benchmark
-from medheval.clinhallu.trace import render_stages
+from medheval.data.benchmarks import prepare_benchmark
+from medheval.families.clinhallu.trace import render_stages
 from medheval.judges import CredentialedDataError
-from medheval.prompts import build_prompt
+from medheval.run.prompts import build_prompt
 
 SECRET = "sk-test-Zq81-never-in-files"
 
@@ -380,9 +380,9 @@ def test_azure_deployment_url_key_header_and_no_vllm_fields(monkeypatch):
 
 def test_api_model_takes_the_generation_length_of_each_answer_type(fixture_benchmark, monkeypatch, tmp_path):
     """Without --max-new-tokens, each record's request carries its answer type's built-in length
-    (medheval.generation), and the prediction records the prompt sent and the settings used."""
+    (medheval.run.generation), and the prediction records the prompt sent and the settings used."""
     from medheval.cli import main
-    from medheval.generation import BUILTIN_BY_ANSWER_TYPE
+    from medheval.run.generation import BUILTIN_BY_ANSWER_TYPE
 
     monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
     with JudgeServer("openai", reply=lambda body: "Yes") as server:

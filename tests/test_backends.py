@@ -11,7 +11,7 @@ from PIL import Image
 from medheval.backends import Backend, BackendError, PredictionsFileBackend
 from medheval.backends.hf import HFBackend
 from medheval.backends.tiny import build_tiny_llava
-from medheval.prompts import PROMPT_VERSION
+from medheval.run.prompts import PROMPT_VERSION
 
 ANSWER_TYPES = ["yes_no", "open", "multiple_choice", "report", "statement"]
 QUESTION_WORDS = (

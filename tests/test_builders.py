@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import UPSTREAM_MEDHEVAL, requires_upstream
 
-from medheval.benchmarks import load_benchmark, prepare_benchmark
-from medheval.images import MissingImagesError, check_reference
-from medheval.medheval_source import FILES
-from medheval.schema import ANSWER_TYPES, FEATURES
+from medheval.data.benchmarks import load_benchmark, prepare_benchmark
+from medheval.data.images import MissingImagesError, check_reference
+from medheval.families.medheval.source import FILES
+from medheval.data.schema import ANSWER_TYPES, FEATURES
 
 SPLITS = {
     "mm_vishal": {"slake": "slake", "vqa_rad": "vqa_rad"},
@@ -182,7 +182,7 @@ def test_local_images_are_a_native_lazy_column(fixture_benchmark, dataset_cache,
     ds = load_benchmark("cxr_vishal", data_dir=fixture_benchmark["data_dir"], image_roots=roots,
                         cache_dir=dataset_cache)
     # a native Image column; MIMIC rows make it the credentialed subtype that refuses embedding on push
-    from medheval.credentialed import CredentialedImage
+    from medheval.data.credentialed import CredentialedImage
 
     assert ds.features["image"] == datasets.List(CredentialedImage(mode="RGB"))
     assert isinstance(ds.features["image"].feature, datasets.Image)

@@ -253,7 +253,7 @@ def test_empty_input(chair):
 
 
 def test_runner_passes_options_and_moves_per_item_lists(chair):
-    from medheval.runner import metric_kwargs
+    from medheval.run.protocol import metric_kwargs
 
     kwargs = metric_kwargs(chair, [{"id": "a"}], {"variant": "medheval_code", "labeler": "rule"})
     assert kwargs == {"variant": "medheval_code", "labeler": "rule"}

@@ -342,7 +342,7 @@ def test_metric_reads_the_environment_variable(metric, tiny, monkeypatch):
 
 
 def test_run_eval_computes_chexbert_similarity_per_item(fixture_benchmark, tiny, tmp_path):
-    from medheval.benchmarks import load_benchmark
+    from medheval.data.benchmarks import load_benchmark
     from medheval.cli import main
 
     rows = load_benchmark("vishal_report", data_dir=fixture_benchmark["data_dir"]).to_list()

@@ -8,9 +8,9 @@ import datasets
 import pytest
 
 from clinhallu_fixture import HUB_FOLDERS
-from medheval.benchmarks import load_benchmark, prepare_benchmark
-from medheval.clinhallu import source as clinhallu_source
-from medheval.schema import validate_record
+from medheval.data.benchmarks import load_benchmark, prepare_benchmark
+from medheval.families.clinhallu import source as clinhallu_source
+from medheval.data.schema import validate_record
 
 
 def _load(snapshot, config, cache, **kwargs):

@@ -20,8 +20,8 @@ import pytest
 from clinhallu_fixture import scripted_trace_reply
 from judge_servers import JudgeServer
 from medheval.backends.api import APIBackend
-from medheval.clinhallu.prompts import prompt_set, trace_request
-from medheval.clinhallu.protocol import (
+from medheval.families.clinhallu.prompts import prompt_set, trace_request
+from medheval.families.clinhallu.protocol import (
     GENERATIONS,
     JUDGMENTS,
     LOG_FIELDS,
@@ -30,8 +30,8 @@ from medheval.clinhallu.protocol import (
     ProtocolConfig,
     attempt_seed,
 )
-from medheval.predictions_log import read_log
-from medheval.tasks.clinhallu import apply_run_options, protocol_config
+from medheval.run.predictions_log import read_log
+from medheval.families.clinhallu.task import apply_run_options, protocol_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -232,8 +232,8 @@ def test_hf_sampled_traces_one_request_per_call_as_before(loaded, tiny, tmp_path
 # --------------------------------------------------------------------- run options, mitigations (run_eval)
 
 def test_trace_temperature_is_a_run_option_and_the_length_a_generation_setting():
-    from medheval.generation import GenerationPlan
-    from medheval.tasks.clinhallu import trace_length
+    from medheval.run.generation import GenerationPlan
+    from medheval.families.clinhallu.task import trace_length
 
     _, recorded = apply_run_options(None, {})
     assert recorded == {"prompts": "own", "temperature": 0.7}

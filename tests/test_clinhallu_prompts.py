@@ -12,9 +12,9 @@ import string
 import pytest
 
 from clinhallu_fixture import shared_upstream
-from medheval.clinhallu import prompts as P
-from medheval.clinhallu.trace import parse_trace
-from medheval.fetch import AnnotationUnavailable
+from medheval.families.clinhallu import prompts as P
+from medheval.families.clinhallu.trace import parse_trace
+from medheval.data.fetch import AnnotationUnavailable
 
 UPSTREAM = shared_upstream() / "clinhallu"
 requires_upstream = pytest.mark.skipif(not (UPSTREAM / "prompts").is_dir(),

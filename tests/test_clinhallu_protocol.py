@@ -16,8 +16,8 @@ import pytest
 
 from judge_servers import JudgeServer, image_parts, user_text
 from medheval.backends.base import BackendError
-from medheval.clinhallu.prompts import prompt_set
-from medheval.clinhallu.protocol import (
+from medheval.families.clinhallu.prompts import prompt_set
+from medheval.families.clinhallu.protocol import (
     GENERATIONS,
     JUDGMENTS,
     LOG_FIELDS,
@@ -30,7 +30,7 @@ from medheval.clinhallu.protocol import (
     validate_answer_reply,
     validate_step_reply,
 )
-from medheval.predictions_log import read_log
+from medheval.run.predictions_log import read_log
 
 REPO = Path(__file__).resolve().parents[1]
 

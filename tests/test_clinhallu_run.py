@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 from judge_servers import JudgeServer, user_text
-from medheval.benchmarks import prepare_benchmark
-from medheval.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
-from medheval.predictions_log import read_log
+from medheval.data.benchmarks import prepare_benchmark
+from medheval.families.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
+from medheval.run.predictions_log import read_log
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clinhallu_fixture import shared_upstream
-from medheval.clinhallu.trace import STAGES, parse_trace, render_stages
+from medheval.families.clinhallu.trace import STAGES, parse_trace, render_stages
 
 UPSTREAM_COMMON = shared_upstream() / "clinhallu" / "src" / "common.py"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import load_metric_offline
 
-from medheval import parsing
-from medheval.schema import HALLUCINATION_TYPE_TO_CATEGORY
+from medheval.scoring import parsing
+from medheval.data.schema import HALLUCINATION_TYPE_TO_CATEGORY
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_DIR = REPO / "metrics" / "close_ended_accuracy"

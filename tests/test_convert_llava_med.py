@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from medheval.backends.tiny import build_tiny_tokenizer
-from medheval.convert_llava_med import ConversionError, convert, main, rename_key
+from medheval.backends.convert_llava_med import ConversionError, convert, main, rename_key
 
 VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
           "image_size": 30, "patch_size": 6, "projection_dim": 16, "hidden_act": "quick_gelu"}

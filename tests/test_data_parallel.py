@@ -1,4 +1,4 @@
-"""Data-parallel runs (``accelerate launch``, :mod:`medheval.distributed`): sharding, merging, resume, errors.
+"""Data-parallel runs (``accelerate launch``, :mod:`medheval.run.distributed`): sharding, merging, resume, errors.
 
 The launches run 2 CPU processes (gloo) on the offline fixture split with the tiny random LLaVA."""
 
@@ -18,9 +18,9 @@ import pytest
 from conftest import REPO
 
 from medheval.cli import main
-from medheval.distributed import (SOLO, Group, RankFailed, device_for, group, merge_parts, part_log_path,
+from medheval.run.distributed import (SOLO, Group, RankFailed, device_for, group, merge_parts, part_log_path,
                                   shard_batches)
-from medheval.predictions_log import read_log
+from medheval.run.predictions_log import read_log
 
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 needs_accelerate = pytest.mark.skipif(not ACCELERATE.exists(), reason="accelerate is not installed (extra: multi)")

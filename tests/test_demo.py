@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from medheval.demo import DEMO_BENCHMARKS, run_demo
-from medheval.predictions_log import read_log
+from medheval.cli.demo import DEMO_BENCHMARKS, run_demo
+from medheval.run.predictions_log import read_log
 
 
 def test_demo_runs_end_to_end(tmp_path):

@@ -10,8 +10,8 @@ import torch
 from judge_servers import judge_server_factory  # noqa: F401 - fixture
 
 from medheval.cli import main
-from medheval.images import ImageRootUnavailable, parse_image_root
-from medheval.runner import failed_on_every_item
+from medheval.data.images import ImageRootUnavailable, parse_image_root
+from medheval.run.runner import failed_on_every_item
 
 
 def _roots(fixture: dict) -> list[str]:

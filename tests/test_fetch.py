@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from medheval.fetch import AnnotationUnavailable, ChecksumMismatch, PinnedFile, fetch
+from medheval.data.fetch import AnnotationUnavailable, ChecksumMismatch, PinnedFile, fetch
 
 PAYLOAD = b'[{"qid": 0, "question": "Is there a fracture?", "answer": "No"}]'
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from medheval import fixtures
-from medheval.fixtures import FIXTURE_VERSION, write_fixture_benchmark
+from medheval.families.medheval import fixtures
+from medheval.families.medheval.fixtures import FIXTURE_VERSION, write_fixture_benchmark
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SHA256SUMS = SHARED / "data" / "upstream" / "SHA256SUMS"

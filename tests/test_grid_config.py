@@ -11,10 +11,10 @@ import pytest
 from conftest import REPO
 
 from medheval.cli import main
-from medheval.generation import BUILTIN_BY_ANSWER_TYPE, GenerationPlan
-from medheval.grid_config import (GridConfigError, apply_cli, given_options, load_grid_config, model_slug,
+from medheval.run.generation import BUILTIN_BY_ANSWER_TYPE, GenerationPlan
+from medheval.run.grids import (GridConfigError, apply_cli, given_options, load_grid_config, model_slug,
                                   parse_grid_config)
-from medheval.predictions_log import read_log
+from medheval.run.predictions_log import read_log
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 TINY = "tiny-random-llava"
@@ -170,7 +170,7 @@ class _PlainBackend(_RecordingBackend):
 
 
 def test_batches_are_grouped_by_setting_and_each_sample_records_prompt_and_settings(fixture_benchmark, tmp_path):
-    from medheval.runner import RunSpec, run
+    from medheval.run.runner import RunSpec, run
 
     plan = GenerationPlan(answer_types={"yes_no": {"max_new_tokens": 3}, "multiple_choice": {"max_new_tokens": 5}})
     backend = _RecordingBackend()
@@ -183,7 +183,7 @@ def test_batches_are_grouped_by_setting_and_each_sample_records_prompt_and_setti
     # grouped: all records of one setting are generated before the other's (the type changes once)
     sequence = [kind for kinds, _ in backend.calls for kind in kinds]
     assert sum(a != b for a, b in zip(sequence, sequence[1:])) == 1
-    from medheval.benchmarks import load_benchmark
+    from medheval.data.benchmarks import load_benchmark
 
     rows = {r["id"]: r for r in load_benchmark("mm_vishal", data_dir=fixture_benchmark["data_dir"]).to_list()}
     entries = read_log(tmp_path / "a" / "predictions.jsonl")
@@ -204,7 +204,7 @@ def test_batches_are_grouped_by_setting_and_each_sample_records_prompt_and_setti
 
 def test_hf_backend_honours_per_call_max_new_tokens_also_with_the_prefix_cache(llava):
     from medheval.backends.hf import HFBackend
-    from medheval.fixtures import synthetic_scan
+    from medheval.families.medheval.fixtures import synthetic_scan
 
     model, processor = llava
     records = [{"id": f"r{i}", "question": f"Is there an effusion {i}?", "answer_type": "yes_no", "choices": [],
@@ -226,7 +226,7 @@ def _images_for(benchmarks: list[str], data_dir: str, root: Path) -> dict[str, s
     """A small image at every path the records of ``benchmarks`` name, one folder per source."""
     from PIL import Image
 
-    from medheval.benchmarks import parse_benchmark_spec, prepare_benchmark
+    from medheval.data.benchmarks import parse_benchmark_spec, prepare_benchmark
 
     roots: dict[str, str] = {}
     for spec in benchmarks:
@@ -256,7 +256,7 @@ def _data_for(path: Path, config, fixture_benchmark, tmp_path: Path) -> tuple[li
         data = str(_write_fixtures(tmp_path / "hallmark"))
         return ["--data-dir", data, *_roots(_images_for(config.benchmarks, data, tmp_path / "images"))], None
     if name.startswith("med_stepbench"):
-        from medheval.stepbench_fixtures import write_stepbench_fixture
+        from medheval.families.stepbench.fixtures import write_stepbench_fixture
 
         data = write_stepbench_fixture(tmp_path / "stepbench", studies=2, per_study=4)["data_dir"]
         return ["--data-dir", data, "--image-root", f"med_stepbench={data}"], None
@@ -360,7 +360,7 @@ def test_clinhallu_traces_take_their_length_from_the_plan_not_the_backend(tmp_pa
 
 
 def test_a_plain_run_without_max_new_tokens_uses_the_table_and_with_it_one_length():
-    from medheval.cli import _generation_plan, build_parser
+    from medheval.cli.main import _generation_plan, build_parser
 
     base = ["run", "--benchmark", "clinhallu", "--model", TINY, "--output", "o"]
     plan = _generation_plan(build_parser().parse_args(base))

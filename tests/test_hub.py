@@ -17,9 +17,9 @@ import yaml
 from conftest import REPO
 from hub_server import HubServer
 
-from medheval import hub
-from medheval.benchmarks import load_benchmark, prepare_benchmark
-from medheval.credentialed import CredentialedImage, CredentialedImageError, refuse_credentialed_images
+from medheval.publish import hub
+from medheval.data.benchmarks import load_benchmark, prepare_benchmark
+from medheval.data.credentialed import CredentialedImage, CredentialedImageError, refuse_credentialed_images
 
 TESTS = Path(__file__).resolve().parent
 

@@ -1,4 +1,4 @@
-"""medheval.images: local folders, HTTP URL templates with basic auth, HF datasets, resolver."""
+"""medheval.data.images: local folders, HTTP URL templates with basic auth, HF datasets, resolver."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from urllib.parse import unquote
 import pytest
 from PIL import Image
 
-from medheval.images import (
+from medheval.data.images import (
     REFERENCE_PATTERNS,
     HFDatasetSource,
     ImageDecodeError,

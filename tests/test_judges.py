@@ -771,13 +771,13 @@ def test_plain_text_reply_format(judge_server_factory, tmp_path):
         JudgeRequest("t", user="x", reply_format="yaml")
 
 
-# -- the local-transformers loader shared with the HF backend (medheval.local_models) -------------
+# -- the local-transformers loader shared with the HF backend (medheval.backends.local_models) -------------
 def test_shared_loader_picks_the_kind_and_keeps_given_preprocessors(tiny_text_judge_dir, tmp_path):
     import torch
     from transformers import PreTrainedTokenizerBase
 
     from medheval.backends.tiny import build_tiny_llava
-    from medheval.local_models import load_local_model
+    from medheval.backends.local_models import load_local_model
 
     model, tokenizer = load_local_model(tiny_text_judge_dir, dtype=torch.float32, device="cpu")
     assert type(model).__name__ == "LlamaForCausalLM" and isinstance(tokenizer, PreTrainedTokenizerBase)
@@ -792,7 +792,7 @@ def test_shared_loader_picks_the_kind_and_keeps_given_preprocessors(tiny_text_ju
 def test_shared_loader_errors_name_the_model_and_the_fix(tmp_path):
     import torch
 
-    from medheval.local_models import load_local_model
+    from medheval.backends.local_models import load_local_model
 
     with pytest.raises(JudgeError, match="is not a directory") as info:
         load_local_model(tmp_path / "missing", dtype=torch.float32, device="cpu", error=JudgeError)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from judge_servers import judge_server_factory, user_text  # noqa: F401 - a fixture
-from medheval import medihall as mh
-from medheval import med_hallmark_source as src
+from medheval.families import med_hallmark as mh
+from medheval.families.med_hallmark import source as src
 
 REPO = Path(__file__).resolve().parents[1]
 HALLMARK = REPO.parent / "shared" / "data" / "upstream" / "med-hallmark"
@@ -85,7 +85,7 @@ def hallmark_dir(tmp_path_factory) -> Path:
 
 
 def _load(config: str, data_dir, tmp_path, **kwargs):
-    from medheval.benchmarks import prepare_benchmark
+    from medheval.data.benchmarks import prepare_benchmark
 
     return prepare_benchmark("med_hallmark", config, data_dir=data_dir, cache_dir=tmp_path / "cache", **kwargs)
 
@@ -197,7 +197,7 @@ def test_upstream_prompts_equal_the_released_text_byte_for_byte():
 
 @requires_medheval_code
 def test_upstream_sh_prompt_is_read_with_ast_and_equals_the_script_text():
-    from medheval import sh_prompt
+    from medheval.families.medheval import sh_prompt
 
     script = (MEDHEVAL_CODE / sh_prompt.UPSTREAM_FILE.relpath).read_text()
     system, template = sh_prompt.upstream_prompt(str(MEDHEVAL_CODE))
@@ -210,7 +210,7 @@ def test_upstream_sh_prompt_is_read_with_ast_and_equals_the_script_text():
 
 
 def test_upstream_prompt_files_must_match_the_pin(tmp_path):
-    from medheval import sh_prompt
+    from medheval.families.medheval import sh_prompt
 
     (tmp_path / "Conventional..json").write_text("[]")
     with pytest.raises(ValueError, match="not the pinned"):
@@ -225,7 +225,7 @@ def test_upstream_prompt_files_must_match_the_pin(tmp_path):
 @requires_hallmark
 @requires_medheval_code
 def test_no_copy_of_the_upstream_prompts_in_the_repository():
-    from medheval import sh_prompt
+    from medheval.families.medheval import sh_prompt
 
     texts = [src.upstream_vqa_template(True, str(HALLMARK)).pieces[0],
              src.upstream_vqa_template(False, str(HALLMARK)).pieces[0],
@@ -412,7 +412,7 @@ def test_irg_task_follows_the_report_answer_type():
 def test_mimic_dicom_ids_resolve_through_the_metadata_csv_or_a_flat_folder(tmp_path):
     from PIL import Image
 
-    from medheval.images import ImageResolver, MimicDicomSource, check_reference, parse_image_root
+    from medheval.data.images import ImageResolver, MimicDicomSource, check_reference, parse_image_root
 
     files = tmp_path / "files"
     target = files / "p10" / "p10000032" / "s50414267" / f"{DICOM[0]}.jpg"
@@ -444,7 +444,7 @@ def test_mimic_dicom_ids_resolve_through_the_metadata_csv_or_a_flat_folder(tmp_p
 def test_sh_judge_upstream_style_sends_medheval_prompt_to_the_judge(judge_server_factory, tmp_path):
     import evaluate
 
-    from medheval import sh_prompt
+    from medheval.families.medheval import sh_prompt
 
     system, _ = sh_prompt.upstream_prompt(str(MEDHEVAL_CODE))
     server = judge_server_factory("openai", lambda request: '{"model_1": 2}')
@@ -472,7 +472,7 @@ def test_sh_is_shown_as_mean_plus_minus_std_in_the_tables():
 
 
 def test_detector_flag_becomes_options_of_the_metrics_that_take_a_level_source():
-    from medheval.tasks import benchmark_default_metrics, detector_options
+    from medheval.run.protocol import benchmark_default_metrics, detector_options
 
     takes = {"classifier", "detector_path", "judge"}
     assert detector_options("rule", takes) == {"classifier": "rule"}
@@ -518,7 +518,7 @@ def test_reference_free_items_are_judged_with_their_image(hallmark_dir, judge_se
 
 def test_confidence_weakening_plain_question_run_option(hallmark_dir, tmp_path):
     """question=plain drops the prefix (meta.plain_question) so a run can measure the prefix's effect."""
-    from medheval.benchmarks import prepare_benchmark
+    from medheval.data.benchmarks import prepare_benchmark
 
     released = prepare_benchmark("med_hallmark", "confidence_weakening", data_dir=hallmark_dir,
                                  cache_dir=tmp_path / "c")

@@ -1,4 +1,4 @@
-"""MediHall Score (metrics/medihall_score, medheval/medihall.py): weights, sentence splitting,
+"""MediHall Score (metrics/medihall_score, medheval/families/med_hallmark/): weights, sentence splitting,
 hand-worked VQA and IRG cases, the rule classifier per category, the judge classifier against a
 loopback fake server, and checks against Med-HallMark's released files (skipped when absent)."""
 
@@ -13,8 +13,8 @@ import pytest
 from conftest import load_metric_offline
 
 from judge_servers import judge_server_factory, recording_proxy, user_text  # noqa: F401 - fixtures
-from medheval import medihall as mh
-from medheval.med_hallmark_source import judged_records
+from medheval.families import med_hallmark as mh
+from medheval.families.med_hallmark.source import judged_records
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_DIR = REPO / "metrics" / "medihall_score"
@@ -157,7 +157,7 @@ def test_vqa_item_without_reference_fails_with_reason(metric):
     ("What is seen here?", "Two.", "Three", {"question_type": "COUNT"}, "attribute"),
     ("What is seen here?", "Pneumonia.", "Edema", {"question_type": "radiology"}, "minor"),
     ("Any stroke signs?", "No.", "It is a CT scan", {"question_type": "counterfactual"}, "prompt_induced"),
-    # multiple choice through medheval.parsing
+    # multiple choice through medheval.scoring.parsing
     ("Which modality?", "B", "A", {"answer_type": "multiple_choice", "choices": ["CT", "MRI", "X-ray"]}, "minor"),
     ("Which modality?", "The answer is A. CT", "A", {"answer_type": "multiple_choice",
                                                        "choices": ["CT", "MRI", "X-ray"]}, "correct"),
@@ -352,7 +352,7 @@ def test_rule_classifier_agreement_floor_on_conventional():
 
 
 def test_runner_passes_categories_as_question_types(metric):
-    from medheval.runner import metric_kwargs
+    from medheval.run.protocol import metric_kwargs
 
     rows = [{"id": "mm_vishal/slake/1", "question": "What is shown?", "answer": "MRI", "answer_type": "open",
              "choices": [], "category": "radiology", "source": "slake", "meta": {}}]

@@ -1,11 +1,11 @@
-"""Hand-worked cases for medheval.parsing (answer normalisation and upstream compatibility)."""
+"""Hand-worked cases for medheval.scoring.parsing (answer normalisation and upstream compatibility)."""
 
 from __future__ import annotations
 
 import pytest
 
-from medheval import parsing
-from medheval.parsing import (
+from medheval.scoring import parsing
+from medheval.scoring.parsing import (
     ItemScore,
     normalize_reference,
     parse_multiple_choice,
@@ -500,7 +500,7 @@ def test_fuzzy_window_inside_sentence():
 
 
 def test_clean_generated_text_native_and_upstream():
-    from medheval.parsing import UPSTREAM_SHORT_REPORT, clean_generated_text
+    from medheval.scoring.parsing import UPSTREAM_SHORT_REPORT, clean_generated_text
 
     assert clean_generated_text("  Assistant: Small left effusion. ") == "Small left effusion."
     assert clean_generated_text(None) == ""

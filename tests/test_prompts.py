@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from medheval.prompts import PROMPT_VERSION, TEMPLATES, build_prompt, describe_templates
-from medheval.schema import ANSWER_TYPES
+from medheval.run.prompts import PROMPT_VERSION, TEMPLATES, build_prompt, describe_templates
+from medheval.data.schema import ANSWER_TYPES
 
 
 def _record(answer_type, question="Is there a pleural effusion?", choices=None, rid="bench/cfg/1"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from medheval import registry
+from medheval.data import registry
 from medheval.cli import main
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from medheval.benchmarks import load_benchmark
+from medheval.data.benchmarks import load_benchmark
 from medheval.cli import main
 from medheval.report.tables import caveats, write_markdown
 

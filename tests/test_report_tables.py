@@ -262,8 +262,8 @@ def test_clinhallu_figure_the_logs_do_not_reproduce_gets_no_interval(tmp_path):
 def test_clinhallu_logs_missing_or_holding_other_items(tmp_path):
     import shutil
 
-    from medheval.clinhallu.protocol import GENERATIONS
-    from medheval.predictions_log import LogWriter
+    from medheval.families.clinhallu.protocol import GENERATIONS
+    from medheval.run.predictions_log import LogWriter
 
     gone = write_clinhallu_run(tmp_path / "gone", CLINHALLU)
     shutil.rmtree(gone / "clinhallu")

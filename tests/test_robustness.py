@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from medheval.benchmarks import load_benchmark
+from medheval.data.benchmarks import load_benchmark
 from medheval.cli import main
-from medheval.predictions_log import CorruptLogError, LogWriter, read_log
+from medheval.run.predictions_log import CorruptLogError, LogWriter, read_log
 
 RUN_EVAL = str(REPO / "run_eval.py")
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1",
@@ -44,15 +44,15 @@ def _scored(output: Path) -> dict[str, dict]:
 
 
 def _metric(name: str):
-    from medheval.runner import _load_metric
+    from medheval.run.protocol import load_metric
 
-    return _load_metric(name)
+    return load_metric(name)
 
 
 @pytest.mark.parametrize("raw, expected", [("False", False), ("false", False), ("0", False), ("no", False),
                                            ("TRUE", True), ("yes", True), (" on ", True), (True, True)])
 def test_boolean_options_are_parsed_by_type(raw, expected):
-    from medheval.metric_options import check_options
+    from medheval.scoring.metric_options import check_options
 
     checked = check_options("close_ended_accuracy", _metric("close_ended_accuracy"), {"upstream_compat": raw})
     assert checked == {"upstream_compat": expected}
@@ -74,7 +74,7 @@ def test_boolean_options_are_parsed_by_type(raw, expected):
     ("sh_judge", "cache_dir", "false", False),
 ])
 def test_options_take_their_declared_type(metric, key, raw, expected):
-    from medheval.metric_options import check_options
+    from medheval.scoring.metric_options import check_options
 
     assert check_options(metric, _metric(metric), {key: raw}) == {key: expected}
 
@@ -88,7 +88,7 @@ def test_options_take_their_declared_type(metric, key, raw, expected):
     ("chair", "findings", 3, "a string or a JSON list of strings or null"),
 ])
 def test_values_of_the_wrong_type_are_refused_naming_option_value_and_type(metric, key, raw, expected_type):
-    from medheval.metric_options import MetricOptionError, check_options
+    from medheval.scoring.metric_options import MetricOptionError, check_options
 
     with pytest.raises(MetricOptionError) as excinfo:
         check_options(metric, _metric(metric), {key: raw})
@@ -100,9 +100,9 @@ def test_every_option_of_every_metric_has_a_type():
     """A new option whose default is None must be declared in its module's OPTION_TYPES."""
     import inspect
 
-    from medheval.metric_options import NOT_OPTIONS, option_types
-    from medheval.registry import list_units
-    from medheval.runner import RECORD_INPUTS
+    from medheval.scoring.metric_options import NOT_OPTIONS, option_types
+    from medheval.data.registry import list_units
+    from medheval.run.protocol import RECORD_INPUTS
 
     for name in list_units("metrics"):
         metric = _metric(name)
@@ -176,7 +176,7 @@ def test_a_malformed_judge_spec_is_refused_before_generation(fixture_benchmark, 
 
 
 def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypatch):
-    from medheval import outputs
+    from medheval.run import outputs
 
     target = tmp_path / "results.json"
     outputs.atomic_write_text(target, '{"old": true}')
@@ -193,7 +193,7 @@ def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypa
 
 def test_a_rerun_that_dies_while_writing_leaves_the_previous_results_whole(fixture_benchmark, tmp_path,
                                                                            monkeypatch):
-    from medheval import outputs
+    from medheval.run import outputs
 
     path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "yes"}
                                               for rid in _ids(fixture_benchmark, "context")])
@@ -223,7 +223,7 @@ def test_a_rerun_that_dies_while_writing_leaves_the_previous_results_whole(fixtu
 
 HOLD_LOCK = """
 import sys
-from medheval.outputs import OutputLock
+from medheval.run.outputs import OutputLock
 with OutputLock(sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.readline()
@@ -303,7 +303,7 @@ def _copy_data(fixture: dict, tmp_path: Path) -> Path:
 
 
 def test_a_corrupt_annotation_file_gives_the_builders_message(fixture_benchmark, tmp_path):
-    from medheval.fixtures import CONTEXT_FILE
+    from medheval.families.medheval.fixtures import CONTEXT_FILE
 
     data = _copy_data(fixture_benchmark, tmp_path)
     (data / CONTEXT_FILE).write_text('[{"qid": 1, "question": "truncated')
@@ -320,7 +320,7 @@ def test_a_corrupt_annotation_file_gives_the_builders_message(fixture_benchmark,
 
 def test_annotation_files_that_differ_from_the_pin_are_warned_about(fixture_benchmark, tmp_path, capsys):
     """The fixture files are synthetic, so their sha256 never matches MedHEval's pins."""
-    from medheval.fixtures import CONTEXT_FILE
+    from medheval.families.medheval.fixtures import CONTEXT_FILE
 
     path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "no"}
                                               for rid in _ids(fixture_benchmark, "context")])
@@ -412,13 +412,14 @@ def test_the_credentialed_refusal_names_a_flag_run_eval_has(fixture_benchmark, t
 
 
 def test_the_opt_in_is_recorded_without_secrets(fixture_benchmark, tmp_path):
-    from medheval.runner import RunSpec, _options_for, _safe_options
+    from medheval.run.protocol import safe_options
+    from medheval.run.runner import RunSpec, _options_for
 
     spec = RunSpec(benchmarks=["knowledge:open"], output=tmp_path, judge="openai:m@https://judge.example/v1",
                    allow_remote_credentialed=("https://user:pw-1@judge.example/v1", "other.example"))
     assert _options_for(spec, ["sh_judge"])["sh_judge"]["allow_remote_credentialed"] == list(
         spec.allow_remote_credentialed)
-    recorded = _safe_options(spec)["allow_remote_credentialed"]
+    recorded = safe_options(spec)["allow_remote_credentialed"]
     assert recorded == ["https://judge.example/v1", "other.example"]
 
 
@@ -470,7 +471,7 @@ def test_skipping_every_record_for_missing_images_is_an_error(fixture_benchmark,
 
 
 def test_skip_all_through_the_library_api_is_an_error(fixture_benchmark, tmp_path):
-    from medheval.images import ImageError
+    from medheval.data.images import ImageError
 
     with pytest.raises(ImageError, match="all .* record"):
         load_benchmark("context", data_dir=fixture_benchmark["data_dir"], image_roots={"mimic_cxr": str(tmp_path)},
@@ -509,10 +510,10 @@ def test_a_settings_refusal_names_the_setting_and_both_values(fixture_benchmark,
 
 
 def test_the_runner_leaves_os_environ_alone(fixture_benchmark, tmp_path, monkeypatch):
-    from medheval.runner import _load_metric
+    from medheval.run.protocol import load_metric
 
     monkeypatch.delenv("HF_EVALUATE_OFFLINE", raising=False)
-    _load_metric.cache_clear()
+    load_metric.cache_clear()
     path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "no"}
                                               for rid in _ids(fixture_benchmark, "context")])
     before = dict(os.environ)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from medheval.benchmarks import load_benchmark
+from medheval.data.benchmarks import load_benchmark
 from medheval.cli import main
-from medheval.predictions_log import CorruptLogError, LogWriter, read_log
+from medheval.run.predictions_log import CorruptLogError, LogWriter, read_log
 
 RUN_EVAL = str(REPO / "run_eval.py")
 
@@ -292,11 +292,12 @@ def test_missing_images_are_skipped_and_counted_in_results(fixture_benchmark, tm
 
 
 def test_recorded_scoring_options_carry_no_secret():
-    from medheval.runner import RunSpec, _safe_options
+    from medheval.run.protocol import safe_options
+    from medheval.run.runner import RunSpec
 
     spec = RunSpec(benchmarks=[], output="unused", judge="openai:gpt-4o@https://reader:pw-123@judge.example/v1",
                    metric_options={"sh_judge": {"judge": {"backend": "openai", "api_key": "sk-live-123"}}})
-    recorded = json.dumps(_safe_options(spec))
+    recorded = json.dumps(safe_options(spec))
     assert "pw-123" not in recorded and "sk-live-123" not in recorded and "judge.example" in recorded
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import load_metric_offline
 
 from judge_servers import judge_server_factory, recording_proxy, user_text  # noqa: F401 - fixtures
-from medheval import sh_prompt
+from medheval.families.medheval import sh_prompt
 from medheval.judges import CredentialedDataError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -255,7 +255,7 @@ def test_missing_judge_is_a_clear_error(metric):
 
 
 def test_runner_passes_record_fields_and_options(metric):
-    from medheval.runner import metric_kwargs
+    from medheval.run.protocol import metric_kwargs
 
     rows = [{"id": "knowledge/open/1", "question": "Q", "answer": "A", "answer_type": "open", "choices": [],
              "category": None, "source": "mimic_cxr", "meta": {"credentialed": True}}]
@@ -339,7 +339,7 @@ def test_metric_closes_the_cache_connection_of_its_judge(metric, judge_server_fa
 
 
 def test_runner_counts_a_record_without_the_flag_by_its_source(metric):
-    from medheval.runner import metric_kwargs
+    from medheval.run.protocol import metric_kwargs
 
     rows = [{"id": f"b/c/{i}", "question": "Q", "answer": "A", "answer_type": "open", "choices": [], "category": None,
              "source": source, "meta": meta}

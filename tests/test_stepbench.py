@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medheval import stepbench
-from medheval.benchmarks import load_benchmark, prepare_benchmark
-from medheval.stepbench import StepBenchDataError, StepBenchOptions, choose_views, parse_verdict
-from medheval.stepbench_fixtures import write_stepbench_fixture
+from medheval.families.stepbench import source as stepbench
+from medheval.data.benchmarks import load_benchmark, prepare_benchmark
+from medheval.families.stepbench.source import StepBenchDataError, StepBenchOptions, choose_views, parse_verdict
+from medheval.families.stepbench.fixtures import write_stepbench_fixture
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def test_run_options_rewrite_prompts_and_views(fixture, dataset_cache):
 
 
 def test_unsafe_view_path_is_refused_at_image_load(fixture, tmp_path):
-    from medheval.images import ImageResolver, UnsafeImagePath
+    from medheval.data.images import ImageResolver, UnsafeImagePath
 
     resolver = ImageResolver({"med_stepbench": fixture["data_dir"]})
     with pytest.raises(UnsafeImagePath):
@@ -204,7 +204,7 @@ def test_parse_verdict(text, verdict):
 def _metric():
     import evaluate
 
-    from medheval.registry import metric_path
+    from medheval.data.registry import metric_path
 
     return evaluate.load(metric_path("stepbench"))
 
@@ -253,8 +253,8 @@ def test_zero_denominators_give_zero():
 
 
 def test_volume_round_trip_and_path_safety(fixture):
-    from medheval import pet_ct
-    from medheval.images import UnsafeImagePath
+    from medheval.families.stepbench import pet_ct
+    from medheval.data.images import UnsafeImagePath
 
     ct, affine = pet_ct.load_volume(fixture["data_dir"], "volumes/study000/ct.nii.gz")
     pet, _ = pet_ct.load_volume(fixture["data_dir"], "volumes/study000/pet.nii.gz")
@@ -277,7 +277,7 @@ def test_volume_round_trip_and_path_safety(fixture):
 
 
 def test_ct_window_formula():
-    from medheval.pet_ct import window_ct
+    from medheval.families.stepbench.pet_ct import window_ct
 
     # mediastinal window: centre 50, width 350 -> [-125, 225]
     assert window_ct(np.array([-125.0, 50.0, 225.0, 1000.0]), "mediastinal").tolist() == [0.0, 0.5, 1.0, 1.0]
@@ -331,7 +331,7 @@ def test_prefix_cache_refuses_a_mitigation(tiny):
 
 def test_run_end_to_end_records_options_and_table(fixture, tmp_path, tiny):
     from medheval.backends.hf import HFBackend
-    from medheval.runner import RunError, RunSpec, run
+    from medheval.run.runner import RunError, RunSpec, run
 
     model, processor = tiny
     backend = HFBackend(model, processor, batch_size=16, max_new_tokens=3, prefix_cache=True)
@@ -431,8 +431,8 @@ class _VolumeModel:
 
 def test_a_3d_backend_receives_each_records_volumes(fixture, fixture_benchmark, tmp_path):
     """needs_volumes: the runner reads meta.volume (and volume_pet) with nibabel and hands the arrays over."""
-    from medheval import pet_ct
-    from medheval.runner import RunError, RunSpec, run
+    from medheval.families.stepbench import pet_ct
+    from medheval.run.runner import RunError, RunSpec, run
 
     model = _VolumeModel()
     spec = RunSpec(benchmarks=["med_stepbench:en"], output=tmp_path / "run", data_dir=fixture["data_dir"])

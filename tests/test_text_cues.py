@@ -1,4 +1,4 @@
-"""medheval.text_cues: the one sentence splitter (its presets, worked by hand) and the shared cues."""
+"""medheval.scoring.text_cues: the one sentence splitter (its presets, worked by hand) and the shared cues."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from medheval import text_cues as tc
+from medheval.scoring import text_cues as tc
 from medheval.labelers import chexpert_rules
 from medheval.radiology import ratescore_scoring
 

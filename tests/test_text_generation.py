@@ -1,4 +1,4 @@
-"""metrics/text_generation: BERTScore, BLEU, sacreBLEU, METEOR, ROUGE (CPU, offline) and medheval.nltk_data."""
+"""metrics/text_generation: BERTScore, BLEU, sacreBLEU, METEOR, ROUGE (CPU, offline) and medheval.scoring.nltk_data."""
 
 import gzip
 import importlib.util
@@ -17,7 +17,7 @@ pytest.importorskip("sacrebleu")
 
 import evaluate
 
-from medheval import nltk_data
+from medheval.scoring import nltk_data
 
 ROOT = Path(__file__).resolve().parents[1]
 METRIC_DIR = ROOT / "metrics" / "text_generation"
@@ -267,12 +267,12 @@ def test_word_tokenizer_splits_sentences_without_punkt_data():
 def test_cli_reports_status(tmp_path):
     source = _fake_wordnet_source(tmp_path / "debian")
     done = subprocess.run(
-        [sys.executable, "-m", "medheval.nltk_data", "--target", str(tmp_path / "t"), "--source", str(tmp_path / "nowhere")],
+        [sys.executable, "-m", "medheval.scoring.nltk_data", "--target", str(tmp_path / "t"), "--source", str(tmp_path / "nowhere")],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0 and "METEOR will be reported as unavailable" in done.stdout
     done = subprocess.run(
-        [sys.executable, "-m", "medheval.nltk_data", "--target", str(tmp_path / "t"), "--source", str(tmp_path / "nowhere"), "--strict"],
+        [sys.executable, "-m", "medheval.scoring.nltk_data", "--target", str(tmp_path / "t"), "--source", str(tmp_path / "nowhere"), "--strict"],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 1
@@ -407,9 +407,9 @@ def test_tiny_roberta_backbone_gets_a_prefix_space(tg_module, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# NLTK 3.9 tokenizer and METEOR (medheval.nltk39): exact whatever NLTK is installed
+# NLTK 3.9 tokenizer and METEOR (medheval.scoring.nltk39): exact whatever NLTK is installed
 
-from medheval import nltk39  # noqa: E402
+from medheval.scoring import nltk39  # noqa: E402
 
 # Sentences where NLTK 3.9 and 3.10 tokenise differently: 3.9 splits a leading quote only before a
 # one-character word; 3.10 before any non-contraction word.
@@ -552,7 +552,7 @@ def online_mode_without_hub(monkeypatch):
     """HF offline flags off, HF_ENDPOINT on a closed loopback port, the probe's per-process memo cleared."""
     import huggingface_hub.constants
 
-    from medheval import hub_access as hub
+    from medheval.publish import hub_access as hub
 
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
@@ -568,7 +568,7 @@ def test_hub_probe_answers_and_is_remembered(online_mode_without_hub, monkeypatc
     import http.server
     import threading
 
-    from medheval import hub_access as hub
+    from medheval.publish import hub_access as hub
 
     ok, why = hub.hub_reachable()
     assert not ok and online_mode_without_hub in why

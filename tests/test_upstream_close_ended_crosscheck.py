@@ -13,7 +13,7 @@ upstream's stale variable exactly as the whole group does, minus L's own result 
 upstream skips it. The released ``type1_utils.py`` (the visual per-type aggregation) is not in the
 shared copy, so the options of a multiple-choice item are built here the way it builds them (the
 pieces between the letter markers, keyed by their first letter) and its weighted per-type mean is
-checked against the formula (see ``medheval.parsing.upstream_group_accuracy``).
+checked against the formula (see ``medheval.scoring.parsing.upstream_group_accuracy``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from conftest import load_metric_offline
 
-from medheval.schema import HALLUCINATION_TYPE_TO_CATEGORY
+from medheval.data.schema import HALLUCINATION_TYPE_TO_CATEGORY
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data" / "upstream"

@@ -3,19 +3,19 @@ with a validated gold reasoning trace (Visual Recognition -> Knowledge Recall ->
 
 Read from the Hub dataset ``Alibaba-DAMO-Academy/ClinHallu`` (its Parquet configs) or, with
 ``data_dir=``, from a local snapshot of it (``hf download ... --local-dir``). The mapping lives in
-:mod:`medheval.clinhallu.source`.
+:mod:`medheval.families.clinhallu.source`.
 """
 
 import datasets
 
-from medheval.clinhallu import source as clinhallu_source
-from medheval.clinhallu import trace as clinhallu_trace  # noqa: F401  (imported so the cache key covers it)
-from medheval.schema import FEATURES
-from medheval.tasks import clinhallu as clinhallu_task
+from medheval.data.schema import FEATURES
+from medheval.families.clinhallu import source as clinhallu_source
+from medheval.families.clinhallu import task as clinhallu_task
+from medheval.families.clinhallu import trace as clinhallu_trace  # noqa: F401  (imported so the cache key covers it)
 
-# run_eval drives this benchmark through its own protocol (four traces per item + judges),
-# not "one answer per item" (medheval.tasks.clinhallu)
-PROTOCOL = "clinhallu"
+# run_eval drives this benchmark through its own protocol (four traces per item + judges), not "one
+# answer per item": the runner imports it by this name (medheval.run.protocol.protocol_for)
+PROTOCOLS = {"generate": "medheval.families.clinhallu.task:ClinHalluProtocol"}
 
 
 class ClinHallu(datasets.GeneratorBasedBuilder):
@@ -48,7 +48,7 @@ class ClinHallu(datasets.GeneratorBasedBuilder):
 
     def apply_run_options(self, dataset: datasets.Dataset, options: dict | None):
         """``--benchmark-option clinhallu.prompts=own|upstream``, ``max_new_tokens=N``, ``temperature=T``
-        (:mod:`medheval.tasks.clinhallu`)."""
+        (:mod:`medheval.families.clinhallu.task`)."""
         return clinhallu_task.apply_run_options(dataset, options)
 
     def _split_generators(self, dl_manager: datasets.DownloadManager) -> list[datasets.SplitGenerator]:

@@ -7,7 +7,7 @@ import functools
 
 import datasets
 
-from medheval.medheval_source import MedHEvalBuilder, text_records
+from medheval.families.medheval.source import MedHEvalBuilder, text_records
 
 
 class Context(MedHEvalBuilder):

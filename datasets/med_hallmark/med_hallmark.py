@@ -3,22 +3,24 @@
 Configs: ``conventional`` (499 VQA-RAD items with a human hallucination level), ``counterfactual``
 (111 SLAKE items with a false premise, all labelled prompt-induced), ``confidence_weakening``
 (140 VQA-RAD questions behind a confidence-weakening prefix) and ``irg`` (359 MIMIC-CXR report
-generation items; credentialed). Readers and pins: :mod:`medheval.med_hallmark_source`.
+generation items; credentialed). Readers and pins: :mod:`medheval.families.med_hallmark.source`.
 """
 
 import functools
 
 import datasets
 
-from medheval import med_hallmark_source as source
-from medheval.medheval_source import MedHEvalBuilder
+from medheval.families.med_hallmark import source
+from medheval.data.builders import PinnedFilesBuilder
 
 # run_eval's metrics for every config: MediHall Score (levels from --judge, --detector or the rules) and
 # the text metrics against the ground truth (paper Table 1)
 DEFAULT_METRICS = ("medihall_score", "text_generation")
+# run_eval --task detection: the level source scored against the human levels (medheval.run.protocol)
+PROTOCOLS = {"detection": "medheval.families.med_hallmark.detection:DetectionProtocol"}
 
 
-class MedHallMark(MedHEvalBuilder):
+class MedHallMark(PinnedFilesBuilder):
     """Configs: ``conventional`` (499), ``counterfactual`` (111), ``confidence_weakening`` (140), ``irg`` (359)."""
 
     DESCRIPTION = ("Med-HallMark: medical VQA and report generation items with Med-VLM answers and human "

@@ -2,7 +2,7 @@
 
 No public release exists yet; the layout read here is the one ``README.md`` (the card) defines:
 ``DIR/statements.jsonl`` or ``DIR/statements.parquet`` plus the images and NIfTI volumes under
-``DIR/``. Rows are mapped column-wise with pyarrow (:mod:`medheval.stepbench`).
+``DIR/``. Rows are mapped column-wise with pyarrow (:mod:`medheval.families.stepbench.source`).
 """
 
 import hashlib
@@ -10,14 +10,17 @@ from pathlib import Path
 
 import datasets
 
-from medheval import pet_ct, stepbench
-from medheval.schema import FEATURES
+from medheval.families.stepbench import pet_ct
+from medheval.families.stepbench import source as stepbench
+from medheval.data.schema import FEATURES
 
 _CITATION = """@misc{medstepbench,
   title = {Med-StepBench},
   note = {arXiv:2605.10002}
 }"""
 _LANGUAGES = {"en": ("en",), "vi": ("vi",), "all": stepbench.LANGUAGES}
+# step number -> the category its statements carry (the report's Table 3 columns read it from here)
+STEPS = stepbench.STEPS
 
 
 class MedStepBench(datasets.ArrowBasedBuilder):

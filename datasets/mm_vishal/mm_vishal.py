@@ -8,7 +8,7 @@ import functools
 
 import datasets
 
-from medheval.medheval_source import MedHEvalBuilder, visual_close_records
+from medheval.families.medheval.source import MedHEvalBuilder, visual_close_records
 
 _SOURCES = ("slake", "vqa_rad")
 

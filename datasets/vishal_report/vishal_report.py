@@ -8,7 +8,7 @@ import functools
 
 import datasets
 
-from medheval.medheval_source import MedHEvalBuilder, report_records
+from medheval.families.medheval.source import MedHEvalBuilder, report_records
 
 
 class VisHalReport(MedHEvalBuilder):

@@ -5,7 +5,7 @@ OpenAI), Azure OpenAI, or Anthropic.
 chat request through the judges' HTTP layer (:mod:`medheval.judges`: one client for judges and
 models), so it shares their behaviour:
 
-- the prompt is :func:`medheval.prompts.build_prompt` (the HF backend's text); the user message is
+- the prompt is :func:`medheval.run.prompts.build_prompt` (the HF backend's text); the user message is
   the record's images as base64 PNG data URLs, then that text; the server applies the chat template;
 - greedy by default (``temperature=0``); ``do_sample=True`` sends ``temperature`` (default 1.0),
   ``top_p`` and ``seed``; ``max_new_tokens`` is ``max_tokens``;
@@ -13,7 +13,7 @@ models), so it shares their behaviour:
 - an on-disk cache (``$MEDHEVAL_CACHE/api`` or ``~/.cache/medheval/api``) keyed by model, endpoint,
   messages, image digests and settings, never the API key: a re-run sends no request;
 - the credentialed guard: records whose ``meta.credentialed`` is true or whose source is MIMIC
-  (:func:`medheval.runner._record_credentialed`) go only to a local endpoint unless
+  (:func:`medheval.data.schema.record_credentialed`) go only to a local endpoint unless
   ``allow_remote_credentialed`` names the host; the runner checks every split before the first
   request (:meth:`APIBackend.check_records`); local endpoints never go through an environment proxy.
 
@@ -43,7 +43,7 @@ from medheval.backends.base import BackendError
 from medheval.judges import CredentialedDataError, JudgeError, JudgeRequest, make_judge, parse_spec
 from medheval.judges.cache import default_cache_dir
 from medheval.judges.endpoints import credentialed_refusal, endpoint_host, safe_base_url
-from medheval.prompts import PROMPT_VERSION, build_prompt
+from medheval.run.prompts import PROMPT_VERSION, build_prompt
 
 # spec prefixes that name an API model (``transformers:``/``hf:`` are local judges, not models under test)
 API_BACKENDS = ("openai", "openai-compatible", "openai_compatible", "vllm", "ollama", "azure", "azure-openai",
@@ -72,9 +72,9 @@ def _record_credentialed(record: dict) -> bool | None:
     credentialed by the guard) for a record carrying neither field."""
     if "meta" not in record and "source" not in record:
         return None
-    from medheval.runner import _record_credentialed as rule
+    from medheval.data.schema import record_credentialed
 
-    return rule({"meta": record.get("meta"), "source": record.get("source")})
+    return record_credentialed({"meta": record.get("meta"), "source": record.get("source")})
 
 
 def strip_echo(text: str, prefix: str) -> str:

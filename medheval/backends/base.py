@@ -29,7 +29,7 @@ class Backend(Protocol):
 
     Optional, found by the runner when present: ``generate(records, images, overrides=...)`` (a keyword
     ``overrides`` or ``**kwargs``) receives per-call generation settings (``max_new_tokens`` … by
-    benchmark / answer type, :mod:`medheval.generation`; the records of one call share them), and
+    benchmark / answer type, :mod:`medheval.run.generation`; the records of one call share them), and
     ``format_prompt(record, num_images) -> str`` gives the full model input recorded per prediction.
     """
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from medheval.backends.base import BackendError
-from medheval.prompts import PROMPT_VERSION, build_prompt
+from medheval.run.prompts import PROMPT_VERSION, build_prompt
 
 _DTYPES = {
     "float32": torch.float32,
@@ -85,12 +85,12 @@ def _jsonable(value: Any) -> Any:
 
 def load_model_and_processor(model_id: str | os.PathLike, *, dtype: torch.dtype, device: str, **kwargs):
     """``AutoModelForImageTextToText`` + ``AutoProcessor`` from a Hub id or local directory
-    (:func:`medheval.local_models.load_local_model`, shared with the transformers judge).
+    (:func:`medheval.backends.local_models.load_local_model`, shared with the transformers judge).
 
     Raises :class:`BackendError` naming ``model_id`` when it cannot be loaded (offline,
     wrong path, not an image-text-to-text model).
     """
-    from medheval.local_models import load_local_model
+    from medheval.backends.local_models import load_local_model
 
     return load_local_model(model_id, kind="image-text-to-text", dtype=dtype, device=device, error=BackendError,
                             **kwargs)
@@ -212,7 +212,7 @@ class HFBackend:
     # -- prompts ----------------------------------------------------------------------
     def format_prompt(self, record: dict, num_images: int) -> str:
         """The full model input text for a record: chat template (or LLaVA-1.5 fallback) around
-        :func:`medheval.prompts.build_prompt`."""
+        :func:`medheval.run.prompts.build_prompt`."""
         prompt = build_prompt(record)
         if self._use_chat_template:
             content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": prompt}]
@@ -304,7 +304,7 @@ class HFBackend:
                  overrides: dict | None = None) -> list[str]:
         """One output per record, in order; ``images[i]`` are the PIL images of ``records[i]``.
         ``overrides`` replaces generation settings for this call (e.g. ``{"max_new_tokens": 512}`` for
-        reports: :mod:`medheval.generation`)."""
+        reports: :mod:`medheval.run.generation`)."""
         if images is None:
             images = [[] for _ in records]
         if len(images) != len(records):

@@ -155,11 +155,11 @@ class TransformersJudge(Judge):
             tokenizer.pad_token = tokenizer.eos_token
 
     def _load(self) -> None:
-        """Model + tokenizer/processor from the path (:func:`medheval.local_models.load_local_model`, shared
+        """Model + tokenizer/processor from the path (:func:`medheval.backends.local_models.load_local_model`, shared
         with the HF backend): image-text-to-text when the config has a ``vision_config``, else causal LM."""
         import torch
 
-        from medheval.local_models import default_dtype_name, load_local_model
+        from medheval.backends.local_models import default_dtype_name, load_local_model
 
         if self._dtype_name is None:
             self._dtype_name = default_dtype_name(self._device)

@@ -65,9 +65,9 @@ from functools import lru_cache
 from typing import Iterable, NamedTuple, Sequence
 
 from medheval.labelers import CONDITIONS, Label
-from medheval.text_cues import CHEXPERT_SENTENCES, CHEXPERT_TRIGGERS, FORWARD, sentence_ends
-from medheval.text_cues import expand as _x
-from medheval.text_cues import split_sentences as _split_sentences
+from medheval.scoring.text_cues import CHEXPERT_SENTENCES, CHEXPERT_TRIGGERS, FORWARD, sentence_ends
+from medheval.scoring.text_cues import expand as _x
+from medheval.scoring.text_cues import split_sentences as _split_sentences
 
 __all__ = ["RuleLabeler", "label_report", "as_dict", "split_sentences", "POSITIVE", "NEGATIVE", "UNCERTAIN"]
 
@@ -226,7 +226,7 @@ _MENTIONS: list[tuple] = [
                r"fractured (?:\w+ ){0,2}wires?", r"wire fractures?"]),
 ]
 
-# Triggers (negation, uncertainty, stable, terminators): medheval.text_cues.CHEXPERT_TRIGGERS, where the
+# Triggers (negation, uncertainty, stable, terminators): medheval.scoring.text_cues.CHEXPERT_TRIGGERS, where the
 # roles and entry kinds are described.
 _TRIGGERS = CHEXPERT_TRIGGERS
 
@@ -428,7 +428,7 @@ def _scan(text: str) -> _Scan:
 
 
 def _cuts(text: str, scan: _Scan) -> _Cuts:
-    """Sentence bounds (:data:`medheval.text_cues.CHEXPERT_SENTENCES`) and scope cuts: ";"/":" both
+    """Sentence bounds (:data:`medheval.scoring.text_cues.CHEXPERT_SENTENCES`) and scope cuts: ";"/":" both
     ways, a comma before an assertion word forward, terminators and phrase-opening triggers."""
     words, wstarts = scan.words, scan.wstarts
     bounds = [0, *sentence_ends(text, CHEXPERT_SENTENCES)]

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from medheval.text_cues import RATESCORE_SENTENCES, keep_sentence, split_sentences
+from medheval.scoring.text_cues import RATESCORE_SENTENCES, keep_sentence, split_sentences
 
 ENTITY_TYPES: tuple[str, ...] = ("ABNORMALITY", "NON-ABNORMALITY", "DISEASE", "NON-DISEASE", "ANATOMY")
 
@@ -265,7 +265,7 @@ def split_sentences_rules(text: str) -> list[str]:
     a lower-case letter ("2.5 cm" and "e.g. the" stay whole, "Impression: 1. No ..." splits after
     "1." as PyRuSH does), except after a bare list number ("2. Stable ..." stays one sentence); a
     line break before a capital, digit or bullet. Sentences are stripped and filtered with
-    :func:`keep_sentence`. (:data:`medheval.text_cues.RATESCORE_SENTENCES`.)
+    :func:`keep_sentence`. (:data:`medheval.scoring.text_cues.RATESCORE_SENTENCES`.)
     """
     return split_sentences(text, RATESCORE_SENTENCES)
 

@@ -86,7 +86,7 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
                  thumbnails: bool = False, image_roots: dict[str, str] | None = None,
                  runs: "list[Run] | None" = None) -> dict[str, Any]:
     """Read the run folders under ``paths`` and write the report into ``output``; returns what was written."""
-    from medheval.outputs import atomic_write_text
+    from medheval.run.outputs import atomic_write_text
     from medheval.report.collect import find_runs, software_stack
     from medheval.report.paper import build_tables, comparisons, to_csv, to_json, to_markdown
 

@@ -1,10 +1,10 @@
 """Find and read run folders for ``medheval report``: single runs, mitigation grids, nested folders.
 
 A *run folder* holds ``results.json`` with ``settings`` and ``benchmarks`` (written by
-:func:`medheval.runner.run` or the detection task), usually with ``scored.jsonl`` (per-item rows) and
+:func:`medheval.run.runner.run` or the detection task), usually with ``scored.jsonl`` (per-item rows) and
 ``predictions.jsonl``. A grid folder holds ``results.json`` with ``runs`` plus one run folder per
 mitigation; any other folder is searched (a few levels deep) for run folders. A ClinHallu split has no
-``scored.jsonl`` rows: its per-item columns come from the protocol logs (:func:`read_clinhallu`).
+``scored.jsonl`` rows: its per-item columns come from the protocol logs (:func:`protocol_columns`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from medheval.schema import is_credentialed
+from medheval.data.schema import is_credentialed
 from medheval.versions import STACK_PACKAGES
 
 MAX_DEPTH = 4  # how deep a folder that is not a run is searched for run folders
@@ -62,10 +62,10 @@ class Run:
         return [item for item in self.items if item["split"] == split]
 
     def clinhallu_columns(self, split: str) -> tuple[dict[str, list] | None, str | None]:
-        """The split's per-item ClinHallu columns (:func:`read_clinhallu`, read once), or why there are none."""
+        """The split's per-item ClinHallu columns (:func:`protocol_columns`, read once), or why there are none."""
         if split not in self._clinhallu:
             entry = self.results["benchmarks"].get(split, {})
-            self._clinhallu[split] = read_clinhallu(self.path, split, entry)
+            self._clinhallu[split] = protocol_columns(self.path, split, entry)
         return self._clinhallu[split]
 
 
@@ -129,32 +129,21 @@ def read_items(path: Path, results: dict[str, Any], notes: list[str]) -> list[di
     return items
 
 
-def read_clinhallu(path: Path, split: str, entry: dict[str, Any]) -> tuple[dict[str, list] | None, str | None]:
-    """Per-item columns of a ClinHallu split, as the run gave them to ``metrics/clinhallu``:
-    :func:`medheval.clinhallu.protocol.metric_inputs` on the protocol's judgments log, over the items
-    of its generations log (``<run>/clinhallu/<config>/``, else the folder ``results.json`` names in
-    ``logs``). Items are taken in id order (so an interval does not depend on the order the log was
-    written in), each with its source from the id (``clinhallu/<source>/<qid>``). Returns (columns plus
-    ``ids``, ``None``) or (``None``, why not); the logs are only read, never repaired."""
-    from medheval.clinhallu.prompts import SETTINGS
-    from medheval.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
-    from medheval.predictions_log import read_log
+def protocol_columns(path: Path, split: str, entry: dict[str, Any]) -> tuple[dict[str, list] | None, str | None]:
+    """Per-item columns of a split whose protocol keeps its items outside ``scored.jsonl`` (ClinHallu: its
+    judged columns, read back from the protocol logs): the benchmark's protocol
+    (:meth:`medheval.run.protocol.SplitProtocol.item_columns`), found through its dataset unit. Returns
+    (columns plus ``ids``, ``None``) or (``None``, why not)."""
+    from medheval.run.protocol import protocol_for
 
-    folder = path / "clinhallu" / split.partition(":")[2]
-    if not (folder / GENERATIONS).exists() and isinstance(entry.get("logs"), str):
-        folder = Path(entry["logs"])
-    if not (folder / GENERATIONS).exists():
-        return None, f"no ClinHallu protocol logs ({GENERATIONS}) in {folder}"
+    name = split.partition(":")[0]
     try:
-        generations = read_log(folder / GENERATIONS, repair=False, required=LOG_FIELDS)
-        judgments = read_log(folder / JUDGMENTS, repair=False, required=LOG_FIELDS)
-        ids = sorted({generation["id"] for generation in generations})
-        records = [{"id": rid, "config": rid.split("/")[1] if rid.count("/") >= 2 else split.partition(":")[2]}
-                   for rid in ids]
-        protocol = (entry.get("clinhallu_run") or {}).get("protocol") or {}
-        return {**metric_inputs(records, judgments, protocol.get("settings") or SETTINGS), "ids": ids}, None
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        return None, f"the ClinHallu protocol logs in {folder} could not be read ({error})"
+        protocol = protocol_for(name)
+    except Exception as error:  # noqa: BLE001 - a report never fails on one split; it says why
+        return None, f"{split}: its protocol could not be loaded ({error})"
+    if protocol is None:
+        return None, f"{split}: benchmark {name} declares no protocol with per-item columns"
+    return protocol.item_columns(path, split, entry)
 
 
 def _prompts(path: Path) -> dict[str, str]:

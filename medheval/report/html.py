@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from medheval.outputs import atomic_write_text
+from medheval.run.outputs import atomic_write_text
 from medheval.report.collect import STACK_COLUMNS, Run, software_stack
 from medheval.report.paper import Table, format_cell
-from medheval.schema import is_credentialed
+from medheval.data.schema import is_credentialed
 
 MAX_SAMPLES = 5000  # per report; the browser says when items were left out
 THUMBNAIL_PX = 128

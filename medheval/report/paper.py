@@ -6,7 +6,7 @@ metrics), Tables 7–11 (generation metrics, S_h as mean ± std), Med-HallMark T
 MediHall Score per question type) with its level distribution, Med-StepBench Table 3, ClinHallu Tables
 2–3 with Fix/Break, and every mitigation against ``none`` on the same items. A figure is the value in
 ``results.json``; its interval is recomputed from ``scored.jsonl`` (ClinHallu: from the protocol logs,
-:func:`medheval.report.collect.read_clinhallu`) with :mod:`medheval.report.stats`, and only when the
+:func:`medheval.report.collect.protocol_columns`) with :mod:`medheval.report.stats`, and only when the
 per-item values reproduce that figure — otherwise the cell says why there is none.
 """
 
@@ -22,7 +22,7 @@ from medheval.report.collect import Run
 from medheval.report.stats import METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
                                     STEPBENCH_LANGUAGES, STEPBENCH_STEPS, stepbench_rows)
-from medheval.schema import VISUAL_CATEGORIES
+from medheval.data.schema import VISUAL_CATEGORIES
 
 # (metric, summary key) -> the per-item key in scored.jsonl whose mean is that figure.
 PER_ITEM: dict[tuple[str, str], str] = {
@@ -297,8 +297,9 @@ def _stepbench_cell(value: Any, items: list[dict[str, Any]], what: str) -> Cell:
 
 def stepbench(runs: list[Run]) -> Table | None:
     """Med-StepBench Table 3: recall and F1 (%) per step and language (hallucination = positive class)."""
-    from medheval.stepbench import STEPS
+    from medheval.data.registry import load_unit_module
 
+    steps = load_unit_module("datasets", "med_stepbench").STEPS  # the family's step -> category
     rows = stepbench_rows([run.results for run in runs])
     if not rows:
         return None
@@ -318,7 +319,7 @@ def stepbench(runs: list[Run]) -> Table | None:
         for lang in STEPBENCH_LANGUAGES:
             for step in STEPBENCH_STEPS:
                 scores = by_language.get(lang, {}).get(step) or by_language.get(lang, {}).get(str(step)) or {}
-                mine = [item for item in items if item.get("category") == STEPS[step]
+                mine = [item for item in items if item.get("category") == steps[step]
                         and item["id"].split("/")[1:2] == [lang]]
                 cells += [_stepbench_cell(scores.get("recall"), mine, "recall"),
                           _stepbench_cell(scores.get("f1"), mine, "f1")]
@@ -327,7 +328,7 @@ def stepbench(runs: list[Run]) -> Table | None:
     return table
 
 
-# metrics/clinhallu's answer column of each setting (as medheval.clinhallu.protocol.metric_inputs names them)
+# metrics/clinhallu's answer column of each setting (as medheval.families.clinhallu.protocol.metric_inputs names them)
 CLINHALLU_ANSWERS = {"org": "correct", "rep_v": "correct_rep_v", "rep_k": "correct_rep_k", "rep_vk": "correct_rep_vk"}
 CLINHALLU_NOTE = ("ClinHallu per-item values: each item's judged answers and stage judgements from the run's "
                   "protocol logs (clinhallu/<config>/, read with metric_inputs), counted as metrics/clinhallu "

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from medheval.report.collect import Run  # noqa: E402
 from medheval.report.paper import Cell, comparisons, figure  # noqa: E402
 from medheval.report.tables import CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, clinhallu_rows  # noqa: E402
-from medheval.schema import VISUAL_CATEGORIES  # noqa: E402
+from medheval.data.schema import VISUAL_CATEGORIES  # noqa: E402
 
 # Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour-vision deficiencies.
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from medheval.outputs import atomic_write_text
-from medheval.schema import VISUAL_CATEGORIES
+from medheval.run.outputs import atomic_write_text
+from medheval.data.schema import VISUAL_CATEGORIES
 
 CATEGORY_COLUMNS = {"anatomy": "Acc-A", "measurement": "Acc-M", "symptom": "Acc-S", "radiology": "Acc-R"}
 

@@ -7,7 +7,7 @@ import datasets
 import evaluate
 import torch
 import medheval.labelers.chexbert
-import medheval.parsing
+import medheval.scoring.parsing
 
 
 _CITATION = """\
@@ -87,8 +87,8 @@ Examples:
 
 
 def upstream_prediction(text):
-    """A prediction as MedHEval's report CSV holds it (`medheval.parsing.clean_generated_text`)."""
-    return medheval.parsing.clean_generated_text(text, upstream_compat=True, report_csv=True)
+    """A prediction as MedHEval's report CSV holds it (`medheval.scoring.parsing.clean_generated_text`)."""
+    return medheval.scoring.parsing.clean_generated_text(text, upstream_compat=True, report_csv=True)
 
 
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;

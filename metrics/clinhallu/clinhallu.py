@@ -175,7 +175,7 @@ def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v
     return result
 
 
-# per-item columns (lists, one value per item) and options, for medheval.metric_options
+# per-item columns (lists, one value per item) and options, for medheval.scoring.metric_options
 OPTION_TYPES = {"correct": list, "correct_rep_v": list, "correct_rep_k": list, "correct_rep_vk": list,
                 "h_v": list, "h_k": list, "h_r": list, "sources": list | None, "settings": list | None}
 

@@ -5,8 +5,8 @@ from collections import defaultdict
 
 import datasets
 import evaluate
-import medheval.metric_inputs
-import medheval.parsing
+import medheval.scoring.metric_inputs
+import medheval.scoring.parsing
 
 
 _CITATION = """\
@@ -21,7 +21,7 @@ _CITATION = """\
 _DESCRIPTION = """\
 Accuracy of free-text answers to close-ended medical VQA questions (yes/no and multiple
 choice), as used by MedHEval's visual, knowledge and context close-ended splits. Each
-prediction is parsed by `medheval.parsing`: yes/no answers with a negation- and hedge-aware
+prediction is parsed by `medheval.scoring.parsing`: yes/no answers with a negation- and hedge-aware
 rule parser, multiple-choice answers by letter ("B", "(B)", "The answer is B"), by option
 text, or by a fuzzy match. Unparsed predictions count as wrong (`n_unparsed`); items whose
 reference is itself unusable (label noise such as a binary answer "Abnormal") count as wrong
@@ -96,7 +96,7 @@ def _upstream_items(predictions, references, kinds, choices, raw_choices, catego
     upstream has no reading (-1: a broken group); an empty answer in an intact group
     reads as "yes". Multiple-choice items upstream skips are ``None``.
     """
-    parsing = medheval.parsing
+    parsing = medheval.scoring.parsing
     n = len(predictions)
     correct, parsed, n_skipped = [None] * n, [False] * n, 0
     groups = defaultdict(list)
@@ -129,7 +129,7 @@ def _group_key(i, categories, sources):
 def _upstream_means(correct, kinds, categories, sources):
     """MedHEval's weighted means: per (source, category) group ``upstream_group_accuracy``, then
     each category's groups and all groups weighted by their item counts (skipped items included)."""
-    parsing = medheval.parsing
+    parsing = medheval.scoring.parsing
     groups = defaultdict(lambda: ([], []))
     for i, ok in enumerate(correct):
         yn, mc = groups[_group_key(i, categories, sources)]
@@ -181,18 +181,18 @@ class CloseEndedAccuracy(evaluate.Metric):
         questions=None,
         sources=None,
     ):
-        parsing = medheval.parsing
+        parsing = medheval.scoring.parsing
         n = len(predictions)
         if len(references) != n or len(answer_types) != n:
             raise ValueError(
                 f"Mismatch in the number of predictions ({n}), references ({len(references)}) "
                 f"and answer_types ({len(answer_types)})"
             )
-        choices = medheval.metric_inputs.per_item_column("choices", choices, n)
-        categories = medheval.metric_inputs.per_item_column("categories", categories, n)
-        raw_choices = medheval.metric_inputs.per_item_column("raw_choices", raw_choices, n)
-        questions = medheval.metric_inputs.per_item_column("questions", questions, n)
-        sources = medheval.metric_inputs.per_item_column("sources", sources, n)
+        choices = medheval.scoring.metric_inputs.per_item_column("choices", choices, n)
+        categories = medheval.scoring.metric_inputs.per_item_column("categories", categories, n)
+        raw_choices = medheval.scoring.metric_inputs.per_item_column("raw_choices", raw_choices, n)
+        questions = medheval.scoring.metric_inputs.per_item_column("questions", questions, n)
+        sources = medheval.scoring.metric_inputs.per_item_column("sources", sources, n)
 
         kinds = []
         for i, answer_type in enumerate(answer_types):

@@ -4,7 +4,7 @@
 import datasets
 import evaluate
 import numpy as np
-import medheval.medihall
+import medheval.families.med_hallmark
 
 
 _CITATION = """\
@@ -58,7 +58,7 @@ Examples:
     (0.75, 0.6667)
 """
 
-_LEVEL_SETS = {"vqa": medheval.medihall.VQA_LEVELS, "irg": medheval.medihall.IRG_LEVELS}
+_LEVEL_SETS = {"vqa": medheval.families.med_hallmark.VQA_LEVELS, "irg": medheval.families.med_hallmark.IRG_LEVELS}
 
 
 def _level_set(levels):
@@ -67,9 +67,9 @@ def _level_set(levels):
             raise ValueError(f"levels must be 'vqa', 'irg' or a list of level keys, got {levels!r}")
         return tuple(_LEVEL_SETS[levels])
     chosen = tuple(str(level) for level in levels)
-    unknown = [level for level in chosen if level not in medheval.medihall.LEVELS]
+    unknown = [level for level in chosen if level not in medheval.families.med_hallmark.LEVELS]
     if unknown or len(set(chosen)) != len(chosen) or len(chosen) < 2:
-        raise ValueError(f"levels must be at least two distinct keys of {medheval.medihall.LEVELS}, got {list(chosen)}")
+        raise ValueError(f"levels must be at least two distinct keys of {medheval.families.med_hallmark.LEVELS}, got {list(chosen)}")
     return chosen
 
 
@@ -126,7 +126,7 @@ class MedihallDetection(evaluate.Metric):
         )
 
     def _compute(self, predictions, references, levels="vqa", ids=None):
-        mh = medheval.medihall
+        mh = medheval.families.med_hallmark
         chosen = _level_set(levels)
         n = len(predictions)
         ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in ids]

@@ -6,9 +6,9 @@ import os
 
 import datasets
 import evaluate
-import medheval.metric_inputs
-import medheval.med_hallmark_source
-import medheval.medihall
+import medheval.scoring.metric_inputs
+import medheval.families.med_hallmark.source
+import medheval.families.med_hallmark
 
 
 _CITATION = """\
@@ -26,7 +26,7 @@ MediHall Score (Med-HallMark). Each answer (task "vqa") or each sentence of a ge
 Attribute 0.4, Prompt-induced 0.6, Minor 0.8, Correct 1.0 (reports use the first three and
 Correct). A report scores the mean over its sentences; the MediHall Score is the mean over
 answers/reports (higher is better, 1.0 = no hallucination). Levels come from a classifier:
-"rule" (offline default: answer correctness by medheval.parsing plus the question's aspect;
+"rule" (offline default: answer correctness by medheval.scoring.parsing plus the question's aspect;
 for reports, findings and their polarity sentence by sentence), "judge" (any LLM judge of
 medheval.judges, prompted with Med-HallMark's hierarchy) or "detector" (a local
 MediHallDetector-style checkpoint through the judge layer's transformers backend). Items that
@@ -104,7 +104,7 @@ Examples:
     (['catastrophic', 'minor', 'correct'], 0.6)
 """
 
-_TASKS = {"vqa": medheval.medihall.VQA_LEVELS, "irg": medheval.medihall.IRG_LEVELS}
+_TASKS = {"vqa": medheval.families.med_hallmark.VQA_LEVELS, "irg": medheval.families.med_hallmark.IRG_LEVELS}
 _CLASSIFIERS = ("rule", "judge", "detector")
 
 
@@ -173,7 +173,7 @@ class MedihallScore(evaluate.Metric):
         premise_rule=True,
         rule_without_reference=False,
     ):
-        mh = medheval.medihall
+        mh = medheval.families.med_hallmark
         if task is None:
             task = "irg" if answer_types and all(t == "report" for t in answer_types) else "vqa"
         if prompt_style not in mh.PROMPT_STYLES:
@@ -185,13 +185,13 @@ class MedihallScore(evaluate.Metric):
         if classifier not in _CLASSIFIERS:
             raise ValueError(f"classifier must be one of {_CLASSIFIERS}, got {classifier!r}")
         n = len(predictions)
-        questions = medheval.metric_inputs.per_item_column("questions", questions, n, missing=None)
-        question_types = medheval.metric_inputs.per_item_column("question_types", question_types if question_types is not None else categories, n, missing=None)
-        answer_types = medheval.metric_inputs.per_item_column("answer_types", answer_types, n, missing=None)
-        choices = medheval.metric_inputs.per_item_column("choices", choices, n, missing=None)
-        credentialed = medheval.metric_inputs.credentialed_column(credentialed, n)
-        images = medheval.metric_inputs.per_item_column("images", images, n, missing=None)
-        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in medheval.metric_inputs.per_item_column("ids", ids, n, missing=None)]
+        questions = medheval.scoring.metric_inputs.per_item_column("questions", questions, n, missing=None)
+        question_types = medheval.scoring.metric_inputs.per_item_column("question_types", question_types if question_types is not None else categories, n, missing=None)
+        answer_types = medheval.scoring.metric_inputs.per_item_column("answer_types", answer_types, n, missing=None)
+        choices = medheval.scoring.metric_inputs.per_item_column("choices", choices, n, missing=None)
+        credentialed = medheval.scoring.metric_inputs.credentialed_column(credentialed, n)
+        images = medheval.scoring.metric_inputs.per_item_column("images", images, n, missing=None)
+        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in medheval.scoring.metric_inputs.per_item_column("ids", ids, n, missing=None)]
 
         levels, reasons, failures = [None] * n, [None] * n, {}
         judge_obj, usage = None, None
@@ -244,7 +244,7 @@ class MedihallScore(evaluate.Metric):
             "task": task,
             "classifier": classifier,
             "prompt_version": None if classifier == "rule" else mh.PROMPT_VERSION if prompt_style == "json"
-            else "med-hallmark-upstream@" + medheval.med_hallmark_source.COMMIT[:8],
+            else "med-hallmark-upstream@" + medheval.families.med_hallmark.source.COMMIT[:8],
             "usage": usage,
             "judge": None if judge_obj is None else judge_obj.describe(),
         }
@@ -271,7 +271,7 @@ class MedihallScore(evaluate.Metric):
                    levels, reasons, failures, prompt_style="json", upstream_dir=None):
         from medheval.judges import JudgeRequest
 
-        mh = medheval.medihall
+        mh = medheval.families.med_hallmark
         requests, index = [], []
         for i in range(len(predictions)):
             has_ref = references[i] is not None and str(references[i]).strip() != ""

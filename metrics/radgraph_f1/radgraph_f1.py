@@ -6,7 +6,7 @@ import os
 import datasets
 import evaluate
 import medheval.radiology.radgraph_model
-import medheval.parsing
+import medheval.scoring.parsing
 import medheval.radiology.radgraph_rewards
 
 
@@ -114,8 +114,8 @@ _REWARD_LEVELS = ("simple", "partial", "complete")
 
 
 def clean_prediction(text, upstream_compat=False):
-    """See `medheval.parsing.clean_generated_text`; upstream also replaces reports under 10 characters."""
-    return medheval.parsing.clean_generated_text(text, upstream_compat=upstream_compat, report_csv=True)
+    """See `medheval.scoring.parsing.clean_generated_text`; upstream also replaces reports under 10 characters."""
+    return medheval.scoring.parsing.clean_generated_text(text, upstream_compat=upstream_compat, report_csv=True)
 
 
 def _mean(values):

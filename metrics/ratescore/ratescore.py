@@ -5,7 +5,7 @@
 import datasets
 import evaluate
 import medheval.radiology.ratescore_model
-import medheval.parsing
+import medheval.scoring.parsing
 import medheval.radiology.ratescore_scoring
 
 
@@ -86,8 +86,8 @@ Examples:
 
 
 def clean_prediction(text, upstream_compat=False):
-    """See `medheval.parsing.clean_generated_text` (native role-prefix trim, or MedHEval's character-set strip)."""
-    return medheval.parsing.clean_generated_text(text, upstream_compat=upstream_compat)
+    """See `medheval.scoring.parsing.clean_generated_text` (native role-prefix trim, or MedHEval's character-set strip)."""
+    return medheval.scoring.parsing.clean_generated_text(text, upstream_compat=upstream_compat)
 
 
 def _mean(values):

@@ -5,8 +5,8 @@ import json
 
 import datasets
 import evaluate
-import medheval.metric_inputs
-import medheval.sh_prompt
+import medheval.scoring.metric_inputs
+import medheval.families.medheval.sh_prompt
 
 
 _CITATION = """\
@@ -152,7 +152,7 @@ class ShJudge(evaluate.Metric):
     ):
         from medheval.judges import JudgeRequest
 
-        sp = medheval.sh_prompt
+        sp = medheval.families.medheval.sh_prompt
         if prompt_style not in sp.PROMPT_STYLES:
             raise ValueError(f"prompt_style must be one of {sp.PROMPT_STYLES}, got {prompt_style!r}")
         upstream = prompt_style == "upstream"
@@ -163,9 +163,9 @@ class ShJudge(evaluate.Metric):
                              "'openai:gpt-4o@http://127.0.0.1:8000/v1', 'anthropic:claude-3-5-sonnet-20240620') "
                              "or a dict (see medheval.judges.make_judge)")
         n = len(predictions)
-        questions = medheval.metric_inputs.per_item_column("questions", questions, n, missing=None)
-        credentialed = medheval.metric_inputs.credentialed_column(credentialed, n)
-        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in medheval.metric_inputs.per_item_column("ids", ids, n, missing=None)]
+        questions = medheval.scoring.metric_inputs.per_item_column("questions", questions, n, missing=None)
+        credentialed = medheval.scoring.metric_inputs.credentialed_column(credentialed, n)
+        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in medheval.scoring.metric_inputs.per_item_column("ids", ids, n, missing=None)]
         if mode == "single" and any(isinstance(p, (list, tuple)) for p in predictions):
             raise ValueError("predictions hold several answers per item: use mode='multi' (with models=[names])")
         if mode == "multi":

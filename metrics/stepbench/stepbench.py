@@ -4,8 +4,8 @@
 import datasets
 import evaluate
 import numpy as np
-import medheval.metric_inputs
-import medheval.stepbench
+import medheval.scoring.metric_inputs
+import medheval.families.stepbench.source
 
 
 _CITATION = """\
@@ -30,7 +30,7 @@ ground-truth statement answered inconsistent; TN: a ground-truth statement answe
 An answer that cannot be parsed is a miss on its true class (an FN for a hallucination, an FP
 for a ground-truth statement) and is counted in `n_unparsed`. A ratio with a zero denominator is 0.
 `macro_f1` is the mean F1 over the steps present. Everything is also given per language.
-Answers are parsed by `medheval.stepbench.parse_verdict` (consistent/inconsistent, true/false,
+Answers are parsed by `medheval.families.stepbench.source.parse_verdict` (consistent/inconsistent, true/false,
 correct/incorrect, yes/no, "hallucination", and their Vietnamese forms).
 """
 
@@ -110,12 +110,12 @@ class StepBench(evaluate.Metric):
         )
 
     def _compute(self, predictions, references, steps, languages=None):
-        sb = medheval.stepbench
+        sb = medheval.families.stepbench.source
         n = len(predictions)
         if len(references) != n:
             raise ValueError(f"Mismatch in the number of predictions ({n}) and references ({len(references)})")
-        steps = medheval.metric_inputs.per_item_column("steps", steps, n)
-        languages = medheval.metric_inputs.per_item_column("languages", languages, n)
+        steps = medheval.scoring.metric_inputs.per_item_column("steps", steps, n)
+        languages = medheval.scoring.metric_inputs.per_item_column("languages", languages, n)
         refs = np.asarray(references, dtype=object)
         bad = np.flatnonzero(~np.isin(refs, sb.LABELS))
         if bad.size:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import datasets
 import evaluate
-import medheval.hub_access
-import medheval.nltk39
-import medheval.nltk_data
-import medheval.parsing
+import medheval.publish.hub_access
+import medheval.scoring.nltk39
+import medheval.scoring.nltk_data
+import medheval.scoring.parsing
 import sacrebleu
 import torch
 import transformers
@@ -86,12 +86,12 @@ scale, computed offline:
 - BERTScore F1 (greedy cosine matching of contextual token embeddings; default backbone
   roberta-large, layer 17, no idf, no baseline rescaling, as `bert_score.score(lang="en")`),
   implemented here on `transformers` (the `bert-score` package fails on transformers 5);
-- word tokens for BLEU and METEOR: NLTK 3.9's `word_tokenize`, reproduced in `medheval.nltk39` so the
+- word tokens for BLEU and METEOR: NLTK 3.9's `word_tokenize`, reproduced in `medheval.scoring.nltk39` so the
   numbers do not change with the installed NLTK (3.10 splits quotes differently);
 - BLEU: NLTK sentence BLEU, uniform 4-gram weights, `SmoothingFunction().method4`, mean over items;
 - sacreBLEU: corpus BLEU (13a tokenizer), an extra column for comparison with other papers;
-- METEOR: NLTK 3.9's `meteor_score` (reproduced in `medheval.nltk39`) with WordNet 3.0 read offline
-  (see `medheval.nltk_data`);
+- METEOR: NLTK 3.9's `meteor_score` (reproduced in `medheval.scoring.nltk39`) with WordNet 3.0 read offline
+  (see `medheval.scoring.nltk_data`);
 - ROUGE-1/2/L: `rouge-score` F1 with the Porter stemmer, reference as target (precision and recall
   also returned).
 
@@ -170,8 +170,8 @@ class BERTScoreConfigError(ValueError):
 
 
 def clean_prediction(text, upstream_compat=False):
-    """See `medheval.parsing.clean_generated_text` (native role-prefix trim, or MedHEval's character-set strip)."""
-    return medheval.parsing.clean_generated_text(text, upstream_compat=upstream_compat)
+    """See `medheval.scoring.parsing.clean_generated_text` (native role-prefix trim, or MedHEval's character-set strip)."""
+    return medheval.scoring.parsing.clean_generated_text(text, upstream_compat=upstream_compat)
 
 
 def _mean(values):
@@ -377,7 +377,7 @@ class TextGeneration(evaluate.Metric):
 
     def _hub_scorer(self, model, num_layers, device):
         """A Hub id's scorer: from the local cache first; only when it is not there, from the Hub, and only
-        when a quick probe (`medheval.hub_access.hub_reachable`, once per process) finds the Hub reachable, so an
+        when a quick probe (`medheval.publish.hub_access.hub_reachable`, once per process) finds the Hub reachable, so an
         offline machine without HF_HUB_OFFLINE learns it in seconds instead of a minute of retries.
         Returns (scorer, None) or (None, reason)."""
         try:
@@ -386,7 +386,7 @@ class TextGeneration(evaluate.Metric):
             raise
         except Exception as err:  # noqa: BLE001 -- not cached (or a broken cache entry): try the Hub
             cached_error = err
-        reachable, why = medheval.hub_access.hub_reachable()
+        reachable, why = medheval.publish.hub_access.hub_reachable()
         if not reachable:
             return None, self._load_failure(model, cached_error, hub=why)
         try:
@@ -431,7 +431,7 @@ class TextGeneration(evaluate.Metric):
                   "n_empty_references": sum(not r for r in references), "upstream_compat": bool(upstream_compat)}
 
         # BLEU and METEOR on NLTK word tokens (MedHEval: nltk.word_tokenize of NLTK 3.9).
-        tokenize, tokenizer_name = medheval.nltk_data.word_tokenizer()
+        tokenize, tokenizer_name = medheval.scoring.nltk_data.word_tokenizer()
         pred_tokens = [tokenize(p) for p in predictions]
         ref_tokens = [tokenize(r) for r in references]
         smoothing = SmoothingFunction().method4
@@ -443,11 +443,11 @@ class TextGeneration(evaluate.Metric):
         result["sacrebleu"] = float(sacrebleu.corpus_bleu(predictions, [references]).score) if n else 0.0
 
         roots = [nltk_data_dir] if nltk_data_dir is not None else None
-        wordnet, why = medheval.nltk_data.load_wordnet(roots)
+        wordnet, why = medheval.scoring.nltk_data.load_wordnet(roots)
         if wordnet is None:
             result.update(meteor=None, meteor_per_item=None, meteor_unavailable_reason=why)
         else:
-            meteor = [float(medheval.nltk39.meteor([r], p, wordnet)) if p and r else 0.0
+            meteor = [float(medheval.scoring.nltk39.meteor([r], p, wordnet)) if p and r else 0.0
                       for p, r in zip(pred_tokens, ref_tokens)]
             result.update(meteor=_mean(meteor), meteor_per_item=[100.0 * x for x in meteor],
                           meteor_unavailable_reason=None)

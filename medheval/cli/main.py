@@ -1,0 +1,236 @@
+"""``medheval`` command line (``run_eval.py`` is the same as ``medheval run``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from medheval.run.options import (
+    add_run_arguments,
+    build_backend,
+    parse_benchmark_options,
+    parse_metric_options,
+    split_list,
+)
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from medheval.data.images import parse_image_root_args
+    from medheval.run.runner import RunError, RunSpec, run_grid
+
+    if getattr(args, "config", None):
+        return cmd_grid(args)
+    if args.task == "detection":
+        return cmd_detect(args)
+    if not args.output:
+        raise RunError("give --output FOLDER (or --config GRID.yaml)")
+    if not (args.model or args.predictions):
+        raise RunError("give --model (a model answers) or --predictions (a file of answers), "
+                       "or --task detection to score a level source on Med-HallMark's released answers")
+    backend, labels = build_backend(args)
+    spec = RunSpec(
+        benchmarks=split_list(args.benchmark) or [],
+        output=args.output,
+        data_dir=args.data_dir,
+        image_roots=parse_image_root_args(args.image_root) or None,
+        on_missing=args.on_missing,
+        metrics=split_list(args.metrics),
+        limit=args.limit,
+        allow_missing_predictions=args.allow_missing_predictions,
+        upstream_compat=args.upstream_compat,
+        metric_options=parse_metric_options(args.metric_option),
+        judge=args.judge,
+        labels=labels,
+        allow_remote_credentialed=tuple(args.allow_remote_credentialed),
+        lock_timeout=args.lock_timeout,
+        detector=args.detector,
+        benchmark_options=parse_benchmark_options(getattr(args, "benchmark_option", [])),
+        generation=_generation_plan(args),
+    )
+    results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", args.batch_size))
+    return _finish(results, Path(args.output))
+
+
+def _finish(results: dict, output: Path) -> int:
+    """Print the run's (or grid's) results.md once per launch; the exit code: 1 when a metric failed on
+    every item (every process exits 1; the main one says why) or nothing was scored, else 0."""
+    from medheval.run.distributed import group as process_group
+
+    if process_group().is_main:  # one report per launch, not one per process
+        print((output / "results.md").read_text())
+        print(f"results: {output / 'results.json'}")
+    failed = [name for one in results.get("runs", [results]) for name in one.get("failed_metrics", [])]
+    if failed:
+        if process_group().is_main:
+            print(f"error: metric(s) failed on every item: {', '.join(failed)} (see results.md)", file=sys.stderr)
+        return 1
+    return 0 if results.get("benchmarks") or results.get("runs") else 1
+
+
+def _generation_plan(args: argparse.Namespace):
+    """Lengths per benchmark / answer type (:mod:`medheval.run.generation`) unless ``--max-new-tokens`` was
+    given (then that one length for every record, as the backend has it); none for a predictions file."""
+    from medheval.run.generation import GenerationPlan
+
+    if args.predictions or args.max_new_tokens is not None:
+        return None
+    return GenerationPlan()
+
+
+def cmd_grid(args: argparse.Namespace) -> int:
+    """``medheval run --config grid.yaml [flags]``: models × benchmarks × mitigations (:mod:`medheval.run.grids`)."""
+    from medheval.run.grids import apply_cli, given_options, load_grid_config, run_config
+
+    argv = list(getattr(args, "argv", None) or [])
+    config = apply_cli(load_grid_config(args.config), args, given_options(argv[1:]))
+    return _finish(run_config(config), Path(config.output))
+
+
+def cmd_detect(args: argparse.Namespace) -> int:
+    """``--task detection``: no model; the level source judges Med-HallMark's released answers."""
+    from medheval.data.images import parse_image_root_args
+    from medheval.run.runner import RunError, RunSpec
+    from medheval.families.med_hallmark.detection import run_detection
+
+    if not args.output:
+        raise RunError("give --output FOLDER")
+    if args.model or args.predictions or args.mitigation:
+        raise RunError("--task detection scores a level source (--judge / --detector) on the released answers: "
+                       "drop --model, --predictions and --mitigation")
+    spec = RunSpec(benchmarks=split_list(args.benchmark) or [], output=args.output, data_dir=args.data_dir,
+                   image_roots=parse_image_root_args(args.image_root) or None, on_missing=args.on_missing,
+                   limit=args.limit, metric_options=parse_metric_options(args.metric_option), judge=args.judge,
+                   detector=args.detector)
+    results = run_detection(spec)
+    print((Path(args.output) / "results.md").read_text())
+    print(f"results: {Path(args.output) / 'results.json'}")
+    return 0 if results["benchmarks"] else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from medheval.cli.demo import run_demo
+
+    run_demo(args.output, batch_size=args.batch_size)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from medheval.data.benchmarks import benchmark_configs, list_benchmarks
+    from medheval.data.registry import list_units
+
+    listing = {"benchmarks": {name: benchmark_configs(name) for name in list_benchmarks()},
+               "metrics": list_units("metrics"), "mitigations": list_units("mitigations")}
+    print(json.dumps(listing, indent=2))
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from medheval.publish import hub
+
+    if args.results and not args.model_repo:
+        raise ValueError("--results needs --model-repo ORG/MODEL (the Hub repo of the evaluated model)")
+    out_dir = args.to
+    if out_dir is None and not args.push:
+        raise ValueError("nothing to do: give --to DIR (write one folder per Hub repo) and/or --push --org ORG")
+    if out_dir is None:
+        import tempfile
+
+        out_dir = tempfile.mkdtemp(prefix="medheval-publish-")
+    repos = []
+    if args.results:
+        repos.append(hub.export_results(args.results, out_dir, args.model_repo, org=args.org))
+        hub.write_manifest(out_dir, repos)
+    if not args.results or args.kind or args.name:
+        repos += hub.export_all(out_dir, org=args.org, kinds=split_list(args.kind) or tuple(hub.REPO_TYPES),
+                                names=split_list(args.name), data_dir=args.data_dir)
+    for repo in repos:
+        gated = " (gated: PhysioNet)" if repo.gated else ""
+        print(f"{repo.repo_type:8s} {repo.repo_id:40s} {repo.folder}{gated}")
+        for warning in repo.warnings:
+            print(f"  warning: {warning}", file=sys.stderr)
+    if args.push:
+        for url in hub.push(repos, create_pr=args.create_pr):
+            print(f"pushed: {url}")
+    return 0
+
+
+def cmd_install_metrics(args: argparse.Namespace) -> int:
+    from medheval.publish.hub import install_metrics
+
+    for path in install_metrics(split_list(args.name)):
+        print(f"installed {path.name.split('--', 1)[1]}: evaluate.load(\"{path.name.split('--', 1)[1]}\") -> {path}")
+    return 0
+
+
+def add_hub_commands(commands: argparse._SubParsersAction) -> None:
+    """``medheval publish`` and ``medheval install-metrics``."""
+    publish = commands.add_parser("publish", help="write Hub repo folders for datasets/metrics/mitigations/results; "
+                                                  "--push uploads them")
+    publish.add_argument("--to", metavar="DIR", help="write one folder per Hub repo here (default with --push: a temp dir)")
+    publish.add_argument("--push", action="store_true", help="upload (create_repo + upload_folder; token from HF_TOKEN "
+                                                              "or `hf auth login`; endpoint from HF_ENDPOINT)")
+    publish.add_argument("--org", default="medheval", help="Hub organisation or user owning the repos (default: medheval)")
+    publish.add_argument("--kind", action="append", help="datasets, metrics, mitigations (repeatable; default: all)")
+    publish.add_argument("--name", action="append", help="only these units (repeatable or comma list)")
+    publish.add_argument("--data-dir", help="local copy of MedHEval's benchmark_data/ (default: pinned download)")
+    publish.add_argument("--results", metavar="RUN_DIR", help="a run's output folder: its results become "
+                                                              ".eval_results/*.yaml for --model-repo")
+    publish.add_argument("--model-repo", metavar="ORG/MODEL", help="the evaluated model's Hub repo (with --results)")
+    publish.add_argument("--create-pr", action="store_true", help="results: open a PR on the model repo instead of "
+                                                                  "committing to main")
+    publish.set_defaults(handler=cmd_publish)
+    install = commands.add_parser("install-metrics", help="make evaluate.load(\"<metric>\") (bare names) find this "
+                                                          "package's metrics")
+    install.add_argument("--name", action="append", help="only these metrics (default: all)")
+    install.set_defaults(handler=cmd_install_metrics)
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from medheval.mitigations import selftest
+
+    return selftest.main(split_list(args.family), split_list(args.method), quiet=args.quiet)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="medheval", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="benchmarks × model → predictions → metrics → tables")
+    add_run_arguments(run_parser)
+    run_parser.set_defaults(handler=cmd_run)
+    demo = commands.add_parser("demo", help="the whole pipeline on the embedded fixtures with a tiny random model")
+    demo.add_argument("--output", default="runs/demo")
+    demo.add_argument("--batch-size", type=int, default=8)
+    demo.set_defaults(handler=cmd_demo)
+    listing = commands.add_parser("list", help="benchmarks (with configs), metrics, mitigations")
+    listing.set_defaults(handler=cmd_list)
+    check = commands.add_parser("selftest", help="check every mitigation's decoding invariants on the installed "
+                                                 "transformers/torch (tiny random models, under a minute on CPU)")
+    check.add_argument("--family", action="append", help="only these model families (repeatable or comma list; "
+                                                         "default: llava, llava_next, qwen2_5_vl, qwen3_vl, gemma3)")
+    check.add_argument("--method", action="append", help="only these mitigations (repeatable or comma list)")
+    check.add_argument("--quiet", action="store_true", help="print the table and the verdict only")
+    check.set_defaults(handler=cmd_selftest)
+    add_hub_commands(commands)
+    from medheval.report.build import add_report_command
+
+    add_report_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; user errors print one clear message and exit 2."""
+    from medheval.errors import USER_ERRORS
+
+    args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # which flags were typed (a grid config's overrides)
+    try:
+        return args.handler(args)
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Pinned annotation downloads: ``URL@commit`` + sha256, a local override, an offline cache.
+
+A builder declares its upstream files as :class:`PinnedFile` objects. :func:`fetch`
+returns a local path, in this order:
+
+1. ``data_dir`` given: ``data_dir/<relpath>`` (a local copy of the upstream folder).
+   Its sha256 is computed and returned so results can record which bytes were used;
+   a mismatch with the pin is reported (``verified=False``), not an error, because
+   users may evaluate on a patched copy on purpose.
+2. the cache (``$MEDHEVAL_CACHE`` or ``~/.cache/medheval/annotations``), when the
+   cached file's sha256 matches the pin;
+3. a download from ``url`` into the cache, verified against the pin (a mismatch is an
+   error and nothing is kept).
+
+Offline (no network, or ``HF_HUB_OFFLINE``/``MEDHEVAL_OFFLINE`` set) the error names the
+file, the URL and where to put a local copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from medheval.run.outputs import atomic_write_bytes
+
+_TRUTHY = {"1", "true", "yes", "on"}
+
+
+class AnnotationUnavailable(FileNotFoundError):
+    """An annotation file is neither in ``data_dir``, nor cached, nor downloadable."""
+
+
+class ChecksumMismatch(ValueError):
+    """A downloaded file does not have the pinned sha256."""
+
+
+@dataclass(frozen=True)
+class PinnedFile:
+    """One upstream file: path relative to the upstream data folder, URL, sha256."""
+
+    relpath: str
+    url: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class FetchedFile:
+    """Where a pinned file was found, and whether its bytes match the pin."""
+
+    path: Path
+    sha256: str
+    verified: bool
+    origin: str  # "data_dir" | "cache" | "download"
+
+
+def sha256_of(path: str | Path, chunk_size: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk_size), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$MEDHEVAL_CACHE/annotations`` or ``~/.cache/medheval/annotations``."""
+    base = os.environ.get("MEDHEVAL_CACHE") or os.path.join(Path.home(), ".cache", "medheval")
+    return Path(base) / "annotations"
+
+
+def offline() -> bool:
+    """True when the user asked for no network access."""
+    return any(
+        os.environ.get(name, "").strip().lower() in _TRUTHY
+        for name in ("MEDHEVAL_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+
+
+def _cache_path(pinned: PinnedFile, cache_dir: Path) -> Path:
+    return cache_dir / pinned.sha256[:16] / Path(pinned.relpath).name
+
+
+def _unavailable(pinned: PinnedFile, reason: str) -> AnnotationUnavailable:
+    return AnnotationUnavailable(
+        f"annotation file {pinned.relpath!r} is not available ({reason}).\n"
+        f"  upstream URL: {pinned.url}\n"
+        f"  expected sha256: {pinned.sha256}\n"
+        f"  fix: download it and pass data_dir=<folder> (or --data-dir) where "
+        f"<folder>/{pinned.relpath} exists, or allow network access to fetch it once into the cache."
+    )
+
+
+def fetch(
+    pinned: PinnedFile,
+    data_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    timeout: float = 60.0,
+) -> FetchedFile:
+    """Return a local copy of ``pinned`` (see the module docstring for the order)."""
+    if data_dir is not None:
+        local = Path(data_dir) / pinned.relpath
+        if not local.is_file():
+            raise AnnotationUnavailable(
+                f"data_dir={str(data_dir)!r} has no file {pinned.relpath!r} (looked at {local}).\n"
+                f"  data_dir must be a local copy of the upstream folder with the same relative paths;"
+                f" the file's upstream URL is {pinned.url}"
+            )
+        digest = sha256_of(local)
+        return FetchedFile(local, digest, digest == pinned.sha256, "data_dir")
+
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cached = _cache_path(pinned, cache)
+    if cached.is_file() and sha256_of(cached) == pinned.sha256:
+        return FetchedFile(cached, pinned.sha256, True, "cache")
+    if offline():
+        raise _unavailable(pinned, "offline mode is set and the file is not cached")
+    try:
+        response = requests.get(pinned.url, timeout=timeout)
+        response.raise_for_status()
+    except requests.RequestException as error:
+        raise _unavailable(pinned, f"download failed: {type(error).__name__}: {error}") from error
+    digest = hashlib.sha256(response.content).hexdigest()
+    if digest != pinned.sha256:
+        raise ChecksumMismatch(
+            f"downloaded {pinned.url} has sha256 {digest}, expected {pinned.sha256}; nothing was cached."
+        )
+    atomic_write_bytes(cached, response.content)
+    return FetchedFile(cached, digest, True, "download")

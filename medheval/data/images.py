@@ -1,0 +1,1044 @@
+"""Images fetched by ID from where the user may legally get them.
+
+Records carry image *references* (``images: list[str]``), relative to a per-source root,
+never bytes: SLAKE ``xmlab<N>/source.jpg``, VQA-RAD ``synpic<N>.jpg``, IU-Xray
+``CXR<id>_IM-<nnnn>/0.png``, MIMIC-CXR-JPG ``p<XX>/p<subject>/s<study>/<dicom_id>.jpg``
+(relative to the MIMIC-CXR-JPG ``files/`` folder). An :class:`ImageResolver` maps each
+source to an :class:`ImageSource`:
+
+* :class:`LocalFolderSource` -- a folder on disk (``/data/slake/imgs``, ``file:///...``);
+* :class:`URLTemplateSource` -- an HTTP(S) URL template with optional basic auth, e.g.
+  ``https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path}`` with PhysioNet
+  credentials from ``PHYSIONET_USERNAME``/``PHYSIONET_PASSWORD`` or ``~/.netrc``;
+* :class:`HFDatasetSource` -- a ``datasets.Dataset`` with an id column and an image column
+  (``hf://user/dataset:split#id_column=id,image_column=image``).
+
+>>> resolver = ImageResolver(parse_image_root_args(["mimic_cxr=/data/mimic-cxr-jpg/2.1.0/files"]))
+>>> kept, skipped = resolver.partition(records, on_missing="skip")  # doctest: +SKIP
+>>> images = resolver.load_record_images(kept[0])                   # doctest: +SKIP
+
+References are checked before use: absolute paths, ``..`` components (also percent-encoded),
+backslashes, control characters and symlinks leaving the root are refused
+(:class:`UnsafeImagePath`). Credentials never appear in ``describe()``, ``repr`` or
+exception messages. Nothing is decoded until :meth:`ImageResolver.open` is called.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import ipaddress
+import netrc
+import os
+import re
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+import requests
+from PIL import Image
+
+__all__ = [
+    "REFERENCE_PATTERNS",
+    "check_reference",
+    "ImageError",
+    "UnsafeImagePath",
+    "ImageNotFound",
+    "NoImageRoot",
+    "MissingImagesError",
+    "MimicDicomSource",
+    "ImageFetchError",
+    "ImageDecodeError",
+    "ImageSource",
+    "LocalFolderSource",
+    "URLTemplateSource",
+    "HFDatasetSource",
+    "parse_image_root",
+    "parse_image_root_args",
+    "ImageResolver",
+]
+
+# --------------------------------------------------------------------------- references
+
+REFERENCE_PATTERNS: dict[str, re.Pattern[str]] = {
+    # SLAKE imgs/ folder
+    "slake": re.compile(r"xmlab\d+/source\.jpg"),
+    # VQA-RAD "VQA_RAD Image Folder"
+    "vqa_rad": re.compile(r"synpic\d+\.jpg"),
+    # IU-Xray in the R2Gen/R2GenGPT iu_xray/images/ layout
+    "iu_xray": re.compile(r"CXR\d+_IM-\d{4}(?:-\d+)*/\d+\.png"),
+    # MIMIC-CXR-JPG files/ folder: p<first two digits of subject>/p<subject>/s<study>/<dicom_id>.jpg,
+    # or a bare <dicom_id>.jpg (Med-HallMark; see MimicDicomSource)
+    "mimic_cxr": re.compile(r"(?:p(\d{2})/p\1\d{6}/s\d{8}/)?[0-9a-f]{8}(?:-[0-9a-f]{8}){4}\.jpg"),
+}
+
+# Where each known source's references are relative to (used in error hints).
+_LAYOUT_HINTS: dict[str, str] = {
+    "slake": "the SLAKE 'imgs/' folder (holding xmlab<N>/source.jpg)",
+    "vqa_rad": "the VQA-RAD image folder (holding synpic<N>.jpg)",
+    "iu_xray": "the IU-Xray 'iu_xray/images/' folder in the R2Gen layout (holding CXR<id>_IM-<nnnn>/0.png)",
+    "mimic_cxr": (
+        "the MIMIC-CXR-JPG 'files/' folder (holding p<XX>/p<subject>/s<study>/<dicom_id>.jpg), or the URL "
+        "template https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path} with PhysioNet credentials"
+    ),
+}
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
+_URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _unsafe_reason(ref: object) -> str | None:
+    """Why ``ref`` is not a safe relative path, or None when it is."""
+    if not isinstance(ref, str):
+        return f"a reference must be a string, not {type(ref).__name__}"
+    if not ref:
+        return "empty reference"
+    # Check the reference as written and every percent-decoding of it (``%2e%2e/``,
+    # ``%252e%252e/``), so no server or filesystem layer can turn it into a traversal.
+    seen = ref
+    for _ in range(4):
+        reason = _unsafe_reason_once(seen)
+        if reason is not None:
+            return reason if seen == ref else f"{reason} once percent-decoded ({seen!r})"
+        decoded = unquote(seen)
+        if decoded == seen:
+            return None
+        seen = decoded
+    return "too many levels of percent-encoding"
+
+
+def _unsafe_reason_once(ref: str) -> str | None:
+    if "\x00" in ref:
+        return "contains a NUL byte"
+    if _CONTROL.search(ref):
+        return "contains a control character"
+    if "\\" in ref:
+        return "contains a backslash (use '/' as the separator)"
+    if ref.startswith("/"):
+        return "is an absolute path"
+    if _SCHEME.match(ref):
+        return "has a scheme or drive prefix (references are relative to the image root)"
+    for part in ref.split("/"):
+        if part == "..":
+            return "has a '..' component"
+        if part in ("", "."):
+            return "has an empty or '.' path component"
+    return None
+
+
+def check_reference(source: str, ref: str) -> bool:
+    """True when ``ref`` is a well-formed image reference for ``source``.
+
+    Known sources (:data:`REFERENCE_PATTERNS`) must match their layout; any other source
+    accepts any safe relative path (no ``..``, not absolute, no backslash or control chars).
+    """
+    if _unsafe_reason(ref) is not None:
+        return False
+    pattern = REFERENCE_PATTERNS.get(source)
+    return pattern is None or pattern.fullmatch(ref) is not None
+
+
+def _safe_parts(ref: str, root: str) -> list[str]:
+    """The ``/``-separated components of a safe reference; :class:`UnsafeImagePath` otherwise."""
+    reason = _unsafe_reason(ref)
+    if reason is not None:
+        raise UnsafeImagePath(ref, root, reason)
+    return ref.split("/")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ImageError(Exception):
+    """Base class of every error raised by :mod:`medheval.data.images`."""
+
+
+class UnsafeImagePath(ImageError, ValueError):
+    """A reference that would leave its image root (absolute, ``..``, symlink out, ...)."""
+
+    def __init__(self, ref: str, root: str, reason: str = "leaves the image root") -> None:
+        self.ref = ref
+        self.root = root
+        self.reason = reason
+        super().__init__(
+            f"unsafe image reference {ref!r} for root {root}: {reason}. References must be relative "
+            "paths inside the image root; check the annotation file this record came from."
+        )
+
+
+def _root_hint(source: str | None) -> str:
+    layout = _LAYOUT_HINTS.get(source or "")
+    name = source or "SOURCE"
+    if layout:
+        return f"check that --image-root {name}=PATH points at {layout}"
+    return f"check that --image-root {name}=PATH points at the folder (or URL template) the references are relative to"
+
+
+class ImageNotFound(ImageError):
+    """One image is not where its source says it should be."""
+
+    def __init__(self, source: str | None, ref: str, where: str, hint: str | None = None) -> None:
+        self.source = source
+        self.ref = ref
+        self.where = where
+        self.explicit_hint = hint
+        self.hint = hint or _root_hint(source)
+        label = f" (source {source!r})" if source else ""
+        super().__init__(f"image {ref!r}{label} not found: looked at {where}. To fix: {self.hint}.")
+
+
+class NoImageRoot(ImageNotFound):
+    """An image of a source for which no image root was configured."""
+
+    def __init__(self, source: str, ref: str) -> None:
+        layout = _LAYOUT_HINTS.get(source)
+        hint = f"pass --image-root {source}=PATH_OR_URL (image_roots={{{source!r}: ...}})"
+        if layout:
+            hint += f", pointing at {layout}"
+        super().__init__(source, ref, f"no image root configured for source {source!r}", hint)
+
+
+class MissingImagesError(ImageError):
+    """Some records reference images that are not available; ``.missing`` lists (record id, ref)."""
+
+    def __init__(
+        self,
+        missing: Sequence[tuple[str, str]],
+        roots: Mapping[str, str] | None = None,
+        unconfigured: Sequence[str] = (),
+        show: int = 20,
+    ) -> None:
+        self.missing = list(missing)
+        self.roots = dict(roots or {})
+        self.unconfigured = list(unconfigured)
+        ids = list(dict.fromkeys(rid for rid, _ in self.missing))
+        lines = [f"{len(self.missing)} image(s) missing for {len(ids)} record(s):"]
+        lines += [f"  - {rid}: {ref}" for rid, ref in self.missing[:show]]
+        if len(self.missing) > show:
+            lines.append(f"  ... and {len(self.missing) - show} more")
+        if self.unconfigured:
+            flags = " ".join(f"--image-root {s}=PATH_OR_URL" for s in self.unconfigured)
+            lines.append(f"No image root is configured for source(s) {', '.join(self.unconfigured)}: pass {flags}.")
+        if self.roots:
+            lines.append("Image roots in use: " + "; ".join(f"{k} -> {v}" for k, v in self.roots.items()) + ".")
+        lines.append(
+            "To fix: check --image-root SOURCE=PATH points at the folder or URL the references are relative to, "
+            'or pass on_missing="skip" (CLI: --on-missing skip) to skip these records and count them.'
+        )
+        super().__init__("\n".join(lines))
+
+
+class ImageFetchError(ImageError):
+    """An HTTP fetch failed for a reason other than 404 (auth, server error, timeout)."""
+
+    def __init__(self, url: str, status: int | None = None, reason: str = "", hint: str = "") -> None:
+        self.url = _redact_url(url)
+        self.status = status
+        self.reason = reason
+        self.hint = hint
+        what = f"HTTP {status}" if status is not None else "request failed"
+        text = f"fetching {self.url}: {what}"
+        if reason:
+            text += f" ({reason})"
+        if hint:
+            text += f". {hint}"
+        super().__init__(text)
+
+
+class ImageDecodeError(ImageError):
+    """The bytes of an image could not be decoded by PIL."""
+
+
+class ImageRootUnavailable(ImageError):
+    """An image root (an ``hf://`` dataset) cannot be opened at all: offline, unknown id, no access."""
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@runtime_checkable
+class ImageSource(Protocol):
+    """Where the images of one source live; references are relative to it."""
+
+    def describe(self) -> str:
+        """A one-line description, safe to log (never contains credentials)."""
+        ...
+
+    def exists(self, ref: str) -> bool:
+        """True when the image ``ref`` is available."""
+        ...
+
+    def open_bytes(self, ref: str) -> bytes:
+        """The raw (encoded) bytes of image ``ref``; :class:`ImageNotFound` when absent."""
+        ...
+
+
+class LocalFolderSource:
+    """Images in a local folder: ``ref`` resolves to ``root/ref``.
+
+    References are refused when absolute, containing ``..``/backslashes/NUL bytes, or when
+    they resolve (through a symlink) outside the root. Point the root at the real image
+    folder, not at a folder of symlinks into another tree.
+    """
+
+    is_remote = False
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser()
+        self._resolved_root = self.root.resolve()
+
+    def describe(self) -> str:
+        return f"local folder {self.root}"
+
+    def __repr__(self) -> str:
+        return f"LocalFolderSource({str(self.root)!r})"
+
+    def path_for(self, ref: str) -> Path:
+        """The resolved on-disk path of ``ref`` (checked to stay inside the root)."""
+        parts = _safe_parts(ref, str(self.root))
+        resolved = self._resolved_root.joinpath(*parts).resolve()
+        if not resolved.is_relative_to(self._resolved_root):
+            raise UnsafeImagePath(ref, str(self.root), "resolves outside the root (through a symlink)")
+        return resolved
+
+    def exists(self, ref: str) -> bool:
+        return self.path_for(ref).is_file()
+
+    def open_bytes(self, ref: str) -> bytes:
+        path = self.path_for(ref)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            hint = None
+            if not self._resolved_root.is_dir():
+                hint = f"the image root {self.root} itself does not exist or is not a folder; " + _root_hint(None)
+            raise ImageNotFound(None, ref, str(path), hint) from None
+        except PermissionError:
+            raise ImageError(f"image {ref!r}: permission denied reading {path}") from None
+
+
+_SENSITIVE_QUERY = re.compile(r"(token|key|sig|signature|secret|pass|password|auth|credential)", re.IGNORECASE)
+
+
+def _redact_url(url: str) -> str:
+    """``url`` without user-info and with secret-looking query values replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = parts.query
+    if query:
+        items = []
+        for item in query.split("&"):
+            name, sep, _ = item.partition("=")
+            items.append(f"{name}{sep}***" if sep and _SENSITIVE_QUERY.search(name) else item)
+        query = "&".join(items)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _host_env_prefix(host: str) -> str | None:
+    """``physionet.org`` -> ``PHYSIONET``; None for IP addresses."""
+    host = host.strip("[]").lower()
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    labels = [label for label in host.split(".") if label and label != "www"]
+    if not labels:
+        return None
+    name = labels[-2] if len(labels) >= 2 else labels[0]
+    prefix = re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+    return prefix or None
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class URLTemplateSource:
+    """Images over HTTP(S): ``{path}`` in the template is replaced by the reference.
+
+    >>> src = URLTemplateSource("https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path}")  # doctest: +SKIP
+
+    Basic-auth credentials, first found wins: ``auth=(user, password)``; user-info in the
+    template URL; env ``<PREFIX>_USERNAME``/``<PREFIX>_PASSWORD`` (prefix from the host,
+    ``physionet.org`` -> ``PHYSIONET``, or ``env_prefix``); env
+    ``MEDHEVAL_IMAGE_USERNAME``/``MEDHEVAL_IMAGE_PASSWORD``; the host's entry in ``netrc_file``
+    (default ``$NETRC`` or ``~/.netrc``). Credentials never appear in ``describe()``, ``repr``
+    or errors. 5xx/429 answers, connection errors and timeouts are retried ``retries`` times
+    with exponential backoff; 404 raises :class:`ImageNotFound`, anything else
+    :class:`ImageFetchError`.
+
+    ``cache_dir`` (off by default) keeps fetched bytes on disk under
+    ``cache_dir/<hash of the template>/<ref>``. **Warning:** images behind a data use
+    agreement (MIMIC-CXR) that are cached this way stay under that agreement: keep the cache
+    on the user's own machine, never in a shared, synced or published folder.
+    """
+
+    is_remote = True
+
+    def __init__(
+        self,
+        template: str,
+        auth: tuple[str, str] | None = None,
+        timeout: float = 30,
+        retries: int = 2,
+        netrc_file: str | os.PathLike[str] | None = None,
+        env_prefix: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        backoff: float = 0.5,
+    ) -> None:
+        if "{path}" not in template:
+            raise ValueError(f"URL template {_redact_url(template)!r} has no '{{path}}' placeholder")
+        parts = urlsplit(template)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"URL template {_redact_url(template)!r} must be an http(s) URL with a host")
+        url_auth: tuple[str, str] | None = None
+        if "@" in parts.netloc:
+            userinfo, _, hostport = parts.netloc.rpartition("@")
+            user, _, password = userinfo.partition(":")
+            url_auth = (unquote(user), unquote(password))
+            template = urlunsplit((parts.scheme, hostport, parts.path, parts.query, parts.fragment))
+        self.template = template
+        self.host: str = parts.hostname
+        self.timeout = float(timeout)
+        self.retries = max(0, int(retries))
+        self.backoff = float(backoff)
+        self.env_prefix = env_prefix or _host_env_prefix(self.host)
+        self._netrc_file = netrc_file
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
+        self._auth, self.auth_origin = self._find_auth(auth, url_auth)
+        if self._auth and parts.scheme == "http" and not _is_loopback(self.host):
+            warnings.warn(
+                f"sending basic-auth credentials over plain http to {self.host}; use https",
+                stacklevel=2,
+            )
+        self._session = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16)
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
+        self._session.headers["User-Agent"] = "medheval-images"
+        if self._auth is not None:
+            self._session.auth = self._auth
+
+    # -- credentials -------------------------------------------------------------------
+
+    def _find_auth(
+        self, auth: tuple[str, str] | None, url_auth: tuple[str, str] | None
+    ) -> tuple[tuple[str, str] | None, str]:
+        if auth is not None:
+            return (str(auth[0]), str(auth[1])), "explicit auth"
+        if url_auth is not None:
+            return url_auth, "user-info in the URL"
+        prefixes = [p for p in (self.env_prefix, "MEDHEVAL_IMAGE") if p]
+        for prefix in dict.fromkeys(prefixes):
+            user = os.environ.get(f"{prefix}_USERNAME")
+            password = os.environ.get(f"{prefix}_PASSWORD")
+            if user and password is not None:
+                return (user, password), f"env {prefix}_USERNAME/{prefix}_PASSWORD"
+        return self._netrc_auth()
+
+    def _netrc_auth(self) -> tuple[tuple[str, str] | None, str]:
+        explicit = self._netrc_file or os.environ.get("NETRC")
+        if explicit:
+            path = Path(explicit).expanduser()
+            if not path.is_file():
+                if self._netrc_file:
+                    raise ValueError(f"netrc file {path} does not exist")
+                return None, "no credentials"
+            file: str | None = str(path)
+        else:
+            path = Path("~/.netrc").expanduser()
+            if not path.is_file():
+                return None, "no credentials"
+            file = None  # the default file: netrc checks its permissions
+        try:
+            entry = netrc.netrc(file).authenticators(self.host)
+        except netrc.NetrcParseError as exc:  # its message may quote a token: don't repeat it
+            raise ValueError(
+                f"could not read netrc file {path} (line {exc.lineno}): fix its syntax and make it "
+                "readable only by you (chmod 600)"
+            ) from None
+        if entry is None or not entry[0]:
+            return None, "no credentials"
+        return (entry[0], entry[2] or ""), f"netrc {path}"
+
+    def _auth_hint(self) -> str:
+        names = f"{self.env_prefix}_USERNAME/{self.env_prefix}_PASSWORD" if self.env_prefix else "<PREFIX>_USERNAME/<PREFIX>_PASSWORD"
+        if self._auth is None:
+            return (
+                f"The server needs credentials and none were found: set {names} "
+                "(or MEDHEVAL_IMAGE_USERNAME/MEDHEVAL_IMAGE_PASSWORD) in the environment, or add "
+                f"'machine {self.host} login USER password PASSWORD' to ~/.netrc"
+            )
+        hint = f"The credentials from {self.auth_origin} were refused: check them"
+        if self.host.endswith("physionet.org"):
+            hint += ", and that your PhysioNet account is credentialed and has signed this dataset's data use agreement"
+        return hint + f" (credentials are read from {names}, MEDHEVAL_IMAGE_USERNAME/PASSWORD or ~/.netrc)"
+
+    # -- URLs and HTTP ----------------------------------------------------------------
+
+    def describe(self) -> str:
+        return f"URL template {_redact_url(self.template)} ({self.auth_origin})"
+
+    def __repr__(self) -> str:
+        return f"URLTemplateSource({self.describe()!r})"
+
+    def url_for(self, ref: str) -> str:
+        """The URL of ``ref``: each path segment percent-quoted, ``/`` kept."""
+        parts = _safe_parts(ref, _redact_url(self.template))
+        return self.template.replace("{path}", "/".join(quote(part, safe="") for part in parts))
+
+    def _cache_path(self, ref: str) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        key = hashlib.sha256(_redact_url(self.template).encode()).hexdigest()[:16]
+        return self.cache_dir.joinpath(key, *_safe_parts(ref, str(self.cache_dir)))
+
+    def _request(self, method: str, url: str, stream: bool = False) -> requests.Response:
+        """One request with retries on connection errors, timeouts, 429 and 5xx."""
+        attempts = self.retries + 1
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                response = self._session.request(
+                    method, url, timeout=self.timeout, stream=stream, allow_redirects=True
+                )
+            except requests.Timeout:
+                if last:
+                    raise ImageFetchError(
+                        url,
+                        reason=f"timed out after {self.timeout:g} s ({attempts} attempt(s))",
+                        hint="the server is slow or unreachable: retry later or pass a larger timeout",
+                    ) from None
+            except requests.RequestException as exc:
+                if last:
+                    raise ImageFetchError(
+                        url,
+                        reason=f"{type(exc).__name__} after {attempts} attempt(s)",
+                        hint="check the URL, your network connection and proxy settings",
+                    ) from None
+            else:
+                if not (response.status_code == 429 or response.status_code >= 500) or last:
+                    return response
+                wait = response.headers.get("Retry-After", "")
+                response.close()
+                if wait.isdigit():
+                    time.sleep(min(float(wait), 10.0))
+                    continue
+            time.sleep(min(self.backoff * (2**attempt), 10.0))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _raise_for(self, ref: str, url: str, response: requests.Response) -> None:
+        status = response.status_code
+        if status in (404, 410):
+            raise ImageNotFound(None, ref, _redact_url(url))
+        if status in (401, 403):
+            raise ImageFetchError(url, status, response.reason or "", self._auth_hint())
+        raise ImageFetchError(url, status, response.reason or "", "the server refused or failed the request")
+
+    def exists(self, ref: str) -> bool:
+        cached = self._cache_path(ref)
+        if cached is not None and cached.is_file():
+            return True
+        url = self.url_for(ref)
+        response = self._request("HEAD", url)
+        response.close()
+        if response.status_code in (405, 501):  # HEAD not allowed: ask for the body, read none of it
+            response = self._request("GET", url, stream=True)
+            response.close()
+        if 200 <= response.status_code < 300:
+            return True
+        if response.status_code in (404, 410):
+            return False
+        self._raise_for(ref, url, response)
+        return False  # pragma: no cover
+
+    def open_bytes(self, ref: str) -> bytes:
+        cached = self._cache_path(ref)
+        if cached is not None and cached.is_file():
+            return cached.read_bytes()
+        url = self.url_for(ref)
+        response = self._request("GET", url)
+        if not 200 <= response.status_code < 300:
+            self._raise_for(ref, url, response)
+        if response.headers.get("Content-Type", "").lower().startswith("text/html"):
+            raise ImageFetchError(
+                url,
+                response.status_code,
+                "the server answered with an HTML page, not an image",
+                "this is usually a login page: " + self._auth_hint(),
+            )
+        data = response.content
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=".part-")
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                os.replace(tmp, cached)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        return data
+
+    def close(self) -> None:
+        """Close the pooled HTTP connections."""
+        self._session.close()
+
+
+class HFDatasetSource:
+    """Images in a ``datasets.Dataset``, keyed by an id column.
+
+    ``dataset`` is a ``Dataset`` (or ``DatasetDict``, then ``split`` picks one), a Hub id or a
+    local path. Paths and ids are loaded lazily on first use (``datasets.load_from_disk`` for
+    a ``save_to_disk`` folder, ``datasets.load_dataset(dataset, split=split)`` otherwise). The
+    reference is looked up in ``id_column``; the bytes come from the undecoded ``Image``
+    storage (embedded bytes, or a path read from disk), or from a binary/path column.
+    """
+
+    is_remote = False
+
+    def __init__(
+        self,
+        dataset: Any,
+        id_column: str = "id",
+        image_column: str = "image",
+        split: str | None = None,
+    ) -> None:
+        self._spec = dataset if isinstance(dataset, (str, os.PathLike)) else None
+        self._dataset: Any = None if self._spec is not None else dataset
+        self.id_column = id_column
+        self.image_column = image_column
+        self.split = split
+        self._index: dict[str, int] | None = None
+        self._images: Any = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        if self._spec is not None:
+            name = str(self._spec)
+        else:
+            info = getattr(self._dataset, "info", None)
+            name = getattr(info, "dataset_name", None) or "in-memory Dataset"
+        split = f" split={self.split}" if self.split else ""
+        return f"HF dataset {name}{split} (id_column={self.id_column}, image_column={self.image_column})"
+
+    def __repr__(self) -> str:
+        return f"HFDatasetSource({self.describe()!r})"
+
+    def _load(self) -> Any:
+        import datasets
+
+        spec = self._spec
+        path = Path(spec).expanduser() if spec is not None else None
+        if path is not None and path.is_dir() and (
+            (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+        ):
+            return datasets.load_from_disk(str(path))
+        try:
+            return datasets.load_dataset(str(spec), split=self.split or "train")
+        except (OSError, ValueError) as error:  # offline, unknown id, gated, network down (ConnectionError ⊂ OSError)
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            root = f"hf://{spec}" + (f":{self.split}" if self.split else "")
+            raise ImageRootUnavailable(
+                f"image root {root}: cannot open the dataset ({type(error).__name__}: {reason}). Check the "
+                f"dataset id or local path, the network (HF_HUB_OFFLINE / HF_ENDPOINT), and access to gated "
+                f"datasets (`hf auth login` or HF_TOKEN); or point --image-root at a local folder"
+            ) from None
+
+    def _ensure(self) -> None:
+        if self._index is not None:
+            return
+        with self._lock:
+            if self._index is not None:
+                return
+            import datasets
+
+            ds = self._dataset if self._dataset is not None else self._load()
+            if isinstance(ds, datasets.DatasetDict):
+                split = self.split or ("train" if "train" in ds else next(iter(ds)))
+                if split not in ds:
+                    raise ValueError(f"{self.describe()}: no split {split!r} (splits: {list(ds)})")
+                ds = ds[split]
+            for column in (self.id_column, self.image_column):
+                if column not in ds.column_names:
+                    raise ValueError(
+                        f"{self.describe()}: no column {column!r} (columns: {ds.column_names}); "
+                        "set id_column=/image_column= (hf://...#id_column=...,image_column=...)"
+                    )
+            index: dict[str, int] = {}
+            duplicates: list[str] = []
+            for row, key in enumerate(ds[self.id_column]):
+                key = str(key)
+                if key in index:
+                    duplicates.append(key)
+                else:
+                    index[key] = row
+            if duplicates:
+                raise ValueError(
+                    f"{self.describe()}: {len(duplicates)} duplicate id(s) in column {self.id_column!r}, "
+                    f"e.g. {duplicates[:5]}; image ids must be unique"
+                )
+            images = ds.select_columns([self.image_column])
+            if isinstance(images.features[self.image_column], datasets.Image):
+                images = images.cast_column(self.image_column, datasets.Image(decode=False))
+            self._dataset = ds
+            self._images = images
+            self._index = index
+
+    def exists(self, ref: str) -> bool:
+        self._ensure()
+        assert self._index is not None
+        return str(ref) in self._index
+
+    def open_bytes(self, ref: str) -> bytes:
+        self._ensure()
+        assert self._index is not None
+        row = self._index.get(str(ref))
+        if row is None:
+            raise ImageNotFound(None, ref, f"column {self.id_column!r} of {self.describe()}",
+                                f"check that the dataset has a row with {self.id_column} == {ref!r}")
+        value = self._images[row][self.image_column]
+        if isinstance(value, dict):
+            if value.get("bytes"):
+                return bytes(value["bytes"])
+            value = value.get("path")
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value)
+        if isinstance(value, str) and value:
+            try:
+                return Path(value).read_bytes()
+            except OSError:
+                raise ImageNotFound(None, ref, value, "the dataset row stores a file path that is not readable here") from None
+        if isinstance(value, Image.Image):
+            buffer = io.BytesIO()
+            value.save(buffer, format="PNG")
+            return buffer.getvalue()
+        raise ImageNotFound(None, ref, f"row {row} of {self.describe()}", "the image cell is empty")
+
+
+_BARE_DICOM = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{8}){4}\.jpg")
+
+
+class MimicDicomSource:
+    """MIMIC-CXR-JPG images referenced by a bare ``<dicom_id>.jpg`` (Med-HallMark's ``Irg.json``).
+
+    The dataset's metadata CSV (``mimic-cxr-2.0.0-metadata.csv[.gz]``, columns ``dicom_id``,
+    ``subject_id``, ``study_id``) maps each dicom id to ``p<XX>/p<subject>/s<study>/<dicom_id>.jpg``
+    under ``base`` (the ``files/`` folder, or the PhysioNet URL template). A full relative path
+    passes through unchanged. Without a CSV, use a plain folder holding the ``<dicom_id>.jpg``
+    files directly instead (a flat folder). CLI: ``--image-root mimic_cxr=ROOT#metadata=CSV``.
+    """
+
+    def __init__(self, base: ImageSource | str, metadata_csv: str | os.PathLike[str]) -> None:
+        self.base = parse_image_root(base) if isinstance(base, str) else base
+        self.metadata_csv = Path(metadata_csv).expanduser()
+        self.is_remote = bool(getattr(self.base, "is_remote", False))
+        self._paths: dict[str, str] | None = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return f"{self.base.describe()} (dicom ids mapped by {self.metadata_csv.name})"
+
+    def __repr__(self) -> str:
+        return f"MimicDicomSource({self.base!r}, {str(self.metadata_csv)!r})"
+
+    def _table(self) -> dict[str, str]:
+        with self._lock:
+            if self._paths is None:
+                self._paths = self._read_table()
+            return self._paths
+
+    def _read_table(self) -> dict[str, str]:
+        import csv
+        import gzip
+
+        if not self.metadata_csv.is_file():
+            raise ImageError(f"MIMIC-CXR metadata CSV {self.metadata_csv} not found: point #metadata= at "
+                             "mimic-cxr-2.0.0-metadata.csv(.gz) from MIMIC-CXR-JPG")
+        opener = gzip.open if self.metadata_csv.suffix == ".gz" else open
+        paths: dict[str, str] = {}
+        with opener(self.metadata_csv, "rt", encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle)
+            needed = {"dicom_id", "subject_id", "study_id"}
+            if not needed <= set(reader.fieldnames or ()):
+                raise ImageError(f"{self.metadata_csv}: expected columns {sorted(needed)}, "
+                                 f"found {reader.fieldnames}")
+            for row in reader:
+                subject = row["subject_id"].strip()
+                paths[row["dicom_id"].strip()] = f"p{subject[:2]}/p{subject}/s{row['study_id'].strip()}"
+        return paths
+
+    def path_of(self, ref: str) -> str:
+        """The reference under ``base``: ``p<XX>/p<subject>/s<study>/<dicom_id>.jpg`` for a bare id."""
+        if not _BARE_DICOM.fullmatch(ref):
+            return ref
+        folder = self._table().get(ref[: -len(".jpg")])
+        if folder is None:
+            raise ImageNotFound("mimic_cxr", ref, f"{self.metadata_csv} (no row for this dicom_id)",
+                                "check that the metadata CSV is MIMIC-CXR-JPG's mimic-cxr-2.0.0-metadata.csv")
+        return f"{folder}/{ref}"
+
+    def exists(self, ref: str) -> bool:
+        try:
+            mapped = self.path_of(ref)
+        except ImageNotFound:
+            return False
+        return self.base.exists(mapped)
+
+    def open_bytes(self, ref: str) -> bytes:
+        return self.base.open_bytes(self.path_of(ref))
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def parse_image_root(spec: str) -> ImageSource:
+    """An :class:`ImageSource` from a CLI/config string.
+
+    * ``/local/dir``, ``~/dir``, ``rel/dir`` or ``file:///local/dir`` -> :class:`LocalFolderSource`
+    * ``http(s)://host/...{path}...`` -> :class:`URLTemplateSource` (``/{path}`` appended when absent)
+    * ``hf://<hub-id-or-path>[:split][#id_column=...,image_column=...]`` -> :class:`HFDatasetSource`
+    * ``<local or URL root>#metadata=<MIMIC-CXR metadata CSV>`` -> :class:`MimicDicomSource`
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"empty image root {spec!r}: pass a folder, a file:// or http(s):// URL, or hf://dataset")
+    spec = spec.strip()
+    lowered = spec.lower()
+    if lowered.startswith("hf://"):
+        return _parse_hf_spec(spec)
+    base, marker, metadata = spec.rpartition("#metadata=")
+    if marker:
+        if not base.strip() or not metadata.strip():
+            raise ValueError(f"image root {spec!r}: expected ROOT#metadata=/path/to/mimic-cxr-2.0.0-metadata.csv")
+        return MimicDicomSource(parse_image_root(base), metadata.strip())
+    if lowered.startswith(("http://", "https://")):
+        template = spec if "{path}" in spec else spec.rstrip("/") + "/{path}"
+        return URLTemplateSource(template)
+    if lowered.startswith("file://"):
+        parts = urlsplit(spec)
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"file:// image root {spec!r} names a remote host; use file:///absolute/path")
+        return LocalFolderSource(unquote(parts.path))
+    match = _URL_SCHEME.match(spec)
+    if match:
+        scheme = match.group(1)
+        raise ValueError(
+            f"unsupported image root {_redact_url(spec)!r} (scheme {scheme!r}): use a local folder, "
+            "file:///path, an http(s):// URL template with {path}, or hf://dataset[:split]"
+        )
+    return LocalFolderSource(spec)
+
+
+def _parse_hf_spec(spec: str) -> HFDatasetSource:
+    body, _, options = spec[len("hf://"):].partition("#")
+    split: str | None = None
+    head, sep, tail = body.rpartition(":")
+    if sep and head and tail and "/" not in tail:
+        body, split = head, tail
+    if not body:
+        raise ValueError(f"image root {spec!r}: hf:// needs a dataset id or path, e.g. hf://user/images:train")
+    kwargs: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in options.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in ("id_column", "image_column", "split") or not value.strip():
+            raise ValueError(
+                f"image root {spec!r}: bad option {item!r}; allowed: id_column=..., image_column=..., split=..."
+            )
+        kwargs[key] = value.strip()
+    if "split" in kwargs:
+        split = kwargs.pop("split")
+    return HFDatasetSource(body, split=split, **kwargs)
+
+
+_ROOT_KEY = re.compile(r"\*|[A-Za-z_][A-Za-z0-9_\-.]*")
+
+
+def parse_image_root_args(items: Iterable[str]) -> dict[str, str]:
+    """``["mimic_cxr=/data/mimic", "/data/all"]`` -> ``{"mimic_cxr": "/data/mimic", "*": "/data/all"}``.
+
+    Split on the first ``=`` when what precedes it is a source name; otherwise (a URL or path
+    containing ``=``) the whole item is the default root ``"*"``.
+    """
+    roots: dict[str, str] = {}
+    for raw in items:
+        item = raw.strip()
+        key, eq, value = item.partition("=")
+        if eq and _ROOT_KEY.fullmatch(key.strip()):
+            key, value = key.strip(), value.strip()
+        else:
+            key, value = "*", item
+        if not value:
+            raise ValueError(f"--image-root {raw!r}: empty root; use SOURCE=PATH_OR_URL or a bare PATH_OR_URL")
+        if key in roots:
+            raise ValueError(f"--image-root given twice for {'the default root' if key == '*' else key!r}")
+        roots[key] = value
+    return roots
+
+
+# --------------------------------------------------------------------------- resolver
+
+
+class ImageResolver:
+    """Maps ``(source, ref)`` to images through per-source :class:`ImageSource` roots.
+
+    ``roots`` is keyed by source name (``"mimic_cxr"``), with ``"*"`` as the default; values
+    are sources or spec strings for :func:`parse_image_root`. Nothing is fetched or decoded
+    until :meth:`open`, :meth:`load_record_images`, :meth:`find_missing` or :meth:`partition`.
+    """
+
+    def __init__(self, roots: Mapping[str, ImageSource | str] | None = None, workers: int = 8) -> None:
+        self.roots: dict[str, ImageSource] = {}
+        for name, value in (roots or {}).items():
+            source: Any
+            if isinstance(value, Path):
+                source = LocalFolderSource(value)
+            elif isinstance(value, str):
+                source = parse_image_root(value)
+            else:
+                source = value
+            if not isinstance(source, ImageSource):
+                raise TypeError(
+                    f"image root for {name!r} must be an ImageSource or a spec string, not {type(value).__name__}"
+                )
+            self.roots[str(name)] = source
+        self.workers = max(1, int(workers))
+
+    def __repr__(self) -> str:
+        return f"ImageResolver({self.describe()!r})"
+
+    def describe(self) -> dict[str, str]:
+        """``{source: description}`` of every configured root (safe to log)."""
+        return {name: source.describe() for name, source in self.roots.items()}
+
+    def has_root(self, source: str) -> bool:
+        """True when ``source`` (or the ``"*"`` default) has a root."""
+        return source in self.roots or "*" in self.roots
+
+    def source_for(self, source: str, ref: str = "") -> ImageSource:
+        """The root serving ``source``; :class:`NoImageRoot` when there is none."""
+        found = self.roots.get(source) or self.roots.get("*")
+        if found is None:
+            raise NoImageRoot(source, ref)
+        return found
+
+    def open_bytes(self, source: str, ref: str) -> bytes:
+        """The encoded bytes of ``ref``; errors name the source and the root to set."""
+        root = self.source_for(source, ref)
+        try:
+            return root.open_bytes(ref)
+        except ImageNotFound as exc:
+            if exc.source is None:
+                where = f"{exc.where} ({root.describe()})"
+                raise ImageNotFound(source, ref, where, exc.explicit_hint) from None
+            raise
+
+    def open(self, source: str, ref: str) -> Image.Image:
+        """Image ``ref`` of ``source`` decoded as RGB."""
+        data = self.open_bytes(source, ref)
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                image.load()
+                return image.convert("RGB")
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise ImageDecodeError(
+                f"image {ref!r} (source {source!r}, {len(data)} bytes) could not be decoded: "
+                f"{type(exc).__name__}: {exc}. The file is corrupt, truncated or not an image."
+            ) from None
+
+    def load_record_images(self, record: Mapping[str, Any]) -> list[Image.Image]:
+        """Every image of a canonical record, decoded as RGB, in order."""
+        source = record.get("source") or "*"
+        return [self.open(source, ref) for ref in record.get("images") or []]
+
+    def find_missing(self, records: Iterable[Mapping[str, Any]], progress: bool = True) -> list[tuple[str, str]]:
+        """``(record id, ref)`` for every referenced image that is not available, in record order.
+
+        A source without a root counts as missing. Local roots are checked with ``stat``;
+        remote ones with HEAD requests on a thread pool. Auth and server errors raise.
+        """
+        return self._check(records, progress)[0]
+
+    def _check(
+        self, records: Iterable[Mapping[str, Any]], progress: bool
+    ) -> tuple[list[tuple[str, str]], list[str]]:
+        """(missing (id, ref), sources without a root)."""
+        pairs: dict[tuple[str, str, str], None] = {}
+        for record in records:
+            source = record.get("source") or "*"
+            rid = str(record.get("id"))
+            for ref in record.get("images") or []:
+                pairs[(rid, source, ref)] = None
+        keys = list(dict.fromkeys((source, ref) for _, source, ref in pairs))
+        absent: set[tuple[str, str]] = set()
+        unconfigured: set[str] = set()
+        local: list[tuple[tuple[str, str], ImageSource]] = []
+        remote: list[tuple[tuple[str, str], ImageSource]] = []
+        for key in keys:
+            if not self.has_root(key[0]):
+                absent.add(key)
+                unconfigured.add(key[0])
+                continue
+            root = self.source_for(*key)
+            (remote if getattr(root, "is_remote", False) else local).append((key, root))
+
+        from tqdm.auto import tqdm
+
+        total = len(local) + len(remote)
+        with tqdm(total=total, desc="checking images", unit="img", disable=not progress or total < 200) as bar:
+            for key, root in local:
+                if not root.exists(key[1]):
+                    absent.add(key)
+                bar.update()
+            if remote:
+                with ThreadPoolExecutor(max_workers=self.workers) as pool:
+                    futures = {pool.submit(root.exists, key[1]): key for key, root in remote}
+                    try:
+                        for future in as_completed(futures):
+                            if not future.result():
+                                absent.add(futures[future])
+                            bar.update()
+                    except BaseException:
+                        for future in futures:
+                            future.cancel()
+                        raise
+        missing = [(rid, ref) for rid, source, ref in pairs if (source, ref) in absent]
+        return missing, sorted(unconfigured)
+
+    def partition(
+        self,
+        records: Iterable[Mapping[str, Any]],
+        on_missing: str = "error",
+        progress: bool = True,
+    ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+        """``(kept records, skipped (id, ref))``.
+
+        ``on_missing="error"`` raises :class:`MissingImagesError` listing the ids;
+        ``"skip"`` drops the records with a missing image and returns the skipped pairs.
+        """
+        if on_missing not in ("error", "skip"):
+            raise ValueError(f"on_missing must be 'error' or 'skip', not {on_missing!r}")
+        records = list(records)
+        missing, unconfigured = self._check(records, progress)
+        if missing and on_missing == "error":
+            raise MissingImagesError(missing, roots=self.describe(), unconfigured=unconfigured)
+        bad = {rid for rid, _ in missing}
+        kept = [dict(record) for record in records if str(record.get("id")) not in bad]
+        return kept, missing

@@ -1,0 +1,81 @@
+"""The canonical record every benchmark maps to (DESIGN.md, "Data model").
+
+One row per item::
+
+    id           "benchmark/config/upstream-id", stable and unique
+    benchmark    e.g. "cxr_vishal"
+    config       the per-source config the item belongs to (e.g. "mimic_cxr"), also inside "all"
+    images       image references relative to the source's image root (never bytes)
+    question     the question or instruction as released
+    answer       the reference answer as released (never re-labelled)
+    answer_type  yes_no | multiple_choice | open | report | statement
+    choices      parsed option texts, without their letters ([] unless multiple choice)
+    category     benchmark-specific category (anatomy/measurement/symptom/radiology for the visual splits)
+    source       image source: slake, vqa_rad, iu_xray, mimic_cxr, ...
+    meta         everything else (upstream fields, quality flags), as JSON
+"""
+
+from __future__ import annotations
+
+from datasets import Features, Json, List, Value
+
+ANSWER_TYPES = ("yes_no", "multiple_choice", "open", "report", "statement")
+
+FEATURES = Features(
+    {
+        "id": Value("string"),
+        "benchmark": Value("string"),
+        "config": Value("string"),
+        "images": List(Value("string")),
+        "question": Value("string"),
+        "answer": Value("string"),
+        "answer_type": Value("string"),
+        "choices": List(Value("string")),
+        "category": Value("string"),
+        "source": Value("string"),
+        "meta": Json(),
+    }
+)
+
+# Image sources whose images (and derived text) are under a data use agreement:
+# never embed them in anything published, never send them to a third-party endpoint.
+CREDENTIALED_SOURCES = frozenset({"mimic_cxr", "mimic_iv"})
+
+# MedHEval's hallucination_type codes (Type1_* notebooks' GPT-4 system prompt).
+HALLUCINATION_TYPE_TO_CATEGORY = {
+    "type_1": "anatomy",
+    "type_2": "measurement",
+    "type_3": "symptom",
+    "type_4": "radiology",
+}
+VISUAL_CATEGORIES = ("anatomy", "measurement", "symptom", "radiology")
+
+
+def make_id(benchmark: str, config: str, upstream_id: object) -> str:
+    """The stable record id ``benchmark/config/upstream-id``."""
+    return f"{benchmark}/{config}/{upstream_id}"
+
+
+def is_credentialed(source: str) -> bool:
+    """True when images/text from ``source`` fall under a credentialed-access agreement."""
+    return source in CREDENTIALED_SOURCES
+
+
+def record_credentialed(row: dict) -> bool:
+    """A record's ``meta.credentialed``; a record without it counts by its source (MIMIC: credentialed)."""
+    flag = (row.get("meta") or {}).get("credentialed")
+    return flag if isinstance(flag, bool) else is_credentialed(str(row.get("source") or ""))
+
+
+def validate_record(record: dict) -> None:
+    """Raise ``ValueError`` naming the record and field when ``record`` breaks the schema."""
+    rid = record.get("id", "<no id>")
+    missing = [name for name in FEATURES if name not in record]
+    if missing:
+        raise ValueError(f"record {rid!r}: missing field(s) {missing}")
+    if record["answer_type"] not in ANSWER_TYPES:
+        raise ValueError(
+            f"record {rid!r}: answer_type {record['answer_type']!r} is not one of {ANSWER_TYPES}"
+        )
+    if not isinstance(record["images"], list) or not isinstance(record["choices"], list):
+        raise ValueError(f"record {rid!r}: 'images' and 'choices' must be lists")

@@ -1,0 +1,185 @@
+"""``run_eval --benchmark clinhallu`` : the ClinHallu protocol (:mod:`medheval.families.clinhallu.protocol`)
+driven by the runner through its split interface (:class:`ClinHalluProtocol`, which ``datasets/clinhallu``
+declares in ``PROTOCOLS``).
+
+Per item: ORG, Rep-V, Rep-K and Rep-VK traces from the run's model, answer and step judges from
+``--judge`` (temperature 0.01), then ``metrics/clinhallu`` on the judged columns. The protocol's
+logs (``clinhallu_generations.jsonl``, ``clinhallu_judgments.jsonl``, ``clinhallu_run.json``) go to
+``<output>/clinhallu/<config>/``; a second identical run resumes from them (no new model or judge call).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from medheval.run.protocol import RunError, SplitJob, SplitProtocol, load_metric, split_entry
+
+PROMPT_STYLES = ("own", "upstream")
+
+
+def check_backend_and_judge(name: str, backend: Any, judge: Any) -> None:
+    """Refuse, before any generation, a backend without ``generate_chat`` or a run without ``--judge``."""
+    if not callable(getattr(backend, "generate_chat", None)):
+        raise RunError(f"benchmark {name} runs the ClinHallu protocol, which needs a model that takes system/user "
+                       f"messages and an assistant prefix (generate_chat): pass --model, not --predictions "
+                       f"(backend {getattr(backend, 'name', backend)!r} has no generate_chat)")
+    if not judge:
+        raise RunError(f"benchmark {name} needs --judge BACKEND:MODEL[@BASE_URL] (the answer and stage judges "
+                       f"of the ClinHallu protocol), e.g. --judge openai:gpt-4o@http://127.0.0.1:8000/v1")
+
+
+def _number(key: str, value: Any, cast: type, low: float) -> Any:
+    try:
+        number = cast(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or isinstance(value, bool) or number < low:
+        kind = "an integer" if cast is int else "a number"
+        raise ValueError(f"clinhallu.{key}={value!r}: expected {kind} >= {low:g}")
+    return number
+
+
+def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    """``--benchmark-option clinhallu.KEY=VALUE``: ``prompts=own|upstream`` (default ``own``),
+    ``temperature=T`` (default 0.7; 0 = greedy traces). The trace length is a generation setting like
+    any benchmark's (:mod:`medheval.run.generation`: ClinHallu's 4096 built in; ``--max-new-tokens`` or a
+    grid's ``generation`` replace it). Returns (dataset, recorded)."""
+    from medheval.families.clinhallu.protocol import ProtocolConfig
+
+    options = dict(options or {})
+    default = ProtocolConfig()
+    style = str(options.pop("prompts", "own"))
+    recorded = {
+        "prompts": style,
+        "temperature": _number("temperature", options.pop("temperature", default.temperature), float, 0),
+    }
+    if options:
+        raise ValueError(f"unknown clinhallu run option(s) {sorted(options)}; known: "
+                         f"prompts={'|'.join(PROMPT_STYLES)}, temperature=T (the trace length: --max-new-tokens)")
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"clinhallu.prompts={style!r}: expected one of {PROMPT_STYLES}")
+    return dataset, recorded
+
+
+def trace_length(spec: Any, loaded: Any, backend: Any) -> int:
+    """``max_new_tokens`` of a trace: the run's generation plan for this split (built-in: ClinHallu's
+    4096); a run without a plan (``--max-new-tokens N``, ``RunSpec(generation=None)``) keeps the
+    backend's own length, like every other benchmark."""
+    from medheval.families.clinhallu.protocol import ProtocolConfig
+
+    plan = getattr(spec, "generation", None)
+    if plan is not None:
+        return int(plan.for_record(loaded.name, loaded.config, None).get("max_new_tokens",
+                                                                          ProtocolConfig().max_new_tokens))
+    return int(getattr(backend, "max_new_tokens", None) or ProtocolConfig().max_new_tokens)
+
+
+def protocol_config(run_options: Mapping[str, Any] | None, backend: Any, max_new_tokens: int | None = None) -> Any:
+    """The run's :class:`~medheval.families.clinhallu.protocol.ProtocolConfig`: the temperature from the run
+    options (:func:`apply_run_options`), the trace length given (default ClinHallu's), the seed from ``--seed``."""
+    from medheval.families.clinhallu.protocol import ProtocolConfig
+
+    options = dict(run_options or {})
+    default = ProtocolConfig()
+    return ProtocolConfig(max_new_tokens=int(max_new_tokens or default.max_new_tokens),
+                          temperature=float(options.get("temperature", default.temperature)),
+                          seed=int(getattr(backend, "seed", 0)))
+
+
+def check_protocol(loaded: Any, backend: Any) -> None:
+    """Refuse, before any generation, a run the protocol cannot do with this backend (e.g. a mitigation
+    that cannot sample, while the traces are sampled)."""
+    from medheval.families.clinhallu.protocol import check_backend
+
+    try:
+        check_backend(backend, protocol_config(loaded.run_options, backend))
+    except Exception as err:  # noqa: BLE001 - one message naming the benchmark
+        raise RunError(f"benchmark {loaded.name}: {err}") from None
+
+
+def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
+              metric_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run the protocol on one split; returns ``{"generated_this_run", "metrics", "clinhallu_run"}``.
+
+    ``metrics["clinhallu"]`` is ``metrics/clinhallu`` on :func:`metric_inputs` with ``metric_options``
+    (the runner's checked ``--metric-option clinhallu.*`` and ``--upstream-compat``); ``clinhallu_run`` is the content of ``clinhallu_run.json`` (temperatures, counts)."""
+    from medheval.families.clinhallu.prompts import prompt_set
+    from medheval.families.clinhallu.protocol import GENERATIONS, LOG_FIELDS, RUN_INFO, ClinHalluRun, clinhallu_judge
+    from medheval.run.predictions_log import read_log
+
+    folder = Path(output) / "clinhallu" / loaded.config
+    style = (loaded.run_options or {}).get("prompts", "own")
+    judge_options: dict[str, Any] = {}
+    if spec.allow_remote_credentialed:
+        judge_options["allow_remote_credentialed"] = list(spec.allow_remote_credentialed)
+    judge = clinhallu_judge(spec.judge, **judge_options)
+    records = loaded.dataset.to_list()
+    before = len(read_log(folder / GENERATIONS, required=LOG_FIELDS)) if (folder / GENERATIONS).exists() else 0
+    # ClinHallu's sampling (temperature 0.7, top-p 0.9) unless the run options say otherwise; the trace
+    # length from the run's generation plan (built-in: ClinHallu's 4096, medheval.run.generation)
+    config = protocol_config(loaded.run_options, backend, trace_length(spec, loaded, backend))
+    protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config,
+                            images_for=loaded.resolver.load_record_images if loaded.resolver else None)
+    result = protocol.run(records)
+    after = len(read_log(folder / GENERATIONS, required=LOG_FIELDS))
+    inputs = dict(result["metric_inputs"])
+    metric = load_metric("clinhallu").compute(**{**inputs, **dict(metric_options or {})})
+    return {"generated_this_run": after - before, "metrics": {"clinhallu": metric},
+            "clinhallu_run": json.loads((folder / RUN_INFO).read_text()), "logs": str(folder)}
+
+
+class ClinHalluProtocol(SplitProtocol):
+    """ClinHallu through the runner: a chat model and a judge; four traces per item, then the stage
+    judges, run on the main process (not sharded; the others wait); scored by ``metrics/clinhallu`` on
+    the judged columns. Its per-item columns are read back from the protocol's logs (:meth:`item_columns`)."""
+
+    name = "clinhallu"
+
+    def check(self, benchmark: str, backend: Any, spec: Any) -> None:
+        check_backend_and_judge(benchmark, backend, spec.judge)
+
+    def prepare(self, loaded: Any, backend: Any, spec: Any) -> list[str]:
+        check_protocol(loaded, backend)
+        return ["clinhallu"]
+
+    def run_split(self, job: SplitJob) -> dict[str, Any] | None:
+        if not job.group.is_main:
+            return None
+        return run_split(job.loaded, job.backend, job.spec, job.output, job.options["clinhallu"])
+
+    def score_split(self, job: SplitJob, generated: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        counts = generated["metrics"]["clinhallu"].get("counts", {})
+        entry = split_entry(job.loaded, n_scored=counts.get("n", len(job.loaded.dataset)),
+                            generated_this_run=generated["generated_this_run"], metrics=generated["metrics"],
+                            clinhallu_run=generated["clinhallu_run"], logs=generated["logs"])
+        return entry, []
+
+    def item_columns(self, run_folder: Path, split: str, entry: Mapping[str, Any]
+                     ) -> tuple[dict[str, list] | None, str | None]:
+        """Per-item columns of a ClinHallu split, as the run gave them to ``metrics/clinhallu``:
+        :func:`medheval.families.clinhallu.protocol.metric_inputs` on the protocol's judgments log, over the
+        items of its generations log (``<run>/clinhallu/<config>/``, else the folder ``results.json`` names in
+        ``logs``). Items are taken in id order (so an interval does not depend on the order the log was
+        written in). Returns (columns plus ``ids``, ``None``) or (``None``, why not); the logs are only read,
+        never repaired."""
+        from medheval.families.clinhallu.prompts import SETTINGS
+        from medheval.families.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
+        from medheval.run.predictions_log import read_log
+
+        folder = Path(run_folder) / "clinhallu" / split.partition(":")[2]
+        if not (folder / GENERATIONS).exists() and isinstance(entry.get("logs"), str):
+            folder = Path(entry["logs"])
+        if not (folder / GENERATIONS).exists():
+            return None, f"no ClinHallu protocol logs ({GENERATIONS}) in {folder}"
+        try:
+            generations = read_log(folder / GENERATIONS, repair=False, required=LOG_FIELDS)
+            judgments = read_log(folder / JUDGMENTS, repair=False, required=LOG_FIELDS)
+            ids = sorted({generation["id"] for generation in generations})
+            records = [{"id": rid, "config": rid.split("/")[1] if rid.count("/") >= 2 else split.partition(":")[2]}
+                       for rid in ids]
+            protocol = (entry.get("clinhallu_run") or {}).get("protocol") or {}
+            return {**metric_inputs(records, judgments, protocol.get("settings") or SETTINGS), "ids": ids}, None
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            return None, f"the ClinHallu protocol logs in {folder} could not be read ({error})"

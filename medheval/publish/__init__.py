@@ -1,0 +1,1 @@
+"""Publishing to the Hugging Face Hub: export, push, Hub reachability."""

@@ -1,0 +1,459 @@
+"""Publish the project's units to the Hugging Face Hub: one folder per Hub repo, then upload.
+
+    medheval publish --to hub_out                       # write the folders (nothing leaves the machine)
+    medheval publish --to hub_out --push --org medheval # and upload them (create_repo + upload_folder)
+
+What each unit becomes:
+
+- ``datasets/<name>`` → a dataset repo: ``<config>/test-00000-of-00001.parquet`` per config (the layout
+  ``Dataset.push_to_hub(config_name=...)`` writes) and a README whose YAML the Hub and ``datasets`` read
+  (``configs``, ``dataset_info``, licence, task/size/source fields). Image references stay strings.
+  A repo holding MIMIC-derived configs is gated (``extra_gated_prompt``/``extra_gated_fields`` in the
+  card, ``gated="manual"`` in the repo settings) and never holds image bytes
+  (:func:`check_no_credentialed_bytes` runs on every push).
+- ``metrics/<name>`` → an evaluate Space (module, card with the Space YAML, ``requirements.txt`` naming
+  the ``medheval`` package). ``evaluate.load("<org>/<name>")`` only reads the repo's files, so the Space
+  is ``sdk: static`` with a one-page ``index.html``: it needs no build.
+- ``mitigations/<name>`` → a ``custom_generate`` model repo as transformers loads it
+  (``custom_generate/generate.py``, ``custom_generate/requirements.txt``, README with ``base_model``/tags).
+- a run's ``results.json`` → ``.eval_results/*.yaml`` for the evaluated model's repo, the Hub's
+  current format for model evaluation results (docs: hub/eval-results; the older ``model-index``
+  card block is the legacy path).
+
+:func:`install_metrics` registers the metric modules where ``evaluate.load("<bare name>")`` looks
+when the Hub has no ``evaluate-metric/<name>`` (its local module cache).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import yaml
+
+from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
+from medheval.data.registry import list_units, unit_dir
+from medheval.data.schema import CREDENTIALED_SOURCES
+
+DEFAULT_ORG = "medheval"
+MANIFEST = "publish.json"
+REPO_TYPES = {"datasets": "dataset", "metrics": "space", "mitigations": "model"}
+DEFAULT_BASE_MODEL = "llava-hf/llava-1.5-7b-hf"
+MITIGATION_SECTIONS = ("base model", "compatible models", "additional arguments", "output changes")
+PHYSIONET_LICENSE = ("physionet-credentialed-health-data-1.5.0",
+                     "https://physionet.org/content/mimic-cxr-jpg/view-license/2.1.0/")
+UNSTATED_LICENSE = ("medheval-upstream-unstated", "https://github.com/Aofei-Chang/MedHEval")
+SOURCE_DATASETS = {"slake": "extended|slake", "vqa_rad": "extended|vqa_rad", "iu_xray": "extended|iu_xray",
+                   "mimic_cxr": "extended|mimic-cxr-jpg", "mimic_iv": "extended|mimic-iv"}
+GATED_PROMPT = (
+    "The questions and answers in this repository are derived from MIMIC-CXR, which PhysioNet distributes under "
+    "its Credentialed Health Data License. Request access only if you are a credentialed PhysioNet user who has "
+    "signed the MIMIC-CXR-JPG data use agreement. The images are not here: load them from your own copy."
+)
+GATED_FIELDS = {
+    "PhysioNet username": "text",
+    "I am a credentialed PhysioNet user and have signed the MIMIC-CXR-JPG data use agreement": "checkbox",
+    "I will not try to re-identify anyone and will not share the data with people without access": "checkbox",
+}
+# file kinds that are image bytes: never in a gated (credentialed) repo
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".dcm", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+class PublishError(ValueError):
+    """Something to publish is missing or would break a rule (credentialed bytes, random-weight results)."""
+
+
+@dataclass
+class RepoFolder:
+    """One folder on disk that becomes one Hub repo."""
+
+    folder: str
+    repo_id: str
+    repo_type: str  # "dataset" | "space" | "model"
+    kind: str  # "datasets" | "metrics" | "mitigations" | "results" (results go to an existing model repo)
+    gated: bool = False
+    space_sdk: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------- cards
+
+
+def split_card(text: str) -> tuple[dict[str, Any], str]:
+    """``(front-matter YAML as a dict, body)`` of a README; ``({}, text)`` without front matter."""
+    match = re.match(r"^---\s*\n(.*?)\n---\s*\n?", text, flags=re.DOTALL)
+    if not match:
+        return {}, text
+    return (yaml.safe_load(match.group(1)) or {}), text[match.end():]
+
+
+def render_card(metadata: Mapping[str, Any], body: str) -> str:
+    """A README with ``metadata`` as YAML front matter."""
+    front = yaml.safe_dump(dict(metadata), sort_keys=False, allow_unicode=True, width=100)
+    return f"---\n{front}---\n{body.lstrip()}"
+
+
+def size_category(n: int) -> str:
+    """The Hub's ``size_categories`` bucket for ``n`` rows."""
+    for limit, label in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")):
+        if n < limit:
+            return label
+    return "n>1M"
+
+
+# ------------------------------------------------------------------------------------- datasets
+
+
+def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_dir: str | Path | None = None,
+                   cache_dir: str | Path | None = None) -> RepoFolder:
+    """``datasets/<name>`` as a dataset repo folder: Parquet per config + card (see module docstring)."""
+    from datasets.info import DatasetInfo, DatasetInfosDict
+    from datasets.splits import SplitDict, SplitInfo
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCardData
+    from tqdm.auto import tqdm
+
+    from medheval.data.benchmarks import benchmark_configs, builder_class, prepare_benchmark
+
+    folder = Path(out_dir) / "datasets" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    card_meta, body = split_card((unit_dir("datasets", name) / "README.md").read_text())
+    default_config = builder_class(name).DEFAULT_CONFIG_NAME
+    infos: dict[str, DatasetInfo] = {}
+    configs: dict[str, dict[str, Any]] = {}
+    sources: set[str] = set()
+    credentialed_configs: list[str] = []
+    largest = 0
+    for config in tqdm(benchmark_configs(name), desc=f"export {name}", unit="config"):
+        dataset = prepare_benchmark(name, config, data_dir=data_dir, cache_dir=cache_dir).dataset
+        config_sources = set(dataset.unique("source"))
+        credentialed = bool(config_sources & CREDENTIALED_SOURCES)
+        refuse_credentialed_images(dataset, f"{name}:{config}", credentialed=credentialed)
+        sources |= config_sources
+        if credentialed:
+            credentialed_configs.append(config)
+        relpath = f"{config}/test-00000-of-00001.parquet"
+        (folder / config).mkdir()
+        dataset.to_parquet(str(folder / relpath))
+        num_bytes = dataset.data.nbytes
+        info = DatasetInfo(config_name=config, features=dataset.features, splits=SplitDict(),
+                           download_size=(folder / relpath).stat().st_size, dataset_size=num_bytes)
+        info.splits.add(SplitInfo(name="test", num_bytes=num_bytes, num_examples=len(dataset)))
+        info.size_in_bytes = info.download_size + info.dataset_size
+        infos[config] = info
+        configs[config] = {"data_files": [{"split": "test", "path": f"{config}/test-*"}]}
+        if config == default_config:
+            configs[config]["default"] = True
+        largest = max(largest, len(dataset))
+    gated = bool(credentialed_configs)
+    license_name, license_link = PHYSIONET_LICENSE if gated else UNSTATED_LICENSE
+    meta: dict[str, Any] = {
+        "pretty_name": card_meta.get("pretty_name", name),
+        "language": card_meta.get("language", ["en"]),
+        "license": "other",
+        "license_name": license_name,
+        "license_link": license_link,
+        "task_categories": card_meta.get("task_categories", ["visual-question-answering"]),
+        "size_categories": [size_category(largest)],
+        "source_datasets": sorted(SOURCE_DATASETS.get(source, f"extended|{source}") for source in sources),
+        "tags": card_meta.get("tags", []),
+    }
+    if gated:
+        meta["extra_gated_prompt"] = GATED_PROMPT
+        meta["extra_gated_fields"] = dict(GATED_FIELDS)
+    card_data = DatasetCardData(**meta)
+    DatasetInfosDict(infos).to_dataset_card_data(card_data)
+    MetadataConfigs(configs).to_dataset_card_data(card_data)
+    usage = (f"\n\n## Load from the Hub\n\n```python\nfrom datasets import load_dataset\n"
+             f"ds = load_dataset(\"{org}/{name}\", \"{default_config or next(iter(configs))}\", split=\"test\")\n```\n\n"
+             "Rows hold image references (strings), never pixels: pass `image_roots=` to "
+             "`medheval.load_benchmark` to read images from your own copy.")
+    if gated:
+        usage += (f" Configs derived from MIMIC-CXR ({', '.join(credentialed_configs)}) make this repo gated: "
+                  "request access with your PhysioNet credentials.")
+    (folder / "README.md").write_text(render_card(card_data.to_dict(), body.rstrip() + usage + "\n"))
+    return RepoFolder(str(folder), f"{org}/{name}", "dataset", "datasets", gated=gated)
+
+
+def check_no_credentialed_bytes(repo: RepoFolder) -> None:
+    """Refuse a gated (credentialed) repo folder holding image files or binary Parquet columns.
+
+    Runs on every push, so a folder edited by hand after :func:`export_dataset` is checked too."""
+    if not repo.gated:
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def binary_fields(dtype: pa.DataType, name: str) -> list[str]:
+        if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_fixed_size_binary(dtype):
+            return [name]
+        if pa.types.is_struct(dtype):
+            return [hit for child in dtype for hit in binary_fields(child.type, f"{name}.{child.name}")]
+        if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+            return binary_fields(dtype.value_type, f"{name}[]")
+        return []
+
+    root = Path(repo.folder)
+    for path in sorted(root.rglob("*")):
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            raise CredentialedImageError(f"{repo.repo_id}: {path.relative_to(root)} is an image file in a credentialed "
+                                         "repo; credentialed images are never published")
+        if path.suffix == ".parquet":
+            schema = pq.read_schema(path)
+            hits = [hit for column in schema for hit in binary_fields(column.type, column.name)]
+            meta = (schema.metadata or {}).get(b"huggingface", b"")
+            if hits or b'"Image"' in meta or b"CredentialedImage" in meta:
+                raise CredentialedImageError(
+                    f"{repo.repo_id}: {path.relative_to(root)} has binary/image column(s) {hits or '(Image feature)'} "
+                    "in a credentialed repo; publish image references (strings) only")
+
+
+# -------------------------------------------------------------------------------------- metrics
+
+
+def export_metric(name: str, out_dir: str | Path, org: str = DEFAULT_ORG) -> RepoFolder:
+    """``metrics/<name>`` as an evaluate Space folder (static SDK: evaluate.load reads files only)."""
+    source = unit_dir("metrics", name)
+    folder = Path(out_dir) / "metrics" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    meta, body = split_card((source / "README.md").read_text())
+    if not meta:
+        raise PublishError(f"{source / 'README.md'} has no YAML front matter (title, tags, description)")
+    meta.pop("sdk_version", None)
+    meta.pop("app_file", None)
+    meta["sdk"] = "static"
+    tags = list(meta.get("tags") or [])
+    meta["tags"] = tags + [tag for tag in ("evaluate", "metric") if tag not in tags]
+    (folder / "README.md").write_text(render_card(meta, body))
+    requirements = (folder / "requirements.txt").read_text() if (folder / "requirements.txt").exists() else ""
+    imports_core = re.search(r"^\s*(import|from) medheval\b", (source / f"{name}.py").read_text(), re.M)
+    names_core = any(line.strip().split("[")[0].split(">")[0].split("=")[0] == "medheval"
+                     for line in requirements.splitlines())
+    if imports_core and not names_core:
+        raise PublishError(f"metrics/{name}/requirements.txt must name the medheval package (the module imports it)")
+    title = meta.get("title", name)
+    description = str(meta.get("description", "")).strip()
+    (folder / "index.html").write_text(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title></head><body>"
+        "<h1>{t}</h1><p>{d}</p><pre>pip install medheval\nimport evaluate\n"
+        "metric = evaluate.load(\"{org}/{n}\")</pre><p>See README.md for inputs and outputs.</p></body></html>\n"
+        .format(t=_html(title), d=_html(description), org=org, n=name))
+    return RepoFolder(str(folder), f"{org}/{name}", "space", "metrics", space_sdk="static")
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# ---------------------------------------------------------------------------------- mitigations
+
+
+def export_mitigation(name: str, out_dir: str | Path, org: str = DEFAULT_ORG,
+                      base_model: str = DEFAULT_BASE_MODEL) -> RepoFolder:
+    """``mitigations/<name>`` as a transformers ``custom_generate`` model repo folder."""
+    source = unit_dir("mitigations", name)
+    for required in ("custom_generate/generate.py", "custom_generate/requirements.txt", "README.md"):
+        if not (source / required).is_file():
+            raise PublishError(f"{source / required} is missing: a custom_generate repo needs it")
+    folder = Path(out_dir) / "mitigations" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    meta, body = split_card((source / "README.md").read_text())
+    meta.setdefault("library_name", "transformers")
+    meta.setdefault("base_model", base_model)
+    tags = list(meta.get("tags") or [])
+    meta["tags"] = tags + [tag for tag in ("custom_generate", "medheval") if tag not in tags]
+    (folder / "README.md").write_text(render_card(meta, body))
+    headings = {line.lstrip("#").strip().lower() for line in body.splitlines() if line.startswith("#")}
+    missing = [section for section in MITIGATION_SECTIONS if section not in headings]
+    warnings = [f"mitigations/{name}/README.md lacks section(s) {missing} that users of custom_generate repos expect"
+                ] if missing else []
+    return RepoFolder(str(folder), f"{org}/{name}", "model", "mitigations", warnings=warnings)
+
+
+# -------------------------------------------------------------------------------------- results
+
+
+def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
+                         date: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """``{file name: [entries]}`` in the Hub's ``.eval_results/*.yaml`` format for one ``results.json``.
+
+    One file per benchmark split and mitigation (the Hub keeps variants of one benchmark in separate
+    files); one entry per headline number: every top-level numeric value of each metric, counts
+    (``n``, ``n_*``) left out. ``task_id`` is ``<config>/<metric>/<key>``."""
+    runs = results["runs"] if "runs" in results else [results]
+    date = date or _dt.date.today().isoformat()
+    files: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if (run.get("labels") or {}).get("random_weights"):
+            raise PublishError("these results come from a random-weight demo model (labels.random_weights); "
+                               "they mean nothing and are not published")
+        settings = run.get("settings") or {}
+        mitigation = str(settings.get("mitigation") or "none")
+        for split, block in sorted((run.get("benchmarks") or {}).items()):
+            benchmark, _, config = split.partition(":")
+            entries = []
+            for metric, values in sorted((block.get("metrics") or {}).items()):
+                for key, value in sorted((values or {}).items()):
+                    if key == "n" or key.startswith("n_") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                        continue
+                    entry: dict[str, Any] = {
+                        "dataset": {"id": f"{org}/{benchmark}", "task_id": f"{config or 'default'}/{metric}/{key}"},
+                        "value": value, "date": date,
+                    }
+                    notes = [f"n={block.get('n_scored', block.get('n_records'))}"]
+                    if mitigation != "none":
+                        notes.insert(0, f"mitigation={mitigation}")
+                    entry["notes"] = ", ".join(notes)
+                    entries.append(entry)
+            if entries:
+                suffix = "" if mitigation == "none" else "_" + re.sub(r"[^A-Za-z0-9]+", "_", mitigation).strip("_")
+                files[f"{benchmark}_{config or 'default'}{suffix}.yaml"] = entries
+    return files
+
+
+def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, org: str = DEFAULT_ORG) -> RepoFolder:
+    """A run's ``results.json`` as ``.eval_results/*.yaml`` for the model repo ``model_repo``."""
+    results_path = Path(run_dir) / "results.json" if Path(run_dir).is_dir() else Path(run_dir)
+    if not results_path.is_file():
+        raise PublishError(f"{results_path} not found: pass the output folder of `medheval run`")
+    if model_repo.count("/") != 1:
+        raise PublishError(f"--model-repo {model_repo!r}: expected ORG/MODEL, the Hub repo of the evaluated model")
+    files = eval_results_entries(json.loads(results_path.read_text()), org=org)
+    if not files:
+        raise PublishError(f"{results_path} holds no numeric metric values to publish")
+    folder = Path(out_dir) / "results" / model_repo.replace("/", "--")
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / ".eval_results").mkdir(parents=True)
+    for name, entries in files.items():
+        (folder / ".eval_results" / name).write_text(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True))
+    return RepoFolder(str(folder), model_repo, "model", "results")
+
+
+# ------------------------------------------------------------------------------ export and push
+
+
+def _not_published(name: str) -> str | None:
+    """Why a benchmark is never exported (its builder's ``NOT_PUBLISHED``), or ``None``."""
+    from medheval.data.benchmarks import builder_class
+
+    return getattr(builder_class(name), "NOT_PUBLISHED", None)
+
+
+def export_all(out_dir: str | Path, org: str = DEFAULT_ORG, kinds: Sequence[str] = tuple(REPO_TYPES),
+               names: Iterable[str] | None = None, data_dir: str | Path | None = None,
+               cache_dir: str | Path | None = None) -> list[RepoFolder]:
+    """Write one folder per Hub repo under ``out_dir`` (and ``publish.json`` listing them)."""
+    wanted = set(names) if names else None
+    repos: list[RepoFolder] = []
+    skipped: dict[str, str] = {}  # dataset name -> why it was not exported (also in skipped.json)
+    for kind in kinds:
+        if kind not in REPO_TYPES:
+            raise PublishError(f"unknown kind {kind!r}; choose from {list(REPO_TYPES)}")
+        for name in list_units(kind):
+            if wanted is not None and name not in wanted:
+                continue
+            if kind == "datasets":
+                reason = _not_published(name)
+                if reason is None:
+                    try:
+                        repos.append(export_dataset(name, out_dir, org, data_dir=data_dir, cache_dir=cache_dir))
+                        continue
+                    except FileNotFoundError as error:  # its annotations are not where data_dir points
+                        if wanted is not None:
+                            raise
+                        reason = f"annotation files not available ({str(error).splitlines()[0]})"
+                if wanted is not None:
+                    raise PublishError(f"dataset {name!r} is not published: {reason}")
+                skipped[name] = reason
+                print(f"publish: skipped dataset {name}: {reason}", file=sys.stderr)
+            elif kind == "metrics":
+                repos.append(export_metric(name, out_dir, org))
+            else:
+                repos.append(export_mitigation(name, out_dir, org))
+    if wanted is not None:
+        unknown = wanted - {Path(repo.folder).name for repo in repos}
+        if unknown:
+            raise PublishError(f"no unit named {sorted(unknown)} among {list(kinds)}")
+    write_manifest(out_dir, repos)
+    if skipped:
+        (Path(out_dir) / "skipped.json").write_text(json.dumps(skipped, indent=2))
+    return repos
+
+
+def write_manifest(out_dir: str | Path, repos: Sequence[RepoFolder]) -> Path:
+    """``publish.json``: the repos under ``out_dir`` (merged with an existing manifest, by repo id)."""
+    path = Path(out_dir) / MANIFEST
+    existing = {entry["repo_id"] + "|" + entry["repo_type"]: entry
+                for entry in (json.loads(path.read_text()) if path.is_file() else [])}
+    for repo in repos:
+        existing[repo.repo_id + "|" + repo.repo_type] = asdict(repo)
+    path.write_text(json.dumps(list(existing.values()), indent=2))
+    return path
+
+
+def read_manifest(out_dir: str | Path) -> list[RepoFolder]:
+    """The repos a previous export listed in ``publish.json``."""
+    path = Path(out_dir) / MANIFEST
+    if not path.is_file():
+        raise PublishError(f"{path} not found: run `medheval publish --to {out_dir}` first")
+    return [RepoFolder(**entry) for entry in json.loads(path.read_text())]
+
+
+def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr: bool = False) -> list[str]:
+    """Upload each folder to its repo (``create_repo(exist_ok=True)`` + ``upload_folder``); commit URLs.
+
+    The token comes from ``token`` or huggingface_hub's usual places (``HF_TOKEN``, ``hf auth login``)
+    and is never printed. The endpoint is ``HF_ENDPOINT`` (default https://huggingface.co)."""
+    from huggingface_hub import HfApi
+    from tqdm.auto import tqdm
+
+    api = HfApi(token=token, library_name="medheval")
+    for repo in repos:  # check everything before the first upload
+        check_no_credentialed_bytes(repo)
+    urls = []
+    for repo in tqdm(repos, desc="push", unit="repo"):
+        is_results = repo.kind == "results"
+        if not is_results:  # results go to the evaluated model's existing repo
+            api.create_repo(repo.repo_id, repo_type=repo.repo_type, exist_ok=True, space_sdk=repo.space_sdk)
+        if repo.gated:
+            api.update_repo_settings(repo.repo_id, repo_type=repo.repo_type, gated="manual")
+        commit = api.upload_folder(repo_id=repo.repo_id, folder_path=repo.folder, repo_type=repo.repo_type,
+                                   commit_message="Publish with medheval", create_pr=create_pr and is_results)
+        urls.append(str(commit))
+    return urls
+
+
+# ------------------------------------------------------------------------- bare metric names
+
+
+def install_metrics(names: Iterable[str] | None = None, modules_cache: str | Path | None = None) -> list[Path]:
+    """Register the metric modules where ``evaluate.load("<name>")`` falls back when the Hub has no
+    ``evaluate-metric/<name>``: its dynamic-module cache, as ``evaluate-metric--<name>/<hash>/``.
+
+    This is exactly the layout evaluate writes after downloading a canonical metric, made with
+    evaluate's own ``_create_importable_file``; evaluate 0.4 tries the Hub first (offline: skipped),
+    then this cache. ``evaluate.load("medheval/<name>")`` (Hub) and ``evaluate.load(metric_path(name))``
+    (local folder) need none of this."""
+    from evaluate.loading import DownloadMode, _create_importable_file, get_imports, init_dynamic_modules
+
+    dynamic_modules = init_dynamic_modules(hf_modules_cache=str(modules_cache) if modules_cache else None)
+    installed = []
+    for name in (list(names) if names else list_units("metrics")):
+        script = unit_dir("metrics", name) / f"{name}.py"
+        local_imports = [(kind, value) for kind, value, *_ in get_imports(str(script)) if kind == "internal"]
+        if local_imports:
+            raise PublishError(f"{script} imports sibling files {local_imports}; install-metrics copies one file")
+        _create_importable_file(local_path=str(script), local_imports=[], additional_files=[],
+                                dynamic_modules_path=dynamic_modules, module_namespace="metrics",
+                                name=f"evaluate-metric/{name}", download_mode=DownloadMode.FORCE_REDOWNLOAD)
+        installed.append(Path(dynamic_modules) / "metrics" / f"evaluate-metric--{name}")
+    return installed

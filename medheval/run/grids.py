@@ -1,0 +1,368 @@
+"""Run grids from YAML: ``medheval run --config grid.yaml`` runs models × benchmarks × mitigations.
+
+A grid config (see ``configs/`` for the papers' tables)::
+
+    output: runs/medheval_table3            # one sub-folder per model, combined results.md on top
+    models: [llava-hf/llava-1.5-7b-hf, Qwen/Qwen2.5-VL-7B-Instruct]
+    benchmarks: [mm_vishal, cxr_vishal]     # name or name:config
+    mitigations: [none, "vcd:alpha=1"]      # default [none]
+    generation:                             # medheval.run.generation (built-in table per answer type applies)
+      defaults: {do_sample: false}
+      answer_types: {report: {max_new_tokens: 512}}
+      benchmarks: {clinhallu: {max_new_tokens: 1024}}
+
+Every key is checked before anything runs (unknown key, wrong type: the error names the file and the
+key). Command-line flags given explicitly override the config's value of the same setting: lists and
+scalars are replaced (``--model X`` replaces ``models``, ``--benchmark`` replaces ``benchmarks``),
+mappings are merged per entry (``--image-root SOURCE=…``, ``--metric-option M.K=V``,
+``--benchmark-option B.K=V``), and generation flags (``--max-new-tokens`` …) beat every
+``generation`` layer. Every model is checked to be loadable (a local folder with ``config.json``, or
+a Hub repo whose ``config.json`` can be fetched) before the first generation; a model that fails
+later (out of memory …) stops the grid, and re-running the same config resumes every cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from medheval.run.generation import GenerationPlan, check_settings
+from medheval.run.runner import RunError, RunSpec, run_grid, write_report_html
+
+# key -> (accepted types, description for the error). ``None`` is accepted for every optional key.
+CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "description": ((str,), "text"),
+    "output": ((str,), "a folder path"),
+    "models": ((list,), "a list of model ids (Hub ids, local folders, tiny-random-llava)"),
+    "benchmarks": ((list,), "a list of NAME[:CONFIG]"),
+    "mitigations": ((list,), "a list of mitigation specs (none, vcd:alpha=1 …)"),
+    "generation": ((dict,), "a mapping with defaults / answer_types / benchmarks / builtin"),
+    "metrics": ((list,), "a list of metric names"),
+    "metric_options": ((dict,), "a mapping {metric: {option: value}}"),
+    "benchmark_options": ((dict,), "a mapping {benchmark: {option: value}}"),
+    "judge": ((str,), "a judge spec BACKEND:MODEL[@BASE_URL]"),
+    "image_roots": ((dict,), "a mapping {source: folder, URL template or hf://…}"),
+    "data_dir": ((str,), "a folder path"),
+    "limit": ((int,), "an integer"),
+    "batch_size": ((int,), "an integer"),
+    "seed": ((int,), "an integer"),
+    "device": ((str,), "cpu, cuda, cuda:1 …"),
+    "dtype": ((str,), "float32, bfloat16, float16"),
+    "upstream_compat": ((bool,), "true or false"),
+    "on_missing": ((str,), "error or skip"),
+    "allow_remote_credentialed": ((list,), "a list of hosts/URLs"),
+    "prefix_cache": ((bool,), "true or false"),
+    "lock_timeout": ((int, float), "seconds"),
+    "detector": ((str,), "rule or a detector folder"),
+}
+REQUIRED_KEYS = ("output", "models", "benchmarks")
+GENERATION_SECTIONS = ("defaults", "answer_types", "benchmarks", "builtin")
+# command-line dest -> config key, for flags that replace the config's value
+CLI_REPLACES = {"data_dir": "data_dir", "limit": "limit", "batch_size": "batch_size",
+                "seed": "seed", "device": "device", "dtype": "dtype", "upstream_compat": "upstream_compat",
+                "on_missing": "on_missing", "judge": "judge", "lock_timeout": "lock_timeout",
+                "detector": "detector", "prefix_cache": "prefix_cache"}
+CLI_GENERATION = ("max_new_tokens", "do_sample", "temperature", "top_p")
+
+
+class GridConfigError(ValueError):
+    """A grid config is malformed; the message names the file and the key."""
+
+
+@dataclass
+class GridConfig:
+    """A validated grid config (``source``: the YAML file, for messages)."""
+
+    source: str
+    output: str
+    models: list[str]
+    benchmarks: list[str]
+    mitigations: list[str] = field(default_factory=lambda: ["none"])
+    generation: GenerationPlan = field(default_factory=GenerationPlan)
+    options: dict[str, Any] = field(default_factory=dict)  # every other key, validated
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.options.get(key)
+        return default if value is None else value
+
+
+def _fail(source: str, key: str, text: str) -> GridConfigError:
+    return GridConfigError(f"{source}: {key}: {text}")
+
+
+def _string_list(source: str, key: str, value: list) -> list[str]:
+    bad = [item for item in value if not isinstance(item, str) or not item.strip()]
+    if bad:
+        raise _fail(source, key, f"every entry must be a non-empty string, got {bad[0]!r}")
+    return [item.strip() for item in value]
+
+
+def _nested_mapping(source: str, key: str, value: dict) -> dict[str, dict[str, Any]]:
+    for name, inner in value.items():
+        if not isinstance(inner, dict):
+            raise _fail(source, f"{key}.{name}", f"expected a mapping of options, got {type(inner).__name__}")
+    return {str(name): dict(inner) for name, inner in value.items()}
+
+
+def _generation_plan(source: str, value: Mapping[str, Any]) -> GenerationPlan:
+    from medheval.data.benchmarks import list_benchmarks, parse_benchmark_spec
+    from medheval.data.schema import ANSWER_TYPES
+
+    unknown = sorted(set(value) - set(GENERATION_SECTIONS))
+    if unknown:
+        raise _fail(source, f"generation.{unknown[0]}", f"unknown key; known: {', '.join(GENERATION_SECTIONS)}")
+
+    def settings(where: str, given: Any) -> dict[str, Any]:
+        try:
+            return check_settings(given, where)
+        except ValueError as error:
+            raise GridConfigError(f"{source}: {error}") from None
+
+    builtin = value.get("builtin", True)
+    if not isinstance(builtin, bool):
+        raise _fail(source, "generation.builtin", f"expected true or false, got {builtin!r}")
+    sections: dict[str, dict[str, dict[str, Any]]] = {}
+    for section, allowed in (("answer_types", set(ANSWER_TYPES)), ("benchmarks", set(list_benchmarks()))):
+        given = value.get(section) or {}
+        if not isinstance(given, dict):
+            raise _fail(source, f"generation.{section}", f"expected a mapping, got {type(given).__name__}")
+        for name in given:
+            base = parse_benchmark_spec(str(name))[0] if section == "benchmarks" else str(name)
+            if base not in allowed:
+                raise _fail(source, f"generation.{section}.{name}", f"unknown; known: {', '.join(sorted(allowed))}")
+        sections[section] = {str(name): settings(f"generation.{section}.{name}", inner) for name, inner in given.items()}
+    return GenerationPlan(defaults=settings("generation.defaults", value.get("defaults") or {}),
+                          answer_types=sections["answer_types"], benchmarks=sections["benchmarks"], builtin=builtin)
+
+
+def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
+    """Check a parsed YAML document strictly and return it as a :class:`GridConfig`."""
+    from medheval.data.benchmarks import list_benchmarks, parse_benchmark_spec
+    from medheval.mitigations import get_mitigation
+
+    if not isinstance(data, dict):
+        raise GridConfigError(f"{source}: expected a mapping of settings at the top, got {type(data).__name__}")
+    for key, value in data.items():
+        if key not in CONFIG_KEYS:
+            raise _fail(source, str(key), f"unknown key; known: {', '.join(CONFIG_KEYS)}")
+        types, wanted = CONFIG_KEYS[key]
+        if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            raise _fail(source, key, f"expected {wanted}, got {type(value).__name__} {value!r}")
+    missing = [key for key in REQUIRED_KEYS if not data.get(key)]
+    if missing:
+        raise _fail(source, missing[0], "required (and must not be empty)")
+    models = _string_list(source, "models", data["models"])
+    benchmarks = _string_list(source, "benchmarks", data["benchmarks"])
+    for key, values in (("models", [model_slug(m) for m in models]), ("benchmarks", benchmarks)):
+        repeated = sorted({value for value in values if values.count(value) > 1})
+        if repeated:
+            raise _fail(source, key, f"listed twice: {repeated[0]!r} (each model writes one folder)")
+    known = set(list_benchmarks())
+    for index, spec in enumerate(benchmarks):
+        if parse_benchmark_spec(spec)[0] not in known:
+            raise _fail(source, f"benchmarks[{index}]", f"unknown benchmark {spec!r}; known: {', '.join(sorted(known))}")
+    mitigations = _string_list(source, "mitigations", data.get("mitigations") or ["none"])
+    for index, spec in enumerate(mitigations):
+        try:
+            get_mitigation(spec)
+        except ValueError as error:
+            raise _fail(source, f"mitigations[{index}]", str(error)) from None
+    options: dict[str, Any] = {}
+    for key in ("metrics", "allow_remote_credentialed"):
+        if data.get(key) is not None:
+            options[key] = _string_list(source, key, data[key])
+    for key in ("metric_options", "benchmark_options"):
+        if data.get(key) is not None:
+            options[key] = _nested_mapping(source, key, data[key])
+    if data.get("image_roots") is not None:
+        bad = [name for name, root in data["image_roots"].items() if not isinstance(root, str) or not root]
+        if bad:
+            raise _fail(source, f"image_roots.{bad[0]}", "expected a folder, URL template or hf:// root")
+        options["image_roots"] = {str(name): root for name, root in data["image_roots"].items()}
+    if data.get("on_missing") not in (None, "error", "skip"):
+        raise _fail(source, "on_missing", f"expected error or skip, got {data['on_missing']!r}")
+    for key in ("limit", "batch_size"):
+        if data.get(key) is not None and data[key] < 1:
+            raise _fail(source, key, f"must be >= 1, got {data[key]}")
+    for key in set(CONFIG_KEYS) - set(options) - {"output", "models", "benchmarks", "mitigations", "generation"}:
+        if data.get(key) is not None:
+            options[key] = data[key]
+    return GridConfig(source=source, output=data["output"], models=models, benchmarks=benchmarks,
+                      mitigations=mitigations, generation=_generation_plan(source, data.get("generation") or {}),
+                      options=options)
+
+
+def load_grid_config(path: str | Path) -> GridConfig:
+    """Read and check a grid YAML file (errors name the file and the key)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise GridConfigError(f"--config {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise GridConfigError(f"{path}: not valid YAML ({error})") from None
+    return parse_grid_config(data, str(path))
+
+
+def apply_cli(config: GridConfig, args: argparse.Namespace, given: set[str]) -> GridConfig:
+    """``config`` with the command-line flags in ``given`` (the dests the user typed) applied on top."""
+    from medheval.run.options import parse_benchmark_options, parse_metric_options, split_list
+    from medheval.data.images import parse_image_root_args
+
+    if "predictions" in given:
+        raise GridConfigError(f"{config.source}: --predictions scores one file; a grid runs models (use --model)")
+    if getattr(args, "task", "generate") != "generate":
+        raise GridConfigError(f"{config.source}: --task {args.task} takes no --config (grids generate)")
+    config = replace(config, options=dict(config.options))
+    if "model" in given:
+        config.models = [args.model]
+    if "benchmark" in given:
+        config.benchmarks = split_list(args.benchmark) or []
+    if "mitigation" in given:
+        config.mitigations = list(args.mitigation)
+    if "metrics" in given:
+        config.options["metrics"] = split_list(args.metrics)
+    for dest, key in CLI_REPLACES.items():
+        if dest in given:
+            config.options[key] = getattr(args, dest)
+    if "output" in given:
+        config.output = args.output
+    if "image_root" in given:
+        config.options["image_roots"] = {**config.get("image_roots", {}), **parse_image_root_args(args.image_root)}
+    if "allow_remote_credentialed" in given:
+        config.options["allow_remote_credentialed"] = list(args.allow_remote_credentialed)
+    for dest, key, parse in (("metric_option", "metric_options", parse_metric_options),
+                             ("benchmark_option", "benchmark_options", parse_benchmark_options)):
+        if dest in given:
+            merged = {name: dict(values) for name, values in config.get(key, {}).items()}
+            for name, values in parse(getattr(args, dest)).items():
+                merged.setdefault(name, {}).update(values)
+            config.options[key] = merged
+    fixed = {dest: getattr(args, dest) for dest in CLI_GENERATION if dest in given}
+    config.generation = replace(config.generation, fixed={**config.generation.fixed, **fixed})
+    return config
+
+
+def model_slug(model: str) -> str:
+    """A folder name for one model (``llava-hf/llava-1.5-7b-hf`` -> ``llava-hf__llava-1.5-7b-hf``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", model.replace("/", "__")).strip("_") or "model"
+
+
+def check_model(model: str) -> str | None:
+    """Why ``model`` cannot be loaded (``None`` when it looks loadable), without loading weights:
+    the tiny demo model and API specs pass; a local folder needs ``config.json``; a Hub id needs a
+    ``config.json`` that can be fetched (or is cached, offline)."""
+    from medheval.run.options import TINY_MODEL
+
+    if model == TINY_MODEL or re.match(r"^(openai|azure|anthropic):", model):
+        return None
+    path = Path(model).expanduser()
+    if path.exists() or model.startswith((".", "/", "~")):
+        return None if (path / "config.json").is_file() else f"{path} is not a model folder (no config.json)"
+    if model.count("/") != 1:
+        return "not a Hub id (ORG/NAME), a local folder or tiny-random-llava"
+    try:
+        from huggingface_hub import hf_hub_download
+
+        hf_hub_download(model, "config.json")
+    except Exception as error:  # noqa: BLE001 - offline, gated, missing: the reason is the message
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return None
+
+
+def run_spec(config: GridConfig, model: str, labels: Mapping[str, str]) -> RunSpec:
+    """The :class:`RunSpec` of one model's cells (its mitigations run through :func:`run_grid`)."""
+    return RunSpec(benchmarks=config.benchmarks, output=Path(config.output) / model_slug(model),
+                   data_dir=config.get("data_dir"), image_roots=config.get("image_roots") or None,
+                   on_missing=config.get("on_missing", "error"), metrics=config.get("metrics"),
+                   limit=config.get("limit"), upstream_compat=bool(config.get("upstream_compat", False)),
+                   metric_options=config.get("metric_options", {}), judge=config.get("judge"), labels=dict(labels),
+                   allow_remote_credentialed=tuple(config.get("allow_remote_credentialed", ())),
+                   lock_timeout=float(config.get("lock_timeout", 0.0)), detector=config.get("detector"),
+                   benchmark_options=config.get("benchmark_options", {}), generation=config.generation)
+
+
+def backend_args(config: GridConfig, model: str) -> argparse.Namespace:
+    """The ``--model`` arguments :func:`medheval.run.options.build_backend` takes, from the config."""
+    from medheval.run.generation import FALLBACK_MAX_NEW_TOKENS
+
+    fixed = config.generation.fixed
+    return argparse.Namespace(
+        model=model, predictions=None, batch_size=int(config.get("batch_size", 8)),
+        max_new_tokens=fixed.get("max_new_tokens") or FALLBACK_MAX_NEW_TOKENS,
+        do_sample=bool(fixed.get("do_sample", False)), temperature=fixed.get("temperature"),
+        top_p=fixed.get("top_p"), seed=int(config.get("seed", 0)), device=config.get("device"),
+        dtype=config.get("dtype"), prefix_cache=bool(config.get("prefix_cache", False)))
+
+
+def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace], tuple[Any, dict]] | None = None
+               ) -> dict[str, Any]:
+    """Run every model × mitigation cell of ``config``; writes ``<output>/<model>/…`` and a combined
+    ``<output>/results.json`` / ``results.md``. Returns the combined results (``{"runs": [...]}``)."""
+    from medheval.run.distributed import group as process_group
+    from medheval.run.outputs import atomic_write_text
+    from medheval.report.tables import write_grid_markdown
+
+    if build_backend is None:
+        from medheval.run.options import build_backend
+    problems = [(model, check_model(model)) for model in config.models]
+    problems = [(model, why) for model, why in problems if why]
+    if problems:
+        raise GridConfigError(f"{config.source}: models: cannot be loaded, nothing was run: "
+                              + "; ".join(f"{model!r} ({why})" for model, why in problems))
+    output = Path(config.output)
+    if (output / "run.json").exists():
+        raise RunError(f"{output} holds a single run (run.json); a grid there would overwrite its results. "
+                       f"Choose another output folder.")
+    runs: list[dict[str, Any]] = []
+    group = process_group()  # one launch of several processes (accelerate) is one grid run
+    with group.lock(output, float(config.get("lock_timeout", 0.0))):
+        for model in config.models:
+            backend, labels = build_backend(backend_args(config, model))
+            result = run_grid(run_spec(config, model, labels), backend, config.mitigations,
+                              batch_size=int(config.get("batch_size", 8)))
+            runs.extend(result["runs"] if "runs" in result else [result])
+            del backend
+            _free_memory()
+        combined = {"config": config.source, "models": config.models, "benchmarks": config.benchmarks,
+                    "mitigations": config.mitigations, "runs": runs}
+        if group.is_main:
+            atomic_write_text(output / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
+            write_grid_markdown(runs, output / "results.md", heading="models × mitigations")
+            write_report_html(output, combined)
+    return combined
+
+
+def _free_memory() -> None:
+    """Release a finished model before the next one loads (GPU memory too)."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+
+
+def given_options(argv: Sequence[str]) -> set[str]:
+    """The ``medheval run`` dests the user typed in ``argv`` (after the ``run`` word), whatever their defaults."""
+    from medheval.run.options import add_run_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_run_arguments(parser)
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public way to drop every default
+        action.default = argparse.SUPPRESS
+    namespace, _ = parser.parse_known_args(list(argv))
+    return set(vars(namespace))
+
+
+__all__ = ["GridConfig", "GridConfigError", "apply_cli", "check_model", "given_options", "load_grid_config",
+           "model_slug", "parse_grid_config", "run_config"]

@@ -1,0 +1,170 @@
+"""Run options shared by the ``medheval run`` command and the YAML grid loader: the run arguments, their
+parsers (``--metric-option``, ``--benchmark-option``, comma lists) and the backend a model argument names."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Sequence
+
+TINY_MODEL = "tiny-random-llava"
+RANDOM_WEIGHTS_LABEL = ("RANDOM WEIGHTS: the built-in tiny-random-llava is a demo model; its numbers mean nothing. "
+                        "Point --model at a real checkpoint for real numbers.")
+
+
+def split_list(values: Sequence[str] | None) -> list[str] | None:
+    """``["a,b", "c"]`` -> ``["a", "b", "c"]``; ``None`` when the flag was not given (``[]`` when it was
+    given but names nothing, e.g. ``--metrics ,``: the runner refuses that)."""
+    if values is None:
+        return None
+    return [item.strip() for value in values for item in value.split(",") if item.strip()]
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``medheval run`` / ``run_eval.py``."""
+    parser.add_argument("--config", metavar="GRID.yaml",
+                        help="a run grid (models × benchmarks × mitigations × settings, see configs/); flags "
+                             "given as well override its values")
+    parser.add_argument("--benchmark", action="append", metavar="NAME[:CONFIG]",
+                        help="benchmark split, e.g. cxr_vishal, mm_vishal:slake, knowledge:open (repeatable, or comma list)")
+    who = parser.add_mutually_exclusive_group(required=False)  # one of them, except with --task detection
+    who.add_argument("--model", help=f"HF image-text-to-text model (Hub id or local dir), '{TINY_MODEL}', or a model "
+                                     "behind an API: openai:<model>@<base_url> (vLLM, SGLang, TGI, OpenAI), "
+                                     "azure:<deployment>@<endpoint>, anthropic:<model>")
+    who.add_argument("--predictions", help="score a JSONL of {\"id\", \"prediction\"} made elsewhere")
+    parser.add_argument("--output", help="output folder (re-running resumes it)")
+    parser.add_argument("--mitigation", action="append", metavar="NAME[:KEY=VALUE,...]",
+                        help="decoding-time mitigation, e.g. vcd:alpha=1,beta=0.1, pai, none (repeatable: a grid "
+                             "run side by side; default: none)")
+    parser.add_argument("--data-dir", help="local copy of MedHEval's benchmark_data/ (default: pinned download)")
+    parser.add_argument("--image-root", action="append", default=[], metavar="SOURCE=ROOT",
+                        help="image root per source: a folder, a URL template with {path}, or hf://dataset (repeatable)")
+    parser.add_argument("--on-missing", choices=("error", "skip"), default="error",
+                        help="missing images: stop with the list of ids (default) or skip and count them")
+    parser.add_argument("--metrics", action="append", help="metric names (default: by answer type)")
+    parser.add_argument("--limit", type=int, help="only the first N records of each split")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int,
+                        help="one length for every record (default: per answer type / benchmark, see "
+                             "medheval/run/generation.py: 16 yes/no … 512 reports, 4096 ClinHallu traces)")
+    parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda when available)")
+    parser.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--upstream-compat", action="store_true",
+                        help="score close-ended answers with MedHEval's released rules (to match published numbers)")
+    parser.add_argument("--metric-option", action="append", default=[], metavar="METRIC.KEY=VALUE",
+                        help="an option for one metric, e.g. chair.variant=medheval_code; the value is checked "
+                             "against the option's type before anything runs (booleans true/false, numbers, JSON "
+                             "lists/objects; repeatable)")
+    parser.add_argument("--judge", metavar="BACKEND:MODEL[@BASE_URL]",
+                        help="LLM judge for judge-based metrics, e.g. openai:gpt-4o@http://127.0.0.1:8000/v1 "
+                             "(keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)")
+    parser.add_argument("--allow-missing-predictions", action="store_true",
+                        help="with --predictions: score the records present, count the others as missing")
+    parser.add_argument("--allow-remote-credentialed", action="append", default=[], metavar="HOST_OR_URL",
+                        help="a non-local judge or model endpoint approved under your PhysioNet agreement for "
+                             "credentialed (MIMIC-derived) records, e.g. myorg.openai.azure.com (repeatable; recorded "
+                             "in results)")
+    parser.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+                        help="when another run holds --output: wait up to SECONDS for it (default 0: refuse at once)")
+    parser.add_argument("--task", choices=("generate", "detection"), default="generate",
+                        help="generate: a model answers, metrics score it (default); detection: score a MediHall "
+                             "level source (--judge or --detector) against Med-HallMark's human levels")
+    parser.add_argument("--detector", metavar="rule|PATH",
+                        help="MediHall level source: 'rule' (offline classifier) or a local detector checkpoint "
+                             "folder (default with neither this nor --judge: rule)")
+    parser.add_argument("--benchmark-option", action="append", default=[], metavar="BENCHMARK.KEY=VALUE",
+                        help="a run option of one benchmark, e.g. med_stepbench.knowledge=prior, "
+                             "med_stepbench.rationale=clinician, med_stepbench.modality=separate (repeatable)")
+    parser.add_argument("--api-concurrency", type=int, default=16, metavar="N",
+                        help="--model openai:/azure:/anthropic:… : requests in flight at once (default 16)")
+    parser.add_argument("--api-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="--model openai:/azure:/anthropic:… : timeout, max_retries, requests_per_minute, "
+                             "continue_final_message, api_version, cache_dir, max_consecutive_failures, headers, "
+                             "extra_body (values read as JSON when they parse; repeatable)")
+    parser.add_argument("--prefix-cache", action="store_true",
+                        help="encode the prompt prefix of records sharing images once and reuse its KV cache "
+                             "(same greedy answers; Med-StepBench: statements of one study)")
+
+
+def parse_metric_options(items: Sequence[str]) -> dict[str, dict[str, object]]:
+    """``["chair.variant=paper", "text_generation.bertscore_model=/m"]`` -> ``{metric: {key: "text"}}``.
+
+    Values stay text here: the runner converts each to the type its metric declares
+    (:mod:`medheval.scoring.metric_options`), so ``upstream_compat=False`` is ``False``, not the string."""
+    options: dict[str, dict[str, object]] = {}
+    for item in items:
+        target, sep, raw = item.partition("=")
+        metric, dot, key = target.partition(".")
+        if not (sep and dot and metric and key):
+            raise ValueError(f"--metric-option {item!r}: expected METRIC.KEY=VALUE, e.g. chair.variant=paper")
+        options.setdefault(metric.strip(), {})[key.strip()] = raw
+    return options
+
+
+def parse_benchmark_options(items: Sequence[str]) -> dict[str, dict[str, object]]:
+    """``["med_stepbench.knowledge=prior"]`` -> ``{"med_stepbench": {"knowledge": "prior"}}``."""
+    for item in items:
+        target, sep, _ = item.partition("=")
+        name, dot, key = target.partition(".")
+        if not (sep and dot and name and key):
+            raise ValueError(f"--benchmark-option {item!r}: expected BENCHMARK.KEY=VALUE, e.g. med_stepbench.knowledge=prior")
+    return parse_metric_options(items)
+
+
+def build_backend(args: argparse.Namespace):
+    """The backend named by ``--model`` / ``--predictions``; labels for the report."""
+    from medheval.backends.hf import HFBackend
+    from medheval.backends.predictions import PredictionsFileBackend
+    from medheval.run.distributed import device_for
+
+    if args.predictions:
+        return PredictionsFileBackend(args.predictions), {}
+    from medheval.backends.api import is_api_model
+    from medheval.run.generation import FALLBACK_MAX_NEW_TOKENS
+
+    if is_api_model(args.model):
+        return build_api_backend(args), {}
+    common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens or FALLBACK_MAX_NEW_TOKENS,
+                  do_sample=args.do_sample, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                  device=device_for(args.device), dtype=args.dtype)
+    if getattr(args, "prefix_cache", False):
+        common["prefix_cache"] = True
+    if args.model == TINY_MODEL:
+        from medheval.backends.tiny import build_tiny_llava
+
+        model, processor = build_tiny_llava(seed=args.seed)
+        model.name_or_path = TINY_MODEL
+        backend = HFBackend(model, processor, **common)
+        backend.name = TINY_MODEL
+        return backend, {"random_weights": RANDOM_WEIGHTS_LABEL}
+    return HFBackend(args.model, **common), {}
+
+
+def build_api_backend(args: argparse.Namespace):
+    """``--model openai:…|azure:…|anthropic:…``: :class:`medheval.backends.api.APIBackend`."""
+    from medheval.backends.api import APIBackend
+    from medheval.backends.base import BackendError
+    from medheval.run.generation import FALLBACK_MAX_NEW_TOKENS
+
+    local_only = [flag for flag, given in (("--device", args.device), ("--dtype", args.dtype),
+                                           ("--prefix-cache", getattr(args, "prefix_cache", False))) if given]
+    if local_only:
+        raise BackendError(f"{', '.join(local_only)} apply to a local model; {args.model!r} runs on its server")
+    options: dict[str, object] = {}
+    for item in getattr(args, "api_option", []):
+        key, sep, raw = item.partition("=")
+        if not (sep and key.strip()):
+            raise ValueError(f"--api-option {item!r}: expected KEY=VALUE, e.g. timeout=600")
+        try:
+            options[key.strip()] = json.loads(raw)
+        except ValueError:
+            options[key.strip()] = raw
+    return APIBackend(args.model, max_new_tokens=args.max_new_tokens or FALLBACK_MAX_NEW_TOKENS, do_sample=args.do_sample,
+                      temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                      concurrency=getattr(args, "api_concurrency", 16),
+                      batch_size=max(args.batch_size, 4 * getattr(args, "api_concurrency", 16)),
+                      allow_remote_credentialed=list(args.allow_remote_credentialed) or None, **options)

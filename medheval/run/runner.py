@@ -1,0 +1,612 @@
+"""benchmark -> backend -> ``predictions.jsonl`` (append-only, resumable) -> metrics -> results.
+
+One output folder holds one run: ``predictions.jsonl`` (all benchmarks, keyed by
+(id, model, mitigation)), ``run.json`` (the settings the predictions were made with, which a resumed
+run must match, and under ``"versions"`` the software stack they were first made with, which a resumed
+run only warns about), ``scored.jsonl`` (per-item correctness), ``results.json`` and ``results.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import json
+import re
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+
+from tqdm.auto import tqdm
+
+from medheval.backends.base import Backend, BackendError
+from medheval.data.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
+from medheval.run.distributed import group as process_group
+from medheval.run.distributed import shard_batches
+from medheval.run.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
+from medheval.scoring.metric_options import check_options
+from medheval.run.outputs import atomic_write_text
+from medheval.run.prompts import describe_templates
+from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
+from medheval.data.registry import list_units
+from medheval.run.protocol import (
+    RECORD_INPUTS,
+    RunError,
+    SplitJob,
+    SplitProtocol,
+    benchmark_default_metrics,
+    detector_options,
+    load_metric,
+    metric_kwargs,
+    protocol_for,
+    record_credentialed,
+    safe_options,
+    split_entry,
+)
+from medheval.versions import changed_output_packages, stack_versions, warn_if_newer_than_tested
+
+CLOSE_ENDED_TYPES = frozenset({"yes_no", "multiple_choice"})
+# Metrics computed when --metrics is not given: the ones that run offline with no weights to download.
+# Model-backed ones (chexbert_similarity, radgraph_f1, ratescore) and judges are opt-in (--metrics, --judge).
+DEFAULT_METRICS = {
+    "close": ("close_ended_accuracy",),
+    "report": ("chair", "text_generation"),
+    "open": ("text_generation",),
+    "statement": ("stepbench",),  # Med-StepBench statement verification
+}
+JUDGE_METRIC_FOR = {"open": "sh_judge"}  # added to the defaults when --judge is given
+
+
+@dataclass
+class RunSpec:
+    """What to run: benchmark specs (``name`` or ``name:config``) and where inputs come from."""
+
+    benchmarks: Sequence[str]
+    output: str | Path
+    data_dir: str | Path | None = None
+    image_roots: Mapping[str, Any] | None = None
+    on_missing: str = "error"
+    metrics: Sequence[str] | None = None  # None: the defaults for each split's answer types
+    limit: int | None = None
+    mitigation: str = "none"
+    allow_missing_predictions: bool = False
+    upstream_compat: bool = False  # score close-ended items exactly as MedHEval's released scorer
+    metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metric: {option: value}}
+    judge: str | dict | None = None  # LLM judge spec for the metrics that take one (``backend:model[@base_url]``)
+    labels: dict[str, str] = field(default_factory=dict)  # extra labels for the report (e.g. random weights)
+    allow_remote_credentialed: Sequence[str] = ()  # judge endpoints approved for credentialed data (host/URL)
+    lock_timeout: float = 0.0  # seconds to wait for another run holding the output folder (0: refuse at once)
+    detector: str | None = None  # MediHall level source: "rule" or a local detector folder (medheval.run.protocol)
+    # per-benchmark run options, e.g. {"med_stepbench": {"knowledge": "prior"}} (recorded in results)
+    benchmark_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # generation settings per benchmark / answer type (medheval.run.generation); None: the backend's own for all
+    generation: GenerationPlan | None = None
+
+
+def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mapping[str, str | None],
+                        warnings: list[str]) -> None:
+    """Refuse to resume into a folder whose predictions were made with other settings; warn when they were
+    made with another transformers or torch (``run.json["versions"]``: a finished prediction stays valid).
+    A new folder's run.json gets the settings and ``versions``; an existing one is never rewritten (a
+    folder from before versions were recorded keeps none, as its predictions' stack is unknown)."""
+    path = output / "run.json"
+    if path.exists():
+        previous = json.loads(path.read_text())
+        recorded_versions = previous.pop("versions", None)
+        recorded = previous.get("backend", {}) if isinstance(previous.get("backend"), dict) else {}
+        if isinstance(recorded.get("device"), str):  # folders of earlier versions hold a data-parallel "cuda:N"
+            recorded["device"] = recorded["device"].split(":")[0]
+        if previous != settings:
+            before, after = _flatten(previous), _flatten(settings)
+            changed = [f"{key} {json.dumps(before.get(key, '<unset>'))} → {json.dumps(after.get(key, '<unset>'))}"
+                       for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+            raise RunError(
+                f"{output} holds predictions made with different settings (changed: {'; '.join(changed)}). "
+                f"Resume with the same settings, or choose a new --output folder."
+            )
+        if isinstance(recorded_versions, Mapping):
+            for package, old, new in changed_output_packages(recorded_versions, versions):
+                _warn(warnings, f"resuming {output} made with {package} {old}; this process runs {package} {new}: "
+                                f"outputs may differ from the earlier predictions")
+    else:
+        atomic_write_text(path, json.dumps({**settings, "versions": dict(versions)}, indent=2, sort_keys=True))
+
+
+def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"backend": {"max_new_tokens": 8}}`` -> ``{"backend.max_new_tokens": 8}`` (names a changed setting)."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judge: Any = None) -> list[str]:
+    """The requested metrics (checked), or the defaults for the split's answer types."""
+    unit_defaults = benchmark_default_metrics(loaded.name)
+    if requested is None and unit_defaults:
+        return list(unit_defaults)
+    if requested is not None:
+        available = list_units("metrics")
+        unknown = [name for name in requested if name not in available]
+        if unknown:
+            raise RunError(f"unknown metric(s) {unknown}; available: {', '.join(available)}")
+        return list(requested)
+    answer_types = set(loaded.dataset.unique("answer_type"))
+    kind = "close" if answer_types <= CLOSE_ENDED_TYPES else "report" if answer_types == {"report"} else "open"
+    kind = "statement" if answer_types == {"statement"} else kind
+    names = list(DEFAULT_METRICS[kind])
+    if judge and kind in JUDGE_METRIC_FOR:
+        names.append(JUDGE_METRIC_FOR[kind])
+    return names
+
+
+def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int, pool: ThreadPoolExecutor,
+                    volumes: bool = False) -> Iterator[tuple[list[dict], list[list[Any]]]]:
+    """Batches of (records, their images); the next batch's images load while the current one runs.
+    With ``volumes`` each record also carries ``"volumes"`` ({name: 3D array}) for a 3D-capable backend."""
+
+    def load(chunk: list[int]) -> tuple[list[dict], list[list[Any]]]:
+        batch = loaded.dataset[chunk]
+        records = [dict(zip(batch.keys(), values)) for values in zip(*batch.values())]
+        if volumes:
+            for record in records:
+                record["volumes"] = loaded.volume_reader(record)
+        if loaded.resolver is None:
+            return records, [[] for _ in records]
+        return records, list(pool.map(loaded.resolver.load_record_images, records))
+
+    chunks = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
+    pending = pool.submit(load, chunks[0]) if chunks else None
+    for position in range(len(chunks)):
+        current = pending.result()
+        pending = pool.submit(load, chunks[position + 1]) if position + 1 < len(chunks) else None
+        yield current
+
+
+def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogWriter,
+                         done: set[tuple[str, str, str]], mitigation: str, batch_size: int,
+                         generation: GenerationPlan | None = None, shard: tuple[int, int] = (0, 1)) -> int:
+    """Generate for every record not yet in the log; returns how many were generated now. Each log entry
+    records the rendered prompt (when the backend has ``format_prompt``) and the generation settings.
+    ``shard=(rank, world_size)``: only this process's batches (:func:`medheval.run.distributed.shard_batches`)."""
+    ids = loaded.dataset["id"]
+    todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation) not in done]
+    plan_for = settings_for(generation, loaded.name, loaded.config)
+    if generation is not None:  # stable sort: one setting per batch where possible
+        answer_types = loaded.dataset["answer_type"]
+        todo.sort(key=lambda index: json.dumps(plan_for(answer_types[index]), sort_keys=True))
+    todo = shard_batches(todo, batch_size, *shard)
+    volumes = bool(getattr(backend, "needs_volumes", False))
+    if volumes and loaded.volume_reader is None:
+        raise RunError(f"model {backend.name} reads 3D volumes, and {loaded.name} has none (Med-StepBench does)")
+    generated = 0
+    with tqdm(total=len(ids), initial=len(ids) - len(todo), desc=f"{loaded.name}:{loaded.config}",
+              unit="item") as bar, ThreadPoolExecutor(max_workers=8) as pool:
+        for records, images in _record_batches(loaded, todo, batch_size, pool, volumes):
+            for group, group_images, settings in group_by_settings(records, images, plan_for):
+                began = time.perf_counter()
+                outputs, used = generate_with(backend, group, group_images, settings)
+                seconds = (time.perf_counter() - began) / max(len(group), 1)
+                if len(outputs) != len(group):
+                    raise BackendError(f"backend {backend.name} returned {len(outputs)} outputs for {len(group)} records")
+                for record, record_images, prediction in zip(group, group_images, outputs):
+                    writer.write({"id": record["id"], "prediction": prediction, "model": backend.name,
+                                  "mitigation": mitigation, "seconds": round(seconds, 6), "generation": used,
+                                  **rendered_prompt(backend, record, record_images)})
+            generated += len(records)
+            bar.update(len(records))
+    return generated
+
+
+def _images_without_reference(resolver: Any, rows: list[dict]) -> list[list | None]:
+    """Images for a metric that takes them (an LLM judge of Med-HallMark's reference-free items): a
+    record with no reference answer can only be judged by looking, so its images are decoded; every
+    other record gets ``None`` (nothing decoded)."""
+    return [None if str(row["answer"] or "").strip() else resolver.load_record_images(row) for row in rows]
+
+
+def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names: Sequence[str],
+          options: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict, list[dict]]:
+    """Run the metrics on the records that have a prediction; returns (results, per-item rows).
+
+    ``options[metric_name]`` holds that metric's options (e.g. ``{"close_ended_accuracy":
+    {"upstream_compat": True}}``). List outputs with one entry per record (``correct``, ``scores`` …)
+    move from the summary to the per-item rows."""
+    rows = [row for row in loaded.dataset.to_list() if row["id"] in predictions]
+    results: dict[str, Any] = {}
+    split = f"{loaded.name}:{loaded.config}"  # what the report groups and filters items by
+    per_item = [{"id": row["id"], "prediction": predictions[row["id"]], "reference": row["answer"], "split": split,
+                 **{key: row[key] for key in ("category", "source", "answer_type", "images")},
+                 "credentialed": record_credentialed(row)} for row in rows]
+    if not rows:
+        return results, per_item
+    for name in metric_names:
+        metric = load_metric(name)
+        kwargs = metric_kwargs(metric, rows, (options or {}).get(name, {}))
+        if "images" in inspect.signature(metric._compute).parameters and "images" not in kwargs and loaded.resolver:
+            kwargs["images"] = _images_without_reference(loaded.resolver, rows)
+        out = metric.compute(predictions=[predictions[row["id"]] for row in rows],
+                             references=[row["answer"] for row in rows], **kwargs)
+        for key in [k for k, v in out.items() if isinstance(v, list) and len(v) == len(rows)]:
+            for item, value in zip(per_item, out.pop(key)):
+                item[key if key not in item else f"{name}.{key}"] = value
+        if name == "close_ended_accuracy":
+            out["accuracy_by_source"] = _accuracy_by(rows, per_item, "source")
+        results[name] = out
+    return results, per_item
+
+
+def _accuracy_by(rows: list[dict], items: list[dict], key: str) -> dict[str, float]:
+    totals: dict[str, list[int]] = {}
+    for row, item in zip(rows, items):
+        if item.get("correct") is None:  # skipped by the upstream-compatible scorer
+            continue
+        tally = totals.setdefault(row[key], [0, 0])
+        tally[0] += bool(item.get("correct"))
+        tally[1] += 1
+    return {name: hits / n for name, (hits, n) in sorted(totals.items())}
+
+
+def _options_for(spec: RunSpec, metric_names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per-metric options of one split's metrics, checked and typed: ``--metric-option name.key=value``
+    plus the run-wide switches (``--upstream-compat``, ``--judge``, ``--allow-remote-credentialed``)."""
+    options = {name: dict(spec.metric_options.get(name, {})) for name in metric_names}
+    for name in metric_names:
+        metric = load_metric(name)
+        accepted = inspect.signature(metric._compute).parameters
+        if spec.upstream_compat and "upstream_compat" in accepted:
+            options[name].setdefault("upstream_compat", True)
+        if spec.judge and "judge" in accepted:
+            options[name].setdefault("judge", spec.judge)
+        options[name].update(detector_options(spec.detector, accepted))
+        if spec.allow_remote_credentialed and "allow_remote_credentialed" in accepted:
+            options[name].setdefault("allow_remote_credentialed", list(spec.allow_remote_credentialed))
+        options[name] = check_options(name, metric, options[name], set(RECORD_INPUTS))
+    return options
+
+
+def _check_options_used(spec: RunSpec, computed: set[str]) -> None:
+    """An option for a metric that no split of the run computes is a mistake (a typo, a missing --metrics)."""
+    unused = sorted(set(spec.metric_options) - computed)
+    if unused:
+        raise RunError(f"--metric-option given for metric(s) {unused} that this run does not compute "
+                       f"(it computes: {', '.join(sorted(computed)) or 'none'})")
+
+
+def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
+    """Compare a predictions file's ids with the split; report mismatches clearly."""
+    missing, extra = backend.check_against(loaded.dataset["id"])
+    prefix = f"{loaded.name}/{loaded.config}/"
+    known = set(loaded.all_ids or loaded.dataset["id"])
+    # ids that look like this split's but name no record of it (typos, another release): counted, not dropped
+    unknown = [rid for rid in extra if rid.startswith(prefix) and rid not in known]
+    if missing and not allow_missing:
+        raise RunError(
+            f"{len(missing)} record(s) of {loaded.name}:{loaded.config} have no prediction in {backend.path} "
+            f"(first: {missing[:10]}). Ids look like {prefix}<qid>. Pass --allow-missing-predictions to score "
+            f"only the records present (the others are counted as missing)."
+        )
+    if missing:
+        keep = set(loaded.dataset["id"]) - set(missing)
+        loaded.dataset = loaded.dataset.filter(lambda row: row["id"] in keep)
+    loaded.quality["missing_predictions"] = len(missing)
+    loaded.quality["missing_prediction_examples"] = missing[:20]
+    loaded.quality["n_unknown_prediction_ids"] = len(unknown)
+    loaded.quality["unknown_prediction_ids"] = unknown[:20]
+    return loaded
+
+
+def _warn(warnings: list[str], text: str) -> None:
+    """A problem the run survives: shown on the console now and listed in results.json / results.md."""
+    warnings.append(text)
+    if process_group().is_main:  # once per launch, not once per process
+        print(f"warning: {text}", file=sys.stderr)
+
+
+def failed_on_every_item(out: Any) -> bool:
+    """A metric output reporting failures (``n_failed`` > 0) and nothing scored (``n`` 0, or 0 per model)."""
+    if not isinstance(out, Mapping) or not isinstance(out.get("n_failed"), int) or out["n_failed"] <= 0:
+        return False
+    counts = list(out["n"].values()) if isinstance(out.get("n"), Mapping) else [out.get("n")]
+    return all(count == 0 for count in counts)
+
+
+def _note_failed_metrics(results: dict[str, Any], split: str, metric_results: Mapping[str, Any],
+                         warnings: list[str]) -> None:
+    """A metric that failed on every item is listed in ``results["failed_metrics"]`` and as a warning
+    (so ``results.md`` says so); the command then exits non-zero (:func:`medheval.cli.cmd_run`)."""
+    for name, out in metric_results.items():
+        if failed_on_every_item(out):
+            _warn(warnings, f"{split}: metric {name} failed on every item ({out['n_failed']} failure(s), reasons "
+                            f"in scored.jsonl or results.json): it has no result")
+            results.setdefault("failed_metrics", []).append(f"{split} {name}")
+
+
+def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
+    split = f"{loaded.name}:{loaded.config}"
+    for entry in loaded.files:
+        if entry.get("verified") is False:  # None: no pin to check against (user data, Hub snapshots)
+            _warn(warnings, f"{split}: annotation file {entry['relpath']} (from --data-dir) has sha256 "
+                            f"{entry['sha256']}, not the pinned {entry.get('expected_sha256', '?')}: a modified "
+                            f"copy, so results may differ from the released data")
+    quality = loaded.quality
+    if quality.get("missing_predictions"):
+        _warn(warnings, f"{split}: {quality['missing_predictions']} record(s) have no prediction and were not "
+                        f"scored (--allow-missing-predictions; first: {quality['missing_prediction_examples'][:5]})")
+
+
+def _check_spec(spec: RunSpec) -> None:
+    """Refuse a run that would compute nothing."""
+    if not spec.benchmarks:
+        raise RunError("no benchmark given: pass --benchmark NAME[:CONFIG] (see `medheval list`)")
+    if spec.metrics is not None and not spec.metrics:
+        raise RunError("--metrics names no metric (an empty list computes nothing); leave it out for the "
+                       "defaults, or name metrics from `medheval list`")
+    if isinstance(spec.judge, str):  # a malformed --judge fails now, not after generation
+        from medheval.judges.spec import parse_spec
+
+        parse_spec(spec.judge)
+
+
+def _refuse_grid_folder(output: Path) -> None:
+    """A single run must not overwrite the combined results of a mitigation grid in the same folder."""
+    path = output / "results.json"
+    if path.exists() and not (output / "run.json").exists():
+        try:
+            previous = json.loads(path.read_text())
+        except ValueError:
+            return
+        if isinstance(previous, dict) and "runs" in previous:
+            raise RunError(f"{output} holds a mitigation grid (its sub-folders and combined results.json); a single "
+                           f"run there would overwrite the grid's results. Re-run the same grid, or choose another "
+                           f"--output folder.")
+
+
+class PreparedSplit(NamedTuple):
+    """A loaded and checked split: its protocol, metric names and their typed options."""
+
+    loaded: LoadedBenchmark
+    protocol: SplitProtocol
+    metric_names: list[str]
+    options: dict[str, dict[str, Any]]
+
+
+class QAProtocol(SplitProtocol):
+    """The standard protocol: the model answers every record (data parallel: sharded by batch, resumable
+    through ``predictions.jsonl``), metrics score the answers (per answer type, or the unit's
+    ``DEFAULT_METRICS``, or ``--metrics``)."""
+
+    name = "qa"
+
+    def prepare(self, loaded: LoadedBenchmark, backend: Backend, spec: RunSpec) -> list[str]:
+        if hasattr(backend, "check_against"):  # a predictions file: its ids against the split's
+            _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
+        return _metric_names(loaded, spec.metrics, spec.judge)
+
+    def run_split(self, job: SplitJob) -> int:
+        loaded, backend, spec, state = job.loaded, job.backend, job.spec, job.state
+        return job.group.generate(
+            lambda writer, shard: generate_predictions(loaded, backend, writer, state["done"], spec.mitigation,
+                                                       job.batch_size, spec.generation, shard),
+            state["log_path"], state["order"], job.split)
+
+    def score_split(self, job: SplitJob, generated: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        loaded, backend, spec, state = job.loaded, job.backend, job.spec, job.state
+        if generated:
+            state["entries"] = read_log(state["log_path"], repair=False)
+        predictions = {entry["id"]: entry["prediction"] for entry in state["entries"]
+                       if entry.get("model") == backend.name and entry.get("mitigation", "none") == spec.mitigation}
+        metric_results, per_item = score(loaded, predictions, job.metric_names, job.options)
+        _note_failed_metrics(job.results, job.split, metric_results, job.warnings)
+        entry = split_entry(loaded, n_scored=len(per_item), generated_this_run=generated, metrics=metric_results)
+        return entry, [{**item, "model": backend.name, "mitigation": spec.mitigation} for item in per_item]
+
+
+def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str, warnings: list[str]) -> PreparedSplit:
+    """Load one split and check everything about it that can fail before generation: the protocol's
+    backend and judge, images, the protocol's own checks (a predictions file's ids...), the metric names
+    and their (typed) options."""
+    name, config = parse_benchmark_spec(benchmark_spec)
+    protocol = protocol_for(name) or QAProtocol()
+    protocol.check(name, backend, spec)
+    loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
+                               image_roots=spec.image_roots or None,  # also for scoring: judges may look
+                               on_missing=spec.on_missing, limit=spec.limit,
+                               run_options=spec.benchmark_options.get(name, {}))
+    if callable(getattr(backend, "check_records", None)):  # an API model: credentialed records refused up front
+        fields = [name for name in ("id", "source", "meta") if name in loaded.dataset.column_names]
+        backend.check_records(loaded.dataset.select_columns(fields).to_list())
+    if backend.needs_images and not spec.image_roots:
+        sources = sorted(set(loaded.dataset["source"]))
+        raise RunError(f"model {backend.name} needs images; pass --image-root for: "
+                       + ", ".join(f"{source}=PATH" for source in sources))
+    metric_names = protocol.prepare(loaded, backend, spec)
+    options = _options_for(spec, metric_names)
+    _split_warnings(loaded, warnings)
+    return PreparedSplit(loaded, protocol, metric_names, options)
+
+
+def _predictions_file_summary(backend: Any, prepared: list[PreparedSplit],
+                              warnings: list[str]) -> dict[str, Any] | None:
+    """How many of a predictions file's ids this run scored, and how many match none of its records."""
+    if not hasattr(backend, "ids"):
+        return None
+    in_run = {rid for split in prepared for rid in split.loaded.dataset["id"]}
+    known = {rid for split in prepared for rid in (split.loaded.all_ids or split.loaded.dataset["id"])}
+    ids = backend.ids()
+    unused = [rid for rid in ids if rid not in in_run]
+    unknown = [rid for rid in unused if rid not in known]
+    if unknown:
+        _warn(warnings, f"{len(unknown)} of {len(ids)} id(s) in the predictions file match no record of the "
+                        f"split(s) in this run and were not scored (first: {unknown[:5]})")
+    return {"n_predictions": len(ids), "n_used": len(ids) - len(unused), "n_not_used": len(unused),
+            "n_unknown": len(unknown), "unknown_examples": unknown[:20]}
+
+
+def _typed_options(spec: RunSpec, prepared: list[PreparedSplit]) -> dict[str, Any]:
+    """The ``--metric-option`` values as the metrics receive them (typed), for the record."""
+    typed: dict[str, dict[str, Any]] = {}
+    for options in (split.options for split in prepared):
+        for metric, given in spec.metric_options.items():
+            if metric in options and metric not in typed:
+                typed[metric] = {key: options[metric][key] for key in given}
+    return typed
+
+
+def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
+    """Run every benchmark of ``spec`` with ``backend``; writes and returns ``results.json``'s content.
+
+    Everything that can be checked is checked before the first generation (splits, images, metric
+    names, typed metric options). The output folder is locked for the whole run
+    (:class:`medheval.run.outputs.OutputLock`) and every summary file is replaced atomically. Launched
+    with several processes (``accelerate launch``), records are sharded across them
+    (:mod:`medheval.run.distributed`); the main process merges, scores and writes."""
+    from medheval.report.tables import write_markdown
+
+    _check_spec(spec)
+    output = Path(spec.output)
+    group = process_group()
+    log_path = output / "predictions.jsonl"
+    versions = stack_versions()
+    with group.lock(output, spec.lock_timeout):
+        warnings: list[str] = []
+        newer = warn_if_newer_than_tested(versions) if group.is_main else None  # printed once per process
+        if newer:
+            warnings.append(newer)
+        prepared, settings, predictions_file = group.main_first(
+            "preparing the run", lambda: _prepare_run(spec, backend, output, warnings, group.is_main, versions))
+        entries = read_log(log_path, repair=group.is_main)
+        order = [rid for split in prepared for rid in split.loaded.dataset["id"]]
+        recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
+        results: dict[str, Any] = {"settings": settings, "versions": versions, "labels": dict(spec.labels),
+                                   "prompts": describe_templates(),
+                                   "scoring": {"upstream_compat": spec.upstream_compat, **safe_options(recorded)},
+                                   "benchmarks": {}, "warnings": warnings, "world_size": group.world_size}
+        if predictions_file is not None:
+            results["predictions_file"] = predictions_file
+        scored: list[dict[str, Any]] = []
+        state = {"entries": entries, "done": {log_key(entry) for entry in entries}, "log_path": log_path,
+                 "order": order}
+        for split in prepared:
+            job = SplitJob(split.loaded, backend, spec, output, split.metric_names, split.options, warnings,
+                           group=group, results=results, state=state, batch_size=batch_size)
+            generated = split.protocol.run_split(job)
+            if not group.is_main:
+                continue
+            entry, per_item = split.protocol.score_split(job, generated)
+            results["benchmarks"][job.split] = entry
+            scored.extend(per_item)
+        with group.together("writing the results"):
+            if group.is_main:
+                if callable(getattr(backend, "usage", None)):  # an API model: requests, cache hits, tokens
+                    results["usage"] = backend.usage()
+                atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))
+                results["report"] = _report_plan()
+                atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
+                write_markdown(results, output / "results.md")
+                write_report_html(output, results)
+    return results if group.is_main else json.loads((output / "results.json").read_text())
+
+
+def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[str], main: bool = True,
+                 versions: Mapping[str, str | None] | None = None
+                 ) -> tuple[list, dict[str, Any], dict[str, Any] | None]:
+    """Every split prepared and checked, the run's settings checked against ``run.json`` (the main process
+    writes it with ``versions``, the stack, and merges predictions left by the processes of a killed
+    data-parallel run)."""
+    from medheval.run.distributed import merge_parts
+
+    _refuse_grid_folder(output)
+    prepared = [_prepare_split(spec, backend, benchmark_spec, warnings) for benchmark_spec in spec.benchmarks]
+    _check_options_used(spec, {name for split in prepared for name in split.metric_names})
+    predictions_file = _predictions_file_summary(backend, prepared, warnings)
+    settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),
+                "limit": spec.limit, "benchmarks": list(spec.benchmarks)}
+    if spec.benchmark_options:  # prompts depend on them: a resumed run must use the same
+        settings["benchmark_options"] = spec.benchmark_options
+        unknown = sorted(set(spec.benchmark_options) - {parse_benchmark_spec(b)[0] for b in spec.benchmarks})
+        if unknown:
+            raise RunError(f"--benchmark-option given for benchmark(s) {unknown} that this run does not include")
+    if spec.generation is not None:  # per benchmark / answer type (medheval.run.generation)
+        settings["generation"] = spec.generation.describe()
+    if main:
+        _check_run_settings(output, settings, stack_versions() if versions is None else versions, warnings)
+        merge_parts(output / "predictions.jsonl", [rid for split in prepared for rid in split.loaded.dataset["id"]])
+    return prepared, settings, predictions_file
+
+
+def _report_plan() -> dict[str, Any]:
+    """What ``report.html`` will hold, recorded before it is written (plots need the ``report`` extra)."""
+    from medheval.report.build import plots_unavailable
+
+    note = plots_unavailable()
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return {"html": "report.html", "note": note}
+
+
+def write_report_html(output: Path, results: dict[str, Any]) -> None:
+    """``report.html`` beside ``results.md``, written last (:func:`medheval.report.build.write_run_report`):
+    the results are on disk already, so a problem here is printed, never raised."""
+    from medheval.report.build import write_run_report
+
+    problem = write_run_report(output, results)
+    if problem:
+        print(f"note: {problem}", file=sys.stderr)
+
+
+def mitigation_slug(spec: str) -> str:
+    """A folder name for one mitigation spec (``vcd:alpha=1`` -> ``vcd_alpha-1``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", spec.replace("=", "-")).strip("_") or "none"
+
+
+def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8) -> dict[str, Any]:
+    """Run ``spec`` once per mitigation (``none`` = plain decoding), side by side like MedHEval's Table 4.
+
+    One mitigation writes straight into ``spec.output``; several write one sub-folder each
+    (``<output>/<mitigation>/``, each resumable on its own) plus a combined ``results.md``/``results.json``.
+    """
+    from medheval.mitigations import get_mitigation
+
+    methods = [(text, get_mitigation(text)) for text in mitigations] or [("none", None)]
+    if not backend.needs_images and any(method is not None for _, method in methods):
+        raise RunError("--mitigation needs a model (--model): a predictions file was decoded elsewhere")
+    if not getattr(backend, "supports_mitigations", True) and any(method is not None for _, method in methods):
+        raise RunError(f"--mitigation changes a local model's decoding loop; {backend.name} answers over an API. "
+                       f"Run mitigations with an HF model (--model <hub id or folder>)")
+    group = process_group()
+    lock = group.lock(spec.output, spec.lock_timeout) if len(methods) > 1 else contextlib.nullcontext()
+    with lock:
+        if len(methods) > 1 and (Path(spec.output) / "run.json").exists():
+            raise RunError(f"{spec.output} holds a single run (run.json); a grid of {len(methods)} mitigations "
+                           f"there would overwrite its results.md/results.json. Choose another --output folder.")
+        return _run_methods(spec, backend, methods, batch_size)
+
+
+def _run_methods(spec: RunSpec, backend: Backend, methods: list[tuple[str, Any]], batch_size: int) -> dict[str, Any]:
+    """The body of :func:`run_grid` (its folder locked when the grid has several runs)."""
+    import copy
+
+    from medheval.report.tables import write_grid_markdown
+
+    runs = []
+    for text, method in methods:
+        label = method.spec() if method is not None else "none"
+        variant = backend
+        if method is not None:
+            variant = copy.copy(backend)
+            variant.generate_kwargs = {**getattr(backend, "generate_kwargs", {}), "custom_generate": method}
+        output = spec.output if len(methods) == 1 else Path(spec.output) / mitigation_slug(label)
+        runs.append(run(dataclasses.replace(spec, output=output, mitigation=label), variant, batch_size=batch_size))
+    if len(methods) > 1 and process_group().is_main:
+        combined = {"runs": runs}
+        atomic_write_text(Path(spec.output) / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
+        write_grid_markdown(runs, Path(spec.output) / "results.md")
+        write_report_html(Path(spec.output), combined)
+    return runs[0] if len(runs) == 1 else {"runs": runs}
