@@ -10,9 +10,7 @@ LOCK := requirements/lock.txt
 TORCH_SPEC ?= $(shell sed -n 's/^torch==\([^ ]*\).*/torch==\1/p' $(LOCK))
 PIP_QUIET := --quiet --disable-pip-version-check
 # the tests that exercise transformers' generation internals (the drift alarm's subset)
-DECODING_TESTS := tests/test_decoding.py tests/test_one_pass.py tests/test_mitigations.py tests/test_avisc_damro.py \
-	tests/test_family_mitigations.py tests/test_opera.py tests/test_presets.py tests/test_selftest.py \
-	tests/test_deprecations.py tests/test_backends.py
+DECODING_TESTS := $(wildcard tests/test_decoding*.py tests/test_mitigations*.py) tests/test_deprecations.py tests/test_backends.py
 
 .PHONY: demo test bench install lock test-latest test-oldest clean
 

@@ -1,4 +1,4 @@
-"""Client side of the Hub round trip (tests/test_hub.py runs it in a subprocess, because
+"""Client side of the Hub round trip (tests/test_publish_hub.py runs it in a subprocess, because
 huggingface_hub, datasets and evaluate read HF_ENDPOINT at import time).
 
     python hub_roundtrip_client.py OUT.json DATA_DIR IMAGE_ROOTS_JSON

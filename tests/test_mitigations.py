@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from medheval.backends.tiny_families import build_tiny_llava_next  # noqa: F401 (test_opera etc. import it from here)
+from medheval.backends.tiny_families import build_tiny_llava_next  # noqa: F401 (test_mitigations_opera etc. import it from here)
 from medheval.decoding import MissingInternalError, MitigationError, hooks_installed, image_token_mask
 from medheval.mitigations import DoLa, M3ID, MITIGATIONS, PAI, VCD, generate_with, get_mitigation, parse_spec
 from medheval.mitigations.dola import candidate_layers

@@ -34,7 +34,7 @@ Each step does exactly what ``_beam_search`` does (``_get_top_k_continuations``,
 
 So a method that feeds it the plain ``log_softmax`` of the logits reproduces
 ``generate(num_beams=K, do_sample=False, length_penalty=…, early_stopping=…)`` token for token
-(``tests/test_opera.py`` checks it through OPERA at its neutral setting). Beam *sampling*
+(``tests/test_mitigations_opera.py`` checks it through OPERA at its neutral setting). Beam *sampling*
 is not implemented.
 
 :meth:`snapshot` / :meth:`restore` copy the state (a few small tensors) so a method can go

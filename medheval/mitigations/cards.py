@@ -2,7 +2,7 @@
 
     python -m medheval.mitigations.cards      # rewrites each card's table between the markers
 
-``tests/test_presets.py`` fails when a card's table differs from :func:`~medheval.mitigations.presets.preset_table`.
+``tests/test_mitigations_presets.py`` fails when a card's table differs from :func:`~medheval.mitigations.presets.preset_table`.
 """
 
 from __future__ import annotations

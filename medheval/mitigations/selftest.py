@@ -13,8 +13,8 @@ a long run, this checks on tiny random-weight models of each family (built in-pr
 - ``hooks gone``: no attention hook and no switched attention implementation is left on the model.
 
 A family whose model classes the installed transformers lacks is reported as skipped. The checks are
-the same as the test suite's (``tests/test_mitigations.py``, ``tests/test_one_pass.py``,
-``tests/test_family_mitigations.py``), at fewer tokens.
+the same as the test suite's (``tests/test_mitigations.py``, ``tests/test_decoding_one_pass.py``,
+``tests/test_mitigations_families.py``), at fewer tokens.
 """
 
 from __future__ import annotations

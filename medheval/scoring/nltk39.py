@@ -25,7 +25,7 @@ on our checks, but no longer the code MedHEval ran). This module holds the 3.9 r
   with alpha = 0.9, beta = 3, gamma = 0.5; 0 when m = 0. Several references: the maximum.
 
 The Porter stemmer and WordNet lookups come from the installed NLTK (their results are the same in
-3.9.4 and 3.10.4 on the cross-check in ``tests/test_text_generation.py``).
+3.9.4 and 3.10.4 on the cross-check in ``tests/test_metric_text_generation.py``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from medheval.mitigations import opera as opera_module
 from medheval.mitigations.avisc import select_blind_tokens
 from medheval.mitigations.dola import candidate_layers
 from medheval.mitigations.presets import DEFAULT_PRESET, FROM_PRESET, preset_table
-from test_avisc_damro import SpyDAMRO, _eager_cls_attention
+from test_mitigations_avisc_damro import SpyDAMRO, _eager_cls_attention
 from test_mitigations import PROMPTS, _gen, _inputs, _new_tokens
 
 REPO = Path(__file__).resolve().parents[1]

@@ -278,7 +278,7 @@ def family(request):
 def test_one_pass_equals_two_pass_beyond_llava(family, name):
     """Same tokens, and every step's logits of every stream, as each contrast stream in its own cache;
     16 new tokens run every row past Gemma 3's 8-token window."""
-    from test_family_mitigations import _inputs as family_inputs
+    from test_mitigations_families import _inputs as family_inputs
 
     kind, model, processor = family
     inputs = family_inputs(processor)
@@ -334,7 +334,7 @@ def test_join_pads_m_rope_positions_and_token_types():
     and their mm_token_type_ids 0; the joined rows' logits equal those of their own cache."""
     from medheval.backends.tiny_families import build_tiny
     from medheval.decoding.streams import token_type_inputs
-    from test_family_mitigations import _inputs as family_inputs
+    from test_mitigations_families import _inputs as family_inputs
 
     model, processor = build_tiny("qwen2_5_vl")
     processor.tokenizer.padding_side = "left"
@@ -371,7 +371,7 @@ def test_deepstack_features_are_batched_layer_by_layer():
     joined layer by layer (end to end they would not even fit the image tokens)."""
     from medheval.backends.tiny_families import build_tiny
     from medheval.mitigations.image_masking import mask_deepstack_features
-    from test_family_mitigations import _inputs as family_inputs
+    from test_mitigations_families import _inputs as family_inputs
 
     model, processor = build_tiny("qwen3_vl")
     processor.tokenizer.padding_side = "left"
