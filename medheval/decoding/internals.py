@@ -26,6 +26,9 @@ import torch
 # -----------------------------------------------------------------------------------------------
 # every name a caller may hand the KV cache over under (the current one first)
 _CACHE_NAMES = ("cache", "past_key_values")
+# what generate hands a custom_generate method when it pre-encoded the images (transformers >= 5.18):
+# ``{"image": encoder output, ...}``; the methods that edit image features read and replace it
+ENCODED_IMAGES = "mm_encoder_outputs"
 
 
 @functools.cache
@@ -383,6 +386,7 @@ def set_text_attention_implementation(model, implementation: str) -> None:
 
 
 __all__ = [
+    "ENCODED_IMAGES",
     "append_rows_left_padded",
     "beam_output",
     "cache_argument",

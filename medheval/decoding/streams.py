@@ -60,7 +60,7 @@ PREFILL_ONLY_INPUTS = (
     "pixel_values",
     "image_sizes",
     "pixel_mask",
-    "mm_encoder_outputs",
+    internals.ENCODED_IMAGES,
     "inputs_embeds",
     "pixel_values_videos",
     "image_grid_thw",

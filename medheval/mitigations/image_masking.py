@@ -50,6 +50,7 @@ from typing import Any, Sequence
 
 import torch
 
+from medheval.decoding import internals
 from medheval.decoding.loop import DecodingContext
 from medheval.decoding.streams import Stream
 from medheval.decoding.visual_tokens import (
@@ -97,7 +98,7 @@ def image_encoder(model, method: str):
 
 def has_image_inputs(ctx: DecodingContext) -> bool:
     inputs = ctx.main.inputs
-    encoded = inputs.get("mm_encoder_outputs") or {}
+    encoded = inputs.get(internals.ENCODED_IMAGES) or {}
     return inputs.get("pixel_values") is not None or encoded.get("image") is not None
 
 
@@ -117,7 +118,7 @@ def encode_images(ctx: DecodingContext, method: str) -> list[torch.Tensor]:
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
     inputs = ctx.main.inputs
-    encoded = inputs.get("mm_encoder_outputs") or {}
+    encoded = inputs.get(internals.ENCODED_IMAGES) or {}
     if encoded.get("image") is not None:
         ctx.state["image_features_as_tensor"] = torch.is_tensor(encoded["image"].pooler_output)
         return list(encoded["image"].pooler_output)
@@ -139,7 +140,7 @@ def encode_images(ctx: DecodingContext, method: str) -> list[torch.Tensor]:
         image = type(output)(pooler_output=_pooled(ctx, features), deepstack_features=deepstack)
     # the grid stays: Qwen-VL's M-RoPE positions are computed from it
     rest = {k: v for k, v in inputs.items() if k not in names or k in ("image_grid_thw", "video_grid_thw")}
-    rest["mm_encoder_outputs"] = {**encoded, "image": image}
+    rest[internals.ENCODED_IMAGES] = {**encoded, "image": image}
     ctx.main.inputs = rest
     return features
 
@@ -229,7 +230,7 @@ def masked_image_stream(
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
     masked = mask_features(features, keep, scheme)
-    encoded = dict(ctx.main.inputs.get("mm_encoder_outputs") or {})
+    encoded = dict(ctx.main.inputs.get(internals.ENCODED_IMAGES) or {})
     clean = encoded.get("image")
     deepstack = getattr(clean, "deepstack_features", None)
     if deepstack is None:
@@ -239,12 +240,12 @@ def masked_image_stream(
             pooler_output=_pooled(ctx, masked), deepstack_features=mask_deepstack_features(deepstack, keep, scheme)
         )
     if scheme != "drop":
-        return ctx.main.replace(name, mm_encoder_outputs=encoded)
+        return ctx.main.replace(name, **{internals.ENCODED_IMAGES: encoded})
     image_mask = image_token_mask(ctx.main.input_ids, ctx.model.config)
     remove = image_mask.clone()
     remove[image_mask] = ~torch.cat([k.to(remove.device) for k in keep])
     input_ids, attention_mask = remove_positions(ctx.main.input_ids, ctx.main.attention_mask, remove, ctx.pad_token_id)
-    inputs: dict[str, Any] = {**ctx.main.inputs, "mm_encoder_outputs": encoded}
+    inputs: dict[str, Any] = {**ctx.main.inputs, internals.ENCODED_IMAGES: encoded}
     return Stream(name, input_ids, attention_mask, inputs=inputs)
 
 

@@ -498,7 +498,7 @@ def opera_generate(
     # the prompt is prefilled once and its cache repeated per beam
     rows = input_ids.shape[0] // factor
     if factor > 1:
-        encoded = model_kwargs.get("mm_encoder_outputs")
+        encoded = model_kwargs.get(internals.ENCODED_IMAGES)
         if encoded:
             raise MitigationError(
                 "OPERA: pre-encoded mm_encoder_outputs cannot be combined with generate(num_beams>1); "
