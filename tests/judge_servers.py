@@ -19,6 +19,7 @@ What ``reply(request_json)`` (or a scripted entry) may return:
 - ``dict``: a full JSON body sent with status 200;
 - ``(status, headers, body)``: body a dict (JSON), str or bytes;
 - ``Reply(status, body, headers, delay)``; ``Drop()`` (close the socket without answering);
+  ``Drip(interval, part)`` (a reply trickling one byte at a time: headers or body);
   ``Hang(seconds)`` (answer only after ``seconds``: sleeps are bounded, keep them short).
 
 ``server.requests`` holds every received request (``path``, ``headers``, ``json``, ``time``);
@@ -50,6 +51,16 @@ class Reply:
     body: Any = None  # dict -> JSON, str -> assistant text when status 200 else raw text, bytes -> raw
     headers: dict = field(default_factory=dict)
     delay: float = 0.0
+
+
+@dataclass
+class Drip:
+    """A 200 reply sent one byte every ``interval`` seconds: from its status line (``part="headers"``) or
+    after complete headers (``part="body"``); at most ``limit`` bytes, then the connection is closed."""
+
+    interval: float = 0.2
+    part: str = "body"
+    limit: int = 400
 
 
 @dataclass
@@ -280,6 +291,23 @@ class JudgeServer:
                 handler.connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            return
+        if isinstance(behaviour, Drip):
+            leave()
+            body = json.dumps(self._wrap_text("x" * 2000)).encode()
+            head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                    ).encode()
+            handler.close_connection = True
+            if behaviour.part == "body":
+                handler.wfile.write(head)
+                handler.wfile.flush()
+                data = body
+            else:
+                data = head + body
+            for byte in data[: behaviour.limit]:
+                time.sleep(behaviour.interval)
+                handler.wfile.write(bytes([byte]))
+                handler.wfile.flush()
             return
         if isinstance(behaviour, Hang):
             time.sleep(behaviour.seconds)

@@ -221,6 +221,112 @@ def test_eval_results_files(tmp_path):
         hub.export_results(tmp_path / "run", tmp_path / "out2", "org/model")
 
 
+@pytest.mark.parametrize("split", ["../../../../victim/x:y", "/tmp/absolute:y", "cxr_vishal:../../up", "a/b:c",
+                                   "..:x"])
+def test_a_split_key_cannot_write_outside_the_output_folder(tmp_path, split):
+    """Issue 23 point 2: the YAML file name comes from results.json; a hostile key is refused, nothing lands outside."""
+    from medheval.cli import main
+
+    results = _results(random_weights=False)
+    results["runs"][0]["benchmarks"] = {split: results["runs"][0]["benchmarks"]["cxr_vishal:mimic_cxr"]}
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(json.dumps(results))
+    before = sorted(str(p) for p in tmp_path.parent.rglob("*") if tmp_path not in p.parents and p != tmp_path)
+    with pytest.raises(hub.PublishError, match="expected BENCHMARK:CONFIG"):
+        hub.export_results(tmp_path / "run", tmp_path / "out", "org/model")
+    assert main(["publish", "--results", str(tmp_path / "run"), "--model-repo", "org/model",
+                 "--to", str(tmp_path / "out2")]) == 2
+    after = sorted(str(p) for p in tmp_path.parent.rglob("*") if tmp_path not in p.parents and p != tmp_path)
+    assert after == before and not list((tmp_path / "out").rglob("*.yaml"))
+    for repo in ("../model", "org/..", "org/model/../../x", "/abs/model"):
+        with pytest.raises(hub.PublishError, match="expected ORG/MODEL"):
+            hub.export_results(tmp_path / "run", tmp_path / "out", repo)
+
+
+def _png(size: int = 64) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.RandomState(0).randint(0, 255, (size, size, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _evasions() -> dict[str, bytes]:
+    """Issue 23 point 3: each way a MIMIC image could slip past a check by file name."""
+    import base64
+    import gzip
+    import io
+    import zipfile
+
+    import numpy as np
+
+    jpeg = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(200)
+    dicom = bytes(128) + b"DICM" + b"\x02\x00\x00\x00UL\x04\x00" + bytes(100)
+    array = io.BytesIO()
+    np.save(array, np.zeros((4, 4), dtype=np.uint8))
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("p10/s1/view.jpg", jpeg)
+    return {
+        "scan.dicom": dicom,
+        "scan_without_extension": dicom,
+        "view.jpg.gz": gzip.compress(jpeg),
+        "view.jfif": jpeg,
+        "view.jpe": jpeg,
+        "view.jp2": b"\x00\x00\x00\x0cjP  \r\n\x87\n" + bytes(64),
+        "pixels.npy": array.getvalue(),
+        "image_base64.txt": b"the image: " + base64.b64encode(_png()),
+        "image_data_url.json": b'{"image": "data:image/png;base64,iVBORw0KGgo="}',
+        "images.zip": archive.getvalue(),
+        "other.bin": bytes(range(256)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_evasions()))
+def test_the_credentialed_guard_reads_content_not_names(exported, name):
+    _, repos = exported
+    repo = repos[("dataset", "medheval/cxr_vishal")]
+    planted = Path(repo.folder) / "mimic_cxr" / name
+    planted.write_bytes(_evasions()[name])
+    try:
+        with pytest.raises(CredentialedImageError, match=f"mimic_cxr/{name} is a "):
+            hub.check_no_credentialed_bytes(repo)
+        with pytest.raises(CredentialedImageError):
+            hub.push([repo], token=False)  # checked before anything is uploaded
+    finally:
+        planted.unlink()
+    hub.check_no_credentialed_bytes(repo)  # the export itself passes
+
+
+def test_a_symlink_is_refused_in_every_repo(exported, tmp_path):
+    _, repos = exported
+    outside = tmp_path / "p10_s1_view.jpg"
+    outside.write_bytes(b"\xff\xd8\xff" + bytes(10))
+    for key in (("dataset", "medheval/cxr_vishal"), ("dataset", "medheval/mm_vishal")):
+        repo = repos[key]
+        link = Path(repo.folder) / "notes.txt"
+        link.symlink_to(outside)
+        try:
+            with pytest.raises(CredentialedImageError, match="notes.txt is a symbolic link"):
+                hub.check_no_credentialed_bytes(repo)
+        finally:
+            link.unlink()
+
+
+def test_base64_strings_in_a_credentialed_parquet_are_refused(tmp_path):
+    import base64
+
+    table = datasets.Dataset.from_dict({"id": ["x"], "source": ["mimic_cxr"],
+                                        "images": [[base64.b64encode(_png()).decode()]]})
+    table.to_parquet(str(tmp_path / "test.parquet"))
+    bad = hub.RepoFolder(str(tmp_path), "medheval/bad", "dataset", "datasets", gated=True)
+    with pytest.raises(CredentialedImageError, match="column 'images' holds base64 data"):
+        hub.check_no_credentialed_bytes(bad)
+
+
 # -- the round trip through a fake Hub ------------------------------------------------------------
 
 

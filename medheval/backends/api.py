@@ -119,7 +119,7 @@ class APIBackend:
                  concurrency: int = DEFAULT_CONCURRENCY, batch_size: int | None = None, cache_dir: Any = None,
                  allow_remote_credentialed: Any = None, continue_final_message: bool | None = None,
                  max_consecutive_failures: int = 8, name: str | None = None, timeout: float = 300.0,
-                 **options: Any):
+                 deadline: float = 900.0, **options: Any):
         if max_new_tokens < 1:
             raise BackendError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         try:
@@ -136,7 +136,7 @@ class APIBackend:
         try:
             self._client = make_judge(
                 spec, cache_dir=default_api_cache_dir() if cache_dir is None else cache_dir,
-                concurrency=concurrency, max_invalid_retries=0, progress=False, timeout=timeout,
+                concurrency=concurrency, max_invalid_retries=0, progress=False, timeout=timeout, deadline=deadline,
                 allow_remote_credentialed=allow_remote_credentialed, max_tokens=max_new_tokens,
                 temperature=float(temperature if temperature is not None else 1.0) if do_sample else 0.0,
                 max_consecutive_failures=max_consecutive_failures, **options)

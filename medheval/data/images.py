@@ -423,6 +423,10 @@ class URLTemplateSource:
         self._netrc_file = netrc_file
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self._auth, self.auth_origin = self._find_auth(auth, url_auth)
+        if self._auth is not None:  # never written out, whatever a server echoes
+            from medheval.judges.endpoints import register_secrets
+
+            register_secrets(self._auth[1])
         if self._auth and parts.scheme == "http" and not _is_loopback(self.host):
             warnings.warn(
                 f"sending basic-auth credentials over plain http to {self.host}; use https",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from medheval.judges.base import Completion, _Item
-from medheval.judges.http import HTTPJudge
+from medheval.judges.http import HTTPJudge, reply_text
 
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -70,8 +70,7 @@ class AnthropicJudge(HTTPJudge):
         return url, headers, payload
 
     def _parse(self, body: Any) -> Completion:
-        blocks = body["content"]
-        text = "".join(block.get("text", "") for block in blocks if block.get("type", "text") == "text")
+        text = reply_text(body["content"], "content")
         note = None
         if body.get("stop_reason") == "max_tokens":
             note = f"the reply was cut off at max_tokens={self.max_tokens}"

@@ -31,6 +31,7 @@ from medheval.judges.endpoints import (
     is_local_url,
     normalise_allow_list,
     redact,
+    register_secrets,
     safe_base_url,
 )
 from medheval.judges.media import JudgeImage, to_judge_image
@@ -246,6 +247,7 @@ class Judge:
         self.backoff_base = float(backoff_base)
         self.backoff_max = float(backoff_max)
         self._secrets = tuple(s for s in secrets if s)
+        register_secrets(*self._secrets)  # redacted from every output of the run, not only this judge's
         # HTTP backends: stop the run (JudgeError) once this many records in a row failed for good because
         # the endpoint call failed (retries exhausted, a 4xx); an unusable reply shows the endpoint works
         self.max_consecutive_failures = max_consecutive_failures
@@ -388,11 +390,12 @@ class Judge:
         """Check one reply. Returns the final result, or ``None`` when a corrective follow-up was
         appended to ``item.messages`` and the item must be sent again."""
         item.replies += 1
-        item.raw_text = completion.text
+        text = self._redact(completion.text) or ""  # a server may echo a key: never kept, cached or returned
+        item.raw_text = text
         item.input_tokens += completion.input_tokens
         item.output_tokens += completion.output_tokens
         try:
-            value = self._validated(item.request, completion.text)
+            value = self._validated(item.request, text)
         except INVALID_OUTPUT_ERRORS as err:
             reason = str(err) or type(err).__name__
             if completion.note:
@@ -403,7 +406,7 @@ class Judge:
             logger.info("judge record %r: invalid output (%s); asking again", item.request.id, self._redact(reason))
             self._bump(invalid_retries=1)
             item.messages = item.messages + [
-                {"role": "assistant", "content": completion.text},
+                {"role": "assistant", "content": text},
                 {"role": "user", "content": (TEXT_CORRECTION_PROMPT if item.request.reply_format == "text"
                                              else CORRECTION_PROMPT).format(reason=reason)},
             ]
@@ -412,7 +415,7 @@ class Judge:
             return self._fail(item, f"validate() raised {type(err).__name__}: {err}")
         if self.cache is not None:
             self.cache.put(item.key, {
-                "raw_text": self._redact(completion.text),
+                "raw_text": text,
                 "replies": item.replies,
                 "input_tokens": item.input_tokens,
                 "output_tokens": item.output_tokens,

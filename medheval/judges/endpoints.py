@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -169,17 +170,37 @@ def credentialed_refusal(ids: list[str], base_url: str, backend: str,
     )
 
 
-def redact(text: str | None, secrets: Iterable[str]) -> str | None:
-    """``text`` with every secret (API key, URL password) replaced by ``***``."""
+_RUN_SECRETS: set[str] = set()  # every secret this process holds (API keys, URL and image passwords)
+_RUN_SECRETS_LOCK = threading.Lock()
+
+
+REGISTERED_SECRET_MIN_LENGTH = 8  # shorter strings would blank out ordinary words in every output
+
+
+def register_secrets(*secrets: str | None) -> None:
+    """Remember secrets the run holds, so that :func:`redact` removes them from anything written out (a
+    model or judge server may echo a key into its reply). Strings shorter than
+    :data:`REGISTERED_SECRET_MIN_LENGTH` are not registered (each judge still redacts its own from 4 characters)."""
+    with _RUN_SECRETS_LOCK:
+        _RUN_SECRETS.update(str(secret) for secret in secrets
+                            if secret and len(str(secret)) >= REGISTERED_SECRET_MIN_LENGTH)
+
+
+def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
+    """``text`` with ``secrets`` and every registered secret (:func:`register_secrets`) replaced by ``***``
+    (longest first, so a secret containing another is removed whole)."""
     if not text:
         return text
-    for secret in secrets:
-        if secret and len(secret) >= 4 and secret in text:
+    with _RUN_SECRETS_LOCK:
+        known = set(_RUN_SECRETS)
+    for secret in sorted(known.union(s for s in secrets if s), key=len, reverse=True):
+        if len(secret) >= 4 and secret in text:
             text = text.replace(secret, "***")
     return text
 
 
 __all__ = [
+    "register_secrets",
     "CredentialedDataError",
     "endpoint_allowed",
     "endpoint_host",

@@ -1,5 +1,10 @@
 """HTTP judges: bounded thread concurrency, a shared rate limit, retries with backoff.
 
+Every call goes through :mod:`medheval.judges.transport`: no redirect leaves the endpoint's origin
+(a cross-host 3xx stops the run, naming both hosts), ``deadline`` bounds the whole exchange
+(default 300 s for judges; the API backend's model calls: 900 s) while ``timeout`` bounds each read,
+and a reply body larger than the request's ``max_tokens`` allows is refused.
+
 Each record runs in a worker thread (at most ``concurrency`` at once) with its own
 ``requests.Session`` per thread (connections are reused). Sessions to a local endpoint ignore
 proxy settings from the environment, so loopback/private traffic never leaves through a proxy. A call is re-sent on 408/409/425/429,
@@ -24,6 +29,7 @@ from typing import Any
 
 import requests
 
+from medheval.judges import transport
 from medheval.judges.base import Completion, Judge, JudgeError, JudgeResult, _Item
 from medheval.judges.endpoints import endpoint_host, split_userinfo
 from medheval.judges.ratelimit import RateLimiter, backoff_delay, parse_retry_after
@@ -32,6 +38,39 @@ logger = logging.getLogger("medheval.judges")
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 FATAL_STATUS = frozenset({401, 403, 404})
+DEFAULT_DEADLINE = 300.0  # seconds for one whole request (connect, headers, body), redirects included
+# a reply body may hold this much, plus REPLY_BYTES_PER_TOKEN per requested token: generous for JSON
+# escaping and usage fields, yet far below what a hostile server could stream into memory
+REPLY_BYTES_BASE = 256 * 1024
+REPLY_BYTES_PER_TOKEN = 128
+# a reply's text may hold this many characters per requested token (plus a margin): far above any tokenizer
+REPLY_CHARS_BASE = 1024
+REPLY_CHARS_PER_TOKEN = 64
+
+
+def reply_text(content: Any, where: str) -> str:
+    """The text of a reply's content, in the shapes the chat APIs define: a string, or a list of parts in
+    which ``{"type": "text", "text": str}`` parts are joined (other part types, e.g. reasoning or tool
+    calls, are skipped). Anything else (``null``, a number, an object, a part whose text is not a string,
+    a list without text) raises ``ValueError`` naming ``where`` and what came: the record fails and is
+    retried, never stored as a prediction."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        shown = "null" if content is None else f"a {type(content).__name__}"
+        raise ValueError(f"{where} is {shown}, not text")
+    texts = []
+    for index, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise ValueError(f"{where}[{index}] is a {type(part).__name__}, not a content part")
+        if part.get("type", "text") != "text":
+            continue
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"{where}[{index}] is a text part whose text is not a string")
+        texts.append(part["text"])
+    if not texts:
+        raise ValueError(f"{where} has no text part")
+    return "".join(texts)
 
 
 class _CallFailed(Exception):
@@ -46,7 +85,7 @@ class _Stopped(Exception):
     """The run is being stopped (fatal error elsewhere or interrupt)."""
 
 
-def _error_excerpt(response: requests.Response, limit: int = 300) -> str:
+def _error_excerpt(response: transport.Reply, limit: int = 300) -> str:
     """The server's error message: ``error.message`` of a JSON body, else the start of the text."""
     text = response.text or ""
     try:
@@ -69,7 +108,11 @@ class HTTPJudge(Judge):
     """Base of the API backends. Subclasses build the request and read the response."""
 
     def __init__(self, model: str, *, api_key: str | None = None, base_url: str, headers: dict | None = None,
-                 **options: Any):
+                 deadline: float | None = None, **options: Any):
+        deadline = DEFAULT_DEADLINE if deadline is None else float(deadline)
+        if deadline <= 0:
+            raise ValueError(f"deadline must be positive, got {deadline}")
+        self.deadline = deadline
         url, user, password = split_userinfo(base_url)
         secrets = [s for s in (api_key, password) if s]
         # the URL's user:password (if any) is used as basic auth, never kept in base_url
@@ -102,7 +145,7 @@ class HTTPJudge(Judge):
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
-            session = requests.Session()
+            session = transport.mount(requests.Session())
             if self.is_local:
                 # A local endpoint's traffic must not leave through a proxy from the environment
                 # (HTTP(S)_PROXY / ALL_PROXY): ignore the environment, keeping only a CA bundle it names.
@@ -131,9 +174,13 @@ class HTTPJudge(Judge):
             self._bump(requests=1)
             retry_after = None
             try:
-                response = self._session().post(
-                    url, data=json.dumps(payload).encode("utf-8"), headers=headers, timeout=self.timeout
-                )
+                response = transport.post(self._session(), url, json.dumps(payload).encode("utf-8"), headers,
+                                          timeout=self.timeout, deadline=self.deadline,
+                                          max_bytes=self._reply_bytes(payload))
+            except transport.RedirectRefused as err:
+                raise _Fatal(f"the {self.backend} endpoint {self._redact(str(err))}") from None
+            except (transport.DeadlineExceeded, transport.ReplyTooLarge) as err:
+                problem = self._redact(str(err))
             except requests.Timeout:
                 problem = f"no response within timeout={self.timeout:g}s"
             except requests.ConnectionError as err:
@@ -145,8 +192,9 @@ class HTTPJudge(Judge):
                 if status == 200:
                     try:
                         completion = self._parse(response.json())
+                        self._check_length(completion.text, payload)
                     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
-                        problem = f"unreadable 200 response ({type(err).__name__}: {self._redact(str(err))[:120]})"
+                        problem = f"unreadable 200 response ({type(err).__name__}: {self._redact(str(err))[:160]})"
                     else:
                         self._bump(input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
                         return completion
@@ -185,6 +233,22 @@ class HTTPJudge(Judge):
 
     def _key_hint(self) -> str:
         return "a key was sent" if self._api_key else "no key is configured"
+
+    def _requested_tokens(self, payload: dict) -> int:
+        return int(payload.get("max_tokens") or payload.get("max_completion_tokens") or self.max_tokens)
+
+    def _reply_bytes(self, payload: dict) -> int:
+        """The largest reply body accepted for ``payload`` (its ``max_tokens``, else the judge's)."""
+        return REPLY_BYTES_BASE + REPLY_BYTES_PER_TOKEN * self._requested_tokens(payload)
+
+    def _check_length(self, text: str, payload: dict) -> None:
+        """Refuse a reply text far longer than ``max_tokens`` tokens can be (``ValueError``)."""
+        tokens = self._requested_tokens(payload)
+        if len(text) > REPLY_CHARS_BASE + REPLY_CHARS_PER_TOKEN * tokens:
+            raise ValueError(f"a reply of {len(text)} characters is far longer than max_tokens={tokens} allows")
+
+    def describe(self) -> dict:
+        return {**super().describe(), "deadline": self.deadline}
 
     def _judge_one(self, item: _Item, stop: threading.Event) -> JudgeResult:
         while True:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from medheval.judges.base import Completion, _Item
-from medheval.judges.http import HTTPJudge
+from medheval.judges.http import HTTPJudge, reply_text
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_AZURE_API_VERSION = "2024-10-21"
@@ -115,19 +115,14 @@ class OpenAIJudge(HTTPJudge):
     def _parse(self, body: Any) -> Completion:
         choice = body["choices"][0]
         message = choice["message"]
-        text = message.get("content")
-        note = None
-        if text is None:
-            refusal = message.get("refusal")
-            text = ""
-            note = f"the model refused: {refusal}" if refusal else "the reply had no content"
-        elif isinstance(text, list):  # some servers return content parts
-            text = "".join(part.get("text", "") for part in text if isinstance(part, dict))
-        if choice.get("finish_reason") == "length":
-            note = f"the reply was cut off at max_tokens={self.max_tokens}"
+        content = message.get("content")
+        if content is None and message.get("refusal"):
+            raise ValueError(f"the model refused, with no content: {str(message['refusal'])[:200]}")
+        text = reply_text(content, "message.content")
+        note = f"the reply was cut off at max_tokens={self.max_tokens}" if choice.get("finish_reason") == "length" else None
         usage = body.get("usage") or {}
         return Completion(
-            text=str(text),
+            text=text,
             input_tokens=int(usage.get("prompt_tokens") or 0),
             output_tokens=int(usage.get("completion_tokens") or 0),
             note=note,

@@ -30,9 +30,9 @@ _JUDGE_OPTIONS = {
     "max_consecutive_failures",
 }
 _BACKEND_OPTIONS = {
-    "openai": {"json_mode", "extra_body", "headers", "images_first"},
-    "azure": {"json_mode", "extra_body", "headers", "api_version", "images_first"},
-    "anthropic": {"headers"},
+    "openai": {"json_mode", "extra_body", "headers", "images_first", "deadline"},
+    "azure": {"json_mode", "extra_body", "headers", "api_version", "images_first", "deadline"},
+    "anthropic": {"headers", "deadline"},
     "transformers": {"tokenizer", "processor", "batch_size", "device", "dtype", "seed"},
 }
 _SPEC_KEYS = {"backend", "model", "base_url", "api_key", "api_key_env"}
@@ -91,7 +91,7 @@ def make_judge(
         concurrency: requests in flight at once (HTTP backends).
         requests_per_minute: an optional rate limit shared by all threads.
         max_retries: re-sends of one call on 429/5xx/timeouts/dropped connections.
-        timeout: seconds to wait for a response.
+        timeout: seconds to wait for each read of a response (HTTP backends).
         max_invalid_retries: corrective follow-ups for a reply that is not valid JSON / fails validate.
         allow_remote_credentialed: host name(s) or base URL(s) of non-local endpoints approved for
             credentialed (PhysioNet) data; see :class:`CredentialedDataError`.
@@ -99,7 +99,8 @@ def make_judge(
         progress: show a progress bar.
         **options: ``backoff_base``/``backoff_max`` (seconds), ``max_consecutive_failures`` (records
             whose calls failed for good in a row that stop the run, HTTP backends; default 8, None: never), ``images_first``
-            (openai/azure: images before the text) and the backend options above.
+            (openai/azure: images before the text), ``deadline`` (HTTP backends: seconds for one whole request,
+            connect to the last byte, default 300) and the backend options above.
     """
     if isinstance(spec, Judge):
         return spec

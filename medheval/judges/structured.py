@@ -177,7 +177,8 @@ def _loads_object(candidate: str) -> dict | None:
 
 
 def parse_json_object(text: str) -> dict[str, Any]:
-    """The first JSON object in ``text``, read leniently.
+    """The one JSON object in ``text``, read leniently (the same object repeated, e.g. in a fence and
+    outside it, counts once; two different objects are ambiguous and raise).
 
     Accepts: a bare object; one inside a Markdown code fence; one with prose before or after
     it; single quotes, Python literals (``True``/``False``/``None``), trailing commas, bare
@@ -201,6 +202,7 @@ def parse_json_object(text: str) -> dict[str, Any]:
         candidates.extend(_balanced_objects(block))
     candidates.extend(_balanced_objects(stripped))
     seen: set[str] = set()
+    values: list[dict] = []
     for candidate in candidates:
         for variant in (candidate, candidate.translate(_SMART_QUOTES)):
             if variant in seen:
@@ -208,7 +210,13 @@ def parse_json_object(text: str) -> dict[str, Any]:
             seen.add(variant)
             value = _loads_object(variant)
             if value is not None:
-                return value
+                if value not in values:
+                    values.append(value)
+                break
+    if len(values) == 1:
+        return values[0]
+    if values:  # which one the judge meant is a guess: unparsed, so it is asked again
+        raise ValueError(f"the judge's reply holds {len(values)} different JSON objects, expected one: {_excerpt(text)}")
     if not candidates:
         raise ValueError(f"no JSON object ('{{...}}') in the judge's reply: {_excerpt(text)}")
     raise ValueError(f"the JSON object in the judge's reply could not be parsed: {_excerpt(text)}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import re
 import shutil
 import sys
@@ -61,8 +62,10 @@ GATED_FIELDS = {
     "I am a credentialed PhysioNet user and have signed the MIMIC-CXR-JPG data use agreement": "checkbox",
     "I will not try to re-identify anyone and will not share the data with people without access": "checkbox",
 }
-# file kinds that are image bytes: never in a gated (credentialed) repo
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".dcm", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")  # a split key part that can name a file
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class PublishError(ValueError):
@@ -182,14 +185,65 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
     return RepoFolder(str(folder), f"{org}/{name}", "dataset", "datasets", gated=gated)
 
 
-def check_no_credentialed_bytes(repo: RepoFolder) -> None:
-    """Refuse a gated (credentialed) repo folder holding image files or binary Parquet columns.
+# Leading bytes of the file kinds that can carry pixels or hide them (images, DICOM, arrays, archives).
+MAGIC_BYTES: tuple[tuple[int, bytes, str], ...] = (
+    (0, b"\xff\xd8\xff", "JPEG image"),
+    (0, b"\x89PNG\r\n\x1a\n", "PNG image"),
+    (0, b"GIF8", "GIF image"),
+    (0, b"BM", "BMP image"),
+    (0, b"II*\x00", "TIFF image"),
+    (0, b"MM\x00*", "TIFF image"),
+    (0, b"\x00\x00\x00\x0cjP  \r\n\x87\n", "JPEG 2000 image"),
+    (0, b"\xff\x4f\xff\x51", "JPEG 2000 codestream"),
+    (128, b"DICM", "DICOM file"),
+    (0, b"\x93NUMPY", "NumPy array"),
+    (0, b"PK\x03\x04", "zip archive"),
+    (0, b"\x1f\x8b", "gzip archive"),
+    (0, b"BZh", "bzip2 archive"),
+    (0, b"\xfd7zXZ\x00", "xz archive"),
+    (0, b"7z\xbc\xaf\x27\x1c", "7z archive"),
+    (0, b"\x28\xb5\x2f\xfd", "zstd archive"),
+    (257, b"ustar", "tar archive"),
+)
+# base64 this long (about 1.5 KB of bytes) is an embedded file, never an annotation; a data URL of an image too
+BASE64_RUN = re.compile(rb"(?:data:image/[a-z0-9.+-]+;base64,)|[A-Za-z0-9+/]{2048,}={0,2}", re.IGNORECASE)
 
-    Runs on every push, so a folder edited by hand after :func:`export_dataset` is checked too."""
-    if not repo.gated:
-        return
+
+def file_kind(path: Path) -> str | None:
+    """What ``path`` holds when it can carry an image (by content, not by name): ``"JPEG image"``,
+    ``"DICOM file"``, ``"zip archive"``, ``"base64 text"``, ``"binary file"``...; ``None`` for plain text
+    (or Parquet, which :func:`check_no_credentialed_bytes` reads column by column)."""
+    data = path.read_bytes()
+    for offset, magic, kind in MAGIC_BYTES:
+        if data[offset : offset + len(magic)] == magic:
+            return kind
+    if data[:4] == b"PAR1":
+        return None
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "binary file"
+    return "base64 text" if BASE64_RUN.search(data) else None
+
+
+def check_no_credentialed_bytes(repo: RepoFolder) -> None:
+    """Refuse a repo folder that could publish credentialed pixels.
+
+    Every repo: no symbolic links (the upload would follow one to wherever it points). A gated
+    (credentialed) repo, by content, never by file name: no image, DICOM, array or archive file, no other
+    binary file, no long base64 run or image data URL in a text file, and Parquet files without binary or
+    Image columns and without base64 strings. Runs on every push, so a folder edited by hand after
+    :func:`export_dataset` is checked too."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    root = Path(repo.folder)
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            raise CredentialedImageError(f"{repo.repo_id}: {path.relative_to(root)} is a symbolic link "
+                                         f"(to {os.readlink(path)}); the upload would follow it: copy the file or drop it")
+    if not repo.gated:
+        return
 
     def binary_fields(dtype: pa.DataType, name: str) -> list[str]:
         if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_fixed_size_binary(dtype):
@@ -200,19 +254,30 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
             return binary_fields(dtype.value_type, f"{name}[]")
         return []
 
-    root = Path(repo.folder)
-    for path in sorted(root.rglob("*")):
-        if path.suffix.lower() in IMAGE_SUFFIXES:
-            raise CredentialedImageError(f"{repo.repo_id}: {path.relative_to(root)} is an image file in a credentialed "
-                                         "repo; credentialed images are never published")
-        if path.suffix == ".parquet":
-            schema = pq.read_schema(path)
-            hits = [hit for column in schema for hit in binary_fields(column.type, column.name)]
-            meta = (schema.metadata or {}).get(b"huggingface", b"")
-            if hits or b'"Image"' in meta or b"CredentialedImage" in meta:
-                raise CredentialedImageError(
-                    f"{repo.repo_id}: {path.relative_to(root)} has binary/image column(s) {hits or '(Image feature)'} "
-                    "in a credentialed repo; publish image references (strings) only")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        where = path.relative_to(root)
+        kind = file_kind(path)
+        if kind is not None:
+            raise CredentialedImageError(f"{repo.repo_id}: {where} is a {kind} in a credentialed repo; credentialed "
+                                         "images are never published (only annotations and image references)")
+        if path.read_bytes()[:4] != b"PAR1":
+            continue
+        schema = pq.read_schema(path)
+        hits = [hit for column in schema for hit in binary_fields(column.type, column.name)]
+        meta = (schema.metadata or {}).get(b"huggingface", b"")
+        if hits or b'"Image"' in meta or b"CredentialedImage" in meta:
+            raise CredentialedImageError(
+                f"{repo.repo_id}: {where} has binary/image column(s) {hits or '(Image feature)'} "
+                "in a credentialed repo; publish image references (strings) only")
+        table = pq.read_table(path)
+        for name in table.column_names:
+            column = table.column(name)
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+                    or pa.types.is_nested(column.type)):
+                continue
+            if BASE64_RUN.search(json.dumps(column.to_pylist(), default=str).encode()):
+                raise CredentialedImageError(f"{repo.repo_id}: {where} column {name!r} holds base64 data in a "
+                                             "credentialed repo; publish image references only")
 
 
 # -------------------------------------------------------------------------------------- metrics
@@ -300,6 +365,9 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
         mitigation = str(settings.get("mitigation") or "none")
         for split, block in sorted((run.get("benchmarks") or {}).items()):
             benchmark, _, config = split.partition(":")
+            if not (SAFE_NAME.fullmatch(benchmark) and (not config or SAFE_NAME.fullmatch(config))):
+                raise PublishError(f"results hold a split named {split!r}: expected BENCHMARK:CONFIG of letters, digits, "
+                                   "'.', '_' and '-' (a results.json edited by hand, or not from `medheval run`)")
             entries = []
             for metric, values in sorted((block.get("metrics") or {}).items()):
                 for key, value in sorted((values or {}).items()):
@@ -320,21 +388,29 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
     return files
 
 
+def _inside(root: Path, path: Path) -> Path:
+    """``path``, after checking that it resolves to a place under ``root`` (:class:`PublishError` if not)."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise PublishError(f"refusing to write {path}: it would land outside {root}")
+    return path
+
+
 def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, org: str = DEFAULT_ORG) -> RepoFolder:
     """A run's ``results.json`` as ``.eval_results/*.yaml`` for the model repo ``model_repo``."""
     results_path = Path(run_dir) / "results.json" if Path(run_dir).is_dir() else Path(run_dir)
     if not results_path.is_file():
         raise PublishError(f"{results_path} not found: pass the output folder of `medheval run`")
-    if model_repo.count("/") != 1:
+    if not REPO_ID.fullmatch(model_repo) or ".." in model_repo:
         raise PublishError(f"--model-repo {model_repo!r}: expected ORG/MODEL, the Hub repo of the evaluated model")
     files = eval_results_entries(json.loads(results_path.read_text()), org=org)
     if not files:
         raise PublishError(f"{results_path} holds no numeric metric values to publish")
-    folder = Path(out_dir) / "results" / model_repo.replace("/", "--")
+    folder = _inside(Path(out_dir), Path(out_dir) / "results" / model_repo.replace("/", "--"))
     shutil.rmtree(folder, ignore_errors=True)
     (folder / ".eval_results").mkdir(parents=True)
     for name, entries in files.items():
-        (folder / ".eval_results" / name).write_text(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True))
+        target = _inside(folder / ".eval_results", folder / ".eval_results" / name)
+        target.write_text(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True))
     return RepoFolder(str(folder), model_repo, "model", "results")
 
 

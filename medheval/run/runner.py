@@ -32,6 +32,7 @@ from medheval.run.outputs import atomic_write_text
 from medheval.run.prompts import describe_templates
 from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
 from medheval.data.registry import list_units
+from medheval.judges.endpoints import redact
 from medheval.run.protocol import (
     RECORD_INPUTS,
     RunError,
@@ -172,8 +173,9 @@ def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int
 def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogWriter,
                          done: set[tuple[str, str, str]], mitigation: str, batch_size: int,
                          generation: GenerationPlan | None = None, shard: tuple[int, int] = (0, 1)) -> int:
-    """Generate for every record not yet in the log; returns how many were generated now. Each log entry
-    records the rendered prompt (when the backend has ``format_prompt``) and the generation settings.
+    """Generate for every record not yet in the log; returns how many were generated now. Every secret the
+    run holds (API keys, passwords: :func:`medheval.judges.endpoints.register_secrets`) is redacted from the
+    predictions, which a server may have echoed it into. Each log entry records the rendered prompt (when the backend has ``format_prompt``) and the generation settings.
     ``shard=(rank, world_size)``: only this process's batches (:func:`medheval.run.distributed.shard_batches`)."""
     ids = loaded.dataset["id"]
     todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation) not in done]
@@ -196,7 +198,7 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
                 if len(outputs) != len(group):
                     raise BackendError(f"backend {backend.name} returned {len(outputs)} outputs for {len(group)} records")
                 for record, record_images, prediction in zip(group, group_images, outputs):
-                    writer.write({"id": record["id"], "prediction": prediction, "model": backend.name,
+                    writer.write({"id": record["id"], "prediction": redact(prediction), "model": backend.name,
                                   "mitigation": mitigation, "seconds": round(seconds, 6), "generation": used,
                                   **rendered_prompt(backend, record, record_images)})
             generated += len(records)

@@ -1,0 +1,261 @@
+"""One HTTP POST to a model or judge endpoint, on terms a hostile or broken server cannot stretch.
+
+- **No redirect leaves the endpoint's origin.** A 3xx to another scheme, host or port is refused
+  (:class:`RedirectRefused`, naming both hosts): following it would re-send the request's body (the
+  question, the record's images) and key headers to a host nobody configured. A same-origin 307/308
+  (method and body kept) is followed, up to :data:`MAX_REDIRECTS` times; a 301/302/303 is refused, since
+  a client would turn the POST into a GET without its body.
+- **A total deadline per request.** ``timeout`` bounds each socket read, so a server sending one byte a
+  second never trips it. ``deadline`` bounds the whole exchange, connect, headers and body, redirects
+  included: a watchdog shuts the request's socket down when it passes (:class:`DeadlineExceeded`).
+- **A capped body.** At most ``max_bytes`` are read (:class:`ReplyTooLarge`): a reply far larger than the
+  request's ``max_tokens`` allows is refused before it fills memory or the predictions.
+
+:func:`post` works through a :class:`requests.Session` on which :func:`mount` installed
+:class:`DeadlineAdapter` (the session keeps proxies, TLS settings and auth as configured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import threading
+import time
+from typing import Any, Mapping
+from urllib.parse import urljoin, urlsplit
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+from requests.structures import CaseInsensitiveDict
+
+REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
+KEEPS_METHOD_AND_BODY = frozenset({307, 308})
+MAX_REDIRECTS = 5
+
+
+class TransportError(Exception):
+    """The exchange with the endpoint broke one of this module's rules; the message says which."""
+
+
+class RedirectRefused(TransportError):
+    """A redirect that is not followed: to another origin, or one that would drop the request body."""
+
+
+class DeadlineExceeded(TransportError):
+    """No complete reply within the request's deadline."""
+
+
+class ReplyTooLarge(TransportError):
+    """The reply body is larger than the request allows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """A complete HTTP reply (status, headers, body) from the URL that answered."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+    url: str
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class _Slot:
+    """The connection one request is using, so that the watchdog can shut its socket down."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.connection: Any = None
+        self.expired = False
+
+    def track(self, connection: Any) -> None:
+        with self.lock:
+            self.connection = connection
+            expired = self.expired
+        if expired:
+            _shutdown(connection)
+
+    def expire(self) -> None:
+        with self.lock:
+            self.expired = True
+            connection = self.connection
+        if connection is not None:
+            _shutdown(connection)
+
+
+def _shutdown(connection: Any) -> None:
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+_active = threading.local()  # .slot: the _Slot of the request this thread is making
+
+
+class _Tracked:
+    """Connection mixin: register with the calling thread's slot when connecting and before each request."""
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        slot = getattr(_active, "slot", None)
+        if slot is not None:
+            slot.track(self)
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        slot = getattr(_active, "slot", None)
+        if slot is not None:
+            slot.track(self)
+        super().request(*args, **kwargs)  # type: ignore[misc]
+
+
+class _HTTPConnection(_Tracked, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Tracked, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+_POOLS = {"http": _HTTPPool, "https": _HTTPSPool}
+
+
+class DeadlineAdapter(HTTPAdapter):
+    """requests' adapter whose connections the deadline watchdog of :func:`post` can shut down."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(_POOLS)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if hasattr(manager, "pool_classes_by_scheme"):
+            manager.pool_classes_by_scheme = dict(_POOLS)
+        return manager
+
+
+def mount(session: requests.Session) -> requests.Session:
+    """Install :class:`DeadlineAdapter` for http and https on ``session``; returns it."""
+    adapter = DeadlineAdapter()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """``(scheme, host, port)`` with the scheme's default port filled in."""
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+def _host(url: str) -> str:
+    scheme, host, port = origin(url)
+    return f"{host}:{port}" if port else host
+
+
+def _read(response: requests.Response, max_bytes: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_content(chunk_size=65536):
+        size += len(chunk)
+        if size > max_bytes:
+            raise ReplyTooLarge(f"the reply body exceeds {max_bytes} bytes (status {response.status_code})")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def post(session: requests.Session, url: str, body: bytes, headers: Mapping[str, str], *, timeout: float,
+         deadline: float, max_bytes: int) -> Reply:
+    """POST ``body`` to ``url`` and read the whole reply, within ``deadline`` seconds in all.
+
+    Raises:
+        RedirectRefused: a redirect to another origin, a 301/302/303, or more than :data:`MAX_REDIRECTS`.
+        DeadlineExceeded: the exchange did not finish within ``deadline``.
+        ReplyTooLarge: the body exceeds ``max_bytes``.
+        requests.RequestException: the connection failed, or a read waited longer than ``timeout``.
+    """
+    stop_at = time.monotonic() + deadline
+    slot = _Slot()
+    watchdog = threading.Timer(deadline, slot.expire)
+    watchdog.daemon = True
+    previous = getattr(_active, "slot", None)
+    _active.slot = slot
+    watchdog.start()
+    try:
+        for _ in range(MAX_REDIRECTS + 1):
+            remaining = stop_at - time.monotonic()
+            if remaining <= 0 or slot.expired:
+                raise DeadlineExceeded(f"no complete reply within deadline={deadline:g}s")
+            try:
+                response = session.post(url, data=body, headers=dict(headers), allow_redirects=False, stream=True,
+                                        timeout=(min(timeout, remaining), timeout))
+                try:
+                    if response.status_code in REDIRECT_STATUS:
+                        url = _redirect_target(url, response)
+                        continue
+                    content = _read(response, max_bytes)
+                finally:
+                    response.close()
+            except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
+                if slot.expired:
+                    raise DeadlineExceeded(f"no complete reply within deadline={deadline:g}s") from None
+                raise
+            if slot.expired:
+                raise DeadlineExceeded(f"no complete reply within deadline={deadline:g}s")
+            return Reply(response.status_code, CaseInsensitiveDict(response.headers), content, url)
+        raise RedirectRefused(f"more than {MAX_REDIRECTS} redirects from {_host(url)!r}")
+    finally:
+        watchdog.cancel()
+        _active.slot = previous
+
+
+def _redirect_target(url: str, response: requests.Response) -> str:
+    """The URL a same-origin 307/308 points at; :class:`RedirectRefused` for every other redirect."""
+    status = response.status_code
+    location = response.headers.get("Location")
+    if not location:
+        raise RedirectRefused(f"{_host(url)!r} answered {status} without a Location")
+    target = urljoin(url, location)
+    if origin(target) != origin(url):
+        raise RedirectRefused(
+            f"{_host(url)!r} answered {status} redirecting to another host, {_host(target)!r}: refused, so the "
+            f"request (its text, images and key headers) is not sent there; if you trust that host, set the "
+            f"base URL to it")
+    if status not in KEEPS_METHOD_AND_BODY:
+        raise RedirectRefused(
+            f"{_host(url)!r} answered {status} (to {urlsplit(target).path!r}), a redirect that turns the POST into "
+            f"a GET without its body: set the base URL to the final endpoint")
+    return target
+
+
+__all__ = [
+    "DeadlineAdapter",
+    "DeadlineExceeded",
+    "MAX_REDIRECTS",
+    "RedirectRefused",
+    "Reply",
+    "ReplyTooLarge",
+    "TransportError",
+    "mount",
+    "origin",
+    "post",
+]
