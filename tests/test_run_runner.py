@@ -444,3 +444,67 @@ def test_older_folder_resumes_silently_and_other_settings_are_still_refused(fixt
     assert main([*base, "--output", str(tmp_path / "new"), "--limit", "3"]) == 2
     err = capsys.readouterr().err
     assert "different settings (changed: limit null → 3)" in err and "versions" not in err and "resuming" not in err
+
+
+# -- issue 23, points 7, 10 and 11 ------------------------------------------------------------------------------
+def test_results_follow_the_umask_and_a_killed_writes_leftovers_are_removed(fixture_benchmark, tmp_path):
+    """Orphaned ``.*.tmp`` files (a kill during an atomic write) go when the folder is next locked, except in a
+    sub-folder that is another run's (its own lock); every file follows the umask (0644 under 022, 0664 under 002)."""
+    import stat
+
+    ids, rows = _context_predictions(fixture_benchmark, tmp_path)
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": i, "prediction": "no"} for i in ids])
+    out = tmp_path / "run"
+    (out / "clinhallu" / "default").mkdir(parents=True)
+    (out / "other_run").mkdir()
+    orphans = [out / ".results.json.k3j2x.tmp", out / "clinhallu" / "default" / ".clinhallu_run.json.a1.tmp"]
+    kept = [out / "other_run" / ".medheval.lock", out / "other_run" / ".results.json.zz.tmp", out / "notes.tmp"]
+    for file in orphans + kept:
+        file.write_bytes(b"x" * 1000)
+    previous = os.umask(0o002)
+    try:
+        assert main(["run", "--benchmark", "context", "--predictions", str(path), "--output", str(out),
+                     "--data-dir", fixture_benchmark["data_dir"]]) == 0
+    finally:
+        os.umask(previous)
+    assert not any(file.exists() for file in orphans) and all(file.exists() for file in kept)
+    modes = {name: stat.S_IMODE((out / name).stat().st_mode) for name in
+             ("predictions.jsonl", "results.json", "results.md", "scored.jsonl", "report.html", "run.json")}
+    assert set(modes.values()) == {0o664}, modes
+    from medheval.run.outputs import atomic_write_text
+
+    previous = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "x.txt", "x")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "x.txt").stat().st_mode) == 0o644
+
+
+def test_nothing_scored_exits_1_with_the_reason(fixture_benchmark, tmp_path, capsys):
+    """Every id of the predictions file belongs to another benchmark: with --allow-missing-predictions the run
+    scores nothing, and says so (exit 1), instead of a silent success."""
+    ds = load_benchmark("mm_vishal", data_dir=fixture_benchmark["data_dir"])
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "yes"} for rid in ds["id"]])
+    code = main(["run", "--benchmark", "context", "--predictions", str(path), "--output", str(tmp_path / "run"),
+                 "--data-dir", fixture_benchmark["data_dir"], "--allow-missing-predictions"])
+    err = capsys.readouterr().err
+    n = len(load_benchmark("context", data_dir=fixture_benchmark["data_dir"]))
+    assert code == 1
+    assert f"nothing was scored (context:default: 0 of {n} record(s) scored, {n} without a prediction)" in err
+
+
+def test_a_predictions_file_given_relative_then_absolute_is_the_same_setting(fixture_benchmark, tmp_path,
+                                                                               monkeypatch):
+    ids, rows = _context_predictions(fixture_benchmark, tmp_path)
+    _write_jsonl(tmp_path / "p.jsonl", [{"id": i, "prediction": "no"} for i in ids])
+    monkeypatch.chdir(tmp_path)
+    base = ["run", "--benchmark", "context", "--output", str(tmp_path / "run"), "--data-dir",
+            fixture_benchmark["data_dir"]]
+    assert main([*base, "--predictions", "p.jsonl"]) == 0
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["backend"]["path"] == str(tmp_path / "p.jsonl")
+    assert main([*base, "--predictions", str(tmp_path / "p.jsonl")]) == 0
+    run_json = json.loads((tmp_path / "run" / "run.json").read_text())  # a folder of an earlier version: as typed
+    run_json["backend"]["path"] = "p.jsonl"
+    (tmp_path / "run" / "run.json").write_text(json.dumps(run_json))
+    assert main([*base, "--predictions", "./p.jsonl"]) == 0

@@ -151,7 +151,7 @@ class PredictionsFileBackend:
         return {
             "backend": "predictions_file",
             "model": self.name,
-            "path": str(self.path),
+            "path": str(self.path.resolve()),  # the same file, given relative or absolute, is the same setting
             "sha256": self._sha256,
             "num_predictions": len(self._predictions),
         }

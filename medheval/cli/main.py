@@ -66,7 +66,30 @@ def _finish(results: dict, output: Path) -> int:
         if process_group().is_main:
             print(f"error: metric(s) failed on every item: {', '.join(failed)} (see results.md)", file=sys.stderr)
         return 1
-    return 0 if results.get("benchmarks") or results.get("runs") else 1
+    splits = list(_split_entries(results))
+    if not splits or all(entry.get("n_scored") == 0 for _, entry in splits):
+        if process_group().is_main:
+            why = "; ".join(_nothing_scored(split, entry) for split, entry in splits) or "no split ran"
+            print(f"error: nothing was scored ({why}); check that the predictions' ids belong to the benchmark "
+                  "and config you asked for", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _nothing_scored(split: str, entry: dict) -> str:
+    missing = int((entry.get("data_quality") or {}).get("missing_predictions") or 0)
+    total = int(entry.get("n_records") or 0) + missing  # records without a prediction were dropped before scoring
+    return f"{split}: 0 of {total} record(s) scored" + (f", {missing} without a prediction" if missing else "")
+
+
+def _split_entries(results: dict):
+    """``(split, entry)`` for every split of a run or of a grid's runs (nested grids included)."""
+    for split, entry in (results.get("benchmarks") or {}).items():
+        if isinstance(entry, dict):
+            yield split, entry
+    for run in results.get("runs") or []:
+        if isinstance(run, dict):
+            yield from _split_entries(run)
 
 
 def _generation_plan(args: argparse.Namespace):

@@ -2,7 +2,9 @@
 
 * :func:`atomic_write_text` writes to a temporary file in the same folder, fsyncs it and renames it
   over the target (``os.replace``): a kill or a full disk leaves the old file or the new one, never
-  half of one.
+  half of one. The file gets the permissions of the process's umask, like any file it creates (a
+  colleague on a shared server can read results that ``predictions.jsonl`` sits beside). A temporary
+  file a kill left behind is removed when the folder is next locked (:func:`remove_orphans`).
 * :class:`OutputLock` holds an exclusive ``fcntl.flock`` on ``<folder>/.medheval.lock`` (the holder's
   pid and start time are written in it). The kernel drops the lock when its process dies, so a lock
   file left by a killed run is taken over, never mistaken for a live run. A second run into the
@@ -25,6 +27,32 @@ except ImportError:  # pragma: no cover - Windows: no advisory locks, see Output
     fcntl = None
 
 LOCK_NAME = ".medheval.lock"
+ORPHAN_PATTERN = ".*.tmp"  # what atomic_write_bytes names its temporary files: .<target>.<random>.tmp
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the platform allows (Linux ``/proc``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return _IMPORT_UMASK
+
+
+def _read_umask_by_setting_it() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_IMPORT_UMASK = _read_umask_by_setting_it()  # elsewhere than Linux: read once, at import
+
+
+def file_mode() -> int:
+    """The permissions ``open()`` would give a new file now (``0o666`` less the umask)."""
+    return 0o666 & ~_umask()
 
 
 class OutputFolderLocked(RuntimeError):
@@ -46,6 +74,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         with handle:
             handle.write(data)
             handle.flush()
+            os.fchmod(handle.fileno(), file_mode())  # NamedTemporaryFile creates 0600
             os.fsync(handle.fileno())
         os.replace(handle.name, path)
     except BaseException:
@@ -68,6 +97,25 @@ def _fsync_dir(folder: Path) -> None:
         os.close(descriptor)
 
 
+def remove_orphans(folder: str | Path) -> list[Path]:
+    """Delete the temporary files of :func:`atomic_write_bytes` that a killed process left in ``folder`` and
+    its sub-folders (except those holding their own lock: another run's folder). Only call it while
+    holding the folder's lock; returns what was removed."""
+    removed = []
+    folder = Path(folder)
+    pending = [folder]
+    while pending:
+        current = pending.pop()
+        for path in current.iterdir():
+            if path.is_dir() and not path.is_symlink():
+                if not (path / LOCK_NAME).exists():
+                    pending.append(path)
+            elif path.match(ORPHAN_PATTERN) and path.is_file():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
 class OutputLock:
     """Exclusive lock on an output folder for the life of a run (a context manager).
 
@@ -83,6 +131,7 @@ class OutputLock:
         self.timeout = float(timeout)
         self.poll = poll
         self._handle: IO[str] | None = None
+        self.removed_orphans: list[Path] = []  # temporary files a killed run left, removed on acquire
 
     def _holder(self) -> str:
         try:
@@ -118,6 +167,7 @@ class OutputLock:
                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
         handle.flush()
         self._handle = handle
+        self.removed_orphans = remove_orphans(self.folder)
         return self
 
     def release(self) -> None:

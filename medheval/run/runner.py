@@ -100,6 +100,8 @@ def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mappin
         recorded = previous.get("backend", {}) if isinstance(previous.get("backend"), dict) else {}
         if isinstance(recorded.get("device"), str):  # folders of earlier versions hold a data-parallel "cuda:N"
             recorded["device"] = recorded["device"].split(":")[0]
+        if recorded.get("backend") == "predictions_file" and isinstance(recorded.get("path"), str):
+            recorded["path"] = str(Path(recorded["path"]).resolve())  # earlier versions kept the path as typed
         if previous != settings:
             before, after = _flatten(previous), _flatten(settings)
             changed = [f"{key} {json.dumps(before.get(key, '<unset>'))} → {json.dumps(after.get(key, '<unset>'))}"
