@@ -106,3 +106,96 @@ def test_a_run_and_its_report_show_the_software_stack(fixture_benchmark, tmp_pat
     for page in (written["html"].read_text(), (out / "report.html").read_text()):  # medheval report; the run's own
         stack = page.split("<h2>Software stack</h2>")[1].split("</table>")[0]
         assert all(f"<td>{now[package]}</td>" in stack for package in now), stack
+
+
+# -- issue 23, point 8: `medheval report` on bad input --------------------------------------------------------
+def _edited(tmp_path, edit):
+    from report_runs import write_run
+
+    run = write_run(tmp_path / "run", "none", [True, False, True, True])
+    results = json.loads((run / "results.json").read_text())
+    edit(results)
+    (run / "results.json").write_text(json.dumps(results))
+    return run
+
+
+def _wrong_category(results):
+    results["benchmarks"]["mm_vishal:all"]["metrics"]["close_ended_accuracy"]["accuracy_by_category"] = 0.5
+
+
+def _split_as_list(results):
+    results["benchmarks"]["mm_vishal:all"] = [1, 2]
+
+
+def _metrics_as_list(results):
+    results["benchmarks"]["mm_vishal:all"]["metrics"] = ["close_ended_accuracy"]
+
+
+def _warnings_as_text(results):
+    results["warnings"] = "one warning"
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("edit, field", [
+    (_wrong_category, "benchmarks.mm_vishal:all.metrics.close_ended_accuracy.accuracy_by_category is a number"),
+    (_split_as_list, "benchmarks['mm_vishal:all'] is a list"),
+    (_metrics_as_list, "benchmarks.mm_vishal:all.metrics is a list"),
+    (_warnings_as_text, "warnings is a string, expected a list"),
+])
+def test_a_results_field_of_the_wrong_structure_is_one_line_naming_file_and_field(tmp_path, capsys, edit, field):
+    run = _edited(tmp_path, edit)
+    assert main(["report", str(run), "--output", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert str(run / "results.json") in err and field in err
+
+
+def test_a_scored_line_that_is_a_list_and_a_raw_line_separator(tmp_path, capsys):
+    from report_runs import write_run
+
+    run = write_run(tmp_path / "run", "none", [True, False])
+    lines = (run / "scored.jsonl").read_text().splitlines()
+    item = json.loads(lines[0])
+    item["prediction"] = "yes\u2028really"  # a raw U+2028 (json.dumps escapes it; a hand-written file may not)
+    lines[0] = json.dumps(item, ensure_ascii=False).replace("\\u2028", "\u2028")
+    (run / "scored.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert "\u2028" in (run / "scored.jsonl").read_text(encoding="utf-8")
+    assert main(["report", str(run), "--output", str(tmp_path / "ok"), "--no-plots"]) == 0
+    (run / "scored.jsonl").write_text("\n".join([*lines, "[1, 2]"]) + "\n", encoding="utf-8")
+    assert main(["report", str(run), "--output", str(tmp_path / "bad"), "--no-plots"]) == 2
+    assert "scored.jsonl: line 3 is a JSON list, expected an object" in capsys.readouterr().err
+
+
+def test_not_a_number_shows_as_a_dash_with_a_caveat(tmp_path):
+    def edit(results):
+        metric = results["benchmarks"]["mm_vishal:all"]["metrics"]["close_ended_accuracy"]
+        metric["accuracy"] = "seventy"
+        metric["accuracy_by_category"]["anatomy"] = float("nan")
+
+    run = _edited(tmp_path, edit)
+    assert main(["report", str(run), "--output", str(tmp_path / "report"), "--no-plots"]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "seventy" not in md.split("## Caveats")[1].split("\n## ", 1)[1]  # never a table cell
+    assert "metrics.close_ended_accuracy.accuracy is 'seventy', not a number: shown as –" in md
+    assert "accuracy_by_category.anatomy is nan, not a number: shown as –" in md
+    assert "| nan" not in md.lower()
+
+
+def test_html_in_names_is_text_in_markdown_cells_and_dollars_are_not_mathtext(fixture_benchmark, tmp_path):
+    pytest.importorskip("matplotlib")
+    from report_runs import write_grid
+
+    grid = write_grid(tmp_path / "grid", {"none": [True, False, True, False], "vcd": [True, True, True, False]},
+                      model="<img src=x onerror=alert(1)>$x_{1}$|m")
+    report = tmp_path / "report"
+    (report / "plots").mkdir(parents=True)
+    (report / "plots" / "stale_from_last_time.png").write_bytes(b"\x89PNG")
+    assert main(["report", str(grid), "--output", str(report)]) == 0
+    md = (report / "report.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "onerror" in line]
+    assert rows and all("&lt;img src=x onerror=alert(1)&gt;$x_{1}$\\|m" in row for row in rows)
+    assert "<img src=x" not in md.replace("`<img src=x onerror=alert(1)>$x_{1}$|m", "")
+    plots = sorted(p.name for p in (report / "plots").iterdir())
+    assert "stale_from_last_time.png" not in plots and "category_accuracy.png" in plots

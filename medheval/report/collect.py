@@ -10,6 +10,7 @@ mitigation; any other folder is searched (a few levels deep) for run folders. A 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -58,6 +59,12 @@ class Run:
         versions = self.results.get("versions")
         return dict(versions) if isinstance(versions, dict) else None
 
+    def not_a_number(self, where: str, value: Any) -> None:
+        """Note (once) that the figure at ``where`` is present but not a finite number: the table shows "–"."""
+        note = f"{self.path}: {where} is {value!r:.40}, not a number: shown as –"
+        if value is not None and note not in self.notes and not isinstance(value, float):
+            self.notes.append(note)
+
     def items_of(self, split: str) -> list[dict[str, Any]]:
         return [item for item in self.items if item["split"] == split]
 
@@ -105,14 +112,19 @@ def read_items(path: Path, results: dict[str, Any], notes: list[str]) -> list[di
         notes.append(f"{path}: no scored.jsonl, so no per-item intervals or samples for this run")
         return []
     items = []
-    for number, line in enumerate(scored.read_text(encoding="utf-8").splitlines(), 1):
+    # lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 ... inside an answer
+    for number, line in enumerate(scored.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:
-            items.append(json.loads(line))
+            item = json.loads(line)
         except ValueError as error:
             raise ReportError(f"{scored}: line {number} is not JSON ({error}); re-run `medheval run` into "
                               f"{path} to rewrite it") from error
+        if not isinstance(item, dict):
+            raise ReportError(f"{scored}: line {number} is a JSON {_kind(item)}, expected an object (one scored "
+                              f"item); re-run `medheval run` into {path} to rewrite it")
+        items.append(item)
     splits = list(results.get("benchmarks", {}))
     prompts = _prompts(path / "predictions.jsonl")
     for item in items:
@@ -151,7 +163,7 @@ def _prompts(path: Path) -> dict[str, str]:
     if not path.exists():
         return {}
     found: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").split("\n"):
         try:
             entry = json.loads(line)
         except ValueError:
@@ -187,7 +199,7 @@ def _walk(path: Path, depth: int) -> list[Run]:
     results_path = path / "results.json"
     data = _read_json(results_path) if results_path.exists() else None
     if _is_run(data):
-        notes: list[str] = []
+        notes = check_results(results_path, data)
         return [Run(path=path, results=data, items=read_items(path, data, notes), notes=notes)]
     runs: list[Run] = []
     if depth < MAX_DEPTH:
@@ -196,10 +208,82 @@ def _walk(path: Path, depth: int) -> list[Run]:
     if not runs and isinstance(data, dict) and isinstance(data.get("runs"), list):
         for index, embedded in enumerate(data["runs"]):
             if _is_run(embedded):
+                notes = check_results(results_path, embedded, f"runs[{index}].")
                 runs.append(Run(path=path / f"runs[{index}]", results=embedded,
                                 notes=[f"{path}: grid sub-folder missing; run {index} read from the combined "
-                                       f"results.json (no per-item intervals)"]))
+                                       f"results.json (no per-item intervals)", *notes]))
     return runs
+
+
+# fields the report reads as objects or lists, by level (a number or a list there: an edited or damaged file)
+TOP_FIELDS = {"settings": dict, "labels": dict, "versions": dict, "usage": dict, "report": dict, "scoring": dict,
+              "warnings": list, "failed_metrics": list}
+ENTRY_FIELDS = {"metrics": dict, "data_quality": dict, "skipped_missing_images": dict, "run_options": dict,
+                "clinhallu_run": dict, "image_roots": dict, "annotation_files": list}
+EXPECTED = {dict: "an object", list: "a list"}
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else {dict: "object", list: "list", str: "string", bool: "boolean"}.get(
+        type(value), "number")
+
+
+def _breakdown(key: str) -> bool:
+    """Keys of a metric's output that hold a breakdown (an object): ``accuracy_by_category``, ``by_language``..."""
+    return key.startswith(("accuracy_by_", "by_")) or "_by_" in key or key == "confusion"
+
+
+def check_results(path: Path, results: dict[str, Any], prefix: str = "") -> list[str]:
+    """Check the shape of a run's ``results.json`` before the report reads it.
+
+    A field of the wrong structure (an object expected: ``benchmarks``, each split's entry, its ``metrics``,
+    each metric's output and its ``accuracy_by_*``/``by_*`` breakdowns, ``settings``...; a list expected:
+    ``warnings``...) raises :class:`ReportError` naming the file and the field. A value that is NaN or inf is
+    shown as "–": returned as a caveat naming it (the tables add one for a figure that is text:
+    :meth:`Run.not_a_number`)."""
+    notes: list[str] = []
+
+    def refuse(field: str, expected: str, value: Any) -> None:
+        raise ReportError(f"{path}: field {prefix}{field} is a {_kind(value)}, expected {expected}; the file was "
+                          f"edited or damaged: re-run `medheval run` to rewrite it")
+
+    def check(value: Any, field: str, kind: type) -> None:
+        if value is not None and not isinstance(value, kind):
+            refuse(field, EXPECTED[kind], value)
+
+    def not_finite(value: Any, field: str) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                not_finite(inner, f"{field}.{key}")
+        elif isinstance(value, list):
+            for index, inner in enumerate(value):
+                not_finite(inner, f"{field}[{index}]")
+        elif isinstance(value, float) and not math.isfinite(value):
+            notes.append(f"{path}: {prefix}{field} is {value}, not a number: shown as –")
+
+    def breakdowns(value: Any, field: str) -> None:
+        for key, inner in value.items():
+            if _breakdown(str(key)):
+                check(inner, f"{field}.{key}", dict)
+            if isinstance(inner, dict):
+                breakdowns(inner, f"{field}.{key}")
+
+    for key, kind in TOP_FIELDS.items():
+        check(results.get(key), key, kind)
+    if not isinstance(results.get("benchmarks"), dict):
+        refuse("benchmarks", "an object (split -> entry)", results.get("benchmarks"))
+    for split, entry in results["benchmarks"].items():
+        where = f"benchmarks[{split!r}]"
+        if not isinstance(entry, dict):
+            refuse(where, "an object (one split's results)", entry)
+        for key, kind in ENTRY_FIELDS.items():
+            check(entry.get(key), f"benchmarks.{split}.{key}", kind)
+        for metric, out in (entry.get("metrics") or {}).items():
+            check(out, f"benchmarks.{split}.metrics.{metric}", dict)
+            if isinstance(out, dict):
+                breakdowns(out, f"benchmarks.{split}.metrics.{metric}")
+    not_finite(results.get("benchmarks"), "benchmarks")
+    return notes
 
 
 STACK_COLUMNS = ("medheval", "python", *STACK_PACKAGES)

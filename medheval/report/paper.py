@@ -21,7 +21,7 @@ from typing import Any, Callable
 from medheval.report.collect import Run
 from medheval.report.stats import METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
-                                    STEPBENCH_LANGUAGES, STEPBENCH_STEPS, stepbench_rows)
+                                    STEPBENCH_LANGUAGES, STEPBENCH_STEPS, md_cell, stepbench_rows)
 from medheval.data.schema import VISUAL_CATEGORIES
 
 # (metric, summary key) -> the per-item key in scored.jsonl whose mean is that figure.
@@ -94,6 +94,8 @@ def figure(run: Run, split: str, metric: str, key: str, scale: float = 100.0, ca
     out = run.results["benchmarks"].get(split, {}).get("metrics", {}).get(metric) or {}
     value = (out.get("accuracy_by_category") or {}).get(category) if category else out.get(key)
     if not _num(value):
+        run.not_a_number(f"benchmarks[{split!r}].metrics.{metric}." + (f"accuracy_by_category.{category}"
+                                                                         if category else key), value)
         return Cell()
     std_key = STD_OF.get((metric, key))
     cell = Cell(value=scale * value, std=scale * out[std_key] if std_key and _num(out.get(std_key)) else None)
@@ -383,6 +385,7 @@ def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], k
     kind, _, setting = key.partition(".")
     value = (metric.get(kind) or {}).get(setting) if setting else metric.get(key)
     if not _num(value):
+        run.not_a_number(f"benchmarks[{split!r}].metrics.clinhallu.{key}", value)
         return Cell()
     cell = Cell(value=100 * value, signed=key.startswith("delta_"))
     columns, why = run.clinhallu_columns(split)
@@ -583,15 +586,11 @@ def format_cell(cell: Cell, markdown: bool = True) -> str:
     return text
 
 
-def _escape_md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def to_markdown(table: Table) -> str:
     header = [*table.row_header, *(c.label for c in table.columns)]
     lines = [f"## {table.title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for labels, cells in table.rows:
-        lines.append("| " + " | ".join([*map(_escape_md, labels), *(format_cell(c) for c in cells)]) + " |")
+        lines.append("| " + " | ".join([*map(md_cell, labels), *(format_cell(c) for c in cells)]) + " |")
     if table.footer:
         lines += ["", *(f"_{line}_  " for line in table.footer)]
     return "\n".join(lines) + "\n"

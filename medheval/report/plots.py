@@ -169,7 +169,17 @@ def agreement_plot(path: Path, confusion: dict[str, Any] | None = None, judge: S
 
 
 def write_plots(runs: list[Run], folder: Path) -> dict[str, Path]:
-    """Every figure the runs have data for, as ``{name: path}``."""
+    """Every figure the runs have data for, as ``{name: path}``. The folder's earlier figures are removed
+    first (a reused ``--output`` shows no stale plot), and labels are plain text (a ``$`` in a model name
+    is not mathtext)."""
+    if folder.is_dir():
+        for stale in folder.glob("*.png"):
+            stale.unlink()
+    with plt.rc_context({"text.parse_math": False}):
+        return _write_plots(runs, folder)
+
+
+def _write_plots(runs: list[Run], folder: Path) -> dict[str, Path]:
     _, records = comparisons(runs)
     made = {"category_accuracy": category_accuracy(runs, folder / "category_accuracy.png"),
             "mitigation_deltas": mitigation_deltas(records, folder / "mitigation_deltas.png"),

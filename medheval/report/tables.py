@@ -11,6 +11,17 @@ from medheval.data.schema import VISUAL_CATEGORIES
 CATEGORY_COLUMNS = {"anatomy": "Acc-A", "measurement": "Acc-M", "symptom": "Acc-S", "radiology": "Acc-R"}
 
 
+def md_cell(text: Any) -> str:
+    """Text safe in a Markdown table cell: HTML as entities (a model named ``<img onerror=...>`` shows as
+    text), ``|`` escaped, newlines as spaces."""
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+            .replace("\r", " ").replace("\n", " "))
+
+
+def _row(cells: Iterable[Any]) -> str:
+    return "| " + " | ".join(md_cell(cell) for cell in cells) + " |"
+
+
 def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}"
 
@@ -29,7 +40,7 @@ def close_ended_table(runs: Iterable[dict[str, Any]]) -> str:
     for split in splits:
         header += [f"{split} {CATEGORY_COLUMNS[c]}" for c in VISUAL_CATEGORIES if _has_category(runs, split, c)]
         header.append(f"{split} Acc")
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [_row(header), "|" + "---|" * len(header)]
     for run in runs:
         row = [run["settings"]["model"], run["settings"]["mitigation"]]
         for split in splits:
@@ -37,7 +48,7 @@ def close_ended_table(runs: Iterable[dict[str, Any]]) -> str:
             by_category = (metric or {}).get("accuracy_by_category", {})
             row += [_pct(by_category.get(c)) for c in VISUAL_CATEGORIES if _has_category(runs, split, c)]
             row.append(_pct(metric["accuracy"]) if metric else "–")
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(_row(row))
     return "\n".join(lines)
 
 
@@ -79,7 +90,7 @@ def open_ended_table(runs: Iterable[dict[str, Any]]) -> str:
     if not present:
         return ""
     header = ["Model", "Mitigation", "Split", *(label for _, _, label, _ in present)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [_row(header), "|" + "---|" * len(header)]
     for run in runs:
         for split, entry in run["benchmarks"].items():
             if not any(metric in entry["metrics"] for metric, _, _, _ in present):
@@ -91,20 +102,19 @@ def open_ended_table(runs: Iterable[dict[str, Any]]) -> str:
                 cell = f"{scale * value:.2f}" if isinstance(value, (int, float)) else "–"
                 cells.append(f"{cell} ± {scale * std:.2f}" if isinstance(value, (int, float))
                              and isinstance(std, (int, float)) else cell)
-            lines.append("| " + " | ".join([run["settings"]["model"], run["settings"]["mitigation"], split, *cells]) + " |")
+            lines.append(_row([run["settings"]["model"], run["settings"]["mitigation"], split, *cells]))
     return "\n".join(lines)
 
 
 def counts_table(run: dict[str, Any]) -> str:
     """Per split: records, scored, unparsed predictions, unusable references, skipped images, flagged items."""
     header = ["Split", "Records", "With prediction", "Unparsed", "Bad reference", "Skipped (missing image)", "Flagged upstream"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [_row(header), "|" + "---|" * len(header)]
     for split, entry in run["benchmarks"].items():
         metric = entry["metrics"].get("close_ended_accuracy", {})
-        lines.append("| " + " | ".join(str(v) for v in [
-            split, entry["n_records"], entry["n_scored"], metric.get("n_unparsed", "–"),
-            metric.get("n_bad_reference", "–"), entry["skipped_missing_images"]["count"],
-            entry["data_quality"].get("n_flagged", 0)]) + " |")
+        lines.append(_row([split, entry["n_records"], entry["n_scored"], metric.get("n_unparsed", "–"),
+                           metric.get("n_bad_reference", "–"), entry["skipped_missing_images"]["count"],
+                           entry["data_quality"].get("n_flagged", 0)]))
     return "\n".join(lines)
 
 
@@ -244,7 +254,7 @@ def stepbench_table(runs: Iterable[dict[str, Any]]) -> str:
     header = ["Model", "Mitigation", "Knowledge"] + [
         f"{language.upper()} S{step} {what}" for language in STEPBENCH_LANGUAGES
         for step in STEPBENCH_STEPS for what in ("R", "F1")] + ["Unparsed"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [_row(header), "|" + "---|" * len(header)]
     for model, mitigation, knowledge, by_language in rows:
         cells = []
         for language in STEPBENCH_LANGUAGES:
@@ -253,7 +263,7 @@ def stepbench_table(runs: Iterable[dict[str, Any]]) -> str:
                 scores = per_step.get(step) or per_step.get(str(step))
                 cells += [_pct(scores["recall"]) if scores else "–", _pct(scores["f1"]) if scores else "–"]
         cells.append(str(by_language.get("n_unparsed", 0)))
-        lines.append("| " + " | ".join([model, mitigation, knowledge, *cells]) + " |")
+        lines.append(_row([model, mitigation, knowledge, *cells]))
     return "\n".join(lines)
 
 
@@ -286,11 +296,10 @@ def _clinhallu_table(runs: Iterable[dict[str, Any]], columns: list[tuple[str, An
     if not rows:
         return ""
     header = ["Model", "Split", "Source", "n"] + [title for title, _ in columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [_row(header), "|" + "---|" * len(header)]
     for model, split, source, metric in rows:
         cells = [cell(metric) for _, cell in columns]
-        lines.append("| " + " | ".join([model, split, source, str((metric.get("counts") or {}).get("n", "–")), *cells])
-                     + " |")
+        lines.append(_row([model, split, source, str((metric.get("counts") or {}).get("n", "–")), *cells]))
     return "\n".join(lines)
 
 
