@@ -207,3 +207,46 @@ def test_remote_images_come_through_a_transform(fixture_benchmark, dataset_cache
                         image_roots={"slake": f"hf://{tmp_path / 'slake_images'}#id_column=ref"})
     row = ds[0]
     assert row["image"][0].mode == "RGB" and row["image"][0].size == Image.open(root / row["images"][0]).size
+
+
+# -- issue 23, point 9: fields of the wrong type are refused, never coerced ------------------------------------
+CONTEXT = "Context_Misalignment_Hallucination/MIMIC-CXR_pairs.json"
+
+
+def _copy(fixture_benchmark, tmp_path) -> Path:
+    import shutil
+
+    data = tmp_path / "benchmark_data"
+    shutil.copytree(fixture_benchmark["data_dir"], data)
+    return data
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("answer", ["Yes"], "'answer' is list [\"Yes\"], expected a string"),
+    ("qid", None, "'qid' is null, expected an integer or a non-empty string"),
+    ("question", 42, "'question' is int 42, expected a string"),
+    ("img_name", {"path": "x.jpg"}, "'img_name' is dict"),
+])
+def test_a_field_of_the_wrong_type_names_file_record_and_field(fixture_benchmark, tmp_path, dataset_cache, field,
+                                                               value, shown):
+    from medheval.data.benchmarks import BenchmarkDataError
+
+    data = _copy(fixture_benchmark, tmp_path)
+    records = json.loads((data / CONTEXT).read_text())
+    records[2][field] = value
+    (data / CONTEXT).write_text(json.dumps(records))
+    with pytest.raises(BenchmarkDataError) as caught:
+        prepare_benchmark("context", data_dir=data, cache_dir=dataset_cache)
+    message = str(caught.value)
+    assert CONTEXT in message and "record #2" in message and shown in message
+
+
+def test_a_file_that_is_not_utf8_names_its_line(fixture_benchmark, tmp_path, dataset_cache):
+    from medheval.data.benchmarks import BenchmarkDataError
+
+    data = _copy(fixture_benchmark, tmp_path)
+    text = json.dumps(json.loads((data / CONTEXT).read_text()), indent=1).encode()
+    third_line = text.index(b"\n", text.index(b"\n") + 1) + 1
+    (data / CONTEXT).write_bytes(text[:third_line] + b"\xff" + text[third_line:])
+    with pytest.raises(BenchmarkDataError, match=r"MIMIC-CXR_pairs.json: line 3 is not UTF-8 \(byte \d+, b'\\xff'\)"):
+        prepare_benchmark("context", data_dir=data, cache_dir=dataset_cache)

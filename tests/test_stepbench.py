@@ -86,6 +86,8 @@ def test_editing_the_statements_file_rebuilds(tmp_path, dataset_cache):
     (2, {"views": {"axial": "../../etc/passwd.png"}}, r"row 3 .*field 'views.axial' has a '\.\.' component"),
     (2, {"views": {"axial": "/data/a.png"}}, r"row 3 .*field 'views.axial' is an absolute path"),
     (2, {"volume": "volumes/%2e%2e/x.nii"}, r"row 3 .*field 'volume' has a '\.\.' component once percent-decoded"),
+    (2, {"volume_pet": "../../etc/pet.nii"}, r"row 3 .*field 'volume_pet' has a '\.\.' component"),
+    (1, {"volume_ct": "/data/ct.nii.gz"}, r"row 2 .*field 'volume_ct' is an absolute path"),
     (3, {"views": {}}, r"row 4 .*field 'views' has no image path"),
     (3, {"views": {"axial": "a.png", "frontal": "b.png"}}, r"row 4 .*field 'views.frontal' is not a view"),
     (2, {"step": "2"}, r"row 3 .*field 'step' must be an integer 1-4, got '2'"),
@@ -112,6 +114,20 @@ def test_missing_required_field_and_broken_json(tmp_path, fixture, dataset_cache
     rows = [{k: v for k, v in r.items() if k != "views"} for r in _rows(fixture)[:2]]
     with pytest.raises(StepBenchDataError, match=r"no column\(s\) \['views'\]"):
         prepare_benchmark("med_stepbench", data_dir=_write(tmp_path, rows), cache_dir=dataset_cache)
+
+
+def test_a_row_longer_than_a_json_block_loads_or_says_why(tmp_path, fixture, dataset_cache, monkeypatch):
+    """pyarrow reads JSON in 16 MB blocks; a 36 MB row (a long external-knowledge text) is read with larger
+    blocks, and a row beyond the limit is refused by line, never with pyarrow's "straddling object" text."""
+    from medheval.families.stepbench import source as stepbench_source
+
+    rows = _rows(fixture)[:3]
+    rows[1] = {**rows[1], "external_knowledge": "uptake " * (36 * 2**20 // 7)}  # > 2 blocks: pyarrow refuses
+    loaded = prepare_benchmark("med_stepbench", data_dir=_write(tmp_path, rows), cache_dir=dataset_cache)
+    assert len(loaded.dataset) == 3
+    monkeypatch.setattr(stepbench_source, "MAX_ROW_BYTES", 8 << 20)
+    with pytest.raises(StepBenchDataError, match=r"statements.jsonl: line 2 is 36 MB, more than one statement row"):
+        stepbench_source.read_statements(tmp_path / "statements.jsonl")
 
 
 def test_mixed_view_shapes_name_the_row(tmp_path, fixture, dataset_cache):

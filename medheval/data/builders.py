@@ -7,6 +7,7 @@ fetches them by sha256 and keys the Arrow cache on what it read.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -16,6 +17,50 @@ import datasets
 
 from medheval.data.fetch import PinnedFile, fetch
 from medheval.data.schema import FEATURES
+
+
+def read_utf8(path: str | Path) -> str:
+    """A text file's content; a byte that is not UTF-8 is an error naming the file, line and byte."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(f"{path}: line {line} is not UTF-8 (byte {error.start}, {data[error.start:error.start + 1]!r}): "
+                         "save the file as UTF-8") from None
+
+
+def read_json_records(path: str | Path, what: str = "a benchmark annotation file") -> list[Any]:
+    """One JSON array of records; the error names the file when it is not one (or not UTF-8 JSON)."""
+    try:
+        data = json.loads(read_utf8(path))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error}); is this {what}?") from error
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON array of records, found {type(data).__name__}")
+    return data
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else f"{type(value).__name__} {json.dumps(value, default=str)[:60]}"
+
+
+def text_field(raw: dict, key: str, where: str) -> str:
+    """``raw[key]`` when it is a string; else an error naming ``where`` (file, record), the field and the value
+    (nothing is coerced: ``["Yes"]`` would become the answer ``"['Yes']"``)."""
+    value = raw.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: field {key!r} is {_shown(value)}, expected a string; fix the record")
+    return value
+
+
+def id_field(raw: dict, key: str, where: str) -> int | str:
+    """``raw[key]`` when it is an integer or a non-empty string (a record id); else an error naming it
+    (a null id would make every such record ``.../None``)."""
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{where}: field {key!r} is {_shown(value)}, expected an integer or a non-empty string")
+    return value
 
 
 def quality_summary(records: Iterable[dict]) -> dict[str, Any]:

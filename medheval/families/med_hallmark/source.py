@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from medheval.data.fetch import PinnedFile, fetch
-from medheval.families.medheval.source import read_records
+from medheval.data.builders import read_json_records, text_field
 from medheval.scoring.parsing import parse_yes_no
 from medheval.data.schema import is_credentialed, make_id
 
@@ -215,7 +215,7 @@ def judged_records(path: str | Path, config: str) -> Iterator[dict]:
     humans labelled, ``meta.human_level`` their level, ``meta.human_label`` the released integer.
     """
     path = str(path)
-    for index, raw in enumerate(read_records(path)):
+    for index, raw in enumerate(read_json_records(path, "a Med-HallMark file")):
         human, gpt = _turns(raw, path, index)
         upstream_id = raw.get("id", index + 1)
         try:
@@ -242,7 +242,7 @@ def confidence_weakening_records(path: str | Path, config: str = "confidence_wea
     ``meta.plain_question`` without the prefix, ``meta.prefix`` the prefix (up to its colon); ids are
     the 1-based record positions (the file has none)."""
     path = str(path)
-    for index, raw in enumerate(read_records(path)):
+    for index, raw in enumerate(read_json_records(path, "a Med-HallMark file")):
         human, gpt = _turns(raw, path, index)
         prefix, colon, plain = human.partition(":")
         flags = [] if colon and plain.strip() else ["no_prefix_found"]
@@ -258,16 +258,18 @@ def irg_records(path: str | Path, config: str = "irg") -> Iterator[dict]:
     report, ``meta.released_response`` = the released Med-VLM report; no level is released
     (``Hallucination-type`` is empty in every record). Ids are 1-based positions (``qid`` is empty)."""
     path = str(path)
-    for index, raw in enumerate(read_records(path)):
+    for index, raw in enumerate(read_json_records(path, "a Med-HallMark file")):
         missing = [key for key in _IRG_KEYS if not isinstance(raw, dict) or key not in raw]
         if missing:
             raise ValueError(f"{path}: record #{index} lacks field(s) {missing}; expected the Irg.json format")
         upstream_id = raw.get("qid") or index + 1
+        where = f"{path}: record #{index} (id={upstream_id!r})"
+        question, response, reference = (text_field(raw, key, where) for key in ("question", "Med-VLM answer",
+                                                                                    "ground-truth"))
         released_type = raw.get("Hallucination-type") or None
-        meta = {"released_response": str(raw["Med-VLM answer"]), "released_hallucination_type": released_type}
-        flags = [] if str(raw["ground-truth"]).strip() else ["no_ground_truth"]
-        yield _record(config, upstream_id, raw, str(raw["question"]), str(raw["ground-truth"]), "report",
-                      meta, flags, path, index)
+        meta = {"released_response": response, "released_hallucination_type": released_type}
+        flags = [] if reference.strip() else ["no_ground_truth"]
+        yield _record(config, upstream_id, raw, question, reference, "report", meta, flags, path, index)
 
 
 READERS = {
@@ -297,7 +299,7 @@ def upstream_vqa_template(with_reference: bool, data_dir: str | None = None) -> 
     ``with_reference``, ``reference``), read from the human turn of the first record of the pinned
     ``Conventional..json`` that uses that variant."""
     path = _verified("conventional", data_dir)
-    for index, raw in enumerate(read_records(path)):
+    for index, raw in enumerate(read_json_records(path, "a Med-HallMark file")):
         item = split_judge_prompt(_turns(raw, str(path), index)[0])
         if (item.reference is not None) == with_reference:
             return item.template
@@ -309,7 +311,7 @@ def upstream_irg_template(data_dir: str | None = None) -> PromptTemplate:
     """Med-HallMark's report judge prompt as a template (fields ``reference``, ``response``), read from
     the ``prompt`` field of the pinned ``Irg.json``."""
     path = _verified("irg", data_dir)
-    for raw in read_records(path):
+    for raw in read_json_records(path, "a Med-HallMark file"):
         template = irg_prompt_template(raw)
         if template is not None:
             return template

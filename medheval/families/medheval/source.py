@@ -15,12 +15,11 @@ Upstream label noise is kept as released and listed in ``meta["quality_flags"]``
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from medheval.data.builders import PinnedFilesBuilder
+from medheval.data.builders import PinnedFilesBuilder, id_field, read_json_records, text_field
 from medheval.data.fetch import PinnedFile
 from medheval.scoring.parsing import normalize_reference, split_choices
 from medheval.data.schema import HALLUCINATION_TYPE_TO_CATEGORY, is_credentialed, make_id
@@ -71,23 +70,22 @@ _BARE_LETTERS = {chr(code) for code in range(ord("A"), ord("Z") + 1)}
 
 def read_records(path: str | Path) -> list[dict]:
     """Read one upstream JSON array; the error names the file when it is not one."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error}); is this a MedHEval benchmark_data file?") from error
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON array of records, found {type(data).__name__}")
-    return data
+    return read_json_records(path, "a MedHEval benchmark_data file")
 
 
 def _check_keys(raw: dict, fmt: str, path: str, index: int) -> None:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: record #{index} is a {type(raw).__name__}, expected an object")
     missing = [key for key in _REQUIRED_KEYS[fmt] if key not in raw]
     if missing:
         raise ValueError(
             f"{path}: record #{index} (qid={raw.get('qid')!r}) lacks field(s) {missing}; "
             f"expected the MedHEval '{fmt}' format"
         )
+    where = f"{path}: record #{index} (qid={raw.get('qid')!r})"
+    id_field(raw, "qid", where)
+    for key in ("question", "answer", "img_name"):
+        text_field(raw, key, where)
 
 
 def _is_yes_no(answer: str) -> bool:
@@ -163,6 +161,8 @@ def report_records(path: str | Path, benchmark: str, config: str) -> Iterator[di
 def text_records(path: str | Path, benchmark: str, config: str, category: str) -> Iterator[dict]:
     """Canonical records of the knowledge (close/open) and context files (MIMIC-CXR images)."""
     for index, raw in enumerate(read_records(path)):
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: record #{index} is a {type(raw).__name__}, expected an object")
         declared = raw.get("ground_truth_type") or raw.get("question_type")
         fmt = "text_open" if declared == "type4_Knowledge" else "text_close"
         _check_keys(raw, fmt, str(path), index)

@@ -133,11 +133,43 @@ def read_statements(path: str | Path) -> pa.Table:
     import pyarrow.json as pj
 
     schema = pa.schema([(name, pa.string()) for name in _STRING_FIELDS] + [("step", pa.int64())])
+    parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
     try:
-        return pj.read_json(path, read_options=pj.ReadOptions(block_size=16 << 20),
-                            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"))
+        return pj.read_json(path, read_options=pj.ReadOptions(block_size=BLOCK_SIZE), parse_options=parse)
+    except pa.ArrowInvalid as error:
+        if "straddl" not in str(error):
+            raise _scan_jsonl_for_error(path, error) from error
+    # a row longer than one block: read again with blocks that hold the longest row, up to MAX_ROW_BYTES
+    longest, line = _longest_line(path)
+    if longest > MAX_ROW_BYTES:
+        raise StepBenchDataError(f"{path}: line {line} is {longest / 2**20:.0f} MB, more than one statement row may "
+                                 f"hold ({MAX_ROW_BYTES / 2**20:.0f} MB): is a volume or an image embedded in it? "
+                                 "Rows hold paths under DIR, never file contents")
+    try:
+        return pj.read_json(path, read_options=pj.ReadOptions(block_size=longest + 1024), parse_options=parse)
     except pa.ArrowInvalid as error:
         raise _scan_jsonl_for_error(path, error) from error
+
+
+BLOCK_SIZE = 16 << 20  # pyarrow's JSON block; a row longer than this is read again with larger blocks
+MAX_ROW_BYTES = 256 << 20
+
+
+def _longest_line(path: Path) -> tuple[int, int]:
+    """``(bytes, line number)`` of the longest line of ``path``, read in chunks."""
+    longest, longest_line, current, line = 0, 1, 0, 1
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            parts = chunk.split(b"\n")
+            for index, part in enumerate(parts):
+                current += len(part)
+                if index < len(parts) - 1:
+                    if current > longest:
+                        longest, longest_line = current, line
+                    current, line = 0, line + 1
+    if current > longest:
+        longest, longest_line = current, line
+    return longest, longest_line
 
 
 # --------------------------------------------------------------------------- checking
@@ -250,8 +282,9 @@ def check_statements(table: pa.Table, path: str | Path) -> dict[str, pa.ChunkedA
     bad = _first(pc.invert(any_view)) if any_view is not None else 0
     if bad is not None:
         raise _row_error(path, bad, ids[bad].as_py(), "views", "has no image path; give at least one of axial/coronal/sagittal")
-    if "volume" in table.column_names:
-        _check_paths(table["volume"].cast(pa.string()), "volume", path, ids)
+    for name in table.column_names:  # "volume", and any other volume field ("volume_pet", "volume_ct"...)
+        if name == "volume" or name.startswith("volume_"):
+            _check_paths(table[name].cast(pa.string()), name, path, ids)
     return views
 
 
