@@ -65,6 +65,7 @@ def test_predictions_file_with_wrong_ids_is_a_clear_error(fixture_benchmark, tmp
     assert main([*args, "--output", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert "2 record(s)" in err and ds["id"][-1] in err and "--allow-missing-predictions" in err
+    assert f"This split's ids look like {ds['id'][0]!r}, {ds['id'][1]!r}." in err  # real ids, not a pattern
     assert main([*args, "--output", str(tmp_path / "b"), "--allow-missing-predictions"]) == 0
     results = json.loads((tmp_path / "b" / "results.json").read_text())
     entry = results["benchmarks"]["context:default"]
@@ -508,3 +509,29 @@ def test_a_predictions_file_given_relative_then_absolute_is_the_same_setting(fix
     run_json["backend"]["path"] = "p.jsonl"
     (tmp_path / "run" / "run.json").write_text(json.dumps(run_json))
     assert main([*base, "--predictions", "./p.jsonl"]) == 0
+
+
+def test_fixture_data_is_said_once_and_a_modified_copy_once_per_file(fixture_benchmark, tmp_path):
+    """Issue 23 point 16: the embedded fixture differs from every pin by design: one warning per run, none per
+    file; a real modified copy warns per file once, and a report over several runs lists it once with its runs."""
+    import shutil
+
+    from medheval.run.runner import FIXTURE_WARNING
+
+    ds = load_benchmark("mm_vishal", data_dir=fixture_benchmark["data_dir"])
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "yes"} for rid in ds["id"]])
+    base = ["run", "--benchmark", "mm_vishal", "--predictions", str(path)]
+    assert main([*base, "--output", str(tmp_path / "a"), "--data-dir", fixture_benchmark["data_dir"]]) == 0
+    warnings = json.loads((tmp_path / "a" / "results.json").read_text())["warnings"]
+    assert warnings == [FIXTURE_WARNING]
+    copy = tmp_path / "copy" / "benchmark_data"
+    shutil.copytree(fixture_benchmark["data_dir"], copy)
+    (copy / ".medheval-fixture").unlink()  # now "a modified copy" of the released files
+    for name in ("b", "c"):
+        assert main([*base, "--output", str(tmp_path / "grid" / name), "--data-dir", str(copy)]) == 0
+    warnings = json.loads((tmp_path / "grid" / "b" / "results.json").read_text())["warnings"]
+    assert len(warnings) == 2 and all("not the pinned" in text for text in warnings)  # slake and vqa_rad files
+    assert main(["report", str(tmp_path / "grid"), "--output", str(tmp_path / "report"), "--no-plots"]) == 0
+    caveats = (tmp_path / "report" / "report.md").read_text().split("## Caveats")[1].split("\n## ")[0]
+    pinned = [line for line in caveats.splitlines() if "not the pinned" in line]
+    assert len(pinned) == 2 and all(line.endswith("(all runs)") for line in pinned)

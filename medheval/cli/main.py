@@ -84,7 +84,8 @@ def _nothing_scored(split: str, entry: dict) -> str:
 
 def _split_entries(results: dict):
     """``(split, entry)`` for every split of a run or of a grid's runs (nested grids included)."""
-    for split, entry in (results.get("benchmarks") or {}).items():
+    benchmarks = results.get("benchmarks")
+    for split, entry in (benchmarks.items() if isinstance(benchmarks, dict) else ()):
         if isinstance(entry, dict):
             yield split, entry
     for run in results.get("runs") or []:

@@ -30,6 +30,11 @@ from medheval.run.outputs import atomic_write_bytes
 _TRUTHY = {"1", "true", "yes", "on"}
 
 
+
+# A data_dir holding this file is the embedded fixture (synthetic records written by code, in the real
+# file formats): its files differ from the pins by design, and runs say so once instead of per file.
+FIXTURE_MARKER = ".medheval-fixture"
+
 class AnnotationUnavailable(FileNotFoundError):
     """An annotation file is neither in ``data_dir``, nor cached, nor downloadable."""
 

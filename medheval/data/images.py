@@ -230,7 +230,7 @@ class MissingImagesError(ImageError):
             lines.append("Image roots in use: " + "; ".join(f"{k} -> {v}" for k, v in self.roots.items()) + ".")
         lines.append(
             "To fix: check --image-root SOURCE=PATH points at the folder or URL the references are relative to, "
-            'or pass on_missing="skip" (CLI: --on-missing skip) to skip these records and count them.'
+            "or pass --on-missing skip (Python: on_missing=\"skip\") to skip these records and count them."
         )
         super().__init__("\n".join(lines))
 

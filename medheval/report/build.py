@@ -22,13 +22,19 @@ def caveats(runs: list["Run"]) -> list[str]:
     from medheval.report.tables import caveats as run_caveats
 
     lines: list[str] = []
-    for run in runs:
+    per_run: dict[str, list[int]] = {}  # a warning or caveat -> the runs it applies to (said once)
+    for index, run in enumerate(runs):
         for label in run.results.get("labels", {}).values():
             if f"{label}" not in lines:
                 lines.append(str(label))
-        lines += [f"{run.label} ({run.path}): {text}" for text in run.results.get("warnings", [])]
-        lines += [f"{run.label}: {text}" for text in run_caveats(run.results)]
+        for text in [*run.results.get("warnings", []), *run_caveats(run.results)]:
+            if index not in per_run.setdefault(str(text), []):
+                per_run[str(text)].append(index)
         lines += run.notes
+    for text, indices in per_run.items():
+        scope = ("all runs" if len(runs) > 1 and len(indices) == len(runs)
+                 else ", ".join(dict.fromkeys(runs[i].label for i in indices)))
+        lines.append(f"{text} ({scope})")
     if any(item.get("credentialed") for run in runs for item in run.items):
         lines.append("Some items derive from credentialed data (MIMIC, PhysioNet agreement): keep this report "
                      "under the same terms; images of those items are never embedded.")

@@ -199,15 +199,26 @@ def warnings_section(warnings: Iterable[str]) -> list[str]:
     return ["## Warnings", "", *(f"- {text}" for text in warnings), ""] if warnings else []
 
 
+def grouped(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    """``(run, text)`` pairs as one line per distinct text, naming the runs it applies to (a warning that
+    every mitigation of a grid shares is said once)."""
+    runs: dict[str, list[str]] = {}
+    for run, text in pairs:
+        runs.setdefault(text, [])
+        if run not in runs[text]:
+            runs[text].append(run)
+    return [f"{', '.join(names)}: {text}" for text, names in runs.items()]
+
+
 def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: str = "mitigations") -> None:
     """The combined ``results.md`` of several runs (mitigations, or models × mitigations of a grid
     config): one row per run, same columns."""
     parts = [f"# MedHEval-HF results: {heading} side by side", ""]
     labels = {label for run in runs for label in run.get("labels", {}).values()}
     parts += [line for label in sorted(labels) for line in (f"> **{label}**", "")]
-    parts += warnings_section(f"`{run['settings']['model']}` · `{run['settings']['mitigation']}`: {text}" for run in runs
-                              for text in run.get("warnings", []))
-    found = [f"`{run['settings']['mitigation']}`: {line}" for run in runs for line in caveats(run)]
+    parts += warnings_section(grouped((f"`{run['settings']['model']}` · `{run['settings']['mitigation']}`", text)
+                                      for run in runs for text in run.get("warnings", [])))
+    found = grouped((f"`{run['settings']['mitigation']}`", line) for run in runs for line in caveats(run))
     parts += ["## Caveats", "", *(f"- {line}" for line in found), ""] if found else []
     for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
                          ("Open-ended metrics", open_ended_table(runs)),

@@ -293,8 +293,8 @@ def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_miss
     if missing and not allow_missing:
         raise RunError(
             f"{len(missing)} record(s) of {loaded.name}:{loaded.config} have no prediction in {backend.path} "
-            f"(first: {missing[:10]}). Ids look like {prefix}<qid>. Pass --allow-missing-predictions to score "
-            f"only the records present (the others are counted as missing)."
+            f"(first: {missing[:10]}). This split's ids look like {', '.join(repr(i) for i in loaded.dataset['id'][:2])}. "
+            f"Pass --allow-missing-predictions to score only the records present (the others are counted as missing)."
         )
     if missing:
         keep = set(loaded.dataset["id"]) - set(missing)
@@ -332,10 +332,18 @@ def _note_failed_metrics(results: dict[str, Any], split: str, metric_results: Ma
             results.setdefault("failed_metrics", []).append(f"{split} {name}")
 
 
+FIXTURE_WARNING = ("the annotation files are the embedded fixture (synthetic records in the benchmarks' file "
+                   "formats, from `medheval demo` or --data-dir of the fixture): its numbers test the pipeline, "
+                   "they are not results")
+
+
 def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
     split = f"{loaded.name}:{loaded.config}"
     for entry in loaded.files:
-        if entry.get("verified") is False:  # None: no pin to check against (user data, Hub snapshots)
+        if entry.get("fixture"):  # differs from the pins by design: said once per run, not per file
+            if FIXTURE_WARNING not in warnings:
+                _warn(warnings, FIXTURE_WARNING)
+        elif entry.get("verified") is False:  # None: no pin to check against (user data, Hub snapshots)
             _warn(warnings, f"{split}: annotation file {entry['relpath']} (from --data-dir) has sha256 "
                             f"{entry['sha256']}, not the pinned {entry.get('expected_sha256', '?')}: a modified "
                             f"copy, so results may differ from the released data")

@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from medheval.data.fetch import FIXTURE_MARKER
+
 FIXTURE_VERSION = "fixtures-v1"
 
 VISUAL = "Visual_Misinterpretation_Hallucination"
@@ -403,6 +405,9 @@ def write_fixture_benchmark(root: str | Path, *, with_images: bool = True) -> di
         text = json.dumps(recs, indent=4, ensure_ascii=False) + "\n"
         _write_if_changed(data_dir / rel, text.encode("utf-8"))
         counts[rel] = len(recs)
+    marker = {"fixture_version": FIXTURE_VERSION, "what": "synthetic records in MedHEval's file formats, written by "
+              "medheval.families.medheval.fixtures: for trying the pipeline, never for results"}
+    _write_if_changed(data_dir / FIXTURE_MARKER, (json.dumps(marker, indent=1) + "\n").encode("utf-8"))
 
     image_roots: dict[str, str] = {}
     if with_images:
