@@ -8,8 +8,11 @@ from medheval.cli.demo import DEMO_BENCHMARKS, run_demo
 from medheval.run.predictions_log import read_log
 
 
-def test_demo_runs_end_to_end(tmp_path):
+def test_demo_runs_end_to_end(tmp_path, capsys):
     results = run_demo(tmp_path / "demo", batch_size=4)
+    last = capsys.readouterr().out.strip().splitlines()[-3:]  # what to open and what to try next
+    assert last[1] == f"open the report: {tmp_path / 'demo' / 'run' / 'report.html'}"
+    assert last[2].startswith(f"next: medheval report {tmp_path / 'demo' / 'run'} ")
     run_dir = tmp_path / "demo" / "run"
     assert set(results["benchmarks"]) == {
         "mm_vishal:all", "cxr_vishal:all", "vishal_report:default", "knowledge:closed", "knowledge:open",

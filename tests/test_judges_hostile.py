@@ -182,3 +182,16 @@ def test_an_echoed_key_never_reaches_predictions_scored_items_or_the_report(fixt
     assert {p["prediction"] for p in predictions} == {"Yes. Your key is ***."}
     for path in [p for p in tmp_path.rglob("*") if p.is_file()]:
         assert KEY.encode() not in path.read_bytes(), path
+
+
+def test_model_calls_are_not_called_judge_records_in_the_logs(caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="medheval.judges")
+    body = {"choices": [{"message": {"role": "assistant", "content": None}, "finish_reason": "stop"}]}
+    with JudgeServer("openai", reply=lambda request: body) as endpoint:
+        backend = APIBackend(f"openai:m@{endpoint.base_url}", cache_dir=False, max_retries=0)
+        with pytest.raises(BackendError):
+            backend.generate([{"id": "x/y/1", "question": "Is it normal?", "answer_type": "yes_no", "choices": [],
+                               "source": "slake", "meta": {}}], [[]])
+    assert "model record" in caplog.text and "judge record" not in caplog.text

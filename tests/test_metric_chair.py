@@ -271,3 +271,13 @@ def test_card_example(chair):
     # G = {CM, EFF}, {NF}; S = {CM}, {NF}: 1 of 3 asserted findings unsupported, both reference findings found
     assert (round(out["chair"], 4), out["recall"], out["hallucinated_findings"]) == \
         (0.3333, 1.0, [["Pleural Effusion"], []])
+
+
+def test_a_bad_variant_names_the_option():
+    import evaluate
+
+    from conftest import REPO
+
+    chair = evaluate.load(str(REPO / "metrics" / "chair"))
+    with pytest.raises(ValueError, match=r"chair.variant='papers': expected one of .*--metric-option chair.variant="):
+        chair.compute(predictions=["No effusion."], references=["No effusion."], variant="papers", labeler="rule")

@@ -535,3 +535,11 @@ def test_fixture_data_is_said_once_and_a_modified_copy_once_per_file(fixture_ben
     caveats = (tmp_path / "report" / "report.md").read_text().split("## Caveats")[1].split("\n## ")[0]
     pinned = [line for line in caveats.splitlines() if "not the pinned" in line]
     assert len(pinned) == 2 and all(line.endswith("(all runs)") for line in pinned)
+
+
+def test_a_benchmark_typo_is_one_clean_line_and_leaves_no_folder(tmp_path, capsys):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": "mm_vishal/slake/1", "prediction": "yes"}])
+    assert main(["run", "--benchmark", "mm_vishl", "--predictions", str(path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown dataset 'mm_vishl'. Did you mean mm_vishal") and not err.startswith('error: "')
+    assert not (tmp_path / "out").exists()

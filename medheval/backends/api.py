@@ -142,6 +142,7 @@ class APIBackend:
                 max_consecutive_failures=max_consecutive_failures, **options)
         except (JudgeError, ValueError) as err:
             raise BackendError(f"--model {spec if isinstance(spec, str) else fields['backend']!r}: {err}") from None
+        self._client.role = "model"  # its logs speak of model calls, not judge records
         self.name = name or self._client.model
         self.max_new_tokens = int(max_new_tokens)
         self.do_sample = bool(do_sample)

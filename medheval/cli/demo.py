@@ -32,8 +32,11 @@ def run_demo(output: str | Path = "runs/demo", batch_size: int = 8, max_new_toke
                    image_roots=fixture["image_roots"], labels={"random_weights": RANDOM_WEIGHTS_LABEL})
     results = run(spec, backend, batch_size=batch_size)
     print((output / "run" / "results.md").read_text())
-    print(f"demo results: {output / 'run' / 'results.json'}")
     run_stepbench_demo(output / "stepbench", model, processor, max_new_tokens=4)
+    print(f"demo results: {output / 'run' / 'results.json'}")
+    print(f"open the report: {output / 'run' / 'report.html'}")
+    print(f"next: medheval report {output / 'run'} {output / 'stepbench'} --output {output / 'report'}  "
+          "(or run a real model: README, 'Run an evaluation')")
     return results
 
 

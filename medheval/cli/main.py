@@ -252,7 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except USER_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
+        # a KeyError's str() is the repr of its message: print the message itself, without the quotes
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"error: {message}", file=sys.stderr)
         return 2
 
 

@@ -202,6 +202,7 @@ class Judge:
     """
 
     backend = "base"
+    role = "judge"  # what the logs call a record's caller: "model" when it serves the model under test
 
     def __init__(
         self,
@@ -383,7 +384,7 @@ class Judge:
     def _fail(self, item: _Item, reason: str) -> JudgeResult:
         self._bump(failures=1)
         reason = self._redact(reason)
-        logger.info("judge record %r failed: %s", item.request.id, reason)
+        logger.info("%s record %r failed: %s", self.role, item.request.id, reason)
         return self._result(item, ok=False, error=reason)
 
     def _handle_reply(self, item: _Item, completion: Completion) -> JudgeResult | None:
@@ -403,7 +404,8 @@ class Judge:
             if item.replies > self.max_invalid_retries:
                 replies = f"{item.replies} repl{'y' if item.replies == 1 else 'ies'}"
                 return self._fail(item, f"invalid output after {replies}: {reason}")
-            logger.info("judge record %r: invalid output (%s); asking again", item.request.id, self._redact(reason))
+            logger.info("%s record %r: invalid output (%s); asking again", self.role, item.request.id,
+                        self._redact(reason))
             self._bump(invalid_retries=1)
             item.messages = item.messages + [
                 {"role": "assistant", "content": text},
@@ -463,7 +465,7 @@ class Judge:
             if self.progress:
                 from tqdm.auto import tqdm
 
-                bar = tqdm(total=len(items), initial=hits, desc=f"judge ({self.model})", unit="item", leave=False)
+                bar = tqdm(total=len(items), initial=hits, desc=f"{self.role} ({self.model})", unit="item", leave=False)
 
             def deliver(item: _Item, result: JudgeResult) -> None:
                 results[item.index] = result
@@ -477,8 +479,8 @@ class Judge:
                     bar.close()
         failed = [r for r in results if r is not None and not r.ok]
         if failed:
-            logger.warning("%d of %d judge record(s) failed (reported with ok=False and the reason), e.g. %r: %s",
-                           len(failed), len(results), failed[0].id, failed[0].error)
+            logger.warning("%d of %d %s record(s) failed (reported with ok=False and the reason), e.g. %r: %s",
+                           len(failed), len(results), self.role, failed[0].id, failed[0].error)
         missing = [items[i].request.id for i, r in enumerate(results) if r is None]
         if missing:  # pragma: no cover - a backend bug; never hand back holes
             raise JudgeError(f"internal error: no result for {len(missing)} record(s), e.g. {missing[:3]}")

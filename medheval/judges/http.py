@@ -226,7 +226,7 @@ class HTTPJudge(Judge):
                 raise _CallFailed(f"gave up after {failures} attempt(s); last error: {problem}")
             self._bump(retries=1)
             delay = backoff_delay(failures, self.backoff_base, self.backoff_max, retry_after)
-            logger.info("judge record %r: %s; retry %d/%d in %.2fs", item.request.id, problem, failures,
+            logger.info("%s record %r: %s; retry %d/%d in %.2fs", self.role, item.request.id, problem, failures,
                         self.max_retries, delay)
             if stop.wait(delay):
                 raise _Stopped
@@ -299,7 +299,7 @@ class HTTPJudge(Judge):
                         stop.set()
                         continue
                     except Exception as err:  # noqa: BLE001 - a bug must not lose the other records
-                        logger.exception("judge record %r: internal error", item.request.id)
+                        logger.exception("%s record %r: internal error", self.role, item.request.id)
                         result = self._fail(item, f"internal error: {type(err).__name__}: {self._redact(str(err))}")
                     deliver(item, result)
         except BaseException:

@@ -31,7 +31,7 @@ from medheval.scoring.metric_options import check_options
 from medheval.run.outputs import atomic_write_text
 from medheval.run.prompts import describe_templates
 from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
-from medheval.data.registry import list_units
+from medheval.data.registry import list_units, unit_dir
 from medheval.judges.endpoints import redact
 from medheval.run.protocol import (
     RECORD_INPUTS,
@@ -354,9 +354,11 @@ def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
 
 
 def _check_spec(spec: RunSpec) -> None:
-    """Refuse a run that would compute nothing."""
+    """Refuse, before the output folder is made, a run that would compute nothing or names an unknown benchmark."""
     if not spec.benchmarks:
         raise RunError("no benchmark given: pass --benchmark NAME[:CONFIG] (see `medheval list`)")
+    for benchmark_spec in spec.benchmarks:  # a typo fails here, with close matches, leaving no folder behind
+        unit_dir("datasets", parse_benchmark_spec(benchmark_spec)[0])
     if spec.metrics is not None and not spec.metrics:
         raise RunError("--metrics names no metric (an empty list computes nothing); leave it out for the "
                        "defaults, or name metrics from `medheval list`")

@@ -247,7 +247,8 @@ class Chair(evaluate.Metric):
         if len(references) != n:
             raise ValueError(f"Mismatch in the number of predictions ({n}) and references ({len(references)})")
         if variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+            raise ValueError(f"chair.variant={variant!r}: expected one of {VARIANTS} "
+                             f"(--metric-option chair.variant=paper|medheval_code)")
         uncertain_as_positive = _as_bool(uncertain_as_positive, "uncertain_as_positive")
         if uncertain_as_positive and variant != "paper":
             raise ValueError("uncertain_as_positive applies to variant='paper' only; "
