@@ -319,14 +319,18 @@ def test_a_corrupt_annotation_file_gives_the_builders_message(fixture_benchmark,
 
 
 def test_annotation_files_that_differ_from_the_pin_are_warned_about(fixture_benchmark, tmp_path, capsys):
-    """The fixture files are synthetic, so their sha256 never matches MedHEval's pins."""
+    """A copy of the files whose sha256 does not match MedHEval's pins (the fixture's, without the marker that
+    says it is the fixture: what an edited copy of the release looks like) is warned about, per file."""
+    from medheval.data.fetch import FIXTURE_MARKER
     from medheval.families.medheval.fixtures import CONTEXT_FILE
 
+    data = _copy_data(fixture_benchmark, tmp_path)
+    (data / FIXTURE_MARKER).unlink()
     path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "no"}
                                               for rid in _ids(fixture_benchmark, "context")])
     out = tmp_path / "o"
     assert main(["run", "--benchmark", "context", "--predictions", str(path), "--output", str(out),
-                 "--data-dir", fixture_benchmark["data_dir"]]) == 0
+                 "--data-dir", str(data)]) == 0
     err = capsys.readouterr().err
     assert "warning:" in err and CONTEXT_FILE in err and "not the pinned" in err
     results = json.loads((out / "results.json").read_text())
