@@ -455,3 +455,46 @@ def test_med_hallmark_exports_with_its_mimic_config_gated(tmp_path):
         assert not any("binary" in str(field.type) for field in schema), parquet
     irg = pq.read_table(next((Path(repo.folder) / "irg").rglob("*.parquet")))
     assert irg.num_rows == 359 and set(irg.column("source").to_pylist()) == {"mimic_cxr"}
+
+
+def test_publish_fails_when_every_dataset_is_skipped_and_leaves_no_empty_folder(tmp_path):
+    """Issue 23, point 12: a data dir without annotation files used to exit 0 with empty repo folders."""
+    empty = tmp_path / "no_annotations"
+    empty.mkdir()
+    out = tmp_path / "out"
+    code = subprocess.run(
+        [sys.executable, "-m", "medheval.cli", "publish", "--to", str(out), "--kind", "datasets",
+         "--data-dir", str(empty)], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert code.returncode == 2, code.stderr
+    assert "no dataset was exported" in code.stderr
+    assert "mm_vishal: annotation files not available" in code.stderr  # the reason, per dataset
+    assert not (out / "datasets").exists()  # no half-written folders
+    assert set(json.loads((out / "skipped.json").read_text())) >= {"mm_vishal", "cxr_vishal", "med_stepbench"}
+
+
+def test_unpinned_annotation_files_are_named_on_console_manifest_and_card(exported, fixture_benchmark,
+                                                                          dataset_cache, tmp_path):
+    """Issue 23, point 12: fixture data and modified copies are published with a notice, never silently."""
+    import shutil
+
+    from medheval.data.fetch import FIXTURE_MARKER
+
+    out, repos = exported
+    manifest = {entry["repo_id"]: entry for entry in json.loads((out / "publish.json").read_text())}
+    warnings = manifest["medheval/mm_vishal"]["warnings"]
+    assert warnings and all("embedded fixture" in warning for warning in warnings)
+    card = (Path(repos[("dataset", "medheval/mm_vishal")].folder) / "README.md").read_text()
+    assert "## Not the released annotation files" in card and "embedded fixture" in card
+    assert not manifest["medheval/vcd"]["warnings"]
+
+    edited = tmp_path / "edited"  # a real modified copy: the fixture files without the fixture marker
+    shutil.copytree(fixture_benchmark["data_dir"], edited)
+    (edited / FIXTURE_MARKER).unlink()
+    run = subprocess.run(
+        [sys.executable, "-m", "medheval.cli", "publish", "--to", str(tmp_path / "out2"), "--kind", "datasets",
+         "--name", "mm_vishal", "--data-dir", str(edited)], capture_output=True, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr
+    assert "warning:" in run.stderr and "not the pinned" in run.stderr and "a modified copy" in run.stderr
+    entry = json.loads((tmp_path / "out2" / "publish.json").read_text())[0]
+    assert any("a modified copy" in warning for warning in entry["warnings"])

@@ -524,3 +524,30 @@ def test_the_runner_leaves_os_environ_alone(fixture_benchmark, tmp_path, monkeyp
     assert main(["run", "--benchmark", "context", "--predictions", str(path), "--output", str(tmp_path / "o"),
                  "--data-dir", fixture_benchmark["data_dir"]]) == 0
     assert dict(os.environ) == before
+
+
+def test_results_md_says_how_items_were_scored(fixture_benchmark, tmp_path, capsys):
+    """Issue 23, point 14: results.md states upstream_compat, the metrics' scoring modes (CHAIR's labeler, with
+    the paper's CheXbert named when the rule labeler ran) and every option that differs from its default."""
+    ids = _ids(fixture_benchmark, "vishal_report")
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "No pleural effusion."} for rid in ids])
+    base = ["run", "--benchmark", "vishal_report", "--predictions", str(path),
+            "--data-dir", fixture_benchmark["data_dir"]]
+    assert main([*base, "--output", str(tmp_path / "default")]) == 0
+    md = (tmp_path / "default" / "results.md").read_text()
+    section = md.split("## How items were scored", 1)[1].split("\n## ", 1)[0]
+    assert "`upstream_compat=false`: the papers' definitions" in section
+    assert "`chair`: labeler `chexpert_rules` (the offline rule labeler; the MedHEval paper labelled" in section
+    assert "variant `paper`" in section
+    assert "metric options that differ from the defaults: none" in section
+
+    assert main([*base, "--output", str(tmp_path / "changed"), "--upstream-compat",
+                 "--metric-option", "chair.variant=medheval_code", "--metric-option", "chair.labeler=rule"]) == 0
+    section = (tmp_path / "changed" / "results.md").read_text().split("## How items were scored", 1)[1]
+    assert "`upstream_compat=true`" in section and "variant `medheval_code`" in section
+    # the option that equals its default (labeler=rule) is not listed; the switched ones are
+    assert 'metric options that differ from the defaults: `chair.variant="medheval_code"`, ' \
+           '`text_generation.upstream_compat=true`' in section
+    results = json.loads((tmp_path / "changed" / "results.json").read_text())
+    assert results["scoring"]["non_default_options"] == {"chair": {"variant": "medheval_code"},
+                                                         "text_generation": {"upstream_compat": True}}

@@ -134,8 +134,15 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
     sources: set[str] = set()
     credentialed_configs: list[str] = []
     largest = 0
+    unpinned: dict[str, str] = {}  # annotation file -> why it is not the released file (fixture / modified copy)
     for config in tqdm(benchmark_configs(name), desc=f"export {name}", unit="config"):
-        dataset = prepare_benchmark(name, config, data_dir=data_dir, cache_dir=cache_dir).dataset
+        try:
+            loaded = prepare_benchmark(name, config, data_dir=data_dir, cache_dir=cache_dir)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)  # no half-written repo folder left behind
+            raise
+        dataset = loaded.dataset
+        unpinned.update(unpinned_files(loaded.files))
         config_sources = set(dataset.unique("source"))
         credentialed = bool(config_sources & CREDENTIALED_SOURCES)
         refuse_credentialed_images(dataset, f"{name}:{config}", credentialed=credentialed)
@@ -181,8 +188,26 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
     if gated:
         usage += (f" Configs derived from MIMIC-CXR ({', '.join(credentialed_configs)}) make this repo gated: "
                   "request access with your PhysioNet credentials.")
+    warnings = [f"{relpath}: {why}" for relpath, why in sorted(unpinned.items())]
+    if warnings:
+        usage += ("\n\n## Not the released annotation files\n\nThese files did not match the sha256 pinned for "
+                  "the upstream release when this repo was written, so its rows may differ from the benchmark's:\n\n"
+                  + "".join(f"- {warning}\n" for warning in warnings))
     (folder / "README.md").write_text(render_card(card_data.to_dict(), body.rstrip() + usage + "\n"))
-    return RepoFolder(str(folder), f"{org}/{name}", "dataset", "datasets", gated=gated)
+    return RepoFolder(str(folder), f"{org}/{name}", "dataset", "datasets", gated=gated, warnings=warnings)
+
+
+def unpinned_files(files: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The annotation files of a split that are not the pinned upstream release, with the reason:
+    the embedded fixture, or a copy whose sha256 differs from the pin (``verified is False``)."""
+    found: dict[str, str] = {}
+    for entry in files:
+        if entry.get("fixture"):
+            found[entry["relpath"]] = "the embedded fixture (synthetic records), not the upstream release"
+        elif entry.get("verified") is False:
+            found[entry["relpath"]] = (f"sha256 {entry['sha256']}, not the pinned "
+                                       f"{entry.get('expected_sha256', '?')} (a modified copy)")
+    return found
 
 
 # Leading bytes of the file kinds that can carry pixels or hide them (images, DICOM, arrays, archives).
@@ -462,7 +487,18 @@ def export_all(out_dir: str | Path, org: str = DEFAULT_ORG, kinds: Sequence[str]
     write_manifest(out_dir, repos)
     if skipped:
         (Path(out_dir) / "skipped.json").write_text(json.dumps(skipped, indent=2))
+    if "datasets" in kinds and skipped and not any(repo.kind == "datasets" for repo in repos):
+        _remove_if_empty(Path(out_dir) / "datasets")
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in skipped.items())
+        others = f" (the {len(repos)} other repo folder(s) are in {out_dir})" if repos else ""
+        raise PublishError(f"no dataset was exported{others}. Skipped: {reasons}. Point --data-dir at the "
+                           "benchmark's annotation files, or publish other kinds only with --kind metrics/mitigations")
     return repos
+
+
+def _remove_if_empty(folder: Path) -> None:
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def write_manifest(out_dir: str | Path, repos: Sequence[RepoFolder]) -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -128,6 +130,7 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
     parts += warnings_section(run.get("warnings", []))
     found = caveats(run)
     parts += ["## Caveats", "", *(f"- {line}" for line in found), ""] if found else []
+    parts += ["## How items were scored", "", *(f"- {line}" for line in scoring_lines(run)), ""]
     table = close_ended_table([run])
     if table:
         parts += ["## Close-ended accuracy (%)", "", table, ""]
@@ -192,6 +195,48 @@ def caveats(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+# Keys of a metric's output that say how its items were scored (reported in results.md, with their values).
+SCORING_MODE_KEYS = ("labeler", "variant", "prompt_style", "prompt_version", "mode")
+LABELER_NOTE = {"chexpert_rules": "the offline rule labeler; the MedHEval paper labelled reports with CheXbert"}
+
+
+def scoring_lines(run: dict[str, Any]) -> list[str]:
+    """How one run's items were scored: ``upstream_compat``, the modes its metrics report (CHAIR's labeler and
+    variant, the S_h prompt style, …), the judge, and every metric option that differs from its default."""
+    scoring = run.get("scoring") or {}
+    compat = bool(scoring.get("upstream_compat"))
+    lines = [f"`upstream_compat={str(compat).lower()}`: "
+             + ("the benchmarks' released scoring code where it differs from the papers" if compat
+                else "the papers' definitions")]
+    modes: dict[str, dict[str, list[str]]] = {}  # metric -> key -> distinct values over splits
+    for entry in (run.get("benchmarks") or {}).values():
+        for metric, out in (entry.get("metrics") or {}).items():
+            for key in SCORING_MODE_KEYS:
+                if isinstance(out, dict) and isinstance(out.get(key), (str, int, float, bool)):
+                    values = modes.setdefault(metric, {}).setdefault(key, [])
+                    if str(out[key]) not in values:
+                        values.append(str(out[key]))
+    for metric, keys in modes.items():
+        described = []
+        for key, values in keys.items():
+            notes = [LABELER_NOTE[value] for value in values if key == "labeler" and value in LABELER_NOTE]
+            described.append(f"{key} `{' / '.join(values)}`" + (f" ({'; '.join(notes)})" if notes else ""))
+        lines.append(f"`{metric}`: " + ", ".join(described))
+    judge = scoring.get("judge")
+    if judge:
+        lines.append(f"judge: `{judge if isinstance(judge, str) else json.dumps(judge, sort_keys=True)}`")
+    options = scoring.get("non_default_options")
+    if options is None:  # a run written before this was recorded: the options that were given
+        options = scoring.get("metric_options") or {}
+        label = "metric options given"
+    else:
+        label = "metric options that differ from the defaults"
+    given = [f"`{metric}.{key}={json.dumps(value)}`" for metric, values in sorted(options.items())
+             for key, value in sorted(values.items())]
+    lines.append(f"{label}: " + (", ".join(given) if given else "none"))
+    return lines
+
+
 def warnings_section(warnings: Iterable[str]) -> list[str]:
     """``## Warnings``: what the run survived but a reader must know (modified annotation files,
     records without a prediction, prediction ids matching no record); nothing when there is none."""
@@ -220,6 +265,9 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
                                       for run in runs for text in run.get("warnings", [])))
     found = grouped((f"`{run['settings']['mitigation']}`", line) for run in runs for line in caveats(run))
     parts += ["## Caveats", "", *(f"- {line}" for line in found), ""] if found else []
+    scoring = grouped((f"`{run['settings']['model']}` · `{run['settings']['mitigation']}`", line)
+                      for run in runs for line in scoring_lines(run))
+    parts += ["## How items were scored", "", *(f"- {line}" for line in scoring), ""]
     for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
                          ("Open-ended metrics", open_ended_table(runs)),
                          ("Med-StepBench: recall and F1 (%) per step", stepbench_table(runs)),

@@ -473,6 +473,26 @@ def _typed_options(spec: RunSpec, prepared: list[PreparedSplit]) -> dict[str, An
     return typed
 
 
+RECORDED_APART = frozenset({"judge", "allow_remote_credentialed"})  # results.json "scoring" has their own keys
+
+
+def _non_default_options(spec: RunSpec, prepared: list[PreparedSplit]) -> dict[str, dict[str, Any]]:
+    """Per metric, the options in effect that differ from the metric's defaults (``--metric-option`` and the
+    run-wide switches such as ``--upstream-compat``), secrets redacted: ``results.md`` states them."""
+    from medheval.scoring.metric_options import non_default_options
+
+    found: dict[str, dict[str, Any]] = {}
+    for split in prepared:
+        for name, options in split.options.items():
+            differing = {key: value if isinstance(value, (str, int, float, bool, list, dict, type(None)))
+                         else type(value).__name__  # an object the Python API passed (a labeler, a judge)
+                         for key, value in non_default_options(load_metric(name), options).items()
+                         if key not in RECORDED_APART}
+            if differing and name not in found:
+                found[name] = differing
+    return safe_options(dataclasses.replace(spec, metric_options=found, judge=None))["metric_options"]
+
+
 def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
     """Run every benchmark of ``spec`` with ``backend``; writes and returns ``results.json``'s content.
 
@@ -500,7 +520,8 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
         results: dict[str, Any] = {"settings": settings, "versions": versions, "labels": dict(spec.labels),
                                    "prompts": describe_templates(),
-                                   "scoring": {"upstream_compat": spec.upstream_compat, **safe_options(recorded)},
+                                   "scoring": {"upstream_compat": spec.upstream_compat, **safe_options(recorded),
+                                               "non_default_options": _non_default_options(spec, prepared)},
                                    "benchmarks": {}, "warnings": warnings, "world_size": group.world_size}
         if predictions_file is not None:
             results["predictions_file"] = predictions_file

@@ -162,3 +162,16 @@ def check_options(metric_name: str, metric: Any, options: Mapping[str, Any],
             raise MetricOptionError(f"option {metric_name}.{key}={value!r}: expected "
                                     f"{_describe(types_[key])}") from None
     return out
+
+
+def non_default_options(metric: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``options`` (already typed) whose value differs from the default of ``metric._compute``
+    (what ``results.md`` lists under "How items were scored"); an option without a default is always listed."""
+    parameters = inspect.signature(metric._compute).parameters
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        parameter = parameters.get(key)
+        if parameter is None or parameter.default is inspect.Parameter.empty or parameter.default != value:
+            out[key] = value
+    return out
+
