@@ -37,3 +37,27 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
         entry = sb["benchmarks"]["med_stepbench:all"]
         assert entry["n_scored"] == 48 and entry["run_options"]["knowledge"] == knowledge
         assert sb["settings"]["backend"]["prefix_cache"] is True
+
+
+def test_the_readme_tiny_grid_example_runs_as_written(tmp_path):
+    """Issue 23, point 15: the README's tiny-model grid block (fixture + run) runs as written, with its
+    fixture folder moved under tmp_path and `medheval` as `python -m medheval.cli`."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = next(body for body in re.findall(r"```bash\n(.*?)```", readme, re.S)
+                 if "medheval.families.medheval.fixtures /tmp/medheval-fixture" in body)
+    script = (block.replace("/tmp/medheval-fixture", str(tmp_path / "fixture"))
+              .replace("runs/try", str(tmp_path / "try"))
+              .replace("python -m", f"{sys.executable} -m")
+              .replace("medheval run", f"{sys.executable} -m medheval.cli run"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "try" / "results.json").read_text())
+    assert results["runs"] and all(run["benchmarks"] for run in results["runs"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,24 @@ def test_empty_home_fails_loudly(tmp_path, monkeypatch, capsys):
         registry.list_units("metrics")
     assert main(["list"]) == 2
     assert "no datasets units" in capsys.readouterr().err
+
+
+def test_list_prints_one_line_per_unit_and_json_for_scripts(fixture_benchmark, capsys):
+    """Issue 23, point 17: `medheval list` is a table (configs with item counts from local files, one line per
+    benchmark, metric and mitigation); `--json` keeps the machine-readable listing."""
+    from medheval.data.benchmarks import load_benchmark
+
+    assert main(["list", "--data-dir", fixture_benchmark["data_dir"]]) == 0
+    out = capsys.readouterr().out
+    n_slake = len(load_benchmark("mm_vishal", "slake", data_dir=fixture_benchmark["data_dir"]))
+    line = next(text for text in out.splitlines() if text.strip().startswith("mm_vishal "))
+    assert f"slake {n_slake}" in line
+    assert any(text.split()[:1] == ["med_hallmark"] and "conventional –" in text for text in out.splitlines())
+    assert any(text.split()[:1] == ["vcd"] and "Visual Contrastive Decoding" in text for text in out.splitlines())
+    assert not out.lstrip().startswith("{")
+
+    assert main(["list", "--json", "--data-dir", fixture_benchmark["data_dir"]]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert "slake" in listing["benchmarks"]["mm_vishal"] and "vcd" in listing["mitigations"]
+    assert listing["item_counts"]["mm_vishal"]["slake"] == n_slake
+    assert listing["item_counts"]["med_hallmark"]["conventional"] is None  # not on this machine: never fetched

@@ -46,7 +46,7 @@ def test_an_hf_image_root_that_cannot_be_opened_is_a_one_line_error(fixture_benc
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]  # (stderr also has progress bars)
     assert code == 2 and len(errors) == 1 and "Traceback" not in err
-    assert errors[0].startswith("error: image root hf://nobody/no-such-images: cannot open the dataset "
+    assert errors[0].startswith("error: context:default: image root hf://nobody/no-such-images: cannot open the dataset "
                                 "(ConnectionError")
     assert not (out / "predictions.jsonl").exists()
 
@@ -105,3 +105,37 @@ def test_a_judge_endpoint_failing_every_request_stops_after_eight_records_in_a_r
                        progress=False)
     results = judge.run(requests)
     assert [r.ok for r in results] == [False] * 20 and unusable.request_count == 20
+
+
+def test_image_root_problems_of_every_split_are_reported_at_once(fixture_benchmark, tmp_path, capsys):
+    """Issue 23, point 15: two splits without roots and a mistyped source give one error naming all three;
+    a root folder that does not exist is named before anything is loaded; a root for a source this run does
+    not read is a note, not an error."""
+    base = ["run", "--model", "tiny-random-llava", "--data-dir", fixture_benchmark["data_dir"], "--limit", "1",
+            "--device", "cpu"]
+    slake = fixture_benchmark["image_roots"]["slake"]
+    out = tmp_path / "run"
+    code = main([*base, "--benchmark", "mm_vishal:vqa_rad,cxr_vishal:iu_xray", "--output", str(out),
+                 "--image-root", f"vqarad={slake}", "--image-root", f"slake={slake}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "mm_vishal:vqa_rad: no image root for source(s) vqa_rad" in err
+    assert "cxr_vishal:iu_xray: no image root for source(s) iu_xray" in err
+    assert "--image-root vqarad=…: no split of this run has images from source 'vqarad'" in err
+    assert "Pass --image-root iu_xray=PATH_OR_URL --image-root vqa_rad=PATH_OR_URL." in err
+    assert not (out / "predictions.jsonl").exists()
+
+    fresh = tmp_path / "fresh"
+    code = main([*base, "--benchmark", "mm_vishal:slake", "--output", str(fresh),
+                 "--image-root", f"slake={tmp_path / 'no_such_folder'}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: --image-root slake={tmp_path / 'no_such_folder'}: the folder " in err and "does not exist" in err
+    assert not fresh.exists()
+
+    roots = [arg for source, root in fixture_benchmark["image_roots"].items() for arg in ("--image-root",
+                                                                                           f"{source}={root}")]
+    code = main([*base, "--benchmark", "mm_vishal:slake", "--output", str(out), *roots])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "note: --image-root iu_xray=…: no split of this run has images from source 'iu_xray'" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -141,13 +142,68 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """``medheval list``: one line per benchmark (configs with item counts), metric and mitigation;
+    ``--json`` for scripts. Counts come from annotation files already on this machine (``--data-dir`` or
+    the download cache): ``list`` never downloads; ``–`` means the files are not here yet."""
     from medheval.data.benchmarks import benchmark_configs, list_benchmarks
     from medheval.data.registry import list_units
 
-    listing = {"benchmarks": {name: benchmark_configs(name) for name in list_benchmarks()},
-               "metrics": list_units("metrics"), "mitigations": list_units("mitigations")}
-    print(json.dumps(listing, indent=2))
+    benchmarks = {name: benchmark_configs(name) for name in list_benchmarks()}
+    counts = {name: {config: _local_count(name, config, args.data_dir) for config in configs}
+              for name, configs in benchmarks.items()}
+    metrics, mitigations = list_units("metrics"), list_units("mitigations")
+    if args.json:
+        print(json.dumps({"benchmarks": benchmarks, "item_counts": counts, "metrics": metrics,
+                          "mitigations": mitigations}, indent=2))
+        return 0
+    width = max(len(name) for name in [*benchmarks, *metrics, *mitigations])
+    lines = [f"Benchmarks ({len(benchmarks)}): configs with their item counts (– = annotation files not on this "
+             "machine; --data-dir DIR, or run once to download them)"]
+    lines += [f"  {name:<{width}}  " + " · ".join(f"{config} {'–' if n is None else n}"
+                                                  for config, n in counts[name].items()) for name in benchmarks]
+    for kind, names in (("Metrics", metrics), ("Mitigations", mitigations)):
+        lines += ["", f"{kind} ({len(names)})"]
+        lines += [f"  {name:<{width}}  {_card_title(kind.lower(), name)}" for name in names]
+    print("\n".join(lines))
     return 0
+
+
+def _local_count(name: str, config: str, data_dir: str | None) -> int | None:
+    """Records of one split when its annotation files are on this machine (nothing is downloaded), else None."""
+    import contextlib
+    import io
+    import os
+
+    from medheval.data.benchmarks import builder_class, prepare_benchmark
+
+    if data_dir is None and hasattr(builder_class(name), "input_files"):  # reads the Hub or the user's folder
+        return None
+    previous = os.environ.get("MEDHEVAL_OFFLINE")
+    os.environ["MEDHEVAL_OFFLINE"] = "1"  # read local files and the cache only
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # the builders' progress bars
+            return len(prepare_benchmark(name, config, data_dir=data_dir).dataset)
+    except Exception:  # noqa: BLE001 - not local (or not readable here): shown as –, `run` gives the reason
+        return None
+    finally:
+        if previous is None:
+            os.environ.pop("MEDHEVAL_OFFLINE", None)
+        else:
+            os.environ["MEDHEVAL_OFFLINE"] = previous
+
+
+def _card_title(kind: str, name: str) -> str:
+    """A unit's one-line title: its card's ``pretty_name``/``title``, else the card's first heading."""
+    import yaml
+
+    from medheval.data.registry import unit_dir
+
+    path = unit_dir(kind, name) / "README.md"
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    front = re.match(r"---\n(.*?)\n---\n", text, re.S)
+    meta = (yaml.safe_load(front.group(1)) or {}) if front else {}
+    heading = re.search(r"^# (.+)$", text, re.M)
+    return str(meta.get("pretty_name") or meta.get("title") or (heading.group(1) if heading else "")).strip()
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -227,7 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--output", default="runs/demo")
     demo.add_argument("--batch-size", type=int, default=8)
     demo.set_defaults(handler=cmd_demo)
-    listing = commands.add_parser("list", help="benchmarks (with configs), metrics, mitigations")
+    listing = commands.add_parser("list", help="benchmarks (configs, item counts), metrics, mitigations: one line each")
+    listing.add_argument("--json", action="store_true", help="machine-readable output for scripts")
+    listing.add_argument("--data-dir", help="count items in this local copy of the annotation files (never "
+                                            "downloads; default: the download cache)")
     listing.set_defaults(handler=cmd_list)
     check = commands.add_parser("selftest", help="check every mitigation's decoding invariants on the installed "
                                                  "transformers/torch (tiny random models, under a minute on CPU)")

@@ -362,10 +362,25 @@ def _check_spec(spec: RunSpec) -> None:
     if spec.metrics is not None and not spec.metrics:
         raise RunError("--metrics names no metric (an empty list computes nothing); leave it out for the "
                        "defaults, or name metrics from `medheval list`")
+    for key, root in (spec.image_roots or {}).items():  # a mistyped folder fails now, naming it
+        folder = _local_folder(root)
+        if folder is not None and not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise RunError(f"--image-root {'' if key == '*' else key + '='}{root}: the folder {folder} {what}")
     if isinstance(spec.judge, str):  # a malformed --judge fails now, not after generation
         from medheval.judges.spec import parse_spec
 
         parse_spec(spec.judge)
+
+
+def _local_folder(root: Any) -> Path | None:
+    """The local folder an image root reads (also under a MIMIC metadata wrapper); ``None`` for remote roots."""
+    from medheval.data.images import LocalFolderSource, MimicDicomSource, parse_image_root
+
+    source = parse_image_root(root) if isinstance(root, str) else root
+    if isinstance(source, MimicDicomSource):
+        source = source.base
+    return source.root if isinstance(source, LocalFolderSource) else None
 
 
 def _refuse_grid_folder(output: Path) -> None:
@@ -429,21 +444,66 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str, warning
     name, config = parse_benchmark_spec(benchmark_spec)
     protocol = protocol_for(name) or QAProtocol()
     protocol.check(name, backend, spec)
-    loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
-                               image_roots=spec.image_roots or None,  # also for scoring: judges may look
-                               on_missing=spec.on_missing, limit=spec.limit,
+    # images are attached once every split is loaded (:func:`_attach_images`: all root problems in one message)
+    loaded = prepare_benchmark(name, config, data_dir=spec.data_dir, limit=spec.limit,
                                run_options=spec.benchmark_options.get(name, {}))
     if callable(getattr(backend, "check_records", None)):  # an API model: credentialed records refused up front
         fields = [name for name in ("id", "source", "meta") if name in loaded.dataset.column_names]
         backend.check_records(loaded.dataset.select_columns(fields).to_list())
-    if backend.needs_images and not spec.image_roots:
-        sources = sorted(set(loaded.dataset["source"]))
-        raise RunError(f"model {backend.name} needs images; pass --image-root for: "
-                       + ", ".join(f"{source}=PATH" for source in sources))
     metric_names = protocol.prepare(loaded, backend, spec)
     options = _options_for(spec, metric_names)
     _split_warnings(loaded, warnings)
     return PreparedSplit(loaded, protocol, metric_names, options)
+
+
+def _image_sources(loaded: LoadedBenchmark) -> list[str]:
+    """The sources of the split's records that reference images (records without images need no root)."""
+    rows = loaded.dataset.select_columns(["source", "images"]).to_list()
+    return sorted({row["source"] for row in rows if row["images"]})
+
+
+def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit]) -> None:
+    """Check the image roots against every split of the run and attach them (the images themselves are read
+    during generation and scoring). Every problem of every split is reported in one error: a root naming a
+    source no split has, each split's sources without a root, then each split's missing image files."""
+    from medheval.data.benchmarks import attach_images
+    from medheval.data.images import ImageError
+
+    roots = dict(spec.image_roots or {})
+    if not roots and not backend.needs_images:  # scored from a predictions file: images are not read
+        return
+    needed = {f"{split.loaded.name}:{split.loaded.config}": _image_sources(split.loaded) for split in prepared}
+    every_source = sorted({source for sources in needed.values() for source in sources})
+    unused = [f"--image-root {key}=…: no split of this run has images from source {key!r} (this run's image "
+              f"sources: {', '.join(every_source) or 'none'})" for key in roots if key != "*" and key not in
+              every_source]
+    without_root = {split: [s for s in sources if s not in roots and "*" not in roots]
+                    for split, sources in needed.items()}
+    problems = []
+    if spec.on_missing == "error" or not roots:  # with --on-missing skip, a source without a root is skipped
+        problems = [f"{split}: no image root for source(s) {', '.join(sources)}"
+                    for split, sources in without_root.items() if sources]
+    if problems:
+        problems += unused  # a mistyped source name explains a missing root
+    elif unused and process_group().is_main:  # roots kept for other benchmarks are fine; said once, not an error
+        for line in unused:
+            print(f"note: {line}; it is not used", file=sys.stderr)
+    if problems:
+        lacking = sorted({source for sources in without_root.values() for source in sources})
+        needs = f" (model {backend.name} reads images)" if backend.needs_images else ""
+        hint = (" Pass " + " ".join(f"--image-root {source}=PATH_OR_URL" for source in lacking) + "."
+                if lacking else "")
+        raise RunError(f"image roots{needs}:\n  - " + "\n  - ".join(problems) + "\n" + hint.strip())
+    errors = []
+    for split in prepared:
+        try:
+            attach_images(split.loaded, roots, spec.on_missing)
+        except ImageError as error:
+            errors.append(f"{split.loaded.name}:{split.loaded.config}: {error}")
+    if len(errors) == 1:
+        raise ImageError(errors[0])
+    if errors:
+        raise ImageError(f"{len(errors)} splits have missing images:\n" + "\n".join(errors))
 
 
 def _predictions_file_summary(backend: Any, prepared: list[PreparedSplit],
@@ -559,6 +619,7 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
 
     _refuse_grid_folder(output)
     prepared = [_prepare_split(spec, backend, benchmark_spec, warnings) for benchmark_spec in spec.benchmarks]
+    _attach_images(spec, backend, prepared)
     _check_options_used(spec, {name for split in prepared for name in split.metric_names})
     predictions_file = _predictions_file_summary(backend, prepared, warnings)
     settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),

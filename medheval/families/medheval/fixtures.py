@@ -431,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     for rel, n in info["counts"].items():
         print(f"{n:4d}  {rel}")
     print("image roots: " + " ".join(f"{s}={p}" for s, p in info["image_roots"].items()))
+    print("run on it with: --data-dir " + info["data_dir"] + " "
+          + " ".join(f"--image-root {s}={p}" for s, p in info["image_roots"].items()))
     return 0
 
 
