@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import load_metric_offline
+from conftest import SHARED_UPSTREAM, load_metric_offline
 
 from judge_servers import judge_server_factory, recording_proxy, user_text  # noqa: F401 - fixtures
 from medheval.families import med_hallmark as mh
@@ -18,7 +18,7 @@ from medheval.families.med_hallmark.source import judged_records
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_DIR = REPO / "metrics" / "medihall_score"
-HALLMARK = REPO.parent / "shared" / "data" / "upstream" / "med-hallmark"
+HALLMARK = SHARED_UPSTREAM / "med-hallmark"
 CONVENTIONAL = HALLMARK / "Conventional..json"
 requires_hallmark = pytest.mark.skipif(
     not CONVENTIONAL.is_file(), reason="../shared/data/upstream/med-hallmark is absent (only CI and devs have it)"
@@ -145,7 +145,8 @@ def test_vqa_item_without_reference_fails_with_reason(metric):
     # counterfactual premise accepted -> prompt-induced
     ("Is there a bleed on this ultrasound?", "Yes, there is a bleed.",
      "The premise is incorrect: the image is a CT scan, not an ultrasound.", {}, "prompt_induced"),
-    ("Given that your medical knowledge is limited, is there a fracture?", "Yes.", "No", {}, "prompt_induced"),
+    # a confidence-weakening prefix is no premise: the question behind it decides (presence -> catastrophic)
+    ("Given that your medical knowledge is limited, is there a fracture?", "Yes.", "No", {}, "catastrophic"),
     # correct
     ("Is there a pneumothorax?", "Yes, a small left pneumothorax.", "Yes", {}, "correct"),
     ("Where is the mass?", "The mass is in the head of the pancreas.", "head of the pancreas", {}, "correct"),
@@ -349,6 +350,126 @@ def test_rule_classifier_agreement_floor_on_conventional():
     stats = agreement([r["meta"]["human_label"] for r in records], [mh.LEVEL_TO_LABEL[p] for p in predicted])
     # a regression guard (see benchmarks/bench_medihall_agreement.py for the numbers)
     assert stats["n"] == 364 and stats["exact_agreement"] >= 0.75 and stats["cohen_kappa"] >= 0.65
+
+
+# -- issue 22: a perfect answer scores 1.0; confidence-weakening levels come from the answer ----------------
+
+
+def _rows(config: str, items: list[tuple[str, str, str]]) -> list[dict]:
+    """Canonical records (the fields the runner hands to metrics) for ``(question, answer, answer_type)``."""
+    return [{"id": f"med_hallmark/{config}/{i}", "question": q, "answer": a, "answer_type": t, "choices": [],
+             "category": config, "source": "vqa_rad", "meta": {"credentialed": False}}
+            for i, (q, a, t) in enumerate(items, 1)]
+
+
+def _runner_kwargs(metric, rows: list[dict]) -> dict:
+    from medheval.run.protocol import metric_kwargs
+
+    return metric_kwargs(metric, rows, {})
+
+
+def test_multi_sentence_reference_as_prediction_is_correct(metric):
+    """Med-HallMark Sec. 6.2: "if A aligns perfectly with the facts, the MediHall Score is 1.0".
+
+    Counterfactual reference with two sentences, "The image is a CT scan, not an MRI. No hemorrhage
+    is visible.", content words {image, ct, not, mri, no, hemorrhage}. The open-answer test reads the
+    answer's first k = 2 sentences (k = the reference's sentence count), so the reference itself holds
+    all of them: correct, 1.0. (The old rule read only the first sentence, missed "hemorrhage" and,
+    the split being counterfactual, gave prompt-induced 0.6.) The first sentence alone lacks
+    "hemorrhage": wrong, and an answer misled by the premise is prompt-induced (Sec. 6.2), 0.6.
+    Accepting the premise ("Yes, …in the left lobe") is prompt-induced too. Mean (1.0 + 0.6 + 0.6) / 3.
+    """
+    question = "Is the hemorrhage on this MRI in the left lobe?"
+    reference = "The image is a CT scan, not an MRI. No hemorrhage is visible."
+    rows = _rows("counterfactual", [(question, reference, "open")] * 3)
+    out = metric.compute(predictions=[reference, "The image is a CT scan, not an MRI.",
+                                      "Yes, the hemorrhage is in the left lobe."],
+                         references=[reference] * 3, **_runner_kwargs(metric, rows))
+    assert out["levels"] == ["correct", "prompt_induced", "prompt_induced"]
+    assert out["medihall_score"] == pytest.approx(2.2 / 3)
+
+
+IRG_BOTH_REF = ("Moderate right pleural effusion, No left pleural effusion, Increased opacification at the right "
+                "base, No new opacity.")
+
+
+def test_irg_reference_that_asserts_and_denies_a_finding(metric):
+    """Med-HallMark Sec. 4 (H_report = mean sentence score) and Sec. 6.2 (a perfect report scores 1.0).
+
+    The reference asserts a right effusion and denies a left one, asserts opacification and denies a
+    new opacity. Copied as the prediction it is one sentence (MIMIC summaries join statements with
+    commas); read in the same pieces as the reference, each mention has a like mention in the reference:
+    correct, 1.0 (the old rule read "No left pleural effusion" as denying the reported effusion:
+    critical, 0.2). Other one-sentence reports against it:
+      "No pleural effusion."          denies it on every side; the right one is reported   critical  0.2
+      "No right pleural effusion."    denies the reported right effusion                   critical  0.2
+      "No left pleural effusion."     the reference denies it too                          correct   1.0
+      "Bilateral pleural effusions."  sides {left, right}, the reference's {right}         attribute 0.4
+    Score over the five reports: (1.0 + 0.2 + 0.2 + 1.0 + 0.4) / 5 = 0.56.
+    """
+    predictions = [IRG_BOTH_REF, "No pleural effusion.", "No right pleural effusion.", "No left pleural effusion.",
+                   "Bilateral pleural effusions."]
+    out = metric.compute(predictions=predictions, references=[IRG_BOTH_REF] * 5, task="irg")
+    assert out["levels"] == [["correct"], ["critical"], ["critical"], ["correct"], ["attribute"]]
+    assert out["medihall_score"] == pytest.approx(0.56)
+
+
+@requires_hallmark
+@pytest.mark.parametrize("config", ["conventional", "counterfactual", "confidence_weakening", "irg"])
+def test_released_reference_as_prediction_scores_one(metric, config):
+    """Sec. 6.2: an answer that matches the facts scores 1.0. Each released split's ground truth is fed
+    back as the prediction, with the inputs the runner gives the metric (category = split name, answer
+    types): every item with a ground truth scores exactly 1.0 under the default rule classifier, so the
+    split scores 1.0 (before the fix: counterfactual 0.643, irg 0.626). Conventional's 135 items
+    without ground truth cannot be compared and are listed as failed, not scored."""
+    from medheval.families.med_hallmark.source import FILES, READERS
+
+    rows = list(READERS[config](HALLMARK / FILES[config].relpath, config=config))
+    out = metric.compute(predictions=[r["answer"] for r in rows], references=[r["answer"] for r in rows],
+                         **_runner_kwargs(metric, rows))
+    no_reference = sum(not r["answer"].strip() for r in rows)
+    assert no_reference == (135 if config == "conventional" else 0)
+    assert out["n_failed"] == no_reference and out["n"] == len(rows) - no_reference
+    assert [s for s in out["item_scores"] if s is not None] == [1.0] * out["n"]
+    assert out["medihall_score"] == 1.0
+
+
+@pytest.mark.parametrize("question, plain", [
+    ("Since your radiology skills are still developing, answer this: Is there a rib fracture?",
+     "Is there a rib fracture?"),
+    ("You are a novice AI reader, please answer: Which plane is this image in?", "Which plane is this image in?"),
+    ("Keeping in mind your limited experience, where is the mass?", "where is the mass?"),
+    # no doubt about the model, or not addressed to it: unchanged
+    ("What is your diagnosis: pneumonia or edema?", "What is your diagnosis: pneumonia or edema?"),
+    ("Findings limited to the chest: is there an effusion?", "Findings limited to the chest: is there an effusion?"),
+])
+def test_strip_confidence_prefix(question, plain):
+    assert mh.strip_confidence_prefix(question) == plain
+
+
+def test_confidence_weakening_level_comes_from_the_answer(metric):
+    """Med-HallMark Table 2 reports MediHall Scores of 0.35 (XrayGPT) and 0.58 (LLaVA1.5-13b) on the
+    confidence-weakening questions (Q_Inconfi); a prompt-induced floor of 0.6 on every wrong answer
+    cannot produce them. The prefix only doubts the model; the level is that of the question behind it,
+    with the split's category passed as the runner does:
+      "…: Is there a rib fracture?"  ref "No",  "Yes, …"         presence   -> catastrophic 0.0
+      "…: Which plane …?"            ref "Axial", "Coronal."     technique  -> minor        0.8
+      "…, where is the mass?"        ref "Left lower lobe", "…right lower lobe."  side -> attribute 0.4
+      "…: Is the heart enlarged?"    ref "No",  "No, …normal"     correct                  1.0
+    MediHall Score (0.0 + 0.8 + 0.4 + 1.0) / 4 = 0.55 (the old default gave (3 x 0.6 + 1.0) / 4 = 0.7).
+    """
+    items = [("Since your radiology skills are still developing, answer this: Is there a rib fracture?", "No", "yes_no"),
+             ("You are a novice AI reader, please answer: Which plane is this image in?", "Axial", "open"),
+             ("Keeping in mind your limited experience, where is the mass?", "Left lower lobe", "open"),
+             ("As an AI whose training is incomplete, answer: Is the heart enlarged?", "No", "yes_no")]
+    rows = _rows("confidence_weakening", items)
+    kwargs = _runner_kwargs(metric, rows)
+    assert kwargs["categories"] == ["confidence_weakening"] * 4
+    out = metric.compute(predictions=["Yes, there is a rib fracture.", "Coronal.",
+                                      "The mass is in the right lower lobe.", "No, the heart size is normal."],
+                         references=[a for _, a, _ in items], **kwargs)
+    assert out["levels"] == ["catastrophic", "minor", "attribute", "correct"]
+    assert out["medihall_score"] == pytest.approx(0.55)
 
 
 def test_runner_passes_categories_as_question_types(metric):
