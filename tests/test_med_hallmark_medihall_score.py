@@ -340,18 +340,6 @@ def test_prompts_reproduce_the_released_ones_byte_for_byte():
         assert user == record["prompt"]
 
 
-@requires_hallmark
-def test_rule_classifier_agreement_floor_on_conventional():
-    from medheval.judges import agreement
-
-    records = [r for r in judged_records(CONVENTIONAL, "conventional") if r["meta"]["has_ground_truth"]]
-    predicted = [mh.classify_vqa_rule(r["meta"]["released_response"], r["answer"], r["question"]).level
-                 for r in records]
-    stats = agreement([r["meta"]["human_label"] for r in records], [mh.LEVEL_TO_LABEL[p] for p in predicted])
-    # a regression guard (see benchmarks/bench_medihall_agreement.py for the numbers)
-    assert stats["n"] == 364 and stats["exact_agreement"] >= 0.75 and stats["cohen_kappa"] >= 0.65
-
-
 # -- issue 22: a perfect answer scores 1.0; confidence-weakening levels come from the answer ----------------
 
 
@@ -470,6 +458,75 @@ def test_confidence_weakening_level_comes_from_the_answer(metric):
                          references=[a for _, a, _ in items], **kwargs)
     assert out["levels"] == ["catastrophic", "minor", "attribute", "correct"]
     assert out["medihall_score"] == pytest.approx(0.55)
+
+
+# -- issue 22, point 3: agreement of the rule classifier with the human levels ---------------------------
+
+
+@pytest.fixture(scope="module")
+def bench():
+    import importlib.util
+
+    path = REPO / "benchmarks" / "bench_medihall_agreement.py"
+    spec = importlib.util.spec_from_file_location("bench_medihall_agreement", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_agreement_statistics_hand_worked(bench):
+    """Cohen's κ and quadratic-weighted κ over the six levels in order (the statistics of
+    metrics/medihall_detection; Med-HallMark compares detectors with human levels, Sec. 6.3, Fig. 2(d)).
+
+    human = [catastrophic, catastrophic, attribute, attribute], rule = [catastrophic, attribute,
+    attribute, attribute]. p_o = 3/4; row margins (2, 2), column margins (1, 3):
+    p_e = (2/4)(1/4) + (2/4)(3/4) = 1/2, κ = (3/4 - 1/2) / (1 - 1/2) = 0.5. Quadratic: catastrophic and
+    attribute are positions 0 and 2 of 6, w = (0 - 2)^2 / 5^2 = 0.16; observed 0.16 x 1 = 0.16,
+    expected 0.16 x (2·3/4 + 2·1/4) = 0.32, κ_q = 1 - 0.16 / 0.32 = 0.5. MediHall Score (Sec. 4):
+    human (0 + 0 + 0.4 + 0.4) / 4 = 0.2, rule (0 + 0.4 + 0.4 + 0.4) / 4 = 0.3.
+    """
+    got = bench.agreement(["catastrophic", "catastrophic", "attribute", "attribute"],
+                          ["catastrophic", "attribute", "attribute", "attribute"])
+    assert got["accuracy"] == 0.75
+    assert got["cohen_kappa"] == pytest.approx(0.5) and got["quadratic_kappa"] == pytest.approx(0.5)
+    assert got["medihall_score_human"] == pytest.approx(0.2) and got["medihall_score_rule"] == pytest.approx(0.3)
+    assert got["confusion"]["rows"][0] == [1, 0, 1, 0, 0, 0] and got["confusion"]["rows"][2] == [0, 0, 2, 0, 0, 0]
+
+
+def test_cross_validation_folds_keep_an_image_together(bench):
+    """Paraphrases of one question share an image; grouping folds by image keeps them on one side.
+    Images sorted (a, b, c) and dealt round-robin into 2 folds: a -> 0, b -> 1, c -> 0."""
+    rows = [{"meta": {"upstream_image": image}} for image in ("b.jpg", "a.jpg", "c.jpg", "a.jpg", "b.jpg")]
+    assert bench.folds_by_image(rows, 2) == [1, 0, 0, 0, 1]
+
+
+# Figures of the metric card's agreement table (metrics/medihall_score/README.md), point 3's target:
+# quadratic-weighted κ >= 0.7 overall and >= 0.5 on every split.
+CARD_AGREEMENT = {  # name: (n, Cohen's κ, quadratic κ, accuracy)
+    "conventional": (499, 0.692, 0.707, 0.792),
+    "conventional, with ground truth": (364, 0.719, 0.719, 0.810),
+    "conventional, without ground truth": (135, 0.617, 0.672, 0.741),
+    "counterfactual": (111, 1.0, 1.0, 1.0),
+    "counterfactual, text only (no category)": (111, 0.0, 0.0, 0.964),
+    "overall": (610, 0.772, 0.789, 0.830),
+}
+
+
+@requires_hallmark
+def test_agreement_with_human_levels_on_released_files(bench):
+    """The bench's figures on the released labels: what the card reports, the issue's targets met, the
+    cross-validated figure computed on held-out folds only, and the identity check of point 1."""
+    report = bench.run(HALLMARK, folds=5)
+    for name, (n, kappa, quadratic, accuracy) in CARD_AGREEMENT.items():
+        got = report["agreement"][name]
+        assert (got["n"], got["n_failed"]) == (n, 0), name
+        assert [round(got[k], 3) for k in ("cohen_kappa", "quadratic_kappa", "accuracy")] == [kappa, quadratic,
+                                                                                            accuracy], name
+    assert report["agreement"]["overall"]["quadratic_kappa"] >= 0.7
+    assert min(report["agreement"][s]["quadratic_kappa"] for s in ("conventional", "counterfactual")) >= 0.5
+    cv = report["cross_validation"]
+    assert cv["n"] == 610 and sum(c["n_test"] for c in cv["chosen"]) == 610 and cv["quadratic_kappa"] >= 0.7
+    assert all(got["medihall_score"] == 1.0 and got["items_below_1"] == 0 for got in report["identity"].values())
 
 
 def test_runner_passes_categories_as_question_types(metric):

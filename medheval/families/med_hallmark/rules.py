@@ -6,9 +6,11 @@
 * IRG (:func:`classify_irg_rule`): findings of a small chest X-ray vocabulary, their polarity
   and attributes, sentence by sentence against the reference report.
 
-The rules were written from Med-HallMark's level definitions and tuned on the 364 records of
-``Conventional..json`` that carry a ground truth (see ``datasets/med_hallmark/README.md`` for
-the agreement figures on both subsets).
+The rules were written from Med-HallMark's level definitions and tuned by hand on the 364 records
+of ``Conventional..json`` that carry a ground truth. Their agreement with the human levels (per
+split, overall, cross-validated) is measured by ``benchmarks/bench_medihall_agreement.py`` and
+reported in ``metrics/medihall_score/README.md``. A reference given as the answer is always
+``correct`` (VQA and IRG): Med-HallMark scores an answer that matches the facts 1.0 (Sec. 6.2).
 """
 
 from __future__ import annotations
