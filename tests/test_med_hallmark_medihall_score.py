@@ -446,7 +446,8 @@ def test_confidence_weakening_level_comes_from_the_answer(metric):
       "…: Is the heart enlarged?"    ref "No",  "No, …normal"     correct                  1.0
     MediHall Score (0.0 + 0.8 + 0.4 + 1.0) / 4 = 0.55 (the old default gave (3 x 0.6 + 1.0) / 4 = 0.7).
     """
-    items = [("Since your radiology skills are still developing, answer this: Is there a rib fracture?", "No", "yes_no"),
+    items = [("Since your radiology skills are still developing, answer this: Is there a rib fracture?", "No",
+              "yes_no"),
              ("You are a novice AI reader, please answer: Which plane is this image in?", "Axial", "open"),
              ("Keeping in mind your limited experience, where is the mass?", "Left lower lobe", "open"),
              ("As an AI whose training is incomplete, answer: Is the heart enlarged?", "No", "yes_no")]

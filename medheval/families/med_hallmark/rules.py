@@ -186,11 +186,11 @@ def question_aspect(
 
     An explicit ``question_type`` (see :data:`QUESTION_TYPE_ASPECT`) wins; otherwise the question
     text decides by keyword families, after :func:`strip_confidence_prefix` (a doubting prefix is
-    not a premise: the question behind it is what the answer gets wrong). A reference that corrects a premise ("… was taken using CT,
-    not MRI") marks a counterfactual question, and a reference that is a modality or plane
-    ("Axial", "T2 weighted MRI") a technique question. ``closed`` (a yes/no question) is read from
-    the reference when there is one ("Yes"/"No"), else from the question's form. ``None`` for an
-    open question no rule recognises.
+    not a premise: the question behind it is what the answer gets wrong). A reference that corrects
+    a premise ("… was taken using CT, not MRI") marks a counterfactual question, and a reference that
+    is a modality or plane ("Axial", "T2 weighted MRI") a technique question. ``closed`` (a yes/no
+    question) is read from the reference when there is one ("Yes"/"No"), else from the question's
+    form. ``None`` for an open question no rule recognises.
     """
     if question_type:
         key = str(question_type).strip().lower().replace(" ", "_")
@@ -498,7 +498,8 @@ def classify_irg_rule(prediction: str | None, reference: str | None) -> list[tup
             for mention in mentions:
                 if mention.state == "absent":
                     denied_too = any(m.state == "absent" and m.sides == mention.sides for m in ref.get(name, []))
-                    asserted = any(m.state == "present" and (not m.sides or not mention.sides or m.sides & mention.sides)
+                    asserted = any(m.state == "present"
+                                   and (not m.sides or not mention.sides or m.sides & mention.sides)
                                    for m in stated)
                     if asserted and not denied_too:
                         verdict = _worst(verdict, Classified("critical", f"denies {name}, which the reference reports"))
