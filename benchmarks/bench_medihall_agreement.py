@@ -1,150 +1,237 @@
 """Agreement of the MediHall ``rule`` classifier with Med-HallMark's human hallucination levels.
 
-    python benchmarks/bench_medihall_agreement.py [--data-dir ../shared/data/upstream/med-hallmark] [--json out.json]
+    python benchmarks/bench_medihall_agreement.py [--data-dir ../shared/data/upstream/med-hallmark]
+                                                  [--folds 5] [--json out.json]
 
-Med-HallMark's ``Conventional..json`` holds 499 LLaVA-Med answers to VQA-RAD questions with a
-human level each (``classification_label`` 0 = catastrophic … 5 = correct). 364 carry the
-ground truth (the rule classifier needs it); 135 use the no-ground-truth prompt. Reported:
+Med-HallMark releases real Med-VLM (LLaVA-Med) answers with a human level each in
+``Conventional..json`` (499 VQA-RAD answers; 364 with the ground truth in the prompt, 135 without)
+and ``Counterfactual..json`` (111 SLAKE answers, all prompt-induced). ``Confidence_weakening.json``
+and ``Irg.json`` carry no human levels. The levels are computed exactly as
+``run_eval --task detection --detector rule`` does (the ``medihall_score`` metric with the runner's
+inputs: category = split name, answer types; counterfactual rule off; items without ground truth get
+the level a wrong answer to their question would get) and scored by ``medihall_detection``
+(accuracy, Cohen's κ, quadratic-weighted κ over the six levels in order, confusion matrix).
 
-1. the 364 with ground truth: the full rule classifier vs the humans (Cohen's κ, quadratic-
-   weighted κ, exact agreement, confusion matrix) and the MediHall Score from either;
-2. the 135 without ground truth: the question-aspect half of the rule alone (it assumes the
-   answer is wrong, as 496 of the 499 human labels say) — a check on answers whose questions
-   were not used while writing the keyword lists (they are paraphrases of the same VQA-RAD
-   questions, so not independent);
-3. all 499 (1 + 2) against the human MediHall Score (119.4 / 499 = 0.2393);
-4. ``Counterfactual..json`` (111 answers, all labelled prompt-induced): with the
-   ``counterfactual`` question type and from the text alone;
-5. ``Irg.json`` (359 reports, no released labels): the rule's level distribution and score;
-6. the rule classifier's speed.
+Printed and written to ``--json``:
 
-The keyword lists were written from Med-HallMark's level definitions and then adjusted while
-reading part 1's disagreements, so part 1 is an in-sample figure; part 2 is the more honest one.
+1. identity: each split's ground truth given as the prediction; MediHall Score 1.0 expected on every
+   item with a ground truth (Med-HallMark Sec. 6.2);
+2. agreement per split and subset, and overall (conventional + counterfactual, 610 answers); also
+   counterfactual without its category (the premise read from the reference text alone);
+3. cross-validation of the rule's two settings (``overlap`` of open answers, ``default_aspect`` of
+   unrecognised questions): tuned on K-1 folds, scored on the held-out fold, folds grouped by image
+   so that paraphrases of one question never straddle train and test; the held-out predictions of
+   all folds are pooled and scored once;
+4. ``Irg.json``: the rule's levels of the released LLaVA-Med reports (no human levels to compare);
+5. speed of the rule classifier.
+
+The keyword lists of the rules were written from the level definitions and adjusted by hand while
+reading the disagreements on conventional's 364 answers with ground truth (before this script had
+a cross-validation), so those figures are in-sample; the 135 without ground truth were not read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
-from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from medheval.families import med_hallmark as mh
-from medheval.families.med_hallmark.source import judged_records
-from medheval.judges import agreement
+from medheval.families.med_hallmark.source import FILES, READERS
+from medheval.run.protocol import load_metric, metric_kwargs
 
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "upstream" / "med-hallmark"
-
-
-def _read(path: Path) -> list[dict]:
-    """Records of a judged Med-HallMark file in the fields this script uses."""
-    return [{"question": r["question"], "prediction": r["meta"]["released_response"],
-             "reference": r["answer"] if r["meta"]["has_ground_truth"] else None, "level": r["meta"]["human_level"]}
-            for r in judged_records(path, "conventional")]
-
-
-def _labels(levels):
-    return [mh.LEVEL_TO_LABEL[level] for level in levels]
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DIR = Path(os.environ.get("MEDHEVAL_SHARED") or REPO.parent / "shared") / "data" / "upstream" / "med-hallmark"
+LABELLED = ("conventional", "counterfactual")
+# what run_eval --task detection --detector rule passes (medheval.families.med_hallmark.detection)
+DETECTION_OPTIONS = {"classifier": "rule", "premise_rule": False, "rule_without_reference": True}
+OVERLAPS = (0.5, 0.75, 1.0)
+ASPECTS = tuple(mh.ASPECT_LEVEL)
 
 
-def _score(levels):
-    return mh.medihall_score([mh.WEIGHTS[level] for level in levels])
+def _records(data_dir: Path, config: str) -> list[dict]:
+    return list(READERS[config](data_dir / FILES[config].relpath, config=config))
 
 
-def _compare(human: list[str], predicted: list[str]) -> dict:
-    stats = agreement(_labels(human), _labels(predicted))
-    return {
-        "n": stats["n"],
-        "cohen_kappa": stats["cohen_kappa"],
-        "quadratic_weighted_kappa": stats["quadratic_weighted_kappa"],
-        "exact_agreement": stats["exact_agreement"],
-        "medihall_score_human": _score(human),
-        "medihall_score_rule": _score(predicted),
-        "distribution_human": mh.level_distribution(human),
-        "distribution_rule": mh.level_distribution(predicted),
-        "confusion": {h: dict(Counter(p for hh, p in zip(human, predicted) if hh == h)) for h in mh.LEVELS},
-    }
+def identity(data_dir: Path) -> dict[str, Any]:
+    """MediHall Score of each split's ground truth given as the prediction (the runner's inputs)."""
+    scorer = load_metric("medihall_score")
+    out = {}
+    for config in READERS:
+        rows = _records(data_dir, config)
+        answers = [row["answer"] for row in rows]
+        got = scorer.compute(predictions=answers, references=answers, **metric_kwargs(scorer, rows, {}))
+        scores = [s for s in got["item_scores"] if s is not None]
+        out[config] = {"n": got["n"], "n_failed": got["n_failed"], "medihall_score": got["medihall_score"],
+                       "items_below_1": sum(s < 1.0 for s in scores)}
+    return out
 
 
-def _print_section(title: str, stats: dict) -> None:
-    print(f"\n## {title}  (n = {stats['n']})")
-    print(f"Cohen's kappa {stats['cohen_kappa']:.3f}   quadratic-weighted kappa {stats['quadratic_weighted_kappa']:.3f}"
-          f"   exact agreement {stats['exact_agreement']:.3f}")
-    print(f"MediHall Score: human {stats['medihall_score_human']:.4f}   rule {stats['medihall_score_rule']:.4f}")
-    width = max(len(level) for level in mh.LEVELS)
-    print(f"{'human/rule':>{width}}  " + "  ".join(f"{level[:6]:>6}" for level in mh.LEVELS))
-    for human in mh.LEVELS:
-        row = stats["confusion"][human]
-        print(f"{human:>{width}}  " + "  ".join(f"{row.get(level, 0):>6}" for level in mh.LEVELS))
+def rule_levels(rows: list[dict]) -> list[str | None]:
+    """Levels of the released answers, as the detection task computes them (through the metric)."""
+    scorer = load_metric("medihall_score")
+    got = scorer.compute(predictions=[row["meta"]["released_response"] for row in rows],
+                         references=[row["answer"] for row in rows],
+                         **metric_kwargs(scorer, rows, DETECTION_OPTIONS))
+    return got["levels"]
+
+
+def direct_levels(rows: list[dict], overlap: float, default_aspect: str) -> list[str]:
+    """The same levels from the rule functions, with the two settings the cross-validation tunes."""
+    out = []
+    for row in rows:
+        if row["meta"]["has_ground_truth"]:
+            got = mh.classify_vqa_rule(row["meta"]["released_response"], row["answer"], row["question"],
+                                       row["category"], row["answer_type"], row["choices"], overlap=overlap,
+                                       default_aspect=default_aspect)
+        else:
+            got = mh.classify_vqa_aspect(row["question"], row["category"], default_aspect=default_aspect)
+        out.append(got.level)
+    return out
+
+
+def agreement(human: list[str], predicted: list[str | None]) -> dict[str, Any]:
+    """``medihall_detection``'s statistics plus the MediHall Score from either set of levels."""
+    detector = load_metric("medihall_detection")
+    got = detector.compute(predictions=[p or "" for p in predicted], references=human)
+    scored = [i for i, p in enumerate(predicted) if p is not None]
+    keys = ("n", "n_failed", "accuracy", "macro_f1", "cohen_kappa", "quadratic_kappa", "confusion")
+    out = {key: got[key] for key in keys}
+    out["medihall_score_human"] = mh.medihall_score([mh.WEIGHTS[human[i]] for i in scored])
+    out["medihall_score_rule"] = mh.medihall_score([mh.WEIGHTS[predicted[i]] for i in scored])
+    return out
+
+
+def folds_by_image(rows: list[dict], k: int) -> list[int]:
+    """Fold of each row: images sorted by name and dealt round-robin into ``k`` folds (deterministic)."""
+    images = sorted({row["meta"]["upstream_image"] for row in rows})
+    fold_of = {image: i % k for i, image in enumerate(images)}
+    return [fold_of[row["meta"]["upstream_image"]] for row in rows]
+
+
+def cross_validate(rows: list[dict], human: list[str], k: int) -> dict[str, Any]:
+    """Grouped K-fold over (overlap, default_aspect): pick the setting with the best quadratic κ on the
+    training folds, predict the held-out fold with it; the pooled held-out predictions are scored once."""
+    grid = {(o, a): direct_levels(rows, o, a) for o in OVERLAPS for a in ASPECTS}
+    folds = folds_by_image(rows, k)
+    held_out: list[str | None] = [None] * len(rows)
+    chosen = []
+    for fold in range(k):
+        train = [i for i, f in enumerate(folds) if f != fold]
+
+        def train_kappa(setting: tuple[float, str]) -> float:
+            got = agreement([human[i] for i in train], [grid[setting][i] for i in train])["quadratic_kappa"]
+            return -1.0 if got is None else got
+
+        # ties go to the shipped defaults (overlap 1.0, presence), then to the grid order
+        best = max(grid, key=lambda s: (train_kappa(s), s == (1.0, "presence")))
+        chosen.append({"fold": fold, "overlap": best[0], "default_aspect": best[1],
+                       "n_test": sum(f == fold for f in folds)})
+        for i, f in enumerate(folds):
+            if f == fold:
+                held_out[i] = grid[best][i]
+    out = agreement(human, held_out)
+    out.update(folds=k, chosen=chosen)
+    return out
+
+
+def irg(data_dir: Path) -> dict[str, Any]:
+    reports = _records(data_dir, "irg")
+    start = time.perf_counter()
+    classified = [mh.classify_irg_rule(r["meta"]["released_response"], r["answer"]) for r in reports]
+    elapsed = time.perf_counter() - start
+    levels = [[c.level for _, c in item] for item in classified]
+    return {"n_reports": len(reports), "n_sentences": sum(map(len, levels)),
+            "medihall_score_rule": mh.medihall_score([mh.report_score(item) for item in levels]),
+            "distribution_rule": mh.level_distribution([x for item in levels for x in item], mh.IRG_LEVELS),
+            "reports_per_second": len(reports) / elapsed}
+
+
+def _fmt(value: Any) -> str:
+    return "–" if not isinstance(value, (int, float)) else f"{value:.3f}"
+
+
+def _print_agreement(title: str, stats: dict) -> None:
+    print(f"\n## {title}  (n = {stats['n']}, failed {stats['n_failed']})")
+    print(f"Cohen's κ {_fmt(stats['cohen_kappa'])}   quadratic-weighted κ {_fmt(stats['quadratic_kappa'])}   "
+          f"accuracy {_fmt(stats['accuracy'])}   MediHall Score: human {_fmt(stats['medihall_score_human'])}, "
+          f"rule {_fmt(stats['medihall_score_rule'])}")
+    levels = stats["confusion"]["levels"]
+    width = max(map(len, levels))
+    corner = "human / rule"
+    width = max(width, len(corner))
+    print(f"{corner:>{width}}  " + "  ".join(f"{level[:6]:>6}" for level in levels))
+    for level, row in zip(levels, stats["confusion"]["rows"]):
+        print(f"{level:>{width}}  " + "  ".join(f"{count:>6}" for count in row))
+
+
+def run(data_dir: Path, folds: int = 5) -> dict[str, Any]:
+    """Every figure of the module docstring, as one JSON-ready dict."""
+    report: dict[str, Any] = {"identity": identity(data_dir)}
+    rows = {config: _records(data_dir, config) for config in LABELLED}
+    levels = {config: rule_levels(rows[config]) for config in LABELLED}
+    start = time.perf_counter()
+    for config in LABELLED:  # the metric and the functions the cross-validation calls agree
+        if levels[config] != direct_levels(rows[config], 1.0, "presence"):
+            raise AssertionError(f"{config}: the metric's levels differ from classify_vqa_rule's")
+    elapsed = time.perf_counter() - start
+    human = {config: [row["meta"]["human_level"] for row in rows[config]] for config in LABELLED}
+    parts: dict[str, tuple[list[str], list[str | None]]] = {}
+    for config in LABELLED:
+        parts[config] = (human[config], levels[config])
+        for subset, with_gt in (("with ground truth", True), ("without ground truth", False)):
+            keep = [i for i, row in enumerate(rows[config]) if row["meta"]["has_ground_truth"] == with_gt]
+            if keep and len(keep) < len(rows[config]):
+                parts[f"{config}, {subset}"] = ([human[config][i] for i in keep], [levels[config][i] for i in keep])
+    # the counterfactual split without its category: the premise read from the reference text alone
+    plain = [dict(row, category="") for row in rows["counterfactual"]]
+    parts["counterfactual, text only (no category)"] = (human["counterfactual"], rule_levels(plain))
+    parts["overall"] = (sum((human[c] for c in LABELLED), []), sum((levels[c] for c in LABELLED), []))
+    report["agreement"] = {name: agreement(*pair) for name, pair in parts.items()}
+    report["cross_validation"] = cross_validate(sum((rows[c] for c in LABELLED), []), parts["overall"][0], folds)
+    report["irg_rule"] = irg(data_dir)
+    report["speed"] = {"vqa_answers_per_second": sum(map(len, rows.values())) / elapsed,
+                       "irg_reports_per_second": report["irg_rule"]["reports_per_second"]}
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print("## Ground truth given as the prediction (rule classifier, run_eval's inputs)")
+    for config, got in report["identity"].items():
+        print(f"{config:>22}: MediHall Score {_fmt(got['medihall_score'])} over {got['n']} items "
+              f"({got['items_below_1']} below 1.0; {got['n_failed']} without ground truth, not scored)")
+    for name, stats in report["agreement"].items():
+        _print_agreement(name, stats)
+    cv = report["cross_validation"]
+    _print_agreement(f"overall, {cv['folds']}-fold cross-validated over (overlap, default_aspect), grouped by image",
+                     cv)
+    print("settings chosen on the training folds: "
+          + "; ".join(f"fold {c['fold']}: overlap {c['overlap']}, {c['default_aspect']}" for c in cv["chosen"]))
+    i = report["irg_rule"]
+    print(f"\n## Irg.json (no human levels): {i['n_reports']} reports, {i['n_sentences']} sentences")
+    print(f"rule MediHall Score {_fmt(i['medihall_score_rule'])}   distribution {i['distribution_rule']}")
+    speed = report["speed"]
+    print(f"\nrule classifier: {speed['vqa_answers_per_second']:,.0f} VQA answers/s, "
+          f"{speed['irg_reports_per_second']:,.0f} reports/s (one process)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DIR, help="folder holding Med-HallMark's JSON files")
+    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds (grouped by image)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args()
-    conventional = args.data_dir / "Conventional..json"
-    if not conventional.is_file():
-        raise SystemExit(f"{conventional} not found: pass --data-dir pointing at a copy of "
-                         "github.com/ydk122024/Med-HallMark (commit 1eb83d8)")
-    report: dict = {}
-    records = _read(conventional)
-    with_ref = [r for r in records if r["reference"] is not None]
-    without_ref = [r for r in records if r["reference"] is None]
-
-    start = time.perf_counter()
-    rule_with = [mh.classify_vqa_rule(r["prediction"], r["reference"], r["question"]).level for r in with_ref]
-    elapsed = time.perf_counter() - start
-    report["with_ground_truth"] = _compare([r["level"] for r in with_ref], rule_with)
-    _print_section("Conventional, with ground truth: rule classifier", report["with_ground_truth"])
-
-    rule_without = [mh.ASPECT_LEVEL[mh.question_aspect(r["question"]) or "presence"] for r in without_ref]
-    report["without_ground_truth_aspect_only"] = _compare([r["level"] for r in without_ref], rule_without)
-    _print_section("Conventional, no ground truth: question aspect only (answer assumed wrong)",
-                   report["without_ground_truth_aspect_only"])
-
-    report["all_499"] = _compare([r["level"] for r in with_ref + without_ref], rule_with + rule_without)
-    _print_section("Conventional, all answers (1 + 2)", report["all_499"])
-
-    counterfactual = args.data_dir / "Counterfactual..json"
-    if counterfactual.is_file():
-        cf = _read(counterfactual)
-        typed = [mh.classify_vqa_rule(r["prediction"], r["reference"], r["question"],
-                                      question_type="counterfactual").level for r in cf]
-        text_only = [mh.classify_vqa_rule(r["prediction"], r["reference"], r["question"]).level for r in cf]
-        report["counterfactual"] = {
-            "n": len(cf),
-            "prompt_induced_with_question_type": sum(level == "prompt_induced" for level in typed) / len(cf),
-            "prompt_induced_text_only": sum(level == "prompt_induced" for level in text_only) / len(cf),
-            "distribution_text_only": mh.level_distribution(text_only),
-        }
-        c = report["counterfactual"]
-        print(f"\n## Counterfactual (n = {c['n']}, all human-labelled prompt-induced)")
-        print(f"prompt-induced: {c['prompt_induced_with_question_type']:.3f} with question_type='counterfactual', "
-              f"{c['prompt_induced_text_only']:.3f} from the text alone")
-
-    irg = args.data_dir / "Irg.json"
-    if irg.is_file():
-        reports = json.loads(irg.read_text(encoding="utf-8"))
-        start_irg = time.perf_counter()
-        classified = [mh.classify_irg_rule(r["Med-VLM answer"], r["ground-truth"]) for r in reports]
-        irg_elapsed = time.perf_counter() - start_irg
-        levels = [[c.level for _, c in item] for item in classified]
-        report["irg_rule"] = {
-            "n_reports": len(reports),
-            "n_sentences": sum(len(item) for item in levels),
-            "medihall_score_rule": mh.medihall_score([mh.report_score(item) for item in levels if item]),
-            "distribution_rule": mh.level_distribution([x for item in levels for x in item], mh.IRG_LEVELS),
-            "reports_per_second": len(reports) / irg_elapsed,
-        }
-        i = report["irg_rule"]
-        print(f"\n## Irg.json (no released labels): {i['n_reports']} reports, {i['n_sentences']} sentences")
-        print(f"rule MediHall Score {i['medihall_score_rule']:.4f}   distribution {i['distribution_rule']}")
-
-    report["speed"] = {"vqa_items_per_second": len(with_ref) / elapsed}
-    print(f"\nrule classifier: {report['speed']['vqa_items_per_second']:,.0f} VQA answers/s"
-          + (f", {report['irg_rule']['reports_per_second']:,.0f} reports/s" if "irg_rule" in report else ""))
+    missing = [FILES[c].relpath for c in READERS if not (args.data_dir / FILES[c].relpath).is_file()]
+    if missing:
+        raise SystemExit(f"{args.data_dir}: {', '.join(missing)} not found; pass --data-dir pointing at a copy of "
+                         "github.com/ydk122024/Med-HallMark (commit 1eb83d8), or set MEDHEVAL_SHARED")
+    if args.folds < 2:
+        raise SystemExit(f"--folds must be at least 2, got {args.folds}")
+    report = run(args.data_dir, args.folds)
+    print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

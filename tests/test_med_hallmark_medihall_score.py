@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import load_metric_offline
+from conftest import SHARED_UPSTREAM, load_metric_offline
 
 from judge_servers import judge_server_factory, recording_proxy, user_text  # noqa: F401 - fixtures
 from medheval.families import med_hallmark as mh
@@ -18,7 +18,7 @@ from medheval.families.med_hallmark.source import judged_records
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_DIR = REPO / "metrics" / "medihall_score"
-HALLMARK = REPO.parent / "shared" / "data" / "upstream" / "med-hallmark"
+HALLMARK = SHARED_UPSTREAM / "med-hallmark"
 CONVENTIONAL = HALLMARK / "Conventional..json"
 requires_hallmark = pytest.mark.skipif(
     not CONVENTIONAL.is_file(), reason="../shared/data/upstream/med-hallmark is absent (only CI and devs have it)"
@@ -145,7 +145,8 @@ def test_vqa_item_without_reference_fails_with_reason(metric):
     # counterfactual premise accepted -> prompt-induced
     ("Is there a bleed on this ultrasound?", "Yes, there is a bleed.",
      "The premise is incorrect: the image is a CT scan, not an ultrasound.", {}, "prompt_induced"),
-    ("Given that your medical knowledge is limited, is there a fracture?", "Yes.", "No", {}, "prompt_induced"),
+    # a confidence-weakening prefix is no premise: the question behind it decides (presence -> catastrophic)
+    ("Given that your medical knowledge is limited, is there a fracture?", "Yes.", "No", {}, "catastrophic"),
     # correct
     ("Is there a pneumothorax?", "Yes, a small left pneumothorax.", "Yes", {}, "correct"),
     ("Where is the mass?", "The mass is in the head of the pancreas.", "head of the pancreas", {}, "correct"),
@@ -339,16 +340,194 @@ def test_prompts_reproduce_the_released_ones_byte_for_byte():
         assert user == record["prompt"]
 
 
-@requires_hallmark
-def test_rule_classifier_agreement_floor_on_conventional():
-    from medheval.judges import agreement
+# -- issue 22: a perfect answer scores 1.0; confidence-weakening levels come from the answer ----------------
 
-    records = [r for r in judged_records(CONVENTIONAL, "conventional") if r["meta"]["has_ground_truth"]]
-    predicted = [mh.classify_vqa_rule(r["meta"]["released_response"], r["answer"], r["question"]).level
-                 for r in records]
-    stats = agreement([r["meta"]["human_label"] for r in records], [mh.LEVEL_TO_LABEL[p] for p in predicted])
-    # a regression guard (see benchmarks/bench_medihall_agreement.py for the numbers)
-    assert stats["n"] == 364 and stats["exact_agreement"] >= 0.75 and stats["cohen_kappa"] >= 0.65
+
+def _rows(config: str, items: list[tuple[str, str, str]]) -> list[dict]:
+    """Canonical records (the fields the runner hands to metrics) for ``(question, answer, answer_type)``."""
+    return [{"id": f"med_hallmark/{config}/{i}", "question": q, "answer": a, "answer_type": t, "choices": [],
+             "category": config, "source": "vqa_rad", "meta": {"credentialed": False}}
+            for i, (q, a, t) in enumerate(items, 1)]
+
+
+def _runner_kwargs(metric, rows: list[dict]) -> dict:
+    from medheval.run.protocol import metric_kwargs
+
+    return metric_kwargs(metric, rows, {})
+
+
+def test_multi_sentence_reference_as_prediction_is_correct(metric):
+    """Med-HallMark Sec. 6.2: "if A aligns perfectly with the facts, the MediHall Score is 1.0".
+
+    Counterfactual reference with two sentences, "The image is a CT scan, not an MRI. No hemorrhage
+    is visible.", content words {image, ct, not, mri, no, hemorrhage}. The open-answer test reads the
+    answer's first k = 2 sentences (k = the reference's sentence count), so the reference itself holds
+    all of them: correct, 1.0. (The old rule read only the first sentence, missed "hemorrhage" and,
+    the split being counterfactual, gave prompt-induced 0.6.) The first sentence alone lacks
+    "hemorrhage": wrong, and an answer misled by the premise is prompt-induced (Sec. 6.2), 0.6.
+    Accepting the premise ("Yes, …in the left lobe") is prompt-induced too. Mean (1.0 + 0.6 + 0.6) / 3.
+    """
+    question = "Is the hemorrhage on this MRI in the left lobe?"
+    reference = "The image is a CT scan, not an MRI. No hemorrhage is visible."
+    rows = _rows("counterfactual", [(question, reference, "open")] * 3)
+    out = metric.compute(predictions=[reference, "The image is a CT scan, not an MRI.",
+                                      "Yes, the hemorrhage is in the left lobe."],
+                         references=[reference] * 3, **_runner_kwargs(metric, rows))
+    assert out["levels"] == ["correct", "prompt_induced", "prompt_induced"]
+    assert out["medihall_score"] == pytest.approx(2.2 / 3)
+
+
+IRG_BOTH_REF = ("Moderate right pleural effusion, No left pleural effusion, Increased opacification at the right "
+                "base, No new opacity.")
+
+
+def test_irg_reference_that_asserts_and_denies_a_finding(metric):
+    """Med-HallMark Sec. 4 (H_report = mean sentence score) and Sec. 6.2 (a perfect report scores 1.0).
+
+    The reference asserts a right effusion and denies a left one, asserts opacification and denies a
+    new opacity. Copied as the prediction it is one sentence (MIMIC summaries join statements with
+    commas); read in the same pieces as the reference, each mention has a like mention in the reference:
+    correct, 1.0 (the old rule read "No left pleural effusion" as denying the reported effusion:
+    critical, 0.2). Other one-sentence reports against it:
+      "No pleural effusion."          denies it on every side; the right one is reported   critical  0.2
+      "No right pleural effusion."    denies the reported right effusion                   critical  0.2
+      "No left pleural effusion."     the reference denies it too                          correct   1.0
+      "Bilateral pleural effusions."  sides {left, right}, the reference's {right}         attribute 0.4
+    Score over the five reports: (1.0 + 0.2 + 0.2 + 1.0 + 0.4) / 5 = 0.56.
+    """
+    predictions = [IRG_BOTH_REF, "No pleural effusion.", "No right pleural effusion.", "No left pleural effusion.",
+                   "Bilateral pleural effusions."]
+    out = metric.compute(predictions=predictions, references=[IRG_BOTH_REF] * 5, task="irg")
+    assert out["levels"] == [["correct"], ["critical"], ["critical"], ["correct"], ["attribute"]]
+    assert out["medihall_score"] == pytest.approx(0.56)
+
+
+@requires_hallmark
+@pytest.mark.parametrize("config", ["conventional", "counterfactual", "confidence_weakening", "irg"])
+def test_released_reference_as_prediction_scores_one(metric, config):
+    """Sec. 6.2: an answer that matches the facts scores 1.0. Each released split's ground truth is fed
+    back as the prediction, with the inputs the runner gives the metric (category = split name, answer
+    types): every item with a ground truth scores exactly 1.0 under the default rule classifier, so the
+    split scores 1.0 (before the fix: counterfactual 0.643, irg 0.626). Conventional's 135 items
+    without ground truth cannot be compared and are listed as failed, not scored."""
+    from medheval.families.med_hallmark.source import FILES, READERS
+
+    rows = list(READERS[config](HALLMARK / FILES[config].relpath, config=config))
+    out = metric.compute(predictions=[r["answer"] for r in rows], references=[r["answer"] for r in rows],
+                         **_runner_kwargs(metric, rows))
+    no_reference = sum(not r["answer"].strip() for r in rows)
+    assert no_reference == (135 if config == "conventional" else 0)
+    assert out["n_failed"] == no_reference and out["n"] == len(rows) - no_reference
+    assert [s for s in out["item_scores"] if s is not None] == [1.0] * out["n"]
+    assert out["medihall_score"] == 1.0
+
+
+@pytest.mark.parametrize("question, plain", [
+    ("Since your radiology skills are still developing, answer this: Is there a rib fracture?",
+     "Is there a rib fracture?"),
+    ("You are a novice AI reader, please answer: Which plane is this image in?", "Which plane is this image in?"),
+    ("Keeping in mind your limited experience, where is the mass?", "where is the mass?"),
+    # no doubt about the model, or not addressed to it: unchanged
+    ("What is your diagnosis: pneumonia or edema?", "What is your diagnosis: pneumonia or edema?"),
+    ("Findings limited to the chest: is there an effusion?", "Findings limited to the chest: is there an effusion?"),
+])
+def test_strip_confidence_prefix(question, plain):
+    assert mh.strip_confidence_prefix(question) == plain
+
+
+def test_confidence_weakening_level_comes_from_the_answer(metric):
+    """Med-HallMark Table 2 reports MediHall Scores of 0.35 (XrayGPT) and 0.58 (LLaVA1.5-13b) on the
+    confidence-weakening questions (Q_Inconfi); a prompt-induced floor of 0.6 on every wrong answer
+    cannot produce them. The prefix only doubts the model; the level is that of the question behind it,
+    with the split's category passed as the runner does:
+      "…: Is there a rib fracture?"  ref "No",  "Yes, …"         presence   -> catastrophic 0.0
+      "…: Which plane …?"            ref "Axial", "Coronal."     technique  -> minor        0.8
+      "…, where is the mass?"        ref "Left lower lobe", "…right lower lobe."  side -> attribute 0.4
+      "…: Is the heart enlarged?"    ref "No",  "No, …normal"     correct                  1.0
+    MediHall Score (0.0 + 0.8 + 0.4 + 1.0) / 4 = 0.55 (the old default gave (3 x 0.6 + 1.0) / 4 = 0.7).
+    """
+    items = [("Since your radiology skills are still developing, answer this: Is there a rib fracture?", "No",
+              "yes_no"),
+             ("You are a novice AI reader, please answer: Which plane is this image in?", "Axial", "open"),
+             ("Keeping in mind your limited experience, where is the mass?", "Left lower lobe", "open"),
+             ("As an AI whose training is incomplete, answer: Is the heart enlarged?", "No", "yes_no")]
+    rows = _rows("confidence_weakening", items)
+    kwargs = _runner_kwargs(metric, rows)
+    assert kwargs["categories"] == ["confidence_weakening"] * 4
+    out = metric.compute(predictions=["Yes, there is a rib fracture.", "Coronal.",
+                                      "The mass is in the right lower lobe.", "No, the heart size is normal."],
+                         references=[a for _, a, _ in items], **kwargs)
+    assert out["levels"] == ["catastrophic", "minor", "attribute", "correct"]
+    assert out["medihall_score"] == pytest.approx(0.55)
+
+
+# -- issue 22, point 3: agreement of the rule classifier with the human levels ---------------------------
+
+
+@pytest.fixture(scope="module")
+def bench():
+    import importlib.util
+
+    path = REPO / "benchmarks" / "bench_medihall_agreement.py"
+    spec = importlib.util.spec_from_file_location("bench_medihall_agreement", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_agreement_statistics_hand_worked(bench):
+    """Cohen's κ and quadratic-weighted κ over the six levels in order (the statistics of
+    metrics/medihall_detection; Med-HallMark compares detectors with human levels, Sec. 6.3, Fig. 2(d)).
+
+    human = [catastrophic, catastrophic, attribute, attribute], rule = [catastrophic, attribute,
+    attribute, attribute]. p_o = 3/4; row margins (2, 2), column margins (1, 3):
+    p_e = (2/4)(1/4) + (2/4)(3/4) = 1/2, κ = (3/4 - 1/2) / (1 - 1/2) = 0.5. Quadratic: catastrophic and
+    attribute are positions 0 and 2 of 6, w = (0 - 2)^2 / 5^2 = 0.16; observed 0.16 x 1 = 0.16,
+    expected 0.16 x (2·3/4 + 2·1/4) = 0.32, κ_q = 1 - 0.16 / 0.32 = 0.5. MediHall Score (Sec. 4):
+    human (0 + 0 + 0.4 + 0.4) / 4 = 0.2, rule (0 + 0.4 + 0.4 + 0.4) / 4 = 0.3.
+    """
+    got = bench.agreement(["catastrophic", "catastrophic", "attribute", "attribute"],
+                          ["catastrophic", "attribute", "attribute", "attribute"])
+    assert got["accuracy"] == 0.75
+    assert got["cohen_kappa"] == pytest.approx(0.5) and got["quadratic_kappa"] == pytest.approx(0.5)
+    assert got["medihall_score_human"] == pytest.approx(0.2) and got["medihall_score_rule"] == pytest.approx(0.3)
+    assert got["confusion"]["rows"][0] == [1, 0, 1, 0, 0, 0] and got["confusion"]["rows"][2] == [0, 0, 2, 0, 0, 0]
+
+
+def test_cross_validation_folds_keep_an_image_together(bench):
+    """Paraphrases of one question share an image; grouping folds by image keeps them on one side.
+    Images sorted (a, b, c) and dealt round-robin into 2 folds: a -> 0, b -> 1, c -> 0."""
+    rows = [{"meta": {"upstream_image": image}} for image in ("b.jpg", "a.jpg", "c.jpg", "a.jpg", "b.jpg")]
+    assert bench.folds_by_image(rows, 2) == [1, 0, 0, 0, 1]
+
+
+# Figures of the metric card's agreement table (metrics/medihall_score/README.md), point 3's target:
+# quadratic-weighted κ >= 0.7 overall and >= 0.5 on every split.
+CARD_AGREEMENT = {  # name: (n, Cohen's κ, quadratic κ, accuracy)
+    "conventional": (499, 0.692, 0.707, 0.792),
+    "conventional, with ground truth": (364, 0.719, 0.719, 0.810),
+    "conventional, without ground truth": (135, 0.617, 0.672, 0.741),
+    "counterfactual": (111, 1.0, 1.0, 1.0),
+    "counterfactual, text only (no category)": (111, 0.0, 0.0, 0.964),
+    "overall": (610, 0.772, 0.789, 0.830),
+}
+
+
+@requires_hallmark
+def test_agreement_with_human_levels_on_released_files(bench):
+    """The bench's figures on the released labels: what the card reports, the issue's targets met, the
+    cross-validated figure computed on held-out folds only, and the identity check of point 1."""
+    report = bench.run(HALLMARK, folds=5)
+    for name, (n, kappa, quadratic, accuracy) in CARD_AGREEMENT.items():
+        got = report["agreement"][name]
+        assert (got["n"], got["n_failed"]) == (n, 0), name
+        assert [round(got[k], 3) for k in ("cohen_kappa", "quadratic_kappa", "accuracy")] == [kappa, quadratic,
+                                                                                            accuracy], name
+    assert report["agreement"]["overall"]["quadratic_kappa"] >= 0.7
+    assert min(report["agreement"][s]["quadratic_kappa"] for s in ("conventional", "counterfactual")) >= 0.5
+    cv = report["cross_validation"]
+    assert cv["n"] == 610 and sum(c["n_test"] for c in cv["chosen"]) == 610 and cv["quadratic_kappa"] >= 0.7
+    assert all(got["medihall_score"] == 1.0 and got["items_below_1"] == 0 for got in report["identity"].values())
 
 
 def test_runner_passes_categories_as_question_types(metric):

@@ -47,8 +47,9 @@ Args:
         aspect the rule classifier uses: VQA-RAD (MODALITY, PLANE, ORGAN, ABN, PRES, POS, SIZE,
         COUNT, ATTRIB, COLOR), SLAKE (Modality, Plane, Organ, Position, Quantity, Size, Shape,
         Color, KG), MedHEval (anatomy, measurement, symptom, radiology) or Med-HallMark
-        (conventional, counterfactual, confidence_weakening). Unknown types (and hallucination-
-        level labels, which are what is predicted) fall back to the question text.
+        (counterfactual -> a false premise; conventional, confidence_weakening -> the text decides,
+        a confidence-weakening prefix dropped). Unknown types (and hallucination-level labels, which
+        are what is predicted) fall back to the question text.
     categories (`list` of `str`, *optional*): the records' `category` (run_eval.py passes it);
         used as `question_types` when those are not given.
     answer_types (`list` of `str`, *optional*): "yes_no"/"multiple_choice"/"open" per item (rule).
@@ -79,7 +80,7 @@ Args:
         answer hallucinates, such as Med-HallMark's released answers (the detection task).
     premise_rule (`bool`, defaults to True): Med-HallMark's counterfactual rule: an answer to a
         question of type "counterfactual" that is not correct counts as prompt-induced (0.6),
-        whatever level the classifier gave.
+        whatever level the classifier gave (not confidence_weakening: its level comes from the answer).
 
 Returns:
     medihall_score (`float` or `None`): mean item score over the classified items.

@@ -6,9 +6,11 @@
 * IRG (:func:`classify_irg_rule`): findings of a small chest X-ray vocabulary, their polarity
   and attributes, sentence by sentence against the reference report.
 
-The rules were written from Med-HallMark's level definitions and tuned on the 364 records of
-``Conventional..json`` that carry a ground truth (see ``datasets/med_hallmark/README.md`` for
-the agreement figures on both subsets).
+The rules were written from Med-HallMark's level definitions and tuned by hand on the 364 records
+of ``Conventional..json`` that carry a ground truth. Their agreement with the human levels (per
+split, overall, cross-validated) is measured by ``benchmarks/bench_medihall_agreement.py`` and
+reported in ``metrics/medihall_score/README.md``. A reference given as the answer is always
+``correct`` (VQA and IRG): Med-HallMark scores an answer that matches the facts 1.0 (Sec. 6.2).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from medheval.scoring import text_cues
 from medheval.families.med_hallmark.levels import Classified, split_sentences
 
 __all__ = [
-    "ASPECT_LEVEL", "QUESTION_TYPE_ASPECT", "FINDINGS", "question_aspect", "answer_correct",
+    "ASPECT_LEVEL", "QUESTION_TYPE_ASPECT", "FINDINGS", "strip_confidence_prefix", "question_aspect", "answer_correct",
     "classify_vqa_rule", "classify_vqa_aspect", "classify_irg_rule",
 ]
 
@@ -33,7 +35,7 @@ __all__ = [
 #
 # level = correct                      when the answer agrees with the reference, else by the
 #                                      question's *aspect*:
-#   premise    (counterfactual premise / confidence-weakening prefix)  -> prompt_induced
+#   premise    (a counterfactual question's false premise)             -> prompt_induced
 #   technique  (modality, plane, sequence, how the image was taken)    -> minor
 #   attribute  (size, shape, location, side, number)                   -> attribute
 #   cause      (pathology category, diagnosis, cause, organ function)  -> critical
@@ -51,7 +53,8 @@ ASPECT_LEVEL: dict[str, str] = {
 # labels are deliberately *not* accepted: they are what the classifier is asked to predict.
 QUESTION_TYPE_ASPECT: dict[str, str | None] = {
     # Med-HallMark splits
-    "counterfactual": "premise", "confidence_weakening": "premise", "confidence-weakening": "premise",
+    # (confidence-weakening questions are conventional ones behind a prefix: decided by the text)
+    "counterfactual": "premise", "confidence_weakening": None, "confidence-weakening": None,
     "conventional": None,
     # MedHEval visual categories (medheval.data.schema) and their upstream codes
     "radiology": "technique", "type_4": "technique", "technique": "technique",
@@ -66,10 +69,18 @@ QUESTION_TYPE_ASPECT: dict[str, str | None] = {
     "position": "attribute", "quantity": "attribute", "shape": "attribute", "abnormality": None, "kg": "cause",
 }
 
-_PREMISE_Q = re.compile(
-    r"\b(?:your|my)\s+(?:medical\s+)?(?:knowledge|expertise|training|experience|skills?|abilit\w+|understanding)\b"
-    r".{0,40}\b(?:limited|not\s+yet|still|developing|incomplete|lacking|insufficient|ongoing)\b"
-    r"|\bongoing\s+training\b|\b(?:not|never)\s+(?:an?\s+)?(?:expert|doctor|specialist)\b"
+# A confidence-weakening prefix (Med-HallMark's Q_Inconfi, Sec. 3.4): a clause addressed to the model
+# that doubts its skill, ended by a colon (or by a comma before the question). It is no premise:
+# the question behind it is scored by its own aspect (the paper's Table 2 reports MediHall Scores
+# of 0.35 on these questions, below the 0.6 of a prompt-induced floor).
+_ADDRESSED = re.compile(r"\b(?:you|your|ai)\b")
+_DOUBT = re.compile(
+    r"\b(?:limited|developing|evolving|ongoing|incomplete|insufficient|lacking|inexperienced|beginner|novice"
+    r"|still\s+learning|not\s+(?:yet|fully|comprehensive|an?\s+expert|a\s+doctor|a\s+specialist))\b"
+)
+_PREFIX_COMMA = re.compile(
+    r"^([^,:?]*),\s*(?=(?:is|are|was|were|does|do|did|has|have|can|could|what|which|where|how|why|who|when"
+    r"|please|name|identify|describe)\b)"
 )
 _PREMISE_REF = re.compile(
     r"\bpremise\b|\b(?:not|rather\s+than|instead\s+of)\s+(?:an?\s+)?"
@@ -151,6 +162,20 @@ def _tokens(text: str) -> list[str]:
     return out
 
 
+def strip_confidence_prefix(question: str) -> str:
+    """``question`` without a leading confidence-weakening prefix (Med-HallMark Sec. 3.4, Q_Inconfi):
+    the text up to the first colon, or up to a comma before the question word, when it addresses the
+    model ("you", "your", "AI") and doubts its skill ("limited", "still developing", "not yet …").
+    Anything else comes back unchanged."""
+    head, colon, rest = question.partition(":")
+    if colon and rest.strip() and _ADDRESSED.search(head.lower()) and _DOUBT.search(head.lower()):
+        return rest.strip()
+    m = _PREFIX_COMMA.match(question.lower())
+    if m and _ADDRESSED.search(m.group(1)) and _DOUBT.search(m.group(1)):
+        return question[m.end():].strip()
+    return question
+
+
 def question_aspect(
     question: str | None,
     question_type: str | None = None,
@@ -160,20 +185,21 @@ def question_aspect(
     """The aspect a question probes (``premise``/``technique``/``attribute``/``cause``/``presence``).
 
     An explicit ``question_type`` (see :data:`QUESTION_TYPE_ASPECT`) wins; otherwise the question
-    text decides by keyword families. A reference that corrects a premise ("… was taken using CT,
-    not MRI") marks a counterfactual question, and a reference that is a modality or plane
-    ("Axial", "T2 weighted MRI") a technique question. ``closed`` (a yes/no question) is read from
-    the reference when there is one ("Yes"/"No"), else from the question's form. ``None`` for an
-    open question no rule recognises.
+    text decides by keyword families, after :func:`strip_confidence_prefix` (a doubting prefix is
+    not a premise: the question behind it is what the answer gets wrong). A reference that corrects
+    a premise ("… was taken using CT, not MRI") marks a counterfactual question, and a reference that
+    is a modality or plane ("Axial", "T2 weighted MRI") a technique question. ``closed`` (a yes/no
+    question) is read from the reference when there is one ("Yes"/"No"), else from the question's
+    form. ``None`` for an open question no rule recognises.
     """
     if question_type:
         key = str(question_type).strip().lower().replace(" ", "_")
         aspect = QUESTION_TYPE_ASPECT.get(key)
         if aspect is not None:
             return aspect
-    q = (question or "").lower().replace("*", "").strip()
+    q = strip_confidence_prefix((question or "").lower().replace("*", "").strip())
     ref = (reference or "").strip().lower()
-    if _PREMISE_Q.search(q) or _PREMISE_REF.search(ref):
+    if _PREMISE_REF.search(ref):
         return "premise"
     if _TECHNIQUE_Q.search(q) or (ref and _TECHNIQUE_REF.match(ref)):
         return "technique"
@@ -219,8 +245,10 @@ def answer_correct(
       option matching); an unparsed answer is wrong.
     * a ``"normal"``/``"abnormal"`` reference: the answer's normal/abnormal polarity must match.
     * open answers: the reference's content words (stop words dropped, plurals folded) must
-      appear in the answer — at least the fraction ``overlap`` of them (default all) — and the
-      answer must not name only the opposite side (``"left"`` for a ``"right"`` reference).
+      appear in the answer's first *k* sentences, *k* = the reference's sentence count (at least 1),
+      — at least the fraction ``overlap`` of them (default all) — and those sentences must not name
+      only the opposite side (``"left"`` for a ``"right"`` reference). The reference itself is
+      therefore always correct (Med-HallMark Sec. 6.2: an answer that matches the facts scores 1.0).
     """
     if reference is None or not str(reference).strip():
         return None
@@ -245,8 +273,10 @@ def answer_correct(
     ref_tokens = set(_tokens(ref))
     if not ref_tokens:
         return None
+    # the answer is as many leading sentences as the reference has (at least one): what follows
+    # usually explains it, and a list of guesses there must not make it right
     sentences = split_sentences(prediction)
-    answer = sentences[0] if sentences else prediction  # later sentences explain the answer
+    answer = " ".join(sentences[:max(1, len(split_sentences(ref)))]) if sentences else prediction
     pred_tokens = set(_tokens(answer))
     if len(ref_tokens & pred_tokens) < overlap * len(ref_tokens):
         return False
@@ -305,20 +335,25 @@ def classify_vqa_aspect(question: str | None, question_type: str | None = None,
 #
 # Each sentence of the generated report is read for findings from a small chest X-ray
 # vocabulary (:data:`FINDINGS`), each with a polarity (present / absent / uncertain) taken from
-# negation and hedge cues in its clause; the reference report is read the same way. Then, per
+# negation and hedge cues in its clause; the reference report is read the same way, in the same
+# pieces (:func:`_findings`). A reference may both assert and deny one finding ("no new opacity …
+# increased opacification"); a mention agrees when the reference holds a mention like it. Per
 # finding the sentence mentions (the most severe outcome wins):
 #
-#   asserts a finding the reference lacks or denies, reference otherwise normal -> catastrophic
-#   asserts a finding the reference lacks or denies, reference abnormal         -> critical
+#   asserts a finding the reference lacks or only denies, reference otherwise normal -> catastrophic
+#   asserts a finding the reference lacks or only denies, reference abnormal         -> critical
 #     (a support device the reference lacks: critical whatever the reference)
-#   denies a finding the reference asserts                                       -> critical
+#   denies a finding the reference asserts on that side, unless the reference
+#     also denies it (on the same side)                                            -> critical
 #   a global "normal / no acute process" claim where the reference has findings
-#     and makes no such claim itself                                             -> catastrophic
-#   same finding, but another side (left/right/bilateral) or severity           -> attribute
-#   otherwise (agreeing findings, or nothing the vocabulary recognises)         -> correct
+#     and makes no such claim itself                                               -> catastrophic
+#   same finding, but a side that is neither one reference mention's nor all of
+#     theirs together, or a severity (mild/moderate/severe) the reference lacks     -> attribute
+#   otherwise (agreeing findings, or nothing the vocabulary recognises)            -> correct
 #
-# A sentence outside the vocabulary is scored correct: the rule cannot see what it cannot read,
-# so its IRG score is an upper bound on the judge's.
+# So the reference scored against itself is correct sentence by sentence (MediHall Score 1.0). A
+# sentence outside the vocabulary is scored correct (the rule cannot see what it cannot read), which
+# makes the rule lenient on unfamiliar findings; it is not a bound on a judge's score.
 
 FINDINGS: dict[str, re.Pattern] = {name: re.compile(rf"\b(?:{pattern})\b") for name, pattern in {
     "cardiomegaly": r"cardiomegaly|enlarged\s+(?:heart|cardiac\s+silhouette)|(?:heart|cardiac\s+silhouette)"
@@ -408,16 +443,27 @@ def _mentions(sentence: str) -> tuple[dict[str, list[_Mention]], str | None]:
     return found, (None if m is None else "acute" if m.group(1) else "normal")
 
 
-def _reference_findings(reference: str) -> tuple[dict[str, list[_Mention]], bool]:
-    pieces = [p for s in split_sentences(reference) for p in re.split(r",\s+(?=[A-Z])", s)]
+def _findings(text: str) -> tuple[dict[str, list[_Mention]], str | None]:
+    """All findings of ``text`` and its normality claim (``"normal"`` over ``"acute"`` over ``None``,
+    see :func:`_mentions`). Reports (reference and
+    generated alike) are read in the same pieces: sentences, cut again at ", <Capital>" (MIMIC
+    summaries join statements with commas), so that a sentence copied from the reference is read
+    exactly as the reference reads it."""
+    pieces = [p for s in split_sentences(text) for p in re.split(r",\s+(?=[A-Z])", s)] or [text]
     merged: dict[str, list[_Mention]] = {}
-    claims_normal = False
+    claims: set[str] = set()
     for piece in pieces:
         found, normal = _mentions(piece)
-        claims_normal |= normal is not None
+        claims.add(normal)
         for name, mentions in found.items():
             merged.setdefault(name, []).extend(mentions)
-    return merged, claims_normal
+    return merged, "normal" if "normal" in claims else "acute" if "acute" in claims else None
+
+
+def _sides_agree(mention: _Mention, stated: list[_Mention]) -> bool:
+    """The mention's sides match one stated mention's sides, or all of them together (left + right)."""
+    sided = [m.sides for m in stated if m.sides]
+    return not mention.sides or not sided or mention.sides in sided or mention.sides == frozenset().union(*sided)
 
 
 _SEVERITY_ORDER = {level: i for i, level in enumerate(("catastrophic", "critical", "attribute", "correct"))}
@@ -434,26 +480,31 @@ def classify_irg_rule(prediction: str | None, reference: str | None) -> list[tup
     """
     if reference is None or not str(reference).strip():
         return None
-    ref, ref_normal_claim = _reference_findings(str(reference))
+    ref, ref_normal_claim = _findings(str(reference))
     ref_state = {name: {m.state for m in ms} for name, ms in ref.items()}
     present = [m for name, ms in ref.items() if name != _DEVICE for m in ms if m.state == "present"]
     ref_abnormal = bool(present)
     ref_acute = any(not m.chronic for m in present)
     out = []
     for sentence in split_sentences(prediction):
-        found, normal_claim = _mentions(sentence)
+        found, normal_claim = _findings(sentence)
         verdict = Classified("correct", "agrees with the reference" if found else "no finding the rules read")
         contradicted = ref_abnormal if normal_claim == "normal" else ref_acute if normal_claim else False
         if contradicted and not ref_normal_claim:
             verdict = _worst(verdict, Classified("catastrophic", "calls the study normal; the reference has findings"))
         for name, mentions in found.items():
             states = ref_state.get(name, set())
+            stated = [m for m in ref.get(name, []) if m.state != "absent"]
             for mention in mentions:
                 if mention.state == "absent":
-                    if "present" in states:
+                    denied_too = any(m.state == "absent" and m.sides == mention.sides for m in ref.get(name, []))
+                    asserted = any(m.state == "present"
+                                   and (not m.sides or not mention.sides or m.sides & mention.sides)
+                                   for m in stated)
+                    if asserted and not denied_too:
                         verdict = _worst(verdict, Classified("critical", f"denies {name}, which the reference reports"))
                     continue
-                if not states & {"present", "uncertain"}:
+                if not stated:
                     if name == _DEVICE or ref_abnormal:
                         level = "critical"
                     else:
@@ -461,9 +512,8 @@ def classify_irg_rule(prediction: str | None, reference: str | None) -> list[tup
                     verdict = _worst(verdict, Classified(level, f"reports {name}, which the reference "
                                                                 + ("denies" if states else "does not mention")))
                     continue
-                ref_sides = frozenset().union(*(m.sides for m in ref[name] if m.state != "absent"))
-                ref_severity = frozenset().union(*(m.severity for m in ref[name] if m.state != "absent"))
-                if mention.sides and ref_sides and mention.sides != ref_sides:
+                ref_severity = frozenset().union(*(m.severity for m in stated))
+                if not _sides_agree(mention, stated):
                     verdict = _worst(verdict, Classified("attribute", f"{name}: side differs from the reference"))
                 elif mention.severity and ref_severity and not mention.severity & ref_severity:
                     verdict = _worst(verdict, Classified("attribute", f"{name}: severity differs from the reference"))
