@@ -10,6 +10,7 @@ from medheval.cli import main
 from medheval.report.build import write_report
 from medheval.report.collect import ReportError, find_runs, split_of
 from medheval.report.paper import CLINHALLU_NOTE, DELTA_VALID_ONLY, build_tables, comparisons, format_cell, to_markdown
+from medheval.report.tables import CLINHALLU_STAGE_NOTES
 from medheval.report.stats import METHOD_NOTE, bootstrap_ci
 from clinhallu_fixture import HAND_TABLE
 from report_runs import write_clinhallu_run, write_grid, write_run
@@ -196,12 +197,13 @@ def _bounds(values, denominators=None):
 def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
     _, _, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "ch", CLINHALLU))
     whole = rows["all"]
-    # per item, worked by hand (default denominator: an invalid answer is wrong, an unjudged stage left out)
+    # per item, worked by hand (default denominators: an invalid answer is wrong; an unjudged stage is
+    # hallucinated and every item counts, ClinHallu Eq. 13)
     expected = {
         "Acc": (2 / 6, [1, 0, 0, 1, 0, 0], None),
-        "H^V": (2 / 5, [0, 1, 0, 0, 1, 0], [1, 1, 0, 1, 1, 1]),
-        "H^K": (2 / 5, [0, 0, 1, 0, 1, 0], [1, 1, 1, 0, 1, 1]),
-        "H^R": (1 / 5, [0, 0, 0, 1, 0, 0], [1, 1, 1, 1, 0, 1]),
+        "H^V": (3 / 6, [0, 1, 1, 0, 1, 0], None),
+        "H^K": (3 / 6, [0, 0, 1, 1, 1, 0], None),
+        "H^R": (2 / 6, [0, 0, 0, 1, 1, 0], None),
         "Δ^V": (1 / 6, [0, 1, 1, -1, 0, 0], None),  # Rep-V right minus ORG right
         "Δ^VK": (2 / 6, [0, 1, 0, -1, 1, 1], None),
         "Rep-V Fix": (2 / 4, [0, 1, 1, 0, 0, 0], [0, 1, 1, 0, 1, 1]),  # over ORG wrong (None = wrong)
@@ -217,9 +219,37 @@ def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
     a = rows["a"]
     assert a["Acc"].value == pytest.approx(100 / 3) and a["Acc"].n == 3
     assert (a["Acc"].low, a["Acc"].high) == pytest.approx(_bounds([1, 0, 0]))
-    assert (a["H^V"].low, a["H^V"].high) == pytest.approx(_bounds([0, 1, 0], [1, 1, 0]))
+    assert (a["H^V"].low, a["H^V"].high) == pytest.approx(_bounds([0, 1, 1]))
     # every figure present got its interval
     assert all(cell.low is not None for row in rows.values() for cell in row.values() if cell.value is not None)
+
+
+def test_clinhallu_judged_stage_denominator_is_said_and_reproduced(tmp_path):
+    """stage_denominator="judged" (not the paper's Eq. 13): H^V = Σ[h = 1] / Σ[h judged] = 2/5 over items
+    0, 1, 3, 4, 5 (item 2's VR unjudged); the interval resamples (numerator, denominator) per item, and the
+    footer says which reading the figures use. A results.json written before the key existed (no
+    stage_denominator, default answer denominator) used the judged reading and is read back as such."""
+    stage, _, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "judged", CLINHALLU,
+                                                           stage_denominator="judged"))
+    h_v = rows["all"]["H^V"]
+    assert h_v.value == pytest.approx(40.0) and h_v.note is None
+    assert (h_v.low, h_v.high) == pytest.approx(_bounds([0, 1, 0, 0, 1, 0], [1, 1, 0, 1, 1, 1]))
+    assert CLINHALLU_STAGE_NOTES["judged"] + "." in stage.footer
+    assert not any(line.startswith(CLINHALLU_STAGE_NOTES["all_items"]) for line in stage.footer)
+    old = write_clinhallu_run(tmp_path / "old", CLINHALLU, stage_denominator="judged")
+    results = json.loads((old / "results.json").read_text())
+    del results["benchmarks"]["clinhallu:all"]["metrics"]["clinhallu"]["stage_denominator"]
+    (old / "results.json").write_text(json.dumps(results))
+    stage, _, rows = _clinhallu_tables(old)
+    assert rows["all"]["H^V"].low is not None and CLINHALLU_STAGE_NOTES["judged"] + "." in stage.footer
+
+
+def test_clinhallu_mixed_stage_denominators_name_their_runs(tmp_path):
+    write_clinhallu_run(tmp_path / "runs" / "one", CLINHALLU, model="m1")
+    write_clinhallu_run(tmp_path / "runs" / "two", CLINHALLU, model="m2", stage_denominator="judged")
+    stage = {t.key: t for t in build_tables(find_runs([tmp_path / "runs"]))}["clinhallu_stages"]
+    assert f"{CLINHALLU_STAGE_NOTES['all_items']}: m1 · clinhallu:all." in stage.footer
+    assert f"{CLINHALLU_STAGE_NOTES['judged']}: m2 · clinhallu:all." in stage.footer
 
 
 def test_clinhallu_upstream_denominators_and_rounding(tmp_path):
@@ -256,7 +286,7 @@ def test_clinhallu_figure_the_logs_do_not_reproduce_gets_no_interval(tmp_path):
     assert rows["all"]["Acc"].low is not None and rows["a"]["Rep-V Break"].low is not None  # the others keep theirs
     markdown = to_markdown(stage)
     assert "| m | clinhallu:all | all | 6 | 33.3 [" in markdown and "| 90.0 †" in markdown
-    assert "No interval (†): the per-item values give 0.4, not the reported 0.9." in stage.footer
+    assert "No interval (†): the per-item values give 0.5, not the reported 0.9." in stage.footer
 
 
 def test_clinhallu_logs_missing_or_holding_other_items(tmp_path):
@@ -290,7 +320,8 @@ def test_clinhallu_intervals_in_the_written_report(tmp_path):
     assert format_cell(_clinhallu_tables(run)[2]["all"]["Acc"], markdown=False) in page and "ClinHallu Table 2" in page
     rows = list(csv.DictReader(io.StringIO(written["csv"].read_text())))
     h_v = [r for r in rows if r["table"] == "clinhallu_stages" and r["column"] == "H^V" and r["row"].endswith("all | 6")]
-    assert h_v and float(h_v[0]["ci_low"]) <= 40.0 <= float(h_v[0]["ci_high"])
+    assert h_v and float(h_v[0]["ci_low"]) <= 50.0 <= float(h_v[0]["ci_high"])
+    assert CLINHALLU_STAGE_NOTES["all_items"] in markdown
 
 
 def test_clinhallu_mitigation_against_none_mcnemar_on_org_accuracy(tmp_path):

@@ -140,7 +140,8 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
         parts += ["## Med-StepBench: recall and F1 (%) per step, hallucination = positive class", "", table, ""]
     table = clinhallu_stage_table([run])
     if table:
-        parts += ["## ClinHallu: accuracy and stage hallucination rates (%) (its Table 2)", "", table, ""]
+        parts += ["## ClinHallu: accuracy and stage hallucination rates (%) (its Table 2)", "", table, "",
+                  *clinhallu_stage_notes(_clinhallu_results([run])), ""]
         parts += ["## ClinHallu: gold-stage replacement, Δ (points) and Fix/Break (%) (its Table 3)", "",
                   clinhallu_replacement_table([run]), ""]
     notes = [f"- `{split}` · {metric}: {value}" for split, entry in run["benchmarks"].items()
@@ -220,6 +221,7 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
                                       for run in runs for text in run.get("warnings", [])))
     found = grouped((f"`{run['settings']['mitigation']}`", line) for run in runs for line in caveats(run))
     parts += ["## Caveats", "", *(f"- {line}" for line in found), ""] if found else []
+    notes = {"ClinHallu: Acc and stage hallucination rates (%)": clinhallu_stage_notes(_clinhallu_results(runs))}
     for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
                          ("Open-ended metrics", open_ended_table(runs)),
                          ("Med-StepBench: recall and F1 (%) per step", stepbench_table(runs)),
@@ -227,6 +229,7 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
                          ("ClinHallu: Δ (points) and Fix/Break (%)", clinhallu_replacement_table(runs))):
         if table:
             parts += [f"## {title}", "", table, ""]
+            parts += [*notes[title], ""] if notes.get(title) else []
     parts += ["Per-mitigation details (counts, notes, data quality): the `results.md` in each sub-folder.", ""]
     atomic_write_text(path, "\n".join(parts))
 
@@ -282,6 +285,41 @@ def stepbench_table(runs: Iterable[dict[str, Any]]) -> str:
 # and the change Δ when gold stages replace the model's), plus Fix/Break per replacement setting;
 # one row per model × split × source ("all" = the split's items together).
 CLINHALLU_REPLACEMENTS = (("rep_v", "Rep-V"), ("rep_k", "Rep-K"), ("rep_vk", "Rep-VK"))
+
+
+# how each stage_denominator of metrics/clinhallu reads H^V/H^K/H^R (said under the tables that show them)
+CLINHALLU_STAGE_NOTES = {
+    "all_items": "H^V, H^K, H^R as the paper's Eq. 13: over all items, a stage that is empty, invalid or unjudged "
+                 "counted as hallucinated (stage_denominator=all_items)",
+    "judged": "H^V, H^K, H^R over the judged stages only, an empty, invalid or unjudged stage left out "
+              "(stage_denominator=judged; the paper's Eq. 13 divides by all items)",
+}
+
+
+def clinhallu_stage_denominator(metric: dict[str, Any]) -> str:
+    """The stage denominator a ``metrics/clinhallu`` result used: its ``stage_denominator``; results written
+    before that key existed divided by the judged stages, or by all items under ``upstream_compat``."""
+    recorded = metric.get("stage_denominator")
+    if recorded in CLINHALLU_STAGE_NOTES:
+        return str(recorded)
+    return "all_items" if metric.get("denominator") == "valid_only" else "judged"
+
+
+def clinhallu_stage_notes(results: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One line per stage denominator that ClinHallu ``results`` ((label, metric) pairs) used, naming the
+    labels of each when they differ; for under the H^V/H^K/H^R table."""
+    used: dict[str, list[str]] = {}
+    for label, metric in results:
+        used.setdefault(clinhallu_stage_denominator(metric), []).append(label)
+    if not used:
+        return []
+    if len(used) == 1:
+        return [CLINHALLU_STAGE_NOTES[next(iter(used))] + "."]
+    return [f"{CLINHALLU_STAGE_NOTES[mode]}: {', '.join(names)}." for mode, names in used.items()]
+
+
+def _clinhallu_results(runs: Iterable[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(f"{model} · {split}", metric) for model, split, source, metric in clinhallu_rows(runs) if source == "all"]
 
 
 def _signed_pct(value: float | None) -> str:
