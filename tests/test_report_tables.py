@@ -395,3 +395,40 @@ def test_software_stack_one_line_when_shared_one_row_per_run_otherwise(tmp_path)
     assert [row[1]["torch"] for row in software_stack(find_runs([first, older]))] == ["2.13.0", "–"]
     written = write_report([older], tmp_path / "old-report", plots=False)
     assert "Software stack" not in written["markdown"].read_text() + written["html"].read_text()
+
+
+def test_clinhallu_table_4_averages_delta_over_models(tmp_path):
+    """ClinHallu Eq. 14 / Table 4: Δ^s = (1/|M|) Σ_m (Acc_m^s − Acc_m^ORG). m1 is the hand table (Δ^V 1/6,
+    Δ^K 1/6, Δ^VK 2/6, test_clinhallu_metric); m2 is the same items with every ORG answer right (Acc 1;
+    Rep-V 3/6, Rep-K 3/6, Rep-VK 4/6 → Δ −3/6, −3/6, −2/6). Averages: Δ^V = (1/6 − 3/6)/2 = −1/6,
+    Δ^K = −1/6, Δ^VK = 0, i.e. −16.7, −16.7, +0.0 points. Source a (items 0–2): m1 Δ 2/3, 0, 1/3; m2 Δ 0,
+    −2/3, −1/3 (Rep-V 3/3, Rep-K 1/3, Rep-VK 2/3) → 1/3, −1/3, 0. One model alone gets no Table 4."""
+    write_clinhallu_run(tmp_path / "runs" / "one", CLINHALLU, model="m1")
+    assert "clinhallu_model_average" not in {t.key for t in build_tables(find_runs([tmp_path / "runs"]))}
+    write_clinhallu_run(tmp_path / "runs" / "two", [(row[0], 1, *row[2:]) for row in CLINHALLU], model="m2")
+    table = {t.key: t for t in build_tables(find_runs([tmp_path / "runs"]))}["clinhallu_model_average"]
+    rows = {labels[2]: cells for labels, cells in table.rows}
+    assert [labels for labels, _ in table.rows] == [["none", "clinhallu:all", s] for s in ("all", "a", "b")]
+    assert rows["all"][0].text == "2: m1, m2"
+    assert [c.value for c in rows["all"][1:]] == pytest.approx([-100 / 6, -100 / 6, 0.0])
+    assert [c.value for c in rows["a"][1:]] == pytest.approx([100 / 3, -100 / 3, 0.0])
+    assert "| none | clinhallu:all | all | 2: m1, m2 | -16.7 | -16.7 | +0.0 |" in to_markdown(table)
+    assert not any(c.note for _, cells in table.rows for c in cells)
+
+
+def test_clinhallu_table_4_in_the_grid_results_md_and_a_setting_some_models_skipped():
+    """results.md of a grid (tables.clinhallu_average_table): three models, m3 did not run Rep-K (Δ^K None):
+    Δ^V = (0.1 + 0.3 + 0.2)/3 = 0.2 → +20.0; Δ^K = (0.0 + 0.1)/2 = 0.05 → +5.0, over 2 of 3 models;
+    Δ^VK = (0.2 + 0.4 + 0.6)/3 = 0.4 → +40.0. Another mitigation with one model gets no row."""
+    from medheval.report.tables import clinhallu_average_table
+
+    def run(model, dv, dk, dvk, mitigation="none"):
+        metric = {"delta_v": dv, "delta_k": dk, "delta_vk": dvk, "counts": {"n": 5}}
+        return {"settings": {"model": model, "mitigation": mitigation},
+                "benchmarks": {"clinhallu:vqa_rad": {"metrics": {"clinhallu": metric}}}}
+
+    runs = [run("m1", 0.1, 0.0, 0.2), run("m2", 0.3, 0.1, 0.4), run("m3", 0.2, None, 0.6), run("m1", 0.5, 0.5, 0.5, "vcd")]
+    lines = clinhallu_average_table(runs).splitlines()
+    assert lines[0] == "| Mitigation | Split | Source | Models | Δ^V | Δ^K | Δ^VK |"
+    assert lines[2:] == ["| none | clinhallu:vqa_rad | all | 3: m1, m2, m3 | +20.0 | +5.0 (2 of 3) | +40.0 |"]
+    assert clinhallu_average_table(runs[:1]) == ""

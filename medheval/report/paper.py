@@ -4,9 +4,9 @@ Shapes (columns reuse :mod:`medheval.report.tables`' definitions): MedHEval Tabl
 close-ended Acc-A/M/S/R/Acc, here also the knowledge/context close-ended splits), Tables 5–6 (report
 metrics), Tables 7–11 (generation metrics, S_h as mean ± std), Med-HallMark Table 1 (text metrics and
 MediHall Score per question type) with its level distribution, Med-StepBench Table 3, ClinHallu Tables
-2–3 with Fix/Break, and every mitigation against ``none`` on the same items. A figure is the value in
-``results.json``; its interval is recomputed from ``scored.jsonl`` (ClinHallu: from the protocol logs,
-:func:`medheval.report.collect.protocol_columns`) with :mod:`medheval.report.stats`, and only when the
+2–3 with Fix/Break and Table 4 (Δ averaged over models, Eq. 14), and every mitigation against ``none`` on
+the same items. A figure is the value in ``results.json``; its interval is recomputed from
+``scored.jsonl`` (ClinHallu: from the protocol logs, :func:`medheval.report.collect.protocol_columns`) with :mod:`medheval.report.stats`, and only when the
 per-item values reproduce that figure — otherwise the cell says why there is none.
 """
 
@@ -21,8 +21,9 @@ from typing import Any, Callable
 from medheval.report.collect import Run
 from medheval.report.stats import METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
-                                    STEPBENCH_LANGUAGES, STEPBENCH_STEPS, clinhallu_stage_denominator,
-                                    clinhallu_stage_notes, md_cell, stepbench_rows)
+                                    STEPBENCH_LANGUAGES, STEPBENCH_STEPS, CLINHALLU_DELTAS,
+                                    clinhallu_model_average, clinhallu_stage_denominator, clinhallu_stage_notes,
+                                    md_cell, stepbench_rows)
 from medheval.data.schema import VISUAL_CATEGORIES
 
 # (metric, summary key) -> the per-item key in scored.jsonl whose mean is that figure.
@@ -441,7 +442,35 @@ def clinhallu(runs: list[Run]) -> list[Table]:
             for key, _ in CLINHALLU_REPLACEMENTS:
                 cells += [cell(f"fix_rate.{key}"), cell(f"break_rate.{key}")]
             replacement.rows.append((labels, cells))
-    return [stage, replacement]
+    average = clinhallu_average([run.results for run in runs])
+    return [stage, replacement] + ([average] if average else [])
+
+
+CLINHALLU_AVERAGE_NOTE = ("ClinHallu Table 4: each model's Δ of Table 3 (setting accuracy − ORG accuracy, as "
+                          "metrics/clinhallu reports it), averaged over the models that ran the split (Eq. 14); "
+                          "models are grouped by mitigation, split and source.")
+
+
+def clinhallu_average(results: list[dict[str, Any]]) -> Table | None:
+    """ClinHallu Table 4 (points): Δ^V, Δ^K, Δ^VK averaged over models (Eq. 14), when two or more models ran
+    a split; a Δ some models lack is averaged over the others, and the cell says so."""
+    rows = clinhallu_model_average(results)
+    if not rows:
+        return None
+    table = Table("clinhallu_model_average", "ClinHallu Table 4: Δ (points) averaged over models (Eq. 14)",
+                  ["Mitigation", "Split", "Source"], [Column("Models", ranked=False)]
+                  + [Column(f"Δ^{label[4:]}", ranked=False) for _, label in CLINHALLU_REPLACEMENTS],
+                  footer=[CLINHALLU_AVERAGE_NOTE])
+    for mitigation, split, source, models, means in rows:
+        cells = [Cell(text=f"{len(models)}: {', '.join(models)}")]
+        for key in CLINHALLU_DELTAS:
+            mean, k = means[key]
+            cell = Cell(value=None if mean is None else 100 * mean, n=k, signed=True)
+            if mean is not None and k < len(models):
+                cell.note = "averaged over the models that ran this setting only"
+            cells.append(cell)
+        table.rows.append(([mitigation, split, source], cells))
+    return table
 
 
 COMPARED: tuple[tuple[str, str, str, float], ...] = (

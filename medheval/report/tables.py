@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -226,7 +227,9 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
                          ("Open-ended metrics", open_ended_table(runs)),
                          ("Med-StepBench: recall and F1 (%) per step", stepbench_table(runs)),
                          ("ClinHallu: Acc and stage hallucination rates (%)", clinhallu_stage_table(runs)),
-                         ("ClinHallu: Δ (points) and Fix/Break (%)", clinhallu_replacement_table(runs))):
+                         ("ClinHallu: Δ (points) and Fix/Break (%)", clinhallu_replacement_table(runs)),
+                         ("ClinHallu: Δ (points) averaged over models, Eq. 14 (its Table 4)",
+                          clinhallu_average_table(runs))):
         if table:
             parts += [f"## {title}", "", table, ""]
             parts += [*notes[title], ""] if notes.get(title) else []
@@ -368,3 +371,54 @@ def clinhallu_replacement_table(runs: Iterable[dict[str, Any]]) -> str:
         columns += [(f"{label} Fix", lambda m, key=key: _pct((m.get("fix_rate") or {}).get(key))),
                     (f"{label} Break", lambda m, key=key: _pct((m.get("break_rate") or {}).get(key)))]
     return _clinhallu_table(runs, columns)
+
+
+# ClinHallu Table 4: the Δ of Table 3 averaged over models (Eq. 14), per mitigation × split × source.
+CLINHALLU_DELTAS = tuple(f"delta_{key[4:]}" for key, _ in CLINHALLU_REPLACEMENTS)
+
+
+def clinhallu_model_average(runs: Iterable[dict[str, Any]]
+                            ) -> list[tuple[str, str, str, list[str], dict[str, tuple[float | None, int]]]]:
+    """(mitigation, split, source, models, {delta_v/delta_k/delta_vk: (mean, k)}) where at least two models
+    ran the split: ClinHallu Eq. 14, Δ^s = (1/|M|) Σ_m (Acc_m^s − Acc_m^ORG), the mean of each model's
+    ``delta_*`` over the k models that have it (a model that did not run setting s has none). Sources are
+    listed for a split with more than one ("all" = the split's items together)."""
+    groups: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        for split, entry in run["benchmarks"].items():
+            metric = entry.get("metrics", {}).get("clinhallu")
+            if not metric:
+                continue
+            mitigation = str(run["settings"].get("mitigation", "none"))
+            per_source = sorted((metric.get("per_source") or {}).items())
+            parts = [("all", metric)] + (per_source if len(per_source) > 1 else [])
+            for source, part in parts:
+                groups.setdefault((mitigation, split, source), {}).setdefault(str(run["settings"]["model"]), part)
+    rows = []
+    for (mitigation, split, source), by_model in groups.items():
+        if len(by_model) < 2:
+            continue
+        means: dict[str, tuple[float | None, int]] = {}
+        for key in CLINHALLU_DELTAS:
+            values = [float(m[key]) for m in by_model.values() if isinstance(m.get(key), (int, float))
+                      and not isinstance(m.get(key), bool) and math.isfinite(m[key])]
+            # rounded to 12 places (+ 0.0 turns -0.0 into 0.0): float noise must not print as "-0.0"
+            means[key] = (round(math.fsum(values) / len(values), 12) + 0.0 if values else None, len(values))
+        rows.append((mitigation, split, source, sorted(by_model), means))
+    return rows
+
+
+def clinhallu_average_table(runs: Iterable[dict[str, Any]]) -> str:
+    """ClinHallu Table 4: model-averaged Δ^V, Δ^K, Δ^VK (points, Eq. 14), one row per mitigation × split ×
+    source where two or more models ran; "" when none."""
+    rows = clinhallu_model_average(runs)
+    if not rows:
+        return ""
+    header = ["Mitigation", "Split", "Source", "Models"] + [f"Δ^{label[4:]}" for _, label in CLINHALLU_REPLACEMENTS]
+    lines = [_row(header), "|" + "---|" * len(header)]
+    for mitigation, split, source, models, means in rows:
+        cells = [_signed_pct(mean) + ("" if k == len(models) or mean is None else f" ({k} of {len(models)})")
+                 for mean, k in (means[key] for key in CLINHALLU_DELTAS)]
+        lines.append(_row([mitigation, split, source, f"{len(models)}: {', '.join(models)}", *cells]))
+    return "\n".join(lines)
+
