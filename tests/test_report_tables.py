@@ -158,6 +158,17 @@ def test_stepbench_recall_and_f1_intervals_from_items(tmp_path):
     assert f1.value == pytest.approx(400 / 7) and f1.n == 8 and f1.low < 400 / 7 < f1.high
     assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(62.5)
 
+    # the same figures from a run with knowledge: Step 1 has no with-knowledge variant (Med-StepBench Table 3
+    # prints "–" there), so its cells are empty and the footer says why; Acc is still shown
+    results = json.loads((run / "results.json").read_text())
+    results["benchmarks"]["med_stepbench:all"]["run_options"] = {"knowledge": "prior"}
+    (run / "results.json").write_text(json.dumps(results))
+    (table,) = [t for t in build_tables(find_runs([run])) if t.key == "med_stepbench"]
+    assert table.rows[0][0] == ["m", "none", "prior"]
+    assert all(table.rows[0][1][labels_.index(name)].value is None for name in ("EN S1 R", "EN S1 F1"))
+    assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(62.5)
+    assert any("Step 1 takes no prior or external knowledge" in line for line in table.footer)
+
 
 def test_chair_and_recall_intervals_from_per_report_counts(tmp_path):
     # 4 reports: hallucinated/generated 1/2, 0/1, 1/1, 1/1 -> CHAIR 3/5; matched/reference 1/1, 1/1, 0/2, 0/1 -> 2/5

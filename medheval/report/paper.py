@@ -22,8 +22,8 @@ from medheval.report.collect import Run
 from medheval.report.stats import METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
                                     STEPBENCH_LANGUAGES, STEPBENCH_STEPS, CLINHALLU_DELTAS,
-                                    clinhallu_model_average, clinhallu_stage_denominator, clinhallu_stage_notes,
-                                    md_cell, stepbench_rows)
+                                    STEPBENCH_STEP1_NOTE, clinhallu_model_average, clinhallu_stage_denominator,
+                                    clinhallu_stage_notes, md_cell, stepbench_rows, stepbench_shows)
 from medheval.data.schema import VISUAL_CATEGORIES
 
 # (metric, summary key) -> the per-item key in scored.jsonl whose mean is that figure.
@@ -325,10 +325,15 @@ def stepbench(runs: list[Run]) -> Table | None:
                 scores = by_language.get(lang, {}).get(step) or by_language.get(lang, {}).get(str(step)) or {}
                 mine = [item for item in items if item.get("category") == steps[step]
                         and item["id"].split("/")[1:2] == [lang]]
+                if not stepbench_shows(knowledge, step):
+                    cells += [Cell(), Cell()]
+                    continue
                 cells += [_stepbench_cell(scores.get("recall"), mine, "recall"),
                           _stepbench_cell(scores.get("f1"), mine, "f1")]
         cells += [figure(run, split, "stepbench", "accuracy"), Cell(text=str(by_language.get("n_unparsed", 0)))]
         table.rows.append(([model, mitigation, knowledge], cells))
+    if any(knowledge != "none" for _, _, knowledge, _ in rows):
+        table.footer.append(STEPBENCH_STEP1_NOTE)
     return table
 
 

@@ -263,8 +263,19 @@ def stepbench_rows(runs: Iterable[dict[str, Any]]) -> list[tuple[str, str, str, 
     return rows
 
 
+def stepbench_shows(knowledge: str, step: int) -> bool:
+    """Whether a Table 3 cell of ``step`` is shown in a row of this ``knowledge`` setting: Step 1 has no
+    with-knowledge variant (its prompts take no knowledge, ``KNOWLEDGE_STEPS``), so the paper prints "–"."""
+    return knowledge == "none" or step != 1
+
+
+STEPBENCH_STEP1_NOTE = ("Step 1 takes no prior or external knowledge (knowledge goes to steps 2–4 only), so its "
+                        "cells in rows with knowledge are –, as in Med-StepBench Table 3.")
+
+
 def stepbench_table(runs: Iterable[dict[str, Any]]) -> str:
-    """R and F1 (%) per step S1–S4 × EN/VI, one row per model × knowledge setting ("–": not run)."""
+    """R and F1 (%) per step S1–S4 × EN/VI, one row per model × knowledge setting ("–": not run, or Step 1 in
+    a row with knowledge, :func:`stepbench_shows`)."""
     rows = stepbench_rows(runs)
     if not rows:
         return ""
@@ -277,10 +288,12 @@ def stepbench_table(runs: Iterable[dict[str, Any]]) -> str:
         for language in STEPBENCH_LANGUAGES:
             per_step = by_language.get(language, {})
             for step in STEPBENCH_STEPS:
-                scores = per_step.get(step) or per_step.get(str(step))
+                scores = (per_step.get(step) or per_step.get(str(step))) if stepbench_shows(knowledge, step) else None
                 cells += [_pct(scores["recall"]) if scores else "–", _pct(scores["f1"]) if scores else "–"]
         cells.append(str(by_language.get("n_unparsed", 0)))
         lines.append(_row([model, mitigation, knowledge, *cells]))
+    if any(knowledge != "none" for _, _, knowledge, _ in rows):
+        lines += ["", STEPBENCH_STEP1_NOTE]
     return "\n".join(lines)
 
 

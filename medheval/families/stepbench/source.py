@@ -407,6 +407,9 @@ def quality_summary(dataset: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- run options and prompts
 
 KNOWLEDGE = ("none", "prior", "external", "both")
+# The steps whose prompts take prior/external knowledge: 2-4. Step 1 has no earlier step and no knowledge
+# variant in the paper (Table 3 shows "–" for its with-knowledge cells; Table 5 covers steps 2-4 only).
+KNOWLEDGE_STEPS = (2, 3, 4)
 RATIONALE = ("none", "llm", "clinician")
 VIEW_MODES = ("separate", "fused")
 PROMPT_VERSION = "med-stepbench-prompts-v1"
@@ -432,7 +435,8 @@ CONTEXT_LABELS = {
 class StepBenchOptions:
     """The prompting settings of one run (recorded in ``results.json``).
 
-    knowledge: none | prior (the previous step's ground-truth statement) | external | both.
+    knowledge: none | prior (the previous step's ground-truth statement) | external | both; given to
+        steps 2-4 only (:data:`KNOWLEDGE_STEPS`), as in the paper.
     rationale: none | llm | clinician (the explanation shown with the statement).
     views: which 2D views a model sees, in order: ``plane`` or ``plane/modality[/window]`` keys
         (e.g. ``axial/fused``); by default one view per plane (:func:`choose_views`).
@@ -472,7 +476,7 @@ class StepBenchOptions:
 
     def describe(self) -> dict[str, Any]:
         return {**asdict(self), "views": list(self.views), "prompt_version": PROMPT_VERSION,
-                "question": dict(QUESTION)}
+                "question": dict(QUESTION), "knowledge_steps": list(KNOWLEDGE_STEPS)}
 
 
 VIEW_MODALITIES = ("ct", "pet", "fused", "separate")  # "separate": the CT and the PET view of each plane
@@ -521,12 +525,14 @@ def choose_views(views: Mapping[str, str | None], options: StepBenchOptions) -> 
 
 
 def build_prompt(statement: str, language: str, options: StepBenchOptions, meta: Mapping[str, Any]) -> str:
-    """The consistency question for one statement with the context the options ask for."""
+    """The consistency question for one statement with the context the options ask for: knowledge for
+    steps 2-4 only (``meta["step"]`` in :data:`KNOWLEDGE_STEPS`, Med-StepBench Table 3), a rationale for any step."""
     labels = CONTEXT_LABELS[language]
     context = []
-    if options.knowledge in ("prior", "both") and meta.get("prior_knowledge"):
+    takes_knowledge = meta.get("step") in KNOWLEDGE_STEPS
+    if takes_knowledge and options.knowledge in ("prior", "both") and meta.get("prior_knowledge"):
         context.append(labels["prior"] + str(meta["prior_knowledge"]).strip())
-    if options.knowledge in ("external", "both") and meta.get("external_knowledge"):
+    if takes_knowledge and options.knowledge in ("external", "both") and meta.get("external_knowledge"):
         context.append(labels["external"] + str(meta["external_knowledge"]).strip())
     if options.rationale != "none" and meta.get(f"rationale_{options.rationale}"):
         context.append(labels["rationale"] + str(meta[f"rationale_{options.rationale}"]).strip())
@@ -537,9 +543,11 @@ def build_prompt(statement: str, language: str, options: StepBenchOptions, meta:
 def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
     """The split ready for a model: ``question`` = the full prompt, ``images`` = the chosen views,
     rows ordered by study so statements sharing images sit together (prefix caching). Returns the
-    dataset and what to record. A row lacking the context its option needs is counted, not dropped."""
+    dataset and what to record. A row lacking the context its option needs is counted, not dropped; so are
+    the Step 1 rows, asked without knowledge whatever ``knowledge`` says (``step1_without_knowledge``)."""
     chosen = StepBenchOptions.from_mapping(options)
-    counts = {"missing_prior_knowledge": 0, "missing_external_knowledge": 0, "missing_rationale": 0}
+    counts = {"missing_prior_knowledge": 0, "missing_external_knowledge": 0, "missing_rationale": 0,
+              "step1_without_knowledge": 0}
 
     def transform(batch: dict[str, list]) -> dict[str, list]:
         questions, images = [], []
@@ -557,9 +565,12 @@ def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[
     studies = [(meta or {}).get("study_id", "") for meta in metas]
     for meta in metas:
         meta = meta or {}
-        if chosen.knowledge in ("prior", "both") and not meta.get("prior_knowledge") and meta.get("step", 1) > 1:
+        if chosen.knowledge != "none" and meta.get("step") not in KNOWLEDGE_STEPS:
+            counts["step1_without_knowledge"] += 1
+        elif chosen.knowledge in ("prior", "both") and not meta.get("prior_knowledge"):
             counts["missing_prior_knowledge"] += 1
-        if chosen.knowledge in ("external", "both") and not meta.get("external_knowledge"):
+        if chosen.knowledge in ("external", "both") and meta.get("step") in KNOWLEDGE_STEPS \
+                and not meta.get("external_knowledge"):
             counts["missing_external_knowledge"] += 1
         if chosen.rationale != "none" and not meta.get(f"rationale_{chosen.rationale}"):
             counts["missing_rationale"] += 1
@@ -602,7 +613,7 @@ def parse_verdict(text: str | None) -> str | None:
 
 
 __all__ = [
-    "BENCHMARK", "LABELS", "LANGUAGES", "POSITIVE_LABEL", "STEPS", "STEP_TITLES", "StepBenchDataError",
+    "BENCHMARK", "KNOWLEDGE_STEPS", "LABELS", "LANGUAGES", "POSITIVE_LABEL", "STEPS", "STEP_TITLES", "StepBenchDataError",
     "StepBenchOptions", "apply_run_options", "build_prompt", "canonical_batches", "check_statements", "load_checked",
     "choose_views", "find_statements_file", "parse_verdict", "quality_summary", "read_statements",
 ]
