@@ -96,8 +96,16 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
                           "--benchmark-option", "clinhallu.prompts=own",
                           "--metric-option", "clinhallu.upstream_compat=true")) == 0
         assert server.request_count == first_requests
-    rescored = json.loads((out / "results.json").read_text())
-    assert rescored["benchmarks"]["clinhallu:vqa_rad"]["metrics"]["clinhallu"]["denominator"] == "valid_only"
+        rescored = json.loads((out / "results.json").read_text())
+        assert rescored["benchmarks"]["clinhallu:vqa_rad"]["metrics"]["clinhallu"]["denominator"] == "valid_only"
+        # the other stage reading is a named metric option, and results.md says it was used
+        assert main(_args(snapshot, out, "--model", "tiny-random-llava", "--judge", judge,
+                          "--benchmark-option", "clinhallu.prompts=own",
+                          "--metric-option", "clinhallu.stage_denominator=judged")) == 0
+        assert server.request_count == first_requests
+    judged = json.loads((out / "results.json").read_text())["benchmarks"]["clinhallu:vqa_rad"]["metrics"]["clinhallu"]
+    assert judged["stage_denominator"] == "judged" and judged["h_v"] == (1.0 if judged_vr else None)
+    assert CLINHALLU_STAGE_NOTES["judged"] in (out / "results.md").read_text()
     # a local snapshot has no published checksum: nothing to warn about
     assert rescored["warnings"] == []
 

@@ -6,8 +6,9 @@ metrics), Tables 7–11 (generation metrics, S_h as mean ± std), Med-HallMark T
 MediHall Score per question type) with its level distribution, Med-StepBench Table 3, ClinHallu Tables
 2–3 with Fix/Break and Table 4 (Δ averaged over models, Eq. 14), and every mitigation against ``none`` on
 the same items. A figure is the value in ``results.json``; its interval is recomputed from
-``scored.jsonl`` (ClinHallu: from the protocol logs, :func:`medheval.report.collect.protocol_columns`) with :mod:`medheval.report.stats`, and only when the
-per-item values reproduce that figure — otherwise the cell says why there is none.
+``scored.jsonl`` (ClinHallu: from the protocol logs, :func:`medheval.report.collect.protocol_columns`)
+with :mod:`medheval.report.stats`, and only when the per-item values reproduce that figure — otherwise the
+cell says why there is none.
 """
 
 from __future__ import annotations

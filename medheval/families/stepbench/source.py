@@ -615,22 +615,25 @@ def _terms_pattern(terms: Mapping[str, str]) -> re.Pattern[str]:
 
 _STRONG = _terms_pattern(_STRONG_TERMS)
 _ANY = _terms_pattern({**_STRONG_TERMS, **_WEAK_TERMS})
-_LEAD = re.compile(r"^[\s*\"'`>#_\-:.(\[]*(?:(?:(?:final\s+)?answer|verdict|trả lời|đáp án|kết luận)(?!\w))?\s*[:\-]?\s*")
+_LEAD = re.compile(r"^[\s*\"'`>#_\-:.(\[]*"
+                   r"(?:(?:(?:final\s+)?answer|verdict|trả lời|đáp án|kết luận)(?!\w))?\s*[:\-]?\s*")
 # what may follow an answer's opening verdict word: the end, punctuation, or a reason ("Sai vì ...")
 _AFTER_OPENING = re.compile(r"\s*(?:$|[.,;:!?)\]*\"'\n\u2014\u2013-]|(?:because|since|as|given|vì|do|bởi|tại)\b)")
-_AFTER_WEAK_OPENING = re.compile(r"\s*(?:$|[.,;:!?)\]*\"'\n\u2014\u2013-]|(?:it|this|that|the statement|nó|đây|nhận định)\b)")
+_AFTER_WEAK_OPENING = re.compile(r"\s*(?:$|[.,;:!?)\]*\"'\n\u2014\u2013-]"
+                                 r"|(?:it|this|that|the statement|nó|đây|nhận định)\b)")
 # the words that make a later term the statement's verdict: "the statement (about X) is TERM", "so TERM",
 # "it is TERM", "answer: TERM"
 _VERDICT_SUBJECT = re.compile(
-    r"(?:\b(?:statement|claim|answer|verdict|conclusion|nhận định|câu|kết luận|đáp án|trả lời)\b\W*(?:\w+\W+){0,6}"
+    r"(?:\b(?:statement|claim|answer|verdict|conclusion|nhận định|câu|kết luận|đáp án|trả lời)\b"
+    r"\W*(?:\w+\W+){0,6}"
     r"|\b(?:so|therefore|thus|hence|overall|nên|vì vậy|do đó|vậy)\b\W*(?:\w+\W+){0,3}"
     r"|\b(?:it|this)(?:\s+is|'s)\s+(?:\w+\s+)?)$")
 # "consistent with malignancy" / "phù hợp với viêm" describe a finding (only "... with the images" is a
 # verdict), and "it is true that ..." concedes a point: such uses are no verdict
 _DESCRIBES = {"consistent", "nhất quán", "phù hợp"}
 _CONCEDES = {"true", "correct"}
-_DESCRIPTIVE_WITH = re.compile(r"\s+(?:with|với)\s+(?!(?:the\s+|these\s+|các\s+|những\s+)?(?:images?|scans?|slices?|views?|"
-                               r"pet|ct|findings|study|picture|hình|ảnh|phim)(?!\w))")
+_DESCRIPTIVE_WITH = re.compile(r"\s+(?:with|với)\s+(?!(?:the\s+|these\s+|các\s+|những\s+)?"
+                               r"(?:images?|scans?|slices?|views?|pet|ct|findings|study|picture|hình|ảnh|phim)(?!\w))")
 _THAT = re.compile(r"\s+that(?!\w)")
 _ANSWER_SUBJECT = re.compile(r"\b(?:answer|verdict|conclusion|kết luận|đáp án|trả lời)\b\W*(?:\w+\W+)?$")
 # a question's two options repeated in an answer ("consistent or inconsistent") are no verdict
@@ -673,8 +676,8 @@ def parse_verdict(text: str | None) -> str | None:
 
     Verdict words: consistent/inconsistent, correct/incorrect, true/false, accurate, matches/does not match,
     (no) hallucination, the labels ``ground_truth``/``hallucination``/"ground truth", and the Vietnamese
-    nhất quán/không nhất quán, đúng/sai/không đúng, chính xác, (không) khớp, phù hợp, (không phải) ảo giác; a negated
-    form is its opposite. Both options of the question repeated ("consistent or inconsistent") are no verdict.
+    nhất quán/không nhất quán, đúng/sai/không đúng, chính xác, (không) khớp, phù hợp, (không phải) ảo giác;
+    a negated form is its opposite. Both options of the question repeated ("consistent or inconsistent") are no verdict.
     Text is NFC-normalised and read case-insensitively; an answer with no verdict is ``None``.
     """
     if not isinstance(text, str):
