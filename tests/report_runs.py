@@ -66,7 +66,8 @@ CLINHALLU_COLUMNS = ("correct", "correct_rep_v", "correct_rep_k", "correct_rep_v
 
 
 def write_clinhallu_run(folder: Path, table: list[tuple], mitigation: str = "none", model: str = "m",
-                        upstream_compat: bool = False, split: str = "clinhallu:all") -> Path:
+                        upstream_compat: bool = False, split: str = "clinhallu:all",
+                        stage_denominator: str = "all_items") -> Path:
     """A ClinHallu run as ``medheval run`` leaves it: results.json with ``metrics/clinhallu`` on the items of
     ``table`` (ids ``clinhallu/<source>/<i>``), an empty scored.jsonl, and the protocol's generation and
     judgment logs in ``<folder>/clinhallu/<config>/`` (written in reverse item order)."""
@@ -91,7 +92,8 @@ def write_clinhallu_run(folder: Path, table: list[tuple], mitigation: str = "non
                 judgments.write({"id": rid, "setting": setting, "answer_correct": row[column], "steps": steps})
     columns = {key: [row[i + 1] for row in table] for i, key in enumerate(CLINHALLU_COLUMNS)}
     metric = load_metric_offline(Path(__file__).resolve().parents[1] / "metrics" / "clinhallu").compute(
-        **columns, sources=[row[0] for row in table], upstream_compat=upstream_compat)
+        **columns, sources=[row[0] for row in table], upstream_compat=upstream_compat,
+        stage_denominator=stage_denominator)
     results = {"settings": {"model": model, "mitigation": mitigation}, "labels": {}, "warnings": [],
                "benchmarks": {split: {"n_records": len(table), "n_scored": len(table), "logs": str(logs),
                                       "metrics": {"clinhallu": json.loads(json.dumps(metric))}}}}

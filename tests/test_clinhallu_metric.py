@@ -1,5 +1,16 @@
 """metrics/clinhallu on hand-worked tables (Acc, Δ, H, Fix/Break, None handling, per source), and
-upstream_compat against ClinHallu's own table script (skipped when ../shared is absent)."""
+upstream_compat against ClinHallu's own table script (skipped when ../shared is absent).
+
+Hand table (tests/clinhallu_fixture.py, N = None):
+
+    item source ORG Rep-V Rep-K Rep-VK  h_v h_k h_r
+    0    a      1   1     1     1       0   0   0
+    1    a      0   1     0     1       1   0   0
+    2    a      N   1     N     0       N   1   0
+    3    b      1   0     1     N       0   N   1
+    4    b      0   0     1     1       1   1   N
+    5    b      0   N     0     1       0   0   0
+"""
 
 from __future__ import annotations
 
@@ -38,7 +49,9 @@ def test_default_denominator_is_all_items(metric):
     # ORG wrong (None counts as wrong) = items 1, 2, 4, 5; ORG right = 0, 3
     assert r["fix_rate"] == pytest.approx({"rep_v": 2 / 4, "rep_k": 1 / 4, "rep_vk": 3 / 4})
     assert r["break_rate"] == pytest.approx({"rep_v": 1 / 2, "rep_k": 0.0, "rep_vk": 1 / 2})
-    assert (r["h_v"], r["h_k"], r["h_r"]) == pytest.approx((2 / 5, 2 / 5, 1 / 5))
+    # Eq. 13 over all 6 items, the unjudged stage (item 2 VR, item 3 KR, item 4 reasoning) as hallucinated
+    assert r["stage_denominator"] == "all_items"
+    assert (r["h_v"], r["h_k"], r["h_r"]) == pytest.approx((3 / 6, 3 / 6, 2 / 6))
     c = r["counts"]
     assert c["n"] == 6 and c["org"] == {"n_valid": 5, "n_correct": 2}
     assert c["rep_vk"] == {"n_valid": 5, "n_correct": 4, "n_fix": 3, "n_org_wrong": 4, "n_break": 1, "n_org_right": 2}
@@ -58,9 +71,39 @@ def test_per_source(metric):
     assert (a["acc"], a["acc_rep_v"], a["acc_rep_k"], a["acc_rep_vk"]) == pytest.approx((1 / 3, 1, 1 / 3, 2 / 3))
     assert (a["delta_v"], a["delta_k"], a["delta_vk"]) == pytest.approx((2 / 3, 0, 1 / 3))
     assert (a["fix_rate"]["rep_v"], a["break_rate"]["rep_v"]) == (1.0, 0.0)
-    assert (a["h_v"], a["h_k"], a["h_r"]) == pytest.approx((1 / 2, 1 / 3, 0))
+    assert (a["h_v"], a["h_k"], a["h_r"]) == pytest.approx((2 / 3, 1 / 3, 0))  # a's VR of item 2 unjudged
     assert (b["acc_rep_v"], b["fix_rate"]["rep_v"], b["break_rate"]["rep_v"]) == (0.0, 0.0, 1.0)
-    assert b["h_r"] == 0.5 and a["counts"]["n"] + b["counts"]["n"] == 6
+    assert b["h_r"] == pytest.approx(2 / 3) and a["counts"]["n"] + b["counts"]["n"] == 6
+
+
+def test_stage_rates_divide_by_all_items_as_eq_13(metric):
+    """ClinHallu Eq. 12-13: h_i^s in {0, 1} for every item and H^s = (1/|D|) sum_i h_i^s. A model whose
+    Rep-VK reasoning failed on 3 of 4 items (no text to judge: None) and was judged clean on the 4th has
+    H^R = (0 + 1 + 1 + 1) / 4 = 0.75 (the paper reads high H^R as failed or incomplete reasoning), not
+    the 0 / 1 = 0 that leaving the failures out would give; that reading is stage_denominator="judged"."""
+    columns = {"correct": [1, 1, 1, 1], "correct_rep_v": [1, 1, 1, 1], "correct_rep_k": [1, 1, 1, 1],
+               "correct_rep_vk": [1, N, N, N], "h_v": [0, 0, 0, 1], "h_k": [0, 0, 0, 0], "h_r": [0, N, N, N]}
+    paper = metric.compute(**columns)
+    assert (paper["h_v"], paper["h_k"], paper["h_r"]) == (0.25, 0.0, 0.75)
+    assert paper["stage_denominator"] == "all_items"
+    assert paper["counts"]["h_r"] == {"n_judged": 1, "n_hallucinated": 0}
+    judged = metric.compute(**columns, stage_denominator="judged")
+    assert (judged["h_v"], judged["h_k"], judged["h_r"]) == (0.25, 0.0, 0.0)
+    assert judged["stage_denominator"] == "judged"
+    # upstream_compat changes the answer denominators only; the stage rate follows stage_denominator
+    assert metric.compute(**columns, upstream_compat=True)["h_r"] == 0.75
+    assert metric.compute(**columns, upstream_compat=True, stage_denominator="judged")["h_r"] == 0.0
+
+
+def test_judged_stage_denominator_on_the_hand_table(metric):
+    """stage_denominator="judged": H = #[h = 1] / #[h judged]: h_v 2/5 (item 2 out), h_k 2/5 (item 3 out),
+    h_r 1/5 (item 4 out); per source a: h_v 1/2; b: h_r 1/2. Answer figures do not change."""
+    r = metric.compute(**_columns(), sources=[row[0] for row in TABLE], stage_denominator="judged")
+    assert (r["h_v"], r["h_k"], r["h_r"]) == pytest.approx((2 / 5, 2 / 5, 1 / 5))
+    assert r["per_source"]["a"]["h_v"] == 0.5 and r["per_source"]["b"]["h_r"] == 0.5
+    assert r["acc"] == pytest.approx(2 / 6) and r["denominator"] == "all_items"
+    with pytest.raises(ValueError, match=r"stage_denominator='valid'.*all_items.*judged"):
+        metric.compute(**_columns(), stage_denominator="valid")
 
 
 def test_upstream_compat_excludes_invalid_and_counts_unjudged_steps_as_hallucinated(metric):
@@ -78,7 +121,9 @@ def test_setting_not_run_and_empty_denominators_give_none(metric):
     columns = {"correct": [1, 1], **{key: [N, N] for key in KEYS[1:]}}
     r = metric.compute(**columns, settings=["org"])
     assert r["acc"] == 1.0
-    assert all(r[key] is None for key in ("acc_rep_v", "delta_v", "h_v", "h_k", "h_r"))
+    assert all(r[key] is None for key in ("acc_rep_v", "delta_v", "h_k", "h_r"))  # Rep-V, Rep-VK not run
+    assert r["h_v"] == 1.0  # ORG ran, and neither VR was judged: both count as hallucinated (Eq. 13)
+    assert metric.compute(**columns, settings=["org"], stage_denominator="judged")["h_v"] is None
     assert r["fix_rate"]["rep_k"] is None and r["counts"]["rep_k"]["n_break"] == 0
     # run but every trace invalid: the default charges the model, upstream has nothing to score
     invalid = metric.compute(**columns)
@@ -145,3 +190,5 @@ def test_upstream_compat_matches_the_upstream_table_script(metric, tmp_path):
     assert answer[0][2:] == [f"{r['acc']:.4f}", f"{r['delta_v']:+.4f}", f"{r['delta_k']:+.4f}",
                              f"{r['delta_vk']:+.4f}"]
     assert hallucination[0][2:] == [f"{r['h_v']:.4f}", f"{r['h_k']:.4f}", f"{r['h_r']:.4f}"]
+    default = metric.compute(**_columns())  # the paper's Eq. 13 is also the released code's stage rate
+    assert hallucination[0][2:] == [f"{default['h_v']:.4f}", f"{default['h_k']:.4f}", f"{default['h_r']:.4f}"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from judge_servers import JudgeServer, user_text
 from medheval.data.benchmarks import prepare_benchmark
 from medheval.families.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
+from medheval.report.tables import CLINHALLU_STAGE_NOTES
 from medheval.run.predictions_log import read_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +57,8 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
         assert json.loads(json.dumps(expected)) == metric
         assert metric["counts"]["n"] == n and metric["acc"] == 0.0  # the judge calls every answer wrong
         judged_vr = [value for value in columns["h_v"] if value is not None]
-        assert metric["h_v"] == (1.0 if judged_vr else None) and set(judged_vr) <= {1}
+        # Eq. 13: every VR judged is hallucinated and an unjudged one counts as hallucinated too
+        assert metric["h_v"] == 1.0 and set(judged_vr) <= {1} and metric["stage_denominator"] == "all_items"
         # temperatures and counts of the protocol are recorded with the split
         info = entry["clinhallu_run"]
         assert info["protocol"]["temperature"] == 0.7 and info["judge"]["temperature"] == 0.01
@@ -67,7 +69,8 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
         md = (out / "results.md").read_text()
         assert "| Model | Split | Source | n | Acc | H^V | H^K | H^R |" in md
         assert "| Acc | Δ^V | Δ^K | Δ^VK | Rep-V Fix | Rep-V Break | Rep-K Fix |" in md
-        assert f"| tiny-random-llava | clinhallu:vqa_rad | all | {n} | 0.0 |" in md
+        assert f"| tiny-random-llava | clinhallu:vqa_rad | all | {n} | 0.0 | 100.0 |" in md
+        assert CLINHALLU_STAGE_NOTES["all_items"] in md  # results.md says which reading H uses
         assert f"| tiny-random-llava | clinhallu:vqa_rad | vqa_rad | {n} | 0.0 |" in md
         # `medheval report` (and the run's report.html) read the per-item values back from the protocol logs:
         # they reproduce the figures, so the cells get intervals
@@ -93,8 +96,16 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
                           "--benchmark-option", "clinhallu.prompts=own",
                           "--metric-option", "clinhallu.upstream_compat=true")) == 0
         assert server.request_count == first_requests
-    rescored = json.loads((out / "results.json").read_text())
-    assert rescored["benchmarks"]["clinhallu:vqa_rad"]["metrics"]["clinhallu"]["denominator"] == "valid_only"
+        rescored = json.loads((out / "results.json").read_text())
+        assert rescored["benchmarks"]["clinhallu:vqa_rad"]["metrics"]["clinhallu"]["denominator"] == "valid_only"
+        # the other stage reading is a named metric option, and results.md says it was used
+        assert main(_args(snapshot, out, "--model", "tiny-random-llava", "--judge", judge,
+                          "--benchmark-option", "clinhallu.prompts=own",
+                          "--metric-option", "clinhallu.stage_denominator=judged")) == 0
+        assert server.request_count == first_requests
+    judged = json.loads((out / "results.json").read_text())["benchmarks"]["clinhallu:vqa_rad"]["metrics"]["clinhallu"]
+    assert judged["stage_denominator"] == "judged" and judged["h_v"] == (1.0 if judged_vr else None)
+    assert CLINHALLU_STAGE_NOTES["judged"] in (out / "results.md").read_text()
     # a local snapshot has no published checksum: nothing to warn about
     assert rescored["warnings"] == []
 

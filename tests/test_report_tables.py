@@ -10,6 +10,7 @@ from medheval.cli import main
 from medheval.report.build import write_report
 from medheval.report.collect import ReportError, find_runs, split_of
 from medheval.report.paper import CLINHALLU_NOTE, DELTA_VALID_ONLY, build_tables, comparisons, format_cell, to_markdown
+from medheval.report.tables import CLINHALLU_STAGE_NOTES
 from medheval.report.stats import METHOD_NOTE, bootstrap_ci
 from clinhallu_fixture import HAND_TABLE
 from report_runs import write_clinhallu_run, write_grid, write_run
@@ -157,6 +158,17 @@ def test_stepbench_recall_and_f1_intervals_from_items(tmp_path):
     assert f1.value == pytest.approx(400 / 7) and f1.n == 8 and f1.low < 400 / 7 < f1.high
     assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(62.5)
 
+    # the same figures from a run with knowledge: Step 1 has no with-knowledge variant (Med-StepBench Table 3
+    # prints "–" there), so its cells are empty and the footer says why; Acc is still shown
+    results = json.loads((run / "results.json").read_text())
+    results["benchmarks"]["med_stepbench:all"]["run_options"] = {"knowledge": "prior"}
+    (run / "results.json").write_text(json.dumps(results))
+    (table,) = [t for t in build_tables(find_runs([run])) if t.key == "med_stepbench"]
+    assert table.rows[0][0] == ["m", "none", "prior"]
+    assert all(table.rows[0][1][labels_.index(name)].value is None for name in ("EN S1 R", "EN S1 F1"))
+    assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(62.5)
+    assert any("Step 1 takes no prior or external knowledge" in line for line in table.footer)
+
 
 def test_chair_and_recall_intervals_from_per_report_counts(tmp_path):
     # 4 reports: hallucinated/generated 1/2, 0/1, 1/1, 1/1 -> CHAIR 3/5; matched/reference 1/1, 1/1, 0/2, 0/1 -> 2/5
@@ -196,12 +208,13 @@ def _bounds(values, denominators=None):
 def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
     _, _, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "ch", CLINHALLU))
     whole = rows["all"]
-    # per item, worked by hand (default denominator: an invalid answer is wrong, an unjudged stage left out)
+    # per item, worked by hand (default denominators: an invalid answer is wrong; an unjudged stage is
+    # hallucinated and every item counts, ClinHallu Eq. 13)
     expected = {
         "Acc": (2 / 6, [1, 0, 0, 1, 0, 0], None),
-        "H^V": (2 / 5, [0, 1, 0, 0, 1, 0], [1, 1, 0, 1, 1, 1]),
-        "H^K": (2 / 5, [0, 0, 1, 0, 1, 0], [1, 1, 1, 0, 1, 1]),
-        "H^R": (1 / 5, [0, 0, 0, 1, 0, 0], [1, 1, 1, 1, 0, 1]),
+        "H^V": (3 / 6, [0, 1, 1, 0, 1, 0], None),
+        "H^K": (3 / 6, [0, 0, 1, 1, 1, 0], None),
+        "H^R": (2 / 6, [0, 0, 0, 1, 1, 0], None),
         "Δ^V": (1 / 6, [0, 1, 1, -1, 0, 0], None),  # Rep-V right minus ORG right
         "Δ^VK": (2 / 6, [0, 1, 0, -1, 1, 1], None),
         "Rep-V Fix": (2 / 4, [0, 1, 1, 0, 0, 0], [0, 1, 1, 0, 1, 1]),  # over ORG wrong (None = wrong)
@@ -217,9 +230,37 @@ def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
     a = rows["a"]
     assert a["Acc"].value == pytest.approx(100 / 3) and a["Acc"].n == 3
     assert (a["Acc"].low, a["Acc"].high) == pytest.approx(_bounds([1, 0, 0]))
-    assert (a["H^V"].low, a["H^V"].high) == pytest.approx(_bounds([0, 1, 0], [1, 1, 0]))
+    assert (a["H^V"].low, a["H^V"].high) == pytest.approx(_bounds([0, 1, 1]))
     # every figure present got its interval
     assert all(cell.low is not None for row in rows.values() for cell in row.values() if cell.value is not None)
+
+
+def test_clinhallu_judged_stage_denominator_is_said_and_reproduced(tmp_path):
+    """stage_denominator="judged" (not the paper's Eq. 13): H^V = Σ[h = 1] / Σ[h judged] = 2/5 over items
+    0, 1, 3, 4, 5 (item 2's VR unjudged); the interval resamples (numerator, denominator) per item, and the
+    footer says which reading the figures use. A results.json written before the key existed (no
+    stage_denominator, default answer denominator) used the judged reading and is read back as such."""
+    stage, _, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "judged", CLINHALLU,
+                                                           stage_denominator="judged"))
+    h_v = rows["all"]["H^V"]
+    assert h_v.value == pytest.approx(40.0) and h_v.note is None
+    assert (h_v.low, h_v.high) == pytest.approx(_bounds([0, 1, 0, 0, 1, 0], [1, 1, 0, 1, 1, 1]))
+    assert CLINHALLU_STAGE_NOTES["judged"] + "." in stage.footer
+    assert not any(line.startswith(CLINHALLU_STAGE_NOTES["all_items"]) for line in stage.footer)
+    old = write_clinhallu_run(tmp_path / "old", CLINHALLU, stage_denominator="judged")
+    results = json.loads((old / "results.json").read_text())
+    del results["benchmarks"]["clinhallu:all"]["metrics"]["clinhallu"]["stage_denominator"]
+    (old / "results.json").write_text(json.dumps(results))
+    stage, _, rows = _clinhallu_tables(old)
+    assert rows["all"]["H^V"].low is not None and CLINHALLU_STAGE_NOTES["judged"] + "." in stage.footer
+
+
+def test_clinhallu_mixed_stage_denominators_name_their_runs(tmp_path):
+    write_clinhallu_run(tmp_path / "runs" / "one", CLINHALLU, model="m1")
+    write_clinhallu_run(tmp_path / "runs" / "two", CLINHALLU, model="m2", stage_denominator="judged")
+    stage = {t.key: t for t in build_tables(find_runs([tmp_path / "runs"]))}["clinhallu_stages"]
+    assert f"{CLINHALLU_STAGE_NOTES['all_items']}: m1 · clinhallu:all." in stage.footer
+    assert f"{CLINHALLU_STAGE_NOTES['judged']}: m2 · clinhallu:all." in stage.footer
 
 
 def test_clinhallu_upstream_denominators_and_rounding(tmp_path):
@@ -256,7 +297,7 @@ def test_clinhallu_figure_the_logs_do_not_reproduce_gets_no_interval(tmp_path):
     assert rows["all"]["Acc"].low is not None and rows["a"]["Rep-V Break"].low is not None  # the others keep theirs
     markdown = to_markdown(stage)
     assert "| m | clinhallu:all | all | 6 | 33.3 [" in markdown and "| 90.0 †" in markdown
-    assert "No interval (†): the per-item values give 0.4, not the reported 0.9." in stage.footer
+    assert "No interval (†): the per-item values give 0.5, not the reported 0.9." in stage.footer
 
 
 def test_clinhallu_logs_missing_or_holding_other_items(tmp_path):
@@ -290,7 +331,8 @@ def test_clinhallu_intervals_in_the_written_report(tmp_path):
     assert format_cell(_clinhallu_tables(run)[2]["all"]["Acc"], markdown=False) in page and "ClinHallu Table 2" in page
     rows = list(csv.DictReader(io.StringIO(written["csv"].read_text())))
     h_v = [r for r in rows if r["table"] == "clinhallu_stages" and r["column"] == "H^V" and r["row"].endswith("all | 6")]
-    assert h_v and float(h_v[0]["ci_low"]) <= 40.0 <= float(h_v[0]["ci_high"])
+    assert h_v and float(h_v[0]["ci_low"]) <= 50.0 <= float(h_v[0]["ci_high"])
+    assert CLINHALLU_STAGE_NOTES["all_items"] in markdown
 
 
 def test_clinhallu_mitigation_against_none_mcnemar_on_org_accuracy(tmp_path):
@@ -364,3 +406,40 @@ def test_software_stack_one_line_when_shared_one_row_per_run_otherwise(tmp_path)
     assert [row[1]["torch"] for row in software_stack(find_runs([first, older]))] == ["2.13.0", "–"]
     written = write_report([older], tmp_path / "old-report", plots=False)
     assert "Software stack" not in written["markdown"].read_text() + written["html"].read_text()
+
+
+def test_clinhallu_table_4_averages_delta_over_models(tmp_path):
+    """ClinHallu Eq. 14 / Table 4: Δ^s = (1/|M|) Σ_m (Acc_m^s − Acc_m^ORG). m1 is the hand table (Δ^V 1/6,
+    Δ^K 1/6, Δ^VK 2/6, test_clinhallu_metric); m2 is the same items with every ORG answer right (Acc 1;
+    Rep-V 3/6, Rep-K 3/6, Rep-VK 4/6 → Δ −3/6, −3/6, −2/6). Averages: Δ^V = (1/6 − 3/6)/2 = −1/6,
+    Δ^K = −1/6, Δ^VK = 0, i.e. −16.7, −16.7, +0.0 points. Source a (items 0–2): m1 Δ 2/3, 0, 1/3; m2 Δ 0,
+    −2/3, −1/3 (Rep-V 3/3, Rep-K 1/3, Rep-VK 2/3) → 1/3, −1/3, 0. One model alone gets no Table 4."""
+    write_clinhallu_run(tmp_path / "runs" / "one", CLINHALLU, model="m1")
+    assert "clinhallu_model_average" not in {t.key for t in build_tables(find_runs([tmp_path / "runs"]))}
+    write_clinhallu_run(tmp_path / "runs" / "two", [(row[0], 1, *row[2:]) for row in CLINHALLU], model="m2")
+    table = {t.key: t for t in build_tables(find_runs([tmp_path / "runs"]))}["clinhallu_model_average"]
+    rows = {labels[2]: cells for labels, cells in table.rows}
+    assert [labels for labels, _ in table.rows] == [["none", "clinhallu:all", s] for s in ("all", "a", "b")]
+    assert rows["all"][0].text == "2: m1, m2"
+    assert [c.value for c in rows["all"][1:]] == pytest.approx([-100 / 6, -100 / 6, 0.0])
+    assert [c.value for c in rows["a"][1:]] == pytest.approx([100 / 3, -100 / 3, 0.0])
+    assert "| none | clinhallu:all | all | 2: m1, m2 | -16.7 | -16.7 | +0.0 |" in to_markdown(table)
+    assert not any(c.note for _, cells in table.rows for c in cells)
+
+
+def test_clinhallu_table_4_in_the_grid_results_md_and_a_setting_some_models_skipped():
+    """results.md of a grid (tables.clinhallu_average_table): three models, m3 did not run Rep-K (Δ^K None):
+    Δ^V = (0.1 + 0.3 + 0.2)/3 = 0.2 → +20.0; Δ^K = (0.0 + 0.1)/2 = 0.05 → +5.0, over 2 of 3 models;
+    Δ^VK = (0.2 + 0.4 + 0.6)/3 = 0.4 → +40.0. Another mitigation with one model gets no row."""
+    from medheval.report.tables import clinhallu_average_table
+
+    def run(model, dv, dk, dvk, mitigation="none"):
+        metric = {"delta_v": dv, "delta_k": dk, "delta_vk": dvk, "counts": {"n": 5}}
+        return {"settings": {"model": model, "mitigation": mitigation},
+                "benchmarks": {"clinhallu:vqa_rad": {"metrics": {"clinhallu": metric}}}}
+
+    runs = [run("m1", 0.1, 0.0, 0.2), run("m2", 0.3, 0.1, 0.4), run("m3", 0.2, None, 0.6), run("m1", 0.5, 0.5, 0.5, "vcd")]
+    lines = clinhallu_average_table(runs).splitlines()
+    assert lines[0] == "| Mitigation | Split | Source | Models | Δ^V | Δ^K | Δ^VK |"
+    assert lines[2:] == ["| none | clinhallu:vqa_rad | all | 3: m1, m2, m3 | +20.0 | +5.0 (2 of 3) | +40.0 |"]
+    assert clinhallu_average_table(runs[:1]) == ""

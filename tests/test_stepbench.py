@@ -165,7 +165,7 @@ def test_view_choice_errors():
 
 
 def test_prompt_carries_the_chosen_context():
-    meta = {"prior_knowledge": "Lesion in the right lung.", "external_knowledge": "FDG marks glucose use.",
+    meta = {"step": 2, "prior_knowledge": "Lesion in the right lung.", "external_knowledge": "FDG marks glucose use.",
             "rationale_llm": "Bright spot.", "rationale_clinician": "Seen on fused views."}
     plain = stepbench.build_prompt(" The lesion is 10 mm. ", "en", StepBenchOptions(), meta)
     assert "Statement: The lesion is 10 mm.\n" in plain and "previous step" not in plain
@@ -176,6 +176,21 @@ def test_prompt_carries_the_chosen_context():
     assert "Bright spot" not in both
     vi = stepbench.build_prompt("Câu", "vi", StepBenchOptions(knowledge="prior"), meta)
     assert "Kết quả của bước trước: Lesion in the right lung." in vi and "Nhận định: Câu" in vi
+
+
+@pytest.mark.parametrize("step, knowledge_given", [(1, False), (2, True), (3, True), (4, True)])
+def test_knowledge_goes_to_steps_2_to_4_only(step, knowledge_given):
+    """Med-StepBench Table 3 prints "–" for Step 1 "with knowledge" and its Table 5 covers steps 2-4: Step 1
+    (anatomical mapping) has no earlier step and gets no prior or external knowledge, even when its row
+    carries some; the rationale is not knowledge and is shown at every step."""
+    meta = {"step": step, "prior_knowledge": "Lesion in the right lung.", "external_knowledge": "FDG marks glucose use.",
+            "rationale_llm": "Bright spot."}
+    for language in ("en", "vi"):
+        prompt = stepbench.build_prompt("S", language, StepBenchOptions(knowledge="both", rationale="llm"), meta)
+        assert ("Lesion in the right lung." in prompt) is knowledge_given
+        assert ("FDG marks glucose use." in prompt) is knowledge_given
+        assert "Bright spot." in prompt
+    assert stepbench.KNOWLEDGE_STEPS == (2, 3, 4)
 
 
 def test_run_options_rewrite_prompts_and_views(fixture, dataset_cache):
@@ -191,6 +206,9 @@ def test_run_options_rewrite_prompts_and_views(fixture, dataset_cache):
             == (row["meta"]["step"] > 1)
     assert loaded.run_options["knowledge"] == "prior" and loaded.run_options["modality"] == "fused"
     assert loaded.run_options["counts"]["missing_prior_knowledge"] == 0
+    step1 = sum(row["meta"]["step"] == 1 for row in rows)
+    assert step1 and loaded.run_options["counts"]["step1_without_knowledge"] == step1
+    assert loaded.run_options["knowledge_steps"] == [2, 3, 4]
     assert len(loaded.resolver.load_record_images(rows[0])) == 3
 
 
@@ -387,7 +405,11 @@ def test_table3_shape():
         "VI S4 F1 | Unparsed |")
     assert table[2] == "| m | none | none | " + " | ".join(["50.0 | 25.0"] * 4) + " | 50.0 | 25.0 | " + \
         " | ".join(["– | –"] * 3) + " | 2 |"
-    assert table[3].startswith("| m | none | both | 50.0 | 75.0 |")
+    # Step 1 has no with-knowledge variant (paper Table 3: "–"); steps 2-4 are shown
+    assert table[3].startswith("| m | none | both | – | – | 50.0 | 75.0 |")
+    assert table[-1] == "Step 1 takes no prior or external knowledge (knowledge goes to steps 2–4 only), so its " \
+        "cells in rows with knowledge are –, as in Med-StepBench Table 3."
+    assert stepbench_table([run("none", 0.25)]).splitlines()[-1].startswith("| m | none | none | 50.0 | 25.0 |")
 
 
 def test_cli_run_with_options(fixture, tmp_path, capsys):

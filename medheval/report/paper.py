@@ -4,10 +4,11 @@ Shapes (columns reuse :mod:`medheval.report.tables`' definitions): MedHEval Tabl
 close-ended Acc-A/M/S/R/Acc, here also the knowledge/context close-ended splits), Tables 5–6 (report
 metrics), Tables 7–11 (generation metrics, S_h as mean ± std), Med-HallMark Table 1 (text metrics and
 MediHall Score per question type) with its level distribution, Med-StepBench Table 3, ClinHallu Tables
-2–3 with Fix/Break, and every mitigation against ``none`` on the same items. A figure is the value in
-``results.json``; its interval is recomputed from ``scored.jsonl`` (ClinHallu: from the protocol logs,
-:func:`medheval.report.collect.protocol_columns`) with :mod:`medheval.report.stats`, and only when the
-per-item values reproduce that figure — otherwise the cell says why there is none.
+2–3 with Fix/Break and Table 4 (Δ averaged over models, Eq. 14), and every mitigation against ``none`` on
+the same items. A figure is the value in ``results.json``; its interval is recomputed from
+``scored.jsonl`` (ClinHallu: from the protocol logs, :func:`medheval.report.collect.protocol_columns`)
+with :mod:`medheval.report.stats`, and only when the per-item values reproduce that figure — otherwise the
+cell says why there is none.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any, Callable
 from medheval.report.collect import Run
 from medheval.report.stats import METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
-                                    STEPBENCH_LANGUAGES, STEPBENCH_STEPS, md_cell, stepbench_rows)
+                                    STEPBENCH_LANGUAGES, STEPBENCH_STEPS, CLINHALLU_DELTAS,
+                                    STEPBENCH_STEP1_NOTE, clinhallu_model_average, clinhallu_stage_denominator,
+                                    clinhallu_stage_notes, md_cell, stepbench_rows, stepbench_shows)
 from medheval.data.schema import VISUAL_CATEGORIES
 
 # (metric, summary key) -> the per-item key in scored.jsonl whose mean is that figure.
@@ -323,10 +326,15 @@ def stepbench(runs: list[Run]) -> Table | None:
                 scores = by_language.get(lang, {}).get(step) or by_language.get(lang, {}).get(str(step)) or {}
                 mine = [item for item in items if item.get("category") == steps[step]
                         and item["id"].split("/")[1:2] == [lang]]
+                if not stepbench_shows(knowledge, step):
+                    cells += [Cell(), Cell()]
+                    continue
                 cells += [_stepbench_cell(scores.get("recall"), mine, "recall"),
                           _stepbench_cell(scores.get("f1"), mine, "f1")]
         cells += [figure(run, split, "stepbench", "accuracy"), Cell(text=str(by_language.get("n_unparsed", 0)))]
         table.rows.append(([model, mitigation, knowledge], cells))
+    if any(knowledge != "none" for _, _, knowledge, _ in rows):
+        table.footer.append(STEPBENCH_STEP1_NOTE)
     return table
 
 
@@ -335,32 +343,33 @@ CLINHALLU_ANSWERS = {"org": "correct", "rep_v": "correct_rep_v", "rep_k": "corre
 CLINHALLU_NOTE = ("ClinHallu per-item values: each item's judged answers and stage judgements from the run's "
                   "protocol logs (clinhallu/<config>/, read with metric_inputs), counted as metrics/clinhallu "
                   "counts them: Acc, H and Fix/Break are ratios of per-item counts, resampled by item (default "
-                  "denominator: an invalid or unjudged answer counts as wrong, an unjudged stage is left out of H; "
-                  "with upstream_compat: Acc over valid answers, H over all items with unjudged as hallucinated, "
-                  "Fix/Break over items valid in both settings); Δ is the mean of the paired per-item difference "
-                  "(setting right − ORG right).")
+                  "denominator: an invalid or unjudged answer counts as wrong; with upstream_compat: Acc over valid "
+                  "answers, Fix/Break over items valid in both settings); Δ is the mean of the paired per-item "
+                  "difference (setting right − ORG right).")
 DELTA_VALID_ONLY = ("under upstream_compat Δ is the difference of two rounded accuracies over different valid "
                     "items, not a mean of per-item differences")
 
 
-def clinhallu_item_values(columns: dict[str, list], key: str, valid_only: bool = False
+def clinhallu_item_values(columns: dict[str, list], key: str, valid_only: bool = False,
+                          stage_denominator: str = "all_items"
                           ) -> tuple[list[float], list[float] | None, int | None] | str:
     """Per-item (numerators, denominators or ``None`` for a mean, rounding digits) whose ratio of sums is
     the ``metrics/clinhallu`` figure ``key`` (``acc``, ``h_v``/``h_k``/``h_r``, ``delta_v``/``delta_k``/
     ``delta_vk``, ``fix_rate.rep_*``, ``break_rate.rep_*``) on ``columns`` (its per-item inputs: 1, 0 or
-    ``None``), with the metric's denominators (``valid_only``: its ``upstream_compat``); or why none.
+    ``None``), with the metric's denominators (``valid_only``: its ``upstream_compat``; ``stage_denominator``:
+    its option of that name); or why none.
 
-    Default: Acc = Σ[c = 1] / n; H = Σ[h = 1] / Σ[h judged]; Δ_s = mean([c_s = 1] − [c = 1]);
-    Fix_s = Σ[c ≠ 1 ∧ c_s = 1] / Σ[c ≠ 1]; Break_s = Σ[c = 1 ∧ c_s ≠ 1] / Σ[c = 1]. ``valid_only``:
-    Acc = Σ[c = 1] / Σ[c valid] rounded to 4 places; H = Σ[h ≠ 0] / n; Fix/Break over the items valid in
-    ORG and s; Δ has no per-item form (a difference of accuracies over different items)."""
+    Default: Acc = Σ[c = 1] / n; H = Σ[h ≠ 0] / n (Eq. 13; ``"judged"``: Σ[h = 1] / Σ[h judged]);
+    Δ_s = mean([c_s = 1] − [c = 1]); Fix_s = Σ[c ≠ 1 ∧ c_s = 1] / Σ[c ≠ 1]; Break_s = Σ[c = 1 ∧ c_s ≠ 1] /
+    Σ[c = 1]. ``valid_only``: Acc = Σ[c = 1] / Σ[c valid] rounded to 4 places; Fix/Break over the items
+    valid in ORG and s; Δ has no per-item form (a difference of accuracies over different items)."""
     org = columns["correct"]
     if key == "acc":
         right = [float(v == 1) for v in org]
         return (right, [float(v is not None) for v in org], 4) if valid_only else (right, None, None)
     if key in ("h_v", "h_k", "h_r"):
         judged = columns[key]
-        if valid_only:
+        if stage_denominator == "all_items":
             return [float(v != 0) for v in judged], None, None
         return [float(v == 1) for v in judged], [float(v is not None) for v in judged], None
     kind, _, setting = key.partition(".")
@@ -379,7 +388,8 @@ def clinhallu_item_values(columns: dict[str, list], key: str, valid_only: bool =
             [float(k and a == 1) for k, (a, _) in zip(kept, pairs)], None)
 
 
-def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], key: str, valid_only: bool) -> Cell:
+def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], key: str, valid_only: bool,
+                    stage_denominator: str = "all_items") -> Cell:
     """A ClinHallu figure (×100) of the whole split (``source == "all"``) or one source, with its interval
     when the per-item values from the protocol logs reproduce it."""
     kind, _, setting = key.partition(".")
@@ -401,7 +411,7 @@ def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], k
         return cell
     group = {name: [values[i] for i in rows] for name, values in columns.items()
              if name not in ("ids", "sources", "settings")}
-    parts = clinhallu_item_values(group, key, valid_only)
+    parts = clinhallu_item_values(group, key, valid_only, stage_denominator)
     if isinstance(parts, str):
         cell.note = parts
         return cell
@@ -425,17 +435,48 @@ def clinhallu(runs: list[Run]) -> list[Table]:
     replacement = Table("clinhallu_replacement", "ClinHallu Table 3: Δ (points) when gold stages replace the "
                         "model's, and Fix/Break (%)", ["Model", "Split", "Source", "n"], columns,
                         footer=[CLINHALLU_NOTE], group=(1, 2))
+    stage.footer += clinhallu_stage_notes((f"{run.model} · {split}", whole) for run, split, whole in found)
     for run, split, whole in found:
         valid_only = whole.get("denominator") == "valid_only"
+        stage_denominator = clinhallu_stage_denominator(whole)
         for source, metric in [("all", whole), *sorted((whole.get("per_source") or {}).items())]:
             labels = [run.model, split, source, str((metric.get("counts") or {}).get("n", "–"))]
-            cell = lambda key: _clinhallu_cell(run, split, source, metric, key, valid_only)  # noqa: E731
+            cell = lambda key: _clinhallu_cell(run, split, source, metric, key, valid_only,  # noqa: E731
+                                               stage_denominator)
             stage.rows.append((labels, [cell(k) for k in ("acc", "h_v", "h_k", "h_r")]))
             cells = [cell("acc")] + [cell(f"delta_{key[4:]}") for key, _ in CLINHALLU_REPLACEMENTS]
             for key, _ in CLINHALLU_REPLACEMENTS:
                 cells += [cell(f"fix_rate.{key}"), cell(f"break_rate.{key}")]
             replacement.rows.append((labels, cells))
-    return [stage, replacement]
+    average = clinhallu_average([run.results for run in runs])
+    return [stage, replacement] + ([average] if average else [])
+
+
+CLINHALLU_AVERAGE_NOTE = ("ClinHallu Table 4: each model's Δ of Table 3 (setting accuracy − ORG accuracy, as "
+                          "metrics/clinhallu reports it), averaged over the models that ran the split (Eq. 14); "
+                          "models are grouped by mitigation, split and source.")
+
+
+def clinhallu_average(results: list[dict[str, Any]]) -> Table | None:
+    """ClinHallu Table 4 (points): Δ^V, Δ^K, Δ^VK averaged over models (Eq. 14), when two or more models ran
+    a split; a Δ some models lack is averaged over the others, and the cell says so."""
+    rows = clinhallu_model_average(results)
+    if not rows:
+        return None
+    table = Table("clinhallu_model_average", "ClinHallu Table 4: Δ (points) averaged over models (Eq. 14)",
+                  ["Mitigation", "Split", "Source"], [Column("Models", ranked=False)]
+                  + [Column(f"Δ^{label[4:]}", ranked=False) for _, label in CLINHALLU_REPLACEMENTS],
+                  footer=[CLINHALLU_AVERAGE_NOTE])
+    for mitigation, split, source, models, means in rows:
+        cells = [Cell(text=f"{len(models)}: {', '.join(models)}")]
+        for key in CLINHALLU_DELTAS:
+            mean, k = means[key]
+            cell = Cell(value=None if mean is None else 100 * mean, n=k, signed=True)
+            if mean is not None and k < len(models):
+                cell.note = "averaged over the models that ran this setting only"
+            cells.append(cell)
+        table.rows.append(([mitigation, split, source], cells))
+    return table
 
 
 COMPARED: tuple[tuple[str, str, str, float], ...] = (

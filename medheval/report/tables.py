@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-
+import math
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -143,7 +143,8 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
         parts += ["## Med-StepBench: recall and F1 (%) per step, hallucination = positive class", "", table, ""]
     table = clinhallu_stage_table([run])
     if table:
-        parts += ["## ClinHallu: accuracy and stage hallucination rates (%) (its Table 2)", "", table, ""]
+        parts += ["## ClinHallu: accuracy and stage hallucination rates (%) (its Table 2)", "", table, "",
+                  *clinhallu_stage_notes(_clinhallu_results([run])), ""]
         parts += ["## ClinHallu: gold-stage replacement, Δ (points) and Fix/Break (%) (its Table 3)", "",
                   clinhallu_replacement_table([run]), ""]
     notes = [f"- `{split}` · {metric}: {value}" for split, entry in run["benchmarks"].items()
@@ -196,7 +197,7 @@ def caveats(run: dict[str, Any]) -> list[str]:
 
 
 # Keys of a metric's output that say how its items were scored (reported in results.md, with their values).
-SCORING_MODE_KEYS = ("labeler", "variant", "prompt_style", "prompt_version", "mode")
+SCORING_MODE_KEYS = ("labeler", "variant", "prompt_style", "prompt_version", "mode", "stage_denominator")
 LABELER_NOTE = {"chexpert_rules": "the offline rule labeler; the MedHEval paper labelled reports with CheXbert"}
 
 
@@ -268,13 +269,17 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
     scoring = grouped((f"`{run['settings']['model']}` · `{run['settings']['mitigation']}`", line)
                       for run in runs for line in scoring_lines(run))
     parts += ["## How items were scored", "", *(f"- {line}" for line in scoring), ""]
+    notes = {"ClinHallu: Acc and stage hallucination rates (%)": clinhallu_stage_notes(_clinhallu_results(runs))}
     for title, table in (("Close-ended accuracy (%)", close_ended_table(runs)),
                          ("Open-ended metrics", open_ended_table(runs)),
                          ("Med-StepBench: recall and F1 (%) per step", stepbench_table(runs)),
                          ("ClinHallu: Acc and stage hallucination rates (%)", clinhallu_stage_table(runs)),
-                         ("ClinHallu: Δ (points) and Fix/Break (%)", clinhallu_replacement_table(runs))):
+                         ("ClinHallu: Δ (points) and Fix/Break (%)", clinhallu_replacement_table(runs)),
+                         ("ClinHallu: Δ (points) averaged over models, Eq. 14 (its Table 4)",
+                          clinhallu_average_table(runs))):
         if table:
             parts += [f"## {title}", "", table, ""]
+            parts += [*notes[title], ""] if notes.get(title) else []
     parts += ["Per-mitigation details (counts, notes, data quality): the `results.md` in each sub-folder.", ""]
     atomic_write_text(path, "\n".join(parts))
 
@@ -305,8 +310,19 @@ def stepbench_rows(runs: Iterable[dict[str, Any]]) -> list[tuple[str, str, str, 
     return rows
 
 
+def stepbench_shows(knowledge: str, step: int) -> bool:
+    """Whether a Table 3 cell of ``step`` is shown in a row of this ``knowledge`` setting: Step 1 has no
+    with-knowledge variant (its prompts take no knowledge, ``KNOWLEDGE_STEPS``), so the paper prints "–"."""
+    return knowledge == "none" or step != 1
+
+
+STEPBENCH_STEP1_NOTE = ("Step 1 takes no prior or external knowledge (knowledge goes to steps 2–4 only), so its "
+                        "cells in rows with knowledge are –, as in Med-StepBench Table 3.")
+
+
 def stepbench_table(runs: Iterable[dict[str, Any]]) -> str:
-    """R and F1 (%) per step S1–S4 × EN/VI, one row per model × knowledge setting ("–": not run)."""
+    """R and F1 (%) per step S1–S4 × EN/VI, one row per model × knowledge setting ("–": not run, or Step 1 in
+    a row with knowledge, :func:`stepbench_shows`)."""
     rows = stepbench_rows(runs)
     if not rows:
         return ""
@@ -319,10 +335,12 @@ def stepbench_table(runs: Iterable[dict[str, Any]]) -> str:
         for language in STEPBENCH_LANGUAGES:
             per_step = by_language.get(language, {})
             for step in STEPBENCH_STEPS:
-                scores = per_step.get(step) or per_step.get(str(step))
+                scores = (per_step.get(step) or per_step.get(str(step))) if stepbench_shows(knowledge, step) else None
                 cells += [_pct(scores["recall"]) if scores else "–", _pct(scores["f1"]) if scores else "–"]
         cells.append(str(by_language.get("n_unparsed", 0)))
         lines.append(_row([model, mitigation, knowledge, *cells]))
+    if any(knowledge != "none" for _, _, knowledge, _ in rows):
+        lines += ["", STEPBENCH_STEP1_NOTE]
     return "\n".join(lines)
 
 
@@ -330,6 +348,41 @@ def stepbench_table(runs: Iterable[dict[str, Any]]) -> str:
 # and the change Δ when gold stages replace the model's), plus Fix/Break per replacement setting;
 # one row per model × split × source ("all" = the split's items together).
 CLINHALLU_REPLACEMENTS = (("rep_v", "Rep-V"), ("rep_k", "Rep-K"), ("rep_vk", "Rep-VK"))
+
+
+# how each stage_denominator of metrics/clinhallu reads H^V/H^K/H^R (said under the tables that show them)
+CLINHALLU_STAGE_NOTES = {
+    "all_items": "H^V, H^K, H^R as the paper's Eq. 13: over all items, a stage that is empty, invalid or unjudged "
+                 "counted as hallucinated (stage_denominator=all_items)",
+    "judged": "H^V, H^K, H^R over the judged stages only, an empty, invalid or unjudged stage left out "
+              "(stage_denominator=judged; the paper's Eq. 13 divides by all items)",
+}
+
+
+def clinhallu_stage_denominator(metric: dict[str, Any]) -> str:
+    """The stage denominator a ``metrics/clinhallu`` result used: its ``stage_denominator``; results written
+    before that key existed divided by the judged stages, or by all items under ``upstream_compat``."""
+    recorded = metric.get("stage_denominator")
+    if recorded in CLINHALLU_STAGE_NOTES:
+        return str(recorded)
+    return "all_items" if metric.get("denominator") == "valid_only" else "judged"
+
+
+def clinhallu_stage_notes(results: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One line per stage denominator that ClinHallu ``results`` ((label, metric) pairs) used, naming the
+    labels of each when they differ; for under the H^V/H^K/H^R table."""
+    used: dict[str, list[str]] = {}
+    for label, metric in results:
+        used.setdefault(clinhallu_stage_denominator(metric), []).append(label)
+    if not used:
+        return []
+    if len(used) == 1:
+        return [CLINHALLU_STAGE_NOTES[next(iter(used))] + "."]
+    return [f"{CLINHALLU_STAGE_NOTES[mode]}: {', '.join(names)}." for mode, names in used.items()]
+
+
+def _clinhallu_results(runs: Iterable[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(f"{model} · {split}", metric) for model, split, source, metric in clinhallu_rows(runs) if source == "all"]
 
 
 def _signed_pct(value: float | None) -> str:
@@ -378,3 +431,54 @@ def clinhallu_replacement_table(runs: Iterable[dict[str, Any]]) -> str:
         columns += [(f"{label} Fix", lambda m, key=key: _pct((m.get("fix_rate") or {}).get(key))),
                     (f"{label} Break", lambda m, key=key: _pct((m.get("break_rate") or {}).get(key)))]
     return _clinhallu_table(runs, columns)
+
+
+# ClinHallu Table 4: the Δ of Table 3 averaged over models (Eq. 14), per mitigation × split × source.
+CLINHALLU_DELTAS = tuple(f"delta_{key[4:]}" for key, _ in CLINHALLU_REPLACEMENTS)
+
+
+def clinhallu_model_average(runs: Iterable[dict[str, Any]]
+                            ) -> list[tuple[str, str, str, list[str], dict[str, tuple[float | None, int]]]]:
+    """(mitigation, split, source, models, {delta_v/delta_k/delta_vk: (mean, k)}) where at least two models
+    ran the split: ClinHallu Eq. 14, Δ^s = (1/|M|) Σ_m (Acc_m^s − Acc_m^ORG), the mean of each model's
+    ``delta_*`` over the k models that have it (a model that did not run setting s has none). Sources are
+    listed for a split with more than one ("all" = the split's items together)."""
+    groups: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        for split, entry in run["benchmarks"].items():
+            metric = entry.get("metrics", {}).get("clinhallu")
+            if not metric:
+                continue
+            mitigation = str(run["settings"].get("mitigation", "none"))
+            per_source = sorted((metric.get("per_source") or {}).items())
+            parts = [("all", metric)] + (per_source if len(per_source) > 1 else [])
+            for source, part in parts:
+                groups.setdefault((mitigation, split, source), {}).setdefault(str(run["settings"]["model"]), part)
+    rows = []
+    for (mitigation, split, source), by_model in groups.items():
+        if len(by_model) < 2:
+            continue
+        means: dict[str, tuple[float | None, int]] = {}
+        for key in CLINHALLU_DELTAS:
+            values = [float(m[key]) for m in by_model.values() if isinstance(m.get(key), (int, float))
+                      and not isinstance(m.get(key), bool) and math.isfinite(m[key])]
+            # rounded to 12 places (+ 0.0 turns -0.0 into 0.0): float noise must not print as "-0.0"
+            means[key] = (round(math.fsum(values) / len(values), 12) + 0.0 if values else None, len(values))
+        rows.append((mitigation, split, source, sorted(by_model), means))
+    return rows
+
+
+def clinhallu_average_table(runs: Iterable[dict[str, Any]]) -> str:
+    """ClinHallu Table 4: model-averaged Δ^V, Δ^K, Δ^VK (points, Eq. 14), one row per mitigation × split ×
+    source where two or more models ran; "" when none."""
+    rows = clinhallu_model_average(runs)
+    if not rows:
+        return ""
+    header = ["Mitigation", "Split", "Source", "Models"] + [f"Δ^{label[4:]}" for _, label in CLINHALLU_REPLACEMENTS]
+    lines = [_row(header), "|" + "---|" * len(header)]
+    for mitigation, split, source, models, means in rows:
+        cells = [_signed_pct(mean) + ("" if k == len(models) or mean is None else f" ({k} of {len(models)})")
+                 for mean, k in (means[key] for key in CLINHALLU_DELTAS)]
+        lines.append(_row([mitigation, split, source, f"{len(models)}: {', '.join(models)}", *cells]))
+    return "\n".join(lines)
+

@@ -24,22 +24,27 @@ answer: invalid or missing trace, failed judge) and three stage judgements (1 ha
 
     acc_s     = #[correct_s = 1] / D_s
     delta_s   = acc_s - acc                                 (s = rep_v, rep_k, rep_vk)
-    h_v       = #[h_v = 1] / E_v   (VR of the ORG trace: the VR the Rep-K run starts from)
-    h_k       = #[h_k = 1] / E_k   (KR written in the Rep-V run)
-    h_r       = #[h_r = 1] / E_r   (reasoning written in the Rep-VK run)
+    h_v       = #[h_v != 0] / n    (VR of the ORG trace: the VR the Rep-K run starts from)
+    h_k       = #[h_k != 0] / n    (KR written in the Rep-V run)
+    h_r       = #[h_r != 0] / n    (reasoning written in the Rep-VK run)  (Eq. 12-13)
     fix_s     = #[ORG wrong and s right] / #[ORG wrong]
     break_s   = #[ORG right and s wrong] / #[ORG right]
 
-Denominators. Default: D_s = all items (None counts as not correct, so an invalid trace costs
-the model the item) and Fix/Break are taken over all items with None as wrong, which gives
-delta_s = (n_fix_s - n_break_s) / n; E = the judged items (None left out). With
-`upstream_compat=True` (ClinHallu's `02_judge_answers.py` and `05_make_result_tables.py`):
-D_s = items whose answer is not None (upstream scores valid traces only), accuracies rounded to
-4 places and delta_s taken from the rounded values; E = all items with None counted as
-hallucinated (upstream judges a missing step or a failed judge call as hallucinated); Fix/Break
-(which upstream does not compute) over the items valid in both ORG and s. Settings left out of
-`settings` were not run: their rates (and the Δ, Fix/Break needing them) are None, and a stage
-rate is None when no item was judged. A rate with an empty denominator is None, never 0.
+Answer denominators. Default: D_s = all items (None counts as not correct, so an invalid trace
+costs the model the item) and Fix/Break are taken over all items with None as wrong, which gives
+delta_s = (n_fix_s - n_break_s) / n. With `upstream_compat=True` (ClinHallu's
+`02_judge_answers.py` and `05_make_result_tables.py`): D_s = items whose answer is not None
+(upstream scores valid traces only), accuracies rounded to 4 places and delta_s taken from the
+rounded values; Fix/Break (which upstream does not compute) over the items valid in both ORG and s.
+
+Stage denominators (`stage_denominator`). Default "all_items", the paper's Eq. 12-13:
+H^s = (1/|D|) sum_i h_i^s over every item, and a stage that is empty, comes from an invalid
+trace or has no judgement counts as hallucinated (as ClinHallu's released judge does; the paper
+ties high H^R to failed or incomplete reasoning). "judged": #[h = 1] / #[h judged] (None left
+out), which reads lower for exactly the models whose traces fail. `upstream_compat`
+does not change the stage denominator. Settings left out of `settings` were not run: their rates
+(the Δ, Fix/Break and stage rate needing them) are None. A rate with an empty denominator is None,
+never 0.
 """
 
 _KWARGS_DESCRIPTION = """
@@ -52,8 +57,10 @@ Args:
         `per_source`.
     settings (`list` of `str`, *optional*): the settings that were run, from "org", "rep_v",
         "rep_k", "rep_vk" (default: all four); pass all-None columns for the others.
-    upstream_compat (`bool`, *optional*, defaults to `False`): denominators as ClinHallu's scripts
-        (see the description).
+    upstream_compat (`bool`, *optional*, defaults to `False`): answer denominators as ClinHallu's
+        scripts (see the description).
+    stage_denominator (`str`, *optional*, defaults to `"all_items"`): H^V/H^K/H^R over all items with an
+        unjudged stage counted as hallucinated (Eq. 13), or `"judged"`: over the judged stages only.
 
 Returns:
     acc, acc_rep_v, acc_rep_k, acc_rep_vk (`float` or `None`): accuracy per setting.
@@ -63,7 +70,8 @@ Returns:
     counts (`dict`): n, and per setting n_valid, n_correct; per Rep setting n_fix, n_org_wrong,
         n_break, n_org_right; per stage n_judged, n_hallucinated.
     per_source (`dict`): source -> the same keys (without per_source).
-    denominator (`str`): "all_items" or "valid_only".
+    denominator (`str`): the answer denominator, "all_items" or "valid_only".
+    stage_denominator (`str`): the stage denominator used, "all_items" (Eq. 13) or "judged".
 
 Examples:
     >>> import evaluate
@@ -72,12 +80,15 @@ Examples:
     ...                    correct_rep_k=[0, 0, 1, None], correct_rep_vk=[1, 1, 1, 0],
     ...                    h_v=[0, 1, 1, None], h_k=[0, 0, 1, 0], h_r=[0, 0, 0, 1])  # doctest: +SKIP
     >>> r["acc"], r["acc_rep_v"], r["delta_v"], r["fix_rate"]["rep_v"], r["h_v"]  # doctest: +SKIP
-    (0.25, 0.75, 0.5, 0.6666666666666666, 0.6666666666666666)
+    (0.25, 0.75, 0.5, 0.6666666666666666, 0.75)
 """
 
 SETTINGS = ("org", "rep_v", "rep_k", "rep_vk")
 REPLACEMENTS = ("rep_v", "rep_k", "rep_vk")
 STAGE_RATES = ("h_v", "h_k", "h_r")
+# the setting whose trace each stage rate judges (Eq. 12: VR of ORG, KR of Rep-V, reasoning of Rep-VK)
+STAGE_SETTING = {"h_v": "org", "h_k": "rep_v", "h_r": "rep_vk"}
+STAGE_DENOMINATORS = ("all_items", "judged")
 _ACC_KEY = {"org": "acc", "rep_v": "acc_rep_v", "rep_k": "acc_rep_k", "rep_vk": "acc_rep_vk"}
 _DELTA_KEY = {"rep_v": "delta_v", "rep_k": "delta_k", "rep_vk": "delta_vk"}
 
@@ -94,9 +105,10 @@ def _check_binary(name, values):
     return [None if value is None else int(value) for value in values]
 
 
-def stage_metrics(columns, upstream_compat=False, settings=SETTINGS):
-    """The metrics of one group of items; ``columns`` maps ``org``/``rep_*``/``h_*`` to per-item lists
-    and ``settings`` names the settings that were run."""
+def stage_metrics(columns, upstream_compat=False, settings=SETTINGS, stage_denominator="all_items"):
+    """The metrics of one group of items; ``columns`` maps ``org``/``rep_*``/``h_*`` to per-item lists,
+    ``settings`` names the settings that were run and ``stage_denominator`` is "all_items" (Eq. 13) or
+    "judged"."""
     n = len(columns["org"])
     counts = {"n": n}
     result = {}
@@ -131,22 +143,26 @@ def stage_metrics(columns, upstream_compat=False, settings=SETTINGS):
         delta = None if acc is None or base_acc is None else acc - base_acc
         result[_DELTA_KEY[setting]] = round(delta, 4) if upstream_compat and delta is not None else delta
     for stage in STAGE_RATES:
-        values = columns[stage]
-        judged = [value for value in values if value is not None]
-        ran = bool(judged)
-        if upstream_compat:
-            n_judged, n_hallucinated = n, sum(judged) + (n - len(judged))
+        judged = [value for value in columns[stage] if value is not None]
+        n_hallucinated = sum(judged)
+        counts[stage] = {"n_judged": len(judged), "n_hallucinated": n_hallucinated}
+        if STAGE_SETTING[stage] not in settings:
+            result[stage] = None
+        elif stage_denominator == "all_items":  # Eq. 13: 1/|D|, an unjudged stage counts as hallucinated
+            result[stage] = _ratio(n_hallucinated + n - len(judged), n)
         else:
-            n_judged, n_hallucinated = len(judged), sum(judged)
-        counts[stage] = {"n_judged": len(judged), "n_hallucinated": sum(judged)}
-        result[stage] = _ratio(n_hallucinated, n_judged) if ran else None
+            result[stage] = _ratio(n_hallucinated, len(judged))
     result["counts"] = counts
     return result
 
 
 def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v, h_k, h_r, sources=None,
-                      upstream_compat=False, settings=None):
+                      upstream_compat=False, settings=None, stage_denominator="all_items"):
     """All metrics, overall and per source (see the module description for the formulas)."""
+    if stage_denominator not in STAGE_DENOMINATORS:
+        raise ValueError(f"stage_denominator={stage_denominator!r}: expected one of {list(STAGE_DENOMINATORS)} "
+                         "(\"all_items\": the paper's Eq. 13, an unjudged stage counts as hallucinated; \"judged\": "
+                         "judged stages only)")
     named = {"org": ("correct", correct), "rep_v": ("correct_rep_v", correct_rep_v),
              "rep_k": ("correct_rep_k", correct_rep_k), "rep_vk": ("correct_rep_vk", correct_rep_vk),
              "h_v": ("h_v", h_v), "h_k": ("h_k", h_k), "h_r": ("h_r", h_r)}
@@ -161,7 +177,7 @@ def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v
         if len(values) != n:
             raise ValueError(f"Mismatch in the number of items: correct has {n}, {name} has {len(values)}")
         columns[key] = _check_binary(name, values)
-    result = stage_metrics(columns, upstream_compat, settings)
+    result = stage_metrics(columns, upstream_compat, settings, stage_denominator)
     result["per_source"] = {}
     if sources is not None:
         sources = list(sources)
@@ -170,8 +186,9 @@ def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v
         for source in sorted({str(s) for s in sources}):
             rows = [i for i, s in enumerate(sources) if str(s) == source]
             group = {key: [values[i] for i in rows] for key, values in columns.items()}
-            result["per_source"][source] = stage_metrics(group, upstream_compat, settings)
+            result["per_source"][source] = stage_metrics(group, upstream_compat, settings, stage_denominator)
     result["denominator"] = "valid_only" if upstream_compat else "all_items"
+    result["stage_denominator"] = stage_denominator
     return result
 
 
@@ -197,6 +214,7 @@ class ClinHallu(evaluate.Metric):
         )
 
     def _compute(self, correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v, h_k, h_r, sources=None,
-                 upstream_compat=False, settings=None):
+                 upstream_compat=False, settings=None, stage_denominator="all_items"):
         return clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v, h_k, h_r,
-                                 sources=sources, upstream_compat=upstream_compat, settings=settings)
+                                 sources=sources, upstream_compat=upstream_compat, settings=settings,
+                                 stage_denominator=stage_denominator)

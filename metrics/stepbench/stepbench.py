@@ -30,8 +30,12 @@ ground-truth statement answered inconsistent; TN: a ground-truth statement answe
 An answer that cannot be parsed is a miss on its true class (an FN for a hallucination, an FP
 for a ground-truth statement) and is counted in `n_unparsed`. A ratio with a zero denominator is 0.
 `macro_f1` is the mean F1 over the steps present. Everything is also given per language.
-Answers are parsed by `medheval.families.stepbench.source.parse_verdict` (consistent/inconsistent, true/false,
-correct/incorrect, yes/no, "hallucination", and their Vietnamese forms).
+Answers are parsed by `medheval.families.stepbench.source.parse_verdict`, which reads the verdict of a
+verbose answer rather than its first matching word ("There is no lesion in the liver, so the statement
+is consistent" is consistent): the opening verdict word, else the verdict tied to the statement, else the
+last verdict word (consistent/inconsistent, true/false, correct/incorrect, yes/no, "hallucination", and
+their Vietnamese forms). The labels themselves ("ground_truth", "ground truth", "hallucination") are
+accepted as predictions, so a file of labels scores as written.
 """
 
 _KWARGS_DESCRIPTION = """

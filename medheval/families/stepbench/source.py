@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -407,6 +408,9 @@ def quality_summary(dataset: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- run options and prompts
 
 KNOWLEDGE = ("none", "prior", "external", "both")
+# The steps whose prompts take prior/external knowledge: 2-4. Step 1 has no earlier step and no knowledge
+# variant in the paper (Table 3 shows "–" for its with-knowledge cells; Table 5 covers steps 2-4 only).
+KNOWLEDGE_STEPS = (2, 3, 4)
 RATIONALE = ("none", "llm", "clinician")
 VIEW_MODES = ("separate", "fused")
 PROMPT_VERSION = "med-stepbench-prompts-v1"
@@ -432,7 +436,8 @@ CONTEXT_LABELS = {
 class StepBenchOptions:
     """The prompting settings of one run (recorded in ``results.json``).
 
-    knowledge: none | prior (the previous step's ground-truth statement) | external | both.
+    knowledge: none | prior (the previous step's ground-truth statement) | external | both; given to
+        steps 2-4 only (:data:`KNOWLEDGE_STEPS`), as in the paper.
     rationale: none | llm | clinician (the explanation shown with the statement).
     views: which 2D views a model sees, in order: ``plane`` or ``plane/modality[/window]`` keys
         (e.g. ``axial/fused``); by default one view per plane (:func:`choose_views`).
@@ -472,7 +477,7 @@ class StepBenchOptions:
 
     def describe(self) -> dict[str, Any]:
         return {**asdict(self), "views": list(self.views), "prompt_version": PROMPT_VERSION,
-                "question": dict(QUESTION)}
+                "question": dict(QUESTION), "knowledge_steps": list(KNOWLEDGE_STEPS)}
 
 
 VIEW_MODALITIES = ("ct", "pet", "fused", "separate")  # "separate": the CT and the PET view of each plane
@@ -521,12 +526,14 @@ def choose_views(views: Mapping[str, str | None], options: StepBenchOptions) -> 
 
 
 def build_prompt(statement: str, language: str, options: StepBenchOptions, meta: Mapping[str, Any]) -> str:
-    """The consistency question for one statement with the context the options ask for."""
+    """The consistency question for one statement with the context the options ask for: knowledge for
+    steps 2-4 only (``meta["step"]`` in :data:`KNOWLEDGE_STEPS`, Med-StepBench Table 3), a rationale for any step."""
     labels = CONTEXT_LABELS[language]
     context = []
-    if options.knowledge in ("prior", "both") and meta.get("prior_knowledge"):
+    takes_knowledge = meta.get("step") in KNOWLEDGE_STEPS
+    if takes_knowledge and options.knowledge in ("prior", "both") and meta.get("prior_knowledge"):
         context.append(labels["prior"] + str(meta["prior_knowledge"]).strip())
-    if options.knowledge in ("external", "both") and meta.get("external_knowledge"):
+    if takes_knowledge and options.knowledge in ("external", "both") and meta.get("external_knowledge"):
         context.append(labels["external"] + str(meta["external_knowledge"]).strip())
     if options.rationale != "none" and meta.get(f"rationale_{options.rationale}"):
         context.append(labels["rationale"] + str(meta[f"rationale_{options.rationale}"]).strip())
@@ -537,9 +544,11 @@ def build_prompt(statement: str, language: str, options: StepBenchOptions, meta:
 def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
     """The split ready for a model: ``question`` = the full prompt, ``images`` = the chosen views,
     rows ordered by study so statements sharing images sit together (prefix caching). Returns the
-    dataset and what to record. A row lacking the context its option needs is counted, not dropped."""
+    dataset and what to record. A row lacking the context its option needs is counted, not dropped; so are
+    the Step 1 rows, asked without knowledge whatever ``knowledge`` says (``step1_without_knowledge``)."""
     chosen = StepBenchOptions.from_mapping(options)
-    counts = {"missing_prior_knowledge": 0, "missing_external_knowledge": 0, "missing_rationale": 0}
+    counts = {"missing_prior_knowledge": 0, "missing_external_knowledge": 0, "missing_rationale": 0,
+              "step1_without_knowledge": 0}
 
     def transform(batch: dict[str, list]) -> dict[str, list]:
         questions, images = [], []
@@ -557,9 +566,12 @@ def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[
     studies = [(meta or {}).get("study_id", "") for meta in metas]
     for meta in metas:
         meta = meta or {}
-        if chosen.knowledge in ("prior", "both") and not meta.get("prior_knowledge") and meta.get("step", 1) > 1:
+        if chosen.knowledge != "none" and meta.get("step") not in KNOWLEDGE_STEPS:
+            counts["step1_without_knowledge"] += 1
+        elif chosen.knowledge in ("prior", "both") and not meta.get("prior_knowledge"):
             counts["missing_prior_knowledge"] += 1
-        if chosen.knowledge in ("external", "both") and not meta.get("external_knowledge"):
+        if chosen.knowledge in ("external", "both") and meta.get("step") in KNOWLEDGE_STEPS \
+                and not meta.get("external_knowledge"):
             counts["missing_external_knowledge"] += 1
         if chosen.rationale != "none" and not meta.get(f"rationale_{chosen.rationale}"):
             counts["missing_rationale"] += 1
@@ -572,37 +584,130 @@ def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[
 
 # --------------------------------------------------------------------------- answers
 
-_VERDICTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern, re.I), label) for pattern, label in (
-        (r"\b(?:inconsistent|not consistent|hallucinat\w*|false|incorrect|no|không nhất quán|sai|không)\b", "hallucination"),
-        (r"\b(?:consistent|true|correct|yes|nhất quán|đúng|có)\b", "ground_truth"),
-    )
-)
-_LEAD = re.compile(r"^[\s*\"'`>#_\-:.(\[]*(?:answer|verdict|trả lời|đáp án)?\s*[:\-]?\s*", re.I)
+# Verdict terms -> label. "Strong" terms are verdicts wherever they stand; "weak" ones (yes/no, có/không)
+# are also ordinary words ("no lesion", "không có tổn thương"), so they count only where an answer is given
+# (see parse_verdict). At one position the longest term wins, so a negated form ("not consistent",
+# "không nhất quán", "no hallucination") beats the word it contains. The metric's own labels are terms too.
+_STRONG_TERMS: dict[str, str] = {
+    **dict.fromkeys((
+        "inconsistent", "not consistent", "isn't consistent", "incorrect", "not correct", "isn't correct", "false",
+        "not true", "isn't true", "untrue", "inaccurate", "not accurate", "hallucination", "hallucinations",
+        "hallucinated", "hallucinatory", "does not match", "doesn't match", "do not match", "does not agree",
+        "doesn't agree", "disagrees", "contradicts", "contradicted", "not supported", "unsupported",
+        "không nhất quán", "không đúng", "sai", "không chính xác", "không khớp", "không phù hợp", "mâu thuẫn",
+        "ảo giác"), "hallucination"),
+    **dict.fromkeys((
+        "consistent", "correct", "true", "accurate", "matches", "agrees", "supported", "ground truth",
+        "ground_truth", "ground-truth", "not a hallucination", "no hallucination", "no hallucinations",
+        "not hallucinated", "hallucination-free", "hallucination free", "not inconsistent", "not incorrect",
+        "not false", "nhất quán", "đúng", "chính xác", "khớp với hình ảnh", "khớp với ảnh", "phù hợp", "không sai",
+        "không phải ảo giác", "không phải là ảo giác", "không có ảo giác"), "ground_truth"),
+}
+_WEAK_TERMS: dict[str, str] = {"no": "hallucination", "không": "hallucination", "yes": "ground_truth",
+                               "có": "ground_truth"}
+
+
+def _terms_pattern(terms: Mapping[str, str]) -> re.Pattern[str]:
+    phrases = sorted(terms, key=len, reverse=True)  # the longest term at a position wins
+    body = "|".join(r"\s+".join(re.escape(word) for word in phrase.split()) for phrase in phrases)
+    return re.compile(rf"(?<!\w)(?:{body})(?!\w)")
+
+
+_STRONG = _terms_pattern(_STRONG_TERMS)
+_ANY = _terms_pattern({**_STRONG_TERMS, **_WEAK_TERMS})
+_LEAD = re.compile(r"^[\s*\"'`>#_\-:.(\[]*"
+                   r"(?:(?:(?:final\s+)?answer|verdict|trả lời|đáp án|kết luận)(?!\w))?\s*[:\-]?\s*")
+# what may follow an answer's opening verdict word: the end, punctuation, or a reason ("Sai vì ...")
+_AFTER_OPENING = re.compile(r"\s*(?:$|[.,;:!?)\]*\"'\n\u2014\u2013-]|(?:because|since|as|given|vì|do|bởi|tại)\b)")
+_AFTER_WEAK_OPENING = re.compile(r"\s*(?:$|[.,;:!?)\]*\"'\n\u2014\u2013-]"
+                                 r"|(?:it|this|that|the statement|nó|đây|nhận định)\b)")
+# the words that make a later term the statement's verdict: "the statement (about X) is TERM", "so TERM",
+# "it is TERM", "answer: TERM"
+_VERDICT_SUBJECT = re.compile(
+    r"(?:\b(?:statement|claim|answer|verdict|conclusion|nhận định|câu|kết luận|đáp án|trả lời)\b"
+    r"\W*(?:\w+\W+){0,6}"
+    r"|\b(?:so|therefore|thus|hence|overall|nên|vì vậy|do đó|vậy)\b\W*(?:\w+\W+){0,3}"
+    r"|\b(?:it|this)(?:\s+is|'s)\s+(?:\w+\s+)?)$")
+# "consistent with malignancy" / "phù hợp với viêm" describe a finding (only "... with the images" is a
+# verdict), and "it is true that ..." concedes a point: such uses are no verdict
+_DESCRIBES = {"consistent", "nhất quán", "phù hợp"}
+_CONCEDES = {"true", "correct"}
+_DESCRIPTIVE_WITH = re.compile(r"\s+(?:with|với)\s+(?!(?:the\s+|these\s+|các\s+|những\s+)?"
+                               r"(?:images?|scans?|slices?|views?|pet|ct|findings|study|picture|hình|ảnh|phim)(?!\w))")
+_THAT = re.compile(r"\s+that(?!\w)")
+_ANSWER_SUBJECT = re.compile(r"\b(?:answer|verdict|conclusion|kết luận|đáp án|trả lời)\b\W*(?:\w+\W+)?$")
+# a question's two options repeated in an answer ("consistent or inconsistent") are no verdict
+_ECHO = re.compile(r"(?<!\w)(?:consistent|nhất quán|yes|có|true|đúng|correct)\s+(?:or|hoặc|hay)\s+"
+                   r"(?:inconsistent|không nhất quán|không|no|false|sai|incorrect)(?!\w)"
+                   r"|(?<!\w)(?:inconsistent|không nhất quán|no|false|sai|incorrect)\s+(?:or|hoặc|hay)\s+"
+                   r"(?:consistent|nhất quán|yes|có|true|đúng|correct)(?!\w)")
+
+
+def _phrase(match: re.Match[str]) -> str:
+    return " ".join(match.group(0).split())
+
+
+def _label(match: re.Match[str]) -> str:
+    return _STRONG_TERMS.get(_phrase(match)) or _WEAK_TERMS[_phrase(match)]
+
+
+def _is_verdict(text: str, match: re.Match[str]) -> bool:
+    """Whether a term is used as a verdict, not to describe a finding or concede a point."""
+    phrase = _phrase(match)
+    if phrase in _DESCRIBES and _DESCRIPTIVE_WITH.match(text, match.end()):
+        return False
+    return not (phrase in _CONCEDES and _THAT.match(text, match.end()))
 
 
 def parse_verdict(text: str | None) -> str | None:
     """A model answer -> ``"ground_truth"`` (consistent), ``"hallucination"`` (inconsistent) or ``None``.
 
-    Reads the first verdict word: consistent/inconsistent, true/false, correct/incorrect, yes/no,
-    "hallucination", and the Vietnamese nhất quán/không nhất quán, đúng/sai, có/không. The earliest
-    match wins; a negated form ("not consistent", "không nhất quán") is read as inconsistent.
+    Reads the verdict, not the first matching word, in this order:
+
+    1. the answer's opening word, when it is a verdict followed by the end, punctuation or a reason
+       ("Consistent, there is no other lesion."; "No."; "Sai vì ...");
+    2. else a verdict tied to the statement ("the statement is not consistent", "so the statement is
+       consistent", "it is correct"; yes/no only right after "answer": "the answer is no"), the last one;
+    3. else the last verdict word anywhere, yes/no excepted ("no lesion" is no verdict);
+    4. else a closing yes/no ("... I would say no.").
+
+    "Consistent with malignancy" (with anything but the images) describes a finding and "it is true that"
+    concedes a point: neither is a verdict.
+
+    Verdict words: consistent/inconsistent, correct/incorrect, true/false, accurate, matches/does not match,
+    (no) hallucination, the labels ``ground_truth``/``hallucination``/"ground truth", and the Vietnamese
+    nhất quán/không nhất quán, đúng/sai/không đúng, chính xác, (không) khớp, phù hợp, (không phải) ảo giác;
+    a negated form is its opposite. Both options of the question repeated ("consistent or inconsistent") are no verdict.
+    Text is NFC-normalised and read case-insensitively; an answer with no verdict is ``None``.
     """
     if not isinstance(text, str):
         return None
-    cleaned = _LEAD.sub("", text.strip()).lower()
-    if not cleaned:
+    cleaned = unicodedata.normalize("NFC", text).replace("\u2019", "'").strip().lower()
+    cleaned = _ECHO.sub(" ", _LEAD.sub("", cleaned, count=1))
+    if not cleaned.strip():
         return None
-    best: tuple[int, int, str] | None = None
-    for pattern, label in _VERDICTS:
-        match = pattern.search(cleaned)
-        if match and (best is None or (match.start(), -len(match.group(0))) < (best[0], best[1])):
-            best = (match.start(), -len(match.group(0)), label)
-    return best[2] if best else None
+    opening = _ANY.match(cleaned)
+    if opening and _is_verdict(cleaned, opening):
+        weak = _phrase(opening) in _WEAK_TERMS
+        if (_AFTER_WEAK_OPENING if weak else _AFTER_OPENING).match(cleaned, opening.end()):
+            return _label(opening)
+    tied = None
+    for match in _ANY.finditer(cleaned):
+        before = cleaned[max(0, match.start() - 120):match.start()]
+        weak = _phrase(match) in _WEAK_TERMS
+        if (_ANSWER_SUBJECT if weak else _VERDICT_SUBJECT).search(before) and _is_verdict(cleaned, match):
+            tied = match
+    if tied is not None:
+        return _label(tied)
+    verdicts = [match for match in _STRONG.finditer(cleaned) if _is_verdict(cleaned, match)]
+    if verdicts:
+        return _label(verdicts[-1])
+    closing = re.search(r"(?<!\w)(yes|no|có|không)\W*$", cleaned)
+    return _WEAK_TERMS[closing.group(1)] if closing else None
 
 
 __all__ = [
-    "BENCHMARK", "LABELS", "LANGUAGES", "POSITIVE_LABEL", "STEPS", "STEP_TITLES", "StepBenchDataError",
+    "BENCHMARK", "KNOWLEDGE_STEPS", "LABELS", "LANGUAGES", "POSITIVE_LABEL", "STEPS", "STEP_TITLES", "StepBenchDataError",
     "StepBenchOptions", "apply_run_options", "build_prompt", "canonical_batches", "check_statements", "load_checked",
     "choose_views", "find_statements_file", "parse_verdict", "quality_summary", "read_statements",
 ]
