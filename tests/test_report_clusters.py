@@ -164,3 +164,34 @@ def test_real_slake_split_has_many_questions_per_image():
     records = list(visual_close_records(path, benchmark="mm_vishal", config="slake", source="slake"))
     labels = [cluster_id(record, "image") for record in records]
     assert (len(labels), len(set(labels))) == (1536, 180)
+
+
+def test_stepbench_table_resamples_studies(tmp_path):
+    """8 statements of 2 studies: A = s0, s1 (hallucinations, both caught), s4, s5 (true, kept); B = s2, s3
+    (hallucinations, both missed), s6 (true, kept), s7 (true, flagged). Recall 2/4; F1 = Σ2tp / Σ(2tp + fp + fn)
+    = 4/7, per study 4/4 (A) and 0/3 (B). Resampling the 2 studies gives AA, AB or BB: recall 1, ½, 0 and F1
+    8/8, 4/7, 0/6, so both 95% intervals span [0, 100]; resampling the 8 statements keeps F1 below 100 (an F1
+    of 1 needs a resample without s2, s3, s7: probability (5/8)^8 ≈ 2.3% < 2.5%)."""
+    run = tmp_path / "sb"
+    run.mkdir()
+    labels = ["hallucination"] * 4 + ["ground_truth"] * 4
+    correct = [True, True, False, False, True, True, True, False]
+    studies = ["A", "A", "B", "B", "A", "A", "B", "B"]
+    items = [{"id": f"med_stepbench/en/s{i}", "prediction": "x", "reference": label, "correct": ok,
+              "split": "med_stepbench:all", "category": "anatomical_mapping", "source": "med_stepbench",
+              "cluster": f"study:{study}"} for i, (label, ok, study) in enumerate(zip(labels, correct, studies))]
+    (run / "scored.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
+    per_step = {"1": {"recall": 0.5, "f1": 4 / 7}}
+    (run / "results.json").write_text(json.dumps({"settings": {"model": "m", "mitigation": "none"}, "benchmarks": {
+        "med_stepbench:all": {"n_records": 8, "n_scored": 8, "cluster_unit": "study", "metrics": {"stepbench": {
+            "accuracy": 5 / 8, "n_unparsed": 0, "by_language": {"en": {"per_step": per_step}}}}}}}))
+    (table,) = [t for t in build_tables(find_runs([run])) if t.key == "med_stepbench"]
+    names = [c.label for c in table.columns]
+    recall, f1, acc = (table.rows[0][1][names.index(name)] for name in ("EN S1 R", "EN S1 F1", "Acc"))
+    assert (recall.low, recall.high, recall.n_clusters) == (0.0, 100.0, 2)
+    assert (f1.low, f1.high, f1.n, f1.n_clusters) == (0.0, 100.0, 8, 2)
+    assert acc.unit == "med_stepbench:all by study" and acc.n_clusters == 2
+    assert any("med_stepbench:all by study (2 clusters)" in line for line in table.footer)
+    (plain,) = [t for t in build_tables(find_runs([run], cluster="none")) if t.key == "med_stepbench"]
+    item_f1 = plain.rows[0][1][names.index("EN S1 F1")]
+    assert item_f1.high < 100.0
