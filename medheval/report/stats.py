@@ -11,7 +11,8 @@
   §3.8; Cameron, Gelbach & Miller 2008). Clusters are numbered by first appearance, so one item per cluster
   draws exactly the item bootstrap's indices and gives exactly its interval. For a mean, the cluster bootstrap's
   standard error approaches the cluster-robust (sandwich, CR0) standard error
-  SE = sqrt(Σ_g (Σ_{i∈g} (y_i − ȳ))²) / n (Liang & Zeger 1986), which the tests check it against.
+  SE = sqrt(Σ_g (Σ_{i∈g} (y_i − ȳ))²) / n (Liang & Zeger 1986), and for a ratio R = Σy/Σd the linearised
+  SE = sqrt(Σ_g (Σ_{i∈g} (y_i − R·d_i))²) / Σd; the tests check the bootstrap against both.
 * :func:`paired_bootstrap` — mitigation minus baseline on the same items (paired by id): the
   difference of means, its percentile interval, and a two-sided p-value from the null-shifted
   bootstrap distribution, p = (1 + #{|d* − d| ≥ |d|}) / (B + 1); with ``clusters``, the per-item
