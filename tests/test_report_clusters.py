@@ -195,3 +195,16 @@ def test_stepbench_table_resamples_studies(tmp_path):
     (plain,) = [t for t in build_tables(find_runs([run], cluster="none")) if t.key == "med_stepbench"]
     item_f1 = plain.rows[0][1][names.index("EN S1 F1")]
     assert item_f1.high < 100.0
+
+
+def test_grid_config_cluster_key(tmp_path):
+    from medheval.run.grids import GridConfigError, load_grid_config, run_spec
+
+    path = tmp_path / "grid.yaml"
+    path.write_text("output: o\nmodels: [m/x]\nbenchmarks: [context]\ncluster: image\n")
+    with pytest.raises(GridConfigError, match=rf"{path}: cluster: expected auto or none, got 'image'"):
+        load_grid_config(path)
+    path.write_text("output: o\nmodels: [m/x]\nbenchmarks: [context]\ncluster: none\n")
+    assert run_spec(load_grid_config(path), "m/x", {}).report_cluster == "none"
+    path.write_text("output: o\nmodels: [m/x]\nbenchmarks: [context]\n")
+    assert run_spec(load_grid_config(path), "m/x", {}).report_cluster == "auto"
