@@ -10,9 +10,10 @@ CATEGORIES = ("anatomy", "measurement", "symptom", "radiology")
 
 
 def write_run(folder: Path, mitigation: str, correct: list[bool], model: str = "m", new_fields: bool = True,
-              bleu: list[float] | None = None, prompt: bool = False) -> Path:
+              bleu: list[float] | None = None, prompt: bool = False, images: list[str] | None = None) -> Path:
     """A run with one close-ended split (``mm_vishal:all``, ids ``mm_vishal/slake/<i>``, categories in turn)
-    and, with ``bleu``, an open-ended split (``knowledge:open``) scored by text_generation."""
+    and, with ``bleu``, an open-ended split (``knowledge:open``) scored by text_generation. ``images`` (one
+    image name per item) makes it a run written with cluster ids: items asking about one image share a cluster."""
     folder.mkdir(parents=True, exist_ok=True)
     items: list[dict[str, Any]] = []
     by_category: dict[str, list[bool]] = {}
@@ -23,13 +24,16 @@ def write_run(folder: Path, mitigation: str, correct: list[bool], model: str = "
                 "reference": "yes", "correct": ok, "parsed": True, "model": model, "mitigation": mitigation}
         if new_fields:
             item.update(split="mm_vishal:all", category=category, source="slake", answer_type="yes_no",
-                        images=[f"img{i}.png"], credentialed=False)
+                        images=[images[i] if images else f"img{i}.png"], credentialed=False)
+        if images:
+            item["cluster"] = f"image:{images[i]}"
         items.append(item)
     benchmarks: dict[str, Any] = {"mm_vishal:all": {
         "n_records": len(correct), "n_scored": len(correct), "skipped_missing_images": {"count": 0, "examples": []},
         "data_quality": {}, "metrics": {"close_ended_accuracy": {
             "accuracy": sum(correct) / len(correct), "n": len(correct), "n_unparsed": 0, "n_bad_reference": 0,
-            "accuracy_by_category": {c: sum(v) / len(v) for c, v in by_category.items()}}}}}
+            "accuracy_by_category": {c: sum(v) / len(v) for c, v in by_category.items()}}},
+        **({"cluster_unit": "image"} if images else {})}}
     if bleu is not None:
         for i, value in enumerate(bleu):
             item = {"id": f"knowledge/open/{i}", "prediction": f"answer {i}", "reference": "ref", "model": model,

@@ -9,6 +9,8 @@ import datasets
 
 from medheval.families.medheval.source import MedHEvalBuilder, text_records
 
+CLUSTER = "image"  # several questions per MIMIC-CXR image: the report resamples images
+
 
 class Context(MedHEvalBuilder):
     """One config, ``default`` (2,000)."""

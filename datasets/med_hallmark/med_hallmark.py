@@ -18,6 +18,7 @@ from medheval.data.builders import PinnedFilesBuilder
 DEFAULT_METRICS = ("medihall_score", "text_generation")
 # run_eval --task detection: the level source scored against the human levels (medheval.run.protocol)
 PROTOCOLS = {"detection": "medheval.families.med_hallmark.detection:DetectionProtocol"}
+CLUSTER = "image"  # several questions per image: the report resamples images
 
 
 class MedHallMark(PinnedFilesBuilder):

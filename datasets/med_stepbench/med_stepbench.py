@@ -21,6 +21,7 @@ _CITATION = """@misc{medstepbench,
 _LANGUAGES = {"en": ("en",), "vi": ("vi",), "all": stepbench.LANGUAGES}
 # step number -> the category its statements carry (the report's Table 3 columns read it from here)
 STEPS = stepbench.STEPS
+CLUSTER = "study"  # many statements per study: the report resamples studies
 
 
 class MedStepBench(datasets.ArrowBasedBuilder):

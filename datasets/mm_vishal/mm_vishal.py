@@ -11,6 +11,7 @@ import datasets
 from medheval.families.medheval.source import MedHEvalBuilder, visual_close_records
 
 _SOURCES = ("slake", "vqa_rad")
+CLUSTER = "image"  # several questions per image: the report resamples images
 
 
 class MMVisHal(MedHEvalBuilder):

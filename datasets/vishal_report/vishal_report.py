@@ -10,6 +10,8 @@ import datasets
 
 from medheval.families.medheval.source import MedHEvalBuilder, report_records
 
+CLUSTER = "report"  # one record per report: the report resamples reports
+
 
 class VisHalReport(MedHEvalBuilder):
     """One config, ``default`` (490)."""

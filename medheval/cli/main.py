@@ -49,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         detector=args.detector,
         benchmark_options=parse_benchmark_options(getattr(args, "benchmark_option", [])),
         generation=_generation_plan(args),
+        report_cluster=args.cluster,
     )
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", args.batch_size))
     return _finish(results, Path(args.output))

@@ -50,6 +50,31 @@ HALLUCINATION_TYPE_TO_CATEGORY = {
 }
 VISUAL_CATEGORIES = ("anatomy", "measurement", "symptom", "radiology")
 
+# The unit a benchmark's items are correlated within, which the report's bootstrap resamples (one unit per
+# benchmark: ``CLUSTER = "<unit>"`` in its dataset unit ``datasets/<name>/<name>.py``; ``item`` when absent).
+CLUSTER_UNITS = {
+    "image": "the image set a record asks about (``images``, order ignored); a record without images is its own",
+    "study": "the study a statement is about (``meta.study_id``)",
+    "report": "the report a record asks for (one record per report)",
+    "item": "the record itself (no clustering)",
+}
+
+
+def cluster_id(record: dict, unit: str) -> str:
+    """The cluster label of ``record`` under ``unit`` (:data:`CLUSTER_UNITS`); ``ValueError`` naming the
+    record when it lacks the field the unit needs."""
+    if unit == "image":
+        images = sorted(str(image) for image in record.get("images") or [])
+        return "image:" + "+".join(images) if images else "item:" + str(record["id"])
+    if unit == "study":
+        study = (record.get("meta") or {}).get("study_id")
+        if study in (None, ""):
+            raise ValueError(f"record {record.get('id')!r}: clustered by study but meta.study_id is missing")
+        return f"study:{study}"
+    if unit in ("report", "item"):
+        return f"{unit}:{record['id']}"
+    raise ValueError(f"unknown cluster unit {unit!r}; choose one of {sorted(CLUSTER_UNITS)}")
+
 
 def make_id(benchmark: str, config: str, upstream_id: object) -> str:
     """The stable record id ``benchmark/config/upstream-id``."""

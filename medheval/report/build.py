@@ -60,10 +60,10 @@ def _plots(runs: list["Run"], folder: Path) -> tuple[dict[str, Path], str | None
     return write_plots(runs, folder), None
 
 
-def write_run_report(output: str | Path, results: dict[str, Any]) -> str | None:
+def write_run_report(output: str | Path, results: dict[str, Any], cluster: str = "auto") -> str | None:
     """``report.html`` for the run (or grid) just written into ``output``; ``results`` is its results.json
-    content (``{"runs": [...]}`` for a grid). Never raises: the run's results are already on disk, so a
-    problem is returned as a one-line note (``None`` when all went well)."""
+    content (``{"runs": [...]}`` for a grid); ``cluster`` as in :func:`write_report`. Never raises: the run's
+    results are already on disk, so a problem is returned as a one-line note (``None`` when all went well)."""
     import tempfile
 
     from medheval.report.collect import Run, find_runs, read_items
@@ -73,10 +73,11 @@ def write_run_report(output: str | Path, results: dict[str, Any]) -> str | None:
     output = Path(output)
     try:
         if "runs" in results:
-            runs = find_runs([output])
+            runs = find_runs([output], cluster=cluster)
         else:
             notes: list[str] = []
-            runs = [Run(path=output, results=results, items=read_items(output, results, notes), notes=notes)]
+            runs = [Run(path=output, results=results, items=read_items(output, results, notes), notes=notes,
+                        cluster=cluster)]
         with tempfile.TemporaryDirectory(prefix="medheval-plots-") as folder:
             figures, note = _plots(runs, Path(folder))
             notes = caveats(runs)
@@ -90,13 +91,16 @@ def write_run_report(output: str | Path, results: dict[str, Any]) -> str | None:
 
 def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = True, html: bool = True,
                  thumbnails: bool = False, image_roots: dict[str, str] | None = None,
-                 runs: "list[Run] | None" = None) -> dict[str, Any]:
-    """Read the run folders under ``paths`` and write the report into ``output``; returns what was written."""
+                 runs: "list[Run] | None" = None, cluster: str = "auto") -> dict[str, Any]:
+    """Read the run folders under ``paths`` and write the report into ``output``; returns what was written.
+
+    ``cluster``: ``auto`` resamples each split's clusters (the unit its benchmark declares), ``none`` items
+    (the intervals of reports before clustering); it applies to ``runs`` read here, not to ``runs`` given."""
     from medheval.run.outputs import atomic_write_text
     from medheval.report.collect import find_runs, software_stack
     from medheval.report.paper import build_tables, comparisons, to_csv, to_json, to_markdown
 
-    runs = find_runs(paths) if runs is None else runs
+    runs = find_runs(paths, cluster=cluster) if runs is None else runs
     output = Path(output)
     tables = build_tables(runs)
     _, compared = comparisons(runs)
@@ -173,6 +177,9 @@ def add_report_command(commands: argparse._SubParsersAction) -> None:
                              "(never MIMIC/credentialed ones)")
     parser.add_argument("--image-root", action="append", default=[], metavar="SOURCE=FOLDER",
                         help="local image folder per source, for --thumbnails (repeatable)")
+    parser.add_argument("--cluster", choices=("auto", "none"), default="auto",
+                        help="what intervals and paired comparisons resample: auto (default) each split's "
+                             "declared unit (image, study, report or item), none items one by one")
     parser.set_defaults(handler=cmd_report)
 
 
@@ -184,7 +191,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise ValueError(f"--image-root {item!r}: expected SOURCE=FOLDER, e.g. slake=/data/slake/imgs")
         roots[source] = root
     written = write_report(args.runs, args.output, plots=not args.no_plots, html=not args.no_html,
-                           thumbnails=args.thumbnails, image_roots=roots)
+                           thumbnails=args.thumbnails, image_roots=roots, cluster=args.cluster)
     for kind, path in written.items():
         if isinstance(path, Path):
             print(f"{kind}: {path}")

@@ -19,6 +19,7 @@ from medheval.data.schema import is_credentialed
 from medheval.versions import STACK_PACKAGES
 
 MAX_DEPTH = 4  # how deep a folder that is not a run is searched for run folders
+CLUSTER_MODES = ("auto", "none")  # --cluster: each split's declared unit, or items (no clustering)
 
 
 class ReportError(ValueError):
@@ -33,6 +34,7 @@ class Run:
     results: dict[str, Any]
     items: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what could not be read (shown in the report)
+    cluster: str = "auto"  # intervals resample each split's clusters ("auto") or items ("none")
     _clinhallu: dict[str, tuple[dict[str, list] | None, str | None]] = field(default_factory=dict, repr=False)
 
     @property
@@ -173,10 +175,13 @@ def _prompts(path: Path) -> dict[str, str]:
     return found
 
 
-def find_runs(paths: Iterable[str | Path]) -> list[Run]:
+def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
     """Every run folder under ``paths`` (a run, a grid, or a folder of them), each once, in path order.
 
-    A grid's combined results.json whose sub-folders are gone still yields its runs (without items)."""
+    A grid's combined results.json whose sub-folders are gone still yields its runs (without items).
+    ``cluster`` (:data:`CLUSTER_MODES`) is how their intervals resample (:attr:`Run.cluster`)."""
+    if cluster not in CLUSTER_MODES:
+        raise ReportError(f"--cluster {cluster!r}: choose one of {CLUSTER_MODES}")
     runs: list[Run] = []
     seen: set[Path] = set()
     for given in paths:
@@ -191,6 +196,7 @@ def find_runs(paths: Iterable[str | Path]) -> list[Run]:
         for run in found:
             if run.path.resolve() not in seen:
                 seen.add(run.path.resolve())
+                run.cluster = cluster
                 runs.append(run)
     return runs
 

@@ -8,7 +8,9 @@ MediHall Score per question type) with its level distribution, Med-StepBench Tab
 the same items. A figure is the value in ``results.json``; its interval is recomputed from
 ``scored.jsonl`` (ClinHallu: from the protocol logs, :func:`medheval.report.collect.protocol_columns`)
 with :mod:`medheval.report.stats`, and only when the per-item values reproduce that figure — otherwise the
-cell says why there is none.
+cell says why there is none. Intervals and paired comparisons resample the split's clusters (the unit its
+benchmark declares: image, study, report or item; :func:`clusters`), or items with ``--cluster none``;
+each table's footer names the unit and the number of clusters per split.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from medheval.report.collect import Run
-from medheval.report.stats import METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
+from medheval.report.stats import CLUSTER_NOTE, METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
                                     STEPBENCH_LANGUAGES, STEPBENCH_STEPS, CLINHALLU_DELTAS,
                                     STEPBENCH_STEP1_NOTE, clinhallu_model_average, clinhallu_stage_denominator,
@@ -61,6 +63,8 @@ class Cell:
     text: str | None = None  # shown instead of a number (e.g. a count)
     mark: str = ""  # "best" / "worst"
     signed: bool = False
+    unit: str | None = None  # what the interval resampled, e.g. "mm_vishal:all by image" (None: --cluster none)
+    n_clusters: int | None = None
 
 
 @dataclass
@@ -92,6 +96,34 @@ def _item_value(item: dict[str, Any], metric: str, key: str) -> Any:
     return item.get(f"{metric}.{key}", item.get(key))
 
 
+def clusters(run: Run, split: str, items: list[dict[str, Any]]) -> tuple[list[str] | None, str | None]:
+    """The cluster label of each item (``None``: resample items) and what the footer says was resampled
+    (``None`` with ``--cluster none``). The unit is the split's ``cluster_unit`` (results.json) with each
+    scored row's ``cluster``; a run written before them is resampled by item, and the footer says so."""
+    if run.cluster == "none":
+        return None, None
+    unit = run.results["benchmarks"].get(split, {}).get("cluster_unit")
+    if unit == "item":
+        return None, f"{split} by item"
+    if isinstance(unit, str) and items and all(isinstance(item.get("cluster"), str) for item in items):
+        return [item["cluster"] for item in items], f"{split} by {unit}"
+    declared = declared_cluster_unit(split)
+    if declared == "item":
+        return None, f"{split} by item"
+    return None, (f"{split} by item, not by {declared}: this run's scored.jsonl has no cluster ids (written "
+                  f"before clustered intervals; re-score it for them), so its intervals may be too narrow")
+
+
+def declared_cluster_unit(split: str) -> str:
+    """The unit split's benchmark declares (``CLUSTER`` in its dataset unit); ``item`` when it cannot be read."""
+    from medheval.run.protocol import benchmark_cluster_unit
+
+    try:
+        return benchmark_cluster_unit(_name(split))
+    except Exception:  # noqa: BLE001 - an unknown or broken unit: the report resamples items and says "by item"
+        return "item"
+
+
 def figure(run: Run, split: str, metric: str, key: str, scale: float = 100.0, category: str | None = None) -> Cell:
     """``results.json``'s figure × ``scale`` and its bootstrap interval over the split's items."""
     out = run.results["benchmarks"].get(split, {}).get("metrics", {}).get(metric) or {}
@@ -118,23 +150,26 @@ def figure(run: Run, split: str, metric: str, key: str, scale: float = 100.0, ca
             cell.note = NO_PARTS
             return cell
         numerators, denominators = zip(*pairs)
-        return _with_interval(cell, list(numerators), scale, value, list(denominators))
+        return _with_interval(cell, list(numerators), scale, value, list(denominators),
+                              clustered=clusters(run, split, items))
     per_item = PER_ITEM.get((metric, key))
     if per_item is None:
         cell.note = "no per-item values for this figure"
         return cell
-    values = [float(v) for v in (_item_value(item, metric, per_item) for item in items)
-              if isinstance(v, bool) or _num(v)]
+    items = [item for item in items if isinstance(_item_value(item, metric, per_item), bool)
+             or _num(_item_value(item, metric, per_item))]
+    values = [float(_item_value(item, metric, per_item)) for item in items]
     if not values:
         cell.note = f"scored.jsonl has no per-item '{per_item}'"
         return cell
-    return _with_interval(cell, values, scale, value)
+    return _with_interval(cell, values, scale, value, clustered=clusters(run, split, items))
 
 
 def _with_interval(cell: Cell, values: list[float], scale: float, value: float,
-                   denominators: list[float] | None = None, digits: int | None = None) -> Cell:
+                   denominators: list[float] | None = None, digits: int | None = None,
+                   clustered: tuple[list[str] | None, str | None] = (None, None)) -> Cell:
     """Attach the interval when the items reproduce the reported figure (same units up to ×100; rounded
-    to ``digits`` places first when the metric rounds it)."""
+    to ``digits`` places first when the metric rounds it); ``clustered``: :func:`clusters` of the items."""
     recomputed = sum(values) / (sum(denominators) if denominators else len(values)) if (
         sum(denominators) if denominators else values) else None
     if digits is not None and recomputed is not None:
@@ -144,8 +179,11 @@ def _with_interval(cell: Cell, values: list[float], scale: float, value: float,
     if factor is None:
         cell.note = f"the per-item values give {recomputed!r}, not the reported {value!r}"
         return cell
-    interval = bootstrap_ci(values, denominators)
+    labels, cell.unit = clustered
+    interval = bootstrap_ci(values, denominators, clusters=labels)
     cell.n = len(values)
+    if cell.unit is not None:
+        cell.n_clusters = len(set(labels)) if labels is not None else len(values)
     if interval is None:
         cell.note = "no items"
     else:
@@ -279,25 +317,27 @@ def med_hallmark(runs: list[Run]) -> list[Table]:
     return tables
 
 
-def _stepbench_cell(value: Any, items: list[dict[str, Any]], what: str) -> Cell:
+def _stepbench_cell(run: Run, split: str, value: Any, items: list[dict[str, Any]], what: str) -> Cell:
     """Recall (mean correctness over hallucinated statements) or F1 = Σ2tp / Σ(2tp + fp + fn), both
     recomputed per item (an unparsed answer is already ``correct = False``), with their intervals."""
     if not _num(value):
         return Cell()
     cell = Cell(value=100 * value)
-    rows = [(item.get("reference") == "hallucination", bool(item.get("correct"))) for item in items
-            if item.get("reference") in ("hallucination", "ground_truth")]
-    if not rows:
+    items = [item for item in items if item.get("reference") in ("hallucination", "ground_truth")]
+    if not items:
         cell.note = "scored.jsonl does not carry each statement's step and label (re-score the run)"
         return cell
     if what == "recall":
-        values = [float(ok) for positive, ok in rows if positive]
-        return _with_interval(cell, values, 100.0, value) if values else cell
+        positives = [item for item in items if item["reference"] == "hallucination"]
+        values = [float(bool(item.get("correct"))) for item in positives]
+        return _with_interval(cell, values, 100.0, value, clustered=clusters(run, split, positives)) if values \
+            else cell
+    rows = [(item["reference"] == "hallucination", bool(item.get("correct"))) for item in items]
     numerators = [2.0 * ok if positive else 0.0 for positive, ok in rows]
     denominators = [1.0 + ok if positive else 1.0 - ok for positive, ok in rows]
     if not sum(denominators):
         return cell
-    return _with_interval(cell, numerators, 100.0, value, denominators)
+    return _with_interval(cell, numerators, 100.0, value, denominators, clustered=clusters(run, split, items))
 
 
 def stepbench(runs: list[Run]) -> Table | None:
@@ -329,8 +369,8 @@ def stepbench(runs: list[Run]) -> Table | None:
                 if not stepbench_shows(knowledge, step):
                     cells += [Cell(), Cell()]
                     continue
-                cells += [_stepbench_cell(scores.get("recall"), mine, "recall"),
-                          _stepbench_cell(scores.get("f1"), mine, "f1")]
+                cells += [_stepbench_cell(run, split, scores.get("recall"), mine, "recall"),
+                          _stepbench_cell(run, split, scores.get("f1"), mine, "f1")]
         cells += [figure(run, split, "stepbench", "accuracy"), Cell(text=str(by_language.get("n_unparsed", 0)))]
         table.rows.append(([model, mitigation, knowledge], cells))
     if any(knowledge != "none" for _, _, knowledge, _ in rows):
@@ -416,7 +456,8 @@ def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], k
         cell.note = parts
         return cell
     numerators, denominators, digits = parts
-    return _with_interval(cell, numerators, 100.0, value, denominators, digits)
+    # ClinHallu declares the item as its unit (its four settings are within one item): no per-row labels needed
+    return _with_interval(cell, numerators, 100.0, value, denominators, digits, clustered=clusters(run, split, []))
 
 
 def clinhallu(runs: list[Run]) -> list[Table]:
@@ -486,7 +527,8 @@ COMPARED: tuple[tuple[str, str, str, float], ...] = (
 
 
 def comparisons(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
-    """Each mitigation against ``none`` of the same model, on the items both scored (paired by id)."""
+    """Each mitigation against ``none`` of the same model, on the items both scored (paired by id), resampled
+    by the split's clusters (:func:`clusters`; exact McNemar for accuracy only where no cluster holds two items)."""
     table = Table("mitigation_vs_none", "Mitigation − none on the same items (paired)",
                   ["Model", "Mitigation", "Split", "Metric"],
                   [Column("none", ranked=False), Column("mitigation", ranked=False), Column("Δ", ranked=False),
@@ -502,22 +544,27 @@ def comparisons(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
             theirs = {item["id"]: item for item in base.items_of(split)}
             for metric, key, label, scale in COMPARED:
                 per_item = PER_ITEM[(metric, key)]
-                pairs = [(_item_value(theirs[i], metric, per_item), _item_value(ours[i], metric, per_item))
+                pairs = [(_item_value(theirs[i], metric, per_item), _item_value(ours[i], metric, per_item), ours[i])
                          for i in ours if i in theirs]
-                pairs = [(a, b) for a, b in pairs if (isinstance(a, bool) or _num(a)) and (isinstance(b, bool) or _num(b))]
+                pairs = [(a, b, item) for a, b, item in pairs
+                         if (isinstance(a, bool) or _num(a)) and (isinstance(b, bool) or _num(b))]
                 if not pairs or metric not in run.results["benchmarks"][split].get("metrics", {}):
                     continue
-                a, b = zip(*pairs)
-                result = compare_accuracy(a, b) if per_item == "correct" else paired_bootstrap(a, b)
+                a, b, paired = zip(*pairs)
+                labels, unit = clusters(run, split, list(paired))
+                result = compare_accuracy(a, b, clusters=labels) if per_item == "correct" else \
+                    paired_bootstrap(a, b, clusters=labels)
                 mean_a, mean_b = scale * sum(map(float, a)) / len(a), scale * sum(map(float, b)) / len(b)
+                n_clusters = None if unit is None else len(set(labels)) if labels is not None else result.n
                 table.rows.append(([run.model, run.mitigation, split, label], [
                     Cell(value=mean_a), Cell(value=mean_b),
-                    Cell(value=scale * result.diff, low=scale * result.low, high=scale * result.high, signed=True),
+                    Cell(value=scale * result.diff, low=scale * result.low, high=scale * result.high, signed=True,
+                         unit=unit, n_clusters=n_clusters),
                     Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text=str(result.n))]))
                 records.append({"model": run.model, "mitigation": run.mitigation, "split": split, "metric": label,
                                 "baseline": mean_a, "value": mean_b, "diff": scale * result.diff,
                                 "low": scale * result.low, "high": scale * result.high, "p_value": result.p_value,
-                                "n": result.n, "test": result.test})
+                                "n": result.n, "test": result.test, "resampled": unit, "n_clusters": n_clusters})
     _clinhallu_comparisons(runs, table, records)
     return (table if table.rows else None), records
 
@@ -555,16 +602,19 @@ def _clinhallu_comparisons(runs: list[Run], table: Table, records: list[dict[str
             if not pairs:
                 continue
             a, b = zip(*pairs)
-            result = compare_accuracy(a, b)
+            result = compare_accuracy(a, b)  # ClinHallu's unit is the item (see clinhallu())
             mean_a, mean_b = 100 * sum(a) / len(a), 100 * sum(b) / len(b)
+            unit = clusters(run, split, [])[1]
             table.rows.append(([run.model, run.mitigation, split, "Acc (ORG)"], [
                 Cell(value=mean_a), Cell(value=mean_b),
-                Cell(value=100 * result.diff, low=100 * result.low, high=100 * result.high, signed=True),
+                Cell(value=100 * result.diff, low=100 * result.low, high=100 * result.high, signed=True,
+                     unit=unit, n_clusters=None if unit is None else result.n),
                 Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text=str(result.n))]))
             records.append({"model": run.model, "mitigation": run.mitigation, "split": split, "metric": "Acc (ORG)",
                             "baseline": mean_a, "value": mean_b, "diff": 100 * result.diff,
                             "low": 100 * result.low, "high": 100 * result.high, "p_value": result.p_value,
-                            "n": result.n, "test": result.test})
+                            "n": result.n, "test": result.test, "resampled": unit,
+                            "n_clusters": None if unit is None else result.n})
 
 
 def build_tables(runs: list[Run]) -> list[Table]:
@@ -581,10 +631,25 @@ def build_tables(runs: list[Run]) -> list[Table]:
         if any(c.ranked for c in table.columns) and table.rows:
             table.footer.append(MARK_NOTE)
         if any(cell.low is not None or cell.note for _, cells in table.rows for cell in cells):
-            table.footer.append(METHOD_NOTE)
+            table.footer += cluster_footer(table)
         notes = sorted({cell.note for _, cells in table.rows for cell in cells if cell.note})
         table.footer += [f"No interval (†): {note}." for note in notes]
     return tables
+
+
+def cluster_footer(table: Table) -> list[str]:
+    """The method note and, unless ``--cluster none``, what each split resampled and how many clusters (the
+    most any cell of that split drew on; a column over part of a split draws on the clusters it holds)."""
+    units: dict[str, int] = {}
+    for _, cells in table.rows:
+        for cell in cells:
+            if cell.unit is not None and cell.low is not None:
+                units[cell.unit] = max(units.get(cell.unit, 0), cell.n_clusters or 0)
+    if not units:
+        return [METHOD_NOTE]
+    note = CLUSTER_NOTE if any(" by item" not in unit for unit in units) else METHOD_NOTE
+    return [note, "Resampled: " + "; ".join(f"{unit} ({count} clusters)" for unit, count in units.items())
+            + " — a column over part of a split (a category, step or source) resamples the clusters it holds."]
 
 
 def mark(table: Table) -> None:

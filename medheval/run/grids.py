@@ -58,6 +58,7 @@ CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "allow_remote_credentialed": ((list,), "a list of hosts/URLs"),
     "prefix_cache": ((bool,), "true or false"),
     "lock_timeout": ((int, float), "seconds"),
+    "cluster": ((str,), "auto or none (what report.html's intervals resample)"),
     "detector": ((str,), "rule or a detector folder"),
 }
 REQUIRED_KEYS = ("output", "models", "benchmarks")
@@ -66,7 +67,7 @@ GENERATION_SECTIONS = ("defaults", "answer_types", "benchmarks", "builtin")
 CLI_REPLACES = {"data_dir": "data_dir", "limit": "limit", "batch_size": "batch_size",
                 "seed": "seed", "device": "device", "dtype": "dtype", "upstream_compat": "upstream_compat",
                 "on_missing": "on_missing", "judge": "judge", "lock_timeout": "lock_timeout",
-                "detector": "detector", "prefix_cache": "prefix_cache"}
+                "detector": "detector", "prefix_cache": "prefix_cache", "cluster": "cluster"}
 CLI_GENERATION = ("max_new_tokens", "do_sample", "temperature", "top_p")
 
 
@@ -186,6 +187,8 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
         options["image_roots"] = {str(name): root for name, root in data["image_roots"].items()}
     if data.get("on_missing") not in (None, "error", "skip"):
         raise _fail(source, "on_missing", f"expected error or skip, got {data['on_missing']!r}")
+    if data.get("cluster") not in (None, "auto", "none"):
+        raise _fail(source, "cluster", f"expected auto or none, got {data['cluster']!r}")
     for key in ("limit", "batch_size"):
         if data.get(key) is not None and data[key] < 1:
             raise _fail(source, key, f"must be >= 1, got {data[key]}")
@@ -286,7 +289,8 @@ def run_spec(config: GridConfig, model: str, labels: Mapping[str, str]) -> RunSp
                    metric_options=config.get("metric_options", {}), judge=config.get("judge"), labels=dict(labels),
                    allow_remote_credentialed=tuple(config.get("allow_remote_credentialed", ())),
                    lock_timeout=float(config.get("lock_timeout", 0.0)), detector=config.get("detector"),
-                   benchmark_options=config.get("benchmark_options", {}), generation=config.generation)
+                   benchmark_options=config.get("benchmark_options", {}), generation=config.generation,
+                   report_cluster=config.get("cluster", "auto"))
 
 
 def backend_args(config: GridConfig, model: str) -> argparse.Namespace:
@@ -336,7 +340,7 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
         if group.is_main:
             atomic_write_text(output / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
             write_grid_markdown(runs, output / "results.md", heading="models × mitigations")
-            write_report_html(output, combined)
+            write_report_html(output, combined, config.get("cluster", "auto"))
     return combined
 
 

@@ -68,6 +68,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a non-local judge or model endpoint approved under your PhysioNet agreement for "
                              "credentialed (MIMIC-derived) records, e.g. myorg.openai.azure.com (repeatable; recorded "
                              "in results)")
+    parser.add_argument("--cluster", choices=("auto", "none"), default="auto",
+                        help="what report.html's intervals resample: auto (default) each split's declared unit "
+                             "(image, study, report or item), none items one by one (as `medheval report --cluster`)")
     parser.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
                         help="when another run holds --output: wait up to SECONDS for it (default 0: refuse at once)")
     parser.add_argument("--task", choices=("generate", "detection"), default="generate",

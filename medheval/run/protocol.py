@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Container, Mapping
 
-from medheval.data.schema import record_credentialed
+from medheval.data.schema import CLUSTER_UNITS, cluster_id, record_credentialed
 
 TASKS = ("generate", "detection")
 
@@ -138,6 +138,29 @@ def benchmark_default_metrics(name: str) -> tuple[str, ...] | None:
     return tuple(found) if found else None
 
 
+def benchmark_cluster_unit(name: str) -> str:
+    """The unit benchmark ``name``'s items are correlated within (``CLUSTER`` in its dataset unit: ``image``,
+    ``study``, ``report``; ``item`` when it declares none), which the report's bootstrap resamples."""
+    unit = getattr(_unit(name), "CLUSTER", None) or "item"
+    if unit not in CLUSTER_UNITS:
+        raise RunError(f"datasets/{name}/{name}.py: CLUSTER = {unit!r} is not one of {sorted(CLUSTER_UNITS)}")
+    return str(unit)
+
+
+def add_clusters(loaded: Any, entry: dict[str, Any], per_item: list[dict[str, Any]]) -> None:
+    """Record the split's cluster unit in its results entry (``cluster_unit``) and each scored row's cluster
+    label (``cluster``, :func:`medheval.data.schema.cluster_id`), for the report's clustered intervals."""
+    unit = benchmark_cluster_unit(loaded.name)
+    entry["cluster_unit"] = unit
+    if not per_item:
+        return
+    columns = [name for name in ("id", "images", "meta") if name in loaded.dataset.column_names]
+    labels = {row["id"]: cluster_id(row, unit) for row in loaded.dataset.select_columns(columns).to_list()}
+    for item in per_item:
+        if item.get("id") in labels:
+            item["cluster"] = labels[item["id"]]
+
+
 def detector_options(detector: str | None, accepted: Container[str]) -> dict[str, Any]:
     """Metric options for ``--detector``: ``"rule"`` -> ``classifier="rule"``; a folder ->
     ``classifier="detector", detector_path=<folder>``; only for metrics whose ``_compute`` takes them."""
@@ -223,6 +246,8 @@ __all__ = [
     "RunError",
     "SplitJob",
     "SplitProtocol",
+    "add_clusters",
+    "benchmark_cluster_unit",
     "benchmark_default_metrics",
     "detector_options",
     "load_metric",

@@ -38,6 +38,7 @@ from medheval.run.protocol import (
     RunError,
     SplitJob,
     SplitProtocol,
+    add_clusters,
     benchmark_default_metrics,
     detector_options,
     load_metric,
@@ -85,6 +86,7 @@ class RunSpec:
     benchmark_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     # generation settings per benchmark / answer type (medheval.run.generation); None: the backend's own for all
     generation: GenerationPlan | None = None
+    report_cluster: str = "auto"  # report.html's intervals: each split's declared cluster unit, or "none" (items)
 
 
 def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mapping[str, str | None],
@@ -595,6 +597,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
             if not group.is_main:
                 continue
             entry, per_item = split.protocol.score_split(job, generated)
+            add_clusters(split.loaded, entry, per_item)
             results["benchmarks"][job.split] = entry
             scored.extend(per_item)
         with group.together("writing the results"):
@@ -605,7 +608,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                 results["report"] = _report_plan()
                 atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
                 write_markdown(results, output / "results.md")
-                write_report_html(output, results)
+                write_report_html(output, results, spec.report_cluster)
     return results if group.is_main else json.loads((output / "results.json").read_text())
 
 
@@ -647,12 +650,13 @@ def _report_plan() -> dict[str, Any]:
     return {"html": "report.html", "note": note}
 
 
-def write_report_html(output: Path, results: dict[str, Any]) -> None:
-    """``report.html`` beside ``results.md``, written last (:func:`medheval.report.build.write_run_report`):
-    the results are on disk already, so a problem here is printed, never raised."""
+def write_report_html(output: Path, results: dict[str, Any], cluster: str = "auto") -> None:
+    """``report.html`` beside ``results.md``, written last (:func:`medheval.report.build.write_run_report`;
+    ``cluster``: ``auto`` or ``none``, as ``medheval report --cluster``): the results are on disk already, so
+    a problem here is printed, never raised."""
     from medheval.report.build import write_run_report
 
-    problem = write_run_report(output, results)
+    problem = write_run_report(output, results, cluster)
     if problem:
         print(f"note: {problem}", file=sys.stderr)
 
@@ -704,5 +708,5 @@ def _run_methods(spec: RunSpec, backend: Backend, methods: list[tuple[str, Any]]
         combined = {"runs": runs}
         atomic_write_text(Path(spec.output) / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
         write_grid_markdown(runs, Path(spec.output) / "results.md")
-        write_report_html(Path(spec.output), combined)
+        write_report_html(Path(spec.output), combined, spec.report_cluster)
     return runs[0] if len(runs) == 1 else {"runs": runs}
