@@ -300,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     from medheval.report.build import add_report_command
 
     add_report_command(commands)
+    from medheval.report.published import add_published_command
+
+    add_published_command(commands)
     return parser
 
 

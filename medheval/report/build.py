@@ -91,11 +91,13 @@ def write_run_report(output: str | Path, results: dict[str, Any], cluster: str =
 
 def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = True, html: bool = True,
                  thumbnails: bool = False, image_roots: dict[str, str] | None = None,
-                 runs: "list[Run] | None" = None, cluster: str = "auto") -> dict[str, Any]:
+                 runs: "list[Run] | None" = None, cluster: str = "auto",
+                 compare_published: bool = False) -> dict[str, Any]:
     """Read the run folders under ``paths`` and write the report into ``output``; returns what was written.
 
     ``cluster``: ``auto`` resamples each split's clusters (the unit its benchmark declares), ``none`` items
-    (the intervals of reports before clustering); it applies to ``runs`` read here, not to ``runs`` given."""
+    (the intervals of reports before clustering); it applies to ``runs`` read here, not to ``runs`` given.
+    ``compare_published``: add the "Reproduction" table (:func:`medheval.report.published.reproduction`)."""
     from medheval.run.outputs import atomic_write_text
     from medheval.report.collect import find_runs, software_stack
     from medheval.report.paper import build_tables, comparisons, to_csv, to_json, to_markdown
@@ -103,6 +105,7 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     runs = find_runs(paths, cluster=cluster) if runs is None else runs
     output = Path(output)
     tables = build_tables(runs)
+    reproduced = _reproduction(tables) if compare_published else None
     _, compared = comparisons(runs)
     notes = caveats(runs)
     figures, plot_note = _plots(runs, output / "plots") if plots else ({}, None)
@@ -121,7 +124,8 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
                          **({"versions": run.versions} if run.versions else {})} for run in runs],
                "software_stack": [{"runs": label, "versions": versions} for label, versions in software_stack(runs)],
                "caveats": notes, "tables": [to_json(table) for table in tables], "comparisons": compared,
-               "plots": {name: str(path) for name, path in figures.items()}}
+               "plots": {name: str(path) for name, path in figures.items()},
+               **({"reproduction": reproduced} if reproduced is not None else {})}
     atomic_write_text(output / "report.json", json.dumps(summary, indent=2, default=str))
     written = {"markdown": output / "report.md", "csv": output / "tables.csv", "json": output / "report.json",
                "plots": figures, "plot_note": plot_note}
@@ -131,6 +135,15 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
         written["html"] = write_html(runs, tables, figures, notes, output / "report.html",
                                      thumbnails=thumbnails, image_roots=image_roots or {})
     return written
+
+
+def _reproduction(tables: list[Any]) -> list[dict[str, Any]]:
+    """Append the "Reproduction" table to ``tables``; its rows as JSON records (``report.json``)."""
+    from medheval.report.published import reproduction
+
+    table, records = reproduction(tables)
+    tables.append(table)
+    return records
 
 
 USAGE_COLUMNS = ("requests", "cached", "failures", "retries", "input_tokens", "output_tokens")
@@ -180,6 +193,10 @@ def add_report_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", choices=("auto", "none"), default="auto",
                         help="what intervals and paired comparisons resample: auto (default) each split's "
                              "declared unit (image, study, report or item), none items one by one")
+    parser.add_argument("--compare-published", action="store_true",
+                        help="a Reproduction section: each cell whose model matches a published one (Hub id or "
+                             "alias), beside the paper's value with the difference, flagged when the paper's value "
+                             "is outside the run's 95%% interval (`medheval published` lists the stored tables)")
     parser.set_defaults(handler=cmd_report)
 
 
@@ -191,7 +208,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise ValueError(f"--image-root {item!r}: expected SOURCE=FOLDER, e.g. slake=/data/slake/imgs")
         roots[source] = root
     written = write_report(args.runs, args.output, plots=not args.no_plots, html=not args.no_html,
-                           thumbnails=args.thumbnails, image_roots=roots, cluster=args.cluster)
+                           thumbnails=args.thumbnails, image_roots=roots, cluster=args.cluster,
+                           compare_published=args.compare_published)
     for kind, path in written.items():
         if isinstance(path, Path):
             print(f"{kind}: {path}")

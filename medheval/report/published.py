@@ -1,0 +1,337 @@
+"""The papers' published numbers as data, and the reproduction check (``medheval report --compare-published``,
+``medheval published``).
+
+``published.jsonl`` (package data, beside this module) holds one cell of a paper's results table per line:
+``paper``, ``table``, ``model`` and ``split`` as the paper prints them, ``metric`` (its column), ``setting``
+(MedHEval: the mitigation, ``Original`` = none; Med-StepBench: ``w/o``/``w`` knowledge; else empty),
+``value`` and ``decimals`` (``f"{value:.{decimals}f}"`` is the printed text), ``std`` (MedHEval's S_h is
+printed as mean ± std), ``unit`` (``0-1``, ``0-100`` or ``0-5``, as printed) and an optional ``note``.
+
+Transcribed: MedHEval Tables 3–11 (close-ended accuracy per category, report metrics, generation metrics and
+S_h, with every mitigation row), Med-HallMark Tables 1–2, Med-StepBench Table 3 (recall and F1 per step and
+language, with and without knowledge). ClinHallu: the text copy of the paper has no bodies for Tables 2–4;
+only the four Table 4 gains the text quotes are stored (:data:`TABLE_NOTES`).
+
+Matching (:func:`reproduction`): a run's model matches a published model when its id (an API prefix such as
+``openai:`` and an ``@endpoint`` suffix dropped; a local folder by its last path part) equals one of the
+:data:`ALIASES` of that model, or the printed name itself. A report cell matches a published cell through
+:data:`COLUMNS` (which report table and column is which paper column) and :data:`SPLITS` (which paper split is
+which of our benchmark splits); the paper's value is converted to the report's units (a 0–1 figure × 100
+where the report shows %), the difference is run − paper, and a paper value outside the run's 95% interval
+is flagged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+if TYPE_CHECKING:  # imported when a report is compared, so `medheval --help` stays fast
+    from medheval.report.paper import Table
+
+PUBLISHED_FILE = Path(__file__).with_name("published.jsonl")
+UNITS = ("0-1", "0-100", "0-5")
+PAPERS = {"medheval": "MedHEval (arXiv 2503.02157)", "med_hallmark": "Med-HallMark (arXiv 2406.10185)",
+          "clinhallu": "ClinHallu (arXiv 2606.14697)", "med_stepbench": "Med-StepBench (arXiv 2605.10002)"}
+TABLE_NOTES = {
+    ("medheval", "7"): "Table 7's LLaVA-Med-1.5 row differs from Table 8's Original row of the same model; both "
+                       "are stored as printed.",
+    ("med_hallmark", "1"): "The Med-VQA task pools the question types, so it matches none of our splits; IRG "
+                           "matches med_hallmark:irg. Empty IRG MediHall cells (no computable score) are absent.",
+    ("med_hallmark", "2"): "♣ = conventional questions (true'), ♠ = the same behind a confidence-weakening prefix.",
+    ("med_stepbench", "3"): "Read by hand from a flattened table; '–' cells (no Vietnamese result, or Step 1 with "
+                            "knowledge) are absent. 'w' is matched to runs with knowledge=both.",
+    ("clinhallu", "2"): "Not transcribed: the table body is absent from the paper's text copy.",
+    ("clinhallu", "3"): "Not transcribed: the table body is absent from the paper's text copy.",
+    ("clinhallu", "4"): "Table body absent from the text copy; the four gains the text quotes (Finding 1) are "
+                        "stored. Model averages: never matched to a run's model.",
+}
+
+# (paper, printed model name) -> Hub ids (or API model names) that are that model. Only models the paper (or
+# MedHEval's code release, for LLaVA-NeXT's vicuna variants) identifies; BLIP2, LLaVA-Med(SF/RF/PF),
+# Med-StepBench's "LLaVA-7B" and "LLaVA-Med", and models without a checkpoint on the Hub have no alias.
+ALIASES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("medheval", "GPT-4o"): ("gpt-4o",),
+    ("medheval", "LLaVA-NeXT 7B"): ("llava-hf/llava-v1.6-vicuna-7b-hf", "liuhaotian/llava-v1.6-vicuna-7b"),
+    ("medheval", "LLaVA-NeXT 13B"): ("llava-hf/llava-v1.6-vicuna-13b-hf", "liuhaotian/llava-v1.6-vicuna-13b"),
+    ("medheval", "LLaVA-Med"): ("microsoft/llava-med-7b-delta",),
+    ("medheval", "LLaVA-Med-1.5"): ("microsoft/llava-med-v1.5-mistral-7b", "llava-med-v1.5-hf"),
+    ("medheval", "CheXagent"): ("StanfordAIMI/CheXagent-8b",),
+    ("med_hallmark", "LLaVA1.5-7b"): ("llava-hf/llava-1.5-7b-hf", "liuhaotian/llava-v1.5-7b"),
+    ("med_hallmark", "LLaVA1.5-13b"): ("llava-hf/llava-1.5-13b-hf", "liuhaotian/llava-v1.5-13b"),
+    ("med_hallmark", "InstructBLIP-7b"): ("Salesforce/instructblip-vicuna-7b",),
+    ("med_hallmark", "InstructBLIP-13b"): ("Salesforce/instructblip-vicuna-13b",),
+    ("med_hallmark", "mPLUG-Owl2"): ("MAGAer13/mplug-owl2-llama2-7b",),
+    ("med_stepbench", "GPT 4o"): ("gpt-4o",),
+    ("med_stepbench", "Gemini 2.5 flash"): ("gemini-2.5-flash",),
+    ("med_stepbench", "Gemini 2.5 pro"): ("gemini-2.5-pro",),
+    ("med_stepbench", "Qwen3-VL-8B"): ("Qwen/Qwen3-VL-8B-Instruct",),  # the Instruct variant is assumed
+    ("med_stepbench", "Qwen3-VL-4B"): ("Qwen/Qwen3-VL-4B-Instruct",),
+}
+# (paper, printed split) -> our benchmark split (``name:config``, as results.json keys it)
+SPLITS: dict[tuple[str, str], str] = {
+    ("medheval", "MM-VisHal"): "mm_vishal:all", ("medheval", "CXR-VisHal"): "cxr_vishal:all",
+    ("medheval", "Report generation"): "vishal_report:default", ("medheval", "Knowledge open-ended"): "knowledge:open",
+    ("med_hallmark", "IRG"): "med_hallmark:irg", ("med_hallmark", "Conventional (true')"): "med_hallmark:conventional",
+    ("med_hallmark", "Confidence-weakening"): "med_hallmark:confidence_weakening",
+}
+# report table key -> (paper, its tables, {report column label: (paper metric, unit the report shows)})
+_ACC = {label: (label, "0-100") for label in ("Acc-A", "Acc-M", "Acc-S", "Acc-R", "Acc")}
+COLUMNS: dict[str, tuple[str, tuple[str, ...], dict[str, tuple[str, str]]]] = {
+    "medheval_close_ended": ("medheval", ("3", "4", "9"), _ACC),
+    "medheval_report": ("medheval", ("5", "6", "10"), {
+        "CheXbert": ("CheXbert", "0-100"), "RadGraph": ("RadGraph", "0-100"), "RaTEScore": ("RaTEScore", "0-100"),
+        "Recall": ("Recall", "0-100"), "CHAIR ↓": ("CHAIR", "0-100")}),
+    "medheval_generation": ("medheval", ("7", "8", "11"), {
+        **{label: (label, "0-100") for label in ("BERTScore", "BLEU", "METEOR", "ROUGE-1", "ROUGE-2", "ROUGE-L")},
+        "S_h ↓": ("S_h", "0-5")}),
+    "med_hallmark": ("med_hallmark", ("1", "2"), {
+        **{label: (label, "0-100") for label in ("BERTScore", "METEOR", "ROUGE-1", "ROUGE-2", "ROUGE-L", "BLEU")},
+        "MediHall Score": ("MediHall Score", "0-1"), "MediHall": ("MediHall Score", "0-1"), "Acc": ("Acc", "0-100")}),
+}
+MITIGATIONS = {"none": "Original", "vcd": "VCD", "dola": "DoLa", "opera": "OPERA", "avisc": "AVISC", "m3id": "M3ID",
+               "damro": "DAMRO", "pai": "PAI"}
+STEPBENCH_KNOWLEDGE = {"none": "w/o", "both": "w"}
+STEPBENCH_COLUMN = re.compile(r"^(EN|VI) S([1-4]) (R|F1)$")
+REPRODUCTION_NOTE = ("Reproduction: each report cell whose model, split, mitigation and column match a published "
+                     "cell (medheval/report/published.py: ALIASES, SPLITS, COLUMNS), with the paper's value in "
+                     "the report's units and Δ = run − paper. Flag ⚠: the paper's value lies outside the run's "
+                     "95% interval.")
+
+
+@dataclass(frozen=True)
+class Published:
+    """One published table cell (see the module docstring for the fields)."""
+
+    paper: str
+    table: str
+    model: str
+    split: str
+    metric: str
+    setting: str
+    value: float
+    decimals: int
+    unit: str
+    std: float | None = None
+    note: str | None = None
+
+    @property
+    def printed(self) -> str:
+        """The value as the paper prints it (with ``± std`` where it prints one)."""
+        text = f"{self.value:.{self.decimals}f}"
+        return text + (f" ± {self.std:.{self.decimals}f}" if self.std is not None else "")
+
+    def where(self) -> str:
+        """``MedHEval Table 3: LLaVA-Med · Original · MM-VisHal · Acc-A``."""
+        parts = [self.model, self.setting, self.split, self.metric]
+        return f"{PAPERS[self.paper].split(' (')[0]} Table {self.table}: " + " · ".join(p for p in parts if p)
+
+
+def load_published(path: str | Path | None = None) -> list[Published]:
+    """The records of ``published.jsonl`` (or ``path``), checked: a bad line raises ``ValueError`` naming
+    the file, line and field."""
+    path = Path(path or PUBLISHED_FILE)
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not JSON ({error}); each line is one published cell") from None
+        for key in ("paper", "table", "model", "split", "metric", "setting", "unit"):
+            if not isinstance(data.get(key), str):
+                raise ValueError(f"{where}: field {key!r} must be a string, got {data.get(key)!r}")
+        if data["paper"] not in PAPERS:
+            raise ValueError(f"{where}: unknown paper {data['paper']!r} (one of {', '.join(PAPERS)})")
+        if data["unit"] not in UNITS:
+            raise ValueError(f"{where}: unit {data['unit']!r} is not one of {', '.join(UNITS)}")
+        for key in ("value", "std"):
+            if key in data and not (isinstance(data[key], (int, float)) and not isinstance(data[key], bool)):
+                raise ValueError(f"{where}: field {key!r} must be a number, got {data[key]!r}")
+        if "value" not in data or not isinstance(data.get("decimals"), int):
+            raise ValueError(f"{where}: fields 'value' (number) and 'decimals' (int) are required")
+        unknown = set(data) - {f for f in Published.__dataclass_fields__}
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        records.append(Published(**{**data, "value": float(data["value"])}))
+    return records
+
+
+def _normal(model: str) -> str:
+    """A model id compared case-insensitively, without an API prefix or ``@endpoint``."""
+    model = re.sub(r"^(openai|azure|anthropic):", "", model.strip()).split("@")[0]
+    return model.rstrip("/").lower()
+
+
+def paper_models(run_model: str, paper: str) -> list[str]:
+    """The paper's printed model names that ``run_model`` is: a Hub id or API name in :data:`ALIASES`, a
+    local folder whose last part is an alias' last part, or the printed name itself."""
+    mine = _normal(run_model)
+    base = mine.rsplit("/", 1)[-1]
+    found = []
+    for (name_paper, name), ids in ALIASES.items():
+        if name_paper != paper:
+            continue
+        for alias in (_normal(i) for i in ids):
+            if mine == alias or (mine.startswith(("/", ".", "~")) and base == alias.rsplit("/", 1)[-1]):
+                found.append(name)
+                break
+    found += [name for name in _printed_models(paper) if _normal(name) == mine and name not in found]
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _printed_models(paper: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(r.model for r in load_published() if r.paper == paper))
+
+
+def _factor(published: str, shown: str) -> float:
+    if published == shown:
+        return 1.0
+    if (published, shown) == ("0-1", "0-100"):
+        return 100.0
+    raise ValueError(f"no conversion from a published {published} value to a report column in {shown}")
+
+
+def matches(table: Table, labels: Sequence[str], column: str,
+            records: Iterable[Published]) -> list[tuple[Published, float]]:
+    """Published cells (and each one's value in the report's units) for one report cell: ``table``'s row
+    ``labels`` (model, mitigation, split; Med-StepBench: model, mitigation, knowledge) and ``column``."""
+    records = list(records)
+    if table.key == "med_stepbench":
+        hit = STEPBENCH_COLUMN.match(column)
+        model, mitigation, knowledge = labels[:3]
+        if not hit or mitigation != "none" or knowledge not in STEPBENCH_KNOWLEDGE:
+            return []
+        names = paper_models(model, "med_stepbench")
+        metric = f"Step {hit.group(2)} {hit.group(3)}"
+        return [(r, _factor(r.unit, "0-100") * r.value) for r in records
+                if (r.paper, r.table, r.split, r.metric, r.setting) == ("med_stepbench", "3", hit.group(1), metric,
+                                                                        STEPBENCH_KNOWLEDGE[knowledge])
+                and r.model in names]
+    if table.key not in COLUMNS or column not in COLUMNS[table.key][2]:
+        return []
+    paper, tables, columns = COLUMNS[table.key]
+    metric, shown = columns[column]
+    model, mitigation, split = labels[:3]
+    mitigation = mitigation.split(" (")[0]  # the report appends " (folder)" to twin runs
+    setting = MITIGATIONS.get(mitigation) if paper == "medheval" else ("" if mitigation == "none" else None)
+    names = paper_models(model, paper)
+    return [(r, _factor(r.unit, shown) * r.value) for r in records
+            if r.paper == paper and r.table in tables and r.metric == metric and r.setting == setting
+            and SPLITS.get((paper, r.split)) == split and r.model in names]
+
+
+def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = None
+                 ) -> tuple[Table, list[dict[str, Any]]]:
+    """The "Reproduction" table: one row per (report cell, matching published cell) with the run's value
+    (and interval), the paper's, Δ = run − paper and the flag; and the same as JSON records."""
+    from medheval.report.paper import Cell, Column, Table
+
+    records = load_published() if records is None else records
+    table = Table("reproduction", "Reproduction: this run against the published tables",
+                  ["Model", "Mitigation", "Split", "Published cell"],
+                  [Column("Run", ranked=False), Column("Paper", ranked=False), Column("Δ", ranked=False),
+                   Column("Paper outside run's 95% CI", ranked=False)], footer=[REPRODUCTION_NOTE])
+    found: list[dict[str, Any]] = []
+    for source in tables:
+        for labels, cells in source.rows:
+            for column, cell in zip(source.columns, cells):
+                if cell.value is None:
+                    continue
+                for record, paper in matches(source, labels, column.label, records):
+                    outside = None if cell.low is None else not (cell.low <= paper <= cell.high)
+                    flag = "no interval" if outside is None else "⚠ yes" if outside else "no"
+                    table.rows.append(([*labels[:3], f"{record.where()} ({record.printed})"], [
+                        Cell(value=cell.value, low=cell.low, high=cell.high, std=cell.std),
+                        Cell(value=paper), Cell(value=cell.value - paper, signed=True), Cell(text=flag)]))
+                    found.append({**asdict(record), "run_model": labels[0], "run_mitigation": labels[1],
+                                  "run_split": labels[2], "report_table": source.key, "report_column": column.label,
+                                  "run_value": cell.value, "run_low": cell.low, "run_high": cell.high,
+                                  "paper_value": paper, "difference": cell.value - paper, "outside_interval": outside})
+    flagged = [row for row, cells in table.rows if cells[3].text == "⚠ yes"]
+    if flagged:
+        table.footer.append(f"Outside the run's 95% interval ({len(flagged)}): "
+                            + "; ".join(f"{row[0]} · {row[1]} · {row[3]}" for row in flagged) + ".")
+    if not table.rows:
+        table.footer.append("No run matched a published model, split and column (see `medheval published` for the "
+                            "papers' models, and ALIASES in medheval/report/published.py for their Hub ids).")
+    return table, found
+
+
+def format_tables(records: Sequence[Published]) -> str:
+    """The records as plain-text tables, one per paper table and split: a row per model × setting, a column
+    per metric, values as printed (``*``: the cell has a note, listed below); the table's note last."""
+    groups: dict[tuple[str, str], list[Published]] = {}
+    for record in records:
+        groups.setdefault((record.paper, record.table), []).append(record)
+    blocks = []
+    for (paper, number), group in groups.items():
+        lines = []
+        for split in dict.fromkeys(r.split for r in group):
+            part = [r for r in group if r.split == split]
+            metrics = list(dict.fromkeys(r.metric for r in part))
+            rows = list(dict.fromkeys((r.model, r.setting) for r in part))
+            cells = {(r.model, r.setting, r.metric): r.printed + ("*" if r.note else "") for r in part}
+            units = ", ".join(f"{u}" for u in dict.fromkeys(r.unit for r in part))
+            header = ["Model", "Setting", *metrics]
+            body = [[model, setting or "–", *(cells.get((model, setting, m), "–") for m in metrics)]
+                    for model, setting in rows]
+            widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+            lines += [f"{PAPERS[paper]}, Table {number} — {split} (as printed; scale {units})"]
+            lines += ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip()
+                      for line in [header, *body]]
+            noted: dict[str, list[str]] = {}
+            for r in part:
+                if r.note:
+                    noted.setdefault(r.note, []).append(" ".join(x for x in (r.model, r.setting, r.metric) if x))
+            lines += [f"  * {', '.join(where)}: {note}" for note, where in noted.items()] + [""]
+        lines += [f"note: {TABLE_NOTES[(paper, number)]}"] if (paper, number) in TABLE_NOTES else []
+        blocks.append("\n".join(lines).rstrip())
+    return "\n\n".join(blocks)
+
+
+def select(records: Sequence[Published], paper: str | None = None, model: str | None = None,
+           table: str | None = None) -> list[Published]:
+    """Records of ``paper`` and ``table``; ``model``: a printed name (case-insensitive substring) or a Hub id
+    (:func:`paper_models`)."""
+    if paper is not None and paper not in PAPERS:
+        raise ValueError(f"--paper {paper!r}: one of {', '.join(PAPERS)}")
+    out = [r for r in records if (paper is None or r.paper == paper) and (table is None or r.table == table)]
+    if model is not None:
+        by_id = {(p, name) for p in PAPERS for name in paper_models(model, p)}
+        out = [r for r in out if model.lower() in r.model.lower() or (r.paper, r.model) in by_id]
+    return out
+
+
+def cmd_published(args: argparse.Namespace) -> int:
+    """``medheval published [--paper P] [--table T] [--model M] [--json]``."""
+    records = select(load_published(), args.paper, args.model, args.table)
+    if not records:
+        raise ValueError("no published value matches " + " ".join(
+            f"--{key} {value}" for key, value in (("paper", args.paper), ("table", args.table),
+                                                  ("model", args.model)) if value)
+                         + " (try `medheval published` for everything)")
+    if args.json:
+        print(json.dumps([{k: v for k, v in asdict(r).items() if v is not None} for r in records], indent=1,
+                         ensure_ascii=False))
+    else:
+        print(format_tables(records))
+    return 0
+
+
+def add_published_command(commands: argparse._SubParsersAction) -> None:
+    """``medheval published``."""
+    parser = commands.add_parser("published", help="the papers' published tables, as stored in the package")
+    parser.add_argument("--paper", choices=sorted(PAPERS), help="one paper")
+    parser.add_argument("--table", help="one table number (with --paper)")
+    parser.add_argument("--model", help="a printed model name (substring) or a Hub id, e.g. llava-hf/llava-1.5-7b-hf")
+    parser.add_argument("--json", action="store_true", help="one JSON object per cell")
+    parser.set_defaults(handler=cmd_published)
