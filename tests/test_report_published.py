@@ -1,0 +1,285 @@
+"""The published numbers (issue 22, points 11-12): the transcription against the papers' text, the alias
+table, the Reproduction section of ``medheval report --compare-published`` and ``medheval published``."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import SHARED_UPSTREAM
+from medheval.cli import main
+from medheval.report.paper import Cell, Column, Table
+from medheval.report.published import (ALIASES, COLUMNS, SPLITS, Published, load_published, paper_models,
+                                       reproduction)
+
+PAPERS_DIR = SHARED_UPSTREAM.parent.parent / "papers"  # ../shared/papers beside ../shared/data/upstream
+PAPER_FILES = {"medheval": "medheval.txt", "med_hallmark": "med_hallmark.txt", "clinhallu": "clinhallu.txt",
+               "med_stepbench": "med_stepbench.txt"}
+requires_papers = pytest.mark.skipif(not PAPERS_DIR.is_dir(), reason="../shared/papers is absent")
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")  # a printed number, not part of a name (7b, 1.5-7b, 3D)
+
+# Cells read by hand from the papers' tables: (paper, table, model, setting, split, metric, printed). Those marked
+# "text" are also quoted in the paper's prose (e.g. MedHEval: "CheXagent ... (Acc = 0.739)").
+SAMPLE = [
+    ("medheval", "3", "GPT-4o", "Original", "MM-VisHal", "Acc-A", "0.775"),
+    ("medheval", "3", "CheXagent", "Original", "CXR-VisHal", "Acc", "0.739"),  # text
+    ("medheval", "3", "MiniGPT-4", "Original", "CXR-VisHal", "Acc-M", "0.301"),
+    ("medheval", "3", "LLM-CXR", "Original", "CXR-VisHal", "Acc-R", "0.403"),
+    ("medheval", "3", "Med-Flamingo", "Original", "MM-VisHal", "Acc-R", "0.327"),
+    ("medheval", "4", "LLaVA-Med", "OPERA", "CXR-VisHal", "Acc", "0.732"),
+    ("medheval", "4", "LLaVA-Med-1.5", "PAI", "MM-VisHal", "Acc-A", "0.640"),
+    ("medheval", "4", "LLaVA-Med-1.5", "DAMRO", "CXR-VisHal", "Acc-S", "0.605"),
+    ("medheval", "4", "LLaVA-Med", "AVISC", "CXR-VisHal", "Acc-R", "0.835"),
+    ("medheval", "9", "LLaVA-NeXT 13B", "PAI", "CXR-VisHal", "Acc-R", "0.645"),
+    ("medheval", "9", "LLaVA-NeXT 7B", "AVISC", "MM-VisHal", "Acc-M", "0.512"),
+    ("medheval", "9", "LLaVA-NeXT 13B", "DoLa", "MM-VisHal", "Acc", "0.453"),
+    ("medheval", "5", "CheXagent", "Original", "Report generation", "CHAIR", "6.88"),
+    ("medheval", "5", "XrayGPT", "Original", "Report generation", "RadGraph", "12.88"),
+    ("medheval", "5", "GPT-4o", "Original", "Report generation", "RaTEScore", "45.39"),
+    ("medheval", "6", "LLaVA-Med", "PAI", "Report generation", "CHAIR", "27.31"),
+    ("medheval", "6", "LLaVA-Med-1.5", "DoLa", "Report generation", "Recall", "6.29"),
+    ("medheval", "6", "LLaVA-Med", "OPERA", "Report generation", "CheXbert", "23.59"),
+    ("medheval", "10", "LLaVA-NeXT 7B", "PAI", "Report generation", "Recall", "3.83"),
+    ("medheval", "10", "LLaVA-NeXT 13B", "DoLa", "Report generation", "CHAIR", "13.90"),
+    ("medheval", "7", "GPT-4o", "Original", "Knowledge open-ended", "S_h", "0.77 ± 0.81"),  # text
+    ("medheval", "7", "XrayGPT", "Original", "Knowledge open-ended", "BLEU", "1.91"),
+    ("medheval", "7", "Med-Flamingo", "Original", "Knowledge open-ended", "ROUGE-2", "10.17"),
+    ("medheval", "8", "LLaVA-Med-1.5", "M3ID", "Knowledge open-ended", "ROUGE-1", "40.21"),
+    ("medheval", "8", "LLaVA-Med", "OPERA", "Knowledge open-ended", "METEOR", "34.02"),
+    ("medheval", "11", "LLaVA-NeXT 7B", "PAI", "Knowledge open-ended", "S_h", "2.09 ± 1.24"),
+    ("medheval", "11", "LLaVA-NeXT 13B", "M3ID", "Knowledge open-ended", "BERTScore", "88.92"),
+    ("med_hallmark", "1", "mPLUG-Owl2", "", "Med-VQA", "METEOR", "29.39"),  # text
+    ("med_hallmark", "1", "mPLUG-Owl2", "", "IRG", "BERTScore", "64.49"),  # text
+    ("med_hallmark", "1", "XrayGPT", "", "IRG", "BERTScore", "62.62"),  # text
+    ("med_hallmark", "1", "MiniGPT4", "", "IRG", "MediHall Score", "0.88"),  # text
+    ("med_hallmark", "1", "InstructBLIP-7b", "", "Med-VQA", "ROUGE-2", "0.59"),  # text
+    ("med_hallmark", "1", "InstructBLIP-13b", "", "Med-VQA", "ROUGE-2", "0.58"),  # text
+    ("med_hallmark", "1", "LLaVA-Med(SF)", "", "Med-VQA", "MediHall Score", "0.61"),  # text
+    ("med_hallmark", "1", "XrayGPT", "", "Med-VQA", "Acc", "0.02"),
+    ("med_hallmark", "1", "RadFM", "", "IRG", "BLEU", "0.05"),
+    ("med_hallmark", "2", "LLaVA1.5-13b", "", "Confidence-weakening", "BLEU", "7.19"),
+    ("med_hallmark", "2", "LLaVA-Med (SF)", "", "Conventional (true')", "MediHall Score", "0.72"),
+    ("med_hallmark", "2", "XrayGPT", "", "Confidence-weakening", "METEOR", "18.8"),
+    ("med_stepbench", "3", "MedM-VL 2D", "w/o", "EN", "Step 3 F1", "0.40"),  # text
+    ("med_stepbench", "3", "MedM-VL 2D", "w/o", "EN", "Step 4 F1", "0.61"),  # text
+    ("med_stepbench", "3", "MedM-VL 3D", "w/o", "EN", "Step 3 F1", "0.51"),  # text
+    ("med_stepbench", "3", "M3D", "w/o", "EN", "Step 3 F1", "0.38"),  # text
+    ("med_stepbench", "3", "Gemini 2.5 flash", "w/o", "EN", "Step 4 F1", "0.61"),  # text
+    ("med_stepbench", "3", "Qwen3-VL-4B", "w/o", "EN", "Step 4 F1", "0.63"),  # text
+    ("med_stepbench", "3", "LLaVA-Med", "w/o", "EN", "Step 4 F1", "0.42"),  # text
+    ("med_stepbench", "3", "Med-Flamingo", "w/o", "EN", "Step 4 F1", "0.59"),  # text
+    ("med_stepbench", "3", "GPT 4o", "w", "VI", "Step 4 R", "0.83"),
+    ("med_stepbench", "3", "Qwen3-VL-8B", "w", "VI", "Step 2 R", "0.92"),
+    ("med_stepbench", "3", "MedM-VL 3D", "w/o", "VI", "Step 4 F1", "0.39"),
+    ("clinhallu", "4", "model average", "", "VQA-RAD", "Delta^V", "15.5"),  # text
+    ("clinhallu", "4", "model average", "", "MedXpertQA", "Delta^K", "33.4"),  # text
+]
+
+
+def _paper_text(paper: str) -> str:
+    return (PAPERS_DIR / PAPER_FILES[paper]).read_text(encoding="utf-8")
+
+
+def _contains_run(tokens: list[str], run: list[str]) -> bool:
+    return any(tokens[i:i + len(run)] == run for i in range(len(tokens) - len(run) + 1))
+
+
+def _row_numbers(records: list[Published]) -> list[str]:
+    out: list[str] = []
+    for record in records:
+        out += [f"{record.value:.{record.decimals}f}"] + ([] if record.std is None
+                                                           else [f"{record.std:.{record.decimals}f}"])
+    return out
+
+
+def test_sample_is_big_enough_and_spans_every_paper() -> None:
+    assert len(SAMPLE) >= 30
+    assert {row[0] for row in SAMPLE} == set(PAPER_FILES)
+
+
+@requires_papers
+@pytest.mark.parametrize("paper, table, model, setting, split, metric, printed", SAMPLE)
+def test_sampled_cell_matches_the_paper(paper: str, table: str, model: str, setting: str, split: str, metric: str,
+                                        printed: str) -> None:
+    """Each hand-read cell (SAMPLE: paper, table, row, column as printed) is stored with exactly the printed
+    value, and the paper's table line of that row shows it (ClinHallu Table 4: the sentence of the text that
+    quotes it, with "%", as the table body is absent from the text copy)."""
+    found = [r for r in load_published() if (r.paper, r.table, r.model, r.setting, r.split, r.metric)
+             == (paper, table, model, setting, split, metric)]
+    assert len(found) == 1, f"{paper} Table {table} {model} {setting} {split} {metric}: {len(found)} records"
+    assert found[0].printed == printed
+    text = _paper_text(paper)
+    if paper == "clinhallu":
+        assert f"{printed}%" in text
+        return
+    first = printed.split(" ± ")[0]
+    assert any(model.split(" ")[0] in line or setting in line for line in text.splitlines()
+               if first in NUMBER.findall(line))
+
+
+@requires_papers
+def test_every_stored_row_is_a_row_of_the_paper() -> None:
+    """Every stored row (one model × setting × table, its cells in the file's column order, S_h with its std;
+    Med-HallMark Table 2: per question type) appears in the paper's text as consecutive printed numbers of one line: the transcription neither drops,
+    adds nor reorders a value. MedHEval Table 3 (GPT-4o) e.g. is the line "GPT-4o 0.775 0.697 ... 0.794"."""
+    rows: dict[tuple[str, ...], list[Published]] = {}
+    for record in load_published():
+        if record.paper != "clinhallu":  # Med-HallMark Table 2 prints each question type on its own line
+            split = record.split if (record.paper, record.table) == ("med_hallmark", "2") else ""
+            rows.setdefault((record.paper, record.table, record.model, record.setting, split), []).append(record)
+    assert len(rows) > 100
+    lines = {paper: [NUMBER.findall(line) for line in _paper_text(paper).splitlines()] for paper in PAPER_FILES}
+    missing = [key for key, records in rows.items()
+               if not any(_contains_run(tokens, _row_numbers(records)) for tokens in lines[key[0]])]
+    assert not missing, f"rows not found in the paper text: {missing[:5]}"
+
+
+def test_shape_of_the_transcription() -> None:
+    """Counts per table follow from the papers' tables: MedHEval Table 3 has 9 models × 2 splits × 5 columns
+    = 90 cells; Table 4, 16 rows (2 models × 8 settings) × 10 = 160; Table 9, 13 rows × 10 = 130; Table 5,
+    11 × 5 = 55; Table 6, 16 × 5 = 80; Table 10, 13 × 5 = 65; Table 7, 11 × 7 = 77; Table 8, 16 × 7 = 112;
+    Table 11, 13 × 7 = 91. Med-HallMark Table 1: 12 models × 15 columns, less the 5 empty IRG MediHall cells
+    = 175; Table 2: 4 models × 2 question types × 7 = 56. Med-StepBench Table 3: 7 models with both languages
+    (16 cells without knowledge), 5 of them with knowledge (12: no Step 1), 4 English-only models (8), 3 of
+    them with knowledge (6): 112 + 60 + 32 + 18 = 222."""
+    counts: dict[tuple[str, str], int] = {}
+    for record in load_published():
+        counts[(record.paper, record.table)] = counts.get((record.paper, record.table), 0) + 1
+    assert counts == {("medheval", "3"): 90, ("medheval", "4"): 160, ("medheval", "9"): 130, ("medheval", "5"): 55,
+                      ("medheval", "6"): 80, ("medheval", "10"): 65, ("medheval", "7"): 77, ("medheval", "8"): 112,
+                      ("medheval", "11"): 91, ("med_hallmark", "1"): 175, ("med_hallmark", "2"): 56,
+                      ("med_stepbench", "3"): 222, ("clinhallu", "4"): 4}
+
+
+def test_alias_table_points_at_stored_models_splits_and_columns() -> None:
+    """Every alias names a model the file holds for that paper; every split and report column mapping names a
+    split and metric the file holds (a typo there would silently match nothing)."""
+    records = load_published()
+    for paper, name in ALIASES:
+        assert any(r.paper == paper and r.model == name for r in records), (paper, name)
+    for paper, split in SPLITS:
+        assert any(r.paper == paper and r.split == split for r in records), (paper, split)
+    for paper, tables, columns in COLUMNS.values():
+        for metric, _ in columns.values():
+            assert any(r.paper == paper and r.table in tables and r.metric == metric for r in records), metric
+
+
+def test_alias_matching() -> None:
+    """A Hub id matches case-insensitively; an API spec without its prefix and endpoint; a local folder by its
+    last path part; a Hub id of another organisation does not; a model only in another paper does not."""
+    assert paper_models("llava-hf/llava-1.5-7b-hf", "med_hallmark") == ["LLaVA1.5-7b"]
+    assert paper_models("LLAVA-HF/llava-1.5-7B-hf", "med_hallmark") == ["LLaVA1.5-7b"]
+    assert paper_models("/models/llava-1.5-7b-hf/", "med_hallmark") == ["LLaVA1.5-7b"]
+    assert paper_models("someone/llava-1.5-7b-hf", "med_hallmark") == []
+    assert paper_models("llava-hf/llava-1.5-7b-hf", "medheval") == []
+    assert paper_models("openai:gpt-4o@http://127.0.0.1:8000/v1", "medheval") == ["GPT-4o"]
+    assert paper_models("openai:gpt-4o@http://127.0.0.1:8000/v1", "med_stepbench") == ["GPT 4o"]
+    assert paper_models("llava-hf/llava-v1.6-vicuna-7b-hf", "medheval") == ["LLaVA-NeXT 7B"]
+    assert paper_models("CheXagent", "medheval") == ["CheXagent"]  # the printed name itself
+
+
+def _close_ended(model: str, mitigation: str, acc_a: Cell, acc: Cell) -> Table:
+    table = Table("medheval_close_ended", "t", ["Model", "Mitigation", "Split"],
+                  [Column("Acc-A"), Column("Acc"), Column("n", ranked=False)])
+    table.rows.append(([model, mitigation, "mm_vishal:all"], [acc_a, acc, Cell(text="10")]))
+    return table
+
+
+def test_reproduction_known_difference_and_flag() -> None:
+    """MedHEval Tables 3 and 9 print LLaVA-NeXT 7B (llava-hf/llava-v1.6-vicuna-7b-hf, Original) on MM-VisHal
+    as Acc-A 0.576 and Acc 0.494, i.e. 57.6 and 49.4 in the report's %. A run with Acc 52.0 [48.0, 56.0]:
+    Δ = 52.0 − 49.4 = +2.6, and 49.4 lies inside the interval (not flagged). Acc-A 50.0 [45.0, 55.0]:
+    Δ = 50.0 − 57.6 = −7.6, and 57.6 lies above 55.0 (flagged). Each cell matches two published cells
+    (Table 3 and Table 9's Original row); the count column n matches none. With PAI only Table 9's PAI row
+    matches: Acc 0.499 → Δ = 52.0 − 49.9 = +2.1."""
+    table = _close_ended("llava-hf/llava-v1.6-vicuna-7b-hf", "none", Cell(value=50.0, low=45.0, high=55.0),
+                         Cell(value=52.0, low=48.0, high=56.0))
+    reproduced, records = reproduction([table])
+    got = {(r["table"], r["metric"]): (round(r["paper_value"], 6), round(r["difference"], 6), r["outside_interval"])
+           for r in records}
+    assert got == {("3", "Acc-A"): (57.6, -7.6, True), ("9", "Acc-A"): (57.6, -7.6, True),
+                   ("3", "Acc"): (49.4, 2.6, False), ("9", "Acc"): (49.4, 2.6, False)}
+    assert [cells[3].text for _, cells in reproduced.rows] == ["⚠ yes", "⚠ yes", "no", "no"]
+    assert any("Outside the run's 95% interval (2)" in line for line in reproduced.footer)
+    pai = _close_ended("llava-hf/llava-v1.6-vicuna-7b-hf", "pai", Cell(value=50.0), Cell(value=52.0))
+    _, records = reproduction([pai])
+    assert [(r["table"], r["setting"], r["metric"]) for r in records] == [("9", "PAI", "Acc-A"), ("9", "PAI", "Acc")]
+    assert records[1]["difference"] == pytest.approx(2.1)
+    assert records[1]["outside_interval"] is None  # no interval: said, not flagged
+
+
+def test_reproduction_stepbench_knowledge_and_no_match() -> None:
+    """Med-StepBench Table 3, Qwen3-VL-8B (Qwen/Qwen3-VL-8B-Instruct), EN Step 2 F1: 0.69 without knowledge,
+    0.73 with ('w', matched to knowledge=both). A run cell of 70.0 [60.0, 80.0] gives Δ = +1.0 and −3.0,
+    both inside. An unknown model matches nothing, and the table says so."""
+    table = Table("med_stepbench", "t", ["Model", "Mitigation", "Knowledge"], [Column("EN S2 F1")])
+    for knowledge in ("none", "both"):
+        table.rows.append((["Qwen/Qwen3-VL-8B-Instruct", "none", knowledge], [Cell(value=70.0, low=60.0, high=80.0)]))
+    _, records = reproduction([table])
+    assert [(r["setting"], round(r["difference"], 6), r["outside_interval"]) for r in records] == [
+        ("w/o", 1.0, False), ("w", -3.0, False)]
+    other = _close_ended("my/model", "none", Cell(value=1.0), Cell(value=2.0))
+    empty, records = reproduction([other])
+    assert records == [] and not empty.rows and any("No run matched" in line for line in empty.footer)
+
+
+def test_report_compare_published_end_to_end(tmp_path: Path) -> None:
+    """``medheval report RUN --compare-published``: a run of llava-hf/llava-v1.6-vicuna-7b-hf on mm_vishal:all
+    with 10 items, 5 right (Acc 50.0%), the anatomy items (0, 4, 8) all wrong (Acc-A 0.0%, interval [0, 0]).
+    Against MedHEval Table 3: Acc 49.4 → Δ = +0.6, inside the interval; Acc-A 57.6 → Δ = −57.6, outside
+    (flagged, listed in the footer). report.md has the Reproduction heading; report.json the records."""
+    from report_runs import write_run
+
+    correct = [False, True, True, True, False, True, False, False, False, True]
+    run = write_run(tmp_path / "run", "none", correct, model="llava-hf/llava-v1.6-vicuna-7b-hf")
+    out = tmp_path / "report"
+    assert main(["report", str(run), "--output", str(out), "--no-plots", "--compare-published"]) == 0
+    markdown = (out / "report.md").read_text()
+    assert "## Reproduction" in markdown
+    assert "MedHEval Table 3: LLaVA-NeXT 7B · Original · MM-VisHal · Acc (0.494)" in markdown
+    records = json.loads((out / "report.json").read_text())["reproduction"]
+    table3 = {r["metric"]: r for r in records if r["table"] == "3"}
+    assert table3["Acc"]["difference"] == pytest.approx(0.6)
+    assert table3["Acc"]["outside_interval"] is False
+    assert table3["Acc-A"]["difference"] == pytest.approx(-57.6)
+    assert table3["Acc-A"]["outside_interval"] is True
+    assert "Outside the run's 95% interval" in markdown and "Reproduction" in (out / "report.html").read_text()
+    plain = tmp_path / "plain"
+    assert main(["report", str(run), "--output", str(plain), "--no-plots", "--no-html"]) == 0
+    assert "Reproduction" not in (plain / "report.md").read_text()
+    assert "reproduction" not in json.loads((plain / "report.json").read_text())
+
+
+def test_published_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """``medheval published``: MedHEval Table 3's CheXagent row as printed (CXR-VisHal Acc 0.739); --json gives
+    its 10 cells; a model by Hub id (StanfordAIMI/CheXagent-8b) finds the same; no match exits 2 and says so."""
+    assert main(["published", "--paper", "medheval", "--table", "3", "--model", "CheXagent"]) == 0
+    text = capsys.readouterr().out
+    assert "MedHEval (arXiv 2503.02157), Table 3 — CXR-VisHal" in text
+    assert re.search(r"CheXagent\s+Original\s+0\.782\s+0\.576\s+0\.739\s+0\.851\s+0\.739", text)
+    assert main(["published", "--paper", "medheval", "--table", "3", "--model", "StanfordAIMI/CheXagent-8b",
+                 "--json"]) == 0
+    cells = json.loads(capsys.readouterr().out)
+    assert len(cells) == 10 and {c["model"] for c in cells} == {"CheXagent"}
+    assert main(["published", "--model", "no-such-model"]) == 2
+    assert "no published value matches --model no-such-model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"paper": "x", "table": "1", "model": "m", "split": "s", "metric": "a", "setting": "", "value": 1, '
+     '"decimals": 0, "unit": "0-1"}', "unknown paper 'x'"),
+    ('{"paper": "medheval", "table": "1", "model": "m", "split": "s", "metric": "a", "setting": "", "value": "1", '
+     '"decimals": 0, "unit": "0-1"}', "field 'value' must be a number"),
+    ('{"paper": "medheval", "table": "1", "model": "m", "split": "s", "metric": "a", "setting": "", "value": 1, '
+     '"decimals": 0, "unit": "%"}', "unit '%' is not one of"),
+    ('{"paper": "medheval", "table": 3}', "field 'table' must be a string"),
+    ("not json", "not JSON"),
+])
+def test_bad_published_file_names_line_and_field(tmp_path: Path, line: str, says: str) -> None:
+    path = tmp_path / "published.jsonl"
+    path.write_text("\n" + line + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: ") + ".*" + re.escape(says)):
+        load_published(path)
