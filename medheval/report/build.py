@@ -1,7 +1,8 @@
 """``medheval report RUN_DIR... --output DIR``: tables (Markdown, CSV, JSON), plots and one HTML file.
 
 Writes ``report.md``, ``tables.csv`` (one tidy row per cell), ``report.json`` (tables, comparisons,
-notes), ``plots/*.png`` and ``report.html`` (self-contained). Plots need matplotlib (the ``report``
+notes), ``plots/*.png`` and ``report.html`` (self-contained); ``--compare-published`` adds the Reproduction
+table (:mod:`medheval.report.published`). Plots need matplotlib (the ``report``
 extra); without it the report is written without them and says so.
 """
 

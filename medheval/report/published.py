@@ -92,7 +92,7 @@ COLUMNS: dict[str, tuple[str, tuple[str, ...], dict[str, tuple[str, str]]]] = {
         "S_h ↓": ("S_h", "0-5")}),
     "med_hallmark": ("med_hallmark", ("1", "2"), {
         **{label: (label, "0-100") for label in ("BERTScore", "METEOR", "ROUGE-1", "ROUGE-2", "ROUGE-L", "BLEU")},
-        "MediHall Score": ("MediHall Score", "0-1"), "MediHall": ("MediHall Score", "0-1"), "Acc": ("Acc", "0-100")}),
+        "MediHall Score": ("MediHall Score", "0-1"), "MediHall": ("MediHall Score", "0-1")}),
 }
 MITIGATIONS = {"none": "Original", "vcd": "VCD", "dola": "DoLa", "opera": "OPERA", "avisc": "AVISC", "m3id": "M3ID",
                "damro": "DAMRO", "pai": "PAI"}
