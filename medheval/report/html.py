@@ -28,11 +28,12 @@ FOLD_CAVEATS = 8  # caveats shown open; the rest fold into a <details> that says
 THUMBNAIL_PX = 128
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1400px;overflow-wrap:anywhere}
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1400px}
+p{overflow-wrap:anywhere}
 table{border-collapse:collapse;margin:.5em 0;font-size:13px}
 th,td{border:1px solid #bbb;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#eee}.best{font-weight:bold;background:#e3f1e9}.worst{background:#fbe9e2}
-.foot{font-size:12px;color:#555;margin:0 0 1.5em}.caveats li{color:#8a3b00}
+.foot{font-size:12px;color:#555;margin:0 0 1.5em}.caveats li{color:#8a3b00;overflow-wrap:anywhere}
 .legend{font-size:12px;color:#333;margin:0 0 .3em}.legend td{border:none;padding:0 .6em 0 0}
 .legend td:last-child{font-family:monospace;word-break:break-all}.section-notes{border-top:1px solid #ccc}
 #samples td{max-width:420px;white-space:pre-wrap;word-break:break-word}

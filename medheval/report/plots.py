@@ -280,9 +280,15 @@ def clinhallu_rates(runs: list[Run], path: Path) -> Path | None:
 
 
 def stepbench_steps(runs: list[Run], path: Path) -> Path | None:
+    """The :func:`stepbench_figure` as a PNG."""
+    fig = stepbench_figure(runs)
+    return None if fig is None else _save(fig, path)
+
+
+def stepbench_figure(runs: list[Run]) -> Figure | None:
     """Med-StepBench recall and F1 (%) per step (its Table 3 as bars with 95% intervals): a panel per
-    measure × language (EN, VI), a bar per model · mitigation · knowledge setting; Step 1 has no bar in a row
-    with knowledge (its prompts take none)."""
+    measure × language (EN, VI), a bar per model · mitigation · knowledge setting (hatched: with knowledge);
+    Step 1 has no bar in a row with knowledge (its prompts take none)."""
     table = stepbench(runs)
     if table is None or not table.rows:
         return None
@@ -306,7 +312,7 @@ def stepbench_steps(runs: list[Run], path: Path) -> Path | None:
             ax.set_ylim(0, 100)
             ax.set_title(f"{language.upper()}: {name} (%)", fontsize=9)
     _legend_below(fig, axes[0])
-    return _save(fig, path)
+    return fig
 
 
 def agreement_plot(path: Path, confusion: dict[str, Any] | None = None, judge: Sequence[float] | None = None,
