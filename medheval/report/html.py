@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from medheval.run.outputs import atomic_write_text
-from medheval.report.collect import STACK_COLUMNS, Run, software_stack
+from medheval.report.collect import STACK_COLUMNS, Run, mitigation_labels, software_stack
 from medheval.report.paper import Table, format_cell, legend_lines, sections
 from medheval.data.schema import is_credentialed
 
@@ -33,7 +33,7 @@ p{overflow-wrap:anywhere}
 table{border-collapse:collapse;margin:.5em 0;font-size:13px}
 th,td{border:1px solid #bbb;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#eee}.best{font-weight:bold;background:#e3f1e9}.worst{background:#fbe9e2}
-.foot{font-size:12px;color:#555;margin:0 0 1.5em}.caveats li{color:#8a3b00;overflow-wrap:anywhere}
+.foot{font-size:12px;color:#555;margin:0 0 1.5em}.caveats li{color:#8a3b00;overflow-wrap:anywhere}.runs li{overflow-wrap:anywhere}
 .legend{font-size:12px;color:#333;margin:0 0 .3em}.legend td{border:none;padding:0 .6em 0 0}
 .legend td:last-child{font-family:monospace;word-break:break-all}.section-notes{border-top:1px solid #ccc}
 #samples td{max-width:420px;white-space:pre-wrap;word-break:break-word}
@@ -122,6 +122,16 @@ def _tables_html(tables: list[Table]) -> str:
     return "".join(parts)
 
 
+def _runs_html(runs: list[Run]) -> str:
+    """The runs by model · short mitigation label; their folders and full settings folded below."""
+    e = html.escape
+    short = mitigation_labels(run.mitigation for run in runs)
+    names = ", ".join(f"{run.model} · {short[run.mitigation]}" for run in runs)
+    folders = "".join(f"<li>{e(run.label)} ({e(str(run.path))})</li>" for run in runs)
+    return (f"<p>Runs ({len(runs)}): {e(names)}</p><details class='runs'><summary>Run folders and full "
+            f"settings</summary><ul>{folders}</ul></details>")
+
+
 def _caveats_html(notes: list[str]) -> str:
     """The caveats as a list; beyond :data:`FOLD_CAVEATS` the rest fold into one ``<details>``."""
     if not notes:
@@ -207,7 +217,7 @@ def write_html(runs: list[Run], tables: list[Table], figures: dict[str, Path], n
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 <title>MedHEval-HF report</title><style>{_STYLE}</style></head><body>
 <h1>MedHEval-HF report</h1>
-<p>Runs: {e(", ".join(f"{run.label} ({run.path})" for run in runs))}</p>
+{_runs_html(runs)}
 {_caveats_html(notes)}
 {_stack_html(runs)}
 <h2>Tables</h2>{_tables_html(tables) or "<p>No table: the runs hold no scored metric.</p>"}

@@ -362,8 +362,7 @@ def _write_plots(runs: list[Run], folder: Path) -> dict[str, Path]:
     made = {"category_accuracy": category_accuracy(runs, folder / "category_accuracy.png"),
             "mitigation_deltas": mitigation_deltas(records, folder / "mitigation_deltas.png"),
             "medihall_levels": medihall_levels(runs, folder / "medihall_levels.png"),
-            "clinhallu": clinhallu_rates(runs, folder / "clinhallu.png"),
-            "stepbench_steps": stepbench_steps(runs, folder / "stepbench_steps.png")}
+            "clinhallu": clinhallu_rates(runs, folder / "clinhallu.png")}
     for run in runs:
         for split, entry in run.results["benchmarks"].items():
             confusion = (entry.get("metrics", {}).get("medihall_detection") or {}).get("confusion")
@@ -371,4 +370,5 @@ def _write_plots(runs: list[Run], folder: Path) -> dict[str, Path]:
                 name = f"agreement_{len(made)}"
                 made[name] = agreement_plot(folder / f"{name}.png", confusion=confusion,
                                             title=f"{run.model} · {split}: levels vs human")
+    made["stepbench_steps"] = stepbench_steps(runs, folder / "stepbench_steps.png")
     return {name: path for name, path in made.items() if path is not None}
