@@ -63,8 +63,8 @@ def test_short_labels_are_method_and_preset_and_stay_distinct():
     # two official OPERA runs: the settings they differ in are appended, its own first (–: not set)
     assert labels[SPECS[8]] == "opera (official, scale_factor=50.0, threshold=25, num_attn_candidates=5, " \
                                "penalty_weights=1.0, window_size=512)"
-    assert labels["opera:preset=official,threshold=30,num_beams=5"] == \
-        "opera (official, threshold=30, scale_factor=–, num_attn_candidates=–, penalty_weights=–, window_size=–)"
+    assert labels["opera:preset=official,threshold=30,num_beams=5"] == (
+        "opera (official, threshold=30, scale_factor=–, num_attn_candidates=–, penalty_weights=–, window_size=–)")
     assert labels["vcd:alpha=1"] == "vcd:alpha=1"  # short, no preset: as it is
     assert labels["dola:layers=medheval,relative_top=0.1,final_norm=false"] == "dola"
     assert len(set(labels.values())) == len(labels)
@@ -135,7 +135,8 @@ def test_caveats_are_grouped_across_runs_and_long_lists_fold(grid):
     caveats = page.split("<h2>Caveats (11)</h2>")[1].split("<h2>")[0]
     open_part, folded = caveats.split("<details class='more-caveats'>")
     assert open_part.count("<li>") == FOLD_CAVEATS
-    assert f"<summary>{11 - FOLD_CAVEATS} more caveats</summary>" in folded and folded.count("<li>") == 11 - FOLD_CAVEATS
+    assert f"<summary>{11 - FOLD_CAVEATS} more caveats</summary>" in folded
+    assert folded.count("<li>") == 11 - FOLD_CAVEATS
 
 
 def test_deltas_heatmap_known_cells_and_labels_that_never_overlap(grid):
@@ -268,8 +269,8 @@ def test_report_at_1400_px_in_headless_chromium(grid, tmp_path):
             " return th.getBoundingClientRect().right; })()")
         assert 0 < edge <= 1400
         assert browser.evaluate("document.documentElement.scrollWidth") <= 1400  # no horizontal scrolling
-        first = browser.evaluate("document.querySelector('table[data-table=medheval_close_ended] tbody td:nth-child(2)')"
-                                 ".textContent")
+        first = browser.evaluate("document.querySelector('table[data-table=medheval_close_ended] tbody "
+                                 "td:nth-child(2)').textContent")
         assert first == "none"
         caveats = browser.evaluate("Array.from(document.querySelectorAll('ul.caveats li')).map(li => li.textContent)")
         assert len(caveats) == len(set(caveats)) == 11
@@ -277,7 +278,8 @@ def test_report_at_1400_px_in_headless_chromium(grid, tmp_path):
         visible = "Array.from(document.querySelectorAll('ul.caveats li')).filter(li => li.checkVisibility()).length"
         assert browser.evaluate(visible) == FOLD_CAVEATS
         plot = browser.evaluate("(() => { const i = document.querySelector('img.plot[alt=mitigation_deltas]');"
-                                " const r = i.getBoundingClientRect(); return [r.right, r.height, i.naturalWidth]; })()")
+                                " const r = i.getBoundingClientRect();"
+                                " return [r.right, r.height, i.naturalWidth]; })()")
         assert 0 < plot[0] <= 1400 and plot[1] > 0 and plot[2] > 0
         shots = [browser.screenshot(tmp_path / "report_1400.png")]
         browser.evaluate("document.querySelector('details.more-caveats').open = true;"
@@ -293,3 +295,16 @@ def test_report_at_1400_px_in_headless_chromium(grid, tmp_path):
         assert browser.errors() == []
     finally:
         browser.close()
+
+
+def test_grid_results_md_uses_short_labels_and_lists_the_full_settings(grid, tmp_path):
+    from medheval.report.tables import write_grid_markdown
+
+    runs = [json.loads((grid / mitigation_slug(spec) / "results.json").read_text()) for spec in SPECS]
+    write_grid_markdown(runs, tmp_path / "results.md")
+    text = (tmp_path / "results.md").read_text()
+    table = text.split("## Close-ended accuracy (%)")[1].split("\n## ")[0]
+    assert "| m | none |" in table and "| m | avisc (medheval) |" in table and SPECS[5] not in table
+    legend = text.split("## Mitigation settings")[1].split("\n\n")[1].splitlines()
+    assert legend[0] == f"- `vcd (medheval)`: `{SPECS[1]}`" and len(legend) == 8
+    assert f"`m` · `opera (official)`: {SHARED_WARNING}" in text  # caveats and warnings name runs short too

@@ -218,7 +218,7 @@ def deltas_figure(records: list[dict[str, Any]]) -> Figure | None:
             ax.text(index % len(columns), index // len(columns), text, ha="center", va="center", fontsize=7,
                     color=colour, linespacing=1.1)
         ax.xaxis.tick_top()
-        ax.set_xticks(range(len(columns)), [textwrap.fill(split, LABEL_CHARS) + "\n" + textwrap.fill(metric, LABEL_CHARS)
+        ax.set_xticks(range(len(columns)), [f"{textwrap.fill(split, LABEL_CHARS)}\n{textwrap.fill(metric, LABEL_CHARS)}"
                                             for split, metric in columns], fontsize=7)
         ax.set_yticks(range(len(rows)), row_labels, fontsize=8)
         ax.tick_params(length=0)
