@@ -20,7 +20,7 @@ from typing import Any
 
 from medheval.run.outputs import atomic_write_text
 from medheval.report.collect import STACK_COLUMNS, Run, mitigation_labels, software_stack
-from medheval.report.paper import Table, format_cell, legend_lines, sections
+from medheval.report.paper import Table, format_cell, sections
 from medheval.data.schema import is_credentialed
 
 MAX_SAMPLES = 5000  # per report; the browser says when items were left out

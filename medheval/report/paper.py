@@ -10,7 +10,9 @@ the same items. A figure is the value in ``results.json``; its interval is recom
 with :mod:`medheval.report.stats`, and only when the per-item values reproduce that figure — otherwise the
 cell says why there is none. Intervals and paired comparisons resample the split's clusters (the unit its
 benchmark declares: image, study, report or item; :func:`clusters`), or items with ``--cluster none``;
-each table's footer names the unit and the number of clusters per split.
+each table's footer names the unit and the number of clusters per split. Mitigations are shown by a short
+label (method and preset) with their full settings in a legend (:func:`shorten`); the report shows the
+tables by benchmark family, a footer line that several of a family's tables share once (:func:`sections`).
 """
 
 from __future__ import annotations
