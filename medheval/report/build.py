@@ -101,7 +101,7 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     ``compare_published``: add the "Reproduction" table (:func:`medheval.report.published.reproduction`)."""
     from medheval.run.outputs import atomic_write_text
     from medheval.report.collect import find_runs, software_stack
-    from medheval.report.paper import build_tables, comparisons, to_csv, to_json, to_markdown
+    from medheval.report.paper import build_tables, comparisons, sections_markdown, to_csv, to_json
 
     runs = find_runs(paths, cluster=cluster) if runs is None else runs
     output = Path(output)
@@ -116,7 +116,7 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     header += ["## Caveats", "", *(f"- {line}" for line in notes), ""] if notes else []
     header += usage_section(runs)
     header += stack_section(runs)
-    markdown = "\n".join(header) + "\n" + "\n".join(to_markdown(table) for table in tables)
+    markdown = "\n".join(header) + "\n" + sections_markdown(tables)
     markdown += "".join(f"\n![{name}](plots/{path.name})\n" for name, path in figures.items())
     atomic_write_text(output / "report.md", markdown)
     atomic_write_text(output / "tables.csv", to_csv(tables))

@@ -176,7 +176,8 @@ def _prompts(path: Path) -> dict[str, str]:
 
 
 def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
-    """Every run folder under ``paths`` (a run, a grid, or a folder of them), each once, in path order.
+    """Every run folder under ``paths`` (a run, a grid, or a folder of them), each once, in path order
+    except that each model's ``none`` run comes first (:func:`baseline_first`).
 
     A grid's combined results.json whose sub-folders are gone still yields its runs (without items).
     ``cluster`` (:data:`CLUSTER_MODES`) is how their intervals resample (:attr:`Run.cluster`)."""
@@ -198,7 +199,55 @@ def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
                 seen.add(run.path.resolve())
                 run.cluster = cluster
                 runs.append(run)
-    return runs
+    return baseline_first(runs)
+
+
+def baseline_first(runs: Sequence[Run]) -> list[Run]:
+    """``runs`` with each model's runs together and its ``none`` run (the baseline) first; otherwise in the
+    given order (models in order of first appearance)."""
+    models = list(dict.fromkeys(run.model for run in runs))
+    order = {id(run): (models.index(run.model), run.mitigation != "none", index) for index, run in enumerate(runs)}
+    return sorted(runs, key=lambda run: order[id(run)])
+
+
+def _settings_of(spec: str) -> tuple[str, dict[str, str]]:
+    """``name:key=value,...`` (the spec of :meth:`medheval.decoding.loop.DecodingMethod.spec`) as
+    (name, {key: value})."""
+    name, _, rest = spec.partition(":")
+    return name, {key: value for key, _, value in (part.partition("=") for part in rest.split(",") if part)}
+
+
+SHORT_SPEC = 24  # a spec without a preset up to this many characters is shown as it is
+
+
+def mitigation_labels(specs: Iterable[str]) -> dict[str, str]:
+    """A short label per mitigation spec for table rows and figures: the method and its preset
+    (``avisc:preset=medheval,alpha=1.0,...`` -> ``avisc (medheval)``); a spec without a preset stays as it is
+    when short, else its method. Specs that would share a label get the settings they differ in appended
+    (``opera (official, threshold=25)``); any still alike keep their full spec. The full specs go in a legend."""
+    parsed = {spec: _settings_of(spec) for spec in dict.fromkeys(specs)}
+
+    def base(spec: str) -> str:
+        name, settings = parsed[spec]
+        if "preset" in settings:
+            return f"{name} ({settings['preset']})"
+        return spec if len(spec) <= SHORT_SPEC else name
+
+    labels = {spec: base(spec) for spec in parsed}
+    for spec, label in list(labels.items()):
+        twins = [other for other in parsed if other != spec and base(other) == label]
+        if not twins:
+            continue
+        name, settings = parsed[spec]
+        keys = dict.fromkeys(key for other in [spec, *twins] for key in parsed[other][1] if key != "preset")
+        differing = [f"{key}={settings.get(key, '–')}" for key in keys
+                     if any(parsed[other][1].get(key) != settings.get(key) for other in twins)]
+        shown = ([settings["preset"]] if "preset" in settings else []) + differing
+        labels[spec] = f"{name} ({', '.join(shown)})" if shown else spec
+    for spec, label in labels.items():
+        if sum(other == label for other in labels.values()) > 1:
+            labels[spec] = spec
+    return labels
 
 
 def _walk(path: Path, depth: int) -> list[Run]:

@@ -19,19 +19,23 @@ from pathlib import Path
 from typing import Any
 
 from medheval.run.outputs import atomic_write_text
-from medheval.report.collect import STACK_COLUMNS, Run, software_stack
-from medheval.report.paper import Table, format_cell
+from medheval.report.collect import STACK_COLUMNS, Run, mitigation_labels, software_stack
+from medheval.report.paper import Table, format_cell, sections
 from medheval.data.schema import is_credentialed
 
 MAX_SAMPLES = 5000  # per report; the browser says when items were left out
+FOLD_CAVEATS = 8  # caveats shown open; the rest fold into a <details> that says how many it holds
 THUMBNAIL_PX = 128
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1400px}
+p{overflow-wrap:anywhere}
 table{border-collapse:collapse;margin:.5em 0;font-size:13px}
 th,td{border:1px solid #bbb;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#eee}.best{font-weight:bold;background:#e3f1e9}.worst{background:#fbe9e2}
-.foot{font-size:12px;color:#555;margin:0 0 1.5em}.caveats li{color:#8a3b00}
+.foot{font-size:12px;color:#555;margin:0 0 1.5em}.caveats li{color:#8a3b00;overflow-wrap:anywhere}.runs li{overflow-wrap:anywhere}
+.legend{font-size:12px;color:#333;margin:0 0 .3em}.legend td{border:none;padding:0 .6em 0 0}
+.legend td:last-child{font-family:monospace;word-break:break-all}.section-notes{border-top:1px solid #ccc}
 #samples td{max-width:420px;white-space:pre-wrap;word-break:break-word}
 img.plot{max-width:100%;border:1px solid #ddd;margin:.5em 0}
 .filters label{margin-right:1em}
@@ -84,18 +88,60 @@ def _json_for_script(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def _table_html(table: Table) -> str:
+def _table_html(table: Table, footer: list[str] | None = None) -> str:
+    """A table with short row labels, the legend of their full settings under it, then ``footer`` (the
+    table's own lines; its whole footer when ``None``)."""
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in [*table.row_header, *(c.label for c in table.columns)])
     rows = []
     for labels, cells in table.rows:
-        tds = "".join(f"<td>{e(label)}</td>" for label in labels)
+        tds = "".join(f"<td>{e(table.shown(label))}</td>" for label in labels)
         tds += "".join(f'<td class="{cell.mark}"' + (f' title="{e(cell.note)}"' if cell.note else "")
                        + f">{e(format_cell(cell, markdown=False))}</td>" for cell in cells)
         rows.append(f"<tr>{tds}</tr>")
-    foot = "".join(f"<div>{e(line)}</div>" for line in table.footer)
-    return (f'<h3>{e(table.title)}</h3><table class="paper" data-table="{e(table.key)}"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table><div class="foot">{foot}</div>')
+    foot = "".join(f"<div>{e(line)}</div>" for line in (table.footer if footer is None else footer))
+    legend = ""
+    if table.labels:
+        entries = "".join(f"<tr><td>{e(short)}</td><td>{e(spec)}</td></tr>" for spec, short in table.labels.items())
+        legend = (f'<details class="legend" data-legend="{e(table.key)}"><summary>Mitigation settings '
+                  f'({len(table.labels)} short labels)</summary><table>{entries}</table></details>')
+    return (f'<h4>{e(table.title)}</h4><table class="paper" data-table="{e(table.key)}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>{legend}<div class="foot">{foot}</div>')
+
+
+def _tables_html(tables: list[Table]) -> str:
+    """The tables section by section (:func:`medheval.report.paper.sections`): the notes that tables of a
+    section share are said once, under its last table."""
+    e = html.escape
+    parts = []
+    for section in sections(tables):
+        body = "".join(_table_html(table, footer) for table, footer in section.tables)
+        notes = "".join(f"<div>{e(line)}</div>" for line in section.notes)
+        notes = f'<div class="foot section-notes"><b>Notes for the tables above</b>{notes}</div>' if notes else ""
+        parts.append(f'<section class="tables"><h3>{e(section.title)}</h3>{body}{notes}</section>')
+    return "".join(parts)
+
+
+def _runs_html(runs: list[Run]) -> str:
+    """The runs by model · short mitigation label; their folders and full settings folded below."""
+    e = html.escape
+    short = mitigation_labels(run.mitigation for run in runs)
+    names = ", ".join(f"{run.model} · {short[run.mitigation]}" for run in runs)
+    folders = "".join(f"<li>{e(run.label)} ({e(str(run.path))})</li>" for run in runs)
+    return (f"<p>Runs ({len(runs)}): {e(names)}</p><details class='runs'><summary>Run folders and full "
+            f"settings</summary><ul>{folders}</ul></details>")
+
+
+def _caveats_html(notes: list[str]) -> str:
+    """The caveats as a list; beyond :data:`FOLD_CAVEATS` the rest fold into one ``<details>``."""
+    if not notes:
+        return ""
+    e = html.escape
+    shown = "".join(f"<li>{e(n)}</li>" for n in notes[:FOLD_CAVEATS])
+    rest = notes[FOLD_CAVEATS:]
+    folded = (f"<details class='more-caveats'><summary>{len(rest)} more caveats</summary><ul class='caveats'>"
+              + "".join(f"<li>{e(n)}</li>" for n in rest) + "</ul></details>") if rest else ""
+    return f"<h2>Caveats ({len(notes)})</h2><ul class='caveats'>{shown}</ul>{folded}"
 
 
 def _credentialed(item: dict[str, Any]) -> bool:
@@ -171,10 +217,10 @@ def write_html(runs: list[Run], tables: list[Table], figures: dict[str, Path], n
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 <title>MedHEval-HF report</title><style>{_STYLE}</style></head><body>
 <h1>MedHEval-HF report</h1>
-<p>Runs: {e(", ".join(f"{run.label} ({run.path})" for run in runs))}</p>
-{"<h2>Caveats</h2><ul class='caveats'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>" if notes else ""}
+{_runs_html(runs)}
+{_caveats_html(notes)}
 {_stack_html(runs)}
-<h2>Tables</h2>{"".join(_table_html(t) for t in tables) or "<p>No table: the runs hold no scored metric.</p>"}
+<h2>Tables</h2>{_tables_html(tables) or "<p>No table: the runs hold no scored metric.</p>"}
 <h2>Plots</h2>{plots or "<p>No plots (see the caveats).</p>"}
 <h2>Samples</h2>
 <div class="filters">{selects}<label>text <input id="f-text" type="search"></label>

@@ -10,7 +10,9 @@ the same items. A figure is the value in ``results.json``; its interval is recom
 with :mod:`medheval.report.stats`, and only when the per-item values reproduce that figure — otherwise the
 cell says why there is none. Intervals and paired comparisons resample the split's clusters (the unit its
 benchmark declares: image, study, report or item; :func:`clusters`), or items with ``--cluster none``;
-each table's footer names the unit and the number of clusters per split.
+each table's footer names the unit and the number of clusters per split. Mitigations are shown by a short
+label (method and preset) with their full settings in a legend (:func:`shorten`); the report shows the
+tables by benchmark family, a footer line that several of a family's tables share once (:func:`sections`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from medheval.report.collect import Run
+from medheval.report.collect import Run, mitigation_labels
 from medheval.report.stats import CLUSTER_NOTE, METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
                                     STEPBENCH_LANGUAGES, STEPBENCH_STEPS, CLINHALLU_DELTAS,
@@ -86,6 +88,11 @@ class Table:
     rows: list[tuple[list[str], list[Cell]]] = field(default_factory=list)
     footer: list[str] = field(default_factory=list)
     group: int | tuple[int, ...] | None = None
+    # row label as data (a full mitigation spec) -> as shown; the legend under the table (:func:`shorten`)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def shown(self, label: str) -> str:
+        return self.labels.get(label, label)
 
 
 def _num(value: Any) -> bool:
@@ -626,7 +633,9 @@ def build_tables(runs: list[Run]) -> list[Table]:
     comparison, _ = comparisons(runs)
     if comparison:
         tables.append(comparison)
+    short = mitigation_labels(run.mitigation for run in runs)
     for table in tables:
+        shorten(table, short)
         mark(table)
         if any(c.ranked for c in table.columns) and table.rows:
             table.footer.append(MARK_NOTE)
@@ -635,6 +644,74 @@ def build_tables(runs: list[Run]) -> list[Table]:
         notes = sorted({cell.note for _, cells in table.rows for cell in cells if cell.note})
         table.footer += [f"No interval (†): {note}." for note in notes]
     return tables
+
+
+def shorten(table: Table, short: dict[str, str]) -> None:
+    """Show the table's "Mitigation" labels short (``short``: spec -> label, :func:`mitigation_labels`), a
+    twin run's `` (folder)`` suffix kept; the data (CSV, JSON) keep the full specs, the legend maps them."""
+    if "Mitigation" not in table.row_header:
+        return
+    index = table.row_header.index("Mitigation")
+    specs = sorted(short, key=len, reverse=True)
+    for labels, _ in table.rows:
+        text = labels[index]
+        spec = next((s for s in specs if text == s or text.startswith(s + " (")), None)
+        if spec is not None and short[spec] != spec:
+            table.labels[text] = short[spec] + text[len(spec):]
+
+
+def legend_lines(table: Table) -> list[str]:
+    """The legend under a table with short labels: ``label = full settings``, one per label."""
+    return [f"{label} = {spec}" for spec, label in table.labels.items()]
+
+
+# Tables are shown in sections, one per benchmark family (key prefix -> title); a table whose key matches
+# none is a section of its own.
+SECTIONS = (("medheval_", "MedHEval"), ("med_hallmark", "Med-HallMark"), ("med_stepbench", "Med-StepBench"),
+            ("clinhallu", "ClinHallu"), ("mitigation_vs_none", "Mitigations against none"))
+
+
+@dataclass
+class Section:
+    """Tables of one family, each with the footer lines that are its own, and the lines that two or more of
+    them share (the interval method, the marks, ...), said once under the section."""
+
+    title: str
+    tables: list[tuple[Table, list[str]]]
+    notes: list[str]
+
+
+def sections(tables: list[Table]) -> list[Section]:
+    """``tables`` grouped by :data:`SECTIONS` (in order of first appearance); a footer line found under two or
+    more tables of a section moves to its notes, prefixed with those tables' names when not all have it."""
+    groups: dict[str, list[Table]] = {}
+    for table in tables:
+        title = next((name for prefix, name in SECTIONS if table.key.startswith(prefix)), table.title)
+        groups.setdefault(title, []).append(table)
+    found = []
+    for title, members in groups.items():
+        having: dict[str, list[Table]] = {}
+        for table in members:
+            for line in dict.fromkeys(table.footer):
+                having.setdefault(line, []).append(table)
+        shared = [line for line, owners in having.items() if len(owners) > 1]
+        notes = [line if len(having[line]) == len(members) else
+                 "; ".join(t.title.partition(":")[0] for t in having[line]) + f": {line}" for line in shared]
+        found.append(Section(title, [(t, [line for line in t.footer if line not in shared]) for t in members],
+                             notes))
+    return found
+
+
+def sections_markdown(tables: list[Table]) -> str:
+    """The tables as Markdown, section by section (:func:`sections`): each table with its own footer, then the
+    section's shared notes once."""
+    parts = []
+    for section in sections(tables):
+        parts += [to_markdown(table, footer) for table, footer in section.tables]
+        if section.notes:
+            parts.append(f"_Notes for the {section.title} tables above:_  \n"
+                         + "".join(f"_{line}_  \n" for line in section.notes))
+    return "\n".join(parts)
 
 
 def cluster_footer(table: Table) -> list[str]:
@@ -692,13 +769,18 @@ def format_cell(cell: Cell, markdown: bool = True) -> str:
     return text
 
 
-def to_markdown(table: Table) -> str:
+def to_markdown(table: Table, footer: list[str] | None = None) -> str:
+    """One table (short labels, then their legend and ``footer``: the table's own when ``None``)."""
     header = [*table.row_header, *(c.label for c in table.columns)]
     lines = [f"## {table.title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for labels, cells in table.rows:
-        lines.append("| " + " | ".join([*map(md_cell, labels), *(format_cell(c) for c in cells)]) + " |")
-    if table.footer:
-        lines += ["", *(f"_{line}_  " for line in table.footer)]
+        lines.append("| " + " | ".join([*(md_cell(table.shown(label)) for label in labels),
+                                        *(format_cell(c) for c in cells)]) + " |")
+    footer = table.footer if footer is None else footer
+    if table.labels:
+        lines += ["", "Mitigation settings:", "", *(f"- {md_cell(line)}" for line in legend_lines(table))]
+    if footer:
+        lines += ["", *(f"_{line}_  " for line in footer)]
     return "\n".join(lines) + "\n"
 
 
@@ -718,5 +800,5 @@ def to_csv(tables: list[Table]) -> str:
 
 def to_json(table: Table) -> dict[str, Any]:
     return {"key": table.key, "title": table.title, "row_header": table.row_header,
-            "columns": [asdict(c) for c in table.columns], "footer": table.footer,
+            "columns": [asdict(c) for c in table.columns], "footer": table.footer, "short_labels": table.labels,
             "rows": [{"labels": labels, "cells": [asdict(c) for c in cells]} for labels, cells in table.rows]}

@@ -258,7 +258,14 @@ def grouped(pairs: Iterable[tuple[str, str]]) -> list[str]:
 
 def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: str = "mitigations") -> None:
     """The combined ``results.md`` of several runs (mitigations, or models × mitigations of a grid
-    config): one row per run, same columns."""
+    config): one row per run, same columns; mitigations by short label (method and preset,
+    :func:`medheval.report.collect.mitigation_labels`), their full settings listed under "Mitigation settings"."""
+    from medheval.report.collect import mitigation_labels
+
+    short = mitigation_labels(str(run["settings"]["mitigation"]) for run in runs)
+    legend = [f"- `{label}`: `{spec}`" for spec, label in short.items() if label != spec]
+    runs = [{**run, "settings": {**run["settings"], "mitigation": short[str(run["settings"]["mitigation"])]}}
+            for run in runs]
     parts = [f"# MedHEval-HF results: {heading} side by side", ""]
     labels = {label for run in runs for label in run.get("labels", {}).values()}
     parts += [line for label in sorted(labels) for line in (f"> **{label}**", "")]
@@ -280,6 +287,7 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
         if table:
             parts += [f"## {title}", "", table, ""]
             parts += [*notes[title], ""] if notes.get(title) else []
+    parts += ["## Mitigation settings", "", *legend, ""] if legend else []
     parts += ["Per-mitigation details (counts, notes, data quality): the `results.md` in each sub-folder.", ""]
     atomic_write_text(path, "\n".join(parts))
 
