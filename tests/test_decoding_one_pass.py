@@ -243,6 +243,33 @@ def test_benchmark_runs_and_skips_the_gpu_model_without_cuda(tmp_path, capsys, m
     assert results["none"]["x_greedy"] == 1.0 and results["floor2B"]["x_floor"] == 1.0
 
 
+
+def test_benchmark_two_pass_rows_give_the_same_tokens_at_32_tokens(capsys):
+    """Issue 22, point 13: ``benchmarks/bench_mitigations.py`` at its default 32 new tokens shows the same
+    tokens for every ``-2pass`` row. The one-pass method runs the same per-stream computation as its
+    two-pass reference, only batched into one forward of 2B rows, so greedy decoding over 32 steps picks the
+    same token at every step (torch.equal on both rows of a left-padded batch of the tiny model)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mitigations.py"
+    spec = importlib.util.spec_from_file_location("bench_mitigations", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    methods = [m for name in sorted(bench.TWO_STREAM) for m in (name, f"{name}-2pass")]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
+    try:
+        summary = bench.bench_model("tiny", bench.argparse.Namespace(
+            device="cpu", prompts=2, batch_size=2, max_new_tokens=32, repeats=1, methods=methods, preset="medheval"))
+    finally:
+        torch.set_num_threads(threads)
+    rows = {key: entry.get("same_tokens_as_one_pass") for key, entry in summary["results"].items()
+            if key.endswith("-2pass")}
+    assert rows == {f"{name}-2pass": True for name in bench.TWO_STREAM}
+    assert "same tokens" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------
 # beyond LLaVA: Qwen-VL's M-RoPE positions, Gemma 3's sliding-window layers and token types
 # ---------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Shapes (columns reuse :mod:`medheval.report.tables`' definitions): MedHEval Tables 3–4 (visual
 close-ended Acc-A/M/S/R/Acc, here also the knowledge/context close-ended splits), Tables 5–6 (report
-metrics), Tables 7–11 (generation metrics, S_h as mean ± std), Med-HallMark Table 1 (text metrics and
-MediHall Score per question type) with its level distribution, Med-StepBench Table 3, ClinHallu Tables
+metrics, with the CHAIR/Recall labeler per split in the footer), Tables 7–11 (generation metrics, S_h as
+mean ± std), Med-HallMark Table 1 (a pooled Med-VQA row and an IRG row per model, then per question type)
+with its level distribution, Med-StepBench Table 3, ClinHallu Tables
 2–3 with Fix/Break and Table 4 (Δ averaged over models, Eq. 14), and every mitigation against ``none`` on
 the same items. A figure is the value in ``results.json``; its interval is recomputed from
 ``scored.jsonl`` (ClinHallu: from the protocol logs, :func:`medheval.report.collect.protocol_columns`)
@@ -27,7 +28,7 @@ from medheval.report.collect import Run, mitigation_labels
 from medheval.report.stats import CLUSTER_NOTE, METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
                                     STEPBENCH_LANGUAGES, STEPBENCH_STEPS, CLINHALLU_DELTAS,
-                                    STEPBENCH_STEP1_NOTE, clinhallu_model_average, clinhallu_stage_denominator,
+                                    STEPBENCH_STEP1_NOTE, LABELER_NOTE, clinhallu_model_average, clinhallu_stage_denominator,
                                     clinhallu_stage_notes, md_cell, stepbench_rows, stepbench_shows)
 from medheval.data.schema import VISUAL_CATEGORIES
 
@@ -40,6 +41,7 @@ PER_ITEM: dict[tuple[str, str], str] = {
     ("ratescore", "ratescore"): "ratescore_per_item",
     ("sh_judge", "sh"): "scores",
     ("medihall_score", "medihall_score"): "item_scores",
+    ("medihall_score", "accuracy"): "correct",
     **{("text_generation", key): f"{key}_per_item" for key in ("bleu", "meteor", "rouge1", "rouge2", "rougeL",
                                                                "bertscore")},
 }
@@ -67,6 +69,7 @@ class Cell:
     signed: bool = False
     unit: str | None = None  # what the interval resampled, e.g. "mm_vishal:all by image" (None: --cluster none)
     n_clusters: int | None = None
+    digits: int | None = None  # decimals shown (None: one, or two beside a std)
 
 
 @dataclass
@@ -282,23 +285,100 @@ def generation_metrics(runs: list[Run]) -> Table | None:
                          "S_h ↓ (0–5, mean ± std)", GENERATION_METRICS, lambda s: _name(s) != "med_hallmark")
 
 
-HALLMARK_COLUMNS = (("text_generation", "bertscore", "BERTScore", 1.0), ("text_generation", "meteor", "METEOR", 1.0),
-                    ("text_generation", "rougeL", "ROUGE-L", 1.0), ("text_generation", "bleu", "BLEU", 1.0),
-                    ("chair", "chair", "CHAIR ↓", 100.0), ("close_ended_accuracy", "accuracy", "Acc", 100.0),
-                    ("medihall_score", "medihall_score", "MediHall Score", 1.0))
+# Med-HallMark Table 1's columns, in its order: (metric, key, label, scale, digits). Text metrics 0–100,
+# MediHall Score and ACC 0–1 with two decimals, as the paper prints them.
+HALLMARK_COLUMNS: tuple[tuple[str, str, str, float, int | None], ...] = (
+    ("text_generation", "bertscore", "BS", 1.0, None), ("text_generation", "meteor", "MR", 1.0, None),
+    ("text_generation", "rouge1", "R-1", 1.0, None), ("text_generation", "rouge2", "R-2", 1.0, None),
+    ("text_generation", "rougeL", "R-L", 1.0, None), ("text_generation", "bleu", "BLEU", 1.0, None),
+    ("medihall_score", "medihall_score", "MediHall Score", 1.0, 2), ("medihall_score", "accuracy", "ACC", 1.0, 2))
+# Extra per-type columns a run may carry (not in Table 1).
+HALLMARK_EXTRA_COLUMNS: tuple[tuple[str, str, str, float, int | None], ...] = (
+    ("chair", "chair", "CHAIR ↓", 100.0, None),)
+# Table 1's Med-VQA row pools these question types; IRG is the image-depiction (report) type. The paper's
+# supplement (A.5) gives counterfactual questions their own table (Table 6) as results "not detailed in
+# the main text", and its main-text VQA comparison (Table 2) is conventional vs confidence-weakening: so
+# Table 1's Med-VQA figures are over conventional and confidence-weakening questions.
+HALLMARK_VQA_POOL = ("conventional", "confidence_weakening")
+HALLMARK_TASKS = (("Med-VQA", HALLMARK_VQA_POOL), ("IRG", ("irg",)))
+HALLMARK_NOTE = ("Med-VQA pools the conventional and confidence-weakening questions, the types behind the "
+                 "paper's Table 1 (its supplement reports counterfactual questions apart, Table 6: see the "
+                 "per-type rows); each pooled figure is the mean over the pooled items. IRG: image depiction "
+                 "(reports). ACC (Med-VQA only): the share of answers whose MediHall level is Correct "
+                 "(weight 1.0), as the paper's Table 3 scores Accuracy.")
+
+
+def _hallmark_config(split: str) -> str:
+    return split.partition(":")[2]
+
+
+def pooled_figure(run: Run, splits: list[str], metric: str, key: str, scale: float = 1.0) -> Cell:
+    """One figure over several splits' items: the n-weighted mean of ``results.json``'s per-split figures
+    (the mean over all their items), with a bootstrap interval over the pooled per-item values (clusters of
+    every split together). One split: :func:`figure`."""
+    if len(splits) == 1:
+        return figure(run, splits[0], metric, key, scale)
+    outs = [run.results["benchmarks"].get(s, {}).get("metrics", {}).get(metric) or {} for s in splits]
+    if not all(_num(out.get(key)) and isinstance(out.get("n"), int) and out["n"] > 0 for out in outs):
+        return Cell()
+    value = sum(out[key] * out["n"] for out in outs) / sum(out["n"] for out in outs)
+    cell = Cell(value=scale * value)
+    per_item = PER_ITEM.get((metric, key))
+    if per_item is None:
+        cell.note = "no per-item values for this figure"
+        return cell
+    values: list[float] = []
+    labels: list[str] | None = []
+    units: list[str] = []
+    for split in splits:
+        items = [item for item in run.items_of(split) if isinstance(_item_value(item, metric, per_item), bool)
+                 or _num(_item_value(item, metric, per_item))]
+        values += [float(_item_value(item, metric, per_item)) for item in items]
+        split_labels, unit = clusters(run, split, items)
+        if unit is None:
+            labels = None
+        elif labels is not None:
+            labels += split_labels if split_labels is not None else [f"{split}/{i}" for i in range(len(items))]
+        if unit is not None and unit not in units:
+            units.append(unit)
+    if not values:
+        cell.note = f"scored.jsonl has no per-item '{per_item}'"
+        return cell
+    kinds = {unit.partition(" by ")[2] for unit in units}
+    unit = None if not units else f"{' + '.join(splits)} by {kinds.pop()}" if len(kinds) == 1 else "; ".join(units)
+    return _with_interval(cell, values, scale, value, clustered=(labels, unit))
 
 
 def med_hallmark(runs: list[Run]) -> list[Table]:
-    """Med-HallMark Table 1 (text metrics and MediHall Score per question type) and the level distribution."""
+    """Med-HallMark Table 1 in the paper's shape — per model × mitigation a Med-VQA row (the pooled types of
+    :data:`HALLMARK_VQA_POOL`) and an IRG row, columns BS, MR, R-1, R-2, R-L, BLEU, MediHall Score, ACC
+    (Med-VQA only) — then one row per question type, and the MediHall level distribution."""
     splits = _splits(runs, lambda s, m: _name(s) == "med_hallmark")
-    present = [c for c in HALLMARK_COLUMNS if any(_num((run.results["benchmarks"].get(s, {}).get("metrics", {})
-                                                       .get(c[0]) or {}).get(c[1])) for run in runs for s in splits)]
-    if not present:
+    columns = [c for c in HALLMARK_COLUMNS + HALLMARK_EXTRA_COLUMNS if any(
+        _num((run.results["benchmarks"].get(s, {}).get("metrics", {}).get(c[0]) or {}).get(c[1]))
+        for run in runs for s in splits)]
+    if not columns:
         return []
     labels = _run_labels(runs)
-    table = Table("med_hallmark", "Med-HallMark Table 1: metrics per question type (MediHall Score 0–1)",
-                  ["Model", "Mitigation", "Split"], [Column(label, "↓" in label) for _, _, label, _ in present],
-                  group=2)
+    main_columns = [c for c in columns if c in HALLMARK_COLUMNS]
+    table1 = Table("med_hallmark_table1", "Med-HallMark Table 1: Med-VQA (pooled) and IRG (text metrics 0–100, "
+                   "MediHall Score and ACC 0–1)", ["Model", "Mitigation", "Task", "Question types"],
+                   [Column(label) for _, _, label, _, _ in main_columns], footer=[HALLMARK_NOTE], group=2)
+    for run in runs:
+        present = [s for s in splits if run.results["benchmarks"].get(s, {}).get("metrics")]
+        for task, pool in HALLMARK_TASKS:
+            pooled = [s for s in present if _hallmark_config(s) in pool]
+            if not pooled:
+                continue
+            cells = []
+            for metric, key, _, scale, digits in main_columns:
+                cell = pooled_figure(run, pooled, metric, key, scale)  # IRG's ACC is None: "–"
+                cell.digits = digits
+                cells.append(cell)
+            table1.rows.append(([*labels[id(run)], task, " + ".join(_hallmark_config(s) for s in pooled)], cells))
+    table = Table("med_hallmark", "Med-HallMark per question type (detail; counterfactual: the paper's "
+                  "Table 6)", ["Model", "Mitigation", "Split"],
+                  [Column(label, "↓" in label) for _, _, label, _, _ in columns], group=2)
     levels: list[str] = []
     distributions: list[tuple[list[str], dict[str, int]]] = []
     for split in splits:
@@ -306,12 +386,17 @@ def med_hallmark(runs: list[Run]) -> list[Table]:
             metrics = run.results["benchmarks"].get(split, {}).get("metrics", {})
             if not metrics:
                 continue
-            table.rows.append(([*labels[id(run)], split], [figure(run, split, m, k, s) for m, k, _, s in present]))
+            cells = []
+            for metric, key, _, scale, digits in columns:
+                cell = figure(run, split, metric, key, scale)
+                cell.digits = digits
+                cells.append(cell)
+            table.rows.append(([*labels[id(run)], split], cells))
             counts = (metrics.get("medihall_score") or {}).get("level_distribution") or {}
             levels += [level for level in counts if level not in levels]
             if counts:
                 distributions.append(([*labels[id(run)], split], counts))
-    tables = [table]
+    tables = [t for t in (table1, table) if t.rows]
     if distributions:
         dist = Table("med_hallmark_levels", "Med-HallMark: MediHall level distribution (% of answers / sentences)",
                      ["Model", "Mitigation", "Split"], [Column(level, ranked=False) for level in levels]
@@ -643,6 +728,7 @@ def build_tables(runs: list[Run]) -> list[Table]:
             table.footer += cluster_footer(table)
         notes = sorted({cell.note for _, cells in table.rows for cell in cells if cell.note})
         table.footer += [f"No interval (†): {note}." for note in notes]
+        table.footer += labeler_footer(runs, table)
     return tables
 
 
@@ -714,6 +800,35 @@ def sections_markdown(tables: list[Table]) -> str:
     return "\n".join(parts)
 
 
+LABELED_COLUMNS = ("Recall", "CHAIR ↓")  # the columns whose findings come from a report labeler (chair)
+
+
+def labeler_footer(runs: list[Run], table: Table) -> list[str]:
+    """Which labeler gave CHAIR and Recall on each split of ``table`` (chair's ``labeler`` in results.json),
+    with the note that the MedHEval paper used CheXbert wherever the offline rule labeler was used."""
+    if not any(c.label in LABELED_COLUMNS for c in table.columns) or "Split" not in table.row_header:
+        return []
+    at = table.row_header.index("Split")
+    shown = list(dict.fromkeys(labels[at] for labels, _ in table.rows))
+    used: dict[str, list[str]] = {}
+    for split in shown:
+        for run in runs:
+            out = (run.results["benchmarks"].get(split, {}).get("metrics", {}) or {}).get("chair")
+            if not isinstance(out, dict):
+                continue
+            labeler = out.get("labeler")
+            name = str(labeler) if labeler else "not recorded (a results.json written before chair named it)"
+            if name not in used.setdefault(split, []):
+                used[split].append(name)
+    if not used:
+        return []
+    parts = []
+    for split, names in used.items():
+        notes = [LABELER_NOTE[name] for name in names if name in LABELER_NOTE]
+        parts.append(f"{split}: {' / '.join(names)}" + (f" ({'; '.join(notes)})" if notes else ""))
+    return ["CHAIR and Recall labeler — " + "; ".join(parts) + "."]
+
+
 def cluster_footer(table: Table) -> list[str]:
     """The method note and, unless ``--cluster none``, what each split resampled and how many clusters (the
     most any cell of that split drew on; a column over part of a split draws on the clusters it holds)."""
@@ -755,6 +870,8 @@ def format_cell(cell: Cell, markdown: bool = True) -> str:
     if cell.value is None:
         return "–"
     fmt = "{:+.1f}" if cell.signed else "{:.2f}" if abs(cell.value) < 10 and cell.std is not None else "{:.1f}"
+    if cell.digits is not None:
+        fmt = "{:%s.%df}" % ("+" if cell.signed else "", cell.digits)
     text = fmt.format(cell.value)
     if cell.std is not None:
         text += f" ± {cell.std:.2f}"

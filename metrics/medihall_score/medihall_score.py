@@ -84,6 +84,9 @@ Args:
 
 Returns:
     medihall_score (`float` or `None`): mean item score over the classified items.
+    accuracy (`float` or `None`): Med-HallMark's ACC (Table 1, vqa only; `None` for irg): the share of
+        classified answers whose level is "correct" (weight 1.0), 0-1.
+    correct (`list` of `bool`, vqa only): per item, whether its level is "correct"; `None` if failed.
     level_distribution (`dict`): level -> count (answers for vqa, sentences for irg).
     levels (`list`): per item, the level key (vqa) or the list of sentence levels (irg); `None` if failed.
     item_scores (`list` of `float`): per item score; `None` if failed.
@@ -235,6 +238,8 @@ class MedihallScore(evaluate.Metric):
             flat = [level for item in levels if item for level in item]
         return {
             "medihall_score": mh.medihall_score(item_scores),
+            "accuracy": mh.vqa_accuracy(levels) if task == "vqa" else None,
+            **({"correct": mh.vqa_correct(levels)} if task == "vqa" else {}),
             "level_distribution": mh.level_distribution(flat, _TASKS[task]),
             "levels": levels,
             "item_scores": item_scores,

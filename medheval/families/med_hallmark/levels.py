@@ -33,7 +33,7 @@ from medheval.scoring import text_cues
 __all__ = [
     "LEVELS", "VQA_LEVELS", "IRG_LEVELS", "WEIGHTS", "LEVEL_NAMES", "LABEL_TO_LEVEL", "LEVEL_TO_LABEL",
     "PREMISE_CATEGORIES", "Classified", "parse_level", "level_weight", "report_score", "medihall_score",
-    "level_distribution", "premise_level", "split_sentences",
+    "vqa_correct", "vqa_accuracy", "level_distribution", "premise_level", "split_sentences",
 ]
 
 LEVELS: tuple[str, ...] = ("catastrophic", "critical", "attribute", "prompt_induced", "minor", "correct")
@@ -113,6 +113,21 @@ def medihall_score(item_scores: Sequence[float | None]) -> float | None:
     """Mean over the scored items (``None`` entries are failed items, left out)."""
     scored = [s for s in item_scores if s is not None]
     return sum(scored) / len(scored) if scored else None
+
+
+def vqa_correct(levels: Sequence[str | None]) -> list[bool | None]:
+    """Per VQA answer, whether it is correct for Med-HallMark's ACC: its level is ``correct`` (MediHall
+    weight 1.0); ``None`` for an answer without a level. Table 3 of the paper scores Accuracy 1 exactly
+    for the answers whose MediHall Score is 1.0 (and 0 for the 0.6 and 0.4 ones)."""
+    return [None if level is None else level == "correct" for level in levels]
+
+
+def vqa_accuracy(levels: Sequence[str | None]) -> float | None:
+    """Med-HallMark's ACC (Table 1, Med-VQA only): the share of classified answers at level ``correct``,
+    ``ACC = |{i : level_i = correct}| / |{i : level_i given}|`` (0–1; ``None`` when none is classified).
+    Never above the MediHall Score of the same answers, whose weights are at most 1."""
+    judged = [ok for ok in vqa_correct(levels) if ok is not None]
+    return sum(judged) / len(judged) if judged else None
 
 
 def level_distribution(levels: Sequence[str | None], allowed: Sequence[str] = LEVELS) -> dict[str, int]:
