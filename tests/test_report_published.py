@@ -286,3 +286,25 @@ def test_bad_published_file_names_line_and_field(tmp_path: Path, line: str, says
     path.write_text("\n" + line + "\n")
     with pytest.raises(ValueError, match=re.escape(f"{path}:2: ") + ".*" + re.escape(says)):
         load_published(path)
+
+
+def test_med_hallmark_table1_rows_match_the_papers_tasks():
+    """Med-HallMark Table 1 (arXiv 2406.10185): the report's Table 1 rows name the paper's task. The Med-VQA
+    row (conventional + confidence-weakening pooled) matches the published Med-VQA cells, ACC included; the
+    IRG row matches the IRG cells and has no ACC (the paper prints none for IRG)."""
+    from medheval.report.paper import Column, Table
+    from medheval.report.published import load_published, matches
+
+    table = Table("med_hallmark_table1", "Table 1", ["Model", "Mitigation", "Task", "Pooled"],
+                  [Column("BS"), Column("ACC"), Column("MediHall Score")])
+    records = load_published()
+    vqa = ["llava-hf/llava-1.5-7b-hf", "none", "Med-VQA", "conventional + confidence_weakening"]
+    irg = ["llava-hf/llava-1.5-7b-hf", "none", "IRG", "irg"]
+    for labels, column, metric in ((vqa, "BS", "BERTScore"), (vqa, "ACC", "Acc"), (vqa, "MediHall Score",
+                                   "MediHall Score"), (irg, "BS", "BERTScore"), (irg, "MediHall Score",
+                                                                                 "MediHall Score")):
+        found = matches(table, labels, column, records)
+        assert [(r.model, r.split, r.metric) for r, _ in found] == [("LLaVA1.5-7b", labels[2], metric)], column
+        assert found[0][1] == found[0][0].value  # shown in the paper's units (0-100 text metrics, 0-1 scores)
+    assert matches(table, irg, "ACC", records) == []
+    assert matches(table, [*vqa[:1], "vcd", *vqa[2:]], "BS", records) == []  # Med-HallMark rows are unmitigated
