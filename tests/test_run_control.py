@@ -225,3 +225,33 @@ def test_delta_image_on_a_hand_made_pair(tmp_path):
     assert sorted(labels[1] for labels, _ in close.rows) == ["none", "none · no_image"]  # the blind rows
     _, (by_item,) = image_deltas(find_runs([tmp_path / "grid"], cluster="none"))
     assert by_item["diff"] == pytest.approx(50.0) and by_item["low"] < 20 and by_item["high"] > 80
+
+
+def test_clinhallu_traces_see_the_blind_images(tmp_path, monkeypatch):
+    """ClinHallu's own protocol through the API backend with ``--control blank``: every trace request of the
+    model holds only black images (the judge's requests are not the model's and are left alone)."""
+    from clinhallu_fixture import write_snapshot
+    from test_backends_api import _trace
+
+    snapshot = write_snapshot(tmp_path / "snap")
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    model_bodies = []
+
+    def reply(body):
+        if body["model"] == "judge":
+            return json.dumps({"hallucinated": 0, "reason": "checked", "answer_correct": 1, "answer_reasoning": "x"})
+        model_bodies.append(body)
+        last = body["messages"][-1]
+        return _trace(last["content"] if last["role"] == "assistant" else "")
+
+    roots = [a for key, path in snapshot["image_roots"].items() for a in ("--image-root", f"{key}={path}")]
+    with JudgeServer("openai", reply=reply) as server:
+        assert main(["run", "--benchmark", "clinhallu:vqa_rad", "--data-dir", snapshot["data_dir"], *roots,
+                     "--output", str(tmp_path / "out"), "--max-new-tokens", "64", "--control", "blank",
+                     "--model", f"openai:vlm@{server.base_url}", "--judge", f"openai:judge@{server.base_url}"]) == 0
+    parts = [part for body in model_bodies for part in image_parts(body)]
+    assert parts and all(not np.asarray(Image.open(io.BytesIO(base64.b64decode(
+        part["image_url"]["url"].split(",", 1)[1])))).any() for part in parts)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["settings"]["control"] == {"kind": "blank"}

@@ -1,7 +1,7 @@
 """benchmark -> backend -> ``predictions.jsonl`` (append-only, resumable) -> metrics -> results.
 
 One output folder holds one run: ``predictions.jsonl`` (all benchmarks, keyed by
-(id, model, mitigation)), ``run.json`` (the settings the predictions were made with, which a resumed
+(id, model, mitigation, image control: :mod:`medheval.run.control`)), ``run.json`` (the settings the predictions were made with, which a resumed
 run must match, and under ``"versions"`` the software stack they were first made with, which a resumed
 run only warns about), ``scored.jsonl`` (per-item correctness), ``results.json`` and ``results.md``.
 """
