@@ -255,3 +255,18 @@ def test_clinhallu_traces_see_the_blind_images(tmp_path, monkeypatch):
         part["image_url"]["url"].split(",", 1)[1])))).any() for part in parts)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["settings"]["control"] == {"kind": "blank"}
+
+
+def test_published_results_keep_a_blind_run_apart():
+    """A with-image and a blind run of one grid become two eval-results files; the blind one says its control."""
+    from medheval.publish.hub import eval_results_entries
+
+    def one(control: dict | None) -> dict:
+        settings = {"model": "m", "mitigation": "none", **({"control": control} if control else {})}
+        return {"settings": settings, "benchmarks": {"mm_vishal:slake": {
+            "n_scored": 4, "metrics": {"close_ended_accuracy": {"accuracy": 0.5, "n": 4}}}}}
+
+    files = eval_results_entries({"runs": [one(None), one({"kind": "no_image"})]})
+    assert sorted(files) == ["mm_vishal_slake.yaml", "mm_vishal_slake_no_image.yaml"]
+    assert files["mm_vishal_slake_no_image.yaml"][0]["notes"] == "control=no_image, n=4"
+    assert files["mm_vishal_slake.yaml"][0]["notes"] == "n=4"
