@@ -270,3 +270,17 @@ def test_published_results_keep_a_blind_run_apart():
     assert sorted(files) == ["mm_vishal_slake.yaml", "mm_vishal_slake_no_image.yaml"]
     assert files["mm_vishal_slake_no_image.yaml"][0]["notes"] == "control=no_image, n=4"
     assert files["mm_vishal_slake.yaml"][0]["notes"] == "n=4"
+
+
+def test_a_contrastive_mitigation_works_on_the_blank_image(llava, fixture_benchmark, tmp_path):
+    """VCD with ``--control blank``: the processor (hence VCD's clean and noised streams) gets only black images,
+    and the cell records both the mitigation and the control."""
+    backend, spy = _spied_backend(llava)
+    spec = RunSpec(benchmarks=[SPLIT], output=tmp_path / "vcd", data_dir=fixture_benchmark["data_dir"], limit=2,
+                   image_roots=fixture_benchmark["image_roots"])
+    results = run_grid(spec, backend, ["vcd"], controls=["blank"])
+    assert results["settings"]["mitigation"].startswith("vcd") and results["settings"]["control"] == {"kind": "blank"}
+    images = [image for call in spy.calls for row in call["images"] for image in row]
+    assert images and all(not np.asarray(image).any() for image in images)
+    entries = read_log(tmp_path / "vcd" / "predictions.jsonl")
+    assert len(entries) == 2 and {(e["mitigation"][:3], e["control"]) for e in entries} == {("vcd", "blank")}
