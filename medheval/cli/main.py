@@ -50,8 +50,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         benchmark_options=parse_benchmark_options(getattr(args, "benchmark_option", [])),
         generation=_generation_plan(args),
         report_cluster=args.cluster,
+        control_seed=args.seed,
     )
-    results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", args.batch_size))
+    results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", args.batch_size),
+                       controls=getattr(args, "control", None) or ["none"])
     return _finish(results, Path(args.output))
 
 
@@ -122,9 +124,9 @@ def cmd_detect(args: argparse.Namespace) -> int:
 
     if not args.output:
         raise RunError("give --output FOLDER")
-    if args.model or args.predictions or args.mitigation:
+    if args.model or args.predictions or args.mitigation or [c for c in getattr(args, "control", None) or [] if c != "none"]:
         raise RunError("--task detection scores a level source (--judge / --detector) on the released answers: "
-                       "drop --model, --predictions and --mitigation")
+                       "drop --model, --predictions, --mitigation and --control")
     spec = RunSpec(benchmarks=split_list(args.benchmark) or [], output=args.output, data_dir=args.data_dir,
                    image_roots=parse_image_root_args(args.image_root) or None, on_missing=args.on_missing,
                    limit=args.limit, metric_options=parse_metric_options(args.metric_option), judge=args.judge,

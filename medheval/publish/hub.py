@@ -41,6 +41,7 @@ import yaml
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
 from medheval.data.registry import list_units, unit_dir
 from medheval.data.schema import CREDENTIALED_SOURCES
+from medheval.run.control import control_of
 
 DEFAULT_ORG = "medheval"
 MANIFEST = "publish.json"
@@ -388,6 +389,7 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
                                "they mean nothing and are not published")
         settings = run.get("settings") or {}
         mitigation = str(settings.get("mitigation") or "none")
+        control = control_of(settings)  # an image-blind control run (medheval.run.control) is said and kept apart
         for split, block in sorted((run.get("benchmarks") or {}).items()):
             benchmark, _, config = split.partition(":")
             if not (SAFE_NAME.fullmatch(benchmark) and (not config or SAFE_NAME.fullmatch(config))):
@@ -403,12 +405,15 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
                         "value": value, "date": date,
                     }
                     notes = [f"n={block.get('n_scored', block.get('n_records'))}"]
+                    if control != "none":
+                        notes.insert(0, f"control={control}")
                     if mitigation != "none":
                         notes.insert(0, f"mitigation={mitigation}")
                     entry["notes"] = ", ".join(notes)
                     entries.append(entry)
             if entries:
                 suffix = "" if mitigation == "none" else "_" + re.sub(r"[^A-Za-z0-9]+", "_", mitigation).strip("_")
+                suffix += "" if control == "none" else f"_{control}"
                 files[f"{benchmark}_{config or 'default'}{suffix}.yaml"] = entries
     return files
 

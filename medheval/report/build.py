@@ -101,13 +101,14 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     ``compare_published``: add the "Reproduction" table (:func:`medheval.report.published.reproduction`)."""
     from medheval.run.outputs import atomic_write_text
     from medheval.report.collect import find_runs, software_stack
-    from medheval.report.paper import build_tables, comparisons, sections_markdown, to_csv, to_json
+    from medheval.report.paper import build_tables, comparisons, image_deltas, sections_markdown, to_csv, to_json
 
     runs = find_runs(paths, cluster=cluster) if runs is None else runs
     output = Path(output)
     tables = build_tables(runs)
     reproduced = _reproduction(tables) if compare_published else None
     _, compared = comparisons(runs)
+    _, blind = image_deltas(runs)
     notes = caveats(runs)
     figures, plot_note = _plots(runs, output / "plots") if plots else ({}, None)
     if plot_note:
@@ -121,10 +122,12 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     atomic_write_text(output / "report.md", markdown)
     atomic_write_text(output / "tables.csv", to_csv(tables))
     summary = {"runs": [{"path": str(run.path), "model": run.model, "mitigation": run.mitigation,
+                         **({"control": run.control} if run.control != "none" else {}),
                          **({"usage": run.results["usage"]} if run.results.get("usage") else {}),
                          **({"versions": run.versions} if run.versions else {})} for run in runs],
                "software_stack": [{"runs": label, "versions": versions} for label, versions in software_stack(runs)],
                "caveats": notes, "tables": [to_json(table) for table in tables], "comparisons": compared,
+               **({"image_deltas": blind} if blind else {}),
                "plots": {name: str(path) for name, path in figures.items()},
                **({"reproduction": reproduced} if reproduced is not None else {})}
     atomic_write_text(output / "report.json", json.dumps(summary, indent=2, default=str))

@@ -52,8 +52,20 @@ class Run:
         return str(self.results.get("settings", {}).get("mitigation", "none"))
 
     @property
+    def control(self) -> str:
+        """The image-blind control (``none``, ``no_image``, ``blank``, ``noise``; ``none`` for older runs)."""
+        from medheval.run.control import control_of
+
+        return control_of(self.results.get("settings"))
+
+    @property
+    def variant(self) -> str:
+        """The mitigation, with the control appended for a blind run (``none · no_image``)."""
+        return self.mitigation if self.control == "none" else f"{self.mitigation} · {self.control}"
+
+    @property
     def label(self) -> str:
-        return f"{self.model} · {self.mitigation}"
+        return f"{self.model} · {self.variant}"
 
     @property
     def versions(self) -> dict[str, Any] | None:

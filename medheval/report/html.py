@@ -178,7 +178,7 @@ def samples(runs: list[Run], thumbnails: bool = False, image_roots: dict[str, st
         for item in run.items:
             correct = item.get("correct")
             rows.append({"id": item["id"], "split": item["split"], "category": item.get("category") or "–",
-                         "model": run.model, "mitigation": run.mitigation,
+                         "model": run.model, "mitigation": run.variant,
                          "correct": "correct" if correct is True else "wrong" if correct is False else "not scored",
                          "prompt": item.get("prompt") or "(not logged)", "prediction": str(item.get("prediction", "")),
                          "reference": str(item.get("reference") or ""),

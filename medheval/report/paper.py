@@ -4,9 +4,10 @@ Shapes (columns reuse :mod:`medheval.report.tables`' definitions): MedHEval Tabl
 close-ended Acc-A/M/S/R/Acc, here also the knowledge/context close-ended splits), Tables 5–6 (report
 metrics, with the CHAIR/Recall labeler per split in the footer), Tables 7–11 (generation metrics, S_h as
 mean ± std), Med-HallMark Table 1 (a pooled Med-VQA row and an IRG row per model, then per question type)
-with its level distribution, Med-StepBench Table 3, ClinHallu Tables
-2–3 with Fix/Break and Table 4 (Δ averaged over models, Eq. 14), and every mitigation against ``none`` on
-the same items. A figure is the value in ``results.json``; its interval is recomputed from
+with its level distribution, Med-StepBench Table 3, ClinHallu Tables 2–3 with Fix/Break and Table 4 (Δ
+averaged over models, Eq. 14), every mitigation against ``none`` on the same items, and every run against
+its image-blind control (Δ image, :func:`image_deltas`). A figure is the value in ``results.json``; its
+interval is recomputed from
 ``scored.jsonl`` (ClinHallu: from the protocol logs, :func:`medheval.report.collect.protocol_columns`)
 with :mod:`medheval.report.stats`, and only when the per-item values reproduce that figure — otherwise the
 cell says why there is none. Intervals and paired comparisons resample the split's clusters (the unit its
@@ -202,13 +203,14 @@ def _with_interval(cell: Cell, values: list[float], scale: float, value: float,
 
 
 def _run_labels(runs: list[Run]) -> dict[int, tuple[str, str]]:
-    """(model, mitigation) per run; runs sharing both and a split get their folder name appended."""
+    """(model, mitigation) per run (a blind run's control appended: ``none · no_image``); runs sharing both and
+    a split get their folder name appended."""
     labels = {}
     for run in runs:
-        twins = [other for other in runs if other is not run and (other.model, other.mitigation)
-                 == (run.model, run.mitigation) and set(other.results["benchmarks"]) & set(run.results["benchmarks"])]
+        twins = [other for other in runs if other is not run and (other.model, other.variant)
+                 == (run.model, run.variant) and set(other.results["benchmarks"]) & set(run.results["benchmarks"])]
         suffix = f" ({run.path.name})" if twins else ""
-        labels[id(run)] = (run.model, run.mitigation + suffix)
+        labels[id(run)] = (run.model, run.variant + suffix)
     return labels
 
 
@@ -448,7 +450,7 @@ def stepbench(runs: list[Run]) -> Table | None:
     for run in runs:
         for split, entry in run.results["benchmarks"].items():
             if "stepbench" in entry.get("metrics", {}):
-                found[(run.model, run.mitigation, str(entry.get("run_options", {}).get("knowledge", "none")))] = (run, split)
+                found[(run.model, run.variant, str(entry.get("run_options", {}).get("knowledge", "none")))] = (run, split)
     for model, mitigation, knowledge, by_language in rows:
         run, split = found[(model, mitigation, knowledge)]
         items = run.items_of(split)
@@ -626,38 +628,73 @@ def comparisons(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
                   [Column("none", ranked=False), Column("mitigation", ranked=False), Column("Δ", ranked=False),
                    Column("p", ranked=False), Column("n", ranked=False)])
     records: list[dict[str, Any]] = []
-    baselines = [run for run in runs if run.mitigation == "none" and run.items]
-    for run in runs:
+    with_image = [run for run in runs if run.control == "none"]  # blind runs are compared by image_deltas
+    baselines = [run for run in with_image if run.mitigation == "none" and run.items]
+    for run in with_image:
         base = _baseline(run, baselines)
         if run.mitigation == "none" or base is None or not run.items:
             continue
-        for split in run.results["benchmarks"]:
-            ours = {item["id"]: item for item in run.items_of(split)}
-            theirs = {item["id"]: item for item in base.items_of(split)}
-            for metric, key, label, scale in COMPARED:
-                per_item = PER_ITEM[(metric, key)]
-                pairs = [(_item_value(theirs[i], metric, per_item), _item_value(ours[i], metric, per_item), ours[i])
-                         for i in ours if i in theirs]
-                pairs = [(a, b, item) for a, b, item in pairs
-                         if (isinstance(a, bool) or _num(a)) and (isinstance(b, bool) or _num(b))]
-                if not pairs or metric not in run.results["benchmarks"][split].get("metrics", {}):
-                    continue
-                a, b, paired = zip(*pairs)
-                labels, unit = clusters(run, split, list(paired))
-                result = compare_accuracy(a, b, clusters=labels) if per_item == "correct" else \
-                    paired_bootstrap(a, b, clusters=labels)
-                mean_a, mean_b = scale * sum(map(float, a)) / len(a), scale * sum(map(float, b)) / len(b)
-                n_clusters = None if unit is None else len(set(labels)) if labels is not None else result.n
-                table.rows.append(([run.model, run.mitigation, split, label], [
-                    Cell(value=mean_a), Cell(value=mean_b),
-                    Cell(value=scale * result.diff, low=scale * result.low, high=scale * result.high, signed=True,
-                         unit=unit, n_clusters=n_clusters),
-                    Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text=str(result.n))]))
-                records.append({"model": run.model, "mitigation": run.mitigation, "split": split, "metric": label,
-                                "baseline": mean_a, "value": mean_b, "diff": scale * result.diff,
-                                "low": scale * result.low, "high": scale * result.high, "p_value": result.p_value,
-                                "n": result.n, "test": result.test, "resampled": unit, "n_clusters": n_clusters})
-    _clinhallu_comparisons(runs, table, records)
+        for split, label, cells, record in _paired_rows(base, run):
+            table.rows.append(([run.model, run.mitigation, split, label], cells))
+            records.append({"model": run.model, "mitigation": run.mitigation, **record})
+    _clinhallu_comparisons(with_image, table, records)
+    return (table if table.rows else None), records
+
+
+def _paired_rows(base: Run, run: Run) -> list[tuple[str, str, list[Cell], dict[str, Any]]]:
+    """(split, metric label, cells, record) of ``run`` − ``base`` per split and :data:`COMPARED` metric, on the
+    items both scored (paired by id), resampled by the split's clusters (exact McNemar for accuracy only
+    where no cluster holds two items). Cells: base, run, Δ with its interval, p, n."""
+    rows = []
+    for split in run.results["benchmarks"]:
+        ours = {item["id"]: item for item in run.items_of(split)}
+        theirs = {item["id"]: item for item in base.items_of(split)}
+        for metric, key, label, scale in COMPARED:
+            per_item = PER_ITEM[(metric, key)]
+            pairs = [(_item_value(theirs[i], metric, per_item), _item_value(ours[i], metric, per_item), ours[i])
+                     for i in ours if i in theirs]
+            pairs = [(a, b, item) for a, b, item in pairs
+                     if (isinstance(a, bool) or _num(a)) and (isinstance(b, bool) or _num(b))]
+            if not pairs or metric not in run.results["benchmarks"][split].get("metrics", {}):
+                continue
+            a, b, paired = zip(*pairs)
+            labels, unit = clusters(run, split, list(paired))
+            result = compare_accuracy(a, b, clusters=labels) if per_item == "correct" else \
+                paired_bootstrap(a, b, clusters=labels)
+            mean_a, mean_b = scale * sum(map(float, a)) / len(a), scale * sum(map(float, b)) / len(b)
+            n_clusters = None if unit is None else len(set(labels)) if labels is not None else result.n
+            cells = [Cell(value=mean_a), Cell(value=mean_b),
+                     Cell(value=scale * result.diff, low=scale * result.low, high=scale * result.high, signed=True,
+                          unit=unit, n_clusters=n_clusters),
+                     Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text=str(result.n))]
+            rows.append((split, label, cells, {
+                "split": split, "metric": label, "baseline": mean_a, "value": mean_b, "diff": scale * result.diff,
+                "low": scale * result.low, "high": scale * result.high, "p_value": result.p_value, "n": result.n,
+                "test": result.test, "resampled": unit, "n_clusters": n_clusters}))
+    return rows
+
+
+def image_deltas(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
+    """**Δ image** per split and metric: a with-image run minus its image-blind control (same model and
+    mitigation, ``--control no_image|blank|noise``, :mod:`medheval.run.control`), on the items both scored
+    (paired by id), with the clustered paired interval of :func:`_paired_rows`. Near 0: the answers do not
+    depend on the image; the blind run's own figures are its rows in the other tables."""
+    table = Table("image_vs_blind", "Δ image: with image − image-blind control on the same items (paired)",
+                  ["Model", "Mitigation", "Control", "Split", "Metric"],
+                  [Column("with image", ranked=False), Column("blind", ranked=False),
+                   Column("Δ image", ranked=False), Column("p", ranked=False), Column("n", ranked=False)])
+    records: list[dict[str, Any]] = []
+    sighted = [run for run in runs if run.control == "none" and run.items]
+    for blind in (run for run in runs if run.control != "none" and run.items):
+        same = [run for run in sighted if (run.model, run.mitigation) == (blind.model, blind.mitigation)]
+        run = next((r for r in same if r.path.parent == blind.path.parent), same[0] if same else None)
+        if run is None:
+            continue
+        for split, label, cells, record in _paired_rows(blind, run):
+            table.rows.append(([run.model, run.mitigation, blind.control, split, label], cells))
+            records.append({"model": run.model, "mitigation": run.mitigation, "control": blind.control,
+                            **{key: value for key, value in record.items() if key not in ("baseline", "value")},
+                            "with_image": record["value"], "blind": record["baseline"]})
     return (table if table.rows else None), records
 
 
@@ -719,6 +756,9 @@ def build_tables(runs: list[Run]) -> list[Table]:
     if comparison:
         tables.append(comparison)
     short = mitigation_labels(run.mitigation for run in runs)
+    blind, _ = image_deltas(runs)
+    if blind:
+        tables.append(blind)
     for table in tables:
         shorten(table, short)
         mark(table)

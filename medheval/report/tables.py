@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
+from medheval.run.control import control_of
 from medheval.run.outputs import atomic_write_text
 from medheval.data.schema import VISUAL_CATEGORIES
 
@@ -44,7 +45,7 @@ def close_ended_table(runs: Iterable[dict[str, Any]]) -> str:
         header.append(f"{split} Acc")
     lines = [_row(header), "|" + "---|" * len(header)]
     for run in runs:
-        row = [run["settings"]["model"], run["settings"]["mitigation"]]
+        row = [run["settings"]["model"], variant(run["settings"])]
         for split in splits:
             metric = run["benchmarks"].get(split, {}).get("metrics", {}).get("close_ended_accuracy")
             by_category = (metric or {}).get("accuracy_by_category", {})
@@ -104,7 +105,7 @@ def open_ended_table(runs: Iterable[dict[str, Any]]) -> str:
                 cell = f"{scale * value:.2f}" if isinstance(value, (int, float)) else "–"
                 cells.append(f"{cell} ± {scale * std:.2f}" if isinstance(value, (int, float))
                              and isinstance(std, (int, float)) else cell)
-            lines.append(_row([run["settings"]["model"], run["settings"]["mitigation"], split, *cells]))
+            lines.append(_row([run["settings"]["model"], variant(run["settings"]), split, *cells]))
     return "\n".join(lines)
 
 
@@ -126,7 +127,8 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
     for label in run.get("labels", {}).values():
         parts += [f"> **{label}**", ""]
     settings = run["settings"]
-    parts += [f"Model: `{settings['model']}` · mitigation: `{settings['mitigation']}`", ""]
+    parts += [f"Model: `{settings['model']}` · mitigation: `{settings['mitigation']}`"
+              + (f" · image control: `{control_of(settings)}`" if control_of(settings) != "none" else ""), ""]
     parts += warnings_section(run.get("warnings", []))
     found = caveats(run)
     parts += ["## Caveats", "", *(f"- {line}" for line in found), ""] if found else []
@@ -256,6 +258,13 @@ def grouped(pairs: Iterable[tuple[str, str]]) -> list[str]:
     return [f"{', '.join(names)}: {text}" for text, names in runs.items()]
 
 
+def variant(settings: dict[str, Any]) -> str:
+    """The Mitigation column: the mitigation, with a blind run's control appended (``none · no_image``,
+    :mod:`medheval.run.control`)."""
+    control = control_of(settings)
+    return str(settings["mitigation"]) if control == "none" else f"{settings['mitigation']} · {control}"
+
+
 def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: str = "mitigations") -> None:
     """The combined ``results.md`` of several runs (mitigations, or models × mitigations of a grid
     config): one row per run, same columns; mitigations by short label (method and preset,
@@ -307,7 +316,7 @@ def stepbench_rows(runs: Iterable[dict[str, Any]]) -> list[tuple[str, str, str, 
             if not metric:
                 continue
             knowledge = str(entry.get("run_options", {}).get("knowledge", "none"))
-            key = (run["settings"]["model"], run["settings"]["mitigation"], knowledge)
+            key = (run["settings"]["model"], variant(run["settings"]), knowledge)
             found = next((row for row in rows if row[:3] == key), None)
             if found is None:
                 found = (*key, {})

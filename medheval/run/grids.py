@@ -6,6 +6,7 @@ A grid config (see ``configs/`` for the papers' tables)::
     models: [llava-hf/llava-1.5-7b-hf, Qwen/Qwen2.5-VL-7B-Instruct]
     benchmarks: [mm_vishal, cxr_vishal]     # name or name:config
     mitigations: [none, "vcd:alpha=1"]      # default [none]
+    controls: [none, no_image]              # image-blind controls, a grid axis (default [none]; run/control.py)
     generation:                             # medheval.run.generation (built-in table per answer type applies)
       defaults: {do_sample: false}
       answer_types: {report: {max_new_tokens: 512}}
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from medheval.run.control import CONTROLS, Control, ControlError
 from medheval.run.generation import GenerationPlan, check_settings
 from medheval.run.runner import RunError, RunSpec, run_grid, write_report_html
 
@@ -41,6 +43,7 @@ CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "models": ((list,), "a list of model ids (Hub ids, local folders, tiny-random-llava)"),
     "benchmarks": ((list,), "a list of NAME[:CONFIG]"),
     "mitigations": ((list,), "a list of mitigation specs (none, vcd:alpha=1 …)"),
+    "controls": ((list,), "a list of image controls (none, no_image, blank, noise)"),
     "generation": ((dict,), "a mapping with defaults / answer_types / benchmarks / builtin"),
     "metrics": ((list,), "a list of metric names"),
     "metric_options": ((dict,), "a mapping {metric: {option: value}}"),
@@ -84,6 +87,7 @@ class GridConfig:
     models: list[str]
     benchmarks: list[str]
     mitigations: list[str] = field(default_factory=lambda: ["none"])
+    controls: list[str] = field(default_factory=lambda: ["none"])  # image-blind controls (medheval.run.control)
     generation: GenerationPlan = field(default_factory=GenerationPlan)
     options: dict[str, Any] = field(default_factory=dict)  # every other key, validated
 
@@ -173,6 +177,17 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
             get_mitigation(spec)
         except ValueError as error:
             raise _fail(source, f"mitigations[{index}]", str(error)) from None
+    controls = _string_list(source, "controls", data.get("controls") or ["none"])
+    for index, kind in enumerate(controls):
+        if kind not in CONTROLS:
+            raise _fail(source, f"controls[{index}]", f"unknown control {kind!r}; known: {', '.join(CONTROLS)}")
+    if len(set(controls)) < len(controls):
+        raise _fail(source, "controls", "a control is listed twice (each writes one folder)")
+    try:
+        for kind in controls:
+            Control(kind).check_mitigations(mitigations)
+    except ControlError as error:
+        raise _fail(source, "controls", str(error)) from None
     options: dict[str, Any] = {}
     for key in ("metrics", "allow_remote_credentialed"):
         if data.get(key) is not None:
@@ -192,11 +207,12 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
     for key in ("limit", "batch_size"):
         if data.get(key) is not None and data[key] < 1:
             raise _fail(source, key, f"must be >= 1, got {data[key]}")
-    for key in set(CONFIG_KEYS) - set(options) - {"output", "models", "benchmarks", "mitigations", "generation"}:
+    for key in set(CONFIG_KEYS) - set(options) - {"output", "models", "benchmarks", "mitigations", "controls",
+                                                   "generation"}:
         if data.get(key) is not None:
             options[key] = data[key]
     return GridConfig(source=source, output=data["output"], models=models, benchmarks=benchmarks,
-                      mitigations=mitigations, generation=_generation_plan(source, data.get("generation") or {}),
+                      mitigations=mitigations, controls=controls, generation=_generation_plan(source, data.get("generation") or {}),
                       options=options)
 
 
@@ -230,6 +246,8 @@ def apply_cli(config: GridConfig, args: argparse.Namespace, given: set[str]) -> 
         config.benchmarks = split_list(args.benchmark) or []
     if "mitigation" in given:
         config.mitigations = list(args.mitigation)
+    if "control" in given:
+        config.controls = list(dict.fromkeys(args.control))
     if "metrics" in given:
         config.options["metrics"] = split_list(args.metrics)
     for dest, key in CLI_REPLACES.items():
@@ -290,7 +308,7 @@ def run_spec(config: GridConfig, model: str, labels: Mapping[str, str]) -> RunSp
                    allow_remote_credentialed=tuple(config.get("allow_remote_credentialed", ())),
                    lock_timeout=float(config.get("lock_timeout", 0.0)), detector=config.get("detector"),
                    benchmark_options=config.get("benchmark_options", {}), generation=config.generation,
-                   report_cluster=config.get("cluster", "auto"))
+                   report_cluster=config.get("cluster", "auto"), control_seed=int(config.get("seed", 0)))
 
 
 def backend_args(config: GridConfig, model: str) -> argparse.Namespace:
@@ -308,7 +326,7 @@ def backend_args(config: GridConfig, model: str) -> argparse.Namespace:
 
 def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace], tuple[Any, dict]] | None = None
                ) -> dict[str, Any]:
-    """Run every model × mitigation cell of ``config``; writes ``<output>/<model>/…`` and a combined
+    """Run every model × mitigation × control cell of ``config``; writes ``<output>/<model>/…`` and a combined
     ``<output>/results.json`` / ``results.md``. Returns the combined results (``{"runs": [...]}``)."""
     from medheval.run.distributed import group as process_group
     from medheval.run.outputs import atomic_write_text
@@ -330,13 +348,15 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     with group.lock(output, float(config.get("lock_timeout", 0.0))):
         for model in config.models:
             backend, labels = build_backend(backend_args(config, model))
-            result = run_grid(run_spec(config, model, labels), backend, config.mitigations,
+            result = run_grid(run_spec(config, model, labels), backend, config.mitigations, controls=config.controls,
                               batch_size=int(config.get("batch_size", 8)))
             runs.extend(result["runs"] if "runs" in result else [result])
             del backend
             _free_memory()
         combined = {"config": config.source, "models": config.models, "benchmarks": config.benchmarks,
                     "mitigations": config.mitigations, "runs": runs}
+        if config.controls != ["none"]:
+            combined["controls"] = config.controls
         if group.is_main:
             atomic_write_text(output / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
             write_grid_markdown(runs, output / "results.md", heading="models × mitigations")

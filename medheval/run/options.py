@@ -36,6 +36,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mitigation", action="append", metavar="NAME[:KEY=VALUE,...]",
                         help="decoding-time mitigation, e.g. vcd:alpha=1,beta=0.1, pai, none (repeatable: a grid "
                              "run side by side; default: none)")
+    parser.add_argument("--control", action="append", choices=("none", "no_image", "blank", "noise"),
+                        help="image-blind control: the same prompt with no image, a black image of the same size, "
+                             "or seeded noise (--seed; recorded); repeatable: a grid axis beside --mitigation, e.g. "
+                             "--control none --control no_image (default: none; medheval/run/control.py)")
     parser.add_argument("--data-dir", help="local copy of MedHEval's benchmark_data/ (default: pinned download)")
     parser.add_argument("--image-root", action="append", default=[], metavar="SOURCE=ROOT",
                         help="image root per source: a folder, a URL template with {path}, or hf://dataset (repeatable)")

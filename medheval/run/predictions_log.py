@@ -17,9 +17,10 @@ class CorruptLogError(ValueError):
     """A line other than the last one of ``predictions.jsonl`` is not valid JSON."""
 
 
-def log_key(entry: dict[str, Any]) -> tuple[str, str, str]:
-    """Records are unique per (id, model, mitigation)."""
-    return entry["id"], entry.get("model", ""), entry.get("mitigation", "none")
+def log_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
+    """Records are unique per (id, model, mitigation, image control); entries without a control are ``none``
+    (:mod:`medheval.run.control`)."""
+    return entry["id"], entry.get("model", ""), entry.get("mitigation", "none"), entry.get("control", "none")
 
 
 def read_log(path: str | Path, repair: bool = True,

@@ -1,7 +1,7 @@
 """benchmark -> backend -> ``predictions.jsonl`` (append-only, resumable) -> metrics -> results.
 
 One output folder holds one run: ``predictions.jsonl`` (all benchmarks, keyed by
-(id, model, mitigation)), ``run.json`` (the settings the predictions were made with, which a resumed
+(id, model, mitigation, image control: :mod:`medheval.run.control`)), ``run.json`` (the settings the predictions were made with, which a resumed
 run must match, and under ``"versions"`` the software stack they were first made with, which a resumed
 run only warns about), ``scored.jsonl`` (per-item correctness), ``results.json`` and ``results.md``.
 """
@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from medheval.backends.base import Backend, BackendError
 from medheval.data.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
+from medheval.run.control import Control, ControlError, cell_slug, check_control
 from medheval.run.distributed import group as process_group
 from medheval.run.distributed import shard_batches
 from medheval.run.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
@@ -87,6 +88,14 @@ class RunSpec:
     # generation settings per benchmark / answer type (medheval.run.generation); None: the backend's own for all
     generation: GenerationPlan | None = None
     report_cluster: str = "auto"  # report.html's intervals: each split's declared cluster unit, or "none" (items)
+    # image-blind control (medheval.run.control): none, no_image, blank or noise; noise is drawn from control_seed
+    control: str = "none"
+    control_seed: int = 0
+
+    @property
+    def image_control(self) -> Control:
+        """The :class:`medheval.run.control.Control` of this run."""
+        return Control(self.control, self.control_seed)
 
 
 def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mapping[str, str | None],
@@ -152,9 +161,11 @@ def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judg
 
 
 def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int, pool: ThreadPoolExecutor,
-                    volumes: bool = False) -> Iterator[tuple[list[dict], list[list[Any]]]]:
+                    volumes: bool = False, control: Control = Control()) -> Iterator[tuple[list[dict], list[list[Any]]]]:
     """Batches of (records, their images); the next batch's images load while the current one runs.
-    With ``volumes`` each record also carries ``"volumes"`` ({name: 3D array}) for a 3D-capable backend."""
+    With ``volumes`` each record also carries ``"volumes"`` ({name: 3D array}) for a 3D-capable backend.
+    ``control`` replaces the images (:mod:`medheval.run.control`; ``no_image`` reads none)."""
+    load_images = control.loader(loaded.resolver.load_record_images if loaded.resolver is not None else None)
 
     def load(chunk: list[int]) -> tuple[list[dict], list[list[Any]]]:
         batch = loaded.dataset[chunk]
@@ -162,9 +173,9 @@ def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int
         if volumes:
             for record in records:
                 record["volumes"] = loaded.volume_reader(record)
-        if loaded.resolver is None:
+        if load_images is None:
             return records, [[] for _ in records]
-        return records, list(pool.map(loaded.resolver.load_record_images, records))
+        return records, list(pool.map(load_images, records))
 
     chunks = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
     pending = pool.submit(load, chunks[0]) if chunks else None
@@ -175,14 +186,16 @@ def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int
 
 
 def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogWriter,
-                         done: set[tuple[str, str, str]], mitigation: str, batch_size: int,
-                         generation: GenerationPlan | None = None, shard: tuple[int, int] = (0, 1)) -> int:
+                         done: set[tuple[str, str, str, str]], mitigation: str, batch_size: int,
+                         generation: GenerationPlan | None = None, shard: tuple[int, int] = (0, 1),
+                         control: Control = Control()) -> int:
     """Generate for every record not yet in the log; returns how many were generated now. Every secret the
     run holds (API keys, passwords: :func:`medheval.judges.endpoints.register_secrets`) is redacted from the
     predictions, which a server may have echoed it into. Each log entry records the rendered prompt (when the backend has ``format_prompt``) and the generation settings.
-    ``shard=(rank, world_size)``: only this process's batches (:func:`medheval.run.distributed.shard_batches`)."""
+    ``shard=(rank, world_size)``: only this process's batches (:func:`medheval.run.distributed.shard_batches`).
+    ``control``: the images the model gets instead (:mod:`medheval.run.control`); a blind entry records it."""
     ids = loaded.dataset["id"]
-    todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation) not in done]
+    todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation, control.kind) not in done]
     plan_for = settings_for(generation, loaded.name, loaded.config)
     if generation is not None:  # stable sort: one setting per batch where possible
         answer_types = loaded.dataset["answer_type"]
@@ -191,10 +204,14 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     volumes = bool(getattr(backend, "needs_volumes", False))
     if volumes and loaded.volume_reader is None:
         raise RunError(f"model {backend.name} reads 3D volumes, and {loaded.name} has none (Med-StepBench does)")
+    if volumes and control.blind:
+        raise RunError(f"--control {control.kind}: model {backend.name} reads 3D volumes, which the image-blind "
+                       f"controls do not replace yet; run the control with a 2D model")
+    blind = {"control": control.kind} if control.blind else {}
     generated = 0
     with tqdm(total=len(ids), initial=len(ids) - len(todo), desc=f"{loaded.name}:{loaded.config}",
               unit="item") as bar, ThreadPoolExecutor(max_workers=8) as pool:
-        for records, images in _record_batches(loaded, todo, batch_size, pool, volumes):
+        for records, images in _record_batches(loaded, todo, batch_size, pool, volumes, control):
             for group, group_images, settings in group_by_settings(records, images, plan_for):
                 began = time.perf_counter()
                 outputs, used = generate_with(backend, group, group_images, settings)
@@ -203,7 +220,7 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
                     raise BackendError(f"backend {backend.name} returned {len(outputs)} outputs for {len(group)} records")
                 for record, record_images, prediction in zip(group, group_images, outputs):
                     writer.write({"id": record["id"], "prediction": redact(prediction), "model": backend.name,
-                                  "mitigation": mitigation, "seconds": round(seconds, 6), "generation": used,
+                                  "mitigation": mitigation, **blind, "seconds": round(seconds, 6), "generation": used,
                                   **rendered_prompt(backend, record, record_images)})
             generated += len(records)
             bar.update(len(records))
@@ -359,6 +376,10 @@ def _check_spec(spec: RunSpec) -> None:
     """Refuse, before the output folder is made, a run that would compute nothing or names an unknown benchmark."""
     if not spec.benchmarks:
         raise RunError("no benchmark given: pass --benchmark NAME[:CONFIG] (see `medheval list`)")
+    try:
+        check_control(spec.control)
+    except ControlError as error:
+        raise RunError(str(error)) from None
     for benchmark_spec in spec.benchmarks:  # a typo fails here, with close matches, leaving no folder behind
         unit_dir("datasets", parse_benchmark_spec(benchmark_spec)[0])
     if spec.metrics is not None and not spec.metrics:
@@ -424,7 +445,7 @@ class QAProtocol(SplitProtocol):
         loaded, backend, spec, state = job.loaded, job.backend, job.spec, job.state
         return job.group.generate(
             lambda writer, shard: generate_predictions(loaded, backend, writer, state["done"], spec.mitigation,
-                                                       job.batch_size, spec.generation, shard),
+                                                       job.batch_size, spec.generation, shard, spec.image_control),
             state["log_path"], state["order"], job.split)
 
     def score_split(self, job: SplitJob, generated: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -432,11 +453,13 @@ class QAProtocol(SplitProtocol):
         if generated:
             state["entries"] = read_log(state["log_path"], repair=False)
         predictions = {entry["id"]: entry["prediction"] for entry in state["entries"]
-                       if entry.get("model") == backend.name and entry.get("mitigation", "none") == spec.mitigation}
+                       if entry.get("model") == backend.name and entry.get("mitigation", "none") == spec.mitigation
+                       and entry.get("control", "none") == spec.control}
         metric_results, per_item = score(loaded, predictions, job.metric_names, job.options)
         _note_failed_metrics(job.results, job.split, metric_results, job.warnings)
         entry = split_entry(loaded, n_scored=len(per_item), generated_this_run=generated, metrics=metric_results)
-        return entry, [{**item, "model": backend.name, "mitigation": spec.mitigation} for item in per_item]
+        blind = {"control": spec.control} if spec.control != "none" else {}
+        return entry, [{**item, "model": backend.name, "mitigation": spec.mitigation, **blind} for item in per_item]
 
 
 def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str, warnings: list[str]) -> PreparedSplit:
@@ -472,7 +495,7 @@ def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit
     from medheval.data.images import ImageError
 
     roots = dict(spec.image_roots or {})
-    if not roots and not backend.needs_images:  # scored from a predictions file: images are not read
+    if not roots and (not backend.needs_images or spec.control == "no_image"):  # no image is read
         return
     needed = {f"{split.loaded.name}:{split.loaded.config}": _image_sources(split.loaded) for split in prepared}
     every_source = sorted({source for sources in needed.values() for source in sources})
@@ -634,6 +657,8 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
             raise RunError(f"--benchmark-option given for benchmark(s) {unknown} that this run does not include")
     if spec.generation is not None:  # per benchmark / answer type (medheval.run.generation)
         settings["generation"] = spec.generation.describe()
+    if spec.image_control.blind:  # absent for with-image runs, as in folders written before controls existed
+        settings["control"] = spec.image_control.describe()
     if main:
         _check_run_settings(output, settings, stack_versions() if versions is None else versions, warnings)
         merge_parts(output / "predictions.jsonl", [rid for split in prepared for rid in split.loaded.dataset["id"]])
@@ -666,45 +691,60 @@ def mitigation_slug(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", spec.replace("=", "-")).strip("_") or "none"
 
 
-def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8) -> dict[str, Any]:
-    """Run ``spec`` once per mitigation (``none`` = plain decoding), side by side like MedHEval's Table 4.
+def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8,
+             controls: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run ``spec`` once per mitigation (``none`` = plain decoding) × image control (``controls``; default
+    ``[spec.control]``, :mod:`medheval.run.control`), side by side like MedHEval's Table 4.
 
-    One mitigation writes straight into ``spec.output``; several write one sub-folder each
-    (``<output>/<mitigation>/``, each resumable on its own) plus a combined ``results.md``/``results.json``.
+    One cell writes straight into ``spec.output``; several write one sub-folder each
+    (``<output>/<mitigation>/``, ``<output>/<mitigation>__<control>/`` for a blind cell, each resumable on its
+    own) plus a combined ``results.md``/``results.json``.
     """
     from medheval.mitigations import get_mitigation
 
     methods = [(text, get_mitigation(text)) for text in mitigations] or [("none", None)]
+    controls = list(dict.fromkeys(controls or [spec.control]))
+    try:
+        for kind in controls:
+            Control(check_control(kind)).check_mitigations([text for text, _ in methods])
+    except ControlError as error:
+        raise RunError(str(error)) from None
+    if not backend.needs_images and any(kind != "none" for kind in controls):
+        raise RunError("--control needs a model (--model): a predictions file was decoded elsewhere, with its images")
     if not backend.needs_images and any(method is not None for _, method in methods):
         raise RunError("--mitigation needs a model (--model): a predictions file was decoded elsewhere")
     if not getattr(backend, "supports_mitigations", True) and any(method is not None for _, method in methods):
         raise RunError(f"--mitigation changes a local model's decoding loop; {backend.name} answers over an API. "
                        f"Run mitigations with an HF model (--model <hub id or folder>)")
+    cells = [(text, method, kind) for text, method in methods for kind in controls]
     group = process_group()
-    lock = group.lock(spec.output, spec.lock_timeout) if len(methods) > 1 else contextlib.nullcontext()
+    lock = group.lock(spec.output, spec.lock_timeout) if len(cells) > 1 else contextlib.nullcontext()
     with lock:
-        if len(methods) > 1 and (Path(spec.output) / "run.json").exists():
-            raise RunError(f"{spec.output} holds a single run (run.json); a grid of {len(methods)} mitigations "
-                           f"there would overwrite its results.md/results.json. Choose another --output folder.")
-        return _run_methods(spec, backend, methods, batch_size)
+        if len(cells) > 1 and (Path(spec.output) / "run.json").exists():
+            raise RunError(f"{spec.output} holds a single run (run.json); a grid of {len(cells)} mitigation × "
+                           f"control cells there would overwrite its results.md/results.json. Choose another "
+                           f"--output folder.")
+        return _run_methods(spec, backend, cells, batch_size)
 
 
-def _run_methods(spec: RunSpec, backend: Backend, methods: list[tuple[str, Any]], batch_size: int) -> dict[str, Any]:
+def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, str]], batch_size: int
+                 ) -> dict[str, Any]:
     """The body of :func:`run_grid` (its folder locked when the grid has several runs)."""
     import copy
 
     from medheval.report.tables import write_grid_markdown
 
     runs = []
-    for text, method in methods:
+    for text, method, control in cells:
         label = method.spec() if method is not None else "none"
         variant = backend
         if method is not None:
             variant = copy.copy(backend)
             variant.generate_kwargs = {**getattr(backend, "generate_kwargs", {}), "custom_generate": method}
-        output = spec.output if len(methods) == 1 else Path(spec.output) / mitigation_slug(label)
-        runs.append(run(dataclasses.replace(spec, output=output, mitigation=label), variant, batch_size=batch_size))
-    if len(methods) > 1 and process_group().is_main:
+        output = spec.output if len(cells) == 1 else Path(spec.output) / cell_slug(mitigation_slug(label), control)
+        runs.append(run(dataclasses.replace(spec, output=output, mitigation=label, control=control), variant,
+                        batch_size=batch_size))
+    if len(cells) > 1 and process_group().is_main:
         combined = {"runs": runs}
         atomic_write_text(Path(spec.output) / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
         write_grid_markdown(runs, Path(spec.output) / "results.md")

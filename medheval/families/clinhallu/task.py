@@ -120,8 +120,11 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     # ClinHallu's sampling (temperature 0.7, top-p 0.9) unless the run options say otherwise; the trace
     # length from the run's generation plan (built-in: ClinHallu's 4096, medheval.run.generation)
     config = protocol_config(loaded.run_options, backend, trace_length(spec, loaded, backend))
-    protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config,
-                            images_for=loaded.resolver.load_record_images if loaded.resolver else None)
+    images_for = loaded.resolver.load_record_images if loaded.resolver else None
+    control = getattr(spec, "image_control", None)  # --control (medheval.run.control): the blind images
+    if control is not None and control.blind:
+        images_for = control.loader(images_for) or (lambda record: [])
+    protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config, images_for=images_for)
     result = protocol.run(records)
     after = len(read_log(folder / GENERATIONS, required=LOG_FIELDS))
     inputs = dict(result["metric_inputs"])
