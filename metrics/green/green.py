@@ -44,7 +44,8 @@ Args:
     judge (`str`, `dict` or `medheval.judges.Judge`, *optional*): "backend:model[@base_url]".
     green_model (`str`, *optional*): a local GREEN model folder (e.g. a download of
         StanfordAIMI/GREEN-radllama2-7b), loaded with AutoModelForCausalLM; GREEN's chat layout is set
-        on its tokenizer. Give `judge` or `green_model`, not both.
+        on its tokenizer. When given, it is used and `judge` is not (a run's --judge may be meant for
+        other metrics); `judge_note` then says so.
     max_tokens (`int`, *optional*, defaults to 1024): new tokens per reply.
     batch_size (`int`, *optional*, defaults to 8), device (`str`, *optional*): for `green_model`.
     cache_dir, concurrency (defaults to 16), allow_remote_credentialed: passed to the judge.
@@ -122,12 +123,12 @@ class Green(evaluate.Metric):
     def _judge(self, judge, green_model, **options):
         from medheval.judges import judge_for
 
-        if (judge is None) == (green_model is None):
-            raise ValueError("green needs exactly one of judge= (a spec 'backend:model[@base_url]', e.g. "
-                             "'openai:gpt-4o@http://127.0.0.1:8000/v1', or a dict) and green_model= (a local GREEN "
+        if judge is None and green_model is None:
+            raise ValueError("green needs judge= (a spec 'backend:model[@base_url]', e.g. "
+                             "'openai:gpt-4o@http://127.0.0.1:8000/v1', or a dict) or green_model= (a local GREEN "
                              "model folder)")
         batch = {key: options.pop(key) for key in ("batch_size", "device")}
-        if judge is not None:
+        if green_model is None:
             return judge_for(self, judge, **options)
         # a fine-tuned GREEN model answers in its format at once: a corrective follow-up would not help
         return judge_for(self, {"backend": "transformers", "model": str(green_model)},
@@ -186,4 +187,6 @@ class Green(evaluate.Metric):
                 "insignificant_by_category": by_category["insignificant"],
                 "n": len(scored), "n_unparseable": n_unparseable, "n_failed": len(failed),
                 "failed": [{"id": ids[i], "reason": reason} for i, reason in failed],
-                "usage": usage, "judge": judge_obj.describe(), "prompt_version": medheval.scoring.green.PROMPT_VERSION}
+                "usage": usage, "judge": judge_obj.describe(), "prompt_version": medheval.scoring.green.PROMPT_VERSION,
+                **({"judge_note": "green_model was used; judge= was not"} if judge is not None
+                   and green_model is not None else {})}
