@@ -76,6 +76,13 @@ def test_missing_components_are_counted_and_absent_ones_are_an_error(metric):
     assert out["radcliq_per_item"][1] is None and out["radcliq"] == pytest.approx(0.206295, abs=1e-6)
     with pytest.raises(ValueError, match=r"needs per-report \['radgraph_combined', 'semb_score'\].*--metrics"):
         metric.compute(predictions=["a"], references=["a"], bertscore=[0.5])
+    in_run = metric.compute(predictions=["a", "b"], references=["a", "b"], run_results={
+        "radgraph_f1": {"radgraph_f1_per_item": [0.5, 0.5]}})
+    assert in_run["n"] == 0 and in_run["n_failed"] == 2 and in_run["radcliq"] is None
+    assert "['bertscore', 'semb_score']" in in_run["unavailable_reason"]
+    from medheval.run.runner import failed_on_every_item
+
+    assert failed_on_every_item(in_run)  # the run warns and exits non-zero, keeping the predictions
     with pytest.raises(ValueError, match="Mismatch in the number of predictions"):
         metric.compute(predictions=["a"], references=["a"], radgraph_combined=[0.5, 0.5], bertscore=[0.5],
                        semb_score=[0.5])

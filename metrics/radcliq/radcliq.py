@@ -54,13 +54,15 @@ Args:
     run_results (`dict`, *optional*): metric name -> output of the metrics already computed on
         the same items (`medheval run` passes it); components not given are taken from it.
 
-    A pair with a missing (None or non-finite) component is skipped and counted, never scored.
+    A pair with a missing (None or non-finite) component is skipped and counted, never scored. A component
+    neither given nor in `run_results` is an error; in a run (`run_results` given) every pair is skipped
+    instead and `unavailable_reason` says which metrics to add (the predictions are kept).
 
 Returns:
     radcliq (`float`): mean RadCliQ-v1 over scored pairs (lower is better); `None` if none scored.
     radcliq_std (`float`): population standard deviation over scored pairs.
     radcliq_per_item (`list` of `float`/`None`): per pair, input order.
-    n (`int`): scored pairs; n_skipped (`int`) and skipped (`dict` pair index -> missing components).
+    n (`int`): scored pairs; n_skipped (= n_failed, `int`) and skipped (`dict` pair index -> missing components).
     components (`dict`): per component, where it came from and its mean.
     component_notes (`list` of `str`): how the components differ from RadCliQ-v1's; comparable (`bool`).
     lower_is_better (`bool`): always True.
@@ -182,11 +184,16 @@ class Radcliq(evaluate.Metric):
                 columns[name] = [bleu2(p, r) for p, r in zip(predictions, references)]
                 sources[name] = "computed here (BLEU-2)"
         missing = [name for name in COLUMNS if name not in columns]
+        reason = None
         if missing:
-            raise ValueError(
-                f"radcliq needs per-report {missing}: pass them (radgraph_combined=, bertscore=, semb_score=), or in "
-                "`medheval run` also compute the metrics that give them (--metrics radgraph_f1 text_generation "
-                "chexbert_similarity radcliq)")
+            reason = (f"radcliq needs per-report {missing}: pass them (radgraph_combined=, bertscore=, semb_score=), "
+                      "or in `medheval run` also compute the metrics that give them (--metrics radgraph_f1 "
+                      "text_generation chexbert_similarity radcliq)")
+            if run_results is None:
+                raise ValueError(reason)
+            # in a run the predictions are kept: the split reports radcliq as failed on every item, with the reason
+            columns.update({name: [None] * n for name in missing})
+            sources.update({name: "missing" for name in missing})
         scores, skipped = [], {}
         for i in range(n):
             row = [columns[name][i] for name in COLUMNS]
@@ -203,5 +210,6 @@ class Radcliq(evaluate.Metric):
                              "mean": (lambda v: sum(v) / len(v) if v else None)(
                                  [float(x) for x in columns[name] if _finite(x)])} for name in COLUMNS}
         return {"radcliq": mean, "radcliq_std": std, "radcliq_per_item": scores, "n": len(scored),
-                "n_skipped": len(skipped), "skipped": skipped, "components": components,
-                "component_notes": notes, "comparable": not notes, "lower_is_better": True}
+                "n_skipped": len(skipped), "n_failed": len(skipped), "skipped": skipped, "components": components,
+                "component_notes": notes, "comparable": not notes, "lower_is_better": True,
+                **({"unavailable_reason": reason} if reason else {})}
