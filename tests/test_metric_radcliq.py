@@ -77,9 +77,11 @@ def test_missing_components_are_counted_and_absent_ones_are_an_error(metric):
     with pytest.raises(ValueError, match=r"needs per-report \['radgraph_combined', 'semb_score'\].*--metrics"):
         metric.compute(predictions=["a"], references=["a"], bertscore=[0.5])
     in_run = metric.compute(predictions=["a", "b"], references=["a", "b"], run_results={
-        "radgraph_f1": {"radgraph_f1_per_item": [0.5, 0.5]}})
+        "radgraph_f1": {"radgraph_f1_per_item": [0.5, 0.5]},
+        "text_generation": {"bertscore_per_item": None, "bertscore_unavailable_reason": "no weights at /x"}})
     assert in_run["n"] == 0 and in_run["n_failed"] == 2 and in_run["radcliq"] is None
     assert "['bertscore', 'semb_score']" in in_run["unavailable_reason"]
+    assert in_run["unavailable_reason"].endswith("text_generation ran without BERTScore: no weights at /x")
     from medheval.run.runner import failed_on_every_item
 
     assert failed_on_every_item(in_run)  # the run warns and exits non-zero, keeping the predictions

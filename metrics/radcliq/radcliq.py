@@ -189,6 +189,9 @@ class Radcliq(evaluate.Metric):
             reason = (f"radcliq needs per-report {missing}: pass them (radgraph_combined=, bertscore=, semb_score=), "
                       "or in `medheval run` also compute the metrics that give them (--metrics radgraph_f1 "
                       "text_generation chexbert_similarity radcliq)")
+            unavailable = ((run_results or {}).get("text_generation") or {}).get("bertscore_unavailable_reason")
+            if "bertscore" in missing and unavailable:
+                reason += f"; text_generation ran without BERTScore: {unavailable}"
             if run_results is None:
                 raise ValueError(reason)
             # in a run the predictions are kept: the split reports radcliq as failed on every item, with the reason
