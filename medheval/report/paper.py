@@ -43,6 +43,8 @@ PER_ITEM: dict[tuple[str, str], str] = {
     ("sh_judge", "sh"): "scores",
     ("medihall_score", "medihall_score"): "item_scores",
     ("medihall_score", "accuracy"): "correct",
+    ("radcliq", "radcliq"): "radcliq_per_item",
+    ("green", "green"): "green_per_item",
     **{("text_generation", key): f"{key}_per_item" for key in ("bleu", "meteor", "rouge1", "rouge2", "rougeL",
                                                                "bertscore")},
 }
@@ -271,14 +273,44 @@ def _metric_table(runs: list[Run], key: str, title: str, metrics: set[str],
     return table
 
 
-REPORT_METRICS = {"chexbert_similarity", "radgraph_f1", "ratescore", "chair"}
+REPORT_METRICS = {"chexbert_similarity", "radgraph_f1", "ratescore", "chair", "radcliq", "green"}
 GENERATION_METRICS = {"text_generation", "sh_judge"}
+RADCLIQ_NOTE = ("RadCliQ-v1 ↓ (Yu et al., 2023) estimates a count of errors per report: lower is better, shown as "
+                "is (not a percentage).")
 
 
 def report_metrics(runs: list[Run]) -> Table | None:
-    """MedHEval Tables 5–6: CheXbert, RadGraph, RaTEScore, Recall, CHAIR ↓ (%) per report split."""
-    return _metric_table(runs, "medheval_report", "MedHEval Tables 5–6: report metrics (%)", REPORT_METRICS,
-                         lambda s: _name(s) != "med_hallmark")
+    """MedHEval Tables 5–6: CheXbert, RadGraph, RaTEScore, Recall, CHAIR ↓ (%) per report split, and, when
+    computed, RadCliQ-v1 ↓ and GREEN (the ReXrank metrics)."""
+    table = _metric_table(runs, "medheval_report", "MedHEval Tables 5–6: report metrics (%)", REPORT_METRICS,
+                          lambda s: _name(s) != "med_hallmark")
+    if table is not None:
+        table.footer += report_metric_notes(runs)
+    return table
+
+
+def report_metric_notes(runs: list[Run]) -> list[str]:
+    """Footer lines for RadCliQ-v1 and GREEN: what RadCliQ-v1 is, components that differ from RadCliQ-v1's
+    (``component_notes``), pairs left out, and GREEN judge replies that could not be read."""
+    lines: list[str] = []
+    for run in runs:
+        for split, entry in run.results["benchmarks"].items():
+            metrics = entry.get("metrics") or {}
+            where = f"{run.model} · {run.mitigation} · {split}"
+            radcliq = metrics.get("radcliq") or {}
+            if _num(radcliq.get("radcliq")):
+                if RADCLIQ_NOTE not in lines:
+                    lines.insert(0, RADCLIQ_NOTE)
+                for note in radcliq.get("component_notes") or []:
+                    lines.append(f"RadCliQ-v1, {where}: not comparable with published RadCliQ-v1: {note}.")
+                if radcliq.get("n_skipped"):
+                    lines.append(f"RadCliQ-v1, {where}: {radcliq['n_skipped']} report(s) left out for a missing "
+                                 "component.")
+            green = metrics.get("green") or {}
+            if green.get("n_failed"):
+                lines.append(f"GREEN, {where}: {green['n_failed']} report(s) not scored "
+                             f"({green.get('n_unparseable', 0)} unparseable judge replies); n = {green.get('n')}.")
+    return lines
 
 
 def generation_metrics(runs: list[Run]) -> Table | None:

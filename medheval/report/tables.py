@@ -79,9 +79,11 @@ OPEN_ENDED_COLUMNS: tuple[tuple[str, str, str, float], ...] = (
     ("text_generation", "rougeL", "ROUGE-L", 1.0),
     ("sh_judge", "sh", "S_h ↓", 1.0),
     ("medihall_score", "medihall_score", "MediHall", 1.0),
+    ("radcliq", "radcliq", "RadCliQ-v1 ↓", 1.0),  # an estimated error count, not a percentage
+    ("green", "green", "GREEN", 100.0),
 )
 # Columns shown as "mean ± std" (the paper reports S_h so): (metric, key) -> the std key.
-STD_OF: dict[tuple[str, str], str] = {("sh_judge", "sh"): "sh_std"}
+STD_OF: dict[tuple[str, str], str] = {("sh_judge", "sh"): "sh_std", ("radcliq", "radcliq"): "radcliq_std"}
 
 
 def open_ended_table(runs: Iterable[dict[str, Any]]) -> str:
@@ -199,7 +201,8 @@ def caveats(run: dict[str, Any]) -> list[str]:
 
 
 # Keys of a metric's output that say how its items were scored (reported in results.md, with their values).
-SCORING_MODE_KEYS = ("labeler", "variant", "prompt_style", "prompt_version", "mode", "stage_denominator")
+SCORING_MODE_KEYS = ("labeler", "variant", "prompt_style", "prompt_version", "mode", "stage_denominator",
+                     "comparable")
 LABELER_NOTE = {"chexpert_rules": "the offline rule labeler; the MedHEval paper labelled reports with CheXbert"}
 
 

@@ -249,13 +249,17 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
                  "credentialed": record_credentialed(row)} for row in rows]
     if not rows:
         return results, per_item
-    for name in metric_names:
+    computed: dict[str, dict[str, Any]] = {}
+    for name in _run_results_last(metric_names):
         metric = load_metric(name)
         kwargs = metric_kwargs(metric, rows, (options or {}).get(name, {}))
         if "images" in inspect.signature(metric._compute).parameters and "images" not in kwargs and loaded.resolver:
             kwargs["images"] = _images_without_reference(loaded.resolver, rows)
+        if "run_results" in inspect.signature(metric._compute).parameters and "run_results" not in kwargs:
+            kwargs["run_results"] = dict(computed)
         out = metric.compute(predictions=[predictions[row["id"]] for row in rows],
                              references=[row["answer"] for row in rows], **kwargs)
+        computed[name] = dict(out)
         for key in [k for k, v in out.items() if isinstance(v, list) and len(v) == len(rows)]:
             for item, value in zip(per_item, out.pop(key)):
                 item[key if key not in item else f"{name}.{key}"] = value
@@ -263,6 +267,13 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
             out["accuracy_by_source"] = _accuracy_by(rows, per_item, "source")
         results[name] = out
     return results, per_item
+
+
+def _run_results_last(metric_names: Sequence[str]) -> list[str]:
+    """The metrics in order, those whose ``_compute`` takes ``run_results`` (a composite such as RadCliQ-v1,
+    built from the other metrics' per-item outputs on the same items) after all others."""
+    reads = {name: "run_results" in inspect.signature(load_metric(name)._compute).parameters for name in metric_names}
+    return [name for name in metric_names if not reads[name]] + [name for name in metric_names if reads[name]]
 
 
 def _accuracy_by(rows: list[dict], items: list[dict], key: str) -> dict[str, float]:

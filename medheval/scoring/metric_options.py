@@ -23,8 +23,9 @@ from typing import Any, Mapping
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 _NULL = {"null", "none"}
-# Arguments the runner fills itself (the texts and the per-record fields): never options.
-NOT_OPTIONS = frozenset({"self", "predictions", "references"})
+# Arguments the runner fills itself (the texts, the per-record fields, the outputs of the metrics computed
+# before on the same items for a composite metric): never options.
+NOT_OPTIONS = frozenset({"self", "predictions", "references", "run_results"})
 
 
 class MetricOptionError(ValueError):
