@@ -158,3 +158,28 @@ def test_report_footer_names_the_chair_labeler_and_the_papers_chexbert(tmp_path)
     _report_run(tmp_path / "old", "none", {"chair": 0.25, "recall": 0.5})
     old = find_runs([tmp_path / "old"])
     assert "not recorded" in labeler_footer(old, report_metrics(old))[0]
+
+
+def test_results_md_shows_acc_and_rouge_beside_the_medihall_score(tmp_path):
+    """The single-run ``results.md`` carries Med-HallMark Table 1's columns for one run: R-1, R-2 and the
+    MediHall Score next to ACC. Levels correct, correct, prompt_induced, attribute (the paper's Table 3 items):
+    MediHall = (1 + 1 + 0.6 + 0.4)/4 = 0.75, ACC = 2/4 = 0.50. The IRG split has no ACC (Table 1 leaves it
+    empty): its cell is "–", not 0."""
+    from medheval.report.tables import write_markdown
+
+    levels = ["correct", "correct", "prompt_induced", "attribute"]
+    vqa = {"medihall_score": {"medihall_score": mh.medihall_score([mh.WEIGHTS[lv] for lv in levels]),
+                              "accuracy": mh.vqa_accuracy(levels), "task": "vqa"},
+           "text_generation": {"rouge1": 41.5, "rouge2": 20.25, "rougeL": 30.0}}
+    irg = {"medihall_score": {"medihall_score": 0.3, "accuracy": None, "task": "irg"},
+           "text_generation": {"rouge1": 12.0, "rouge2": 3.5, "rougeL": 10.0}}
+    run = {"settings": {"model": "m", "mitigation": "none"},
+           "benchmarks": {split: {"metrics": metrics, "n_records": 4, "n_scored": 4, "data_quality": {},
+                                  "skipped_missing_images": {"count": 0}}
+                          for split, metrics in (("med_hallmark:conventional", vqa), ("med_hallmark:irg", irg))}}
+    write_markdown(run, tmp_path / "results.md")
+    text = (tmp_path / "results.md").read_text()
+    assert "| Model | Mitigation | Split | ROUGE-1 | ROUGE-2 | ROUGE-L | MediHall | ACC |" in text
+    assert "| m | none | med_hallmark:conventional | 41.50 | 20.25 | 30.00 | 0.75 | 0.50 |" in text
+    assert "| m | none | med_hallmark:irg | 12.00 | 3.50 | 10.00 | 0.30 | – |" in text
+    assert "MediHall and ACC 0–1" in text

@@ -79,6 +79,7 @@ OPEN_ENDED_COLUMNS: tuple[tuple[str, str, str, float], ...] = (
     ("text_generation", "rougeL", "ROUGE-L", 1.0),
     ("sh_judge", "sh", "S_h ↓", 1.0),
     ("medihall_score", "medihall_score", "MediHall", 1.0),
+    ("medihall_score", "accuracy", "ACC", 1.0),  # Med-HallMark's ACC (Table 1; 0–1, Med-VQA only, None for IRG)
     ("radcliq", "radcliq", "RadCliQ-v1 ↓", 1.0),  # an estimated error count, not a percentage
     ("green", "green", "GREEN", 100.0),
 )
@@ -140,7 +141,7 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
         parts += ["## Close-ended accuracy (%)", "", table, ""]
     table = open_ended_table([run])
     if table:
-        parts += ["## Open-ended metrics (CheXbert/RadGraph/RaTEScore/Recall/CHAIR in %, text metrics 0–100, S_h 0–5)",
+        parts += ["## Open-ended metrics (CheXbert/RadGraph/RaTEScore/Recall/CHAIR in %, text metrics 0–100, S_h 0–5, MediHall and ACC 0–1)",
                   "", table, ""]
     table = stepbench_table([run])
     if table:
