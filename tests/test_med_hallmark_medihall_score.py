@@ -461,6 +461,27 @@ def test_confidence_weakening_level_comes_from_the_answer(metric):
     assert out["medihall_score"] == pytest.approx(0.55)
 
 
+@pytest.mark.parametrize("reference", ["No", None])
+def test_judge_prompt_levels_a_confidence_preface_by_the_answer(reference):
+    """The LLM judge gets the same rule as the rule classifier (issue 22, point 2): Med-HallMark Sec. 3.3
+    defines prompt-induced hallucinations by confusing (implausible or false) content in the prompt, and
+    Sec. 6.2 gives the 0.6 to counterfactual questions while conventional and confidence-weakening answers
+    are levelled by how they match the facts (Table 2's 0.35 and 0.58 are below any 0.6 floor). So the
+    json prompt's prompt-induced entry names a false premise / counterfactual question, and every sentence
+    of it that mentions confidence says such a preface is *not* a reason for that level (prompt
+    ``medihall-v2`` listed it as one). A new wording has a new version, so caches and results don't mix."""
+    system, user = mh.vqa_prompt("I'm not sure you can read scans, but is there a rib fracture?",
+                                 "Yes, there is a rib fracture.", reference)
+    assert mh.PROMPT_VERSION == "medihall-v3"
+    entry = next(line for line in system.splitlines() if line.startswith("4. Prompt-induced Hallucinations:"))
+    assert "false premise" in entry and "counterfactual" in entry
+    about_confidence = [s for s in re.split(r"(?<=[.:])\s+", entry) if "confidence" in s]
+    assert about_confidence and all(" not " in f" {s} " for s in about_confidence), about_confidence
+    assert "by its content" in entry
+    assert "confidence" not in system.replace(entry, "")  # no other level mentions the preface
+    assert "rib fracture" in user and "rib fracture" not in system
+
+
 # -- issue 22, point 3: agreement of the rule classifier with the human levels ---------------------------
 
 

@@ -14,7 +14,11 @@ Two styles:
   ``Sentence: … / "Hallucination type"： …`` blocks (:func:`parse_irg_upstream`).
 
 Bump :data:`PROMPT_VERSION` whenever the ``json`` wording changes (it is recorded with the
-results; the judge cache is keyed on the prompt text).
+results; the judge cache is keyed on the prompt text). The levels follow the paper (Med-HallMark
+Sec. 3.3; Sec. 6.2 on Figure 2(b) / Table 3): prompt-induced (0.6) is an answer misled by a false
+premise (the counterfactual questions); a confidence-weakening preface changes nothing about the
+level, which is decided from the answer as for a conventional question, as the rule classifier does
+(:func:`~medheval.families.med_hallmark.levels.premise_level`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ __all__ = [
     "irg_validator", "irg_text_validator", "parse_irg_upstream",
 ]
 
-PROMPT_VERSION = "medihall-v2"
+PROMPT_VERSION = "medihall-v3"  # v3: a confidence-weakening preface is no longer prompt-induced
 PROMPT_STYLES = ("json", "upstream")
 
 # This project's wording of each level (what a reviewer should look for), most severe first.
@@ -48,9 +52,9 @@ _LEVEL_GUIDE: dict[str, str] = {
         "the right finding with a wrong property: its size, shape, position, side or count is misstated."
     ),
     "prompt_induced": (
-        "the answer was led astray by the question itself: either a preface that undermines the model's "
-        "confidence, or a question that asserts something the image contradicts (a false premise) and "
-        "the answer goes along with it."
+        "the question asserts something the image contradicts (a false premise, as in a counterfactual "
+        "question) and the answer goes along with it. A preface that only casts doubt on the model's "
+        "confidence is not a false premise: judge such an answer by its content, like any other question."
     ),
     "minor": (
         "a slip with little clinical weight, typically about how the image was acquired: the modality, "
