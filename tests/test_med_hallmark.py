@@ -10,14 +10,14 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import REPO, SHARED_UPSTREAM
 
 from judge_servers import judge_server_factory, user_text  # noqa: F401 - a fixture
 from medheval.families import med_hallmark as mh
 from medheval.families.med_hallmark import source as src
 
-REPO = Path(__file__).resolve().parents[1]
-HALLMARK = REPO.parent / "shared" / "data" / "upstream" / "med-hallmark"
-MEDHEVAL_CODE = REPO.parent / "shared" / "data" / "upstream" / "medheval-code"
+HALLMARK = SHARED_UPSTREAM / "med-hallmark"
+MEDHEVAL_CODE = SHARED_UPSTREAM / "medheval-code"
 requires_hallmark = pytest.mark.skipif(not (HALLMARK / "Conventional..json").is_file(),
                                        reason="../shared/data/upstream/med-hallmark is absent")
 requires_medheval_code = pytest.mark.skipif(not (MEDHEVAL_CODE / "code").is_dir(),
