@@ -284,3 +284,20 @@ def test_a_contrastive_mitigation_works_on_the_blank_image(llava, fixture_benchm
     assert images and all(not np.asarray(image).any() for image in images)
     entries = read_log(tmp_path / "vcd" / "predictions.jsonl")
     assert len(entries) == 2 and {(e["mitigation"][:3], e["control"]) for e in entries} == {("vcd", "blank")}
+
+
+def test_grid_markdown_names_a_blind_cell_with_its_control(tmp_path):
+    """Warnings and caveats of a grid name each cell by mitigation *and* control: a with-image run and its
+    blind control share a mitigation (``none``), so without the control the two cells' lines would merge."""
+    from medheval.report.tables import write_grid_markdown
+
+    def run(control: str | None, missing: int) -> dict:
+        settings = {"model": "m", "mitigation": "none", **({"control": {"kind": control}} if control else {})}
+        return {"settings": settings, "warnings": [f"w-{control}"],
+                "benchmarks": {"s": {"n_records": 4, "n_scored": 4 - missing, "metrics": {}}}}
+
+    write_grid_markdown([run(None, 1), run("no_image", 2)], tmp_path / "results.md")
+    text = (tmp_path / "results.md").read_text()
+    assert "- `m` · `none`: w-None" in text and "- `m` · `none` · `no_image`: w-no_image" in text
+    assert "- `none`: `s`: 1 of 4 record(s) have no prediction" in text
+    assert "- `none` · `no_image`: `s`: 2 of 4 record(s) have no prediction" in text
