@@ -255,6 +255,9 @@ def test_clinhallu_traces_see_the_blind_images(tmp_path, monkeypatch):
         part["image_url"]["url"].split(",", 1)[1])))).any() for part in parts)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["settings"]["control"] == {"kind": "blank"}
+    # the protocol log says which images its traces saw
+    info = json.loads((Path(results["benchmarks"]["clinhallu:vqa_rad"]["logs"]) / "clinhallu_run.json").read_text())
+    assert info["control"] == {"kind": "blank"}
 
 
 def test_published_results_keep_a_blind_run_apart():
