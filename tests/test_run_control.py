@@ -304,3 +304,28 @@ def test_grid_markdown_names_a_blind_cell_with_its_control(tmp_path):
     assert "- `m` · `none`: w-None" in text and "- `m` · `none` · `no_image`: w-no_image" in text
     assert "- `none`: `s`: 1 of 4 record(s) have no prediction" in text
     assert "- `none` · `no_image`: `s`: 2 of 4 record(s) have no prediction" in text
+
+
+def test_clinhallu_delta_image_from_the_protocol_logs(tmp_path):
+    """A blind ClinHallu run gets its Δ image on ORG accuracy from the protocol logs, paired by item id
+    (ClinHallu declares ``CLUSTER = "item"``: exact McNemar). With the images the hand table's ORG answers are
+    1, 0, None, 1, 0, 0 (2/6 right = 33.3 %); blind all six are 0 (0 %): Δ image = 100·2/6 = 33.3 points; the
+    discordant pairs are 2 (right with the image, wrong blind) and 0 the other way, so p = 2·(1/2)² = 0.5."""
+    from clinhallu_fixture import HAND_TABLE
+    from report_runs import write_clinhallu_run
+
+    write_clinhallu_run(tmp_path / "grid" / "none", HAND_TABLE)
+    blind = write_clinhallu_run(tmp_path / "grid" / "none__blank", [(row[0], 0, *row[2:]) for row in HAND_TABLE])
+    results = json.loads((blind / "results.json").read_text())
+    results["settings"]["control"] = {"kind": "blank"}
+    (blind / "results.json").write_text(json.dumps(results))
+    runs = find_runs([tmp_path / "grid"])
+    table, (record,) = image_deltas(runs)
+    assert (record["metric"], record["split"], record["control"], record["n"]) == ("Acc (ORG)", "clinhallu:all",
+                                                                                  "blank", 6)
+    assert (record["with_image"], record["blind"]) == pytest.approx((100 / 3, 0.0))
+    assert record["diff"] == pytest.approx(100 / 3) and record["p_value"] == pytest.approx(0.5)
+    assert record["test"] == "exact McNemar" and record["resampled"] == "clinhallu:all by item"
+    assert record["low"] <= record["diff"] <= record["high"]
+    assert table.rows[0][0] == ["m", "none", "blank", "clinhallu:all", "Acc (ORG)"]
+    assert comparisons(runs)[0] is None  # the blind run is no mitigation of the with-image run
