@@ -30,6 +30,7 @@ from medheval.families.clinhallu.protocol import (
     ProtocolConfig,
     attempt_seed,
 )
+from medheval.run.control import Control
 from medheval.run.predictions_log import read_log
 from medheval.families.clinhallu.task import apply_run_options, protocol_config
 
@@ -148,6 +149,11 @@ def test_a_folder_resumes_only_with_the_settings_of_its_traces(loaded, tmp_path)
                                 (ProtocolConfig(max_new_tokens=8, seed=1), "seed=0 (now 1)")):
             with pytest.raises(ValueError, match=re.escape(message)):
                 _run(backend, loaded, tmp_path, config=config).generate(records)
+        # traces that saw the images never mix with image-blind ones (--control, medheval.run.control)
+        assert json.loads((tmp_path / RUN_INFO).read_text())["control"] == {"kind": "none"}
+        with pytest.raises(ValueError, match=re.escape("control={'kind': 'none'} (now {'kind': 'blank'})")):
+            _run(backend, loaded, tmp_path, config=ProtocolConfig(max_new_tokens=8),
+                 control=Control("blank")).generate(records)
         assert server.request_count == sent
         # the same settings resume; a different chunking or concurrency is no change
         _run(APIBackend(f"openai:vlm@{server.base_url}", concurrency=1, cache_dir=False), loaded, tmp_path,

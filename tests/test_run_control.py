@@ -255,6 +255,9 @@ def test_clinhallu_traces_see_the_blind_images(tmp_path, monkeypatch):
         part["image_url"]["url"].split(",", 1)[1])))).any() for part in parts)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["settings"]["control"] == {"kind": "blank"}
+    # the protocol log says which images its traces saw
+    info = json.loads((Path(results["benchmarks"]["clinhallu:vqa_rad"]["logs"]) / "clinhallu_run.json").read_text())
+    assert info["control"] == {"kind": "blank"}
 
 
 def test_published_results_keep_a_blind_run_apart():
@@ -284,3 +287,45 @@ def test_a_contrastive_mitigation_works_on_the_blank_image(llava, fixture_benchm
     assert images and all(not np.asarray(image).any() for image in images)
     entries = read_log(tmp_path / "vcd" / "predictions.jsonl")
     assert len(entries) == 2 and {(e["mitigation"][:3], e["control"]) for e in entries} == {("vcd", "blank")}
+
+
+def test_grid_markdown_names_a_blind_cell_with_its_control(tmp_path):
+    """Warnings and caveats of a grid name each cell by mitigation *and* control: a with-image run and its
+    blind control share a mitigation (``none``), so without the control the two cells' lines would merge."""
+    from medheval.report.tables import write_grid_markdown
+
+    def run(control: str | None, missing: int) -> dict:
+        settings = {"model": "m", "mitigation": "none", **({"control": {"kind": control}} if control else {})}
+        return {"settings": settings, "warnings": [f"w-{control}"],
+                "benchmarks": {"s": {"n_records": 4, "n_scored": 4 - missing, "metrics": {}}}}
+
+    write_grid_markdown([run(None, 1), run("no_image", 2)], tmp_path / "results.md")
+    text = (tmp_path / "results.md").read_text()
+    assert "- `m` · `none`: w-None" in text and "- `m` · `none` · `no_image`: w-no_image" in text
+    assert "- `none`: `s`: 1 of 4 record(s) have no prediction" in text
+    assert "- `none` · `no_image`: `s`: 2 of 4 record(s) have no prediction" in text
+
+
+def test_clinhallu_delta_image_from_the_protocol_logs(tmp_path):
+    """A blind ClinHallu run gets its Δ image on ORG accuracy from the protocol logs, paired by item id
+    (ClinHallu declares ``CLUSTER = "item"``: exact McNemar). With the images the hand table's ORG answers are
+    1, 0, None, 1, 0, 0 (2/6 right = 33.3 %); blind all six are 0 (0 %): Δ image = 100·2/6 = 33.3 points; the
+    discordant pairs are 2 (right with the image, wrong blind) and 0 the other way, so p = 2·(1/2)² = 0.5."""
+    from clinhallu_fixture import HAND_TABLE
+    from report_runs import write_clinhallu_run
+
+    write_clinhallu_run(tmp_path / "grid" / "none", HAND_TABLE)
+    blind = write_clinhallu_run(tmp_path / "grid" / "none__blank", [(row[0], 0, *row[2:]) for row in HAND_TABLE])
+    results = json.loads((blind / "results.json").read_text())
+    results["settings"]["control"] = {"kind": "blank"}
+    (blind / "results.json").write_text(json.dumps(results))
+    runs = find_runs([tmp_path / "grid"])
+    table, (record,) = image_deltas(runs)
+    assert (record["metric"], record["split"], record["control"], record["n"]) == ("Acc (ORG)", "clinhallu:all",
+                                                                                  "blank", 6)
+    assert (record["with_image"], record["blind"]) == pytest.approx((100 / 3, 0.0))
+    assert record["diff"] == pytest.approx(100 / 3) and record["p_value"] == pytest.approx(0.5)
+    assert record["test"] == "exact McNemar" and record["resampled"] == "clinhallu:all by item"
+    assert record["low"] <= record["diff"] <= record["high"]
+    assert table.rows[0][0] == ["m", "none", "blank", "clinhallu:all", "Acc (ORG)"]
+    assert comparisons(runs)[0] is None  # the blind run is no mitigation of the with-image run

@@ -482,3 +482,54 @@ def test_a_3d_backend_receives_each_records_volumes(fixture, fixture_benchmark, 
     assert results["warnings"] == []  # the user's own statements file has no pin to be checked against
     with pytest.raises(RunError, match="reads 3D volumes"):
         run(RunSpec(benchmarks=["context"], output=tmp_path / "other", data_dir=fixture_benchmark["data_dir"]), model)
+
+
+class _SeeingVolumeModel(_VolumeModel):
+    """A 3D model that keeps every record's volumes as handed over (to check what a blind run shows it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, dict] = {}
+        self.meta: dict[str, dict] = {}
+
+    def generate(self, records, images):
+        for record in records:
+            self.seen[record["id"]] = {name: volume.copy() for name, volume in record["volumes"].items()}
+            self.meta[record["id"]] = record["meta"]
+        return ["consistent" for _ in records]
+
+
+def test_a_blind_run_hands_a_3d_model_no_volume_data(fixture, tmp_path):
+    """--control on a 3D model (medheval.run.control): no_image hands over no volume; blank gives zeros of each
+    volume's shape; noise gives values of that shape inside the volume's own range, the same for a record in
+    any run with the same seed (a rerun into another folder), another with another seed."""
+    from medheval.families.stepbench import pet_ct
+    from medheval.run.runner import RunSpec, run
+
+    meta: dict[str, dict] = {}
+
+    def blind(kind: str, folder: str, seed: int = 0) -> dict[str, dict]:
+        model = _SeeingVolumeModel()
+        run(RunSpec(benchmarks=["med_stepbench:en"], output=tmp_path / folder, data_dir=fixture["data_dir"],
+                    control=kind, control_seed=seed), model)
+        assert len(model.seen) == fixture["n_statements"] // 2
+        meta.update(model.meta)
+        return model.seen
+
+    ct, _ = pet_ct.load_volume(fixture["data_dir"], "volumes/study000/ct.nii.gz")
+    assert all(volumes == {} for volumes in blind("no_image", "no_image").values())
+    blank = blind("blank", "blank")
+    assert all(set(volumes) == {"volume", "volume_pet"} for volumes in blank.values())
+    assert all(v.shape == ct.shape and not v.any() for volumes in blank.values() for v in volumes.values())
+    noise, again, other = blind("noise", "noise"), blind("noise", "again"), blind("noise", "other", seed=1)
+    rid = sorted(noise)[0]
+    real = pet_ct.load_record_volumes(fixture["data_dir"], {"id": rid, "meta": meta[rid]},
+                                      ("volume", "volume_pet"))
+    for name, volume in noise[rid].items():
+        assert volume.shape == real[name].shape and volume.dtype == real[name].dtype
+        assert real[name].min() <= volume.min() and volume.max() <= real[name].max()
+        assert not np.array_equal(volume, real[name]) and np.array_equal(volume, again[rid][name])
+        assert not np.array_equal(volume, other[rid][name])
+    assert not np.array_equal(noise[rid]["volume"], noise[rid]["volume_pet"])  # each volume its own stream
+    results = json.loads((tmp_path / "noise" / "results.json").read_text())
+    assert results["settings"]["control"] == {"kind": "noise", "seed": 0}

@@ -709,20 +709,24 @@ def _paired_rows(base: Run, run: Run) -> list[tuple[str, str, list[Cell], dict[s
 def image_deltas(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
     """**Δ image** per split and metric: a with-image run minus its image-blind control (same model and
     mitigation, ``--control no_image|blank|noise``, :mod:`medheval.run.control`), on the items both scored
-    (paired by id), with the clustered paired interval of :func:`_paired_rows`. Near 0: the answers do not
+    (paired by id), with the clustered paired interval of :func:`_paired_rows`; ClinHallu's ORG accuracy from
+    its protocol logs (:func:`_clinhallu_org_pair`, by item as it declares). Near 0: the answers do not
     depend on the image; the blind run's own figures are its rows in the other tables."""
     table = Table("image_vs_blind", "Δ image: with image − image-blind control on the same items (paired)",
                   ["Model", "Mitigation", "Control", "Split", "Metric"],
                   [Column("with image", ranked=False), Column("blind", ranked=False),
                    Column("Δ image", ranked=False), Column("p", ranked=False), Column("n", ranked=False)])
     records: list[dict[str, Any]] = []
-    sighted = [run for run in runs if run.control == "none" and run.items]
-    for blind in (run for run in runs if run.control != "none" and run.items):
+    sighted = [run for run in runs if run.control == "none" and (run.items or _clinhallu_splits(run))]
+    for blind in (run for run in runs if run.control != "none" and (run.items or _clinhallu_splits(run))):
         same = [run for run in sighted if (run.model, run.mitigation) == (blind.model, blind.mitigation)]
         run = next((r for r in same if r.path.parent == blind.path.parent), same[0] if same else None)
         if run is None:
             continue
-        for split, label, cells, record in _paired_rows(blind, run):
+        rows = _paired_rows(blind, run) if run.items and blind.items else []
+        rows += [(split, "Acc (ORG)", *paired) for split in _clinhallu_splits(run)  # from ClinHallu's protocol logs
+                 if (paired := _clinhallu_org_pair(blind, run, split)) is not None]
+        for split, label, cells, record in rows:
             table.rows.append(([run.model, run.mitigation, blind.control, split, label], cells))
             records.append({"model": run.model, "mitigation": run.mitigation, "control": blind.control,
                             **{key: value for key, value in record.items() if key not in ("baseline", "value")},
@@ -736,46 +740,56 @@ def _baseline(run: Run, baselines: list[Run]) -> Run | None:
     return next((b for b in same if b.path.parent == run.path.parent), same[0] if same else None)
 
 
-def _clinhallu_comparisons(runs: list[Run], table: Table, records: list[dict[str, Any]]) -> None:
-    """ClinHallu ORG accuracy of each mitigation against ``none`` on the items both ran (paired by id, exact
-    McNemar), from the protocol logs; an answer counts as right when judged 1, as the metric counts it
-    (with ``upstream_compat`` in either run: only items whose ORG answer is valid in both)."""
-    def clinhallu_splits(run: Run) -> dict[str, dict[str, Any]]:
-        return {split: entry["metrics"]["clinhallu"] for split, entry in run.results["benchmarks"].items()
-                if (entry.get("metrics") or {}).get("clinhallu")}
+def _clinhallu_splits(run: Run) -> dict[str, dict[str, Any]]:
+    """The run's splits scored by ``metrics/clinhallu`` and their figures."""
+    return {split: entry["metrics"]["clinhallu"] for split, entry in run.results["benchmarks"].items()
+            if (entry.get("metrics") or {}).get("clinhallu")}
 
-    baselines = [run for run in runs if run.mitigation == "none" and clinhallu_splits(run)]
+
+def _clinhallu_org_pair(base: Run, run: Run, split: str) -> tuple[list[Cell], dict[str, Any]] | None:
+    """ORG accuracy (%) of ``run`` − ``base`` on one ClinHallu split, on the items both ran (paired by id,
+    exact McNemar: ClinHallu's cluster unit is the item), from the protocol logs; an answer counts as right
+    when judged 1, as the metric counts it (with ``upstream_compat`` in either run: only items whose ORG
+    answer is valid in both). Cells: base, run, Δ with its interval, p, n; ``None`` without paired items."""
+    ours_metric, theirs_metric = _clinhallu_splits(run).get(split), _clinhallu_splits(base).get(split)
+    if ours_metric is None or theirs_metric is None:
+        return None
+    (ours, _), (theirs, _) = run.clinhallu_columns(split), base.clinhallu_columns(split)
+    if ours is None or theirs is None:
+        return None
+    valid_only = "valid_only" in (ours_metric.get("denominator"), theirs_metric.get("denominator"))
+    before = dict(zip(theirs["ids"], theirs["correct"]))
+    pairs = [(before[i], c) for i, c in zip(ours["ids"], ours["correct"]) if i in before]
+    pairs = [(a == 1, b == 1) for a, b in pairs if not valid_only or (a is not None and b is not None)]
+    if not pairs:
+        return None
+    a, b = zip(*pairs)
+    result = compare_accuracy(a, b)  # ClinHallu's unit is the item (see clinhallu())
+    mean_a, mean_b = 100 * sum(a) / len(a), 100 * sum(b) / len(b)
+    unit = clusters(run, split, [])[1]
+    n_clusters = None if unit is None else result.n
+    cells = [Cell(value=mean_a), Cell(value=mean_b),
+             Cell(value=100 * result.diff, low=100 * result.low, high=100 * result.high, signed=True,
+                  unit=unit, n_clusters=n_clusters),
+             Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text=str(result.n))]
+    return cells, {"split": split, "metric": "Acc (ORG)", "baseline": mean_a, "value": mean_b,
+                   "diff": 100 * result.diff, "low": 100 * result.low, "high": 100 * result.high,
+                   "p_value": result.p_value, "n": result.n, "test": result.test, "resampled": unit,
+                   "n_clusters": n_clusters}
+
+
+def _clinhallu_comparisons(runs: list[Run], table: Table, records: list[dict[str, Any]]) -> None:
+    """ClinHallu ORG accuracy of each mitigation against ``none`` (:func:`_clinhallu_org_pair`)."""
+    baselines = [run for run in runs if run.mitigation == "none" and _clinhallu_splits(run)]
     for run in runs:
         base = _baseline(run, baselines)
         if run.mitigation == "none" or base is None:
             continue
-        theirs_splits = clinhallu_splits(base)
-        for split, metric in clinhallu_splits(run).items():
-            if split not in theirs_splits:
-                continue
-            (ours, _), (theirs, _) = run.clinhallu_columns(split), base.clinhallu_columns(split)
-            if ours is None or theirs is None:
-                continue
-            valid_only = "valid_only" in (metric.get("denominator"), theirs_splits[split].get("denominator"))
-            before = dict(zip(theirs["ids"], theirs["correct"]))
-            pairs = [(before[i], c) for i, c in zip(ours["ids"], ours["correct"]) if i in before]
-            pairs = [(a == 1, b == 1) for a, b in pairs if not valid_only or (a is not None and b is not None)]
-            if not pairs:
-                continue
-            a, b = zip(*pairs)
-            result = compare_accuracy(a, b)  # ClinHallu's unit is the item (see clinhallu())
-            mean_a, mean_b = 100 * sum(a) / len(a), 100 * sum(b) / len(b)
-            unit = clusters(run, split, [])[1]
-            table.rows.append(([run.model, run.mitigation, split, "Acc (ORG)"], [
-                Cell(value=mean_a), Cell(value=mean_b),
-                Cell(value=100 * result.diff, low=100 * result.low, high=100 * result.high, signed=True,
-                     unit=unit, n_clusters=None if unit is None else result.n),
-                Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text=str(result.n))]))
-            records.append({"model": run.model, "mitigation": run.mitigation, "split": split, "metric": "Acc (ORG)",
-                            "baseline": mean_a, "value": mean_b, "diff": 100 * result.diff,
-                            "low": 100 * result.low, "high": 100 * result.high, "p_value": result.p_value,
-                            "n": result.n, "test": result.test, "resampled": unit,
-                            "n_clusters": None if unit is None else result.n})
+        for split in _clinhallu_splits(run):
+            paired = _clinhallu_org_pair(base, run, split)
+            if paired is not None:
+                table.rows.append(([run.model, run.mitigation, split, "Acc (ORG)"], paired[0]))
+                records.append({"model": run.model, "mitigation": run.mitigation, **paired[1]})
 
 
 def build_tables(runs: list[Run]) -> list[Table]:

@@ -269,6 +269,13 @@ def variant(settings: dict[str, Any]) -> str:
     return str(settings["mitigation"]) if control == "none" else f"{settings['mitigation']} · {control}"
 
 
+def _cell(settings: dict[str, Any]) -> str:
+    """A grid cell as warnings and caveats name it: the mitigation, and a blind run's control
+    (```none` · `no_image```)."""
+    control = control_of(settings)
+    return f"`{settings['mitigation']}`" + ("" if control == "none" else f" · `{control}`")
+
+
 def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: str = "mitigations") -> None:
     """The combined ``results.md`` of several runs (mitigations, or models × mitigations of a grid
     config): one row per run, same columns; mitigations by short label (method and preset,
@@ -282,11 +289,11 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
     parts = [f"# MedHEval-HF results: {heading} side by side", ""]
     labels = {label for run in runs for label in run.get("labels", {}).values()}
     parts += [line for label in sorted(labels) for line in (f"> **{label}**", "")]
-    parts += warnings_section(grouped((f"`{run['settings']['model']}` · `{run['settings']['mitigation']}`", text)
+    parts += warnings_section(grouped((f"`{run['settings']['model']}` · {_cell(run['settings'])}", text)
                                       for run in runs for text in run.get("warnings", [])))
-    found = grouped((f"`{run['settings']['mitigation']}`", line) for run in runs for line in caveats(run))
+    found = grouped((_cell(run["settings"]), line) for run in runs for line in caveats(run))
     parts += ["## Caveats", "", *(f"- {line}" for line in found), ""] if found else []
-    scoring = grouped((f"`{run['settings']['model']}` · `{run['settings']['mitigation']}`", line)
+    scoring = grouped((f"`{run['settings']['model']}` · {_cell(run['settings'])}", line)
                       for run in runs for line in scoring_lines(run))
     parts += ["## How items were scored", "", *(f"- {line}" for line in scoring), ""]
     notes = {"ClinHallu: Acc and stage hallucination rates (%)": clinhallu_stage_notes(_clinhallu_results(runs))}

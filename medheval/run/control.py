@@ -15,6 +15,12 @@ sees them (one place, :meth:`Control.images`):
   ``"<record id>/<image index>"``: the same image for a record whatever the batch, shard or order.
   The seed is the run's ``--seed`` and is recorded in ``run.json``/``results.json`` (``settings.control``).
 
+A 3D model (Med-StepBench's PET/CT volumes, ``record["volumes"]``: {name: 3D array}) gets the same treatment
+(:meth:`Control.volumes`): ``no_image`` reads no volume and hands none over; ``blank`` gives zeros of each
+volume's shape and dtype; ``noise`` gives uniform values between the volume's own minimum and maximum (so a CT
+stays in its HU range), same shape and dtype, from ``numpy.random.default_rng([seed, h])`` with ``h`` hashed
+from ``"<record id>/<volume name>"`` (e.g. ``volume``, ``volume_pet``) as for images.
+
 Mitigations see what the model sees: with ``blank`` or ``noise`` a contrastive method (VCD, M3ID, AvisC,
 DAMRO …) derives its distorted or masked stream from the blank/noise image. With ``no_image`` there is no
 image to contrast, so only image-free methods (DoLa) combine with it; the others are refused before
@@ -69,12 +75,25 @@ def blank_like(image: Image.Image) -> Image.Image:
 
 def noise_like(image: Image.Image, seed: int, record_id: str, index: int) -> Image.Image:
     """Uniform noise of ``image``'s size and mode, reproducible from (seed, record id, image index)."""
-    digest = int.from_bytes(hashlib.sha256(f"{record_id}/{index}".encode()).digest()[:8], "big")
-    rng = np.random.default_rng([int(seed), digest])
+    rng = _stream(seed, record_id, index)
     width, height = image.size
     mode = _mode(image)
     shape = (height, width) if mode == "L" else (height, width, 3)
     return Image.fromarray(rng.integers(0, 256, size=shape, dtype=np.uint8), mode=mode)
+
+
+def _stream(seed: int, record_id: str, key: str | int) -> np.random.Generator:
+    """The noise stream of one image or volume: ``default_rng([seed, first 8 bytes of SHA-256("<id>/<key>")])``."""
+    digest = int.from_bytes(hashlib.sha256(f"{record_id}/{key}".encode()).digest()[:8], "big")
+    return np.random.default_rng([int(seed), digest])
+
+
+def noise_volume_like(volume: np.ndarray, seed: int, record_id: str, name: str) -> np.ndarray:
+    """Uniform noise of ``volume``'s shape and dtype between its minimum and maximum, reproducible from
+    (seed, record id, volume name)."""
+    volume = np.asarray(volume)
+    low, high = (float(volume.min()), float(volume.max())) if volume.size else (0.0, 1.0)
+    return _stream(seed, record_id, name).uniform(low, high, size=volume.shape).astype(volume.dtype)
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,23 @@ class Control:
             return lambda record: []
         return lambda record: self.images(record, load(record))
 
+    def volumes(self, record: Mapping[str, Any], volumes: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The 3D volumes the model gets for ``record`` in place of ``volumes`` (module docstring)."""
+        if self.kind == "none":
+            return dict(volumes)
+        if self.kind == "no_image":
+            return {}
+        if self.kind == "blank":
+            return {name: np.zeros_like(np.asarray(volume)) for name, volume in volumes.items()}
+        return {name: noise_volume_like(volume, self.seed, str(record["id"]), name) for name, volume in volumes.items()}
+
+    def volume_loader(self, read: Callable[[Mapping[str, Any]], Mapping[str, np.ndarray]]
+                      ) -> Callable[[Mapping[str, Any]], dict[str, np.ndarray]]:
+        """``read`` (record -> its volumes) with the control applied; ``no_image`` reads nothing."""
+        if self.kind == "no_image":
+            return lambda record: {}
+        return lambda record: self.volumes(record, read(record))
+
     def check_mitigations(self, mitigations: Sequence[str]) -> None:
         """``no_image`` leaves an image-contrasting method nothing to contrast: refused, naming the method."""
         if self.kind != "no_image":
@@ -137,4 +173,5 @@ def cell_slug(mitigation_slug: str, control: str) -> str:
 
 
 __all__ = ["CONTROLS", "Control", "ControlError", "IMAGE_FREE_MITIGATIONS", "blank_like", "cell_slug",
-           "check_control", "control_of", "noise_like"]
+           "check_control", "control_of", "noise_like",
+           "noise_volume_like"]

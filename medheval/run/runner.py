@@ -164,15 +164,16 @@ def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int
                     volumes: bool = False, control: Control = Control()) -> Iterator[tuple[list[dict], list[list[Any]]]]:
     """Batches of (records, their images); the next batch's images load while the current one runs.
     With ``volumes`` each record also carries ``"volumes"`` ({name: 3D array}) for a 3D-capable backend.
-    ``control`` replaces the images (:mod:`medheval.run.control`; ``no_image`` reads none)."""
+    ``control`` replaces the images and volumes (:mod:`medheval.run.control`; ``no_image`` reads none)."""
     load_images = control.loader(loaded.resolver.load_record_images if loaded.resolver is not None else None)
+    read_volumes = control.volume_loader(loaded.volume_reader) if volumes else None
 
     def load(chunk: list[int]) -> tuple[list[dict], list[list[Any]]]:
         batch = loaded.dataset[chunk]
         records = [dict(zip(batch.keys(), values)) for values in zip(*batch.values())]
-        if volumes:
+        if read_volumes is not None:
             for record in records:
-                record["volumes"] = loaded.volume_reader(record)
+                record["volumes"] = read_volumes(record)
         if load_images is None:
             return records, [[] for _ in records]
         return records, list(pool.map(load_images, records))
@@ -204,9 +205,6 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     volumes = bool(getattr(backend, "needs_volumes", False))
     if volumes and loaded.volume_reader is None:
         raise RunError(f"model {backend.name} reads 3D volumes, and {loaded.name} has none (Med-StepBench does)")
-    if volumes and control.blind:
-        raise RunError(f"--control {control.kind}: model {backend.name} reads 3D volumes, which the image-blind "
-                       f"controls do not replace yet; run the control with a 2D model")
     blind = {"control": control.kind} if control.blind else {}
     generated = 0
     with tqdm(total=len(ids), initial=len(ids) - len(todo), desc=f"{loaded.name}:{loaded.config}",

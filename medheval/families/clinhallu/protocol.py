@@ -24,7 +24,8 @@ judge and three step judges, resumable per (item, setting).
 
 Defaults from ClinHallu's ``configs/config.yaml`` (generation: temperature 0.7, top-p 0.9,
 ``max_tokens`` 4096; judges: temperature 0.01, :func:`clinhallu_judge`); all settings, and the
-backend's decoding-time mitigation if any, go to ``clinhallu_run.json``.
+backend's decoding-time mitigation if any, and the image control (``--control``, :mod:`medheval.run.control`:
+``{"kind": "none"}`` when the model saw the images) go to ``clinhallu_run.json``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from medheval.families.clinhallu.prompts import (
 )
 from medheval.families.clinhallu.trace import STAGES, parse_trace
 from medheval.judges import JudgeRequest, make_judge
+from medheval.run.control import Control
 from medheval.run.outputs import atomic_write_text
 from medheval.run.predictions_log import LogWriter, read_log
 
@@ -167,9 +169,12 @@ class ClinHalluRun:
     images_for: Callable[[Mapping[str, Any]], list] | None = None
     progress: bool = True
     chunk_size: int | None = None
+    control: Control = field(default_factory=Control)  # --control: the images the model sees instead
 
     def __post_init__(self) -> None:
         check_backend(self.backend, self.config)
+        if self.control.blind:  # one place: every trace request gets the controlled images
+            self.images_for = self.control.loader(self.images_for) or (lambda record: [])
         if self.chunk_size is None:
             self.chunk_size = CHUNK_BATCHES * max(1, int(getattr(self.backend, "batch_size", 1) or 1))
         if self.chunk_size < 1:
@@ -210,7 +215,12 @@ class ClinHalluRun:
 
     def _trace_settings(self) -> dict[str, Any]:
         return {**{key: getattr(self.config, key) for key in TRACE_SETTINGS},
-                "prompt_version": self.prompts.version, "mitigation": mitigation_spec(self.backend)}
+                "prompt_version": self.prompts.version, "mitigation": mitigation_spec(self.backend),
+                "control": self._control()}
+
+    def _control(self) -> dict[str, Any]:
+        """The image control as ``clinhallu_run.json`` records it (``{"kind": "none"}`` for the images)."""
+        return self.control.describe() or {"kind": "none"}
 
     def _check_resumable(self, has_entries: bool) -> None:
         """Refuse to add traces made with other settings to a folder's logs (``clinhallu_run.json``
@@ -221,17 +231,19 @@ class ClinHalluRun:
             info = json.loads(info_path.read_text())
             before = {**{k: v for k, v in (info.get("protocol") or {}).items() if k in TRACE_SETTINGS},
                       "prompt_version": (info.get("prompts") or {}).get("version"),
-                      "mitigation": info.get("mitigation")}  # (absent before it was recorded: not compared)
+                      "mitigation": info.get("mitigation"),
+                      "control": info.get("control")}  # (absent before it was recorded: not compared)
             changed = [f"{key}={before[key]!r} (now {now[key]!r})" for key in now
                        if key in before and before[key] is not None and before[key] != now[key]]
             if changed:
                 raise ValueError(f"{self.output_dir} holds ClinHallu traces made with {', '.join(changed)}; resume "
                                  f"with the same settings (e.g. --max-new-tokens N / --benchmark-option "
-                                 f"clinhallu.temperature=T, the same --seed, --mitigation and prompts), or choose "
+                                 f"clinhallu.temperature=T, the same --seed, --mitigation, --control and prompts), or choose "
                                  f"another --output folder")
         elif not info_path.exists():
             atomic_write_text(info_path, json.dumps({"protocol": asdict(self.config), "prompts": {
-                "version": self.prompts.version}, "mitigation": now["mitigation"]}, indent=2, sort_keys=True))
+                "version": self.prompts.version}, "mitigation": now["mitigation"], "control": now["control"]},
+                indent=2, sort_keys=True))
 
     def _run_jobs(self, jobs: list["_Job"]) -> Iterable[dict]:
         """Yield each job's entry as soon as it is finished (valid, or out of attempts). Batched: one
@@ -324,6 +336,7 @@ class ClinHalluRun:
         info = {
             "protocol": asdict(self.config),
             "mitigation": mitigation_spec(self.backend),
+            "control": self._control(),
             "prompts": self.prompts.describe(),
             "backend": self.backend.settings() if callable(getattr(self.backend, "settings", None)) else {},
             "judge": self.judge.describe() if callable(getattr(self.judge, "describe", None)) else {},

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from medheval.run.control import Control
 from medheval.run.protocol import RunError, SplitJob, SplitProtocol, load_metric, split_entry
 
 PROMPT_STYLES = ("own", "upstream")
@@ -121,10 +122,9 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     # length from the run's generation plan (built-in: ClinHallu's 4096, medheval.run.generation)
     config = protocol_config(loaded.run_options, backend, trace_length(spec, loaded, backend))
     images_for = loaded.resolver.load_record_images if loaded.resolver else None
-    control = getattr(spec, "image_control", None)  # --control (medheval.run.control): the blind images
-    if control is not None and control.blind:
-        images_for = control.loader(images_for) or (lambda record: [])
-    protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config, images_for=images_for)
+    control = getattr(spec, "image_control", None) or Control()  # --control (medheval.run.control)
+    protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config, images_for=images_for,
+                            control=control)
     result = protocol.run(records)
     after = len(read_log(folder / GENERATIONS, required=LOG_FIELDS))
     inputs = dict(result["metric_inputs"])
