@@ -141,8 +141,8 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
         parts += ["## Close-ended accuracy (%)", "", table, ""]
     table = open_ended_table([run])
     if table:
-        parts += ["## Open-ended metrics (CheXbert/RadGraph/RaTEScore/Recall/CHAIR in %, text metrics 0–100, S_h 0–5, MediHall and ACC 0–1)",
-                  "", table, ""]
+        parts += ["## Open-ended metrics (CheXbert/RadGraph/RaTEScore/Recall/CHAIR in %, text metrics 0–100, "
+                  "S_h 0–5, MediHall and ACC 0–1)", "", table, ""]
     table = stepbench_table([run])
     if table:
         parts += ["## Med-StepBench: recall and F1 (%) per step, hallucination = positive class", "", table, ""]
