@@ -357,7 +357,7 @@ def _runner_kwargs(metric, rows: list[dict]) -> dict:
 
 
 def test_multi_sentence_reference_as_prediction_is_correct(metric):
-    """Med-HallMark Sec. 6.2: "if A aligns perfectly with the facts, the MediHall Score is 1.0".
+    """Med-HallMark Sec. 6.2: an answer that matches the facts exactly has a MediHall Score of 1.0.
 
     Counterfactual reference with two sentences, "The image is a CT scan, not an MRI. No hemorrhage
     is visible.", content words {image, ct, not, mri, no, hemorrhage}. The open-answer test reads the
