@@ -26,6 +26,20 @@ def find_browser() -> str | None:
     return next((c for c in candidates if c and Path(c).exists()), None)
 
 
+def require_browser() -> str:
+    """The browser for a test: skip without one, fail instead when ``MEDHEVAL_REQUIRE_BROWSER`` is set (CI);
+    skip when websocket-client (the test extra that drives it over CDP) is missing."""
+    import pytest
+
+    executable = find_browser()
+    if executable is None:
+        if os.environ.get("MEDHEVAL_REQUIRE_BROWSER"):
+            pytest.fail("MEDHEVAL_REQUIRE_BROWSER is set and no Chromium was found (apt-get install chromium)")
+        pytest.skip("no Chromium/Chrome on PATH or $CHROME_BIN (Debian: apt-get install chromium)")
+    pytest.importorskip("websocket", reason="websocket-client (the test extra) drives the browser over CDP")
+    return executable
+
+
 class Browser:
     """One headless browser with one page; ``events`` collects every CDP event received."""
 

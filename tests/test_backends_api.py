@@ -320,20 +320,27 @@ def _trace(prefix: str) -> str:
     return full.split(last_marker, 1)[1]
 
 
+def clinhallu_reply(model_bodies: list[dict]):
+    """A loopback server's reply function for a ClinHallu run: the judge (model "judge") always agrees, the
+    model under test writes a trace (continuing an assistant turn); the model's request bodies are kept."""
+    def reply(body: dict) -> str:
+        if body["model"] == "judge":
+            return json.dumps({"hallucinated": 0, "reason": "checked", "answer_correct": 1, "answer_reasoning": "same"})
+        model_bodies.append(body)
+        last = body["messages"][-1]
+        return _trace(last["content"] if last["role"] == "assistant" else "")
+
+    return reply
+
+
 def test_clinhallu_through_the_api_backend(tmp_path, monkeypatch):
     from medheval.cli import main
 
     snapshot = write_snapshot(tmp_path / "snap")
     monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    model_bodies = []
-
-    def reply(body):
-        if body["model"] == "judge":
-            return json.dumps({"hallucinated": 0, "reason": "checked", "answer_correct": 1, "answer_reasoning": "same"})
-        model_bodies.append(body)
-        last = body["messages"][-1]
-        return _trace(last["content"] if last["role"] == "assistant" else "")
+    model_bodies: list[dict] = []
+    reply = clinhallu_reply(model_bodies)
 
     roots = [a for key, path in snapshot["image_roots"].items() for a in ("--image-root", f"{key}={path}")]
     args = ["run", "--benchmark", "clinhallu:vqa_rad", "--data-dir", snapshot["data_dir"], *roots,

@@ -247,14 +247,9 @@ def test_stepbench_per_step_figure_en_vi_with_and_without_knowledge(tmp_path):
 def test_report_at_1400_px_in_headless_chromium(grid, tmp_path):
     """The headline Acc column is inside a 1,400 px viewport, the caveats are deduplicated and folded, the
     deltas figure is shown; screenshots go to tmp_path and, when set, $MEDHEVAL_ARTIFACTS."""
-    from cdp_browser import Browser, find_browser
+    from cdp_browser import Browser, require_browser
 
-    executable = find_browser()
-    if executable is None:
-        if os.environ.get("MEDHEVAL_REQUIRE_BROWSER"):
-            pytest.fail("MEDHEVAL_REQUIRE_BROWSER is set and no Chromium was found (apt-get install chromium)")
-        pytest.skip("no Chromium/Chrome on PATH or $CHROME_BIN (Debian: apt-get install chromium)")
-    pytest.importorskip("websocket", reason="websocket-client (the test extra) drives the browser over CDP")
+    executable = require_browser()
     written = write_report([grid], tmp_path / "report")
     browser = Browser(executable)
     try:

@@ -58,14 +58,9 @@ def test_no_thumbnails_unless_asked(tmp_path):
 
 
 def test_report_in_headless_chromium(report, tmp_path):
-    from cdp_browser import Browser, find_browser
+    from cdp_browser import Browser, require_browser
 
-    executable = find_browser()
-    if executable is None:
-        if os.environ.get("MEDHEVAL_REQUIRE_BROWSER"):
-            pytest.fail("MEDHEVAL_REQUIRE_BROWSER is set and no Chromium was found (apt-get install chromium)")
-        pytest.skip("no Chromium/Chrome on PATH or $CHROME_BIN (Debian: apt-get install chromium)")
-    pytest.importorskip("websocket", reason="websocket-client (the test extra) drives the browser over CDP")
+    executable = require_browser()
     written, summary = report
     browser = Browser(executable)
     try:

@@ -231,19 +231,13 @@ def test_clinhallu_traces_see_the_blind_images(tmp_path, monkeypatch):
     """ClinHallu's own protocol through the API backend with ``--control blank``: every trace request of the
     model holds only black images (the judge's requests are not the model's and are left alone)."""
     from clinhallu_fixture import write_snapshot
-    from test_backends_api import _trace
+    from test_backends_api import clinhallu_reply
 
     snapshot = write_snapshot(tmp_path / "snap")
     monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    model_bodies = []
-
-    def reply(body):
-        if body["model"] == "judge":
-            return json.dumps({"hallucinated": 0, "reason": "checked", "answer_correct": 1, "answer_reasoning": "x"})
-        model_bodies.append(body)
-        last = body["messages"][-1]
-        return _trace(last["content"] if last["role"] == "assistant" else "")
+    model_bodies: list[dict] = []
+    reply = clinhallu_reply(model_bodies)
 
     roots = [a for key, path in snapshot["image_roots"].items() for a in ("--image-root", f"{key}={path}")]
     with JudgeServer("openai", reply=reply) as server:
