@@ -12,7 +12,7 @@ PIP_QUIET := --quiet --disable-pip-version-check
 # the tests that exercise transformers' generation internals (the drift alarm's subset)
 DECODING_TESTS := $(wildcard tests/test_decoding*.py tests/test_mitigations*.py) tests/test_deprecations.py tests/test_backends.py
 
-.PHONY: demo test bench install lock test-latest test-oldest clean
+.PHONY: demo test bench install lock test-latest test-oldest test-interop clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ test-latest:
 test-oldest:
 	.ci/stack_check oldest .venv-oldest "$(DECODING_TESTS)"
 
+# lmms-eval and inspect_ai in their own venv (requirements/interop-lock.txt; why: .ci/interop_check): the
+# tests/test_interop_*.py files, which skip in the main venv.
+test-interop:
+	.ci/interop_check .venv-interop
+
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_build.py
 	$(PY) benchmarks/bench_scoring.py
@@ -56,4 +61,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_labeler.py
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-oldest .venv-lock runs .pytest_cache
+	rm -rf $(VENV) .venv-latest .venv-oldest .venv-interop .venv-lock runs .pytest_cache

@@ -44,6 +44,22 @@ def test_tested_stack_is_the_lock():
         assert name in lock, f"test extra {name} is not in the lock"
 
 
+def test_interop_lock_holds_the_tested_stack():
+    """The harness venv (`make test-interop`) runs our code on the stack the main suite tests: the interop lock
+    may differ from requirements/lock.txt only where a harness forces it (inspect-ai caps fsspec)."""
+    lock = _pins(REPO / "requirements" / "lock.txt")
+    interop = _pins(REPO / "requirements" / "interop-lock.txt")
+    assert {package: interop.get(package) for package in versions.TESTED} == versions.TESTED
+    assert "+" not in interop["torch"], "the interop lock names the public torch release, not a local build label"
+    extras = configparser.ConfigParser()
+    extras.read(REPO / "setup.cfg")
+    for line in extras["options.extras_require"]["interop"].split():
+        name, low = re.match(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", line).groups()
+        assert interop[name.lower().replace("-", "_")] == low, f"the interop lock tests {name} at its lower bound"
+    differing = sorted(name for name in lock if name in interop and lock[name] != interop[name])
+    assert differing == ["fsspec", "python_dateutil"], f"update .ci/interop_check's note on the clash: {differing}"
+
+
 def test_lower_bounds_are_the_oldest_tested_stack():
     """Every install_requires entry: lower bound = requirements/oldest.txt's pin, upper bound below the next major."""
     oldest = _pins(REPO / "requirements" / "oldest.txt")
