@@ -46,7 +46,7 @@ def test_tested_stack_is_the_lock():
 
 def test_interop_lock_holds_the_tested_stack():
     """The harness venv (`make test-interop`) runs our code on the stack the main suite tests: the interop lock
-    may differ from requirements/lock.txt only where a harness forces it (inspect-ai caps fsspec)."""
+    may differ from requirements/lock.txt only where a harness forces it (its header says why)."""
     lock = _pins(REPO / "requirements" / "lock.txt")
     interop = _pins(REPO / "requirements" / "interop-lock.txt")
     assert {package: interop.get(package) for package in versions.TESTED} == versions.TESTED
@@ -57,7 +57,7 @@ def test_interop_lock_holds_the_tested_stack():
         name, low = re.match(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", line).groups()
         assert interop[name.lower().replace("-", "_")] == low, f"the interop lock tests {name} at its lower bound"
     differing = sorted(name for name in lock if name in interop and lock[name] != interop[name])
-    assert differing == ["fsspec", "python_dateutil"], f"update .ci/interop_check's note on the clash: {differing}"
+    assert differing == ["filelock", "fsspec", "python_dateutil"], f"update the interop lock's header: {differing}"
 
 
 def test_lower_bounds_are_the_oldest_tested_stack():
