@@ -6,7 +6,6 @@ generation lengths of medheval.run.generation, and the settings read from the en
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
