@@ -246,3 +246,27 @@ def test_record_images_decode_through_the_environment_s_roots(fixture_benchmark,
     assert [np.asarray(im).tobytes() for im in splits.record_images(item.record)] == \
            [np.asarray(im).tobytes() for im in item.images]
     assert splits.record_images({"id": "x", "source": "mimic_cxr", "images": []}) == []
+
+
+def test_score_split_equals_medheval_run_on_med_stepbench(stepbench, tmp_path):
+    """Med-StepBench (its own data folder, statement verdicts): the same equality as above, known answer: the
+    right verdict (Consistent for a true statement, Inconsistent for a hallucinated one) for the first 4
+    statements and no verdict for the other 4 (unparsed counts as wrong), so accuracy = 4/8."""
+    from medheval.cli.main import main
+
+    loaded = prepare_benchmark("med_stepbench", "en", data_dir=stepbench["data_dir"], run_options={})
+    items = splits.load_items("med_stepbench", "en", data_dir=stepbench["data_dir"], decode_images=False,
+                              image_roots={"med_stepbench": stepbench["data_dir"]})
+    assert [item.id for item in items] == loaded.dataset["id"]
+    verdict = {"ground_truth": "Consistent", "hallucination": "Inconsistent"}  # the reference label -> its verdict word
+    predictions = {item.id: (verdict[item.target] if index < 4 else "Cannot say")
+                   for index, item in enumerate(items)}
+    metrics, rows = splits.score_split("med_stepbench", "en", predictions, data_dir=stepbench["data_dir"])
+    path = tmp_path / "predictions.jsonl"
+    path.write_text("".join(json.dumps({"id": rid, "prediction": text}) + "\n" for rid, text in predictions.items()))
+    assert main(["run", "--predictions", str(path), "--benchmark", "med_stepbench:en", "--data-dir",
+                 stepbench["data_dir"], "--output", str(tmp_path / "out")]) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert json.loads(json.dumps(metrics)) == results["benchmarks"]["med_stepbench:en"]["metrics"]
+    assert [splits.item_value(row) for row in rows] == [1.0] * 4 + [0.0] * 4
+    assert metrics["stepbench"]["accuracy"] == pytest.approx(0.5)
