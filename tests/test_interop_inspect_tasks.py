@@ -150,3 +150,30 @@ def test_a_missing_image_root_names_the_records_and_roots(fixture_benchmark, tmp
                         task_args={"config": "slake", "data_dir": fixture_benchmark["data_dir"],
                                    "image_root": f"vqa_rad={tmp_path}"})
     assert "image" in str(caught.value).lower()
+
+
+def test_the_inspect_cli_runs_a_task_with_several_image_roots(fixture_benchmark, model_server, tmp_path):
+    """``inspect eval medheval/cxr_vishal -T config=iu_xray -T image_root=a=x,b=y`` as a user types it (the
+    CLI hands the comma list over as a list); its split metric equals score_split on the logged completions."""
+    import os
+    import subprocess
+    import sys
+
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    from medheval.integrations.splits import score_split
+
+    env = {**os.environ, "LOOP_API_KEY": "test-key"}
+    command = [sys.executable, "-m", "inspect_ai", "eval", "medheval/cxr_vishal", "-T", "config=iu_xray",
+               "-T", f"data_dir={fixture_benchmark['data_dir']}", "-T", f"image_root={_image_root(fixture_benchmark)}",
+               "--model", "openai-api/loop/tiny-vlm", "--model-base-url", model_server.base_url,
+               "--log-dir", str(tmp_path), "--display", "none"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (info,) = list_eval_logs(str(tmp_path))
+    log = read_eval_log(info)
+    assert log.status == "success" and log.eval.task == "medheval/cxr_vishal"
+    completions = {sample.id: sample.output.completion for sample in log.samples}
+    results, _ = score_split("cxr_vishal", "iu_xray", completions, data_dir=fixture_benchmark["data_dir"])
+    assert log.results.scores[0].metrics["close_ended_accuracy/accuracy"].value == pytest.approx(
+        results["close_ended_accuracy"]["accuracy"], abs=1e-12)

@@ -47,9 +47,12 @@ def to_sample(item: HarnessItem, benchmark: str, config: str) -> Sample:
 
 
 def split_task(benchmark: str, config: str | None = None, data_dir: str | None = None,
-               image_root: str | None = None) -> Task:
-    """The inspect task of one split (``benchmark:config``)."""
+               image_root: str | list[str] | None = None) -> Task:
+    """The inspect task of one split (``benchmark:config``). ``image_root`` is ``"source=root,..."``; inspect's
+    CLI hands ``-T image_root=a=x,b=y`` over as a list, joined back here."""
     config = config or default_config(benchmark)
+    if isinstance(image_root, (list, tuple)):
+        image_root = ",".join(str(part) for part in image_root)
     items = load_items(benchmark, config, data_dir=data_dir, image_roots=image_root)
     dataset = MemoryDataset([to_sample(item, benchmark, config) for item in items], name=f"{benchmark}:{config}")
     return Task(dataset=dataset, solver=generate(), config=inspect_config(generation_settings(benchmark, config)),
@@ -61,7 +64,8 @@ def split_task(benchmark: str, config: str | None = None, data_dir: str | None =
 def _task_for(benchmark: str) -> Callable[..., Task]:
     """The registered ``@task`` ``medheval/<benchmark>`` (task args ``config``, ``data_dir``, ``image_root``)."""
 
-    def run_split(config: str | None = None, data_dir: str | None = None, image_root: str | None = None) -> Task:
+    def run_split(config: str | None = None, data_dir: str | None = None,
+                  image_root: str | list[str] | None = None) -> Task:
         return split_task(benchmark, config, data_dir, image_root)
 
     run_split.__name__ = run_split.__qualname__ = benchmark
