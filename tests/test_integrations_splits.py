@@ -213,3 +213,37 @@ def test_bad_image_roots_variable_names_the_variable_and_the_format(monkeypatch,
     monkeypatch.setenv("MEDHEVAL_IMAGE_ROOTS", value)
     with pytest.raises(ValueError, match=rf"MEDHEVAL_IMAGE_ROOTS='{value}': .*{why}.*Expected 'source=PATH_OR_URL"):
         splits.harness_settings()
+
+
+def test_default_metric_names_are_the_ones_medheval_run_computes(fixture_benchmark, stepbench):
+    """The static metric names (the harness tasks' reported numbers come from them) equal what score_split
+    (the runner) computes on the loaded fixture split."""
+    for name, config in [("cxr_vishal", "all"), ("vishal_report", "default"), ("knowledge", "open"),
+                         ("knowledge", "closed"), ("context", "default"), ("med_stepbench", "all")]:
+        data_dir = stepbench["data_dir"] if name == "med_stepbench" else fixture_benchmark["data_dir"]
+        loaded = prepare_benchmark(name, config, data_dir=data_dir, run_options={})
+        metrics, _ = splits.score_split(name, config, {loaded.dataset["id"][0]: "Yes"}, data_dir=data_dir)
+        assert list(metrics) == splits.default_metric_names(name, config), (name, config)
+        for number, _ in splits.split_numbers(name, config):
+            assert number.split(".")[0] in metrics
+    assert splits.default_metric_names("med_hallmark", "irg") == ["medihall_score", "text_generation"]
+
+
+def test_number_value_known_answers():
+    metrics = {"chair": {"chair": 0.4, "chair_s": None}, "close_ended_accuracy": {"accuracy": 1, "n": 3}}
+    assert splits.number_value(metrics, "chair.chair") == 0.4
+    assert splits.number_value(metrics, "chair.chair_s") is None
+    assert splits.number_value(metrics, "close_ended_accuracy.accuracy") == 1.0
+    assert splits.number_value(metrics, "text_generation.bleu") is None
+
+
+def test_record_images_decode_through_the_environment_s_roots(fixture_benchmark, monkeypatch):
+    item = splits.load_items("knowledge", "closed", data_dir=fixture_benchmark["data_dir"],
+                             image_roots=_roots(fixture_benchmark), limit=1)[0]
+    lazy = splits.load_items("knowledge", "closed", data_dir=fixture_benchmark["data_dir"],
+                             image_roots=_roots(fixture_benchmark), limit=1, decode_images=False)[0]
+    assert lazy.images == [] and lazy.prompt == item.prompt
+    monkeypatch.setenv("MEDHEVAL_IMAGE_ROOTS", _roots(fixture_benchmark))
+    assert [np.asarray(im).tobytes() for im in splits.record_images(item.record)] == \
+           [np.asarray(im).tobytes() for im in item.images]
+    assert splits.record_images({"id": "x", "source": "mimic_cxr", "images": []}) == []

@@ -19,8 +19,10 @@ Settings come from arguments, else the environment:
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Mapping
 
 from PIL import Image
@@ -131,18 +133,72 @@ def _prepare(benchmark: str, config: str | None, data_dir: Any, image_roots: Any
 
 
 def load_items(benchmark: str, config: str | None = None, data_dir: str | os.PathLike[str] | None = None,
-               image_roots: str | Mapping[str, str] | None = None, limit: int | None = None) -> list[HarnessItem]:
+               image_roots: str | Mapping[str, str] | None = None, limit: int | None = None,
+               decode_images: bool = True) -> list[HarnessItem]:
     """The split's items as ``medheval run`` feeds them to a model: same records (first ``limit``), same
-    prompt text, same images (a missing root or file raises the runner's error naming ids and roots)."""
+    prompt text, same images (a missing root or file raises the runner's error naming ids and roots).
+    ``decode_images=False``: every image is checked but none decoded (``images`` is empty; a harness that
+    reads them per sample calls :func:`record_images`)."""
     from medheval.run.prompts import build_prompt
 
     loaded = _prepare(benchmark, config, data_dir, image_roots, limit, needs_images=True).loaded
     items = []
     for record in loaded.dataset.to_list():
-        images = loaded.resolver.load_record_images(record) if loaded.resolver is not None else []
+        images = loaded.resolver.load_record_images(record) if loaded.resolver is not None and decode_images else []
         items.append(HarnessItem(id=record["id"], prompt=build_prompt(record), images=images,
                                  target=str(record["answer"] or ""), record=record))
     return items
+
+
+@functools.lru_cache(maxsize=8)
+def _resolver(roots: tuple[tuple[str, str], ...]) -> Any:
+    from medheval.data.images import ImageResolver
+
+    return ImageResolver(dict(roots))
+
+
+def record_images(record: Mapping[str, Any], image_roots: str | Mapping[str, str] | None = None) -> list[Image.Image]:
+    """One record's images (keys ``id``, ``source``, ``images``), decoded as ``medheval run`` decodes them,
+    through the image roots of :func:`harness_settings`."""
+    if not record.get("images"):
+        return []
+    roots = harness_settings(None, image_roots)[1] or {}
+    return _resolver(tuple(sorted(roots.items()))).load_record_images(record)
+
+
+def default_metric_names(benchmark: str, config: str | None = None) -> list[str]:
+    """The metrics ``medheval run`` computes for the split without ``--metrics``/``--judge`` (the runner's own
+    choice, from the benchmark unit's defaults or the split's answer types in :data:`ANSWER_TYPES`)."""
+    from medheval.run.runner import _metric_names
+
+    config = config or default_config(benchmark)
+    types = ANSWER_TYPES.get(f"{benchmark}:{config}") or ANSWER_TYPES[benchmark]
+    declared = SimpleNamespace(name=benchmark, dataset=SimpleNamespace(unique=lambda column: list(types)))
+    return _metric_names(declared, None)  # type: ignore[arg-type]
+
+
+# The numbers a harness reports per split: ``metric.key`` of the metric's results, higher is better or not.
+SPLIT_NUMBERS: dict[str, tuple[tuple[str, bool], ...]] = {
+    "close_ended_accuracy": (("accuracy", True),),
+    "chair": (("chair", False), ("chair_s", False), ("recall", True)),  # CHAIR_i, CHAIR_s, finding recall
+    "text_generation": (("bleu", True), ("rougeL", True), ("meteor", True)),
+    "medihall_score": (("medihall_score", True), ("accuracy", True)),
+    "stepbench": (("macro_f1", True), ("f1", True), ("accuracy", True)),
+    "sh_judge": (("sh", True),),
+}
+
+
+def split_numbers(benchmark: str, config: str | None = None) -> list[tuple[str, bool]]:
+    """``[("metric.key", higher_is_better), ...]``: the split's reported numbers (:data:`SPLIT_NUMBERS`)."""
+    return [(f"{metric}.{key}", better) for metric in default_metric_names(benchmark, config)
+            for key, better in SPLIT_NUMBERS.get(metric, ())]
+
+
+def number_value(metrics: Mapping[str, Any], number: str) -> float | None:
+    """``metrics["chair"]["chair_s"]`` for ``number="chair.chair_s"``; ``None`` when the metric did not give it."""
+    metric, _, key = number.partition(".")
+    value = (metrics.get(metric) or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def generation_settings(benchmark: str, config: str | None = None) -> dict[str, Any]:
@@ -198,5 +254,6 @@ def item_value(row: Mapping[str, Any]) -> float | None:
     return None
 
 
-__all__ = ["ANSWER_TYPES", "EXCLUDED", "HARNESS_BENCHMARKS", "ITEM_VALUE_KEYS", "HarnessItem", "default_config", "generation_settings",
-           "harness_settings", "harness_splits", "item_value", "load_items", "parse_image_roots", "score_split"]
+__all__ = ["ANSWER_TYPES", "EXCLUDED", "HARNESS_BENCHMARKS", "ITEM_VALUE_KEYS", "SPLIT_NUMBERS", "HarnessItem", "default_config",
+           "default_metric_names", "generation_settings", "harness_settings", "harness_splits", "item_value", "load_items",
+           "number_value", "parse_image_roots", "record_images", "score_split", "split_numbers"]
