@@ -379,6 +379,14 @@ def export_mitigation(name: str, out_dir: str | Path, org: str = DEFAULT_ORG,
 # -------------------------------------------------------------------------------------- results
 
 
+def headline_numbers(values: Mapping[str, Any] | None) -> dict[str, int | float]:
+    """The numbers of one metric's results that are published (``.eval_results``, inspect's split metrics):
+    every top-level number; counts (``n``, ``n_*``), flags and nested tables left out."""
+    return {key: value for key, value in (values or {}).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "n"
+            and not key.startswith("n_")}
+
+
 def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
                          date: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """``{file name: [entries]}`` in the Hub's ``.eval_results/*.yaml`` format for one ``results.json``.
@@ -403,9 +411,7 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
                                    "'.', '_' and '-' (a results.json edited by hand, or not from `medheval run`)")
             entries = []
             for metric, values in sorted((block.get("metrics") or {}).items()):
-                for key, value in sorted((values or {}).items()):
-                    if key == "n" or key.startswith("n_") or isinstance(value, bool) or not isinstance(value, (int, float)):
-                        continue
+                for key, value in sorted(headline_numbers(values).items()):
                     entry: dict[str, Any] = {
                         "dataset": {"id": f"{org}/{benchmark}", "task_id": f"{config or 'default'}/{metric}/{key}"},
                         "value": value, "date": date,
