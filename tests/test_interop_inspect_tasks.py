@@ -177,3 +177,27 @@ def test_the_inspect_cli_runs_a_task_with_several_image_roots(fixture_benchmark,
     results, _ = score_split("cxr_vishal", "iu_xray", completions, data_dir=fixture_benchmark["data_dir"])
     assert log.results.scores[0].metrics["close_ended_accuracy/accuracy"].value == pytest.approx(
         results["close_ended_accuracy"]["accuracy"], abs=1e-12)
+
+
+def _sample_score(record_id: str, answer: str, value=1.0):
+    from inspect_ai.scorer import SampleScore, Score
+
+    return SampleScore(score=Score(value=value, answer=answer, metadata={"id": record_id}), sample_id=record_id)
+
+
+def test_the_split_metric_scores_the_completions_once_and_refuses_two_per_item(fixture_benchmark):
+    """The metric alone, on hand-made scores: its numbers are score_split's on the same completions (the
+    logged values are ignored: all 1.0 here); two different completions for one record (epochs > 1) stop it."""
+    from medheval.integrations.inspect.scorers import split_metrics
+    from medheval.integrations.splits import score_split
+
+    items = load_items("mm_vishal", "slake", data_dir=fixture_benchmark["data_dir"],
+                       image_roots=_image_root(fixture_benchmark))
+    completions = {item.id: ("Yes." if index % 2 else "No.") for index, item in enumerate(items)}
+    compute = split_metrics("mm_vishal", "slake", data_dir=fixture_benchmark["data_dir"])
+    results, _ = score_split("mm_vishal", "slake", completions, data_dir=fixture_benchmark["data_dir"])
+    assert compute([_sample_score(rid, text) for rid, text in completions.items()]) == headline_values(results)
+    first = items[0].id
+    twice = [_sample_score(first, "Yes."), _sample_score(first, "No.")]
+    with pytest.raises(ValueError, match=rf"record '{first}' has several different completions.*--epochs 1"):
+        compute(twice)

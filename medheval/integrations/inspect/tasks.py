@@ -29,10 +29,10 @@ from medheval.judges.media import to_judge_image
 
 
 def inspect_config(settings: dict) -> GenerateConfig:
-    """inspect's ``GenerateConfig`` for our generation settings (``max_new_tokens``, ``do_sample``)."""
+    """inspect's ``GenerateConfig`` for our generation settings: greedy (``temperature=0``) with
+    ``max_tokens`` = ``max_new_tokens``, as ``medheval run`` decodes (and as our API backend asks a server)."""
     if settings.get("do_sample"):
-        return GenerateConfig(max_tokens=settings["max_new_tokens"], temperature=settings.get("temperature", 1.0),
-                              top_p=settings.get("top_p"), seed=settings.get("seed"))
+        raise ValueError(f"generation settings {settings}: the harness tasks decode greedily, as medheval run does")
     return GenerateConfig(max_tokens=settings["max_new_tokens"], temperature=0.0)
 
 
