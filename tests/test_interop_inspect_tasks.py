@@ -201,3 +201,25 @@ def test_the_split_metric_scores_the_completions_once_and_refuses_two_per_item(f
     twice = [_sample_score(first, "Yes."), _sample_score(first, "No.")]
     with pytest.raises(ValueError, match=rf"record '{first}' has several different completions.*--epochs 1"):
         compute(twice)
+
+
+def _log_holds_image_data(path: str) -> bool:
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        return any(b"data:image/" in archive.read(name) for name in archive.namelist())
+
+
+def test_a_credentialed_split_run_with_no_log_images_keeps_pixels_out_of_the_log(fixture_benchmark, model_server,
+                                                                                  tmp_path, monkeypatch):
+    """inspect writes each sample's input (our images as data URLs) into the .eval log unless told not to;
+    for MIMIC-CXR splits the README asks for --no-log-images, which leaves no image bytes in the file."""
+    monkeypatch.setenv("LOOP_API_KEY", "test-key")
+    common = {"task_args": {"config": "mimic_cxr", "data_dir": fixture_benchmark["data_dir"],
+                           "image_root": _image_root(fixture_benchmark)},
+             "model": "openai-api/loop/tiny-vlm", "model_base_url": model_server.base_url, "display": "none", "limit": 2}
+    (kept,) = inspect_ai.eval("medheval/cxr_vishal", log_dir=str(tmp_path / "kept"), **common)
+    (dropped,) = inspect_ai.eval("medheval/cxr_vishal", log_dir=str(tmp_path / "dropped"), log_images=False, **common)
+    assert kept.status == dropped.status == "success"
+    assert _log_holds_image_data(kept.location)  # the default: pixels in the log
+    assert not _log_holds_image_data(dropped.location)
