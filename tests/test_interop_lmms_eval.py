@@ -6,7 +6,7 @@ model on a tiny random LLaVA saved to a folder, over two fixture splits with ``-
 Why ``llava_hf`` and not ``huggingface``: lmms-eval 0.7.3's ``huggingface`` chat model picks its Auto class by
 ``config.model_type in AutoModel…._model_mapping.keys()``, and under transformers 5 those keys are config
 classes, so every checkpoint loads through ``AutoModel`` (a LLaVA without its LM head, which cannot generate).
-lmms-eval runs through tests/lmms_eval_launch.py (it works around three defects of the interop venv, see there)."""
+The interop venv is requirements/interop-lock.txt (its header says why it differs from the main lock)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,8 @@ from interop_support import require_harness
 
 require_harness("lmms_eval")
 
-from lmms_eval_launch import apply_workarounds  # noqa: E402
-
-apply_workarounds()  # this process builds the tiny LLaVA and runs `medheval run`: transformers' image code
-
 from medheval.integrations import splits  # noqa: E402
 
-LAUNCH = Path(__file__).resolve().parent / "lmms_eval_launch.py"
 SPLITS = [("cxr_vishal", "mimic_cxr"), ("vishal_report", "default")]
 
 
@@ -55,7 +50,7 @@ def harness_env(fixture_benchmark, tmp_path) -> dict[str, str]:
 
 def _lmms_eval(env: dict[str, str], model_dir: Path, tasks: str, limit: int, output: Path, *extra: str) -> dict:
     """Run lmms-eval; returns {"results": its results.json, "samples": {task: logged samples}}."""
-    command = [sys.executable, str(LAUNCH), "--model", "llava_hf", "--model_args",
+    command = [sys.executable, "-m", "lmms_eval", "--model", "llava_hf", "--model_args",
                f"pretrained={model_dir},device=cpu,device_map=cpu", "--tasks", tasks, "--limit", str(limit),
                "--batch_size", "1", "--log_samples", "--output_path", str(output), *extra]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=output.parent)
@@ -117,10 +112,8 @@ def test_plugin_variable_meets_lmms_eval_s_plugin_contract(harness_env):
     """What lmms-eval 0.7.3 does with LMMS_EVAL_PLUGINS=<pkg>, run in lmms-eval's own code: ``<pkg>.tasks``'s
     folder joins the task paths (it is our task folder), ``<pkg>.models.AVAILABLE_MODELS`` is merged into
     its model registry (ours is empty, so the registry keeps its models)."""
-    env = {**harness_env, "LMMS_EVAL_PLUGINS": "medheval.integrations.lmms_eval",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(LAUNCH.parent)])}
+    env = {**harness_env, "LMMS_EVAL_PLUGINS": "medheval.integrations.lmms_eval"}
     code = ("import importlib.util, warnings; warnings.simplefilter('ignore')\n"
-            "from lmms_eval_launch import apply_workarounds; apply_workarounds()\n"
             "from lmms_eval.models import _initialize_model_registry\n"
             "from lmms_eval.tasks import TaskManager\n"
             "folder = importlib.util.find_spec('medheval.integrations.lmms_eval.tasks').submodule_search_locations[0]\n"
