@@ -1,0 +1,3 @@
+"""What inspect_ai loads through our ``inspect_ai`` entry point (setup.cfg): a few import lines, nothing else."""
+
+from medheval.integrations.inspect.provider import medheval_provider  # noqa: F401  (--model medheval/<folder>)
