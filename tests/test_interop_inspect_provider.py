@@ -28,6 +28,7 @@ from inspect_ai.model import (  # noqa: E402
     ContentText,
     GenerateConfig,
     ModelOutput,
+    ModelUsage,
     get_model,
 )
 from inspect_ai.scorer import Score, Target, mean, metric, scorer  # noqa: E402
@@ -107,7 +108,7 @@ def test_the_inspect_input_is_the_medheval_run_input(tiny_dir, split_items):
         assert request == {"system": "", "user": build_prompt(record)}
         assert backend.format_chat(request["system"], request["user"], "", len(decoded)) == \
             backend.format_prompt(record, len(images))
-        assert [list(img.getdata()) for img in decoded] == [list(img.convert("RGB").getdata()) for img in images]
+        assert [img.tobytes() for img in decoded] == [img.convert("RGB").tobytes() for img in images]
 
 
 def test_provider_gives_the_predictions_of_medheval_run(tiny_dir, split_items, fixture_benchmark, tmp_path):
@@ -285,8 +286,13 @@ def scored_split(fixture_benchmark, tmp_path_factory) -> dict:
     results = json.loads((folder / "run" / "results.json").read_text())
     metrics = results["benchmarks"][":".join(SPLIT)]["metrics"]
     by_prompt = {build_prompt(r): predictions[r["id"]] for r in records}
-    model = get_model("mockllm/model", memoize=False, custom_outputs=lambda messages, *_: ModelOutput.from_content(
-        "mockllm/model", by_prompt[messages[-1].text]))
+
+    def reply(messages, *_):  # usage given: mockllm would count tokens with tiktoken, which downloads
+        output = ModelOutput.from_content("mockllm/model", by_prompt[messages[-1].text])
+        output.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
+        return output
+
+    model = get_model("mockllm/model", memoize=False, custom_outputs=reply)
     [log] = inspect_eval(inline_task("medheval/cxr_vishal", records, metrics)(), model=model,
                          log_dir=str(folder / "logs"), display="none")
     assert log.status == "success", log.error
@@ -323,7 +329,7 @@ def test_a_mitigation_in_the_log_names_the_file_as_a_run_folder_does(scored_spli
     results["settings"]["mitigation"] = get_mitigation("vcd:alpha=1").spec()  # what `medheval run` records
     expected = hub.eval_results_entries(results)
     got = eval_results(hub.export_results(tmp_path / "vcd.eval", tmp_path / "out", "org/model"))
-    assert got == expected and list(got) == ["cxr_vishal_mimic_cxr_vcd_preset_medheval_alpha_1_0_beta_0_1_noise_step_500_"
+    assert got == expected and list(got) == ["cxr_vishal_mimic_cxr_vcd_preset_medheval_alpha_1_beta_0_1_noise_step_500_"
                                              "noise_seed_0.yaml"]
 
 
@@ -366,7 +372,7 @@ def test_a_log_of_the_random_tiny_model_is_refused(tiny_dir, scored_split, tmp_p
     model = get_model(f"medheval/{tiny_dir}", device="cpu", memoize=False)
     [log] = inspect_eval(inline_task("medheval/cxr_vishal", scored_split["records"][:2], scored_split["metrics"])(),
                          model=model, log_dir=str(tmp_path), display="none", limit=2,
-                         generate_config=GenerateConfig(max_tokens=2))
+                         max_tokens=2)
     assert log.status == "success", log.error
     with pytest.raises(hub.PublishError, match="random-weight"):
         hub.export_results(log.location, tmp_path / "o", "org/model")
