@@ -160,6 +160,51 @@ def test_max_tokens_is_honoured(tiny_dir, split_items, tmp_path):
     assert all(six[key].startswith(one[key]) and len(one[key].split()) <= 1 for key in six)
 
 
+TASK_FILE = """
+import json
+from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ChatMessageUser, ContentImage, ContentText
+from inspect_ai.solver import generate
+
+@task
+def samples():
+    rows = json.load(open({path!r}))
+    return Task(dataset=[Sample(id=r["id"], input=[ChatMessageUser(content=[*(ContentImage(image=u) for u in r["images"]),
+                                                                            ContentText(text=r["prompt"])])])
+                         for r in rows], solver=generate())
+"""
+
+
+def test_the_inspect_cli_finds_the_provider_by_its_entry_point(tiny_dir, split_items, tmp_path):
+    """``inspect eval FILE --model medheval/<folder> -M mitigation=vcd:alpha=0 -M batch_size=3`` in a fresh
+    process (the provider found through setup.cfg's ``inspect_ai`` entry point, ``-M`` values parsed by
+    inspect's CLI) gives the completions of the in-process provider without a mitigation."""
+    import os
+    import subprocess
+    import sys
+
+    items = split_items[:4]
+    (tmp_path / "rows.json").write_text(json.dumps([
+        {"id": record["id"], "prompt": build_prompt(record), "images": [data_uri(img) for img in images]}
+        for record, images in items]))
+    (tmp_path / "task.py").write_text(TASK_FILE.format(path=str(tmp_path / "rows.json")))
+    _, expected = run_inspect(samples_of(items), f"medheval/{tiny_dir}", tmp_path / "in-process", device="cpu")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")]), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "inspect_ai", "eval", "task.py", "--model",
+                           f"medheval/{tiny_dir}", "-M", "mitigation=vcd:alpha=0", "-M", "batch_size=3", "-M",
+                           "device=cpu", "--max-tokens", str(NEW_TOKENS), "--log-dir", str(tmp_path / "cli"),
+                           "--display", "none"], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=tmp_path)  # inspect globs the task file relative to the working folder
+    assert done.returncode == 0, done.stderr[-3000:]
+    [log_file] = (tmp_path / "cli").glob("*.eval")
+    log = read_eval_log(str(log_file))
+    assert log.status == "success" and log.eval.model_args == {"mitigation": "vcd:alpha=0", "batch_size": 3,
+                                                                 "device": "cpu"}
+    assert {sample.id: sample.output.completion for sample in log.samples} == expected
+
+
 def test_bad_model_args_give_clear_errors(tiny_dir, tmp_path):
     with pytest.raises(MitigationError, match="unknown mitigation 'vcdd'; available: none, avisc"):
         get_model(f"medheval/{tiny_dir}", mitigation="vcdd", memoize=False)
