@@ -15,7 +15,7 @@ prompt (``build_prompt``) and images gets the prediction ``medheval run`` makes.
 ``ContentImage`` (inspect inlines them as data URIs before a provider sees them; a local path also works)
 and are decoded to RGB, as our image loader does. Decoding is greedy with ``GenerateConfig.max_tokens``
 new tokens (default: the backend's 64); sampling settings, stop sequences, several choices and tools
-are refused rather than ignored.
+are refused rather than ignored. No token usage is reported (the backend returns text only).
 
 Batching: inspect calls :meth:`MedHEvalModelAPI.generate` once per sample, concurrently. Calls are queued
 and one worker runs them ``batch_size`` at a time (calls that share ``max_tokens``), in a thread so the
@@ -124,7 +124,7 @@ def greedy_overrides(config: GenerateConfig, default_max_tokens: int) -> dict[st
     return {"max_new_tokens": int(max_tokens)}
 
 
-@dataclass
+@dataclass(eq=False)  # calls are told apart by identity (their images would compare pixel by pixel)
 class _Call:
     key: str
     request: dict[str, str]
@@ -164,7 +164,8 @@ class CallBatcher:
                 waiting = len(self._queue)
             key = self._queue[0].key
             batch = [call for call in self._queue if call.key == key][: self.batch_size]
-            self._queue = [call for call in self._queue if call not in batch]
+            chosen = {id(call) for call in batch}
+            self._queue = [call for call in self._queue if id(call) not in chosen]
             batch = [call for call in batch if not call.future.done()]  # a cancelled sample is not generated
             if not batch:
                 continue
