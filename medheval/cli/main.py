@@ -271,6 +271,22 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
     install.set_defaults(handler=cmd_install_metrics)
 
 
+def cmd_lmms_eval_path(args: argparse.Namespace) -> int:
+    """``medheval integrations lmms-eval-path``: the task folder for ``lmms-eval --include_path``."""
+    from medheval.integrations.lmms_eval import tasks_path
+
+    print(tasks_path())
+    return 0
+
+
+def add_integrations_command(commands: argparse._SubParsersAction) -> None:
+    """``medheval integrations …``: our benchmarks inside other harnesses (README, "Use from lmms-eval / inspect")."""
+    integrations = commands.add_parser("integrations", help="run our benchmarks from lmms-eval or inspect_ai")
+    sub = integrations.add_subparsers(dest="integration", required=True)
+    path = sub.add_parser("lmms-eval-path", help="print the folder of our lmms-eval tasks (for --include_path)")
+    path.set_defaults(handler=cmd_lmms_eval_path)
+
+
 def cmd_selftest(args: argparse.Namespace) -> int:
     from medheval.mitigations import selftest
 
@@ -300,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--quiet", action="store_true", help="print the table and the verdict only")
     check.set_defaults(handler=cmd_selftest)
     add_hub_commands(commands)
+    add_integrations_command(commands)
     from medheval.report.build import add_report_command
 
     add_report_command(commands)

@@ -8,6 +8,8 @@ What each unit becomes:
 - ``datasets/<name>`` → a dataset repo: ``<config>/test-00000-of-00001.parquet`` per config (the layout
   ``Dataset.push_to_hub(config_name=...)`` writes) and a README whose YAML the Hub and ``datasets`` read
   (``configs``, ``dataset_info``, licence, task/size/source fields). Image references stay strings.
+  An ``eval.yaml`` (:mod:`medheval.publish.eval_yaml`) registers the repo as a Hub benchmark whose tasks
+  are the inspect-ai tasks of its configs.
   A repo holding MIMIC-derived configs is gated (``extra_gated_prompt``/``extra_gated_fields`` in the
   card, ``gated="manual"`` in the repo settings) and never holds image bytes
   (:func:`check_no_credentialed_bytes` runs on every push).
@@ -124,6 +126,7 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
     from tqdm.auto import tqdm
 
     from medheval.data.benchmarks import benchmark_configs, builder_class, prepare_benchmark
+    from medheval.publish.eval_yaml import card_section, harness_configs, write_eval_yaml
 
     folder = Path(out_dir) / "datasets" / name
     shutil.rmtree(folder, ignore_errors=True)
@@ -189,12 +192,15 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
     if gated:
         usage += (f" Configs derived from MIMIC-CXR ({', '.join(credentialed_configs)}) make this repo gated: "
                   "request access with your PhysioNet credentials.")
+    eval_configs = harness_configs(name, configs)  # eval.yaml: the Hub benchmark's inspect-ai tasks
+    usage += card_section(name, eval_configs)
     warnings = [f"{relpath}: {why}" for relpath, why in sorted(unpinned.items())]
     if warnings:
         usage += ("\n\n## Not the released annotation files\n\nThese files did not match the sha256 pinned for "
                   "the upstream release when this repo was written, so its rows may differ from the benchmark's:\n\n"
                   + "".join(f"- {warning}\n" for warning in warnings))
     (folder / "README.md").write_text(render_card(card_data.to_dict(), body.rstrip() + usage + "\n"))
+    write_eval_yaml(folder, name, eval_configs, meta["pretty_name"])
     return RepoFolder(str(folder), f"{org}/{name}", "dataset", "datasets", gated=gated, warnings=warnings)
 
 
@@ -373,6 +379,14 @@ def export_mitigation(name: str, out_dir: str | Path, org: str = DEFAULT_ORG,
 # -------------------------------------------------------------------------------------- results
 
 
+def headline_numbers(values: Mapping[str, Any] | None) -> dict[str, int | float]:
+    """The numbers of one metric's results that are published (``.eval_results``, inspect's split metrics):
+    every top-level number; counts (``n``, ``n_*``), flags and nested tables left out."""
+    return {key: value for key, value in (values or {}).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "n"
+            and not key.startswith("n_")}
+
+
 def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
                          date: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """``{file name: [entries]}`` in the Hub's ``.eval_results/*.yaml`` format for one ``results.json``.
@@ -397,9 +411,7 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
                                    "'.', '_' and '-' (a results.json edited by hand, or not from `medheval run`)")
             entries = []
             for metric, values in sorted((block.get("metrics") or {}).items()):
-                for key, value in sorted((values or {}).items()):
-                    if key == "n" or key.startswith("n_") or isinstance(value, bool) or not isinstance(value, (int, float)):
-                        continue
+                for key, value in sorted(headline_numbers(values).items()):
                     entry: dict[str, Any] = {
                         "dataset": {"id": f"{org}/{benchmark}", "task_id": f"{config or 'default'}/{metric}/{key}"},
                         "value": value, "date": date,

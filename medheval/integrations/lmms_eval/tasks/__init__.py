@@ -1,0 +1,1 @@
+"""lmms-eval task folder (yaml files and ``utils.py``); importable so ``LMMS_EVAL_PLUGINS`` finds it."""

@@ -1,0 +1,148 @@
+"""The Hub's benchmark registration file, ``eval.yaml``, for an exported benchmark dataset repo.
+
+A dataset repo with an ``eval.yaml`` at its root (and on the Hub's allow-list) is shown as a Benchmark with a
+leaderboard that gathers the models' ``.eval_results/*.yaml``. The file names the harness that runs it
+(``evaluation_framework``, a registered id: ``inspect-ai`` is one, lmms-eval is not) and one task per
+``(config, split)`` it runs::
+
+    name: MedHEval CXR-VisHal
+    description: ...
+    evaluation_framework: inspect-ai
+    tasks:
+    - {id: iu_xray, config: iu_xray, split: test}
+
+Here the tasks are exactly the splits our inspect tasks run (``inspect eval medheval/<benchmark> -T
+config=<config>``, :func:`medheval.integrations.splits.harness_splits`) that the repo holds; the task id is
+the config name, the first part of the ``task_id`` that :func:`medheval.publish.hub.eval_results_entries`
+writes. :func:`read_eval_yaml` parses the file back and checks every task against the repo's card
+(``configs`` with their ``data_files`` splits) and the files on disk.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+EVAL_YAML = "eval.yaml"
+FRAMEWORK = "inspect-ai"
+SPLIT = "test"  # every exported config has this one split (medheval.publish.hub.export_dataset)
+TASK_KEYS = ("id", "config", "split")
+TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class EvalYamlError(ValueError):
+    """An ``eval.yaml`` that does not parse, lacks a field, or names a config/split its repo does not hold."""
+
+
+def harness_configs(benchmark: str, configs: Iterable[str]) -> list[str]:
+    """The exported ``configs`` of ``benchmark`` that an inspect task runs, in the order given."""
+    from medheval.integrations.splits import harness_splits
+
+    runnable = {config for name, config in harness_splits() if name == benchmark}
+    return [config for config in configs if config in runnable]
+
+
+def eval_yaml(benchmark: str, configs: Iterable[str], pretty_name: str | None = None) -> dict[str, Any]:
+    """The ``eval.yaml`` content for ``benchmark``'s repo: one ``inspect-ai`` task per config, split ``test``."""
+    tasks = [{"id": config, "config": config, "split": SPLIT} for config in configs]
+    description = (f"{pretty_name or benchmark}: hallucination evaluation of medical vision-language models. "
+                   f"Run a task with `pip install medheval[interop]` and "
+                   f"`inspect eval medheval/{benchmark} -T config=<task config>`; prompts, generation settings and "
+                   "scorers are those of `medheval run`.")
+    return {"name": pretty_name or benchmark, "description": description, "evaluation_framework": FRAMEWORK,
+            "tasks": tasks}
+
+
+def write_eval_yaml(folder: str | Path, benchmark: str, configs: Iterable[str],
+                    pretty_name: str | None = None) -> Path | None:
+    """Write ``<folder>/eval.yaml`` for the configs an inspect task runs; ``None`` (no file) when there is none."""
+    runnable = harness_configs(benchmark, configs)
+    if not runnable:
+        return None
+    path = Path(folder) / EVAL_YAML
+    path.write_text(yaml.safe_dump(eval_yaml(benchmark, runnable, pretty_name), sort_keys=False, allow_unicode=True,
+                                   width=100))
+    read_eval_yaml(folder)  # what we write must pass our own check
+    return path
+
+
+def card_section(benchmark: str, configs: Iterable[str], excluded: Mapping[str, str] | None = None) -> str:
+    """The dataset card's paragraph on ``eval.yaml`` and the inspect tasks (empty without tasks)."""
+    configs = list(configs)
+    if not configs:
+        return ""
+    text = ("\n\n## Benchmark on the Hub (`eval.yaml`)\n\n"
+            f"`eval.yaml` registers this repo as a Hub benchmark run with inspect-ai, one task per config "
+            f"({', '.join(f'`{config}`' for config in configs)}; split `test`). Run one with "
+            f"`pip install medheval[interop]` and `inspect eval medheval/{benchmark} -T config={configs[0]} "
+            f"--model <provider/model>` (images: `-T image_root=<source>=<folder>`); the split metrics equal "
+            "`medheval run --predictions` on the same outputs.")
+    if excluded:
+        text += " Not run by inspect tasks: " + "; ".join(f"{name} ({why})" for name, why in sorted(excluded.items())) + "."
+    return text
+
+
+def _card_splits(folder: Path) -> dict[str, dict[str, list[str]]]:
+    """``{config: {split: [data file patterns]}}`` from the repo card's ``configs`` YAML."""
+    from huggingface_hub import DatasetCard
+
+    card = folder / "README.md"
+    if not card.is_file():
+        raise EvalYamlError(f"{card} not found: eval.yaml is checked against the dataset card's configs")
+    meta = DatasetCard.load(card).data.to_dict()
+    found: dict[str, dict[str, list[str]]] = {}
+    for entry in meta.get("configs") or []:
+        files = entry.get("data_files") or []
+        splits = found.setdefault(str(entry.get("config_name")), {})
+        for item in files if isinstance(files, list) else [files]:
+            if isinstance(item, Mapping):
+                splits.setdefault(str(item.get("split")), []).extend(
+                    [item["path"]] if isinstance(item.get("path"), str) else list(item.get("path") or []))
+    return found
+
+
+def read_eval_yaml(folder: str | Path) -> dict[str, Any]:
+    """Parse ``<folder>/eval.yaml`` and check it: the four fields, ``evaluation_framework: inspect-ai``, and
+    each task's ``config``/``split`` a config and split of the repo's card with its data files present."""
+    folder = Path(folder)
+    path = folder / EVAL_YAML
+    fix = "rewrite it with `medheval publish --kind datasets`"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise EvalYamlError(f"{path} not found: {fix}") from None
+    except yaml.YAMLError as error:
+        raise EvalYamlError(f"{path} is not valid YAML ({str(error).splitlines()[0]}): {fix}") from None
+    if not isinstance(data, dict):
+        raise EvalYamlError(f"{path}: expected a mapping with name, description, evaluation_framework, tasks: {fix}")
+    missing = [key for key in ("name", "description", "evaluation_framework", "tasks") if not data.get(key)]
+    if missing:
+        raise EvalYamlError(f"{path}: missing or empty field(s) {missing}: {fix}")
+    if data["evaluation_framework"] != FRAMEWORK:
+        raise EvalYamlError(f"{path}: evaluation_framework is {data['evaluation_framework']!r}; our tasks run with "
+                            f"{FRAMEWORK!r} (a framework id the Hub has registered): {fix}")
+    if not isinstance(data["tasks"], list):
+        raise EvalYamlError(f"{path}: tasks must be a list of {{id, config, split}}: {fix}")
+    available = _card_splits(folder)
+    seen: set[str] = set()
+    for index, task in enumerate(data["tasks"]):
+        where = f"{path}: tasks[{index}]"
+        if not isinstance(task, dict) or any(not isinstance(task.get(key), str) for key in TASK_KEYS):
+            raise EvalYamlError(f"{where} is {task!r}; each task needs string fields {list(TASK_KEYS)}: {fix}")
+        task_id, config, split = (task[key] for key in TASK_KEYS)
+        if not TASK_ID.fullmatch(task_id) or task_id in seen:
+            raise EvalYamlError(f"{where}: task id {task_id!r} is {'repeated' if task_id in seen else 'not a name'}: {fix}")
+        seen.add(task_id)
+        if config not in available:
+            raise EvalYamlError(f"{where} (id {task_id!r}) names config {config!r}, which this repo does not hold "
+                                f"(its configs: {sorted(available)}): {fix}")
+        if split not in available[config]:
+            raise EvalYamlError(f"{where} (id {task_id!r}) names split {split!r} of config {config!r}, which has "
+                                f"only {sorted(available[config])}: {fix}")
+        if not any(any(folder.glob(pattern)) for pattern in available[config][split]):
+            raise EvalYamlError(f"{where} (id {task_id!r}): no data file for {config}/{split} "
+                                f"({available[config][split]} under {folder}): {fix}")
+    return data
