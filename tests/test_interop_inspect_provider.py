@@ -111,17 +111,48 @@ def test_the_inspect_input_is_the_medheval_run_input(tiny_dir, split_items):
         assert [img.tobytes() for img in decoded] == [img.convert("RGB").tobytes() for img in images]
 
 
-def test_provider_gives_the_predictions_of_medheval_run(tiny_dir, split_items, fixture_benchmark, tmp_path):
-    """``--model medheval/<folder>`` on the split's samples == ``medheval run --model <folder>`` on the same
-    split (same prompts, images, greedy decoding, max new tokens), prediction for prediction."""
+@pytest.fixture(scope="module")
+def run_folder(tiny_dir, fixture_benchmark, tmp_path_factory) -> Path:
+    """``medheval run --model <tiny folder>`` on the fixture split, ``--max-new-tokens 6``."""
+    out = tmp_path_factory.mktemp("medheval-run")
     roots = [arg for source, root in fixture_benchmark["image_roots"].items() for arg in ("--image-root", f"{source}={root}")]
-    assert main(["run", "--benchmark", ":".join(SPLIT), "--model", tiny_dir, "--output", str(tmp_path / "run"),
+    assert main(["run", "--benchmark", ":".join(SPLIT), "--model", tiny_dir, "--output", str(out),
                  "--data-dir", fixture_benchmark["data_dir"], "--max-new-tokens", str(NEW_TOKENS), "--device", "cpu",
                  *roots]) == 0
-    expected = {entry["id"]: entry["prediction"] for entry in read_log(tmp_path / "run" / "predictions.jsonl")}
+    return out
+
+
+def test_provider_gives_the_predictions_of_medheval_run(tiny_dir, split_items, run_folder, tmp_path):
+    """``--model medheval/<folder>`` on the split's samples == ``medheval run --model <folder>`` on the same
+    split (same prompts, images, greedy decoding, max new tokens), prediction for prediction."""
+    expected = {entry["id"]: entry["prediction"] for entry in read_log(run_folder / "predictions.jsonl")}
     _, got = run_inspect(samples_of(split_items), f"medheval/{tiny_dir}", tmp_path / "logs", device="cpu")
     assert got == expected
     assert len(set(got.values())) > 1  # the images and prompts reach the model
+
+
+def test_the_medheval_task_run_by_the_provider_matches_medheval_run(tiny_dir, run_folder, fixture_benchmark, tmp_path):
+    """Our task ``medheval/cxr_vishal`` (its own samples, settings and scorer) run by the provider with
+    ``max_tokens=6``: the predictions of ``medheval run --model`` with ``--max-new-tokens 6``, and the split
+    metrics that ``publish`` reads from the log equal the run's ``results.json``; the log of this random-weight
+    model is refused by ``publish`` as the run folder is."""
+    from medheval.integrations.inspect.logs import results_from_log
+    from medheval.integrations.inspect.tasks import TASKS
+
+    roots = ",".join(f"{source}={root}" for source, root in fixture_benchmark["image_roots"].items())
+    job = TASKS[SPLIT[0]](config=SPLIT[1], data_dir=fixture_benchmark["data_dir"], image_root=roots)
+    [log] = inspect_eval(job, model=f"medheval/{tiny_dir}", model_args={"device": "cpu", "batch_size": 4},
+                         max_tokens=NEW_TOKENS, log_dir=str(tmp_path), display="none")
+    assert log.status == "success", log.error
+    expected = {entry["id"]: entry["prediction"] for entry in read_log(run_folder / "predictions.jsonl")}
+    assert {sample.id: sample.output.completion for sample in log.samples} == expected
+    run, unmapped = results_from_log(log.location)
+    metrics = json.loads((run_folder / "results.json").read_text())["benchmarks"][":".join(SPLIT)]["metrics"]
+    assert unmapped == []
+    assert {name: hub.headline_numbers(values) for name, values in run["benchmarks"][":".join(SPLIT)]["metrics"].items()} \
+        == {name: hub.headline_numbers(values) for name, values in metrics.items()}
+    with pytest.raises(hub.PublishError, match="random-weight"):
+        hub.export_results(log.location, tmp_path / "out", "org/model")
 
 
 def test_batching_gives_the_completions_of_batch_size_one(tiny_dir, split_items, tmp_path):
