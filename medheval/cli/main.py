@@ -258,7 +258,8 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
     publish.add_argument("--kind", action="append", help="datasets, metrics, mitigations (repeatable; default: all)")
     publish.add_argument("--name", action="append", help="only these units (repeatable or comma list)")
     publish.add_argument("--data-dir", help="local copy of MedHEval's benchmark_data/ (default: pinned download)")
-    publish.add_argument("--results", metavar="RUN_DIR", help="a run's output folder: its results become "
+    publish.add_argument("--results", metavar="RUN_DIR", help="a run's output folder, or an inspect .eval log of a "
+                                                              "medheval task (or a folder of them): its results become "
                                                               ".eval_results/*.yaml for --model-repo")
     publish.add_argument("--model-repo", metavar="ORG/MODEL", help="the evaluated model's Hub repo (with --results)")
     publish.add_argument("--create-pr", action="store_true", help="results: open a PR on the model repo instead of "

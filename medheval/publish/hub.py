@@ -438,13 +438,27 @@ def _inside(root: Path, path: Path) -> Path:
 
 
 def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, org: str = DEFAULT_ORG) -> RepoFolder:
-    """A run's ``results.json`` as ``.eval_results/*.yaml`` for the model repo ``model_repo``."""
-    results_path = Path(run_dir) / "results.json" if Path(run_dir).is_dir() else Path(run_dir)
-    if not results_path.is_file():
-        raise PublishError(f"{results_path} not found: pass the output folder of `medheval run`")
+    """A run's ``results.json`` as ``.eval_results/*.yaml`` for the model repo ``model_repo``; ``run_dir`` may
+    also be an inspect ``.eval`` log of a ``medheval/<benchmark>`` task, or a folder of them
+    (:mod:`medheval.integrations.inspect.logs`), which give the same files as a run folder."""
+    from medheval.integrations.inspect.logs import InspectLogError, inspect_log_paths, results_from_logs
+
     if not REPO_ID.fullmatch(model_repo) or ".." in model_repo:
         raise PublishError(f"--model-repo {model_repo!r}: expected ORG/MODEL, the Hub repo of the evaluated model")
-    files = eval_results_entries(json.loads(results_path.read_text()), org=org)
+    results_path = Path(run_dir) / "results.json" if Path(run_dir).is_dir() else Path(run_dir)
+    warnings: list[str] = []
+    logs = inspect_log_paths(run_dir)
+    if logs:
+        try:
+            results, warnings = results_from_logs(logs)
+        except InspectLogError as error:
+            raise PublishError(str(error)) from None
+    elif not results_path.is_file():
+        raise PublishError(f"{results_path} not found: pass the output folder of `medheval run` or an inspect .eval "
+                           "log of a medheval task (or a folder of them)")
+    else:
+        results = json.loads(results_path.read_text())
+    files = eval_results_entries(results, org=org)
     if not files:
         raise PublishError(f"{results_path} holds no numeric metric values to publish")
     folder = _inside(Path(out_dir), Path(out_dir) / "results" / model_repo.replace("/", "--"))
@@ -453,7 +467,7 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
     for name, entries in files.items():
         target = _inside(folder / ".eval_results", folder / ".eval_results" / name)
         target.write_text(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True))
-    return RepoFolder(str(folder), model_repo, "model", "results")
+    return RepoFolder(str(folder), model_repo, "model", "results", warnings=warnings)
 
 
 # ------------------------------------------------------------------------------ export and push

@@ -1,3 +1,4 @@
 """What inspect_ai loads through our ``inspect_ai`` entry point (setup.cfg): a few import lines, nothing else."""
 
+from medheval.integrations.inspect.provider import medheval_provider  # noqa: F401  (--model medheval/<folder>)
 from medheval.integrations.inspect.tasks import TASKS  # noqa: F401  (tasks medheval/<benchmark>)
