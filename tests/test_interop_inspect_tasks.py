@@ -218,8 +218,9 @@ def test_a_credentialed_split_run_with_no_log_images_keeps_pixels_out_of_the_log
     common = {"task_args": {"config": "mimic_cxr", "data_dir": fixture_benchmark["data_dir"],
                            "image_root": _image_root(fixture_benchmark)},
              "model": "openai-api/loop/tiny-vlm", "model_base_url": model_server.base_url, "display": "none", "limit": 2}
-    (kept,) = inspect_ai.eval("medheval/cxr_vishal", log_dir=str(tmp_path / "kept"), **common)
+    (kept,) = inspect_ai.eval("medheval/cxr_vishal", log_dir=str(tmp_path / "kept"), log_images=True, **common)
     (dropped,) = inspect_ai.eval("medheval/cxr_vishal", log_dir=str(tmp_path / "dropped"), log_images=False, **common)
     assert kept.status == dropped.status == "success"
-    assert _log_holds_image_data(kept.location)  # the default: pixels in the log
+    assert _log_holds_image_data(kept.location)  # inspect's default (named here: an earlier eval in this process may
+    # have changed the process-wide default): pixels in the log
     assert not _log_holds_image_data(dropped.location)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Callable
 
 from inspect_ai import Task, task
+from inspect_ai._util.registry import registry_name  # the name inspect will give a task (no public API)
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import ChatMessageUser, ContentImage, ContentText, GenerateConfig
 from inspect_ai.solver import generate
@@ -71,7 +72,11 @@ def _task_for(benchmark: str) -> Callable[..., Task]:
     run_split.__name__ = run_split.__qualname__ = benchmark
     run_split.__doc__ = (f"{benchmark}: the split `medheval run --benchmark {benchmark}:<config>` runs, scored with "
                          "its metrics (config, data_dir, image_root as task args).")
-    return task(name=benchmark)(run_split)
+    # inspect prefixes a task's name with its package only when it sees that package installed (site-packages, or
+    # an editable install whose metadata it finds first); from a checkout on sys.path, or with the checkout's own
+    # medheval.egg-info ahead of the venv's metadata, it would register a bare `<benchmark>`. Name it in full then.
+    full = f"medheval/{benchmark}"
+    return task(name=benchmark if registry_name(run_split, benchmark) == full else full)(run_split)
 
 
 TASKS: dict[str, Callable[..., Task]] = {benchmark: _task_for(benchmark) for benchmark in HARNESS_BENCHMARKS}
