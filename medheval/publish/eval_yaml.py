@@ -2,19 +2,29 @@
 
 A dataset repo with an ``eval.yaml`` at its root (and on the Hub's allow-list) is shown as a Benchmark with a
 leaderboard that gathers the models' ``.eval_results/*.yaml``. The file names the harness that runs it
-(``evaluation_framework``, a registered id: ``inspect-ai`` is one, lmms-eval is not) and one task per
-``(config, split)`` it runs::
+(``evaluation_framework``, a registered id: ``inspect-ai`` is one, lmms-eval is not) and its tasks, each a
+leaderboard. A model's ``.eval_results`` entry shows on a task's leaderboard when its ``task_id`` is the task's
+``id``, so there is one task per headline number of each split, with the ``task_id`` that
+:func:`medheval.publish.hub.eval_results_entries` gives that number (``<config>/<metric>/<key>``)::
 
     name: MedHEval CXR-VisHal
     description: ...
     evaluation_framework: inspect-ai
     tasks:
-    - {id: iu_xray, config: iu_xray, split: test}
+    - id: iu_xray/chair/chair_s
+      config: iu_xray
+      split: test
+      field_spec: {input: question, target: answer}
+      solvers: [{name: generate}]
+      scorers: [{name: f1}]
 
-Here the tasks are exactly the splits our inspect tasks run (``inspect eval medheval/<benchmark> -T
-config=<config>``, :func:`medheval.integrations.splits.harness_splits`) that the repo holds; the task id is
-the config name, the first part of the ``task_id`` that :func:`medheval.publish.hub.eval_results_entries`
-writes. :func:`read_eval_yaml` parses the file back and checks every task against the repo's card
+The splits are those our inspect tasks run (``inspect eval medheval/<benchmark> -T config=<config>``,
+:func:`medheval.integrations.splits.harness_splits`) that the repo holds, and the numbers are each split's
+reported numbers (:func:`medheval.integrations.splits.split_numbers`). ``field_spec``, ``solvers`` and
+``scorers`` are required with ``inspect-ai`` (hf.co/docs/hub eval.yaml specification); the rows hold image
+references rather than pixels and our scorers need our package, so these name inspect's generic
+``generate`` with ``match`` (close-ended) or ``f1`` (free text); the published numbers come from our tasks'
+scorers. :func:`read_eval_yaml` parses the file back and checks every task against the repo's card
 (``configs`` with their ``data_files`` splits) and the files on disk.
 """
 
@@ -30,7 +40,8 @@ EVAL_YAML = "eval.yaml"
 FRAMEWORK = "inspect-ai"
 SPLIT = "test"  # every exported config has this one split (medheval.publish.hub.export_dataset)
 TASK_KEYS = ("id", "config", "split")
-TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")
+FIELD_SPEC = {"input": "question", "target": "answer"}  # columns of the exported rows (medheval.data.schema)
 
 
 class EvalYamlError(ValueError):
@@ -46,8 +57,14 @@ def harness_configs(benchmark: str, configs: Iterable[str]) -> list[str]:
 
 
 def eval_yaml(benchmark: str, configs: Iterable[str], pretty_name: str | None = None) -> dict[str, Any]:
-    """The ``eval.yaml`` content for ``benchmark``'s repo: one ``inspect-ai`` task per config, split ``test``."""
-    tasks = [{"id": config, "config": config, "split": SPLIT} for config in configs]
+    """The ``eval.yaml`` content for ``benchmark``'s repo: one ``inspect-ai`` task (leaderboard) per config and
+    headline number, its id the ``.eval_results`` ``task_id`` of that number; split ``test``."""
+    from medheval.integrations.splits import split_numbers
+
+    tasks = [{"id": f"{config}/{number.replace('.', '/')}", "config": config, "split": SPLIT,
+              "field_spec": dict(FIELD_SPEC), "solvers": [{"name": "generate"}],
+              "scorers": [{"name": "match" if number.startswith("close_ended_accuracy.") else "f1"}]}
+             for config in configs for number, _ in split_numbers(benchmark, config)]
     description = (f"{pretty_name or benchmark}: hallucination evaluation of medical vision-language models. "
                    f"Run a task with `pip install medheval[interop]` and "
                    f"`inspect eval medheval/{benchmark} -T config=<task config>`; prompts, generation settings and "
@@ -75,8 +92,9 @@ def card_section(benchmark: str, configs: Iterable[str], excluded: Mapping[str, 
     if not configs:
         return ""
     text = ("\n\n## Benchmark on the Hub (`eval.yaml`)\n\n"
-            f"`eval.yaml` registers this repo as a Hub benchmark run with inspect-ai, one task per config "
-            f"({', '.join(f'`{config}`' for config in configs)}; split `test`). Run one with "
+            f"`eval.yaml` registers this repo as a Hub benchmark run with inspect-ai: one task (leaderboard) per "
+            f"headline number of each config ({', '.join(f'`{config}`' for config in configs)}; split `test`), "
+            "its id the `task_id` under which `medheval publish --results` files that number. Run a config with "
             f"`pip install medheval[interop]` and `inspect eval medheval/{benchmark} -T config={configs[0]} "
             f"--model <provider/model>` (images: `-T image_root=<source>=<folder>`); the split metrics equal "
             "`medheval run --predictions` on the same outputs.")
@@ -136,6 +154,14 @@ def read_eval_yaml(folder: str | Path) -> dict[str, Any]:
         if not TASK_ID.fullmatch(task_id) or task_id in seen:
             raise EvalYamlError(f"{where}: task id {task_id!r} is {'repeated' if task_id in seen else 'not a name'}: {fix}")
         seen.add(task_id)
+        inspect_fields = (isinstance(task.get("field_spec"), dict)
+                          and all(isinstance(task["field_spec"].get(key), str) for key in ("input", "target"))
+                          and all(isinstance(task.get(key), list) and task[key]
+                                  and all(isinstance(item, dict) and isinstance(item.get("name"), str) for item in task[key])
+                                  for key in ("solvers", "scorers")))
+        if not inspect_fields:
+            raise EvalYamlError(f"{where} (id {task_id!r}) lacks what the Hub requires with inspect-ai: field_spec "
+                                "{input, target} and non-empty solvers/scorers lists of {name}: " + fix)
         if config not in available:
             raise EvalYamlError(f"{where} (id {task_id!r}) names config {config!r}, which this repo does not hold "
                                 f"(its configs: {sorted(available)}): {fix}")
