@@ -1,7 +1,8 @@
 """Our benchmarks run from lmms-eval (issue 24, parts 1 and 5), in the interop venv: lmms-eval's ``llava_hf``
 model on a tiny random LLaVA saved to a folder, over two fixture splits with ``--limit 2``, through
 ``--include_path $(medheval integrations lmms-eval-path)``; its logged samples re-scored by ``medheval run
---predictions`` give the same split numbers; one task through ``LMMS_EVAL_PLUGINS``.
+--predictions`` give the same split numbers, and ``medheval run --model`` on the same folder gives the same
+predictions; one task through ``LMMS_EVAL_PLUGINS``.
 
 Why ``llava_hf`` and not ``huggingface``: lmms-eval 0.7.3's ``huggingface`` chat model picks its Auto class by
 ``config.model_type in AutoModel…._model_mapping.keys()``, and under transformers 5 those keys are config
@@ -106,6 +107,17 @@ def test_include_path_tasks_rescored_by_medheval_run_give_the_same_numbers(tiny_
         for number, _ in splits.split_numbers(benchmark, config):
             assert _same(harness[f"{number},none"], splits.number_value(metrics, number)), (benchmark, number)
     assert out["results"]["higher_is_better"]["medheval_vishal_report_default"]["chair.chair"] is False
+
+    # the same model through `medheval run --model`, at the task's one length: the same predictions
+    roots = [flag for source, root in fixture_benchmark["image_roots"].items() for flag in ("--image-root", f"{source}={root}")]
+    for benchmark, config in SPLITS:
+        length = splits.generation_settings(benchmark, config)["max_new_tokens"]
+        output = tmp_path / f"model_{benchmark}"
+        assert main(["run", "--model", str(tiny_llava_dir), "--benchmark", f"{benchmark}:{config}", "--data-dir",
+                     fixture_benchmark["data_dir"], *roots, "--limit", "2", "--max-new-tokens", str(length),
+                     "--device", "cpu", "--output", str(output)]) == 0
+        made = {row["id"]: row["prediction"] for row in map(json.loads, (output / "predictions.jsonl").read_text().splitlines())}
+        assert made == {rid: text for rid, text in predictions.items() if rid in made} and len(made) == 2, benchmark
 
 
 def test_plugin_variable_meets_lmms_eval_s_plugin_contract(harness_env):
