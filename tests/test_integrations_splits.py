@@ -270,3 +270,22 @@ def test_score_split_equals_medheval_run_on_med_stepbench(stepbench, tmp_path):
     assert json.loads(json.dumps(metrics)) == results["benchmarks"]["med_stepbench:en"]["metrics"]
     assert [splits.item_value(row) for row in rows] == [1.0] * 4 + [0.0] * 4
     assert metrics["stepbench"]["accuracy"] == pytest.approx(0.5)
+
+
+def test_score_split_loads_the_split_once_per_settings(fixture_benchmark, monkeypatch):
+    """inspect scores every sample by calling score_split on that one item: the split is prepared once per
+    (split, data folder, image roots, options), and per-item scores equal those of one call over all items."""
+    loads = []
+    prepare = splits._prepare
+    monkeypatch.setattr(splits, "_SCORING_SPLITS", {})
+    monkeypatch.setattr(splits, "_prepare", lambda *args, **kwargs: loads.append(args[:2]) or prepare(*args, **kwargs))
+    predictions = _predictions(fixture_benchmark, "cxr_vishal:mimic_cxr")
+    one_by_one = [splits.item_value(splits.score_split("cxr_vishal", "mimic_cxr", {rid: text},
+                                                       data_dir=fixture_benchmark["data_dir"])[1][0])
+                  for rid, text in predictions.items()]
+    _, rows = splits.score_split("cxr_vishal", "mimic_cxr", predictions, data_dir=fixture_benchmark["data_dir"])
+    assert one_by_one == [splits.item_value(row) for row in rows] == [1.0] * 5 + [0.0] * 4
+    assert loads == [("cxr_vishal", "mimic_cxr")]
+    splits.score_split("cxr_vishal", "mimic_cxr", predictions, data_dir=fixture_benchmark["data_dir"],
+                       metric_options={"close_ended_accuracy": {"upstream_compat": True}})
+    assert loads == [("cxr_vishal", "mimic_cxr")] * 2  # other options: prepared again

@@ -20,6 +20,7 @@ Settings come from arguments, else the environment:
 from __future__ import annotations
 
 import functools
+import json
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -215,6 +216,24 @@ def generation_settings(benchmark: str, config: str | None = None) -> dict[str, 
     return {"max_new_tokens": max(lengths), "do_sample": False}
 
 
+_SCORING_SPLITS: dict[str, Any] = {}  # settings -> the split prepared for scoring, loaded once per process
+
+
+def _scoring_split(benchmark: str, config: str | None, data_dir: Any, image_roots: Any,
+                   metric_options: Mapping[str, Mapping[str, Any]] | None) -> Any:
+    """The split as :func:`score_split` scores it, loaded once per (split, data folder, image roots, options):
+    inspect's per-sample scorer calls ``score_split`` for every sample, and the split does not change."""
+    data_dir, roots = harness_settings(data_dir, image_roots, benchmark)
+    key = json.dumps([benchmark, config or default_config(benchmark), data_dir, roots, metric_options],
+                     sort_keys=True, default=repr)
+    if key not in _SCORING_SPLITS:
+        if len(_SCORING_SPLITS) >= 8:
+            _SCORING_SPLITS.pop(next(iter(_SCORING_SPLITS)))
+        _SCORING_SPLITS[key] = _prepare(benchmark, config, data_dir, roots, None, needs_images=False,
+                                        metric_options=metric_options)
+    return _SCORING_SPLITS[key]
+
+
 def score_split(benchmark: str, config: str | None, predictions: Mapping[str, str],
                 data_dir: str | os.PathLike[str] | None = None, image_roots: str | Mapping[str, str] | None = None,
                 metric_options: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict, list[dict]]:
@@ -224,8 +243,7 @@ def score_split(benchmark: str, config: str | None, predictions: Mapping[str, st
     not scored (a harness run with ``--limit``); an id that is no record of the split raises."""
     from medheval.run.runner import score
 
-    prepared = _prepare(benchmark, config, data_dir, image_roots, None, needs_images=False,
-                        metric_options=metric_options)
+    prepared = _scoring_split(benchmark, config, data_dir, image_roots, metric_options)
     known = set(prepared.loaded.dataset["id"])
     unknown = [rid for rid in predictions if rid not in known]
     if unknown:
