@@ -30,6 +30,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not (args.model or args.predictions):
         raise RunError("give --model (a model answers) or --predictions (a file of answers), "
                        "or --task detection to score a level source on Med-HallMark's released answers")
+    from medheval.run.outputs import check_output_folder
+
+    args.output_folder = check_output_folder(args.output)  # before the model loads
     backend, labels = build_backend(args)
     spec = RunSpec(
         benchmarks=split_list(args.benchmark) or [],
@@ -113,6 +116,9 @@ def cmd_grid(args: argparse.Namespace) -> int:
 
     argv = list(getattr(args, "argv", None) or [])
     config = apply_cli(load_grid_config(args.config), args, given_options(argv[1:]))
+    from medheval.run.outputs import check_output_folder
+
+    args.output_folder = check_output_folder(config.output)  # before any model loads
     return _finish(run_config(config), Path(config.output))
 
 
@@ -326,6 +332,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupted(args: argparse.Namespace) -> int:
+    """Ctrl-C: one line saying what is safe and how to resume (re-running the same command), exit 130."""
+    import shlex
+
+    from medheval.run.outputs import saved_predictions
+
+    folder = getattr(args, "output_folder", None)
+    command = "medheval " + shlex.join(getattr(args, "argv", []))
+    if folder is None:
+        print(f"interrupted before anything was written; run again with: {command}", file=sys.stderr)
+    else:
+        saved = saved_predictions(folder)
+        print(f"interrupted: {saved} prediction(s) are saved in {folder}; resume with the same command "
+              f"(done records are not redone): {command}", file=sys.stderr)
+    return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one clear message and exit 2."""
     from medheval.errors import USER_ERRORS
@@ -334,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # which flags were typed (a grid config's overrides)
     try:
         return args.handler(args)
+    except KeyboardInterrupt:
+        return _interrupted(args)
     except USER_ERRORS as error:
         # a KeyError's str() is the repr of its message: print the message itself, without the quotes
         message = error.args[0] if isinstance(error, KeyError) and error.args else error

@@ -97,6 +97,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "(same greedy answers; Med-StepBench: statements of one study)")
 
 
+# what build_api_backend sets from a flag of its own: an --api-option of the same name is refused, naming the flag
+_API_OPTIONS_WITH_A_FLAG = {
+    "max_new_tokens": "--max-new-tokens", "do_sample": "--do-sample", "temperature": "--temperature",
+    "top_p": "--top-p", "seed": "--seed", "concurrency": "--api-concurrency", "batch_size": "--batch-size",
+    "allow_remote_credentialed": "--allow-remote-credentialed",
+}
+
+
 def parse_metric_options(items: Sequence[str]) -> dict[str, dict[str, object]]:
     """``["chair.variant=paper", "text_generation.bertscore_model=/m"]`` -> ``{metric: {key: "text"}}``.
 
@@ -166,10 +174,14 @@ def build_api_backend(args: argparse.Namespace):
         key, sep, raw = item.partition("=")
         if not (sep and key.strip()):
             raise ValueError(f"--api-option {item!r}: expected KEY=VALUE, e.g. timeout=600")
+        key = key.strip()
+        if key in _API_OPTIONS_WITH_A_FLAG:
+            raise BackendError(f"--api-option {item!r}: {key} has its own flag, give {_API_OPTIONS_WITH_A_FLAG[key]} "
+                               "instead")
         try:
-            options[key.strip()] = json.loads(raw)
+            options[key] = json.loads(raw)
         except ValueError:
-            options[key.strip()] = raw
+            options[key] = raw
     return APIBackend(args.model, max_new_tokens=args.max_new_tokens or FALLBACK_MAX_NEW_TOKENS, do_sample=args.do_sample,
                       temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                       concurrency=getattr(args, "api_concurrency", 16),

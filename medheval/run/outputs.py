@@ -59,6 +59,47 @@ class OutputFolderLocked(RuntimeError):
     """Another process is writing into the same output folder."""
 
 
+class OutputFolderUnusable(RuntimeError):
+    """``--output`` names a file, or a folder this process cannot create or write into."""
+
+
+def check_output_folder(folder: str | Path) -> Path:
+    """Fail fast, before a model loads: ``folder`` must be (or become) a folder this process can write into.
+
+    Creates the folder (and its parents) when missing and writes one probe file in it, so permissions,
+    read-only file systems and a path through a file are all caught the way the run would meet them.
+    Raises :class:`OutputFolderUnusable` with one line naming the path and what to do."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OutputFolderUnusable(f"--output {folder} is a file, not a folder: give a folder path "
+                                   "(it is created when missing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile("wb", dir=folder, prefix=".medheval-write-check.", suffix=".probe")
+        probe.close()  # deleted on close
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise OutputFolderUnusable(f"--output {folder} cannot be written ({reason}): choose a folder you can "
+                                   "write to") from None
+    return folder
+
+
+def saved_predictions(folder: str | Path) -> int:
+    """How many complete prediction lines the ``predictions*.jsonl`` logs under ``folder`` hold (what a
+    resumed run keeps; a torn last line is not counted)."""
+    count = 0
+    folder = Path(folder)
+    if not folder.is_dir():
+        return 0
+    for log in folder.rglob("predictions*.jsonl"):
+        try:
+            with open(log, "rb") as handle:
+                count += sum(1 for line in handle if line.endswith(b"\n") and line.strip())
+        except OSError:
+            continue
+    return count
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Replace ``path`` with ``text`` (UTF-8) atomically: temp file, fsync, ``os.replace``."""
     atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,101 @@
+"""The first hour as a new user meets it, through the real CLI and its exit codes: an unusable ``--output``
+is refused in one line before any model loads, and Ctrl-C prints one line (what is saved, how to resume)
+and exits 130, after which the same command finishes the run without redoing a record."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from judge_servers import JudgeServer
+from medheval.cli import main
+from medheval.run.outputs import OutputFolderUnusable, check_output_folder, saved_predictions
+
+REPO = Path(__file__).resolve().parents[1]
+SPLIT = "mm_vishal:slake"
+
+
+def _cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.Popen:
+    environment = {**os.environ, "OPENAI_API_KEY": "sk-test", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "medheval.cli", *args], cwd=REPO, env=environment,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["file", "below_a_file", "read_only_fs"])
+def test_unusable_output_is_refused_in_one_line_before_the_model_loads(kind, tmp_path, capsys):
+    """The model path does not exist: had the model loaded first, the error would name the model."""
+    existing_file = tmp_path / "results.txt"
+    existing_file.write_text("not a folder")
+    output = {"file": existing_file, "below_a_file": existing_file / "run",
+              "read_only_fs": Path("/proc/medheval-cannot-write-here")}[kind]
+    code = main(["run", "--benchmark", SPLIT, "--model", str(tmp_path / "no-such-model"), "--output", str(output)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and str(output) in err and "no-such-model" not in err
+    assert existing_file.read_text() == "not a folder"
+
+
+def test_a_writable_output_is_created_and_left_clean(tmp_path):
+    folder = check_output_folder(tmp_path / "a" / "b")
+    assert folder.is_dir() and list(folder.iterdir()) == []
+    with pytest.raises(OutputFolderUnusable, match="is a file"):
+        check_output_folder(Path(__file__))
+
+
+def test_saved_predictions_counts_complete_lines_only(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "predictions.jsonl").write_text('{"id": 1}\n{"id": 2}\n{"id": 3')  # the last line torn
+    (tmp_path / "x" / "predictions.part1.jsonl").write_text('{"id": 4}\n')
+    assert saved_predictions(tmp_path) == 3
+    assert saved_predictions(tmp_path / "missing") == 0
+
+
+def test_ctrl_c_prints_one_line_exits_130_and_the_same_command_resumes(fixture_benchmark, tmp_path):
+    """A slow loopback model; SIGINT once a prediction is on disk; the rerun completes every record once."""
+    with JudgeServer("openai", reply=lambda body: "Yes", latency=0.4) as server:
+        output = tmp_path / "run"
+        roots = [a for s, r in fixture_benchmark["image_roots"].items() for a in ("--image-root", f"{s}={r}")]
+        args = ["run", *roots, "--benchmark", SPLIT, "--model", f"openai:served@{server.base_url}",
+                "--data-dir", str(fixture_benchmark["data_dir"]), "--limit", "6", "--batch-size", "1",
+                "--api-concurrency", "1", "--max-new-tokens", "4", "--output", str(output)]
+        process = _cli(*args)
+        log = output / "predictions.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            if log.exists() and log.read_text().count("\n") >= 1:
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 130, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        interrupted = [line for line in lines if line.startswith("interrupted:")]
+        assert len(interrupted) == 1 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        saved = saved_predictions(output)
+        assert f"{saved} prediction(s) are saved" in interrupted[0] and 1 <= saved < 6
+        assert "resume with the same command" in interrupted[0] and "--limit 6" in interrupted[0]
+        before = server.request_count
+
+        again = _cli(*args)
+        out, err = again.communicate(timeout=180)
+        assert again.returncode == 0, err
+        ids = [json.loads(line)["id"] for line in log.read_text().splitlines()]
+        assert len(ids) == len(set(ids)) == 6
+        assert server.request_count - before <= 6 - saved  # done records were not asked again (the API cache may
+        # hold the answer of the request in flight at Ctrl-C)
+
+
+def test_an_api_option_that_has_its_own_flag_names_the_flag(capsys):
+    """Was a TypeError traceback (``got multiple values for keyword argument 'concurrency'``)."""
+    code = main(["run", "--benchmark", SPLIT, "--model", "openai:served@http://127.0.0.1:9/v1", "--output",
+                 "/tmp/unused", "--api-option", "concurrency=1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--api-concurrency" in err
