@@ -15,6 +15,7 @@ DECODING_TESTS := $(wildcard tests/test_decoding*.py tests/test_mitigations*.py)
 .PHONY: demo test bench install lock test-latest test-oldest test-interop clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(LOCK)
+	@echo "install: creating $(VENV) and installing torch (CPU) and requirements/lock.txt (a few minutes on a fresh machine; once)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_QUIET) $(TORCH_SPEC)
 	$(PY) -m pip install $(PIP_QUIET) -r $(LOCK)
@@ -22,6 +23,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml $(LOCK)
 # WordNet for METEOR, offline: copies Debian's wordnet-base files into $(VENV)/nltk_data (apt-get only as root, only if missing)
 	$(PY) -m medheval.scoring.nltk_data --apt --target $(VENV)/nltk_data
 	touch $@
+	@echo "install: done. Use the tools as $(VENV)/bin/medheval, or 'source $(VENV)/bin/activate' for a bare 'medheval'"
 
 install: $(VENV)/.installed
 

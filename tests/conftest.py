@@ -12,6 +12,16 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_UPSTREAM = Path(os.environ.get("MEDHEVAL_SHARED") or REPO.parent / "shared") / "data" / "upstream"
 UPSTREAM_MEDHEVAL = SHARED_UPSTREAM / "medheval"
 
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say up front why some tests will skip on a user's clone."""
+    if SHARED_UPSTREAM.is_dir():
+        return f"upstream annotation files: {SHARED_UPSTREAM} (cross-checks against them run)"
+    return (f"upstream annotation files: absent ({SHARED_UPSTREAM}); the tests that cross-check against the real "
+            "upstream files skip (they run where ../shared sits beside the checkout: CI and developers)")
+
+
 os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -99,3 +99,21 @@ def test_an_api_option_that_has_its_own_flag_names_the_flag(capsys):
                  "/tmp/unused", "--api-option", "concurrency=1"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--api-concurrency" in err
+
+
+def test_the_demo_hint_names_a_medheval_the_shell_can_run(tmp_path, monkeypatch):
+    """Without an activated venv the bare name is not found: the hint gives the venv's entry point."""
+    from medheval.cli import demo
+
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").write_text("")
+    entry = venv_bin / "medheval"
+    entry.write_text("#!/bin/sh\n")
+    entry.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert demo.medheval_command() == ".venv/bin/medheval"
+    monkeypatch.setenv("PATH", f"{venv_bin}:/usr/bin:/bin")  # activated
+    assert demo.medheval_command() == "medheval"

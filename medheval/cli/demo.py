@@ -35,9 +35,27 @@ def run_demo(output: str | Path = "runs/demo", batch_size: int = 8, max_new_toke
     run_stepbench_demo(output / "stepbench", model, processor, max_new_tokens=4)
     print(f"demo results: {output / 'run' / 'results.json'}")
     print(f"open the report: {output / 'run' / 'report.html'}")
-    print(f"next: medheval report {output / 'run'} {output / 'stepbench'} --output {output / 'report'}  "
+    print(f"next: {medheval_command()} report {output / 'run'} {output / 'stepbench'} --output {output / 'report'}  "
           "(or run a real model: README, 'Run an evaluation')")
     return results
+
+
+def medheval_command() -> str:
+    """How to call ``medheval`` from the user's shell now: the bare name when it is on ``PATH`` (an activated
+    venv), else the entry point beside this interpreter (``.venv/bin/medheval`` after ``make demo``)."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / "medheval"
+    on_path = shutil.which("medheval")
+    if on_path and (not beside.exists() or Path(on_path).resolve() == beside.resolve()):
+        return "medheval"
+    if beside.exists():
+        try:
+            return str(beside.relative_to(Path.cwd()))
+        except ValueError:
+            return str(beside)
+    return f"{sys.executable} -m medheval.cli"
 
 
 STEPBENCH_KNOWLEDGE = ("none", "both")
