@@ -14,7 +14,8 @@ text); the processor expands each image marker into the family's image tokens an
 Generation is batched with left padding, greedy unless ``do_sample=True``, and decodes
 only the new tokens. Outputs do not depend on ``batch_size``: the attention mask
 and the position ids generated from it make a left-padded row compute what it would
-compute alone (checked by the tests on a tiny LLaVA).
+compute alone (checked by the tests on a tiny LLaVA), and a sampled row draws from its own
+generator seeded from ``(seed, record id)`` through medheval's decoding loop (:func:`row_sampling`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,21 @@ def load_model_and_processor(model_id: str | os.PathLike, *, dtype: torch.dtype,
                             **kwargs)
 
 
+def row_sampling(custom_generate: Any, seed: int, keys: list[str]) -> dict[str, Any]:
+    """``generate`` arguments that make each row sample from its own generator, seeded from ``(seed, key)``
+    (:mod:`medheval.decoding.sampling`): our decoding loop (a mitigation's, or the plain
+    :class:`~medheval.decoding.loop.DecodingMethod`) with a :class:`~medheval.decoding.sampling.RowSampler`.
+    A ``custom_generate`` of another kind (a callable not built on the loop) keeps the global torch RNG."""
+    from medheval.decoding.loop import DecodingMethod
+    from medheval.decoding.sampling import RowSampler
+
+    if custom_generate is None:
+        custom_generate = DecodingMethod()
+    elif not isinstance(custom_generate, (DecodingMethod, str)):
+        return {}
+    return {"custom_generate": custom_generate, "sampler": RowSampler.for_keys(seed, keys)}
+
+
 class HFBackend:
     """A transformers image-text-to-text model (LLaVA, Qwen2-VL, ...), batched and greedy by default.
 
@@ -107,7 +123,9 @@ class HFBackend:
         batch_size: records per ``model.generate`` call.
         max_new_tokens, do_sample, temperature, top_p: generation settings; temperature
             and top_p only apply when sampling.
-        seed: ``torch.manual_seed(seed)`` before every batch, so sampled outputs repeat.
+        seed: sampling seed: each record samples from its own generator seeded from ``(seed, record id)``
+            (:mod:`medheval.decoding.sampling`), so a sampled answer repeats and does not depend on the batch
+            (also ``torch.manual_seed(seed)`` before every batch, for anything else random).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default: CUDA when available.
         dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``; default float32 on
             CPU, bfloat16 on GPU. An already-built model is converted only when given.
@@ -121,8 +139,8 @@ class HFBackend:
     """
 
     needs_images = True
-    # one torch seed per generate call: a sampled row depends on the rows beside it, so callers
-    # needing per-request seeds (ClinHallu) sample one request per call; greedy batches freely
+    # one seed per generate call (a request's own "seed" key is not read); each row samples from its own
+    # generator seeded from (seed, request id), so rows do not depend on the rows beside them
     per_request_seed = False
 
     def __init__(
@@ -292,9 +310,14 @@ class HFBackend:
         inputs = inputs.to(self.device)
         if "pixel_values" in inputs and torch.is_floating_point(inputs["pixel_values"]):
             inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
-        torch.manual_seed(self.seed if seed is None else seed)
+        seed = self.seed if seed is None else seed
+        torch.manual_seed(seed)
+        settings = {**self._generation_kwargs(), **(overrides or {})}
+        if settings.get("do_sample"):
+            keys = [r.get("id") if r.get("id") is not None else text for r, text in zip(records, texts)]
+            settings.update(row_sampling(settings.get("custom_generate"), seed, keys))
         with torch.inference_mode():
-            out = self.model.generate(**inputs, **{**self._generation_kwargs(), **(overrides or {})})
+            out = self.model.generate(**inputs, **settings)
         sequences = out.sequences if hasattr(out, "sequences") else out
         new_tokens = sequences[:, inputs["input_ids"].shape[1] :]
         decoded = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
@@ -309,7 +332,8 @@ class HFBackend:
             images = [[] for _ in records]
         if len(images) != len(records):
             raise BackendError(f"got {len(records)} records but {len(images)} image lists; pass one list per record")
-        if self.prefix_cache:
+        sampling = {**self._generation_kwargs(), **(overrides or {})}.get("do_sample")
+        if self.prefix_cache and not sampling:  # sampled rows need the decoding loop's per-row generators
             from medheval.backends.prefix_cache import PrefixCache
 
             if self._prefix_cache is None or self._prefix_cache.backend is not self:  # copies (run_grid) get their own

@@ -23,7 +23,8 @@ never fed its noised image to the model, ``reference/medheval_repo.md`` §8).
    next-token logits of each stream (float32);
 3. ``scores = logits_processor(input_ids, scores)`` — the user's processors and warpers;
 4. arg-max (greedy) or multinomial sampling, as ``generation_config.do_sample`` says —
-   the *same* base decoding for every method and for plain ``generate``;
+   the *same* base decoding for every method and for plain ``generate``; with a ``sampler``
+   each row draws from its own generator (:mod:`~medheval.decoding.sampling`);
 5. finished rows receive ``pad_token_id`` (per-row finish), stopping criteria are
    checked on the clean sequences, and the chosen token is fed to every stream;
 6. after the first step, contrast streams prefilled in their own forward (another prompt
@@ -49,7 +50,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from medheval.decoding import internals
+from medheval.decoding import internals, sampling
 from medheval.decoding.hooks import AttentionHook, attention_hooks
 from medheval.decoding.streams import PREFILL_ONLY_INPUTS, Stream, StreamGroup, token_type_inputs
 from medheval.decoding.visual_tokens import MitigationError
@@ -141,6 +142,7 @@ class DecodingMethod:
         pixel_values: torch.Tensor | None = None,
         image_sizes: torch.Tensor | None = None,
         image_grid_thw: torch.Tensor | None = None,
+        sampler: sampling.RowSampler | None = None,
         **model_kwargs,
     ):
         # naming pixel_values/image_sizes/image_grid_thw makes generate hand them over raw (not
@@ -149,6 +151,8 @@ class DecodingMethod:
                            ("image_grid_thw", image_grid_thw)):
             if value is not None:
                 model_kwargs[key] = value
+        if sampler is not None:  # per-row random streams (medheval.decoding.sampling); OPERA never samples
+            model_kwargs["sampler"] = sampler
         return self.run_loop(
             model,
             input_ids,
@@ -284,9 +288,14 @@ def decode(
     stopping_criteria=None,
     generation_config=None,
     streamer=None,
+    sampler: sampling.RowSampler | None = None,
     **model_kwargs,
 ):
     """Run ``method`` on a prepared batch (what ``generate`` hands to a ``custom_generate`` callable).
+
+    ``sampler``: when sampling, row ``b`` draws from its own generator (:class:`~medheval.decoding.sampling.RowSampler`,
+    ``model.generate(..., custom_generate=method, sampler=RowSampler.for_keys(seed, ids))``), so a row samples
+    the same tokens whatever batch it is in; without one, rows draw from the global torch RNG as in ``generate``.
 
     Returns what ``generate`` returns: the ``[B, T + new]`` sequences, or a
     ``GenerateDecoderOnlyOutput`` (``sequences``, ``scores``, ``logits`` and the clean stream's
@@ -381,11 +390,7 @@ def decode(
             if keep_logits:
                 all_logits += (logits["main"],)
 
-            if do_sample:
-                probs = torch.nn.functional.softmax(next_scores, dim=-1)
-                next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
-            else:
-                next_tokens = torch.argmax(next_scores, dim=-1)
+            next_tokens = sampling.next_tokens(next_scores, do_sample, sampler)
             if has_eos_stopping:
                 pad = pad_token_id.to(next_tokens.device)
                 next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
