@@ -342,7 +342,8 @@ def inline_task(name: str, records: list[dict], metrics: dict):
 
     @task(name=name)
     def split_task(config: str = SPLIT[1]):
-        samples = [Sample(id=r["id"], input=build_prompt(r), target=str(r["answer"])) for r in records]
+        samples = [Sample(id=r["id"], input=build_prompt(r), target=str(r["answer"]), metadata={"fixture": True})
+                   for r in records]  # the fixture split, marked as our tasks mark it
         return Task(dataset=MemoryDataset(samples), solver=generate(), scorer=split_scorer())
 
     return split_task
@@ -383,16 +384,18 @@ def eval_results(repo) -> dict[str, list]:
 def test_an_inspect_log_publishes_the_files_of_the_run_folder(scored_split, tmp_path):
     """The log (file or folder) gives the same ``.eval_results`` files, entries and values as the run
     folder scored from the same predictions; the per-sample mean is named as not published."""
-    from_run = eval_results(hub.export_results(scored_split["run"], tmp_path / "a", "org/model"))
-    from_log = hub.export_results(scored_split["log"], tmp_path / "b", "org/model")
-    from_folder = hub.export_results(scored_split["log"].parent, tmp_path / "c", "org/model")
+    from_run = eval_results(hub.export_results(scored_split["run"], tmp_path / "a", "org/model", allow=["fixture"]))
+    from_log = hub.export_results(scored_split["log"], tmp_path / "b", "org/model", allow=["fixture"])
+    from_folder = hub.export_results(scored_split["log"].parent, tmp_path / "c", "org/model", allow=["fixture"])
     assert list(from_run) == ["cxr_vishal_mimic_cxr.yaml"]
     assert eval_results(from_log) == from_run == eval_results(from_folder)
     accuracy = {e["dataset"]["task_id"]: e["value"] for e in from_run["cxr_vishal_mimic_cxr.yaml"]}
     assert accuracy["mimic_cxr/close_ended_accuracy/accuracy"] == scored_split["metrics"]["close_ended_accuracy"]["accuracy"]
     assert from_log.warnings == [f"{scored_split['log'].name}: inspect metrics not published (not ours): split_scorer/mean"]
     assert main(["publish", "--results", str(scored_split["log"]), "--model-repo", "org/model",
-                 "--to", str(tmp_path / "cli")]) == 0
+                 "--to", str(tmp_path / "cli")]) == 2  # fixture data: refused without the flag (issue 32, point 5)
+    assert main(["publish", "--results", str(scored_split["log"]), "--model-repo", "org/model",
+                 "--to", str(tmp_path / "cli"), "--allow-fixture"]) == 0
     assert eval_results(hub.RepoFolder(str(tmp_path / "cli" / "results" / "org--model"), "", "", "")) == from_run
 
 
@@ -403,8 +406,8 @@ def test_a_mitigation_in_the_log_names_the_file_as_a_run_folder_does(scored_spli
     write_eval_log(log, str(tmp_path / "vcd.eval"))
     results = json.loads((scored_split["run"] / "results.json").read_text())
     results["settings"]["mitigation"] = get_mitigation("vcd:alpha=1").spec()  # what `medheval run` records
-    expected = hub.eval_results_entries(results)
-    got = eval_results(hub.export_results(tmp_path / "vcd.eval", tmp_path / "out", "org/model"))
+    expected = hub.eval_results_entries(results, allow=["fixture"])
+    got = eval_results(hub.export_results(tmp_path / "vcd.eval", tmp_path / "out", "org/model", allow=["fixture"]))
     assert got == expected and list(got) == ["cxr_vishal_mimic_cxr_vcd_preset_medheval_alpha_1_beta_0_1_noise_step_500_"
                                              "noise_seed_0.yaml"]
 

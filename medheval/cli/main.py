@@ -211,6 +211,7 @@ def _card_title(kind: str, name: str) -> str:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from medheval.publish import hub
+    from medheval.run.provenance import ALLOW_FLAGS
 
     if args.results and not args.model_repo:
         raise ValueError("--results needs --model-repo ORG/MODEL (the Hub repo of the evaluated model)")
@@ -223,7 +224,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         out_dir = tempfile.mkdtemp(prefix="medheval-publish-")
     repos = []
     if args.results:
-        repos.append(hub.export_results(args.results, out_dir, args.model_repo, org=args.org))
+        allow = [key for key, flag in ALLOW_FLAGS.items() if getattr(args, flag[2:].replace("-", "_"))]
+        repos.append(hub.export_results(args.results, out_dir, args.model_repo, org=args.org, allow=allow))
         hub.write_manifest(out_dir, repos)
     if not args.results or args.kind or args.name:
         repos += hub.export_all(out_dir, org=args.org, kinds=split_list(args.kind) or tuple(hub.REPO_TYPES),
@@ -262,6 +264,12 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
                                                               "medheval task (or a folder of them): its results become "
                                                               ".eval_results/*.yaml for --model-repo")
     publish.add_argument("--model-repo", metavar="ORG/MODEL", help="the evaluated model's Hub repo (with --results)")
+    publish.add_argument("--allow-random-weights", action="store_true", help="results: publish answers of a "
+                         "random-weight model anyway (said in each entry's notes)")
+    publish.add_argument("--allow-fixture", action="store_true", help="results: publish numbers scored on the "
+                         "embedded fixture data anyway (said in each entry's notes)")
+    publish.add_argument("--allow-limit", action="store_true", help="results: publish a --limit run anyway (said "
+                         "in each entry's notes)")
     publish.add_argument("--create-pr", action="store_true", help="results: open a PR on the model repo instead of "
                                                                   "committing to main")
     publish.set_defaults(handler=cmd_publish)

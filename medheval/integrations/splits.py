@@ -234,6 +234,15 @@ def _scoring_split(benchmark: str, config: str | None, data_dir: Any, image_root
     return _SCORING_SPLITS[key]
 
 
+def split_is_fixture(benchmark: str, config: str | None, data_dir: str | os.PathLike[str] | None = None,
+                     image_roots: str | Mapping[str, str] | None = None) -> bool:
+    """Whether the split's annotation files are the embedded fixture (synthetic records): a harness task marks
+    its log so, and ``publish --results`` refuses it as it refuses such a run (:mod:`medheval.run.provenance`)."""
+    from medheval.run.provenance import files_are_fixture
+
+    return files_are_fixture(_scoring_split(benchmark, config, data_dir, image_roots, None).loaded.files)
+
+
 def score_split(benchmark: str, config: str | None, predictions: Mapping[str, str],
                 data_dir: str | os.PathLike[str] | None = None, image_roots: str | Mapping[str, str] | None = None,
                 metric_options: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict, list[dict]]:
@@ -274,4 +283,4 @@ def item_value(row: Mapping[str, Any]) -> float | None:
 
 __all__ = ["ANSWER_TYPES", "EXCLUDED", "HARNESS_BENCHMARKS", "ITEM_VALUE_KEYS", "SPLIT_NUMBERS", "HarnessItem", "default_config",
            "default_metric_names", "generation_settings", "harness_settings", "harness_splits", "item_value", "load_items",
-           "number_value", "parse_image_roots", "record_images", "score_split", "split_numbers"]
+           "number_value", "parse_image_roots", "record_images", "score_split", "split_is_fixture", "split_numbers"]
