@@ -50,6 +50,7 @@ from medheval.integrations.inspect.provider import (  # noqa: E402
 )
 from medheval.mitigations import MitigationError, get_mitigation  # noqa: E402
 from medheval.publish import hub  # noqa: E402
+from medheval.scoring.headline import headline_values  # noqa: E402
 from medheval.run.predictions_log import read_log  # noqa: E402
 from medheval.run.prompts import build_prompt  # noqa: E402
 
@@ -149,8 +150,7 @@ def test_the_medheval_task_run_by_the_provider_matches_medheval_run(tiny_dir, ru
     run, unmapped = results_from_log(log.location)
     metrics = json.loads((run_folder / "results.json").read_text())["benchmarks"][":".join(SPLIT)]["metrics"]
     assert unmapped == []
-    assert {name: hub.headline_numbers(values) for name, values in run["benchmarks"][":".join(SPLIT)]["metrics"].items()} \
-        == {name: hub.headline_numbers(values) for name, values in metrics.items()}
+    assert headline_values(run["benchmarks"][":".join(SPLIT)]["metrics"]) == headline_values(metrics)
     with pytest.raises(hub.PublishError, match="random-weight"):
         hub.export_results(log.location, tmp_path / "out", "org/model")
 

@@ -92,7 +92,7 @@ def test_inspect_split_metrics_equal_medheval_run_on_the_same_completions(split,
         assert request["temperature"] == 0
     assert samples[items[0].id].metadata == {"benchmark": benchmark, "config": config, "record_id": items[0].id,
                                              "answer_type": items[0].record["answer_type"],
-                                             "source": items[0].record["source"]}
+                                             "source": items[0].record["source"], "fixture": True}
 
     completions = {sid: sample.output.completion for sid, sample in samples.items()}
     assert all(completions.values())

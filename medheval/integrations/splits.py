@@ -29,6 +29,7 @@ from typing import Any, Mapping
 from PIL import Image
 
 from medheval.data.benchmarks import benchmark_configs, builder_class
+from medheval.scoring.headline import HEADLINE_NUMBERS
 
 HARNESS_BENCHMARKS: tuple[str, ...] = (
     "mm_vishal", "cxr_vishal", "vishal_report", "knowledge", "context", "med_hallmark", "med_stepbench",
@@ -178,19 +179,12 @@ def default_metric_names(benchmark: str, config: str | None = None) -> list[str]
     return _metric_names(declared, None)  # type: ignore[arg-type]
 
 
-# The numbers a harness reports per split: ``metric.key`` of the metric's results, higher is better or not.
-SPLIT_NUMBERS: dict[str, tuple[tuple[str, bool], ...]] = {
-    "close_ended_accuracy": (("accuracy", True),),
-    "chair": (("chair", False), ("chair_s", False), ("recall", True)),  # CHAIR_i, CHAIR_s, finding recall
-    "text_generation": (("bleu", True), ("rougeL", True), ("meteor", True)),
-    "medihall_score": (("medihall_score", True), ("accuracy", True)),
-    "stepbench": (("macro_f1", True), ("f1", True), ("accuracy", True)),
-    "sh_judge": (("sh", True),),
-}
+SPLIT_NUMBERS = HEADLINE_NUMBERS  # the numbers a harness reports per split: medheval.scoring.headline
 
 
 def split_numbers(benchmark: str, config: str | None = None) -> list[tuple[str, bool]]:
-    """``[("metric.key", higher_is_better), ...]``: the split's reported numbers (:data:`SPLIT_NUMBERS`)."""
+    """``[("metric.key", higher_is_better), ...]``: the split's reported numbers, the headline numbers
+    (:data:`medheval.scoring.headline.HEADLINE_NUMBERS`) of the metrics ``medheval run`` computes for it."""
     return [(f"{metric}.{key}", better) for metric in default_metric_names(benchmark, config)
             for key, better in SPLIT_NUMBERS.get(metric, ())]
 

@@ -45,6 +45,7 @@ from medheval.data.registry import list_units, unit_dir
 from medheval.data.schema import CREDENTIALED_SOURCES
 from medheval.run import provenance
 from medheval.run.control import control_of
+from medheval.scoring.headline import headline_numbers
 
 DEFAULT_ORG = "medheval"
 MANIFEST = "publish.json"
@@ -380,21 +381,13 @@ def export_mitigation(name: str, out_dir: str | Path, org: str = DEFAULT_ORG,
 # -------------------------------------------------------------------------------------- results
 
 
-def headline_numbers(values: Mapping[str, Any] | None) -> dict[str, int | float]:
-    """The numbers of one metric's results that are published (``.eval_results``, inspect's split metrics):
-    every top-level number; counts (``n``, ``n_*``), flags and nested tables left out."""
-    return {key: value for key, value in (values or {}).items()
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "n"
-            and not key.startswith("n_")}
-
-
 def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, date: str | None = None,
                          allow: Iterable[str] = ()) -> dict[str, list[dict[str, Any]]]:
     """``{file name: [entries]}`` in the Hub's ``.eval_results/*.yaml`` format for one ``results.json``.
 
     One file per benchmark split and mitigation (the Hub keeps variants of one benchmark in separate
-    files); one entry per headline number: every top-level numeric value of each metric, counts
-    (``n``, ``n_*``) left out. ``task_id`` is ``<config>/<metric>/<key>``.
+    files); one entry per headline number (:mod:`medheval.scoring.headline`, the numbers ``eval.yaml`` and
+    both harnesses report; settings and counts never). ``task_id`` is ``<config>/<metric>/<key>``.
     Random-weight, fixture and limited results (:mod:`medheval.run.provenance`, carried through re-scores)
     are refused unless ``allow`` names them (``random_weights``, ``fixture``, ``limit``); the entries'
     notes then say so, and name a protocol other than ``clean``."""
@@ -417,7 +410,7 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
                                    "'.', '_' and '-' (a results.json edited by hand, or not from `medheval run`)")
             entries = []
             for metric, values in sorted((block.get("metrics") or {}).items()):
-                for key, value in sorted(headline_numbers(values).items()):
+                for key, value in sorted(headline_numbers(metric, values).items()):
                     entry: dict[str, Any] = {
                         "dataset": {"id": f"{org}/{benchmark}", "task_id": f"{config or 'default'}/{metric}/{key}"},
                         "value": value, "date": date,
