@@ -208,9 +208,10 @@ def samples():
 
 
 def test_the_inspect_cli_finds_the_provider_by_its_entry_point(tiny_dir, split_items, tmp_path):
-    """``inspect eval FILE --model medheval/<folder> -M mitigation=vcd:alpha=0 -M batch_size=3`` in a fresh
-    process (the provider found through setup.cfg's ``inspect_ai`` entry point, ``-M`` values parsed by
-    inspect's CLI) gives the completions of the in-process provider without a mitigation."""
+    """``inspect eval FILE --model medheval/<folder> -M mitigation=vcd:alpha=0,beta=0.1 -M batch_size=3`` in a
+    fresh process (the provider found through setup.cfg's ``inspect_ai`` entry point, ``-M`` values parsed by
+    inspect's CLI, which splits the mitigation at its comma: issue 32, point 2) gives the completions of the
+    in-process provider without a mitigation (alpha=0: VCD's contrast is off; greedy keeps the top token)."""
     import os
     import subprocess
     import sys
@@ -224,21 +225,42 @@ def test_the_inspect_cli_finds_the_provider_by_its_entry_point(tiny_dir, split_i
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                         os.environ.get("PYTHONPATH", "")]), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "inspect_ai", "eval", "task.py", "--model",
-                           f"medheval/{tiny_dir}", "-M", "mitigation=vcd:alpha=0", "-M", "batch_size=3", "-M",
+                           f"medheval/{tiny_dir}", "-M", "mitigation=vcd:alpha=0,beta=0.1", "-M", "batch_size=3", "-M",
                            "device=cpu", "--max-tokens", str(NEW_TOKENS), "--log-dir", str(tmp_path / "cli"),
                            "--display", "none"], capture_output=True, text=True, env=env, timeout=600,
                           cwd=tmp_path)  # inspect globs the task file relative to the working folder
     assert done.returncode == 0, done.stderr[-3000:]
     [log_file] = (tmp_path / "cli").glob("*.eval")
     log = read_eval_log(str(log_file))
-    assert log.status == "success" and log.eval.model_args == {"mitigation": "vcd:alpha=0", "batch_size": 3,
-                                                                 "device": "cpu"}
+    assert log.status == "success" and log.eval.model_args == {"mitigation": ["vcd:alpha=0", "beta=0.1"],
+                                                                 "batch_size": 3, "device": "cpu"}
     assert {sample.id: sample.output.completion for sample in log.samples} == expected
+    spec = get_mitigation("vcd:alpha=0,beta=0.1").spec()
+    assert {sample.output.metadata["mitigation"] for sample in log.samples} == {spec}
+
+
+@pytest.mark.parametrize("arg", ["mitigation=vcd:alpha=1,beta=0.1", "mitigation=vcd:alpha=1, beta=0.1",
+                                 "mitigation={name: vcd, alpha: 1, beta: 0.1}"])
+def test_mitigation_model_args_survive_inspect_s_cli_parsing(arg):
+    """inspect's own ``-M`` parser turns a comma spec into a list (and a YAML mapping into a dict): each gives the
+    mitigation of ``--mitigation vcd:alpha=1,beta=0.1``, in the provider and in ``publish`` (the log reader)."""
+    from inspect_ai._cli.util import parse_cli_args
+
+    from medheval.integrations.inspect.logs import _mitigation
+    from medheval.integrations.inspect.model_args import resolve_mitigation
+
+    value = parse_cli_args((arg,))["mitigation"]
+    assert not isinstance(value, str)  # what inspect makes of it: a list or a dict, never our string
+    spec = get_mitigation("vcd:alpha=1,beta=0.1").spec()
+    assert resolve_mitigation(value).spec() == spec == _mitigation(Path("x.eval"), {"mitigation": value})
 
 
 def test_bad_model_args_give_clear_errors(tiny_dir, tmp_path):
     with pytest.raises(MitigationError, match="unknown mitigation 'vcdd'; available: none, avisc"):
         get_model(f"medheval/{tiny_dir}", mitigation="vcdd", memoize=False)
+    with pytest.raises(MitigationError, match=r"received \['vcdd:alpha=1', 'beta=0.1'\] \(read as "
+                                              r"'vcdd:alpha=1,beta=0.1'\): unknown mitigation 'vcdd'.*; expected -M"):
+        get_model(f"medheval/{tiny_dir}", mitigation=["vcdd:alpha=1", "beta=0.1"], memoize=False)
     with pytest.raises(MitigationError, match=r"vcd has no option\(s\) \['gamma'\]"):
         get_model(f"medheval/{tiny_dir}", mitigation="vcd:gamma=2", memoize=False)
     with pytest.raises(BackendError, match=str(tmp_path / "no-such-model")):

@@ -84,13 +84,12 @@ def _split(path: Path, log: Any) -> tuple[str, str]:
 
 
 def _mitigation(path: Path, model_args: dict[str, Any]) -> str:
-    from medheval.mitigations import get_mitigation
+    from medheval.integrations.inspect.model_args import resolve_mitigation
 
-    spec = model_args.get("mitigation")
     try:
-        method = get_mitigation(None if spec is None else str(spec))
+        method = resolve_mitigation(model_args.get("mitigation"))
     except ValueError as error:
-        raise InspectLogError(f"{path}: model arg mitigation={spec!r}: {error}") from None
+        raise InspectLogError(f"{path}: {error}") from None
     return method.spec() if method is not None else "none"
 
 
