@@ -14,7 +14,9 @@ Settings come from arguments, else the environment:
   ``MEDHEVAL_DATA_DIR_MED_STEPBENCH``) wins for that benchmark, since Med-StepBench and Med-HallMark read
   folders of their own.
 - ``MEDHEVAL_IMAGE_ROOTS``: ``"source=root,source=root"`` (each item as one ``--image-root``; a bare
-  root is the default for every source).
+  root is the default for every source). One value serves every split: a split uses the roots of its own
+  sources, and roots of other sources are not noted (a root name that matches none still shows in the error
+  of a split that lacks a root).
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def _prepare(benchmark: str, config: str | None, data_dir: Any, image_roots: Any
                    metric_options={name: dict(values) for name, values in (metric_options or {}).items()})
     model = _HarnessModel(needs_images)
     prepared = _prepare_split(spec, model, spec.benchmarks[0], [])
-    _attach_images(spec, model, [prepared])
+    _attach_images(spec, model, [prepared], note_unused=False)  # one set of roots serves every split
     return prepared
 
 

@@ -511,10 +511,21 @@ def _image_sources(loaded: LoadedBenchmark) -> list[str]:
     return sorted({row["source"] for row in rows if row["images"]})
 
 
-def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit]) -> None:
+_NOTED: set[str] = set()  # notes already printed by this process (said once, not once per split or per run of a grid)
+
+
+def _note_once(text: str) -> None:
+    if text not in _NOTED and process_group().is_main:
+        _NOTED.add(text)
+        print(f"note: {text}", file=sys.stderr)
+
+
+def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit], note_unused: bool = True) -> None:
     """Check the image roots against every split of the run and attach them (the images themselves are read
     during generation and scoring). Every problem of every split is reported in one error: a root naming a
-    source no split has, each split's sources without a root, then each split's missing image files."""
+    source no split has, each split's sources without a root, then each split's missing image files.
+    Roots no split uses are fine (kept for other benchmarks): one note names them all, once per process
+    (``note_unused=False``: none, for a harness whose one ``MEDHEVAL_IMAGE_ROOTS`` serves every split)."""
     from medheval.data.benchmarks import attach_images
     from medheval.data.images import ImageError
 
@@ -534,9 +545,11 @@ def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit
                     for split, sources in without_root.items() if sources]
     if problems:
         problems += unused  # a mistyped source name explains a missing root
-    elif unused and process_group().is_main:  # roots kept for other benchmarks are fine; said once, not an error
-        for line in unused:
-            print(f"note: {line}; it is not used", file=sys.stderr)
+    elif unused and note_unused:  # roots kept for other benchmarks are fine: one line, once, not an error
+        keys = [key for key in roots if key != "*" and key not in every_source]
+        _note_once(f"--image-root {', '.join(keys)}: no split of this run has images from "
+                   f"{'this source' if len(keys) == 1 else 'these sources'} (its image sources: "
+                   f"{', '.join(every_source) or 'none'}); not used")
     if problems:
         lacking = sorted({source for sources in without_root.values() for source in sources})
         needs = f" (model {backend.name} reads images)" if backend.needs_images else ""
