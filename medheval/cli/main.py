@@ -293,6 +293,9 @@ def add_integrations_command(commands: argparse._SubParsersAction) -> None:
     sub = integrations.add_subparsers(dest="integration", required=True)
     path = sub.add_parser("lmms-eval-path", help="print the folder of our lmms-eval tasks (for --include_path)")
     path.set_defaults(handler=cmd_lmms_eval_path)
+    check = sub.add_parser("check", help="name each missing or wrong-version dependency of the harness tasks "
+                                         "(decord, filelock<4, rouge-score, lmms-eval, inspect-ai), one line each")
+    check.set_defaults(handler=lambda args: __import__("medheval.integrations.stack", fromlist=["main"]).main())
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
