@@ -12,7 +12,7 @@ PIP_QUIET := --quiet --disable-pip-version-check
 # the tests that exercise transformers' generation internals (the drift alarm's subset)
 DECODING_TESTS := $(wildcard tests/test_decoding*.py tests/test_mitigations*.py) tests/test_deprecations.py tests/test_backends.py
 
-.PHONY: demo test bench install lock test-latest test-oldest test-interop clean
+.PHONY: demo test bench install lock test-latest test-oldest interop test-interop clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(LOCK)
 	@echo "install: creating $(VENV) and installing torch (CPU) and requirements/lock.txt (a few minutes on a fresh machine; once)"
@@ -51,8 +51,13 @@ test-latest:
 test-oldest:
 	.ci/stack_check oldest .venv-oldest "$(DECODING_TESTS)"
 
-# lmms-eval and inspect_ai in their own venv (requirements/interop-lock.txt; why: .ci/interop_check): the
-# tests/test_interop_*.py files, which skip in the main venv.
+# lmms-eval and inspect_ai in their own venv, for harness users: `make interop` builds .venv-interop from
+# requirements/interop-lock.txt (torch: TORCH_SPEC as above) and runs `medheval integrations check` in it.
+interop:
+	TORCH_SPEC="$(TORCH_SPEC)" .ci/interop_install .venv-interop
+
+# The same venv (why a venv of its own: .ci/interop_check), the documented pip install resolved in a fresh venv
+# (.ci/interop_fresh), then the tests/test_interop_*.py files, which skip in the main venv.
 test-interop:
 	.ci/interop_check .venv-interop
 
@@ -63,4 +68,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_labeler.py
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-oldest .venv-interop .venv-lock runs .pytest_cache
+	rm -rf $(VENV) .venv-latest .venv-oldest .venv-interop .venv-interop-fresh .venv-lock runs .pytest_cache

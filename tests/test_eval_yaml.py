@@ -17,7 +17,7 @@ from conftest import SHARED_UPSTREAM
 from medheval.data.benchmarks import benchmark_configs
 from medheval.integrations.splits import EXCLUDED, HARNESS_BENCHMARKS, harness_splits, split_numbers
 from medheval.publish import hub
-from medheval.publish.eval_yaml import EvalYamlError, read_eval_yaml
+from medheval.publish.eval_yaml import EvalYamlError, read_eval_yaml, reproduction
 
 MEDHEVAL_SPLITS = ("mm_vishal", "cxr_vishal", "vishal_report", "knowledge", "context")
 
@@ -51,6 +51,12 @@ def test_every_published_benchmark_has_an_eval_yaml_that_parses_back(exported):
         for task in data["tasks"]:
             assert task["id"].split("/")[0] == task["config"] and task["split"] == "test"
             assert task["field_spec"] == {"input": "question", "target": "answer"} and task["solvers"] == [{"name": "generate"}]
+        # the reproduce block names our inspect task and scorer (issue 32, point 4)
+        assert data["reproduce"]["inspect_task"] == f"medheval/{name}"
+        assert data["reproduce"]["scorer"] == "medheval.integrations.inspect.scorers.medheval_scorer"
+        for task in data["tasks"]:
+            assert reproduction(data, task["id"]) == {"task": f"medheval/{name}", "task_args": {"config": task["config"]},
+                                                      "metric": task["id"].split("/", 1)[1]}
         # every task points at a config of the card and a Parquet file on disk
         meta, body = hub.split_card((folder / "README.md").read_text())
         card_configs = {entry["config_name"]: entry["data_files"] for entry in meta["configs"]}
@@ -117,6 +123,7 @@ def _corrupt(folder: Path, tmp_path: Path, edit) -> Path:
     (lambda d: yaml.safe_dump({**d, "tasks": [{k: v for k, v in d["tasks"][0].items() if k != "scorers"}]}),
      r"tasks\[0\] \(id 'all/close_ended_accuracy/accuracy'\) lacks what the Hub requires with inspect-ai"),
     ("tasks: [id: all\n", r"not valid YAML"),
+    (lambda d: yaml.safe_dump({k: v for k, v in d.items() if k != "reproduce"}), r"reproduce.inspect_task .* is missing"),
 ])
 def test_a_corrupted_eval_yaml_is_refused_with_the_task_and_the_fix(exported, tmp_path, edit, message):
     copy = _corrupt(exported["cxr_vishal"], tmp_path, edit)

@@ -23,7 +23,7 @@ from medheval.integrations.lmms_eval import TASKS_DIR, write_tasks
 def test_shipped_yamls_are_the_written_ones_one_per_harness_split(tmp_path):
     shipped = {path.name: path.read_text(encoding="utf-8") for path in TASKS_DIR.glob("*.yaml")}
     assert shipped == write_tasks.expected_files(), "run: python -m medheval.integrations.lmms_eval.write_tasks"
-    tasks = {name[:-len(".yaml")] for name in shipped} - {"medheval"}
+    tasks = {name[:-len(".yaml")] for name in shipped} - {"medheval", "medheval_med_stepbench"}
     assert tasks == {f"medheval_{b}_{c}" for b, c in splits.harness_splits()}
     assert not any("clinhallu" in name for name in shipped)
     write_tasks.write(tmp_path)
@@ -56,8 +56,22 @@ def test_task_yaml_settings_come_from_the_splits_contract(benchmark, config):
     assert all(m["aggregation"].__name__ == "aggregate" for m in task["metric_list"])
     assert task["process_docs"].__name__ == f"docs__{benchmark}__{config}"
     assert Path(task["dataset_kwargs"]["data_files"]["test"]).is_file() and task["dataset_path"] == "json"
-    group = yaml.safe_load((TASKS_DIR / "medheval.yaml").read_text())
-    assert group["group"] == "medheval" and task["task"] in group["task"]
+    group = "medheval_med_stepbench" if benchmark == "med_stepbench" else "medheval"
+    listed = yaml.safe_load((TASKS_DIR / f"{group}.yaml").read_text())
+    assert listed["group"] == group and task["task"] in listed["task"]
+
+
+def test_the_medheval_group_holds_the_public_benchmarks_only():
+    """Issue 32, point 6: ``--tasks medheval`` stopped on Med-StepBench's missing folder (its data is not public),
+    so none of the tasks ran; Med-StepBench has a group of its own."""
+    groups = {name: yaml.safe_load((TASKS_DIR / f"{name}.yaml").read_text())["task"]
+              for name in ("medheval", "medheval_med_stepbench")}
+    assert groups["medheval_med_stepbench"] == ["medheval_med_stepbench_en", "medheval_med_stepbench_vi",
+                                                "medheval_med_stepbench_all"]
+    assert not any("stepbench" in name for name in groups["medheval"])
+    everything = {f"medheval_{b}_{c}" for b, c in splits.harness_splits()}
+    assert set(groups["medheval"]) | set(groups["medheval_med_stepbench"]) == everything
+    assert len(groups["medheval"]) == len(everything) - 3 == 14
 
 
 def test_cli_prints_the_task_folder_and_the_plugin_layout_exists(capsys):

@@ -289,3 +289,28 @@ def test_score_split_loads_the_split_once_per_settings(fixture_benchmark, monkey
     splits.score_split("cxr_vishal", "mimic_cxr", predictions, data_dir=fixture_benchmark["data_dir"],
                        metric_options={"close_ended_accuracy": {"upstream_compat": True}})
     assert loads == [("cxr_vishal", "mimic_cxr")] * 2  # other options: prepared again
+
+
+def test_the_unused_image_root_note_is_said_once_per_run_and_never_by_a_harness(fixture_benchmark, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """Issue 32, point 7: one MEDHEVAL_IMAGE_ROOTS for all splits printed a note per unused source, twice per split."""
+    from medheval.cli import main
+    from medheval.run import runner
+
+    monkeypatch.setattr(runner, "_NOTED", set())  # once per process: forget the notes of earlier tests
+    roots = fixture_benchmark["image_roots"]
+    monkeypatch.setenv("MEDHEVAL_IMAGE_ROOTS", ",".join(f"{source}={root}" for source, root in roots.items()))
+    for name, config in [("context", "default"), ("cxr_vishal", "iu_xray")]:
+        items = splits.load_items(name, config, data_dir=fixture_benchmark["data_dir"], decode_images=False)
+        splits.score_split(name, config, {items[0].id: "Yes"}, data_dir=fixture_benchmark["data_dir"])
+    assert "not used" not in capsys.readouterr().err
+    records = prepare_benchmark("context", "default", data_dir=fixture_benchmark["data_dir"]).dataset.to_list()
+    records += prepare_benchmark("knowledge", "closed", data_dir=fixture_benchmark["data_dir"]).dataset.to_list()
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps({"id": r["id"], "prediction": "Yes"}) + "\n" for r in records))
+    arguments = [arg for source, root in roots.items() for arg in ("--image-root", f"{source}={root}")]
+    assert main(["run", "--benchmark", "context,knowledge:closed", "--predictions", str(answers), "--output",
+                 str(tmp_path / "run"), "--data-dir", fixture_benchmark["data_dir"], *arguments]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "not used" in line]
+    assert notes == ["note: --image-root slake, vqa_rad, iu_xray: no split of this run has images from these sources "
+                     "(its image sources: mimic_cxr); not used"]

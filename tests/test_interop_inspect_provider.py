@@ -50,6 +50,7 @@ from medheval.integrations.inspect.provider import (  # noqa: E402
 )
 from medheval.mitigations import MitigationError, get_mitigation  # noqa: E402
 from medheval.publish import hub  # noqa: E402
+from medheval.scoring.headline import headline_values  # noqa: E402
 from medheval.run.predictions_log import read_log  # noqa: E402
 from medheval.run.prompts import build_prompt  # noqa: E402
 
@@ -149,8 +150,7 @@ def test_the_medheval_task_run_by_the_provider_matches_medheval_run(tiny_dir, ru
     run, unmapped = results_from_log(log.location)
     metrics = json.loads((run_folder / "results.json").read_text())["benchmarks"][":".join(SPLIT)]["metrics"]
     assert unmapped == []
-    assert {name: hub.headline_numbers(values) for name, values in run["benchmarks"][":".join(SPLIT)]["metrics"].items()} \
-        == {name: hub.headline_numbers(values) for name, values in metrics.items()}
+    assert headline_values(run["benchmarks"][":".join(SPLIT)]["metrics"]) == headline_values(metrics)
     with pytest.raises(hub.PublishError, match="random-weight"):
         hub.export_results(log.location, tmp_path / "out", "org/model")
 
@@ -208,9 +208,10 @@ def samples():
 
 
 def test_the_inspect_cli_finds_the_provider_by_its_entry_point(tiny_dir, split_items, tmp_path):
-    """``inspect eval FILE --model medheval/<folder> -M mitigation=vcd:alpha=0 -M batch_size=3`` in a fresh
-    process (the provider found through setup.cfg's ``inspect_ai`` entry point, ``-M`` values parsed by
-    inspect's CLI) gives the completions of the in-process provider without a mitigation."""
+    """``inspect eval FILE --model medheval/<folder> -M mitigation=vcd:alpha=0,beta=0.1 -M batch_size=3`` in a
+    fresh process (the provider found through setup.cfg's ``inspect_ai`` entry point, ``-M`` values parsed by
+    inspect's CLI, which splits the mitigation at its comma: issue 32, point 2) gives the completions of the
+    in-process provider without a mitigation (alpha=0: VCD's contrast is off; greedy keeps the top token)."""
     import os
     import subprocess
     import sys
@@ -224,21 +225,42 @@ def test_the_inspect_cli_finds_the_provider_by_its_entry_point(tiny_dir, split_i
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                         os.environ.get("PYTHONPATH", "")]), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "inspect_ai", "eval", "task.py", "--model",
-                           f"medheval/{tiny_dir}", "-M", "mitigation=vcd:alpha=0", "-M", "batch_size=3", "-M",
+                           f"medheval/{tiny_dir}", "-M", "mitigation=vcd:alpha=0,beta=0.1", "-M", "batch_size=3", "-M",
                            "device=cpu", "--max-tokens", str(NEW_TOKENS), "--log-dir", str(tmp_path / "cli"),
                            "--display", "none"], capture_output=True, text=True, env=env, timeout=600,
                           cwd=tmp_path)  # inspect globs the task file relative to the working folder
     assert done.returncode == 0, done.stderr[-3000:]
     [log_file] = (tmp_path / "cli").glob("*.eval")
     log = read_eval_log(str(log_file))
-    assert log.status == "success" and log.eval.model_args == {"mitigation": "vcd:alpha=0", "batch_size": 3,
-                                                                 "device": "cpu"}
+    assert log.status == "success" and log.eval.model_args == {"mitigation": ["vcd:alpha=0", "beta=0.1"],
+                                                                 "batch_size": 3, "device": "cpu"}
     assert {sample.id: sample.output.completion for sample in log.samples} == expected
+    spec = get_mitigation("vcd:alpha=0,beta=0.1").spec()
+    assert {sample.output.metadata["mitigation"] for sample in log.samples} == {spec}
+
+
+@pytest.mark.parametrize("arg", ["mitigation=vcd:alpha=1,beta=0.1", "mitigation=vcd:alpha=1, beta=0.1",
+                                 "mitigation={name: vcd, alpha: 1, beta: 0.1}"])
+def test_mitigation_model_args_survive_inspect_s_cli_parsing(arg):
+    """inspect's own ``-M`` parser turns a comma spec into a list (and a YAML mapping into a dict): each gives the
+    mitigation of ``--mitigation vcd:alpha=1,beta=0.1``, in the provider and in ``publish`` (the log reader)."""
+    from inspect_ai._cli.util import parse_cli_args
+
+    from medheval.integrations.inspect.logs import _mitigation
+    from medheval.integrations.inspect.model_args import resolve_mitigation
+
+    value = parse_cli_args((arg,))["mitigation"]
+    assert not isinstance(value, str)  # what inspect makes of it: a list or a dict, never our string
+    spec = get_mitigation("vcd:alpha=1,beta=0.1").spec()
+    assert resolve_mitigation(value).spec() == spec == _mitigation(Path("x.eval"), {"mitigation": value})
 
 
 def test_bad_model_args_give_clear_errors(tiny_dir, tmp_path):
     with pytest.raises(MitigationError, match="unknown mitigation 'vcdd'; available: none, avisc"):
         get_model(f"medheval/{tiny_dir}", mitigation="vcdd", memoize=False)
+    with pytest.raises(MitigationError, match=r"received \['vcdd:alpha=1', 'beta=0.1'\] \(read as "
+                                              r"'vcdd:alpha=1,beta=0.1'\): unknown mitigation 'vcdd'.*; expected -M"):
+        get_model(f"medheval/{tiny_dir}", mitigation=["vcdd:alpha=1", "beta=0.1"], memoize=False)
     with pytest.raises(MitigationError, match=r"vcd has no option\(s\) \['gamma'\]"):
         get_model(f"medheval/{tiny_dir}", mitigation="vcd:gamma=2", memoize=False)
     with pytest.raises(BackendError, match=str(tmp_path / "no-such-model")):
@@ -342,7 +364,8 @@ def inline_task(name: str, records: list[dict], metrics: dict):
 
     @task(name=name)
     def split_task(config: str = SPLIT[1]):
-        samples = [Sample(id=r["id"], input=build_prompt(r), target=str(r["answer"])) for r in records]
+        samples = [Sample(id=r["id"], input=build_prompt(r), target=str(r["answer"]), metadata={"fixture": True})
+                   for r in records]  # the fixture split, marked as our tasks mark it
         return Task(dataset=MemoryDataset(samples), solver=generate(), scorer=split_scorer())
 
     return split_task
@@ -383,16 +406,18 @@ def eval_results(repo) -> dict[str, list]:
 def test_an_inspect_log_publishes_the_files_of_the_run_folder(scored_split, tmp_path):
     """The log (file or folder) gives the same ``.eval_results`` files, entries and values as the run
     folder scored from the same predictions; the per-sample mean is named as not published."""
-    from_run = eval_results(hub.export_results(scored_split["run"], tmp_path / "a", "org/model"))
-    from_log = hub.export_results(scored_split["log"], tmp_path / "b", "org/model")
-    from_folder = hub.export_results(scored_split["log"].parent, tmp_path / "c", "org/model")
+    from_run = eval_results(hub.export_results(scored_split["run"], tmp_path / "a", "org/model", allow=["fixture"]))
+    from_log = hub.export_results(scored_split["log"], tmp_path / "b", "org/model", allow=["fixture"])
+    from_folder = hub.export_results(scored_split["log"].parent, tmp_path / "c", "org/model", allow=["fixture"])
     assert list(from_run) == ["cxr_vishal_mimic_cxr.yaml"]
     assert eval_results(from_log) == from_run == eval_results(from_folder)
     accuracy = {e["dataset"]["task_id"]: e["value"] for e in from_run["cxr_vishal_mimic_cxr.yaml"]}
     assert accuracy["mimic_cxr/close_ended_accuracy/accuracy"] == scored_split["metrics"]["close_ended_accuracy"]["accuracy"]
     assert from_log.warnings == [f"{scored_split['log'].name}: inspect metrics not published (not ours): split_scorer/mean"]
     assert main(["publish", "--results", str(scored_split["log"]), "--model-repo", "org/model",
-                 "--to", str(tmp_path / "cli")]) == 0
+                 "--to", str(tmp_path / "cli")]) == 2  # fixture data: refused without the flag (issue 32, point 5)
+    assert main(["publish", "--results", str(scored_split["log"]), "--model-repo", "org/model",
+                 "--to", str(tmp_path / "cli"), "--allow-fixture"]) == 0
     assert eval_results(hub.RepoFolder(str(tmp_path / "cli" / "results" / "org--model"), "", "", "")) == from_run
 
 
@@ -403,8 +428,8 @@ def test_a_mitigation_in_the_log_names_the_file_as_a_run_folder_does(scored_spli
     write_eval_log(log, str(tmp_path / "vcd.eval"))
     results = json.loads((scored_split["run"] / "results.json").read_text())
     results["settings"]["mitigation"] = get_mitigation("vcd:alpha=1").spec()  # what `medheval run` records
-    expected = hub.eval_results_entries(results)
-    got = eval_results(hub.export_results(tmp_path / "vcd.eval", tmp_path / "out", "org/model"))
+    expected = hub.eval_results_entries(results, allow=["fixture"])
+    got = eval_results(hub.export_results(tmp_path / "vcd.eval", tmp_path / "out", "org/model", allow=["fixture"]))
     assert got == expected and list(got) == ["cxr_vishal_mimic_cxr_vcd_preset_medheval_alpha_1_beta_0_1_noise_step_500_"
                                              "noise_seed_0.yaml"]
 

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 from interop_support import require_harness
 
 inspect_ai = require_harness("inspect_ai")
@@ -92,7 +93,7 @@ def test_inspect_split_metrics_equal_medheval_run_on_the_same_completions(split,
         assert request["temperature"] == 0
     assert samples[items[0].id].metadata == {"benchmark": benchmark, "config": config, "record_id": items[0].id,
                                              "answer_type": items[0].record["answer_type"],
-                                             "source": items[0].record["source"]}
+                                             "source": items[0].record["source"], "fixture": True}
 
     completions = {sid: sample.output.completion for sid, sample in samples.items()}
     assert all(completions.values())
@@ -224,3 +225,40 @@ def test_a_credentialed_split_run_with_no_log_images_keeps_pixels_out_of_the_log
     assert _log_holds_image_data(kept.location)  # inspect's default (named here: an earlier eval in this process may
     # have changed the process-wide default): pixels in the log
     assert not _log_holds_image_data(dropped.location)
+
+
+def test_an_inspect_run_of_the_written_eval_yaml_gives_the_published_value(fixture_benchmark, model_server, tmp_path,
+                                                                           monkeypatch):
+    """Issue 32, point 4: every task entry of the written eval.yaml is one inspect's own reader accepts
+    (``inspect eval hf/<repo>``), and running what its ``reproduce`` block names gives, for a task id, the value
+    that ``publish --results`` files under that id, which is ``medheval run --predictions``'s."""
+    from inspect_ai._eval.task.hf import HFTask
+
+    from medheval.publish import hub
+    from medheval.publish.eval_yaml import read_eval_yaml, reproduction
+
+    monkeypatch.setenv("LOOP_API_KEY", "test-key")
+    repo = hub.export_dataset("cxr_vishal", tmp_path / "hub", data_dir=fixture_benchmark["data_dir"])
+    data = read_eval_yaml(repo.folder)
+    for task in data["tasks"]:
+        HFTask.model_validate(task)
+    task_id = "mimic_cxr/close_ended_accuracy/accuracy"
+    recipe = reproduction(data, task_id)
+    assert recipe == {"task": "medheval/cxr_vishal", "task_args": {"config": "mimic_cxr"},
+                      "metric": "close_ended_accuracy/accuracy"}
+    (log,) = inspect_ai.eval(recipe["task"], model="openai-api/loop/tiny-vlm", model_base_url=model_server.base_url,
+                             log_dir=str(tmp_path / "logs"), display="none",
+                             task_args={**recipe["task_args"], "data_dir": fixture_benchmark["data_dir"],
+                                        "image_root": _image_root(fixture_benchmark)})
+    assert log.status == "success", log.error
+    (score,) = log.results.scores
+    value = score.metrics[recipe["metric"]].value
+    assert main(["publish", "--results", str(log.location), "--model-repo", "org/model", "--to", str(tmp_path / "out"),
+                 "--allow-fixture"]) == 0
+    entries = [entry for path in (tmp_path / "out" / "results" / "org--model" / ".eval_results").iterdir()
+               for entry in yaml.safe_load(path.read_text())]
+    [published] = [e for e in entries if e["dataset"] == {"id": "medheval/cxr_vishal", "task_id": task_id}]
+    completions = {sample.id: sample.output.completion for sample in log.samples}
+    run_metrics, _ = _medheval_run("cxr_vishal:mimic_cxr", completions, fixture_benchmark, tmp_path)
+    assert published["value"] == value == run_metrics["close_ended_accuracy"]["accuracy"]
+    assert 0 < value < 1  # the model got some right and some wrong: the number tells runs apart

@@ -136,7 +136,8 @@ def test_plugin_variable_meets_lmms_eval_s_plugin_contract(harness_env):
     assert done.returncode == 0, done.stderr[-4000:]
     folder, tasks = done.stdout.strip().splitlines()[-2:]
     assert Path(folder) == REPO / "medheval" / "integrations" / "lmms_eval" / "tasks"
-    assert eval(tasks) == sorted(["medheval", *(f"medheval_{b}_{c}" for b, c in splits.harness_splits())])
+    assert eval(tasks) == sorted(["medheval", "medheval_med_stepbench",
+                                  *(f"medheval_{b}_{c}" for b, c in splits.harness_splits())])
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(

@@ -109,3 +109,13 @@ def test_stack_versions_names_every_package():
     stack = versions.stack_versions()
     assert set(stack) == {"medheval", "python", *versions.STACK_PACKAGES}
     assert all(stack[k] for k in stack)
+
+
+def test_interop_constraints_are_the_interop_lock_without_torch():
+    """`pip install "medheval[interop]" -c requirements/interop-constraints.txt` gets the tested versions of every
+    package but torch, which stays the one the user installed (a CUDA build, or the lock's CPU build)."""
+    lock = _pins(REPO / "requirements" / "interop-lock.txt")
+    constraints = _pins(REPO / "requirements" / "interop-constraints.txt")
+    assert "torch" in lock and "torch" not in constraints
+    assert constraints == {name: version for name, version in lock.items() if name != "torch"}
+    assert constraints["filelock"].split(".")[0] == "3" and constraints["decord"] == "0.6.0"

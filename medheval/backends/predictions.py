@@ -3,7 +3,9 @@
 Each non-blank line is one JSON object with the canonical record ``id``
 (``benchmark/config/upstream-id``) and the model's output text under ``prediction``.
 Other keys (``model``, ``mitigation``, settings, timing: what the runner itself writes)
-are allowed and ignored, so a predictions file from an earlier run can be re-scored.
+are allowed and ignored, so a predictions file from an earlier run can be re-scored; only ``provenance``
+is kept (:attr:`PredictionsFileBackend.carried_provenance`): the runner makes the re-score inherit it, with
+the ``results.json`` beside a run's ``predictions.jsonl`` (:mod:`medheval.run.provenance`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class PredictionsFileBackend:
         duplicates: dict[str, list[int]] = {}
         errors: list[str] = []
         models: set[str] = set()
+        carried: list[dict] = []  # the lines' provenance (medheval.run.provenance)
 
         # Lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 … inside an answer
         # (JSON allows them raw, and the runner's own log writes them so).
@@ -93,6 +96,8 @@ class PredictionsFileBackend:
             self._predictions[rid] = pred
             if isinstance(obj.get("model"), str):
                 models.add(obj["model"])
+            if isinstance(obj.get("provenance"), dict):
+                carried.append(obj["provenance"])
 
         if duplicates:
             errors.extend(
@@ -116,6 +121,7 @@ class PredictionsFileBackend:
         if name is None:
             name = models.pop() if len(models) == 1 else self.path.stem
         self.name = name
+        self.carried_provenance = carried
 
     # -- inspection -------------------------------------------------------------------
     def __len__(self) -> int:

@@ -217,6 +217,7 @@ def _card_title(kind: str, name: str) -> str:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from medheval.publish import hub
+    from medheval.run.provenance import ALLOW_FLAGS
 
     if args.results and not args.model_repo:
         raise ValueError("--results needs --model-repo ORG/MODEL (the Hub repo of the evaluated model)")
@@ -229,7 +230,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         out_dir = tempfile.mkdtemp(prefix="medheval-publish-")
     repos = []
     if args.results:
-        repos.append(hub.export_results(args.results, out_dir, args.model_repo, org=args.org))
+        allow = [key for key, flag in ALLOW_FLAGS.items() if getattr(args, flag[2:].replace("-", "_"))]
+        repos.append(hub.export_results(args.results, out_dir, args.model_repo, org=args.org, allow=allow))
         hub.write_manifest(out_dir, repos)
     if not args.results or args.kind or args.name:
         repos += hub.export_all(out_dir, org=args.org, kinds=split_list(args.kind) or tuple(hub.REPO_TYPES),
@@ -268,6 +270,12 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
                                                               "medheval task (or a folder of them): its results become "
                                                               ".eval_results/*.yaml for --model-repo")
     publish.add_argument("--model-repo", metavar="ORG/MODEL", help="the evaluated model's Hub repo (with --results)")
+    publish.add_argument("--allow-random-weights", action="store_true", help="results: publish answers of a "
+                         "random-weight model anyway (said in each entry's notes)")
+    publish.add_argument("--allow-fixture", action="store_true", help="results: publish numbers scored on the "
+                         "embedded fixture data anyway (said in each entry's notes)")
+    publish.add_argument("--allow-limit", action="store_true", help="results: publish a --limit run anyway (said "
+                         "in each entry's notes)")
     publish.add_argument("--create-pr", action="store_true", help="results: open a PR on the model repo instead of "
                                                                   "committing to main")
     publish.set_defaults(handler=cmd_publish)
@@ -291,6 +299,9 @@ def add_integrations_command(commands: argparse._SubParsersAction) -> None:
     sub = integrations.add_subparsers(dest="integration", required=True)
     path = sub.add_parser("lmms-eval-path", help="print the folder of our lmms-eval tasks (for --include_path)")
     path.set_defaults(handler=cmd_lmms_eval_path)
+    check = sub.add_parser("check", help="name each missing or wrong-version dependency of the harness tasks "
+                                         "(decord, filelock<4, rouge-score, lmms-eval, inspect-ai), one line each")
+    check.set_defaults(handler=lambda args: __import__("medheval.integrations.stack", fromlist=["main"]).main())
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:

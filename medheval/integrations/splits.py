@@ -14,7 +14,9 @@ Settings come from arguments, else the environment:
   ``MEDHEVAL_DATA_DIR_MED_STEPBENCH``) wins for that benchmark, since Med-StepBench and Med-HallMark read
   folders of their own.
 - ``MEDHEVAL_IMAGE_ROOTS``: ``"source=root,source=root"`` (each item as one ``--image-root``; a bare
-  root is the default for every source).
+  root is the default for every source). One value serves every split: a split uses the roots of its own
+  sources, and roots of other sources are not noted (a root name that matches none still shows in the error
+  of a split that lacks a root).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Mapping
 from PIL import Image
 
 from medheval.data.benchmarks import benchmark_configs, builder_class
+from medheval.scoring.headline import HEADLINE_NUMBERS
 
 HARNESS_BENCHMARKS: tuple[str, ...] = (
     "mm_vishal", "cxr_vishal", "vishal_report", "knowledge", "context", "med_hallmark", "med_stepbench",
@@ -129,7 +132,7 @@ def _prepare(benchmark: str, config: str | None, data_dir: Any, image_roots: Any
                    metric_options={name: dict(values) for name, values in (metric_options or {}).items()})
     model = _HarnessModel(needs_images)
     prepared = _prepare_split(spec, model, spec.benchmarks[0], [])
-    _attach_images(spec, model, [prepared])
+    _attach_images(spec, model, [prepared], note_unused=False)  # one set of roots serves every split
     return prepared
 
 
@@ -178,19 +181,12 @@ def default_metric_names(benchmark: str, config: str | None = None) -> list[str]
     return _metric_names(declared, None)  # type: ignore[arg-type]
 
 
-# The numbers a harness reports per split: ``metric.key`` of the metric's results, higher is better or not.
-SPLIT_NUMBERS: dict[str, tuple[tuple[str, bool], ...]] = {
-    "close_ended_accuracy": (("accuracy", True),),
-    "chair": (("chair", False), ("chair_s", False), ("recall", True)),  # CHAIR_i, CHAIR_s, finding recall
-    "text_generation": (("bleu", True), ("rougeL", True), ("meteor", True)),
-    "medihall_score": (("medihall_score", True), ("accuracy", True)),
-    "stepbench": (("macro_f1", True), ("f1", True), ("accuracy", True)),
-    "sh_judge": (("sh", True),),
-}
+SPLIT_NUMBERS = HEADLINE_NUMBERS  # the numbers a harness reports per split: medheval.scoring.headline
 
 
 def split_numbers(benchmark: str, config: str | None = None) -> list[tuple[str, bool]]:
-    """``[("metric.key", higher_is_better), ...]``: the split's reported numbers (:data:`SPLIT_NUMBERS`)."""
+    """``[("metric.key", higher_is_better), ...]``: the split's reported numbers, the headline numbers
+    (:data:`medheval.scoring.headline.HEADLINE_NUMBERS`) of the metrics ``medheval run`` computes for it."""
     return [(f"{metric}.{key}", better) for metric in default_metric_names(benchmark, config)
             for key, better in SPLIT_NUMBERS.get(metric, ())]
 
@@ -234,6 +230,15 @@ def _scoring_split(benchmark: str, config: str | None, data_dir: Any, image_root
     return _SCORING_SPLITS[key]
 
 
+def split_is_fixture(benchmark: str, config: str | None, data_dir: str | os.PathLike[str] | None = None,
+                     image_roots: str | Mapping[str, str] | None = None) -> bool:
+    """Whether the split's annotation files are the embedded fixture (synthetic records): a harness task marks
+    its log so, and ``publish --results`` refuses it as it refuses such a run (:mod:`medheval.run.provenance`)."""
+    from medheval.run.provenance import files_are_fixture
+
+    return files_are_fixture(_scoring_split(benchmark, config, data_dir, image_roots, None).loaded.files)
+
+
 def score_split(benchmark: str, config: str | None, predictions: Mapping[str, str],
                 data_dir: str | os.PathLike[str] | None = None, image_roots: str | Mapping[str, str] | None = None,
                 metric_options: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict, list[dict]]:
@@ -274,4 +279,4 @@ def item_value(row: Mapping[str, Any]) -> float | None:
 
 __all__ = ["ANSWER_TYPES", "EXCLUDED", "HARNESS_BENCHMARKS", "ITEM_VALUE_KEYS", "SPLIT_NUMBERS", "HarnessItem", "default_config",
            "default_metric_names", "generation_settings", "harness_settings", "harness_splits", "item_value", "load_items",
-           "number_value", "parse_image_roots", "record_images", "score_split", "split_numbers"]
+           "number_value", "parse_image_roots", "record_images", "score_split", "split_is_fixture", "split_numbers"]

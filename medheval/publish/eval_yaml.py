@@ -18,14 +18,24 @@ leaderboard. A model's ``.eval_results`` entry shows on a task's leaderboard whe
       solvers: [{name: generate}]
       scorers: [{name: f1}]
 
+    reproduce:
+      inspect_task: medheval/cxr_vishal
+      task_args: {config: <task config>}
+      scorer: medheval.integrations.inspect.scorers.medheval_scorer
+      metric: <task id after the config>
+
 The splits are those our inspect tasks run (``inspect eval medheval/<benchmark> -T config=<config>``,
 :func:`medheval.integrations.splits.harness_splits`) that the repo holds, and the numbers are each split's
-reported numbers (:func:`medheval.integrations.splits.split_numbers`). ``field_spec``, ``solvers`` and
-``scorers`` are required with ``inspect-ai`` (hf.co/docs/hub eval.yaml specification); the rows hold image
-references rather than pixels and our scorers need our package, so these name inspect's generic
-``generate`` with ``match`` (close-ended) or ``f1`` (free text); the published numbers come from our tasks'
-scorers. :func:`read_eval_yaml` parses the file back and checks every task against the repo's card
-(``configs`` with their ``data_files`` splits) and the files on disk.
+headline numbers (:mod:`medheval.scoring.headline`). ``field_spec``, ``solvers`` and ``scorers`` are required
+with ``inspect-ai`` (hf.co/docs/hub eval.yaml specification), and inspect's own reader of the file (``inspect
+eval hf/<repo>``, inspect_ai ``_eval/task/hf.py``) accepts only its built-in solvers and scorers there and no
+other key in a task entry: a name of ours would make the file unreadable to it. So the task entries name
+inspect's generic ``generate`` with ``match`` (close-ended) or ``f1`` (free text), which cannot compute CHAIR or
+our split-level ratios, and the top-level ``reproduce`` block (ignored by inspect's reader) names the inspect
+task and scorer that give the published value: ``inspect eval medheval/<benchmark> -T config=<config>``, whose
+metric ``<metric>/<key>`` is the task id after the config (:func:`reproduction`;
+tests/test_interop_inspect_tasks.py runs a written file that way). :func:`read_eval_yaml` parses the file back
+and checks every task against the repo's card (``configs`` with their ``data_files`` splits) and the files on disk.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 EVAL_YAML = "eval.yaml"
+REPRODUCE = "reproduce"  # top-level: inspect's eval.yaml reader ignores it (its task entries forbid extra keys)
+SCORER = "medheval.integrations.inspect.scorers.medheval_scorer"
 FRAMEWORK = "inspect-ai"
 SPLIT = "test"  # every exported config has this one split (medheval.publish.hub.export_dataset)
 TASK_KEYS = ("id", "config", "split")
@@ -66,11 +78,26 @@ def eval_yaml(benchmark: str, configs: Iterable[str], pretty_name: str | None = 
               "scorers": [{"name": "match" if number.startswith("close_ended_accuracy.") else "f1"}]}
              for config in configs for number, _ in split_numbers(benchmark, config)]
     description = (f"{pretty_name or benchmark}: hallucination evaluation of medical vision-language models. "
-                   f"Run a task with `pip install medheval[interop]` and "
-                   f"`inspect eval medheval/{benchmark} -T config=<task config>`; prompts, generation settings and "
-                   "scorers are those of `medheval run`.")
+                   f"Reproduce a task's number with `pip install medheval[interop]` and "
+                   f"`inspect eval medheval/{benchmark} -T config=<task config>` (scorer {SCORER}); its inspect "
+                   "metric `<metric>/<key>` (the task id after the config) is the published value. Prompts, images, "
+                   "generation settings and scorers are those of `medheval run`.")
     return {"name": pretty_name or benchmark, "description": description, "evaluation_framework": FRAMEWORK,
-            "tasks": tasks}
+            "tasks": tasks, REPRODUCE: {"inspect_task": f"medheval/{benchmark}", "task_args": {"config": "<task config>"},
+                                        "scorer": SCORER, "metric": "<task id after the config>",
+                                        "install": 'pip install "medheval[interop]"'}}
+
+
+def reproduction(data: Mapping[str, Any], task_id: str) -> dict[str, Any]:
+    """How to reproduce one task's published value from a written ``eval.yaml``: ``{"task": "medheval/<benchmark>",
+    "task_args": {"config": ...}, "metric": "<metric>/<key>"}`` (run the task, read that inspect metric)."""
+    recipe = data.get(REPRODUCE) or {}
+    task = next((task for task in data.get("tasks") or [] if task.get("id") == task_id), None)
+    if task is None or not recipe.get("inspect_task"):
+        raise EvalYamlError(f"eval.yaml has no task {task_id!r} or no {REPRODUCE}.inspect_task (its tasks: "
+                            f"{[t.get('id') for t in data.get('tasks') or []]})")
+    config, _, metric = task_id.partition("/")
+    return {"task": recipe["inspect_task"], "task_args": {"config": task["config"]}, "metric": metric}
 
 
 def write_eval_yaml(folder: str | Path, benchmark: str, configs: Iterable[str],
@@ -96,8 +123,11 @@ def card_section(benchmark: str, configs: Iterable[str], excluded: Mapping[str, 
             f"headline number of each config ({', '.join(f'`{config}`' for config in configs)}; split `test`), "
             "its id the `task_id` under which `medheval publish --results` files that number. Run a config with "
             f"`pip install medheval[interop]` and `inspect eval medheval/{benchmark} -T config={configs[0]} "
-            f"--model <provider/model>` (images: `-T image_root=<source>=<folder>`); the split metrics equal "
-            "`medheval run --predictions` on the same outputs.")
+            f"--model <provider/model>` (images: `-T image_root=<source>=<folder>`); its metric `<metric>/<key>` "
+            "(the task id after the config) is the published value, and the split metrics equal "
+            "`medheval run --predictions` on the same outputs. The task entries' generic `generate`/`match`/`f1` "
+            "are what the Hub's format requires; they do not compute our numbers (the `reproduce` block names the "
+            "task that does).")
     if excluded:
         text += " Not run by inspect tasks: " + "; ".join(f"{name} ({why})" for name, why in sorted(excluded.items())) + "."
     return text
@@ -142,6 +172,11 @@ def read_eval_yaml(folder: str | Path) -> dict[str, Any]:
     if data["evaluation_framework"] != FRAMEWORK:
         raise EvalYamlError(f"{path}: evaluation_framework is {data['evaluation_framework']!r}; our tasks run with "
                             f"{FRAMEWORK!r} (a framework id the Hub has registered): {fix}")
+    recipe = data.get(REPRODUCE)
+    if not (isinstance(recipe, dict) and isinstance(recipe.get("inspect_task"), str)
+            and recipe["inspect_task"].startswith("medheval/")):
+        raise EvalYamlError(f"{path}: {REPRODUCE}.inspect_task (medheval/<benchmark>, the inspect task that gives the "
+                            f"published values) is missing: {fix}")
     if not isinstance(data["tasks"], list):
         raise EvalYamlError(f"{path}: tasks must be a list of {{id, config, split}}: {fix}")
     available = _card_splits(folder)

@@ -43,7 +43,9 @@ import yaml
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
 from medheval.data.registry import list_units, unit_dir
 from medheval.data.schema import CREDENTIALED_SOURCES
+from medheval.run import provenance
 from medheval.run.control import control_of
+from medheval.scoring.headline import headline_numbers
 
 DEFAULT_ORG = "medheval"
 MANIFEST = "publish.json"
@@ -379,28 +381,25 @@ def export_mitigation(name: str, out_dir: str | Path, org: str = DEFAULT_ORG,
 # -------------------------------------------------------------------------------------- results
 
 
-def headline_numbers(values: Mapping[str, Any] | None) -> dict[str, int | float]:
-    """The numbers of one metric's results that are published (``.eval_results``, inspect's split metrics):
-    every top-level number; counts (``n``, ``n_*``), flags and nested tables left out."""
-    return {key: value for key, value in (values or {}).items()
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "n"
-            and not key.startswith("n_")}
-
-
-def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
-                         date: str | None = None) -> dict[str, list[dict[str, Any]]]:
+def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, date: str | None = None,
+                         allow: Iterable[str] = ()) -> dict[str, list[dict[str, Any]]]:
     """``{file name: [entries]}`` in the Hub's ``.eval_results/*.yaml`` format for one ``results.json``.
 
     One file per benchmark split and mitigation (the Hub keeps variants of one benchmark in separate
-    files); one entry per headline number: every top-level numeric value of each metric, counts
-    (``n``, ``n_*``) left out. ``task_id`` is ``<config>/<metric>/<key>``."""
+    files); one entry per headline number (:mod:`medheval.scoring.headline`, the numbers ``eval.yaml`` and
+    both harnesses report; settings and counts never). ``task_id`` is ``<config>/<metric>/<key>``.
+    Random-weight, fixture and limited results (:mod:`medheval.run.provenance`, carried through re-scores)
+    are refused unless ``allow`` names them (``random_weights``, ``fixture``, ``limit``); the entries'
+    notes then say so, and name a protocol other than ``clean``."""
     runs = results["runs"] if "runs" in results else [results]
     date = date or _dt.date.today().isoformat()
     files: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
-        if (run.get("labels") or {}).get("random_weights"):
-            raise PublishError("these results come from a random-weight demo model (labels.random_weights); "
-                               "they mean nothing and are not published")
+        origin = provenance.of_run(run)
+        refused = provenance.refusal(origin, allow)
+        if refused:
+            raise PublishError(refused)
+        origin_notes = provenance.notes(origin, allow)
         settings = run.get("settings") or {}
         mitigation = str(settings.get("mitigation") or "none")
         control = control_of(settings)  # an image-blind control run (medheval.run.control) is said and kept apart
@@ -411,7 +410,7 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
                                    "'.', '_' and '-' (a results.json edited by hand, or not from `medheval run`)")
             entries = []
             for metric, values in sorted((block.get("metrics") or {}).items()):
-                for key, value in sorted(headline_numbers(values).items()):
+                for key, value in sorted(headline_numbers(metric, values).items()):
                     entry: dict[str, Any] = {
                         "dataset": {"id": f"{org}/{benchmark}", "task_id": f"{config or 'default'}/{metric}/{key}"},
                         "value": value, "date": date,
@@ -421,7 +420,7 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG,
                         notes.insert(0, f"control={control}")
                     if mitigation != "none":
                         notes.insert(0, f"mitigation={mitigation}")
-                    entry["notes"] = ", ".join(notes)
+                    entry["notes"] = ", ".join(notes + origin_notes)
                     entries.append(entry)
             if entries:
                 suffix = "" if mitigation == "none" else "_" + re.sub(r"[^A-Za-z0-9]+", "_", mitigation).strip("_")
@@ -437,10 +436,12 @@ def _inside(root: Path, path: Path) -> Path:
     return path
 
 
-def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, org: str = DEFAULT_ORG) -> RepoFolder:
+def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, org: str = DEFAULT_ORG,
+                   allow: Iterable[str] = ()) -> RepoFolder:
     """A run's ``results.json`` as ``.eval_results/*.yaml`` for the model repo ``model_repo``; ``run_dir`` may
     also be an inspect ``.eval`` log of a ``medheval/<benchmark>`` task, or a folder of them
-    (:mod:`medheval.integrations.inspect.logs`), which give the same files as a run folder."""
+    (:mod:`medheval.integrations.inspect.logs`), which give the same files as a run folder. ``allow``: the
+    provenance blockers to publish anyway (:func:`eval_results_entries`)."""
     from medheval.integrations.inspect.logs import InspectLogError, inspect_log_paths, results_from_logs
 
     if not REPO_ID.fullmatch(model_repo) or ".." in model_repo:
@@ -458,7 +459,13 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
                            "log of a medheval task (or a folder of them)")
     else:
         results = json.loads(results_path.read_text())
-    files = eval_results_entries(results, org=org)
+    allow = tuple(allow)
+    files = eval_results_entries(results, org=org, allow=allow)
+    for run in results["runs"] if "runs" in results else [results]:
+        source = provenance.of_run(run).get("source_model")
+        backend = (run.get("settings") or {}).get("backend") or {}
+        if source and backend.get("backend") == "predictions_file" and source != model_repo:
+            warnings.append(f"the answers were generated by {source!r}, published for {model_repo!r}")
     if not files:
         raise PublishError(f"{results_path} holds no numeric metric values to publish")
     folder = _inside(Path(out_dir), Path(out_dir) / "results" / model_repo.replace("/", "--"))

@@ -32,6 +32,7 @@ from medheval.scoring.metric_options import check_options
 from medheval.run.outputs import atomic_write_text
 from medheval.run.prompts import describe_templates
 from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
+from medheval.run import provenance as run_provenance
 from medheval.data.registry import list_units, unit_dir
 from medheval.judges.endpoints import redact
 from medheval.run.protocol import (
@@ -189,13 +190,15 @@ def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int
 def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogWriter,
                          done: set[tuple[str, str, str, str]], mitigation: str, batch_size: int,
                          generation: GenerationPlan | None = None, shard: tuple[int, int] = (0, 1),
-                         control: Control = Control()) -> int:
+                         control: Control = Control(), provenance: Mapping[str, Any] | None = None) -> int:
     """Generate for every record not yet in the log; returns how many were generated now. Every secret the
     run holds (API keys, passwords: :func:`medheval.judges.endpoints.register_secrets`) is redacted from the
     predictions, which a server may have echoed it into. Each log entry records the rendered prompt (when the backend has ``format_prompt``) and the generation settings.
     ``shard=(rank, world_size)``: only this process's batches (:func:`medheval.run.distributed.shard_batches`).
-    ``control``: the images the model gets instead (:mod:`medheval.run.control`); a blind entry records it."""
+    ``control``: the images the model gets instead (:mod:`medheval.run.control`); a blind entry records it.
+    ``provenance``: written into every entry when it is not a clean full run (:mod:`medheval.run.provenance`)."""
     ids = loaded.dataset["id"]
+    carried = run_provenance.for_log(provenance or {})
     todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation, control.kind) not in done]
     plan_for = settings_for(generation, loaded.name, loaded.config)
     if generation is not None:  # stable sort: one setting per batch where possible
@@ -219,7 +222,7 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
                 for record, record_images, prediction in zip(group, group_images, outputs):
                     writer.write({"id": record["id"], "prediction": redact(prediction), "model": backend.name,
                                   "mitigation": mitigation, **blind, "seconds": round(seconds, 6), "generation": used,
-                                  **rendered_prompt(backend, record, record_images)})
+                                  **rendered_prompt(backend, record, record_images), **carried})
             generated += len(records)
             bar.update(len(records))
     return generated
@@ -429,6 +432,17 @@ def _refuse_grid_folder(output: Path) -> None:
                            f"--output folder.")
 
 
+def split_provenance(job: SplitJob) -> dict[str, Any]:
+    """The provenance of the answers one split generates (:mod:`medheval.run.provenance`): what the backend
+    inherits (a predictions file's), random weights, the split's fixture files, ``--limit``, the protocol."""
+    settings = job.backend.settings()
+    protocol = job.results.get("protocol") if isinstance(job.results, dict) else None
+    return run_provenance.merge(job.state.get("inherited"), {
+        "random_weights": bool(job.spec.labels.get("random_weights") or settings.get("random_weights")),
+        "fixture": run_provenance.files_are_fixture(job.loaded.files), "limit": job.spec.limit,
+        "protocol": protocol.get("name") if isinstance(protocol, dict) else None, "source_model": job.backend.name})
+
+
 class PreparedSplit(NamedTuple):
     """A loaded and checked split: its protocol, metric names and their typed options."""
 
@@ -454,7 +468,8 @@ class QAProtocol(SplitProtocol):
         loaded, backend, spec, state = job.loaded, job.backend, job.spec, job.state
         return job.group.generate(
             lambda writer, shard: generate_predictions(loaded, backend, writer, state["done"], spec.mitigation,
-                                                       job.batch_size, spec.generation, shard, spec.image_control),
+                                                       job.batch_size, spec.generation, shard, spec.image_control,
+                                                       split_provenance(job)),
             state["log_path"], state["order"], job.split)
 
     def score_split(self, job: SplitJob, generated: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -496,10 +511,21 @@ def _image_sources(loaded: LoadedBenchmark) -> list[str]:
     return sorted({row["source"] for row in rows if row["images"]})
 
 
-def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit]) -> None:
+_NOTED: set[str] = set()  # notes already printed by this process (said once, not once per split or per run of a grid)
+
+
+def _note_once(text: str) -> None:
+    if text not in _NOTED and process_group().is_main:
+        _NOTED.add(text)
+        print(f"note: {text}", file=sys.stderr)
+
+
+def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit], note_unused: bool = True) -> None:
     """Check the image roots against every split of the run and attach them (the images themselves are read
     during generation and scoring). Every problem of every split is reported in one error: a root naming a
-    source no split has, each split's sources without a root, then each split's missing image files."""
+    source no split has, each split's sources without a root, then each split's missing image files.
+    Roots no split uses are fine (kept for other benchmarks): one note names them all, once per process
+    (``note_unused=False``: none, for a harness whose one ``MEDHEVAL_IMAGE_ROOTS`` serves every split)."""
     from medheval.data.benchmarks import attach_images
     from medheval.data.images import ImageError
 
@@ -519,9 +545,11 @@ def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit
                     for split, sources in without_root.items() if sources]
     if problems:
         problems += unused  # a mistyped source name explains a missing root
-    elif unused and process_group().is_main:  # roots kept for other benchmarks are fine; said once, not an error
-        for line in unused:
-            print(f"note: {line}; it is not used", file=sys.stderr)
+    elif unused and note_unused:  # roots kept for other benchmarks are fine: one line, once, not an error
+        keys = [key for key in roots if key != "*" and key not in every_source]
+        _note_once(f"--image-root {', '.join(keys)}: no split of this run has images from "
+                   f"{'this source' if len(keys) == 1 else 'these sources'} (its image sources: "
+                   f"{', '.join(every_source) or 'none'}); not used")
     if problems:
         lacking = sorted({source for sources in without_root.values() for source in sources})
         needs = f" (model {backend.name} reads images)" if backend.needs_images else ""
@@ -619,9 +647,12 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                                    "benchmarks": {}, "warnings": warnings, "world_size": group.world_size}
         if predictions_file is not None:
             results["predictions_file"] = predictions_file
+        inherited = run_provenance.inherited(backend)  # a re-score carries the provenance of the answers
+        if inherited is not None:
+            results["provenance"] = inherited
         scored: list[dict[str, Any]] = []
         state = {"entries": entries, "done": {log_key(entry) for entry in entries}, "log_path": log_path,
-                 "order": order}
+                 "order": order, "inherited": inherited}
         for split in prepared:
             job = SplitJob(split.loaded, backend, spec, output, split.metric_names, split.options, warnings,
                            group=group, results=results, state=state, batch_size=batch_size)
@@ -638,6 +669,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                     results["usage"] = backend.usage()
                 atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))
                 results["report"] = _report_plan()
+                results["provenance"] = run_provenance.of_run(results)
                 atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
                 write_markdown(results, output / "results.md")
                 write_report_html(output, results, spec.report_cluster)

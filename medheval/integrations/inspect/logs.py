@@ -12,7 +12,9 @@ What is read from a log (``inspect_ai.log.read_eval_log``):
   per-sample values, its stderr) are listed as not published;
 - the mitigation from the model arg ``mitigation`` (``-M mitigation=vcd:alpha=1``), written in its
   full form as ``medheval run`` records it; ``random_weights`` when the ``medheval`` provider marked
-  an output as coming from a random-weight model (such results are refused, as for run folders).
+  an output as coming from a random-weight model, ``fixture`` when our task marked the split as the
+  embedded fixture, and inspect's ``--limit`` (such results are refused, as for run folders, unless
+  ``publish`` gets the matching ``--allow-*`` flag: :mod:`medheval.run.provenance`).
 
 Only finished logs (status ``success``) of our tasks are read; anything else raises
 :class:`InspectLogError` naming the file.
@@ -82,13 +84,12 @@ def _split(path: Path, log: Any) -> tuple[str, str]:
 
 
 def _mitigation(path: Path, model_args: dict[str, Any]) -> str:
-    from medheval.mitigations import get_mitigation
+    from medheval.integrations.inspect.model_args import resolve_mitigation
 
-    spec = model_args.get("mitigation")
     try:
-        method = get_mitigation(None if spec is None else str(spec))
+        method = resolve_mitigation(model_args.get("mitigation"))
     except ValueError as error:
-        raise InspectLogError(f"{path}: model arg mitigation={spec!r}: {error}") from None
+        raise InspectLogError(f"{path}: {error}") from None
     return method.spec() if method is not None else "none"
 
 
@@ -124,12 +125,23 @@ def results_from_log(path: str | Path) -> tuple[dict[str, Any], list[str]]:
         raise InspectLogError(f"{path}: none of the log's metrics ({', '.join(unmapped) or 'none'}) is one of ours "
                               "(names like close_ended_accuracy/accuracy); score it with the medheval task's scorer")
     random = any((sample.output.metadata or {}).get("random_weights") for sample in log.samples or [])
+    fixture = bool((log.eval.metadata or {}).get("fixture")) or any((sample.metadata or {}).get("fixture")
+                                                                    for sample in log.samples or [])
     run = {"settings": {"mitigation": _mitigation(path, dict(log.eval.model_args or {})), "model": log.eval.model,
-                        "source": f"inspect log {path.name}"},
+                        "source": f"inspect log {path.name}", "limit": _limit(log)},
            "labels": {"random_weights": True} if random else {},
+           "provenance": {"fixture": fixture, "source_model": log.eval.model},
            "benchmarks": {f"{benchmark}:{config}": {"metrics": metrics,
                                                     "n_scored": scored or log.results.completed_samples}}}
     return run, unmapped
+
+
+def _limit(log: Any) -> int | None:
+    """inspect's ``--limit`` as a record count (it also takes a range ``start,end``), ``None`` without one."""
+    limit = getattr(log.eval.config, "limit", None)
+    if isinstance(limit, (list, tuple)) and len(limit) == 2:
+        return int(limit[1]) - int(limit[0])
+    return int(limit) if isinstance(limit, int) else None
 
 
 def results_from_logs(paths: Iterable[str | Path]) -> tuple[dict[str, Any], list[str]]:

@@ -1,10 +1,12 @@
 """``--model medheval/<hub id or folder>``: a local HF vision-language model as an inspect_ai model, run by
 our HF backend (:class:`medheval.backends.hf.HFBackend`), optionally with one of our mitigations.
 
-    inspect eval medheval/cxr_vishal --model medheval/llava-hf/llava-1.5-7b-hf -M mitigation=vcd:alpha=1
+    inspect eval medheval/cxr_vishal --model medheval/llava-hf/llava-1.5-7b-hf -M mitigation=vcd:alpha=1,beta=0.1
     inspect eval medheval/mm_vishal --model medheval//models/my-llava -M batch_size=16 -M device=cuda
 
-Model args (``-M``): ``mitigation`` (our spec syntax, ``vcd:alpha=1,beta=0.1``; default none),
+Model args (``-M``): ``mitigation`` (our spec syntax, ``-M mitigation=vcd:alpha=1,beta=0.1``: inspect splits it
+at the commas and the list is joined back; or a YAML mapping, ``-M 'mitigation={name: vcd, alpha: 1, beta: 0.1}'``;
+:mod:`medheval.integrations.inspect.model_args`; default none),
 ``batch_size`` (default 8), ``device`` (``cpu``/``cuda``/``cuda:1``; default CUDA when present), ``dtype``
 (``float32``/``bfloat16``/``float16``/``auto``), ``batch_wait`` (seconds a short batch waits for more calls;
 default 0.05).
@@ -196,9 +198,9 @@ class MedHEvalModelAPI(ModelAPI):
                                 "known: -M mitigation=SPEC, -M batch_size=N, -M device=cpu|cuda, -M dtype=..., "
                                 "-M batch_wait=SECONDS")
         from medheval.backends.hf import HFBackend
-        from medheval.mitigations import get_mitigation
+        from medheval.integrations.inspect.model_args import resolve_mitigation
 
-        method = get_mitigation(None if mitigation is None else str(mitigation))  # MitigationError lists the names
+        method = resolve_mitigation(mitigation)  # inspect's list of a comma spec joined back (model_args)
         self.mitigation = method.spec() if method is not None else "none"
         self.backend = HFBackend(model_name, batch_size=int(batch_size), device=device, dtype=dtype,
                                  generate_kwargs={"custom_generate": method} if method is not None else None)

@@ -21,16 +21,9 @@ from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric
 from inspect_ai.solver import TaskState
 
 from medheval.integrations.splits import item_value, score_split
-from medheval.publish.hub import headline_numbers
+from medheval.scoring.headline import headline_values
 
 NO_ITEM_VALUE = "n/a"  # a Score value must not be NaN (inspect would leave the sample out of the split metric)
-
-
-def headline_values(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
-    """``{"<metric>/<key>": value}``: the numbers ``medheval publish --results`` publishes for a run
-    (:func:`medheval.publish.hub.headline_numbers`), so an inspect log publishes the same entries."""
-    return {f"{name}/{key}": float(value) for name, values in results.items()
-            for key, value in headline_numbers(values).items()}
 
 
 def _predictions(scores: list[SampleScore]) -> dict[str, str]:

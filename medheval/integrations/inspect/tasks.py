@@ -25,7 +25,7 @@ from inspect_ai.solver import generate
 
 from medheval.integrations.inspect.scorers import medheval_scorer, split_metrics
 from medheval.integrations.splits import (HARNESS_BENCHMARKS, HarnessItem, default_config, generation_settings,
-                                          load_items)
+                                          load_items, split_is_fixture)
 from medheval.judges.media import to_judge_image
 
 
@@ -37,14 +37,16 @@ def inspect_config(settings: dict) -> GenerateConfig:
     return GenerateConfig(max_tokens=settings["max_new_tokens"], temperature=0.0)
 
 
-def to_sample(item: HarnessItem, benchmark: str, config: str) -> Sample:
-    """One inspect sample: the record's images, then our prompt, in one user message."""
+def to_sample(item: HarnessItem, benchmark: str, config: str, marks: dict | None = None) -> Sample:
+    """One inspect sample: the record's images, then our prompt, in one user message; ``marks``: provenance
+    for its metadata (``{"fixture": True}`` on the embedded fixture, which ``publish --results`` refuses)."""
     content: list[ContentImage | ContentText] = [ContentImage(image=to_judge_image(image).data_url)
                                                  for image in item.images]
     content.append(ContentText(text=item.prompt))
     return Sample(input=[ChatMessageUser(content=content)], target=item.target, id=item.id,
                   metadata={"benchmark": benchmark, "config": config, "record_id": item.id,
-                            "answer_type": item.record.get("answer_type"), "source": item.record.get("source")})
+                            "answer_type": item.record.get("answer_type"), "source": item.record.get("source"),
+                            **(marks or {})})
 
 
 def split_task(benchmark: str, config: str | None = None, data_dir: str | None = None,
@@ -55,11 +57,12 @@ def split_task(benchmark: str, config: str | None = None, data_dir: str | None =
     if isinstance(image_root, (list, tuple)):
         image_root = ",".join(str(part) for part in image_root)
     items = load_items(benchmark, config, data_dir=data_dir, image_roots=image_root)
-    dataset = MemoryDataset([to_sample(item, benchmark, config) for item in items], name=f"{benchmark}:{config}")
+    fixture = {"fixture": True} if split_is_fixture(benchmark, config, data_dir, image_root) else {}
+    dataset = MemoryDataset([to_sample(item, benchmark, config, fixture) for item in items], name=f"{benchmark}:{config}")
     return Task(dataset=dataset, solver=generate(), config=inspect_config(generation_settings(benchmark, config)),
                 scorer=medheval_scorer(benchmark, config, data_dir, image_root),
                 metrics=[split_metrics(benchmark, config, data_dir, image_root)],
-                metadata={"benchmark": benchmark, "config": config})
+                metadata={"benchmark": benchmark, "config": config, **fixture})
 
 
 def _task_for(benchmark: str) -> Callable[..., Task]:

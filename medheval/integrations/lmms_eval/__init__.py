@@ -8,7 +8,8 @@ Two ways in (lmms-eval 0.7.x):
   add tasks, no models).
 
 One task per split of :func:`medheval.integrations.splits.harness_splits`, named ``medheval_<benchmark>_<config>``,
-plus the group ``medheval`` (every task). The yaml files are written by :mod:`.write_tasks`; ``tasks/utils.py``
+plus the group ``medheval`` (every public benchmark's tasks) and ``medheval_med_stepbench`` (Med-StepBench: no
+public data, so not in ``medheval``). The yaml files are written by :mod:`.write_tasks`; ``tasks/utils.py``
 hands lmms-eval our records, prompts, images and scores (:mod:`medheval.integrations.splits`).
 """
 

@@ -22,7 +22,9 @@ from typing import Any
 import datasets
 
 from medheval.integrations import splits
+from medheval.integrations.stack import check
 
+check("lmms_eval")  # one line per missing or wrong-version dependency, before lmms-eval runs a task
 STUB_DATASET = {"data_files": {"test": str(Path(__file__).resolve().parent / "tasks" / "stub.jsonl")}}
 
 

@@ -1,4 +1,5 @@
-"""Write the lmms-eval task yamls (one per harness split, plus the ``medheval`` group):
+"""Write the lmms-eval task yamls (one per harness split, plus the groups: ``medheval`` for the public
+benchmarks, ``medheval_med_stepbench`` for Med-StepBench, whose data is not public):
 ``python -m medheval.integrations.lmms_eval.write_tasks [FOLDER]`` (default: the package's ``tasks``).
 tests/test_integrations_lmms_eval.py checks that the shipped files equal what this writes."""
 
@@ -44,15 +45,32 @@ def task_yaml(benchmark: str, config: str) -> str:
             f"metadata:\n  version: 1\n  benchmark: {benchmark}\n  config: {config}\n")
 
 
-def group_yaml() -> str:
-    tasks = "".join(f"  - {task_name(b, c)}\n" for b, c in splits.harness_splits())
-    return f"{HEADER}group: {GROUP}\ntask:\n{tasks}"
+def group_of(benchmark: str) -> str:
+    """The group of a benchmark's tasks: ``medheval`` for the public benchmarks; a benchmark whose data is not
+    public (its builder's ``NOT_PUBLISHED``, Med-StepBench) gets a group of its own, ``medheval_<benchmark>``,
+    so ``--tasks medheval`` runs without data nobody can download."""
+    from medheval.data.benchmarks import builder_class
+
+    return GROUP if getattr(builder_class(benchmark), "NOT_PUBLISHED", None) is None else f"{GROUP}_{benchmark}"
+
+
+def groups() -> dict[str, list[str]]:
+    """``{group: [task names]}`` in :func:`splits.harness_splits` order."""
+    found: dict[str, list[str]] = {}
+    for benchmark, config in splits.harness_splits():
+        found.setdefault(group_of(benchmark), []).append(task_name(benchmark, config))
+    return found
+
+
+def group_yaml(group: str = GROUP) -> str:
+    tasks = "".join(f"  - {name}\n" for name in groups()[group])
+    return f"{HEADER}group: {group}\ntask:\n{tasks}"
 
 
 def expected_files() -> dict[str, str]:
     """{file name: content} of every yaml the tasks folder holds."""
     files = {f"{task_name(b, c)}.yaml": task_yaml(b, c) for b, c in splits.harness_splits()}
-    files[f"{GROUP}.yaml"] = group_yaml()
+    files.update({f"{group}.yaml": group_yaml(group) for group in groups()})
     return files
 
 

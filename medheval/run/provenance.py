@@ -1,0 +1,133 @@
+"""Where a run's answers came from, carried through every re-score and checked before publishing.
+
+A run's provenance (``results.json`` key ``provenance``) says what makes its numbers something other than a
+model's result on a benchmark:
+
+- ``random_weights``: the answers came from a random-weight model (``--model tiny-random``, ``medheval demo``);
+- ``fixture``: some split read the embedded fixture (synthetic records), not the released annotations;
+- ``limit``: the run scored only the first ``limit`` records of each split (``--limit``);
+- ``protocol``: the evaluation protocol (``results.json`` ``protocol.name``; ``"clean"`` when absent);
+- ``source_model``: the model that generated the answers (for a re-score, the one that wrote the file).
+
+The run writes it into every ``predictions.jsonl`` line it generates (key ``provenance``, only when some flag
+is set), so ``medheval run --predictions`` on that file inherits it (from the lines, or from a
+``results.json`` beside a ``predictions.jsonl``) and a re-score of a re-score still carries it.
+``medheval publish --results`` refuses random-weight, fixture and limited results unless the matching
+``--allow-*`` flag is passed (:data:`ALLOW_FLAGS`); the published entries then say so in their notes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+CLEAN_PROTOCOL = "clean"
+FIXTURE_MARK = "the embedded fixture"  # in the runner's fixture warning (results written before provenance existed)
+# what keeps results off the Hub -> the publish flag that lets them through (written into the published entry)
+ALLOW_FLAGS = {"random_weights": "--allow-random-weights", "fixture": "--allow-fixture", "limit": "--allow-limit"}
+WHY = {"random_weights": "come from a random-weight model (their numbers mean nothing)",
+       "fixture": "were scored on the embedded fixture (synthetic records), not the released data",
+       "limit": "scored only the first {limit} record(s) of each split (--limit {limit})"}
+
+
+def empty() -> dict[str, Any]:
+    """The provenance of a clean run of a real model on the released data, before the model is known."""
+    return {"random_weights": False, "fixture": False, "limit": None, "protocol": CLEAN_PROTOCOL, "source_model": None}
+
+
+def merge(*parts: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One provenance from several (this run's and the ones it inherits): any flag set stays set, the
+    smallest limit wins, a non-clean protocol wins, the first source model wins."""
+    out = empty()
+    for part in parts:
+        if not part:
+            continue
+        out["random_weights"] = out["random_weights"] or bool(part.get("random_weights"))
+        out["fixture"] = out["fixture"] or bool(part.get("fixture"))
+        limit = part.get("limit")
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            out["limit"] = limit if out["limit"] is None else min(out["limit"], limit)
+        protocol = part.get("protocol") or CLEAN_PROTOCOL
+        if out["protocol"] == CLEAN_PROTOCOL:
+            out["protocol"] = str(protocol)
+        out["source_model"] = out["source_model"] or part.get("source_model")
+    return out
+
+
+def notable(provenance: Mapping[str, Any]) -> bool:
+    """Whether anything in ``provenance`` differs from a clean full run (then it is written into log lines)."""
+    return bool(provenance.get("random_weights") or provenance.get("fixture") or provenance.get("limit") is not None
+                or (provenance.get("protocol") or CLEAN_PROTOCOL) != CLEAN_PROTOCOL)
+
+
+def for_log(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``provenance`` key of a ``predictions.jsonl`` line: ``{}`` for a clean run (nothing added)."""
+    return {"provenance": dict(provenance)} if notable(provenance) else {}
+
+
+def files_are_fixture(files: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a split's annotation files (``LoadedBenchmark.files``) include the embedded fixture."""
+    return any(entry.get("fixture") for entry in files)
+
+
+def of_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The provenance of one run of ``results.json``: its ``provenance`` key merged with what older files and
+    inspect logs say (labels, settings, annotation files, warnings), so nothing recorded is lost."""
+    settings = run.get("settings") or {}
+    backend = settings.get("backend") or {}
+    protocol = run.get("protocol")
+    fixture = any(files_are_fixture(block.get("annotation_files") or [])
+                  for block in (run.get("benchmarks") or {}).values() if isinstance(block, dict))
+    fixture = fixture or any(FIXTURE_MARK in str(warning) for warning in run.get("warnings") or [])
+    own = {"random_weights": bool((run.get("labels") or {}).get("random_weights") or backend.get("random_weights")),
+           "fixture": fixture, "limit": settings.get("limit"),
+           "protocol": protocol.get("name") if isinstance(protocol, Mapping) else None,
+           "source_model": settings.get("model")}
+    return merge(run.get("provenance"), own)
+
+
+def inherited(backend: Any) -> dict[str, Any] | None:
+    """What a run inherits from its backend: for a predictions file (``carried_provenance``, ``path``), the
+    ``provenance`` of its lines and of the ``results.json`` beside it when it is a run's ``predictions.jsonl``;
+    ``None`` when there is nothing to inherit."""
+    if not hasattr(backend, "carried_provenance"):
+        return None
+    path = Path(backend.path)
+    found: list[Mapping[str, Any]] = [part for part in backend.carried_provenance if isinstance(part, Mapping)]
+    beside = path.parent / "results.json"
+    if path.name == "predictions.jsonl" and beside.is_file():
+        try:
+            results = json.loads(beside.read_text())
+        except ValueError:
+            results = {}
+        for run in (results.get("runs") or [results]) if isinstance(results, dict) else []:
+            if isinstance(run, Mapping):
+                found.append(of_run(run))
+    return merge(*found) if found else None
+
+
+def blockers(provenance: Mapping[str, Any]) -> list[str]:
+    """The provenance keys that keep results off the Hub without an ``--allow-*`` flag."""
+    return [key for key in ALLOW_FLAGS if (provenance.get(key) is not None if key == "limit" else provenance.get(key))]
+
+
+def refusal(provenance: Mapping[str, Any], allowed: Iterable[str] = ()) -> str | None:
+    """Why results with ``provenance`` are not published given the ``allowed`` keys, or ``None``."""
+    missing = [key for key in blockers(provenance) if key not in set(allowed)]
+    if not missing:
+        return None
+    why = "; ".join(WHY[key].format(limit=provenance.get("limit")) for key in missing)
+    flags = " ".join(ALLOW_FLAGS[key] for key in missing)
+    return (f"these results {why}. They are not published; pass {flags} to publish them anyway "
+            "(the published entries then say so)")
+
+
+def notes(provenance: Mapping[str, Any], allowed: Iterable[str] = ()) -> list[str]:
+    """The words a published entry carries about its provenance: each allowed blocker, a non-clean protocol."""
+    out = [{"random_weights": "random-weight model", "fixture": "fixture data",
+            "limit": f"limit={provenance.get('limit')}"}[key] + f" (published with {ALLOW_FLAGS[key]})"
+           for key in blockers(provenance) if key in set(allowed)]
+    if (provenance.get("protocol") or CLEAN_PROTOCOL) != CLEAN_PROTOCOL:
+        out.append(f"protocol={provenance['protocol']}")
+    return out
