@@ -36,7 +36,7 @@ def parse_seeds(text: str | Sequence[Any] | None, where: str = "--seeds") -> lis
     values, repeats and an empty list are errors naming ``where``."""
     if text is None:
         return None
-    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
+    parts = [p.strip() for p in text.split(",") if p.strip()] if isinstance(text, str) else list(text)
     seeds: list[int] = []
     for part in parts:
         if isinstance(part, bool) or not (isinstance(part, int) or (isinstance(part, str) and part.isdigit())):
