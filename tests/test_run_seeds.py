@@ -98,3 +98,20 @@ def test_seeds_reproducible_batch_invariant_and_resumable(fixture_benchmark, tmp
     assert "holds passes for --seeds 0,1" in capsys.readouterr().err
     assert main(_args(fixture_benchmark, one, *SAMPLING)) == 2
     assert "asks for no --seeds" in capsys.readouterr().err
+
+
+def test_grid_config_seeds_key_and_flag():
+    from medheval.cli import build_parser
+    from medheval.run.grids import GridConfigError, apply_cli, given_options, parse_grid_config
+
+    base = {"output": "runs/x", "models": ["tiny-random-llava"], "benchmarks": ["context"]}
+    assert parse_grid_config({**base, "seeds": [0, 1, 2]}, "g.yaml").get("seeds") == [0, 1, 2]
+    assert parse_grid_config(base, "g.yaml").get("seeds") is None
+    with pytest.raises(GridConfigError, match="g.yaml: seeds: seed 1 is listed twice"):
+        parse_grid_config({**base, "seeds": [1, 1]}, "g.yaml")
+    with pytest.raises(GridConfigError, match="g.yaml: seeds: expected a list"):
+        parse_grid_config({**base, "seeds": 3}, "g.yaml")
+    argv = ["--seeds", "4,5"]
+    args = build_parser().parse_args(["run", "--config", "g.yaml", *argv])
+    merged = apply_cli(parse_grid_config({**base, "seeds": [0]}, "g.yaml"), args, given_options(argv))
+    assert merged.get("seeds") == [4, 5]
