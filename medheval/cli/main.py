@@ -55,8 +55,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         report_cluster=args.cluster,
         control_seed=args.seed,
     )
+    from medheval.run.seeds import parse_seeds
+
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", args.batch_size),
-                       controls=getattr(args, "control", None) or ["none"])
+                       controls=getattr(args, "control", None) or ["none"], seeds=parse_seeds(getattr(args, "seeds", None)))
     return _finish(results, Path(args.output))
 
 

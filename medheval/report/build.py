@@ -42,6 +42,15 @@ def caveats(runs: list["Run"]) -> list[str]:
     return lines
 
 
+def with_seeds(tables: list[Any]) -> list[Any]:
+    """``tables`` and, where runs were sampled with several seeds, the over-seeds table
+    (:func:`medheval.report.seeds.over_seeds`: mean and spread over seeds beside the interval over items)."""
+    from medheval.report.seeds import over_seeds
+
+    table = over_seeds(tables)
+    return tables + [table] if table is not None else tables
+
+
 def plots_unavailable() -> str | None:
     """Why there can be no plots (matplotlib, an optional extra, is missing), or ``None``."""
     try:
@@ -83,7 +92,7 @@ def write_run_report(output: str | Path, results: dict[str, Any], cluster: str =
             figures, note = _plots(runs, Path(folder))
             notes = caveats(runs)
             notes += [note] if note and not any(note in line for line in notes) else []
-            write_html(runs, build_tables(runs), figures, notes, output / "report.html")
+            write_html(runs, with_seeds(build_tables(runs)), figures, notes, output / "report.html")
         return None
     except Exception as error:  # noqa: BLE001 - the run succeeded; its report must not undo that
         return (f"report.html not written ({type(error).__name__}: {error}); "
@@ -105,7 +114,7 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
 
     runs = find_runs(paths, cluster=cluster) if runs is None else runs
     output = Path(output)
-    tables = build_tables(runs)
+    tables = with_seeds(build_tables(runs))
     reproduced = _reproduction(tables) if compare_published else None
     _, compared = comparisons(runs)
     _, blind = image_deltas(runs)

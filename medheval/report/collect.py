@@ -59,9 +59,19 @@ class Run:
         return control_of(self.results.get("settings"))
 
     @property
+    def seed(self) -> int | None:
+        """The sampling seed of one pass of ``--seeds`` (``settings.seed``); ``None`` for a run without seeds."""
+        seed = self.results.get("settings", {}).get("seed")
+        return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+    @property
     def variant(self) -> str:
-        """The mitigation, with the control appended for a blind run (``none · no_image``)."""
-        return self.mitigation if self.control == "none" else f"{self.mitigation} · {self.control}"
+        """The mitigation, with the control appended for a blind run (``none · no_image``) and the seed for a
+        pass of ``--seeds`` (``none · seed 1``, :mod:`medheval.report.seeds`)."""
+        from medheval.report.seeds import seed_label
+
+        text = self.mitigation if self.control == "none" else f"{self.mitigation} · {self.control}"
+        return text if self.seed is None else text + seed_label(self.seed)
 
     @property
     def label(self) -> str:

@@ -264,16 +264,18 @@ def grouped(pairs: Iterable[tuple[str, str]]) -> list[str]:
 
 def variant(settings: dict[str, Any]) -> str:
     """The Mitigation column: the mitigation, with a blind run's control appended (``none · no_image``,
-    :mod:`medheval.run.control`)."""
+    :mod:`medheval.run.control`) and a seeded pass's seed (``none · seed 1``, :mod:`medheval.run.seeds`)."""
     control = control_of(settings)
-    return str(settings["mitigation"]) if control == "none" else f"{settings['mitigation']} · {control}"
+    text = str(settings["mitigation"]) if control == "none" else f"{settings['mitigation']} · {control}"
+    return text if settings.get("seed") is None else f"{text} · seed {settings['seed']}"  # a pass of --seeds
 
 
 def _cell(settings: dict[str, Any]) -> str:
     """A grid cell as warnings and caveats name it: the mitigation, and a blind run's control
     (```none` · `no_image```)."""
     control = control_of(settings)
-    return f"`{settings['mitigation']}`" + ("" if control == "none" else f" · `{control}`")
+    seed = "" if settings.get("seed") is None else f" · seed {settings['seed']}"
+    return f"`{settings['mitigation']}`" + ("" if control == "none" else f" · `{control}`") + seed
 
 
 def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: str = "mitigations") -> None:

@@ -7,6 +7,7 @@ A grid config (see ``configs/`` for the papers' tables)::
     benchmarks: [mm_vishal, cxr_vishal]     # name or name:config
     mitigations: [none, "vcd:alpha=1"]      # default [none]
     controls: [none, no_image]              # image-blind controls, a grid axis (default [none]; run/control.py)
+    seeds: [0, 1, 2]                        # one pass per sampling seed, a grid axis (needs sampling; run/seeds.py)
     generation:                             # medheval.run.generation (built-in table per answer type applies)
       defaults: {do_sample: false}
       answer_types: {report: {max_new_tokens: 512}}
@@ -54,6 +55,7 @@ CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "limit": ((int,), "an integer"),
     "batch_size": ((int,), "an integer"),
     "seed": ((int,), "an integer"),
+    "seeds": ((list,), "a list of sampling seeds, one pass each (medheval.run.seeds)"),
     "device": ((str,), "cpu, cuda, cuda:1 …"),
     "dtype": ((str,), "float32, bfloat16, float16"),
     "upstream_compat": ((bool,), "true or false"),
@@ -204,6 +206,13 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
         raise _fail(source, "on_missing", f"expected error or skip, got {data['on_missing']!r}")
     if data.get("cluster") not in (None, "auto", "none"):
         raise _fail(source, "cluster", f"expected auto or none, got {data['cluster']!r}")
+    if data.get("seeds") is not None:
+        from medheval.run.seeds import parse_seeds
+
+        try:
+            options["seeds"] = parse_seeds(data["seeds"], "seeds")
+        except RunError as error:
+            raise GridConfigError(f"{source}: {error}") from None
     for key in ("limit", "batch_size"):
         if data.get(key) is not None and data[key] < 1:
             raise _fail(source, key, f"must be >= 1, got {data[key]}")
@@ -250,6 +259,10 @@ def apply_cli(config: GridConfig, args: argparse.Namespace, given: set[str]) -> 
         config.controls = list(dict.fromkeys(args.control))
     if "metrics" in given:
         config.options["metrics"] = split_list(args.metrics)
+    if "seeds" in given:
+        from medheval.run.seeds import parse_seeds
+
+        config.options["seeds"] = parse_seeds(args.seeds)
     for dest, key in CLI_REPLACES.items():
         if dest in given:
             config.options[key] = getattr(args, dest)
@@ -349,7 +362,7 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
         for model in config.models:
             backend, labels = build_backend(backend_args(config, model))
             result = run_grid(run_spec(config, model, labels), backend, config.mitigations, controls=config.controls,
-                              batch_size=int(config.get("batch_size", 8)))
+                              batch_size=int(config.get("batch_size", 8)), seeds=config.get("seeds"))
             runs.extend(result["runs"] if "runs" in result else [result])
             del backend
             _free_memory()
@@ -357,6 +370,8 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
                     "mitigations": config.mitigations, "runs": runs}
         if config.controls != ["none"]:
             combined["controls"] = config.controls
+        if config.get("seeds"):
+            combined["seeds"] = config.get("seeds")
         if group.is_main:
             atomic_write_text(output / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
             write_grid_markdown(runs, output / "results.md", heading="models × mitigations")

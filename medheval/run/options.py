@@ -54,7 +54,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-p", type=float)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="sampling seed (each record samples from its own generator seeded from seed and its "
+                             "id: batch size never changes a sample) and the noise control's seed")
+    parser.add_argument("--seeds", metavar="S1,S2,...",
+                        help="sample once per seed, e.g. 0,1,2: each seed a full pass in its own sub-folder "
+                             "(<cell>__seed-<s>/), the report giving the mean and spread over seeds beside the interval "
+                             "over items; needs sampling (--do-sample or a sampling protocol); medheval/run/seeds.py")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda when available)")
     parser.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--upstream-compat", action="store_true",

@@ -92,6 +92,7 @@ class RunSpec:
     # image-blind control (medheval.run.control): none, no_image, blank or noise; noise is drawn from control_seed
     control: str = "none"
     control_seed: int = 0
+    seed: int | None = None  # the sampling seed of one pass of --seeds (medheval.run.seeds); recorded as settings.seed
 
     @property
     def image_control(self) -> Control:
@@ -700,6 +701,8 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
         settings["generation"] = spec.generation.describe()
     if spec.image_control.blind:  # absent for with-image runs, as in folders written before controls existed
         settings["control"] = spec.image_control.describe()
+    if spec.seed is not None:  # one pass of --seeds (absent otherwise, as in folders written before seeds existed)
+        settings["seed"] = spec.seed
     if main:
         _check_run_settings(output, settings, stack_versions() if versions is None else versions, warnings)
         merge_parts(output / "predictions.jsonl", [rid for split in prepared for rid in split.loaded.dataset["id"]])
@@ -733,15 +736,17 @@ def mitigation_slug(spec: str) -> str:
 
 
 def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8,
-             controls: Sequence[str] | None = None) -> dict[str, Any]:
+             controls: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """Run ``spec`` once per mitigation (``none`` = plain decoding) × image control (``controls``; default
-    ``[spec.control]``, :mod:`medheval.run.control`), side by side like MedHEval's Table 4.
+    ``[spec.control]``, :mod:`medheval.run.control`) × sampling seed (``seeds``, :mod:`medheval.run.seeds`),
+    side by side like MedHEval's Table 4.
 
-    One cell writes straight into ``spec.output``; several write one sub-folder each
-    (``<output>/<mitigation>/``, ``<output>/<mitigation>__<control>/`` for a blind cell, each resumable on its
-    own) plus a combined ``results.md``/``results.json``.
+    One cell writes straight into ``spec.output``; several (or any with seeds) write one sub-folder each
+    (``<output>/<mitigation>/``, ``<output>/<mitigation>__<control>/`` for a blind cell,
+    ``…__seed-<s>/`` per seed, each resumable on its own) plus a combined ``results.md``/``results.json``.
     """
     from medheval.mitigations import get_mitigation
+    from medheval.run.seeds import check_seeds, record_seeds
 
     methods = [(text, get_mitigation(text)) for text in mitigations] or [("none", None)]
     controls = list(dict.fromkeys(controls or [spec.control]))
@@ -757,37 +762,62 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
     if not getattr(backend, "supports_mitigations", True) and any(method is not None for _, method in methods):
         raise RunError(f"--mitigation changes a local model's decoding loop; {backend.name} answers over an API. "
                        f"Run mitigations with an HF model (--model <hub id or folder>)")
-    cells = [(text, method, kind) for text, method in methods for kind in controls]
+    if seeds:
+        check_seeds(backend, spec.generation, seeds)
+    cells = [(text, method, kind, seed) for text, method in methods for kind in controls for seed in (seeds or [None])]
     group = process_group()
-    lock = group.lock(spec.output, spec.lock_timeout) if len(cells) > 1 else contextlib.nullcontext()
+    several = len(cells) > 1 or bool(seeds)
+    lock = group.lock(spec.output, spec.lock_timeout) if several else contextlib.nullcontext()
     with lock:
-        if len(cells) > 1 and (Path(spec.output) / "run.json").exists():
+        if several and (Path(spec.output) / "run.json").exists():
             raise RunError(f"{spec.output} holds a single run (run.json); a grid of {len(cells)} mitigation × "
-                           f"control cells there would overwrite its results.md/results.json. Choose another "
+                           f"control × seed cells there would overwrite its results.md/results.json. Choose another "
                            f"--output folder.")
-        return _run_methods(spec, backend, cells, batch_size)
+        if group.is_main:
+            record_seeds(Path(spec.output), seeds)
+        return _run_methods(spec, backend, cells, batch_size, seeds)
 
 
-def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, str]], batch_size: int
-                 ) -> dict[str, Any]:
+def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, str, int | None]], batch_size: int,
+                 seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """The body of :func:`run_grid` (its folder locked when the grid has several runs)."""
     import copy
 
     from medheval.report.tables import write_grid_markdown
+    from medheval.run.seeds import seed_folder
 
     runs = []
-    for text, method, control in cells:
+    several = len(cells) > 1 or bool(seeds)
+    for text, method, control, seed in cells:
         label = method.spec() if method is not None else "none"
         variant = backend
         if method is not None:
             variant = copy.copy(backend)
             variant.generate_kwargs = {**getattr(backend, "generate_kwargs", {}), "custom_generate": method}
-        output = spec.output if len(cells) == 1 else Path(spec.output) / cell_slug(mitigation_slug(label), control)
-        runs.append(run(dataclasses.replace(spec, output=output, mitigation=label, control=control), variant,
-                        batch_size=batch_size))
-    if len(cells) > 1 and process_group().is_main:
-        combined = {"runs": runs}
+        if seed is not None:
+            variant = copy.copy(variant)
+            variant.seed = seed
+        folder = seed_folder(cell_slug(mitigation_slug(label), control), seed)
+        output = Path(spec.output) / folder if several else spec.output
+        runs.append(run(dataclasses.replace(spec, output=output, mitigation=label, control=control, seed=seed),
+                        variant, batch_size=batch_size))
+    if several and process_group().is_main:
+        combined: dict[str, Any] = {"runs": runs}
+        seeded = None
+        if seeds:  # the passes' figures: mean and spread over seeds (medheval.report.seeds)
+            from medheval.report.paper import to_json
+            from medheval.report.seeds import over_seeds_of
+
+            seeded = over_seeds_of(Path(spec.output), spec.report_cluster)
+            combined.update(seeds=list(seeds), over_seeds=to_json(seeded) if seeded is not None else None)
         atomic_write_text(Path(spec.output) / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
         write_grid_markdown(runs, Path(spec.output) / "results.md")
+        if seeded is not None:
+            from medheval.report.paper import to_markdown
+
+            path = Path(spec.output) / "results.md"
+            atomic_write_text(path, path.read_text() + "\n" + to_markdown(seeded))
         write_report_html(Path(spec.output), combined, spec.report_cluster)
+    if seeds:
+        return {"runs": runs, "seeds": list(seeds)}
     return runs[0] if len(runs) == 1 else {"runs": runs}

@@ -1,0 +1,68 @@
+"""The over-seeds table (medheval.report.seeds) on hand-made figures and hand-made run results."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from medheval.report.collect import Run
+from medheval.report.paper import Cell, Column, Table, build_tables, to_markdown
+from medheval.report.seeds import over_seeds
+from medheval.report.tables import variant
+
+
+def _table(rows):
+    table = Table("medheval_close_ended", "Close-ended (%)", ["Model", "Mitigation", "Split"], [Column("Acc"), Column("n")])
+    table.rows = [(labels, cells) for labels, cells in rows]
+    return table
+
+
+def test_mean_sd_range_and_item_half_width_by_hand():
+    rows = [
+        (["m", "none · seed 0", "s"], [Cell(70.0, 65.0, 75.0), Cell(text="10")]),
+        (["m", "none · seed 1", "s"], [Cell(72.0, 66.0, 78.0), Cell(text="10")]),
+        (["m", "none · seed 2", "s"], [Cell(77.0, 70.0, 84.0), Cell(text="10")]),
+        (["m", "vcd · seed 0", "s"], [Cell(50.0, 40.0, 60.0), Cell(text="10")]),  # one seed only: no spread
+        (["m", "pai", "s"], [Cell(60.0, 50.0, 70.0), Cell(text="10")]),  # unseeded: not in the table
+    ]
+    table = over_seeds([_table(rows)])
+    assert table is not None and len(table.rows) == 1  # the text column "n" has no figure to average
+    labels, (seeds, mean, spread, items) = table.rows[0]
+    assert labels == ["Close-ended (%)", "m · none · s", "Acc"]
+    assert seeds.text == "3 (0, 1, 2)" and seeds.n == 3
+    assert mean.value == pytest.approx(73.0)  # (70 + 72 + 77) / 3
+    assert mean.std == pytest.approx(math.sqrt((9 + 1 + 16) / 2))  # sample SD: sqrt(13) = 3.61
+    assert (spread.low, spread.high, spread.text) == (70.0, 77.0, "70.0–77.0")
+    assert items.value == pytest.approx(6.0) and items.text == "± 6.0"  # half-widths 5, 6, 7
+    text = to_markdown(table)
+    assert "| 73.00 ± 3.61 | 70.0–77.0 | ± 6.0 |" in text and "sample, n − 1" in text
+
+
+def test_missing_intervals_and_no_seeded_rows():
+    rows = [(["m", "none · seed 3", "s"], [Cell(10.0), Cell(text="4")]),
+            (["m", "none · seed 4", "s"], [Cell(20.0), Cell(text="4")])]
+    (labels, cells), = over_seeds([_table(rows)]).rows
+    assert cells[0].text == "2 (3, 4)" and cells[1].value == 15.0 and cells[3].text == "–"
+    assert over_seeds([_table([(["m", "none", "s"], [Cell(1.0), Cell(text="1")])])]) is None
+
+
+def _results(seed, accuracy):
+    settings = {"model": "m", "mitigation": "none", "seed": seed} if seed is not None else {"model": "m",
+                                                                                        "mitigation": "none"}
+    return {"settings": settings, "benchmarks": {"context:default": {"metrics": {
+        "close_ended_accuracy": {"accuracy": accuracy, "n": 4}}}}}
+
+
+def test_seeded_runs_are_rows_of_their_own_and_averaged(tmp_path):
+    runs = [Run(path=Path(tmp_path / f"none__seed-{s}"), results=_results(s, a)) for s, a in ((0, 0.5), (1, 0.75))]
+    assert [run.variant for run in runs] == ["none · seed 0", "none · seed 1"]
+    assert variant(runs[1].results["settings"]) == "none · seed 1"
+    assert Run(path=tmp_path, results=_results(None, 0.5)).variant == "none"  # without seeds: unchanged
+    tables = build_tables(runs)
+    close = next(t for t in tables if t.key == "medheval_close_ended")
+    assert [labels[1] for labels, _ in close.rows] == ["none · seed 0", "none · seed 1"]  # no folder suffix
+    (labels, cells), = over_seeds(tables).rows
+    assert labels[1] == "m · none · context:default"
+    assert cells[1].value == pytest.approx(62.5) and cells[1].std == pytest.approx(math.sqrt(2) * 12.5)
