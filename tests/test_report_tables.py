@@ -477,3 +477,37 @@ def test_comparison_table_adjusts_its_family_and_stars_the_adjusted_p(tmp_path, 
     with pytest.raises(SystemExit):
         main(["report", str(grid), "--output", str(out), "--p-adjust", "bonferroni"])
     assert "invalid choice: 'bonferroni'" in capsys.readouterr().err
+
+
+def test_runs_are_named_by_short_labels_that_name_the_control(tmp_path):
+    """A grid with none, its no_image and blank controls and a VCD preset run, plus a second grid's none run: the
+    HTML header, the figure legends and the caveats name them as results.md does (``m · none · no_image``), the
+    two with-image ``none`` runs by their folders, the full settings once under "Run folders"."""
+    from medheval.report.collect import run_labels
+    from medheval.report.plots import _run_labels
+
+    vcd = "vcd:preset=medheval,alpha=1.0,beta=0.1,noise_step=500,noise_seed=0"
+    for folder, mitigation, control in (("none", "none", None), ("none__no_image", "none", "no_image"),
+                                        ("none__blank", "none", "blank"), ("vcd", vcd, None)):
+        run = write_run(tmp_path / "a" / folder, mitigation, BASE)
+        results = json.loads((run / "results.json").read_text())
+        results["warnings"] = [f"warning of {folder}"]
+        if control:
+            results["settings"]["control"] = {"kind": control}
+        (run / "results.json").write_text(json.dumps(results))
+    write_run(tmp_path / "b" / "none", "none", BASE)
+    runs = find_runs([tmp_path / "a", tmp_path / "b"])
+    names = sorted(run_labels(runs).values())
+    assert names == [f"m · none ({tmp_path / 'a' / 'none'})", f"m · none ({tmp_path / 'b' / 'none'})",
+                     "m · none · blank", "m · none · no_image", "m · vcd (medheval)"]
+    assert _run_labels(runs) == run_labels(runs)  # the figure legends
+    written = write_report([tmp_path / "a"], tmp_path / "report", plots=False)
+    page = written["html"].read_text()
+    assert "Runs (4): m · none, m · none · blank, m · none · no_image, m · vcd (medheval)</p>" in page
+    assert f"<li>m · vcd (medheval): m · {vcd} (" in page
+    caveats = json.loads(written["json"].read_text())["caveats"]
+    assert "warning of none__no_image (m · none · no_image)" in caveats
+    assert "warning of vcd (m · vcd (medheval))" in caveats and not any("noise_step" in line for line in caveats)
+    markdown = written["markdown"].read_text()
+    assert "Runs: `m · none`, `m · none · blank`, `m · none · no_image`, `m · vcd (medheval)`" in markdown
+    assert f"- `m · vcd (medheval)`: `m · {vcd}` (" in markdown

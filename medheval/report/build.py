@@ -19,9 +19,12 @@ if TYPE_CHECKING:  # imported when a report is written, so `medheval --help` sta
 
 
 def caveats(runs: list["Run"]) -> list[str]:
-    """What a reader must know about the runs: labels (random weights), warnings, unread parts."""
+    """What a reader must know about the runs: labels (random weights), warnings, unread parts; each line
+    names the runs it applies to by their short labels (:func:`medheval.report.collect.run_labels`)."""
+    from medheval.report.collect import run_labels
     from medheval.report.tables import caveats as run_caveats
 
+    names = run_labels(runs)
     lines: list[str] = []
     per_run: dict[str, list[int]] = {}  # a warning or caveat -> the runs it applies to (said once)
     for index, run in enumerate(runs):
@@ -34,7 +37,7 @@ def caveats(runs: list["Run"]) -> list[str]:
         lines += run.notes
     for text, indices in per_run.items():
         scope = ("all runs" if len(runs) > 1 and len(indices) == len(runs)
-                 else ", ".join(dict.fromkeys(runs[i].label for i in indices)))
+                 else ", ".join(dict.fromkeys(names[id(runs[i])] for i in indices)))
         lines.append(f"{text} ({scope})")
     if any(item.get("credentialed") for run in runs for item in run.items):
         lines.append("Some items derive from credentialed data (MIMIC, PhysioNet agreement): keep this report "
@@ -103,7 +106,7 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     ``p_adjust``: how each comparison table's p-values are adjusted as one family: ``holm`` (default), ``bh``
     or ``none`` (:func:`medheval.report.stats.adjust_p`)."""
     from medheval.run.outputs import atomic_write_text
-    from medheval.report.collect import find_runs, software_stack
+    from medheval.report.collect import find_runs, run_labels, software_stack
     from medheval.report.paper import build_tables, comparisons, image_deltas, sections_markdown, to_csv, to_json
 
     runs = find_runs(paths, cluster=cluster) if runs is None else runs
@@ -116,7 +119,10 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     figures, plot_note = _plots(runs, output / "plots", p_adjust) if plots else ({}, None)
     if plot_note:
         notes.append(plot_note)
-    header = ["# MedHEval-HF report", "", "Runs: " + ", ".join(f"`{run.label}` ({run.path})" for run in runs), ""]
+    names = run_labels(runs)
+    header = ["# MedHEval-HF report", "", "Runs: " + ", ".join(f"`{names[id(run)]}`" for run in runs), ""]
+    header += ["Run folders and full settings:", "", *(f"- `{names[id(run)]}`: `{run.label}` ({run.path})"
+                                                       for run in runs), ""]
     header += ["## Caveats", "", *(f"- {line}" for line in notes), ""] if notes else []
     header += usage_section(runs)
     header += stack_section(runs)

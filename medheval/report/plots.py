@@ -24,7 +24,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from medheval.report.collect import Run, mitigation_labels  # noqa: E402
+from medheval.report.collect import Run, mitigation_labels, run_labels  # noqa: E402
 from medheval.report.paper import Cell, comparisons, figure, stepbench  # noqa: E402
 from medheval.report.stats import P_ADJUST_NAMES  # noqa: E402
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, STEPBENCH_LANGUAGES,  # noqa: E402
@@ -98,9 +98,8 @@ def _hatch(index: int) -> str | None:
 
 
 def _run_labels(runs: list[Run]) -> dict[int, str]:
-    """``model · short mitigation`` per run (:func:`medheval.report.collect.mitigation_labels`)."""
-    short = mitigation_labels(run.mitigation for run in runs)
-    return {id(run): f"{run.model} · {short[run.mitigation]}" for run in runs}
+    """``model · short mitigation`` per run, a blind run's control appended (:func:`medheval.report.collect.run_labels`)."""
+    return run_labels(runs)
 
 
 def _errors(cells: Sequence[Any]) -> list[list[float]]:
@@ -298,8 +297,10 @@ def stepbench_figure(runs: list[Run]) -> Figure | None:
     if table is None or not table.rows:
         return None
     labels = [c.label for c in table.columns]
-    short = mitigation_labels(row[1] for row, _ in table.rows)
-    series = [(" · ".join([row[0], short[row[1]], f"knowledge {row[2]}"]), cells) for row, cells in table.rows]
+    variants = [row[1].partition(" · ") for row, _ in table.rows]  # (mitigation spec, " · ", a blind run's control)
+    short = mitigation_labels(spec for spec, _, _ in variants)
+    series = [(" · ".join([row[0], short[spec], *([control] if control else []), f"knowledge {row[2]}"]), cells)
+              for (row, cells), (spec, _, control) in zip(table.rows, variants)]
     fig, axes = _new(2, len(STEPBENCH_LANGUAGES), height=SIZE[1] + 1.0 + _legend_height(len(series)))
     width = 0.8 / len(series)
     for panel, (what, name) in enumerate((("R", "recall"), ("F1", "F1"))):
