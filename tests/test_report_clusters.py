@@ -146,7 +146,7 @@ def test_each_benchmark_declares_its_unit(monkeypatch):
         "clinhallu")}
     assert declared == {"mm_vishal": "image", "cxr_vishal": "image", "knowledge": "image", "context": "image",
                         "med_hallmark": "image", "vishal_report": "report", "med_stepbench": "study",
-                        "clinhallu": "item"}
+                        "clinhallu": "image"}
     monkeypatch.setattr(protocol, "_unit", lambda name: types.SimpleNamespace(CLUSTER="pixel"))
     with pytest.raises(RunError, match=r"datasets/x/x.py: CLUSTER = 'pixel' is not one of"):
         benchmark_cluster_unit("x")
@@ -233,3 +233,49 @@ def test_grid_config_cluster_key(tmp_path):
     assert run_spec(load_grid_config(path), "m/x", {}).report_cluster == "none"
     path.write_text("output: o\nmodels: [m/x]\nbenchmarks: [context]\n")
     assert run_spec(load_grid_config(path), "m/x", {}).report_cluster == "auto"
+
+
+def _clinhallu_pair(folder, images, none_org, vcd_org):
+    from report_runs import write_clinhallu_run
+
+    table = lambda org: [("vqa_rad", right, right, right, right, 0, 0, 0) for right in org]  # noqa: E731
+    write_clinhallu_run(folder / "none", table(none_org), images=images)
+    write_clinhallu_run(folder / "vcd", table(vcd_org), mitigation="vcd", images=images)
+    return find_runs([folder])
+
+
+def test_clinhallu_clusters_by_image(tmp_path):
+    """ClinHallu's VQA-RAD and PathVQA items ask several questions per image, so it resamples images.
+    Six images of two items; none is right on one item of each (6/12), VCD on both (12/12): every image adds +1,
+    so over the 6 images only the identity and the all-flipped sign vector reach |T| = 6: p = 2/64 = 0.03125,
+    as McNemar over the 12 items (b = 0, c = 6). Two images of six items, VCD fixing all six of image A: over
+    items p = 2/64 still, but over the 2 images p = 1 (|±6 ±0| = 6 always), so no interval and no star."""
+    images = [f"img{i // 2}.jpg" for i in range(12)]
+    runs = _clinhallu_pair(tmp_path / "six", images, [False, True] * 6, [True] * 12)
+    _, (record,) = comparisons(runs)
+    assert (record["resampled"], record["n_clusters"], record["n"]) == ("clinhallu:all by image", 6, 12)
+    assert record["p_value"] == pytest.approx(0.03125) and record["low"] > 0 and record["significant"]
+    stage = {t.key: t for t in build_tables(runs)}["clinhallu_stages"]
+    acc = stage.rows[0][1][0]
+    assert (acc.value, acc.unit, acc.n_clusters) == (50.0, "clinhallu:all by image", 6) and acc.low is not None
+    assert any("clinhallu:all by image (6 clusters)" in line for line in stage.footer)
+
+    images = [f"img{i // 6}.jpg" for i in range(12)]
+    runs = _clinhallu_pair(tmp_path / "two", images, [False] * 6 + [True] * 6, [True] * 12)
+    _, (record,) = comparisons(runs)
+    assert record["n_clusters"] == 2 and record["p_value"] == 1.0 and record["low"] is None
+    assert not record["significant"] and record["note"] == FEW_CLUSTERS
+    _, (by_item,) = comparisons(find_runs([tmp_path / "two"], cluster="none"))
+    assert by_item["p_value"] == pytest.approx(0.03125) and by_item["low"] > 0
+    acc = {t.key: t for t in build_tables(runs)}["clinhallu_stages"].rows[0][1][0]
+    assert (acc.value, acc.low, acc.note) == (50.0, None, FEW_CLUSTERS)
+
+
+def test_clinhallu_run_without_cluster_ids_says_so(tmp_path):
+    from report_runs import write_clinhallu_run
+
+    run = write_clinhallu_run(tmp_path / "old", [("vqa_rad", 1, 1, 1, 1, 0, 0, 0)] * 3 + [("vqa_rad", 0, 0, 0, 0, 0, 0, 0)] * 3)
+    stage = {t.key: t for t in build_tables(find_runs([run]))}["clinhallu_stages"]
+    assert stage.rows[0][1][0].low is not None  # items resampled
+    assert any("clinhallu:all by item, not by image: this run's protocol logs have no cluster ids" in line
+               for line in stage.footer)

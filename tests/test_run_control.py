@@ -317,7 +317,7 @@ def test_grid_markdown_names_a_blind_cell_with_its_control(tmp_path):
 
 def test_clinhallu_delta_image_from_the_protocol_logs(tmp_path):
     """A blind ClinHallu run gets its Δ image on ORG accuracy from the protocol logs, paired by item id
-    (exact sign-flip over items: McNemar). With the images the hand table's ORG answers are
+    (its logs hold no image ids, so exact sign-flip over items: McNemar). With the images the hand table's ORG answers are
     1, 0, None, 1, 0, 0 (2/6 right = 33.3 %); blind all six are 0 (0 %): Δ image = 100·2/6 = 33.3 points; the
     discordant pairs are 2 (right with the image, wrong blind) and 0 the other way, so p = 2·(1/2)² = 0.5."""
     from clinhallu_fixture import HAND_TABLE
@@ -334,7 +334,8 @@ def test_clinhallu_delta_image_from_the_protocol_logs(tmp_path):
                                                                                   "blank", 6)
     assert (record["with_image"], record["blind"]) == pytest.approx((100 / 3, 0.0))
     assert record["diff"] == pytest.approx(100 / 3) and record["p_value"] == pytest.approx(0.5)
-    assert record["test"] == "exact sign-flip over items" and record["resampled"] == "clinhallu:all by item"
+    assert record["test"] == "exact sign-flip over items"  # a run without recorded images: items, and it says so
+    assert record["resampled"].startswith("clinhallu:all by item, not by image")
     assert record["low"] <= record["diff"] <= record["high"]
     assert table.rows[0][0] == ["m", "none", "blank", "clinhallu:all", "Acc (ORG)"]
     assert comparisons(runs)[0] is None  # the blind run is no mitigation of the with-image run

@@ -129,6 +129,23 @@ def clusters(run: Run, split: str, items: list[dict[str, Any]]) -> tuple[list[st
                   f"before clustered intervals; re-score it for them), so its intervals may be too narrow")
 
 
+def protocol_clusters(run: Run, split: str, columns: dict[str, list], rows: list[int]
+                      ) -> tuple[list[str] | None, str | None]:
+    """:func:`clusters` for a split whose items come from protocol logs (ClinHallu): the labels of items
+    ``rows`` from the columns' ``clusters`` (written by the run beside its logs); a run without them is
+    resampled by item, and the footer says so."""
+    if run.cluster == "none":
+        return None, None
+    unit = run.results["benchmarks"].get(split, {}).get("cluster_unit") or declared_cluster_unit(split)
+    if unit == "item":
+        return None, f"{split} by item"
+    labels = [(columns.get("clusters") or [None] * (max(rows, default=-1) + 1))[i] for i in rows]
+    if all(isinstance(label, str) for label in labels):
+        return labels, f"{split} by {unit}"
+    return None, (f"{split} by item, not by {unit}: this run's protocol logs have no cluster ids (written before "
+                  f"{_name(split)} clustered by {unit}; re-run it for them), so its intervals may be too narrow")
+
+
 def declared_cluster_unit(split: str) -> str:
     """The unit split's benchmark declares (``CLUSTER`` in its dataset unit); ``item`` when it cannot be read."""
     from medheval.run.protocol import benchmark_cluster_unit
@@ -510,7 +527,8 @@ def stepbench(runs: list[Run]) -> Table | None:
 CLINHALLU_ANSWERS = {"org": "correct", "rep_v": "correct_rep_v", "rep_k": "correct_rep_k", "rep_vk": "correct_rep_vk"}
 CLINHALLU_NOTE = ("ClinHallu per-item values: each item's judged answers and stage judgements from the run's "
                   "protocol logs (clinhallu/<config>/, read with metric_inputs), counted as metrics/clinhallu "
-                  "counts them: Acc, H and Fix/Break are ratios of per-item counts, resampled by item (default "
+                  "counts them: Acc, H and Fix/Break are ratios of per-item counts, resampled by image (VQA-RAD "
+                  "and PathVQA ask several questions about one image; the four settings stay within an item; default "
                   "denominator: an invalid or unjudged answer counts as wrong; with upstream_compat: Acc over valid "
                   "answers, Fix/Break over items valid in both settings); Δ is the mean of the paired per-item "
                   "difference (setting right − ORG right).")
@@ -584,8 +602,8 @@ def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], k
         cell.note = parts
         return cell
     numerators, denominators, digits = parts
-    # ClinHallu declares the item as its unit (its four settings are within one item): no per-row labels needed
-    return _with_interval(cell, numerators, 100.0, value, denominators, digits, clustered=clusters(run, split, []))
+    return _with_interval(cell, numerators, 100.0, value, denominators, digits,
+                          clustered=protocol_clusters(run, split, columns, rows))
 
 
 def clinhallu(runs: list[Run]) -> list[Table]:
@@ -710,8 +728,8 @@ def adjust_family(table: Table, records: list[dict[str, Any]], p_adjust: str, fa
 
 def _paired_rows(base: Run, run: Run) -> list[tuple[str, str, list[Cell], dict[str, Any]]]:
     """(split, metric label, cells, record) of ``run`` − ``base`` per split and :data:`COMPARED` metric, on the
-    items both scored (paired by id), resampled by the split's clusters (exact McNemar for accuracy only
-    where no cluster holds two items). Cells: base, run, Δ with its interval, p, n."""
+    items both scored (paired by id), tested over the split's clusters and over items
+    (:func:`medheval.report.stats.compare_scores`). Cells: base, run, Δ with its interval, p, adjusted p, n."""
     rows = []
     for split in run.results["benchmarks"]:
         ours = {item["id"]: item for item in run.items_of(split)}
@@ -792,7 +810,8 @@ def _clinhallu_splits(run: Run) -> dict[str, dict[str, Any]]:
 
 def _clinhallu_org_pair(base: Run, run: Run, split: str) -> tuple[list[Cell], dict[str, Any]] | None:
     """ORG accuracy (%) of ``run`` − ``base`` on one ClinHallu split, on the items both ran (paired by id,
-    exact McNemar: ClinHallu's cluster unit is the item), from the protocol logs; an answer counts as right
+    tested over the images the run recorded, :func:`protocol_clusters`, and over items), from the protocol
+    logs; an answer counts as right
     when judged 1, as the metric counts it (with ``upstream_compat`` in either run: only items whose ORG
     answer is valid in both). Cells: base, run, Δ with its interval, p, n; ``None`` without paired items."""
     ours_metric, theirs_metric = _clinhallu_splits(run).get(split), _clinhallu_splits(base).get(split)
@@ -803,14 +822,15 @@ def _clinhallu_org_pair(base: Run, run: Run, split: str) -> tuple[list[Cell], di
         return None
     valid_only = "valid_only" in (ours_metric.get("denominator"), theirs_metric.get("denominator"))
     before = dict(zip(theirs["ids"], theirs["correct"]))
-    pairs = [(before[i], c) for i, c in zip(ours["ids"], ours["correct"]) if i in before]
-    pairs = [(a == 1, b == 1) for a, b in pairs if not valid_only or (a is not None and b is not None)]
-    if not pairs:
+    rows = [row for row, i in enumerate(ours["ids"]) if i in before
+            and (not valid_only or (before[i] is not None and ours["correct"][row] is not None))]
+    if not rows:
         return None
-    a, b = zip(*pairs)
-    result = compare_accuracy(a, b)  # ClinHallu's unit is the item (see clinhallu())
+    a = [before[ours["ids"][row]] == 1 for row in rows]
+    b = [ours["correct"][row] == 1 for row in rows]
+    labels, unit = protocol_clusters(run, split, ours, rows)
+    result = compare_accuracy(a, b, clusters=labels)
     mean_a, mean_b = 100 * sum(a) / len(a), 100 * sum(b) / len(b)
-    unit = clusters(run, split, [])[1]
     return _comparison_cells(result, mean_a, mean_b, 100.0, unit, split, "Acc (ORG)")
 
 
