@@ -10,9 +10,10 @@ its image-blind control (Δ image, :func:`image_deltas`). A figure is the value 
 interval is recomputed from
 ``scored.jsonl`` (ClinHallu: from the protocol logs, :func:`medheval.report.collect.protocol_columns`)
 with :mod:`medheval.report.stats`, and only when the per-item values reproduce that figure — otherwise the
-cell says why there is none. Intervals and paired comparisons resample the split's clusters (the unit its
-benchmark declares: image, study, report or item; :func:`clusters`), or items with ``--cluster none``;
-each table's footer names the unit and the number of clusters per split. Mitigations are shown by a short
+cell says why there is none. Intervals resample the split's clusters (the unit its benchmark declares:
+image, study, report or item; :func:`clusters`), or items with ``--cluster none``; paired comparisons are
+sign-flip tests over the same clusters with the test's own interval, their p-values adjusted per table
+(:func:`adjust_family`); each table's footer names the unit and the number of clusters per split. Mitigations are shown by a short
 label (method and preset) with their full settings in a legend (:func:`shorten`); the report shows the
 tables by benchmark family, a footer line that several of a family's tables share once (:func:`sections`).
 """
