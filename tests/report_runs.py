@@ -71,10 +71,11 @@ CLINHALLU_COLUMNS = ("correct", "correct_rep_v", "correct_rep_k", "correct_rep_v
 
 def write_clinhallu_run(folder: Path, table: list[tuple], mitigation: str = "none", model: str = "m",
                         upstream_compat: bool = False, split: str = "clinhallu:all",
-                        stage_denominator: str = "all_items") -> Path:
+                        stage_denominator: str = "all_items", images: list[str] | None = None) -> Path:
     """A ClinHallu run as ``medheval run`` leaves it: results.json with ``metrics/clinhallu`` on the items of
     ``table`` (ids ``clinhallu/<source>/<i>``), an empty scored.jsonl, and the protocol's generation and
-    judgment logs in ``<folder>/clinhallu/<config>/`` (written in reverse item order)."""
+    judgment logs in ``<folder>/clinhallu/<config>/`` (written in reverse item order); with ``images`` (one
+    image name per item) also the items' cluster labels beside the logs, as a run writes them."""
     from conftest import load_metric_offline
     from medheval.families.clinhallu.protocol import GENERATIONS, JUDGED_STAGE, JUDGMENTS, RATE_OF_SETTING
     from medheval.run.predictions_log import LogWriter
@@ -94,12 +95,18 @@ def write_clinhallu_run(folder: Path, table: list[tuple], mitigation: str = "non
                     steps[JUDGED_STAGE[setting]] = {"hallucinated": row[rate], "reason": "checked", "error": None,
                                                     "cached": False}
                 judgments.write({"id": rid, "setting": setting, "answer_correct": row[column], "steps": steps})
+    if images is not None:
+        from medheval.families.clinhallu.task import CLUSTERS
+
+        (logs / CLUSTERS).write_text(json.dumps({f"clinhallu/{row[0]}/{i}": f"image:{image}"
+                                                 for i, (row, image) in enumerate(zip(table, images))}))
     columns = {key: [row[i + 1] for row in table] for i, key in enumerate(CLINHALLU_COLUMNS)}
     metric = load_metric_offline(Path(__file__).resolve().parents[1] / "metrics" / "clinhallu").compute(
         **columns, sources=[row[0] for row in table], upstream_compat=upstream_compat,
         stage_denominator=stage_denominator)
     results = {"settings": {"model": model, "mitigation": mitigation}, "labels": {}, "warnings": [],
                "benchmarks": {split: {"n_records": len(table), "n_scored": len(table), "logs": str(logs),
+                                      **({"cluster_unit": "image"} if images is not None else {}),
                                       "metrics": {"clinhallu": json.loads(json.dumps(metric))}}}}
     (folder / "results.json").write_text(json.dumps(results))
     (folder / "scored.jsonl").write_text("")

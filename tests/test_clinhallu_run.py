@@ -73,15 +73,23 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
         assert CLINHALLU_STAGE_NOTES["all_items"] in md  # results.md says which reading H uses
         assert f"| tiny-random-llava | clinhallu:vqa_rad | vqa_rad | {n} | 0.0 |" in md
         # `medheval report` (and the run's report.html) read the per-item values back from the protocol logs:
-        # they reproduce the figures, so the cells get intervals
+        # they reproduce the figures; the run recorded each item's image, and two of the fixture's VQA-RAD
+        # questions ask about vqarad_00005.jpg, so its items fall in 2 clusters: too few for an interval
+        from medheval.families.clinhallu.task import CLUSTERS
         from medheval.report.collect import find_runs
         from medheval.report.paper import build_tables
+        from medheval.report.stats import FEW_CLUSTERS
 
+        assert entry["cluster_unit"] == "image"
+        assert sorted(json.loads((logs / CLUSTERS).read_text()).values()) == [
+            "image:vqarad_00005.jpg", "image:vqarad_00005.jpg", "image:vqarad_00009.jpg"]
         stage = next(t for t in build_tables(find_runs([out])) if t.key == "clinhallu_stages")
         (labels, cells), *_ = stage.rows
-        assert labels[2] == "all" and (cells[0].value, cells[0].low, cells[0].high, cells[0].n) == (0.0, 0.0, 0.0, n)
-        assert not [cell.note for _, row in stage.rows for cell in row if cell.note]
-        assert "0.0 [0.0, 0.0]" in (out / "report.html").read_text()
+        assert labels[2] == "all" and (cells[0].value, cells[0].low, cells[0].n, cells[0].n_clusters) == (0.0, None, n, 2)
+        assert {cell.note for _, row in stage.rows for cell in row if cell.value is not None} == {FEW_CLUSTERS}
+        by_item = next(t for t in build_tables(find_runs([out], cluster="none")) if t.key == "clinhallu_stages")
+        assert (by_item.rows[0][1][0].low, by_item.rows[0][1][0].high) == (0.0, 0.0)
+        assert f'title="{FEW_CLUSTERS[:40]}' in (out / "report.html").read_text()  # the cell says why
 
         # a second identical run: no model generation, no judge call, same metrics
         log_before = (logs / GENERATIONS).read_text()

@@ -15,15 +15,16 @@ from medheval.data.schema import CLUSTER_UNITS, cluster_id
 from medheval.report.build import write_report
 from medheval.report.collect import ReportError, find_runs
 from medheval.report.paper import build_tables, comparisons
-from medheval.report.stats import CLUSTER_NOTE, METHOD_NOTE, bootstrap_ci, paired_bootstrap
+from medheval.report.stats import CLUSTER_NOTE, FEW_CLUSTERS, METHOD_NOTE, bootstrap_ci, compare_accuracy
 from medheval.run import protocol
 from medheval.run.protocol import RunError, benchmark_cluster_unit
 from report_runs import write_grid, write_run
 
 BASE = [True] * 6 + [False] * 10 + [True] * 4  # 10/20 right
 BETTER = [True] * 6 + [True] * 5 + [False] * 5 + [True] * 4  # 15/20: items 6–10 fixed
-IMAGES = [f"img{i // 5}.png" for i in range(20)]  # 4 images, 5 questions each
+IMAGES = [f"img{i // 2}.png" for i in range(20)]  # 10 images, 2 questions each
 LABELS = [f"image:{name}" for name in IMAGES]
+FOUR = [f"img{i // 5}.png" for i in range(20)]  # 4 images, 5 questions each: below MIN_CLUSTERS
 
 
 def _close_ended(runs):
@@ -31,27 +32,50 @@ def _close_ended(runs):
 
 
 def test_report_resamples_the_images_and_names_them(tmp_path):
-    """Acc of the ``none`` run is 10/20 over 4 images; its interval is the cluster bootstrap's (``LABELS``), the
-    footer names the unit and G = 4, and the paired comparison resamples the same images."""
+    """Acc of the ``none`` run is 10/20 over 10 images; its interval is the cluster bootstrap's (``LABELS``) joined
+    with the item bootstrap's, the footer names the unit and G = 10, and the paired comparison tests over the
+    same images (and over items: the larger p)."""
     grid = write_grid(tmp_path / "grid", {"none": BASE, "vcd": BETTER}, images=IMAGES)
     table = _close_ended(find_runs([grid]))
     acc = table.rows[0][1][4]
-    low, high = bootstrap_ci([float(x) for x in BASE], clusters=LABELS)
-    assert (acc.value, acc.low, acc.high) == (50.0, 100 * low, 100 * high)
-    assert (acc.unit, acc.n_clusters, acc.n) == ("mm_vishal:all by image", 4, 20)
-    assert (acc.low, acc.high) != tuple(100 * b for b in bootstrap_ci([float(x) for x in BASE]))
+    values = [float(x) for x in BASE]
+    (low, high), (item_low, item_high) = bootstrap_ci(values, clusters=LABELS), bootstrap_ci(values)
+    assert (acc.value, acc.low, acc.high) == (50.0, 100 * min(low, item_low), 100 * max(high, item_high))
+    assert (acc.unit, acc.n_clusters, acc.n) == ("mm_vishal:all by image", 10, 20)
     assert CLUSTER_NOTE in table.footer and METHOD_NOTE not in table.footer
-    assert any(line.startswith("Resampled: mm_vishal:all by image (4 clusters)") for line in table.footer)
+    assert any(line.startswith("Resampled: mm_vishal:all by image (10 clusters)") for line in table.footer)
     _, (record,) = comparisons(find_runs([grid]))
-    expected = paired_bootstrap([float(x) for x in BASE], [float(x) for x in BETTER], clusters=LABELS)
-    assert record["test"] == "clustered paired bootstrap" and record["p_value"] == expected.p_value
-    assert (record["resampled"], record["n_clusters"], record["n"]) == ("mm_vishal:all by image", 4, 20)
+    expected = compare_accuracy(BASE, BETTER, clusters=LABELS)
+    assert record["test"] == "sign-flip over clusters (exact) and items (9999 draws)"
+    assert record["p_value"] == expected.p_value >= compare_accuracy(BASE, BETTER).p_value
+    # items 6–10 fixed lie in images 3, 4, 5: cluster totals 2, 2, 1 (the rest 0); |±2 ±2 ±1| = 5 for 2 of the
+    # 8 sign patterns of those three, so p = 2/8 = 0.25 over the 10 images
+    assert expected.p_value == pytest.approx(0.25)
+    assert (record["resampled"], record["n_clusters"], record["n"]) == ("mm_vishal:all by image", 10, 20)
     assert record["low"] == pytest.approx(100 * expected.low) and record["high"] == pytest.approx(100 * expected.high)
+    assert record["low"] <= 0 <= record["high"]
+
+
+def test_few_images_give_no_interval_and_say_why(tmp_path):
+    """4 images: the figure and the comparison keep their estimates but have no interval (and no star), and the
+    footer says why; with --cluster none the items give both."""
+    grid = write_grid(tmp_path / "grid", {"none": BASE, "vcd": BETTER}, images=FOUR)
+    tables = {table.key: table for table in build_tables(find_runs([grid]))}
+    acc = tables["medheval_close_ended"].rows[0][1][4]
+    assert (acc.value, acc.low, acc.note) == (50.0, None, FEW_CLUSTERS)
+    assert f"No interval (†): {FEW_CLUSTERS}." in tables["medheval_close_ended"].footer
+    delta = tables["mitigation_vs_none"].rows[0][1][2]
+    assert (delta.value, delta.low, delta.star, delta.note) == (25.0, None, False, FEW_CLUSTERS)
+    _, (record,) = comparisons(find_runs([grid]))
+    assert record["low"] is None and record["n_clusters"] == 4 and not record["significant"]
+    assert record["p_value"] >= 2 / 2 ** 4  # the smallest a 4-cluster sign-flip test can give
+    assert _close_ended(find_runs([grid], cluster="none")).rows[0][1][4].low is not None
 
 
 def test_cluster_none_gives_the_item_bootstrap_and_todays_footer(tmp_path):
     """``--cluster none`` ignores the cluster ids: the same cells as a run written without them, item intervals,
-    McNemar for accuracy (b = 0, c = 5: p = 2·2^-5 = 0.0625), and the item method note alone."""
+    the sign-flip test over items for accuracy (b = 0, c = 5: McNemar's 0.0625, estimated), and the item method
+    note alone."""
     clustered = write_grid(tmp_path / "clustered", {"none": BASE, "vcd": BETTER}, images=IMAGES)
     plain = write_grid(tmp_path / "plain", {"none": BASE, "vcd": BETTER})
     table = _close_ended(find_runs([clustered], cluster="none"))
@@ -60,7 +84,7 @@ def test_cluster_none_gives_the_item_bootstrap_and_todays_footer(tmp_path):
     assert (acc.unit, acc.n_clusters) == (None, None)
     assert METHOD_NOTE in table.footer and not any(line.startswith("Resampled") for line in table.footer)
     _, (record,) = comparisons(find_runs([clustered], cluster="none"))
-    assert record["test"] == "exact McNemar" and record["p_value"] == pytest.approx(0.0625)
+    assert record["test"] == "sign-flip over items (9999 draws)" and record["p_value"] == pytest.approx(0.0625, abs=0.008)
     write_report([clustered], tmp_path / "a", plots=False, html=False, cluster="none")
     write_report([plain], tmp_path / "b", plots=False, html=False, cluster="none")
     for name in ("tables.csv", "report.md"):
@@ -82,7 +106,7 @@ def test_runs_without_cluster_ids_fall_back_to_items_and_say_so(tmp_path):
 def test_cli_cluster_option(tmp_path, capsys):
     run = write_run(tmp_path / "run", "none", BASE, images=IMAGES)
     assert main(["report", str(run), "--output", str(tmp_path / "auto"), "--no-plots", "--no-html"]) == 0
-    assert "mm_vishal:all by image (4 clusters)" in (tmp_path / "auto" / "report.md").read_text()
+    assert "mm_vishal:all by image (10 clusters)" in (tmp_path / "auto" / "report.md").read_text()
     assert main(["report", str(run), "--output", str(tmp_path / "none"), "--no-plots", "--no-html",
                  "--cluster", "none"]) == 0
     markdown = (tmp_path / "none" / "report.md").read_text()
@@ -122,7 +146,7 @@ def test_each_benchmark_declares_its_unit(monkeypatch):
         "clinhallu")}
     assert declared == {"mm_vishal": "image", "cxr_vishal": "image", "knowledge": "image", "context": "image",
                         "med_hallmark": "image", "vishal_report": "report", "med_stepbench": "study",
-                        "clinhallu": "item"}
+                        "clinhallu": "image"}
     monkeypatch.setattr(protocol, "_unit", lambda name: types.SimpleNamespace(CLUSTER="pixel"))
     with pytest.raises(RunError, match=r"datasets/x/x.py: CLUSTER = 'pixel' is not one of"):
         benchmark_cluster_unit("x")
@@ -170,8 +194,9 @@ def test_stepbench_table_resamples_studies(tmp_path):
     """8 statements of 2 studies: A = s0, s1 (hallucinations, both caught), s4, s5 (true, kept); B = s2, s3
     (hallucinations, both missed), s6 (true, kept), s7 (true, flagged). Recall 2/4; F1 = Σ2tp / Σ(2tp + fp + fn)
     = 4/7, per study 4/4 (A) and 0/3 (B). Resampling the 2 studies gives AA, AB or BB: recall 1, ½, 0 and F1
-    8/8, 4/7, 0/6, so both 95% intervals span [0, 100]; resampling the 8 statements keeps F1 below 100 (an F1
-    of 1 needs a resample without s2, s3, s7: probability (5/8)^8 ≈ 2.3% < 2.5%)."""
+    8/8, 4/7, 0/6, intervals spanning [0, 100] from 2 observations: 2 < 6 clusters, so the report shows the
+    figures without an interval and says why; resampling the 8 statements keeps F1 below 100 (an F1 of 1 needs
+    a resample without s2, s3, s7: probability (5/8)^8 ≈ 2.3% < 2.5%)."""
     run = tmp_path / "sb"
     run.mkdir()
     labels = ["hallucination"] * 4 + ["ground_truth"] * 4
@@ -188,10 +213,10 @@ def test_stepbench_table_resamples_studies(tmp_path):
     (table,) = [t for t in build_tables(find_runs([run])) if t.key == "med_stepbench"]
     names = [c.label for c in table.columns]
     recall, f1, acc = (table.rows[0][1][names.index(name)] for name in ("EN S1 R", "EN S1 F1", "Acc"))
-    assert (recall.low, recall.high, recall.n_clusters) == (0.0, 100.0, 2)
-    assert (f1.low, f1.high, f1.n, f1.n_clusters) == (0.0, 100.0, 8, 2)
-    assert acc.unit == "med_stepbench:all by study" and acc.n_clusters == 2
-    assert any("med_stepbench:all by study (2 clusters)" in line for line in table.footer)
+    assert (recall.low, recall.high, recall.n_clusters, recall.note) == (None, None, 2, FEW_CLUSTERS)
+    assert (f1.value, f1.low, f1.n, f1.n_clusters) == (pytest.approx(400 / 7), None, 8, 2)
+    assert acc.unit == "med_stepbench:all by study" and acc.n_clusters == 2 and acc.low is None
+    assert f"No interval (†): {FEW_CLUSTERS}." in table.footer
     (plain,) = [t for t in build_tables(find_runs([run], cluster="none")) if t.key == "med_stepbench"]
     item_f1 = plain.rows[0][1][names.index("EN S1 F1")]
     assert item_f1.high < 100.0
@@ -208,3 +233,49 @@ def test_grid_config_cluster_key(tmp_path):
     assert run_spec(load_grid_config(path), "m/x", {}).report_cluster == "none"
     path.write_text("output: o\nmodels: [m/x]\nbenchmarks: [context]\n")
     assert run_spec(load_grid_config(path), "m/x", {}).report_cluster == "auto"
+
+
+def _clinhallu_pair(folder, images, none_org, vcd_org):
+    from report_runs import write_clinhallu_run
+
+    table = lambda org: [("vqa_rad", right, right, right, right, 0, 0, 0) for right in org]  # noqa: E731
+    write_clinhallu_run(folder / "none", table(none_org), images=images)
+    write_clinhallu_run(folder / "vcd", table(vcd_org), mitigation="vcd", images=images)
+    return find_runs([folder])
+
+
+def test_clinhallu_clusters_by_image(tmp_path):
+    """ClinHallu's VQA-RAD and PathVQA items ask several questions per image, so it resamples images.
+    Six images of two items; none is right on one item of each (6/12), VCD on both (12/12): every image adds +1,
+    so over the 6 images only the identity and the all-flipped sign vector reach |T| = 6: p = 2/64 = 0.03125,
+    as McNemar over the 12 items (b = 0, c = 6). Two images of six items, VCD fixing all six of image A: over
+    items p = 2/64 still, but over the 2 images p = 1 (|±6 ±0| = 6 always), so no interval and no star."""
+    images = [f"img{i // 2}.jpg" for i in range(12)]
+    runs = _clinhallu_pair(tmp_path / "six", images, [False, True] * 6, [True] * 12)
+    _, (record,) = comparisons(runs)
+    assert (record["resampled"], record["n_clusters"], record["n"]) == ("clinhallu:all by image", 6, 12)
+    assert record["p_value"] == pytest.approx(0.03125) and record["low"] > 0 and record["significant"]
+    stage = {t.key: t for t in build_tables(runs)}["clinhallu_stages"]
+    acc = stage.rows[0][1][0]
+    assert (acc.value, acc.unit, acc.n_clusters) == (50.0, "clinhallu:all by image", 6) and acc.low is not None
+    assert any("clinhallu:all by image (6 clusters)" in line for line in stage.footer)
+
+    images = [f"img{i // 6}.jpg" for i in range(12)]
+    runs = _clinhallu_pair(tmp_path / "two", images, [False] * 6 + [True] * 6, [True] * 12)
+    _, (record,) = comparisons(runs)
+    assert record["n_clusters"] == 2 and record["p_value"] == 1.0 and record["low"] is None
+    assert not record["significant"] and record["note"] == FEW_CLUSTERS
+    _, (by_item,) = comparisons(find_runs([tmp_path / "two"], cluster="none"))
+    assert by_item["p_value"] == pytest.approx(0.03125) and by_item["low"] > 0
+    acc = {t.key: t for t in build_tables(runs)}["clinhallu_stages"].rows[0][1][0]
+    assert (acc.value, acc.low, acc.note) == (50.0, None, FEW_CLUSTERS)
+
+
+def test_clinhallu_run_without_cluster_ids_says_so(tmp_path):
+    from report_runs import write_clinhallu_run
+
+    run = write_clinhallu_run(tmp_path / "old", [("vqa_rad", 1, 1, 1, 1, 0, 0, 0)] * 3 + [("vqa_rad", 0, 0, 0, 0, 0, 0, 0)] * 3)
+    stage = {t.key: t for t in build_tables(find_runs([run]))}["clinhallu_stages"]
+    assert stage.rows[0][1][0].low is not None  # items resampled
+    assert any("clinhallu:all by item, not by image: this run's protocol logs have no cluster ids" in line
+               for line in stage.footer)

@@ -1,12 +1,12 @@
-"""Bootstrap intervals, paired comparisons and McNemar on known answers."""
+"""Bootstrap intervals, sign-flip paired comparisons, McNemar and p-value adjustment on known answers."""
 
 import math
 
 import numpy as np
 import pytest
 
-from medheval.report.stats import (bootstrap_ci, bootstrap_distribution, compare_accuracy, mcnemar_exact,
-                                   paired_bootstrap)
+from medheval.report.stats import (FEW_CLUSTERS, MIN_CLUSTERS, adjust_p, bootstrap_ci, bootstrap_distribution,
+                                   compare_accuracy, compare_scores, figure_interval, mcnemar_exact, sign_flip)
 
 
 def test_interval_of_a_constant_is_a_point():
@@ -36,31 +36,6 @@ def test_ratio_interval_recomputes_sums_not_means():
     assert low <= 0.1 <= high and high < 0.3
 
 
-def test_mcnemar_worked_by_hand():
-    # b = 1 (baseline right, other wrong), c = 5: p = 2 * P[Bin(6, 1/2) <= 1] = 2 * 7/64 = 0.21875
-    baseline = [True] * 1 + [False] * 5 + [True] * 10 + [False] * 4
-    other = [False] * 1 + [True] * 5 + [True] * 10 + [False] * 4
-    assert mcnemar_exact(baseline, other) == (1, 5, pytest.approx(0.21875))
-    assert mcnemar_exact([True, False], [True, False]) == (0, 0, 1.0)
-    result = compare_accuracy(baseline, other)
-    assert result.diff == pytest.approx(4 / 20) and result.p_value == pytest.approx(0.21875)
-    assert result.low <= 0.2 <= result.high and result.test == "exact McNemar"
-
-
-def test_paired_bootstrap_of_identical_runs():
-    scores = [0.1, 0.5, 0.9, 0.3, 0.7]
-    result = paired_bootstrap(scores, scores)
-    assert (result.diff, result.low, result.high, result.p_value) == (0.0, 0.0, 0.0, 1.0)
-
-
-def test_paired_bootstrap_detects_a_clear_shift():
-    base = [i / 100 for i in range(100)]
-    result = paired_bootstrap(base, [x + 0.2 for x in base])
-    assert result.diff == pytest.approx(0.2) and result.p_value < 0.01
-    with pytest.raises(ValueError, match="paired items"):
-        paired_bootstrap([1.0], [1.0, 2.0])
-
-
 # --- clustered designs (issue 25, part 1) -----------------------------------------------------------------
 
 
@@ -83,7 +58,7 @@ def test_two_clusters_of_fifty_identical_answers_are_far_wider_than_iid():
 
 def test_one_item_per_cluster_is_exactly_the_item_bootstrap():
     """With every label distinct (numbered by first appearance), the cluster bootstrap draws the item bootstrap's
-    indices, so means, ratios and paired differences give bit-identical intervals and p-values."""
+    indices, so means and ratios give bit-identical intervals, and a comparison is the unclustered one."""
     rng = np.random.default_rng(7)
     values = rng.integers(0, 2, 120).astype(float).tolist()
     other = rng.integers(0, 2, 120).astype(float).tolist()
@@ -91,11 +66,10 @@ def test_one_item_per_cluster_is_exactly_the_item_bootstrap():
     labels = [f"image:{code}" for code in rng.permutation(10_000)[:120]]  # distinct, in no particular order
     assert bootstrap_ci(values, clusters=labels) == bootstrap_ci(values)
     assert bootstrap_ci(values, denominators, clusters=labels) == bootstrap_ci(values, denominators)
-    assert paired_bootstrap(values, other, clusters=labels) == paired_bootstrap(values, other)
-    # no cluster holds two items: an unclustered design, so accuracy keeps the exact McNemar test
+    assert figure_interval(values, clusters=labels) == figure_interval(values)
     flags = [bool(v) for v in values], [bool(v) for v in other]
     assert compare_accuracy(*flags, clusters=labels) == compare_accuracy(*flags)
-    assert compare_accuracy(*flags, clusters=labels).test == "exact McNemar"
+    assert compare_accuracy(*flags).test == "sign-flip over items (9999 draws)"
 
 
 def _clustered_sample() -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -134,24 +108,183 @@ def test_cluster_bootstrap_matches_the_cluster_robust_standard_error():
     assert high == pytest.approx(y.mean() + 1.96 * robust, abs=0.2 * robust)
 
 
-def test_clustered_paired_comparison_replaces_mcnemar():
-    """A mitigation fixes all 50 questions about image A and changes nothing on image B: mean difference 0.5.
-    Item-paired, b = 0 and c = 50, McNemar p = 2·2^-50. Resampling the 2 images, a replicate difference is 0, 0.5
-    or 1 (¼, ½, ¼): the interval is [0, 1] and |d* − 0.5| ≥ 0.5 for half the replicates, so p ≈ 0.5."""
-    baseline = [False] * 50 + [True] * 50
-    other = [True] * 50 + [True] * 50
-    clusters = ["A"] * 50 + ["B"] * 50
-    item = compare_accuracy(baseline, other)
-    assert item.test == "exact McNemar" and item.p_value == pytest.approx(2 * 0.5 ** 50)
-    clustered = compare_accuracy(baseline, other, clusters=clusters)
-    assert clustered.test == "clustered paired bootstrap" and clustered.diff == pytest.approx(0.5)
-    assert (clustered.low, clustered.high) == (0.0, 1.0)
-    assert clustered.p_value == pytest.approx(0.5, abs=0.05)
-    assert paired_bootstrap(baseline, other, clusters=clusters) == clustered
-
-
 def test_cluster_labels_must_match_the_items():
     with pytest.raises(ValueError, match="3 items but 2 cluster labels"):
         bootstrap_ci([1.0, 0.0, 1.0], clusters=["a", "b"])
     assert bootstrap_ci([], clusters=[]) is None
     assert bootstrap_ci([2.0] * 6, denominators=[4.0] * 6, clusters=list("aabbcc")) == pytest.approx((0.5, 0.5))
+
+
+# --- paired comparisons: sign-flip test and its inversion (issue 30, points 1 and 3) -------------------------
+
+
+def test_mcnemar_worked_by_hand():
+    # b = 1 (baseline right, other wrong), c = 5: p = 2 * P[Bin(6, 1/2) <= 1] = 2 * 7/64 = 0.21875; 15 items,
+    # so the sign-flip test enumerates all 2^15 sign vectors and gives McNemar's p exactly
+    baseline = [True] * 1 + [False] * 5 + [True] * 6 + [False] * 3
+    other = [False] * 1 + [True] * 5 + [True] * 6 + [False] * 3
+    assert mcnemar_exact(baseline, other) == (1, 5, pytest.approx(0.21875))
+    assert mcnemar_exact([True, False], [True, False]) == (0, 0, 1.0)
+    result = compare_accuracy(baseline, other)
+    assert result.diff == pytest.approx(4 / 15) and result.p_value == pytest.approx(0.21875)
+    assert result.low <= 0 <= result.high and result.test == "exact sign-flip over items"
+    assert (result.n, result.n_clusters, result.note) == (15, 15, None)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_sign_flip_over_items_is_exact_mcnemar_on_correctness(seed):
+    """Unclustered 0/1 answers: equal items do not move Σ s_i d_i and the discordant ones are ±1, so the
+    sign-flip p at 0 is McNemar's exact p, whatever b and c."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(6, 16))
+    baseline, other = rng.integers(0, 2, n).astype(bool).tolist(), rng.integers(0, 2, n).astype(bool).tolist()
+    assert compare_accuracy(baseline, other).p_value == pytest.approx(mcnemar_exact(baseline, other)[2])
+
+
+def test_one_cluster_is_never_more_certain_than_its_items():
+    """The issue's case: 4 answers about one image, the baseline right on one. One cluster: the two sign
+    vectors give |T| = 1 both, p = 1; over items McNemar (b = 1, c = 0) also gives 1 (the old bootstrap
+    said 0.0005). One cluster is below the minimum: the estimate, no interval, and the reason."""
+    result = compare_accuracy([1, 0, 0, 0], [0] * 4, clusters=["i"] * 4)
+    assert result.diff == -0.25 and result.p_value == 1.0
+    assert (result.low, result.high, result.n_clusters, result.note) == (None, None, 1, FEW_CLUSTERS)
+    assert compare_accuracy([1, 0, 0, 0], [0] * 4).p_value == 1.0
+
+
+def test_two_clusters_fifty_items_each():
+    """A mitigation fixes all 50 questions about image A and none of B's (B all right already). Over items
+    McNemar b = 0, c = 50: p = 2^-49. Over the 2 images: totals (50, 0), all 4 sign vectors give |T| = 50,
+    p = 1. The comparison takes the larger, 1, and has no interval (2 < 6 clusters)."""
+    baseline = [False] * 50 + [True] * 50
+    other = [True] * 100
+    clusters = ["A"] * 50 + ["B"] * 50
+    # 100 items: 9999 random sign vectors, none reaches |T| = 50 (chance 2^-99), so the Monte Carlo floor 1/10000
+    assert compare_accuracy(baseline, other).p_value == pytest.approx(1 / 10000)
+    clustered = compare_accuracy(baseline, other, clusters=clusters)
+    assert clustered.diff == pytest.approx(0.5) and clustered.p_value == 1.0
+    assert clustered.low is None and clustered.note == FEW_CLUSTERS
+    assert clustered.test == "sign-flip over clusters (exact) and items (9999 draws)"
+
+
+def test_three_clusters_by_hand():
+    """Three images of 5 questions; the mitigation fixes 5 on A, 3 on B, none on C. Totals (5, 3, 0): of the
+    8 sign vectors, |±5 ±3| = 8 for the 4 with A and B alike, so p = 4/8 = 0.5 (over items McNemar gives
+    2·2^-8 = 0.0078): p = 0.5, no interval below 6 clusters."""
+    baseline = [False] * 5 + [False] * 3 + [True] * 2 + [True] * 5
+    other = [True] * 5 + [True] * 3 + [True] * 2 + [True] * 5
+    clusters = ["A"] * 5 + ["B"] * 5 + ["C"] * 5
+    item = compare_accuracy(baseline, other)
+    assert item.p_value == pytest.approx(2 / 256) and item.low is not None and item.low > 0
+    result = compare_accuracy(baseline, other, clusters=clusters)
+    assert result.diff == pytest.approx(8 / 15) and result.p_value == 0.5 and result.low is None
+
+
+def test_six_clusters_all_improving_reach_significance():
+    """Six images of 2 questions, one fixed on each: cluster totals all 1; only the identity and the all-flipped
+    vector reach |T| = 6, p = 2/64 = 0.03125 (McNemar over items, b = 0, c = 6: the same). Six is the smallest
+    G whose 2/2^G is below 0.05, so the interval exists and excludes 0."""
+    baseline = [False, True] * 6
+    other = [True, True] * 6
+    clusters = [g for g in "ABCDEF" for _ in range(2)]
+    assert MIN_CLUSTERS == 6
+    result = compare_accuracy(baseline, other, clusters=clusters)
+    assert result.p_value == pytest.approx(0.03125) and result.n_clusters == 6
+    assert 0 < result.low <= result.diff == 0.5 <= result.high <= 1
+
+
+def test_five_fixed_of_two_hundred_star_and_interval_agree():
+    """The issue's case: 5 items fixed out of 200 and nothing broken. McNemar p = 2·2^-5 = 0.0625, no star; the
+    old bootstrap interval [+0.5, +5.0] excluded 0. Now the interval is the test inverted, so it holds 0."""
+    baseline = [False] * 5 + [True] * 100 + [False] * 95
+    other = [True] * 5 + [True] * 100 + [False] * 95
+    result = compare_accuracy(baseline, other)
+    assert result.p_value == pytest.approx(0.0625, abs=0.008)  # 9999 random sign vectors
+    assert result.p_value >= 0.05 and result.low <= 0 <= result.high and result.high > 0.02
+
+
+def test_all_equal_and_empty_inputs():
+    scores = [0.1, 0.5, 0.9, 0.3, 0.7, 0.2]
+    same = compare_scores(scores, scores)
+    assert (same.diff, same.low, same.high, same.p_value) == (0.0, 0.0, 0.0, 1.0)
+    assert compare_accuracy([True] * 8, [True] * 8).p_value == 1.0
+    with pytest.raises(ValueError, match="same non-zero number of paired items, got 0 and 0"):
+        compare_scores([], [])
+    with pytest.raises(ValueError, match="got 1 and 2"):
+        compare_scores([1.0], [1.0, 2.0])
+    assert figure_interval([]) == (None, "no items")
+    assert figure_interval([1.0, 0.0, 1.0, 1.0], clusters="aabb") == (None, FEW_CLUSTERS)  # 2 clusters
+    assert figure_interval([1.0] * 8, clusters="a" * 8) == (None, FEW_CLUSTERS)  # one: was [100, 100]
+    assert figure_interval([1.0, 0.0, 1.0])[0] == bootstrap_ci([1.0, 0.0, 1.0])  # items: the item bootstrap
+    assert adjust_p([]) == []
+
+
+def test_a_clear_shift_is_detected():
+    base = [i / 100 for i in range(100)]
+    result = compare_scores(base, [x + 0.2 for x in base])
+    assert result.diff == pytest.approx(0.2) and result.p_value == pytest.approx(1 / 10000)
+    assert result.low == pytest.approx(0.2) and result.high == pytest.approx(0.2)  # a constant shift
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_interval_is_the_test_inverted(seed):
+    """Independent check of the inversion: the test run on the differences shifted by δ accepts δ just inside
+    the interval (p ≥ 0.05) and rejects it just outside; and "p < 0.05" ⇔ "0 outside the interval"; the
+    clustered p is never below the items' p."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(8, 40))
+    d = np.round(rng.normal(0.2, 1.0, n), 3)
+    clusters = rng.integers(0, max(6, n // 3), n).tolist() if seed % 2 else None
+    result = compare_scores(np.zeros(n), d, clusters=clusters)
+    if result.low is None:
+        return
+    def p_at(delta: float) -> float:  # the comparison's p for H0: Δ = δ (clustered: the larger of the two)
+        shifted = d - delta
+        return max(sign_flip(shifted)[0], sign_flip(shifted, clusters)[0] if clusters is not None else 0.0)
+
+    for bound, inward in ((result.low, 1), (result.high, -1)):
+        assert p_at(bound + inward * 1e-6) >= 0.05 and p_at(bound - inward * 1e-6) < 0.05
+    assert (result.p_value < 0.05) == (not result.low <= 0 <= result.high)
+    if clusters is not None:
+        assert result.p_value >= compare_scores(np.zeros(n), d).p_value
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_star_and_interval_always_agree(seed):
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(6, 60))
+    baseline = rng.random(n) < 0.5
+    other = rng.random(n) < rng.uniform(0.3, 0.95)
+    clusters = rng.integers(0, int(rng.integers(1, n + 1)), n).tolist() if seed % 3 else None
+    result = compare_accuracy(baseline.tolist(), other.tolist(), clusters=clusters)
+    if result.low is not None:
+        assert (result.p_value < 0.05) == (not result.low <= 0 <= result.high)
+    else:
+        assert result.p_value >= 0.05 or result.n_clusters >= MIN_CLUSTERS
+
+
+# --- many comparisons (issue 30, point 2) ---------------------------------------------------------------------
+
+
+def test_holm_and_bh_by_hand():
+    """p = (0.01, 0.04, 0.03, 0.005), m = 4. Holm, sorted: 4·0.005 = 0.02, 3·0.01 = 0.03, 2·0.03 = 0.06,
+    1·0.04 = 0.04 → running max 0.02, 0.03, 0.06, 0.06. BH: 4p/j = 0.02, 0.02, 0.04, 0.04, running min from
+    the top: the same."""
+    p = [0.01, 0.04, 0.03, 0.005]
+    assert adjust_p(p, "holm") == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert adjust_p(p, "bh") == pytest.approx([0.02, 0.04, 0.04, 0.02])
+    assert adjust_p(p, "none") == p
+    assert adjust_p([0.5, 0.9], "holm") == [1.0, 1.0]  # capped at 1
+    with pytest.raises(ValueError, match="p-value adjustment 'bonferroni': choose one of holm, bh, none"):
+        adjust_p(p, "bonferroni")
+
+
+def test_holm_removes_stars_from_a_63_comparison_family():
+    """7 mitigations × 9 split·metric cells = 63 comparisons, all raw p < 0.05: three at 0.0001 and sixty
+    between 0.01 and 0.049. Holm multiplies the smallest by 63, 62, 61 (0.0063, 0.0062, 0.0061: kept) and the
+    fourth, 0.01, by 60 = 0.6: 60 stars go. BH's largest, 0.049 at rank 63, stays 0.049, so BH keeps all 63."""
+    p = [0.0001] * 3 + [0.01 + 0.039 * k / 59 for k in range(60)]
+    assert len(p) == 63 and max(p) < 0.05
+    holm = adjust_p(p, "holm")
+    assert sum(value < 0.05 for value in holm) == 3
+    assert holm[:3] == pytest.approx([0.0063] * 3) and holm[3] == pytest.approx(0.6)
+    assert sum(value < 0.05 for value in adjust_p(p, "bh")) == 63

@@ -71,13 +71,16 @@ def test_close_ended_table_values_intervals_and_marks(tmp_path):
     assert "**75.0 [" in markdown and "▲" in markdown and "▼" in markdown and "percentile bootstrap" in markdown
 
 
-def test_comparison_uses_mcnemar_on_paired_items(tmp_path):
+def test_comparison_is_a_sign_flip_test_on_paired_items(tmp_path):
     grid = write_grid(tmp_path / "grid", {"none": BASE, "vcd": BETTER})
     table, records = comparisons(find_runs([grid]))
     (record,) = records
-    # b = 0, c = 5: p = 2 * (1/2)^5 = 0.0625
-    assert record["diff"] == pytest.approx(25.0) and record["p_value"] == pytest.approx(0.0625)
-    assert record["n"] == 20 and record["test"] == "exact McNemar"
+    # b = 0, c = 5: McNemar p = 2 * (1/2)^5 = 0.0625, which the sign-flip test over 20 items estimates (9999 draws);
+    # not significant, so the interval (the test inverted) holds 0 and there is no star
+    assert record["diff"] == pytest.approx(25.0) and record["p_value"] == pytest.approx(0.0625, abs=0.008)
+    assert record["n"] == 20 and record["test"] == "sign-flip over items (9999 draws)"
+    assert record["low"] <= 0 <= record["high"] and not record["significant"]
+    assert record["p_adjusted"] == record["p_value"] and record["family_size"] == 1
     assert format_cell(table.rows[0][1][2]).startswith("+25.0 [")
 
 
@@ -335,7 +338,7 @@ def test_clinhallu_intervals_in_the_written_report(tmp_path):
     assert CLINHALLU_STAGE_NOTES["all_items"] in markdown
 
 
-def test_clinhallu_mitigation_against_none_mcnemar_on_org_accuracy(tmp_path):
+def test_clinhallu_mitigation_against_none_on_org_accuracy(tmp_path):
     write_clinhallu_run(tmp_path / "grid" / "none", CLINHALLU)
     # ORG answers 1, 1, 1, 1, 0, 1 against none's 1, 0, None, 1, 0, 0: b = 0 breaks, c = 3 fixes
     better = [(row[0], org, *row[2:]) for row, org in zip(CLINHALLU, (1, 1, 1, 1, 0, 1))]
@@ -343,7 +346,7 @@ def test_clinhallu_mitigation_against_none_mcnemar_on_org_accuracy(tmp_path):
     table, records = comparisons(find_runs([tmp_path / "grid"]))
     (record,) = records
     assert (record["metric"], record["split"], record["n"], record["test"]) == ("Acc (ORG)", "clinhallu:all", 6,
-                                                                                 "exact McNemar")
+                                                                                 "exact sign-flip over items")
     assert (record["baseline"], record["value"]) == pytest.approx((100 / 3, 500 / 6))
     assert record["diff"] == pytest.approx(50.0) and record["p_value"] == pytest.approx(0.25)  # 2 * (1/2)^3
     assert record["low"] <= record["diff"] <= record["high"]
@@ -443,3 +446,68 @@ def test_clinhallu_table_4_in_the_grid_results_md_and_a_setting_some_models_skip
     assert lines[0] == "| Mitigation | Split | Source | Models | Δ^V | Δ^K | Δ^VK |"
     assert lines[2:] == ["| none | clinhallu:vqa_rad | all | 3: m1, m2, m3 | +20.0 | +5.0 (2 of 3) | +40.0 |"]
     assert clinhallu_average_table(runs[:1]) == ""
+
+
+def test_comparison_table_adjusts_its_family_and_stars_the_adjusted_p(tmp_path, capsys):
+    """none 10/20; vcd fixes all 10 wrong items (McNemar 2·2^-10 ≈ 0.002), pai fixes 5 (0.0625): a family of
+    2. Holm: vcd's p × 2 ≈ 0.004 < 0.05, starred; pai's max(0.004, 0.0625) = 0.0625, not. The table shows raw
+    and adjusted p, and the footer names the family; ``--p-adjust none`` drops the adjusted column."""
+    grid = write_grid(tmp_path / "grid", {"none": BASE, "vcd": [True] * 20, "pai": BETTER})
+    out = tmp_path / "report"
+    assert main(["report", str(grid), "--output", str(out), "--no-plots", "--no-html"]) == 0
+    markdown = (out / "report.md").read_text()
+    assert "| Model | Mitigation | Split | Metric | none | mitigation | Δ | p | p (Holm) | n |" in markdown
+    assert "| m | vcd | mm_vishal:all | Acc | 50.0 | 100.0 | +50.0* [" in markdown
+    assert "| m | pai | mm_vishal:all | Acc | 50.0 | 75.0 | +25.0 [" in markdown
+    assert "Family: the 2 comparisons of this table (every mitigation × split × metric against none" in markdown
+    compared = {r["mitigation"]: r for r in json.loads((out / "report.json").read_text())["comparisons"]}
+    assert compared["vcd"]["p_value"] == pytest.approx(2 / 1024, abs=0.002)
+    assert compared["vcd"]["p_adjusted"] == pytest.approx(2 * compared["vcd"]["p_value"])
+    assert compared["pai"]["p_adjusted"] == compared["pai"]["p_value"] and not compared["pai"]["significant"]
+    assert compared["vcd"]["significant"] and compared["vcd"]["p_adjust"] == "holm"
+    rows = list(csv.DictReader(io.StringIO((out / "tables.csv").read_text())))
+    assert [r["column"] for r in rows if r["table"] == "mitigation_vs_none"][:6] == [
+        "none", "mitigation", "Δ", "p", "p (Holm)", "n"]
+    assert main(["report", str(grid), "--output", str(out), "--no-plots", "--no-html", "--p-adjust", "none"]) == 0
+    markdown = (out / "report.md").read_text()
+    assert "| none | mitigation | Δ | p | n |" in markdown and "p (Holm)" not in markdown
+    assert "p unadjusted" in markdown
+    assert main(["report", str(grid), "--output", str(out), "--no-plots", "--no-html", "--p-adjust", "bh"]) == 0
+    assert "| p (Benjamini–Hochberg) |" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["report", str(grid), "--output", str(out), "--p-adjust", "bonferroni"])
+    assert "invalid choice: 'bonferroni'" in capsys.readouterr().err
+
+
+def test_runs_are_named_by_short_labels_that_name_the_control(tmp_path):
+    """A grid with none, its no_image and blank controls and a VCD preset run, plus a second grid's none run: the
+    HTML header, the figure legends and the caveats name them as results.md does (``m · none · no_image``), the
+    two with-image ``none`` runs by their folders, the full settings once under "Run folders"."""
+    from medheval.report.collect import run_labels
+    from medheval.report.plots import _run_labels
+
+    vcd = "vcd:preset=medheval,alpha=1.0,beta=0.1,noise_step=500,noise_seed=0"
+    for folder, mitigation, control in (("none", "none", None), ("none__no_image", "none", "no_image"),
+                                        ("none__blank", "none", "blank"), ("vcd", vcd, None)):
+        run = write_run(tmp_path / "a" / folder, mitigation, BASE)
+        results = json.loads((run / "results.json").read_text())
+        results["warnings"] = [f"warning of {folder}"]
+        if control:
+            results["settings"]["control"] = {"kind": control}
+        (run / "results.json").write_text(json.dumps(results))
+    write_run(tmp_path / "b" / "none", "none", BASE)
+    runs = find_runs([tmp_path / "a", tmp_path / "b"])
+    names = sorted(run_labels(runs).values())
+    assert names == [f"m · none ({tmp_path / 'a' / 'none'})", f"m · none ({tmp_path / 'b' / 'none'})",
+                     "m · none · blank", "m · none · no_image", "m · vcd (medheval)"]
+    assert _run_labels(runs) == run_labels(runs)  # the figure legends
+    written = write_report([tmp_path / "a"], tmp_path / "report", plots=False)
+    page = written["html"].read_text()
+    assert "Runs (4): m · none, m · none · blank, m · none · no_image, m · vcd (medheval)</p>" in page
+    assert f"<li>m · vcd (medheval): m · {vcd} (" in page
+    caveats = json.loads(written["json"].read_text())["caveats"]
+    assert "warning of none__no_image (m · none · no_image)" in caveats
+    assert "warning of vcd (m · vcd (medheval))" in caveats and not any("noise_step" in line for line in caveats)
+    markdown = written["markdown"].read_text()
+    assert "Runs: `m · none`, `m · none · blank`, `m · none · no_image`, `m · vcd (medheval)`" in markdown
+    assert f"- `m · vcd (medheval)`: `m · {vcd}` (" in markdown

@@ -6,6 +6,7 @@ run's identity (a blind run never mixes with the with-image run), the grid axis 
 from __future__ import annotations
 
 import base64
+import csv
 import io
 import json
 from pathlib import Path
@@ -19,6 +20,7 @@ from report_runs import write_run
 from medheval.backends.hf import HFBackend
 from medheval.cli import main
 from medheval.data.benchmarks import prepare_benchmark
+from medheval.report.build import write_report
 from medheval.report.collect import find_runs
 from medheval.report.paper import build_tables, comparisons, image_deltas
 from medheval.run.control import Control, ControlError, noise_like
@@ -204,27 +206,40 @@ def _blind_pair(folder: Path, with_image: list[bool], blind: list[bool], images:
 
 
 def test_delta_image_on_a_hand_made_pair(tmp_path):
-    """Six items on three images (two each). With image 5/6 right, blind 2/6: Δ image = 100·(5 − 2)/6 = 50
-    points. Per image the paired differences are (1, 0), (1, 0), (0, 1): each image contributes +1 over two
-    items, so every resample of images gives 3/6 and the clustered paired interval is exactly [50, 50];
-    resampling items instead (``--cluster none``) gives a wide interval around 50."""
-    images = ["a", "a", "b", "b", "c", "c"]
-    _blind_pair(tmp_path / "grid", [True, True, True, False, True, True], [False, True, False, False, True, False],
-                images)
+    """Twelve items on six images (two each). With image 10/12 right (83.3 %), blind 4/12 (33.3 %): Δ image =
+    100·(10 − 4)/12 = 50 points. Per image the paired differences are (1, 0) or (0, 1): every image adds +1
+    over two items, so only the identity and the all-flipped sign vector reach |T| = 6, p = 2/2^6 = 0.03125 over
+    the images; over the 12 items (b = 0, c = 6) McNemar's 2·2^-6 is the same. The with-image column holds the
+    with-image run (83.3) and the blind column the blind one (33.3), in report.md, tables.csv and report.json."""
+    images = [name for name in "abcdef" for _ in range(2)]
+    _blind_pair(tmp_path / "grid", [True, True, True, False, True, True] * 2,
+                [False, True, False, False, True, False] * 2, images)
     runs = find_runs([tmp_path / "grid"])
     table, (record,) = image_deltas(runs)
-    assert record["with_image"] == pytest.approx(500 / 6) and record["blind"] == pytest.approx(200 / 6)
-    assert record["diff"] == pytest.approx(50.0) and record["low"] == pytest.approx(50.0)
-    assert record["high"] == pytest.approx(50.0) and record["n"] == 6 and record["control"] == "no_image"
-    assert record["resampled"] == "mm_vishal:all by image" and record["n_clusters"] == 3
+    assert record["with_image"] == pytest.approx(1000 / 12) and record["blind"] == pytest.approx(400 / 12)
+    assert record["diff"] == pytest.approx(50.0) and record["p_value"] == pytest.approx(0.03125)
+    assert 0 < record["low"] <= 50.0 <= record["high"] and record["significant"]
+    assert record["n"] == 12 and record["control"] == "no_image"
+    assert record["resampled"] == "mm_vishal:all by image" and record["n_clusters"] == 6
     assert table.rows[0][0] == ["m", "none", "no_image", "mm_vishal:all", "Acc"]
+    with_image, blind, delta = table.rows[0][1][:3]
+    assert (with_image.value, blind.value, delta.value) == (pytest.approx(1000 / 12), pytest.approx(400 / 12), 50.0)
     assert comparisons(runs)[0] is None  # the blind run is no mitigation of the with-image run
     tables = {t.key: t for t in build_tables(runs)}
     assert "image_vs_blind" in tables
     close = tables["medheval_close_ended"]
     assert sorted(labels[1] for labels, _ in close.rows) == ["none", "none · no_image"]  # the blind rows
     _, (by_item,) = image_deltas(find_runs([tmp_path / "grid"], cluster="none"))
-    assert by_item["diff"] == pytest.approx(50.0) and by_item["low"] < 20 and by_item["high"] > 80
+    assert by_item["diff"] == pytest.approx(50.0) and by_item["p_value"] == pytest.approx(0.03125)
+    written = write_report([tmp_path / "grid"], tmp_path / "report", plots=False)
+    assert "| m | none | no_image | mm_vishal:all | Acc | 83.3 | 33.3 | +50.0* [" in written["markdown"].read_text()
+    cells = {row["column"]: row["value"] for row in csv.DictReader(io.StringIO(written["csv"].read_text()))
+             if row["table"] == "image_vs_blind"}
+    assert float(cells["with image"]) == pytest.approx(1000 / 12) and float(cells["blind"]) == pytest.approx(400 / 12)
+    page = written["html"].read_text()
+    row = page.split('data-table="image_vs_blind"')[1].split("</tr>")[1]
+    assert row.index(">83.3<") < row.index(">33.3<") < row.index(">+50.0* [")
+    assert page.count("Δ image: with image − image-blind control") == 1  # its section has its own heading
 
 
 def test_clinhallu_traces_see_the_blind_images(tmp_path, monkeypatch):
@@ -302,7 +317,7 @@ def test_grid_markdown_names_a_blind_cell_with_its_control(tmp_path):
 
 def test_clinhallu_delta_image_from_the_protocol_logs(tmp_path):
     """A blind ClinHallu run gets its Δ image on ORG accuracy from the protocol logs, paired by item id
-    (ClinHallu declares ``CLUSTER = "item"``: exact McNemar). With the images the hand table's ORG answers are
+    (its logs hold no image ids, so exact sign-flip over items: McNemar). With the images the hand table's ORG answers are
     1, 0, None, 1, 0, 0 (2/6 right = 33.3 %); blind all six are 0 (0 %): Δ image = 100·2/6 = 33.3 points; the
     discordant pairs are 2 (right with the image, wrong blind) and 0 the other way, so p = 2·(1/2)² = 0.5."""
     from clinhallu_fixture import HAND_TABLE
@@ -319,7 +334,8 @@ def test_clinhallu_delta_image_from_the_protocol_logs(tmp_path):
                                                                                   "blank", 6)
     assert (record["with_image"], record["blind"]) == pytest.approx((100 / 3, 0.0))
     assert record["diff"] == pytest.approx(100 / 3) and record["p_value"] == pytest.approx(0.5)
-    assert record["test"] == "exact McNemar" and record["resampled"] == "clinhallu:all by item"
+    assert record["test"] == "exact sign-flip over items"  # a run without recorded images: items, and it says so
+    assert record["resampled"].startswith("clinhallu:all by item, not by image")
     assert record["low"] <= record["diff"] <= record["high"]
     assert table.rows[0][0] == ["m", "none", "blank", "clinhallu:all", "Acc (ORG)"]
     assert comparisons(runs)[0] is None  # the blind run is no mitigation of the with-image run

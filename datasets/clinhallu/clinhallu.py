@@ -16,7 +16,9 @@ from medheval.families.clinhallu import trace as clinhallu_trace  # noqa: F401  
 # run_eval drives this benchmark through its own protocol (four traces per item + judges), not "one
 # answer per item": the runner imports it by this name (medheval.run.protocol.protocol_for)
 PROTOCOLS = {"generate": "medheval.families.clinhallu.task:ClinHalluProtocol"}
-CLUSTER = "item"  # the four settings are within one item: the report resamples items
+# VQA-RAD and PathVQA ask several questions about one image: the report resamples images (an item's four
+# settings stay within it); the run records each item's cluster beside its protocol logs
+CLUSTER = "image"
 
 
 class ClinHallu(datasets.GeneratorBasedBuilder):

@@ -19,9 +19,12 @@ if TYPE_CHECKING:  # imported when a report is written, so `medheval --help` sta
 
 
 def caveats(runs: list["Run"]) -> list[str]:
-    """What a reader must know about the runs: labels (random weights), warnings, unread parts."""
+    """What a reader must know about the runs: labels (random weights), warnings, unread parts; each line
+    names the runs it applies to by their short labels (:func:`medheval.report.collect.run_labels`)."""
+    from medheval.report.collect import run_labels
     from medheval.report.tables import caveats as run_caveats
 
+    names = run_labels(runs)
     lines: list[str] = []
     per_run: dict[str, list[int]] = {}  # a warning or caveat -> the runs it applies to (said once)
     for index, run in enumerate(runs):
@@ -34,7 +37,7 @@ def caveats(runs: list["Run"]) -> list[str]:
         lines += run.notes
     for text, indices in per_run.items():
         scope = ("all runs" if len(runs) > 1 and len(indices) == len(runs)
-                 else ", ".join(dict.fromkeys(runs[i].label for i in indices)))
+                 else ", ".join(dict.fromkeys(names[id(runs[i])] for i in indices)))
         lines.append(f"{text} ({scope})")
     if any(item.get("credentialed") for run in runs for item in run.items):
         lines.append("Some items derive from credentialed data (MIMIC, PhysioNet agreement): keep this report "
@@ -60,19 +63,20 @@ def plots_unavailable() -> str | None:
     return None
 
 
-def _plots(runs: list["Run"], folder: Path) -> tuple[dict[str, Path], str | None]:
+def _plots(runs: list["Run"], folder: Path, p_adjust: str = "holm") -> tuple[dict[str, Path], str | None]:
     """The figures, or none and why (the tables never depend on matplotlib)."""
     note = plots_unavailable()
     if note:
         return {}, note
     from medheval.report.plots import write_plots
 
-    return write_plots(runs, folder), None
+    return write_plots(runs, folder, p_adjust), None
 
 
-def write_run_report(output: str | Path, results: dict[str, Any], cluster: str = "auto") -> str | None:
+def write_run_report(output: str | Path, results: dict[str, Any], cluster: str = "auto",
+                     p_adjust: str = "holm") -> str | None:
     """``report.html`` for the run (or grid) just written into ``output``; ``results`` is its results.json
-    content (``{"runs": [...]}`` for a grid); ``cluster`` as in :func:`write_report`. Never raises: the run's
+    content (``{"runs": [...]}`` for a grid); ``cluster`` and ``p_adjust`` as in :func:`write_report`. Never raises: the run's
     results are already on disk, so a problem is returned as a one-line note (``None`` when all went well)."""
     import tempfile
 
@@ -89,10 +93,10 @@ def write_run_report(output: str | Path, results: dict[str, Any], cluster: str =
             runs = [Run(path=output, results=results, items=read_items(output, results, notes), notes=notes,
                         cluster=cluster)]
         with tempfile.TemporaryDirectory(prefix="medheval-plots-") as folder:
-            figures, note = _plots(runs, Path(folder))
+            figures, note = _plots(runs, Path(folder), p_adjust)
             notes = caveats(runs)
             notes += [note] if note and not any(note in line for line in notes) else []
-            write_html(runs, with_seeds(build_tables(runs)), figures, notes, output / "report.html")
+            write_html(runs, with_seeds(build_tables(runs, p_adjust)), figures, notes, output / "report.html")
         return None
     except Exception as error:  # noqa: BLE001 - the run succeeded; its report must not undo that
         return (f"report.html not written ({type(error).__name__}: {error}); "
@@ -102,27 +106,32 @@ def write_run_report(output: str | Path, results: dict[str, Any], cluster: str =
 def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = True, html: bool = True,
                  thumbnails: bool = False, image_roots: dict[str, str] | None = None,
                  runs: "list[Run] | None" = None, cluster: str = "auto",
-                 compare_published: bool = False) -> dict[str, Any]:
+                 compare_published: bool = False, p_adjust: str = "holm") -> dict[str, Any]:
     """Read the run folders under ``paths`` and write the report into ``output``; returns what was written.
 
     ``cluster``: ``auto`` resamples each split's clusters (the unit its benchmark declares), ``none`` items
     (the intervals of reports before clustering); it applies to ``runs`` read here, not to ``runs`` given.
-    ``compare_published``: add the "Reproduction" table (:func:`medheval.report.published.reproduction`)."""
+    ``compare_published``: add the "Reproduction" table (:func:`medheval.report.published.reproduction`).
+    ``p_adjust``: how each comparison table's p-values are adjusted as one family: ``holm`` (default), ``bh``
+    or ``none`` (:func:`medheval.report.stats.adjust_p`)."""
     from medheval.run.outputs import atomic_write_text
-    from medheval.report.collect import find_runs, software_stack
+    from medheval.report.collect import find_runs, run_labels, software_stack
     from medheval.report.paper import build_tables, comparisons, image_deltas, sections_markdown, to_csv, to_json
 
     runs = find_runs(paths, cluster=cluster) if runs is None else runs
     output = Path(output)
-    tables = with_seeds(build_tables(runs))
+    tables = with_seeds(build_tables(runs, p_adjust))
     reproduced = _reproduction(tables) if compare_published else None
-    _, compared = comparisons(runs)
-    _, blind = image_deltas(runs)
+    _, compared = comparisons(runs, p_adjust)
+    _, blind = image_deltas(runs, p_adjust)
     notes = caveats(runs)
-    figures, plot_note = _plots(runs, output / "plots") if plots else ({}, None)
+    figures, plot_note = _plots(runs, output / "plots", p_adjust) if plots else ({}, None)
     if plot_note:
         notes.append(plot_note)
-    header = ["# MedHEval-HF report", "", "Runs: " + ", ".join(f"`{run.label}` ({run.path})" for run in runs), ""]
+    names = run_labels(runs)
+    header = ["# MedHEval-HF report", "", "Runs: " + ", ".join(f"`{names[id(run)]}`" for run in runs), ""]
+    header += ["Run folders and full settings:", "", *(f"- `{names[id(run)]}`: `{run.label}` ({run.path})"
+                                                       for run in runs), ""]
     header += ["## Caveats", "", *(f"- {line}" for line in notes), ""] if notes else []
     header += usage_section(runs)
     header += stack_section(runs)
@@ -206,6 +215,10 @@ def add_report_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", choices=("auto", "none"), default="auto",
                         help="what intervals and paired comparisons resample: auto (default) each split's "
                              "declared unit (image, study, report or item), none items one by one")
+    parser.add_argument("--p-adjust", choices=("holm", "bh", "none"), default="holm",
+                        help="adjust the p-values of each comparison table as one family: holm (default; Holm "
+                             "1979, family-wise error), bh (Benjamini-Hochberg 1995, false discovery rate) or none; "
+                             "stars mark adjusted p < 0.05")
     parser.add_argument("--compare-published", action="store_true",
                         help="a Reproduction section: each cell whose model matches a published one (Hub id or "
                              "alias), beside the paper's value with the difference, flagged when the paper's value "
@@ -222,7 +235,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         roots[source] = root
     written = write_report(args.runs, args.output, plots=not args.no_plots, html=not args.no_html,
                            thumbnails=args.thumbnails, image_roots=roots, cluster=args.cluster,
-                           compare_published=args.compare_published)
+                           compare_published=args.compare_published, p_adjust=args.p_adjust)
     for kind, path in written.items():
         if isinstance(path, Path):
             print(f"{kind}: {path}")

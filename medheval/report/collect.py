@@ -272,6 +272,23 @@ def mitigation_labels(specs: Iterable[str]) -> dict[str, str]:
     return labels
 
 
+def run_labels(runs: Sequence[Run]) -> dict[int, str]:
+    """A short, distinct name per run (by ``id``) for headers, legends and caveats, as ``results.md`` names
+    them: ``model · short mitigation`` (:func:`mitigation_labels`) with a blind run's control appended
+    (``m · none · no_image``); runs still alike get their folder name appended (``m · none (grid-a)``)."""
+    short = mitigation_labels(run.mitigation for run in runs)
+    base = {id(run): " · ".join([run.model, short[run.mitigation], *([run.control] if run.control != "none" else [])])
+            for run in runs}
+    labels = dict(base)
+    for run in runs:
+        twins = [other for other in runs if other is not run and base[id(other)] == base[id(run)]]
+        if twins:
+            names = {member.path.name for member in [run, *twins]}
+            where = run.path.name if len(names) == len(twins) + 1 else str(run.path)
+            labels[id(run)] = f"{base[id(run)]} ({where})"
+    return labels
+
+
 def _walk(path: Path, depth: int) -> list[Run]:
     results_path = path / "results.json"
     data = _read_json(results_path) if results_path.exists() else None

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from medheval.run.outputs import atomic_write_text
-from medheval.report.collect import STACK_COLUMNS, Run, mitigation_labels, software_stack
+from medheval.report.collect import STACK_COLUMNS, Run, run_labels, software_stack
 from medheval.report.paper import Table, format_cell, sections
 from medheval.data.schema import is_credentialed
 
@@ -123,11 +123,12 @@ def _tables_html(tables: list[Table]) -> str:
 
 
 def _runs_html(runs: list[Run]) -> str:
-    """The runs by model · short mitigation label; their folders and full settings folded below."""
+    """The runs by short label (model · short mitigation · control, :func:`medheval.report.collect.run_labels`);
+    their folders and full settings folded below."""
     e = html.escape
-    short = mitigation_labels(run.mitigation for run in runs)
-    names = ", ".join(f"{run.model} · {short[run.mitigation]}" for run in runs)
-    folders = "".join(f"<li>{e(run.label)} ({e(str(run.path))})</li>" for run in runs)
+    labels = run_labels(runs)
+    names = ", ".join(labels[id(run)] for run in runs)
+    folders = "".join(f"<li>{e(labels[id(run)])}: {e(run.label)} ({e(str(run.path))})</li>" for run in runs)
     return (f"<p>Runs ({len(runs)}): {e(names)}</p><details class='runs'><summary>Run folders and full "
             f"settings</summary><ul>{folders}</ul></details>")
 

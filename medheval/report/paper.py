@@ -10,9 +10,10 @@ its image-blind control (Δ image, :func:`image_deltas`). A figure is the value 
 interval is recomputed from
 ``scored.jsonl`` (ClinHallu: from the protocol logs, :func:`medheval.report.collect.protocol_columns`)
 with :mod:`medheval.report.stats`, and only when the per-item values reproduce that figure — otherwise the
-cell says why there is none. Intervals and paired comparisons resample the split's clusters (the unit its
-benchmark declares: image, study, report or item; :func:`clusters`), or items with ``--cluster none``;
-each table's footer names the unit and the number of clusters per split. Mitigations are shown by a short
+cell says why there is none. Intervals resample the split's clusters (the unit its benchmark declares:
+image, study, report or item; :func:`clusters`), or items with ``--cluster none``; paired comparisons are
+sign-flip tests over the same clusters with the test's own interval, their p-values adjusted per table
+(:func:`adjust_family`); each table's footer names the unit and the number of clusters per split. Mitigations are shown by a short
 label (method and preset) with their full settings in a legend (:func:`shorten`); the report shows the
 tables by benchmark family, a footer line that several of a family's tables share once (:func:`sections`).
 """
@@ -26,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from medheval.report.collect import Run, mitigation_labels
-from medheval.report.stats import CLUSTER_NOTE, METHOD_NOTE, bootstrap_ci, compare_accuracy, paired_bootstrap
+from medheval.report.stats import (CLUSTER_NOTE, LEVEL, METHOD_NOTE, P_ADJUST_NAMES, Comparison, adjust_p,
+                                   compare_accuracy, compare_scores, figure_interval)
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
                                     STEPBENCH_LANGUAGES, STEPBENCH_STEPS, CLINHALLU_DELTAS,
                                     STEPBENCH_STEP1_NOTE, LABELER_NOTE, clinhallu_model_average, clinhallu_stage_denominator,
@@ -73,6 +75,7 @@ class Cell:
     unit: str | None = None  # what the interval resampled, e.g. "mm_vishal:all by image" (None: --cluster none)
     n_clusters: int | None = None
     digits: int | None = None  # decimals shown (None: one, or two beside a std)
+    star: bool = False  # a comparison whose adjusted p < 0.05 (its family: :func:`adjust_family`)
 
 
 @dataclass
@@ -125,6 +128,23 @@ def clusters(run: Run, split: str, items: list[dict[str, Any]]) -> tuple[list[st
         return None, f"{split} by item"
     return None, (f"{split} by item, not by {declared}: this run's scored.jsonl has no cluster ids (written "
                   f"before clustered intervals; re-score it for them), so its intervals may be too narrow")
+
+
+def protocol_clusters(run: Run, split: str, columns: dict[str, list], rows: list[int]
+                      ) -> tuple[list[str] | None, str | None]:
+    """:func:`clusters` for a split whose items come from protocol logs (ClinHallu): the labels of items
+    ``rows`` from the columns' ``clusters`` (written by the run beside its logs); a run without them is
+    resampled by item, and the footer says so."""
+    if run.cluster == "none":
+        return None, None
+    unit = run.results["benchmarks"].get(split, {}).get("cluster_unit") or declared_cluster_unit(split)
+    if unit == "item":
+        return None, f"{split} by item"
+    labels = [(columns.get("clusters") or [None] * (max(rows, default=-1) + 1))[i] for i in rows]
+    if all(isinstance(label, str) for label in labels):
+        return labels, f"{split} by {unit}"
+    return None, (f"{split} by item, not by {unit}: this run's protocol logs have no cluster ids (written before "
+                  f"{_name(split)} clustered by {unit}; re-run it for them), so its intervals may be too narrow")
 
 
 def declared_cluster_unit(split: str) -> str:
@@ -193,12 +213,12 @@ def _with_interval(cell: Cell, values: list[float], scale: float, value: float,
         cell.note = f"the per-item values give {recomputed!r}, not the reported {value!r}"
         return cell
     labels, cell.unit = clustered
-    interval = bootstrap_ci(values, denominators, clusters=labels)
+    interval, why = figure_interval(values, denominators, clusters=labels)
     cell.n = len(values)
     if cell.unit is not None:
         cell.n_clusters = len(set(labels)) if labels is not None else len(values)
     if interval is None:
-        cell.note = "no items"
+        cell.note = why
     else:
         cell.low, cell.high = (scale * factor * bound for bound in interval)
     return cell
@@ -508,7 +528,8 @@ def stepbench(runs: list[Run]) -> Table | None:
 CLINHALLU_ANSWERS = {"org": "correct", "rep_v": "correct_rep_v", "rep_k": "correct_rep_k", "rep_vk": "correct_rep_vk"}
 CLINHALLU_NOTE = ("ClinHallu per-item values: each item's judged answers and stage judgements from the run's "
                   "protocol logs (clinhallu/<config>/, read with metric_inputs), counted as metrics/clinhallu "
-                  "counts them: Acc, H and Fix/Break are ratios of per-item counts, resampled by item (default "
+                  "counts them: Acc, H and Fix/Break are ratios of per-item counts, resampled by image (VQA-RAD "
+                  "and PathVQA ask several questions about one image; the four settings stay within an item; default "
                   "denominator: an invalid or unjudged answer counts as wrong; with upstream_compat: Acc over valid "
                   "answers, Fix/Break over items valid in both settings); Δ is the mean of the paired per-item "
                   "difference (setting right − ORG right).")
@@ -582,8 +603,8 @@ def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], k
         cell.note = parts
         return cell
     numerators, denominators, digits = parts
-    # ClinHallu declares the item as its unit (its four settings are within one item): no per-row labels needed
-    return _with_interval(cell, numerators, 100.0, value, denominators, digits, clustered=clusters(run, split, []))
+    return _with_interval(cell, numerators, 100.0, value, denominators, digits,
+                          clustered=protocol_clusters(run, split, columns, rows))
 
 
 def clinhallu(runs: list[Run]) -> list[Table]:
@@ -652,13 +673,19 @@ COMPARED: tuple[tuple[str, str, str, float], ...] = (
 )
 
 
-def comparisons(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
-    """Each mitigation against ``none`` of the same model, on the items both scored (paired by id), resampled
-    by the split's clusters (:func:`clusters`; exact McNemar for accuracy only where no cluster holds two items)."""
+def _comparison_columns(first: str, second: str, delta: str, p_adjust: str) -> list[Column]:
+    adjusted = [] if p_adjust == "none" else [Column(f"p ({P_ADJUST_NAMES[p_adjust]})", ranked=False)]
+    return [Column(first, ranked=False), Column(second, ranked=False), Column(delta, ranked=False),
+            Column("p", ranked=False), *adjusted, Column("n", ranked=False)]
+
+
+def comparisons(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None, list[dict[str, Any]]]:
+    """Each mitigation against ``none`` of the same model, on the items both scored (paired by id), tested over
+    the split's clusters (:func:`clusters`, :func:`medheval.report.stats.compare_scores`); the table's p-values
+    adjusted as one family (``p_adjust``: :func:`adjust_family`)."""
     table = Table("mitigation_vs_none", "Mitigation − none on the same items (paired)",
                   ["Model", "Mitigation", "Split", "Metric"],
-                  [Column("none", ranked=False), Column("mitigation", ranked=False), Column("Δ", ranked=False),
-                   Column("p", ranked=False), Column("n", ranked=False)])
+                  _comparison_columns("none", "mitigation", "Δ", p_adjust))
     records: list[dict[str, Any]] = []
     with_image = [run for run in runs if run.control == "none"]  # blind runs are compared by image_deltas
     baselines = [run for run in with_image if run.mitigation == "none" and run.items]
@@ -670,13 +697,40 @@ def comparisons(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
             table.rows.append(([run.model, run.mitigation, split, label], cells))
             records.append({"model": run.model, "mitigation": run.mitigation, **record})
     _clinhallu_comparisons(with_image, table, records)
+    adjust_family(table, records, p_adjust, "every mitigation × split × metric against none of the same model")
     return (table if table.rows else None), records
+
+
+def adjust_family(table: Table, records: list[dict[str, Any]], p_adjust: str, family: str) -> None:
+    """Adjust the p-values of ``table``'s rows (one family; ``records`` in the same order) by ``p_adjust``
+    (:func:`medheval.report.stats.adjust_p`): fill the adjusted-p cells, star Δ where the adjusted p < 0.05
+    and the comparison has an interval, and say the family and the method in the footer."""
+    if not records:
+        return
+    raw = [record["p_value"] for record in records]
+    adjusted = adjust_p(raw, p_adjust)
+    alpha = 1 - LEVEL
+    at = [c.label for c in table.columns].index("p")
+    for (_, cells), record, value in zip(table.rows, records, adjusted):
+        significant = value < alpha and record.get("low") is not None
+        record.update(p_adjusted=value, p_adjust=p_adjust, family_size=len(raw), significant=significant)
+        cells[2].star = significant
+        if p_adjust == "none":
+            del cells[at + 1]
+        else:
+            cells[at + 1] = Cell(text=f"{value:.3g}")
+    how = ("unadjusted" if p_adjust == "none" else
+           f"adjusted by {P_ADJUST_NAMES[p_adjust]} ({'Holm 1979, family-wise error' if p_adjust == 'holm' else 'Benjamini & Hochberg 1995, false discovery rate'})")
+    table.footer.append(f"Family: the {len(raw)} comparisons of this table ({family}); p {how}; "
+                        f"* adjusted p < {alpha:g}. Intervals are per comparison ({int(LEVEL * 100)}%, "
+                        f"unadjusted): one excludes 0 exactly when its raw p < {alpha:g}. "
+                        f"`medheval report --p-adjust holm|bh|none` chooses the adjustment.")
 
 
 def _paired_rows(base: Run, run: Run) -> list[tuple[str, str, list[Cell], dict[str, Any]]]:
     """(split, metric label, cells, record) of ``run`` − ``base`` per split and :data:`COMPARED` metric, on the
-    items both scored (paired by id), resampled by the split's clusters (exact McNemar for accuracy only
-    where no cluster holds two items). Cells: base, run, Δ with its interval, p, n."""
+    items both scored (paired by id), tested over the split's clusters and over items
+    (:func:`medheval.report.stats.compare_scores`). Cells: base, run, Δ with its interval, p, adjusted p, n."""
     rows = []
     for split in run.results["benchmarks"]:
         ours = {item["id"]: item for item in run.items_of(split)}
@@ -692,30 +746,37 @@ def _paired_rows(base: Run, run: Run) -> list[tuple[str, str, list[Cell], dict[s
             a, b, paired = zip(*pairs)
             labels, unit = clusters(run, split, list(paired))
             result = compare_accuracy(a, b, clusters=labels) if per_item == "correct" else \
-                paired_bootstrap(a, b, clusters=labels)
+                compare_scores(a, b, clusters=labels)
             mean_a, mean_b = scale * sum(map(float, a)) / len(a), scale * sum(map(float, b)) / len(b)
-            n_clusters = None if unit is None else len(set(labels)) if labels is not None else result.n
-            cells = [Cell(value=mean_a), Cell(value=mean_b),
-                     Cell(value=scale * result.diff, low=scale * result.low, high=scale * result.high, signed=True,
-                          unit=unit, n_clusters=n_clusters),
-                     Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text=str(result.n))]
-            rows.append((split, label, cells, {
-                "split": split, "metric": label, "baseline": mean_a, "value": mean_b, "diff": scale * result.diff,
-                "low": scale * result.low, "high": scale * result.high, "p_value": result.p_value, "n": result.n,
-                "test": result.test, "resampled": unit, "n_clusters": n_clusters}))
+            rows.append((split, label, *_comparison_cells(result, mean_a, mean_b, scale, unit, split, label)))
     return rows
 
 
-def image_deltas(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
+def _comparison_cells(result: Comparison, mean_a: float, mean_b: float, scale: float, unit: str | None,
+                      split: str, label: str) -> tuple[list[Cell], dict[str, Any]]:
+    """Cells (baseline, other, Δ with its interval or why none, p, adjusted p (filled by :func:`adjust_family`),
+    n) and the record of one paired comparison."""
+    n_clusters = None if unit is None else result.n_clusters
+    low, high = ((None, None) if result.low is None else (scale * result.low, scale * result.high))
+    cells = [Cell(value=mean_a), Cell(value=mean_b),
+             Cell(value=scale * result.diff, low=low, high=high, signed=True, unit=unit, n_clusters=n_clusters,
+                  note=result.note),
+             Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text="–"), Cell(text=str(result.n))]
+    return cells, {"split": split, "metric": label, "baseline": mean_a, "value": mean_b, "diff": scale * result.diff,
+                   "low": low, "high": high, "p_value": result.p_value, "n": result.n, "test": result.test,
+                   "resampled": unit, "n_clusters": n_clusters, **({"note": result.note} if result.note else {})}
+
+
+def image_deltas(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None, list[dict[str, Any]]]:
     """**Δ image** per split and metric: a with-image run minus its image-blind control (same model and
     mitigation, ``--control no_image|blank|noise``, :mod:`medheval.run.control`), on the items both scored
     (paired by id), with the clustered paired interval of :func:`_paired_rows`; ClinHallu's ORG accuracy from
-    its protocol logs (:func:`_clinhallu_org_pair`, by item as it declares). Near 0: the answers do not
-    depend on the image; the blind run's own figures are its rows in the other tables."""
+    its protocol logs (:func:`_clinhallu_org_pair`). Near 0: the answers do not depend on the image; the blind
+    run's own figures are its rows in the other tables. Columns: with image, blind, Δ (the paired rows give
+    the blind run as the baseline: its cells are swapped into place). One family of p-values (``p_adjust``)."""
     table = Table("image_vs_blind", "Δ image: with image − image-blind control on the same items (paired)",
                   ["Model", "Mitigation", "Control", "Split", "Metric"],
-                  [Column("with image", ranked=False), Column("blind", ranked=False),
-                   Column("Δ image", ranked=False), Column("p", ranked=False), Column("n", ranked=False)])
+                  _comparison_columns("with image", "blind", "Δ", p_adjust))
     records: list[dict[str, Any]] = []
     sighted = [run for run in runs if run.control == "none" and (run.items or _clinhallu_splits(run))]
     for blind in (run for run in runs if run.control != "none" and (run.items or _clinhallu_splits(run))):
@@ -727,10 +788,12 @@ def image_deltas(runs: list[Run]) -> tuple[Table | None, list[dict[str, Any]]]:
         rows += [(split, "Acc (ORG)", *paired) for split in _clinhallu_splits(run)  # from ClinHallu's protocol logs
                  if (paired := _clinhallu_org_pair(blind, run, split)) is not None]
         for split, label, cells, record in rows:
-            table.rows.append(([run.model, run.mitigation, blind.control, split, label], cells))
+            table.rows.append(([run.model, run.mitigation, blind.control, split, label], [cells[1], cells[0], *cells[2:]]))
             records.append({"model": run.model, "mitigation": run.mitigation, "control": blind.control,
                             **{key: value for key, value in record.items() if key not in ("baseline", "value")},
                             "with_image": record["value"], "blind": record["baseline"]})
+    adjust_family(table, records, p_adjust, "every run with its image × split × metric against its image-blind "
+                  "control")
     return (table if table.rows else None), records
 
 
@@ -748,7 +811,8 @@ def _clinhallu_splits(run: Run) -> dict[str, dict[str, Any]]:
 
 def _clinhallu_org_pair(base: Run, run: Run, split: str) -> tuple[list[Cell], dict[str, Any]] | None:
     """ORG accuracy (%) of ``run`` − ``base`` on one ClinHallu split, on the items both ran (paired by id,
-    exact McNemar: ClinHallu's cluster unit is the item), from the protocol logs; an answer counts as right
+    tested over the images the run recorded, :func:`protocol_clusters`, and over items), from the protocol
+    logs; an answer counts as right
     when judged 1, as the metric counts it (with ``upstream_compat`` in either run: only items whose ORG
     answer is valid in both). Cells: base, run, Δ with its interval, p, n; ``None`` without paired items."""
     ours_metric, theirs_metric = _clinhallu_splits(run).get(split), _clinhallu_splits(base).get(split)
@@ -759,23 +823,16 @@ def _clinhallu_org_pair(base: Run, run: Run, split: str) -> tuple[list[Cell], di
         return None
     valid_only = "valid_only" in (ours_metric.get("denominator"), theirs_metric.get("denominator"))
     before = dict(zip(theirs["ids"], theirs["correct"]))
-    pairs = [(before[i], c) for i, c in zip(ours["ids"], ours["correct"]) if i in before]
-    pairs = [(a == 1, b == 1) for a, b in pairs if not valid_only or (a is not None and b is not None)]
-    if not pairs:
+    rows = [row for row, i in enumerate(ours["ids"]) if i in before
+            and (not valid_only or (before[i] is not None and ours["correct"][row] is not None))]
+    if not rows:
         return None
-    a, b = zip(*pairs)
-    result = compare_accuracy(a, b)  # ClinHallu's unit is the item (see clinhallu())
+    a = [before[ours["ids"][row]] == 1 for row in rows]
+    b = [ours["correct"][row] == 1 for row in rows]
+    labels, unit = protocol_clusters(run, split, ours, rows)
+    result = compare_accuracy(a, b, clusters=labels)
     mean_a, mean_b = 100 * sum(a) / len(a), 100 * sum(b) / len(b)
-    unit = clusters(run, split, [])[1]
-    n_clusters = None if unit is None else result.n
-    cells = [Cell(value=mean_a), Cell(value=mean_b),
-             Cell(value=100 * result.diff, low=100 * result.low, high=100 * result.high, signed=True,
-                  unit=unit, n_clusters=n_clusters),
-             Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text=str(result.n))]
-    return cells, {"split": split, "metric": "Acc (ORG)", "baseline": mean_a, "value": mean_b,
-                   "diff": 100 * result.diff, "low": 100 * result.low, "high": 100 * result.high,
-                   "p_value": result.p_value, "n": result.n, "test": result.test, "resampled": unit,
-                   "n_clusters": n_clusters}
+    return _comparison_cells(result, mean_a, mean_b, 100.0, unit, split, "Acc (ORG)")
 
 
 def _clinhallu_comparisons(runs: list[Run], table: Table, records: list[dict[str, Any]]) -> None:
@@ -792,17 +849,18 @@ def _clinhallu_comparisons(runs: list[Run], table: Table, records: list[dict[str
                 records.append({"model": run.model, "mitigation": run.mitigation, **paired[1]})
 
 
-def build_tables(runs: list[Run]) -> list[Table]:
-    """Every table the runs have data for, marked and footnoted."""
+def build_tables(runs: list[Run], p_adjust: str = "holm") -> list[Table]:
+    """Every table the runs have data for, marked and footnoted; ``p_adjust``: the comparisons' p-value
+    adjustment (:func:`adjust_family`)."""
     tables = [t for t in (close_ended(runs), report_metrics(runs), generation_metrics(runs)) if t]
     tables += med_hallmark(runs)
     tables += [t for t in (stepbench(runs),) if t]
     tables += clinhallu(runs)
-    comparison, _ = comparisons(runs)
+    comparison, _ = comparisons(runs, p_adjust)
     if comparison:
         tables.append(comparison)
     short = mitigation_labels(run.mitigation for run in runs)
-    blind, _ = image_deltas(runs)
+    blind, _ = image_deltas(runs, p_adjust)
     if blind:
         tables.append(blind)
     for table in tables:
@@ -840,7 +898,8 @@ def legend_lines(table: Table) -> list[str]:
 # Tables are shown in sections, one per benchmark family (key prefix -> title); a table whose key matches
 # none is a section of its own.
 SECTIONS = (("medheval_", "MedHEval"), ("med_hallmark", "Med-HallMark"), ("med_stepbench", "Med-StepBench"),
-            ("clinhallu", "ClinHallu"), ("mitigation_vs_none", "Mitigations against none"))
+            ("clinhallu", "ClinHallu"), ("mitigation_vs_none", "Mitigations against none"),
+            ("image_vs_blind", "Image-blind controls"))
 
 
 @dataclass
@@ -958,7 +1017,7 @@ def format_cell(cell: Cell, markdown: bool = True) -> str:
     fmt = "{:+.1f}" if cell.signed else "{:.2f}" if abs(cell.value) < 10 and cell.std is not None else "{:.1f}"
     if cell.digits is not None:
         fmt = "{:%s.%df}" % ("+" if cell.signed else "", cell.digits)
-    text = fmt.format(cell.value)
+    text = fmt.format(cell.value) + ("*" if cell.star else "")
     if cell.std is not None:
         text += f" ± {cell.std:.2f}"
     if cell.low is not None:

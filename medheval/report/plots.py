@@ -24,8 +24,9 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from medheval.report.collect import Run, mitigation_labels  # noqa: E402
+from medheval.report.collect import Run, mitigation_labels, run_labels  # noqa: E402
 from medheval.report.paper import Cell, comparisons, figure, stepbench  # noqa: E402
+from medheval.report.stats import P_ADJUST_NAMES  # noqa: E402
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, STEPBENCH_LANGUAGES,  # noqa: E402
                                     STEPBENCH_STEPS, clinhallu_rows)
 from medheval.data.schema import VISUAL_CATEGORIES  # noqa: E402
@@ -97,9 +98,8 @@ def _hatch(index: int) -> str | None:
 
 
 def _run_labels(runs: list[Run]) -> dict[int, str]:
-    """``model · short mitigation`` per run (:func:`medheval.report.collect.mitigation_labels`)."""
-    short = mitigation_labels(run.mitigation for run in runs)
-    return {id(run): f"{run.model} · {short[run.mitigation]}" for run in runs}
+    """``model · short mitigation`` per run, a blind run's control appended (:func:`medheval.report.collect.run_labels`)."""
+    return run_labels(runs)
 
 
 def _errors(cells: Sequence[Any]) -> list[list[float]]:
@@ -145,9 +145,10 @@ PANEL_COLUMNS = 8
 LABEL_CHARS = 16  # column labels wrap at this many characters (7-point type in CELL[0])
 SIGNIFICANT = 0.05
 DELTA_CMAP = "PuOr"  # ColorBrewer purple–orange, diverging and colour-blind safe
-DELTA_CAPTION = ("Each cell: mitigation − none on the same items (points) and its 95% interval; * p < 0.05 "
-                 "(full colour; pale: not significant; grey –: not compared). Purple: better than none, orange: "
-                 "worse (↓: lower is better); colour scaled per column.")
+DELTA_CAPTION = ("Each cell: mitigation − none on the same items (points) and its 95% interval (none: too few "
+                 "clusters); * adjusted p < 0.05 over the family of all cells ({method}; full colour; pale: not "
+                 "significant; grey –: not compared). Purple: better than none, orange: worse (↓: lower is better); "
+                 "colour scaled per column.")
 
 
 def delta_panels(records: list[dict[str, Any]]) -> list[list[tuple[str, str]]]:
@@ -172,8 +173,8 @@ def delta_panels(records: list[dict[str, Any]]) -> list[list[tuple[str, str]]]:
 def deltas_figure(records: list[dict[str, Any]]) -> Figure | None:
     """Heatmap of mitigation − none (:func:`medheval.report.paper.comparisons` records): a row per
     mitigation (short label, :func:`medheval.report.collect.mitigation_labels`; with the model when several
-    are shown), a column per split · metric (panels: :func:`delta_panels`). A cell shows Δ, ``*`` when
-    p < 0.05, and its 95% interval; its colour is Δ over the column's largest |Δ|, sign flipped for ↓ metrics
+    are shown), a column per split · metric (panels: :func:`delta_panels`). A cell shows Δ, ``*`` when its
+    adjusted p < 0.05 (the record's ``significant``), and its 95% interval; its colour is Δ over the column's largest |Δ|, sign flipped for ↓ metrics
     (purple always better), pale when not significant, grey "–" when not compared. The figure grows with
     rows and columns (:data:`CELL`)."""
     if not records:
@@ -185,7 +186,8 @@ def deltas_figure(records: list[dict[str, Any]]) -> Figure | None:
     by_key = {(r["split"], r["metric"], (r["model"], r["mitigation"])): r for r in records}
     panels = delta_panels(records)
     width = max(CELL[0] * max(len(panel) for panel in panels), 4.0)
-    caption = textwrap.fill(DELTA_CAPTION, width=int(width * 72 / 4.2))
+    method = next((r.get("p_adjust") for r in records if r.get("p_adjust")), "none")
+    caption = textwrap.fill(DELTA_CAPTION.format(method=P_ADJUST_NAMES.get(method, method)), width=int(width * 72 / 4.2))
     footer = 0.2 + 0.12 * (caption.count("\n") + 1)
     height = CELL[1] * len(rows)
     total = (height + PANEL_HEADER) * len(panels) + footer
@@ -206,11 +208,13 @@ def deltas_figure(records: list[dict[str, Any]]) -> Figure | None:
                     texts.append(("–", "#000000"))
                     continue
                 better = (-1 if "↓" in metric else 1) * record["diff"] / scale[(split, metric)]
-                significant = record["p_value"] < SIGNIFICANT
+                significant = record.get("significant", record["p_value"] < SIGNIFICANT
+                                         and record.get("low") is not None)
                 colour = cmap(0.5 + 0.5 * max(-1.0, min(1.0, better)))[:3]
                 colour_row.append(colour if significant else tuple(0.35 * c + 0.65 for c in colour))
-                texts.append((f"{record['diff']:+.1f}{'*' if significant else ''}\n"
-                              f"[{record['low']:+.1f}, {record['high']:+.1f}]",
+                interval = ("no interval" if record.get("low") is None
+                            else f"[{record['low']:+.1f}, {record['high']:+.1f}]")
+                texts.append((f"{record['diff']:+.1f}{'*' if significant else ''}\n{interval}",
                               "#FFFFFF" if significant and abs(better) > 0.6 else "#000000"))
             colours.append(colour_row)
         ax.imshow(colours, aspect="auto", interpolation="nearest")
@@ -293,8 +297,10 @@ def stepbench_figure(runs: list[Run]) -> Figure | None:
     if table is None or not table.rows:
         return None
     labels = [c.label for c in table.columns]
-    short = mitigation_labels(row[1] for row, _ in table.rows)
-    series = [(" · ".join([row[0], short[row[1]], f"knowledge {row[2]}"]), cells) for row, cells in table.rows]
+    variants = [row[1].partition(" · ") for row, _ in table.rows]  # (mitigation spec, " · ", a blind run's control)
+    short = mitigation_labels(spec for spec, _, _ in variants)
+    series = [(" · ".join([row[0], short[spec], *([control] if control else []), f"knowledge {row[2]}"]), cells)
+              for (row, cells), (spec, _, control) in zip(table.rows, variants)]
     fig, axes = _new(2, len(STEPBENCH_LANGUAGES), height=SIZE[1] + 1.0 + _legend_height(len(series)))
     width = 0.8 / len(series)
     for panel, (what, name) in enumerate((("R", "recall"), ("F1", "F1"))):
@@ -346,7 +352,7 @@ def agreement_plot(path: Path, confusion: dict[str, Any] | None = None, judge: S
     return _save(fig, path)
 
 
-def write_plots(runs: list[Run], folder: Path) -> dict[str, Path]:
+def write_plots(runs: list[Run], folder: Path, p_adjust: str = "holm") -> dict[str, Path]:
     """Every figure the runs have data for, as ``{name: path}``. The folder's earlier figures are removed
     first (a reused ``--output`` shows no stale plot), and labels are plain text (a ``$`` in a model name
     is not mathtext)."""
@@ -354,11 +360,11 @@ def write_plots(runs: list[Run], folder: Path) -> dict[str, Path]:
         for stale in folder.glob("*.png"):
             stale.unlink()
     with plt.rc_context({"text.parse_math": False}):
-        return _write_plots(runs, folder)
+        return _write_plots(runs, folder, p_adjust)
 
 
-def _write_plots(runs: list[Run], folder: Path) -> dict[str, Path]:
-    _, records = comparisons(runs)
+def _write_plots(runs: list[Run], folder: Path, p_adjust: str) -> dict[str, Path]:
+    _, records = comparisons(runs, p_adjust)
     made = {"category_accuracy": category_accuracy(runs, folder / "category_accuracy.png"),
             "mitigation_deltas": mitigation_deltas(records, folder / "mitigation_deltas.png"),
             "medihall_levels": medihall_levels(runs, folder / "medihall_levels.png"),

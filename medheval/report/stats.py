@@ -1,4 +1,5 @@
-"""Uncertainty for report figures: seeded percentile bootstrap over items or clusters, paired comparisons.
+"""Uncertainty for report figures: seeded percentile bootstrap intervals of figures, and paired comparisons by
+an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, corrected for many comparisons.
 
 * :func:`bootstrap_ci` — 95% percentile bootstrap interval of a mean (accuracy = mean of 0/1) or,
   with ``denominators``, of a ratio of sums Σnum/Σden (a micro rate such as CHAIR), resampling items
@@ -13,13 +14,36 @@
   standard error approaches the cluster-robust (sandwich, CR0) standard error
   SE = sqrt(Σ_g (Σ_{i∈g} (y_i − ȳ))²) / n (Liang & Zeger 1986), and for a ratio R = Σy/Σd the linearised
   SE = sqrt(Σ_g (Σ_{i∈g} (y_i − R·d_i))²) / Σd; the tests check the bootstrap against both.
-* :func:`paired_bootstrap` — mitigation minus baseline on the same items (paired by id): the
-  difference of means, its percentile interval, and a two-sided p-value from the null-shifted
-  bootstrap distribution, p = (1 + #{|d* − d| ≥ |d|}) / (B + 1); with ``clusters``, the per-item
-  differences d_i are resampled by cluster as above (the clustered paired bootstrap).
+  :func:`figure_interval` is what the report shows: the cluster interval joined with the item interval (never
+  narrower than the item-level one), and none at all below :data:`MIN_CLUSTERS` units.
+* :func:`sign_flip` — paired comparison (other − baseline on the same items) by a sign-flip randomization test
+  over cluster totals (Fisher 1935; Good 2005, §3; for clustered data Cameron, Gelbach & Miller 2008, and
+  Canay, Romano & Shaikh 2017). With d_i the per-item difference, D_g = Σ_{i∈g} d_i and n_g the items of
+  cluster g, the estimate is Δ̂ = Σ_g D_g / n. Under H0: Δ = δ (the two conditions exchangeable within a
+  cluster after a shift δ) each cluster total D_g − δ·n_g is as likely negated, so the two-sided p-value is
+  p(δ) = #{s : |Σ_g s_g (D_g − δ n_g)| ≥ |Σ_g (D_g − δ n_g)|} / 2^G over all sign vectors s ∈ {±1}^G
+  (exact: G ≤ :data:`EXACT_MAX_CLUSTERS`), else (1 + #{…}) / (B + 1) over B = :data:`N_FLIP` seeded random
+  sign vectors (a valid Monte Carlo p-value). The reported p is p(0); the 95% interval is its inversion,
+  {δ : p(δ) ≥ 0.05}: each sign vector's condition holds on an interval of δ that contains Δ̂ (the roots of a
+  concave quadratic), so the set is one interval, found exactly, and "p < 0.05" ⇔ "0 outside the interval",
+  always. For 0/1 correctness with one item per cluster, p(0) is the exact McNemar test (the zero differences
+  do not move the statistic and the discordant ones are ±1, so |Σ s_i d_i| ~ |2·Bin(b + c, ½) − (b + c)|).
+* **Few clusters**: with G clusters the smallest p a two-sided sign-flip test can give is 2 / 2^G (the
+  identity and the all-flipped vector always tie), 0.0625 at G = 5 and 0.031 at G = 6, so below
+  :data:`MIN_CLUSTERS` = 6 no 5% test can reject and no interval is bounded: the report shows the estimate
+  with its p but no interval and no star, and says so. The same minimum holds for the interval of a figure
+  whose items fall in fewer than 6 clusters (one cluster: every bootstrap resample is the same, a zero-width
+  interval; a few: too few distinct resamples to cover).
+* **Never more confident than items**: a clustered comparison is tested both over clusters and over items;
+  its p is the larger and its interval the union (both contain Δ̂). The maximum of two p-values is valid
+  when either is.
+* :func:`adjust_p` — the family of comparisons in one report table: Holm (1979) step-down,
+  p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) p_(j)), controlling the family-wise error rate (default); or
+  Benjamini & Hochberg (1995) step-up, p̃_(i) = min_{j ≥ i} min(1, m p_(j) / j), controlling the false
+  discovery rate; ``none`` leaves p as it is. Stars mark adjusted p < 0.05; intervals stay per comparison.
 * :func:`mcnemar_exact` — exact McNemar test for paired correctness: with b = #(baseline right,
-  other wrong) and c = #(baseline wrong, other right), p = min(1, 2·P[X ≤ min(b, c)]), X ~ Bin(b + c, ½).
-  It assumes independent pairs, so :func:`compare_accuracy` uses it only where no cluster holds two items.
+  other wrong) and c = #(baseline wrong, other right), p = min(1, 2·P[X ≤ min(b, c)]), X ~ Bin(b + c, ½);
+  kept as the hand check of :func:`sign_flip` on unclustered 0/1 data.
 """
 
 from __future__ import annotations
@@ -35,29 +59,42 @@ SEED = 0
 LEVEL = 0.95
 _CHUNK = 250  # bootstrap replicates drawn per block (bounds memory: _CHUNK × n indices)
 
+MIN_CLUSTERS = 6  # fewer units: 2 / 2^G ≥ 0.0625, no two-sided 5% sign-flip test can reject (module docstring)
+EXACT_MAX_CLUSTERS = 15  # up to 2^15 sign vectors enumerated; more: N_FLIP random ones
+N_FLIP = 9999
+P_ADJUST = ("holm", "bh", "none")
+P_ADJUST_NAMES = {"holm": "Holm", "bh": "Benjamini–Hochberg", "none": "unadjusted"}
+FEW_CLUSTERS = (f"fewer than {MIN_CLUSTERS} clusters (or items): too few to estimate a 95% interval (a two-sided "
+                f"sign-flip test over G clusters cannot give p below 2/2^G ≥ 0.0625), so no interval and no star")
+COMPARISON_NOTE = (f"Mitigation − none (and with image − blind): paired by item id; p from a two-sided sign-flip "
+                   f"test over cluster totals (exact up to {EXACT_MAX_CLUSTERS} clusters, else {N_FLIP} seeded random "
+                   f"sign vectors; over items it is exact McNemar for accuracy), its 95% interval the test inverted, "
+                   f"so an interval excluding 0 ⇔ raw p < 0.05; clustered: tested over clusters and over items, the "
+                   f"larger p and the wider interval. Fewer than {MIN_CLUSTERS} clusters: no interval, no star.")
 METHOD_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of items (seed {SEED}); "
-               f"ratios (micro rates) recomputed from per-item numerators/denominators. Mitigation − none: paired "
-               f"by item id; accuracy p-values from the exact McNemar test, scores from a paired bootstrap "
-               f"(null-shifted, two-sided).")
+               f"ratios (micro rates) recomputed from per-item numerators/denominators; none below {MIN_CLUSTERS} "
+               f"items. {COMPARISON_NOTE}")
 CLUSTER_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of clusters (seed {SEED}): "
                 f"every item of a drawn cluster comes along, the unit per split is named below, and a unit of one "
                 f"item is the plain item bootstrap; ratios (micro rates) recomputed from the drawn clusters' "
-                f"numerator and denominator sums. Mitigation − none: paired by item id, differences resampled by "
-                f"the same clusters; p-values from the clustered paired bootstrap (null-shifted, two-sided), the "
-                f"exact McNemar test only where every cluster is one item. `medheval report --cluster none` "
-                f"resamples items.")
+                f"numerator and denominator sums; the interval shown also spans the item bootstrap's (never "
+                f"narrower than items), and none below {MIN_CLUSTERS} clusters. {COMPARISON_NOTE} "
+                f"`medheval report --cluster none` resamples items.")
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """``other − baseline`` on ``n`` paired items: the difference, its interval and a p-value."""
+    """``other − baseline`` on ``n`` paired items in ``n_clusters`` clusters: the difference, its interval
+    (``None`` below :data:`MIN_CLUSTERS`, ``note`` says why) and the two-sided p-value of ``test``."""
 
     diff: float
-    low: float
-    high: float
+    low: float | None
+    high: float | None
     p_value: float
     n: int
     test: str
+    n_clusters: int = 0
+    note: str | None = None
 
 
 def _replicates(n: int, n_boot: int, seed: int):
@@ -128,23 +165,146 @@ def bootstrap_ci(values: Sequence[float], denominators: Sequence[float] | None =
     return float(low), float(high)
 
 
-def paired_bootstrap(baseline: Sequence[float], other: Sequence[float], n_boot: int = N_BOOT, seed: int = SEED,
-                     level: float = LEVEL, clusters: Sequence[object] | None = None) -> Comparison:
-    """``mean(other) − mean(baseline)`` over paired items, its percentile interval and p-value; with
-    ``clusters``, the differences are resampled by cluster (the clustered paired bootstrap)."""
+def figure_interval(values: Sequence[float], denominators: Sequence[float] | None = None,
+                    clusters: Sequence[object] | None = None) -> tuple[tuple[float, float] | None, str | None]:
+    """The interval a report shows for a figure, or ``None`` and why: the cluster bootstrap's interval joined
+    with the item bootstrap's (clustering never narrows it), none for items in fewer than :data:`MIN_CLUSTERS`
+    clusters (one cluster: every resample is the same, a zero-width interval)."""
+    if len(values) == 0:
+        return None, "no items"
+    if is_clustered(clusters) and len(set(clusters)) < MIN_CLUSTERS:
+        return None, FEW_CLUSTERS
+    interval = bootstrap_ci(values, denominators)
+    if is_clustered(clusters):
+        clustered = bootstrap_ci(values, denominators, clusters=clusters)
+        if interval is None or clustered is None:
+            interval = interval or clustered
+        else:
+            interval = (min(interval[0], clustered[0]), max(interval[1], clustered[1]))
+    return interval, None if interval is not None else "no items"
+
+
+def _flipped_sums(columns: np.ndarray, n_flip: int, seed: int) -> tuple[np.ndarray, bool]:
+    """Σ_g s_g·columns[g] for every sign vector s (rows; all 2^G when G ≤ :data:`EXACT_MAX_CLUSTERS`, else
+    ``n_flip`` seeded random ones) and whether that is all of them. Random signs come as bytes, 8 clusters a
+    byte, summed through a per-byte table of its 256 sign patterns."""
+    groups = columns.shape[0]
+    if groups <= EXACT_MAX_CLUSTERS:
+        codes = np.arange(2 ** groups, dtype=np.int64)
+        return (((codes[:, None] >> np.arange(groups)) & 1) * 2 - 1).astype(float) @ columns, True
+    width = (groups + 7) // 8
+    padded = np.zeros((width * 8, columns.shape[1]))
+    padded[:groups] = columns
+    patterns = ((np.arange(256)[:, None] >> np.arange(8)) & 1) * 2 - 1  # (256, 8) signs of a byte's clusters
+    # tables[c, 256·j + v]: column c summed over byte j's 8 clusters with the signs of byte value v
+    tables = np.einsum("vk,jkc->cjv", patterns.astype(float), padded.reshape(width, 8, -1)).reshape(
+        columns.shape[1], -1)
+    offsets = np.arange(width) * 256
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for start in range(0, n_flip, _CHUNK):
+        where = rng.integers(0, 256, size=(min(_CHUNK, n_flip - start), width), dtype=np.uint8) + offsets
+        blocks.append(np.stack([np.take(table, where).sum(axis=1) for table in tables], axis=1))
+    return np.concatenate(blocks), False
+
+
+def sign_flip(differences: Sequence[float], clusters: Sequence[object] | None = None, level: float = LEVEL,
+              n_flip: int = N_FLIP, seed: int = SEED) -> tuple[float, float, float, bool]:
+    """(p(0), low, high, exact) of the two-sided sign-flip test of mean(differences) = δ over cluster totals
+    (module docstring): p(0) and the interval {δ : p(δ) ≥ 1 − level}, which is ±inf where no δ is rejected."""
+    d = np.asarray(differences, dtype=float)
+    index, groups = cluster_index(clusters, d.size) if clusters is not None else (np.arange(d.size), d.size)
+    totals = np.bincount(index, weights=d, minlength=groups)
+    sizes = np.bincount(index, minlength=groups).astype(float)
+    observed, n = float(totals.sum()), float(d.size)
+    estimate = observed / n
+    flipped, exact = _flipped_sums(np.stack([totals, sizes], axis=1), n_flip, seed)
+    a, m = flipped[:, 0], flipped[:, 1]
+    # each sign vector's condition |A − δM| ≥ |T − δn| holds for u = δ − Δ̂ in [lo, hi] (roots of a concave
+    # quadratic; the whole line when M = ±n): with E = A − Δ̂M, Q = n² − M², u = (−EM ± |E|n) / Q
+    e = a - estimate * m
+    q = n * n - m * m
+    tol = 1e-9 * max(1.0, float(np.abs(d).max(initial=0.0)))
+    whole = q <= 1e-9 * n * n
+    safe = np.where(whole, 1.0, q)
+    lo = np.where(whole, -np.inf, (-e * m - np.abs(e) * n) / safe) - tol
+    hi = np.where(whole, np.inf, (-e * m + np.abs(e) * n) / safe) + tol
+
+    def p_of(count: int | float) -> float:
+        return float(count) / a.size if exact else (1.0 + count) / (a.size + 1.0)
+
+    u0 = -estimate
+    p0 = min(1.0, p_of(int(np.sum((lo <= u0) & (u0 <= hi)))))
+    # the fewest vectors whose condition must hold for p(δ) ≥ 1 − level
+    alpha = 1 - level
+    need = math.ceil(alpha * a.size - 1e-12) if exact else math.ceil(alpha * (a.size + 1) - 1 - 1e-12)
+    if need <= 0:
+        return p0, -math.inf, math.inf, exact
+    if need > a.size:
+        return p0, estimate, estimate, exact
+    upper = estimate + float(np.sort(hi)[::-1][need - 1])
+    lower = estimate + float(np.sort(lo)[need - 1])
+    if p0 >= alpha:  # 0 is accepted: inside (a bound within the tolerance of 0 is 0)
+        lower, upper = min(lower, 0.0), max(upper, 0.0)
+        lower, upper = (0.0 if abs(bound) <= 4 * tol else bound for bound in (lower, upper))
+    elif lower <= 0.0 <= upper:  # rejected: outside by at least tol in exact arithmetic; rounding cannot undo it
+        lower, upper = (math.ulp(0.0), upper) if estimate > 0 else (lower, -math.ulp(0.0))
+    return p0, lower, upper, exact
+
+
+def compare_scores(baseline: Sequence[float], other: Sequence[float], clusters: Sequence[object] | None = None,
+                   level: float = LEVEL, n_flip: int = N_FLIP, seed: int = SEED) -> Comparison:
+    """``mean(other) − mean(baseline)`` over paired items: the sign-flip test's p and its inverted interval
+    over ``clusters`` (and over items: the larger p, the union of intervals); no interval below
+    :data:`MIN_CLUSTERS` clusters."""
     a = np.asarray(baseline, dtype=float)
     b = np.asarray(other, dtype=float)
     if a.shape != b.shape or a.size == 0:
-        raise ValueError(f"paired_bootstrap needs the same non-zero number of paired items, got {a.size} and {b.size}")
+        raise ValueError(f"a paired comparison needs the same non-zero number of paired items, got {a.size} and "
+                         f"{b.size}")
     d = b - a
-    observed = float(d.mean())
-    boot = bootstrap_distribution(d, clusters=clusters, n_boot=n_boot, seed=seed)
-    alpha = (1 - level) / 2
-    low, high = np.quantile(boot, [alpha, 1 - alpha])
-    extreme = int(np.sum(np.abs(boot - observed) >= abs(observed) - 1e-12))
-    p = min(1.0, (1 + extreme) / (n_boot + 1))
-    test = "clustered paired bootstrap" if is_clustered(clusters) else "paired bootstrap"
-    return Comparison(observed, float(low), float(high), p, int(d.size), test)
+    p, low, high, exact = sign_flip(d, level=level, n_flip=n_flip, seed=seed)
+    groups = d.size
+    test = "exact sign-flip over items" if exact else f"sign-flip over items ({n_flip} draws)"
+    if is_clustered(clusters):
+        groups = len(set(clusters))
+        p_c, low_c, high_c, exact_c = sign_flip(d, clusters, level, n_flip, seed)
+        p, low, high = max(p, p_c), min(low, low_c), max(high, high_c)
+        how = {True: "exact", False: f"{n_flip} draws"}
+        test = f"sign-flip over clusters ({how[exact_c]}) and items ({how[exact]})"
+    estimate = float(d.mean())
+    if groups < MIN_CLUSTERS or not (math.isfinite(low) and math.isfinite(high)):
+        return Comparison(estimate, None, None, p, int(d.size), test, groups, FEW_CLUSTERS)
+    return Comparison(estimate, low, high, p, int(d.size), test, groups)
+
+
+def compare_accuracy(baseline: Sequence[bool], other: Sequence[bool], clusters: Sequence[object] | None = None,
+                     level: float = LEVEL, n_flip: int = N_FLIP, seed: int = SEED) -> Comparison:
+    """Accuracy difference (other − baseline) of paired 0/1 answers: :func:`compare_scores` (over items it is
+    the exact McNemar test at δ = 0)."""
+    if len(baseline) != len(other):
+        raise ValueError(f"compare_accuracy needs paired items, got {len(baseline)} and {len(other)}")
+    return compare_scores([float(bool(x)) for x in baseline], [float(bool(y)) for y in other], clusters, level,
+                          n_flip, seed)
+
+
+def adjust_p(p_values: Sequence[float], method: str = "holm") -> list[float]:
+    """``p_values`` adjusted for their family (module docstring): ``holm`` (FWER), ``bh`` (FDR) or ``none``."""
+    if method not in P_ADJUST:
+        raise ValueError(f"p-value adjustment {method!r}: choose one of {', '.join(P_ADJUST)}")
+    p = np.asarray(p_values, dtype=float)
+    m = p.size
+    if m == 0 or method == "none":
+        return [float(x) for x in p]
+    order = np.argsort(p, kind="stable")
+    ranked = p[order]
+    if method == "holm":
+        adjusted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * ranked))
+    else:
+        adjusted = np.minimum.accumulate(np.minimum(1.0, m * ranked / np.arange(1, m + 1))[::-1])[::-1]
+    out = np.empty(m)
+    out[order] = adjusted
+    return [float(x) for x in out]
 
 
 def mcnemar_exact(baseline: Sequence[bool], other: Sequence[bool]) -> tuple[int, int, float]:
@@ -158,16 +318,3 @@ def mcnemar_exact(baseline: Sequence[bool], other: Sequence[bool]) -> tuple[int,
         return b, c, 1.0
     tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2 ** n
     return b, c, min(1.0, 2 * tail)
-
-
-def compare_accuracy(baseline: Sequence[bool], other: Sequence[bool], n_boot: int = N_BOOT,
-                     seed: int = SEED, clusters: Sequence[object] | None = None) -> Comparison:
-    """Accuracy difference (other − baseline), its paired bootstrap interval and the exact McNemar p; where
-    ``clusters`` put several items in one cluster, the clustered paired bootstrap's interval and p instead
-    (McNemar assumes independent pairs)."""
-    boot = paired_bootstrap([float(x) for x in baseline], [float(y) for y in other], n_boot=n_boot, seed=seed,
-                            clusters=clusters)
-    if is_clustered(clusters):
-        return boot
-    _, _, p = mcnemar_exact(baseline, other)
-    return Comparison(boot.diff, boot.low, boot.high, p, boot.n, "exact McNemar")

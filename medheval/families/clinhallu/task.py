@@ -126,11 +126,30 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config, images_for=images_for,
                             control=control)
     result = protocol.run(records)
+    write_clusters(folder, records)
     after = len(read_log(folder / GENERATIONS, required=LOG_FIELDS))
     inputs = dict(result["metric_inputs"])
     metric = load_metric("clinhallu").compute(**{**inputs, **dict(metric_options or {})})
     return {"generated_this_run": after - before, "metrics": {"clinhallu": metric},
             "clinhallu_run": json.loads((folder / RUN_INFO).read_text()), "logs": str(folder)}
+
+
+CLUSTERS = "clinhallu_clusters.json"  # item id -> cluster label, beside the protocol logs
+
+
+def write_clusters(folder: Path, records: list[dict[str, Any]]) -> None:
+    """``clinhallu_clusters.json`` in the logs folder: each item's cluster label under the benchmark's unit
+    (:func:`medheval.data.schema.cluster_id`; ``image``: the items asking about one image share one), kept
+    with the labels of items logged by earlier runs into the folder; the report's intervals resample them."""
+    from medheval.data.schema import cluster_id
+    from medheval.run.outputs import atomic_write_text
+    from medheval.run.protocol import benchmark_cluster_unit
+
+    unit = benchmark_cluster_unit("clinhallu")
+    path = Path(folder) / CLUSTERS
+    known = json.loads(path.read_text()) if path.exists() else {}
+    known.update({str(record["id"]): cluster_id(record, unit) for record in records})
+    atomic_write_text(path, json.dumps(known, sort_keys=True))
 
 
 class ClinHalluProtocol(SplitProtocol):
@@ -165,7 +184,8 @@ class ClinHalluProtocol(SplitProtocol):
         :func:`medheval.families.clinhallu.protocol.metric_inputs` on the protocol's judgments log, over the
         items of its generations log (``<run>/clinhallu/<config>/``, else the folder ``results.json`` names in
         ``logs``). Items are taken in id order (so an interval does not depend on the order the log was
-        written in). Returns (columns plus ``ids``, ``None``) or (``None``, why not); the logs are only read,
+        written in), with ``clusters`` (each item's cluster label, ``None`` where unknown) when the run wrote
+        :data:`CLUSTERS`. Returns (columns plus ``ids``, ``None``) or (``None``, why not); the logs are only read,
         never repaired."""
         from medheval.families.clinhallu.prompts import SETTINGS
         from medheval.families.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
@@ -183,6 +203,9 @@ class ClinHalluProtocol(SplitProtocol):
             records = [{"id": rid, "config": rid.split("/")[1] if rid.count("/") >= 2 else split.partition(":")[2]}
                        for rid in ids]
             protocol = (entry.get("clinhallu_run") or {}).get("protocol") or {}
-            return {**metric_inputs(records, judgments, protocol.get("settings") or SETTINGS), "ids": ids}, None
+            known = json.loads((folder / CLUSTERS).read_text()) if (folder / CLUSTERS).exists() else {}
+            clusters = {"clusters": [known.get(rid) for rid in ids]} if known else {}
+            return {**metric_inputs(records, judgments, protocol.get("settings") or SETTINGS), "ids": ids,
+                    **clusters}, None
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             return None, f"the ClinHallu protocol logs in {folder} could not be read ({error})"
