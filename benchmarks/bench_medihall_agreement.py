@@ -16,12 +16,14 @@ Printed and written to ``--json``:
 
 1. identity: each split's ground truth given as the prediction; MediHall Score 1.0 expected on every
    item with a ground truth (Med-HallMark Sec. 6.2);
-2. agreement per split and subset, and overall (conventional + counterfactual, 610 answers); also
-   counterfactual without its category (the premise read from the reference text alone);
-3. cross-validation of the rule's two settings (``overlap`` of open answers, ``default_aspect`` of
-   unrecognised questions): tuned on K-1 folds, scored on the held-out fold, folds grouped by image
-   so that paraphrases of one question never straddle train and test; the held-out predictions of
-   all folds are pooled and scored once;
+2. agreement per split and subset, and overall over the splits whose κ is computable; counterfactual's
+   111 human levels are one class (prompt-induced), so its κ is not computable (0/0 or 0 whatever the
+   rule says) and it is left out of the overall; also counterfactual without its category (the premise
+   read from the reference text alone);
+3. conventional's κ out of sample: the rule's two settings (``overlap`` of open answers,
+   ``default_aspect`` of unrecognised questions) tuned on K-1 folds, scored on the held-out fold, folds
+   grouped by image so that paraphrases of one question never straddle train and test; the held-out
+   predictions of all folds are pooled and scored once;
 4. ``Irg.json``: the rule's levels of the released LLaVA-Med reports (no human levels to compare);
 5. speed of the rule classifier.
 
@@ -98,7 +100,7 @@ def agreement(human: list[str], predicted: list[str | None]) -> dict[str, Any]:
     detector = load_metric("medihall_detection")
     got = detector.compute(predictions=[p or "" for p in predicted], references=human)
     scored = [i for i, p in enumerate(predicted) if p is not None]
-    keys = ("n", "n_failed", "accuracy", "macro_f1", "cohen_kappa", "quadratic_kappa", "confusion")
+    keys = ("n", "n_failed", "accuracy", "macro_f1", "cohen_kappa", "quadratic_kappa", "kappa_note", "confusion")
     out = {key: got[key] for key in keys}
     out["medihall_score_human"] = mh.medihall_score([mh.WEIGHTS[human[i]] for i in scored])
     out["medihall_score_rule"] = mh.medihall_score([mh.WEIGHTS[predicted[i]] for i in scored])
@@ -156,6 +158,8 @@ def _fmt(value: Any) -> str:
 
 def _print_agreement(title: str, stats: dict) -> None:
     print(f"\n## {title}  (n = {stats['n']}, failed {stats['n_failed']})")
+    if stats.get("kappa_note"):
+        print(f"κ {stats['kappa_note']}")
     print(f"Cohen's κ {_fmt(stats['cohen_kappa'])}   quadratic-weighted κ {_fmt(stats['quadratic_kappa'])}   "
           f"accuracy {_fmt(stats['accuracy'])}   MediHall Score: human {_fmt(stats['medihall_score_human'])}, "
           f"rule {_fmt(stats['medihall_score_rule'])}")
@@ -189,9 +193,15 @@ def run(data_dir: Path, folds: int = 5) -> dict[str, Any]:
     # the counterfactual split without its category: the premise read from the reference text alone
     plain = [dict(row, category="") for row in rows["counterfactual"]]
     parts["counterfactual, text only (no category)"] = (human["counterfactual"], rule_levels(plain))
-    parts["overall"] = (sum((human[c] for c in LABELLED), []), sum((levels[c] for c in LABELLED), []))
     report["agreement"] = {name: agreement(*pair) for name, pair in parts.items()}
-    report["cross_validation"] = cross_validate(sum((rows[c] for c in LABELLED), []), parts["overall"][0], folds)
+    # the overall pools the splits whose kappa is computable (counterfactual's human levels are one class)
+    pooled = [c for c in LABELLED if report["agreement"][c]["cohen_kappa"] is not None]
+    report["overall_splits"] = pooled
+    report["left_out_of_overall"] = {c: report["agreement"][c]["kappa_note"] for c in LABELLED if c not in pooled}
+    report["agreement"]["overall"] = agreement(sum((human[c] for c in pooled), []),
+                                               sum((levels[c] for c in pooled), []))
+    # out of sample: conventional, the rule's settings chosen on the training folds only
+    report["cross_validation"] = cross_validate(rows["conventional"], human["conventional"], folds)
     report["irg_rule"] = irg(data_dir)
     report["speed"] = {"vqa_answers_per_second": sum(map(len, rows.values())) / elapsed,
                        "irg_reports_per_second": report["irg_rule"]["reports_per_second"]}
@@ -204,10 +214,13 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"{config:>22}: MediHall Score {_fmt(got['medihall_score'])} over {got['n']} items "
               f"({got['items_below_1']} below 1.0; {got['n_failed']} without ground truth, not scored)")
     for name, stats in report["agreement"].items():
-        _print_agreement(name, stats)
+        title = f"{name} ({' + '.join(report['overall_splits'])})" if name == "overall" else name
+        _print_agreement(title, stats)
+    for split, note in report["left_out_of_overall"].items():
+        print(f"\n{split}: left out of the overall, κ {note}")
     cv = report["cross_validation"]
-    _print_agreement(f"overall, {cv['folds']}-fold cross-validated over (overlap, default_aspect), grouped by image",
-                     cv)
+    _print_agreement(f"conventional, {cv['folds']}-fold cross-validated over (overlap, default_aspect), grouped by "
+                     f"image (out of sample)", cv)
     print("settings chosen on the training folds: "
           + "; ".join(f"fold {c['fold']}: overlap {c['overlap']}, {c['default_aspect']}" for c in cv["chosen"]))
     i = report["irg_rule"]

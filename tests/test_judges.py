@@ -149,6 +149,10 @@ def test_agreement_drops_missing_and_handles_labels():
     assert labels["cohen_kappa"] == pytest.approx((2 / 3 - 4 / 9) / (1 - 4 / 9))
     constant = agreement([2, 2, 2], [1, 2, 3])
     assert constant["pearson"] is None and constant["kendall_tau"] is None
+    # both raters constant and equal: chance agreement is total, kappa 0/0 (sklearn: nan), not a conventional 1.0
+    same = agreement(["prompt_induced"] * 4, ["prompt_induced"] * 4)
+    assert same["cohen_kappa"] is None and same["exact_agreement"] == 1.0
+    assert agreement([1, 1], [1, 1])["quadratic_weighted_kappa"] is None
     with pytest.raises(ValueError):
         agreement([1, 2], [1])
 

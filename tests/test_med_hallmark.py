@@ -286,8 +286,14 @@ def test_detection_metric_perfect_failed_and_bad_inputs(detection):
                             ids=["a", "b", "c", "d"])
     assert out["accuracy"] == 1.0 and out["cohen_kappa"] == 1.0 and out["quadratic_kappa"] == 1.0
     assert out["n"] == 2 and out["n_failed"] == 2 and [f["id"] for f in out["failed"]] == ["c", "d"]
-    # a constant rater agreeing with a constant truth: p_e = 1, kappa defined as 1 (no disagreement)
-    assert detection.compute(predictions=["minor"] * 3, references=["minor"] * 3)["cohen_kappa"] == 1.0
+    # one human class (issue 30, point 7): kappa is 0/0 (all agree) or 0 (some differ) whatever the predictions,
+    # so it is not computable and says why; accuracy still says how often they agree
+    for predictions, accuracy in ((["minor"] * 3, 1.0), (["minor", "minor", "attribute"], 2 / 3)):
+        out = detection.compute(predictions=predictions, references=["minor"] * 3)
+        assert (out["cohen_kappa"], out["quadratic_kappa"]) == (None, None) and out["accuracy"] == pytest.approx(accuracy)
+        assert out["kappa_note"].startswith("not computable: every human level is minor (one class)")
+    two = detection.compute(predictions=["minor", "minor"], references=["minor", "correct"])
+    assert two["kappa_note"] is None and two["cohen_kappa"] == 0.0  # p_o = 1/2 = p_e: kappa 0, computable
     irg = detection.compute(predictions=["critical", "correct"], references=["critical", "attribute"], levels="irg")
     assert irg["confusion"]["levels"] == ["catastrophic", "critical", "attribute", "correct"]
     assert irg["confusion"]["rows"][2] == [0, 0, 0, 1]
@@ -327,9 +333,12 @@ def test_detection_run_with_the_rule_classifier(hallmark_dir, tmp_path):
     assert det["medihall_score_human"] == pytest.approx(0.28) and det["medihall_score_predicted"] == pytest.approx(0.24)
     cf = results["benchmarks"]["med_hallmark:counterfactual"]["metrics"]["medihall_detection"]
     assert cf["accuracy"] == 1.0 and cf["distribution_predicted"]["prompt_induced"] == 2
+    # its human levels are one class (prompt-induced): kappa not computable, said in results.md (issue 30.7)
+    assert cf["cohen_kappa"] is None and cf["kappa_note"].startswith("not computable")
     assert results["settings"]["level_source"] == {"kind": "rule"}
     md = (out / "results.md").read_text()
     assert "| med_hallmark:conventional | all | 5 | 0 | 0.800 |" in md and "rows = human" in md
+    assert "- `med_hallmark:counterfactual` · all: κ not computable: every human level is prompt_induced" in md
 
 
 def test_detection_needs_human_levels_and_one_level_source(hallmark_dir, tmp_path, capsys):

@@ -522,32 +522,36 @@ def test_cross_validation_folds_keep_an_image_together(bench):
     assert bench.folds_by_image(rows, 2) == [1, 0, 0, 0, 1]
 
 
-# Figures of the metric card's agreement table (metrics/medihall_score/README.md), point 3's target:
-# quadratic-weighted κ >= 0.7 overall and >= 0.5 on every split.
+# Figures of the metric card's agreement table (metrics/medihall_score/README.md). Issue 30, point 7:
+# counterfactual's human levels are one class, so its kappa is not computable (None) and it is left out of
+# the overall; conventional's kappa is also measured out of sample (5-fold, settings never tuned on the
+# held-out fold): 0.666, below the 0.72 goal, as the card says.
 CARD_AGREEMENT = {  # name: (n, Cohen's κ, quadratic κ, accuracy)
     "conventional": (499, 0.692, 0.707, 0.792),
     "conventional, with ground truth": (364, 0.719, 0.719, 0.810),
     "conventional, without ground truth": (135, 0.617, 0.672, 0.741),
-    "counterfactual": (111, 1.0, 1.0, 1.0),
-    "counterfactual, text only (no category)": (111, 0.0, 0.0, 0.964),
-    "overall": (610, 0.772, 0.789, 0.830),
+    "counterfactual": (111, None, None, 1.0),
+    "counterfactual, text only (no category)": (111, None, None, 0.964),
+    "overall": (499, 0.692, 0.707, 0.792),
 }
 
 
 @requires_hallmark
 def test_agreement_with_human_levels_on_released_files(bench):
-    """The bench's figures on the released labels: what the card reports, the issue's targets met, the
-    cross-validated figure computed on held-out folds only, and the identity check of point 1."""
+    """The bench's figures on the released labels: what the card reports, a degenerate kappa not computable and
+    left out of the overall, the cross-validated conventional figure computed on held-out folds only, and the
+    identity check of point 1."""
     report = bench.run(HALLMARK, folds=5)
     for name, (n, kappa, quadratic, accuracy) in CARD_AGREEMENT.items():
         got = report["agreement"][name]
         assert (got["n"], got["n_failed"]) == (n, 0), name
-        assert [round(got[k], 3) for k in ("cohen_kappa", "quadratic_kappa", "accuracy")] == [kappa, quadratic,
-                                                                                            accuracy], name
-    assert report["agreement"]["overall"]["quadratic_kappa"] >= 0.7
-    assert min(report["agreement"][s]["quadratic_kappa"] for s in ("conventional", "counterfactual")) >= 0.5
+        assert [None if got[k] is None else round(got[k], 3) for k in ("cohen_kappa", "quadratic_kappa", "accuracy")
+                ] == [kappa, quadratic, accuracy], name
+        assert (got["kappa_note"] is None) == (kappa is not None), name
+    assert report["overall_splits"] == ["conventional"] and list(report["left_out_of_overall"]) == ["counterfactual"]
     cv = report["cross_validation"]
-    assert cv["n"] == 610 and sum(c["n_test"] for c in cv["chosen"]) == 610 and cv["quadratic_kappa"] >= 0.7
+    assert cv["n"] == 499 and sum(c["n_test"] for c in cv["chosen"]) == 499
+    assert (round(cv["cohen_kappa"], 3), round(cv["quadratic_kappa"], 3)) == (0.666, 0.699)
     assert all(got["medihall_score"] == 1.0 and got["items_below_1"] == 0 for got in report["identity"].values())
 
 

@@ -173,6 +173,22 @@ def test_empty_prediction_scores_zero_and_is_counted(metric):
         assert values[1] == pytest.approx(100.0 if key != "meteor" else 99.21875, abs=1e-4), key
 
 
+def test_items_without_a_reference_are_left_out_and_counted(metric):
+    """Med-HallMark's conventional split has items with no ground truth (issue 30, point 9): they are left out
+    of every column, not scored 0. Item 0 is an exact match (BLEU, ROUGE 100), items 1 and 2 have no reference:
+    the means are over item 0 alone (100, not 33.3), n = 1, n_empty_references = 2, their per-item values None.
+    With no reference at all every column is None."""
+    out = _compute(metric, ["No pleural effusion.", "a large mass", "heart normal"], ["No pleural effusion.", "", "  "])
+    assert (out["n"], out["n_empty_references"], out["n_empty_predictions"]) == (1, 2, 0)
+    for key in ("bleu", "rouge1", "rouge2", "rougeL") + (("bertscore",) if MINILM else ()):
+        assert out[key] == pytest.approx(100.0, abs=1e-4), key
+        assert out[f"{key}_per_item"][1:] == [None, None] and out[f"{key}_per_item"][0] == pytest.approx(100.0, abs=1e-4)
+    assert out["sacrebleu"] == pytest.approx(100.0)
+    none = _compute(metric, ["a", "b"], ["", ""])
+    assert none["n"] == 0 and none["n_empty_references"] == 2 and none["bleu"] is None and none["rouge1"] is None
+    assert none["bleu_per_item"] == [None, None]
+
+
 def test_mismatched_lengths_raise(metric):
     with pytest.raises(ValueError):
         metric.compute(predictions=["a", "b"], references=["a"])

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import SHARED_UPSTREAM
 from medheval.cli import main
+from medheval.report.collect import Run
 from medheval.report.paper import Cell, Column, Table
 from medheval.report.published import (ALIASES, COLUMNS, SPLITS, Published, load_published, paper_models,
                                        reproduction)
@@ -191,37 +192,151 @@ def _close_ended(model: str, mitigation: str, acc_a: Cell, acc: Cell) -> Table:
     return table
 
 
+def _run(model: str, mitigation: str = "none", splits: tuple[str, ...] = ("mm_vishal:all",),
+         protocol: str | None = None, folder: str = "run", options: dict | None = None, **top: object) -> Run:
+    """A hand-made run (results.json only) for the comparability checks: ``protocol`` as h-proto records it
+    (``{"protocol": {"name": ...}}``; absent = clean), ``top``: other top-level keys (``seeds``, ``labels``),
+    ``options``: every split's run options."""
+    results: dict = {"settings": {"model": model, "mitigation": mitigation}, "labels": {}, "warnings": [],
+                     "benchmarks": {s: {"metrics": {}, **({"run_options": options} if options else {})}
+                                    for s in splits}, **top}
+    if protocol is not None:
+        results["protocol"] = {"name": protocol}
+    return Run(path=Path(folder), results=results)
+
+
 def test_reproduction_known_difference_and_flag() -> None:
     """MedHEval Tables 3 and 9 print LLaVA-NeXT 7B (llava-hf/llava-v1.6-vicuna-7b-hf, Original) on MM-VisHal
-    as Acc-A 0.576 and Acc 0.494, i.e. 57.6 and 49.4 in the report's %. A run with Acc 52.0 [48.0, 56.0]:
-    Δ = 52.0 − 49.4 = +2.6, and 49.4 lies inside the interval (not flagged). Acc-A 50.0 [45.0, 55.0]:
-    Δ = 50.0 − 57.6 = −7.6, and 57.6 lies above 55.0 (flagged). Each cell matches two published cells
-    (Table 3 and Table 9's Original row); the count column n matches none. With PAI only Table 9's PAI row
-    matches: Acc 0.499 → Δ = 52.0 − 49.9 = +2.1."""
-    table = _close_ended("llava-hf/llava-v1.6-vicuna-7b-hf", "none", Cell(value=50.0, low=45.0, high=55.0),
-                         Cell(value=52.0, low=48.0, high=56.0))
-    reproduced, records = reproduction([table])
-    got = {(r["table"], r["metric"]): (round(r["paper_value"], 6), round(r["difference"], 6), r["outside_interval"])
-           for r in records}
-    assert got == {("3", "Acc-A"): (57.6, -7.6, True), ("9", "Acc-A"): (57.6, -7.6, True),
-                   ("3", "Acc"): (49.4, 2.6, False), ("9", "Acc"): (49.4, 2.6, False)}
-    assert [cells[3].text for _, cells in reproduced.rows] == ["⚠ yes", "⚠ yes", "no", "no"]
-    assert any("Outside the run's 95% interval (2)" in line for line in reproduced.footer)
-    pai = _close_ended("llava-hf/llava-v1.6-vicuna-7b-hf", "pai", Cell(value=50.0), Cell(value=52.0))
-    _, records = reproduction([pai])
+    as Acc-A 0.576 and Acc 0.494, i.e. 57.6 and 49.4 in the report's %. A run under the medheval-baseline
+    protocol with Acc 52.0 [48.0, 56.0]: Δ = 52.0 − 49.4 = +2.6, and 49.4 lies inside the interval (not
+    flagged). Acc-A 50.0 [45.0, 55.0]: Δ = 50.0 − 57.6 = −7.6, and 57.6 lies above 55.0 (flagged). Each cell
+    matches two published cells: Table 3 (baseline, comparable) and Table 9's Original row, produced by the
+    mitigation script (protocol medheval-mitigation): listed, not comparable, no Δ. A PAI run under
+    medheval-mitigation matches only Table 9's PAI row: Acc 0.499 → Δ = 52.0 − 49.9 = +2.1."""
+    model = "llava-hf/llava-v1.6-vicuna-7b-hf"
+    table = _close_ended(model, "none", Cell(value=50.0, low=45.0, high=55.0), Cell(value=52.0, low=48.0, high=56.0))
+    reproduced, records = reproduction([table], runs=[_run(model, protocol="medheval-baseline")])
+    got = {(r["table"], r["metric"]): (round(r["paper_value"], 6), r["difference"] and round(r["difference"], 6),
+                                       r["outside_interval"], r["comparable"]) for r in records}
+    assert got == {("3", "Acc-A"): (57.6, -7.6, True, True), ("9", "Acc-A"): (57.6, None, None, False),
+                   ("3", "Acc"): (49.4, 2.6, False, True), ("9", "Acc"): (49.4, None, None, False)}
+    assert [cells[3].text for _, cells in reproduced.rows] == ["⚠ yes", "–", "no", "–"]
+    assert [cells[4].text for _, cells in reproduced.rows][:2] == [
+        "yes", "no: protocol differs (run: medheval-baseline, paper: medheval-mitigation)"]
+    assert reproduced.rows[1][1][2].value is None  # no Δ beside a cell of another protocol
+    assert any("Outside the run's 95% interval (1)" in line for line in reproduced.footer)
+    assert any("Not comparable (2 of 4)" in line for line in reproduced.footer)
+    pai = _close_ended(model, "pai", Cell(value=50.0), Cell(value=52.0))
+    _, records = reproduction([pai], runs=[_run(model, "pai", protocol="medheval-mitigation")])
     assert [(r["table"], r["setting"], r["metric"]) for r in records] == [("9", "PAI", "Acc-A"), ("9", "PAI", "Acc")]
-    assert records[1]["difference"] == pytest.approx(2.1)
+    assert records[1]["difference"] == pytest.approx(2.1) and records[1]["comparable"]
     assert records[1]["outside_interval"] is None  # no interval: said, not flagged
+
+
+@pytest.mark.parametrize("top, settings, split_extra, reasons", [
+    ({}, {}, {}, ["protocol differs (run: clean, paper: medheval-baseline)"]),  # no protocol recorded: clean
+    ({"protocol": {"name": "medheval-baseline"}, "labels": {"random_weights": "demo"}}, {}, {}, ["random weights"]),
+    ({"protocol": {"name": "medheval-baseline"}}, {"backend": {"random_weights": True}}, {}, ["random weights"]),
+    ({"protocol": {"name": "medheval-baseline"}}, {}, {"annotation_files": [{"relpath": "a.json", "fixture": True}]},
+     ["fixture data"]),
+    ({"protocol": {"name": "medheval-baseline"}}, {"limit": 20}, {}, ["--limit 20"]),
+    ({"protocol": {"name": "medheval-baseline"}, "seeds": [0, 1, 2]}, {}, {}, ["3 seeds (paper: 1)"]),
+    ({"protocol": {"name": "medheval-baseline"}, "seeds": [0]}, {"limit": None}, {}, []),
+    ({"protocol": {"name": "clinhallu"}, "seeds": [0, 1], "labels": {"random_weights": "x"}}, {"limit": 5},
+     {"annotation_files": [{"fixture": True}]},
+     ["protocol differs (run: clinhallu, paper: medheval-baseline)", "random weights", "fixture data", "--limit 5",
+      "2 seeds (paper: 1)"]),
+])
+def test_every_row_says_why_it_is_or_is_not_comparable(top: dict, settings: dict, split_extra: dict,
+                                                       reasons: list[str]) -> None:
+    """Each condition of a hand-made results.json (the keys `medheval run` writes: ``protocol.name``,
+    ``labels.random_weights`` or ``settings.backend.random_weights``, ``fixture`` on an annotation file,
+    ``settings.limit``, ``seeds``) is one reason, against MedHEval Table 3 (medheval-baseline, one pass); with
+    none the row is comparable and has its Δ: 52.0 − 49.4 = +2.6."""
+    model = "llava-hf/llava-v1.6-vicuna-7b-hf"
+    run = Run(path=Path("r"), results={"settings": {"model": model, "mitigation": "none", **settings},
+                                       "benchmarks": {"mm_vishal:all": {"metrics": {}, **split_extra}}, **top})
+    table = _close_ended(model, "none", Cell(), Cell(value=52.0))
+    reproduced, records = reproduction([table], runs=[run])
+    table3 = [(r, row) for r, row in zip(records, reproduced.rows) if r["table"] == "3"]
+    assert len(table3) == 1
+    record, (_, cells) = table3[0]
+    assert record["reasons"] == reasons and record["comparable"] is (not reasons)
+    assert cells[4].text == ("yes" if not reasons else "no: " + "; ".join(reasons))
+    assert (record["difference"], cells[2].value) == ((None, None) if reasons else (pytest.approx(2.6),) * 2)
+
+
+def test_reproduction_prints_the_papers_precision() -> None:
+    """Med-HallMark Table 1 prints LLaVA1.5-13b's Med-VQA ACC as 0.23 (two decimals, 0–1). A run's ACC of 0.278
+    shows as 0.28 | 0.23 | +0.05 (not 0.3 | 0.2 | +0.0); MedHEval's Acc 0.494 (three decimals, 0–1) shows in
+    the report's % with one: 49.4; Med-HallMark's BERTScore 62.89 (0–100) keeps two."""
+    from medheval.report.paper import format_cell
+
+    model = "llava-hf/llava-1.5-13b-hf"
+    table1 = Table("med_hallmark_table1", "t", ["Model", "Mitigation", "Task", "Question types"], [Column("ACC")])
+    table1.rows.append(([model, "none", "Med-VQA", "conventional + confidence_weakening"], [Cell(value=0.278)]))
+    run = _run(model, splits=("med_hallmark:conventional", "med_hallmark:confidence_weakening"),
+               protocol="med-hallmark")
+    reproduced, _ = reproduction([table1], runs=[run])
+    assert [format_cell(c) for c in reproduced.rows[0][1][:3]] == ["0.28", "0.23", "+0.05"]
+    close = _close_ended("llava-hf/llava-v1.6-vicuna-7b-hf", "none", Cell(), Cell(value=52.04))
+    reproduced, _ = reproduction([close], runs=[_run("llava-hf/llava-v1.6-vicuna-7b-hf",
+                                                     protocol="medheval-baseline")])
+    assert [format_cell(c) for c in reproduced.rows[0][1][:3]] == ["52.0", "49.4", "+2.6"]
+    per_type = Table("med_hallmark", "t", ["Model", "Mitigation", "Split"], [Column("BS")])
+    per_type.rows.append(([model, "none", "med_hallmark:confidence_weakening"], [Cell(value=60.0)]))
+    run = _run(model, splits=("med_hallmark:confidence_weakening",), protocol="med-hallmark",
+               options={"question": "plain"})
+    reproduced, _ = reproduction([per_type], runs=[run])
+    assert [format_cell(c) for c in reproduced.rows[0][1][:3]] == ["60.00", "62.89", "-2.89"]
+
+
+def test_irg_once_and_table2_true_subset() -> None:
+    """Med-HallMark: a run's IRG figures appear in the report's Table 1 (IRG row) and per-type table
+    (med_hallmark:irg); the paper prints them once (Table 1), so they are listed once. Table 2's ♣ column is
+    Q_Conv^true' — the confidence-weakening questions without their prefix (run option question=plain) — not
+    the conventional split: a conventional run matches neither Table 2 column; confidence_weakening as
+    released matches ♠ (BERTScore 59.05 for LLaVA1.5-13b), asked plain ♣ (62.89)."""
+    model = "llava-hf/llava-1.5-13b-hf"
+    table1 = Table("med_hallmark_table1", "t", ["Model", "Mitigation", "Task", "Question types"], [Column("BS")])
+    table1.rows.append(([model, "none", "IRG", "irg"], [Cell(value=40.0)]))
+    per_type = Table("med_hallmark", "t", ["Model", "Mitigation", "Split"], [Column("BS")])
+    for split in ("med_hallmark:irg", "med_hallmark:conventional", "med_hallmark:confidence_weakening"):
+        per_type.rows.append(([model, "none", split], [Cell(value=40.0)]))
+    splits = ("med_hallmark:irg", "med_hallmark:conventional", "med_hallmark:confidence_weakening")
+    _, records = reproduction([table1, per_type], runs=[_run(model, splits=splits, protocol="med-hallmark")])
+    assert [(r["table"], r["split"], r["value"], r["run_split"]) for r in records] == [
+        ("1", "IRG", 47.96, "IRG"), ("2", "Confidence-weakening", 59.05, "med_hallmark:confidence_weakening")]
+    plain = _run(model, splits=splits, protocol="med-hallmark", options={"question": "plain"})
+    _, records = reproduction([per_type], runs=[plain])
+    assert [(r["table"], r["split"], r["value"]) for r in records] == [("2", "Conventional (true')", 62.89)]
+
+
+def test_stepbench_llava_7b_alias() -> None:
+    """Med-StepBench's "LLaVA-7B" is the shipped config's llava-hf/llava-1.5-7b-hf (version assumed), so its
+    Table 3 cells line up: EN Step 1 R 0.53 without knowledge."""
+    assert paper_models("llava-hf/llava-1.5-7b-hf", "med_stepbench") == ["LLaVA-7B"]
+    table = Table("med_stepbench", "t", ["Model", "Mitigation", "Knowledge"], [Column("EN S1 R")])
+    table.rows.append((["llava-hf/llava-1.5-7b-hf", "none", "none"], [Cell(value=50.0)]))
+    _, records = reproduction([table])
+    assert [(r["model"], r["metric"], r["value"]) for r in records] == [("LLaVA-7B", "Step 1 R", 0.53)]
+    assert records[0]["reasons"] == ["protocol differs (run: clean, paper: med-stepbench)"]
 
 
 def test_reproduction_stepbench_knowledge_and_no_match() -> None:
     """Med-StepBench Table 3, Qwen3-VL-8B (Qwen/Qwen3-VL-8B-Instruct), EN Step 2 F1: 0.69 without knowledge,
-    0.73 with ('w', matched to knowledge=both). A run cell of 70.0 [60.0, 80.0] gives Δ = +1.0 and −3.0,
-    both inside. An unknown model matches nothing, and the table says so."""
+    0.73 with ('w', matched to knowledge=both). Two runs under the med-stepbench protocol, one per knowledge
+    setting, with cells of 70.0 [60.0, 80.0]: Δ = +1.0 and −3.0, both inside. An unknown model matches
+    nothing, and the table says so."""
     table = Table("med_stepbench", "t", ["Model", "Mitigation", "Knowledge"], [Column("EN S2 F1")])
+    runs = []
     for knowledge in ("none", "both"):
         table.rows.append((["Qwen/Qwen3-VL-8B-Instruct", "none", knowledge], [Cell(value=70.0, low=60.0, high=80.0)]))
-    _, records = reproduction([table])
+        run = _run("Qwen/Qwen3-VL-8B-Instruct", splits=("med_stepbench:all",), protocol="med-stepbench",
+                   folder=knowledge, options={"knowledge": knowledge})
+        run.results["benchmarks"]["med_stepbench:all"]["metrics"] = {"stepbench": {}}
+        runs.append(run)
+    _, records = reproduction([table], runs=runs)
     assert [(r["setting"], round(r["difference"], 6), r["outside_interval"]) for r in records] == [
         ("w/o", 1.0, False), ("w", -3.0, False)]
     other = _close_ended("my/model", "none", Cell(value=1.0), Cell(value=2.0))
@@ -232,12 +347,21 @@ def test_reproduction_stepbench_knowledge_and_no_match() -> None:
 def test_report_compare_published_end_to_end(tmp_path: Path) -> None:
     """``medheval report RUN --compare-published``: a run of llava-hf/llava-v1.6-vicuna-7b-hf on mm_vishal:all
     with 10 items, 5 right (Acc 50.0%), the anatomy items (0, 4, 8) all wrong (Acc-A 0.0%, interval [0, 0]).
-    Against MedHEval Table 3: Acc 49.4 → Δ = +0.6, inside the interval; Acc-A 57.6 → Δ = −57.6, outside
-    (flagged, listed in the footer). report.md has the Reproduction heading; report.json the records."""
+    Under the medheval-baseline protocol, against MedHEval Table 3: Acc 49.4 → Δ = +0.6, inside the interval;
+    Acc-A 57.6 → Δ = −57.6, outside (flagged, listed in the footer). report.md has the Reproduction heading;
+    report.json the records. The same run without a protocol (clean) is listed without Δ, saying why."""
     from report_runs import write_run
 
     correct = [False, True, True, True, False, True, False, False, False, True]
+    clean = write_run(tmp_path / "clean", "none", correct, model="llava-hf/llava-v1.6-vicuna-7b-hf")
+    out = tmp_path / "clean-report"
+    assert main(["report", str(clean), "--output", str(out), "--no-plots", "--no-html", "--compare-published"]) == 0
+    records = json.loads((out / "report.json").read_text())["reproduction"]
+    assert records and all(r["difference"] is None and not r["comparable"] for r in records)
+    assert "| no: protocol differs (run: clean, paper: medheval-baseline) |" in (out / "report.md").read_text()
     run = write_run(tmp_path / "run", "none", correct, model="llava-hf/llava-v1.6-vicuna-7b-hf")
+    results = json.loads((run / "results.json").read_text())
+    (run / "results.json").write_text(json.dumps({**results, "protocol": {"name": "medheval-baseline"}}))
     out = tmp_path / "report"
     assert main(["report", str(run), "--output", str(out), "--no-plots", "--compare-published"]) == 0
     markdown = (out / "report.md").read_text()

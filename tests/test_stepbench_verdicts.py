@@ -92,6 +92,82 @@ VERBOSE_VI = [
     ("Hạch có kích thước đúng như mô tả, vì vậy nhận định là đúng.", G),  # (2)
 ]
 
+# Issue 30, point 8: phrasings read wrong or not at all before (the issue's own cases first), by kind: short,
+# verbose, negated, hedged, reasoning before the verdict; "right" is mostly anatomy and only a verdict opening
+# an answer or after a copula at a clause end; a term before "?" repeats the question.
+PHRASINGS = [
+    # the issue's cases
+    ("The statement is wrong.", H, "verbose"),
+    ("Wrong.", H, "short"),
+    ("The statement is right.", G, "verbose"),
+    ("I disagree with the statement; the nodule is in the left lower lobe.", H, "verbose"),
+    ("I disagree.", H, "short"),
+    ("Given the normal tracer distribution in the liver, the statement is invalid", H, "reasoning"),
+    ("No lesion is seen in the adrenal glands, and therefore the statement is wrong.", H, "reasoning"),
+    ("Statement: consistent? No.", H, "short"),
+    # short
+    ("Right.", G, "short"),
+    ("Invalid.", H, "short"),
+    ("Valid.", G, "short"),
+    ("Agree.", G, "short"),
+    ("Incorrect!", H, "short"),
+    ("yes", G, "short"),
+    ("NO", H, "short"),
+    ("Đồng ý.", G, "short"),
+    ("Không đồng ý.", H, "short"),
+    ("Không.", H, "short"),
+    ("Nhận định: nhất quán? Không.", H, "short"),
+    # verbose
+    ("I agree with the statement: the right hilar node is FDG-avid.", G, "verbose"),
+    ("That's right, the lesion in the right lung shows intense uptake.", G, "verbose"),
+    ("The lesion lies in the right lung, exactly as the statement says, so it is valid.", G, "verbose"),
+    ("The mass is located in the right upper lobe and measures 2 cm.", None, "verbose"),
+    ("Tôi đồng ý với nhận định này vì hạch ở rốn phổi phải tăng hấp thu.", G, "verbose"),
+    ("Nhận định này sai: tổn thương nằm ở phổi trái.", H, "verbose"),
+    ("Nhận định hợp lệ với hình ảnh PET/CT.", G, "verbose"),
+    # negated
+    ("The statement is not wrong; the node is hypermetabolic.", G, "negated"),
+    ("That is not right: the uptake is in the spleen.", H, "negated"),
+    ("The statement isn't right.", H, "negated"),
+    ("I don't agree, the liver lesion is hypometabolic.", H, "negated"),
+    ("I do not agree with the statement.", H, "negated"),
+    ("The claim is not valid for these images.", H, "negated"),
+    ("This is not a hallucination.", G, "negated"),
+    ("Nhận định không hợp lệ.", H, "negated"),
+    ("Nhận định không sai.", G, "negated"),
+    ("Tôi không đồng ý với nhận định này.", H, "negated"),
+    # hedged
+    ("Probably wrong.", H, "hedged"),
+    ("Most likely inconsistent, although the coronal view is blurry.", H, "hedged"),
+    ("I'm not entirely sure, but I think the statement is right.", G, "hedged"),
+    ("It seems right.", G, "hedged"),
+    ("Possibly correct.", G, "hedged"),
+    ("I am not certain; I would lean towards no.", H, "hedged"),
+    ("Có lẽ nhận định là sai.", H, "hedged"),
+    ("Có thể là đúng.", G, "hedged"),
+    ("Có lẽ không nhất quán.", H, "hedged"),
+    # reasoning before the verdict
+    ("The right kidney shows physiological excretion and no focal uptake, so the statement is right.", G,
+     "reasoning"),
+    ("Uptake is seen in the right axilla rather than the left. Hence the statement is wrong.", H, "reasoning"),
+    ("The SUVmax of the node is about 8, which matches the description. I agree.", G, "reasoning"),
+    ("The lesion is in the right lobe of the liver, not the left; I disagree.", H, "reasoning"),
+    ("There is intense uptake in the right lung mass. Conclusion: valid.", G, "reasoning"),
+    ("Hạch trung thất không tăng hấp thu, vì vậy nhận định là sai.", H, "reasoning"),
+    ("Tổn thương nằm ở phổi phải như mô tả, do đó tôi đồng ý.", G, "reasoning"),
+    ("Khối u ở thùy phải gan. Kết luận: không hợp lệ.", H, "reasoning"),
+    ("Is the statement consistent? Yes, the images show the described node.", G, "reasoning"),
+    ("Is the statement consistent? Looking at the scan, no.", H, "reasoning"),
+    ("Phần lớn hình ảnh bình thường, nên tôi nghĩ là không.", H, "reasoning"),
+    ("Definitely not wrong.", G, "negated"),
+    ("Sounds right to me.", G, "hedged"),
+    ("Sai hoàn toàn.", H, "short"),
+    # no verdict
+    ("The right adrenal gland appears normal.", None, "verbose"),
+    ("Is the statement consistent?", None, "short"),
+    ("Tuyến thượng thận phải bình thường.", None, "verbose"),
+]
+
 LABELS_AS_PREDICTIONS = [("ground_truth", G), ("hallucination", H), ("Ground truth.", G), ("Hallucination", H),
                          ("ground-truth", G), (" HALLUCINATION\n", H)]
 
@@ -104,6 +180,34 @@ def test_the_table_is_large_and_covers_both_languages():
 @pytest.mark.parametrize("answer, expected", VERBOSE_EN + VERBOSE_VI + LABELS_AS_PREDICTIONS)
 def test_verbose_answers_read_as_their_verdict(answer, expected):
     assert parse_verdict(answer) == expected
+
+
+def test_the_phrasing_table_spans_kinds_and_languages():
+    """At least 60 hand-labelled phrasings, each kind in both languages, both labels and "no verdict"."""
+    assert len(PHRASINGS) >= 60
+    vietnamese = {kind for answer, _, kind in PHRASINGS if any(ch in answer for ch in "ăâđêôơưạảấầẩẫậắằẳẵặẹẻẽếềểễệỉịọỏốồổỗộớờởỡợụủứừửữựỳỵỷỹ")}
+    kinds = {kind for _, _, kind in PHRASINGS}
+    assert kinds == {"short", "verbose", "negated", "hedged", "reasoning"} and vietnamese == kinds
+    assert {label for _, label, _ in PHRASINGS} == {G, H, None}
+
+
+@pytest.mark.parametrize("answer, expected, kind", PHRASINGS)
+def test_phrasings_read_as_their_hand_label(answer, expected, kind):
+    assert parse_verdict(answer) == expected, kind
+
+
+def test_the_question_echo_is_not_the_answer():
+    """"Statement: consistent? No." answers no (a hallucination): "consistent?" repeats the question. Through
+    the metric, a hallucinated statement so answered is a TP, and nothing is unparsed."""
+    import evaluate
+
+    from medheval.data.registry import metric_path
+
+    out = evaluate.load(metric_path("stepbench")).compute(
+        predictions=["Statement: consistent? No.", "The statement is wrong.", "Wrong."], references=[H, H, G],
+        steps=[2, 2, 2])
+    assert out["n_unparsed"] == 0 and out["correct"] == [True, True, False]
+    assert (out["per_step"][2]["tp"], out["per_step"][2]["fp"]) == (2, 1)
 
 
 def test_decomposed_vietnamese_reads_like_composed():

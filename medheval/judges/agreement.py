@@ -93,16 +93,14 @@ def _kappas(a: list, b: list, numeric: bool) -> tuple[float | None, float | None
     def _ratio(weights: np.ndarray) -> float | None:
         disagreement = float((weights * observed).sum())
         chance = float((weights * expected).sum())
-        if chance == 0.0:  # both raters used one and the same label throughout
-            return 1.0 if disagreement == 0.0 else None
+        if chance == 0.0:  # both raters used one and the same label throughout: 0/0 (sklearn: nan)
+            return None
         return 1.0 - disagreement / chance
 
     kappa = _ratio(1.0 - np.eye(k))
     qwk = None
     if numeric:
-        if k == 1:
-            qwk = 1.0
-        else:
+        if k > 1:
             i, j = np.indices((k, k))
             qwk = _ratio((i - j) ** 2 / float((k - 1) ** 2))
     return kappa, qwk
@@ -114,7 +112,8 @@ def agreement(a: Sequence[Any], b: Sequence[Any]) -> dict[str, Any]:
     Pairs where either rating is ``None`` (or NaN) are dropped (``n`` counts what is left,
     ``n_dropped`` what was dropped). Correlations need numeric ratings; the kappas and
     exact agreement also accept categorical labels (strings). A statistic that is
-    undefined (fewer than two pairs, a constant rater) is ``None``.
+    undefined (fewer than two pairs, a constant rater; a kappa whose chance agreement is total, where
+    sklearn gives nan) is ``None``, never a conventional 1.0.
 
     Returns:
         ``{"n", "n_dropped", "pearson", "spearman", "kendall_tau" (tau-b), "cohen_kappa",

@@ -121,7 +121,7 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     runs = find_runs(paths, cluster=cluster) if runs is None else runs
     output = Path(output)
     tables = with_seeds(build_tables(runs, p_adjust))
-    reproduced = _reproduction(tables) if compare_published else None
+    reproduced = _reproduction(tables, runs) if compare_published else None
     _, compared = comparisons(runs, p_adjust)
     _, blind = image_deltas(runs, p_adjust)
     notes = caveats(runs)
@@ -159,11 +159,12 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     return written
 
 
-def _reproduction(tables: list[Any]) -> list[dict[str, Any]]:
-    """Append the "Reproduction" table to ``tables``; its rows as JSON records (``report.json``)."""
+def _reproduction(tables: list[Any], runs: list["Run"]) -> list[dict[str, Any]]:
+    """Append the "Reproduction" table to ``tables`` (each row's comparability read from its run); its rows
+    as JSON records (``report.json``)."""
     from medheval.report.published import reproduction
 
-    table, records = reproduction(tables)
+    table, records = reproduction(tables, runs=runs)
     tables.append(table)
     return records
 
@@ -221,8 +222,10 @@ def add_report_command(commands: argparse._SubParsersAction) -> None:
                              "stars mark adjusted p < 0.05")
     parser.add_argument("--compare-published", action="store_true",
                         help="a Reproduction section: each cell whose model matches a published one (Hub id or "
-                             "alias), beside the paper's value with the difference, flagged when the paper's value "
-                             "is outside the run's 95%% interval (`medheval published` lists the stored tables)")
+                             "alias), beside the paper's value; where the run is comparable (the paper's protocol, "
+                             "real weights and data, no --limit, one pass) with the difference, flagged when the "
+                             "paper's value is outside the run's 95%% interval, else saying why not (`medheval "
+                             "published` lists the stored tables)")
     parser.set_defaults(handler=cmd_report)
 
 

@@ -15,10 +15,13 @@ only the four Table 4 gains the text quotes are stored (:data:`TABLE_NOTES`).
 Matching (:func:`reproduction`): a run's model matches a published model when its id (an API prefix such as
 ``openai:`` and an ``@endpoint`` suffix dropped; a local folder by its last path part) equals one of the
 :data:`ALIASES` of that model, or the printed name itself. A report cell matches a published cell through
-:data:`COLUMNS` (which report table and column is which paper column) and :data:`SPLITS` (which paper split is
-which of our benchmark splits); the paper's value is converted to the report's units (a 0–1 figure × 100
-where the report shows %), the difference is run − paper, and a paper value outside the run's 95% interval
-is flagged.
+:data:`COLUMNS` (which report table and column is which paper column), :data:`SPLITS` (which paper split is
+which of our benchmark splits) and :data:`SPLIT_OPTIONS` (the run options a paper split needs); the paper's
+value is converted to the report's units (a 0–1 figure × 100 where the report shows %) and shown at the
+paper's precision. A matched row is *comparable* only when the run's conditions are the paper's
+(:class:`RunConditions`: the protocol that produced the cell, :func:`paper_protocol`; real weights; the real
+annotation files; no ``--limit``; one pass): then the difference is run − paper, and a paper value outside the
+run's 95% interval is flagged; otherwise the row says why and shows no difference.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -42,9 +46,11 @@ TABLE_NOTES = {
     ("medheval", "7"): "Table 7's LLaVA-Med-1.5 row differs from Table 8's Original row of the same model; both "
                        "are stored as printed.",
     ("med_hallmark", "1"): "The Med-VQA task pools question types: it matches the report's Table 1 Med-VQA row "
-                           "(conventional + confidence-weakening pooled); IRG matches med_hallmark:irg. Empty IRG "
+                           "(conventional + confidence-weakening pooled); IRG its Table 1 IRG row. Empty IRG "
                            "MediHall cells (no computable score) are absent.",
-    ("med_hallmark", "2"): "♣ = conventional questions (true'), ♠ = the same behind a confidence-weakening prefix.",
+    ("med_hallmark", "2"): "♣ = Q_Conv^true' (the conventional questions the confidence-weakening ones were built "
+                           "from: our confidence_weakening split with question=plain), ♠ = the same behind a "
+                           "confidence-weakening prefix.",
     ("med_stepbench", "3"): "Read by hand from a flattened table; '–' cells (no Vietnamese result, or Step 1 with "
                             "knowledge) are absent. 'w' is matched to runs with knowledge=both.",
     ("clinhallu", "2"): "Not transcribed: the table body is absent from the paper's text copy.",
@@ -55,7 +61,9 @@ TABLE_NOTES = {
 
 # (paper, printed model name) -> Hub ids (or API model names) that are that model. Only models the paper (or
 # MedHEval's code release, for LLaVA-NeXT's vicuna variants) identifies; BLIP2, LLaVA-Med(SF/RF/PF),
-# Med-StepBench's "LLaVA-7B" and "LLaVA-Med", and models without a checkpoint on the Hub have no alias.
+# Med-StepBench's "LLaVA-Med", and models without a checkpoint on the Hub have no alias. Med-StepBench's
+# "LLaVA-7B" cites LLaVA (Liu et al. 2023) without a version: LLaVA-1.5 7B is assumed, as its shipped config
+# (configs/med_stepbench_table3.yaml) runs it.
 ALIASES: dict[tuple[str, str], tuple[str, ...]] = {
     ("medheval", "GPT-4o"): ("gpt-4o",),
     ("medheval", "LLaVA-NeXT 7B"): ("llava-hf/llava-v1.6-vicuna-7b-hf", "liuhaotian/llava-v1.6-vicuna-7b"),
@@ -73,13 +81,23 @@ ALIASES: dict[tuple[str, str], tuple[str, ...]] = {
     ("med_stepbench", "Gemini 2.5 pro"): ("gemini-2.5-pro",),
     ("med_stepbench", "Qwen3-VL-8B"): ("Qwen/Qwen3-VL-8B-Instruct",),  # the Instruct variant is assumed
     ("med_stepbench", "Qwen3-VL-4B"): ("Qwen/Qwen3-VL-4B-Instruct",),
+    ("med_stepbench", "LLaVA-7B"): ("llava-hf/llava-1.5-7b-hf", "liuhaotian/llava-v1.5-7b"),  # version assumed
 }
-# (paper, printed split) -> our benchmark split (``name:config``, as results.json keys it)
+# (paper, printed split) -> our benchmark split (``name:config``, as results.json keys it). Med-HallMark's IRG
+# is matched by the report's Table 1 only (its IRG row), so it is listed once.
 SPLITS: dict[tuple[str, str], str] = {
     ("medheval", "MM-VisHal"): "mm_vishal:all", ("medheval", "CXR-VisHal"): "cxr_vishal:all",
     ("medheval", "Report generation"): "vishal_report:default", ("medheval", "Knowledge open-ended"): "knowledge:open",
-    ("med_hallmark", "IRG"): "med_hallmark:irg", ("med_hallmark", "Conventional (true')"): "med_hallmark:conventional",
+    ("med_hallmark", "Conventional (true')"): "med_hallmark:confidence_weakening",
     ("med_hallmark", "Confidence-weakening"): "med_hallmark:confidence_weakening",
+}
+# (paper, printed split) -> the run options (results.json ``benchmarks[split].run_options``) a run of that split
+# needs to be that split; other splits of the paper need none. Med-HallMark Table 2's ♣ column is Q_Conv^true',
+# the conventional questions the confidence-weakening ones were built from (same ground truths): the
+# confidence_weakening split asked without its prefix (run option question=plain), not the conventional split
+# (whose items are mostly answers labelled as hallucinations).
+SPLIT_OPTIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("med_hallmark", "Conventional (true')"): {"question": "plain"},
 }
 # report table key -> (paper, its tables, {report column label: (paper metric, unit the report shows)})
 _ACC = {label: (label, "0-100") for label in ("Acc-A", "Acc-M", "Acc-S", "Acc-R", "Acc")}
@@ -96,18 +114,29 @@ COLUMNS: dict[str, tuple[str, tuple[str, ...], dict[str, tuple[str, str]]]] = {
     "medheval_generation": ("medheval", ("7", "8", "11"), {
         **{label: (label, "0-100") for label in ("BERTScore", "BLEU", "METEOR", "ROUGE-1", "ROUGE-2", "ROUGE-L")},
         "S_h ↓": ("S_h", "0-5")}),
-    "med_hallmark": ("med_hallmark", ("1", "2"), _HALLMARK),
+    # per question type: Table 2 (true' and confidence-weakening); Table 1's IRG is the report's Table 1 IRG row
+    "med_hallmark": ("med_hallmark", ("2",), _HALLMARK),
     # Table 1 in the paper's shape (medheval.report.paper: a Med-VQA row pooling its question types, an IRG row)
     "med_hallmark_table1": ("med_hallmark", ("1",), {**_HALLMARK, "ACC": ("Acc", "0-1")}),
 }
 MITIGATIONS = {"none": "Original", "vcd": "VCD", "dola": "DoLa", "opera": "OPERA", "avisc": "AVISC", "m3id": "M3ID",
                "damro": "DAMRO", "pai": "PAI"}
 STEPBENCH_KNOWLEDGE = {"none": "w/o", "both": "w"}
+# The protocol each paper's published cells were produced under (medheval run --protocol; a run that records
+# none ran our clean default). MedHEval: Tables 3, 5 and 7 are its baselines, Tables 4, 6 and 8–11 its
+# mitigation runs (another script: other decoding for its "Original" row).
+CLEAN_PROTOCOL = "clean"
+PAPER_PROTOCOLS = {"medheval": "medheval-mitigation", "med_hallmark": "med-hallmark", "clinhallu": "clinhallu",
+                   "med_stepbench": "med-stepbench"}
+MEDHEVAL_BASELINE_TABLES = ("3", "5", "7")
+PAPER_SEEDS = 1  # every stored cell is one pass (MedHEval's scripts: set_seed(0)); the papers report no spread
 STEPBENCH_COLUMN = re.compile(r"^(EN|VI) S([1-4]) (R|F1)$")
 REPRODUCTION_NOTE = ("Reproduction: each report cell whose model, split, mitigation and column match a published "
                      "cell (medheval/report/published.py: ALIASES, SPLITS, COLUMNS), with the paper's value in "
-                     "the report's units and Δ = run − paper. Flag ⚠: the paper's value lies outside the run's "
-                     "95% interval.")
+                     "the report's units at the paper's precision. Comparable: the run used the protocol that "
+                     "produced the paper's cell (medheval run --protocol), real weights, the real data, no "
+                     "--limit and the paper's one pass; only then Δ = run − paper, and flag ⚠ when the paper's "
+                     "value lies outside the run's 95% interval.")
 
 
 @dataclass(frozen=True)
@@ -206,11 +235,14 @@ def _factor(published: str, shown: str) -> float:
     raise ValueError(f"no conversion from a published {published} value to a report column in {shown}")
 
 
-def matches(table: Table, labels: Sequence[str], column: str,
-            records: Iterable[Published]) -> list[tuple[Published, float]]:
+def matches(table: Table, labels: Sequence[str], column: str, records: Iterable[Published],
+            options: dict[str, Any] | None = None) -> list[tuple[Published, float]]:
     """Published cells (and each one's value in the report's units) for one report cell: ``table``'s row
-    ``labels`` (model, mitigation, split; Med-StepBench: model, mitigation, knowledge) and ``column``."""
+    ``labels`` (model, mitigation, split; Med-StepBench: model, mitigation, knowledge) and ``column``;
+    ``options``: the run options of that row's split (a published split that needs others, or none, is a
+    different split: :data:`SPLIT_OPTIONS`)."""
     records = list(records)
+    options = dict(options or {})
     if table.key == "med_stepbench":
         hit = STEPBENCH_COLUMN.match(column)
         model, mitigation, knowledge = labels[:3]
@@ -233,47 +265,147 @@ def matches(table: Table, labels: Sequence[str], column: str,
     if table.key == "med_hallmark_table1":  # its rows name the paper's task (Med-VQA, IRG), not one split
         return [(r, _factor(r.unit, shown) * r.value) for r in records
                 if r.paper == paper and r.table in tables and r.metric == metric and r.setting == setting
-                and r.split == split and r.model in names]
+                and r.split == split and r.model in names and not options]
     return [(r, _factor(r.unit, shown) * r.value) for r in records
             if r.paper == paper and r.table in tables and r.metric == metric and r.setting == setting
-            and SPLITS.get((paper, r.split)) == split and r.model in names]
+            and SPLITS.get((paper, r.split)) == split and r.model in names
+            and (paper != "med_hallmark" or SPLIT_OPTIONS.get((paper, r.split), {}) == options)]
 
 
-def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = None
-                 ) -> tuple[Table, list[dict[str, Any]]]:
+def paper_protocol(record: Published) -> str:
+    """The protocol a published cell was produced under (:data:`PAPER_PROTOCOLS`; MedHEval: its baseline
+    tables 3, 5 and 7, else its mitigation tables)."""
+    if record.paper == "medheval":
+        return "medheval-baseline" if record.table in MEDHEVAL_BASELINE_TABLES else "medheval-mitigation"
+    return PAPER_PROTOCOLS[record.paper]
+
+
+@dataclass(frozen=True)
+class RunConditions:
+    """What of a run decides whether its figure may stand beside a paper's: its protocol (``clean`` when
+    results.json records none), random weights, fixture data, ``--limit`` and the number of seeds."""
+
+    protocol: str = CLEAN_PROTOCOL
+    random_weights: bool = False
+    fixture: bool = False
+    limit: int | None = None
+    seeds: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, results: dict[str, Any], splits: Sequence[str]) -> "RunConditions":
+        """Read from ``results.json``: ``protocol.name``, ``labels.random_weights`` or
+        ``settings.backend.random_weights``, ``fixture`` on an annotation file of ``splits``,
+        ``settings.limit``, ``seeds`` (a list; absent: one pass) and the splits' ``run_options`` together."""
+        protocol = results.get("protocol")
+        name = protocol.get("name") if isinstance(protocol, dict) else None
+        settings = results.get("settings") or {}
+        backend = settings.get("backend") if isinstance(settings.get("backend"), dict) else {}
+        entries = [results.get("benchmarks", {}).get(split) or {} for split in splits]
+        seeds = results.get("seeds")
+        return cls(protocol=str(name) if name else CLEAN_PROTOCOL,
+                   random_weights=bool((results.get("labels") or {}).get("random_weights") or
+                                       backend.get("random_weights")),
+                   fixture=any(f.get("fixture") for entry in entries for f in entry.get("annotation_files") or []
+                               if isinstance(f, dict)),
+                   limit=settings.get("limit") if isinstance(settings.get("limit"), int) else None,
+                   seeds=len(seeds) if isinstance(seeds, list) and seeds else 1,
+                   options={k: v for entry in entries for k, v in (entry.get("run_options") or {}).items()})
+
+    def reasons(self, record: Published) -> list[str]:
+        """Why the run's figure is not comparable with ``record`` (empty: comparable)."""
+        out = []
+        wanted = paper_protocol(record)
+        if self.protocol != wanted:
+            out.append(f"protocol differs (run: {self.protocol}, paper: {wanted})")
+        if self.random_weights:
+            out.append("random weights")
+        if self.fixture:
+            out.append("fixture data")
+        if self.limit is not None:
+            out.append(f"--limit {self.limit}")
+        if self.seeds != PAPER_SEEDS:
+            out.append(f"{self.seeds} seeds (paper: {PAPER_SEEDS})")
+        return out
+
+
+def _row_run(table: Table, labels: Sequence[str], runs: Sequence[Any]) -> tuple[Any, list[str]]:
+    """The run behind one report row and the splits that row reads (``(None, [])`` when no one run is)."""
+    from medheval.report.paper import _run_labels
+
+    if table.key == "med_stepbench":
+        found = [(run, split) for run in runs for split, entry in run.results.get("benchmarks", {}).items()
+                 if "stepbench" in (entry.get("metrics") or {}) and (run.model, run.variant) == tuple(labels[:2])
+                 and str((entry.get("run_options") or {}).get("knowledge", "none")) == labels[2]]
+        return (found[0][0], [found[0][1]]) if len(found) == 1 else (None, [])
+    names = _run_labels(list(runs))
+    if table.key == "med_hallmark_table1":
+        splits = [f"med_hallmark:{config}" for config in labels[3].split(" + ")] if len(labels) > 3 else []
+    else:
+        splits = [labels[2]]
+    found = [run for run in runs if names[id(run)] == tuple(labels[:2])
+             and all(split in run.results.get("benchmarks", {}) for split in splits)]
+    return (found[0], splits) if len(found) == 1 else (None, [])
+
+
+def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = None,
+                 runs: Sequence[Any] | None = None) -> tuple[Table, list[dict[str, Any]]]:
     """The "Reproduction" table: one row per (report cell, matching published cell) with the run's value
-    (and interval), the paper's, Δ = run − paper and the flag; and the same as JSON records."""
+    (and interval), the paper's, and whether the two are comparable (:class:`RunConditions`: same protocol,
+    real weights, real data, no ``--limit``, the paper's number of seeds); only a comparable row has
+    Δ = run − paper and the flag. ``runs``: the report's runs (:class:`medheval.report.collect.Run`), read for
+    each row's conditions; a row whose run is not among them counts as a clean run. The same as JSON records."""
     from medheval.report.paper import Cell, Column, Table
 
     records = load_published() if records is None else records
+    runs = list(runs or [])
     table = Table("reproduction", "Reproduction: this run against the published tables",
                   ["Model", "Mitigation", "Split", "Published cell"],
                   [Column("Run", ranked=False), Column("Paper", ranked=False), Column("Δ", ranked=False),
-                   Column("Paper outside run's 95% CI", ranked=False)], footer=[REPRODUCTION_NOTE])
+                   Column("Paper outside run's 95% CI", ranked=False), Column("Comparable", ranked=False)],
+                  footer=[REPRODUCTION_NOTE])
     found: list[dict[str, Any]] = []
     for source in tables:
         for labels, cells in source.rows:
+            run, splits = _row_run(source, labels, runs)
+            conditions = RunConditions.of(run.results, splits) if run is not None else RunConditions()
             for column, cell in zip(source.columns, cells):
                 if cell.value is None:
                     continue
-                for record, paper in matches(source, labels, column.label, records):
-                    outside = None if cell.low is None else not (cell.low <= paper <= cell.high)
-                    flag = "no interval" if outside is None else "⚠ yes" if outside else "no"
+                for record, paper in matches(source, labels, column.label, records, conditions.options):
+                    reasons = conditions.reasons(record)
+                    digits = shown_digits(record, paper)
+                    outside = None if reasons or cell.low is None else not (cell.low <= paper <= cell.high)
+                    flag = ("–" if reasons else "no interval" if outside is None else "⚠ yes" if outside else "no")
                     table.rows.append(([*labels[:3], f"{record.where()} ({record.printed})"], [
-                        Cell(value=cell.value, low=cell.low, high=cell.high, std=cell.std),
-                        Cell(value=paper), Cell(value=cell.value - paper, signed=True), Cell(text=flag)]))
+                        Cell(value=cell.value, low=cell.low, high=cell.high, std=cell.std, digits=digits),
+                        Cell(value=paper, digits=digits),
+                        Cell() if reasons else Cell(value=cell.value - paper, signed=True, digits=digits),
+                        Cell(text=flag), Cell(text="no: " + "; ".join(reasons) if reasons else "yes")]))
                     found.append({**asdict(record), "run_model": labels[0], "run_mitigation": labels[1],
                                   "run_split": labels[2], "report_table": source.key, "report_column": column.label,
                                   "run_value": cell.value, "run_low": cell.low, "run_high": cell.high,
-                                  "paper_value": paper, "difference": cell.value - paper, "outside_interval": outside})
+                                  "paper_value": paper, "paper_protocol": paper_protocol(record),
+                                  "run_protocol": conditions.protocol, "comparable": not reasons, "reasons": reasons,
+                                  "difference": None if reasons else cell.value - paper, "outside_interval": outside})
     flagged = [row for row, cells in table.rows if cells[3].text == "⚠ yes"]
     if flagged:
         table.footer.append(f"Outside the run's 95% interval ({len(flagged)}): "
                             + "; ".join(f"{row[0]} · {row[1]} · {row[3]}" for row in flagged) + ".")
+    apart = sum(not record["comparable"] for record in found)
+    if apart:
+        table.footer.append(f"Not comparable ({apart} of {len(found)}): shown without Δ; the last column says why.")
     if not table.rows:
         table.footer.append("No run matched a published model, split and column (see `medheval published` for the "
                             "papers' models, and ALIASES in medheval/report/published.py for their Hub ids).")
     return table, found
+
+
+def shown_digits(record: Published, shown: float) -> int:
+    """Decimals that give ``record`` its printed precision in the report's units (0.494 → 49.4; 0.23 → 0.23;
+    6.88 → 6.88): the paper's decimals less the digits a ×100 conversion moves."""
+    factor = shown / record.value if record.value else 1.0
+    return max(record.decimals - (2 if math.isclose(factor, 100.0) else 0), 0)
 
 
 def format_tables(records: Sequence[Published]) -> str:

@@ -194,6 +194,9 @@ def caveats(run: dict[str, Any]) -> list[str]:
                               ("n_empty_predictions", "empty prediction(s), scored 0")):
                 if isinstance(out, dict) and isinstance(out.get(key), int) and out[key]:
                     lines.append(f"`{split}` · {metric}: {out[key]} {what}")
+            if metric == "text_generation" and isinstance(out, dict) and out.get("n_empty_references"):
+                lines.append(f"`{split}` · {metric}: {out['n_empty_references']} item(s) without a reference, left "
+                             f"out of every column (n = {out.get('n')})")
         unchecked = [f["relpath"] for f in entry.get("annotation_files", []) if f.get("verified") is None]
         if unchecked:
             lines.append(f"`{split}`: annotation file(s) not checked against a pinned checksum (user data or a Hub "

@@ -28,7 +28,9 @@ precision/recall/F1/support and the confusion matrix (rows = human level, column
                  E_ij = row_i col_j / n,  i, j = positions in the full level order (K levels)
     macro_f1   = mean F1 over the levels that occur in the references or the predictions
 
-Both kappas equal sklearn.metrics.cohen_kappa_score(..., labels=<all K levels in order>).
+Both kappas equal sklearn.metrics.cohen_kappa_score(..., labels=<all K levels in order>). A kappa is
+not computable (`None`, with `kappa_note` saying why) when the human levels hold one class (kappa is
+then 0 or 0/0 whatever the predictions) or chance agreement is total (sklearn's nan).
 Predictions without a readable level are counted in `n_failed` / `failed` and left out of the
 statistics, never silently treated as a level.
 """
@@ -44,6 +46,7 @@ Args:
 
 Returns:
     accuracy, macro_f1, cohen_kappa, quadratic_kappa (`float` or `None` when undefined),
+    kappa_note (`str` or `None`): why the kappas are not computable,
     per_level (`dict`): level -> {"precision", "recall", "f1", "support"} (`None` where undefined),
     confusion (`dict`): {"levels": [...], "rows": [[...], ...]} with rows = human, columns = predicted,
     distribution_human, distribution_predicted (`dict`): level -> count,
@@ -95,15 +98,21 @@ def detection_scores(human, predicted, levels):
             f1s.append(f1)
         per_level[level] = {"precision": precision, "recall": recall, "f1": f1, "support": int(rows[i])}
     out = {"accuracy": _ratio(diag.sum(), n), "macro_f1": (sum(f1s) / len(f1s)) if f1s else None,
-           "cohen_kappa": None, "quadratic_kappa": None, "per_level": per_level}
-    if n:
+           "cohen_kappa": None, "quadratic_kappa": None, "kappa_note": None, "per_level": per_level}
+    used = [level for level, count in zip(levels, rows) if count]
+    if len(used) == 1:  # one human class: kappa is 0 or 0/0 whatever the predictions, so it says nothing
+        out["kappa_note"] = (f"not computable: every human level is {used[0]} (one class), so chance agreement "
+                             f"explains all agreement; see accuracy")
+    elif n:
         expected = np.outer(rows, cols) / n
         i, j = np.indices((k, k))
         for key, weights in (("cohen_kappa", (i != j).astype(float)),
                              ("quadratic_kappa", (i - j) ** 2 / float((k - 1) ** 2))):
             chance = float((weights * expected).sum())
             disagreement = float((weights * confusion).sum())
-            out[key] = (1.0 if disagreement == 0 else None) if chance == 0 else 1.0 - disagreement / chance
+            out[key] = None if chance == 0 else 1.0 - disagreement / chance
+            if chance == 0:
+                out["kappa_note"] = "not computable: chance agreement is total (as sklearn's nan)"
     out["confusion"] = {"levels": list(levels), "rows": confusion.tolist()}
     return out
 

@@ -128,7 +128,9 @@ Returns (scores on a 0-100 scale; `None` where a column is unavailable):
     rouge1, rouge2, rougeL (`float`): mean ROUGE F1; also `<type>_precision`, `<type>_recall`.
     bleu_per_item, meteor_per_item, rouge1_per_item, rouge2_per_item, rougeL_per_item,
     bertscore_per_item (`list` of `float`, length n).
-    n, n_empty_predictions, n_empty_references (`int`): empty strings score 0 and are counted.
+    n (`int`): pairs scored (those with a reference); n_empty_predictions (`int`): of them, empty
+        predictions (scored 0); n_empty_references (`int`): items without a reference, left out of every
+        column (their per-item values are `None`).
     tokenizer (`str`): the word tokenizer used for BLEU/METEOR.
     bertscore_model, bertscore_num_layers, bertscore_idf, bertscore_rescaled: the BERTScore settings.
     bertscore_note (`str`): set when the setting is not MedHEval's (roberta-large layer 17, no idf, no
@@ -427,8 +429,30 @@ class TextGeneration(evaluate.Metric):
             raise ValueError(f"Mismatch in the number of predictions ({n}) and references ({len(references)})")
         predictions = [clean_prediction(p, upstream_compat) for p in predictions]
         references = ["" if r is None else str(r).strip() for r in references]
+        # an item without a reference has nothing to be compared with: left out of every column, counted
+        kept = [i for i, reference in enumerate(references) if reference]
+        result = self._score([predictions[i] for i in kept], [references[i] for i in kept], bertscore_model,
+                             bertscore_num_layers, bertscore_baseline_path, bertscore_idf, bertscore_batch_size,
+                             device, nltk_data_dir, upstream_compat)
+        result["n_empty_references"] = n - len(kept)
+        for key in [k for k, v in result.items() if k.endswith("_per_item") and isinstance(v, list)]:
+            values = iter(result[key])
+            result[key] = [next(values) if reference else None for reference in references]
+        return result
+
+    def _score(self, predictions, references, bertscore_model, bertscore_num_layers, bertscore_baseline_path,
+               bertscore_idf, bertscore_batch_size, device, nltk_data_dir, upstream_compat):
+        """Every column over pairs that all have a reference."""
+        n = len(predictions)
         result = {"n": n, "n_empty_predictions": sum(not p.strip() for p in predictions),
-                  "n_empty_references": sum(not r for r in references), "upstream_compat": bool(upstream_compat)}
+                  "upstream_compat": bool(upstream_compat)}
+        if not n:  # nothing to score: every column is None, not 0
+            return {**result, **dict.fromkeys(("bleu", "sacrebleu", "meteor", "bertscore", "bertscore_precision",
+                                               "bertscore_recall", *_ROUGE_TYPES,
+                                               *(f"{k}_{part}" for k in _ROUGE_TYPES
+                                                 for part in ("precision", "recall")))),
+                    **{f"{k}_per_item": [] for k in ("bleu", "meteor", "bertscore", *_ROUGE_TYPES)},
+                    "no_reference_reason": "no item has a reference"}
 
         # BLEU and METEOR on NLTK word tokens (MedHEval: nltk.word_tokenize of NLTK 3.9).
         tokenize, tokenizer_name = medheval.scoring.nltk_data.word_tokenizer()

@@ -165,6 +165,10 @@ def detection_markdown(results: dict[str, Any]) -> str:
                                             _fmt(out["macro_f1"]), _fmt(out["cohen_kappa"]),
                                             _fmt(out["quadratic_kappa"]), _fmt(out["medihall_score_human"]),
                                             _fmt(out["medihall_score_predicted"])]) + " |")
+    notes = [f"- `{split}` · {subset}: κ {out['kappa_note']}" for split, entry in results["benchmarks"].items()
+             for subset, out in [("all", entry["metrics"]["medihall_detection"]),
+                                 *entry["metrics"]["by_subset"].items()] if out.get("kappa_note")]
+    parts += ["", *notes] if notes else []
     for split, entry in results["benchmarks"].items():
         confusion = entry["metrics"]["medihall_detection"]["confusion"]
         parts += ["", f"## `{split}`: confusion (rows = human, columns = predicted)", "",

@@ -594,15 +594,21 @@ _STRONG_TERMS: dict[str, str] = {
         "not true", "isn't true", "untrue", "inaccurate", "not accurate", "hallucination", "hallucinations",
         "hallucinated", "hallucinatory", "does not match", "doesn't match", "do not match", "does not agree",
         "doesn't agree", "disagrees", "contradicts", "contradicted", "not supported", "unsupported",
+        "wrong", "invalid", "not valid", "isn't valid", "disagree", "do not agree", "don't agree",
         "không nhất quán", "không đúng", "sai", "không chính xác", "không khớp", "không phù hợp", "mâu thuẫn",
-        "ảo giác"), "hallucination"),
+        "ảo giác", "không hợp lệ", "không đồng ý"), "hallucination"),
     **dict.fromkeys((
         "consistent", "correct", "true", "accurate", "matches", "agrees", "supported", "ground truth",
         "ground_truth", "ground-truth", "not a hallucination", "no hallucination", "no hallucinations",
         "not hallucinated", "hallucination-free", "hallucination free", "not inconsistent", "not incorrect",
-        "not false", "nhất quán", "đúng", "chính xác", "khớp với hình ảnh", "khớp với ảnh", "phù hợp", "không sai",
-        "không phải ảo giác", "không phải là ảo giác", "không có ảo giác"), "ground_truth"),
+        "not false", "not wrong", "isn't wrong", "valid", "not invalid", "agree",
+        "nhất quán", "đúng", "chính xác", "khớp với hình ảnh", "khớp với ảnh", "phù hợp", "không sai",
+        "không phải ảo giác", "không phải là ảo giác", "không có ảo giác", "hợp lệ", "đồng ý"), "ground_truth"),
 }
+# "right" is mostly anatomy ("the right lung"): a verdict only as an answer's opening word before the end or
+# punctuation ("Right."), or after a copula at the end of a clause ("the statement is right.", "that's not right")
+_RIGHT_TERMS: dict[str, str] = {"right": "ground_truth", "not right": "hallucination",
+                                "isn't right": "hallucination"}
 _WEAK_TERMS: dict[str, str] = {"no": "hallucination", "không": "hallucination", "yes": "ground_truth",
                                "có": "ground_truth"}
 
@@ -615,6 +621,12 @@ def _terms_pattern(terms: Mapping[str, str]) -> re.Pattern[str]:
 
 _STRONG = _terms_pattern(_STRONG_TERMS)
 _ANY = _terms_pattern({**_STRONG_TERMS, **_WEAK_TERMS})
+_RIGHT = _terms_pattern(_RIGHT_TERMS)
+_COPULA = re.compile(r"(?:\b(?:is|was|are|be|seems|sounds|looks)|'s)\s+(?:(?:quite|entirely|completely|probably|"
+                     r"likely|not|definitely|absolutely)\s+)?$")
+_CLAUSE_END = re.compile(r"\s*(?:to\s+me\s*)?(?:$|[.,;:!?)\]*\"'\n\u2014\u2013])")
+# a term right before "?" repeats the question ("Statement: consistent? No."): no verdict
+_QUESTION_MARK = re.compile(r"\s*\?")
 _LEAD = re.compile(r"^[\s*\"'`>#_\-:.(\[]*"
                    r"(?:(?:(?:final\s+)?answer|verdict|trả lời|đáp án|kết luận)(?!\w))?\s*[:\-]?\s*")
 # what may follow an answer's opening verdict word: the end, punctuation, or a reason ("Sai vì ...")
@@ -648,15 +660,37 @@ def _phrase(match: re.Match[str]) -> str:
 
 
 def _label(match: re.Match[str]) -> str:
-    return _STRONG_TERMS.get(_phrase(match)) or _WEAK_TERMS[_phrase(match)]
+    phrase = _phrase(match)
+    return _STRONG_TERMS.get(phrase) or _WEAK_TERMS.get(phrase) or _RIGHT_TERMS[phrase]
 
 
 def _is_verdict(text: str, match: re.Match[str]) -> bool:
-    """Whether a term is used as a verdict, not to describe a finding or concede a point."""
+    """Whether a term is used as a verdict, not to describe a finding, concede a point or repeat the
+    question."""
     phrase = _phrase(match)
+    if _QUESTION_MARK.match(text, match.end()):
+        return False
     if phrase in _DESCRIBES and _DESCRIPTIVE_WITH.match(text, match.end()):
         return False
     return not (phrase in _CONCEDES and _THAT.match(text, match.end()))
+
+
+def _right_verdicts(text: str) -> list[re.Match[str]]:
+    """"right"/"not right" used as a verdict: opening the answer, or after a copula, before a clause end."""
+    return [match for match in _RIGHT.finditer(text) if _CLAUSE_END.match(text, match.end())
+            and (match.start() == 0 or _phrase(match).startswith("isn't")
+                 or _COPULA.search(text[max(0, match.start() - 40):match.start()]))]
+
+
+def _opening(text: str, start: int) -> str | None:
+    """The verdict of the word opening ``text[start:]`` (spaces skipped) when rule 1 accepts it."""
+    start += len(text[start:]) - len(text[start:].lstrip())
+    opening = _ANY.match(text, start)
+    if opening and _is_verdict(text, opening):
+        weak = _phrase(opening) in _WEAK_TERMS
+        if (_AFTER_WEAK_OPENING if weak else _AFTER_OPENING).match(text, opening.end()):
+            return _label(opening)
+    return None
 
 
 def parse_verdict(text: str | None) -> str | None:
@@ -665,18 +699,22 @@ def parse_verdict(text: str | None) -> str | None:
     Reads the verdict, not the first matching word, in this order:
 
     1. the answer's opening word, when it is a verdict followed by the end, punctuation or a reason
-       ("Consistent, there is no other lesion."; "No."; "Sai vì ...");
+       ("Consistent, there is no other lesion."; "No."; "Sai vì ..."), or the same right after a question
+       the answer repeats ("Is the statement consistent? Yes, ...");
     2. else a verdict tied to the statement ("the statement is not consistent", "so the statement is
        consistent", "it is correct"; yes/no only right after "answer": "the answer is no"), the last one;
     3. else the last verdict word anywhere, yes/no excepted ("no lesion" is no verdict);
     4. else a closing yes/no ("... I would say no.").
 
-    "Consistent with malignancy" (with anything but the images) describes a finding and "it is true that"
-    concedes a point: neither is a verdict.
+    "Consistent with malignancy" (with anything but the images) describes a finding, "it is true that"
+    concedes a point, and a term before "?" repeats the question ("Statement: consistent? No."): none is a
+    verdict. "Right" is mostly anatomy: it is a verdict only opening the answer ("Right.") or after a copula
+    at a clause end ("the statement is right.", "that's not right"), where it counts as a tied verdict.
 
-    Verdict words: consistent/inconsistent, correct/incorrect, true/false, accurate, matches/does not match,
-    (no) hallucination, the labels ``ground_truth``/``hallucination``/"ground truth", and the Vietnamese
-    nhất quán/không nhất quán, đúng/sai/không đúng, chính xác, (không) khớp, phù hợp, (không phải) ảo giác;
+    Verdict words: consistent/inconsistent, correct/incorrect, true/false, right/wrong, valid/invalid,
+    accurate, matches/does not match, agree/disagree, (no) hallucination, the labels
+    ``ground_truth``/``hallucination``/"ground truth", and the Vietnamese nhất quán/không nhất quán,
+    đúng/sai/không đúng, chính xác, (không) khớp, phù hợp, (không) hợp lệ, (không) đồng ý, (không phải) ảo giác;
     a negated form is its opposite. Both options of the question repeated ("consistent or inconsistent") are no verdict.
     Text is NFC-normalised and read case-insensitively; an answer with no verdict is ``None``.
     """
@@ -686,17 +724,21 @@ def parse_verdict(text: str | None) -> str | None:
     cleaned = _ECHO.sub(" ", _LEAD.sub("", cleaned, count=1))
     if not cleaned.strip():
         return None
-    opening = _ANY.match(cleaned)
-    if opening and _is_verdict(cleaned, opening):
-        weak = _phrase(opening) in _WEAK_TERMS
-        if (_AFTER_WEAK_OPENING if weak else _AFTER_OPENING).match(cleaned, opening.end()):
-            return _label(opening)
+    for start in dict.fromkeys((0, cleaned.rfind("?") + 1)):  # the answer's start; after an echoed question
+        found = _opening(cleaned, start)
+        if found is not None:
+            return found
+    rights = [match for match in _right_verdicts(cleaned) if _is_verdict(cleaned, match)]
+    if rights and rights[0].start() == 0:
+        return _label(rights[0])
     tied = None
     for match in _ANY.finditer(cleaned):
         before = cleaned[max(0, match.start() - 120):match.start()]
         weak = _phrase(match) in _WEAK_TERMS
         if (_ANSWER_SUBJECT if weak else _VERDICT_SUBJECT).search(before) and _is_verdict(cleaned, match):
             tied = match
+    if rights and (tied is None or rights[-1].start() > tied.start()):
+        tied = rights[-1]
     if tied is not None:
         return _label(tied)
     verdicts = [match for match in _STRONG.finditer(cleaned) if _is_verdict(cleaned, match)]
