@@ -6,7 +6,7 @@ from medheval.backends.base import BackendError
 from medheval.data.fetch import AnnotationUnavailable, ChecksumMismatch
 from medheval.data.images import ImageError
 from medheval.judges import CredentialedDataError, JudgeError
-from medheval.run.outputs import OutputFolderLocked
+from medheval.run.outputs import OutputFolderLocked, UnsafeOutputPath
 from medheval.run.predictions_log import CorruptLogError
 from medheval.data.credentialed import CredentialedImageError
 from medheval.run.distributed import RankFailed
@@ -23,6 +23,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     JudgeError,
     ImageError,
     OutputFolderLocked,
+    UnsafeOutputPath,
     RankFailed,
     NoUnitsError,
     RunError,
