@@ -6,7 +6,7 @@ from medheval.backends.base import BackendError
 from medheval.data.fetch import AnnotationUnavailable, ChecksumMismatch
 from medheval.data.images import ImageError
 from medheval.judges import CredentialedDataError, JudgeError
-from medheval.run.outputs import OutputFolderLocked, OutputFolderUnusable
+from medheval.run.outputs import OutputFolderLocked, OutputFolderUnusable, UnsafeOutputPath
 from medheval.run.predictions_log import CorruptLogError
 from medheval.data.credentialed import CredentialedImageError
 from medheval.run.distributed import RankFailed
@@ -24,6 +24,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     ImageError,
     OutputFolderLocked,
     OutputFolderUnusable,
+    UnsafeOutputPath,
     RankFailed,
     NoUnitsError,
     RunError,

@@ -449,7 +449,7 @@ def test_older_folder_resumes_silently_and_other_settings_are_still_refused(fixt
 
 # -- issue 23, points 7, 10 and 11 ------------------------------------------------------------------------------
 def test_results_follow_the_umask_and_a_killed_writes_leftovers_are_removed(fixture_benchmark, tmp_path):
-    """Orphaned ``.*.tmp`` files (a kill during an atomic write) go when the folder is next locked, except in a
+    """Orphaned ``.*.medheval.tmp`` files (a kill during an atomic write) go when the folder is next locked, except in a
     sub-folder that is another run's (its own lock); every file follows the umask (0644 under 022, 0664 under 002)."""
     import stat
 
@@ -458,8 +458,10 @@ def test_results_follow_the_umask_and_a_killed_writes_leftovers_are_removed(fixt
     out = tmp_path / "run"
     (out / "clinhallu" / "default").mkdir(parents=True)
     (out / "other_run").mkdir()
-    orphans = [out / ".results.json.k3j2x.tmp", out / "clinhallu" / "default" / ".clinhallu_run.json.a1.tmp"]
-    kept = [out / "other_run" / ".medheval.lock", out / "other_run" / ".results.json.zz.tmp", out / "notes.tmp"]
+    orphans = [out / ".results.json.k3j2x_ab.medheval.tmp",
+               out / "clinhallu" / "default" / ".clinhallu_run.json.a1b2c3d4.medheval.tmp"]
+    kept = [out / "other_run" / ".medheval.lock", out / "other_run" / ".results.json.zz12ab34.medheval.tmp",
+            out / "notes.tmp", out / ".results.json.k3j2x.tmp"]  # not named as ours: another tool's
     for file in orphans + kept:
         file.write_bytes(b"x" * 1000)
     previous = os.umask(0o002)

@@ -11,8 +11,11 @@ What each unit becomes:
   An ``eval.yaml`` (:mod:`medheval.publish.eval_yaml`) registers the repo as a Hub benchmark whose tasks
   are the inspect-ai tasks of its configs.
   A repo holding MIMIC-derived configs is gated (``extra_gated_prompt``/``extra_gated_fields`` in the
-  card, ``gated="manual"`` in the repo settings) and never holds image bytes
-  (:func:`check_no_credentialed_bytes` runs on every push).
+  card, ``gated="manual"`` in the repo settings) and never holds image bytes. A gated repo receives only
+  what the exporter wrote and recorded in ``publish.json`` (:func:`check_recorded_files`: each file's name
+  and sha256, Parquet with the exporter's text-only schema, the card and ``eval.yaml``); anything else in
+  its folder stops the push, naming the file. :func:`check_no_credentialed_bytes` also reads every file's
+  content on every push.
 - ``metrics/<name>`` → an evaluate Space (module, card with the Space YAML, ``requirements.txt`` naming
   the ``medheval`` package). ``evaluate.load("<org>/<name>")`` only reads the repo's files, so the Space
   is ``sdk: static`` with a one-page ``index.html``: it needs no build.
@@ -29,6 +32,8 @@ when the Hub has no ``evaluate-metric/<name>`` (its local module cache).
 from __future__ import annotations
 
 import datetime as _dt
+import glob
+import hashlib
 import json
 import os
 import re
@@ -42,7 +47,7 @@ import yaml
 
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
 from medheval.data.registry import list_units, unit_dir
-from medheval.data.schema import CREDENTIALED_SOURCES
+from medheval.data.schema import CREDENTIALED_SOURCES, FEATURES
 from medheval.run import provenance
 from medheval.run.control import control_of
 from medheval.scoring.headline import headline_numbers
@@ -70,6 +75,9 @@ GATED_FIELDS = {
 
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")  # a split key part that can name a file
+# every file export_dataset writes: the card, eval.yaml, one Parquet file per config (nothing else, in a gated repo)
+GATED_LAYOUT = re.compile(r"README\.md|eval\.yaml|[A-Za-z0-9][A-Za-z0-9._-]{0,95}/test-00000-of-00001\.parquet")
+PARQUET_FOOTER_KEYS = {b"ARROW:schema", b"huggingface", b"content_defined_chunking"}  # what to_parquet writes
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -88,6 +96,34 @@ class RepoFolder:
     gated: bool = False
     space_sdk: str | None = None
     warnings: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # what the exporter wrote: relative path -> sha256
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _folder_entries(root: Path) -> dict[str, Path]:
+    """``{relative path: path}`` of every file, link and other non-folder entry under ``root`` (links to
+    folders listed, never followed)."""
+    found: dict[str, Path] = {}
+    for current, folders, files in os.walk(root):
+        for name in files + [name for name in folders if os.path.islink(os.path.join(current, name))]:
+            path = Path(current) / name
+            found[path.relative_to(root).as_posix()] = path
+    return dict(sorted(found.items()))
+
+
+def recorded(repo: RepoFolder) -> RepoFolder:
+    """``repo`` with :attr:`RepoFolder.files` set to what its folder holds now (called by each exporter on
+    the folder it has just written; ``publish.json`` keeps the record for :func:`check_recorded_files`)."""
+    repo.files = {relpath: _sha256(path) for relpath, path in _folder_entries(Path(repo.folder)).items()
+                  if path.is_file() and not path.is_symlink()}
+    return repo
 
 
 # --------------------------------------------------------------------------------------- cards
@@ -203,7 +239,7 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
                   + "".join(f"- {warning}\n" for warning in warnings))
     (folder / "README.md").write_text(render_card(card_data.to_dict(), body.rstrip() + usage + "\n"))
     write_eval_yaml(folder, name, eval_configs, meta["pretty_name"])
-    return RepoFolder(str(folder), f"{org}/{name}", "dataset", "datasets", gated=gated, warnings=warnings)
+    return recorded(RepoFolder(str(folder), f"{org}/{name}", "dataset", "datasets", gated=gated, warnings=warnings))
 
 
 def unpinned_files(files: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -258,6 +294,125 @@ def file_kind(path: Path) -> str | None:
     except UnicodeDecodeError:
         return "binary file"
     return "base64 text" if BASE64_RUN.search(data) else None
+
+
+def _shape(dtype: Any) -> Any:
+    """A column type with the names pyarrow gives list items left out (``item`` vs ``element``)."""
+    import pyarrow as pa
+
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return ["list", _shape(dtype.value_type)]
+    if isinstance(dtype, pa.ExtensionType):
+        return ["extension", dtype.extension_name]
+    return "string" if pa.types.is_string(dtype) or pa.types.is_large_string(dtype) else str(dtype)
+
+
+def _check_exported_parquet(repo_id: str, relpath: str, path: Path) -> None:
+    """A gated repo's Parquet file has exactly the exporter's columns (:data:`medheval.data.schema.FEATURES`:
+    text and image-reference strings, no binary or numeric column) and only the metadata ``to_parquet`` writes."""
+    import pyarrow.parquet as pq
+
+    expected = {column.name: _shape(column.type) for column in FEATURES.arrow_schema}
+    try:
+        schema = pq.read_schema(path)
+        footer = set((pq.ParquetFile(path).metadata.metadata or {}).keys())
+    except Exception as error:  # noqa: BLE001 - not Parquet at all
+        raise CredentialedImageError(f"{repo_id}: {relpath} is not a readable Parquet file ({type(error).__name__}); "
+                                     "a gated repo receives only the exporter's files") from None
+    got = {column.name: _shape(column.type) for column in schema}
+    wrong = [f"{name} ({got[name]})" for name in got if got[name] != expected.get(name)]
+    missing = [name for name in expected if name not in got]
+    if wrong or missing or list(got) != [name for name in expected if name in got]:
+        raise CredentialedImageError(
+            f"{repo_id}: {relpath} does not have the exporter's columns (unexpected: {wrong or 'none'}; missing: "
+            f"{missing or 'none'}); a gated repo holds text and image-reference columns only, never binary or "
+            "numeric-array columns: export it again with `medheval publish`")
+    hf_meta = (schema.metadata or {}).get(b"huggingface", b"{}")
+    try:
+        features = json.loads(hf_meta).get("info", {}).get("features")
+    except (ValueError, AttributeError):
+        features = None
+    extra_keys = sorted(key.decode(errors="replace") for key in
+                        (set((schema.metadata or {}).keys()) - {b"huggingface"}) | (footer - PARQUET_FOOTER_KEYS))
+    if extra_keys or features != FEATURES.to_dict():
+        raise CredentialedImageError(
+            f"{repo_id}: {relpath} carries metadata the exporter does not write "
+            f"({', '.join(extra_keys) or 'huggingface features'}): export it again with `medheval publish`")
+
+
+def _looks_credentialed(root: Path) -> bool:
+    """Whether a folder holds MIMIC-derived data whatever ``publish.json`` says: a gated card, a MIMIC
+    ``source_datasets`` entry, or a Parquet file with rows from a credentialed source."""
+    import pyarrow.parquet as pq
+
+    card = root / "README.md"
+    if card.is_file() and not card.is_symlink():
+        try:
+            meta, _ = split_card(card.read_text(errors="replace"))
+        except yaml.YAMLError:
+            meta = {}
+        sources = " ".join(map(str, meta.get("source_datasets") or [])) if isinstance(meta, dict) else ""
+        if isinstance(meta, dict) and (meta.get("extra_gated_fields") or "mimic" in sources.lower()):
+            return True
+    for path in root.rglob("*.parquet"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        try:
+            if "source" in pq.read_schema(path).names:
+                values = set(map(str, pq.read_table(path, columns=["source"]).column("source").to_pylist()))
+                if values & CREDENTIALED_SOURCES:
+                    return True
+        except Exception:  # noqa: BLE001 - unreadable: the content checks name it
+            continue
+    return False
+
+
+def check_recorded_files(repo: RepoFolder) -> bool:
+    """Refuse a repo folder holding anything the exporter did not write and record; returns whether the
+    repo is gated (``publish.json``'s flag, or MIMIC-derived content found in the folder).
+
+    An allow-list, not a guess at encodings: every file must be listed in ``publish.json`` with the sha256
+    it had when the exporter wrote it, and every listed file must be there (a folder a killed publish left
+    half-written never passes). A gated repo must have that record, its files must fit the exported layout
+    (``README.md``, ``eval.yaml``, ``<config>/test-00000-of-00001.parquet``) and each Parquet file must have
+    the exporter's text-only schema. A file added, renamed or edited by hand stops the push and is named.
+    (A non-gated repo listed by an older medheval, without a record, is pushed as it is.)"""
+    root = Path(repo.folder)
+    gated = repo.gated or _looks_credentialed(root)
+    if not gated and not repo.files:
+        return False
+    if not repo.files:
+        raise CredentialedImageError(
+            f"{repo.repo_id}: {root} holds MIMIC-derived data but publish.json records no exported files for it "
+            "(written by hand or by an older medheval); a gated repo receives only what the exporter wrote: "
+            "export it again with `medheval publish --to`")
+    present = _folder_entries(root)
+    for relpath, path in present.items():
+        if relpath not in repo.files:
+            raise CredentialedImageError(
+                f"{repo.repo_id}: {relpath} was not written by the exporter (publish.json does not list it); a repo "
+                "receives only what `medheval publish` wrote (a gated one: its card, eval.yaml and Parquet files): "
+                "remove it, or export again")
+        if gated and not GATED_LAYOUT.fullmatch(relpath):
+            raise CredentialedImageError(
+                f"{repo.repo_id}: {relpath} is not a file the exporter writes (README.md, eval.yaml, "
+                "<config>/test-00000-of-00001.parquet), yet publish.json lists it: the manifest was edited; "
+                "export again")
+        if path.is_symlink() or not path.is_file():
+            raise CredentialedImageError(f"{repo.repo_id}: {relpath} is a symbolic link or not a regular file; "
+                                         "the upload would follow it: export again")
+        digest = _sha256(path)
+        if digest != repo.files[relpath]:
+            raise CredentialedImageError(
+                f"{repo.repo_id}: {relpath} changed after export (sha256 {digest[:16]}…, publish.json records "
+                f"{str(repo.files[relpath])[:16]}…); a repo receives only what the exporter wrote: export again")
+        if gated and relpath.endswith(".parquet"):
+            _check_exported_parquet(repo.repo_id, relpath, path)
+    missing = sorted(set(repo.files) - set(present))
+    if missing:
+        raise CredentialedImageError(f"{repo.repo_id}: {', '.join(missing)} listed in publish.json but missing from "
+                                     f"{root}: export again")
+    return gated
 
 
 def check_no_credentialed_bytes(repo: RepoFolder) -> None:
@@ -345,7 +500,7 @@ def export_metric(name: str, out_dir: str | Path, org: str = DEFAULT_ORG) -> Rep
         "<h1>{t}</h1><p>{d}</p><pre>pip install medheval\nimport evaluate\n"
         "metric = evaluate.load(\"{org}/{n}\")</pre><p>See README.md for inputs and outputs.</p></body></html>\n"
         .format(t=_html(title), d=_html(description), org=org, n=name))
-    return RepoFolder(str(folder), f"{org}/{name}", "space", "metrics", space_sdk="static")
+    return recorded(RepoFolder(str(folder), f"{org}/{name}", "space", "metrics", space_sdk="static"))
 
 
 def _html(text: str) -> str:
@@ -375,7 +530,7 @@ def export_mitigation(name: str, out_dir: str | Path, org: str = DEFAULT_ORG,
     missing = [section for section in MITIGATION_SECTIONS if section not in headings]
     warnings = [f"mitigations/{name}/README.md lacks section(s) {missing} that users of custom_generate repos expect"
                 ] if missing else []
-    return RepoFolder(str(folder), f"{org}/{name}", "model", "mitigations", warnings=warnings)
+    return recorded(RepoFolder(str(folder), f"{org}/{name}", "model", "mitigations", warnings=warnings))
 
 
 # -------------------------------------------------------------------------------------- results
@@ -474,7 +629,7 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
     for name, entries in files.items():
         target = _inside(folder / ".eval_results", folder / ".eval_results" / name)
         target.write_text(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True))
-    return RepoFolder(str(folder), model_repo, "model", "results", warnings=warnings)
+    return recorded(RepoFolder(str(folder), model_repo, "model", "results", warnings=warnings))
 
 
 # ------------------------------------------------------------------------------ export and push
@@ -555,29 +710,44 @@ def read_manifest(out_dir: str | Path) -> list[RepoFolder]:
     path = Path(out_dir) / MANIFEST
     if not path.is_file():
         raise PublishError(f"{path} not found: run `medheval publish --to {out_dir}` first")
-    return [RepoFolder(**entry) for entry in json.loads(path.read_text())]
+    known = set(RepoFolder.__dataclass_fields__)
+    repos = []
+    for entry in json.loads(path.read_text()):
+        unknown = sorted(set(entry) - known) if isinstance(entry, dict) else ["(not an object)"]
+        if unknown:
+            raise PublishError(f"{path}: an entry has unknown field(s) {unknown}; export again with `medheval publish`")
+        repo = RepoFolder(**entry)
+        _inside(Path(out_dir), Path(repo.folder))  # a manifest cannot point the upload at another folder
+        repos.append(repo)
+    return repos
 
 
 def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr: bool = False) -> list[str]:
     """Upload each folder to its repo (``create_repo(exist_ok=True)`` + ``upload_folder``); commit URLs.
 
     The token comes from ``token`` or huggingface_hub's usual places (``HF_TOKEN``, ``hf auth login``)
-    and is never printed. The endpoint is ``HF_ENDPOINT`` (default https://huggingface.co)."""
+    and is never printed. The endpoint is ``HF_ENDPOINT`` (default https://huggingface.co). Every repo is
+    checked before the first upload (:func:`check_recorded_files`, :func:`check_no_credentialed_bytes`); a
+    gated repo uploads exactly the files ``publish.json`` records."""
     from huggingface_hub import HfApi
     from tqdm.auto import tqdm
 
     api = HfApi(token=token, library_name="medheval")
+    checked = []
     for repo in repos:  # check everything before the first upload
-        check_no_credentialed_bytes(repo)
+        gated = check_recorded_files(repo)  # a gated repo: only what the exporter wrote and recorded
+        checked.append(RepoFolder(**{**asdict(repo), "gated": gated}))
+        check_no_credentialed_bytes(checked[-1])
     urls = []
-    for repo in tqdm(repos, desc="push", unit="repo"):
+    for repo in tqdm(checked, desc="push", unit="repo"):
         is_results = repo.kind == "results"
         if not is_results:  # results go to the evaluated model's existing repo
             api.create_repo(repo.repo_id, repo_type=repo.repo_type, exist_ok=True, space_sdk=repo.space_sdk)
         if repo.gated:
             api.update_repo_settings(repo.repo_id, repo_type=repo.repo_type, gated="manual")
         commit = api.upload_folder(repo_id=repo.repo_id, folder_path=repo.folder, repo_type=repo.repo_type,
-                                   commit_message="Publish with medheval", create_pr=create_pr and is_results)
+                                   commit_message="Publish with medheval", create_pr=create_pr and is_results,
+                                   allow_patterns=[glob.escape(name) for name in sorted(repo.files)] or None)
         urls.append(str(commit))
     return urls
 

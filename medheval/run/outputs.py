@@ -9,13 +9,23 @@
   pid and start time are written in it). The kernel drops the lock when its process dies, so a lock
   file left by a killed run is taken over, never mistaken for a live run. A second run into the
   folder refuses at once, or waits up to ``timeout`` seconds for the first to finish.
+* Files a run owns are opened with :func:`open_owned`: never through a symbolic link (``O_NOFOLLOW``), never
+  a FIFO/device or a file with other hard links, never below a linked sub-folder of a locked output
+  folder (the folder the user named may itself be a link). Anyone who can write into an output folder
+  could otherwise plant ``predictions.jsonl -> ~/.bashrc`` and have a run append to it:
+  :class:`UnsafeOutputPath` says which file and what to do instead.
+* Temporary files are named ``.<target>.<8 random>.medheval.tmp``; only files of that shape (regular
+  files owned by this user) are ever removed as leftovers, so other tools' ``*.tmp`` files are left alone.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +37,10 @@ except ImportError:  # pragma: no cover - Windows: no advisory locks, see Output
     fcntl = None
 
 LOCK_NAME = ".medheval.lock"
-ORPHAN_PATTERN = ".*.tmp"  # what atomic_write_bytes names its temporary files: .<target>.<random>.tmp
+TEMP_SUFFIX = ".medheval.tmp"
+# what atomic_write_bytes names its temporary files: .<target>.<8 random chars of tempfile>.medheval.tmp
+ORPHAN_NAME = re.compile(r"\..+\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+_HELD: set[str] = set()  # absolute paths of the output folders whose lock this process holds
 
 
 def _umask() -> int:
@@ -100,6 +113,58 @@ def saved_predictions(folder: str | Path) -> int:
     return count
 
 
+class UnsafeOutputPath(RuntimeError):
+    """A file a run owns is a symbolic link, not a regular file, or below a linked sub-folder."""
+
+
+def _check_parents(path: Path) -> None:
+    """Refuse ``path`` when a folder between a locked output folder (held by this process) and it is a
+    symbolic link: a link planted there would send the run's files elsewhere."""
+    absolute = os.path.abspath(path)
+    roots = [root for root in _HELD if absolute.startswith(root.rstrip(os.sep) + os.sep)]
+    if not roots:
+        return
+    current = max(roots, key=len)
+    for part in Path(os.path.relpath(os.path.dirname(absolute), current)).parts:
+        if part in (".", ""):
+            continue
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            raise UnsafeOutputPath(
+                f"{current} is a symbolic link (to {os.readlink(current)}) inside the output folder; medheval "
+                f"writes its files only into real folders there: remove the link, or choose another --output")
+
+
+def open_owned(path: str | Path, flags: int, mode: int = 0o666) -> int:
+    """``os.open(path, flags)`` for a file a run owns, never following a symbolic link: a link, a FIFO or
+    device, a file with other hard links, or one below a linked sub-folder raises :class:`UnsafeOutputPath`."""
+    path = Path(path)
+    _check_parents(path)
+    why = None
+    try:
+        descriptor = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                             | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as error:
+        if error.errno == errno.ELOOP or path.is_symlink():
+            why = f"is a symbolic link (to {os.readlink(path)})"
+        elif os.path.lexists(path) and not stat.S_ISREG(path.lstat().st_mode):
+            why = "is not a regular file"  # a FIFO without a reader (ENXIO), a socket...
+        else:
+            raise
+    else:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            why = "is not a regular file"
+        elif info.st_nlink > 1:
+            why = f"has {info.st_nlink} hard links (another name shares its content)"
+        if why is None:
+            return descriptor
+        os.close(descriptor)
+    raise UnsafeOutputPath(f"{path} {why}; medheval opens the files of its output folder only as plain files, so "
+                           f"that nothing it writes lands elsewhere: remove {path.name} (nothing was written to "
+                           "it), or choose another --output folder")
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Replace ``path`` with ``text`` (UTF-8) atomically: temp file, fsync, ``os.replace``."""
     atomic_write_bytes(path, text.encode("utf-8"))
@@ -108,8 +173,10 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically: temp file in the same folder, fsync, ``os.replace``."""
     path = Path(path)
+    _check_parents(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+    # mkstemp: O_CREAT | O_EXCL | O_NOFOLLOW; os.replace then replaces a planted link, never its target
+    handle = tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX,
                                          delete=False)
     try:
         with handle:
@@ -138,10 +205,22 @@ def _fsync_dir(folder: Path) -> None:
         os.close(descriptor)
 
 
+def is_orphan(path: Path) -> bool:
+    """Whether ``path`` is a temporary file of :func:`atomic_write_bytes` (its name, a regular file, ours)."""
+    if not ORPHAN_NAME.fullmatch(path.name):
+        return False
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
+
+
 def remove_orphans(folder: str | Path) -> list[Path]:
     """Delete the temporary files of :func:`atomic_write_bytes` that a killed process left in ``folder`` and
-    its sub-folders (except those holding their own lock: another run's folder). Only call it while
-    holding the folder's lock; returns what was removed."""
+    its sub-folders (never following links, never in a sub-folder holding its own lock: another run's
+    folder). Only files named as ours (:func:`is_orphan`) go: another tool's ``.x.tmp`` stays. Only call it
+    while holding the folder's lock; returns what was removed."""
     removed = []
     folder = Path(folder)
     pending = [folder]
@@ -149,9 +228,9 @@ def remove_orphans(folder: str | Path) -> list[Path]:
         current = pending.pop()
         for path in current.iterdir():
             if path.is_dir() and not path.is_symlink():
-                if not (path / LOCK_NAME).exists():
+                if not os.path.lexists(path / LOCK_NAME):
                     pending.append(path)
-            elif path.match(ORPHAN_PATTERN) and path.is_file():
+            elif is_orphan(path):
                 path.unlink(missing_ok=True)
                 removed.append(path)
     return removed
@@ -185,7 +264,7 @@ class OutputLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         if fcntl is None:  # pragma: no cover - no advisory locks on this platform: run unguarded
             return self
-        handle = open(self.path, "a+", encoding="utf-8")
+        handle = os.fdopen(open_owned(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "a+", encoding="utf-8")
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -208,11 +287,13 @@ class OutputLock:
                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
         handle.flush()
         self._handle = handle
+        _HELD.add(os.path.abspath(self.folder))
         self.removed_orphans = remove_orphans(self.folder)
         return self
 
     def release(self) -> None:
         if self._handle is not None:
+            _HELD.discard(os.path.abspath(self.folder))
             fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
             self._handle.close()
             self._handle = None

@@ -2,7 +2,9 @@
 
 A run killed at any point leaves every finished record on disk; at most the line being written
 is torn. :func:`read_log` repairs a torn *last* line (it is dropped, then regenerated) and refuses
-a corrupt line anywhere else, naming the line number.
+a corrupt line anywhere else, naming the line number. Logs are opened without following symbolic
+links (:func:`medheval.run.outputs.open_owned`): a link planted in the output folder is refused, its
+target left as it was.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import json
 import os
 from pathlib import Path
 from typing import IO, Any
+
+from medheval.run.outputs import open_owned
 
 
 class CorruptLogError(ValueError):
@@ -32,12 +36,12 @@ def read_log(path: str | Path, repair: bool = True,
     kill mid-write leaves: with ``repair`` it is truncated away (its record is regenerated).
     """
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
-    raw = path.read_bytes()
-    complete_end = raw.rfind(b"\n") + 1  # bytes up to and including the last newline
-    if complete_end < len(raw) and repair:
-        with open(path, "r+b") as handle:
+    with os.fdopen(open_owned(path, os.O_RDWR if repair else os.O_RDONLY), "r+b" if repair else "rb") as handle:
+        raw = handle.read()
+        complete_end = raw.rfind(b"\n") + 1  # bytes up to and including the last newline
+        if complete_end < len(raw) and repair:
             handle.truncate(complete_end)
     parsed: list[tuple[int, Any]] = []
     for number, line in enumerate(raw[:complete_end].split(b"\n")[:-1], start=1):
@@ -94,7 +98,8 @@ class LogWriter:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle: IO[str] = open(self.path, "a", encoding="utf-8")
+        self._handle: IO[str] = os.fdopen(open_owned(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a",
+                                          encoding="utf-8")
 
     def write(self, entry: dict[str, Any]) -> None:
         self._handle.write(jsonl_line(entry))
