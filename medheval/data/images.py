@@ -47,7 +47,7 @@ from PIL import Image
 
 from medheval.data.schema import is_credentialed
 from medheval.net import transport
-from medheval.net.secrets import redact, register_secrets, register_url
+from medheval.net.secrets import redact, register_basic_auth, register_url
 
 __all__ = [
     "REFERENCE_PATTERNS",
@@ -465,7 +465,7 @@ class URLTemplateSource:
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self._auth, self.auth_origin = self._find_auth(auth, url_auth)
         if self._auth is not None:  # never written out, whatever a server echoes
-            register_secrets(self._auth[1])
+            register_basic_auth(*self._auth)
         register_url(template)  # a ?token= in the template, too
         if self._auth and parts.scheme == "http" and not _is_loopback(self.host):
             warnings.warn(

@@ -31,7 +31,7 @@ from typing import Any
 import requests
 
 from medheval.net import transport
-from medheval.net.secrets import PLAIN_HEADERS, register_headers
+from medheval.net.secrets import PLAIN_HEADERS, register_basic_auth, register_headers
 from medheval.judges.base import Completion, Judge, JudgeError, JudgeResult, _Item
 from medheval.judges.endpoints import endpoint_allowed, endpoint_host, split_userinfo
 from medheval.judges.ratelimit import RateLimiter, backoff_delay, parse_retry_after
@@ -122,6 +122,7 @@ class HTTPJudge(Judge):
         self._url_root = url.rstrip("/")
         self._api_key = api_key
         self._basic_auth = (user or "", password or "") if (user or password) and not api_key else None
+        register_basic_auth(user, password)
         self._extra_headers = dict(headers or {})
         # every header value the user adds is a secret (an X-Password as much as an Authorization), except
         # the standard headers that never carry one

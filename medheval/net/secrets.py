@@ -75,6 +75,16 @@ def register_headers(headers: Mapping[str, Any] | None) -> None:
             register_secrets(value)
 
 
+def register_basic_auth(user: str | None, password: str | None) -> None:
+    """Register a basic-auth password and the header value it travels in (``base64(user:password)``), which
+    a server may echo back."""
+    import base64
+
+    if password:
+        token = base64.b64encode(f"{user or ''}:{password}".encode("utf-8")).decode("ascii")
+        register_secrets(password, token)
+
+
 def register_url(url: str | None) -> None:
     """Register a URL's password and every query parameter value (``?key=…``, ``?sig=…``)."""
     if not url:
@@ -162,5 +172,5 @@ def install_redacting_hooks() -> None:
     logging.setLogRecordFactory(redacting_record)
 
 
-__all__ = ["install_redacting_hooks", "MIN_LENGTH", "PLAIN_HEADERS", "SECRET_NAME", "redact", "redact_data", "register_environment",
+__all__ = ["install_redacting_hooks", "register_basic_auth", "MIN_LENGTH", "PLAIN_HEADERS", "SECRET_NAME", "redact", "redact_data", "register_environment",
            "register_headers", "register_named", "register_secrets", "register_url"]
