@@ -233,7 +233,14 @@ def test_credentialed_records_never_leave_without_the_host_named(fixture_benchma
     assert recording_proxy.hits == []  # nothing was sent
     opted = APIBackend(remote, cache_dir=False, max_retries=0, allow_remote_credentialed="models.example.org")
     opted.check_records(records)
-    assert opted.generate(records, images) == ['{"score": 4}'] * 2  # answered through the proxy
+    # approved for credentialed records, yet never through a proxy from the environment (issue 31) ...
+    with pytest.raises(BackendError):
+        opted.generate(records, images)
+    assert recording_proxy.hits == []
+    # ... unless the user names the host for the proxy too (--proxy-for / MEDHEVAL_PROXY_FOR)
+    monkeypatch.setenv("MEDHEVAL_PROXY_FOR", "models.example.org")
+    proxied = APIBackend(remote, cache_dir=False, max_retries=0, allow_remote_credentialed="models.example.org")
+    assert proxied.generate(records, images) == ['{"score": 4}'] * 2  # answered through the proxy
     assert recording_proxy.hits == ["http://models.example.org/v1/chat/completions"] * 2
 
 
@@ -304,8 +311,14 @@ def test_run_eval_refusals_for_an_api_model(fixture_benchmark, tmp_path, capsys,
     assert main(_run_args(fixture_benchmark, tmp_path / "c", remote, "--device", "cuda")) == 2
     assert "--device" in capsys.readouterr().err
     assert recording_proxy.hits == []
+    # approved for credentialed records: sent, yet not through the environment's proxy unless named (issue 31)
     assert main(_run_args(fixture_benchmark, tmp_path / "d", remote, "--allow-remote-credentialed",
-                          "models.example.org", "--api-option", f"cache_dir={tmp_path / 'c2'}")) == 0
+                          "models.example.org", "--api-option", f"cache_dir={tmp_path / 'c2'}",
+                          "--api-option", "max_retries=0")) == 2
+    assert recording_proxy.hits == []
+    assert main(_run_args(fixture_benchmark, tmp_path / "e", remote, "--allow-remote-credentialed",
+                          "models.example.org", "--proxy-for", "models.example.org",
+                          "--api-option", f"cache_dir={tmp_path / 'c2'}")) == 0
     assert recording_proxy.hits and set(recording_proxy.hits) == {"http://models.example.org/v1/chat/completions"}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import re
 import sys
@@ -353,6 +354,9 @@ def _interrupted(args: argparse.Namespace) -> int:
 
     folder = getattr(args, "output_folder", None)
     command = "medheval " + shlex.join(getattr(args, "argv", []))
+    from medheval.net.secrets import redact
+
+    command = redact(command)  # a key given on the command line stays out of the terminal's scrollback
     if folder is None:
         print(f"interrupted before anything was written; run again with: {command}", file=sys.stderr)
     else:
@@ -362,12 +366,42 @@ def _interrupted(args: argparse.Namespace) -> int:
     return 130
 
 
+ERROR_CHARS = 2000  # an error message longer than this is cut (a config value can expand to gigabytes)
+
+
+def bounded(text: str, limit: int = ERROR_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters not shown)"
+
+
+def disk_full_message(error: OSError) -> str:
+    """One line for a full disk (or quota): the file being written and the free space left where it lives."""
+    import shutil
+
+    name = error.filename or "a file"
+    folder = Path(str(error.filename)).parent if error.filename else Path.cwd()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free on {folder}"
+    except OSError:
+        free = "free space unknown"
+    return (f"no space left writing {name} ({free}); the previous results are intact: free some space and "
+            f"re-run the same command (it resumes)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one clear message and exit 2."""
     from medheval.errors import USER_ERRORS
 
+    from medheval.net import transport
+    from medheval.net.secrets import install_redacting_hooks, redact, register_environment
+
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # which flags were typed (a grid config's overrides)
+    register_environment()  # OPENAI_API_KEY, HF_TOKEN, PHYSIONET_PASSWORD …: redacted wherever they appear
+    install_redacting_hooks()  # uncaught tracebacks and log records too
+    proxies_before = transport.set_proxy_for(tuple(getattr(args, "proxy_for", None) or ()))
     try:
         return args.handler(args)
     except KeyboardInterrupt:
@@ -375,8 +409,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as error:
         # a KeyError's str() is the repr of its message: print the message itself, without the quotes
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {redact(bounded(str(message)))}", file=sys.stderr)
         return 2
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"error: {redact(disk_full_message(error))}", file=sys.stderr)
+        return 1
+    finally:
+        transport.set_proxy_for(proxies_before)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ exception messages. Nothing is decoded until :meth:`ImageResolver.open` is calle
 from __future__ import annotations
 
 import hashlib
+from http import HTTPStatus
 import io
 import ipaddress
 import netrc
@@ -43,6 +44,10 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import requests
 from PIL import Image
+
+from medheval.data.schema import is_credentialed
+from medheval.net import transport
+from medheval.net.secrets import redact, register_basic_auth, register_url
 
 __all__ = [
     "REFERENCE_PATTERNS",
@@ -324,6 +329,32 @@ class LocalFolderSource:
             raise ImageError(f"image {ref!r}: permission denied reading {path}") from None
 
 
+DEADLINE_ENV = "MEDHEVAL_IMAGE_DEADLINE"
+MAX_MB_ENV = "MEDHEVAL_IMAGE_MAX_MB"
+DEFAULT_DEADLINE = 60.0  # seconds for one image, retries and redirects included
+DEFAULT_MAX_BYTES = 64 * 2**20  # one image (a MIMIC-CXR JPEG is 0.5-3 MB, an IU-Xray PNG far less)
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw[:40]!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name}={raw[:40]!r} must be a positive number")
+    return value
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
 _SENSITIVE_QUERY = re.compile(r"(token|key|sig|signature|secret|pass|password|auth|credential)", re.IGNORECASE)
 
 
@@ -402,6 +433,10 @@ class URLTemplateSource:
         env_prefix: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         backoff: float = 0.5,
+        deadline: float | None = None,
+        max_bytes: int | None = None,
+        credentialed: bool = True,
+        proxy_for: Sequence[str] = (),
     ) -> None:
         if "{path}" not in template:
             raise ValueError(f"URL template {_redact_url(template)!r} has no '{{path}}' placeholder")
@@ -417,6 +452,12 @@ class URLTemplateSource:
         self.template = template
         self.host: str = parts.hostname
         self.timeout = float(timeout)
+        self.deadline = float(deadline if deadline is not None else _env_number(DEADLINE_ENV, DEFAULT_DEADLINE))
+        self.max_bytes = int(max_bytes if max_bytes is not None
+                             else _env_number(MAX_MB_ENV, DEFAULT_MAX_BYTES / 2**20) * 2**20)
+        if not self.deadline > 0 or self.max_bytes <= 0:
+            raise ValueError(f"image deadline and size cap must be positive, got deadline={self.deadline:g} s, "
+                             f"max_bytes={self.max_bytes}")
         self.retries = max(0, int(retries))
         self.backoff = float(backoff)
         self.env_prefix = env_prefix or _host_env_prefix(self.host)
@@ -424,18 +465,18 @@ class URLTemplateSource:
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self._auth, self.auth_origin = self._find_auth(auth, url_auth)
         if self._auth is not None:  # never written out, whatever a server echoes
-            from medheval.judges.endpoints import register_secrets
-
-            register_secrets(self._auth[1])
+            register_basic_auth(*self._auth)
+        register_url(template)  # a ?token= in the template, too
         if self._auth and parts.scheme == "http" and not _is_loopback(self.host):
             warnings.warn(
                 f"sending basic-auth credentials over plain http to {self.host}; use https",
                 stacklevel=2,
             )
-        self._session = requests.Session()
-        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16)
-        self._session.mount("http://", adapter)
-        self._session.mount("https://", adapter)
+        # the one outbound policy (medheval.net.transport): same-origin redirects only, a total deadline, a
+        # size cap, and no environment proxy for credentialed images unless the host is named (--proxy-for)
+        self.credentialed = bool(credentialed or self._auth is not None)
+        self._session = transport.session_for(self.template, credentialed=self.credentialed,
+                                              proxy_for=tuple(proxy_for))
         self._session.headers["User-Agent"] = "medheval-images"
         if self._auth is not None:
             self._session.auth = self._auth
@@ -514,15 +555,32 @@ class URLTemplateSource:
         key = hashlib.sha256(_redact_url(self.template).encode()).hexdigest()[:16]
         return self.cache_dir.joinpath(key, *_safe_parts(ref, str(self.cache_dir)))
 
-    def _request(self, method: str, url: str, stream: bool = False) -> requests.Response:
-        """One request with retries on connection errors, timeouts, 429 and 5xx."""
+    def _request(self, method: str, url: str) -> transport.Reply:
+        """One request through :mod:`medheval.net.transport`, with retries on connection errors, read
+        timeouts, 429 and 5xx; ``deadline`` bounds all attempts together."""
         attempts = self.retries + 1
+        stop_at = time.monotonic() + self.deadline
         for attempt in range(attempts):
+            remaining = stop_at - time.monotonic()
             last = attempt == attempts - 1
             try:
-                response = self._session.request(
-                    method, url, timeout=self.timeout, stream=stream, allow_redirects=True
-                )
+                if remaining <= 0:
+                    raise transport.DeadlineExceeded("deadline spent")
+                response = transport.request(self._session, method, url, timeout=self.timeout, deadline=remaining,
+                                             max_bytes=self.max_bytes)
+            except transport.DeadlineExceeded:
+                raise ImageFetchError(
+                    url, reason=f"no complete image within the deadline of {self.deadline:g} s",
+                    hint=f"the server is slow or stalls; retry later, or raise the deadline ({DEADLINE_ENV}=SECONDS "
+                         "or URLTemplateSource(deadline=...))") from None
+            except transport.ReplyTooLarge:
+                raise ImageFetchError(
+                    url, reason=f"the image is larger than the cap of {self.max_bytes} bytes",
+                    hint=f"if this image is genuine, raise the cap ({MAX_MB_ENV}=MEGABYTES or "
+                         "URLTemplateSource(max_bytes=...))") from None
+            except transport.RedirectRefused as exc:
+                raise ImageFetchError(url, reason=redact(str(exc)) or "",
+                                      hint="an image from another host is never used") from None
             except requests.Timeout:
                 if last:
                     raise ImageFetchError(
@@ -541,20 +599,19 @@ class URLTemplateSource:
                 if not (response.status_code == 429 or response.status_code >= 500) or last:
                     return response
                 wait = response.headers.get("Retry-After", "")
-                response.close()
                 if wait.isdigit():
-                    time.sleep(min(float(wait), 10.0))
+                    time.sleep(max(0.0, min(float(wait), 10.0, stop_at - time.monotonic())))
                     continue
-            time.sleep(min(self.backoff * (2**attempt), 10.0))
+            time.sleep(max(0.0, min(self.backoff * (2**attempt), 10.0, stop_at - time.monotonic())))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _raise_for(self, ref: str, url: str, response: requests.Response) -> None:
+    def _raise_for(self, ref: str, url: str, response: transport.Reply) -> None:
         status = response.status_code
         if status in (404, 410):
             raise ImageNotFound(None, ref, _redact_url(url))
         if status in (401, 403):
-            raise ImageFetchError(url, status, response.reason or "", self._auth_hint())
-        raise ImageFetchError(url, status, response.reason or "", "the server refused or failed the request")
+            raise ImageFetchError(url, status, _reason(status), self._auth_hint())
+        raise ImageFetchError(url, status, _reason(status), "the server refused or failed the request")
 
     def exists(self, ref: str) -> bool:
         cached = self._cache_path(ref)
@@ -562,10 +619,8 @@ class URLTemplateSource:
             return True
         url = self.url_for(ref)
         response = self._request("HEAD", url)
-        response.close()
-        if response.status_code in (405, 501):  # HEAD not allowed: ask for the body, read none of it
-            response = self._request("GET", url, stream=True)
-            response.close()
+        if response.status_code in (405, 501):  # HEAD not allowed: ask for the body (within the size cap)
+            response = self._request("GET", url)
         if 200 <= response.status_code < 300:
             return True
         if response.status_code in (404, 410):
@@ -813,8 +868,10 @@ class MimicDicomSource:
 # --------------------------------------------------------------------------- specs
 
 
-def parse_image_root(spec: str) -> ImageSource:
-    """An :class:`ImageSource` from a CLI/config string.
+def parse_image_root(spec: str, credentialed: bool = True) -> ImageSource:
+    """An :class:`ImageSource` from a CLI/config string. ``credentialed=False`` (a source known to hold no
+    credentialed data) lets an http(s) root without credentials use an environment proxy
+    (:mod:`medheval.net.transport`).
 
     * ``/local/dir``, ``~/dir``, ``rel/dir`` or ``file:///local/dir`` -> :class:`LocalFolderSource`
     * ``http(s)://host/...{path}...`` -> :class:`URLTemplateSource` (``/{path}`` appended when absent)
@@ -831,10 +888,10 @@ def parse_image_root(spec: str) -> ImageSource:
     if marker:
         if not base.strip() or not metadata.strip():
             raise ValueError(f"image root {spec!r}: expected ROOT#metadata=/path/to/mimic-cxr-2.0.0-metadata.csv")
-        return MimicDicomSource(parse_image_root(base), metadata.strip())
+        return MimicDicomSource(parse_image_root(base, credentialed), metadata.strip())
     if lowered.startswith(("http://", "https://")):
         template = spec if "{path}" in spec else spec.rstrip("/") + "/{path}"
-        return URLTemplateSource(template)
+        return URLTemplateSource(template, credentialed=credentialed)
     if lowered.startswith("file://"):
         parts = urlsplit(spec)
         if parts.netloc not in ("", "localhost"):
@@ -900,6 +957,14 @@ def parse_image_root_args(items: Iterable[str]) -> dict[str, str]:
 # --------------------------------------------------------------------------- resolver
 
 
+def _for_records(error: ImageFetchError, ids: list[str]) -> ImageFetchError:
+    """``error`` with the record(s) whose image it is named first in its message."""
+    shown = ", ".join(repr(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+    error.record_ids = ids
+    error.args = (f"record {shown}: {error.args[0] if error.args else error}",)
+    return error
+
+
 class ImageResolver:
     """Maps ``(source, ref)`` to images through per-source :class:`ImageSource` roots.
 
@@ -914,8 +979,8 @@ class ImageResolver:
             source: Any
             if isinstance(value, Path):
                 source = LocalFolderSource(value)
-            elif isinstance(value, str):
-                source = parse_image_root(value)
+            elif isinstance(value, str):  # the default root "*" may serve MIMIC records: credentialed
+                source = parse_image_root(value, credentialed=name == "*" or is_credentialed(str(name)))
             else:
                 source = value
             if not isinstance(source, ImageSource):
@@ -970,7 +1035,10 @@ class ImageResolver:
     def load_record_images(self, record: Mapping[str, Any]) -> list[Image.Image]:
         """Every image of a canonical record, decoded as RGB, in order."""
         source = record.get("source") or "*"
-        return [self.open(source, ref) for ref in record.get("images") or []]
+        try:
+            return [self.open(source, ref) for ref in record.get("images") or []]
+        except ImageFetchError as exc:
+            raise _for_records(exc, [str(record.get("id"))]) from None
 
     def find_missing(self, records: Iterable[Mapping[str, Any]], progress: bool = True) -> list[tuple[str, str]]:
         """``(record id, ref)`` for every referenced image that is not available, in record order.
@@ -1016,7 +1084,12 @@ class ImageResolver:
                     futures = {pool.submit(root.exists, key[1]): key for key, root in remote}
                     try:
                         for future in as_completed(futures):
-                            if not future.result():
+                            try:
+                                found = future.result()
+                            except ImageFetchError as exc:
+                                key = futures[future]
+                                raise _for_records(exc, [r for r, s, f in pairs if (s, f) == key]) from None
+                            if not found:
                                 absent.add(futures[future])
                             bar.update()
                     except BaseException:

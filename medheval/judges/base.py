@@ -30,10 +30,9 @@ from medheval.judges.endpoints import (
     endpoint_host,
     is_local_url,
     normalise_allow_list,
-    redact,
-    register_secrets,
     safe_base_url,
 )
+from medheval.net.secrets import redact, register_secrets, register_url
 from medheval.judges.media import JudgeImage, to_judge_image
 from medheval.judges.structured import parse_json_object
 
@@ -249,6 +248,7 @@ class Judge:
         self.backoff_max = float(backoff_max)
         self._secrets = tuple(s for s in secrets if s)
         register_secrets(*self._secrets)  # redacted from every output of the run, not only this judge's
+        register_url(base_url)  # a password or ?key= in the base URL, too
         # HTTP backends: stop the run (JudgeError) once this many records in a row failed for good because
         # the endpoint call failed (retries exhausted, a 4xx); an unusable reply shows the endpoint works
         self.max_consecutive_failures = max_consecutive_failures

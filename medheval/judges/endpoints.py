@@ -15,17 +15,10 @@ Traffic to an endpoint judged local never goes through a proxy from the environm
 
 from __future__ import annotations
 
-import ipaddress
-import socket
-import threading
 from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
-_PRIVATE_NETWORKS = tuple(
-    ipaddress.ip_network(net)
-    for net in ("127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "::1/128", "fc00::/7")
-)
-
+from medheval.net.hosts import is_local_host, is_local_url, resolves_to_loopback
 
 class CredentialedDataError(PermissionError):
     """Credentialed (PhysioNet) records were about to be sent to a non-local endpoint without opt-in."""
@@ -62,42 +55,6 @@ def endpoint_host(url: str | None) -> str | None:
     if ":" in host:
         host = f"[{host}]"
     return f"{host}:{parts.port}" if parts.port is not None else host
-
-
-def is_local_host(host: str | None) -> bool:
-    """True for localhost, loopback and private-range IP literals (see the module docstring)."""
-    if not host:
-        return False
-    host = host.strip().lower().strip("[]").rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
-        return resolves_to_loopback(host)
-    address = _ip_literal(host)
-    return address is not None and any(address in net for net in _PRIVATE_NETWORKS)
-
-
-def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The IP address ``host`` spells (IPv4-mapped IPv6 as IPv4, zone id dropped), or None for a name."""
-    try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return None
-    if getattr(address, "ipv4_mapped", None) is not None:
-        address = address.ipv4_mapped
-    return address
-
-
-def resolves_to_loopback(name: str) -> bool:
-    """True when the system resolver maps ``name`` to at least one address and every one is loopback."""
-    try:
-        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
-        return False
-    addresses = [_ip_literal(str(info[4][0])) for info in infos]
-    return bool(addresses) and all(a is not None and a.is_loopback for a in addresses)
-
-
-def is_local_url(url: str | None) -> bool:
-    return bool(url) and is_local_host(urlsplit(url).hostname)
 
 
 def normalise_allow_list(allow: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -170,44 +127,13 @@ def credentialed_refusal(ids: list[str], base_url: str, backend: str,
     )
 
 
-_RUN_SECRETS: set[str] = set()  # every secret this process holds (API keys, URL and image passwords)
-_RUN_SECRETS_LOCK = threading.Lock()
-
-
-REGISTERED_SECRET_MIN_LENGTH = 8  # shorter strings would blank out ordinary words in every output
-
-
-def register_secrets(*secrets: str | None) -> None:
-    """Remember secrets the run holds, so that :func:`redact` removes them from anything written out (a
-    model or judge server may echo a key into its reply). Strings shorter than
-    :data:`REGISTERED_SECRET_MIN_LENGTH` are not registered (each judge still redacts its own from 4 characters)."""
-    with _RUN_SECRETS_LOCK:
-        _RUN_SECRETS.update(str(secret) for secret in secrets
-                            if secret and len(str(secret)) >= REGISTERED_SECRET_MIN_LENGTH)
-
-
-def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
-    """``text`` with ``secrets`` and every registered secret (:func:`register_secrets`) replaced by ``***``
-    (longest first, so a secret containing another is removed whole)."""
-    if not text:
-        return text
-    with _RUN_SECRETS_LOCK:
-        known = set(_RUN_SECRETS)
-    for secret in sorted(known.union(s for s in secrets if s), key=len, reverse=True):
-        if len(secret) >= 4 and secret in text:
-            text = text.replace(secret, "***")
-    return text
-
-
 __all__ = [
-    "register_secrets",
     "CredentialedDataError",
     "endpoint_allowed",
     "endpoint_host",
     "is_local_host",
     "is_local_url",
     "normalise_allow_list",
-    "redact",
     "resolves_to_loopback",
     "safe_base_url",
     "split_userinfo",

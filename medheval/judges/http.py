@@ -1,13 +1,14 @@
 """HTTP judges: bounded thread concurrency, a shared rate limit, retries with backoff.
 
-Every call goes through :mod:`medheval.judges.transport`: no redirect leaves the endpoint's origin
+Every call goes through :mod:`medheval.net.transport`: no redirect leaves the endpoint's origin
 (a cross-host 3xx stops the run, naming both hosts), ``deadline`` bounds the whole exchange
 (default 300 s for judges; the API backend's model calls: 900 s) while ``timeout`` bounds each read,
 and a reply body larger than the request's ``max_tokens`` allows is refused.
 
 Each record runs in a worker thread (at most ``concurrency`` at once) with its own
 ``requests.Session`` per thread (connections are reused). Sessions to a local endpoint ignore
-proxy settings from the environment, so loopback/private traffic never leaves through a proxy. A call is re-sent on 408/409/425/429,
+proxy settings from the environment, so loopback/private traffic never leaves through a proxy, and so
+do sessions to an endpoint named in ``allow_remote_credentialed`` unless ``--proxy-for`` names it too. A call is re-sent on 408/409/425/429,
 any 5xx, a timeout or a dropped/refused connection, up to ``max_retries`` times, after an
 exponential backoff with jitter or the server's ``Retry-After`` (a 429's ``Retry-After`` pauses
 every thread). 401/403/404 stop the whole run (:class:`JudgeError`: a wrong key or model
@@ -29,9 +30,10 @@ from typing import Any
 
 import requests
 
-from medheval.judges import transport
+from medheval.net import transport
+from medheval.net.secrets import PLAIN_HEADERS, register_basic_auth, register_headers
 from medheval.judges.base import Completion, Judge, JudgeError, JudgeResult, _Item
-from medheval.judges.endpoints import endpoint_host, split_userinfo
+from medheval.judges.endpoints import endpoint_allowed, endpoint_host, split_userinfo
 from medheval.judges.ratelimit import RateLimiter, backoff_delay, parse_retry_after
 
 logger = logging.getLogger("medheval.judges")
@@ -120,11 +122,14 @@ class HTTPJudge(Judge):
         self._url_root = url.rstrip("/")
         self._api_key = api_key
         self._basic_auth = (user or "", password or "") if (user or password) and not api_key else None
+        register_basic_auth(user, password)
         self._extra_headers = dict(headers or {})
+        # every header value the user adds is a secret (an X-Password as much as an Authorization), except
+        # the standard headers that never carry one
         self._secrets = self._secrets + tuple(
             value for name, value in self._extra_headers.items()
-            if isinstance(value, str) and any(w in name.lower() for w in ("auth", "key", "token", "secret", "cookie"))
-        )
+            if isinstance(value, str) and name.strip().lower() not in PLAIN_HEADERS)
+        register_headers(self._extra_headers)
         self._limiter = RateLimiter(self.requests_per_minute)
         self._local = threading.local()
 
@@ -145,16 +150,10 @@ class HTTPJudge(Judge):
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
-            session = transport.mount(requests.Session())
-            if self.is_local:
-                # A local endpoint's traffic must not leave through a proxy from the environment
-                # (HTTP(S)_PROXY / ALL_PROXY): ignore the environment, keeping only a CA bundle it names.
-                session.trust_env = False
-                bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
-                if bundle:
-                    session.verify = bundle
-            else:
-                session.trust_env = True
+            # the one proxy rule (medheval.net.transport): never an environment proxy for a local endpoint, nor
+            # for one allowed to receive credentialed records, unless the user named its host (--proxy-for)
+            remote_credentialed = endpoint_allowed(self.base_url, self.allow_remote_credentialed)
+            session = transport.session_for(self.base_url or "", credentialed=remote_credentialed)
             if self._basic_auth is not None:
                 session.auth = self._basic_auth
             self._local.session = session

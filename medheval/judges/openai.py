@@ -16,6 +16,7 @@ from typing import Any
 
 from medheval.judges.base import Completion, _Item
 from medheval.judges.http import HTTPJudge, reply_text
+from medheval.net.secrets import redact_data, register_named
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_AZURE_API_VERSION = "2024-10-21"
@@ -58,6 +59,7 @@ class OpenAIJudge(HTTPJudge):
         super().__init__(model, base_url=base_url or DEFAULT_OPENAI_BASE_URL, api_key=api_key, **options)
         self.json_mode = bool(json_mode)
         self.extra_body = dict(extra_body or {})
+        register_named(self.extra_body)  # extra_body={"api_key": ...}: redacted by value wherever it appears
         self.images_first = bool(images_first)
         self._json_mode_refused = False
         self._max_tokens_field = "max_tokens"
@@ -73,7 +75,7 @@ class OpenAIJudge(HTTPJudge):
     def describe(self) -> dict:
         out = {**super().describe(), "json_mode": self.json_mode and not self._json_mode_refused}
         if self.extra_body:
-            out["extra_body"] = self.extra_body
+            out["extra_body"] = redact_data(self.extra_body)
         return out
 
     def _url(self) -> str:

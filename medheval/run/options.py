@@ -7,6 +7,9 @@ import argparse
 import json
 from typing import Sequence
 
+from medheval.net.secrets import register_named
+
+
 TINY_MODEL = "tiny-random-llava"
 RANDOM_WEIGHTS_LABEL = ("RANDOM WEIGHTS: the built-in tiny-random-llava is a demo model; its numbers mean nothing. "
                         "Point --model at a real checkpoint for real numbers.")
@@ -78,6 +81,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a non-local judge or model endpoint approved under your PhysioNet agreement for "
                              "credentialed (MIMIC-derived) records, e.g. myorg.openai.azure.com (repeatable; recorded "
                              "in results)")
+    parser.add_argument("--proxy-for", action="append", default=[], metavar="HOST",
+                        help="let credentialed traffic to HOST (PhysioNet images, an approved endpoint) use the proxy "
+                             "from HTTP(S)_PROXY/ALL_PROXY; without it such traffic never goes through a proxy "
+                             "(repeatable; or MEDHEVAL_PROXY_FOR=host1,host2)")
     parser.add_argument("--cluster", choices=("auto", "none"), default="auto",
                         help="what report.html's intervals resample: auto (default) each split's declared unit "
                              "(image, study, report or item), none items one by one (as `medheval report --cluster`)")
@@ -188,6 +195,7 @@ def build_api_backend(args: argparse.Namespace):
             options[key] = json.loads(raw)
         except ValueError:
             options[key] = raw
+    register_named(options)  # api_key=…, extra_body={"api_key": …}: redacted by value from every output
     return APIBackend(args.model, max_new_tokens=args.max_new_tokens or FALLBACK_MAX_NEW_TOKENS, do_sample=args.do_sample,
                       temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                       concurrency=getattr(args, "api_concurrency", 16),

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from medheval.net.secrets import redact
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no advisory locks, see OutputLock
@@ -166,8 +168,9 @@ def open_owned(path: str | Path, flags: int, mode: int = 0o666) -> int:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Replace ``path`` with ``text`` (UTF-8) atomically: temp file, fsync, ``os.replace``."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    """Replace ``path`` with ``text`` (UTF-8) atomically: temp file, fsync, ``os.replace``. Every secret the
+    process holds is redacted first (:func:`medheval.net.secrets.redact`)."""
+    atomic_write_bytes(path, (redact(text) or "").encode("utf-8"))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
+from medheval.net.secrets import redact
 from medheval.run.outputs import open_owned
 
 
@@ -85,8 +86,9 @@ _LINE_BREAKS = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 def jsonl_line(entry: Any) -> str:
     """One JSON Lines line (UTF-8 text kept readable); the Unicode line separators that
-    ``str.splitlines`` would cut at are escaped, so naive readers see one record per line too."""
-    text = json.dumps(entry, ensure_ascii=False, sort_keys=True)
+    ``str.splitlines`` would cut at are escaped, so naive readers see one record per line too. Every secret
+    the process holds is redacted (:func:`medheval.net.secrets.redact`)."""
+    text = redact(json.dumps(entry, ensure_ascii=False, sort_keys=True)) or ""
     for char, escaped in _LINE_BREAKS.items():
         text = text.replace(char, escaped)
     return text + "\n"

@@ -34,7 +34,7 @@ from medheval.run.prompts import describe_templates
 from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
 from medheval.run import provenance as run_provenance
 from medheval.data.registry import list_units, unit_dir
-from medheval.judges.endpoints import redact
+from medheval.net.secrets import redact
 from medheval.run.protocol import (
     RECORD_INPUTS,
     RunError,
@@ -193,7 +193,7 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
                          generation: GenerationPlan | None = None, shard: tuple[int, int] = (0, 1),
                          control: Control = Control(), provenance: Mapping[str, Any] | None = None) -> int:
     """Generate for every record not yet in the log; returns how many were generated now. Every secret the
-    run holds (API keys, passwords: :func:`medheval.judges.endpoints.register_secrets`) is redacted from the
+    run holds (API keys, passwords: :func:`medheval.net.secrets.register_secrets`) is redacted from the
     predictions, which a server may have echoed it into. Each log entry records the rendered prompt (when the backend has ``format_prompt``) and the generation settings.
     ``shard=(rank, world_size)``: only this process's batches (:func:`medheval.run.distributed.shard_batches`).
     ``control``: the images the model gets instead (:mod:`medheval.run.control`); a blind entry records it.

@@ -1,24 +1,31 @@
-"""One HTTP POST to a model or judge endpoint, on terms a hostile or broken server cannot stretch.
+"""Every outbound HTTP request (model and judge calls, image downloads), on terms a hostile or broken server
+cannot stretch. One policy:
 
+- **Proxies.** A proxy from the environment (``HTTP(S)_PROXY``/``ALL_PROXY``) is never used for a local
+  endpoint (:func:`medheval.net.hosts.is_local_host`), nor for a request that carries credentialed data or
+  credentials (image downloads with PhysioNet credentials or of MIMIC records, an endpoint allowed to receive
+  credentialed records) unless the user opts in by naming the destination host: ``proxy_for=("physionet.org",)``,
+  ``medheval run --proxy-for HOST`` or ``MEDHEVAL_PROXY_FOR=host1,host2`` (:func:`session_for`).
 - **No redirect leaves the endpoint's origin.** A 3xx to another scheme, host or port is refused
-  (:class:`RedirectRefused`, naming both hosts): following it would re-send the request's body (the
-  question, the record's images) and key headers to a host nobody configured. A same-origin 307/308
-  (method and body kept) is followed, up to :data:`MAX_REDIRECTS` times; a 301/302/303 is refused, since
-  a client would turn the POST into a GET without its body.
+  (:class:`RedirectRefused`, naming both hosts): following it would re-send the request (the question, the
+  record's images, key headers, basic-auth credentials) to a host nobody configured, or fetch an image nobody
+  chose. A same-origin redirect of a GET/HEAD is followed; of a POST, only a 307/308 (method and body kept),
+  since a 301/302/303 would turn it into a GET without its body. At most :data:`MAX_REDIRECTS`.
 - **A total deadline per request.** ``timeout`` bounds each socket read, so a server sending one byte a
   second never trips it. ``deadline`` bounds the whole exchange, connect, headers and body, redirects
   included: a watchdog shuts the request's socket down when it passes (:class:`DeadlineExceeded`).
-- **A capped body.** At most ``max_bytes`` are read (:class:`ReplyTooLarge`): a reply far larger than the
-  request's ``max_tokens`` allows is refused before it fills memory or the predictions.
+- **A capped body.** At most ``max_bytes`` are read (:class:`ReplyTooLarge`), in 64 KiB chunks, so an
+  endless body is refused before it fills memory.
 
-:func:`post` works through a :class:`requests.Session` on which :func:`mount` installed
-:class:`DeadlineAdapter` (the session keeps proxies, TLS settings and auth as configured).
+:func:`request` works through a :class:`requests.Session` made by :func:`session_for` (or any session on which
+:func:`mount` installed :class:`DeadlineAdapter`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import socket
 import threading
 import time
@@ -30,9 +37,13 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
+from medheval.net.hosts import is_local_host
+
 REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 KEEPS_METHOD_AND_BODY = frozenset({307, 308})
 MAX_REDIRECTS = 5
+PROXY_OPT_IN_ENV = "MEDHEVAL_PROXY_FOR"  # comma-separated hosts whose credentialed traffic may use an env proxy
+_proxy_for: set[str] = set()  # hosts named by --proxy-for in this process
 
 
 class TransportError(Exception):
@@ -160,6 +171,38 @@ def mount(session: requests.Session) -> requests.Session:
     return session
 
 
+def set_proxy_for(hosts: tuple[str, ...]) -> tuple[str, ...]:
+    """Opt in, by name, to an environment proxy for credentialed traffic to ``hosts`` (``--proxy-for``), in place
+    of any earlier opt-in of this process; returns the earlier one (to restore it)."""
+    previous = tuple(sorted(_proxy_for))
+    _proxy_for.clear()
+    _proxy_for.update(host.strip().lower() for host in hosts if host and host.strip())
+    return previous
+
+
+def proxy_allowed(url: str, *, credentialed: bool, proxy_for: tuple[str, ...] = ()) -> bool:
+    """Whether a request to ``url`` may go through a proxy from the environment (the module's proxy rule)."""
+    host = (urlsplit(url).hostname or "").lower()
+    if is_local_host(host):
+        return False
+    if not credentialed:
+        return True
+    named = {h.strip().lower() for h in os.environ.get(PROXY_OPT_IN_ENV, "").split(",") if h.strip()}
+    return host in named | _proxy_for | {h.strip().lower() for h in proxy_for}
+
+
+def session_for(url: str, *, credentialed: bool, proxy_for: tuple[str, ...] = ()) -> requests.Session:
+    """A session for requests to ``url``'s origin, with :class:`DeadlineAdapter` mounted and environment proxies
+    used only where :func:`proxy_allowed` says so (a CA bundle the environment names is kept either way)."""
+    session = mount(requests.Session())
+    if not proxy_allowed(url, credentialed=credentialed, proxy_for=proxy_for):
+        session.trust_env = False
+        bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+        if bundle:
+            session.verify = bundle
+    return session
+
+
 def origin(url: str) -> tuple[str, str, int | None]:
     """``(scheme, host, port)`` with the scheme's default port filled in."""
     parts = urlsplit(url)
@@ -185,14 +228,23 @@ def _read(response: requests.Response, max_bytes: int) -> bytes:
 
 def post(session: requests.Session, url: str, body: bytes, headers: Mapping[str, str], *, timeout: float,
          deadline: float, max_bytes: int) -> Reply:
-    """POST ``body`` to ``url`` and read the whole reply, within ``deadline`` seconds in all.
+    """POST ``body`` to ``url`` and read the whole reply (:func:`request`)."""
+    return request(session, "POST", url, headers, body=body, timeout=timeout, deadline=deadline,
+                   max_bytes=max_bytes)
+
+
+def request(session: requests.Session, method: str, url: str, headers: Mapping[str, str] | None = None, *,
+            body: bytes | None = None, timeout: float, deadline: float, max_bytes: int) -> Reply:
+    """Send one request and read the whole reply (none for HEAD), within ``deadline`` seconds in all.
 
     Raises:
-        RedirectRefused: a redirect to another origin, a 301/302/303, or more than :data:`MAX_REDIRECTS`.
+        RedirectRefused: a redirect to another origin, a 301/302/303 of a POST, or more than
+            :data:`MAX_REDIRECTS`.
         DeadlineExceeded: the exchange did not finish within ``deadline``.
         ReplyTooLarge: the body exceeds ``max_bytes``.
         requests.RequestException: the connection failed, or a read waited longer than ``timeout``.
     """
+    method = method.upper()
     stop_at = time.monotonic() + deadline
     slot = _Slot()
     watchdog = threading.Timer(deadline, slot.expire)
@@ -206,13 +258,14 @@ def post(session: requests.Session, url: str, body: bytes, headers: Mapping[str,
             if remaining <= 0 or slot.expired:
                 raise DeadlineExceeded(f"no complete reply within deadline={deadline:g}s")
             try:
-                response = session.post(url, data=body, headers=dict(headers), allow_redirects=False, stream=True,
-                                        timeout=(min(timeout, remaining), timeout))
+                response = session.request(method, url, data=body, headers=dict(headers or {}),
+                                           allow_redirects=False, stream=True,
+                                           timeout=(min(timeout, remaining), timeout))
                 try:
                     if response.status_code in REDIRECT_STATUS:
-                        url = _redirect_target(url, response)
+                        url = _redirect_target(url, response, method)
                         continue
-                    content = _read(response, max_bytes)
+                    content = b"" if method == "HEAD" else _read(response, max_bytes)
                 finally:
                     response.close()
             except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
@@ -228,8 +281,9 @@ def post(session: requests.Session, url: str, body: bytes, headers: Mapping[str,
         _active.slot = previous
 
 
-def _redirect_target(url: str, response: requests.Response) -> str:
-    """The URL a same-origin 307/308 points at; :class:`RedirectRefused` for every other redirect."""
+def _redirect_target(url: str, response: requests.Response, method: str = "POST") -> str:
+    """The URL a same-origin redirect points at (of a POST: a 307/308 only); :class:`RedirectRefused` for every
+    other redirect."""
     status = response.status_code
     location = response.headers.get("Location")
     if not location:
@@ -238,9 +292,9 @@ def _redirect_target(url: str, response: requests.Response) -> str:
     if origin(target) != origin(url):
         raise RedirectRefused(
             f"{_host(url)!r} answered {status} redirecting to another host, {_host(target)!r}: refused, so the "
-            f"request (its text, images and key headers) is not sent there; if you trust that host, set the "
-            f"base URL to it")
-    if status not in KEEPS_METHOD_AND_BODY:
+            f"request (its text, images, key headers and credentials) is not sent there; if you trust that "
+            f"host, point the base URL or image root at it")
+    if method not in ("GET", "HEAD") and status not in KEEPS_METHOD_AND_BODY:
         raise RedirectRefused(
             f"{_host(url)!r} answered {status} (to {urlsplit(target).path!r}), a redirect that turns the POST into "
             f"a GET without its body: set the base URL to the final endpoint")
@@ -255,7 +309,11 @@ __all__ = [
     "Reply",
     "ReplyTooLarge",
     "TransportError",
-    "mount",
+        "mount",
     "origin",
     "post",
+    "proxy_allowed",
+    "request",
+    "session_for",
+    "set_proxy_for",
 ]

@@ -1,0 +1,176 @@
+"""One registry of the secret *values* this process holds, and :func:`redact`, which removes them.
+
+Every secret the run is given is registered where it enters: API keys, passwords and user-info of base URLs,
+every query parameter value of a base URL, every value of a header the user adds (except a few standard
+headers that never carry one: :data:`PLAIN_HEADERS`), body fields named like secrets in ``extra_body``
+(:func:`register_named`), image-server credentials (PhysioNet), and environment variables named like secrets
+(:func:`register_environment`: ``OPENAI_API_KEY``, ``HF_TOKEN``, ``PHYSIONET_PASSWORD`` …). Redaction goes
+by value, not by field name: a server echoing an ``X-Password`` header into its reply is redacted as surely
+as an ``api_key`` field. :func:`redact` is applied where text leaves the process: the run's files
+(``run.json``, ``results.json``, ``predictions.jsonl``, ``scored.jsonl``, ``report.html``), error messages
+and tracebacks the CLI prints, log records. Each value is also removed in the forms those outputs spell it
+(JSON-escaped, HTML-escaped, percent-encoded).
+
+Values shorter than :data:`MIN_LENGTH` characters are not registered: they would blank out ordinary words.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
+
+MIN_LENGTH = 8
+MASK = "***"
+# names that mark a value as a secret (field names in extra_body, environment variables)
+SECRET_NAME = re.compile(r"key|token|secret|pass(word|wd|phrase)?|pwd|auth|cookie|credential|signature|session",
+                         re.IGNORECASE)
+# headers that never carry a secret (their values are not registered)
+PLAIN_HEADERS = frozenset({"accept", "accept-encoding", "accept-language", "content-type", "user-agent",
+                           "anthropic-version", "anthropic-beta", "openai-beta", "api-version", "connection"})
+
+_lock = threading.Lock()
+_secrets: set[str] = set()
+_forms: list[str] = []  # every registered value in every spelling, longest first
+
+
+def _spellings(secret: str) -> set[str]:
+    return {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], html.escape(secret),
+            html.escape(secret, quote=False), quote(secret, safe=""), quote_plus(secret)}
+
+
+def register_secrets(*secrets: Any) -> None:
+    """Remember secret values, so that :func:`redact` removes them from everything written or printed."""
+    new = {str(s) for s in secrets if s is not None and len(str(s)) >= MIN_LENGTH}
+    with _lock:
+        if new <= _secrets:
+            return
+        _secrets.update(new)
+        forms = set().union(*(_spellings(s) for s in _secrets))
+        _forms[:] = sorted((f for f in forms if len(f) >= MIN_LENGTH), key=len, reverse=True)
+
+
+def register_named(value: Any, secret: bool = False) -> None:
+    """Register every string under a key named like a secret (:data:`SECRET_NAME`), at any depth of a JSON-like
+    value (``extra_body={"api_key": "…", "auth": {"token": "…"}}``)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            register_named(item, secret or bool(SECRET_NAME.search(str(key))))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            register_named(item, secret)
+    elif secret and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        register_secrets(str(value))
+
+
+def register_headers(headers: Mapping[str, Any] | None) -> None:
+    """Register the value of every header except the standard ones in :data:`PLAIN_HEADERS`."""
+    for name, value in (headers or {}).items():
+        if str(name).strip().lower() not in PLAIN_HEADERS and isinstance(value, str):
+            register_secrets(value)
+
+
+def register_basic_auth(user: str | None, password: str | None) -> None:
+    """Register a basic-auth password and the header value it travels in (``base64(user:password)``), which
+    a server may echo back."""
+    import base64
+
+    if password:
+        token = base64.b64encode(f"{user or ''}:{password}".encode("utf-8")).decode("ascii")
+        register_secrets(password, token)
+
+
+def register_url(url: str | None) -> None:
+    """Register a URL's password and every query parameter value (``?key=…``, ``?sig=…``)."""
+    if not url:
+        return
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return
+    register_secrets(password, *(value for _, value in parse_qsl(parts.query, keep_blank_values=False)))
+
+
+def register_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Register the values of environment variables named like secrets (``*_API_KEY``, ``HF_TOKEN``,
+    ``PHYSIONET_PASSWORD`` …)."""
+    environ = os.environ if environ is None else environ
+    register_secrets(*(value for name, value in environ.items() if SECRET_NAME.search(name)))
+
+
+def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
+    """``text`` with every registered secret, and ``secrets`` (from 4 characters), replaced by ``***`` in
+    each spelling (longest first, so a secret containing another is removed whole)."""
+    if not text:
+        return text
+    with _lock:
+        forms = list(_forms)
+    extra = sorted(set().union(*(_spellings(s) for s in secrets if s and len(s) >= 4)), key=len, reverse=True)
+    for form in extra + forms:
+        if form in text:
+            text = text.replace(form, MASK)
+    return text
+
+
+def redact_data(value: Any) -> Any:
+    """A JSON-like value with :func:`redact` applied to every string in it (keys included)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {redact(k) if isinstance(k, str) else k: redact_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_data(v) for v in value]
+    return value
+
+
+_hooks_installed = False
+
+
+def install_redacting_hooks() -> None:
+    """Redact what the process prints on its own: uncaught tracebacks (``sys.excepthook``, also in threads) and
+    every log record (its message and traceback), whatever logger or handler prints it. Idempotent."""
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    import logging
+    import sys
+    import threading
+    import traceback
+
+    def excepthook(kind, value, tb) -> None:
+        sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))) or "")
+
+    def thread_excepthook(args) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = getattr(args.thread, "name", "?")
+        text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+        sys.stderr.write(redact(f"Exception in thread {name}:\n{text}") or "")
+
+    sys.excepthook = excepthook
+    threading.excepthook = thread_excepthook
+    make_record = logging.getLogRecordFactory()
+
+    def redacting_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed log call is the logging module's to report
+            return record
+        record.msg, record.args = redact(message), ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact("".join(traceback.format_exception(*record.exc_info)).rstrip("\n"))
+        return record
+
+    logging.setLogRecordFactory(redacting_record)
+
+
+__all__ = ["install_redacting_hooks", "register_basic_auth", "MIN_LENGTH", "PLAIN_HEADERS", "SECRET_NAME", "redact", "redact_data", "register_environment",
+           "register_headers", "register_named", "register_secrets", "register_url"]

@@ -1,0 +1,138 @@
+"""Secrets are redacted by value, wherever they appear (issue 31, class 2), tried from the attacker's side.
+
+A loopback model server echoes back what it was given: a key header whose name says nothing
+(``X-Password``), an ``api_key`` field of ``extra_body``, the Bearer key, a basic-auth header; a base URL
+carries ``?key=`` into an error; an image server answers a credentialed download with an error echoing
+its ``Authorization``. Each secret string must appear in no file under the output folder and nowhere in
+what the run printed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+from judge_servers import JudgeServer
+from medheval.cli import main
+
+HEADER = "hdr-canary-X9q2-passw0rd"
+BODY = "body-canary-Lm27-apikey"
+ENV = "sk-env-canary-Pp31-openai"
+QUERY = "query-canary-T5v8-urlkey"
+IMAGE_PASSWORD = "physio-canary-Wd44-pass"
+
+
+def _leaks(folder: Path, printed: str, secrets: list[str]) -> list[str]:
+    """Where each secret was found (any spelling a file or console could use), as 'secret in place'."""
+    found = []
+    for secret in secrets:
+        spellings = {secret, json.dumps(secret)[1:-1]}
+        for path in (p for p in folder.rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            found += [f"{secret} in {path}" for s in spellings if s.encode() in data][:1]
+        found += [f"{secret} in the console" for s in spellings if s in printed][:1]
+    return found
+
+
+def _run(fixture, output: Path, model: str, *extra: str) -> int:
+    return main(["run", "--benchmark", "mm_vishal:slake", "--model", model, "--output", str(output),
+                 "--data-dir", fixture["data_dir"], *[a for s, r in fixture["image_roots"].items()
+                                                      for a in ("--image-root", f"{s}={r}")],
+                 "--max-new-tokens", "48", "--api-option", "max_retries=0", *extra])
+
+
+def test_secrets_a_server_echoes_reach_no_file_and_no_console(fixture_benchmark, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("OPENAI_API_KEY", ENV)
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    servers: list[JudgeServer] = []
+
+    def echo(body: dict) -> str:
+        headers = servers[0].requests[-1].headers
+        return f"Yes. {headers.get('X-Password')} {body.get('api_key')} {headers.get('Authorization')}"
+
+    with JudgeServer("openai", reply=echo) as server:
+        servers.append(server)
+        code = _run(fixture_benchmark, tmp_path / "run", f"openai:m@{server.base_url}",
+                    "--api-option", json.dumps({"X-Password": HEADER}).join(("headers=", "")),
+                    "--api-option", f'extra_body={{"api_key": "{BODY}", "seed": 0}}')
+        assert server.requests and server.requests[0].headers["X-Password"] == HEADER  # they were sent ...
+        assert server.requests[0].json["api_key"] == BODY
+    printed = "".join(capsys.readouterr())
+    assert code == 0, printed
+    predictions = (tmp_path / "run" / "predictions.jsonl").read_text()
+    assert "Yes. *** *** Bearer ***" in predictions  # ... and echoed back
+    assert (tmp_path / "run" / "report.html").is_file()
+    assert not _leaks(tmp_path, printed, [HEADER, BODY, ENV])
+
+
+def test_a_key_in_the_base_url_is_not_printed_in_the_error(fixture_benchmark, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("OPENAI_API_KEY", ENV)
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    with JudgeServer("openai") as server:  # answers 404 "no route /v1?key=…" and the client names the URL
+        code = _run(fixture_benchmark, tmp_path / "run", f"openai:m@{server.base_url}?key={QUERY}")
+        assert QUERY in server.requests[0].path
+    printed = "".join(capsys.readouterr())
+    assert code == 2 and "404" in printed
+    assert not _leaks(tmp_path, printed, [QUERY, ENV])
+
+
+def test_image_credentials_echoed_by_the_image_server_are_not_printed(fixture_benchmark, monkeypatch, tmp_path,
+                                                                       capsys):
+    import http.server
+    import threading
+
+    class Echo(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            body = f"denied for {self.headers.get('Authorization')}".encode()
+            self.send_response(403, f"denied for {self.headers.get('Authorization')}")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_HEAD = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PHYSIONET_USERNAME", "reader")
+    monkeypatch.setenv("PHYSIONET_PASSWORD", IMAGE_PASSWORD)
+    monkeypatch.setenv("OPENAI_API_KEY", ENV)
+    try:
+        with JudgeServer("openai", reply=lambda body: "Yes") as server:
+            code = main(["run", "--benchmark", "mm_vishal:slake", "--model", f"openai:m@{server.base_url}",
+                         "--output", str(tmp_path / "run"), "--data-dir", fixture_benchmark["data_dir"],
+                         "--image-root", f"slake=http://reader:{IMAGE_PASSWORD}@127.0.0.1:{httpd.server_address[1]}/{{path}}"])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    printed = "".join(capsys.readouterr())
+    assert code == 2 and "403" in printed
+    token = base64.b64encode(f"reader:{IMAGE_PASSWORD}".encode()).decode()
+    assert not _leaks(tmp_path, printed, [IMAGE_PASSWORD, token])
+
+
+def test_tracebacks_and_log_records_are_redacted():
+    """What the process prints on its own: a log record with the secret and an uncaught traceback."""
+    script = ("import logging\n"
+              "from medheval.net.secrets import install_redacting_hooks, register_named\n"
+              f"register_named({{'auth': {{'password': {BODY!r}}}}})\n"
+              "install_redacting_hooks()\n"
+              "logging.basicConfig()\n"
+              f"logging.getLogger('medheval.x').error('the server said %s', {BODY!r})\n"
+              "try:\n"
+              f"    raise ValueError('inner ' + {BODY!r})\n"
+              "except ValueError:\n"
+              "    logging.getLogger('medheval.x').exception('failed')\n"
+              f"raise RuntimeError('boom ' + {BODY!r})\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert done.returncode == 1 and "boom ***" in done.stderr and "the server said ***" in done.stderr
+    assert "inner ***" in done.stderr and BODY not in done.stderr + done.stdout
