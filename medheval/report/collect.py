@@ -26,6 +26,11 @@ class ReportError(ValueError):
     """A path given to ``medheval report`` is not a run folder; the message names it."""
 
 
+def seed_label(seed: int) -> str:
+    """What a seeded pass of ``--seeds`` appends to its Mitigation label (:mod:`medheval.report.seeds`)."""
+    return f" · seed {int(seed)}"
+
+
 @dataclass
 class Run:
     """One run folder: its ``results.json`` and its per-item rows (``[]`` when it has no ``scored.jsonl``)."""
@@ -68,8 +73,6 @@ class Run:
     def variant(self) -> str:
         """The mitigation, with the control appended for a blind run (``none · no_image``) and the seed for a
         pass of ``--seeds`` (``none · seed 1``, :mod:`medheval.report.seeds`)."""
-        from medheval.report.seeds import seed_label
-
         text = self.mitigation if self.control == "none" else f"{self.mitigation} · {self.control}"
         return text if self.seed is None else text + seed_label(self.seed)
 

@@ -17,16 +17,12 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from medheval.report.collect import seed_label
 from medheval.report.paper import Cell, Column, Table
 
 SEED_LABEL = re.compile(r"^(.*) · seed (\d+)$")
 NOTE = ("Mean and SD (sample, n − 1) and min–max over the sampling seeds of each row; item ± : the half-width "
         "of each seed's 95% bootstrap interval over items, averaged over the seeds (medheval/report/seeds.py).")
-
-
-def seed_label(seed: int) -> str:
-    """What a seeded pass appends to its Mitigation label."""
-    return f" · seed {int(seed)}"
 
 
 def _unseeded(labels: list[str]) -> tuple[tuple[str, ...], int | None]:
