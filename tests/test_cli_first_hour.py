@@ -42,9 +42,11 @@ def test_unusable_output_is_refused_in_one_line_before_the_model_loads(kind, tmp
     assert existing_file.read_text() == "not a folder"
 
 
-def test_a_writable_output_is_created_and_left_clean(tmp_path):
+def test_a_writable_output_is_checked_without_creating_anything(tmp_path):
     folder = check_output_folder(tmp_path / "a" / "b")
-    assert folder.is_dir() and list(folder.iterdir()) == []
+    assert not (tmp_path / "a").exists() and list(tmp_path.iterdir()) == []  # checked, nothing created
+    (tmp_path / "a").mkdir()
+    assert check_output_folder(tmp_path / "a") == tmp_path / "a" and list((tmp_path / "a").iterdir()) == []
     with pytest.raises(OutputFolderUnusable, match="is a file"):
         check_output_folder(Path(__file__))
 
