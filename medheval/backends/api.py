@@ -113,6 +113,8 @@ class APIBackend:
     needs_images = True
     supports_mitigations = False  # decoding-time mitigations run inside a local model's decoding loop
     per_request_seed = True  # generate_chat samples each request with its own "seed": batch freely
+    accepted_overrides = CHAT_OVERRIDES  # the generation settings a call can send (a paper protocol drops the others)
+    instruction = staticmethod(build_prompt)  # record -> text; a paper protocol sets its own
 
     def __init__(self, spec: str | dict, *, max_new_tokens: int = 64, do_sample: bool = False,
                  temperature: float | None = None, top_p: float | None = None, seed: int = 0,
@@ -184,7 +186,7 @@ class APIBackend:
     def format_prompt(self, record: dict, num_images: int) -> str:
         """The text sent for a record (the server applies the model's chat template around it, after
         the ``num_images`` images); recorded per prediction."""
-        return build_prompt(record)
+        return self.instruction(record)
 
     def generate(self, records: list[dict], images: list[list] | None = None, *,
                  overrides: dict | None = None) -> list[str]:
@@ -294,7 +296,7 @@ class APIBackend:
             "temperature": self._client.temperature,
             "top_p": self.top_p if self.do_sample else None,
             "seed": self.seed if self.do_sample and self.kind != "anthropic" else None,
-            "prompt_version": PROMPT_VERSION,
+            "prompt_version": getattr(self.instruction, "version", PROMPT_VERSION),
             "continue_final_message": self.continue_final_message,
         }
         for key in ("api_version", "extra_body"):
