@@ -284,3 +284,17 @@ def test_inputs_cli_exit_codes(fixture_benchmark, tmp_path):
     assert '"max_new_tokens": 16' in done.stdout  # clean: the yes/no length
     bad = subprocess.run([*base, "--protocol", "medheval-v9"], capture_output=True, text=True, env=env, timeout=600)
     assert bad.returncode == 2 and "unknown --protocol 'medheval-v9'" in bad.stderr
+
+
+def test_a_grid_names_its_protocol():
+    from medheval.run.grids import GridConfigError, parse_grid_config, run_spec
+
+    base = {"output": "runs/x", "models": ["m/x"], "benchmarks": ["context"]}
+    config = parse_grid_config({**base, "protocol": "medheval-baseline", "chat_template": "vicuna_v1"})
+    spec = run_spec(config, "m/x", {})
+    assert (spec.protocol, spec.chat_template) == ("medheval-baseline", "vicuna_v1")
+    assert run_spec(parse_grid_config(base), "m/x", {}).protocol == "clean"
+    with pytest.raises(GridConfigError, match="protocol: unknown --protocol 'medheval-v9'"):
+        parse_grid_config({**base, "protocol": "medheval-v9"})
+    with pytest.raises(GridConfigError, match="chat_template: unknown --chat-template 'chatml'"):
+        parse_grid_config({**base, "chat_template": "chatml"})

@@ -228,7 +228,8 @@ class APIBackend:
         ``"credentialed"``: unknown counts as credentialed, and ``"seed"``: this request's sampling
         seed, sent in its body, else ``seed``); the reply continues the prefix and excludes it, and
         depends on its own request only, never on the others of the call. ``overrides`` take the HF
-        names (``do_sample``, ``temperature``, ``top_p``, ``max_new_tokens``)."""
+        names (``do_sample``, ``temperature``, ``top_p``, ``max_new_tokens``). A request's ``"text_first"``
+        puts its text before its images; ``"enable_thinking"`` is sent as ``chat_template_kwargs``."""
         images = images if images is not None else [[] for _ in requests]
         if len(images) != len(requests):
             raise BackendError(f"got {len(requests)} requests but {len(images)} image lists; pass one list per request")
@@ -245,8 +246,12 @@ class APIBackend:
                 messages.append({"role": "assistant", "content": prefix})
                 if self.continue_final_message:
                     extra = {"continue_final_message": True, "add_generation_prompt": False}
+            if request.get("enable_thinking") is not None:  # e.g. ClinHallu's chat_template_kwargs
+                extra = {**extra, "chat_template_kwargs": {"enable_thinking": bool(request["enable_thinking"])}}
             credentialed = request.get("credentialed")
             own = dict(params)
+            if request.get("text_first") and self.kind != "anthropic":  # the text, then the images (ClinHallu)
+                own["images_first"] = False
             if "seed" in params and request.get("seed") is not None:  # sampling: the request's own seed
                 own["seed"] = int(request["seed"])
             built.append(JudgeRequest(str(request["id"]), messages=messages, images=list(imgs),

@@ -258,9 +258,14 @@ class HFBackend:
         texts = [self.format_prompt(r, len(imgs)) for r, imgs in zip(records, images)]
         return self._generate_texts(texts, images, records, overrides=overrides)
 
-    def format_chat(self, system: str, user: str, assistant_prefix: str, num_images: int) -> str:
+    def format_chat(self, system: str, user: str, assistant_prefix: str, num_images: int, text_first: bool = False,
+                    enable_thinking: bool | None = None) -> str:
         """The model input for a system + user turn whose reply starts with ``assistant_prefix``
-        (the model continues that text; a protocol's given stages, e.g. ClinHallu Rep-V)."""
+        (the model continues that text; a protocol's given stages, e.g. ClinHallu Rep-V). ``text_first``: the
+        text part before the image parts (ClinHallu's order); ``enable_thinking`` goes to the chat template
+        (templates that read it, e.g. Qwen3)."""
+        markers = f"{self._image_token}\n" * num_images
+        body = f"{user}\n{markers}".rstrip("\n") if text_first and num_images else f"{markers}{user}"
         if self.conversation is not None:  # a named upstream conversation, its system text replaced by ``system``
             import dataclasses
 
@@ -268,16 +273,17 @@ class HFBackend:
 
             template = conversation_template(self.conversation)
             template = dataclasses.replace(template, system=system) if system else template
-            text = template.render(f"{self._image_token}\n" * num_images + user)
+            text = template.render(body)
         elif self._use_chat_template:
-            content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": user}]
+            parts = [{"type": "image"} for _ in range(num_images)]
+            content = [{"type": "text", "text": user}] + parts if text_first else parts + [{"type": "text", "text": user}]
             # content as parts: multimodal templates (llava-hf, Idefics3) drop a plain-string system message
             messages = ([{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []) + [
                 {"role": "user", "content": content}]
-            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            kwargs = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         else:
-            images = f"{self._image_token}\n" * num_images
-            text = f"{system}\n\nUSER: {images}{user} ASSISTANT:" if system else f"USER: {images}{user} ASSISTANT:"
+            text = f"{system}\n\nUSER: {body} ASSISTANT:" if system else f"USER: {body} ASSISTANT:"
         if not assistant_prefix:
             return text
         # "ASSISTANT: prefix", but "<|im_start|>assistant\nprefix" after a turn header that ends with a newline
@@ -295,7 +301,8 @@ class HFBackend:
         outputs: list[str] = []
         for start in range(0, len(requests), self.batch_size):
             chunk, chunk_images = requests[start:start + self.batch_size], images[start:start + self.batch_size]
-            texts = [self.format_chat(r.get("system", ""), r["user"], r.get("assistant_prefix", ""), len(imgs))
+            texts = [self.format_chat(r.get("system", ""), r["user"], r.get("assistant_prefix", ""), len(imgs),
+                                      bool(r.get("text_first")), r.get("enable_thinking"))
                      for r, imgs in zip(chunk, chunk_images)]
             outputs.extend(self._generate_texts(texts, [list(x) for x in chunk_images], chunk, seed, overrides))
         return outputs
