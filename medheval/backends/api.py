@@ -113,6 +113,8 @@ class APIBackend:
     needs_images = True
     supports_mitigations = False  # decoding-time mitigations run inside a local model's decoding loop
     per_request_seed = True  # generate_chat samples each request with its own "seed": batch freely
+    accepted_overrides = CHAT_OVERRIDES  # the generation settings a call can send (a paper protocol drops the others)
+    instruction = staticmethod(build_prompt)  # record -> text; a paper protocol sets its own
 
     def __init__(self, spec: str | dict, *, max_new_tokens: int = 64, do_sample: bool = False,
                  temperature: float | None = None, top_p: float | None = None, seed: int = 0,
@@ -184,7 +186,7 @@ class APIBackend:
     def format_prompt(self, record: dict, num_images: int) -> str:
         """The text sent for a record (the server applies the model's chat template around it, after
         the ``num_images`` images); recorded per prediction."""
-        return build_prompt(record)
+        return self.instruction(record)
 
     def generate(self, records: list[dict], images: list[list] | None = None, *,
                  overrides: dict | None = None) -> list[str]:
@@ -226,7 +228,8 @@ class APIBackend:
         ``"credentialed"``: unknown counts as credentialed, and ``"seed"``: this request's sampling
         seed, sent in its body, else ``seed``); the reply continues the prefix and excludes it, and
         depends on its own request only, never on the others of the call. ``overrides`` take the HF
-        names (``do_sample``, ``temperature``, ``top_p``, ``max_new_tokens``)."""
+        names (``do_sample``, ``temperature``, ``top_p``, ``max_new_tokens``). A request's ``"text_first"``
+        puts its text before its images; ``"enable_thinking"`` is sent as ``chat_template_kwargs``."""
         images = images if images is not None else [[] for _ in requests]
         if len(images) != len(requests):
             raise BackendError(f"got {len(requests)} requests but {len(images)} image lists; pass one list per request")
@@ -243,8 +246,12 @@ class APIBackend:
                 messages.append({"role": "assistant", "content": prefix})
                 if self.continue_final_message:
                     extra = {"continue_final_message": True, "add_generation_prompt": False}
+            if request.get("enable_thinking") is not None:  # e.g. ClinHallu's chat_template_kwargs
+                extra = {**extra, "chat_template_kwargs": {"enable_thinking": bool(request["enable_thinking"])}}
             credentialed = request.get("credentialed")
             own = dict(params)
+            if request.get("text_first") and self.kind != "anthropic":  # the text, then the images (ClinHallu)
+                own["images_first"] = False
             if "seed" in params and request.get("seed") is not None:  # sampling: the request's own seed
                 own["seed"] = int(request["seed"])
             built.append(JudgeRequest(str(request["id"]), messages=messages, images=list(imgs),
@@ -294,7 +301,7 @@ class APIBackend:
             "temperature": self._client.temperature,
             "top_p": self.top_p if self.do_sample else None,
             "seed": self.seed if self.do_sample and self.kind != "anthropic" else None,
-            "prompt_version": PROMPT_VERSION,
+            "prompt_version": getattr(self.instruction, "version", PROMPT_VERSION),
             "continue_final_message": self.continue_final_message,
         }
         for key in ("api_version", "extra_body"):

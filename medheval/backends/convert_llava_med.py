@@ -37,8 +37,11 @@ Processor: ``image_aspect_ratio="pad"`` becomes ``LlavaImageProcessor(do_pad=Tru
 padded to a square with the CLIP mean colour, then resized to 336 and centre-cropped, as LLaVA's
 ``expand2square``); the chat template is LLaVA-Med's ``mistral_instruct`` conversation
 (``[INST] <image>\\n{question} [/INST]``, BOS from the tokenizer, a system message as a LLaMA-2
-``<<SYS>>`` block). MedHEval's mitigation scripts prompted with LLaVA's ``vicuna_v1`` conversation
-instead: pass that as ``--chat-template FILE`` (a Jinja template) to reproduce them.
+``<<SYS>>`` block). MedHEval's baseline and mitigation scripts prompted with LLaVA's ``vicuna_v1``
+conversation instead: ``medheval run --protocol medheval-baseline`` (or ``medheval-mitigation``) gives the
+converted model that template, read from MedHEval's pinned ``conversation.py``
+(:mod:`medheval.backends.conversation`), and ``--chat-template vicuna_v1`` does under any protocol; this
+script's ``--chat-template FILE`` replaces the saved Jinja template itself.
 """
 
 from __future__ import annotations

@@ -136,6 +136,11 @@ class HFBackend:
         prefix_cache: encode the shared prompt prefix of records with identical images once and
             reuse its KV cache (:mod:`medheval.backends.prefix_cache`; same greedy answers, faster
             when many prompts share images, e.g. Med-StepBench statements of one study).
+        chat_template: ``None``/``"model"`` (the processor's chat template), or an upstream LLaVA
+            conversation by name: ``vicuna_v1``, ``llava_v1``, ``mistral_instruct``
+            (:mod:`medheval.backends.conversation`).
+        instruction: record -> text (default :func:`medheval.run.prompts.build_prompt`; a paper protocol's
+            own, :mod:`medheval.run.paper_protocols`).
     """
 
     needs_images = True
@@ -160,6 +165,8 @@ class HFBackend:
         name: str | None = None,
         progress: bool = False,
         prefix_cache: bool = False,
+        chat_template: str | None = None,
+        instruction: Any = None,
     ):
         if batch_size < 1:
             raise BackendError(f"batch_size must be >= 1, got {batch_size}")
@@ -207,6 +214,10 @@ class HFBackend:
         self.progress = progress
         self.prefix_cache = bool(prefix_cache)
         self._prefix_cache = None
+        from medheval.backends.conversation import check_template_name
+
+        self.conversation = None if check_template_name(chat_template) in (None, "model") else chat_template
+        self.instruction = instruction or build_prompt
 
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.tokenizer.padding_side = "left"
@@ -229,9 +240,14 @@ class HFBackend:
 
     # -- prompts ----------------------------------------------------------------------
     def format_prompt(self, record: dict, num_images: int) -> str:
-        """The full model input text for a record: chat template (or LLaVA-1.5 fallback) around
-        :func:`medheval.run.prompts.build_prompt`."""
-        prompt = build_prompt(record)
+        """The full model input text for a record: the conversation template (the processor's chat template,
+        a named upstream one, or the LLaVA-1.5 fallback) around ``self.instruction(record)``
+        (:func:`medheval.run.prompts.build_prompt` by default)."""
+        prompt = self.instruction(record)
+        if self.conversation is not None:  # an upstream LLaVA conversation: "<image>\n" per image, then the text
+            from medheval.backends.conversation import conversation_template
+
+            return conversation_template(self.conversation).render(f"{self._image_token}\n" * num_images + prompt)
         if self._use_chat_template:
             content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": prompt}]
             messages = [{"role": "user", "content": content}]
@@ -260,18 +276,32 @@ class HFBackend:
         texts = [self.format_prompt(r, len(imgs)) for r, imgs in zip(records, images)]
         return self._generate_texts(texts, images, records, overrides=overrides)
 
-    def format_chat(self, system: str, user: str, assistant_prefix: str, num_images: int) -> str:
+    def format_chat(self, system: str, user: str, assistant_prefix: str, num_images: int, text_first: bool = False,
+                    enable_thinking: bool | None = None) -> str:
         """The model input for a system + user turn whose reply starts with ``assistant_prefix``
-        (the model continues that text; a protocol's given stages, e.g. ClinHallu Rep-V)."""
-        if self._use_chat_template:
-            content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": user}]
+        (the model continues that text; a protocol's given stages, e.g. ClinHallu Rep-V). ``text_first``: the
+        text part before the image parts (ClinHallu's order); ``enable_thinking`` goes to the chat template
+        (templates that read it, e.g. Qwen3)."""
+        markers = f"{self._image_token}\n" * num_images
+        body = f"{user}\n{markers}".rstrip("\n") if text_first and num_images else f"{markers}{user}"
+        if self.conversation is not None:  # a named upstream conversation, its system text replaced by ``system``
+            import dataclasses
+
+            from medheval.backends.conversation import conversation_template
+
+            template = conversation_template(self.conversation)
+            template = dataclasses.replace(template, system=system) if system else template
+            text = template.render(body)
+        elif self._use_chat_template:
+            parts = [{"type": "image"} for _ in range(num_images)]
+            content = [{"type": "text", "text": user}] + parts if text_first else parts + [{"type": "text", "text": user}]
             # content as parts: multimodal templates (llava-hf, Idefics3) drop a plain-string system message
             messages = ([{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []) + [
                 {"role": "user", "content": content}]
-            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            kwargs = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         else:
-            images = f"{self._image_token}\n" * num_images
-            text = f"{system}\n\nUSER: {images}{user} ASSISTANT:" if system else f"USER: {images}{user} ASSISTANT:"
+            text = f"{system}\n\nUSER: {body} ASSISTANT:" if system else f"USER: {body} ASSISTANT:"
         if not assistant_prefix:
             return text
         # "ASSISTANT: prefix", but "<|im_start|>assistant\nprefix" after a turn header that ends with a newline
@@ -289,7 +319,8 @@ class HFBackend:
         outputs: list[str] = []
         for start in range(0, len(requests), self.batch_size):
             chunk, chunk_images = requests[start:start + self.batch_size], images[start:start + self.batch_size]
-            texts = [self.format_chat(r.get("system", ""), r["user"], r.get("assistant_prefix", ""), len(imgs))
+            texts = [self.format_chat(r.get("system", ""), r["user"], r.get("assistant_prefix", ""), len(imgs),
+                                      bool(r.get("text_first")), r.get("enable_thinking"))
                      for r, imgs in zip(chunk, chunk_images)]
             outputs.extend(self._generate_texts(texts, [list(x) for x in chunk_images], chunk, seed, overrides))
         return outputs
@@ -365,9 +396,11 @@ class HFBackend:
             # the device type: a data-parallel process's cuda:N and a single process's cuda make the same
             # predictions, so a run folder resumes under either launch mode
             "device": str(self.device).split(":")[0],
-            "prompt_version": PROMPT_VERSION,
+            "prompt_version": getattr(self.instruction, "version", PROMPT_VERSION),
             "chat_template": self._use_chat_template,
         }
+        if self.conversation is not None:
+            settings["conversation_template"] = self.conversation
         if self.generate_kwargs:
             settings["generate_kwargs"] = _jsonable(self.generate_kwargs)
         if self.prefix_cache:

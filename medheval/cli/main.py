@@ -55,6 +55,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         generation=_generation_plan(args),
         report_cluster=args.cluster,
         control_seed=args.seed,
+        protocol=args.protocol,
+        chat_template=args.chat_template,
     )
     from medheval.run.seeds import parse_seeds
 
@@ -107,8 +109,14 @@ def _generation_plan(args: argparse.Namespace):
     """Lengths per benchmark / answer type (:mod:`medheval.run.generation`) unless ``--max-new-tokens`` was
     given (then that one length for every record, as the backend has it); none for a predictions file."""
     from medheval.run.generation import GenerationPlan
+    from medheval.run.grids import CLI_GENERATION, given_options
 
-    if args.predictions or args.max_new_tokens is not None:
+    if args.predictions:
+        return None
+    if getattr(args, "protocol", "clean") != "clean":  # the protocol's layers; the generation flags typed beat them
+        given = given_options(list(getattr(args, "argv", None) or [])[1:])
+        return GenerationPlan(fixed={dest: getattr(args, dest) for dest in CLI_GENERATION if dest in given})
+    if args.max_new_tokens is not None:
         return None
     return GenerationPlan()
 
@@ -163,10 +171,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     benchmarks = {name: benchmark_configs(name) for name in list_benchmarks()}
     counts = {name: {config: _local_count(name, config, args.data_dir) for config in configs}
               for name, configs in benchmarks.items()}
+    from medheval.run.paper_protocols import list_protocols
+
     metrics, mitigations = list_units("metrics"), list_units("mitigations")
+    protocols = {protocol.name: protocol.title for protocol in list_protocols()}
     if args.json:
         print(json.dumps({"benchmarks": benchmarks, "item_counts": counts, "metrics": metrics,
-                          "mitigations": mitigations}, indent=2))
+                          "mitigations": mitigations, "protocols": protocols}, indent=2))
         return 0
     width = max(len(name) for name in [*benchmarks, *metrics, *mitigations])
     lines = [f"Benchmarks ({len(benchmarks)}): configs with their item counts (– = annotation files not on this "
@@ -176,6 +187,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for kind, names in (("Metrics", metrics), ("Mitigations", mitigations)):
         lines += ["", f"{kind} ({len(names)})"]
         lines += [f"  {name:<{width}}  {_card_title(kind.lower(), name)}" for name in names]
+    lines += ["", f"Protocols ({len(protocols)}): --protocol NAME (cards: docs/protocols/NAME.md)"]
+    lines += [f"  {name:<{width}}  {title}" for name, title in protocols.items()]
     print("\n".join(lines))
     return 0
 
@@ -335,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--method", action="append", help="only these mitigations (repeatable or comma list)")
     check.add_argument("--quiet", action="store_true", help="print the table and the verdict only")
     check.set_defaults(handler=cmd_selftest)
+    from medheval.cli.inputs import add_inputs_command
+
+    add_inputs_command(commands)
     add_hub_commands(commands)
     add_integrations_command(commands)
     from medheval.report.build import add_report_command

@@ -54,7 +54,8 @@ TEXT_CORRECTION_PROMPT = (
 )
 REPLY_FORMATS = ("json", "text", "raw")
 # per-request generation settings (JudgeRequest.params) the HTTP backends map to their API's fields
-REQUEST_PARAMS = frozenset({"temperature", "top_p", "max_tokens", "seed"})
+# images_first: where an OpenAI-style request puts its images (a model's protocol, e.g. ClinHallu's text first)
+REQUEST_PARAMS = frozenset({"temperature", "top_p", "max_tokens", "seed", "images_first"})
 
 
 class JudgeError(RuntimeError):

@@ -89,9 +89,10 @@ class OpenAIJudge(HTTPJudge):
 
     def _request(self, item: _Item) -> tuple[str, dict, dict]:
         params = {"temperature": self.temperature, "max_tokens": self.max_tokens, **item.request.params}
+        images_first = bool(params.pop("images_first", self.images_first))  # a request may place its images itself
         payload: dict[str, Any] = {
             "model": self.model,
-            "messages": openai_messages(item, self.images_first),
+            "messages": openai_messages(item, images_first),
             "temperature": params.pop("temperature"),
             self._max_tokens_field: params.pop("max_tokens"),
             **params,  # top_p, seed

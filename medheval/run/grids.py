@@ -65,6 +65,8 @@ CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "lock_timeout": ((int, float), "seconds"),
     "cluster": ((str,), "auto or none (what report.html's intervals resample)"),
     "detector": ((str,), "rule or a detector folder"),
+    "protocol": ((str,), "a paper protocol name (clean, medheval-baseline, … ; medheval/run/paper_protocols)"),
+    "chat_template": ((str,), "model, vicuna_v1, llava_v1 or mistral_instruct"),
 }
 REQUIRED_KEYS = ("output", "models", "benchmarks")
 GENERATION_SECTIONS = ("defaults", "answer_types", "benchmarks", "builtin")
@@ -72,7 +74,8 @@ GENERATION_SECTIONS = ("defaults", "answer_types", "benchmarks", "builtin")
 CLI_REPLACES = {"data_dir": "data_dir", "limit": "limit", "batch_size": "batch_size",
                 "seed": "seed", "device": "device", "dtype": "dtype", "upstream_compat": "upstream_compat",
                 "on_missing": "on_missing", "judge": "judge", "lock_timeout": "lock_timeout",
-                "detector": "detector", "prefix_cache": "prefix_cache", "cluster": "cluster"}
+                "detector": "detector", "prefix_cache": "prefix_cache", "cluster": "cluster",
+                "protocol": "protocol", "chat_template": "chat_template"}
 CLI_GENERATION = ("max_new_tokens", "do_sample", "temperature", "top_p")
 
 
@@ -204,6 +207,20 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
         options["image_roots"] = {str(name): root for name, root in data["image_roots"].items()}
     if data.get("on_missing") not in (None, "error", "skip"):
         raise _fail(source, "on_missing", f"expected error or skip, got {data['on_missing']!r}")
+    if data.get("protocol") is not None:
+        from medheval.run.paper_protocols import get_protocol
+
+        try:
+            get_protocol(data["protocol"])
+        except ValueError as error:
+            raise _fail(source, "protocol", str(error)) from None
+    if data.get("chat_template") is not None:
+        from medheval.backends.conversation import check_template_name
+
+        try:
+            check_template_name(data["chat_template"])
+        except ValueError as error:
+            raise _fail(source, "chat_template", str(error)) from None
     if data.get("cluster") not in (None, "auto", "none"):
         raise _fail(source, "cluster", f"expected auto or none, got {data['cluster']!r}")
     if data.get("seeds") is not None:
@@ -321,7 +338,8 @@ def run_spec(config: GridConfig, model: str, labels: Mapping[str, str]) -> RunSp
                    allow_remote_credentialed=tuple(config.get("allow_remote_credentialed", ())),
                    lock_timeout=float(config.get("lock_timeout", 0.0)), detector=config.get("detector"),
                    benchmark_options=config.get("benchmark_options", {}), generation=config.generation,
-                   report_cluster=config.get("cluster", "auto"), control_seed=int(config.get("seed", 0)))
+                   report_cluster=config.get("cluster", "auto"), control_seed=int(config.get("seed", 0)),
+                   protocol=config.get("protocol", "clean"), chat_template=config.get("chat_template"))
 
 
 def backend_args(config: GridConfig, model: str) -> argparse.Namespace:
@@ -334,7 +352,8 @@ def backend_args(config: GridConfig, model: str) -> argparse.Namespace:
         max_new_tokens=fixed.get("max_new_tokens") or FALLBACK_MAX_NEW_TOKENS,
         do_sample=bool(fixed.get("do_sample", False)), temperature=fixed.get("temperature"),
         top_p=fixed.get("top_p"), seed=int(config.get("seed", 0)), device=config.get("device"),
-        dtype=config.get("dtype"), prefix_cache=bool(config.get("prefix_cache", False)))
+        dtype=config.get("dtype"), prefix_cache=bool(config.get("prefix_cache", False)),
+        chat_template=config.get("chat_template"))
 
 
 def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace], tuple[Any, dict]] | None = None

@@ -105,6 +105,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--model openai:/azure:/anthropic:… : timeout, max_retries, requests_per_minute, "
                              "continue_final_message, api_version, cache_dir, max_consecutive_failures, headers, "
                              "extra_body (values read as JSON when they parse; repeatable)")
+    parser.add_argument("--protocol", default="clean", metavar="NAME",
+                        help="what the model receives and how it decodes (instructions, conversation template, "
+                             "sampling, lengths, mitigation settings): " + protocol_help())
+    parser.add_argument("--chat-template", metavar="NAME",
+                        help="conversation template of a LLaVA-family model: model (the processor's own), vicuna_v1, "
+                             "llava_v1, mistral_instruct (read from the pinned upstream conversation.py; default: "
+                             "the protocol's choice, under clean the model's own)")
     parser.add_argument("--prefix-cache", action="store_true",
                         help="encode the prompt prefix of records sharing images once and reuse its KV cache "
                              "(same greedy answers; Med-StepBench: statements of one study)")
@@ -116,6 +123,13 @@ _API_OPTIONS_WITH_A_FLAG = {
     "top_p": "--top-p", "seed": "--seed", "concurrency": "--api-concurrency", "batch_size": "--batch-size",
     "allow_remote_credentialed": "--allow-remote-credentialed",
 }
+
+
+def protocol_help() -> str:
+    """One line per paper protocol, for ``--help``."""
+    from medheval.run.paper_protocols import list_protocols
+
+    return "; ".join(f"{p.name}: {p.title}" for p in list_protocols()) + " (cards: docs/protocols/)"
 
 
 def parse_metric_options(items: Sequence[str]) -> dict[str, dict[str, object]]:
@@ -159,6 +173,8 @@ def build_backend(args: argparse.Namespace):
     common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens or FALLBACK_MAX_NEW_TOKENS,
                   do_sample=args.do_sample, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                   device=device_for(args.device), dtype=args.dtype)
+    if getattr(args, "chat_template", None):
+        common["chat_template"] = args.chat_template
     if getattr(args, "prefix_cache", False):
         common["prefix_cache"] = True
     if args.model == TINY_MODEL:
@@ -179,7 +195,9 @@ def build_api_backend(args: argparse.Namespace):
     from medheval.run.generation import FALLBACK_MAX_NEW_TOKENS
 
     local_only = [flag for flag, given in (("--device", args.device), ("--dtype", args.dtype),
-                                           ("--prefix-cache", getattr(args, "prefix_cache", False))) if given]
+                                           ("--prefix-cache", getattr(args, "prefix_cache", False)),
+                                           ("--chat-template", getattr(args, "chat_template", None) not in (None, "model")))
+                  if given]
     if local_only:
         raise BackendError(f"{', '.join(local_only)} apply to a local model; {args.model!r} runs on its server")
     options: dict[str, object] = {}

@@ -93,6 +93,9 @@ class RunSpec:
     control: str = "none"
     control_seed: int = 0
     seed: int | None = None  # the sampling seed of one pass of --seeds (medheval.run.seeds); recorded as settings.seed
+    # paper protocol (medheval.run.paper_protocols): what the model receives and how it decodes; "clean" = ours
+    protocol: str = "clean"
+    chat_template: str | None = None  # --chat-template: a named conversation template, beats the protocol's
 
     @property
     def image_control(self) -> Control:
@@ -111,6 +114,13 @@ def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mappin
         previous = json.loads(path.read_text())
         recorded_versions = previous.pop("versions", None)
         recorded = previous.get("backend", {}) if isinstance(previous.get("backend"), dict) else {}
+        previous.setdefault("protocol", {"name": "clean"})  # folders from before protocols were recorded
+        before_name = (previous.get("protocol") or {}).get("name")
+        after_name = (settings.get("protocol") or {}).get("name")
+        if before_name != after_name:
+            raise RunError(f"{output} holds predictions made under protocol {before_name!r}; this run asks for "
+                           f"protocol {after_name!r}. Resume with --protocol {before_name}, or choose a new --output "
+                           f"folder.")
         if isinstance(recorded.get("device"), str):  # folders of earlier versions hold a data-parallel "cuda:N"
             recorded["device"] = recorded["device"].split(":")[0]
         if recorded.get("backend") == "predictions_file" and isinstance(recorded.get("path"), str):
@@ -642,7 +652,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         order = [rid for split in prepared for rid in split.loaded.dataset["id"]]
         recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
         results: dict[str, Any] = {"settings": settings, "versions": versions, "labels": dict(spec.labels),
-                                   "prompts": describe_templates(),
+                                   "protocol": settings["protocol"], "prompts": _describe_prompts(spec),
                                    "scoring": {"upstream_compat": spec.upstream_compat, **safe_options(recorded),
                                                "non_default_options": _non_default_options(spec, prepared)},
                                    "benchmarks": {}, "warnings": warnings, "world_size": group.world_size}
@@ -690,8 +700,11 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
     _attach_images(spec, backend, prepared)
     _check_options_used(spec, {name for split in prepared for name in split.metric_names})
     predictions_file = _predictions_file_summary(backend, prepared, warnings)
+    from medheval.run.paper_protocols import get_protocol
+
     settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),
-                "limit": spec.limit, "benchmarks": list(spec.benchmarks)}
+                "limit": spec.limit, "benchmarks": list(spec.benchmarks),
+                "protocol": get_protocol(spec.protocol).describe()}
     if spec.benchmark_options:  # prompts depend on them: a resumed run must use the same
         settings["benchmark_options"] = spec.benchmark_options
         unknown = sorted(set(spec.benchmark_options) - {parse_benchmark_spec(b)[0] for b in spec.benchmarks})
@@ -707,6 +720,17 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
         _check_run_settings(output, settings, stack_versions() if versions is None else versions, warnings)
         merge_parts(output / "predictions.jsonl", [rid for split in prepared for rid in split.loaded.dataset["id"]])
     return prepared, settings, predictions_file
+
+
+def _describe_prompts(spec: RunSpec) -> dict[str, Any]:
+    """results.json ``"prompts"``: our templates under ``clean``; a paper protocol's prompt version otherwise."""
+    from medheval.run.paper_protocols import get_protocol
+
+    protocol = get_protocol(spec.protocol)
+    if protocol.instruction is None:
+        return describe_templates()
+    return {"version": protocol.prompt_version, "protocol": protocol.name, "source": protocol.source,
+            "chat_template": spec.chat_template}
 
 
 def _report_plan() -> dict[str, Any]:
@@ -735,6 +759,25 @@ def mitigation_slug(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", spec.replace("=", "-")).strip("_") or "none"
 
 
+def _method_name(spec: str) -> str:
+    """``"vcd:alpha=1"`` -> ``"vcd"``; the plain decoding's aliases -> ``"none"``."""
+    from medheval.mitigations import NO_MITIGATION, parse_spec
+
+    name = parse_spec(spec)[0]
+    return "none" if name in NO_MITIGATION else name
+
+
+def _with_protocol_options(spec: RunSpec, protocol: Any) -> RunSpec:
+    """``spec`` with the protocol's run options of the benchmarks it runs, under the user's (``--benchmark-option``)."""
+    names = {parse_benchmark_spec(b)[0] for b in spec.benchmarks}
+    extra = {name: dict(options) for name, options in protocol.benchmark_options.items() if name in names}
+    if not extra:
+        return spec
+    merged = {name: {**extra.get(name, {}), **spec.benchmark_options.get(name, {})}
+              for name in {*extra, *spec.benchmark_options}}
+    return dataclasses.replace(spec, benchmark_options=merged)
+
+
 def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8,
              controls: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """Run ``spec`` once per mitigation (``none`` = plain decoding) × image control (``controls``; default
@@ -747,7 +790,15 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
     """
     from medheval.mitigations import get_mitigation
     from medheval.run.seeds import check_seeds, record_seeds
+    from medheval.run.paper_protocols import configure_backend, get_protocol
 
+    protocol = get_protocol(spec.protocol)
+    protocol.check_benchmarks(spec.benchmarks)
+    mitigations = [protocol.mitigation_spec(text) for text in mitigations]
+    for text in mitigations or ["none"]:
+        protocol.check_mitigation(_method_name(text))
+    backend = configure_backend(backend, protocol, spec.chat_template)
+    spec = _with_protocol_options(spec, protocol)
     methods = [(text, get_mitigation(text)) for text in mitigations] or [("none", None)]
     controls = list(dict.fromkeys(controls or [spec.control]))
     try:
@@ -786,10 +837,15 @@ def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, st
     from medheval.report.tables import write_grid_markdown
     from medheval.run.seeds import seed_folder
 
+    from medheval.run.paper_protocols import get_protocol
+
+    protocol = get_protocol(spec.protocol)
+    accepted = getattr(backend, "accepted_overrides", None)
     runs = []
     several = len(cells) > 1 or bool(seeds)
     for text, method, control, seed in cells:
         label = method.spec() if method is not None else "none"
+        plan = protocol.plan(_method_name(text), spec.generation, accepted)
         variant = backend
         if method is not None:
             variant = copy.copy(backend)
@@ -799,7 +855,8 @@ def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, st
             variant.seed = seed
         folder = seed_folder(cell_slug(mitigation_slug(label), control), seed)
         output = Path(spec.output) / folder if several else spec.output
-        runs.append(run(dataclasses.replace(spec, output=output, mitigation=label, control=control, seed=seed),
+        runs.append(run(dataclasses.replace(spec, output=output, mitigation=label, control=control, seed=seed,
+                                            generation=plan),
                         variant, batch_size=batch_size))
     if several and process_group().is_main:
         combined: dict[str, Any] = {"runs": runs}

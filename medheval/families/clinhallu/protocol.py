@@ -62,7 +62,8 @@ RATE_OF_SETTING = {"org": "h_v", "rep_v": "h_k", "rep_vk": "h_r"}
 PHASES = (("org",), ("rep_v", "rep_vk"), ("rep_k",))
 CHUNK_BATCHES = 4  # default chunk: this many backend batches of items
 # ProtocolConfig fields the traces depend on: a folder's logs are resumed only with the same values
-TRACE_SETTINGS = ("temperature", "top_p", "max_new_tokens", "seed", "max_attempts", "lenient_markers")
+TRACE_SETTINGS = ("temperature", "top_p", "max_new_tokens", "seed", "max_attempts", "lenient_markers", "text_first",
+                  "enable_thinking")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class ProtocolConfig:
     max_new_tokens: int = 4096  # ClinHallu's generation max_tokens
     seed: int = 0
     lenient_markers: bool = False
+    text_first: bool = False  # the user turn's text before its images (ClinHallu's common.py)
+    enable_thinking: bool | None = None  # chat_template_kwargs (ClinHallu's common.py: False); None = not sent
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.settings if s not in SETTINGS]
@@ -367,8 +370,10 @@ class _Job:
         return attempt_seed(self.run.config.seed, self.id, self.setting, len(self.reasons))
 
     def request(self) -> dict[str, Any]:
-        request = self.trace_request
-        return {"id": self.id, "system": request.system, "user": request.user,
+        request, config = self.trace_request, self.run.config
+        order = {"text_first": True} if config.text_first else {}
+        thinking = {} if config.enable_thinking is None else {"enable_thinking": config.enable_thinking}
+        return {"id": self.id, "system": request.system, "user": request.user, **order, **thinking,
                 "assistant_prefix": request.assistant_prefix, "seed": self.seed,
                 "credentialed": bool((self.record.get("meta") or {}).get("credentialed"))}
 

@@ -42,23 +42,48 @@ def _number(key: str, value: Any, cast: type, low: float) -> Any:
     return number
 
 
+ORDERS = ("images_first", "text_first")
+
+
+def _flag(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("true", "false"):
+        return str(value).strip().lower() == "true"
+    raise ValueError(f"clinhallu.{key}={value!r}: expected true or false")
+
+
 def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
     """``--benchmark-option clinhallu.KEY=VALUE``: ``prompts=own|upstream`` (default ``own``),
-    ``temperature=T`` (default 0.7; 0 = greedy traces). The trace length is a generation setting like
+    ``temperature=T`` (default 0.7; 0 = greedy traces), ``top_p=P`` (0.9), ``max_attempts=N`` (ORG generations
+    per item until a trace parses, default 3; ClinHallu's code: 51), ``order=images_first|text_first`` (where
+    the images sit in the user turn; ClinHallu's code: text first), ``enable_thinking=true|false`` (sent to the
+    chat template; ClinHallu's code: false; default: not sent). The trace length is a generation setting like
     any benchmark's (:mod:`medheval.run.generation`: ClinHallu's 4096 built in; ``--max-new-tokens`` or a
-    grid's ``generation`` replace it). Returns (dataset, recorded)."""
+    grid's ``generation`` replace it). Returns (dataset, recorded); the ``clinhallu`` paper protocol sets
+    ClinHallu's values (``medheval/run/paper_protocols/others.py``)."""
     from medheval.families.clinhallu.protocol import ProtocolConfig
 
     options = dict(options or {})
     default = ProtocolConfig()
     style = str(options.pop("prompts", "own"))
-    recorded = {
+    recorded: dict[str, Any] = {
         "prompts": style,
         "temperature": _number("temperature", options.pop("temperature", default.temperature), float, 0),
     }
+    for key, cast, low in (("top_p", float, 0), ("max_attempts", int, 1)):
+        if key in options:
+            recorded[key] = _number(key, options.pop(key), cast, low)
+    if "order" in options:
+        recorded["order"] = str(options.pop("order"))
+        if recorded["order"] not in ORDERS:
+            raise ValueError(f"clinhallu.order={recorded['order']!r}: expected one of {ORDERS}")
+    if "enable_thinking" in options:
+        recorded["enable_thinking"] = _flag("enable_thinking", options.pop("enable_thinking"))
     if options:
         raise ValueError(f"unknown clinhallu run option(s) {sorted(options)}; known: "
-                         f"prompts={'|'.join(PROMPT_STYLES)}, temperature=T (the trace length: --max-new-tokens)")
+                         f"prompts={'|'.join(PROMPT_STYLES)}, temperature=T, top_p=P, max_attempts=N, "
+                         f"order={'|'.join(ORDERS)}, enable_thinking=true|false (the trace length: --max-new-tokens)")
     if style not in PROMPT_STYLES:
         raise ValueError(f"clinhallu.prompts={style!r}: expected one of {PROMPT_STYLES}")
     return dataset, recorded
@@ -86,6 +111,10 @@ def protocol_config(run_options: Mapping[str, Any] | None, backend: Any, max_new
     default = ProtocolConfig()
     return ProtocolConfig(max_new_tokens=int(max_new_tokens or default.max_new_tokens),
                           temperature=float(options.get("temperature", default.temperature)),
+                          top_p=float(options.get("top_p", default.top_p)),
+                          max_attempts=int(options.get("max_attempts", default.max_attempts)),
+                          text_first=options.get("order", "images_first") == "text_first",
+                          enable_thinking=options.get("enable_thinking"),
                           seed=int(getattr(backend, "seed", 0)))
 
 

@@ -1,0 +1,77 @@
+"""Protocol cards ``docs/protocols/<name>.md``, written from each protocol's data.
+
+``python -m medheval.run.paper_protocols.cards`` rewrites them; ``tests/test_paper_protocols.py`` checks
+that each card is the one its protocol writes and that every listed conflict is what the protocol does.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from medheval.run.paper_protocols import list_protocols
+from medheval.run.paper_protocols.base import PaperProtocol
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "protocols"
+
+
+def _value(value: Any) -> str:
+    return f"`{json.dumps(value)}`"
+
+
+def card(protocol: PaperProtocol) -> str:
+    """The markdown card of one protocol."""
+    lines = [f"# Protocol `{protocol.name}`", "", protocol.title + ".", "",
+             f"- Reproduces: {protocol.reproduces}", f"- Source: {protocol.source}",
+             f"- Benchmarks: {', '.join(protocol.benchmarks) or 'any'}",
+             f"- Seeds: {', '.join(str(s) for s in protocol.seeds)}",
+             f"- Prompt version: `{protocol.prompt_version or 'medheval/run/prompts.py'}`", ""]
+    if protocol.templates:
+        lines += ["## Conversation template by model type", "", "| model_type | template | instruction script |",
+                  "|---|---|---|"]
+        lines += [f"| `{kind}` | `{name}` | {protocol.script_for(None if kind == '*' else kind) or '—'} |"
+                  for kind, name in protocol.templates.items()]
+        lines += [""]
+    if protocol.generation:
+        lines += ["## Generation settings by mitigation", "", "| mitigation | layer | settings |", "|---|---|---|"]
+        for mitigation, layers in protocol.generation.items():
+            for layer, values in layers.items():
+                lines.append(f"| `{mitigation}` | {layer} | {_value(values)} |")
+        lines += [""]
+    if protocol.mitigation_options:
+        lines += ["## Mitigation options (the user's own options win; `preset=` replaces them)", "",
+                  "| mitigation | options |", "|---|---|"]
+        lines += [f"| `{name}` | {_value(values)} |" for name, values in protocol.mitigation_options.items()]
+        lines += [""]
+    if protocol.benchmark_options:
+        lines += ["## Benchmark run options (under the user's `--benchmark-option`)", "", "| benchmark | options |",
+                  "|---|---|"]
+        lines += [f"| `{name}` | {_value(values)} |" for name, values in protocol.benchmark_options.items()]
+        lines += [""]
+    lines += ["## Code and paper disagree (the code's value is the default)", ""]
+    if protocol.conflicts:
+        lines += ["| setting | code | paper | paper's value with | where |", "|---|---|---|---|---|"]
+        lines += [f"| {c.setting} | {_value(c.code)} | {_value(c.paper)} | `{c.paper_option}` | {c.where} |"
+                  for c in protocol.conflicts]
+    else:
+        lines += ["None found."]
+    lines += ["", "## Inferred (not stated by the code or the paper)", ""]
+    lines += [f"- {note}" for note in protocol.inferred] or ["Nothing."]
+    return "\n".join(lines) + "\n"
+
+
+def write_cards(folder: Path = DOCS) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for protocol in list_protocols():
+        path = folder / f"{protocol.name}.md"
+        path.write_text(card(protocol), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":  # pragma: no cover - a maintenance command
+    for written in write_cards(Path(sys.argv[1]) if len(sys.argv) > 1 else DOCS):
+        print(written)

@@ -1,0 +1,105 @@
+"""The ``clinhallu`` paper protocol: ClinHallu's released settings reach the requests a model gets.
+
+What ClinHallu's ``src/common.py`` sends (``CoTAPIWrapper.generate``): a system message, then one user message
+whose content is the text part first and the image parts after it, ``chat_template_kwargs: {enable_thinking:
+False}``; ``configs/config.yaml`` ``generation``: temperature 0.7, top-p 0.9, 4096 tokens, 50 retries.
+The upstream side is read from ``../shared`` (yaml, and ``ast`` for the .py; skipped without it); our side
+is what a loopback OpenAI-compatible server receives, and what the HF backend renders."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from PIL import Image
+
+from conftest import SHARED_UPSTREAM
+from judge_servers import JudgeServer
+
+from medheval.backends.api import APIBackend
+from medheval.families.clinhallu.task import apply_run_options, protocol_config
+from medheval.run.paper_protocols import get_protocol
+
+CLINHALLU = SHARED_UPSTREAM / "clinhallu"
+
+
+class _Backend:
+    seed = 0
+
+
+def _config():
+    options = get_protocol("clinhallu").benchmark_options["clinhallu"]
+    _, recorded = apply_run_options(None, options)
+    return recorded, protocol_config(recorded, _Backend(), 4096)
+
+
+def test_the_protocol_sets_clinhallus_run_options():
+    recorded, config = _config()
+    assert recorded == {"prompts": "upstream", "temperature": 0.7, "top_p": 0.9, "max_attempts": 51,
+                        "order": "text_first", "enable_thinking": False}
+    assert (config.temperature, config.top_p, config.max_new_tokens, config.max_attempts) == (0.7, 0.9, 4096, 51)
+    assert config.text_first is True and config.enable_thinking is False
+    assert get_protocol("clinhallu").plan("none", None).for_record("clinhallu", "all", None)["max_new_tokens"] == 4096
+    _, default = apply_run_options(None, {})
+    assert protocol_config(default, _Backend(), 4096).text_first is False  # the clean order: images first
+    with pytest.raises(ValueError, match="clinhallu.order='sideways'"):
+        apply_run_options(None, {"order": "sideways"})
+    with pytest.raises(ValueError, match="clinhallu.enable_thinking='maybe'"):
+        apply_run_options(None, {"enable_thinking": "maybe"})
+
+
+def test_an_api_model_gets_text_first_and_no_thinking():
+    image = Image.new("RGB", (8, 8), (10, 20, 30))
+    with JudgeServer("openai", reply=lambda request: "[Answer] yes") as server:
+        backend = APIBackend(f"openai:m@{server.base_url}", max_new_tokens=16, cache_dir=False)
+        request = {"id": "a", "system": "SYS", "user": "USER TEXT", "text_first": True, "enable_thinking": False,
+                   "credentialed": False}
+        backend.generate_chat([request, {**request, "id": "b", "text_first": False, "enable_thinking": None}],
+                              [[image], [image]])
+        sent = {r.json["messages"][1]["content"][0]["type"] + str(r.json.get("chat_template_kwargs")): r.json
+                for r in server.requests}
+    first = sent["text{'enable_thinking': False}"]
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    assert [part["type"] for part in first["messages"][1]["content"]] == ["text", "image_url"]
+    assert "images_first" not in first
+    assert "image_urlNone" in sent  # without the keys: images first, nothing about thinking
+
+
+def test_a_local_model_gets_text_first(llava, monkeypatch):
+    """The user turn's parts go to the chat template text first (the tiny templates place images first
+    whatever the order, so the messages handed to the template are checked), and without a template too."""
+    from medheval.backends.hf import HFBackend
+
+    backend = HFBackend(*llava, device="cpu")
+    seen = []
+    original = backend.processor.apply_chat_template
+    monkeypatch.setattr(backend.processor, "apply_chat_template",
+                        lambda messages, **kw: seen.append((messages, kw)) or original(messages, **kw))
+    backend.format_chat("SYS", "USER TEXT", "", 1, text_first=True, enable_thinking=False)
+    backend.format_chat("SYS", "USER TEXT", "", 1)
+    assert [part["type"] for part in seen[0][0][1]["content"]] == ["text", "image"]
+    assert seen[0][1]["enable_thinking"] is False and "enable_thinking" not in seen[1][1]
+    assert [part["type"] for part in seen[1][0][1]["content"]] == ["image", "text"]
+    backend._use_chat_template = False  # a processor without a chat template: the LLaVA-1.5 form
+    assert backend.format_chat("", "USER TEXT", "", 1, text_first=True) == "USER: USER TEXT\n<image> ASSISTANT:"
+    assert backend.format_chat("", "USER TEXT", "", 1) == "USER: <image>\nUSER TEXT ASSISTANT:"
+
+
+@pytest.mark.skipif(not CLINHALLU.is_dir(), reason="../shared/data/upstream/clinhallu is absent")
+def test_the_settings_are_clinhallus_released_ones():
+    import yaml
+
+    generation = yaml.safe_load((CLINHALLU / "configs" / "config.yaml").read_text())["generation"]
+    _, config = _config()
+    assert (config.temperature, config.top_p, config.max_new_tokens) == (
+        generation["temperature"], generation["top_p"], generation["max_tokens"])
+    assert config.max_attempts == 1 + generation["retry_attempts"]
+    tree = ast.parse((CLINHALLU / "src" / "common.py").read_text())
+    wrapper = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "CoTAPIWrapper")
+    generate = next(node for node in wrapper.body if isinstance(node, ast.FunctionDef) and node.name == "generate")
+    source = ast.unparse(generate)
+    # the user content starts as [text] and the images are appended after it
+    assert "content: List[Dict[str, Any]] = [{'type': 'text', 'text': user_prompt}]" in source
+    assert "content.append({'type': 'image_url'" in source
+    assert "'chat_template_kwargs': {'enable_thinking': False}" in source
+    assert source.index("'role': 'system'") < source.index("'role': 'user'")
