@@ -126,3 +126,10 @@ def test_other_families_sample_batch_invariantly(family, data):
     records, images = data[0][:3], data[1][:3]
     alone = _sample((model, processor), records, images, 1, max_new_tokens=5)
     assert _sample((model, processor), records, images, 3, max_new_tokens=5) == alone
+
+
+def test_sampled_runs_record_the_per_row_sampler(tiny):
+    """A folder sampled with the global RNG (before per-row generators) must not resume as if it matched."""
+    model, processor = tiny
+    assert HFBackend(model, processor, **SAMPLING).settings()["sampler"] == "per_row"
+    assert "sampler" not in HFBackend(model, processor).settings()  # greedy folders resume as before
