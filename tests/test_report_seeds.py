@@ -66,3 +66,17 @@ def test_seeded_runs_are_rows_of_their_own_and_averaged(tmp_path):
     (labels, cells), = over_seeds(tables).rows
     assert labels[1] == "m · none · context:default"
     assert cells[1].value == pytest.approx(62.5) and cells[1].std == pytest.approx(math.sqrt(2) * 12.5)
+
+
+def test_a_seeded_mitigation_pass_is_compared_with_the_baseline_of_its_seed(tmp_path):
+    from medheval.report.paper import _baseline
+
+    def run(mitigation, seed):
+        results = _results(seed, 0.5)
+        results["settings"]["mitigation"] = mitigation
+        return Run(path=tmp_path / f"{mitigation}__seed-{seed}", results=results)
+
+    baselines = [run("none", 0), run("none", 1)]
+    assert _baseline(run("vcd", 1), baselines) is baselines[1]
+    assert _baseline(run("vcd", 0), baselines) is baselines[0]
+    assert _baseline(run("vcd", 7), baselines) is baselines[0]  # no pass of that seed: the grid's first

@@ -115,3 +115,21 @@ def test_sampling_mitigations_are_batch_invariant(tiny, data, spec):
     reference = _sample(tiny, records, images, 1, **kwargs)
     assert _sample(tiny, records, images, 6, **kwargs) == reference
     assert _sample(tiny, records[::-1], images[::-1], 3, **kwargs) == reference[::-1]
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "idefics3"])
+def test_other_families_sample_batch_invariantly(family, data):
+    """Flattened patches + M-RoPE (Qwen), token types + sliding window (Gemma 3), pixel masks (Idefics3)."""
+    from medheval.backends import tiny_families
+
+    model, processor = getattr(tiny_families, f"build_tiny_{family}")(seed=0)
+    records, images = data[0][:3], data[1][:3]
+    alone = _sample((model, processor), records, images, 1, max_new_tokens=5)
+    assert _sample((model, processor), records, images, 3, max_new_tokens=5) == alone
+
+
+def test_sampled_runs_record_the_per_row_sampler(tiny):
+    """A folder sampled with the global RNG (before per-row generators) must not resume as if it matched."""
+    model, processor = tiny
+    assert HFBackend(model, processor, **SAMPLING).settings()["sampler"] == "per_row"
+    assert "sampler" not in HFBackend(model, processor).settings()  # greedy folders resume as before

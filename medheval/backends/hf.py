@@ -403,6 +403,8 @@ class HFBackend:
             settings["conversation_template"] = self.conversation
         if self.generate_kwargs:
             settings["generate_kwargs"] = _jsonable(self.generate_kwargs)
+        if self.do_sample:  # per-row generators (medheval.decoding.sampling): folders sampled before them do not resume
+            settings["sampler"] = "per_row"
         if self.prefix_cache:
             settings["prefix_cache"] = True
         if getattr(self.model.config, "medheval_random_weights", False):

@@ -798,8 +798,10 @@ def image_deltas(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None,
 
 
 def _baseline(run: Run, baselines: list[Run]) -> Run | None:
-    """The same model's ``none`` run, preferably from the same grid (the sibling folder)."""
+    """The same model's ``none`` run, preferably from the same grid (the sibling folder) and, for a pass of
+    ``--seeds``, of the same seed."""
     same = [b for b in baselines if b.model == run.model]
+    same = [b for b in same if b.seed == run.seed] or same
     return next((b for b in same if b.path.parent == run.path.parent), same[0] if same else None)
 
 
