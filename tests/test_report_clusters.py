@@ -274,7 +274,8 @@ def test_clinhallu_clusters_by_image(tmp_path):
 def test_clinhallu_run_without_cluster_ids_says_so(tmp_path):
     from report_runs import write_clinhallu_run
 
-    run = write_clinhallu_run(tmp_path / "old", [("vqa_rad", 1, 1, 1, 1, 0, 0, 0)] * 3 + [("vqa_rad", 0, 0, 0, 0, 0, 0, 0)] * 3)
+    table = [("vqa_rad", 1, 1, 1, 1, 0, 0, 0)] * 3 + [("vqa_rad", 0, 0, 0, 0, 0, 0, 0)] * 3
+    run = write_clinhallu_run(tmp_path / "old", table)
     stage = {t.key: t for t in build_tables(find_runs([run]))}["clinhallu_stages"]
     assert stage.rows[0][1][0].low is not None  # items resampled
     assert any("clinhallu:all by item, not by image: this run's protocol logs have no cluster ids" in line
