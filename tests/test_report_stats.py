@@ -288,3 +288,10 @@ def test_holm_removes_stars_from_a_63_comparison_family():
     assert sum(value < 0.05 for value in holm) == 3
     assert holm[:3] == pytest.approx([0.0063] * 3) and holm[3] == pytest.approx(0.6)
     assert sum(value < 0.05 for value in adjust_p(p, "bh")) == 63
+
+
+def test_comparison_labels_must_match_the_items_and_results_are_reused():
+    with pytest.raises(ValueError, match="3 items but 2 cluster labels"):
+        compare_scores([0.0, 1.0, 1.0], [1.0, 1.0, 0.0], clusters=["a", "b"])
+    first = compare_scores([0.1] * 8, [0.3] * 8, clusters="aabbccdd")
+    assert compare_scores([0.1] * 8, [0.3] * 8, clusters=list("aabbccdd")) is first  # computed once

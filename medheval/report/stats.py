@@ -48,6 +48,7 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -262,7 +263,17 @@ def compare_scores(baseline: Sequence[float], other: Sequence[float], clusters: 
     if a.shape != b.shape or a.size == 0:
         raise ValueError(f"a paired comparison needs the same non-zero number of paired items, got {a.size} and "
                          f"{b.size}")
-    d = b - a
+    labels = tuple(clusters) if clusters is not None else None
+    if labels is not None and len(labels) != a.size:
+        raise ValueError(f"{a.size} items but {len(labels)} cluster labels; give one label per item")
+    # a report asks for the same comparison for its tables, its JSON and its heatmap: computed once
+    return _compare((b - a).tobytes(), labels, level, n_flip, seed)
+
+
+@functools.lru_cache(maxsize=512)
+def _compare(differences: bytes, clusters: tuple[object, ...] | None, level: float, n_flip: int,
+             seed: int) -> Comparison:
+    d = np.frombuffer(differences, dtype=float)
     p, low, high, exact = sign_flip(d, level=level, n_flip=n_flip, seed=seed)
     groups = d.size
     test = "exact sign-flip over items" if exact else f"sign-flip over items ({n_flip} draws)"
