@@ -85,7 +85,8 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
             "image:vqarad_00005.jpg", "image:vqarad_00005.jpg", "image:vqarad_00009.jpg"]
         stage = next(t for t in build_tables(find_runs([out])) if t.key == "clinhallu_stages")
         (labels, cells), *_ = stage.rows
-        assert labels[2] == "all" and (cells[0].value, cells[0].low, cells[0].n, cells[0].n_clusters) == (0.0, None, n, 2)
+        assert labels[2] == "all"
+        assert (cells[0].value, cells[0].low, cells[0].n, cells[0].n_clusters) == (0.0, None, n, 2)
         assert {cell.note for _, row in stage.rows for cell in row if cell.value is not None} == {FEW_CLUSTERS}
         by_item = next(t for t in build_tables(find_runs([out], cluster="none")) if t.key == "clinhallu_stages")
         assert (by_item.rows[0][1][0].low, by_item.rows[0][1][0].high) == (0.0, 0.0)

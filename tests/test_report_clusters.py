@@ -46,7 +46,7 @@ def test_report_resamples_the_images_and_names_them(tmp_path):
     assert any(line.startswith("Resampled: mm_vishal:all by image (10 clusters)") for line in table.footer)
     _, (record,) = comparisons(find_runs([grid]))
     expected = compare_accuracy(BASE, BETTER, clusters=LABELS)
-    assert record["test"] == "sign-flip over clusters (exact) and items (9999 draws)"
+    assert record["test"] == "sign-flip over clusters (exact) and items (exact)"
     assert record["p_value"] == expected.p_value >= compare_accuracy(BASE, BETTER).p_value
     # items 6–10 fixed lie in images 3, 4, 5: cluster totals 2, 2, 1 (the rest 0); |±2 ±2 ±1| = 5 for 2 of the
     # 8 sign patterns of those three, so p = 2/8 = 0.25 over the 10 images
@@ -74,7 +74,7 @@ def test_few_images_give_no_interval_and_say_why(tmp_path):
 
 def test_cluster_none_gives_the_item_bootstrap_and_todays_footer(tmp_path):
     """``--cluster none`` ignores the cluster ids: the same cells as a run written without them, item intervals,
-    the sign-flip test over items for accuracy (b = 0, c = 5: McNemar's 0.0625, estimated), and the item method
+    the sign-flip test over items for accuracy (b = 0, c = 5: McNemar's 0.0625, exactly), and the item method
     note alone."""
     clustered = write_grid(tmp_path / "clustered", {"none": BASE, "vcd": BETTER}, images=IMAGES)
     plain = write_grid(tmp_path / "plain", {"none": BASE, "vcd": BETTER})
@@ -84,7 +84,7 @@ def test_cluster_none_gives_the_item_bootstrap_and_todays_footer(tmp_path):
     assert (acc.unit, acc.n_clusters) == (None, None)
     assert METHOD_NOTE in table.footer and not any(line.startswith("Resampled") for line in table.footer)
     _, (record,) = comparisons(find_runs([clustered], cluster="none"))
-    assert record["test"] == "sign-flip over items (9999 draws)" and record["p_value"] == pytest.approx(0.0625, abs=0.008)
+    assert record["test"] == "exact sign-flip over items" and record["p_value"] == pytest.approx(0.0625)
     write_report([clustered], tmp_path / "a", plots=False, html=False, cluster="none")
     write_report([plain], tmp_path / "b", plots=False, html=False, cluster="none")
     for name in ("tables.csv", "report.md"):
@@ -274,7 +274,8 @@ def test_clinhallu_clusters_by_image(tmp_path):
 def test_clinhallu_run_without_cluster_ids_says_so(tmp_path):
     from report_runs import write_clinhallu_run
 
-    run = write_clinhallu_run(tmp_path / "old", [("vqa_rad", 1, 1, 1, 1, 0, 0, 0)] * 3 + [("vqa_rad", 0, 0, 0, 0, 0, 0, 0)] * 3)
+    table = [("vqa_rad", 1, 1, 1, 1, 0, 0, 0)] * 3 + [("vqa_rad", 0, 0, 0, 0, 0, 0, 0)] * 3
+    run = write_clinhallu_run(tmp_path / "old", table)
     stage = {t.key: t for t in build_tables(find_runs([run]))}["clinhallu_stages"]
     assert stage.rows[0][1][0].low is not None  # items resampled
     assert any("clinhallu:all by item, not by image: this run's protocol logs have no cluster ids" in line

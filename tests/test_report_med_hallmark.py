@@ -12,6 +12,7 @@ from conftest import REPO, load_metric_offline
 
 from medheval.families import med_hallmark as mh
 from medheval.report.collect import find_runs
+from medheval.report.stats import FEW_CLUSTERS
 from medheval.report.paper import (HALLMARK_VQA_POOL, build_tables, format_cell, med_hallmark, report_metrics,
                                    to_markdown)
 
@@ -93,7 +94,8 @@ def test_table1_pools_conventional_and_confidence_weakening(tmp_path):
     reports counterfactual apart, supplementary Table 6), so from :func:`write_hallmark_run`:
     BS = (60 + 40 + 70 + 50)/4 = 55.0 (each split's own mean, 50 and 60, weighted by n = 2);
     MediHall = (1.0 + 0.4 + 1.0 + 0.8)/4 = 0.80; ACC = 2 correct / 4 = 0.50. The counterfactual item
-    (BS 10, MediHall 0.6) is not in it. Clusters: images a, b, c (a is shared by the two splits) = 3.
+    (BS 10, MediHall 0.6) is not in it. Clusters: images a, b, c (a is shared by the two splits) = 3, fewer than
+    the 6 an interval needs, so the cells say why they have none.
     IRG: BS 55.0, MediHall = (1.0 + 0.2)/2 = 0.60, ACC "–"."""
     runs = find_runs([write_hallmark_run(tmp_path / "run")])
     table1, detail, levels = med_hallmark(runs)
@@ -106,8 +108,9 @@ def test_table1_pools_conventional_and_confidence_weakening(tmp_path):
     for label in ("BS", "MR", "R-1", "R-2", "R-L", "BLEU"):
         assert vqa[label].value == pytest.approx(55.0) and irg[label].value == pytest.approx(55.0)
     assert vqa["MediHall Score"].value == pytest.approx(0.80) and vqa["ACC"].value == pytest.approx(0.50)
-    assert vqa["ACC"].n == 4 and vqa["ACC"].n_clusters == 3 and vqa["ACC"].low is not None
-    assert format_cell(vqa["ACC"]).startswith("0.50 [") and format_cell(vqa["MediHall Score"]).startswith("0.80 [")
+    assert vqa["ACC"].n == 4 and vqa["ACC"].n_clusters == 3 and vqa["ACC"].low is None
+    assert vqa["ACC"].note == FEW_CLUSTERS
+    assert format_cell(vqa["ACC"]) == "0.50 †" and format_cell(vqa["MediHall Score"]) == "0.80 †"
     assert irg["MediHall Score"].value == pytest.approx(0.60) and format_cell(irg["ACC"]) == "–"
     # per-type detail rows follow, with R-1/R-2 and ACC filled (counterfactual: 0 of 1 correct)
     assert [labels[2] for labels, _ in detail.rows] == [f"med_hallmark:{c}" for c in (
@@ -123,8 +126,8 @@ def test_table1_markdown_names_the_pool_and_acc(tmp_path):
     tables = {t.key: t for t in build_tables(find_runs([write_hallmark_run(tmp_path / "run")]))}
     text = to_markdown(tables["med_hallmark_table1"])
     assert "conventional and confidence-weakening" in text and "Table 6" in text and "ACC" in text
-    assert "| m | none | Med-VQA | conventional + confidence_weakening | 55.0 [" in text
-    assert "med_hallmark:conventional + med_hallmark:confidence_weakening by image (3 clusters)" in text
+    assert "| m | none | Med-VQA | conventional + confidence_weakening | 55.0 †" in text
+    assert f"No interval (†): {FEW_CLUSTERS}." in text
 
 
 def _report_run(folder: Path, mitigation: str, chair: dict[str, Any]) -> Path:

@@ -69,7 +69,8 @@ def test_one_item_per_cluster_is_exactly_the_item_bootstrap():
     assert figure_interval(values, clusters=labels) == figure_interval(values)
     flags = [bool(v) for v in values], [bool(v) for v in other]
     assert compare_accuracy(*flags, clusters=labels) == compare_accuracy(*flags)
-    assert compare_accuracy(*flags).test == "sign-flip over items (9999 draws)"
+    assert compare_accuracy(*flags).test == "exact sign-flip over items"
+    assert compare_accuracy(*flags).p_value == pytest.approx(mcnemar_exact(*flags)[2])
 
 
 def _clustered_sample() -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -158,12 +159,21 @@ def test_two_clusters_fifty_items_each():
     baseline = [False] * 50 + [True] * 50
     other = [True] * 100
     clusters = ["A"] * 50 + ["B"] * 50
-    # 100 items: 9999 random sign vectors, none reaches |T| = 50 (chance 2^-99), so the Monte Carlo floor 1/10000
-    assert compare_accuracy(baseline, other).p_value == pytest.approx(1 / 10000)
+    assert compare_accuracy(baseline, other).p_value == pytest.approx(2 * 0.5 ** 50)  # exact over the 100 items
     clustered = compare_accuracy(baseline, other, clusters=clusters)
     assert clustered.diff == pytest.approx(0.5) and clustered.p_value == 1.0
     assert clustered.low is None and clustered.note == FEW_CLUSTERS
-    assert clustered.test == "sign-flip over clusters (exact) and items (9999 draws)"
+    assert clustered.test == "sign-flip over clusters (exact) and items (exact)"
+
+
+def test_monte_carlo_when_the_exact_distribution_is_too_large():
+    """3,000 items with scores all distinct: no two items alike, 2^3000 sign vectors; 9999 seeded random ones
+    give a valid p ≥ 1/10000, and the star still agrees with the interval."""
+    rng = np.random.default_rng(5)
+    base = rng.normal(0, 1, 3000)
+    result = compare_scores(base, base + rng.normal(0.05, 1, 3000))
+    assert result.test == "sign-flip over items (9999 draws)" and result.p_value >= 1 / 10000
+    assert (result.p_value < 0.05) == (not result.low <= 0 <= result.high)
 
 
 def test_three_clusters_by_hand():
@@ -198,7 +208,7 @@ def test_five_fixed_of_two_hundred_star_and_interval_agree():
     baseline = [False] * 5 + [True] * 100 + [False] * 95
     other = [True] * 5 + [True] * 100 + [False] * 95
     result = compare_accuracy(baseline, other)
-    assert result.p_value == pytest.approx(0.0625, abs=0.008)  # 9999 random sign vectors
+    assert result.p_value == pytest.approx(0.0625) and result.test == "exact sign-flip over items"
     assert result.p_value >= 0.05 and result.low <= 0 <= result.high and result.high > 0.02
 
 
@@ -288,3 +298,10 @@ def test_holm_removes_stars_from_a_63_comparison_family():
     assert sum(value < 0.05 for value in holm) == 3
     assert holm[:3] == pytest.approx([0.0063] * 3) and holm[3] == pytest.approx(0.6)
     assert sum(value < 0.05 for value in adjust_p(p, "bh")) == 63
+
+
+def test_comparison_labels_must_match_the_items_and_results_are_reused():
+    with pytest.raises(ValueError, match="3 items but 2 cluster labels"):
+        compare_scores([0.0, 1.0, 1.0], [1.0, 1.0, 0.0], clusters=["a", "b"])
+    first = compare_scores([0.1] * 8, [0.3] * 8, clusters="aabbccdd")
+    assert compare_scores([0.1] * 8, [0.3] * 8, clusters=list("aabbccdd")) is first  # computed once

@@ -76,8 +76,9 @@ def _plots(runs: list["Run"], folder: Path, p_adjust: str = "holm") -> tuple[dic
 def write_run_report(output: str | Path, results: dict[str, Any], cluster: str = "auto",
                      p_adjust: str = "holm") -> str | None:
     """``report.html`` for the run (or grid) just written into ``output``; ``results`` is its results.json
-    content (``{"runs": [...]}`` for a grid); ``cluster`` and ``p_adjust`` as in :func:`write_report`. Never raises: the run's
-    results are already on disk, so a problem is returned as a one-line note (``None`` when all went well)."""
+    content (``{"runs": [...]}`` for a grid); ``cluster`` and ``p_adjust`` as in :func:`write_report`. Never
+    raises: the run's results are already on disk, so a problem is returned as a one-line note (``None`` when
+    all went well)."""
     import tempfile
 
     from medheval.report.collect import Run, find_runs, read_items

@@ -719,8 +719,8 @@ def adjust_family(table: Table, records: list[dict[str, Any]], p_adjust: str, fa
             del cells[at + 1]
         else:
             cells[at + 1] = Cell(text=f"{value:.3g}")
-    how = ("unadjusted" if p_adjust == "none" else
-           f"adjusted by {P_ADJUST_NAMES[p_adjust]} ({'Holm 1979, family-wise error' if p_adjust == 'holm' else 'Benjamini & Hochberg 1995, false discovery rate'})")
+    source = {"holm": "Holm 1979, family-wise error", "bh": "Benjamini & Hochberg 1995, false discovery rate"}
+    how = "unadjusted" if p_adjust == "none" else f"adjusted by {P_ADJUST_NAMES[p_adjust]} ({source[p_adjust]})"
     table.footer.append(f"Family: the {len(raw)} comparisons of this table ({family}); p {how}; "
                         f"* adjusted p < {alpha:g}. Intervals are per comparison ({int(LEVEL * 100)}%, "
                         f"unadjusted): one excludes 0 exactly when its raw p < {alpha:g}. "
@@ -788,7 +788,8 @@ def image_deltas(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None,
         rows += [(split, "Acc (ORG)", *paired) for split in _clinhallu_splits(run)  # from ClinHallu's protocol logs
                  if (paired := _clinhallu_org_pair(blind, run, split)) is not None]
         for split, label, cells, record in rows:
-            table.rows.append(([run.model, run.mitigation, blind.control, split, label], [cells[1], cells[0], *cells[2:]]))
+            table.rows.append(([run.model, run.mitigation, blind.control, split, label],
+                               [cells[1], cells[0], *cells[2:]]))  # with image first, then blind
             records.append({"model": run.model, "mitigation": run.mitigation, "control": blind.control,
                             **{key: value for key, value in record.items() if key not in ("baseline", "value")},
                             "with_image": record["value"], "blind": record["baseline"]})

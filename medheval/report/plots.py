@@ -98,7 +98,8 @@ def _hatch(index: int) -> str | None:
 
 
 def _run_labels(runs: list[Run]) -> dict[int, str]:
-    """``model · short mitigation`` per run, a blind run's control appended (:func:`medheval.report.collect.run_labels`)."""
+    """``model · short mitigation`` per run, a blind run's control appended
+    (:func:`medheval.report.collect.run_labels`)."""
     return run_labels(runs)
 
 
@@ -187,7 +188,8 @@ def deltas_figure(records: list[dict[str, Any]]) -> Figure | None:
     panels = delta_panels(records)
     width = max(CELL[0] * max(len(panel) for panel in panels), 4.0)
     method = next((r.get("p_adjust") for r in records if r.get("p_adjust")), "none")
-    caption = textwrap.fill(DELTA_CAPTION.format(method=P_ADJUST_NAMES.get(method, method)), width=int(width * 72 / 4.2))
+    caption = textwrap.fill(DELTA_CAPTION.format(method=P_ADJUST_NAMES.get(method, method)),
+                            width=int(width * 72 / 4.2))
     footer = 0.2 + 0.12 * (caption.count("\n") + 1)
     height = CELL[1] * len(rows)
     total = (height + PANEL_HEADER) * len(panels) + footer

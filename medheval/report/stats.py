@@ -22,8 +22,9 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
   cluster g, the estimate is Δ̂ = Σ_g D_g / n. Under H0: Δ = δ (the two conditions exchangeable within a
   cluster after a shift δ) each cluster total D_g − δ·n_g is as likely negated, so the two-sided p-value is
   p(δ) = #{s : |Σ_g s_g (D_g − δ n_g)| ≥ |Σ_g (D_g − δ n_g)|} / 2^G over all sign vectors s ∈ {±1}^G
-  (exact: G ≤ :data:`EXACT_MAX_CLUSTERS`), else (1 + #{…}) / (B + 1) over B = :data:`N_FLIP` seeded random
-  sign vectors (a valid Monte Carlo p-value). The reported p is p(0); the 95% interval is its inversion,
+  (exact: the whole distribution is built by grouping clusters alike in (D_g, n_g), :func:`_exact_flips`,
+  while building it handles at most :data:`EXACT_STATES` sums, e.g. 0/1 answers over a few hundred items), else
+  (1 + #{…}) / (B + 1) over B = :data:`N_FLIP` seeded random sign vectors (a valid Monte Carlo p-value). The reported p is p(0); the 95% interval is its inversion,
   {δ : p(δ) ≥ 0.05}: each sign vector's condition holds on an interval of δ that contains Δ̂ (the roots of a
   concave quadratic), so the set is one interval, found exactly, and "p < 0.05" ⇔ "0 outside the interval",
   always. For 0/1 correctness with one item per cluster, p(0) is the exact McNemar test (the zero differences
@@ -48,6 +49,7 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -60,14 +62,14 @@ LEVEL = 0.95
 _CHUNK = 250  # bootstrap replicates drawn per block (bounds memory: _CHUNK × n indices)
 
 MIN_CLUSTERS = 6  # fewer units: 2 / 2^G ≥ 0.0625, no two-sided 5% sign-flip test can reject (module docstring)
-EXACT_MAX_CLUSTERS = 15  # up to 2^15 sign vectors enumerated; more: N_FLIP random ones
+EXACT_STATES = 2 ** 18  # the exact sign distribution is built when its steps handle at most this many sums
 N_FLIP = 9999
 P_ADJUST = ("holm", "bh", "none")
 P_ADJUST_NAMES = {"holm": "Holm", "bh": "Benjamini–Hochberg", "none": "unadjusted"}
 FEW_CLUSTERS = (f"fewer than {MIN_CLUSTERS} clusters (or items): too few to estimate a 95% interval (a two-sided "
                 f"sign-flip test over G clusters cannot give p below 2/2^G ≥ 0.0625), so no interval and no star")
 COMPARISON_NOTE = (f"Mitigation − none (and with image − blind): paired by item id; p from a two-sided sign-flip "
-                   f"test over cluster totals (exact up to {EXACT_MAX_CLUSTERS} clusters, else {N_FLIP} seeded random "
+                   f"test over cluster totals (exact where its distribution is small enough to build, else {N_FLIP} seeded random "
                    f"sign vectors; over items it is exact McNemar for accuracy), its 95% interval the test inverted, "
                    f"so an interval excluding 0 ⇔ raw p < 0.05; clustered: tested over clusters and over items, the "
                    f"larger p and the wider interval. Fewer than {MIN_CLUSTERS} clusters: no interval, no star.")
@@ -184,14 +186,37 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
     return interval, None if interval is not None else "no items"
 
 
-def _flipped_sums(columns: np.ndarray, n_flip: int, seed: int) -> tuple[np.ndarray, bool]:
-    """Σ_g s_g·columns[g] for every sign vector s (rows; all 2^G when G ≤ :data:`EXACT_MAX_CLUSTERS`, else
-    ``n_flip`` seeded random ones) and whether that is all of them. Random signs come as bytes, 8 clusters a
+def _exact_flips(columns: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every distinct (Σ_g s_g D_g, Σ_g s_g n_g) over all 2^G sign vectors and its probability, or ``None``
+    when building it would handle more than :data:`EXACT_STATES` sums in all. Clusters alike in (D_g, n_g) are exchangeable, so a
+    type of c clusters adds (2j − c)·(D, n) with probability C(c, j) / 2^c (j of them kept positive): the
+    distribution is built type by type, merging equal sums (McNemar's b, c and the ties then cost b + c + 1
+    states, not 2^n)."""
+    types, counts = np.unique(columns, axis=0, return_counts=True)
+    order = np.argsort(counts, kind="stable")
+    size = work = 1  # an upper bound on the sums handled (before merging): too many, and nothing is built
+    for count in counts[order]:
+        size *= int(count) + 1
+        work += size
+        if work > EXACT_STATES:
+            return None
+    sums, weights = np.zeros((1, columns.shape[1])), np.ones(1)
+    for at in order:
+        c = int(counts[at])
+        j = np.arange(c + 1)
+        pmf = np.exp([math.lgamma(c + 1) - math.lgamma(k + 1) - math.lgamma(c - k + 1) - c * math.log(2) for k in j])
+        sums = (sums[:, None, :] + ((2 * j - c)[:, None] * types[at])[None, :, :]).reshape(-1, columns.shape[1])
+        weights = (weights[:, None] * pmf[None, :]).ravel()
+        keys, inverse = np.unique(np.round(sums, 9), axis=0, return_inverse=True)
+        weights = np.bincount(inverse.ravel(), weights=weights, minlength=keys.shape[0])
+        sums = keys
+    return sums, weights
+
+
+def _random_flips(columns: np.ndarray, n_flip: int, seed: int) -> np.ndarray:
+    """Σ_g s_g·columns[g] for ``n_flip`` seeded random sign vectors s. The signs come as bytes, 8 clusters a
     byte, summed through a per-byte table of its 256 sign patterns."""
     groups = columns.shape[0]
-    if groups <= EXACT_MAX_CLUSTERS:
-        codes = np.arange(2 ** groups, dtype=np.int64)
-        return (((codes[:, None] >> np.arange(groups)) & 1) * 2 - 1).astype(float) @ columns, True
     width = (groups + 7) // 8
     padded = np.zeros((width * 8, columns.shape[1]))
     padded[:groups] = columns
@@ -205,20 +230,28 @@ def _flipped_sums(columns: np.ndarray, n_flip: int, seed: int) -> tuple[np.ndarr
     for start in range(0, n_flip, _CHUNK):
         where = rng.integers(0, 256, size=(min(_CHUNK, n_flip - start), width), dtype=np.uint8) + offsets
         blocks.append(np.stack([np.take(table, where).sum(axis=1) for table in tables], axis=1))
-    return np.concatenate(blocks), False
+    return np.concatenate(blocks)
 
 
 def sign_flip(differences: Sequence[float], clusters: Sequence[object] | None = None, level: float = LEVEL,
               n_flip: int = N_FLIP, seed: int = SEED) -> tuple[float, float, float, bool]:
     """(p(0), low, high, exact) of the two-sided sign-flip test of mean(differences) = δ over cluster totals
-    (module docstring): p(0) and the interval {δ : p(δ) ≥ 1 − level}, which is ±inf where no δ is rejected."""
+    (module docstring): p(0) and the interval {δ : p(δ) ≥ 1 − level}, which is ±inf where no δ is rejected.
+    Exact (the whole sign distribution, :func:`_exact_flips`) when it fits, else ``n_flip`` random vectors."""
     d = np.asarray(differences, dtype=float)
     index, groups = cluster_index(clusters, d.size) if clusters is not None else (np.arange(d.size), d.size)
     totals = np.bincount(index, weights=d, minlength=groups)
     sizes = np.bincount(index, minlength=groups).astype(float)
     observed, n = float(totals.sum()), float(d.size)
     estimate = observed / n
-    flipped, exact = _flipped_sums(np.stack([totals, sizes], axis=1), n_flip, seed)
+    columns = np.stack([totals, sizes], axis=1)
+    found = _exact_flips(columns)
+    exact = found is not None
+    if found is not None:  # p(δ) = Σ weight·[condition]
+        flipped, weights, offset = found[0], found[1], 0.0
+    else:  # p(δ) = (1 + #[condition]) / (B + 1)
+        flipped = _random_flips(columns, n_flip, seed)
+        weights, offset = np.full(flipped.shape[0], 1.0 / (n_flip + 1)), 1.0 / (n_flip + 1)
     a, m = flipped[:, 0], flipped[:, 1]
     # each sign vector's condition |A − δM| ≥ |T − δn| holds for u = δ − Δ̂ in [lo, hi] (roots of a concave
     # quadratic; the whole line when M = ±n): with E = A − Δ̂M, Q = n² − M², u = (−EM ± |E|n) / Q
@@ -229,21 +262,19 @@ def sign_flip(differences: Sequence[float], clusters: Sequence[object] | None = 
     safe = np.where(whole, 1.0, q)
     lo = np.where(whole, -np.inf, (-e * m - np.abs(e) * n) / safe) - tol
     hi = np.where(whole, np.inf, (-e * m + np.abs(e) * n) / safe) + tol
-
-    def p_of(count: int | float) -> float:
-        return float(count) / a.size if exact else (1.0 + count) / (a.size + 1.0)
-
     u0 = -estimate
-    p0 = min(1.0, p_of(int(np.sum((lo <= u0) & (u0 <= hi)))))
-    # the fewest vectors whose condition must hold for p(δ) ≥ 1 − level
+    p0 = min(1.0, round(offset + float(weights[(lo <= u0) & (u0 <= hi)].sum()), 12))
     alpha = 1 - level
-    need = math.ceil(alpha * a.size - 1e-12) if exact else math.ceil(alpha * (a.size + 1) - 1 - 1e-12)
-    if need <= 0:
+    if offset >= alpha - 1e-12:
         return p0, -math.inf, math.inf, exact
-    if need > a.size:
-        return p0, estimate, estimate, exact
-    upper = estimate + float(np.sort(hi)[::-1][need - 1])
-    lower = estimate + float(np.sort(lo)[need - 1])
+    # p(u) for u > 0 is offset + Σ weight over the vectors with hi ≥ u: the bound is the hi at which, taking
+    # the largest first, the weights first reach alpha (the same from below with lo)
+    bounds = []
+    for ends in (-hi, lo):
+        order = np.argsort(ends, kind="stable")
+        reached = int(np.searchsorted(offset + np.cumsum(weights[order]), alpha - 1e-12))
+        bounds.append(float(ends[order][min(reached, order.size - 1)]))
+    upper, lower = estimate - bounds[0], estimate + bounds[1]
     if p0 >= alpha:  # 0 is accepted: inside (a bound within the tolerance of 0 is 0)
         lower, upper = min(lower, 0.0), max(upper, 0.0)
         lower, upper = (0.0 if abs(bound) <= 4 * tol else bound for bound in (lower, upper))
@@ -262,7 +293,17 @@ def compare_scores(baseline: Sequence[float], other: Sequence[float], clusters: 
     if a.shape != b.shape or a.size == 0:
         raise ValueError(f"a paired comparison needs the same non-zero number of paired items, got {a.size} and "
                          f"{b.size}")
-    d = b - a
+    labels = tuple(clusters) if clusters is not None else None
+    if labels is not None and len(labels) != a.size:
+        raise ValueError(f"{a.size} items but {len(labels)} cluster labels; give one label per item")
+    # a report asks for the same comparison for its tables, its JSON and its heatmap: computed once
+    return _compare((b - a).tobytes(), labels, level, n_flip, seed)
+
+
+@functools.lru_cache(maxsize=512)
+def _compare(differences: bytes, clusters: tuple[object, ...] | None, level: float, n_flip: int,
+             seed: int) -> Comparison:
+    d = np.frombuffer(differences, dtype=float)
     p, low, high, exact = sign_flip(d, level=level, n_flip=n_flip, seed=seed)
     groups = d.size
     test = "exact sign-flip over items" if exact else f"sign-flip over items ({n_flip} draws)"
