@@ -459,7 +459,8 @@ def format_tables(records: Sequence[Published]) -> str:
             body = [[model, setting or "–", *(cells.get((model, setting, m), "–") for m in metrics)]
                     for model, setting in rows]
             widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-            lines += [f"{PAPERS[paper]}, {group[0].location} — {split} (as printed; scale {units})"]
+            lines += [f"{PAPERS[paper]}, {group[0].location}{f' — {split}' if split else ''} (as printed; scale "
+                      f"{units})"]
             lines += ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip()
                       for line in [header, *body]]
             noted: dict[str, list[str]] = {}
