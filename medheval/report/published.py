@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -406,7 +405,7 @@ def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = 
                     continue
                 for record, paper in matches(source, labels, column.label, records, conditions.options):
                     reasons = conditions.reasons(record)
-                    digits = shown_digits(record, paper)
+                    digits = shown_digits(record, source.key, column.label)
                     outside = None if reasons or cell.low is None else not (cell.low <= paper <= cell.high)
                     flag = ("–" if reasons else "no interval" if outside is None else "⚠ yes" if outside else "no")
                     table.rows.append(([*labels[:3], f"{record.where()} ({record.printed})"], [
@@ -433,11 +432,11 @@ def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = 
     return table, found
 
 
-def shown_digits(record: Published, shown: float) -> int:
-    """Decimals that give ``record`` its printed precision in the report's units (0.494 → 49.4; 0.23 → 0.23;
-    6.88 → 6.88): the paper's decimals less the digits a ×100 conversion moves."""
-    factor = shown / record.value if record.value else 1.0
-    return max(record.decimals - (2 if math.isclose(factor, 100.0) else 0), 0)
+def shown_digits(record: Published, table_key: str, column: str) -> int:
+    """Decimals that give ``record`` its printed precision in the units ``table_key``'s ``column`` shows
+    (0.494 → 49.4; 0.23 → 0.23; 6.88 → 6.88): the paper's decimals less the digits a ×100 conversion moves."""
+    shown = "0-100" if table_key == "med_stepbench" else COLUMNS[table_key][2][column][1]
+    return max(record.decimals - (2 if _factor(record.unit, shown) == 100.0 else 0), 0)
 
 
 def format_tables(records: Sequence[Published]) -> str:
