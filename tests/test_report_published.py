@@ -77,6 +77,21 @@ SAMPLE = [
     ("med_stepbench", "3", "MedM-VL 3D", "w/o", "VI", "Step 4 F1", "0.39"),
     ("clinhallu", "4", "model average", "", "VQA-RAD", "Delta^V", "15.5"),  # text
     ("clinhallu", "4", "model average", "", "MedXpertQA", "Delta^K", "33.4"),  # text
+    ("med_hallmark", "3", "ID 2", "", "Figure 2(b) examples", "BERTScore", "46.11"),  # text
+    ("med_hallmark", "4", "ours", "", "human-annotated test set", "Correct Statements Recall", "65.96"),
+    ("med_hallmark", "5", "mPLUG-Owl2", "", "Med-VQA", "METEOR", "29.39"),
+    ("med_hallmark", "6", "RadFM", "", "Counterfactual", "ROUGE-L", "13.31"),
+    ("med_hallmark", "6", "LLaVA-Med (SF)", "", "Counterfactual", "ROUGE-1 recall", "38.52"),
+    ("med_hallmark", "7", "XrayGPT", "", "IRG", "BERTScore recall", "65.32"),
+    ("med_stepbench", "4", "Gemini 2.5 Flash", "Clinician's rationale", "", "F1", "0.57"),  # text
+    ("med_stepbench", "4", "Gemini 2.5 Flash", "LLM rationale", "", "R", "0.98"),  # text
+    ("med_stepbench", "4", "MedM-VL 3D", "Clinician's rationale", "", "F1", "0.53"),  # text
+    ("med_stepbench", "5", "Qwen3 VL-4B", "none", "", "Step 2 F1", "0.65"),
+    ("med_stepbench", "5", "Gemini 2.5 Flash", "both", "", "Step 4 F1", "0.65"),
+    ("med_stepbench", "6", "Gemini 2.5 Flash", "PET + CT", "VI", "Step 1 F1", "0.79"),  # text
+    ("med_stepbench", "6", "Gemini 2.5 Flash", "PET/CT", "VI", "Step 1 F1", "0.98"),  # text
+    ("med_stepbench", "6", "Qwen3 VL-4B", "PET + CT", "EN", "Step 3 F1", "0.20"),  # text
+    ("med_stepbench", "6", "Med Flamingo", "PET/CT", "EN", "Step 4 F1", "0.59"),
 ]
 
 
@@ -148,14 +163,53 @@ def test_shape_of_the_transcription() -> None:
     Table 11, 13 × 7 = 91. Med-HallMark Table 1: 12 models × 15 columns, less the 5 empty IRG MediHall cells
     = 175; Table 2: 4 models × 2 question types × 7 = 56. Med-StepBench Table 3: 7 models with both languages
     (16 cells without knowledge), 5 of them with knowledge (12: no Step 1), 4 English-only models (8), 3 of
-    them with knowledge (6): 112 + 60 + 32 + 18 = 222."""
+    them with knowledge (6): 112 + 60 + 32 + 18 = 222. Issue 30, point 11: Med-HallMark Table 3, 4 examples × 8
+    = 32; Table 4, 7 methods × 6 levels × (ACC, recall) = 84; Tables 5 and 6, 12 models × 13 (recall, precision,
+    F1 of BERTScore and ROUGE-1/2/L, METEOR) = 156 each; Table 7, 7 × 13 = 91; its text quotes 3 more numbers in
+    §6.1 and 2 in §6.3. Med-StepBench Table 4, 3 rationales × 5 models × (P, R, F1) = 45; Table 5, 3 models × 4
+    knowledge rows × 3 steps × 3 = 108; Table 6, Med-Flamingo 2 inputs × 4 steps (English only) = 8 plus 2 models
+    × 2 inputs × 4 steps × 2 languages = 32, 40 in all. ClinHallu, numbers quoted in its text: Table 2, 3
+    averages; Table 6, 4 figures and the ends of 2 ranges = 8; Figure 4, 6 Fix/Break rates."""
     counts: dict[tuple[str, str], int] = {}
     for record in load_published():
         counts[(record.paper, record.table)] = counts.get((record.paper, record.table), 0) + 1
     assert counts == {("medheval", "3"): 90, ("medheval", "4"): 160, ("medheval", "9"): 130, ("medheval", "5"): 55,
                       ("medheval", "6"): 80, ("medheval", "10"): 65, ("medheval", "7"): 77, ("medheval", "8"): 112,
                       ("medheval", "11"): 91, ("med_hallmark", "1"): 175, ("med_hallmark", "2"): 56,
-                      ("med_stepbench", "3"): 222, ("clinhallu", "4"): 4}
+                      ("med_stepbench", "3"): 222, ("clinhallu", "4"): 4,
+                      ("med_hallmark", "3"): 32, ("med_hallmark", "4"): 84, ("med_hallmark", "5"): 156,
+                      ("med_hallmark", "6"): 156, ("med_hallmark", "7"): 91, ("med_hallmark", "text §6.1"): 3,
+                      ("med_hallmark", "text §6.3"): 2, ("med_stepbench", "4"): 45, ("med_stepbench", "5"): 108,
+                      ("med_stepbench", "6"): 40, ("clinhallu", "2"): 3, ("clinhallu", "6"): 8,
+                      ("clinhallu", "Figure 4"): 6}
+
+
+@requires_papers
+def test_clinhallu_text_numbers_are_quoted_in_the_text() -> None:
+    """ClinHallu's table bodies are absent from the text copy: each stored number is one its text quotes, in its
+    printed form (a % rate, or a kappa), and says so in its note."""
+    text = _paper_text("clinhallu")
+    printed = set(NUMBER.findall(text))
+    records = [r for r in load_published() if r.paper == "clinhallu"]
+    assert len(records) == 21
+    for record in records:
+        assert record.printed in printed, record.where()
+        if record.unit == "0-100":  # a rate is printed with its % sign, or ends a range that has it (89.7–91.7%)
+            assert re.search(re.escape(record.printed) + r"(%|–\d+(\.\d+)?%)", text), record.where()
+        assert "text" in (record.note or ""), record.where()
+    assert {r.location for r in records} == {"Table 2", "Table 4", "Table 6", "Figure 4"}
+
+
+def test_table6_counterfactual_matches_the_per_type_row() -> None:
+    """Med-HallMark Table 6 (counterfactual) prints LLaVA1.5-7b's BERTScore F1 as 55.86: the report's per-type
+    row of med_hallmark:counterfactual matches it (BS column), under the med-hallmark protocol."""
+    model = "llava-hf/llava-1.5-7b-hf"
+    per_type = Table("med_hallmark", "t", ["Model", "Mitigation", "Split"], [Column("BS"), Column("R-L")])
+    per_type.rows.append(([model, "none", "med_hallmark:counterfactual"], [Cell(value=50.0), Cell(value=20.0)]))
+    _, records = reproduction([per_type], runs=[_run(model, splits=("med_hallmark:counterfactual",),
+                                                     protocol="med-hallmark")])
+    assert [(r["table"], r["metric"], r["value"], r["comparable"]) for r in records] == [
+        ("6", "BERTScore", 55.86, True), ("6", "ROUGE-L", 21.8, True)]
 
 
 def test_alias_table_points_at_stored_models_splits_and_columns() -> None:
@@ -289,6 +343,10 @@ def test_reproduction_prints_the_papers_precision() -> None:
                options={"question": "plain"})
     reproduced, _ = reproduction([per_type], runs=[run])
     assert [format_cell(c) for c in reproduced.rows[0][1][:3]] == ["60.00", "62.89", "-2.89"]
+    steps = Table("med_stepbench", "t", ["Model", "Mitigation", "Knowledge"], [Column("EN S2 F1")])
+    steps.rows.append((["Qwen/Qwen3-VL-8B-Instruct", "none", "none"], [Cell(value=70.4)]))
+    reproduced, _ = reproduction([steps])  # Med-StepBench prints 0.69 (two decimals, 0–1): 69 in the report's %
+    assert [format_cell(c) for c in reproduced.rows[0][1][:2]] == ["70", "69"]
 
 
 def test_irg_once_and_table2_true_subset() -> None:

@@ -7,10 +7,14 @@
 ``value`` and ``decimals`` (``f"{value:.{decimals}f}"`` is the printed text), ``std`` (MedHEval's S_h is
 printed as mean ± std), ``unit`` (``0-1``, ``0-100`` or ``0-5``, as printed) and an optional ``note``.
 
-Transcribed: MedHEval Tables 3–11 (close-ended accuracy per category, report metrics, generation metrics and
-S_h, with every mitigation row), Med-HallMark Tables 1–2, Med-StepBench Table 3 (recall and F1 per step and
-language, with and without knowledge). ClinHallu: the text copy of the paper has no bodies for Tables 2–4;
-only the four Table 4 gains the text quotes are stored (:data:`TABLE_NOTES`).
+``table`` is the location: a table number, or where a number stands outside a table (``Figure 4``,
+``text §6.1``). Transcribed: MedHEval Tables 3–11 (close-ended accuracy per category, report metrics,
+generation metrics and S_h, with every mitigation row); Med-HallMark Tables 1–7 (Table 3: the metrics of the
+Figure 2(b) examples; Table 4: the detector ablation; Tables 5–7: recall, precision and F1 per question type,
+Table 6 its only counterfactual numbers) and the numbers its text quotes beyond them; Med-StepBench Tables 3–6
+(Table 4: rationales; Table 5: knowledge per step; Table 6: PET + CT against fused PET/CT). ClinHallu: the
+text copy of the paper has no table bodies; the numbers its text quotes are stored (Tables 2, 4 and 6,
+Figure 4; :data:`TABLE_NOTES`).
 
 Matching (:func:`reproduction`): a run's model matches a published model when its id (an API prefix such as
 ``openai:`` and an ``@endpoint`` suffix dropped; a local folder by its last path part) equals one of the
@@ -29,7 +33,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,8 +56,29 @@ TABLE_NOTES = {
                            "confidence-weakening prefix.",
     ("med_stepbench", "3"): "Read by hand from a flattened table; '–' cells (no Vietnamese result, or Step 1 with "
                             "knowledge) are absent. 'w' is matched to runs with knowledge=both.",
-    ("clinhallu", "2"): "Not transcribed: the table body is absent from the paper's text copy.",
+    ("clinhallu", "2"): "Table body absent from the text copy; the three model-averaged rates the text quotes "
+                        "(Finding 1) are stored ('average rates exceeding 40%' is a bound, not stored).",
     ("clinhallu", "3"): "Not transcribed: the table body is absent from the paper's text copy.",
+    ("clinhallu", "6"): "Table body absent from the text copy; the agreements and kappas the text quotes (Section "
+                        "5.3) are stored, the stage-wise ones as the ends of the quoted ranges.",
+    ("clinhallu", "Figure 4"): "Fix and Break rates quoted in the text (Finding 2); the figure's other bars are "
+                               "not in the text.",
+    ("med_hallmark", "3"): "The metrics of the four example answers of Figure 2(b) (Accuracy 0/1, MediHall Score "
+                           "0-1, the others 0-100).",
+    ("med_hallmark", "4"): "MediHallDetector ablation (methods a-f as the text defines them, 'ours' the released "
+                           "detector), ACC and recall (%) per level against the human labels.",
+    ("med_hallmark", "5"): "Recall, precision and F1 per metric over the VQA questions; its F1 columns repeat "
+                           "Table 1's Med-VQA cells.",
+    ("med_hallmark", "6"): "The paper's only counterfactual numbers; matched to med_hallmark:counterfactual.",
+    ("med_hallmark", "7"): "IRG; its F1 columns repeat Table 1's IRG cells (matched there, once).",
+    ("med_hallmark", "text §6.1"): "Numbers the text quotes beyond the tables (averages of Table 1 cells). 'Around "
+                                   "47%' (BertScore of the BLIP and LLaVA1.5 families) is approximate, not stored.",
+    ("med_stepbench", "4"): "Precision, recall and F1 with no, an LLM-written or a clinician-written rationale; the "
+                            "text names no language.",
+    ("med_stepbench", "5"): "Rows per model: no knowledge, Prior, Ext, +Both (the text copy drops the check marks; "
+                            "rows 1 and 4 equal Table 3's w/o and w cells).",
+    ("med_stepbench", "6"): "F1 per step and language, separate PET + CT against fused PET/CT; Med-Flamingo has one "
+                            "value per step (English).",
     ("clinhallu", "4"): "Table body absent from the text copy; the four gains the text quotes (Finding 1) are "
                         "stored. Model averages: never matched to a run's model.",
 }
@@ -90,6 +114,7 @@ SPLITS: dict[tuple[str, str], str] = {
     ("medheval", "Report generation"): "vishal_report:default", ("medheval", "Knowledge open-ended"): "knowledge:open",
     ("med_hallmark", "Conventional (true')"): "med_hallmark:confidence_weakening",
     ("med_hallmark", "Confidence-weakening"): "med_hallmark:confidence_weakening",
+    ("med_hallmark", "Counterfactual"): "med_hallmark:counterfactual",
 }
 # (paper, printed split) -> the run options (results.json ``benchmarks[split].run_options``) a run of that split
 # needs to be that split; other splits of the paper need none. Med-HallMark Table 2's ♣ column is Q_Conv^true',
@@ -114,8 +139,9 @@ COLUMNS: dict[str, tuple[str, tuple[str, ...], dict[str, tuple[str, str]]]] = {
     "medheval_generation": ("medheval", ("7", "8", "11"), {
         **{label: (label, "0-100") for label in ("BERTScore", "BLEU", "METEOR", "ROUGE-1", "ROUGE-2", "ROUGE-L")},
         "S_h ↓": ("S_h", "0-5")}),
-    # per question type: Table 2 (true' and confidence-weakening); Table 1's IRG is the report's Table 1 IRG row
-    "med_hallmark": ("med_hallmark", ("2",), _HALLMARK),
+    # per question type: Table 2 (true' and confidence-weakening) and Table 6 (counterfactual); Table 1's IRG is
+    # the report's Table 1 IRG row (Tables 5 and 7 repeat Table 1's F1 cells, so they are not matched again)
+    "med_hallmark": ("med_hallmark", ("2", "6"), _HALLMARK),
     # Table 1 in the paper's shape (medheval.report.paper: a Med-VQA row pooling its question types, an IRG row)
     "med_hallmark_table1": ("med_hallmark", ("1",), {**_HALLMARK, "ACC": ("Acc", "0-1")}),
 }
@@ -161,10 +187,15 @@ class Published:
         text = f"{self.value:.{self.decimals}f}"
         return text + (f" ± {self.std:.{self.decimals}f}" if self.std is not None else "")
 
+    @property
+    def location(self) -> str:
+        """``Table 3``, or the location as stored where it is no table (``Figure 4``, ``text §6.1``)."""
+        return f"Table {self.table}" if self.table[:1].isdigit() else self.table
+
     def where(self) -> str:
         """``MedHEval Table 3: LLaVA-Med · Original · MM-VisHal · Acc-A``."""
         parts = [self.model, self.setting, self.split, self.metric]
-        return f"{PAPERS[self.paper].split(' (')[0]} Table {self.table}: " + " · ".join(p for p in parts if p)
+        return f"{PAPERS[self.paper].split(' (')[0]} {self.location}: " + " · ".join(p for p in parts if p)
 
 
 def load_published(path: str | Path | None = None) -> list[Published]:
@@ -374,7 +405,7 @@ def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = 
                     continue
                 for record, paper in matches(source, labels, column.label, records, conditions.options):
                     reasons = conditions.reasons(record)
-                    digits = shown_digits(record, paper)
+                    digits = shown_digits(record, source.key, column.label)
                     outside = None if reasons or cell.low is None else not (cell.low <= paper <= cell.high)
                     flag = ("–" if reasons else "no interval" if outside is None else "⚠ yes" if outside else "no")
                     table.rows.append(([*labels[:3], f"{record.where()} ({record.printed})"], [
@@ -401,11 +432,11 @@ def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = 
     return table, found
 
 
-def shown_digits(record: Published, shown: float) -> int:
-    """Decimals that give ``record`` its printed precision in the report's units (0.494 → 49.4; 0.23 → 0.23;
-    6.88 → 6.88): the paper's decimals less the digits a ×100 conversion moves."""
-    factor = shown / record.value if record.value else 1.0
-    return max(record.decimals - (2 if math.isclose(factor, 100.0) else 0), 0)
+def shown_digits(record: Published, table_key: str, column: str) -> int:
+    """Decimals that give ``record`` its printed precision in the units ``table_key``'s ``column`` shows
+    (0.494 → 49.4; 0.23 → 0.23; 6.88 → 6.88): the paper's decimals less the digits a ×100 conversion moves."""
+    shown = "0-100" if table_key == "med_stepbench" else COLUMNS[table_key][2][column][1]
+    return max(record.decimals - (2 if _factor(record.unit, shown) == 100.0 else 0), 0)
 
 
 def format_tables(records: Sequence[Published]) -> str:
@@ -427,7 +458,8 @@ def format_tables(records: Sequence[Published]) -> str:
             body = [[model, setting or "–", *(cells.get((model, setting, m), "–") for m in metrics)]
                     for model, setting in rows]
             widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-            lines += [f"{PAPERS[paper]}, Table {number} — {split} (as printed; scale {units})"]
+            lines += [f"{PAPERS[paper]}, {group[0].location}{f' — {split}' if split else ''} (as printed; scale "
+                      f"{units})"]
             lines += ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip()
                       for line in [header, *body]]
             noted: dict[str, list[str]] = {}
