@@ -221,13 +221,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
         import tempfile
 
         out_dir = tempfile.mkdtemp(prefix="medheval-publish-")
-    repos = []
-    if args.results:
-        repos.append(hub.export_results(args.results, out_dir, args.model_repo, org=args.org))
-        hub.write_manifest(out_dir, repos)
-    if not args.results or args.kind or args.name:
-        repos += hub.export_all(out_dir, org=args.org, kinds=split_list(args.kind) or tuple(hub.REPO_TYPES),
-                                names=split_list(args.name), data_dir=args.data_dir)
+    units = not args.results or args.kind or args.name
+    repos = hub.export_all(out_dir, org=args.org, kinds=(split_list(args.kind) or tuple(hub.REPO_TYPES)) if units else (),
+                           names=split_list(args.name), data_dir=args.data_dir,
+                           results=(args.results, args.model_repo) if args.results else None,
+                           lock_timeout=args.lock_timeout)
     for repo in repos:
         gated = " (gated: PhysioNet)" if repo.gated else ""
         print(f"{repo.repo_type:8s} {repo.repo_id:40s} {repo.folder}{gated}")
@@ -262,6 +260,10 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
                                                               "medheval task (or a folder of them): its results become "
                                                               ".eval_results/*.yaml for --model-repo")
     publish.add_argument("--model-repo", metavar="ORG/MODEL", help="the evaluated model's Hub repo (with --results)")
+    publish.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+                         help="another publish into the same --to folder holds it: wait up to SECONDS for it "
+                              "(default 0: refuse at once, naming it). Folders are built aside and each replaces "
+                              "its target in one rename, so a kill never leaves a half-written repo folder listed")
     publish.add_argument("--create-pr", action="store_true", help="results: open a PR on the model repo instead of "
                                                                   "committing to main")
     publish.set_defaults(handler=cmd_publish)

@@ -49,6 +49,7 @@ from medheval.data.credentialed import CredentialedImageError, refuse_credential
 from medheval.data.registry import list_units, unit_dir
 from medheval.data.schema import CREDENTIALED_SOURCES, FEATURES
 from medheval.run.control import control_of
+from medheval.run.outputs import OutputLock, atomic_write_text, remove_stale_staging, replace_folder, staging_folder
 
 DEFAULT_ORG = "medheval"
 MANIFEST = "publish.json"
@@ -637,10 +638,64 @@ def _not_published(name: str) -> str | None:
 
 def export_all(out_dir: str | Path, org: str = DEFAULT_ORG, kinds: Sequence[str] = tuple(REPO_TYPES),
                names: Iterable[str] | None = None, data_dir: str | Path | None = None,
-               cache_dir: str | Path | None = None) -> list[RepoFolder]:
-    """Write one folder per Hub repo under ``out_dir`` (and ``publish.json`` listing them)."""
+               cache_dir: str | Path | None = None, results: tuple[str | Path, str] | None = None,
+               lock_timeout: float = 0.0) -> list[RepoFolder]:
+    """Write one folder per Hub repo under ``out_dir`` (and ``publish.json`` listing them); ``results``
+    (``(run folder or inspect log, model repo)``) adds that model repo's ``.eval_results`` folder.
+
+    Atomic and locked: ``out_dir`` is locked like a run's folder (:class:`medheval.run.outputs.OutputLock`:
+    a second publish into it refuses at once, naming the holder, or waits ``lock_timeout`` seconds), every
+    folder is built in a staging folder inside ``out_dir``, then each replaces its target in one rename
+    (:func:`medheval.run.outputs.replace_folder`). ``publish.json`` first stops listing the repos being
+    replaced and lists them again once they are in place, so a kill at any point leaves every listed repo
+    complete (old or new): never a half-written folder that :func:`check_recorded_files` would let through."""
+    with OutputLock(out_dir, timeout=lock_timeout, purpose="publish"):
+        out = Path(out_dir)
+        for folder in [out, *(out / kind for kind in (*REPO_TYPES, "results"))]:
+            remove_stale_staging(folder)  # what a killed publish left
+        stage = staging_folder(out / "publish")
+        try:
+            repos = [export_results(results[0], stage, results[1], org=org)] if results else []
+            skipped = _export_units(stage, repos, org, kinds, names, data_dir, cache_dir)
+            _commit(stage, out, repos)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        if skipped:
+            atomic_write_text(out / "skipped.json", json.dumps(skipped, indent=2))
+    if "datasets" in kinds and skipped and not any(repo.kind == "datasets" for repo in repos):
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in skipped.items())
+        others = f" (the {len(repos)} other repo folder(s) are in {out_dir})" if repos else ""
+        raise PublishError(f"no dataset was exported{others}. Skipped: {reasons}. Point --data-dir at the "
+                           "benchmark's annotation files, or publish other kinds only with --kind metrics/mitigations")
+    return repos
+
+
+def _commit(stage: Path, out: Path, repos: list[RepoFolder]) -> None:
+    """Move each staged repo folder to its place under ``out`` in one rename and list it in ``publish.json``:
+    first unlist what is being replaced (the same repo, or another entry for the same folder), then replace
+    the folders, then list them (each step atomic)."""
+    path = out / MANIFEST
+    targets = {os.path.abspath(out / Path(repo.folder).relative_to(stage)) for repo in repos}
+    keys = {repo.repo_id + "|" + repo.repo_type for repo in repos}
+    entries = json.loads(path.read_text()) if path.is_file() else []
+    kept = [entry for entry in entries if entry["repo_id"] + "|" + entry["repo_type"] not in keys
+            and os.path.abspath(entry["folder"]) not in targets]
+    if len(kept) != len(entries):
+        atomic_write_text(path, json.dumps(kept, indent=2))
+    for repo in repos:
+        target = out / Path(repo.folder).relative_to(stage)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        replace_folder(repo.folder, target)
+        repo.folder = str(target)
+    write_manifest(out, repos)
+
+
+def _export_units(stage: Path, repos: list[RepoFolder], org: str, kinds: Sequence[str], names: Iterable[str] | None,
+                  data_dir: str | Path | None, cache_dir: str | Path | None) -> dict[str, str]:
+    """Export the units of ``kinds`` (only ``names``, when given) into ``stage``, appending to ``repos``;
+    returns the datasets skipped, with why."""
+    out_dir = stage
     wanted = set(names) if names else None
-    repos: list[RepoFolder] = []
     skipped: dict[str, str] = {}  # dataset name -> why it was not exported (also in skipped.json)
     for kind in kinds:
         if kind not in REPO_TYPES:
@@ -670,31 +725,18 @@ def export_all(out_dir: str | Path, org: str = DEFAULT_ORG, kinds: Sequence[str]
         unknown = wanted - {Path(repo.folder).name for repo in repos}
         if unknown:
             raise PublishError(f"no unit named {sorted(unknown)} among {list(kinds)}")
-    write_manifest(out_dir, repos)
-    if skipped:
-        (Path(out_dir) / "skipped.json").write_text(json.dumps(skipped, indent=2))
-    if "datasets" in kinds and skipped and not any(repo.kind == "datasets" for repo in repos):
-        _remove_if_empty(Path(out_dir) / "datasets")
-        reasons = "; ".join(f"{name}: {reason}" for name, reason in skipped.items())
-        others = f" (the {len(repos)} other repo folder(s) are in {out_dir})" if repos else ""
-        raise PublishError(f"no dataset was exported{others}. Skipped: {reasons}. Point --data-dir at the "
-                           "benchmark's annotation files, or publish other kinds only with --kind metrics/mitigations")
-    return repos
-
-
-def _remove_if_empty(folder: Path) -> None:
-    if folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
+    return skipped
 
 
 def write_manifest(out_dir: str | Path, repos: Sequence[RepoFolder]) -> Path:
-    """``publish.json``: the repos under ``out_dir`` (merged with an existing manifest, by repo id)."""
+    """``publish.json``: the repos under ``out_dir`` (merged with an existing manifest, by repo id), replaced
+    atomically."""
     path = Path(out_dir) / MANIFEST
     existing = {entry["repo_id"] + "|" + entry["repo_type"]: entry
                 for entry in (json.loads(path.read_text()) if path.is_file() else [])}
     for repo in repos:
         existing[repo.repo_id + "|" + repo.repo_type] = asdict(repo)
-    path.write_text(json.dumps(list(existing.values()), indent=2))
+    atomic_write_text(path, json.dumps(list(existing.values()), indent=2))
     return path
 
 
