@@ -32,7 +32,6 @@ when the Hub has no ``evaluate-metric/<name>`` (its local module cache).
 from __future__ import annotations
 
 import datetime as _dt
-import glob
 import hashlib
 import json
 import os
@@ -762,27 +761,64 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
 
     The token comes from ``token`` or huggingface_hub's usual places (``HF_TOKEN``, ``hf auth login``)
     and is never printed. The endpoint is ``HF_ENDPOINT`` (default https://huggingface.co). Every repo is
-    checked before the first upload (:func:`check_recorded_files`, :func:`check_no_credentialed_bytes`); a
-    gated repo uploads exactly the files ``publish.json`` records."""
+    checked before the first upload (:func:`check_recorded_files`, :func:`check_no_credentialed_bytes`),
+    then its recorded files are copied to a private folder (sha256 checked again while copying) and that
+    copy is uploaded: a file swapped in the folder after the checks never reaches the Hub."""
+    import tempfile
+
     from huggingface_hub import HfApi
     from tqdm.auto import tqdm
 
     api = HfApi(token=token, library_name="medheval")
-    checked = []
-    for repo in repos:  # check everything before the first upload
-        gated = check_recorded_files(repo)  # a gated repo: only what the exporter wrote and recorded
-        checked.append(RepoFolder(**{**asdict(repo), "gated": gated}))
-        check_no_credentialed_bytes(checked[-1])
+    with tempfile.TemporaryDirectory(prefix="medheval-push-") as private:
+        checked = []
+        for index, repo in enumerate(repos):  # check everything before the first upload
+            gated = check_recorded_files(repo)  # a gated repo: only what the exporter wrote and recorded
+            checked.append(RepoFolder(**{**asdict(repo), "gated": gated}))
+            check_no_credentialed_bytes(checked[-1])
+        for index, repo in enumerate(checked):
+            if repo.files:
+                repo.folder = str(_snapshot(repo, Path(private) / str(index)))
+        return _upload(api, checked, create_pr, tqdm)
+
+
+def _snapshot(repo: RepoFolder, copy: Path) -> Path:
+    """Copy ``repo``'s recorded files to ``copy`` (never through a link), checking each one's sha256 again."""
+    root = Path(repo.folder)
+    for relpath, expected in sorted(repo.files.items()):
+        target = copy / relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = root
+        for part in Path(relpath).parts[:-1]:
+            source = source / part
+            if source.is_symlink():
+                raise CredentialedImageError(f"{repo.repo_id}: {relpath}: {part} became a symbolic link during the push")
+        digest = hashlib.sha256()
+        try:
+            descriptor = os.open(root / relpath, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as error:
+            raise CredentialedImageError(f"{repo.repo_id}: {relpath} could not be read as a plain file during the "
+                                         f"push ({error.strerror}); nothing was uploaded: export again") from None
+        with os.fdopen(descriptor, "rb") as handle, open(target, "wb") as out:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+                out.write(block)
+        if digest.hexdigest() != expected:
+            raise CredentialedImageError(f"{repo.repo_id}: {relpath} changed during the push (after its checks); "
+                                         "nothing was uploaded: export again")
+    return copy
+
+
+def _upload(api: Any, repos: Sequence[RepoFolder], create_pr: bool, tqdm: Any) -> list[str]:
     urls = []
-    for repo in tqdm(checked, desc="push", unit="repo"):
+    for repo in tqdm(repos, desc="push", unit="repo"):
         is_results = repo.kind == "results"
         if not is_results:  # results go to the evaluated model's existing repo
             api.create_repo(repo.repo_id, repo_type=repo.repo_type, exist_ok=True, space_sdk=repo.space_sdk)
         if repo.gated:
             api.update_repo_settings(repo.repo_id, repo_type=repo.repo_type, gated="manual")
         commit = api.upload_folder(repo_id=repo.repo_id, folder_path=repo.folder, repo_type=repo.repo_type,
-                                   commit_message="Publish with medheval", create_pr=create_pr and is_results,
-                                   allow_patterns=[glob.escape(name) for name in sorted(repo.files)] or None)
+                                   commit_message="Publish with medheval", create_pr=create_pr and is_results)
         urls.append(str(commit))
     return urls
 
