@@ -203,3 +203,28 @@ def test_a_report_refuses_a_folder_that_is_not_a_report_and_a_concurrent_report(
         release.touch()
     assert holder.wait(timeout=300) == 0
     assert (report / "report.html").is_file() and (report / "report.md").is_file()
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_replace_folder_swaps_whole_folders(tmp_path, monkeypatch, exchange):
+    """With RENAME_EXCHANGE (Linux) and without it (rename aside, then in): the new folder in place, the old
+    one gone, a planted link at the target refused."""
+    from medheval.run import outputs
+
+    if not exchange:
+        monkeypatch.setattr(outputs, "_exchange", lambda first, second: False)
+    target = tmp_path / "report"
+    target.mkdir()
+    (target / "report.html").write_text("old")
+    staged = outputs.staging_folder(target)
+    (staged / "report.md").write_text("new")
+    outputs.replace_folder(staged, target)
+    assert sorted(p.name for p in target.iterdir()) == ["report.md"] and (target / "report.md").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["report"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "linked"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(outputs.UnsafeOutputPath, match="linked is a symbolic link"):
+        outputs.replace_folder(outputs.staging_folder(link), link)
+    assert list(elsewhere.iterdir()) == []

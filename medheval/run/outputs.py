@@ -234,7 +234,7 @@ def _exchange(first: Path, second: Path) -> bool:
     platform or the file system cannot."""
     try:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
+    except (AttributeError, OSError, TypeError):  # no renameat2 (macOS), no libc handle (Windows)
         return False
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
