@@ -251,3 +251,20 @@ def test_a_clean_export_is_pushed_with_exactly_its_recorded_files(export, tmp_pa
     assert pushed.gated == "manual"
     assert {path: hashlib.sha256(data).hexdigest() for path, data in files.items()} == repo.files
     assert loopback_hub.repos[("dataset", "medheval/mm_vishal")].gated in (False, None)
+
+
+def test_a_file_swapped_after_the_checks_never_reaches_the_hub(export, tmp_path, loopback_hub, monkeypatch):
+    """The race: the checks read the exported Parquet, then an attacker swaps in pixels before the upload."""
+    out = tmp_path / "out"
+    _copy(export, out)
+    checks = hub.check_no_credentialed_bytes
+
+    def check_then_swap(repo):
+        checks(repo)
+        if repo.repo_id == "medheval/cxr_vishal":
+            _parquet_with_pixel_column(Path(repo.folder))
+
+    monkeypatch.setattr(hub, "check_no_credentialed_bytes", check_then_swap)
+    with pytest.raises(CredentialedImageError, match=f"cxr_vishal: {PARQUET} changed during the push"):
+        hub.push(hub.read_manifest(out), token=TOKEN)
+    assert loopback_hub.repos == {} and loopback_hub.lfs_objects == {}

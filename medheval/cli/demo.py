@@ -82,6 +82,8 @@ def run_stepbench_demo(output: str | Path, model: Any, processor: Any, max_new_t
         runs.append(run(spec, backend, batch_size=16))
     table = ("# Med-StepBench demo (Table 3 shape): recall and F1 (%) per step, hallucination = positive class\n\n"
              f"> **{RANDOM_WEIGHTS_LABEL}**\n\n{stepbench_table(runs)}\n")
-    (output / "table3.md").write_text(table)
+    from medheval.run.outputs import atomic_write_text
+
+    atomic_write_text(output / "table3.md", table)  # replaces a planted link, never writes through it
     print(table)
     return runs

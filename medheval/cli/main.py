@@ -244,14 +244,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
         import tempfile
 
         out_dir = tempfile.mkdtemp(prefix="medheval-publish-")
-    repos = []
-    if args.results:
-        allow = [key for key, flag in ALLOW_FLAGS.items() if getattr(args, flag[2:].replace("-", "_"))]
-        repos.append(hub.export_results(args.results, out_dir, args.model_repo, org=args.org, allow=allow))
-        hub.write_manifest(out_dir, repos)
-    if not args.results or args.kind or args.name:
-        repos += hub.export_all(out_dir, org=args.org, kinds=split_list(args.kind) or tuple(hub.REPO_TYPES),
-                                names=split_list(args.name), data_dir=args.data_dir)
+    allow = [key for key, flag in ALLOW_FLAGS.items() if getattr(args, flag[2:].replace("-", "_"))]
+    units = not args.results or args.kind or args.name
+    repos = hub.export_all(out_dir, org=args.org, kinds=(split_list(args.kind) or tuple(hub.REPO_TYPES)) if units else (),
+                           names=split_list(args.name), data_dir=args.data_dir,
+                           results=(args.results, args.model_repo) if args.results else None,
+                           allow=allow, lock_timeout=args.lock_timeout)
     for repo in repos:
         gated = " (gated: PhysioNet)" if repo.gated else ""
         print(f"{repo.repo_type:8s} {repo.repo_id:40s} {repo.folder}{gated}")
@@ -292,6 +290,10 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
                          "embedded fixture data anyway (said in each entry's notes)")
     publish.add_argument("--allow-limit", action="store_true", help="results: publish a --limit run anyway (said "
                          "in each entry's notes)")
+    publish.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+                         help="another publish into the same --to folder holds it: wait up to SECONDS for it "
+                              "(default 0: refuse at once, naming it). Folders are built aside and each replaces "
+                              "its target in one rename, so a kill never leaves a half-written repo folder listed")
     publish.add_argument("--create-pr", action="store_true", help="results: open a PR on the model repo instead of "
                                                                   "committing to main")
     publish.set_defaults(handler=cmd_publish)

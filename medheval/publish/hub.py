@@ -32,7 +32,6 @@ when the Hub has no ``evaluate-metric/<name>`` (its local module cache).
 from __future__ import annotations
 
 import datetime as _dt
-import glob
 import hashlib
 import json
 import os
@@ -51,6 +50,7 @@ from medheval.data.schema import CREDENTIALED_SOURCES, FEATURES
 from medheval.run import provenance
 from medheval.run.control import control_of
 from medheval.scoring.headline import headline_numbers
+from medheval.run.outputs import OutputLock, atomic_write_text, remove_stale_staging, replace_folder, staging_folder
 
 DEFAULT_ORG = "medheval"
 MANIFEST = "publish.json"
@@ -644,10 +644,65 @@ def _not_published(name: str) -> str | None:
 
 def export_all(out_dir: str | Path, org: str = DEFAULT_ORG, kinds: Sequence[str] = tuple(REPO_TYPES),
                names: Iterable[str] | None = None, data_dir: str | Path | None = None,
-               cache_dir: str | Path | None = None) -> list[RepoFolder]:
-    """Write one folder per Hub repo under ``out_dir`` (and ``publish.json`` listing them)."""
+               cache_dir: str | Path | None = None, results: tuple[str | Path, str] | None = None,
+               allow: Iterable[str] = (),
+               lock_timeout: float = 0.0) -> list[RepoFolder]:
+    """Write one folder per Hub repo under ``out_dir`` (and ``publish.json`` listing them); ``results``
+    (``(run folder or inspect log, model repo)``) adds that model repo's ``.eval_results`` folder.
+
+    Atomic and locked: ``out_dir`` is locked like a run's folder (:class:`medheval.run.outputs.OutputLock`:
+    a second publish into it refuses at once, naming the holder, or waits ``lock_timeout`` seconds), every
+    folder is built in a staging folder inside ``out_dir``, then each replaces its target in one rename
+    (:func:`medheval.run.outputs.replace_folder`). ``publish.json`` first stops listing the repos being
+    replaced and lists them again once they are in place, so a kill at any point leaves every listed repo
+    complete (old or new): never a half-written folder that :func:`check_recorded_files` would let through."""
+    with OutputLock(out_dir, timeout=lock_timeout, purpose="publish"):
+        out = Path(out_dir)
+        for folder in [out, *(out / kind for kind in (*REPO_TYPES, "results"))]:
+            remove_stale_staging(folder)  # what a killed publish left
+        stage = staging_folder(out / "publish")
+        try:
+            repos = [export_results(results[0], stage, results[1], org=org, allow=allow)] if results else []
+            skipped = _export_units(stage, repos, org, kinds, names, data_dir, cache_dir)
+            _commit(stage, out, repos)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        if skipped:
+            atomic_write_text(out / "skipped.json", json.dumps(skipped, indent=2))
+    if "datasets" in kinds and skipped and not any(repo.kind == "datasets" for repo in repos):
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in skipped.items())
+        others = f" (the {len(repos)} other repo folder(s) are in {out_dir})" if repos else ""
+        raise PublishError(f"no dataset was exported{others}. Skipped: {reasons}. Point --data-dir at the "
+                           "benchmark's annotation files, or publish other kinds only with --kind metrics/mitigations")
+    return repos
+
+
+def _commit(stage: Path, out: Path, repos: list[RepoFolder]) -> None:
+    """Move each staged repo folder to its place under ``out`` in one rename and list it in ``publish.json``:
+    first unlist what is being replaced (the same repo, or another entry for the same folder), then replace
+    the folders, then list them (each step atomic)."""
+    path = out / MANIFEST
+    targets = {os.path.abspath(out / Path(repo.folder).relative_to(stage)) for repo in repos}
+    keys = {repo.repo_id + "|" + repo.repo_type for repo in repos}
+    entries = json.loads(path.read_text()) if path.is_file() else []
+    kept = [entry for entry in entries if entry["repo_id"] + "|" + entry["repo_type"] not in keys
+            and os.path.abspath(entry["folder"]) not in targets]
+    if len(kept) != len(entries):
+        atomic_write_text(path, json.dumps(kept, indent=2))
+    for repo in repos:
+        target = out / Path(repo.folder).relative_to(stage)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        replace_folder(repo.folder, target)
+        repo.folder = str(target)
+    write_manifest(out, repos)
+
+
+def _export_units(stage: Path, repos: list[RepoFolder], org: str, kinds: Sequence[str], names: Iterable[str] | None,
+                  data_dir: str | Path | None, cache_dir: str | Path | None) -> dict[str, str]:
+    """Export the units of ``kinds`` (only ``names``, when given) into ``stage``, appending to ``repos``;
+    returns the datasets skipped, with why."""
+    out_dir = stage
     wanted = set(names) if names else None
-    repos: list[RepoFolder] = []
     skipped: dict[str, str] = {}  # dataset name -> why it was not exported (also in skipped.json)
     for kind in kinds:
         if kind not in REPO_TYPES:
@@ -677,31 +732,18 @@ def export_all(out_dir: str | Path, org: str = DEFAULT_ORG, kinds: Sequence[str]
         unknown = wanted - {Path(repo.folder).name for repo in repos}
         if unknown:
             raise PublishError(f"no unit named {sorted(unknown)} among {list(kinds)}")
-    write_manifest(out_dir, repos)
-    if skipped:
-        (Path(out_dir) / "skipped.json").write_text(json.dumps(skipped, indent=2))
-    if "datasets" in kinds and skipped and not any(repo.kind == "datasets" for repo in repos):
-        _remove_if_empty(Path(out_dir) / "datasets")
-        reasons = "; ".join(f"{name}: {reason}" for name, reason in skipped.items())
-        others = f" (the {len(repos)} other repo folder(s) are in {out_dir})" if repos else ""
-        raise PublishError(f"no dataset was exported{others}. Skipped: {reasons}. Point --data-dir at the "
-                           "benchmark's annotation files, or publish other kinds only with --kind metrics/mitigations")
-    return repos
-
-
-def _remove_if_empty(folder: Path) -> None:
-    if folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
+    return skipped
 
 
 def write_manifest(out_dir: str | Path, repos: Sequence[RepoFolder]) -> Path:
-    """``publish.json``: the repos under ``out_dir`` (merged with an existing manifest, by repo id)."""
+    """``publish.json``: the repos under ``out_dir`` (merged with an existing manifest, by repo id), replaced
+    atomically."""
     path = Path(out_dir) / MANIFEST
     existing = {entry["repo_id"] + "|" + entry["repo_type"]: entry
                 for entry in (json.loads(path.read_text()) if path.is_file() else [])}
     for repo in repos:
         existing[repo.repo_id + "|" + repo.repo_type] = asdict(repo)
-    path.write_text(json.dumps(list(existing.values()), indent=2))
+    atomic_write_text(path, json.dumps(list(existing.values()), indent=2))
     return path
 
 
@@ -727,27 +769,64 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
 
     The token comes from ``token`` or huggingface_hub's usual places (``HF_TOKEN``, ``hf auth login``)
     and is never printed. The endpoint is ``HF_ENDPOINT`` (default https://huggingface.co). Every repo is
-    checked before the first upload (:func:`check_recorded_files`, :func:`check_no_credentialed_bytes`); a
-    gated repo uploads exactly the files ``publish.json`` records."""
+    checked before the first upload (:func:`check_recorded_files`, :func:`check_no_credentialed_bytes`),
+    then its recorded files are copied to a private folder (sha256 checked again while copying) and that
+    copy is uploaded: a file swapped in the folder after the checks never reaches the Hub."""
+    import tempfile
+
     from huggingface_hub import HfApi
     from tqdm.auto import tqdm
 
     api = HfApi(token=token, library_name="medheval")
-    checked = []
-    for repo in repos:  # check everything before the first upload
-        gated = check_recorded_files(repo)  # a gated repo: only what the exporter wrote and recorded
-        checked.append(RepoFolder(**{**asdict(repo), "gated": gated}))
-        check_no_credentialed_bytes(checked[-1])
+    with tempfile.TemporaryDirectory(prefix="medheval-push-") as private:
+        checked = []
+        for index, repo in enumerate(repos):  # check everything before the first upload
+            gated = check_recorded_files(repo)  # a gated repo: only what the exporter wrote and recorded
+            checked.append(RepoFolder(**{**asdict(repo), "gated": gated}))
+            check_no_credentialed_bytes(checked[-1])
+        for index, repo in enumerate(checked):
+            if repo.files:
+                repo.folder = str(_snapshot(repo, Path(private) / str(index)))
+        return _upload(api, checked, create_pr, tqdm)
+
+
+def _snapshot(repo: RepoFolder, copy: Path) -> Path:
+    """Copy ``repo``'s recorded files to ``copy`` (never through a link), checking each one's sha256 again."""
+    root = Path(repo.folder)
+    for relpath, expected in sorted(repo.files.items()):
+        target = copy / relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = root
+        for part in Path(relpath).parts[:-1]:
+            source = source / part
+            if source.is_symlink():
+                raise CredentialedImageError(f"{repo.repo_id}: {relpath}: {part} became a symbolic link during the push")
+        digest = hashlib.sha256()
+        try:
+            descriptor = os.open(root / relpath, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as error:
+            raise CredentialedImageError(f"{repo.repo_id}: {relpath} could not be read as a plain file during the "
+                                         f"push ({error.strerror}); nothing was uploaded: export again") from None
+        with os.fdopen(descriptor, "rb") as handle, open(target, "wb") as out:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+                out.write(block)
+        if digest.hexdigest() != expected:
+            raise CredentialedImageError(f"{repo.repo_id}: {relpath} changed during the push (after its checks); "
+                                         "nothing was uploaded: export again")
+    return copy
+
+
+def _upload(api: Any, repos: Sequence[RepoFolder], create_pr: bool, tqdm: Any) -> list[str]:
     urls = []
-    for repo in tqdm(checked, desc="push", unit="repo"):
+    for repo in tqdm(repos, desc="push", unit="repo"):
         is_results = repo.kind == "results"
         if not is_results:  # results go to the evaluated model's existing repo
             api.create_repo(repo.repo_id, repo_type=repo.repo_type, exist_ok=True, space_sdk=repo.space_sdk)
         if repo.gated:
             api.update_repo_settings(repo.repo_id, repo_type=repo.repo_type, gated="manual")
         commit = api.upload_folder(repo_id=repo.repo_id, folder_path=repo.folder, repo_type=repo.repo_type,
-                                   commit_message="Publish with medheval", create_pr=create_pr and is_results,
-                                   allow_patterns=[glob.escape(name) for name in sorted(repo.files)] or None)
+                                   commit_message="Publish with medheval", create_pr=create_pr and is_results)
         urls.append(str(commit))
     return urls
 

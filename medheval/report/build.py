@@ -4,6 +4,12 @@ Writes ``report.md``, ``tables.csv`` (one tidy row per cell), ``report.json`` (t
 notes), ``plots/*.png`` and ``report.html`` (self-contained); ``--compare-published`` adds the Reproduction
 table (:mod:`medheval.report.published`). Plots need matplotlib (the ``report``
 extra); without it the report is written without them and says so.
+
+The output folder is replaced as a whole (:func:`write_report`): everything is built in a staging folder
+beside it, then put in its place in one rename, under the folder's lock (``.medheval.lock``, as a run
+holds). A kill leaves the old report or the new one, never new tables beside an old ``report.html``; a
+second report into the same folder refuses at once, or waits ``--lock-timeout`` seconds. A folder that
+holds anything but a report's files is refused, untouched.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -104,11 +111,60 @@ def write_run_report(output: str | Path, results: dict[str, Any], cluster: str =
                 f"try `medheval report {output} --output DIR`")
 
 
+REPORT_FILES = frozenset({"report.md", "tables.csv", "report.json", "report.html", "plots", ".medheval.lock"})
+
+
 def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = True, html: bool = True,
                  thumbnails: bool = False, image_roots: dict[str, str] | None = None,
                  runs: "list[Run] | None" = None, cluster: str = "auto",
-                 compare_published: bool = False, p_adjust: str = "holm") -> dict[str, Any]:
+                 compare_published: bool = False, p_adjust: str = "holm", lock_timeout: float = 0.0) -> dict[str, Any]:
+    """Read the run folders under ``paths`` and write the report into ``output``, replacing it whole (module
+    docstring); returns what was written. Arguments as in :func:`build_report`; ``lock_timeout``: seconds to
+    wait for another report into ``output``."""
+    from medheval.run.outputs import OutputLock, is_orphan, remove_stale_staging, replace_folder, staging_folder
+
+    output = Path(output)
+    if output.is_symlink():
+        raise ValueError(f"--output {output} is a symbolic link; the report replaces its folder whole: give the "
+                         "real folder")
+    foreign = sorted(path.name for path in output.iterdir()
+                     if path.name not in REPORT_FILES and not is_orphan(path)) if output.is_dir() else []
+    if foreign:
+        raise ValueError(f"--output {output} holds files that are not a report's ({', '.join(foreign[:5])}"
+                         f"{' ...' if len(foreign) > 5 else ''}); the report replaces its folder whole: give an "
+                         "empty or report-only folder")
+    with OutputLock(output, timeout=lock_timeout, purpose="report"):
+        remove_stale_staging(output.parent, output.name)  # what a killed report left beside it
+        stage = staging_folder(output)
+        try:
+            written = build_report(paths, stage, plots=plots, html=html, thumbnails=thumbnails,
+                                   image_roots=image_roots, runs=runs, cluster=cluster,
+                                   compare_published=compare_published, p_adjust=p_adjust,
+                                   final_output=output)
+            # the new folder's lock file, held across the swap: a report waiting on the old one locks it next
+            with OutputLock(stage, purpose="report"):
+                replace_folder(stage, output)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    return {kind: _moved(value, stage, output) for kind, value in written.items()}
+
+
+def _moved(value: Any, stage: Path, output: Path) -> Any:
+    """A path (or ``{name: path}``) under ``stage`` as the same path under ``output``."""
+    if isinstance(value, Path) and value.is_relative_to(stage):
+        return output / value.relative_to(stage)
+    if isinstance(value, dict):
+        return {key: _moved(item, stage, output) for key, item in value.items()}
+    return value
+
+
+def build_report(paths: Sequence[str | Path], output: str | Path, plots: bool = True, html: bool = True,
+                 thumbnails: bool = False, image_roots: dict[str, str] | None = None,
+                 runs: "list[Run] | None" = None, cluster: str = "auto",
+                 compare_published: bool = False, p_adjust: str = "holm",
+                 final_output: str | Path | None = None) -> dict[str, Any]:
     """Read the run folders under ``paths`` and write the report into ``output``; returns what was written.
+    ``final_output``: where ``output`` will be moved (:func:`write_report`), for the paths ``report.json`` gives.
 
     ``cluster``: ``auto`` resamples each split's clusters (the unit its benchmark declares), ``none`` items
     (the intervals of reports before clustering); it applies to ``runs`` read here, not to ``runs`` given.
@@ -147,7 +203,7 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
                "software_stack": [{"runs": label, "versions": versions} for label, versions in software_stack(runs)],
                "caveats": notes, "tables": [to_json(table) for table in tables], "comparisons": compared,
                **({"image_deltas": blind} if blind else {}),
-               "plots": {name: str(path) for name, path in figures.items()},
+               "plots": {name: str(_moved(path, output, Path(final_output or output))) for name, path in figures.items()},
                **({"reproduction": reproduced} if reproduced is not None else {})}
     atomic_write_text(output / "report.json", json.dumps(summary, indent=2, default=str))
     written = {"markdown": output / "report.md", "csv": output / "tables.csv", "json": output / "report.json",
@@ -208,6 +264,9 @@ def add_report_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders, mitigation grids, or folders of them")
     parser.add_argument("--output", required=True, help="folder for report.md/.json/.html, tables.csv, plots/")
     parser.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib needed)")
+    parser.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+                        help="another report into --output holds it: wait up to SECONDS (default 0: refuse at "
+                             "once). The folder is built aside and replaced in one rename")
     parser.add_argument("--no-html", action="store_true", help="no report.html")
     parser.add_argument("--thumbnails", action="store_true",
                         help="embed thumbnails of non-credentialed images found under a local --image-root "
@@ -239,7 +298,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         roots[source] = root
     written = write_report(args.runs, args.output, plots=not args.no_plots, html=not args.no_html,
                            thumbnails=args.thumbnails, image_roots=roots, cluster=args.cluster,
-                           compare_published=args.compare_published, p_adjust=args.p_adjust)
+                           compare_published=args.compare_published, p_adjust=args.p_adjust,
+                           lock_timeout=args.lock_timeout)
     for kind, path in written.items():
         if isinstance(path, Path):
             print(f"{kind}: {path}")

@@ -14,16 +14,21 @@
   folder (the folder the user named may itself be a link). Anyone who can write into an output folder
   could otherwise plant ``predictions.jsonl -> ~/.bashrc`` and have a run append to it:
   :class:`UnsafeOutputPath` says which file and what to do instead.
+* :func:`replace_folder` puts a folder built aside (a staging folder) in place of another in one rename
+  (``renameat2(RENAME_EXCHANGE)`` on Linux): readers see the old folder or the new one, never a mix.
+  ``medheval publish`` and ``medheval report`` build into staging folders this way, under an :class:`OutputLock`.
 * Temporary files are named ``.<target>.<8 random>.medheval.tmp``; only files of that shape (regular
   files owned by this user) are ever removed as leftovers, so other tools' ``*.tmp`` files are left alone.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
 import re
+import shutil
 import socket
 import stat
 import tempfile
@@ -42,6 +47,8 @@ LOCK_NAME = ".medheval.lock"
 TEMP_SUFFIX = ".medheval.tmp"
 # what atomic_write_bytes names its temporary files: .<target>.<8 random chars of tempfile>.medheval.tmp
 ORPHAN_NAME = re.compile(r"\..+\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+STAGING_SUFFIX = ".medheval-staging"  # folders built aside by publish/report: .<name>.<8 random>.medheval-staging
+STAGING_NAME = re.compile(r"\..+\.[a-z0-9_]{8}" + re.escape(STAGING_SUFFIX))
 _HELD: set[str] = set()  # absolute paths of the output folders whose lock this process holds
 
 
@@ -246,6 +253,71 @@ def remove_orphans(folder: str | Path) -> list[Path]:
     return removed
 
 
+def staging_folder(target: str | Path) -> Path:
+    """A new empty folder beside ``target`` (same file system, so it can be renamed onto it), named as ours."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=STAGING_SUFFIX, dir=target.parent))
+
+
+def remove_stale_staging(folder: str | Path, name: str | None = None) -> list[Path]:
+    """Delete the staging folders a killed publish/report left directly in ``folder`` (ours by name, for
+    target ``name`` when given; real folders, never followed links). Only call it while holding the lock
+    that covers them."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for path in folder.iterdir():
+        if (STAGING_NAME.fullmatch(path.name) and (name is None or path.name.startswith(f".{name}."))
+                and path.is_dir() and not path.is_symlink()):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2`` with ``RENAME_EXCHANGE``); ``False`` where the
+    platform or the file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError, TypeError):  # no renameat2 (macOS), no libc handle (Windows)
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(first), None, str(second))
+
+
+def replace_folder(staged: str | Path, target: str | Path) -> None:
+    """Put the folder ``staged`` at ``target`` in one rename, then delete the folder it replaced.
+
+    Where ``target`` exists, the two are swapped with ``RENAME_EXCHANGE``; where the platform cannot, the old
+    folder is first renamed aside (a kill between the two renames leaves ``target`` missing, never mixed).
+    The replaced folder goes to ``staged``'s name, which :func:`remove_stale_staging` recognises if a kill
+    stops its deletion."""
+    staged, target = Path(staged), Path(target)
+    if target.is_symlink():
+        raise UnsafeOutputPath(f"{target} is a symbolic link (to {os.readlink(target)}); medheval replaces only real "
+                               "folders: remove the link, or choose another folder")
+    if not os.path.lexists(target):
+        os.rename(staged, target)
+    elif not _exchange(staged, target):
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=STAGING_SUFFIX, dir=target.parent))
+        os.rename(target, aside / "old")
+        os.rename(staged, target)
+        staged = aside
+    _fsync_dir(target.parent)
+    shutil.rmtree(staged, ignore_errors=True)
+
+
 class OutputLock:
     """Exclusive lock on an output folder for the life of a run (a context manager).
 
@@ -253,10 +325,16 @@ class OutputLock:
         folder: the output folder (created if needed).
         timeout: seconds to wait for another run to release the folder; ``0`` refuses at once.
         poll: seconds between attempts while waiting.
+        purpose: what the holder does, for the refusal's message (``"run"``, ``"publish"``, ``"report"``).
     """
 
-    def __init__(self, folder: str | Path, timeout: float = 0.0, poll: float = 0.5) -> None:
+    REASONS = {"run": "Two runs into one folder would duplicate every record",
+               "publish": "Two publishes into one folder would mix their repo folders and publish.json",
+               "report": "Two reports into one folder would replace each other's files"}
+
+    def __init__(self, folder: str | Path, timeout: float = 0.0, poll: float = 0.5, purpose: str = "run") -> None:
         self.folder = Path(folder)
+        self.purpose = purpose
         self.path = self.folder / LOCK_NAME
         self.timeout = float(timeout)
         self.poll = poll
@@ -274,23 +352,27 @@ class OutputLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         if fcntl is None:  # pragma: no cover - no advisory locks on this platform: run unguarded
             return self
-        handle = os.fdopen(open_owned(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "a+", encoding="utf-8")
         deadline = time.monotonic() + self.timeout
         while True:
+            handle = os.fdopen(open_owned(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "a+", encoding="utf-8")
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     holder = self._holder()
                     handle.close()
                     waited = f" after waiting {self.timeout:g} s" if self.timeout > 0 else ""
+                    reason = self.REASONS.get(self.purpose, self.REASONS["run"])
                     raise OutputFolderLocked(
-                        f"{self.folder} is in use by another run ({holder}){waited}. Two runs into one folder "
-                        f"would duplicate every record: wait for it to finish (or pass --lock-timeout SECONDS "
-                        f"to wait), or choose another --output folder."
+                        f"{self.folder} is in use by another {self.purpose} ({holder}){waited}. {reason}: wait for "
+                        f"it to finish (or pass --lock-timeout SECONDS to wait), or choose another folder."
                     ) from None
+                handle.close()
                 time.sleep(self.poll)
+                continue
+            if self._still_the_lock_file(handle):
+                break
+            handle.close()  # the folder was replaced whole while we waited (a report): lock the new one
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
@@ -300,6 +382,15 @@ class OutputLock:
         _HELD.add(os.path.abspath(self.folder))
         self.removed_orphans = remove_orphans(self.folder)
         return self
+
+    def _still_the_lock_file(self, handle: IO[str]) -> bool:
+        """Whether the file locked is still ``<folder>/.medheval.lock`` (a report's folder is replaced whole)."""
+        try:
+            now = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(handle.fileno())
+        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
     def release(self) -> None:
         if self._handle is not None:

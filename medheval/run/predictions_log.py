@@ -39,11 +39,15 @@ def read_log(path: str | Path, repair: bool = True,
     path = Path(path)
     if not os.path.lexists(path):
         return []
-    with os.fdopen(open_owned(path, os.O_RDWR if repair else os.O_RDONLY), "r+b" if repair else "rb") as handle:
+    with os.fdopen(open_owned(path, os.O_RDONLY), "rb") as handle:
         raw = handle.read()
-        complete_end = raw.rfind(b"\n") + 1  # bytes up to and including the last newline
-        if complete_end < len(raw) and repair:
-            handle.truncate(complete_end)
+    complete_end = raw.rfind(b"\n") + 1  # bytes up to and including the last newline
+    if complete_end < len(raw) and repair:
+        descriptor = open_owned(path, os.O_WRONLY)
+        try:
+            os.ftruncate(descriptor, complete_end)
+        finally:
+            os.close(descriptor)
     parsed: list[tuple[int, Any]] = []
     for number, line in enumerate(raw[:complete_end].split(b"\n")[:-1], start=1):
         if not line.strip():
