@@ -281,10 +281,11 @@ class APIBackend:
 
     # -- recording ----------------------------------------------------------------------------
     def usage(self) -> dict:
-        """HTTP requests sent, cache hits, failed records, retries and tokens since this backend was built."""
+        """HTTP requests sent, cache hits, failed records, retries and tokens since this backend was built;
+        ``invalid_usage``: replies whose usage numbers were not counts (not summed into the tokens)."""
         usage = self._client.usage()
         return {key: usage[key] for key in ("requests", "cached", "failures", "retries", "input_tokens",
-                                            "output_tokens")}
+                                            "output_tokens", "invalid_usage")}
 
     def settings(self) -> dict:
         """What the predictions depend on (no credentials; transport options such as concurrency are

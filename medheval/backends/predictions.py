@@ -6,6 +6,10 @@ Other keys (``model``, ``mitigation``, settings, timing: what the runner itself 
 are allowed and ignored, so a predictions file from an earlier run can be re-scored; only ``provenance``
 is kept (:attr:`PredictionsFileBackend.carried_provenance`): the runner makes the re-score inherit it, with
 the ``results.json`` beside a run's ``predictions.jsonl`` (:mod:`medheval.run.provenance`).
+
+Bounds: a line holds at most :data:`MAX_LINE_BYTES` bytes, a prediction at most
+:data:`MAX_PREDICTION_CHARS` characters, an id at most :data:`MAX_ID_CHARS`; past them the line is
+refused, naming its number, without being parsed (the file is read line by line, so memory stays small).
 """
 
 from __future__ import annotations
@@ -13,10 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from medheval.backends.base import BackendError
 
+MAX_LINE_BYTES = 1_000_000  # one line of a predictions file (or of a run's predictions.jsonl)
+MAX_PREDICTION_CHARS = 100_000  # one prediction: far above any model's answer or report
+MAX_ID_CHARS = 512
 EXPECTED_LINE = '{"id": "<benchmark/config/upstream-id>", "prediction": "<model output text>"}'
 _MAX_LISTED = 20
 _MAX_ERRORS = 50
@@ -46,13 +55,6 @@ class PredictionsFileBackend:
         self.path = Path(path)
         if not self.path.is_file():
             raise BackendError(f"predictions file {str(self.path)!r} does not exist or is not a file")
-        raw = self.path.read_bytes()
-        self._sha256 = hashlib.sha256(raw).hexdigest()
-        try:
-            text = raw.decode("utf-8-sig")
-        except UnicodeDecodeError as err:
-            raise BackendError(f"predictions file {str(self.path)!r} is not UTF-8: {err}") from None
-
         self._predictions: dict[str, str] = {}
         first_line: dict[str, int] = {}
         duplicates: dict[str, list[int]] = {}
@@ -60,9 +62,8 @@ class PredictionsFileBackend:
         models: set[str] = set()
         carried: list[dict] = []  # the lines' provenance (medheval.run.provenance)
 
-        # Lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 … inside an answer
-        # (JSON allows them raw, and the runner's own log writes them so).
-        for lineno, line in enumerate(text.split("\n"), start=1):
+        digest = hashlib.sha256()
+        for lineno, line in self._lines(digest, errors):
             if not line.strip():
                 continue
             try:
@@ -81,13 +82,19 @@ class PredictionsFileBackend:
                 )
                 continue
             rid, pred = obj["id"], obj["prediction"]
-            if not isinstance(rid, str) or not rid:
-                errors.append(f"line {lineno}: 'id' must be a non-empty string, got {rid!r}")
+            if not isinstance(rid, str) or not rid or len(rid) > MAX_ID_CHARS:
+                shown = repr(rid)[:80] + ("…" if len(repr(rid)) > 80 else "")
+                errors.append(f"line {lineno}: 'id' must be a non-empty string of at most {MAX_ID_CHARS} "
+                              f"characters, got {shown}")
                 continue
             if not isinstance(pred, str):
                 errors.append(
                     f"line {lineno} (id {rid!r}): 'prediction' must be a string, got {type(pred).__name__}"
                 )
+                continue
+            if len(pred) > MAX_PREDICTION_CHARS:
+                errors.append(f"line {lineno} (id {rid!r}): the prediction has {len(pred)} characters; at most "
+                              f"{MAX_PREDICTION_CHARS} are accepted")
                 continue
             if rid in first_line:
                 duplicates.setdefault(rid, [first_line[rid]]).append(lineno)
@@ -99,6 +106,7 @@ class PredictionsFileBackend:
             if isinstance(obj.get("provenance"), dict):
                 carried.append(obj["provenance"])
 
+        self._sha256 = digest.hexdigest()
         if duplicates:
             errors.extend(
                 f"duplicate id {rid!r} on lines {', '.join(map(str, lines))}" for rid, lines in duplicates.items()
@@ -122,6 +130,37 @@ class PredictionsFileBackend:
             name = models.pop() if len(models) == 1 else self.path.stem
         self.name = name
         self.carried_provenance = carried
+
+    def _lines(self, digest: Any, errors: list[str]) -> Iterator[tuple[int, str]]:
+        """``(line number, text)`` of each line, read in pieces of at most :data:`MAX_LINE_BYTES`: a longer
+        line is skipped unparsed with an error. Lines end at "\\n" only (``str.splitlines()`` would also cut
+        at U+2028, U+0085 … inside an answer, which JSON allows raw)."""
+        with open(self.path, "rb") as handle:
+            lineno = 0
+            while True:
+                raw = handle.readline(MAX_LINE_BYTES + 1)
+                if not raw:
+                    return
+                digest.update(raw)
+                lineno += 1
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    size = len(raw)
+                    while not raw.endswith(b"\n"):
+                        raw = handle.readline(1 << 20)
+                        if not raw:
+                            break
+                        digest.update(raw)
+                        size += len(raw)
+                    errors.append(f"line {lineno}: {size} bytes; a line holds at most {MAX_LINE_BYTES} bytes "
+                                  f"(a prediction at most {MAX_PREDICTION_CHARS} characters)")
+                    continue
+                if lineno == 1:
+                    raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark
+                try:
+                    yield lineno, raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise BackendError(f"predictions file {str(self.path)!r} is not UTF-8 (line {lineno}: "
+                                       f"{err})") from None
 
     # -- inspection -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -163,4 +202,4 @@ class PredictionsFileBackend:
         }
 
 
-__all__ = ["PredictionsFileBackend"]
+__all__ = ["MAX_ID_CHARS", "MAX_LINE_BYTES", "MAX_PREDICTION_CHARS", "PredictionsFileBackend"]

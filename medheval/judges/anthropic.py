@@ -76,13 +76,7 @@ class AnthropicJudge(HTTPJudge):
             note = f"the reply was cut off at max_tokens={self.max_tokens}"
         elif body.get("stop_reason") == "refusal":
             note = "the model refused"
-        usage = body.get("usage") or {}
-        return Completion(
-            text=text,
-            input_tokens=int(usage.get("input_tokens") or 0),
-            output_tokens=int(usage.get("output_tokens") or 0),
-            note=note,
-        )
+        return Completion.from_usage(text, body.get("usage"), "input_tokens", "output_tokens", note)
 
     def _key_hint(self) -> str:
         return "a key was sent" if self._api_key else "none configured: set ANTHROPIC_API_KEY or pass api_key"

@@ -166,6 +166,9 @@ class JudgeResult:
         }
 
 
+MAX_USAGE_TOKENS = 10_000_000  # a reply's token count above this is not a count
+
+
 @dataclass
 class Completion:
     """One reply from a backend: its text, token usage, and a note (e.g. cut off at max_tokens)."""
@@ -174,6 +177,22 @@ class Completion:
     input_tokens: int = 0
     output_tokens: int = 0
     note: str | None = None
+    usage_valid: bool = True  # False: the reply's usage numbers were not counts (see from_usage)
+
+    @classmethod
+    def from_usage(cls, text: str, usage: Any, input_key: str, output_key: str, note: str | None = None
+                   ) -> "Completion":
+        """A completion whose token counts come from a reply's ``usage`` object. Each count must be an integer
+        from 0 to :data:`MAX_USAGE_TOKENS` (absent: 0); anything else (``"12"``, ``-1e308``, ``1.5``, ``true``,
+        a usage that is not an object) is summed as 0 and the reply counted in ``usage["invalid_usage"]``."""
+        if usage is None:
+            usage = {}
+        counts = [usage.get(key) if isinstance(usage, dict) else None for key in (input_key, output_key)]
+        valid = isinstance(usage, dict) and all(
+            value is None or (type(value) is int and 0 <= value <= MAX_USAGE_TOKENS) for value in counts)
+        if not valid:
+            return cls(text=text, note=note, usage_valid=False)
+        return cls(text=text, input_tokens=counts[0] or 0, output_tokens=counts[1] or 0, note=note)
 
 
 @dataclass
@@ -256,7 +275,7 @@ class Judge:
         self.cache: JudgeCache | None = None if cache_dir is False else JudgeCache(cache_dir)
         self._lock = threading.Lock()
         self._usage = {"requests": 0, "cached": 0, "failures": 0, "retries": 0, "invalid_retries": 0,
-                       "input_tokens": 0, "output_tokens": 0}
+                       "input_tokens": 0, "output_tokens": 0, "invalid_usage": 0}
 
     # -- description ------------------------------------------------------------------------
     @property

@@ -195,7 +195,8 @@ class HTTPJudge(Judge):
                     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
                         problem = f"unreadable 200 response ({type(err).__name__}: {self._redact(str(err))[:160]})"
                     else:
-                        self._bump(input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
+                        self._bump(input_tokens=completion.input_tokens, output_tokens=completion.output_tokens,
+                                   invalid_usage=0 if completion.usage_valid else 1)
                         return completion
                 elif status in RETRYABLE_STATUS or status >= 500:
                     problem = f"HTTP {status}: {self._redact(_error_excerpt(response))}"

@@ -123,13 +123,7 @@ class OpenAIJudge(HTTPJudge):
             raise ValueError(f"the model refused, with no content: {str(message['refusal'])[:200]}")
         text = reply_text(content, "message.content")
         note = f"the reply was cut off at max_tokens={self.max_tokens}" if choice.get("finish_reason") == "length" else None
-        usage = body.get("usage") or {}
-        return Completion(
-            text=text,
-            input_tokens=int(usage.get("prompt_tokens") or 0),
-            output_tokens=int(usage.get("completion_tokens") or 0),
-            note=note,
-        )
+        return Completion.from_usage(text, body.get("usage"), "prompt_tokens", "completion_tokens", note)
 
     def _key_hint(self) -> str:
         return "a key was sent" if self._api_key else "none configured: set OPENAI_API_KEY or pass api_key"

@@ -85,6 +85,18 @@ class PublishError(ValueError):
     """Something to publish is missing or would break a rule (credentialed bytes, random-weight results)."""
 
 
+def check_org(org: str) -> str:
+    """``org`` when it is a Hub user or organisation name (as ``--model-repo``'s first part: letters, digits,
+    ``.``, ``_``, ``-``, at most 96 characters, no ``..``); :class:`PublishError` otherwise, so no markup
+    reaches a card and no invalid repo id reaches ``publish.json``."""
+    if not isinstance(org, str) or not SAFE_NAME.fullmatch(org) or ".." in org or "--" in org \
+            or org.endswith((".", "-")):
+        shown = repr(org)[:100]
+        raise PublishError(f"--org {shown}: expected a Hub user or organisation name (letters, digits, '.', '_', "
+                           "'-'; at most 96 characters), e.g. --org medheval")
+    return org
+
+
 @dataclass
 class RepoFolder:
     """One folder on disk that becomes one Hub repo."""
@@ -157,6 +169,7 @@ def size_category(n: int) -> str:
 def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_dir: str | Path | None = None,
                    cache_dir: str | Path | None = None) -> RepoFolder:
     """``datasets/<name>`` as a dataset repo folder: Parquet per config + card (see module docstring)."""
+    org = check_org(org)
     from datasets.info import DatasetInfo, DatasetInfosDict
     from datasets.splits import SplitDict, SplitInfo
     from datasets.utils.metadata import MetadataConfigs
@@ -474,6 +487,7 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
 
 def export_metric(name: str, out_dir: str | Path, org: str = DEFAULT_ORG) -> RepoFolder:
     """``metrics/<name>`` as an evaluate Space folder (static SDK: evaluate.load reads files only)."""
+    org = check_org(org)
     source = unit_dir("metrics", name)
     folder = Path(out_dir) / "metrics" / name
     shutil.rmtree(folder, ignore_errors=True)
@@ -513,6 +527,7 @@ def _html(text: str) -> str:
 def export_mitigation(name: str, out_dir: str | Path, org: str = DEFAULT_ORG,
                       base_model: str = DEFAULT_BASE_MODEL) -> RepoFolder:
     """``mitigations/<name>`` as a transformers ``custom_generate`` model repo folder."""
+    org = check_org(org)
     source = unit_dir("mitigations", name)
     for required in ("custom_generate/generate.py", "custom_generate/requirements.txt", "README.md"):
         if not (source / required).is_file():
@@ -546,6 +561,7 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
     Random-weight, fixture and limited results (:mod:`medheval.run.provenance`, carried through re-scores)
     are refused unless ``allow`` names them (``random_weights``, ``fixture``, ``limit``); the entries'
     notes then say so, and name a protocol other than ``clean``."""
+    org = check_org(org)
     runs = results["runs"] if "runs" in results else [results]
     date = date or _dt.date.today().isoformat()
     files: dict[str, list[dict[str, Any]]] = {}
@@ -656,6 +672,7 @@ def export_all(out_dir: str | Path, org: str = DEFAULT_ORG, kinds: Sequence[str]
     (:func:`medheval.run.outputs.replace_folder`). ``publish.json`` first stops listing the repos being
     replaced and lists them again once they are in place, so a kill at any point leaves every listed repo
     complete (old or new): never a half-written folder that :func:`check_recorded_files` would let through."""
+    org = check_org(org)
     with OutputLock(out_dir, timeout=lock_timeout, purpose="publish"):
         out = Path(out_dir)
         for folder in [out, *(out / kind for kind in (*REPO_TYPES, "results"))]:

@@ -83,6 +83,17 @@ _SCRIPT = r"""
 """
 
 
+# bidirectional controls (embeddings, overrides, isolates, marks): a reply holding U+202E could show its text
+# reversed, so the page shows each as a visible "[U+202E]" instead
+_BIDI = {code: f"[U+{code:04X}]" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)}
+
+
+def neutralise_bidi(text: str) -> str:
+    """``text`` with every bidirectional control character written as a visible ``[U+XXXX]``; applied to the
+    whole page, so every text the report shows (tables, legends, caveats, samples) is covered."""
+    return text.translate(_BIDI)
+
+
 def _json_for_script(value: Any) -> str:
     """JSON that cannot close its ``<script>`` element or open a comment."""
     return json.dumps(value, ensure_ascii=False).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
@@ -232,5 +243,5 @@ def write_html(runs: list[Run], tables: list[Table], figures: dict[str, Path], n
 <script>{_SCRIPT}</script>
 </body></html>
 """
-    atomic_write_text(path, page)
+    atomic_write_text(path, neutralise_bidi(page))
     return Path(path)

@@ -101,8 +101,46 @@ class GridConfig:
         return default if value is None else value
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a grid file larger than this is refused
+MAX_CONFIG_NODES = 100_000  # values in a grid once every YAML alias is expanded ("billion laughs" refused)
+MAX_MESSAGE_CHARS = 500  # an error quotes at most this much of a value
+
+
 def _fail(source: str, key: str, text: str) -> GridConfigError:
-    return GridConfigError(f"{source}: {key}: {text}")
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = f"{text[:MAX_MESSAGE_CHARS]}… ({len(text) - MAX_MESSAGE_CHARS} more characters not shown)"
+    return GridConfigError(f"{source}: {key[:200]}: {text}")
+
+
+def _expanded_size(value: Any, source: str) -> int:
+    """How many values ``value`` holds once YAML aliases are expanded, counted without expanding them (each shared
+    list or mapping is counted once per reference, from a memo); :class:`GridConfigError` past
+    :data:`MAX_CONFIG_NODES` or for a structure that contains itself."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(item: Any) -> int:
+        if not isinstance(item, (dict, list)):
+            return 1
+        key = id(item)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise GridConfigError(f"{source}: a YAML alias refers to a value that contains it; write the value out")
+        active.add(key)
+        children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > MAX_CONFIG_NODES:
+                raise GridConfigError(
+                    f"{source}: more than {MAX_CONFIG_NODES} values once its YAML aliases (*name) are expanded; "
+                    "a grid is a short list of settings: write them out without nested aliases")
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(value)
 
 
 def _string_list(source: str, key: str, value: list) -> list[str]:
@@ -157,6 +195,7 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
 
     if not isinstance(data, dict):
         raise GridConfigError(f"{source}: expected a mapping of settings at the top, got {type(data).__name__}")
+    _expanded_size(data, source)
     for key, value in data.items():
         if key not in CONFIG_KEYS:
             raise _fail(source, str(key), f"unknown key; known: {', '.join(CONFIG_KEYS)}")
@@ -249,10 +288,14 @@ def load_grid_config(path: str | Path) -> GridConfig:
     path = Path(path)
     if not path.is_file():
         raise GridConfigError(f"--config {path}: no such file")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise GridConfigError(f"--config {path}: {path.stat().st_size} bytes; a grid file holds at most "
+                              f"{MAX_CONFIG_BYTES} bytes")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as error:
-        raise GridConfigError(f"{path}: not valid YAML ({error})") from None
+    except (yaml.YAMLError, RecursionError) as error:
+        text = str(error)
+        raise GridConfigError(f"{path}: not valid YAML ({text[:MAX_MESSAGE_CHARS]})") from None
     return parse_grid_config(data, str(path))
 
 

@@ -187,6 +187,13 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, (redact(text) or "").encode("utf-8"))
 
 
+def named(error: BaseException, path: str | Path) -> BaseException:
+    """An ``OSError`` without a file name (a full disk while writing) as the same error naming ``path``."""
+    if isinstance(error, OSError) and not error.filename and error.errno:
+        return type(error)(error.errno, os.strerror(error.errno), str(path))
+    return error
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically: temp file in the same folder, fsync, ``os.replace``."""
     path = Path(path)
@@ -202,8 +209,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             os.fchmod(handle.fileno(), file_mode())  # NamedTemporaryFile creates 0600
             os.fsync(handle.fileno())
         os.replace(handle.name, path)
-    except BaseException:
+    except BaseException as error:
         Path(handle.name).unlink(missing_ok=True)
+        if isinstance(error, OSError) and not error.filename:  # a full disk: say which file
+            raise named(error, path) from None
         raise
     _fsync_dir(path.parent)
 

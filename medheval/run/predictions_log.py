@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
+from medheval.backends.predictions import MAX_LINE_BYTES
 from medheval.net.secrets import redact
-from medheval.run.outputs import open_owned
+from medheval.run.outputs import named, open_owned
 
 
 class CorruptLogError(ValueError):
@@ -52,6 +53,10 @@ def read_log(path: str | Path, repair: bool = True,
     for number, line in enumerate(raw[:complete_end].split(b"\n")[:-1], start=1):
         if not line.strip():
             continue
+        if len(line) > MAX_LINE_BYTES:
+            raise CorruptLogError(
+                f"{path}: line {number} holds {len(line)} bytes; a line holds at most {MAX_LINE_BYTES}. The log was "
+                f"edited or damaged: fix or remove that line, or start a new --output folder.")
         try:
             parsed.append((number, json.loads(line)))
         except json.JSONDecodeError as error:
@@ -108,8 +113,11 @@ class LogWriter:
                                           encoding="utf-8")
 
     def write(self, entry: dict[str, Any]) -> None:
-        self._handle.write(jsonl_line(entry))
-        self._handle.flush()
+        try:
+            self._handle.write(jsonl_line(entry))
+            self._handle.flush()
+        except OSError as error:  # a full disk: say which file
+            raise named(error, self.path) from None
 
     def close(self) -> None:
         self._handle.flush()
