@@ -983,7 +983,7 @@ def cluster_footer(table: Table) -> list[str]:
     units: dict[str, int] = {}
     for _, cells in table.rows:
         for cell in cells:
-            if cell.unit is not None and cell.low is not None:
+            if cell.unit is not None and (cell.low is not None or cell.n_clusters):  # (too few: no interval)
                 units[cell.unit] = max(units.get(cell.unit, 0), cell.n_clusters or 0)
     if not units:
         return [METHOD_NOTE]

@@ -74,8 +74,7 @@ COMPARISON_NOTE = (f"Mitigation − none (and with image − blind): paired by i
                    f"so an interval excluding 0 ⇔ raw p < 0.05; clustered: tested over clusters and over items, the "
                    f"larger p and the wider interval. Fewer than {MIN_CLUSTERS} clusters: no interval, no star.")
 METHOD_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of items (seed {SEED}); "
-               f"ratios (micro rates) recomputed from per-item numerators/denominators; none below {MIN_CLUSTERS} "
-               f"items. {COMPARISON_NOTE}")
+               f"ratios (micro rates) recomputed from per-item numerators/denominators. {COMPARISON_NOTE}")
 CLUSTER_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of clusters (seed {SEED}): "
                 f"every item of a drawn cluster comes along, the unit per split is named below, and a unit of one "
                 f"item is the plain item bootstrap; ratios (micro rates) recomputed from the drawn clusters' "
