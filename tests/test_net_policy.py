@@ -245,3 +245,19 @@ def test_the_image_limits_are_documented_and_checked(monkeypatch):
     monkeypatch.setenv(DEADLINE_ENV, "nan")
     with pytest.raises(ValueError, match="MEDHEVAL_IMAGE_DEADLINE"):
         URLTemplateSource("http://127.0.0.1:1/{path}")
+
+
+def test_a_pinned_annotation_download_follows_the_same_policy(tmp_path, monkeypatch):
+    """The other outbound request a run makes: a pinned upstream file is never taken from another origin."""
+    import hashlib
+
+    from medheval.data.fetch import AnnotationUnavailable, PinnedFile, fetch
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "MEDHEVAL_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    with Server(lambda handler: _send(handler, 200, b"[]")) as foreign, \
+            Server(lambda handler: _send(handler, 302, headers={"Location": f"{foreign.url}/data.json"})) as upstream:
+        pin = PinnedFile("sub/data.json", f"{upstream.url}/data.json", hashlib.sha256(b"[]").hexdigest())
+        with pytest.raises(AnnotationUnavailable, match="another host"):
+            fetch(pin, cache_dir=tmp_path)
+    assert foreign.hits == [] and not any(p.is_file() for p in tmp_path.rglob("*"))

@@ -136,3 +136,15 @@ def test_tracebacks_and_log_records_are_redacted():
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert done.returncode == 1 and "boom ***" in done.stderr and "the server said ***" in done.stderr
     assert "inner ***" in done.stderr and BODY not in done.stderr + done.stdout
+
+
+def test_the_registry_redacts_each_spelling_of_a_value_and_only_secret_named_fields():
+    import html
+
+    from medheval.net.secrets import redact, register_named
+
+    secret = 'q"uo<te>&sp ace-Zz91'
+    register_named({"max_tokens": 987654321, "options": [{"client_secret": secret}]})
+    for spelling in (secret, json.dumps(secret)[1:-1], html.escape(secret), "q%22uo%3Cte%3E%26sp%20ace-Zz91"):
+        assert redact(f"before {spelling} after") == "before *** after"
+    assert redact("max_tokens=987654321") == "max_tokens=987654321"  # a count, not a secret

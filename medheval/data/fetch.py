@@ -25,9 +25,12 @@ from pathlib import Path
 
 import requests
 
+from medheval.net import transport
 from medheval.run.outputs import atomic_write_bytes
 
 _TRUTHY = {"1", "true", "yes", "on"}
+MAX_DOWNLOAD_BYTES = 512 * 2**20  # one pinned upstream file (the largest annotation file is a few MB)
+DOWNLOAD_DEADLINE = 900.0  # seconds for one whole download
 
 
 
@@ -123,10 +126,12 @@ def fetch(
         return FetchedFile(cached, pinned.sha256, True, "cache")
     if offline():
         raise _unavailable(pinned, "offline mode is set and the file is not cached")
-    try:
-        response = requests.get(pinned.url, timeout=timeout)
-        response.raise_for_status()
-    except requests.RequestException as error:
+    try:  # the one outbound policy (medheval.net.transport): same-origin redirects, a deadline, a size cap
+        response = transport.request(transport.session_for(pinned.url, credentialed=False), "GET", pinned.url,
+                                     timeout=timeout, deadline=DOWNLOAD_DEADLINE, max_bytes=MAX_DOWNLOAD_BYTES)
+        if response.status_code >= 400:
+            raise requests.HTTPError(f"HTTP {response.status_code} for url: {pinned.url}")
+    except (requests.RequestException, transport.TransportError) as error:
         raise _unavailable(pinned, f"download failed: {type(error).__name__}: {error}") from error
     digest = hashlib.sha256(response.content).hexdigest()
     if digest != pinned.sha256:

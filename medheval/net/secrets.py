@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
 MIN_LENGTH = 8
 MASK = "***"
 # names that mark a value as a secret (field names in extra_body, environment variables)
-SECRET_NAME = re.compile(r"key|token|secret|pass(word|wd|phrase)?|pwd|auth|cookie|credential|signature|session",
+SECRET_NAME = re.compile(r"key|token(?!s)|secret|pass(word|wd|phrase)?|pwd|auth|cookie|credential|signature|session",
                          re.IGNORECASE)
 # headers that never carry a secret (their values are not registered)
 PLAIN_HEADERS = frozenset({"accept", "accept-encoding", "accept-language", "content-type", "user-agent",
