@@ -268,7 +268,10 @@ def _data_for(path: Path, config, fixture_benchmark, tmp_path: Path) -> tuple[li
         snapshot = write_snapshot(tmp_path / "clinhallu")
         server = JudgeServer("openai", reply=lambda request: json.dumps(
             {"hallucinated": 0, "reason": "ok", "answer_correct": 1, "answer_reasoning": "same"}))
-        return ["--data-dir", snapshot["data_dir"], *_roots(snapshot["image_roots"])], server
+        # the grid's clinhallu protocol asks for ClinHallu's own prompt files (a download) and 51 attempts: this
+        # project's prompts and 2 attempts here (the user's --benchmark-option beats the protocol's)
+        return ["--data-dir", snapshot["data_dir"], *_roots(snapshot["image_roots"]), "--benchmark-option",
+                "clinhallu.prompts=own", "--benchmark-option", "clinhallu.max_attempts=2"], server
     raise AssertionError(f"no offline data for {name}: add it here")
 
 
