@@ -186,7 +186,10 @@ def build_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     if plot_note:
         notes.append(plot_note)
     names = run_labels(runs)
-    header = ["# MedHEval-HF report", "", "Runs: " + ", ".join(f"`{names[id(run)]}`" for run in runs), ""]
+    from medheval.report.html import random_weight_banner
+
+    banner = random_weight_banner(runs)
+    header = ["# MedHEval-HF report", "", *([f"> **⚠ {banner}**", ""] if banner else []), "Runs: " + ", ".join(f"`{names[id(run)]}`" for run in runs), ""]
     header += ["Run folders and full settings:", "", *(f"- `{names[id(run)]}`: `{run.label}` ({run.path})"
                                                        for run in runs), ""]
     header += ["## Caveats", "", *(f"- {line}" for line in notes), ""] if notes else []

@@ -31,6 +31,13 @@ def seed_label(seed: int) -> str:
     return f" · seed {int(seed)}"
 
 
+def run_has_random_weights(run: "Run") -> bool:
+    """Whether a run's model has random weights (``labels.random_weights`` or the backend's own record)."""
+    results = run.results
+    backend = (results.get("settings") or {}).get("backend") or {}
+    return bool((results.get("labels") or {}).get("random_weights") or backend.get("random_weights"))
+
+
 @dataclass
 class Run:
     """One run folder: its ``results.json`` and its per-item rows (``[]`` when it has no ``scored.jsonl``)."""

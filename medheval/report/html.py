@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from medheval.run.outputs import atomic_write_text
-from medheval.report.collect import STACK_COLUMNS, Run, run_labels, software_stack
+from medheval.report.collect import STACK_COLUMNS, Run, run_has_random_weights, run_labels, software_stack
 from medheval.report.paper import Table, format_cell, sections
 from medheval.data.schema import is_credentialed
 
@@ -39,6 +39,7 @@ th{background:#eee}.best{font-weight:bold;background:#e3f1e9}.worst{background:#
 #samples td{max-width:420px;white-space:pre-wrap;word-break:break-word}
 img.plot{max-width:100%;border:1px solid #ddd;margin:.5em 0}
 .filters label{margin-right:1em}
+.banner{background:#fde8e8;border:2px solid #b42318;color:#7a1a12;padding:.6em 1em;font-weight:bold;margin:.5em 0 1em}
 """
 
 _SCRIPT = r"""
@@ -110,7 +111,7 @@ def _table_html(table: Table, footer: list[str] | None = None) -> str:
         tds += "".join(f'<td class="{cell.mark}"' + (f' title="{e(cell.note)}"' if cell.note else "")
                        + f">{e(format_cell(cell, markdown=False))}</td>" for cell in cells)
         rows.append(f"<tr>{tds}</tr>")
-    foot = "".join(f"<div>{e(line)}</div>" for line in (table.footer if footer is None else footer))
+    foot = "".join(f"<div>{_text_html(line)}</div>" for line in (table.footer if footer is None else footer))
     legend = ""
     if table.labels:
         entries = "".join(f"<tr><td>{e(short)}</td><td>{e(spec)}</td></tr>" for spec, short in table.labels.items())
@@ -127,7 +128,7 @@ def _tables_html(tables: list[Table]) -> str:
     parts = []
     for section in sections(tables):
         body = "".join(_table_html(table, footer) for table, footer in section.tables)
-        notes = "".join(f"<div>{e(line)}</div>" for line in section.notes)
+        notes = "".join(f"<div>{_text_html(line)}</div>" for line in section.notes)
         notes = f'<div class="foot section-notes"><b>Notes for the tables above</b>{notes}</div>' if notes else ""
         parts.append(f'<section class="tables"><h3>{e(section.title)}</h3>{body}{notes}</section>')
     return "".join(parts)
@@ -144,16 +145,41 @@ def _runs_html(runs: list[Run]) -> str:
             f"settings</summary><ul>{folders}</ul></details>")
 
 
+def _text_html(text: str) -> str:
+    """Escaped text with Markdown's inline code (`x`) shown as ``<code>`` (the notes are written for
+    ``report.md`` too, so they carry backticks)."""
+    parts = html.escape(text).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: shown as it is
+        return html.escape(text)
+    return "".join(f"<code>{part}</code>" if index % 2 else part for index, part in enumerate(parts))
+
+
+def random_weight_banner(runs: list[Run]) -> str | None:
+    """The warning a report of random-weight runs opens with (plain text; ``None`` when every run is real)."""
+    labels = run_labels(runs)
+    names = [labels[id(run)] for run in runs if run_has_random_weights(run)]
+    if not names:
+        return None
+    return (f"Random weights: {', '.join(names)} {'has' if len(names) == 1 else 'have'} random weights. Their "
+            "numbers test the pipeline and say nothing about any real model; do not compare or publish them.")
+
+
 def _caveats_html(notes: list[str]) -> str:
     """The caveats as a list; beyond :data:`FOLD_CAVEATS` the rest fold into one ``<details>``."""
     if not notes:
         return ""
     e = html.escape
-    shown = "".join(f"<li>{e(n)}</li>" for n in notes[:FOLD_CAVEATS])
+    shown = "".join(f"<li>{_text_html(n)}</li>" for n in notes[:FOLD_CAVEATS])
     rest = notes[FOLD_CAVEATS:]
-    folded = (f"<details class='more-caveats'><summary>{len(rest)} more caveats</summary><ul class='caveats'>"
-              + "".join(f"<li>{e(n)}</li>" for n in rest) + "</ul></details>") if rest else ""
+    more = f"{len(rest)} more caveat{'' if len(rest) == 1 else 's'}"
+    folded = (f"<details class='more-caveats'><summary>{more}</summary><ul class='caveats'>"
+              + "".join(f"<li>{_text_html(n)}</li>" for n in rest) + "</ul></details>") if rest else ""
     return f"<h2>Caveats ({len(notes)})</h2><ul class='caveats'>{shown}</ul>{folded}"
+
+
+def _banner_html(runs: list[Run]) -> str:
+    banner = random_weight_banner(runs)
+    return f'<div class="banner" role="alert">{html.escape(banner)}</div>' if banner else ""
 
 
 def _credentialed(item: dict[str, Any]) -> bool:
@@ -229,6 +255,7 @@ def write_html(runs: list[Run], tables: list[Table], figures: dict[str, Path], n
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 <title>MedHEval-HF report</title><style>{_STYLE}</style></head><body>
 <h1>MedHEval-HF report</h1>
+{_banner_html(runs)}
 {_runs_html(runs)}
 {_caveats_html(notes)}
 {_stack_html(runs)}

@@ -269,6 +269,9 @@ def close_ended(runs: list[Run]) -> Table | None:
             cells = [figure(run, split, "close_ended_accuracy", "accuracy", category=c) for c in categories]
             cells += [figure(run, split, "close_ended_accuracy", "accuracy"), Cell(text=str(out.get("n", "–")))]
             table.rows.append(([*labels[id(run)], split], cells))
+    if categories:
+        table.footer.append("Accuracy by hallucination category: " + ", ".join(
+            f"{CATEGORY_COLUMNS[c]} {c}" for c in categories) + "; Acc: all items of the split.")
     return table
 
 
@@ -334,9 +337,39 @@ def report_metric_notes(runs: list[Run]) -> list[str]:
 
 
 def generation_metrics(runs: list[Run]) -> Table | None:
-    """MedHEval Tables 7–11: BERTScore, BLEU, METEOR, ROUGE (0–100) and S_h ↓ (0–5, mean ± std)."""
-    return _metric_table(runs, "medheval_generation", "MedHEval Tables 7–11: generation metrics (0–100) and "
-                         "S_h ↓ (0–5, mean ± std)", GENERATION_METRICS, lambda s: _name(s) != "med_hallmark")
+    """MedHEval Tables 7–11: BERTScore, BLEU, METEOR, ROUGE (0–100) and S_h ↓ (0–5, mean ± std). The title
+    names S_h only when a run computed it; a column a run could not compute (BERTScore without its weights,
+    METEOR without WordNet) is named in the footer with the reason."""
+    keep = lambda s: _name(s) != "med_hallmark"  # noqa: E731 - the splits of this table
+    table = _metric_table(runs, "medheval_generation", "MedHEval Tables 7–11: generation metrics (0–100)",
+                          GENERATION_METRICS, keep)
+    if table is None:
+        return None
+    if any(column.label.startswith("S_h") for column in table.columns):
+        table.title += " and S_h ↓ (0–5, mean ± std)"
+    else:
+        table.footer.append("S_h (the LLM-judged hallucination score) is not shown: no run was scored with "
+                            "--judge.")
+    table.footer += unavailable_column_notes(runs, keep)
+    return table
+
+
+def unavailable_column_notes(runs: list[Run], keep: Callable[[str], bool]) -> list[str]:
+    """One line per text-generation column a split could not compute, with the metric's own reason
+    (``<column>_unavailable_reason``), so a missing BERTScore is never silent."""
+    reasons: dict[tuple[str, str], list[str]] = {}
+    for run in runs:
+        for split, entry in run.results.get("benchmarks", {}).items():
+            out = (entry.get("metrics") or {}).get("text_generation") or {}
+            if not keep(split) or not isinstance(out, dict):
+                continue
+            for column in ("bertscore", "meteor"):
+                reason = out.get(f"{column}_unavailable_reason")
+                if reason:
+                    reasons.setdefault((column, str(reason)), []).append(split)
+    names = {"bertscore": "BERTScore", "meteor": "METEOR"}
+    return [f"{names[column]} not computed on {', '.join(sorted(set(splits)))}: {reason}"
+            for (column, reason), splits in reasons.items()]
 
 
 # Med-HallMark Table 1's columns, in its order: (metric, key, label, scale, digits). Text metrics 0–100,
