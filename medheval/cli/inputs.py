@@ -120,6 +120,9 @@ def cmd_inputs(args: argparse.Namespace) -> int:
     items = []
     for spec in benchmarks:
         name, config = parse_benchmark_spec(spec)
+        if name == "clinhallu":
+            raise ValueError("clinhallu sends four trace requests per item (system + user turns with given stages), "
+                             "not one prompt: `medheval run` logs each in clinhallu_generations.jsonl")
         options = {**protocol.benchmark_options.get(name, {})}
         loaded = prepare_benchmark(name, config, data_dir=args.data_dir, limit=args.limit, run_options=options)
         if roots:

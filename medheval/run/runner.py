@@ -93,7 +93,9 @@ class RunSpec:
     control: str = "none"
     control_seed: int = 0
     seed: int | None = None  # the sampling seed of one pass of --seeds (medheval.run.seeds); recorded as settings.seed
-    # paper protocol (medheval.run.paper_protocols): what the model receives and how it decodes; "clean" = ours
+    # paper protocol (medheval.run.paper_protocols): what the model receives and how it decodes; "clean" = ours.
+    # run_grid (the entry of `medheval run` and of grids) applies it to the backend and the generation plan;
+    # run() alone only records it
     protocol: str = "clean"
     chat_template: str | None = None  # --chat-template: a named conversation template, beats the protocol's
 

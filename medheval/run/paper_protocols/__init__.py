@@ -24,6 +24,7 @@ from typing import Any
 
 from medheval.run.paper_protocols.base import CLEAN, Conflict, Instruction, PaperProtocol
 
+
 def _registry() -> dict[str, PaperProtocol]:
     from medheval.run.paper_protocols import medheval as medheval_protocols
     from medheval.run.paper_protocols import others
