@@ -298,3 +298,15 @@ def test_a_grid_names_its_protocol():
         parse_grid_config({**base, "protocol": "medheval-v9"})
     with pytest.raises(GridConfigError, match="chat_template: unknown --chat-template 'chatml'"):
         parse_grid_config({**base, "chat_template": "chatml"})
+
+
+def test_list_and_help_name_every_protocol(capsys):
+    assert main(["list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["protocols"]
+    assert list(listed) == ["clean", "medheval-baseline", "medheval-mitigation", "med-hallmark", "clinhallu",
+                            "med-stepbench"]
+    assert all(title for title in listed.values())
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = "".join(capsys.readouterr().out.split())  # argparse wraps lines (also after hyphens)
+    assert all(f"{name}:{''.join(title.split())}" in help_text for name, title in listed.items())
