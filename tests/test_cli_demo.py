@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from medheval.cli.demo import DEMO_BENCHMARKS, run_demo
+from medheval.cli.demo import DEMO_BENCHMARKS, medheval_command, run_demo
 from medheval.run.predictions_log import read_log
 
 
@@ -12,7 +12,7 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     results = run_demo(tmp_path / "demo", batch_size=4)
     last = capsys.readouterr().out.strip().splitlines()[-3:]  # what to open and what to try next
     assert last[1] == f"open the report: {tmp_path / 'demo' / 'run' / 'report.html'}"
-    assert last[2].startswith(f"next: medheval report {tmp_path / 'demo' / 'run'} ")
+    assert last[2].startswith(f"next: {medheval_command()} report {tmp_path / 'demo' / 'run'} ")
     run_dir = tmp_path / "demo" / "run"
     assert set(results["benchmarks"]) == {
         "mm_vishal:all", "cxr_vishal:all", "vishal_report:default", "knowledge:closed", "knowledge:open",
