@@ -202,3 +202,16 @@ def test_bidi_controls_never_reach_the_report_raw(fixture_benchmark, tmp_path):
     page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
     assert not set(BIDI) & set(page)
     assert "yes[U+202A][U+202B]" in page and "[U+061C]evil.exe" in page
+
+
+def test_bidi_controls_never_reach_the_markdown_or_csv_raw(tmp_path):
+    """A model name holding bidi controls: report.md, tables.csv (and report.html) show them as [U+XXXX]."""
+    from report_runs import write_run
+    from medheval.report.build import write_report
+
+    run = write_run(tmp_path / "run", "none", [True, False, True, True], model=f"m{BIDI}x")
+    written = write_report([run], tmp_path / "report", plots=False)
+    for kind in ("markdown", "csv", "html"):
+        text = Path(written[kind]).read_text(encoding="utf-8")
+        assert not set(BIDI) & set(text), kind
+        assert "[U+202E]" in text, kind

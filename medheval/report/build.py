@@ -172,6 +172,7 @@ def build_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     ``p_adjust``: how each comparison table's p-values are adjusted as one family: ``holm`` (default), ``bh``
     or ``none`` (:func:`medheval.report.stats.adjust_p`)."""
     from medheval.run.outputs import atomic_write_text
+    from medheval.report.tables import neutralise_bidi
     from medheval.report.collect import find_runs, run_labels, software_stack
     from medheval.report.paper import build_tables, comparisons, image_deltas, sections_markdown, to_csv, to_json
 
@@ -197,8 +198,8 @@ def build_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     header += stack_section(runs)
     markdown = "\n".join(header) + "\n" + sections_markdown(tables)
     markdown += "".join(f"\n![{name}](plots/{path.name})\n" for name, path in figures.items())
-    atomic_write_text(output / "report.md", markdown)
-    atomic_write_text(output / "tables.csv", to_csv(tables))
+    atomic_write_text(output / "report.md", neutralise_bidi(markdown))
+    atomic_write_text(output / "tables.csv", neutralise_bidi(to_csv(tables)))
     summary = {"runs": [{"path": str(run.path), "model": run.model, "mitigation": run.mitigation,
                          **({"control": run.control} if run.control != "none" else {}),
                          **({"usage": run.results["usage"]} if run.results.get("usage") else {}),

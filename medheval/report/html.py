@@ -21,6 +21,7 @@ from typing import Any
 from medheval.run.outputs import atomic_write_text
 from medheval.report.collect import STACK_COLUMNS, Run, run_has_random_weights, run_labels, software_stack
 from medheval.report.paper import Table, format_cell, sections
+from medheval.report.tables import neutralise_bidi
 from medheval.data.schema import is_credentialed
 
 MAX_SAMPLES = 5000  # per report; the browser says when items were left out
@@ -84,15 +85,6 @@ _SCRIPT = r"""
 """
 
 
-# bidirectional controls (embeddings, overrides, isolates, marks): a reply holding U+202E could show its text
-# reversed, so the page shows each as a visible "[U+202E]" instead
-_BIDI = {code: f"[U+{code:04X}]" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)}
-
-
-def neutralise_bidi(text: str) -> str:
-    """``text`` with every bidirectional control character written as a visible ``[U+XXXX]``; applied to the
-    whole page, so every text the report shows (tables, legends, caveats, samples) is covered."""
-    return text.translate(_BIDI)
 
 
 def _json_for_script(value: Any) -> str:

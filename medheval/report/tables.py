@@ -14,6 +14,18 @@ from medheval.data.schema import VISUAL_CATEGORIES
 CATEGORY_COLUMNS = {"anatomy": "Acc-A", "measurement": "Acc-M", "symptom": "Acc-S", "radiology": "Acc-R"}
 
 
+# bidirectional controls (embeddings, overrides, isolates, marks): a reply holding U+202E could show its text
+# reversed, so the page shows each as a visible "[U+202E]" instead
+_BIDI = {code: f"[U+{code:04X}]" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)}
+
+
+def neutralise_bidi(text: str) -> str:
+    """``text`` with every bidirectional control character written as a visible ``[U+XXXX]``; applied to
+    every file a reader opens (report.html whole, report.md, tables.csv, results.md), so every text the
+    report shows (tables, legends, caveats, samples) is covered."""
+    return text.translate(_BIDI)
+
+
 def md_cell(text: Any) -> str:
     """Text safe in a Markdown table cell: HTML as entities (a model named ``<img onerror=...>`` shows as
     text), ``|`` escaped, newlines as spaces."""
@@ -165,7 +177,7 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
             if counts:
                 parts.append(f"- `{split}`: " + ", ".join(f"{name} × {n}" for name, n in sorted(counts.items())))
         parts.append("")
-    atomic_write_text(path, "\n".join(parts))
+    atomic_write_text(path, neutralise_bidi("\n".join(parts)))
 
 
 def caveats(run: dict[str, Any]) -> list[str]:
@@ -314,7 +326,7 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
             parts += [*notes[title], ""] if notes.get(title) else []
     parts += ["## Mitigation settings", "", *legend, ""] if legend else []
     parts += ["Per-mitigation details (counts, notes, data quality): the `results.md` in each sub-folder.", ""]
-    atomic_write_text(path, "\n".join(parts))
+    atomic_write_text(path, neutralise_bidi("\n".join(parts)))
 
 
 # Med-StepBench, shaped like its Table 3: recall and F1 (hallucination = positive class) per step,
