@@ -25,6 +25,8 @@ from typing import Any
 import torch
 
 from medheval.backends.base import BackendError
+from medheval.decoding.compiled import compiled_decoding, wanted
+from medheval.decoding.loop import DecodingMethod
 from medheval.run.prompts import PROMPT_VERSION, build_prompt
 
 _DTYPES = {
@@ -118,6 +120,10 @@ class HFBackend:
         prefix_cache: encode the shared prompt prefix of records with identical images once and
             reuse its KV cache (:mod:`medheval.backends.prefix_cache`; same greedy answers, faster
             when many prompts share images, e.g. Med-StepBench statements of one study).
+        compile: decode steps on a static cache through ``torch.compile`` (CUDA graphs on CUDA),
+            plain decoding and every mitigation alike (:mod:`medheval.decoding.compiled`): ``None`` (default)
+            on CUDA only, ``True`` everywhere, ``False`` never (``medheval run --no-compile``). Recorded in
+            :meth:`settings` as ``"compile": true`` when on.
     """
 
     needs_images = True
@@ -142,6 +148,7 @@ class HFBackend:
         name: str | None = None,
         progress: bool = False,
         prefix_cache: bool = False,
+        compile: bool | None = None,
     ):
         if batch_size < 1:
             raise BackendError(f"batch_size must be >= 1, got {batch_size}")
@@ -189,6 +196,7 @@ class HFBackend:
         self.progress = progress
         self.prefix_cache = bool(prefix_cache)
         self._prefix_cache = None
+        self.compile = compile
 
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.tokenizer.padding_side = "left"
@@ -293,12 +301,26 @@ class HFBackend:
         if "pixel_values" in inputs and torch.is_floating_point(inputs["pixel_values"]):
             inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
         torch.manual_seed(self.seed if seed is None else seed)
-        with torch.inference_mode():
-            out = self.model.generate(**inputs, **{**self._generation_kwargs(), **(overrides or {})})
+        kwargs = self._compiled_kwargs({**self._generation_kwargs(), **(overrides or {})})
+        with torch.inference_mode(), compiled_decoding(self.compile):
+            out = self.model.generate(**inputs, **kwargs)
         sequences = out.sequences if hasattr(out, "sequences") else out
         new_tokens = sequences[:, inputs["input_ids"].shape[1] :]
         decoded = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         return [text.strip() for text in decoded]
+
+    def compiles(self) -> bool:
+        """Whether decode steps run compiled on a static cache (``compile=None``: on CUDA only)."""
+        with compiled_decoding(self.compile):
+            return wanted(self.model)
+
+    def _compiled_kwargs(self, kwargs: dict) -> dict:
+        """Plain greedy/sampling goes through medheval's decoding loop when decode steps are compiled
+        (``generate``'s own loop does not compile them); beam search stays with ``generate``."""
+        if ("custom_generate" in kwargs or (kwargs.get("num_beams") or 1) > 1
+                or (kwargs.get("num_return_sequences") or 1) > 1 or not self.compiles()):
+            return kwargs
+        return {**kwargs, "custom_generate": DecodingMethod()}
 
     def generate(self, records: list[dict], images: list[list] | None = None, *,
                  overrides: dict | None = None) -> list[str]:
@@ -348,6 +370,8 @@ class HFBackend:
             settings["generate_kwargs"] = _jsonable(self.generate_kwargs)
         if self.prefix_cache:
             settings["prefix_cache"] = True
+        if self.compiles():  # bfloat16 tokens may differ from eager in rounding: a resumed run must match
+            settings["compile"] = True
         if getattr(self.model.config, "medheval_random_weights", False):
             settings["random_weights"] = True
         return settings

@@ -48,6 +48,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", action="append", help="metric names (default: by answer type)")
     parser.add_argument("--limit", type=int, help="only the first N records of each split")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--no-compile", dest="compile", action="store_const", const=False, default=None,
+                        help="decode eagerly (default on CUDA: the decode steps run on a static cache through "
+                             "torch.compile with CUDA graphs, which gives eager's tokens in float32)")
     parser.add_argument("--max-new-tokens", type=int,
                         help="one length for every record (default: per answer type / benchmark, see "
                              "medheval/run/generation.py: 16 yes/no … 512 reports, 4096 ClinHallu traces)")
@@ -140,6 +143,8 @@ def build_backend(args: argparse.Namespace):
                   device=device_for(args.device), dtype=args.dtype)
     if getattr(args, "prefix_cache", False):
         common["prefix_cache"] = True
+    if getattr(args, "compile", None) is not None:
+        common["compile"] = args.compile
     if args.model == TINY_MODEL:
         from medheval.backends.tiny import build_tiny_llava
 
