@@ -52,7 +52,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         report_cluster=args.cluster,
         control_seed=args.seed,
     )
-    results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", args.batch_size),
+    fallback = args.batch_size if isinstance(args.batch_size, int) else 8  # 'auto' is the HF backend's
+    results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", fallback),
                        controls=getattr(args, "control", None) or ["none"])
     return _finish(results, Path(args.output))
 

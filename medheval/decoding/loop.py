@@ -179,6 +179,14 @@ class DecodingMethod:
         """``model.generate(**inputs, custom_generate=self)``."""
         return model.generate(**inputs, custom_generate=self)
 
+    def rows_per_record(self) -> int:
+        """Rows one record occupies in a decode step (2 for a method with a contrast stream; OPERA: its beams),
+        for sizing batches to memory (``--batch-size auto``)."""
+        cls = type(self)
+        contrast = (cls.contrast_streams is not DecodingMethod.contrast_streams
+                    or cls.deferred_streams is not DecodingMethod.deferred_streams)
+        return 2 if contrast else 1
+
     # -- extension points --------------------------------------------------------------
     def check(self, model, ctx: DecodingContext) -> None:
         """Raise :class:`MissingInternalError` if the model or inputs lack what the method needs."""

@@ -328,6 +328,9 @@ class OPERA(DecodingMethod):
         "window_size": "OPERA `window_size=512` (MedHEval keeps the default)",
     }
 
+    def rows_per_record(self) -> int:
+        return int(self.num_beams)
+
     def __post_init__(self):
         resolve_preset(self)
         if int(self.num_beams) < 1:
