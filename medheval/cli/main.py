@@ -291,7 +291,8 @@ def add_integrations_command(commands: argparse._SubParsersAction) -> None:
 def cmd_selftest(args: argparse.Namespace) -> int:
     from medheval.mitigations import selftest
 
-    return selftest.main(split_list(args.family), split_list(args.method), quiet=args.quiet)
+    return selftest.main(split_list(args.family), split_list(args.method), quiet=args.quiet,
+                         compiled=args.compiled)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -315,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "default: llava, llava_next, qwen2_5_vl, qwen3_vl, gemma3)")
     check.add_argument("--method", action="append", help="only these mitigations (repeatable or comma list)")
     check.add_argument("--quiet", action="store_true", help="print the table and the verdict only")
+    check.add_argument("--compiled", action="store_true",
+                       help="also check the compiled decode steps (static cache + torch.compile) against eager")
     check.set_defaults(handler=cmd_selftest)
     add_hub_commands(commands)
     add_integrations_command(commands)

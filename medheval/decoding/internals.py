@@ -325,8 +325,8 @@ def pad_step_rows(inputs: dict[str, Any], real: int, rows: int) -> dict[str, Any
 
 
 def keep_output_rows(outputs, real: int, clone: bool):
-    """``outputs`` with ``logits``/``hidden_states``/``attentions`` cut to the first ``real`` rows (and
-    copied when ``clone``: a CUDA-graph replay overwrites its outputs)."""
+    """``outputs`` with ``logits``/``hidden_states``/``attentions`` cut to the first ``real`` rows, and every
+    output tensor copied when ``clone`` (a CUDA-graph replay overwrites its outputs)."""
     def cut(value: Any) -> Any:
         if torch.is_tensor(value):
             value = value[:real]
@@ -335,9 +335,11 @@ def keep_output_rows(outputs, real: int, clone: bool):
             return tuple(cut(v) for v in value)
         return value
 
-    for key in ("logits", "hidden_states", "attentions"):
-        if getattr(outputs, key, None) is not None:
+    for key in list(outputs.keys()):
+        if key in ("logits", "hidden_states", "attentions"):
             outputs[key] = cut(outputs[key])
+        elif clone and torch.is_tensor(outputs[key]):  # e.g. Qwen-VL's rope_deltas, kept for the next steps
+            outputs[key] = outputs[key].clone()
     return outputs
 
 
