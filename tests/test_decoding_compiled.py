@@ -133,21 +133,27 @@ def test_compiled_gives_eager_tokens_and_keeps_the_invariants(family, one_row_bu
 @needs_compiler
 @pytest.mark.slow
 def test_one_compilation_per_bucket(one_row_bucket):
-    """Other batch sizes and prompt lengths inside a bucket reuse its graph; a new capacity bucket compiles once."""
+    """Other batch sizes and prompt lengths inside a bucket reuse its graph; a new capacity bucket compiles once
+    (dynamo's graph counter, and the buckets the static step saw)."""
     from torch._dynamo.utils import counters
+
+    def graphs() -> int:
+        return int(counters["stats"]["unique_graphs"])
 
     model, processor = tiny("llava")
     method = DecodingMethod()
     new_tokens(model, selftest._inputs(processor, range(3)), method, compile=True)  # the (8 rows, 128) bucket
-    graphs = counters["stats"]["unique_graphs"]
+    before, buckets = graphs(), set(compiled.STATS.buckets)
     for rows in ([0], [1, 2], [2, 0, 1], [2]):  # 1-3 rows, prompts of other lengths
         new_tokens(model, selftest._inputs(processor, rows), method, compile=True)
-    assert counters["stats"]["unique_graphs"] == graphs
+    assert graphs() == before and compiled.STATS.buckets == buckets
     long = 150  # prompt + 150 tokens > 128 columns: the 256 bucket
     new_tokens(model, selftest._inputs(processor, [1]), method, compile=True, max_new_tokens=long)
-    assert counters["stats"]["unique_graphs"] == graphs + 1
+    added = graphs() - before
+    assert added >= 1 and len(compiled.STATS.buckets - buckets) == 1
+    assert {bucket[3] for bucket in compiled.STATS.buckets - buckets} == {256}
     new_tokens(model, selftest._inputs(processor, [0, 2]), method, compile=True, max_new_tokens=long - 20)
-    assert counters["stats"]["unique_graphs"] == graphs + 1
+    assert graphs() == before + added and len(compiled.STATS.buckets - buckets) == 1
 
 
 @needs_compiler
