@@ -10,9 +10,10 @@ LOCK := requirements/lock.txt
 TORCH_SPEC ?= $(shell sed -n 's/^torch==\([^ ]*\).*/torch==\1/p' $(LOCK))
 PIP_QUIET := --quiet --disable-pip-version-check
 # the tests that exercise transformers' generation internals (the drift alarm's subset)
-DECODING_TESTS := $(wildcard tests/test_decoding*.py tests/test_mitigations*.py) tests/test_deprecations.py tests/test_backends.py
+# (the compiled-path matrix is left out: compiling costs minutes per family; `make test-compiled` runs it)
+DECODING_TESTS := $(filter-out tests/test_decoding_compiled.py,$(wildcard tests/test_decoding*.py tests/test_mitigations*.py)) tests/test_deprecations.py tests/test_backends.py
 
-.PHONY: demo test bench install lock test-latest test-oldest interop test-interop clean
+.PHONY: demo test test-compiled bench install lock test-latest test-oldest interop test-interop clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(LOCK)
 	@echo "install: creating $(VENV) and installing torch (CPU) and requirements/lock.txt (a few minutes on a fresh machine; once)"
@@ -32,6 +33,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# The compiled decode steps (torch.compile on the CPU) = eager, every method x tiny family: about 14 min on
+# 2 cores; `make test` runs the LLaVA subset.
+test-compiled: $(VENV)/.installed
+	MEDHEVAL_COMPILE_MATRIX=1 HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_decoding_compiled.py
 
 # Re-resolve every dependency to the newest versions setup.cfg allows (torch held at requirements/lock-pins.in),
 # with pip-tools in a throwaway venv; then update TESTED in medheval/versions.py (tests/test_versions.py checks).

@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_mitigations.py [--models tiny small llava-1.5-7b]
         [--batch-size 4] [--prompts 8] [--max-new-tokens 32] [--repeats 5] [--device cpu|cuda]
         [--threads N] [--preset medheval|official|...] [--methods ...] [--json out.json]
+        [--compile | --no-compile | --both] [--budget-s SECONDS]
 
 One process per run, the same random-weight LLaVA, prompts and images for every method:
 
@@ -25,6 +26,22 @@ Models (``--models``): ``tiny`` is the test model (a few ms per step: Python ove
 forward work dominates; ``llava-1.5-7b`` has LLaVA-1.5-7B's shapes (32 x 4096 Vicuna layers, CLIP
 ViT-L/14 at 336 px, 576 image tokens) in bfloat16 and runs only on CUDA (skipped otherwise). The
 default is ``tiny small`` on CPU, plus ``llava-1.5-7b`` when CUDA is available.
+
+Compiled decode steps (``--compile``, ``--no-compile``, ``--both``; default ``--both`` on CUDA and
+``--no-compile`` elsewhere): every method also runs as ``<name>@compiled``, its decode steps on a static
+cache through ``torch.compile`` (CUDA graphs on CUDA; :mod:`medheval.decoding.compiled`), in the same
+process as the eager run; ``none@compiled`` is medheval's loop with no mitigation, compiled (transformers'
+``generate`` itself stays eager). ``same_as_eager`` is the share of generated tokens equal to the eager
+run's (bfloat16 on GPU may differ in rounding; float32 on CPU should give 1.0). A compiler error is printed
+for its method and the run goes on (the method then decodes eagerly on the static cache). The compile time
+(first run, untimed) is reported as ``compile_s``. ``--budget-s`` bounds the whole run: methods not started
+when it is spent are listed as skipped, and repeats stop early (at least one timed run per method).
+
+Per step: ``ms_per_step`` = (time of the run - time of the same run generating 1 token, i.e. the
+prefill) / (batches x (new tokens - 1)). On CUDA the script also measures the achievable memory bandwidth
+(a device-to-device copy of 1 GiB: 2 bytes moved per byte copied) and the **weight-read floor** of one
+step, ``floor_ms`` = bytes of the language model's weights / bandwidth (a step reads every weight once);
+``x_weight_floor`` = ``ms_per_step`` / ``floor_ms``.
 
 Timing: ``--repeats`` timed runs per method, round-robin over the methods in every repeat (load
 from other processes then hits every method alike); the **median** is reported (``min`` too in
@@ -51,6 +68,8 @@ from PIL import Image
 
 from medheval.backends.tiny import build_random_llava, build_tiny_llava
 from medheval.decoding import DecodingMethod
+from medheval.decoding import compiled as compiled_steps
+from medheval.decoding.hooks import language_model
 from medheval.mitigations import DAMRO, AvisC, DoLa, M3ID, OPERA, PAI, VCD, get_mitigation
 from medheval.versions import stack_versions
 
@@ -142,7 +161,9 @@ class PeakMemory:
             self.peak_bytes = self._peak - self._base
 
 
-def run(model, batches, method, max_new_tokens: int, device: str):
+def run(model, batches, method, max_new_tokens: int, device: str, compile: bool = False):
+    """Generate every batch with ``method``; ``compile``: its decode steps compiled (plain greedy and the
+    2B-row floor then go through medheval's loop, which compiles, instead of ``generate``'s own)."""
     outputs = []
     for inputs in batches:
         inputs = inputs.to(device)
@@ -151,9 +172,13 @@ def run(model, batches, method, max_new_tokens: int, device: str):
             kwargs.update(method.generate_kwargs)
         elif isinstance(method, Floor2B):
             inputs = doubled(inputs)
+            if compile:
+                kwargs["custom_generate"] = Loop()
         elif method is not None:
             kwargs["custom_generate"] = method
-        with torch.inference_mode():
+        elif compile:
+            kwargs["custom_generate"] = Loop()
+        with torch.inference_mode(), compiled_steps.compiled_decoding(compile):
             out = model.generate(**inputs, **kwargs)
         outputs.append(out[: len(out) // 2 if isinstance(method, Floor2B) else len(out), inputs["input_ids"].shape[1]:].cpu())
     if device.startswith("cuda"):
@@ -189,7 +214,48 @@ def load_model(name: str, device: str):
     return model.to(device), processor
 
 
-def bench_model(name: str, args) -> dict | None:
+def memory_bandwidth(device: str, gib: float = 1.0, repeats: int = 10) -> float:
+    """Achievable device memory bandwidth in bytes/s: a device-to-device copy (reads and writes each byte)."""
+    source = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    del source, target
+    return 2 * int(gib * 2**30) / best
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the weights one decode step reads: the language model and its output head."""
+    seen, total = set(), 0
+    modules = [language_model(model)]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None:
+        modules.append(head)
+    for module in modules:
+        for parameter in module.parameters():
+            if id(parameter) not in seen:
+                seen.add(id(parameter))
+                total += parameter.numel() * parameter.element_size()
+    return total
+
+
+def compile_modes(args) -> list[bool]:
+    if args.compile_mode == "both":
+        return [False, True]
+    if args.compile_mode == "compile":
+        return [True]
+    if args.compile_mode == "eager":
+        return [False]
+    return [False, True] if args.device.startswith("cuda") else [False]
+
+
+def bench_model(name: str, args, clock_start: float) -> dict | None:
     device = args.device
     if name == "llava-1.5-7b" and not (device.startswith("cuda") and torch.cuda.is_available()):
         print(f"model={name}: skipped (needs a CUDA device; this run has device={device})")
@@ -197,63 +263,143 @@ def bench_model(name: str, args) -> dict | None:
     model, processor = load_model(name, device)
     batches = make_batches(processor, args.prompts, args.batch_size, MODEL_IMAGE_SIZES[name])
     methods = build_methods(args.methods, args.preset)
+    cuda = device.startswith("cuda")
+
+    def over_budget() -> bool:
+        return args.budget_s is not None and time.perf_counter() - clock_start > args.budget_s
+
+    # variants: (key, method, compiled?)
+    variants = []
+    for compile in compile_modes(args):
+        for key, method in methods.items():
+            if compile and isinstance(method, PlainBeams):
+                continue  # transformers' beam search: never compiled by medheval
+            if compile and not getattr(method, "compiles", True):
+                print(f"{key}@compiled: skipped ({type(method).__name__} runs its own loop, which stays eager)")
+                continue
+            variants.append((f"{key}@compiled" if compile else key, method, compile))
 
     tokens = args.prompts * args.max_new_tokens
-    for method in methods.values():  # warm-up
-        run(model, batches[:1], method, 2, device)
-    times: dict[str, list[float]] = {key: [] for key in methods}
+    runnable, skipped, errors, compile_seconds = [], [], {}, {}
+    for key, method, compile in variants:  # warm-up (compiled: the full length, so the buckets are the timed ones)
+        if over_budget():
+            skipped.append(key)
+            continue
+        failures = len(compiled_steps.STATS.failures)
+        start = time.perf_counter()
+        try:
+            run(model, batches if compile else batches[:1], method, args.max_new_tokens if compile else 2, device,
+                compile)
+        except Exception as error:  # noqa: BLE001 - report the method's error and go on with the others
+            errors[key] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            print(f"{key}: ERROR {errors[key]}", flush=True)
+            continue
+        if compile:
+            compile_seconds[key] = round(time.perf_counter() - start, 2)
+            if len(compiled_steps.STATS.failures) > failures:
+                errors[key] = "compile failed, ran eagerly: " + compiled_steps.STATS.failures[-1]
+                print(f"{key}: {errors[key]}", flush=True)
+        runnable.append((key, method, compile))
+    if skipped:
+        print(f"budget of {args.budget_s} s spent: skipped {skipped}", flush=True)
+
+    times: dict[str, list[float]] = {key: [] for key, _, _ in runnable}
     outputs = {}
-    for _ in range(args.repeats):
-        for key, method in methods.items():
+    for repeat in range(args.repeats):
+        if repeat > 0 and over_budget():
+            print(f"budget of {args.budget_s} s spent: {repeat} timed repeat(s)", flush=True)
+            break
+        for key, method, compile in runnable:
             start = time.perf_counter()
-            outputs[key] = run(model, batches, method, args.max_new_tokens, device)
+            outputs[key] = run(model, batches, method, args.max_new_tokens, device, compile)
             times[key].append(time.perf_counter() - start)
     results: dict[str, dict] = {}
-    for key, method in methods.items():
+    steps = len(batches) * max(args.max_new_tokens - 1, 1)
+    for key, method, compile in runnable:
+        start = time.perf_counter()
+        run(model, batches, method, 1, device, compile)  # the prefill alone (1 new token)
+        prefill = time.perf_counter() - start
         with PeakMemory(device) as memory:
-            run(model, batches, method, args.max_new_tokens, device)
+            run(model, batches, method, args.max_new_tokens, device, compile)
         median = float(np.median(times[key]))
         results[key] = {"seconds": round(median, 4), "min_seconds": round(min(times[key]), 4),
-                        "tokens_per_s": round(tokens / median, 1), "peak_mem_mb": round(memory.peak_bytes / 2**20, 1)}
+                        "tokens_per_s": round(tokens / median, 1), "peak_mem_mb": round(memory.peak_bytes / 2**20, 1),
+                        "prefill_seconds": round(prefill, 4),
+                        "ms_per_step": round(1000 * max(median - prefill, 0.0) / steps, 3), "compiled": compile}
+        if key in compile_seconds:
+            results[key]["compile_s"] = compile_seconds[key]
+        if key in errors:
+            results[key]["error"] = errors[key]
         if hasattr(method, "PRESETS"):
             results[key]["settings"] = method.spec()
-    for entry in results.values():
-        entry["x_greedy"] = round(entry["seconds"] / results["none"]["seconds"], 3)
-        entry["x_floor"] = round(entry["seconds"] / results["floor2B"]["seconds"], 3)
+    for key, entry in results.items():
+        suffix = "@compiled" if entry["compiled"] else ""
+        for base, field in (("none", "x_greedy"), ("floor2B", "x_floor")):
+            reference = results.get(base + suffix) or results.get(base)
+            if reference:
+                entry[field] = round(entry["seconds"] / reference["seconds"], 3)
     if "beam5" in results:
-        for key, method in methods.items():
+        for key, method, _ in runnable:
             if isinstance(method, OPERA):
                 results[key]["vs_beam5"] = round(results[key]["tokens_per_s"] / results["beam5"]["tokens_per_s"], 3)
 
     def same(a: str, b: str) -> bool:
         return all(torch.equal(x, y) for x, y in zip(outputs[a], outputs[b]))
 
+    def share(a: str, b: str) -> float:
+        equal = sum(int((x == y).sum()) for x, y in zip(outputs[a], outputs[b]))
+        return round(equal / max(sum(x.numel() for x in outputs[a]), 1), 4)
+
     for key in results:
-        if key in ("loop", "floor2B"):
-            results[key]["same_tokens_as_none"] = same(key, "none")
-        if key.endswith("-2pass") and key[: -len("-2pass")] in outputs:
-            results[key]["same_tokens_as_one_pass"] = same(key, key[: -len("-2pass")])
+        base = key.split("@")[0]
+        if base in ("loop", "floor2B"):
+            results[key]["same_tokens_as_none"] = same(key, "none" + key[len(base):] if "@" in key else "none")
+        if base.endswith("-2pass") and base[: -len("-2pass")] + key[len(base):] in outputs:
+            results[key]["same_tokens_as_one_pass"] = same(key, base[: -len("-2pass")] + key[len(base):])
+        if key.endswith("@compiled") and base in outputs:
+            results[key]["same_as_eager"] = share(key, base)
+
+    floor_ms = bandwidth = None
+    weights = weight_bytes(model)
+    if cuda:
+        bandwidth = memory_bandwidth(device)
+        floor_ms = 1000 * weights / bandwidth
+        for entry in results.values():
+            entry["x_weight_floor"] = round(entry["ms_per_step"] / floor_ms, 3)
 
     prompt_len = int(batches[0]["input_ids"].shape[1])
     threads = torch.get_num_threads()
     print(f"\nmodel={name} device={device} threads={threads} prompts={args.prompts} batch={args.batch_size} "
           f"new_tokens={args.max_new_tokens} prompt_len(batch 0)={prompt_len} preset={args.preset} "
           f"repeats={args.repeats} (median)")
-    width = max(12, *(len(key) for key in results))
-    print(f"{'method':<{width}} {'seconds':>8} {'tokens/s':>9} {'x greedy':>9} {'x floor':>8} {'peak MB':>8}  same tokens")
+    if cuda:
+        print(f"memory bandwidth (device copy): {bandwidth / 1e12:.2f} TB/s; language-model weights "
+              f"{weights / 1e9:.2f} GB; weight-read floor {floor_ms:.2f} ms/step")
+    width = max(12, *(len(key) for key in results)) if results else 12
+    print(f"{'method':<{width}} {'seconds':>8} {'ms/step':>8} {'tokens/s':>9} {'x greedy':>9} {'x floor':>8} "
+          f"{'x wfloor':>8} {'peak MB':>8} {'compile s':>9}  same tokens")
     for key, entry in results.items():
         check = entry.get("same_tokens_as_one_pass", entry.get("same_tokens_as_none", ""))
-        print(f"{key:<{width}} {entry['seconds']:>8.3f} {entry['tokens_per_s']:>9.1f} {entry['x_greedy']:>9.3f} "
-              f"{entry['x_floor']:>8.3f} {entry['peak_mem_mb']:>8.1f}  {check}")
+        if "same_as_eager" in entry:
+            check = f"{check} eager-share={entry['same_as_eager']:.3f}".strip()
+        wfloor = f"{entry['x_weight_floor']:>8.2f}" if "x_weight_floor" in entry else f"{'-':>8}"
+        print(f"{key:<{width}} {entry['seconds']:>8.3f} {entry['ms_per_step']:>8.2f} {entry['tokens_per_s']:>9.1f} "
+              f"{entry.get('x_greedy', float('nan')):>9.3f} {entry.get('x_floor', float('nan')):>8.3f} {wfloor} "
+              f"{entry['peak_mem_mb']:>8.1f} {entry.get('compile_s', float('nan')):>9.1f}  {check}")
     for key, entry in results.items():
         if "vs_beam5" in entry:
             print(f"{key} vs plain 5-beam generate: {entry['vs_beam5']:.3f}x the tokens/s")
+    for key, error in errors.items():
+        print(f"{key}: {error}")
     summary = {"model": name, "device": device, "torch_threads": threads, "versions": stack_versions(),
                "machine": platform.machine(), "prompts": args.prompts, "batch_size": args.batch_size,
                "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "preset": args.preset,
-               "dtype": str(next(model.parameters()).dtype), "results": results}
-    if device.startswith("cuda"):
+               "dtype": str(next(model.parameters()).dtype), "weight_bytes": weights, "results": results,
+               "errors": errors, "skipped": skipped}
+    if cuda:
         summary["gpu"] = torch.cuda.get_device_name()
+        summary["bandwidth_bytes_per_s"] = bandwidth
+        summary["weight_floor_ms"] = round(floor_ms, 4)
     del model
     return summary
 
@@ -275,6 +421,15 @@ def main(argv=None) -> int:
                              "opera:preset=official adds that variant")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--preset", default="medheval", help="the methods' preset (medheval, official, ...)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--compile", dest="compile_mode", action="store_const", const="compile",
+                      help="only the compiled decode steps")
+    mode.add_argument("--no-compile", dest="compile_mode", action="store_const", const="eager",
+                      help="only eager (the default off CUDA)")
+    mode.add_argument("--both", dest="compile_mode", action="store_const", const="both",
+                      help="eager and compiled, in this process (the default on CUDA)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="stop starting methods (and repeats) after this many seconds in all (compiling counts)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -282,7 +437,8 @@ def main(argv=None) -> int:
     stack = stack_versions()
     print("stack: " + ", ".join(f"{package} {version}" for package, version in stack.items()), flush=True)
 
-    summaries = [summary for name in models if (summary := bench_model(name, args)) is not None]
+    clock_start = time.perf_counter()
+    summaries = [summary for name in models if (summary := bench_model(name, args, clock_start)) is not None]
     print(json.dumps(summaries, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -20,13 +20,32 @@ generator seeded from ``(seed, record id)`` through medheval's decoding loop (:f
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import torch
 
 from medheval.backends.base import BackendError
+from medheval.decoding.compiled import compiled_decoding, wanted
+from medheval.decoding.loop import DecodingMethod
 from medheval.run.prompts import PROMPT_VERSION, build_prompt
+
+AUTO = "auto"
+AUTO_CHUNK = 64  # records per runner batch with batch_size="auto" (the backend splits them to fit)
+AUTO_MAX = 256
+
+
+def _free_memory(device: str) -> int:
+    """Free bytes on ``device``: CUDA's free memory, else the system's available memory."""
+    if str(device).startswith("cuda"):
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 8 * 2**30
+
 
 _DTYPES = {
     "float32": torch.float32,
@@ -120,7 +139,9 @@ class HFBackend:
             ``AutoProcessor``), or an already-built ``PreTrainedModel``.
         processor: the processor for an already-built model (loaded from the model's
             ``name_or_path`` when omitted and that is a local directory).
-        batch_size: records per ``model.generate`` call.
+        batch_size: records per ``model.generate`` call, or ``"auto"``: the largest batch expected to fit the
+            device's free memory, per method and generation settings (:meth:`estimate_batch_size`), halved and
+            retried on out-of-memory (the runner then hands over :data:`AUTO_CHUNK` records at a time).
         max_new_tokens, do_sample, temperature, top_p: generation settings; temperature
             and top_p only apply when sampling.
         seed: sampling seed: each record samples from its own generator seeded from ``(seed, record id)``
@@ -141,6 +162,10 @@ class HFBackend:
             (:mod:`medheval.backends.conversation`).
         instruction: record -> text (default :func:`medheval.run.prompts.build_prompt`; a paper protocol's
             own, :mod:`medheval.run.paper_protocols`).
+        compile: decode steps on a static cache through ``torch.compile`` (CUDA graphs on CUDA),
+            plain decoding and every mitigation alike (:mod:`medheval.decoding.compiled`): ``None`` (default)
+            on CUDA only, ``True`` everywhere, ``False`` never (``medheval run --no-compile``). Recorded in
+            :meth:`settings` as ``"compile": true`` when on.
     """
 
     needs_images = True
@@ -153,7 +178,7 @@ class HFBackend:
         model: Any,
         processor: Any = None,
         *,
-        batch_size: int = 8,
+        batch_size: int | str = 8,
         max_new_tokens: int = 64,
         do_sample: bool = False,
         temperature: float | None = None,
@@ -167,9 +192,13 @@ class HFBackend:
         prefix_cache: bool = False,
         chat_template: str | None = None,
         instruction: Any = None,
+        compile: bool | None = None,
     ):
-        if batch_size < 1:
-            raise BackendError(f"batch_size must be >= 1, got {batch_size}")
+        self.auto_batch = batch_size == AUTO
+        if self.auto_batch:
+            batch_size = AUTO_CHUNK
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise BackendError(f"batch_size must be an integer >= 1 or 'auto', got {batch_size!r}")
         if max_new_tokens < 1:
             raise BackendError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.device = device or _default_device()
@@ -218,6 +247,9 @@ class HFBackend:
 
         self.conversation = None if check_template_name(chat_template) in (None, "model") else chat_template
         self.instruction = instruction or build_prompt
+        self.compile = compile
+        self._auto_sizes: dict[str, int] = {}  # per method and settings: the largest batch that ran
+        self._auto_used: list[int] = []  # batch sizes used since take_auto_batch_size()
 
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.tokenizer.padding_side = "left"
@@ -347,12 +379,26 @@ class HFBackend:
         if settings.get("do_sample"):
             keys = [r.get("id") if r.get("id") is not None else text for r, text in zip(records, texts)]
             settings.update(row_sampling(settings.get("custom_generate"), seed, keys))
-        with torch.inference_mode():
-            out = self.model.generate(**inputs, **settings)
+        kwargs = self._compiled_kwargs(settings)
+        with torch.inference_mode(), compiled_decoding(self.compile):
+            out = self.model.generate(**inputs, **kwargs)
         sequences = out.sequences if hasattr(out, "sequences") else out
         new_tokens = sequences[:, inputs["input_ids"].shape[1] :]
         decoded = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         return [text.strip() for text in decoded]
+
+    def compiles(self) -> bool:
+        """Whether decode steps run compiled on a static cache (``compile=None``: on CUDA only)."""
+        with compiled_decoding(self.compile):
+            return wanted(self.model)
+
+    def _compiled_kwargs(self, kwargs: dict) -> dict:
+        """Plain greedy/sampling goes through medheval's decoding loop when decode steps are compiled
+        (``generate``'s own loop does not compile them); beam search stays with ``generate``."""
+        if ("custom_generate" in kwargs or (kwargs.get("num_beams") or 1) > 1
+                or (kwargs.get("num_return_sequences") or 1) > 1 or not self.compiles()):
+            return kwargs
+        return {**kwargs, "custom_generate": DecodingMethod()}
 
     def generate(self, records: list[dict], images: list[list] | None = None, *,
                  overrides: dict | None = None) -> list[str]:
@@ -370,6 +416,8 @@ class HFBackend:
             if self._prefix_cache is None or self._prefix_cache.backend is not self:  # copies (run_grid) get their own
                 self._prefix_cache = PrefixCache(self)
             return self._prefix_cache.generate(records, [list(x) for x in images], overrides=overrides)
+        if self.auto_batch:
+            return self._generate_auto(records, images, overrides)
         starts = range(0, len(records), self.batch_size)
         if self.progress and len(records) > self.batch_size:
             from tqdm.auto import tqdm
@@ -381,12 +429,75 @@ class HFBackend:
             outputs.extend(self._generate_batch(records[start:end], [list(x) for x in images[start:end]], overrides))
         return outputs
 
+    # -- --batch-size auto -------------------------------------------------------------
+    def _auto_key(self, overrides: dict | None) -> str:
+        method = self.generate_kwargs.get("custom_generate")
+        spec = method.spec() if hasattr(method, "spec") else str(method or "none")
+        return json.dumps([spec, _jsonable(overrides or {})], sort_keys=True, default=str)
+
+    def estimate_batch_size(self, records: list[dict], images: list[list], overrides: dict | None = None) -> int:
+        """The largest batch expected to fit in the device's free memory (at most :data:`AUTO_MAX`).
+
+        Per record: the KV cache of ``rows x (prompt + new tokens)`` (``rows``: 2 for a two-stream method, the
+        beams of OPERA; the static cache's rounding counted), float32 logits and the prefill's activations;
+        the first record's prompt (x 1.25) stands for the batch's. The OOM back-off corrects a wrong guess.
+        """
+        kwargs = {**self._generation_kwargs(), **(overrides or {})}
+        method = kwargs.get("custom_generate")
+        rows = int(method.rows_per_record()) if hasattr(method, "rows_per_record") else 1
+        rows *= int(kwargs.get("num_beams") or 1) if method is None else 1
+        text = self.format_prompt(records[0], len(images[0]))
+        proc = {"text": [text], "return_tensors": "pt"}
+        if images[0]:
+            proc["images"] = [list(images[0])]
+        prompt = int(self.processor(**proc)["input_ids"].shape[1] * 1.25)
+        config = self.model.config.get_text_config()
+        layers = int(config.num_hidden_layers)
+        heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        width = torch.finfo(self.model.dtype).bits // 8
+        tokens = prompt + int(kwargs.get("max_new_tokens") or self.max_new_tokens)
+        per_row = (2 * layers * heads * head_dim * width * tokens * (2 if self.compiles() else 1)
+                   + 3 * 4 * int(config.vocab_size) + 8 * prompt * int(config.hidden_size) * width)
+        return max(1, min(AUTO_MAX, int(0.7 * _free_memory(self.device) // (rows * per_row))))
+
+    def _generate_auto(self, records: list[dict], images: list[list], overrides: dict | None) -> list[str]:
+        """Batches of the estimated size; on out-of-memory the same records are retried at half the batch.
+        Outputs are kept only for batches that finished, so no record is lost or repeated."""
+        key = self._auto_key(overrides)
+        if key not in self._auto_sizes and records:
+            self._auto_sizes[key] = self.estimate_batch_size(records, images, overrides)
+        outputs: list[str] = []
+        start = 0
+        while start < len(records):
+            size = self._auto_sizes[key]
+            end = start + size
+            try:
+                done = self._generate_batch(records[start:end], [list(x) for x in images[start:end]], overrides)
+            except torch.OutOfMemoryError:
+                if size == 1:
+                    raise
+                if str(self.device).startswith("cuda"):
+                    torch.cuda.empty_cache()
+                self._auto_sizes[key] = max(1, size // 2)
+                continue
+            outputs.extend(done)
+            self._auto_used.append(size)
+            start = end
+        return outputs
+
+    def take_auto_batch_size(self) -> int | None:
+        """The batch size ``--batch-size auto`` settled on since the last call (the smallest one used; ``None``
+        when nothing was generated), for ``results.json``."""
+        used, self._auto_used = self._auto_used, []
+        return min(used) if used else None
+
     # -- recording --------------------------------------------------------------------
     def settings(self) -> dict:
         settings = {
             "backend": "hf",
             "model": self.name,
-            "batch_size": self.batch_size,
+            "batch_size": AUTO if self.auto_batch else self.batch_size,
             "max_new_tokens": self.max_new_tokens,
             "do_sample": self.do_sample,
             "temperature": self.temperature,
@@ -407,6 +518,8 @@ class HFBackend:
             settings["sampler"] = "per_row"
         if self.prefix_cache:
             settings["prefix_cache"] = True
+        if self.compiles():  # bfloat16 tokens may differ from eager in rounding: a resumed run must match
+            settings["compile"] = True
         if getattr(self.model.config, "medheval_random_weights", False):
             settings["random_weights"] = True
         return settings

@@ -60,7 +60,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     from medheval.run.seeds import parse_seeds
 
-    results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", args.batch_size),
+    fallback = args.batch_size if isinstance(args.batch_size, int) else 8  # 'auto' is the HF backend's
+    results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", fallback),
                        controls=getattr(args, "control", None) or ["none"], seeds=parse_seeds(getattr(args, "seeds", None)))
     return _finish(results, Path(args.output))
 
@@ -325,7 +326,8 @@ def add_integrations_command(commands: argparse._SubParsersAction) -> None:
 def cmd_selftest(args: argparse.Namespace) -> int:
     from medheval.mitigations import selftest
 
-    return selftest.main(split_list(args.family), split_list(args.method), quiet=args.quiet)
+    return selftest.main(split_list(args.family), split_list(args.method), quiet=args.quiet,
+                         compiled=args.compiled)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "default: llava, llava_next, qwen2_5_vl, qwen3_vl, gemma3)")
     check.add_argument("--method", action="append", help="only these mitigations (repeatable or comma list)")
     check.add_argument("--quiet", action="store_true", help="print the table and the verdict only")
+    check.add_argument("--compiled", action="store_true",
+                       help="also check the compiled decode steps (static cache + torch.compile) against eager")
     check.set_defaults(handler=cmd_selftest)
     from medheval.cli.inputs import add_inputs_command
 

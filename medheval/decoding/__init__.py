@@ -7,6 +7,8 @@
 - :mod:`~medheval.decoding.contrast` — the plausibility cutoff and the combination rules;
 - :mod:`~medheval.decoding.hooks` — attention hooks (pre-softmax edits, attention rows);
 - :mod:`~medheval.decoding.visual_tokens` — where the image tokens are, from ``input_ids``;
+- :mod:`~medheval.decoding.compiled` — the decode steps on a static cache through ``torch.compile`` (CUDA
+  graphs on CUDA; the default there), one graph per row and capacity bucket;
 - :mod:`~medheval.decoding.internals` — the only module that names transformers' generation internals
   (the cache argument and classes, ``prepare_inputs_for_generation``, the attention interface...).
 """

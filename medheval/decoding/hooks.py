@@ -165,7 +165,10 @@ class ImageAttentionBoost(AttentionHook):
         if not self.enabled or self.alpha == 0.0 or self.group is None:
             return scores
         columns = self.group.image_columns(scores.shape[-1])
-        if columns is None or not bool(columns.any()):
+        if columns is None:
+            return scores
+        # eager: skip groups without image keys; compiled: no data-dependent branch (a zero column adds 0)
+        if not torch.compiler.is_compiling() and not bool(columns.any()):
             return scores
         if columns.shape[0] != scores.shape[0]:
             raise MitigationError(

@@ -234,6 +234,125 @@ def first_layer_keys(cache) -> torch.Tensor:
 
 
 # -----------------------------------------------------------------------------------------------
+# static cache and compiled forward (the decode steps after the prefill; see medheval.decoding.compiled)
+# -----------------------------------------------------------------------------------------------
+def static_refusal(cache) -> str | None:
+    """Why the prefilled ``cache`` cannot be copied into a static cache (``None`` if it can): it must be a
+    ``DynamicCache`` of initialised full or sliding-window dynamic layers (what :func:`new_cache` makes)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    if type(cache) is not DynamicCache:
+        return f"{type(cache).__name__} is not a DynamicCache"
+    if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) and layer.is_initialized
+               and not getattr(layer, "record_past", False) for layer in cache.layers):
+        return f"cache layers {sorted(set(layer_kinds(cache)))} are not initialised full or sliding dynamic layers"
+    return None
+
+
+def new_static_cache(model, capacity: int):
+    """An empty ``StaticCache`` of ``capacity`` tokens whose layers all keep every token (``StaticLayer``).
+
+    Sliding-window layers (Gemma 3) get a full-length layer too: the sliding-window *mask*
+    (``kv > q - W``, from the config) hides the keys outside the window, so the layer needs no rolling
+    buffer, whose Python-int length would make a compiled forward recompile at every step.
+    """
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    cache = StaticCache(config=model.config, max_cache_len=int(capacity))
+    cache.layers = [StaticLayer(max_cache_len=int(capacity)) for _ in cache.layers]
+    return cache
+
+
+def fill_static_cache(static, dynamic, length: int, rows: int) -> None:
+    """Copy the prefilled ``dynamic`` cache (``R`` rows, ``length`` columns so far) into ``static`` (``rows >= R``).
+
+    Each layer's keys land at their columns (a sliding layer holds only its last ``n`` columns: they go to
+    ``[length - n, length)``, the older ones are zeros that the window mask hides); rows ``R..rows-1`` copy
+    row 0 (batch-bucket padding: a valid row whose outputs are dropped). The static tensors are allocated on
+    the first fill and overwritten in place afterwards (a compiled forward keeps their addresses).
+    """
+    for mine, theirs in zip(static.layers, dynamic.layers):
+        keys, values = theirs.keys, theirs.values
+        real, heads, held, _ = keys.shape
+        if not mine.is_initialized:
+            pad = (0, 0, 0, 0, 0, 0, 0, rows - real)
+            mine.lazy_initialization(torch.nn.functional.pad(keys[:, :, :0], pad),
+                                     torch.nn.functional.pad(values[:, :, :0], pad))
+        else:
+            mine.keys.zero_()
+            mine.values.zero_()
+        mine.keys[:real, :, length - held:length] = keys
+        mine.values[:real, :, length - held:length] = values
+        if rows > real:
+            mine.keys[real:] = mine.keys[:1]
+            mine.values[real:] = mine.values[:1]
+        mine.cumulative_length.fill_(int(length))
+
+
+def dynamic_from_static(static, rows: int, length: int):
+    """A ``DynamicCache`` of full layers holding the first ``rows`` rows and ``length`` columns of ``static``
+    (what ``generate`` returns; the static cache itself is reused by the next batch)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for index, layer in enumerate(static.layers):
+        cache.update(layer.keys[:rows, :, :length].clone(), layer.values[:rows, :, :length].clone(), index)
+    return cache
+
+
+def pad_step_rows(inputs: dict[str, Any], real: int, rows: int) -> dict[str, Any]:
+    """One decode step's forward inputs with every per-row tensor padded from ``real`` to ``rows`` rows
+    (copies of row 0): ``input_ids``, 2-D or M-RoPE ``[axes, R, 1]`` positions, token types, the 4-D mask
+    (or a dict of them, one per attention kind)."""
+    if rows == real:
+        return inputs
+    index = torch.cat([torch.arange(real), torch.zeros(rows - real, dtype=torch.long)])
+
+    def pad(value: Any, key: str) -> Any:
+        if isinstance(value, dict):
+            return {k: pad(v, key) for k, v in value.items()}
+        if not torch.is_tensor(value) or value.dim() == 0:
+            return value
+        if key == "position_ids" and value.dim() == 3 and value.shape[1] == real:
+            return value.index_select(1, index.to(value.device))
+        if value.shape[0] == real:
+            return value.index_select(0, index.to(value.device))
+        return value
+
+    return {key: (value if is_cache_key(key) else pad(value, key)) for key, value in inputs.items()}
+
+
+def keep_output_rows(outputs, real: int, clone: bool):
+    """``outputs`` with ``logits``/``hidden_states``/``attentions`` cut to the first ``real`` rows, and every
+    output tensor copied when ``clone`` (a CUDA-graph replay overwrites its outputs)."""
+    def cut(value: Any) -> Any:
+        if torch.is_tensor(value):
+            value = value[:real]
+            return value.clone() if clone else value
+        if isinstance(value, tuple):
+            return tuple(cut(v) for v in value)
+        return value
+
+    for key in list(outputs.keys()):
+        if key in ("logits", "hidden_states", "attentions"):
+            outputs[key] = cut(outputs[key])
+        elif clone and torch.is_tensor(outputs[key]):  # e.g. Qwen-VL's rope_deltas, kept for the next steps
+            outputs[key] = outputs[key].clone()
+    return outputs
+
+
+def compiled_forward(model, mode: str | None) -> Callable:
+    """``torch.compile(model.__call__, mode=mode, dynamic=False)``, built once per model and mode
+    (transformers' own ``get_compiled_call`` does the same; ``"reduce-overhead"`` captures CUDA graphs)."""
+    store = model.__dict__.setdefault("_medheval_compiled", {})
+    if mode not in store:
+        store[mode] = torch.compile(model.__call__, mode=mode, dynamic=False, fullgraph=False)
+    return store[mode]
+
+
+# -----------------------------------------------------------------------------------------------
 # the generation loop's helpers
 # -----------------------------------------------------------------------------------------------
 def prepare_step_inputs(model, input_ids: torch.Tensor, model_kwargs: dict[str, Any], *, first: bool) -> dict[str, Any]:
@@ -390,6 +509,13 @@ __all__ = [
     "append_rows_left_padded",
     "beam_output",
     "cache_argument",
+    "compiled_forward",
+    "dynamic_from_static",
+    "fill_static_cache",
+    "keep_output_rows",
+    "new_static_cache",
+    "pad_step_rows",
+    "static_refusal",
     "cache_in",
     "cache_keyword",
     "cache_length",

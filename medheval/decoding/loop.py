@@ -50,7 +50,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from medheval.decoding import internals, sampling
+from medheval.decoding import compiled, internals, sampling
 from medheval.decoding.hooks import AttentionHook, attention_hooks
 from medheval.decoding.streams import PREFILL_ONLY_INPUTS, Stream, StreamGroup, token_type_inputs
 from medheval.decoding.visual_tokens import MitigationError
@@ -128,6 +128,8 @@ class DecodingMethod:
     # True: every contrast stream runs in the clean stream's batch and cache (one forward per
     # step); False: each in its own cache and forward (the two-pass reference, see two_pass())
     one_pass: ClassVar[bool] = True
+    # False: the method's decode steps always run eager (see medheval.decoding.compiled)
+    compiles: ClassVar[bool] = True
 
     # -- custom_generate entry point ---------------------------------------------------
     def __call__(
@@ -180,6 +182,14 @@ class DecodingMethod:
     def generate(self, model, **inputs):
         """``model.generate(**inputs, custom_generate=self)``."""
         return model.generate(**inputs, custom_generate=self)
+
+    def rows_per_record(self) -> int:
+        """Rows one record occupies in a decode step (2 for a method with a contrast stream; OPERA: its beams),
+        for sizing batches to memory (``--batch-size auto``)."""
+        cls = type(self)
+        contrast = (cls.contrast_streams is not DecodingMethod.contrast_streams
+                    or cls.deferred_streams is not DecodingMethod.deferred_streams)
+        return 2 if contrast else 1
 
     # -- extension points --------------------------------------------------------------
     def check(self, model, ctx: DecodingContext) -> None:
@@ -353,6 +363,7 @@ def decode(
     all_logits: tuple = ()
 
     unfinished = torch.ones(batch_size, dtype=torch.long, device=input_ids.device)
+    compile_steps = compiled.wanted(model)  # static cache + compiled forward after the first step
     hooks = method.hooks(ctx)
     ctx.state["hooks"] = hooks
     with _maybe_no_grad(), attention_hooks(model, hooks):
@@ -407,6 +418,8 @@ def decode(
             unfinished = unfinished & ~stopping_criteria(ctx.input_ids, all_scores if keep_scores else None)
             if int(unfinished.max()) == 0:
                 break
+            if compile_steps and ctx.step == 1:  # every group has its final rows: static cache from here on
+                compiled.attach(method, ctx, getattr(generation_config, "max_length", None))
             ctx.outputs.clear()
             del outputs
 
@@ -415,7 +428,9 @@ def decode(
     if not return_dict:
         return ctx.input_ids
     cache = ctx.groups[0].cache
-    if cache is not None and len(ctx.groups[0].streams) > 1:
+    if ctx.groups[0].static is not None:
+        cache = ctx.groups[0].static.final_cache(batch_size, int(ctx.input_ids.shape[1]) - 1)
+    elif cache is not None and len(ctx.groups[0].streams) > 1:
         internals.select_rows(cache, torch.arange(batch_size, device=input_ids.device))
     return internals.decoder_only_output(
         sequences=ctx.input_ids,

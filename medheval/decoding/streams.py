@@ -252,6 +252,12 @@ class StreamGroup:
         if internals.supports_logits_to_keep(model) and "logits_to_keep" not in self.model_kwargs:
             self.model_kwargs["logits_to_keep"] = 1
         self.prefilled = False
+        self.static = None  # a compiled.StaticStep once the decode steps run on a static cache
+
+    def use_static(self, step) -> None:
+        """Run the next steps through ``step`` (:class:`medheval.decoding.compiled.StaticStep`), on its cache."""
+        self.static = step
+        internals.with_cache(self.model_kwargs, step.cache)
 
     @property
     def cache(self):
@@ -267,7 +273,7 @@ class StreamGroup:
 
         The keys are the *last* ``kv_length`` positions of the sequence fed so far: all of it for a
         full cache, only the window for a sliding-window layer (Gemma 3). A longer ``kv_length``
-        (a static cache's capacity) is padded on the right.
+        (a static cache's capacity) is padded on the right, and a static step's padding rows copy row 0.
         """
         if self.image_mask is None:
             return None
@@ -275,8 +281,12 @@ class StreamGroup:
         total = max(int(self.input_ids.shape[1]), int(mask.shape[1]))
         mask = torch.nn.functional.pad(mask, (0, total - mask.shape[1]), value=False)
         if kv_length > total:
-            return torch.nn.functional.pad(mask, (0, kv_length - total), value=False)
-        return mask[:, total - kv_length:]
+            mask = torch.nn.functional.pad(mask, (0, kv_length - total), value=False)
+        else:
+            mask = mask[:, total - kv_length:]
+        if self.static is not None and mask.shape[0] < self.static.rows:  # the static step's padding rows
+            mask = torch.cat([mask, mask[:1].expand(self.static.rows - mask.shape[0], -1)], dim=0)
+        return mask
 
     def forward(self, **extra: Any):
         """One forward: the whole prompt on the first call, then the last token."""
@@ -287,7 +297,10 @@ class StreamGroup:
                 kwargs.pop(key, None)
         inputs = internals.prepare_step_inputs(model, self.input_ids, kwargs, first=not self.prefilled)
         inputs.update(extra)
-        outputs = model(**inputs, return_dict=True)
+        if self.static is not None:
+            outputs = self.static(inputs)
+        else:
+            outputs = model(**inputs, return_dict=True)
         self.model_kwargs = internals.update_model_kwargs(model, outputs, self.model_kwargs)
         if not self.prefilled:
             for key in self._prefill_keys:

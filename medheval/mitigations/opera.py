@@ -307,6 +307,8 @@ class OPERA(DecodingMethod):
 
     name = "opera"
     supports_sampling: ClassVar[bool] = False  # a beam search (see _check_generation_config)
+    # its own beam loop (rollback, beam reorders and look-ahead edits on a dynamic cache) stays eager
+    compiles: ClassVar[bool] = False
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "medheval": {"num_beams": 5, "scale_factor": 50.0, "threshold": 15, "num_attn_candidates": 5,
                      "penalty_weights": 1.0, "window_size": 512},
@@ -325,6 +327,9 @@ class OPERA(DecodingMethod):
         "penalty_weights": "MedHEval appendix A.4; OPERA default 1",
         "window_size": "OPERA `window_size=512` (MedHEval keeps the default)",
     }
+
+    def rows_per_record(self) -> int:
+        return int(self.num_beams)
 
     def __post_init__(self):
         resolve_preset(self)

@@ -10,7 +10,10 @@ a long run, this checks on tiny random-weight models of each family (built in-pr
   each stream in its own cache and forward (two-stream methods);
 - ``batch=single``: a left-padded batch gives each prompt's tokens decoded alone (at a setting that
   moves the output);
-- ``hooks gone``: no attention hook and no switched attention implementation is left on the model.
+- ``hooks gone``: no attention hook and no switched attention implementation is left on the model;
+- ``compiled`` (``medheval selftest --compiled``; needs a C++ compiler on CPU): the decode steps on a static
+  cache through ``torch.compile`` give the eager tokens and keep the checks above (compiling takes a few
+  seconds per family and graph, so it is not part of the default run).
 
 A family whose model classes the installed transformers lacks is reported as skipped. The checks are
 the same as the test suite's (``tests/test_mitigations.py``, ``tests/test_decoding_one_pass.py``,
@@ -141,6 +144,37 @@ def check_method(model, processor, family: str, name: str) -> CheckResult:
     return result
 
 
+COMPILED = "compiled"  # the extra check of run_selftest(compiled=True)
+
+
+def compiler_refusal() -> str | None:
+    """Why this stack cannot check the compiled path (``None``: it can): CPU inductor needs a C++ compiler."""
+    import shutil
+
+    if shutil.which("g++") is None and shutil.which("c++") is None and not torch.cuda.is_available():
+        return "no C++ compiler for torch's CPU inductor"
+    return None
+
+
+def check_compiled(model, processor, family: str, name: str) -> bool:
+    """The compiled decode steps (static cache + ``torch.compile``) give the eager tokens, and every check of
+    :func:`check_method` holds on them. Every call lands in one row bucket (8), so one graph serves a family."""
+    from medheval.decoding import compiled
+
+    case = METHODS[name]
+    batch = _inputs(processor, range(len(PROMPTS)))
+    before = compiled.MIN_ROWS
+    compiled.MIN_ROWS = 8
+    try:
+        with compiled.compiled_decoding(False):
+            eager = _new(model, batch, custom_generate=case.moving())
+        with compiled.compiled_decoding(True):
+            same = torch.equal(_new(model, batch, custom_generate=case.moving()), eager)
+            return same and check_method(model, processor, family, name).ok
+    finally:
+        compiled.MIN_ROWS = before
+
+
 def _build(family: str):
     from medheval.backends.tiny_families import build_tiny
 
@@ -150,8 +184,9 @@ def _build(family: str):
 
 
 def run_selftest(families: Sequence[str] | None = None, methods: Sequence[str] | None = None,
-                 progress: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
-    """Every check of ``methods`` (default: all) on ``families`` (default: all the installed transformers has).
+                 progress: Callable[[CheckResult], None] | None = None, compiled: bool = False) -> list[CheckResult]:
+    """Every check of ``methods`` (default: all) on ``families`` (default: all the installed transformers has);
+    ``compiled``: also :func:`check_compiled` (OPERA's own loop stays eager: not applicable).
 
     Raises:
         ValueError: an unknown family or method name.
@@ -175,6 +210,14 @@ def run_selftest(families: Sequence[str] | None = None, methods: Sequence[str] |
         torch.manual_seed(0)
         for name in todo:
             result = check_method(model, processor, family, name)
+            if compiled and getattr(METHODS[name].moving(), "compiles", True):
+                try:
+                    result.checks[COMPILED] = check_compiled(model, processor, family, name)
+                except Exception as error:  # a compiler that breaks on this stack: name it, go on
+                    result.checks[COMPILED] = False
+                    result.error = result.error or f"compiled: {type(error).__name__}: {error}"
+            elif compiled:
+                result.checks[COMPILED] = None
             results.append(result)
             if progress is not None:
                 progress(result)
@@ -186,13 +229,14 @@ def format_results(results: Sequence[CheckResult]) -> str:
     def cell(value: bool | None) -> str:
         return "-" if value is None else ("ok" if value else "FAIL")
 
-    header = ["family", "method", *CHECKS]
+    checks = list(CHECKS) + ([COMPILED] if any(COMPILED in r.checks for r in results) else [])
+    header = ["family", "method", *checks]
     rows = []
     for r in results:
         if r.skipped:
-            rows.append([r.family, r.method, f"skipped: {r.skipped}", "", "", ""])
+            rows.append([r.family, r.method, f"skipped: {r.skipped}", *[""] * (len(checks) - 1)])
         else:
-            rows.append([r.family, r.method, *(cell(r.checks.get(c)) for c in CHECKS)])
+            rows.append([r.family, r.method, *(cell(r.checks.get(c)) for c in checks)])
             if r.error:
                 rows[-1][-1] += f"  ({r.error})"
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header) - 1)]
@@ -212,7 +256,8 @@ def verdict(results: Sequence[CheckResult], versions: dict[str, str | None], sec
     return f"selftest FAIL on {stack}: {broken}"
 
 
-def main(families: Sequence[str] | None = None, methods: Sequence[str] | None = None, quiet: bool = False) -> int:
+def main(families: Sequence[str] | None = None, methods: Sequence[str] | None = None, quiet: bool = False,
+         compiled: bool = False) -> int:
     """The ``medheval selftest`` command: prints a row per check as it finishes, the table and a verdict;
     returns 0 when every invariant holds, 1 otherwise."""
     from medheval.versions import stack_versions
@@ -226,12 +271,15 @@ def main(families: Sequence[str] | None = None, methods: Sequence[str] | None = 
             status = "ok" if result.ok else "FAIL " + ", ".join(result.failures())
             print(f"  {result.family:<11} {result.method:<6} {status}", flush=True)
 
-    results = run_selftest(families, methods, progress=progress)
+    if compiled and (reason := compiler_refusal()) is not None:
+        print(f"compiled path not checked: {reason}", flush=True)
+        compiled = False
+    results = run_selftest(families, methods, progress=progress, compiled=compiled)
     print(format_results(results))
     line = verdict(results, versions, time.perf_counter() - start)
     print(line, flush=True)
     return 0 if all(r.ok for r in results) else 1
 
 
-__all__ = ["CHECKS", "FAMILIES", "METHODS", "CheckResult", "check_method", "format_results", "main",
+__all__ = ["CHECKS", "COMPILED", "check_compiled", "compiler_refusal", "FAMILIES", "METHODS", "CheckResult", "check_method", "format_results", "main",
            "run_selftest", "verdict"]

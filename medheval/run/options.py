@@ -23,6 +23,19 @@ def split_list(values: Sequence[str] | None) -> list[str] | None:
     return [item.strip() for value in values for item in value.split(",") if item.strip()]
 
 
+def batch_size_argument(value: str) -> int | str:
+    """``--batch-size``: a positive integer or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}")
+    return number
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``medheval run`` / ``run_eval.py``."""
     parser.add_argument("--config", metavar="GRID.yaml",
@@ -50,7 +63,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="missing images: stop with the list of ids (default) or skip and count them")
     parser.add_argument("--metrics", action="append", help="metric names (default: by answer type)")
     parser.add_argument("--limit", type=int, help="only the first N records of each split")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=batch_size_argument, default=8, metavar="N|auto",
+                        help="records per generate call; 'auto': the largest batch that fits the device's memory, "
+                             "per split and method (backs off on out-of-memory; recorded in results.json)")
+    parser.add_argument("--no-compile", dest="compile", action="store_const", const=False, default=None,
+                        help="decode eagerly (default on CUDA: the decode steps run on a static cache through "
+                             "torch.compile with CUDA graphs, which gives eager's tokens in float32)")
     parser.add_argument("--max-new-tokens", type=int,
                         help="one length for every record (default: per answer type / benchmark, see "
                              "medheval/run/generation.py: 16 yes/no … 512 reports, 4096 ClinHallu traces)")
@@ -177,6 +195,8 @@ def build_backend(args: argparse.Namespace):
         common["chat_template"] = args.chat_template
     if getattr(args, "prefix_cache", False):
         common["prefix_cache"] = True
+    if getattr(args, "compile", None) is not None:
+        common["compile"] = args.compile
     if args.model == TINY_MODEL:
         from medheval.backends.tiny import build_tiny_llava
 
@@ -217,5 +237,6 @@ def build_api_backend(args: argparse.Namespace):
     return APIBackend(args.model, max_new_tokens=args.max_new_tokens or FALLBACK_MAX_NEW_TOKENS, do_sample=args.do_sample,
                       temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                       concurrency=getattr(args, "api_concurrency", 16),
-                      batch_size=max(args.batch_size, 4 * getattr(args, "api_concurrency", 16)),
+                      batch_size=max(args.batch_size if isinstance(args.batch_size, int) else 8,
+                                     4 * getattr(args, "api_concurrency", 16)),
                       allow_remote_credentialed=list(args.allow_remote_credentialed) or None, **options)

@@ -674,6 +674,8 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                 continue
             entry, per_item = split.protocol.score_split(job, generated)
             add_clusters(split.loaded, entry, per_item)
+            if getattr(backend, "auto_batch", False):  # --batch-size auto: the batch this split ran at
+                entry["batch_size_chosen"] = backend.take_auto_batch_size()
             results["benchmarks"][job.split] = entry
             scored.extend(per_item)
         with group.together("writing the results"):
