@@ -294,6 +294,7 @@ def bench_model(name: str, args, clock_start: float) -> dict | None:
             errors[key] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             print(f"{key}: ERROR {errors[key]}", flush=True)
             continue
+        print(f"{key}: warm-up {time.perf_counter() - start:.1f} s", flush=True)  # progress (compiling: minutes)
         if compile:
             compile_seconds[key] = round(time.perf_counter() - start, 2)
             if len(compiled_steps.STATS.failures) > failures:
