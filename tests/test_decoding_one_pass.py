@@ -261,7 +261,8 @@ def test_benchmark_two_pass_rows_give_the_same_tokens_at_32_tokens(capsys):
     torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
     try:
         summary = bench.bench_model("tiny", bench.argparse.Namespace(
-            device="cpu", prompts=2, batch_size=2, max_new_tokens=32, repeats=1, methods=methods, preset="medheval"))
+            device="cpu", prompts=2, batch_size=2, max_new_tokens=32, repeats=1, methods=methods, preset="medheval",
+            compile_mode="eager", budget_s=None), bench.time.perf_counter())
     finally:
         torch.set_num_threads(threads)
     rows = {key: entry.get("same_tokens_as_one_pass") for key, entry in summary["results"].items()
