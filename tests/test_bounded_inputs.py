@@ -66,7 +66,7 @@ def test_an_oversized_predictions_line_is_refused_in_bounded_memory(fixture_benc
     from medheval.backends.predictions import MAX_LINE_BYTES, MAX_PREDICTION_CHARS, PredictionsFileBackend
     from medheval.backends.base import BackendError
 
-    assert (MAX_LINE_BYTES, MAX_PREDICTION_CHARS) == (1_000_000, 100_000)  # documented in the README
+    assert (MAX_LINE_BYTES, MAX_PREDICTION_CHARS) == (1_000_000, 100_000)  # documented in docs/running.md
     ids = _ids(fixture_benchmark)
     path = tmp_path / "predictions.jsonl"
     with path.open("w") as handle:

@@ -39,17 +39,21 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
         assert sb["settings"]["backend"]["prefix_cache"] is True
 
 
-def test_the_readme_tiny_grid_example_runs_as_written(tmp_path):
-    """Issue 23, point 15: the README's tiny-model grid block (fixture + run) runs as written, with its
-    fixture folder moved under tmp_path and `medheval` as `python -m medheval.cli`."""
+def test_the_documented_tiny_grid_example_runs_as_written(tmp_path):
+    """Issue 23, point 15: the docs' tiny-model grid block (fixture + run; docs/running.md, "Run grids", linked
+    from the README) runs as written, with its fixture folder moved under tmp_path and `medheval` as
+    `python -m medheval.cli`."""
     import os
     import re
     import subprocess
     import sys
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = next(body for body in re.findall(r"```bash\n(.*?)```", readme, re.S)
+    repo = Path(__file__).resolve().parents[1]
+    assert "docs/running.md#run-grids---config" in (repo / "README.md").read_text()
+    page = (repo / "docs" / "running.md").read_text()
+    assert "### Run grids (`--config`)" in page  # the heading the README's anchor points at
+    block = next(body for body in re.findall(r"```bash\n(.*?)```", page, re.S)
                  if "medheval.families.medheval.fixtures /tmp/medheval-fixture" in body)
     script = (block.replace("/tmp/medheval-fixture", str(tmp_path / "fixture"))
               .replace("runs/try", str(tmp_path / "try"))

@@ -1,7 +1,7 @@
 """Our benchmarks as inspect_ai tasks (``medheval/<benchmark>``), run with ``inspect_ai.eval`` against an
 OpenAI-compatible server on 127.0.0.1 (tests/judge_servers.py) as the model, offline.
 
-The contract (README "Use from lmms-eval / inspect"): the split metrics in the inspect log equal what
+The contract (docs/interop.md, "Use from lmms-eval / inspect"): the split metrics in the inspect log equal what
 ``medheval run --predictions`` computes from the same completions, and each sample's score is the per-item
 value of the run's ``scored.jsonl`` row. Checked on a close-ended split with images (mm_vishal:slake,
 accuracy = correct / answered) and a report split with ratio metrics (vishal_report: CHAIR_i, corpus BLEU,
@@ -214,7 +214,7 @@ def _log_holds_image_data(path: str) -> bool:
 def test_a_credentialed_split_run_with_no_log_images_keeps_pixels_out_of_the_log(fixture_benchmark, model_server,
                                                                                   tmp_path, monkeypatch):
     """inspect writes each sample's input (our images as data URLs) into the .eval log unless told not to;
-    for MIMIC-CXR splits the README asks for --no-log-images, which leaves no image bytes in the file."""
+    for MIMIC-CXR splits docs/interop.md asks for --no-log-images, which leaves no image bytes in the file."""
     monkeypatch.setenv("LOOP_API_KEY", "test-key")
     common = {"task_args": {"config": "mimic_cxr", "data_dir": fixture_benchmark["data_dir"],
                            "image_root": _image_root(fixture_benchmark)},

@@ -36,7 +36,7 @@ def run_demo(output: str | Path = "runs/demo", batch_size: int = 8, max_new_toke
     print(f"demo results: {output / 'run' / 'results.json'}")
     print(f"open the report: {output / 'run' / 'report.html'}")
     print(f"next: {medheval_command()} report {output / 'run'} {output / 'stepbench'} --output {output / 'report'}  "
-          "(or run a real model: README, 'Run an evaluation')")
+          "(or run a real model: README, 'Run your own model')")
     return results
 
 

@@ -313,7 +313,7 @@ def cmd_lmms_eval_path(args: argparse.Namespace) -> int:
 
 
 def add_integrations_command(commands: argparse._SubParsersAction) -> None:
-    """``medheval integrations …``: our benchmarks inside other harnesses (README, "Use from lmms-eval / inspect")."""
+    """``medheval integrations …``: our benchmarks inside other harnesses (docs/interop.md, "Use from lmms-eval / inspect")."""
     integrations = commands.add_parser("integrations", help="run our benchmarks from lmms-eval or inspect_ai")
     sub = integrations.add_subparsers(dest="integration", required=True)
     path = sub.add_parser("lmms-eval-path", help="print the folder of our lmms-eval tasks (for --include_path)")

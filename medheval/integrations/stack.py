@@ -16,7 +16,7 @@ import sys
 from importlib import metadata
 
 FIX = ('fix: `make interop` (a venv from requirements/interop-lock.txt), or pip install "medheval[interop]" '
-       "-c requirements/interop-constraints.txt (README \"Use from lmms-eval / inspect\")")
+       "-c requirements/interop-constraints.txt (docs/interop.md)")
 # (distribution, import name, which harness needs it, why)
 NEEDS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("lmms-eval", "lmms_eval", ("lmms_eval",), "our lmms-eval tasks are tested with it"),

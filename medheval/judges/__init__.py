@@ -6,8 +6,8 @@
 
 Every judge is cached on disk, concurrent (HTTP), retries faults with backoff, validates JSON
 replies with a bounded corrective budget, and refuses to send credentialed (PhysioNet) records
-to a non-local endpoint without an explicit opt-in. See ``medheval/judges/README`` in the
-package docs (this module's submodules) for the details.
+to a non-local endpoint without an explicit opt-in. See ``docs/judges.md`` in the
+repository, and this module's submodules, for the details.
 """
 
 from __future__ import annotations
