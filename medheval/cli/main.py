@@ -266,7 +266,9 @@ def cmd_install_metrics(args: argparse.Namespace) -> int:
     from medheval.publish.hub import install_metrics
 
     for path in install_metrics(split_list(args.name)):
-        print(f"installed {path.name.split('--', 1)[1]}: evaluate.load(\"{path.name.split('--', 1)[1]}\") -> {path}")
+        namespace, name = path.name.split("--", 1)
+        module_id = name if namespace == "evaluate-metric" else f"{namespace}/{name}"
+        print(f"installed {name}: evaluate.load(\"{module_id}\") -> {path}")
     return 0
 
 
@@ -298,8 +300,9 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
     publish.add_argument("--create-pr", action="store_true", help="results: open a PR on the model repo instead of "
                                                                   "committing to main")
     publish.set_defaults(handler=cmd_publish)
-    install = commands.add_parser("install-metrics", help="make evaluate.load(\"<metric>\") (bare names) find this "
-                                                          "package's metrics")
+    install = commands.add_parser("install-metrics", help="make evaluate.load(\"<metric>\") and "
+                                                          "evaluate.load(\"medheval/<metric>\") find this package's "
+                                                          "metrics offline (evaluate's module cache)")
     install.add_argument("--name", action="append", help="only these metrics (default: all)")
     install.set_defaults(handler=cmd_install_metrics)
 
