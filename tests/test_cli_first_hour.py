@@ -119,3 +119,61 @@ def test_the_demo_hint_names_a_medheval_the_shell_can_run(tmp_path, monkeypatch)
     assert demo.medheval_command() == ".venv/bin/medheval"
     monkeypatch.setenv("PATH", f"{venv_bin}:/usr/bin:/bin")  # activated
     assert demo.medheval_command() == "medheval"
+
+
+def _answer_all_but_blank(fixture_benchmark, tmp_path) -> Path:
+    """A predictions file: context's 8 yes/no items and knowledge:open's 6 items answered with their
+    references, except that the first item of each is "" and the second "  " (whitespace only)."""
+    from medheval.data.benchmarks import load_benchmark
+
+    lines = []
+    for benchmark in ("context", "knowledge:open"):
+        rows = load_benchmark(benchmark, data_dir=fixture_benchmark["data_dir"]).to_list()
+        lines += [{"id": row["id"], "prediction": ["", "  "][k] if k < 2 else row["answer"]}
+                  for k, row in enumerate(rows)]
+    path = tmp_path / "blank.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_empty_predictions_are_counted_said_and_scored_not_skipped(fixture_benchmark, tmp_path, capsys):
+    """By hand: context has 8 items, 6 answered right and 2 blank (unparsed, wrong): accuracy 6/8; knowledge:open
+    has 6 items, 4 equal to their reference (ROUGE 100) and 2 blank (ROUGE 0): the mean is 4/6 of 100."""
+    predictions = _answer_all_but_blank(fixture_benchmark, tmp_path)
+    out = tmp_path / "run"
+    code = main(["run", "--benchmark", "context", "--benchmark", "knowledge:open", "--predictions", str(predictions),
+                 "--data-dir", str(fixture_benchmark["data_dir"]), "--output", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    closed, opened = results["benchmarks"]["context:default"], results["benchmarks"]["knowledge:open"]
+    assert (closed["n_scored"], closed["n_empty_predictions"]) == (8, 2)
+    assert (opened["n_scored"], opened["n_empty_predictions"]) == (6, 2)
+    accuracy = closed["metrics"]["close_ended_accuracy"]
+    assert (accuracy["accuracy"], accuracy["n"], accuracy["n_unparsed"]) == (0.75, 8, 2)
+    text = opened["metrics"]["text_generation"]
+    assert (text["n"], text["n_empty_predictions"]) == (6, 2)
+    assert text["rouge1"] == pytest.approx(400 / 6) and text["rougeL"] == pytest.approx(400 / 6)
+    how = ("scored as wrong/0, not skipped (close-ended: unparsed; text overlap: 0; each metric's card says how it "
+           "reads a blank answer)")
+    said = [f"`context:default`: 2 of 8 prediction(s) are empty; {how}", f"`knowledge:open`: 2 of 6 prediction(s) "
+            f"are empty; {how}"]
+    md = (out / "results.md").read_text()
+    assert all(line in md and line in printed for line in said)
+    assert "text_generation: 2 empty prediction(s)" not in md  # said once, for the split
+    assert "| context:default | 8 | 8 | 2 | 2 |" in md  # the counts table: records, scored, empty, unparsed
+    assert main(["report", str(out), "--output", str(tmp_path / "report")]) == 0
+    report = "\n".join(path.read_text() for path in (tmp_path / "report").glob("*.md"))
+    assert all(line in report for line in said)
+
+
+def test_the_upstream_scorers_caveat_says_how_they_read_a_blank_answer():
+    from medheval.report.tables import caveats
+
+    run = {"settings": {"model": "m", "mitigation": "none", "backend": {}}, "scoring": {"upstream_compat": True},
+           "benchmarks": {"mm_vishal:all": {"n_records": 5, "n_scored": 4, "n_empty_predictions": 1,
+                                            "metrics": {"text_generation": {"n_empty_predictions": 1}}}}}
+    lines = caveats(run)
+    assert lines[1] == ("`mm_vishal:all`: 1 of 4 prediction(s) are empty; scored as the released scorers read "
+                        "them (MedHEval's yes/no scorer reads a blank answer as yes)")
+    assert not any("empty prediction(s), scored 0" in line for line in lines)
