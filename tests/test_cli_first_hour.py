@@ -177,3 +177,27 @@ def test_the_upstream_scorers_caveat_says_how_they_read_a_blank_answer():
     assert lines[1] == ("`mm_vishal:all`: 1 of 4 prediction(s) are empty; scored as the released scorers read "
                         "them (MedHEval's yes/no scorer reads a blank answer as yes)")
     assert not any("empty prediction(s), scored 0" in line for line in lines)
+
+
+@pytest.mark.parametrize("command", [["report", "RUN", "--output", "OUT"],
+                                     ["publish", "--kind", "metrics", "--name", "chair", "--to", "OUT"]])
+@pytest.mark.parametrize("kind", ["file", "below_a_file"])
+def test_report_and_publish_refuse_an_unusable_output_in_one_line(command, kind, tmp_path, capsys):
+    """Was a FileExistsError traceback and exit 1 (the output lock's mkdir)."""
+    existing_file = tmp_path / "notes.txt"
+    existing_file.write_text("not a folder")
+    output = existing_file if kind == "file" else existing_file / "sub"
+    argv = [{"RUN": str(tmp_path / "run"), "OUT": str(output)}.get(arg, arg) for arg in command]
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    flag = "--output" if command[0] == "report" else "--to"
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {flag} {output} ") and ("is a file" in err or "which is a file" in err)
+    assert existing_file.read_text() == "not a folder"
+
+
+def test_help_names_the_first_command_without_markup():
+    help_text = subprocess.run([sys.executable, "-m", "medheval.cli", "--help"], cwd=REPO, capture_output=True,
+                               text=True, timeout=120)
+    assert help_text.returncode == 0
+    assert "medheval demo --output runs/demo" in help_text.stdout and "``" not in help_text.stdout

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+HELP_DESCRIPTION = ("Measure and mitigate hallucinations of medical vision-language models. Start with "
+                    "'medheval demo --output runs/demo' (the whole pipeline on embedded fixtures, a few minutes "
+                    "on a CPU). run_eval.py is the same as 'medheval run'.")
+
 import argparse
 import errno
 import json
@@ -241,6 +245,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     out_dir = args.to
     if out_dir is None and not args.push:
         raise ValueError("nothing to do: give --to DIR (write one folder per Hub repo) and/or --push --org ORG")
+    if out_dir is not None:
+        from medheval.run.outputs import check_output_folder
+
+        check_output_folder(out_dir, flag="--to")  # a file or an unwritable folder: one line, before any export
     if out_dir is None:
         import tempfile
 
@@ -334,7 +342,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="medheval", description=__doc__)
+    parser = argparse.ArgumentParser(prog="medheval", description=HELP_DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="benchmarks × model → predictions → metrics → tables")
     add_run_arguments(run_parser)
