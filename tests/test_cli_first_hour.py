@@ -201,3 +201,15 @@ def test_help_names_the_first_command_without_markup():
                                text=True, timeout=120)
     assert help_text.returncode == 0
     assert "medheval demo --output runs/demo" in help_text.stdout and "``" not in help_text.stdout
+
+
+def test_a_data_dir_one_level_too_high_names_the_subfolder_to_pass(fixture_benchmark, tmp_path, capsys):
+    """The demo writes ``fixture_data/benchmark_data/``; passing ``fixture_data`` printed where the file was not."""
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"id": "context/default/0", "prediction": "Yes"}) + "\n")
+    too_high = Path(fixture_benchmark["data_dir"]).parent
+    code = main(["run", "--benchmark", "context", "--predictions", str(predictions), "--data-dir", str(too_high),
+                 "--output", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.endswith(f"pass --data-dir {fixture_benchmark['data_dir']}")
