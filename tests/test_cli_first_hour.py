@@ -213,3 +213,19 @@ def test_a_data_dir_one_level_too_high_names_the_subfolder_to_pass(fixture_bench
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.endswith(f"pass --data-dir {fixture_benchmark['data_dir']}")
+
+
+def test_blank_answers_of_an_api_model_are_counted_as_empty(fixture_benchmark, tmp_path, capsys):
+    """A served model that answers only whitespace: every item is scored (unparsed, wrong), and said empty."""
+    with JudgeServer("openai", reply=lambda body: " \n ") as server:
+        roots = [a for s, r in fixture_benchmark["image_roots"].items() for a in ("--image-root", f"{s}={r}")]
+        code = main(["run", *roots, "--benchmark", "context", "--model", f"openai:served@{server.base_url}",
+                     "--data-dir", str(fixture_benchmark["data_dir"]), "--limit", "3", "--max-new-tokens", "4",
+                     "--output", str(tmp_path / "run")])
+    capsys.readouterr()
+    assert code == 0
+    entry = json.loads((tmp_path / "run" / "results.json").read_text())["benchmarks"]["context:default"]
+    accuracy = entry["metrics"]["close_ended_accuracy"]
+    assert (entry["n_scored"], entry["n_empty_predictions"]) == (3, 3)
+    assert (accuracy["accuracy"], accuracy["n_unparsed"]) == (0.0, 3)
+    assert "`context:default`: 3 of 3 prediction(s) are empty" in (tmp_path / "run" / "results.md").read_text()
