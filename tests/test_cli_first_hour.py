@@ -229,3 +229,18 @@ def test_blank_answers_of_an_api_model_are_counted_as_empty(fixture_benchmark, t
     assert (entry["n_scored"], entry["n_empty_predictions"]) == (3, 3)
     assert (accuracy["accuracy"], accuracy["n_unparsed"]) == (0.0, 3)
     assert "`context:default`: 3 of 3 prediction(s) are empty" in (tmp_path / "run" / "results.md").read_text()
+
+
+def test_predictions_given_a_run_folder_name_its_predictions_file(tmp_path, capsys):
+    """Re-scoring a run by its folder gave "does not exist or is not a file" for a folder that exists."""
+    run = tmp_path / "run"
+    run.mkdir()
+    argv = ["run", "--benchmark", "context", "--predictions", str(run), "--output", str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith("is a folder; pass a JSON Lines file of {\"id\", \"prediction\"} "
+                                                    "objects")
+    (run / "predictions.jsonl").write_text(json.dumps({"id": "context/default/0", "prediction": "Yes"}) + "\n")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith(f"is a folder; pass its answers: --predictions "
+                                                        f"{run / 'predictions.jsonl'}")
