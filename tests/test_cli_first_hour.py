@@ -244,3 +244,12 @@ def test_predictions_given_a_run_folder_name_its_predictions_file(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.endswith(f"is a folder; pass its answers: --predictions "
                                                         f"{run / 'predictions.jsonl'}")
+
+
+def test_report_given_a_runs_results_json_names_its_folder(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    results = tmp_path / "run" / "results.json"
+    results.write_text("{}")
+    assert main(["report", str(results), "--output", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {results}: a file, not a run folder; pass its folder: {tmp_path / 'run'}"
