@@ -253,3 +253,14 @@ def test_report_given_a_runs_results_json_names_its_folder(tmp_path, capsys):
     assert main(["report", str(results), "--output", str(tmp_path / "report")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {results}: a file, not a run folder; pass its folder: {tmp_path / 'run'}"
+
+
+def test_demo_refuses_an_unusable_output_in_one_line(tmp_path, capsys):
+    """Was a NotADirectoryError traceback from writing the fixture files below a file."""
+    existing_file = tmp_path / "demo.txt"
+    existing_file.write_text("not a folder")
+    assert main(["demo", "--output", str(existing_file)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: --output {existing_file} is a file, not a folder: give a folder path (it is created "
+                   f"when missing)")
+    assert existing_file.read_text() == "not a folder"

@@ -161,7 +161,9 @@ def cmd_detect(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from medheval.cli.demo import run_demo
+    from medheval.run.outputs import check_output_folder
 
+    args.output_folder = check_output_folder(args.output)  # one line before anything is written; Ctrl-C counts it
     run_demo(args.output, batch_size=args.batch_size)
     return 0
 
