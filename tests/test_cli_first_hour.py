@@ -264,3 +264,16 @@ def test_demo_refuses_an_unusable_output_in_one_line(tmp_path, capsys):
     assert err == (f"error: --output {existing_file} is a file, not a folder: give a folder path (it is created "
                    f"when missing)")
     assert existing_file.read_text() == "not a folder"
+
+
+def test_inputs_without_an_image_root_say_the_model_would_get_images(fixture_benchmark, capsys):
+    """``inputs`` without --image-root showed "images: 0 loaded []" for a record with an image, silently."""
+    base = ["inputs", "--model", "tiny-random-llava", "--benchmark", "context", "--data-dir",
+            str(fixture_benchmark["data_dir"]), "--limit", "1"]
+    assert main(base) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("images:"))
+    assert line == ("images: 0 loaded [] (the record names 1: pass --image-root mimic_cxr=FOLDER to see the input "
+                    "`medheval run` gives the model)")
+    assert main([*base, "--image-root", f"mimic_cxr={fixture_benchmark['image_roots']['mimic_cxr']}"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("images:"))
+    assert line.startswith("images: 1 loaded") and "--image-root" not in line
