@@ -16,14 +16,19 @@ DECODING_TESTS := $(filter-out tests/test_decoding_compiled.py,$(wildcard tests/
 .PHONY: demo test test-compiled bench install lock test-latest test-oldest interop test-interop clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(LOCK)
-	@echo "install: creating $(VENV) and installing torch (CPU) and requirements/lock.txt (a few minutes on a fresh machine; once)"
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install $(PIP_QUIET) $(TORCH_SPEC)
-	$(PY) -m pip install $(PIP_QUIET) -r $(LOCK)
-	$(PY) -m pip install $(PIP_QUIET) --no-deps -e .
+	@echo "install: a one-time setup of $(VENV), about 5 minutes on a fresh machine (pip is quiet: a line per step)"
+	@echo "install 1/5: creating the virtual environment $(VENV) (seconds)"
+	@$(PYTHON) -m venv $(VENV)
+	@echo "install 2/5: $(TORCH_SPEC) (the largest download; 1-3 minutes)"
+	@$(PY) -m pip install $(PIP_QUIET) $(TORCH_SPEC)
+	@echo "install 3/5: the pinned dependencies of $(LOCK) (transformers, datasets, evaluate, ...; 2-4 minutes)"
+	@$(PY) -m pip install $(PIP_QUIET) -r $(LOCK)
+	@echo "install 4/5: medheval itself, editable (seconds)"
+	@$(PY) -m pip install $(PIP_QUIET) --no-deps -e .
 # WordNet for METEOR, offline: copies Debian's wordnet-base files into $(VENV)/nltk_data (apt-get only as root, only if missing)
-	$(PY) -m medheval.scoring.nltk_data --apt --target $(VENV)/nltk_data
-	touch $@
+	@echo "install 5/5: WordNet for METEOR into $(VENV)/nltk_data (seconds; apt-get only as root, only if missing)"
+	@$(PY) -m medheval.scoring.nltk_data --apt --target $(VENV)/nltk_data
+	@touch $@
 	@echo "install: done. Use the tools as $(VENV)/bin/medheval, or 'source $(VENV)/bin/activate' for a bare 'medheval'"
 
 install: $(VENV)/.installed

@@ -435,6 +435,43 @@ def test_install_metrics_makes_bare_names_load(tmp_path):
     assert any("evaluate-metric/medihall_score" in path for path in asked)  # the Hub was asked first
 
 
+_MEDHEVAL_ID_LOAD = """
+import json, sys, evaluate
+accuracy = evaluate.load("medheval/close_ended_accuracy")
+hallu = evaluate.load("medheval/medihall_score")
+acc = accuracy.compute(predictions=["Yes.", "No, there is none.", "The answer is B"], references=["Yes", "Yes", "B"],
+                       answer_types=["yes_no", "yes_no", "multiple_choice"], choices=[[], [], ["Effusion", "Pneumonia"]])
+score = hallu.compute(predictions=["Yes.", "No."], references=["No", "No"], questions=["Is there a mass?"] * 2)
+print(json.dumps({"accuracy": acc["accuracy"], "medihall": score["medihall_score"],
+                  "files": [sys.modules[type(m).__module__].__file__ for m in (accuracy, hallu)]}))
+"""
+
+
+@pytest.mark.slow
+def test_install_metrics_makes_medheval_ids_load_offline(tmp_path):
+    """``evaluate.load("medheval/<name>")`` offline, from a folder that is not the repository: evaluate skips
+    the Hub and reads its module cache's ``medheval--<name>``, which install-metrics writes."""
+    env = _client_env("http://127.0.0.1:9", tmp_path, None)
+    env.update({"HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_EVALUATE_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    before = subprocess.run([sys.executable, "-c", _MEDHEVAL_ID_LOAD], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert before.returncode != 0 and "medheval/close_ended_accuracy" in before.stderr  # not there yet
+    install = subprocess.run([sys.executable, "-m", "medheval.cli", "install-metrics", "--name",
+                              "close_ended_accuracy,medihall_score"],
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr[-2000:]
+    for name in ("close_ended_accuracy", "medihall_score"):  # one line per id, the id as evaluate.load takes it
+        assert f'installed {name}: evaluate.load("medheval/{name}")' in install.stdout
+        assert f'installed {name}: evaluate.load("{name}")' in install.stdout
+    offline = subprocess.run([sys.executable, "-c", _MEDHEVAL_ID_LOAD], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300)
+    assert offline.returncode == 0, offline.stderr[-2000:]
+    got = json.loads(offline.stdout.strip().splitlines()[-1])
+    assert got["accuracy"] == pytest.approx(2 / 3) and got["medihall"] == 0.5  # worked out by hand
+    assert "medheval--close_ended_accuracy" in got["files"][0] and "medheval--medihall_score" in got["files"][1]
+    assert all(str(tmp_path / "modules") in path for path in got["files"])
+
+
 def test_med_hallmark_exports_with_its_mimic_config_gated(tmp_path):
     """Med-HallMark's IRG items are MIMIC-CXR reports: the repo is gated, its Parquet holds no image bytes."""
     import pyarrow.parquet as pq

@@ -53,6 +53,11 @@ class PredictionsFileBackend:
 
     def __init__(self, path: str | os.PathLike, *, name: str | None = None):
         self.path = Path(path)
+        if self.path.is_dir():  # a run's folder: its answers are in predictions.jsonl
+            inside = self.path / "predictions.jsonl"
+            hint = (f"pass its answers: --predictions {inside}" if inside.is_file()
+                    else "pass a JSON Lines file of {\"id\", \"prediction\"} objects")
+            raise BackendError(f"predictions file {str(self.path)!r} is a folder; {hint}")
         if not self.path.is_file():
             raise BackendError(f"predictions file {str(self.path)!r} does not exist or is not a file")
         self._predictions: dict[str, str] = {}

@@ -132,6 +132,7 @@ def cmd_inputs(args: argparse.Namespace) -> int:
             overrides = plan.for_record(loaded.name, loaded.config, record["answer_type"]) if plan else {}
             settings = effective_settings(backend.settings(), overrides)
             items.append({"split": f"{loaded.name}:{loaded.config}", "mitigation": mitigation,
+                          "source": record["source"], "n_images_referenced": len(record["images"] or []),
                           **describe_item(backend, record, images, settings)})
     header = {"model": backend.name, "protocol": protocol.describe(),
               "conversation_template": getattr(backend, "conversation", None) or "model"}
@@ -143,7 +144,10 @@ def cmd_inputs(args: argparse.Namespace) -> int:
     for item in items:
         print(f"\n=== {item['split']} {item['id']} (mitigation {item['mitigation']})")
         print(f"images: {item['n_images']} loaded {item['image_sizes_loaded']}"
-              + (f" -> {item['preprocessed']}" if item.get("preprocessed") else ""))
+              + (f" -> {item['preprocessed']}" if item.get("preprocessed") else "")
+              + (f" (the record names {item['n_images_referenced']}: pass --image-root {item['source']}=FOLDER to "
+                 f"see the input `medheval run` gives the model)"
+                 if item["n_images_referenced"] > item["n_images"] else ""))
         print(f"generation: {json.dumps(item['generation'], sort_keys=True)}")
         if "rendered" in item:
             print("--- text ---")

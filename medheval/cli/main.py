@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+HELP_DESCRIPTION = ("Measure and mitigate hallucinations of medical vision-language models. Start with "
+                    "'medheval demo --output runs/demo' (the whole pipeline on embedded fixtures, a few minutes "
+                    "on a CPU). run_eval.py is the same as 'medheval run'.")
+
 import argparse
 import errno
 import json
@@ -157,7 +161,9 @@ def cmd_detect(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from medheval.cli.demo import run_demo
+    from medheval.run.outputs import check_output_folder
 
+    args.output_folder = check_output_folder(args.output)  # one line before anything is written; Ctrl-C counts it
     run_demo(args.output, batch_size=args.batch_size)
     return 0
 
@@ -241,6 +247,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     out_dir = args.to
     if out_dir is None and not args.push:
         raise ValueError("nothing to do: give --to DIR (write one folder per Hub repo) and/or --push --org ORG")
+    if out_dir is not None:
+        from medheval.run.outputs import check_output_folder
+
+        check_output_folder(out_dir, flag="--to")  # a file or an unwritable folder: one line, before any export
     if out_dir is None:
         import tempfile
 
@@ -266,7 +276,9 @@ def cmd_install_metrics(args: argparse.Namespace) -> int:
     from medheval.publish.hub import install_metrics
 
     for path in install_metrics(split_list(args.name)):
-        print(f"installed {path.name.split('--', 1)[1]}: evaluate.load(\"{path.name.split('--', 1)[1]}\") -> {path}")
+        namespace, name = path.name.split("--", 1)
+        module_id = name if namespace == "evaluate-metric" else f"{namespace}/{name}"
+        print(f"installed {name}: evaluate.load(\"{module_id}\") -> {path}")
     return 0
 
 
@@ -298,8 +310,9 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
     publish.add_argument("--create-pr", action="store_true", help="results: open a PR on the model repo instead of "
                                                                   "committing to main")
     publish.set_defaults(handler=cmd_publish)
-    install = commands.add_parser("install-metrics", help="make evaluate.load(\"<metric>\") (bare names) find this "
-                                                          "package's metrics")
+    install = commands.add_parser("install-metrics", help="make evaluate.load(\"<metric>\") and "
+                                                          "evaluate.load(\"medheval/<metric>\") find this package's "
+                                                          "metrics offline (evaluate's module cache)")
     install.add_argument("--name", action="append", help="only these metrics (default: all)")
     install.set_defaults(handler=cmd_install_metrics)
 
@@ -331,7 +344,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="medheval", description=__doc__)
+    parser = argparse.ArgumentParser(prog="medheval", description=HELP_DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="benchmarks × model → predictions → metrics → tables")
     add_run_arguments(run_parser)

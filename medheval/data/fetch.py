@@ -112,6 +112,11 @@ def fetch(
     if data_dir is not None:
         local = Path(data_dir) / pinned.relpath
         if not local.is_file():
+            below = [child for child in sorted(Path(data_dir).iterdir()) if (child / pinned.relpath).is_file()] \
+                if Path(data_dir).is_dir() else []
+            if below:  # one level too high (e.g. the demo's fixture_data/ instead of fixture_data/benchmark_data/)
+                raise AnnotationUnavailable(f"data_dir={str(data_dir)!r} has no file {pinned.relpath!r}, but its "
+                                            f"subfolder {below[0]} has: pass --data-dir {below[0]}")
             raise AnnotationUnavailable(
                 f"data_dir={str(data_dir)!r} has no file {pinned.relpath!r} (looked at {local}).\n"
                 f"  data_dir must be a local copy of the upstream folder with the same relative paths;"

@@ -25,8 +25,9 @@ What each unit becomes:
   current format for model evaluation results (docs: hub/eval-results; the older ``model-index``
   card block is the legacy path).
 
-:func:`install_metrics` registers the metric modules where ``evaluate.load("<bare name>")`` looks
-when the Hub has no ``evaluate-metric/<name>`` (its local module cache).
+:func:`install_metrics` registers the metric modules where ``evaluate.load("<bare name>")`` and
+``evaluate.load("medheval/<name>")`` look when the Hub has no such module or cannot be reached (its local
+module cache).
 """
 
 from __future__ import annotations
@@ -851,14 +852,18 @@ def _upload(api: Any, repos: Sequence[RepoFolder], create_pr: bool, tqdm: Any) -
 # ------------------------------------------------------------------------- bare metric names
 
 
-def install_metrics(names: Iterable[str] | None = None, modules_cache: str | Path | None = None) -> list[Path]:
-    """Register the metric modules where ``evaluate.load("<name>")`` falls back when the Hub has no
-    ``evaluate-metric/<name>``: its dynamic-module cache, as ``evaluate-metric--<name>/<hash>/``.
+INSTALL_NAMESPACES = ("evaluate-metric", "medheval")  # evaluate.load("<name>") and evaluate.load("medheval/<name>")
 
-    This is exactly the layout evaluate writes after downloading a canonical metric, made with
-    evaluate's own ``_create_importable_file``; evaluate 0.4 tries the Hub first (offline: skipped),
-    then this cache. ``evaluate.load("medheval/<name>")`` (Hub) and ``evaluate.load(metric_path(name))``
-    (local folder) need none of this."""
+
+def install_metrics(names: Iterable[str] | None = None, modules_cache: str | Path | None = None) -> list[Path]:
+    """Register the metric modules in evaluate's dynamic-module cache, once per id in
+    :data:`INSTALL_NAMESPACES`: ``evaluate-metric--<name>/<hash>/`` (where ``evaluate.load("<name>")`` falls
+    back when the Hub has no ``evaluate-metric/<name>``) and ``medheval--<name>/<hash>/`` (where
+    ``evaluate.load("medheval/<name>")`` falls back offline, or when the Hub cannot be reached).
+
+    This is exactly the layout evaluate writes after downloading a Hub module, made with evaluate's own
+    ``_create_importable_file``; evaluate 0.4 tries the Hub first (offline: skipped), then this cache
+    (the newest hash of the id). ``evaluate.load(metric_path(name))`` (local folder) needs none of this."""
     from evaluate.loading import DownloadMode, _create_importable_file, get_imports, init_dynamic_modules
 
     dynamic_modules = init_dynamic_modules(hf_modules_cache=str(modules_cache) if modules_cache else None)
@@ -868,8 +873,9 @@ def install_metrics(names: Iterable[str] | None = None, modules_cache: str | Pat
         local_imports = [(kind, value) for kind, value, *_ in get_imports(str(script)) if kind == "internal"]
         if local_imports:
             raise PublishError(f"{script} imports sibling files {local_imports}; install-metrics copies one file")
-        _create_importable_file(local_path=str(script), local_imports=[], additional_files=[],
-                                dynamic_modules_path=dynamic_modules, module_namespace="metrics",
-                                name=f"evaluate-metric/{name}", download_mode=DownloadMode.FORCE_REDOWNLOAD)
-        installed.append(Path(dynamic_modules) / "metrics" / f"evaluate-metric--{name}")
+        for namespace in INSTALL_NAMESPACES:
+            _create_importable_file(local_path=str(script), local_imports=[], additional_files=[],
+                                    dynamic_modules_path=dynamic_modules, module_namespace="metrics",
+                                    name=f"{namespace}/{name}", download_mode=DownloadMode.FORCE_REDOWNLOAD)
+            installed.append(Path(dynamic_modules) / "metrics" / f"{namespace}--{name}")
     return installed

@@ -294,6 +294,9 @@ def add_report_command(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from medheval.run.outputs import check_output_folder
+
+    check_output_folder(args.output)  # a file or an unwritable folder: one line, before any run is read
     roots = {}
     for item in args.image_root:
         source, sep, root = item.partition("=")

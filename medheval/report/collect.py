@@ -219,6 +219,10 @@ def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
     seen: set[Path] = set()
     for given in paths:
         path = Path(given)
+        if path.is_file():  # e.g. the run's results.json instead of its folder
+            fix = (f"pass its folder: {path.parent}" if path.name in ("results.json", "results.md", "report.html")
+                   else "pass run folders written by `medheval run`")
+            raise ReportError(f"{path}: a file, not a run folder; {fix}")
         if not path.is_dir():
             raise ReportError(f"{path}: no such folder; pass run folders written by `medheval run`")
         found = _walk(path, 0)

@@ -125,12 +125,15 @@ def open_ended_table(runs: Iterable[dict[str, Any]]) -> str:
 
 
 def counts_table(run: dict[str, Any]) -> str:
-    """Per split: records, scored, unparsed predictions, unusable references, skipped images, flagged items."""
-    header = ["Split", "Records", "With prediction", "Unparsed", "Bad reference", "Skipped (missing image)", "Flagged upstream"]
+    """Per split: records, scored, empty predictions, unparsed predictions, unusable references, skipped
+    images, flagged items."""
+    header = ["Split", "Records", "With prediction", "Empty prediction", "Unparsed", "Bad reference",
+              "Skipped (missing image)", "Flagged upstream"]
     lines = [_row(header), "|" + "---|" * len(header)]
     for split, entry in run["benchmarks"].items():
         metric = entry["metrics"].get("close_ended_accuracy", {})
-        lines.append(_row([split, entry["n_records"], entry["n_scored"], metric.get("n_unparsed", "–"),
+        lines.append(_row([split, entry["n_records"], entry["n_scored"], entry.get("n_empty_predictions", "–"),
+                           metric.get("n_unparsed", "–"),
                            metric.get("n_bad_reference", "–"), entry["skipped_missing_images"]["count"],
                            entry["data_quality"].get("n_flagged", 0)]))
     return "\n".join(lines)
@@ -189,10 +192,15 @@ def caveats(run: dict[str, Any]) -> list[str]:
         lines.append(f"report: {run['report']['note']}")
     if (run.get("settings", {}).get("backend") or {}).get("random_weights") and not run.get("labels"):
         lines.append("the model has random weights: its numbers mean nothing")
+    upstream = bool((run.get("scoring") or {}).get("upstream_compat"))
     for split, entry in run.get("benchmarks", {}).items():
         missing = int(entry.get("n_records", 0)) - int(entry.get("n_scored", entry.get("n_records", 0)))
         if missing > 0:
             lines.append(f"`{split}`: {missing} of {entry['n_records']} record(s) have no prediction and are not scored")
+        empty = entry.get("n_empty_predictions")
+        if isinstance(empty, int) and empty:
+            lines.append(empty_predictions_line(split, empty, entry.get("n_scored", entry.get("n_records")),
+                                                upstream))
         skipped = (entry.get("skipped_missing_images") or {}).get("count", 0)
         if skipped:
             lines.append(f"`{split}`: {skipped} record(s) skipped for a missing image (--on-missing skip)")
@@ -204,6 +212,8 @@ def caveats(run: dict[str, Any]) -> list[str]:
             for key, what in (("n_unparsed", "unparsed answer(s), counted wrong"),
                               ("n_bad_reference", "unusable reference(s)"),
                               ("n_empty_predictions", "empty prediction(s), scored 0")):
+                if key == "n_empty_predictions" and isinstance(empty, int):
+                    continue  # said once for the split above (results.json before it had the split's count)
                 if isinstance(out, dict) and isinstance(out.get(key), int) and out[key]:
                     lines.append(f"`{split}` · {metric}: {out[key]} {what}")
             if metric == "text_generation" and isinstance(out, dict) and out.get("n_empty_references"):
@@ -214,6 +224,14 @@ def caveats(run: dict[str, Any]) -> list[str]:
             lines.append(f"`{split}`: annotation file(s) not checked against a pinned checksum (user data or a Hub "
                          f"snapshot): {', '.join(unchecked[:3])}{' …' if len(unchecked) > 3 else ''}")
     return lines
+
+
+def empty_predictions_line(split: str, empty: int, scored: Any, upstream_compat: bool = False) -> str:
+    """The caveat for a split's empty (or whitespace-only) predictions: they are scored, not skipped."""
+    how = ("scored as the released scorers read them (MedHEval's yes/no scorer reads a blank answer as yes)"
+           if upstream_compat else "scored as wrong/0, not skipped (close-ended: unparsed; text overlap: 0; each "
+                                   "metric's card says how it reads a blank answer)")
+    return f"`{split}`: {empty} of {scored} prediction(s) are empty; {how}"
 
 
 # Keys of a metric's output that say how its items were scored (reported in results.md, with their values).

@@ -85,30 +85,30 @@ class OutputFolderUnusable(RuntimeError):
     """``--output`` names a file, or a folder this process cannot create or write into."""
 
 
-def check_output_folder(folder: str | Path) -> Path:
+def check_output_folder(folder: str | Path, flag: str = "--output") -> Path:
     """Fail fast, before a model loads: ``folder`` must be a folder this process can write into, or a path
     that can become one.
 
     Writes (and deletes) one probe file in the folder, or in its nearest existing parent when it does not
     exist yet, so permissions, read-only file systems and a path through a file are caught the way the run
     would meet them; nothing is created. Raises :class:`OutputFolderUnusable` with one line naming the path
-    and what to do."""
+    and what to do (``flag``: the option that named it)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise OutputFolderUnusable(f"--output {folder} is a file, not a folder: give a folder path "
+        raise OutputFolderUnusable(f"{flag} {folder} is a file, not a folder: give a folder path "
                                    "(it is created when missing)")
     existing = folder.absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise OutputFolderUnusable(f"--output {folder} lies below {existing}, which is a file, not a folder: "
+        raise OutputFolderUnusable(f"{flag} {folder} lies below {existing}, which is a file, not a folder: "
                                    "give a folder path")
     try:
         probe = tempfile.NamedTemporaryFile("wb", dir=existing, prefix=".medheval-write-check.", suffix=".probe")
         probe.close()  # deleted on close
     except OSError as error:
         reason = error.strerror or type(error).__name__
-        raise OutputFolderUnusable(f"--output {folder} cannot be written ({reason} in {existing}): choose a "
+        raise OutputFolderUnusable(f"{flag} {folder} cannot be written ({reason} in {existing}): choose a "
                                    "folder you can write to") from None
     return folder
 

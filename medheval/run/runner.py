@@ -283,6 +283,13 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
     return results, per_item
 
 
+def count_empty(items: Sequence[Mapping[str, Any]]) -> int:
+    """How many scored items have an empty or whitespace-only prediction (a model's, an API's or a
+    predictions file's). They are scored, not skipped (each metric card says how it reads one), and
+    counted in ``results.json`` as the split's ``n_empty_predictions`` so the report can say so."""
+    return sum(1 for item in items if not str(item.get("prediction") or "").strip())
+
+
 def _run_results_last(metric_names: Sequence[str]) -> list[str]:
     """The metrics in order, those whose ``_compute`` takes ``run_results`` (a composite such as RadCliQ-v1,
     built from the other metrics' per-item outputs on the same items) after all others."""
@@ -494,7 +501,8 @@ class QAProtocol(SplitProtocol):
                        and entry.get("control", "none") == spec.control}
         metric_results, per_item = score(loaded, predictions, job.metric_names, job.options)
         _note_failed_metrics(job.results, job.split, metric_results, job.warnings)
-        entry = split_entry(loaded, n_scored=len(per_item), generated_this_run=generated, metrics=metric_results)
+        entry = split_entry(loaded, n_scored=len(per_item), n_empty_predictions=count_empty(per_item),
+                            generated_this_run=generated, metrics=metric_results)
         blind = {"control": spec.control} if spec.control != "none" else {}
         return entry, [{**item, "model": backend.name, "mitigation": spec.mitigation, **blind} for item in per_item]
 
