@@ -36,8 +36,13 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 HF_EVALUATE_OFFLINE=1 $(PY) -m medheval.cli demo --output runs/demo
 
+# The suite in parallel (pytest-xdist): one worker per core, whole test files per worker (a file's tiny models
+# and fixtures are built once), each worker's torch threads = cores / workers. `make test PYTEST_WORKERS=1` for
+# fewer workers (0: one process), `make test PYTEST_ARGS="tests/test_decoding.py -x"` for a subset or options.
+PYTEST_WORKERS ?= auto
+PYTEST_ARGS ?=
 test: $(VENV)/.installed
-	HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The compiled decode steps (torch.compile on the CPU) = eager, every method x tiny family: about 14 min on
 # 2 cores; `make test` runs the LLaVA subset.

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# Under pytest-xdist (`make test` runs `-n auto`) every worker gets an equal share of the cores for torch's
+# (and its subprocesses') threads, so N workers do not oversubscribe N cores. Set before torch is imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _THREADS = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+    for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_variable] = str(_THREADS)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(_THREADS)
 
 REPO = Path(__file__).resolve().parents[1]
 # ``../shared`` beside the checkout; ``$MEDHEVAL_SHARED`` names it elsewhere (e.g. from a git worktree)
@@ -14,12 +24,35 @@ UPSTREAM_MEDHEVAL = SHARED_UPSTREAM / "medheval"
 
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """Say up front why some tests will skip on a user's clone."""
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say up front why some tests will skip on a user's clone, and how the run is spread over the cores
+    (printed once: xdist's workers have no header)."""
     if SHARED_UPSTREAM.is_dir():
-        return f"upstream annotation files: {SHARED_UPSTREAM} (cross-checks against them run)"
-    return (f"upstream annotation files: absent ({SHARED_UPSTREAM}); the tests that cross-check against the real "
-            "upstream files skip (they run where ../shared sits beside the checkout: CI and developers)")
+        lines = [f"upstream annotation files: {SHARED_UPSTREAM} (cross-checks against them run)"]
+    else:
+        lines = [f"upstream annotation files: absent ({SHARED_UPSTREAM}); the tests that cross-check against the "
+                 "real upstream files skip (they run where ../shared sits beside the checkout: CI and developers)"]
+    workers = getattr(config.option, "numprocesses", None)
+    if workers:
+        lines.append(f"pytest-xdist: -n {workers} --dist {config.option.dist} (each worker's torch threads: the "
+                     "cores / the workers); `-n 0` runs in one process")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The header is hidden under ``-q`` (``make test``): say why tests skipped at the end as well, once."""
+    skipped = len(terminalreporter.stats.get("skipped", []))
+    if skipped and not SHARED_UPSTREAM.is_dir() and not hasattr(config, "workerinput"):
+        terminalreporter.write_line(
+            f"{skipped} test(s) skipped; most need the upstream annotation files, absent here ({SHARED_UPSTREAM}): "
+            "they run where ../shared sits beside the checkout (CI and developers); each reason is listed below")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per core this process may use (xdist's own count is psutil's physical cores,
+    1 on a 2-vCPU machine with hyper-threading); ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still overrides it."""
+    return int(os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or len(os.sched_getaffinity(0)))
 
 
 os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
