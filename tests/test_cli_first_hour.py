@@ -24,8 +24,11 @@ SPLIT = "mm_vishal:slake"
 
 def _cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.Popen:
     environment = {**os.environ, "OPENAI_API_KEY": "sk-test", "PYTHONUNBUFFERED": "1", **(env or {})}
+    # SIGINT back to its default in the child, so Python installs its Ctrl-C handler even where the launching
+    # shell ignores SIGINT (a background job without job control: the ignored disposition is inherited)
     return subprocess.Popen([sys.executable, "-m", "medheval.cli", *args], cwd=REPO, env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
 
 
 @pytest.mark.parametrize("kind", ["file", "below_a_file", "read_only_fs"])
