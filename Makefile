@@ -44,8 +44,9 @@ PYTEST_ARGS ?=
 test: $(VENV)/.installed
 	HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The compiled decode steps (torch.compile on the CPU) = eager, every method x tiny family: about 14 min on
-# 2 cores; `make test` runs the LLaVA subset.
+# The compiled decode steps (torch.compile on the CPU) = eager, every method x tiny family: 7 graphs (LLaVA 3,
+# the other families 1 each), about a minute of compiling each and 21 min in all on a busy 2-core machine
+# (load 6-8); `make test` runs the LLaVA subset (plain, VCD, DoLa: 2 graphs).
 test-compiled: $(VENV)/.installed
 	MEDHEVAL_COMPILE_MATRIX=1 HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_decoding_compiled.py
 

@@ -1,8 +1,13 @@
 """The compiled decode steps (static cache + torch.compile) give the eager tokens, float32 on CPU.
 
-Compiling costs seconds per graph on CPU, so every call lands in one row bucket (``MIN_ROWS = 8``) and each
-tiny family is built once per session: per family one graph serves plain decoding and the one-pass
-two-stream methods; DoLa (hidden states) and the hooked methods (PAI, AvisC) add one graph each on LLaVA.
+Compiling costs tens of seconds per graph on CPU, so each tiny family is built and compiled once per test
+process and shared by its method checks (:func:`tiny`), and every call lands in one row bucket
+(``MIN_ROWS = 8``) and one capacity bucket (128): per family one graph serves plain decoding and every
+two-stream method (VCD, M3ID, DAMRO); DoLa (hidden states out) and the hooked methods (PAI, AvisC: medheval's
+eager attention, α a tensor input) add one graph each. ``test_graphs_per_family`` counts them. ``make
+test`` runs LLaVA's plain, VCD and DoLa cases; ``make test-compiled`` (``MEDHEVAL_COMPILE_MATRIX=1``) all. Under
+pytest-xdist a family's checks share an ``xdist_group`` (``--dist loadgroup`` keeps them on one worker; other
+modes compile a family once per worker that runs it).
 """
 
 from __future__ import annotations
@@ -23,18 +28,26 @@ from medheval.mitigations.vcd import VCD
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                                     reason="torch's CPU inductor needs a C++ compiler")
 
-# every method on LLaVA; the other families: plain decoding and the one-pass two-stream methods. Compiling
-# on the CPU costs minutes per family (about 14 min for this matrix on a 2-core machine), so `make test` runs
-# LLaVA with plain decoding, a two-stream method (VCD) and DoLa's early-exit heads, and `make test-compiled`
-# (MEDHEVAL_COMPILE_MATRIX=1) the whole matrix.
-FULL_MATRIX = {
-    "llava": ("vcd", "m3id", "dola", "pai", "avisc", "damro"),
-    "llava_next": ("vcd", "m3id"),
-    "qwen2_5_vl": ("vcd", "m3id"),
-    "qwen3_vl": ("vcd", "m3id"),
-    "gemma3": ("vcd", "m3id"),
+# the graph each method runs its decode steps through (methods of one kind share a family's graph)
+GRAPH_KIND = {"plain": "plain", "vcd": "plain", "m3id": "plain", "damro": "plain", "dola": "hidden states",
+              "pai": "hooked", "avisc": "hooked"}
+# every method of the shared decoding loop on LLaVA; the other families: plain decoding and the methods that
+# run on the plain graph (DoLa's and the hooked graph are the same code on every family, and each would
+# cost another compile per family)
+MATRIX = {
+    "llava": ("plain", "vcd", "m3id", "damro", "dola", "pai", "avisc"),
+    "llava_next": ("plain", "vcd", "m3id", "damro"),
+    "qwen2_5_vl": ("plain", "vcd", "m3id"),
+    "qwen3_vl": ("plain", "vcd", "m3id"),
+    "gemma3": ("plain", "vcd", "m3id"),
 }
-FAMILY_METHODS = FULL_MATRIX if os.environ.get("MEDHEVAL_COMPILE_MATRIX") == "1" else {"llava": ("vcd", "dola")}
+# `make test` runs LLaVA's plain, VCD and DoLa checks (two graphs); `make test-compiled`
+# (MEDHEVAL_COMPILE_MATRIX=1) the whole matrix: about a minute of compiling per family and graph kind on a
+# busy 2-core machine, too much for `make test`'s 10 minutes
+DEFAULT = {"llava": ("plain", "vcd", "dola")}
+RUN = MATRIX if os.environ.get("MEDHEVAL_COMPILE_MATRIX") == "1" else DEFAULT
+CASES = [pytest.param(family, name, marks=pytest.mark.xdist_group(f"compiled-{family}"), id=f"{family}-{name}")
+         for family, names in RUN.items() for name in names]
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +59,20 @@ def one_row_bucket():
 
 
 _MODELS: dict = {}
+_GRAPHS: dict = {}  # family -> (graph kinds run, graphs compiled) in this process
 
 
 def tiny(family: str):
+    """The tiny ``family`` model and processor, built once per test process (its compiled graphs with it)."""
     if family not in _MODELS:
         _MODELS[family] = selftest._build(family)
     return _MODELS[family]
+
+
+def graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def new_tokens(model, inputs, method, *, compile: bool, max_new_tokens: int = selftest.NEW_TOKENS) -> torch.Tensor:
@@ -118,33 +139,44 @@ def test_opera_stays_eager():
 # -- compiled == eager ---------------------------------------------------------------------------
 @needs_compiler
 @pytest.mark.slow
-@pytest.mark.parametrize("family", list(FAMILY_METHODS))
-def test_compiled_gives_eager_tokens_and_keeps_the_invariants(family, one_row_bucket):
+@pytest.mark.parametrize("family,name", CASES)
+def test_compiled_gives_eager_tokens_and_keeps_the_invariants(family, name, one_row_bucket):
+    """Token for token the eager path's, and every self-test invariant on the compiled path: neutral = plain
+    greedy, one = two pass, batch = single, hooks gone."""
     model, processor = tiny(family)
     batch = selftest._inputs(processor, range(len(selftest.PROMPTS)))
-    steps = compiled.STATS.steps
-    plain = new_tokens(model, batch, DecodingMethod(), compile=False)
-    assert torch.equal(new_tokens(model, batch, DecodingMethod(), compile=True), plain)
+    steps, before = compiled.STATS.steps, graphs()
+    method = DecodingMethod if name == "plain" else selftest.METHODS[name].moving
+    eager = new_tokens(model, batch, method(), compile=False)
+    assert torch.equal(new_tokens(model, batch, method(), compile=True), eager), f"{name} on {family}"
     assert compiled.STATS.steps > steps, "the compiled path did not run"
-    for name in FAMILY_METHODS[family]:
-        case = selftest.METHODS[name]
-        eager = new_tokens(model, batch, case.moving(), compile=False)
-        assert torch.equal(new_tokens(model, batch, case.moving(), compile=True), eager), f"{name} on {family}"
-        with compiled.compiled_decoding(True):  # neutral = plain, one = two pass, batch = single, hooks gone
+    if name != "plain":
+        with compiled.compiled_decoding(True):
             result = selftest.check_method(model, processor, family, name)
         assert result.ok, f"{name} on {family}: {result.failures()}"
+    kinds, count = _GRAPHS.get(family, (set(), 0))
+    _GRAPHS[family] = (kinds | {GRAPH_KIND[name]}, count + graphs() - before)
 
 
 @needs_compiler
 @pytest.mark.slow
+@pytest.mark.parametrize("family", [pytest.param(family, marks=pytest.mark.xdist_group(f"compiled-{family}"))
+                                    for family in RUN])
+def test_graphs_per_family(family):
+    """After a family's checks in this process: one graph per graph kind its methods ran, whatever the
+    method's settings (α), rows (1-6), prompt lengths and stream layout (one or two passes)."""
+    if family not in _GRAPHS:
+        pytest.skip(f"no compiled check of {family} ran in this process")
+    kinds, count = _GRAPHS[family]
+    assert count <= len(kinds), f"{family}: {count} graphs for the graph kinds {sorted(kinds)}"
+
+
+@needs_compiler
+@pytest.mark.slow
+@pytest.mark.xdist_group("compiled-llava")
 def test_one_compilation_per_bucket(one_row_bucket):
     """Other batch sizes and prompt lengths inside a bucket reuse its graph; a new capacity bucket compiles once
     (dynamo's graph counter, and the buckets the static step saw)."""
-    from torch._dynamo.utils import counters
-
-    def graphs() -> int:
-        return int(counters["stats"]["unique_graphs"])
-
     model, processor = tiny("llava")
     method = DecodingMethod()
     new_tokens(model, selftest._inputs(processor, range(3)), method, compile=True)  # the (8 rows, 128) bucket
@@ -163,6 +195,7 @@ def test_one_compilation_per_bucket(one_row_bucket):
 
 @needs_compiler
 @pytest.mark.slow
+@pytest.mark.xdist_group("compiled-llava")
 def test_backend_compile_setting(one_row_bucket):
     """HFBackend(compile=True) routes plain greedy through the compiled loop: the eager predictions, recorded."""
     from medheval.backends.hf import HFBackend

@@ -15,6 +15,12 @@ Shape buckets (one compilation per bucket, not per batch):
   two up to 16, then to a multiple of 16 (:func:`row_bucket`); the padding rows copy row 0 and their
   outputs are dropped. A last, smaller batch of a split therefore reuses the graph of the full batches.
 
+Inside the compiled forward nothing may change shape or value from step to step, or dynamo recompiles
+(guards on every tensor's shape and every Python number it reads): attention hooks read the group's image
+columns built once at the capacity (``StreamGroup.image_columns``) and PAI's α as a tensor, and positions
+given for one row are expanded to the bucket's rows. Per bucket, one graph serves plain decoding and the
+two-stream methods; DoLa (hidden states out) and the hooked methods add one each.
+
 The static caches are kept per model, bucket and group slot (:func:`static_cache`) and refilled in place,
 so a compiled graph sees the same tensor addresses batch after batch.
 

@@ -160,9 +160,19 @@ class ImageAttentionBoost(AttentionHook):
     def __init__(self, alpha: float, layers: Iterable[int]):
         super().__init__(layers)
         self.alpha = float(alpha)
+        self._alpha: torch.Tensor | None = None  # α as a tensor: a compiled step takes it as an input
+
+    def bind(self, group) -> None:
+        super().bind(group)
+        ids = getattr(group, "input_ids", None)
+        if ids is not None and (self._alpha is None or self._alpha.device != ids.device):
+            self._alpha = torch.tensor(self.alpha, device=ids.device)
 
     def edit_scores(self, layer_idx: int, scores: torch.Tensor) -> torch.Tensor:
-        if not self.enabled or self.alpha == 0.0 or self.group is None:
+        if not self.enabled or self.group is None:
+            return scores
+        # eager: α = 0 edits nothing; compiled: no branch on α (adding 0 · |z| is exact), one graph for every α
+        if not torch.compiler.is_compiling() and self.alpha == 0.0:
             return scores
         columns = self.group.image_columns(scores.shape[-1])
         if columns is None:
@@ -174,8 +184,10 @@ class ImageAttentionBoost(AttentionHook):
             raise MitigationError(
                 f"attention rows ({scores.shape[0]}) do not match the stream group's rows ({columns.shape[0]})"
             )
+        # compiled: α read from a tensor, so a graph serves every α (a Python float would be baked in)
+        alpha = self._alpha if torch.compiler.is_compiling() and self._alpha is not None else self.alpha
         last = scores[:, :, -1, :]
-        boosted = last + self.alpha * last.abs() * columns[:, None, :].to(last.dtype)
+        boosted = last + alpha * last.abs() * columns[:, None, :].to(last.dtype)
         scores = scores.clone()
         scores[:, :, -1, :] = boosted
         return scores

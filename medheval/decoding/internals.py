@@ -305,7 +305,8 @@ def dynamic_from_static(static, rows: int, length: int):
 def pad_step_rows(inputs: dict[str, Any], real: int, rows: int) -> dict[str, Any]:
     """One decode step's forward inputs with every per-row tensor padded from ``real`` to ``rows`` rows
     (copies of row 0): ``input_ids``, 2-D or M-RoPE ``[axes, R, 1]`` positions, token types, the 4-D mask
-    (or a dict of them, one per attention kind)."""
+    (or a dict of them, one per attention kind). Positions given for one row and broadcast to every row
+    are expanded to ``rows`` (the same values), so they do not make a graph of their own."""
     if rows == real:
         return inputs
     index = torch.cat([torch.arange(real), torch.zeros(rows - real, dtype=torch.long)])
@@ -315,8 +316,11 @@ def pad_step_rows(inputs: dict[str, Any], real: int, rows: int) -> dict[str, Any
             return {k: pad(v, key) for k, v in value.items()}
         if not torch.is_tensor(value) or value.dim() == 0:
             return value
-        if key == "position_ids" and value.dim() == 3 and value.shape[1] == real:
-            return value.index_select(1, index.to(value.device))
+        if key == "position_ids" and value.dim() == 3 and value.shape[1] in (real, 1):
+            return value.index_select(1, index.to(value.device)) if value.shape[1] == real else \
+                value.expand(-1, rows, -1).contiguous()
+        if key == "position_ids" and value.dim() == 2 and value.shape[0] == 1:  # one row broadcast to every row
+            return value.expand(rows, -1).contiguous()
         if value.shape[0] == real:
             return value.index_select(0, index.to(value.device))
         return value

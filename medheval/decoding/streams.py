@@ -253,11 +253,14 @@ class StreamGroup:
             self.model_kwargs["logits_to_keep"] = 1
         self.prefilled = False
         self.static = None  # a compiled.StaticStep once the decode steps run on a static cache
+        self._static_columns = None  # image_columns at the static cache's capacity (see use_static)
 
     def use_static(self, step) -> None:
         """Run the next steps through ``step`` (:class:`medheval.decoding.compiled.StaticStep`), on its cache."""
         self.static = step
         internals.with_cache(self.model_kwargs, step.cache)
+        if self.image_mask is not None:  # built once, at the bucket's shape: read inside the compiled forward,
+            self._static_columns = self.image_columns(step.capacity)  # a tensor growing per step would recompile
 
     @property
     def cache(self):
@@ -275,6 +278,9 @@ class StreamGroup:
         full cache, only the window for a sliding-window layer (Gemma 3). A longer ``kv_length``
         (a static cache's capacity) is padded on the right, and a static step's padding rows copy row 0.
         """
+        held = self._static_columns  # read first: a compiled step guards only on this bucket-shaped tensor
+        if held is not None and held.shape[-1] == kv_length:
+            return held
         if self.image_mask is None:
             return None
         mask = self.image_mask

@@ -307,7 +307,15 @@ class OPERA(DecodingMethod):
 
     name = "opera"
     supports_sampling: ClassVar[bool] = False  # a beam search (see _check_generation_config)
-    # its own beam loop (rollback, beam reorders and look-ahead edits on a dynamic cache) stays eager
+    # Its own beam loop stays eager (medheval.decoding.compiled refuses it). What a static cache + compiled
+    # step would need, beyond the cache operations transformers' StaticLayer has (negative crop, reorder,
+    # row select): (1) the look-ahead forward appends N candidates per row with a custom 4-D mask and then
+    # keeps one of them per row (keep_appended_tokens), i.e. a per-row column move inside the static
+    # buffers; (2) the last-layer attention is read by a Python hook whose window start and prompt length
+    # change every step and which slices the keys by the current length: as is, a compiled forward would
+    # recompile at every step (ints are guarded), so the reduction must become a fixed-shape graph output
+    # over the capacity with masks; (3) a rollback re-feeds a variable number of generated tokens, and a
+    # prompt that rolls back leaves its group (rows change mid-decode: a new row bucket and a refill).
     compiles: ClassVar[bool] = False
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "medheval": {"num_beams": 5, "scale_factor": 50.0, "threshold": 15, "num_attn_candidates": 5,
