@@ -45,10 +45,11 @@ test: $(VENV)/.installed
 	HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The compiled decode steps (torch.compile on the CPU) = eager, every method x tiny family: 7 graphs (LLaVA 3,
-# the other families 1 each), about a minute of compiling each and 21 min in all on a busy 2-core machine
-# (load 6-8); `make test` runs the LLaVA subset (plain, VCD, DoLa: 2 graphs).
+# the other families 1 each), one family per worker; 1:45 on a quiet 2-core machine with an empty inductor cache
+# (CI runs it after `make test`); `make test` runs the LLaVA subset (plain, VCD, DoLa: 2 graphs).
 test-compiled: $(VENV)/.installed
-	MEDHEVAL_COMPILE_MATRIX=1 HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_decoding_compiled.py
+	MEDHEVAL_COMPILE_MATRIX=1 HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup \
+		tests/test_decoding_compiled.py $(PYTEST_ARGS)
 
 # Re-resolve every dependency to the newest versions setup.cfg allows (torch held at requirements/lock-pins.in),
 # with pip-tools in a throwaway venv; then update TESTED in medheval/versions.py (tests/test_versions.py checks).
