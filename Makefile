@@ -44,8 +44,8 @@ PYTEST_ARGS ?=
 test: $(VENV)/.installed
 	HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The compiled decode steps (torch.compile on the CPU) = eager, every method x tiny family: 7 graphs (LLaVA 3,
-# the other families 1 each), one family per worker; 1:45 on a quiet 2-core machine with an empty inductor cache
+# The compiled decode steps (torch.compile on the CPU) = eager, every method but OPERA (eager) x tiny family:
+# 44 cases, 15 graphs (3 per family), one family per worker; 2:18 on a quiet 2-core machine, empty inductor cache
 # (CI runs it after `make test`); `make test` runs the LLaVA subset (plain, VCD, DoLa: 2 graphs).
 test-compiled: $(VENV)/.installed
 	MEDHEVAL_COMPILE_MATRIX=1 HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup \

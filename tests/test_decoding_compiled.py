@@ -31,19 +31,14 @@ needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which
 # the graph each method runs its decode steps through (methods of one kind share a family's graph)
 GRAPH_KIND = {"plain": "plain", "vcd": "plain", "m3id": "plain", "damro": "plain", "dola": "hidden states",
               "pai": "hooked", "avisc": "hooked"}
-# every method of the shared decoding loop on LLaVA; the other families: plain decoding and the methods that
-# run on the plain graph (DoLa's and the hooked graph are the same code on every family, and each would
-# cost another compile per family)
-MATRIX = {
-    "llava": ("plain", "vcd", "m3id", "damro", "dola", "pai", "avisc"),
-    "llava_next": ("plain", "vcd", "m3id", "damro"),
-    "qwen2_5_vl": ("plain", "vcd", "m3id"),
-    "qwen3_vl": ("plain", "vcd", "m3id"),
-    "gemma3": ("plain", "vcd", "m3id"),
-}
+# every method of the shared decoding loop on every tiny family the eager self-test runs it on (DAMRO: the
+# CLIP families); per family one graph per graph kind
+MATRIX = {family: tuple(["plain", *(name for name, case in selftest.METHODS.items()
+                                    if name != "opera" and family in case.families)])
+          for family in selftest.FAMILIES}
 # `make test` runs LLaVA's plain, VCD and DoLa checks (two graphs); `make test-compiled`
-# (MEDHEVAL_COMPILE_MATRIX=1) the whole matrix: about a minute of compiling per family and graph kind on a
-# busy 2-core machine, too much for `make test`'s 10 minutes
+# (MEDHEVAL_COMPILE_MATRIX=1) the whole matrix (15 graphs; CI runs it): about 20 s of compiling per graph on a
+# quiet 2-core machine, a minute on a busy one
 DEFAULT = {"llava": ("plain", "vcd", "dola")}
 RUN = MATRIX if os.environ.get("MEDHEVAL_COMPILE_MATRIX") == "1" else DEFAULT
 CASES = [pytest.param(family, name, marks=pytest.mark.xdist_group(f"compiled-{family}"), id=f"{family}-{name}")
