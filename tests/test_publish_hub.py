@@ -406,20 +406,27 @@ print(json.dumps({"score": out["medihall_score"], "file": sys.modules[type(metri
 """
 
 
-@pytest.mark.slow
-def test_install_metrics_makes_bare_names_load(tmp_path):
+def _offline_modules_env(tmp_path):
+    """The client's environment, offline, with evaluate's module cache in ``tmp_path/modules``."""
     env = _client_env("http://127.0.0.1:9", tmp_path, None)
     env.update({"HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_EVALUATE_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
-    before = subprocess.run([sys.executable, "-c", _BARE_LOAD], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=300)
+    return env
+
+
+def _python(args: list[str], env: dict, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_install_metrics_makes_bare_names_load(tmp_path):
+    env = _offline_modules_env(tmp_path)
+    before = _python(["-c", _BARE_LOAD], env, tmp_path)
     assert before.returncode != 0 and "medihall_score" in before.stderr  # not there yet
-    install = subprocess.run([sys.executable, "-m", "medheval.cli", "install-metrics", "--name",
-                              "medihall_score,close_ended_accuracy"],
-                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    install = _python(["-m", "medheval.cli", "install-metrics", "--name", "medihall_score,close_ended_accuracy"],
+                      env, tmp_path)
     assert install.returncode == 0, install.stderr[-2000:]
     assert (tmp_path / "modules" / "evaluate_modules" / "metrics" / "evaluate-metric--medihall_score").is_dir()
-    offline = subprocess.run([sys.executable, "-c", _BARE_LOAD], env=env, cwd=tmp_path, capture_output=True,
-                             text=True, timeout=300)
+    offline = _python(["-c", _BARE_LOAD], env, tmp_path)
     assert offline.returncode == 0, offline.stderr[-2000:]
     got = json.loads(offline.stdout.strip().splitlines()[-1])
     assert got["score"] == 0.5 and "evaluate-metric--medihall_score" in got["file"]
@@ -451,20 +458,16 @@ print(json.dumps({"accuracy": acc["accuracy"], "medihall": score["medihall_score
 def test_install_metrics_makes_medheval_ids_load_offline(tmp_path):
     """``evaluate.load("medheval/<name>")`` offline, from a folder that is not the repository: evaluate skips
     the Hub and reads its module cache's ``medheval--<name>``, which install-metrics writes."""
-    env = _client_env("http://127.0.0.1:9", tmp_path, None)
-    env.update({"HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_EVALUATE_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
-    before = subprocess.run([sys.executable, "-c", _MEDHEVAL_ID_LOAD], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=300)
+    env = _offline_modules_env(tmp_path)
+    before = _python(["-c", _MEDHEVAL_ID_LOAD], env, tmp_path)
     assert before.returncode != 0 and "medheval/close_ended_accuracy" in before.stderr  # not there yet
-    install = subprocess.run([sys.executable, "-m", "medheval.cli", "install-metrics", "--name",
-                              "close_ended_accuracy,medihall_score"],
-                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    install = _python(["-m", "medheval.cli", "install-metrics", "--name", "close_ended_accuracy,medihall_score"],
+                      env, tmp_path)
     assert install.returncode == 0, install.stderr[-2000:]
     for name in ("close_ended_accuracy", "medihall_score"):  # one line per id, the id as evaluate.load takes it
         assert f'installed {name}: evaluate.load("medheval/{name}")' in install.stdout
         assert f'installed {name}: evaluate.load("{name}")' in install.stdout
-    offline = subprocess.run([sys.executable, "-c", _MEDHEVAL_ID_LOAD], env=env, cwd=tmp_path, capture_output=True,
-                             text=True, timeout=300)
+    offline = _python(["-c", _MEDHEVAL_ID_LOAD], env, tmp_path)
     assert offline.returncode == 0, offline.stderr[-2000:]
     got = json.loads(offline.stdout.strip().splitlines()[-1])
     assert got["accuracy"] == pytest.approx(2 / 3) and got["medihall"] == 0.5  # worked out by hand
