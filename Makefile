@@ -44,9 +44,10 @@ PYTEST_ARGS ?=
 test: $(VENV)/.installed
 	HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The compiled decode steps (torch.compile on the CPU) = eager, every method but OPERA (eager) x tiny family:
-# 44 cases, 15 graphs (3 per family), one family per worker; 2:18 on a quiet 2-core machine, empty inductor cache
-# (CI runs it after `make test`); `make test` runs the LLaVA subset (plain, VCD, DoLa: 2 graphs).
+# The compiled decode steps (torch.compile on the CPU) = eager, every method x tiny family: 49 cases, 25 graphs
+# (5 per family: OPERA adds two look-ahead graphs), one family per worker; about 4:20 on a quiet 2-core machine,
+# empty inductor cache (CI runs it after `make test`); `make test` runs the LLaVA subset (plain, VCD, DoLa and
+# OPERA with rollbacks: 3 graphs).
 test-compiled: $(VENV)/.installed
 	MEDHEVAL_COMPILE_MATRIX=1 HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup \
 		tests/test_decoding_compiled.py $(PYTEST_ARGS)

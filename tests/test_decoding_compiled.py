@@ -2,10 +2,12 @@
 
 Compiling costs tens of seconds per graph on CPU, so each tiny family is built and compiled once per test
 process and shared by its method checks (:func:`tiny`), and every call lands in one row bucket
-(``MIN_ROWS = 8``) and one capacity bucket (128): per family one graph serves plain decoding and every
+(``MIN_ROWS = 16``) and one capacity bucket (128): per family one graph serves plain decoding and every
 two-stream method (VCD, M3ID, DAMRO); DoLa (hidden states out) and the hooked methods (PAI, AvisC: medheval's
-eager attention, α a tensor input) add one graph each. ``test_graphs_per_family`` counts them. ``make
-test`` runs LLaVA's plain, VCD and DoLa cases; ``make test-compiled`` (``MEDHEVAL_COMPILE_MATRIX=1``) all. Under
+eager attention, α a tensor input) add one graph each; OPERA's look-ahead forward adds one per candidate count
+(5, and the whole vocabulary in its neutral check). ``test_graphs_per_family`` counts them. ``make test`` runs
+LLaVA's plain, VCD and DoLa cases and OPERA with rollbacks; ``make test-compiled`` (``MEDHEVAL_COMPILE_MATRIX=1``)
+all. Under
 pytest-xdist a family's checks share an ``xdist_group`` (``--dist loadgroup`` keeps them on one worker; other
 modes compile a family once per worker that runs it).
 """
@@ -28,17 +30,17 @@ from medheval.mitigations.vcd import VCD
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                                     reason="torch's CPU inductor needs a C++ compiler")
 
-# the graph each method runs its decode steps through (methods of one kind share a family's graph)
-GRAPH_KIND = {"plain": "plain", "vcd": "plain", "m3id": "plain", "damro": "plain", "dola": "hidden states",
-              "pai": "hooked", "avisc": "hooked"}
-# every method of the shared decoding loop on every tiny family the eager self-test runs it on (DAMRO: the
-# CLIP families); per family one graph per graph kind
-MATRIX = {family: tuple(["plain", *(name for name, case in selftest.METHODS.items()
-                                    if name != "opera" and family in case.families)])
+# the graphs each method runs its decode steps through (methods of one kind share a family's graph)
+GRAPH_KINDS = {"plain": ("plain",), "vcd": ("plain",), "m3id": ("plain",), "damro": ("plain",),
+               "dola": ("hidden states",), "pai": ("hooked",), "avisc": ("hooked",),
+               "opera": ("look-ahead of 5", "look-ahead of the vocabulary")}
+# every method on every tiny family the eager self-test runs it on (DAMRO: the CLIP families); per family one
+# graph per graph kind
+MATRIX = {family: tuple(["plain", *(name for name, case in selftest.METHODS.items() if family in case.families)])
           for family in selftest.FAMILIES}
-# `make test` runs LLaVA's plain, VCD and DoLa checks (two graphs); `make test-compiled`
-# (MEDHEVAL_COMPILE_MATRIX=1) the whole matrix (15 graphs; CI runs it): about 20 s of compiling per graph on a
-# quiet 2-core machine, a minute on a busy one
+# `make test` runs LLaVA's plain, VCD and DoLa checks (two graphs) and test_opera_rollbacks_compiled (two);
+# `make test-compiled` (MEDHEVAL_COMPILE_MATRIX=1) the whole matrix (25 graphs; CI runs it): about 20 s of
+# compiling per graph on a quiet 2-core machine, a minute on a busy one
 DEFAULT = {"llava": ("plain", "vcd", "dola")}
 RUN = MATRIX if os.environ.get("MEDHEVAL_COMPILE_MATRIX") == "1" else DEFAULT
 CASES = [pytest.param(family, name, marks=pytest.mark.xdist_group(f"compiled-{family}"), id=f"{family}-{name}")
@@ -48,7 +50,7 @@ CASES = [pytest.param(family, name, marks=pytest.mark.xdist_group(f"compiled-{fa
 @pytest.fixture(scope="module")
 def one_row_bucket():
     before = compiled.MIN_ROWS
-    compiled.MIN_ROWS = 8
+    compiled.MIN_ROWS = 16
     yield
     compiled.MIN_ROWS = before
 
@@ -127,8 +129,42 @@ def test_compiler_failure_falls_back_to_eager_on_the_static_cache(monkeypatch):
         new_tokens(model, batch, DecodingMethod(), compile=True)
 
 
-def test_opera_stays_eager():
-    assert OPERA.compiles is False and compiled.refusal(OPERA(), None, 10) == "opera runs its own decoding loop"
+def test_refusal_names_a_method_that_opts_out():
+    class Eager(DecodingMethod):
+        compiles = False
+
+    method = Eager()
+    assert OPERA.compiles is True
+    assert compiled.refusal(method, None, 10) == f"{method.name} opts out of compiled decoding (compiles = False)"
+
+
+def test_static_rows_move_in_place():
+    """StaticRows (OPERA's beams): reorder/drop rows, keep one appended column per row, split, all on the same
+    tensors (a compiled forward keeps reading them); known answers on a hand-filled cache."""
+    from transformers import DynamicCache
+
+    model = tiny("llava")[0]
+    dynamic = DynamicCache()
+    layers = len(internals.new_static_cache(model, 8).layers)
+    keys = torch.arange(3 * 1 * 4 * 1, dtype=torch.float32).view(3, 1, 4, 1)  # rows 0-2, 4 columns
+    for index in range(layers):
+        dynamic.update(keys.clone(), -keys, index)
+    rows = compiled.StaticRows(model, dynamic, slot=("test", 0), capacity=6)
+    assert (rows.real, rows.rows, rows.length, rows.capacity) == (3, 4, 4, 128)
+    layer = rows.cache.layers[0]
+    address = layer.keys.data_ptr()
+    rows.select(torch.tensor([2, 0]))  # beam reordering and a row leaving
+    assert rows.real == 2 and torch.equal(layer.keys[:2, :, :4], keys[[2, 0]])
+    layer.keys[:2, :, 4:7] = torch.tensor([[100.0, 101.0, 102.0], [200.0, 201.0, 202.0]])[:, None, :, None]
+    rows.keep_appended(4, torch.tensor([1, 1, 0]), torch.tensor([2, 0, 1]))  # 3 appended tokens per row
+    assert rows.length == 5 and int(layer.cumulative_length) == 5 and rows.real == 3
+    assert layer.keys[:3, 0, :5, 0].tolist() == [[0, 1, 2, 3, 202], [0, 1, 2, 3, 200], [8, 9, 10, 11, 101]]
+    assert layer.keys.data_ptr() == address
+    part = rows.split(torch.tensor([2]), ("test", 1))
+    assert (part.real, part.rows, part.length) == (1, 1, 5)
+    assert part.cache.layers[0].keys[0, 0, :5, 0].tolist() == [8, 9, 10, 11, 101]
+    rows.set_length(3)
+    assert int(layer.cumulative_length) == 3 and layer.keys.data_ptr() == address
 
 
 # -- compiled == eager ---------------------------------------------------------------------------
@@ -150,7 +186,52 @@ def test_compiled_gives_eager_tokens_and_keeps_the_invariants(family, name, one_
             result = selftest.check_method(model, processor, family, name)
         assert result.ok, f"{name} on {family}: {result.failures()}"
     kinds, count = _GRAPHS.get(family, (set(), 0))
-    _GRAPHS[family] = (kinds | {GRAPH_KIND[name]}, count + graphs() - before)
+    _GRAPHS[family] = (kinds | set(GRAPH_KINDS[name]), count + graphs() - before)
+
+
+class _Spy(OPERA):
+    """OPERA that keeps the kind of every event of its search."""
+
+    def observe_step(self, event):
+        self.__dict__.setdefault("events", []).append(event["kind"])
+
+
+@needs_compiler
+@pytest.mark.slow
+@pytest.mark.xdist_group("compiled-llava")
+def test_opera_rollbacks_compiled(one_row_bucket):
+    """OPERA with rollbacks (prompts leaving the batch for static caches of their own, redone steps, rebuilt
+    caches) gives the eager search's events and tokens on the compiled look-ahead, batched and alone, through
+    one graph (16 prompts x 3 beams = 48 rows, 128 columns, 5 candidates)."""
+    model, processor = tiny("llava")
+    rolling = dict(num_beams=3, scale_factor=25.0, threshold=0)
+    batch = selftest._inputs(processor, range(3))
+    before, steps = graphs(), compiled.STATS.steps
+    eager, fast = _Spy(**rolling), _Spy(**rolling)
+    tokens = new_tokens(model, batch, eager, compile=False, max_new_tokens=24)
+    assert torch.equal(new_tokens(model, batch, fast, compile=True, max_new_tokens=24), tokens)
+    assert fast.events == eager.events and fast.events.count("rollback") >= 3
+    assert compiled.STATS.steps - steps >= fast.events.count("step")
+    slots = {bucket[1] for bucket in compiled.STATS.buckets if isinstance(bucket[1], tuple)}
+    assert ("opera", -1) in slots and len(slots) >= 2, slots  # the batch, and a prompt that rolled back alone
+    for row in range(3):
+        alone = selftest._inputs(processor, [row])
+        assert torch.equal(new_tokens(model, alone, _Spy(**rolling), compile=True, max_new_tokens=24),
+                           tokens[row:row + 1]), f"row {row}"
+    assert graphs() - before <= 1
+
+
+def test_opera_row_bucket_is_prompts_times_beams(monkeypatch):
+    """OPERA's static rows: the prompts' bucket times the beams (3 prompts -> 4 x 5 = 20 rows, not 15 rounded up to
+    16 x ... or 32); the eager tokens (an eager "compiler": nothing is compiled)."""
+    monkeypatch.setattr(internals, "compiled_forward", lambda model, mode: model)
+    monkeypatch.setattr(compiled, "MIN_ROWS", 1)  # the production buckets (one_row_bucket may be active)
+    model, processor = tiny("llava")
+    batch = selftest._inputs(processor, range(3))
+    seen = set(compiled.STATS.buckets)
+    fast = new_tokens(model, batch, OPERA(), compile=True)
+    assert torch.equal(fast, new_tokens(model, batch, OPERA(), compile=False))
+    assert {(bucket[1], bucket[2]) for bucket in compiled.STATS.buckets - seen} == {(("opera", -1), 20)}
 
 
 @needs_compiler
@@ -159,7 +240,7 @@ def test_compiled_gives_eager_tokens_and_keeps_the_invariants(family, name, one_
                                     for family in RUN])
 def test_graphs_per_family(family):
     """After a family's checks in this process: one graph per graph kind its methods ran, whatever the
-    method's settings (α), rows (1-6), prompt lengths and stream layout (one or two passes)."""
+    method's settings (α), rows (1-9), prompt lengths and stream layout (one or two passes)."""
     if family not in _GRAPHS:
         pytest.skip(f"no compiled check of {family} ran in this process")
     kinds, count = _GRAPHS[family]
@@ -174,7 +255,7 @@ def test_one_compilation_per_bucket(one_row_bucket):
     (dynamo's graph counter, and the buckets the static step saw)."""
     model, processor = tiny("llava")
     method = DecodingMethod()
-    new_tokens(model, selftest._inputs(processor, range(3)), method, compile=True)  # the (8 rows, 128) bucket
+    new_tokens(model, selftest._inputs(processor, range(3)), method, compile=True)  # the (16 rows, 128) bucket
     before, buckets = graphs(), set(compiled.STATS.buckets)
     for rows in ([0], [1, 2], [2, 0, 1], [2]):  # 1-3 rows, prompts of other lengths
         new_tokens(model, selftest._inputs(processor, rows), method, compile=True)
@@ -209,7 +290,7 @@ def test_backend_compile_setting(one_row_bucket):
 
 def test_selftest_compiled_column(monkeypatch, capsys):
     """``medheval selftest --compiled`` adds a ``compiled`` column (here the static-cache path with an eager
-    "compiler", so the test compiles nothing); OPERA's own loop is not applicable."""
+    "compiler", so the test compiles nothing), OPERA's beam loop included."""
     monkeypatch.setattr(internals, "compiled_forward", lambda model, mode: model)
     steps = compiled.STATS.steps
     assert selftest.main(["llava"], ["vcd", "opera"], quiet=True, compiled=True) == 0
@@ -217,4 +298,4 @@ def test_selftest_compiled_column(monkeypatch, capsys):
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert ["family", "method", *selftest.CHECKS[:1]] == lines[1][:3] and lines[1][-1] == "compiled"
     assert ["llava", "vcd", "ok", "ok", "ok", "ok", "ok"] in lines
-    assert ["llava", "opera", "ok", "-", "ok", "ok", "-"] in lines
+    assert ["llava", "opera", "ok", "-", "ok", "ok", "ok"] in lines

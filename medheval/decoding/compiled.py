@@ -21,12 +21,18 @@ columns built once at the capacity (``StreamGroup.image_columns``) and PAI's α 
 given for one row are expanded to the bucket's rows. Per bucket, one graph serves plain decoding and the
 two-stream methods; DoLa (hidden states out) and the hooked methods add one each.
 
+OPERA runs its own beam loop on :class:`StaticRows`: its look-ahead forward (``N`` candidates per beam, a
+4-D mask over the capacity) is its one compiled graph per bucket, whose rows are the *prompts'* bucket times the
+beams (4 prompts x 5 beams: 20 rows, where rounding the 20 rows would give 32); its rows move in place (beam
+reordering, the kept candidate's column, finished prompts leaving), and a prompt that rolls back continues on a
+static cache of its own (one prompt's bucket times the beams).
+
 The static caches are kept per model, bucket and group slot (:func:`static_cache`) and refilled in place,
 so a compiled graph sees the same tensor addresses batch after batch.
 
 Where the compiled path does not apply, decoding stays eager and the reason is kept in
 ``ctx.state["compile_refusal"]`` (:func:`refusal`): a cache that is not a dynamic cache of dynamic layers,
-unknown ``max_length``, or a method that opts out (``compiles = False``: OPERA's beam search).
+unknown ``max_length``, or a method that opts out (``compiles = False``).
 
 A compiler error (``torch._dynamo`` exceptions, e.g. an older torch that cannot trace the model) is
 warned about once per model, kept in :data:`STATS`, and the steps go on eagerly on the static cache.
@@ -118,6 +124,35 @@ def static_cache(model, slot: int, rows: int, capacity: int):
     return pool[key]
 
 
+def run_padded(model, forward, inputs: dict[str, Any], real: int, rows: int, *, bucket: tuple,
+               compile: bool = True):
+    """One forward of ``real`` rows padded to the bucket's ``rows`` through the compiled ``forward`` (``compile``)
+    or the eager model, on a static cache; the outputs cut back to ``real`` rows.
+
+    A compiler error (the compiler failed, not the model) is warned about once per model and kept in
+    :data:`STATS`; that model's forwards then run eagerly on the static cache.
+    """
+    inputs = internals.pad_step_rows(inputs, real, rows)
+    cuda = next(model.parameters()).device.type == "cuda"
+    broken = model.__dict__.get("_medheval_compile_failed")
+    if compile:
+        signature = tuple(sorted(k for k, v in inputs.items() if v is not None and not internals.is_cache_key(k)))
+        STATS.buckets.add((*bucket, signature))
+        STATS.steps += 1
+    if compile and broken is None:
+        if cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        try:
+            return internals.keep_output_rows(forward(**inputs, return_dict=True), real, clone=cuda)
+        except torch._dynamo.exc.TorchDynamoException as error:
+            broken = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            model.__dict__["_medheval_compile_failed"] = broken
+            STATS.failures.append(broken)
+            warnings.warn(f"torch.compile failed ({broken}); decoding continues eagerly on the static cache",
+                          RuntimeWarning, stacklevel=3)
+    return internals.keep_output_rows(model(**inputs, return_dict=True), real, clone=False)
+
+
 class StaticStep:
     """One stream group's decode steps on a static cache through the compiled forward.
 
@@ -133,7 +168,6 @@ class StaticStep:
         self.length = int(group.input_ids.shape[1]) - 1  # columns in the cache (the last token is not fed yet)
         self.capacity = capacity_bucket(self.length + 1 + max(int(remaining), 0))
         self.mode = mode_for(model)
-        self.cuda = next(model.parameters()).device.type == "cuda"
         self.slot = slot
         self.cache = static_cache(model, slot, self.rows, self.capacity)
         internals.fill_static_cache(self.cache, group.cache, self.length, self.rows)
@@ -142,35 +176,84 @@ class StaticStep:
             torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
 
     def __call__(self, inputs: dict[str, Any]):
-        inputs = internals.pad_step_rows(inputs, self.real, self.rows)
-        signature = tuple(sorted(k for k, v in inputs.items() if v is not None and not internals.is_cache_key(k)))
-        STATS.buckets.add((self.mode, self.slot, self.rows, self.capacity, signature))
-        STATS.steps += 1
-        if self.cuda:
-            torch.compiler.cudagraph_mark_step_begin()
-        broken = self.model.__dict__.get("_medheval_compile_failed")
-        if broken is None:
-            try:
-                outputs = self.forward(**inputs, return_dict=True)
-            except torch._dynamo.exc.TorchDynamoException as error:  # the compiler failed, not the model
-                broken = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                self.model.__dict__["_medheval_compile_failed"] = broken
-                STATS.failures.append(broken)
-                warnings.warn(f"torch.compile failed ({broken}); decoding continues eagerly on the static cache",
-                              RuntimeWarning, stacklevel=2)
-        if broken is not None:
-            outputs = self.model(**inputs, return_dict=True)
-        return internals.keep_output_rows(outputs, self.real, clone=self.cuda)
+        return run_padded(self.model, self.forward, inputs, self.real, self.rows,
+                          bucket=(self.mode, self.slot, self.rows, self.capacity))
 
     def final_cache(self, rows: int, length: int):
         """The first ``rows`` rows of the static cache as a ``DynamicCache`` (for ``return_dict_in_generate``)."""
         return internals.dynamic_from_static(self.cache, rows, length)
 
 
+class StaticRows:
+    """Rows that a decoding loop of its own arranges (OPERA's beams) on the pooled static cache of one row and
+    capacity bucket, with the compiled forward.
+
+    Built from the loop's prefilled ``DynamicCache``; afterwards the loop moves rows and columns in place
+    (:meth:`select`, :meth:`keep_appended`, :meth:`set_length`), so the compiled graph reads the same tensors
+    throughout. The real rows may shrink (finished prompts leave); the bucket stays, padding rows are dropped.
+
+    Args:
+        model: the model.
+        dynamic: the prefilled cache (its rows and length are taken over).
+        slot: the pool slot: groups alive at the same time need different slots.
+        capacity: the most columns the loop will write (rounded up to :data:`CAPACITY_STEP`).
+        rows: the row bucket (default :func:`row_bucket` of the rows; OPERA buckets its prompts and multiplies
+            by the beams, so 4 prompts x 5 beams run 20 rows, not 32).
+    """
+
+    def __init__(self, model, dynamic, *, slot: Any, capacity: int, rows: int | None = None):
+        self.model = model
+        self.real = int(internals.first_layer_keys(dynamic).shape[0])
+        self.rows = int(rows) if rows is not None else row_bucket(self.real)
+        if self.rows < self.real:
+            raise ValueError(f"a bucket of {self.rows} rows cannot hold {self.real} rows")
+        self.length = internals.cache_length(dynamic)
+        self.capacity = capacity_bucket(capacity)
+        self.slot = slot
+        self.mode = mode_for(model)
+        self.cache = static_cache(model, slot, self.rows, self.capacity)
+        internals.fill_static_cache(self.cache, dynamic, self.length, self.rows)
+        self.forward_fn = internals.compiled_forward(model, self.mode)
+        if torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT:
+            torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+
+    def set_length(self, length: int) -> None:
+        """Columns ``[0, length)`` are the cache; the next forward writes from ``length``."""
+        self.length = int(length)
+        internals.set_static_length(self.cache, self.length)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep ``rows`` (reordered, fewer or the same number), in place."""
+        internals.static_select_rows(self.cache, rows, self.length)
+        self.real = int(rows.numel())
+
+    def keep_appended(self, prefix_length: int, source_rows: torch.Tensor, appended_index: torch.Tensor) -> None:
+        """After a forward appended tokens to ``prefix_length`` columns: row ``r`` keeps the prefix of row
+        ``source_rows[r]`` and its appended token ``appended_index[r]`` (length ``prefix_length + 1``)."""
+        internals.static_keep_appended_tokens(self.cache, prefix_length, source_rows, appended_index)
+        self.real = int(source_rows.numel())
+        self.length = int(prefix_length) + 1
+
+    def split(self, rows: torch.Tensor, slot: Any, bucket: int | None = None) -> "StaticRows":
+        """``rows`` on a static cache of their own (pool ``slot``, row bucket ``bucket``; this one is left
+        untouched)."""
+        part = internals.dynamic_from_static(self.cache, rows, self.length)
+        return StaticRows(self.model, part, slot=slot, capacity=self.capacity, rows=bucket)
+
+    def forward(self, inputs: dict[str, Any], *, compile: bool = True, advance: int = 0):
+        """One forward of the real rows (``inputs`` without the cache), ``advance`` tokens written after
+        ``length``; compiled when ``compile``, else eager (a query count the loop needs rarely)."""
+        inputs = {**inputs, **internals.cache_keyword(self.cache)}
+        outputs = run_padded(self.model, self.forward_fn, inputs, self.real, self.rows,
+                             bucket=(self.mode, self.slot, self.rows, self.capacity), compile=compile)
+        self.length += int(advance)
+        return outputs
+
+
 def refusal(method, ctx, max_length: int | None) -> str | None:
     """Why the decode steps of this call stay eager (``None``: they can be compiled)."""
     if not getattr(method, "compiles", True):
-        return f"{method.name} runs its own decoding loop"
+        return f"{method.name} opts out of compiled decoding (compiles = False)"
     if not max_length:
         return "generation_config.max_length is unknown (the static cache needs a capacity)"
     for group in ctx.groups:
@@ -196,5 +279,5 @@ def attach(method, ctx, max_length: int | None) -> bool:
     return True
 
 
-__all__ = ["CAPACITY_STEP", "STATS", "StaticStep", "attach", "capacity_bucket", "compiled_decoding", "mode_for",
-           "refusal", "row_bucket", "static_cache", "wanted"]
+__all__ = ["CAPACITY_STEP", "STATS", "StaticRows", "StaticStep", "attach", "capacity_bucket", "compiled_decoding", "mode_for",
+           "refusal", "row_bucket", "run_padded", "static_cache", "wanted"]

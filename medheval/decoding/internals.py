@@ -291,15 +291,55 @@ def fill_static_cache(static, dynamic, length: int, rows: int) -> None:
         mine.cumulative_length.fill_(int(length))
 
 
-def dynamic_from_static(static, rows: int, length: int):
-    """A ``DynamicCache`` of full layers holding the first ``rows`` rows and ``length`` columns of ``static``
-    (what ``generate`` returns; the static cache itself is reused by the next batch)."""
+def dynamic_from_static(static, rows: int | torch.Tensor, length: int):
+    """A ``DynamicCache`` of full layers holding ``length`` columns of the first ``rows`` rows of ``static`` (or of
+    the rows a tensor ``rows`` lists), for ``generate``'s return value and OPERA's group splits; the static cache
+    itself is reused by the next batch."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
     for index, layer in enumerate(static.layers):
-        cache.update(layer.keys[:rows, :, :length].clone(), layer.values[:rows, :, :length].clone(), index)
+        if torch.is_tensor(rows):
+            picked = rows.to(layer.keys.device)
+            keys, values = layer.keys.index_select(0, picked), layer.values.index_select(0, picked)
+        else:
+            keys, values = layer.keys[:rows], layer.values[:rows]
+        cache.update(keys[:, :, :length].clone(), values[:, :, :length].clone(), index)
     return cache
+
+
+def set_static_length(static, length: int) -> None:
+    """Columns ``[0, length)`` of every layer count as written; the next forward writes from column ``length``
+    (a rollback or a look-ahead drop is this, the keys beyond stay and the masks hide them)."""
+    for layer in static.layers:
+        layer.cumulative_length.fill_(int(length))
+
+
+def static_select_rows(static, rows: torch.Tensor, length: int) -> None:
+    """Row ``i < len(rows)`` of ``static`` becomes its old row ``rows[i]`` (columns ``[0, length)``), in place:
+    beam reordering and dropping rows without moving the tensors a compiled forward reads. Rows past
+    ``len(rows)`` keep stale but finite keys (bucket padding: their outputs are dropped)."""
+    n = int(rows.numel())
+    for layer in static.layers:
+        index = rows.to(layer.keys.device)
+        for states in (layer.keys, layer.values):
+            states[:n, :, :length] = states[:, :, :length].index_select(0, index)
+
+
+def static_keep_appended_tokens(static, prefix_length: int, source_rows: torch.Tensor,
+                                appended_index: torch.Tensor) -> None:
+    """:func:`keep_appended_tokens` on a static cache, in place: row ``r`` becomes the ``prefix_length`` columns of
+    row ``source_rows[r]`` followed by its appended column ``prefix_length + appended_index[r]``; the length is
+    then ``prefix_length + 1``."""
+    n = int(source_rows.numel())
+    for layer in static.layers:
+        src = source_rows.to(layer.keys.device)
+        column = prefix_length + appended_index.to(layer.keys.device)
+        for states in (layer.keys, layer.values):
+            kept = states[src, :, column]  # [n, heads, dim]: advanced indices around a slice go first
+            states[:n, :, :prefix_length] = states[:, :, :prefix_length].index_select(0, src)
+            states[:n, :, prefix_length] = kept
+    set_static_length(static, prefix_length + 1)
 
 
 def pad_step_rows(inputs: dict[str, Any], real: int, rows: int) -> dict[str, Any]:
@@ -537,6 +577,9 @@ __all__ = [
     "is_user_cache",
     "join_refusal",
     "keep_appended_tokens",
+    "set_static_length",
+    "static_keep_appended_tokens",
+    "static_select_rows",
     "layer_kinds",
     "layer_signature",
     "max_length_criteria",

@@ -56,6 +56,13 @@ would keep, so the logits are the same), the prefill takes the processor's ``tok
 the look-ahead forward gets one 4-D mask per layer type. On a sliding last layer (MedGemma) the
 recorded rows are over the full-length keys with weight 0 outside the window. A caller's cache with
 sliding or static layers is refused.
+
+Compiled decoding (CUDA by default, ``compiled_decoding(True)`` elsewhere): after the prefill the beams move
+onto a static cache (:class:`medheval.decoding.compiled.StaticRows`) and the look-ahead forward runs through
+the compiled model, one graph per row, capacity and candidate-count bucket; the masks span the capacity and
+the recorder reduces over heads inside the graph and slices the window after it. Beam reordering and the kept
+candidate move rows and columns in place; rollbacks and redone steps run eagerly on the same cache, and a
+prompt that rolls back continues on a static cache of its own. The tokens are the eager path's.
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from medheval.decoding import internals
+from medheval.decoding import compiled, internals
 from medheval.decoding.beam import (
     BeamSearch,
     keep_appended_tokens,
@@ -218,8 +225,9 @@ class RollbackTracker:
 class WindowAttentionRecorder(AttentionHook):
     """Last-layer attention, max over heads, each row normalised to sum 1; keeps only window columns.
 
-    Armed before a forward (:meth:`arm`), it reduces that forward's ``[rows, heads, q, kv]``
-    weights to what OPERA needs and drops the rest:
+    Armed before a forward (:meth:`arm`), it keeps that forward's ``[rows, heads, q, kv]`` weights reduced
+    over heads (the only work inside the forward, so a compiled forward reads no per-step number), and
+    :meth:`take` reduces them to what OPERA needs:
 
     - ``"lookahead"`` (``q = N`` candidates appended at once, each seeing the prefix and itself):
       per candidate its window row ``[rows, N, r]`` and its image-attention sum ``[rows, N]``;
@@ -227,27 +235,39 @@ class WindowAttentionRecorder(AttentionHook):
     - ``"rebuild"`` (``q = p`` generated tokens): the last ``keep`` rows, window columns only,
       ``[rows, keep, keep]``.
 
+    On a static cache the keys span its capacity: :meth:`take` gets the rows and columns that are real.
     Nothing is kept between forwards except the last result, so the attention stored is
-    ``O(N · window)`` per beam; the caller's history is ``O(window²)`` per beam.
+    ``O(N · capacity)`` per beam; the caller's history is ``O(window²)`` per beam.
     """
 
     def __init__(self, layer: int):
         super().__init__([layer])
         self.mode: str | None = None
-        self.result: Any = None
-        self.calls = 0
+        self.weights: torch.Tensor | None = None
 
     def arm(self, mode: str, *, start: int, prompt_length: int = 0, image_mask: torch.Tensor | None = None,
             keep: int = 0) -> None:
+        if mode not in ("lookahead", "step", "rebuild"):  # pragma: no cover - programming error
+            raise MitigationError(f"unknown recorder mode {mode!r}")
         self.mode, self.start, self.prompt_length = mode, int(start), int(prompt_length)
-        self.image_mask, self.keep, self.result = image_mask, int(keep), None
+        self.image_mask, self.keep, self.weights = image_mask, int(keep), None
 
     def observe(self, layer_idx: int, weights: torch.Tensor) -> None:
         if self.mode is None:
             return
-        self.calls += 1
-        w = weights.detach().float().amax(dim=1)  # [rows, q, kv]
-        if self.mode == "lookahead":
+        self.weights = weights.detach().float().amax(dim=1)  # [rows, q, kv]
+
+    def take(self, *, rows: int | None = None, columns: int | None = None):
+        """The armed reduction of the recorded weights; ``rows``/``columns``: the real ones (static cache)."""
+        if self.weights is None:
+            raise MissingInternalError(
+                "OPERA recorded no last-layer attention: the language model's attention must run through "
+                "transformers' AttentionInterface (eager-capable decoder layers)"
+            )
+        w, mode = self.weights, self.mode
+        self.weights, self.mode = None, None
+        w = w[:rows, :, :columns]
+        if mode == "lookahead":
             n = w.shape[1]
             prefix_len = w.shape[2] - n
             own = torch.diagonal(w[:, :, prefix_len:], dim1=1, dim2=2)  # [rows, N]
@@ -256,25 +276,12 @@ class WindowAttentionRecorder(AttentionHook):
             window = torch.cat([prefix[:, :, self.start:], own[..., None]], dim=-1) / total[..., None]
             t = self.prompt_length
             image = (prefix[:, :, :t] * self.image_mask[:, None, :t].to(w.dtype)).sum(-1) / total
-            self.result = (window, image)
-        elif self.mode == "step":
+            return window, image
+        if mode == "step":
             row = w[:, -1, :]
-            self.result = row[:, self.start:] / row.sum(-1, keepdim=True)
-        elif self.mode == "rebuild":
-            lo = w.shape[1] - self.keep
-            self.result = w[:, lo:, self.start:] / w[:, lo:].sum(-1, keepdim=True)
-        else:  # pragma: no cover - programming error
-            raise MitigationError(f"unknown recorder mode {self.mode!r}")
-        self.mode = None
-
-    def take(self):
-        if self.result is None:
-            raise MissingInternalError(
-                "OPERA recorded no last-layer attention: the language model's attention must run through "
-                "transformers' AttentionInterface (eager-capable decoder layers)"
-            )
-        result, self.result = self.result, None
-        return result
+            return row[:, self.start:] / row.sum(-1, keepdim=True)
+        lo = w.shape[1] - self.keep  # "rebuild"
+        return w[:, lo:, self.start:] / w[:, lo:].sum(-1, keepdim=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -307,16 +314,12 @@ class OPERA(DecodingMethod):
 
     name = "opera"
     supports_sampling: ClassVar[bool] = False  # a beam search (see _check_generation_config)
-    # Its own beam loop stays eager (medheval.decoding.compiled refuses it). What a static cache + compiled
-    # step would need, beyond the cache operations transformers' StaticLayer has (negative crop, reorder,
-    # row select): (1) the look-ahead forward appends N candidates per row with a custom 4-D mask and then
-    # keeps one of them per row (keep_appended_tokens), i.e. a per-row column move inside the static
-    # buffers; (2) the last-layer attention is read by a Python hook whose window start and prompt length
-    # change every step and which slices the keys by the current length: as is, a compiled forward would
-    # recompile at every step (ints are guarded), so the reduction must become a fixed-shape graph output
-    # over the capacity with masks; (3) a rollback re-feeds a variable number of generated tokens, and a
-    # prompt that rolls back leaves its group (rows change mid-decode: a new row bucket and a refill).
-    compiles: ClassVar[bool] = False
+    # Its own beam loop, with the look-ahead forward compiled on a static cache (medheval.decoding.compiled.StaticRows):
+    # the N candidates are written at the capacity's columns [prefix, prefix + N) under a 4-D mask over the whole
+    # capacity, the recorder keeps only the head-max weights inside the graph (its slicing by window and length runs
+    # after it), and the kept candidate's column is moved in place. Rollbacks and redone steps (other query counts,
+    # rare) run eagerly on the same static cache; a prompt that rolls back gets a static cache of its own.
+    compiles: ClassVar[bool] = True
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "medheval": {"num_beams": 5, "scale_factor": 50.0, "threshold": 15, "num_attn_candidates": 5,
                      "penalty_weights": 1.0, "window_size": 512},
@@ -559,8 +562,18 @@ def opera_generate(
         else:
             last_positions = torch.full((batch_size,), input_ids.shape[1] - 1, dtype=torch.long)
 
-        # 2. the beam searches, with the last layer's attention recorded (eager, this call only)
+        # 2. the beam searches, with the last layer's attention recorded (this call only); on the static path
+        # (compiled decoding: CUDA by default) the look-ahead forwards run compiled
         K = method.num_beams
+        internals.repeat_rows(cache, K)  # the prompt's cache once per beam
+        static = None
+        candidates = min(int(method.num_attn_candidates), int(first_logits.shape[-1]))
+        if compiled.wanted(model) and internals.static_refusal(cache) is None:
+            # the look-ahead writes `candidates` columns past the longest prefix (max_length - 1)
+            # rows: the prompts' bucket times the beams (4 prompts x 5 beams: 20 rows, one graph for every full batch)
+            static = compiled.StaticRows(model, cache, slot=("opera", -1), capacity=int(gen.max_length) + candidates,
+                                         rows=compiled.row_bucket(batch_size) * K)
+            cache = None
         emb = model.get_input_embeddings()
         shared = _Shared(
             method=method, model=model, recorder=WindowAttentionRecorder(last_layer), K=K, T=int(input_ids.shape[1]),
@@ -568,7 +581,7 @@ def opera_generate(
             dtype=emb.weight.dtype if emb is not None else torch.float32, device=input_ids.device,
             logits_processor=logits_processor, stopping_criteria=stopping_criteria,
             accepts_positions="position_ids" in inspect.signature(model.forward).parameters,
-            token_selection=supports_token_selection(cache), sliding_window=sliding_window,
+            token_selection=static is not None or supports_token_selection(cache), sliding_window=sliding_window,
         )
         beams = BeamSearch(
             input_ids.repeat_interleave(K, dim=0), K, gen.max_length,
@@ -577,7 +590,6 @@ def opera_generate(
             eos_token_id=internals.eos_token_tensor(gen), pad_token_id=internals.pad_token_tensor(gen),
             num_return_sequences=int(getattr(gen, "num_return_sequences", 1) or 1),
         )
-        internals.repeat_rows(cache, K)
         prompt_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             prompt_mask = attention_mask.repeat_interleave(K, dim=0)
@@ -589,6 +601,7 @@ def opera_generate(
             history=first_logits.new_zeros((batch_size * K, 0, 0)),
             trackers=[RollbackTracker(method.threshold, method.num_attn_candidates, method.window_size)
                       for _ in range(batch_size)],
+            static=static,
         )
         del cache
         results: dict[int, tuple] = {}
@@ -656,11 +669,13 @@ class _Group:
     """
 
     def __init__(self, shared: _Shared, *, prompts: list[int], beams: BeamSearch, cache, prompt_mask, image_mask,
-                 next_position, logits, history, trackers, snapshots=None, selections=None, rejects=None):
+                 next_position, logits, history, trackers, snapshots=None, selections=None, rejects=None,
+                 static: compiled.StaticRows | None = None):
         self.shared = shared
         self.prompts = prompts  # index of each member in the caller's batch
         self.beams = beams
-        self.cache = cache
+        self.cache = cache  # a DynamicCache of full-length layers, or None on the static path
+        self.static = static  # the rows on a static cache with the compiled look-ahead forward (or None)
         self.prompt_mask = prompt_mask  # [R, T] or None (no padding)
         self.image_mask = image_mask  # [R, T]
         self.next_position = next_position  # [R] position of the first generated token
@@ -705,14 +720,21 @@ class _Group:
     def split(self, member: int) -> "_Group":
         """A new group for one member (a copy of its state and cache rows)."""
         part = self._subset([member])
-        return _Group(self.shared, cache=select_cache_rows(self.cache, self._rows([member])), **part)
+        rows = self._rows([member])
+        if self.static is not None:  # its own static cache: the groups of a call are alive at the same time
+            alone = self.static.split(rows, ("opera", self.prompts[member]), compiled.row_bucket(1) * self.shared.K)
+            return _Group(self.shared, cache=None, static=alone, **part)
+        return _Group(self.shared, cache=select_cache_rows(self.cache, rows), **part)
 
     def keep(self, members: list[int]) -> None:
         """Drop every member not in ``members``."""
         rows = self._rows(members)
         for key, value in self._subset(members).items():
             setattr(self, key, value)
-        internals.select_rows(self.cache, rows)
+        if self.static is not None:
+            self.static.select(rows)
+        else:
+            internals.select_rows(self.cache, rows)
 
     def _finish(self, members: list[int], results: dict) -> None:
         index = torch.tensor(members, device=self.shared.device)
@@ -746,6 +768,28 @@ class _Group:
             kwargs["position_ids"] = positions
         return self.shared.model(**kwargs)
 
+    def _static_forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, base: torch.Tensor, own: torch.Tensor,
+                        anchor: torch.Tensor, logits_to_keep: int = 1, compile: bool = False):
+        """A forward on the static cache, writing ``tokens`` ``[R, q]`` from its length on. Query ``i`` sees the
+        prompt (not its padding), the columns before ``base[i]`` and column ``own[i]``; on sliding-window layers
+        only the columns after ``anchor[i] - window`` (the model's own rule for a query at column ``anchor[i]``).
+        ``compile``: through the compiled forward (the look-ahead; rollbacks and redone steps run eagerly)."""
+        sh, static = self.shared, self.static
+        columns = torch.arange(static.capacity, device=sh.device)
+        allowed = (columns[None, :] < base[:, None]) | (columns[None, :] == own[:, None])  # [q, C]
+        allowed = allowed[None].expand(tokens.shape[0], -1, -1)
+        if self.prompt_mask is not None:
+            seen = F.pad(self.prompt_mask.bool(), (0, static.capacity - sh.T), value=True)  # [R, C]
+            allowed = allowed & seen[:, None, :]
+        mask: Any = self._additive(allowed)
+        if sh.sliding_window is not None:
+            recent = columns[None, :] > anchor[:, None] - sh.sliding_window
+            mask = {"full_attention": mask, "sliding_attention": self._additive(allowed & recent)}
+        inputs = dict(input_ids=tokens, attention_mask=mask, use_cache=True, logits_to_keep=logits_to_keep)
+        if sh.accepts_positions:
+            inputs["position_ids"] = positions
+        return static.forward(inputs, compile=compile, advance=int(tokens.shape[1]))
+
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """``[R, 1, q, kv]`` additive mask (0 where ``allowed``, the dtype's minimum elsewhere)."""
         dtype = self.shared.dtype
@@ -762,8 +806,19 @@ class _Group:
         n = min(int(sh.method.num_attn_candidates), sh.vocab)
         cand_logits, cand_tokens = torch.topk(self.logits, n, dim=-1)
         prefix = T + step
-        if internals.cache_length(self.cache) != prefix:  # pragma: no cover - internal invariant
-            raise MitigationError(f"OPERA cache holds {internals.cache_length(self.cache)} tokens, expected {prefix}")
+        held = self.static.length if self.static is not None else internals.cache_length(self.cache)
+        if held != prefix:  # pragma: no cover - internal invariant
+            raise MitigationError(f"OPERA cache holds {held} tokens, expected {prefix}")
+        positions = self._positions(torch.full((n,), step, device=sh.device))
+        lo = self._window_start(step)
+        if self.static is not None:  # one compiled graph per bucket: n candidates over the capacity's columns
+            sh.recorder.arm("lookahead", start=T + lo, prompt_length=T, image_mask=self.image_mask)
+            at_prefix = torch.full((n,), prefix, device=sh.device)
+            out = self._static_forward(cand_tokens, positions, base=at_prefix,
+                                       own=prefix + torch.arange(n, device=sh.device), anchor=at_prefix,
+                                       logits_to_keep=0, compile=True)
+            rows, image = sh.recorder.take(rows=R, columns=prefix + n)
+            return self._scored(cand_tokens, cand_logits, rows, image, out.logits.to(dtype=torch.float32), lo, n)
         # the N candidates in one forward: each sees the prefix and itself only, all at the same position
         prefix_mask = self._mask(prefix)
         allowed_prefix = (prefix_mask.bool() if prefix_mask is not None
@@ -776,16 +831,16 @@ class _Group:
             # keys ``j > prefix - window`` (as the model's own sliding mask) and itself
             recent = torch.arange(prefix + n, device=sh.device) > prefix - sh.sliding_window
             mask4d = {"full_attention": mask4d, "sliding_attention": self._additive(allowed & recent)}
-        positions = self._positions(torch.full((n,), step, device=sh.device))
-        lo = self._window_start(step)
         sh.recorder.arm("lookahead", start=T + lo, prompt_length=T, image_mask=self.image_mask)
         out = self._forward(cand_tokens, positions, attention_mask=mask4d, logits_to_keep=0)
         rows, image = sh.recorder.take()
-        next_logits = out.logits.to(dtype=torch.float32)
-        del out
-        log_phi = candidate_log_overtrust(self.history, rows, sh.method.scale_factor)
+        return self._scored(cand_tokens, cand_logits, rows, image, out.logits.to(dtype=torch.float32), lo, n)
+
+    def _scored(self, tokens, logits, rows, image, next_logits, lo: int, n: int) -> _Lookahead:
+        """The look-ahead with each candidate's over-trust score and its location (generated-token index)."""
+        log_phi = candidate_log_overtrust(self.history, rows, self.shared.method.scale_factor)
         log_score, location = log_phi.max(dim=-1)
-        return _Lookahead(cand_tokens, cand_logits, rows, image, next_logits, log_score, location + lo, n)
+        return _Lookahead(tokens, logits, rows, image, next_logits, log_score, location + lo, n)
 
     # -- scores ------------------------------------------------------------------------------------
     def _penalised_scores(self, look: _Lookahead, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -816,21 +871,32 @@ class _Group:
             match = look.tokens.index_select(0, beam_idx) == tokens[:, None]
             if bool(match.any(dim=-1).all()):
                 which = match.to(torch.int8).argmax(dim=-1)
-                keep_appended_tokens(self.cache, sh.T + step, beam_idx, which)
+                if self.static is not None:
+                    self.static.keep_appended(sh.T + step, beam_idx, which)
+                else:
+                    keep_appended_tokens(self.cache, sh.T + step, beam_idx, which)
                 self.logits = look.next_logits[beam_idx, which]
                 self._append_history(beam_idx, look.rows[beam_idx, which])
                 sh.method.observe_step({"kind": "advance", "prompts": list(self.prompts), "step": step,
                                         "reused": True})
                 return
-        if look is not None:
-            internals.crop(self.cache, look.appended)
-        internals.reorder_rows(self.cache, beam_idx)
+        positions = self._positions(torch.tensor([step], device=sh.device))
         sh.recorder.arm("step", start=sh.T + self._window_start(step))
-        out = self._forward(tokens[:, None], self._positions(torch.tensor([step], device=sh.device)),
-                            attention_mask=self._mask(sh.T + step + 1))
+        if self.static is not None:
+            prefix = torch.tensor([sh.T + step], device=sh.device)
+            self.static.set_length(sh.T + step)  # drops the look-ahead tokens, if any
+            self.static.select(beam_idx)
+            out = self._static_forward(tokens[:, None], positions, base=prefix + 1, own=prefix, anchor=prefix)
+            row = sh.recorder.take(rows=int(beam_idx.numel()), columns=sh.T + step + 1)
+        else:
+            if look is not None:
+                internals.crop(self.cache, look.appended)
+            internals.reorder_rows(self.cache, beam_idx)
+            out = self._forward(tokens[:, None], positions, attention_mask=self._mask(sh.T + step + 1))
+            row = sh.recorder.take()
         self.logits = out.logits[:, -1, :].to(dtype=torch.float32)
         del out
-        self._append_history(beam_idx, sh.recorder.take())
+        self._append_history(beam_idx, row)
         sh.method.observe_step({"kind": "advance", "prompts": list(self.prompts), "step": step, "reused": False})
 
     # -- rollback (single-member group) ------------------------------------------------------------
@@ -849,15 +915,21 @@ class _Group:
         self.trackers[0].truncate(target)
         self.beams.restore(self.snapshots[target])
         # the prompt's KV is the same for every beam: keep it, recompute the generated tokens
-        internals.crop(self.cache, internals.cache_length(self.cache) - sh.T)
         generated = self.beams.flat_sequences()[:, sh.T :]
         keep = min(target, sh.window - 1)
         sh.recorder.arm("rebuild", start=sh.T + target - keep, keep=keep)
         positions = self._positions(torch.arange(target, device=sh.device))
-        out = self._forward(generated, positions, attention_mask=self._mask(sh.T + target))
+        if self.static is not None:
+            self.static.set_length(sh.T)
+            at = sh.T + torch.arange(target, device=sh.device)
+            out = self._static_forward(generated, positions, base=at + 1, own=at, anchor=at)
+            self.history = sh.recorder.take(rows=int(generated.shape[0]), columns=sh.T + target)
+        else:
+            internals.crop(self.cache, internals.cache_length(self.cache) - sh.T)
+            out = self._forward(generated, positions, attention_mask=self._mask(sh.T + target))
+            self.history = sh.recorder.take()
         self.logits = out.logits[:, -1, :].to(dtype=torch.float32)
         del out
-        self.history = sh.recorder.take()
         self.redo = rejected
         sh.method.observe_step({"kind": "rollback", "prompt": self.prompts[0], "from": step, "to": target,
                                 "rejected": rejected.clone(), "logits": self.logits.clone(),
