@@ -13,6 +13,7 @@ from typing import ClassVar
 from urllib.parse import unquote
 
 import pytest
+from conftest import UPSTREAM_MEDHEVAL
 from PIL import Image
 
 from medheval.data.images import (
@@ -123,7 +124,7 @@ def test_upstream_references_are_well_formed() -> None:
     """Every img_name of the real MedHEval files matches a known pattern (skipped without them)."""
     import json
 
-    root = Path(__file__).resolve().parents[2] / "shared" / "data" / "upstream" / "medheval"
+    root = UPSTREAM_MEDHEVAL
     files = sorted(root.rglob("*.json")) if root.is_dir() else []
     if not files:
         pytest.skip("upstream MedHEval annotation files not present")

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_UPSTREAM
 from PIL import Image
 
 from medheval.families.medheval import fixtures
 from medheval.families.medheval.fixtures import FIXTURE_VERSION, write_fixture_benchmark
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-SHA256SUMS = SHARED / "data" / "upstream" / "SHA256SUMS"
+SHA256SUMS = SHARED_UPSTREAM / "SHA256SUMS"  # ../shared, or $MEDHEVAL_SHARED
 
 # Key sets of the released files (shared/reference/medheval_repo.md §2.1), hard-coded here.
 FINE_KEYS = {"img_name", "question", "answer", "hallucination_type", "omission_type",

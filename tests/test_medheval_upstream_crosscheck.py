@@ -31,12 +31,12 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import load_metric_offline
+from conftest import SHARED_UPSTREAM, load_metric_offline
 
 from medheval.data.schema import HALLUCINATION_TYPE_TO_CATEGORY
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "upstream"
+SHARED = SHARED_UPSTREAM  # ../shared/data/upstream, or under $MEDHEVAL_SHARED
 CODE = SHARED / "medheval-code" / "code" / "evaluation" / "close_ended_evaluation"
 DATA = SHARED / "medheval"
 VISUAL = DATA / "Visual_Misinterpretation_Hallucination" / "close-ended" / "fine-grained"

@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import load_metric_offline
+from conftest import UPSTREAM_MEDHEVAL, load_metric_offline
 
 from medheval.scoring import parsing
 from medheval.data.schema import HALLUCINATION_TYPE_TO_CATEGORY
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_DIR = REPO / "metrics" / "close_ended_accuracy"
-UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "upstream" / "medheval"
+UPSTREAM = UPSTREAM_MEDHEVAL  # ../shared, or $MEDHEVAL_SHARED
 FINE_GRAINED = UPSTREAM / "Visual_Misinterpretation_Hallucination" / "close-ended" / "fine-grained"
 KNOWLEDGE_CLOSE = UPSTREAM / "Knowledge_Deficiency_Hallucination" / "close-ended" / "MIMIC-CXR_sampled.json"
 CONTEXT_CLOSE = UPSTREAM / "Context_Misalignment_Hallucination" / "MIMIC-CXR_pairs.json"
