@@ -256,6 +256,7 @@ def test_report_given_a_runs_results_json_names_its_folder(tmp_path, capsys):
     assert main(["report", str(results), "--output", str(tmp_path / "report")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {results}: a file, not a run folder; pass its folder: {tmp_path / 'run'}"
+    assert not (tmp_path / "report").exists()  # nothing written: the runs are read before the output is locked
 
 
 def test_demo_refuses_an_unusable_output_in_one_line(tmp_path, capsys):

@@ -133,6 +133,10 @@ def write_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
         raise ValueError(f"--output {output} holds files that are not a report's ({', '.join(foreign[:5])}"
                          f"{' ...' if len(foreign) > 5 else ''}); the report replaces its folder whole: give an "
                          "empty or report-only folder")
+    if runs is None:  # read first: a wrong run path fails before the output folder (and its lock) is created
+        from medheval.report.collect import find_runs
+
+        runs = find_runs(paths, cluster=cluster)
     with OutputLock(output, timeout=lock_timeout, purpose="report"):
         remove_stale_staging(output.parent, output.name)  # what a killed report left beside it
         stage = staging_folder(output)
