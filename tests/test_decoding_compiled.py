@@ -160,6 +160,9 @@ def test_static_rows_move_in_place():
     assert rows.length == 5 and int(layer.cumulative_length) == 5 and rows.real == 3
     assert layer.keys[:3, 0, :5, 0].tolist() == [[0, 1, 2, 3, 202], [0, 1, 2, 3, 200], [8, 9, 10, 11, 101]]
     assert layer.keys.data_ptr() == address
+    rows.select(torch.tensor([1, 0, 2]), shared=2)  # a beam reorder: the first 2 columns are taken as equal
+    assert layer.keys[:3, 0, :5, 0].tolist() == [[0, 1, 2, 3, 200], [0, 1, 2, 3, 202], [8, 9, 10, 11, 101]]
+    rows.select(torch.tensor([1, 0, 2]), shared=0)
     part = rows.split(torch.tensor([2]), ("test", 1))
     assert (part.real, part.rows, part.length) == (1, 1, 5)
     assert part.cache.layers[0].keys[0, 0, :5, 0].tolist() == [8, 9, 10, 11, 101]

@@ -148,9 +148,11 @@ def test_the_medheval_task_run_by_the_provider_matches_medheval_run(tiny_dir, ru
     expected = {entry["id"]: entry["prediction"] for entry in read_log(run_folder / "predictions.jsonl")}
     assert {sample.id: sample.output.completion for sample in log.samples} == expected
     run, unmapped = results_from_log(log.location)
-    metrics = json.loads((run_folder / "results.json").read_text())["benchmarks"][":".join(SPLIT)]["metrics"]
+    split = json.loads((run_folder / "results.json").read_text())["benchmarks"][":".join(SPLIT)]
     assert unmapped == []
-    assert headline_values(run["benchmarks"][":".join(SPLIT)]["metrics"]) == headline_values(metrics)
+    assert headline_values(run["benchmarks"][":".join(SPLIT)]["metrics"]) == headline_values(split["metrics"])
+    empty = sum(1 for text in expected.values() if not text.strip())
+    assert run["benchmarks"][":".join(SPLIT)]["n_empty_predictions"] == split["n_empty_predictions"] == empty
     with pytest.raises(hub.PublishError, match="random-weight"):
         hub.export_results(log.location, tmp_path / "out", "org/model")
 

@@ -222,15 +222,18 @@ class StaticRows:
         self.length = int(length)
         internals.set_static_length(self.cache, self.length)
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep ``rows`` (reordered, fewer or the same number), in place."""
-        internals.static_select_rows(self.cache, rows, self.length)
+    def select(self, rows: torch.Tensor, shared: int = 0) -> None:
+        """Keep ``rows`` (reordered, fewer or the same number), in place; ``shared``: the first columns, equal in
+        each row and its source (a beam reorder within a prompt's beams: the prompt's), are not copied."""
+        internals.static_select_rows(self.cache, rows, self.length, start=shared)
         self.real = int(rows.numel())
 
-    def keep_appended(self, prefix_length: int, source_rows: torch.Tensor, appended_index: torch.Tensor) -> None:
+    def keep_appended(self, prefix_length: int, source_rows: torch.Tensor, appended_index: torch.Tensor,
+                      shared: int = 0) -> None:
         """After a forward appended tokens to ``prefix_length`` columns: row ``r`` keeps the prefix of row
-        ``source_rows[r]`` and its appended token ``appended_index[r]`` (length ``prefix_length + 1``)."""
-        internals.static_keep_appended_tokens(self.cache, prefix_length, source_rows, appended_index)
+        ``source_rows[r]`` and its appended token ``appended_index[r]`` (length ``prefix_length + 1``);
+        ``shared`` as in :meth:`select` (OPERA: the prompt's columns, so a step copies only the generated ones)."""
+        internals.static_keep_appended_tokens(self.cache, prefix_length, source_rows, appended_index, start=shared)
         self.real = int(source_rows.numel())
         self.length = int(prefix_length) + 1
 

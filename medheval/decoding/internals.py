@@ -315,29 +315,32 @@ def set_static_length(static, length: int) -> None:
         layer.cumulative_length.fill_(int(length))
 
 
-def static_select_rows(static, rows: torch.Tensor, length: int) -> None:
-    """Row ``i < len(rows)`` of ``static`` becomes its old row ``rows[i]`` (columns ``[0, length)``), in place:
-    beam reordering and dropping rows without moving the tensors a compiled forward reads. Rows past
-    ``len(rows)`` keep stale but finite keys (bucket padding: their outputs are dropped)."""
+def static_select_rows(static, rows: torch.Tensor, length: int, start: int = 0) -> None:
+    """Row ``i < len(rows)`` of ``static`` becomes its old row ``rows[i]`` (columns ``[start, length)``), in place:
+    beam reordering and dropping rows without moving the tensors a compiled forward reads. ``start``: the columns
+    before it are already equal in every pair of rows (a prompt's beams share its prompt's keys), so only the
+    columns after are copied. Rows past ``len(rows)`` keep stale but finite keys (bucket padding: their outputs
+    are dropped)."""
     n = int(rows.numel())
     for layer in static.layers:
         index = rows.to(layer.keys.device)
         for states in (layer.keys, layer.values):
-            states[:n, :, :length] = states[:, :, :length].index_select(0, index)
+            states[:n, :, start:length] = states[:, :, start:length].index_select(0, index)
 
 
 def static_keep_appended_tokens(static, prefix_length: int, source_rows: torch.Tensor,
-                                appended_index: torch.Tensor) -> None:
+                                appended_index: torch.Tensor, start: int = 0) -> None:
     """:func:`keep_appended_tokens` on a static cache, in place: row ``r`` becomes the ``prefix_length`` columns of
     row ``source_rows[r]`` followed by its appended column ``prefix_length + appended_index[r]``; the length is
-    then ``prefix_length + 1``."""
+    then ``prefix_length + 1``. ``start``: the columns before it are equal in each row and its source (a
+    prompt's keys, shared by its beams) and are not copied, so a beam step moves only the generated columns."""
     n = int(source_rows.numel())
     for layer in static.layers:
         src = source_rows.to(layer.keys.device)
         column = prefix_length + appended_index.to(layer.keys.device)
         for states in (layer.keys, layer.values):
             kept = states[src, :, column]  # [n, heads, dim]: advanced indices around a slice go first
-            states[:n, :, :prefix_length] = states[:, :, :prefix_length].index_select(0, src)
+            states[:n, :, start:prefix_length] = states[:, :, start:prefix_length].index_select(0, src)
             states[:n, :, prefix_length] = kept
     set_static_length(static, prefix_length + 1)
 

@@ -872,7 +872,8 @@ class _Group:
             if bool(match.any(dim=-1).all()):
                 which = match.to(torch.int8).argmax(dim=-1)
                 if self.static is not None:
-                    self.static.keep_appended(sh.T + step, beam_idx, which)
+                    # a beam's source is a beam of its prompt: the prompt's columns are equal, copy the rest
+                    self.static.keep_appended(sh.T + step, beam_idx, which, shared=sh.T)
                 else:
                     keep_appended_tokens(self.cache, sh.T + step, beam_idx, which)
                 self.logits = look.next_logits[beam_idx, which]
@@ -885,7 +886,7 @@ class _Group:
         if self.static is not None:
             prefix = torch.tensor([sh.T + step], device=sh.device)
             self.static.set_length(sh.T + step)  # drops the look-ahead tokens, if any
-            self.static.select(beam_idx)
+            self.static.select(beam_idx, shared=sh.T)  # beams of the same prompt: only the generated columns move
             out = self._static_forward(tokens[:, None], positions, base=prefix + 1, own=prefix, anchor=prefix)
             row = sh.recorder.take(rows=int(beam_idx.numel()), columns=sh.T + step + 1)
         else:

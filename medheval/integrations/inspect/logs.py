@@ -132,8 +132,20 @@ def results_from_log(path: str | Path) -> tuple[dict[str, Any], list[str]]:
            "labels": {"random_weights": True} if random else {},
            "provenance": {"fixture": fixture, "source_model": log.eval.model},
            "benchmarks": {f"{benchmark}:{config}": {"metrics": metrics,
-                                                    "n_scored": scored or log.results.completed_samples}}}
+                                                    "n_scored": scored or log.results.completed_samples,
+                                                    **_empty_predictions(log)}}}
     return run, unmapped
+
+
+def _empty_predictions(log: Any) -> dict[str, int]:
+    """``{"n_empty_predictions": n}``: the samples whose completion is empty or whitespace, as ``medheval run``
+    counts them (:func:`medheval.run.runner.count_empty`); nothing for a log read without its samples."""
+    from medheval.run.runner import count_empty
+
+    if not log.samples:
+        return {}
+    return {"n_empty_predictions": count_empty([{"prediction": sample.output.completion if sample.output else ""}
+                                                for sample in log.samples])}
 
 
 def _limit(log: Any) -> int | None:
