@@ -224,6 +224,31 @@ def test_opera_rollbacks_compiled(one_row_bucket):
     assert graphs() - before <= 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", selftest.FAMILIES)
+def test_opera_static_path_on_every_family(family, monkeypatch):
+    """OPERA's static-cache path with an eager "compiler" (no compiling: ``make test`` checks the path's masks,
+    in-place row and column moves, splits and rebuilds on every family): the eager search's events and tokens,
+    with rollbacks, and with other generation settings (two sequences per prompt, length penalty, early stop)."""
+    monkeypatch.setattr(internals, "compiled_forward", lambda model, mode: model)
+    monkeypatch.setattr(compiled, "MIN_ROWS", 1)
+    model, processor = tiny(family)
+    batch = selftest._inputs(processor, range(3))
+    rolling = dict(num_beams=3, scale_factor=25.0, threshold=0)
+    eager, static = _Spy(**rolling), _Spy(**rolling)
+    steps = compiled.STATS.steps
+    tokens = new_tokens(model, batch, eager, compile=False, max_new_tokens=20)
+    assert torch.equal(new_tokens(model, batch, static, compile=True, max_new_tokens=20), tokens)
+    assert static.events == eager.events and compiled.STATS.steps > steps
+    settings = dict(num_beams=3, num_return_sequences=2, length_penalty=0.5, early_stopping=True, max_new_tokens=12,
+                    do_sample=False)
+    outputs = []
+    for compile in (False, True):
+        with compiled.compiled_decoding(compile):
+            outputs.append(model.generate(**batch, custom_generate=OPERA(num_beams=3), **settings))
+    assert torch.equal(*outputs)
+
+
 def test_opera_row_bucket_is_prompts_times_beams(monkeypatch):
     """OPERA's static rows: the prompts' bucket times the beams (3 prompts -> 4 x 5 = 20 rows, not 15 rounded up to
     16 x ... or 32); the eager tokens (an eager "compiler": nothing is compiled)."""
