@@ -45,7 +45,7 @@ test: $(VENV)/.installed
 	HF_EVALUATE_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The compiled decode steps (torch.compile on the CPU) = eager, every method x tiny family: 49 cases, 25 graphs
-# (5 per family: OPERA adds two look-ahead graphs), one family per worker; about 4:30 on a quiet 2-core machine,
+# (5 per family: OPERA adds two look-ahead graphs), one family per worker; about 5 minutes on a quiet 2-core machine,
 # empty inductor cache (CI runs it after `make test`); `make test` runs the LLaVA subset (plain, VCD, DoLa and
 # OPERA with rollbacks: 3 graphs).
 test-compiled: $(VENV)/.installed

@@ -124,7 +124,7 @@ def static_cache(model, slot: int, rows: int, capacity: int):
     return pool[key]
 
 
-def run_padded(model, forward, inputs: dict[str, Any], real: int, rows: int, *, bucket: tuple,
+def run_padded(model, forward, inputs: dict[str, Any], real: int, rows: int, *, bucket: tuple, cuda: bool,
                compile: bool = True):
     """One forward of ``real`` rows padded to the bucket's ``rows`` through the compiled ``forward`` (``compile``)
     or the eager model, on a static cache; the outputs cut back to ``real`` rows.
@@ -133,7 +133,6 @@ def run_padded(model, forward, inputs: dict[str, Any], real: int, rows: int, *, 
     :data:`STATS`; that model's forwards then run eagerly on the static cache.
     """
     inputs = internals.pad_step_rows(inputs, real, rows)
-    cuda = next(model.parameters()).device.type == "cuda"
     broken = model.__dict__.get("_medheval_compile_failed")
     if compile:
         signature = tuple(sorted(k for k, v in inputs.items() if v is not None and not internals.is_cache_key(k)))
@@ -153,37 +152,6 @@ def run_padded(model, forward, inputs: dict[str, Any], real: int, rows: int, *, 
     return internals.keep_output_rows(model(**inputs, return_dict=True), real, clone=False)
 
 
-class StaticStep:
-    """One stream group's decode steps on a static cache through the compiled forward.
-
-    Built after the group's prefill: copies its cache into the pooled static cache of its bucket and
-    swaps it into the group's kwargs, so ``prepare_inputs_for_generation`` builds the fixed-size 4-D mask
-    (outside the compiled graph, as ``generate`` does for static caches).
-    """
-
-    def __init__(self, model, group, slot: int, remaining: int):
-        self.model = model
-        self.real = int(group.input_ids.shape[0])
-        self.rows = row_bucket(self.real)
-        self.length = int(group.input_ids.shape[1]) - 1  # columns in the cache (the last token is not fed yet)
-        self.capacity = capacity_bucket(self.length + 1 + max(int(remaining), 0))
-        self.mode = mode_for(model)
-        self.slot = slot
-        self.cache = static_cache(model, slot, self.rows, self.capacity)
-        internals.fill_static_cache(self.cache, group.cache, self.length, self.rows)
-        self.forward = internals.compiled_forward(model, self.mode)
-        if torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT:
-            torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
-
-    def __call__(self, inputs: dict[str, Any]):
-        return run_padded(self.model, self.forward, inputs, self.real, self.rows,
-                          bucket=(self.mode, self.slot, self.rows, self.capacity))
-
-    def final_cache(self, rows: int, length: int):
-        """The first ``rows`` rows of the static cache as a ``DynamicCache`` (for ``return_dict_in_generate``)."""
-        return internals.dynamic_from_static(self.cache, rows, length)
-
-
 class StaticRows:
     """Rows that a decoding loop of its own arranges (OPERA's beams) on the pooled static cache of one row and
     capacity bucket, with the compiled forward.
@@ -197,20 +165,23 @@ class StaticRows:
         dynamic: the prefilled cache (its rows and length are taken over).
         slot: the pool slot: groups alive at the same time need different slots.
         capacity: the most columns the loop will write (rounded up to :data:`CAPACITY_STEP`).
+        length: the columns the prefilled cache holds (default: its length).
         rows: the row bucket (default :func:`row_bucket` of the rows; OPERA buckets its prompts and multiplies
             by the beams, so 4 prompts x 5 beams run 20 rows, not 32).
     """
 
-    def __init__(self, model, dynamic, *, slot: Any, capacity: int, rows: int | None = None):
+    def __init__(self, model, dynamic, *, slot: Any, capacity: int, rows: int | None = None,
+                 length: int | None = None):
         self.model = model
         self.real = int(internals.first_layer_keys(dynamic).shape[0])
         self.rows = int(rows) if rows is not None else row_bucket(self.real)
         if self.rows < self.real:
             raise ValueError(f"a bucket of {self.rows} rows cannot hold {self.real} rows")
-        self.length = internals.cache_length(dynamic)
+        self.length = int(length) if length is not None else internals.cache_length(dynamic)
         self.capacity = capacity_bucket(capacity)
         self.slot = slot
         self.mode = mode_for(model)
+        self.cuda = next(model.parameters()).device.type == "cuda"
         self.cache = static_cache(model, slot, self.rows, self.capacity)
         internals.fill_static_cache(self.cache, dynamic, self.length, self.rows)
         self.forward_fn = internals.compiled_forward(model, self.mode)
@@ -248,9 +219,31 @@ class StaticRows:
         ``length``; compiled when ``compile``, else eager (a query count the loop needs rarely)."""
         inputs = {**inputs, **internals.cache_keyword(self.cache)}
         outputs = run_padded(self.model, self.forward_fn, inputs, self.real, self.rows,
-                             bucket=(self.mode, self.slot, self.rows, self.capacity), compile=compile)
+                             bucket=(self.mode, self.slot, self.rows, self.capacity), cuda=self.cuda, compile=compile)
         self.length += int(advance)
         return outputs
+
+
+class StaticStep(StaticRows):
+    """One stream group's decode steps on a static cache through the compiled forward.
+
+    Built after the group's prefill: copies its cache into the pooled static cache of its bucket and
+    swaps it into the group's kwargs, so ``prepare_inputs_for_generation`` builds the fixed-size 4-D mask
+    (outside the compiled graph, as ``generate`` does for static caches).
+    """
+
+    def __init__(self, model, group, slot: int, remaining: int):
+        length = int(group.input_ids.shape[1]) - 1  # columns in the cache (the last token is not fed yet)
+        super().__init__(model, group.cache, slot=slot, capacity=length + 1 + max(int(remaining), 0), length=length)
+
+    def __call__(self, inputs: dict[str, Any]):
+        """One decode step (``inputs`` from ``prepare_inputs_for_generation``, the static cache in them)."""
+        return run_padded(self.model, self.forward_fn, inputs, self.real, self.rows,
+                          bucket=(self.mode, self.slot, self.rows, self.capacity), cuda=self.cuda)
+
+    def final_cache(self, rows: int, length: int):
+        """The first ``rows`` rows of the static cache as a ``DynamicCache`` (for ``return_dict_in_generate``)."""
+        return internals.dynamic_from_static(self.cache, rows, length)
 
 
 def refusal(method, ctx, max_length: int | None) -> str | None:

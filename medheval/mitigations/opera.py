@@ -475,6 +475,12 @@ def _full_length_cache(model, past) -> tuple[Any, int | None]:
     return cache, None
 
 
+def _static_rows(prompts: int, beams: int) -> int:
+    """The static cache's row bucket for ``prompts`` prompts: their bucket times the beams (4 prompts x 5 beams:
+    20 rows, where rounding the 20 rows would give 32), so every full batch shares one graph."""
+    return compiled.row_bucket(prompts) * beams
+
+
 def opera_generate(
     method: OPERA,
     model,
@@ -567,17 +573,16 @@ def opera_generate(
         K = method.num_beams
         internals.repeat_rows(cache, K)  # the prompt's cache once per beam
         static = None
-        candidates = min(int(method.num_attn_candidates), int(first_logits.shape[-1]))
+        candidates = min(int(method.num_attn_candidates), int(first_logits.shape[-1]))  # N, clamped to the vocabulary
         if compiled.wanted(model) and internals.static_refusal(cache) is None:
-            # the look-ahead writes `candidates` columns past the longest prefix (max_length - 1)
-            # rows: the prompts' bucket times the beams (4 prompts x 5 beams: 20 rows, one graph for every full batch)
+            # the look-ahead writes N columns past the longest prefix (max_length - 1)
             static = compiled.StaticRows(model, cache, slot=("opera", -1), capacity=int(gen.max_length) + candidates,
-                                         rows=compiled.row_bucket(batch_size) * K)
+                                         rows=_static_rows(batch_size, K))
             cache = None
         emb = model.get_input_embeddings()
         shared = _Shared(
             method=method, model=model, recorder=WindowAttentionRecorder(last_layer), K=K, T=int(input_ids.shape[1]),
-            window=int(method.window_size), vocab=int(first_logits.shape[-1]),
+            window=int(method.window_size), vocab=int(first_logits.shape[-1]), candidates=candidates,
             dtype=emb.weight.dtype if emb is not None else torch.float32, device=input_ids.device,
             logits_processor=logits_processor, stopping_criteria=stopping_criteria,
             accepts_positions="position_ids" in inspect.signature(model.forward).parameters,
@@ -635,6 +640,7 @@ class _Shared:
     T: int
     window: int
     vocab: int
+    candidates: int  # N: candidates per beam and step (num_attn_candidates clamped to the vocabulary)
     dtype: torch.dtype
     device: torch.device
     logits_processor: Any
@@ -722,7 +728,7 @@ class _Group:
         part = self._subset([member])
         rows = self._rows([member])
         if self.static is not None:  # its own static cache: the groups of a call are alive at the same time
-            alone = self.static.split(rows, ("opera", self.prompts[member]), compiled.row_bucket(1) * self.shared.K)
+            alone = self.static.split(rows, ("opera", self.prompts[member]), _static_rows(1, self.shared.K))
             return _Group(self.shared, cache=None, static=alone, **part)
         return _Group(self.shared, cache=select_cache_rows(self.cache, rows), **part)
 
@@ -803,7 +809,7 @@ class _Group:
     def _lookahead(self, step: int) -> _Lookahead:
         sh = self.shared
         R, T = self.logits.shape[0], sh.T
-        n = min(int(sh.method.num_attn_candidates), sh.vocab)
+        n = sh.candidates
         cand_logits, cand_tokens = torch.topk(self.logits, n, dim=-1)
         prefix = T + step
         held = self.static.length if self.static is not None else internals.cache_length(self.cache)
@@ -811,8 +817,8 @@ class _Group:
             raise MitigationError(f"OPERA cache holds {held} tokens, expected {prefix}")
         positions = self._positions(torch.full((n,), step, device=sh.device))
         lo = self._window_start(step)
+        sh.recorder.arm("lookahead", start=T + lo, prompt_length=T, image_mask=self.image_mask)
         if self.static is not None:  # one compiled graph per bucket: n candidates over the capacity's columns
-            sh.recorder.arm("lookahead", start=T + lo, prompt_length=T, image_mask=self.image_mask)
             at_prefix = torch.full((n,), prefix, device=sh.device)
             out = self._static_forward(cand_tokens, positions, base=at_prefix,
                                        own=prefix + torch.arange(n, device=sh.device), anchor=at_prefix,
@@ -831,7 +837,6 @@ class _Group:
             # keys ``j > prefix - window`` (as the model's own sliding mask) and itself
             recent = torch.arange(prefix + n, device=sh.device) > prefix - sh.sliding_window
             mask4d = {"full_attention": mask4d, "sliding_attention": self._additive(allowed & recent)}
-        sh.recorder.arm("lookahead", start=T + lo, prompt_length=T, image_mask=self.image_mask)
         out = self._forward(cand_tokens, positions, attention_mask=mask4d, logits_to_keep=0)
         rows, image = sh.recorder.take()
         return self._scored(cand_tokens, cand_logits, rows, image, out.logits.to(dtype=torch.float32), lo, n)
