@@ -26,7 +26,9 @@ never fed its noised image to the model, ``reference/medheval_repo.md`` §8).
    the *same* base decoding for every method and for plain ``generate``; with a ``sampler``
    each row draws from its own generator (:mod:`~medheval.decoding.sampling`);
 5. finished rows receive ``pad_token_id`` (per-row finish), stopping criteria are
-   checked on the clean sequences, and the chosen token is fed to every stream;
+   checked on the clean sequences, and the chosen token is fed to every stream; on CUDA
+   "every row has finished" is read one step late, so the host queues the next step while
+   the GPU runs this one (:mod:`~medheval.decoding.stopping`; a step run after the end is dropped);
 6. after the first step, contrast streams prefilled in their own forward (another prompt
    length, or built from the clean prefill) join the clean group. Such a stream is prefilled
    with the per-token type ids of its own prompt (Gemma 3's ``token_type_ids``, Qwen-VL's
@@ -50,7 +52,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from medheval.decoding import compiled, internals, sampling
+from medheval.decoding import compiled, internals, sampling, stopping
 from medheval.decoding.hooks import AttentionHook, attention_hooks
 from medheval.decoding.streams import PREFILL_ONLY_INPUTS, Stream, StreamGroup, token_type_inputs
 from medheval.decoding.visual_tokens import MitigationError
@@ -363,6 +365,10 @@ def decode(
     all_logits: tuple = ()
 
     unfinished = torch.ones(batch_size, dtype=torch.long, device=input_ids.device)
+    max_length = getattr(generation_config, "max_length", None)
+    finished = stopping.FinishedFlags(stopping.lag_for(
+        input_ids.device, streamer=streamer is not None, return_dict=return_dict, global_sampling=do_sample and sampler is None
+    ))
     compile_steps = compiled.wanted(model)  # static cache + compiled forward after the first step
     hooks = method.hooks(ctx)
     ctx.state["hooks"] = hooks
@@ -416,10 +422,14 @@ def decode(
             if streamer is not None:
                 streamer.put(next_tokens.cpu())
             unfinished = unfinished & ~stopping_criteria(ctx.input_ids, all_scores if keep_scores else None)
-            if int(unfinished.max()) == 0:
+            finished.push(unfinished)
+            drop = finished.steps_to_drop(last=bool(max_length) and int(ctx.input_ids.shape[1]) >= max_length)
+            if drop is not None:  # read late on CUDA: the steps run after every row finished are dropped
+                if drop:
+                    ctx.input_ids = ctx.input_ids[:, :-drop]
                 break
             if compile_steps and ctx.step == 1:  # every group has its final rows: static cache from here on
-                compiled.attach(method, ctx, getattr(generation_config, "max_length", None))
+                compiled.attach(method, ctx, max_length)
             ctx.outputs.clear()
             del outputs
 

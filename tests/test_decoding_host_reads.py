@@ -1,0 +1,217 @@
+"""A decode step reads no tensor value on the host but the "every row finished" flag, and reading that flag one
+step late (what the loop does on CUDA, so the host queues step n+1 while the GPU runs step n) gives the
+synchronous loop's sequences.
+
+On a GPU a host read (``.item()``, ``bool(t)``, ``int(t)``, a boolean-mask index, ``nonzero``) waits for every
+queued kernel; a decode step with one cannot overlap its host work with the GPU's. These tests count such reads on
+CPU with a dispatch mode (:class:`HostReads`), outside the model's forward (on CUDA one graph replay), on the
+static-cache path of every family, for plain decoding and every one-pass method.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from medheval.decoding import compiled, internals, stopping
+from medheval.decoding.loop import DecodingMethod
+from medheval.decoding.sampling import RowSampler
+from medheval.mitigations import get_mitigation, selftest
+
+aten = torch.ops.aten
+# ops whose result (a Python number, or an output shape) needs the tensor's values on the host
+READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default, aten.equal.default,
+         aten.is_nonzero.default}
+
+
+class HostReads(TorchDispatchMode):
+    """Counts host reads of tensor values by where they happen (the innermost medheval or transformers frame)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        boolean_index = func is aten.index.Tensor and any(
+            t is not None and t.dtype == torch.bool for t in args[1])
+        if func in READS or boolean_index:
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if "/medheval/" in f.filename or "/transformers/" in f.filename]
+            where = f"{frames[-1].filename.rsplit('/', 2)[-1]}:{frames[-1].lineno}" if frames else "?"
+            self.reads[where] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def replay_compiler(model, mode):
+    """An eager "compiler" whose forward is not counted (on CUDA the compiled forward is one graph replay)."""
+    def forward(*args, **kwargs):
+        with _disable_current_modes():
+            return model(*args, **kwargs)
+    return forward
+
+
+_MODELS: dict = {}
+
+
+def tiny(family: str):
+    if family not in _MODELS:
+        _MODELS[family] = selftest._build(family)
+    return _MODELS[family]
+
+
+def method(name: str) -> DecodingMethod:
+    return DecodingMethod() if name == "plain" else get_mitigation(name)
+
+
+def reads_per_run(model, batch, name: str, new_tokens: int) -> Counter:
+    mode = HostReads()
+    with compiled.compiled_decoding(True), mode:
+        model.generate(**batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                       custom_generate=method(name))
+    return mode.reads
+
+
+ONE_PASS = ("plain", "vcd", "m3id", "pai", "avisc", "damro", "dola")
+CASES = [("llava", name) for name in ONE_PASS] + [(family, name) for family in selftest.FAMILIES[1:]
+                                                   for name in ("plain", "pai", "dola")]
+
+
+@pytest.mark.parametrize("family,name", CASES, ids=[f"{f}-{n}" for f, n in CASES])
+def test_a_decode_step_reads_only_the_finished_flag(family, name, monkeypatch):
+    """Four more decode steps add four host reads, all of them the flag (``stopping.py``), on the static path."""
+    monkeypatch.setattr(internals, "compiled_forward", replay_compiler)
+    monkeypatch.setattr(compiled, "MIN_ROWS", 1)
+    model, processor = tiny(family)
+    batch = selftest._inputs(processor, range(3))
+    short, long = (reads_per_run(model, batch, name, n) for n in (3, 7))
+    extra = {where: long[where] - short[where] for where in long if long[where] != short[where]}
+    flag = {where: count for where, count in extra.items() if where.startswith("stopping.py")}
+    assert extra == flag, f"host reads per decode step outside the finished flag: {extra}"
+    assert sum(flag.values()) == 4
+
+
+def test_the_counter_sees_a_host_read():
+    """The dispatch mode counts the reads a step must not make (so the test above can fail)."""
+    mode = HostReads()
+    x = torch.arange(4.0)
+    with mode:
+        int(x.max())
+        bool((x > 1).any())
+        x[x > 1]
+        torch.nonzero(x)
+        x.sum() * 2  # no read
+    assert sum(mode.reads.values()) == 4
+
+
+# ---------------------------------------------------------------------------------------
+# the flag read late
+# ---------------------------------------------------------------------------------------
+def test_flags_known_answers():
+    flags = stopping.FinishedFlags(lag=1)
+    answers = []
+    for done in (False, False, True, True):
+        flags.push(torch.tensor([0 if done else 1, 0]))
+        answers.append(flags.steps_to_drop())
+    assert answers == [None, None, None, 1]  # finished at step 3, read at step 4: step 4 is dropped
+    flags = stopping.FinishedFlags(lag=1)
+    flags.push(torch.tensor([1]))
+    assert flags.steps_to_drop() is None
+    flags.push(torch.tensor([0]))
+    assert flags.steps_to_drop(last=True) == 0  # the last step: read now, nothing to drop
+    flags = stopping.FinishedFlags(lag=0)
+    flags.push(torch.tensor([1, 1]))
+    assert flags.steps_to_drop() is None and flags.reads == 1
+    flags.push(torch.tensor([0, 0]))
+    assert flags.steps_to_drop() == 0
+
+
+def test_lag_rule():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert stopping.lag_for(cuda, streamer=False, return_dict=False, global_sampling=False) == 1
+    assert stopping.lag_for(cpu, streamer=False, return_dict=False, global_sampling=False) == 0
+    for kept in ("streamer", "return_dict", "global_sampling"):
+        flags = {**dict(streamer=False, return_dict=False, global_sampling=False), kept: True}
+        with stopping.finished_flag_lag(1):
+            assert stopping.lag_for(cuda, **flags) == 0, kept
+    with stopping.finished_flag_lag(1):
+        assert stopping.lag_for(cpu, streamer=False, return_dict=False, global_sampling=False) == 1
+    with pytest.raises(ValueError, match="0 or more"):
+        with stopping.finished_flag_lag(-1):
+            pass
+
+
+class StopRows(StoppingCriteria):
+    """Row ``r`` finishes once it has ``ends[r]`` new tokens."""
+
+    def __init__(self, prompt_length: int, ends: list[int]):
+        self.prompt_length, self.ends = prompt_length, torch.tensor(ends)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return (input_ids.shape[1] - self.prompt_length) >= self.ends
+
+
+class CountForwards:
+    def __init__(self, model):
+        self.count = 0
+        self.handle = model.register_forward_pre_hook(self)
+
+    def __call__(self, module, args):
+        self.count += 1
+
+
+LATE_CASES = [("plain", False), ("plain", True), ("vcd", True), ("pai", True), ("dola", True)]
+
+
+@pytest.mark.parametrize("name,compile", LATE_CASES, ids=[f"{n}-{'static' if c else 'eager'}" for n, c in LATE_CASES])
+def test_late_flag_gives_the_synchronous_sequences(name, compile, monkeypatch):
+    """Rows finishing at different steps before the length limit, by a criterion and by EOS: the flag read one step
+    late gives the same sequences, after one more forward (dropped); at the length limit no extra forward runs."""
+    monkeypatch.setattr(internals, "compiled_forward", lambda model, mode: model)
+    monkeypatch.setattr(compiled, "MIN_ROWS", 1)
+    model, processor = tiny("llava")
+    batch = selftest._inputs(processor, range(3))
+    prompt = batch["input_ids"].shape[1]
+    pad = processor.tokenizer.pad_token_id
+    plain = model.generate(**batch, max_new_tokens=8, do_sample=False)
+    eos = int(plain[1, prompt + 2])
+    settings = [dict(stopping_criteria=StopRows(prompt, [2, 5, 3])),  # all rows done after 5 of 8
+                dict(eos_token_id=eos, pad_token_id=pad),  # row 1 at its 3rd token
+                dict()]  # the length limit
+    for extra in settings:
+        kwargs = dict(max_new_tokens=8, do_sample=False, custom_generate=method(name), **extra)
+        if "stopping_criteria" in extra:
+            kwargs["stopping_criteria"] = StoppingCriteriaList([extra["stopping_criteria"]])
+        runs = []
+        for lag in (0, 1):
+            counter = CountForwards(model)
+            try:
+                with compiled.compiled_decoding(compile), stopping.finished_flag_lag(lag):
+                    runs.append((model.generate(**batch, **kwargs), counter.count))
+            finally:
+                counter.handle.remove()
+        (synchronous, forwards), (late, late_forwards) = runs
+        assert torch.equal(late, synchronous), extra
+        stopped_early = synchronous.shape[1] < prompt + 8
+        assert late_forwards == forwards + (1 if stopped_early else 0), extra  # one forward per step here
+    assert synchronous.shape[1] == prompt + 8  # the last setting ran to the length limit
+
+
+def test_late_flag_with_row_samplers():
+    """Per-row samplers (no global RNG draw): the flag is read late and the sampled sequences are unchanged."""
+    model, processor = tiny("llava")
+    batch = selftest._inputs(processor, range(3))
+    prompt = batch["input_ids"].shape[1]
+    outputs = []
+    for lag in (0, 1):
+        with stopping.finished_flag_lag(lag):
+            outputs.append(model.generate(
+                **batch, max_new_tokens=8, do_sample=True, top_k=20, custom_generate=DecodingMethod(),
+                sampler=RowSampler.for_keys(7, ["a", "b", "c"]),
+                stopping_criteria=StoppingCriteriaList([StopRows(prompt, [3, 4, 2])])))
+    assert torch.equal(*outputs)
+    assert outputs[0].shape[1] == prompt + 4
