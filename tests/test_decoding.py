@@ -160,6 +160,18 @@ def test_dola_contrast_known_answer():
     batch_mature = torch.cat([mature, far])
     _, chosen2 = DoLaContrast()(batch_mature, [torch.cat([close, mature]), torch.cat([far, far + 0.01])])
     assert chosen2.tolist() == [1, 0]
+    # the candidates as one [J, B, V] tensor (DoLa's stacked head output): the same result, bit for bit
+    candidates = [torch.cat([close, mature]), torch.cat([far, far + 0.01])]
+    scores_list, chosen_list = DoLaContrast()(batch_mature, candidates)
+    scores_stacked, chosen_stacked = DoLaContrast()(batch_mature, torch.stack(candidates))
+    assert torch.equal(scores_stacked, scores_list) and torch.equal(chosen_stacked, chosen_list)
+    assert DoLaContrast().select(batch_mature, torch.stack(candidates)).tolist() == [1, 0]
+    with pytest.raises(MitigationError, match="at least one candidate"):
+        DoLaContrast()(mature, [])
+    with pytest.raises(MitigationError, match="at least one candidate"):
+        DoLaContrast()(mature, torch.empty(0, 1, 4))
+    with pytest.raises(MitigationError, match=r"\[J, B, V\]"):
+        DoLaContrast()(mature, far)  # one [B, V] tensor is not a stack of candidates
 
 
 def test_relative_top_filter_min_tokens():

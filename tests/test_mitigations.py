@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from medheval.backends.tiny_families import build_tiny_llava_next  # noqa: F401 (test_mitigations_opera etc. import it from here)
 from medheval.decoding import MissingInternalError, MitigationError, hooks_installed, image_token_mask
 from medheval.mitigations import DoLa, M3ID, MITIGATIONS, PAI, VCD, generate_with, get_mitigation, parse_spec
-from medheval.mitigations.dola import candidate_layers
+from medheval.mitigations.dola import candidate_layers, chosen_layers, early_exit_logits
 from medheval.mitigations.pai import default_layer_range
 from medheval.mitigations.vcd import add_diffusion_noise, noise_schedule
 
@@ -330,8 +330,9 @@ def test_pai_forward_after_call_matches_fresh_model(llava):
 class SpyDoLa(DoLa):
     def scores(self, ctx, logits):
         out = super().scores(ctx, logits)
-        self.chosen = ctx.state["dola_chosen"]
+        self.chosen = chosen_layers(ctx.state)  # per step, per row: the layer number
         self.candidates = ctx.state["dola_candidates"]
+        self.index = ctx.state["dola_chosen_index"]
         return out
 
 
@@ -356,9 +357,50 @@ def test_dola_first_step_matches_hidden_state_computation(llava_next, final_norm
                 for j, e in early.items()}
         m = max(dist, key=dist.get)
         assert spy.chosen[0][row] == m
+        assert spy.index[0].dtype == torch.long and int(spy.index[0][row]) == spy.candidates.index(m)
         keep = log_n[row] >= log_n[row].max() + math.log(0.1)
         expected = (log_n[row] - early[m]).masked_fill(~keep, float("-inf"))
         assert torch.allclose(out.scores[0][row], expected, atol=1e-4)
+
+
+def test_dola_early_exit_logits_stacked_equal_per_layer(llava_next):
+    """One head call on the J candidates' states stacked on the row dimension gives each layer's
+    ``lm_head(h_j)``. Bound: the stacked call is one GEMM with M = J·B rows where the per-layer calls had
+    M = B, and a BLAS may pick another kernel (summation order) for another M — on CPU float32 it does for
+    B <= 2 (differences of ~1e-7 here). Both are float32 dot products of length H, each within
+    H·eps·Σ|w_i h_i| of the exact value, so they differ by at most twice that."""
+    model, processor = llava_next
+    with torch.no_grad():
+        full = model(**_inputs("llava_next", processor), output_hidden_states=True)
+        head, norm = model.lm_head, model.model.language_model.norm
+        layers = [0, 1, 2]
+        for final_norm in (False, True):
+            for rows in (slice(0, 4), slice(1, 2), slice(2, 4)):
+                stacked = early_exit_logits(model, full.hidden_states, layers, rows, final_norm)
+                assert stacked.dtype == torch.float32 and stacked.shape == (3, rows.stop - rows.start, head.out_features)
+                for k, j in enumerate(layers):
+                    h = full.hidden_states[j][rows, -1]
+                    h = norm(h) if final_norm else h
+                    per_layer = head(h).float()
+                    bound = 2 * h.shape[-1] * torch.finfo(torch.float32).eps * (h.abs() @ head.weight.abs().T)
+                    assert ((stacked[k] - per_layer).abs() <= bound).all()
+                    assert not torch.equal(stacked[k], stacked[(k + 1) % 3])  # each slice is its own layer
+
+
+def test_dola_reads_the_lm_head_once_per_step(llava_next):
+    """The LM head runs once per step for the model's own logits and once for all J candidates together
+    (applying it per candidate layer would read its weights J times per step)."""
+    model, processor = llava_next
+    calls = []
+    handle = model.lm_head.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    try:
+        _gen(model, _inputs("llava_next", processor), custom_generate=DoLa(layers=[0, 1, 2]), max_new_tokens=4)
+    finally:
+        handle.remove()
+    rows = len(PROMPTS)
+    # per step: the model's forward (its logits: [B, ...]), then DoLa's one call on [3·B, H]
+    assert len(calls) == 2 * 4
+    assert calls[0::2] == [rows] * 4 and calls[1::2] == [3 * rows] * 4
 
 
 def test_dola_default_layers_on_tiny_models(llava, llava_next):

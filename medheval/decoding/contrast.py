@@ -189,25 +189,43 @@ class DoLaContrast:
     def __init__(self, relative_top: float = 0.1, min_tokens_to_keep: int = 1):
         self.filter = RelativeTopFilter(relative_top, min_tokens_to_keep)
 
-    def select(self, mature_logits: torch.Tensor, candidate_logits: Sequence[torch.Tensor]) -> torch.LongTensor:
-        """Index (into ``candidate_logits``) of the premature layer chosen for each row, ``[B]``."""
+    @staticmethod
+    def _stacked(candidate_logits: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+        """The candidates as one float32 ``[J, B, V]`` tensor (a list of ``[B, V]`` tensors is stacked)."""
+        if torch.is_tensor(candidate_logits):
+            if candidate_logits.dim() != 3:
+                raise MitigationError(
+                    f"DoLa's candidate logits must be [J, B, V] (J candidate layers), got {tuple(candidate_logits.shape)}"
+                )
+            stacked = candidate_logits.float()
+        else:
+            stacked = torch.stack([c.float() for c in candidate_logits]) if len(candidate_logits) else None
+        if stacked is None or stacked.shape[0] == 0:
+            raise MitigationError("DoLa needs at least one candidate premature layer")
+        return stacked
+
+    def select(
+        self, mature_logits: torch.Tensor, candidate_logits: torch.Tensor | Sequence[torch.Tensor]
+    ) -> torch.LongTensor:
+        """Index (into the candidates) of the premature layer chosen for each row, ``[B]``."""
         log_q_n = F.log_softmax(mature_logits.float(), dim=-1)
-        distances = torch.stack(
-            [jensen_shannon_divergence(log_q_n, F.log_softmax(c.float(), dim=-1)) for c in candidate_logits], dim=-1
-        )
-        return distances.argmax(dim=-1)
+        log_q = F.log_softmax(self._stacked(candidate_logits), dim=-1)
+        return self._select(log_q_n, log_q)
+
+    @staticmethod
+    def _select(log_q_n: torch.Tensor, log_q: torch.Tensor) -> torch.LongTensor:
+        # all J candidates in one pass: [B, V] against [J, B, V] -> distances [J, B]
+        distances = jensen_shannon_divergence(log_q_n.expand_as(log_q), log_q)
+        return distances.argmax(dim=0)
 
     def __call__(
-        self, mature_logits: torch.Tensor, candidate_logits: Sequence[torch.Tensor]
+        self, mature_logits: torch.Tensor, candidate_logits: torch.Tensor | Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.LongTensor]:
-        """``(scores [B, V], chosen candidate index [B])``."""
-        if len(candidate_logits) == 0:
-            raise MitigationError("DoLa needs at least one candidate premature layer")
-        chosen = self.select(mature_logits, candidate_logits)
-        stacked = torch.stack([c.float() for c in candidate_logits], dim=1)  # [B, J, V]
-        premature = stacked[torch.arange(stacked.shape[0], device=stacked.device), chosen]
+        """``(scores [B, V], chosen candidate index [B])``; candidates as ``[J, B, V]`` or a list of ``[B, V]``."""
+        log_q = F.log_softmax(self._stacked(candidate_logits), dim=-1)  # [J, B, V]
         log_q_n = F.log_softmax(mature_logits.float(), dim=-1)
-        log_q_m = F.log_softmax(premature, dim=-1)
+        chosen = self._select(log_q_n, log_q)
+        log_q_m = log_q[chosen, torch.arange(log_q.shape[1], device=log_q.device)]  # [B, V]
         scores = log_q_n - log_q_m
         scores = scores.masked_fill(~self.filter.keep_mask(log_q_n), float("-inf"))
         return scores, chosen
