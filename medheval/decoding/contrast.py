@@ -208,9 +208,13 @@ class DoLaContrast:
         self, mature_logits: torch.Tensor, candidate_logits: torch.Tensor | Sequence[torch.Tensor]
     ) -> torch.LongTensor:
         """Index (into the candidates) of the premature layer chosen for each row, ``[B]``."""
-        log_q_n = F.log_softmax(mature_logits.float(), dim=-1)
-        log_q = F.log_softmax(self._stacked(candidate_logits), dim=-1)
-        return self._select(log_q_n, log_q)
+        return self._select(*self._log_probs(mature_logits, candidate_logits))
+
+    def _log_probs(self, mature_logits: torch.Tensor,
+                   candidate_logits: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log q_N [B, V], log q_j [J, B, V])`` in float32."""
+        return (F.log_softmax(mature_logits.float(), dim=-1),
+                F.log_softmax(self._stacked(candidate_logits), dim=-1))
 
     @staticmethod
     def _select(log_q_n: torch.Tensor, log_q: torch.Tensor) -> torch.LongTensor:
@@ -222,8 +226,7 @@ class DoLaContrast:
         self, mature_logits: torch.Tensor, candidate_logits: torch.Tensor | Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.LongTensor]:
         """``(scores [B, V], chosen candidate index [B])``; candidates as ``[J, B, V]`` or a list of ``[B, V]``."""
-        log_q = F.log_softmax(self._stacked(candidate_logits), dim=-1)  # [J, B, V]
-        log_q_n = F.log_softmax(mature_logits.float(), dim=-1)
+        log_q_n, log_q = self._log_probs(mature_logits, candidate_logits)
         chosen = self._select(log_q_n, log_q)
         log_q_m = log_q[chosen, torch.arange(log_q.shape[1], device=log_q.device)]  # [B, V]
         scores = log_q_n - log_q_m

@@ -206,12 +206,8 @@ def chosen_layers(state: dict[str, Any]) -> list[list[int]]:
     layer numbers of ``state["dola_candidates"]``.
     """
     candidates, steps = state["dola_candidates"], state["dola_chosen_index"]
-    flat = torch.cat(steps).tolist() if steps else []
-    chosen, start = [], 0
-    for step in steps:
-        chosen.append([candidates[i] for i in flat[start:start + len(step)]])
-        start += len(step)
-    return chosen
+    indices = torch.stack(steps).tolist() if steps else []  # [steps, B]: every step has the call's B rows
+    return [[candidates[i] for i in row] for row in indices]
 
 
 __all__ = ["DoLa", "candidate_layers", "chosen_layers", "early_exit_logits"]
