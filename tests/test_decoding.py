@@ -436,6 +436,47 @@ def test_loop_respects_user_processors_and_stopping_criteria(tiny):
     assert not (got[:, inputs["input_ids"].shape[1]:] == banned).any()
 
 
+def test_processor_chain_reads_signatures_once_and_matches_the_list(tiny, monkeypatch):
+    import inspect as inspect_module
+
+    from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
+
+    class NeedsMore(LogitsProcessor):
+        def __call__(self, input_ids, scores, cur_len):
+            return scores
+
+    model, processor = tiny
+    inputs = _inputs(processor)
+    settings = dict(do_sample=True, temperature=0.7, top_k=20, repetition_penalty=1.3, max_new_tokens=8)
+    torch.manual_seed(5)
+    expected = _gen(model, inputs, custom_generate=Plain(), **settings)  # counted below: the first run warms up
+
+    reads: list[str] = []
+    real_signature = inspect_module.signature
+
+    def counting(target, *args, **kwargs):
+        owner = getattr(target, "__self__", None)
+        if isinstance(owner, LogitsProcessor):
+            reads.append(type(owner).__name__)
+        return real_signature(target, *args, **kwargs)
+
+    monkeypatch.setattr(inspect_module, "signature", counting)
+    torch.manual_seed(5)
+    got = _gen(model, inputs, custom_generate=Plain(), **settings)
+    assert torch.equal(got, expected)
+    # repetition penalty, temperature, top-k: each processor's signature is read once, not once per step (8 steps)
+    assert sorted(reads) == sorted(set(reads)) and len(reads) == 3, reads
+
+    scores = torch.randn(2, 11)
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    plain = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(penalty=1.5), TopKLogitsWarper(top_k=4)])
+    assert torch.equal(internals.processor_chain(plain)(ids, scores), plain(ids, scores))
+    needs_more = LogitsProcessorList([NeedsMore()])
+    assert internals.processor_chain(needs_more) is needs_more  # keeps the list's own call and error
+    with pytest.raises(ValueError, match="required parameters"):
+        internals.processor_chain(needs_more)(ids, scores)
+
+
 def test_loop_return_dict(tiny):
     model, processor = tiny
     inputs = _inputs(processor)

@@ -3,9 +3,11 @@ step late (what the loop does on CUDA, so the host queues step n+1 while the GPU
 synchronous loop's sequences.
 
 On a GPU a host read (``.item()``, ``bool(t)``, ``int(t)``, a boolean-mask index, ``nonzero``) waits for every
-queued kernel; a decode step with one cannot overlap its host work with the GPU's. These tests count such reads on
-CPU with a dispatch mode (:class:`HostReads`), outside the model's forward (on CUDA one graph replay), on the
-static-cache path of every family, for plain decoding and every one-pass method.
+queued kernel; a decode step with one cannot overlap its host work with the GPU's. So does a tensor made in host
+memory and copied to the GPU (a blocking host-to-device copy synchronises the stream). These tests count such reads
+on CPU with a dispatch mode (:class:`HostReads`) and tensors made without a device (:class:`HostMade`: on CUDA they
+would be host tensors), outside the model's forward (on CUDA one graph replay), on the static-cache path of every
+family, for plain decoding and every one-pass method.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections import Counter
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -29,6 +33,12 @@ READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_sel
          aten.is_nonzero.default}
 
 
+def _where() -> str:
+    """The innermost medheval or transformers frame of the current stack (``file.py:line``)."""
+    frames = [f for f in traceback.extract_stack()[:-2] if "/medheval/" in f.filename or "/transformers/" in f.filename]
+    return f"{frames[-1].filename.rsplit('/', 2)[-1]}:{frames[-1].lineno}" if frames else "?"
+
+
 class HostReads(TorchDispatchMode):
     """Counts host reads of tensor values by where they happen (the innermost medheval or transformers frame)."""
 
@@ -40,17 +50,37 @@ class HostReads(TorchDispatchMode):
         boolean_index = func is aten.index.Tensor and any(
             t is not None and t.dtype == torch.bool for t in args[1])
         if func in READS or boolean_index:
-            frames = [f for f in traceback.extract_stack()[:-1]
-                      if "/medheval/" in f.filename or "/transformers/" in f.filename]
-            where = f"{frames[-1].filename.rsplit('/', 2)[-1]}:{frames[-1].lineno}" if frames else "?"
-            self.reads[where] += 1
+            self.reads[_where()] += 1
         return func(*args, **(kwargs or {}))
+
+
+class HostMade(TorchFunctionMode):
+    """Counts tensors made in host memory: by a constructor given no device (``torch.arange(n)``, ``torch.zeros(2)``...;
+    on a GPU run they are host tensors, and using them with the GPU's copies them there, waiting for the GPU), and
+    from Python data (``torch.tensor([...], device=...)`` copies that data to the device, also waiting)."""
+
+    CONSTRUCTORS = _device_constructors()
+    FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray)
+
+    def __init__(self):
+        super().__init__()
+        self.made: Counter = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FROM_DATA:
+            host = not (args and torch.is_tensor(args[0]))  # from a tensor: where that tensor is
+        else:
+            host = func in self.CONSTRUCTORS and kwargs.get("device") is None
+        if host:
+            self.made[_where()] += 1
+        return func(*args, **kwargs)
 
 
 def replay_compiler(model, mode):
     """An eager "compiler" whose forward is not counted (on CUDA the compiled forward is one graph replay)."""
     def forward(*args, **kwargs):
-        with _disable_current_modes():
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
             return model(*args, **kwargs)
     return forward
 
@@ -68,12 +98,17 @@ def method(name: str) -> DecodingMethod:
     return DecodingMethod() if name == "plain" else get_mitigation(name)
 
 
-def reads_per_run(model, batch, name: str, new_tokens: int) -> Counter:
-    mode = HostReads()
-    with compiled.compiled_decoding(True), mode:
+def host_work_per_run(model, batch, name: str, new_tokens: int) -> tuple[Counter, Counter]:
+    """(host reads, tensors made without a device) of one ``generate`` call, by where they happen."""
+    reads, made = HostReads(), HostMade()
+    with compiled.compiled_decoding(True), made, reads:
         model.generate(**batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                        custom_generate=method(name))
-    return mode.reads
+    return reads.reads, made.made
+
+
+def _difference(long: Counter, short: Counter) -> dict[str, int]:
+    return {where: long[where] - short[where] for where in long if long[where] != short[where]}
 
 
 ONE_PASS = ("plain", "vcd", "m3id", "pai", "avisc", "damro", "dola")
@@ -83,16 +118,46 @@ CASES = [("llava", name) for name in ONE_PASS] + [(family, name) for family in s
 
 @pytest.mark.parametrize("family,name", CASES, ids=[f"{f}-{n}" for f, n in CASES])
 def test_a_decode_step_reads_only_the_finished_flag(family, name, monkeypatch):
-    """Four more decode steps add four host reads, all of them the flag (``stopping.py``), on the static path."""
+    """Four more decode steps add four host reads, all of them the flag (``stopping.py``), and no tensor made in
+    host memory, on the static path (3 rows padded to a bucket of 4)."""
     monkeypatch.setattr(internals, "compiled_forward", replay_compiler)
     monkeypatch.setattr(compiled, "MIN_ROWS", 1)
     model, processor = tiny(family)
     batch = selftest._inputs(processor, range(3))
-    short, long = (reads_per_run(model, batch, name, n) for n in (3, 7))
-    extra = {where: long[where] - short[where] for where in long if long[where] != short[where]}
+    (short, short_made), (long, long_made) = (host_work_per_run(model, batch, name, n) for n in (3, 7))
+    extra = _difference(long, short)
     flag = {where: count for where, count in extra.items() if where.startswith("stopping.py")}
     assert extra == flag, f"host reads per decode step outside the finished flag: {extra}"
     assert sum(flag.values()) == 4
+    assert _difference(long_made, short_made) == {}, "tensors made in host memory at every decode step"
+
+
+def test_the_counter_sees_a_tensor_made_in_host_memory():
+    """:class:`HostMade` counts constructors given no device or Python data, not those made on a device (so the test
+    above can fail)."""
+    x = torch.ones(3)
+    mode = HostMade()
+    with mode:
+        torch.arange(4)
+        torch.tensor([1, 2])
+        torch.zeros(2, dtype=torch.long)
+        torch.tensor(0.5, device=x.device)  # Python data copied to the device
+        torch.arange(4, device=x.device)  # made where x lives: not counted
+        x.new_zeros(2)
+        torch.as_tensor(x)
+    assert sum(mode.made.values()) == 4
+
+
+def test_padding_rows_makes_its_index_once():
+    """3 rows padded to a bucket of 4 (copies of row 0): the index is built once per shape and device, not per step."""
+    inputs = {"input_ids": torch.tensor([[5], [6], [7]]), "position_ids": torch.tensor([[9], [9], [8]])}
+    internals.pad_step_rows(inputs, 3, 4)
+    mode = HostMade()
+    with mode:
+        padded = internals.pad_step_rows(inputs, 3, 4)
+    assert padded["input_ids"].tolist() == [[5], [6], [7], [5]]
+    assert padded["position_ids"].tolist() == [[9], [9], [8], [9]]
+    assert sum(mode.made.values()) == 0
 
 
 def test_the_counter_sees_a_host_read():

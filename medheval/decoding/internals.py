@@ -345,6 +345,15 @@ def static_keep_appended_tokens(static, prefix_length: int, source_rows: torch.T
     set_static_length(static, prefix_length + 1)
 
 
+@functools.lru_cache(maxsize=64)
+def _padding_index(real: int, rows: int, device: torch.device) -> torch.Tensor:
+    """``[0, 1, ..., real - 1, 0, ..., 0]`` (``rows`` long) on ``device``: the real rows, then copies of row 0.
+
+    Built once per shape and device: a host tensor copied to a GPU at every step would make the host wait for
+    every queued kernel (a blocking host-to-device copy synchronises the stream)."""
+    return torch.cat([torch.arange(real, device=device), torch.zeros(rows - real, dtype=torch.long, device=device)])
+
+
 def pad_step_rows(inputs: dict[str, Any], real: int, rows: int) -> dict[str, Any]:
     """One decode step's forward inputs with every per-row tensor padded from ``real`` to ``rows`` rows
     (copies of row 0): ``input_ids``, 2-D or M-RoPE ``[axes, R, 1]`` positions, token types, the 4-D mask
@@ -352,20 +361,18 @@ def pad_step_rows(inputs: dict[str, Any], real: int, rows: int) -> dict[str, Any
     are expanded to ``rows`` (the same values), so they do not make a graph of their own."""
     if rows == real:
         return inputs
-    index = torch.cat([torch.arange(real), torch.zeros(rows - real, dtype=torch.long)])
-
     def pad(value: Any, key: str) -> Any:
         if isinstance(value, dict):
             return {k: pad(v, key) for k, v in value.items()}
         if not torch.is_tensor(value) or value.dim() == 0:
             return value
         if key == "position_ids" and value.dim() == 3 and value.shape[1] in (real, 1):
-            return value.index_select(1, index.to(value.device)) if value.shape[1] == real else \
+            return value.index_select(1, _padding_index(real, rows, value.device)) if value.shape[1] == real else \
                 value.expand(-1, rows, -1).contiguous()
         if key == "position_ids" and value.dim() == 2 and value.shape[0] == 1:  # one row broadcast to every row
             return value.expand(rows, -1).contiguous()
         if value.shape[0] == real:
-            return value.index_select(0, index.to(value.device))
+            return value.index_select(0, _padding_index(real, rows, value.device))
         return value
 
     return {key: (value if is_cache_key(key) else pad(value, key)) for key, value in inputs.items()}
@@ -447,6 +454,30 @@ def prompt_position_ids(model, input_ids: torch.Tensor, attention_mask, inputs: 
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     kwargs = {**inputs, "input_ids": input_ids, "attention_mask": mask}
     return model._prepare_position_ids_for_generation(input_ids, kwargs)
+
+
+def processor_chain(processors) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``processors(input_ids, scores)`` (a ``LogitsProcessorList``) with each processor's signature read once.
+
+    The list reads every processor's signature with ``inspect`` at every call (about 0.1 ms a step for
+    temperature and top-p on a 2-core CPU: host time that a graph-replayed step on a GPU must also wait for); the
+    chain reads them here, once per ``generate`` call, and then calls ``p_n(ids, ... p_1(ids, scores))``. A processor that needs more than
+    ``(input_ids, scores)`` keeps the list's own call (and its error: the loop passes nothing more).
+    """
+    from transformers import LogitsProcessorList
+
+    if not isinstance(processors, LogitsProcessorList):
+        return processors
+    chain = list(processors)
+    if any(len(inspect.signature(processor.__call__).parameters) > 2 for processor in chain):
+        return processors
+
+    def apply(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for processor in chain:
+            scores = processor(input_ids, scores)
+        return scores
+
+    return apply
 
 
 def pad_token_tensor(generation_config) -> torch.Tensor | None:
@@ -592,6 +623,7 @@ __all__ = [
     "pad_token_tensor",
     "pop_cache",
     "prefill_inputs",
+    "processor_chain",
     "prepare_step_inputs",
     "prompt_position_ids",
     "register_attention_function",

@@ -321,6 +321,7 @@ def decode(
     if not stopping_criteria and getattr(generation_config, "max_length", None):
         stopping_criteria.append(internals.max_length_criteria(generation_config.max_length))
     _validate_generation_config(method, generation_config)
+    apply_processors = internals.processor_chain(logits_processor)
 
     past = internals.pop_cache(model_kwargs)
     if internals.cache_length(past) > 0:
@@ -358,6 +359,8 @@ def decode(
     has_eos_stopping = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
     if has_eos_stopping and pad_token_id is None:
         raise MitigationError("stopping on EOS needs a pad_token_id for the finished rows; set generation_config.pad_token_id")
+    if pad_token_id is not None:
+        pad_token_id = pad_token_id.to(input_ids.device)  # once: a host-to-device copy per step would wait for the GPU
     return_dict = bool(getattr(generation_config, "return_dict_in_generate", False))
     keep_scores = return_dict and bool(getattr(generation_config, "output_scores", False))
     keep_logits = return_dict and bool(getattr(generation_config, "output_logits", False))
@@ -401,7 +404,7 @@ def decode(
                 hook.bind(None)
 
             next_scores = method.scores(ctx, logits)
-            next_scores = logits_processor(ctx.input_ids, next_scores)
+            next_scores = apply_processors(ctx.input_ids, next_scores)
             if keep_scores:
                 all_scores += (next_scores,)
             if keep_logits:
@@ -409,8 +412,7 @@ def decode(
 
             next_tokens = sampling.next_tokens(next_scores, do_sample, sampler)
             if has_eos_stopping:
-                pad = pad_token_id.to(next_tokens.device)
-                next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
+                next_tokens = next_tokens * unfinished + pad_token_id * (1 - unfinished)
 
             ctx.input_ids = torch.cat([ctx.input_ids, next_tokens[:, None]], dim=-1)
             for group in ctx.groups:

@@ -584,7 +584,7 @@ def opera_generate(
             method=method, model=model, recorder=WindowAttentionRecorder(last_layer), K=K, T=int(input_ids.shape[1]),
             window=int(method.window_size), vocab=int(first_logits.shape[-1]), candidates=candidates,
             dtype=emb.weight.dtype if emb is not None else torch.float32, device=input_ids.device,
-            logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+            logits_processor=internals.processor_chain(logits_processor), stopping_criteria=stopping_criteria,
             accepts_positions="position_ids" in inspect.signature(model.forward).parameters,
             token_selection=static is not None or supports_token_selection(cache), sliding_window=sliding_window,
         )
