@@ -280,3 +280,45 @@ def test_late_flag_with_row_samplers():
                 stopping_criteria=StoppingCriteriaList([StopRows(prompt, [3, 4, 2])])))
     assert torch.equal(*outputs)
     assert outputs[0].shape[1] == prompt + 4
+
+
+# ---------------------------------------------------------------------------------------
+# benchmarks/bench_host_step.py: host time of a step, the forward replayed
+# ---------------------------------------------------------------------------------------
+def _bench_host_step():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_host_step.py"
+    spec = importlib.util.spec_from_file_location("bench_host_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_step_benchmark_replays_one_forward_per_shape(monkeypatch):
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    bench = _bench_host_step()
+    calls = []
+
+    def model(**inputs):
+        calls.append(tuple(inputs["input_ids"].shape))
+        return CausalLMOutputWithPast(logits=inputs["input_ids"].float())
+
+    forward = bench.replay_compiler(model, None)
+    first = forward(input_ids=torch.zeros(4, 1, dtype=torch.long), output_hidden_states=False)
+    again = forward(input_ids=torch.ones(4, 1, dtype=torch.long), output_hidden_states=False)
+    forward(input_ids=torch.zeros(4, 1, dtype=torch.long), output_hidden_states=True)  # another flag: recorded
+    forward(input_ids=torch.zeros(8, 1, dtype=torch.long), output_hidden_states=False)  # another shape: recorded
+    assert calls == [(4, 1), (4, 1), (8, 1)]
+    assert again.logits is first.logits and again is not first  # the loop may cut its own output object
+
+    monkeypatch.setattr(internals, "compiled_forward", bench.replay_compiler)
+    monkeypatch.setattr(compiled, "MIN_ROWS", 1)
+    model, processor = tiny("llava")
+    batch = selftest._inputs(processor, range(3))
+    assert bench.host_ms_per_step(model, batch, DecodingMethod(), tokens=4, repeats=1, sample=False) > 0
+    monkeypatch.setattr(compiled, "wanted", lambda model: False)  # eager steps: nothing to measure, and it says so
+    with pytest.raises(RuntimeError, match="static path"):
+        bench.host_ms_per_step(model, batch, DecodingMethod(), tokens=4, repeats=1, sample=False)

@@ -361,6 +361,7 @@ def pad_step_rows(inputs: dict[str, Any], real: int, rows: int) -> dict[str, Any
     are expanded to ``rows`` (the same values), so they do not make a graph of their own."""
     if rows == real:
         return inputs
+
     def pad(value: Any, key: str) -> Any:
         if isinstance(value, dict):
             return {k: pad(v, key) for k, v in value.items()}
@@ -459,10 +460,11 @@ def prompt_position_ids(model, input_ids: torch.Tensor, attention_mask, inputs: 
 def processor_chain(processors) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``processors(input_ids, scores)`` (a ``LogitsProcessorList``) with each processor's signature read once.
 
-    The list reads every processor's signature with ``inspect`` at every call (about 0.1 ms a step for
-    temperature and top-p on a 2-core CPU: host time that a graph-replayed step on a GPU must also wait for); the
-    chain reads them here, once per ``generate`` call, and then calls ``p_n(ids, ... p_1(ids, scores))``. A processor that needs more than
-    ``(input_ids, scores)`` keeps the list's own call (and its error: the loop passes nothing more).
+    The list reads every processor's signature with ``inspect`` at every call (about 0.1 ms per processor and
+    step on a 2-core CPU: host time that a graph-replayed step on a GPU must also wait for);
+    the chain reads them here, once per ``generate`` call, then calls ``p_n(ids, ... p_1(ids, scores))``.
+    A processor that needs more than ``(input_ids, scores)`` keeps the list's own call (and its error: the
+    loop passes nothing more).
     """
     from transformers import LogitsProcessorList
 
