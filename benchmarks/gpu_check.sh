@@ -6,11 +6,13 @@
 #     LLaVA-1.5-7B's shapes, bfloat16, batch 4, 601-token prompts, 32 new tokens;
 #   - per method: ms per step, tokens/s, the multiple of the weight-read floor (`x wfloor`: plain greedy and
 #     the one-pass methods should be <= 2) and of the 2B-row floor (`x floor`: the two-stream methods should
-#     be <= 1.10), and `eager-share`, the share of generated tokens the compiled run shares with the eager one.
+#     be <= 1.10), and `eager-share`, the share of generated tokens the compiled run shares with the eager one;
+#   - the host part of a compiled step on this machine's CPU (benchmarks/bench_host_step.py, about a minute):
+#     what each step's graph replay has to hide, next to the weight-read floor above.
 #
 # Usage, from the repository root on the GPU machine:
 #
-#   OUT=results bash benchmarks/gpu_check.sh            # writes $OUT/bench_7b.json and $OUT/bench_7b.txt
+#   OUT=results bash benchmarks/gpu_check.sh            # writes $OUT/bench_7b.{json,txt}, $OUT/host_step.{json,txt}
 #   METHODS="opera dola" BUDGET_S=300 bash benchmarks/gpu_check.sh
 #   PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh
 #   WHEELS=.whl bash benchmarks/gpu_check.sh            # first installs the wheels in .whl (e.g. the
@@ -41,3 +43,6 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 # shellcheck disable=SC2086  # the methods are words
 "$python" benchmarks/bench_mitigations.py --models llava-1.5-7b --device cuda --both --repeats 3 \
     --methods $methods --budget-s "$budget" --json "$out/bench_7b.json" | tee "$out/bench_7b.txt"
+
+# the loop's host work per step on this CPU (tiny LLaVA on the static path, forward replayed)
+"$python" benchmarks/bench_host_step.py --families llava --repeats 7 --json "$out/host_step.json" | tee "$out/host_step.txt"
