@@ -322,3 +322,43 @@ def test_host_step_benchmark_replays_one_forward_per_shape(monkeypatch):
     monkeypatch.setattr(compiled, "wanted", lambda model: False)  # eager steps: nothing to measure, and it says so
     with pytest.raises(RuntimeError, match="static path"):
         bench.host_ms_per_step(model, batch, DecodingMethod(), tokens=4, repeats=1, sample=False)
+
+
+def _same(a, b) -> bool:
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a is b or a == b
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llava"])
+def test_decode_step_inputs_without_token_types_are_the_same(family, monkeypatch):
+    """A decode step built without ``token_type_ids`` (Gemma 3's mask builder would overlay the image blocks through
+    vmap, ~15 ms a step) gets the inputs ``prepare_inputs_for_generation`` builds with them: the same masks (one per
+    attention kind, past the sliding window of 8), positions and ids, on the static path (3 rows in a bucket of 4)."""
+    monkeypatch.setattr(internals, "compiled_forward", replay_compiler)
+    monkeypatch.setattr(compiled, "MIN_ROWS", 1)
+    model, processor = tiny(family)
+    batch = selftest._inputs(processor, range(3))
+    real = internals.prepare_step_inputs
+    compared = []
+
+    def checked(model, input_ids, model_kwargs, *, first):
+        inputs = real(model, input_ids, model_kwargs, first=first)
+        if not first:
+            full = model.prepare_inputs_for_generation(input_ids, next_sequence_length=1, is_first_iteration=False,
+                                                       **model_kwargs)
+            assert inputs.keys() == full.keys()
+            different = [k for k in inputs if not internals.is_cache_key(k) and not _same(inputs[k], full[k])]
+            assert not different, f"step {len(compared) + 1}: {different} differ"
+            compared.append(isinstance(inputs.get("attention_mask"), dict) or torch.is_tensor(inputs.get("attention_mask"))
+                            and inputs["attention_mask"].dim() == 4)
+        return inputs
+
+    monkeypatch.setattr(internals, "prepare_step_inputs", checked)
+    with compiled.compiled_decoding(True):
+        model.generate(**batch, max_new_tokens=12, min_new_tokens=12, do_sample=False, custom_generate=DecodingMethod())
+    assert len(compared) == 11 and all(compared)  # every decode step, each with a static-cache (4-D) mask
+    if family == "gemma3":
+        assert "token_type_ids" in batch  # what the step inputs are built without
