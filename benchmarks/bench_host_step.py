@@ -18,7 +18,10 @@ queued there. Read the numbers as the host time a step needs at least, next to e
         [--tokens 64] [--repeats 9] [--batch 3] [--sample] [--json out.json]
 
 ms per step = (time of ``tokens`` new tokens - time of 1 new token) / (tokens - 1), median of ``repeats`` pairs.
-OPERA is left out: its beam loop runs eager forwards of its own (rollbacks, redone steps).
+The replay also hands the attention hooks what they observed (OPERA's recorder of the last layer's attention).
+OPERA runs its own beam search (5 beams per prompt) with every rollback declined: a replayed forward gives the same
+attention at every step, which would trigger rollbacks, and a rollback's forward runs eagerly (model time). Its trigger
+is still computed and read at every step past the threshold, as in a real run without rollbacks.
 """
 
 from __future__ import annotations
@@ -35,12 +38,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from medheval.decoding import compiled, internals  # noqa: E402
+from medheval.decoding import compiled, hooks, internals  # noqa: E402
 from medheval.decoding.loop import DecodingMethod  # noqa: E402
 from medheval.decoding.visual_tokens import MissingInternalError  # noqa: E402
-from medheval.mitigations import get_mitigation, selftest  # noqa: E402
+from medheval.mitigations import get_mitigation, opera, selftest  # noqa: E402
 
-METHODS = ("none", "vcd", "m3id", "pai", "avisc", "damro", "dola")
+METHODS = ("none", "vcd", "m3id", "pai", "avisc", "damro", "dola", "opera")
 
 
 def _shape_key(inputs: dict[str, Any]) -> tuple:
@@ -58,16 +61,40 @@ def _shape_key(inputs: dict[str, Any]) -> tuple:
     return tuple(key)
 
 
+def _attached_hooks(modules: list[torch.nn.Module]) -> dict[tuple[int, int], Any]:
+    """(layer, position) -> the attention hook attached there now."""
+    return {(i, j): hook for i, module in enumerate(modules) for j, hook in enumerate(hooks.attached_hooks(module))}
+
+
 def replay_compiler(model, mode) -> Callable:
     """A stand-in for ``torch.compile`` whose forward costs nothing after its first call per input shape: the
-    outputs recorded then are handed back (in a new output object, which the loop may cut)."""
-    recorded: dict[tuple, Any] = {}
+    outputs recorded then are handed back (in a new output object, which the loop may cut), and the attention hooks
+    attached at the same places are handed the weights observed then."""
+    recorded: dict[tuple, tuple[Any, list]] = {}
+    try:
+        modules = hooks.attention_modules(model)
+    except MissingInternalError:  # no decoder layers to hook (a stand-in model): nothing to hand over
+        modules = []
 
     def forward(**inputs):
         key = _shape_key(inputs)
+        attached = _attached_hooks(modules)
         if key not in recorded:
-            recorded[key] = model(**inputs)
-        outputs = recorded[key]
+            seen: list[tuple[tuple[int, int], int, torch.Tensor]] = []
+            for at, hook in attached.items():
+                def observe(layer_idx, weights, at=at, real=hook.observe):
+                    seen.append((at, layer_idx, weights))
+                    real(layer_idx, weights)
+                hook.observe = observe
+            try:
+                recorded[key] = (model(**inputs), seen)
+            finally:
+                for hook in attached.values():
+                    del hook.observe
+        else:
+            for at, layer_idx, weights in recorded[key][1]:
+                attached[at].observe(layer_idx, weights)
+        outputs = recorded[key][0]
         return type(outputs)(**{k: v for k, v in outputs.items()})
 
     return forward
@@ -115,6 +142,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         parser.error("--tokens must be at least 2")
 
     torch.set_num_threads(args.threads)
+    opera.RollbackTracker.decide = lambda *args, **kwargs: None  # OPERA: every rollback declined (see above)
     internals.compiled_forward = replay_compiler  # the compiled forward of every static step: a replay
     compiled.MIN_ROWS = 1
     rows = []

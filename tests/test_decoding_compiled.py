@@ -170,6 +170,43 @@ def test_static_rows_move_in_place():
     assert int(layer.cumulative_length) == 3 and layer.keys.data_ptr() == address
 
 
+def test_static_rows_move_every_head_layer_and_values():
+    """The flat gather/scatter of :func:`internals.static_keep_appended_tokens` and :func:`internals.static_select_rows`
+    against a row-by-row reference on random keys and values (several heads, head dim 3, every layer): the moved
+    rows get their source's columns from ``start`` on, the earlier columns and the rows past the moved ones keep
+    theirs; the cache's lengths all follow."""
+    from transformers import DynamicCache
+
+    generator = torch.Generator().manual_seed(0)
+    model = tiny("llava")[0]
+    layers = len(internals.new_static_cache(model, 8).layers)
+    dynamic = DynamicCache()
+    for index in range(layers):
+        dynamic.update(torch.randn(4, 2, 9, 3, generator=generator), torch.randn(4, 2, 9, 3, generator=generator),
+                       index)
+    rows = compiled.StaticRows(model, dynamic, slot=("test", 2), capacity=12)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in rows.cache.layers]
+    rows.set_length(6)  # columns 6..8 are three appended candidates
+    source, appended = torch.tensor([3, 3, 0]), torch.tensor([2, 0, 1])
+    rows.keep_appended(6, source, appended, shared=2)
+    for layer, (keys, values) in zip(rows.cache.layers, before):
+        for new, old in ((layer.keys, keys), (layer.values, values)):
+            for r in range(3):
+                assert torch.equal(new[r, :, :2], old[r, :, :2])  # before `shared`: the row's own
+                assert torch.equal(new[r, :, 2:6], old[source[r], :, 2:6])
+                assert torch.equal(new[r, :, 6], old[source[r], :, 6 + appended[r]])
+            assert torch.equal(new[3], old[3])  # not a moved row
+            assert torch.equal(new[:3, :, 7:], old[:3, :, 7:])  # past the kept column: untouched
+        assert int(layer.cumulative_length) == 7
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in rows.cache.layers]
+    rows.select(torch.tensor([2, 1]), shared=1)
+    for layer, (keys, values) in zip(rows.cache.layers, before):
+        for new, old in ((layer.keys, keys), (layer.values, values)):
+            assert torch.equal(new[:2, :, 1:7], old[[2, 1], :, 1:7])
+            assert torch.equal(new[:2, :, :1], old[:2, :, :1]) and torch.equal(new[:2, :, 7:], old[:2, :, 7:])
+            assert torch.equal(new[2:], old[2:])
+
+
 # -- compiled == eager ---------------------------------------------------------------------------
 @needs_compiler
 @pytest.mark.slow

@@ -12,6 +12,7 @@ family, for plain decoding and every one-pass method.
 
 from __future__ import annotations
 
+import math
 import os
 import traceback
 from collections import Counter
@@ -68,6 +69,23 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class HostCopies(TorchFunctionMode):
+    """Counts reads of tensor values that do not dispatch an op on a CPU tensor (``.tolist()``, ``.numpy()``,
+    ``.cpu()``): on a GPU each copies to the host and waits for the GPU. (``.to(device)`` is not counted: on a CPU
+    run "the device" is the host, so it cannot tell a copy to the host from a move to the tensor's own device.)"""
+
+    COPIES = (torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu)
+
+    def __init__(self):
+        super().__init__()
+        self.reads: Counter = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.COPIES:
+            self.reads[_where()] += 1
+        return func(*args, **(kwargs or {}))
+
+
 class HostMade(TorchFunctionMode):
     """Counts tensors made in host memory: by a constructor given no device (``torch.arange(n)``, ``torch.zeros(2)``...;
     on a GPU run they are host tensors, and using them with the GPU's copies them there, waiting for the GPU), and
@@ -118,11 +136,16 @@ def method(name: str) -> DecodingMethod:
 
 def host_work_per_run(model, batch, name: str, new_tokens: int) -> tuple[Counter, Counter]:
     """(host reads, tensors made without a device) of one ``generate`` call, by where they happen."""
-    reads, made = HostReads(), HostMade(only=MEDHEVAL_DIR)
-    with compiled.compiled_decoding(True), made, reads:
-        model.generate(**batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                       custom_generate=method(name))
-    return reads.reads, made.made
+    return host_work(lambda: model.generate(**batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                            do_sample=False, custom_generate=method(name)))
+
+
+def host_work(run) -> tuple[Counter, Counter]:
+    """(host reads and copies, tensors made without a device in medheval's files) of ``run()``, by where."""
+    reads, copies, made = HostReads(), HostCopies(), HostMade(only=MEDHEVAL_DIR)
+    with compiled.compiled_decoding(True), made, copies, reads:
+        run()
+    return reads.reads + copies.reads, made.made
 
 
 def _difference(long: Counter, short: Counter) -> dict[str, int]:
@@ -148,6 +171,27 @@ def test_a_decode_step_reads_only_the_finished_flag(family, name, monkeypatch):
     assert extra == flag, f"host reads per decode step outside the finished flag: {extra}"
     assert sum(flag.values()) == 4
     assert _difference(long_made, short_made) == {}, "tensors made in host memory at every decode step"
+
+
+@pytest.mark.parametrize("threshold,per_step", [(15, 1), (2, 2)])
+def test_an_opera_step_reads_the_host_once_before_its_trigger_can_fire_then_twice(threshold, per_step, monkeypatch):
+    """OPERA (3 prompts x 5 beams, static path): one read per step for every prompt's "done" flag and the reuse of the
+    look-ahead together; once a rollback can be due (more than ``threshold`` steps recorded), one more for every
+    prompt's trigger together (it decides the step, so it cannot be read late). No tensor made in host memory."""
+    monkeypatch.setattr(internals, "compiled_forward", replay_compiler)
+    monkeypatch.setattr(compiled, "MIN_ROWS", 1)
+    model, processor = tiny("llava")
+    batch = selftest._inputs(processor, range(3))
+
+    def run(new_tokens: int):
+        return host_work(lambda: model.generate(**batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                                do_sample=False, custom_generate=get_mitigation("opera", threshold=threshold)))
+
+    (short, short_made), (long, long_made) = run(4), run(8)  # steps 4..7: before a rollback can target (>= 10)
+    extra = _difference(long, short)
+    assert all(where.startswith("opera.py") for where in extra), extra
+    assert sum(extra.values()) == 4 * per_step and len(extra) == per_step, extra
+    assert _difference(long_made, short_made) == {}
 
 
 def test_the_counter_sees_a_tensor_made_in_host_memory():
@@ -179,8 +223,9 @@ def test_padding_rows_makes_its_index_once():
 
 
 def test_the_counter_sees_a_host_read():
-    """The dispatch mode counts the reads a step must not make (so the test above can fail)."""
-    mode = HostReads()
+    """The dispatch mode counts the reads a step must not make (so the test above can fail), and the function mode the
+    copies to the host that dispatch nothing on a CPU tensor."""
+    mode, copies = HostReads(), HostCopies()
     x = torch.arange(4.0)
     with mode:
         int(x.max())
@@ -189,6 +234,13 @@ def test_the_counter_sees_a_host_read():
         torch.nonzero(x)
         x.sum() * 2  # no read
     assert sum(mode.reads.values()) == 4
+    with copies:
+        x.tolist()
+        x.numpy()
+        x.cpu()
+        x.to(torch.float64)  # no read
+        x.sum() * 2
+    assert sum(copies.reads.values()) == 3
 
 
 # ---------------------------------------------------------------------------------------
@@ -336,7 +388,12 @@ def test_host_step_benchmark_replays_one_forward_per_shape(monkeypatch):
     monkeypatch.setattr(compiled, "MIN_ROWS", 1)
     model, processor = tiny("llava")
     batch = selftest._inputs(processor, range(3))
-    assert bench.host_ms_per_step(model, batch, DecodingMethod(), tokens=4, repeats=1, sample=False) > 0
+    # a time (a difference of two short runs: its sign is noise here), measured on the static path
+    assert math.isfinite(bench.host_ms_per_step(model, batch, DecodingMethod(), tokens=4, repeats=1, sample=False))
+    # OPERA reads the last layer's attention from a hook inside the forward: the replay hands it what was observed
+    # (without it OPERA raises: no attention recorded)
+    assert math.isfinite(bench.host_ms_per_step(model, batch, bench._method("opera"), tokens=4, repeats=1,
+                                                sample=False))
     monkeypatch.setattr(compiled, "wanted", lambda model: False)  # eager steps: nothing to measure, and it says so
     with pytest.raises(RuntimeError, match="static path"):
         bench.host_ms_per_step(model, batch, DecodingMethod(), tokens=4, repeats=1, sample=False)

@@ -126,14 +126,15 @@ def test_rollback_trigger_known_sequence():
     assert tracker.observe(_locs(12, 12), 14) is None         # (2, 1)
     assert tracker.observe(_locs(12, 12), 15) is None         # (3, 2): beam 1 not > 2 yet
     assert tracker.observe(_locs(12, 12), 16) == 13           # (4, 3): roll back to 12 + 1
-    assert tracker.rollbacks == {13: 1}
+    assert tracker.rollbacks == [{13: 1}]
     assert tracker.observe(_locs(12, 12), 17) == 13           # second time at 13
     assert tracker.observe(_locs(12, 12), 18) == 12           # 13 used up (2): one position earlier
     assert tracker.observe(_locs(12, 12), 19) == 12
     assert tracker.observe(_locs(12, 12), 20) is None         # 13 and 12 both used up: give up
-    assert tracker.rollbacks == {13: 2, 12: 2}
+    assert tracker.rollbacks == [{13: 2, 12: 2}]
     tracker.truncate(2)  # a rollback to step 2 keeps the locations of steps 0..2
-    assert len(tracker.locations) == 3
+    assert tracker.steps == 3
+    assert tracker.history[0, :, :3].tolist() == [[12, 12, 12], [5, 12, 12]]
     # a location below 10 never triggers
     early = RollbackTracker(threshold=1, max_per_position=5, history_length=512)
     for step in range(5):
@@ -144,6 +145,61 @@ def test_rollback_trigger_known_sequence():
     # a target further back than the history is clamped
     short = RollbackTracker(threshold=0, max_per_position=5, history_length=4)
     assert short.observe(_locs(10, 10), 30) == 30 - 4 - 1
+
+
+def test_rollback_trigger_proposes_nothing_before_the_threshold():
+    """No proposal (nothing for the loop to read) while ``threshold`` steps or fewer are recorded; past the 16 steps
+    the history first holds, the repeats are still counted over every step (and again after a truncation)."""
+    tracker = RollbackTracker(threshold=30, max_per_position=5, history_length=512)
+    proposals = [tracker.record(_locs(12, 12)) for _ in range(31)]
+    assert all(p is None for p in proposals[:30])
+    assert proposals[30].tolist() == [[12, 1]]  # 31 repeats > 30 in every beam
+    tracker.truncate(29)  # 30 steps kept: not more than 30 repeats
+    assert tracker.record(_locs(12, 11)).tolist() == [[11, 0]]  # loc 11 (tie -> smallest): 1 repeat, in beam 1 only
+    assert tracker.steps == 31
+    assert tracker.record(_locs(12, 12)).tolist() == [[12, 1]]  # 12: beam 0 at 32 steps of 32, beam 1 at 31
+    assert tracker.decide(0, 12, True, 40) == 13 and tracker.decide(0, 12, False, 40) is None
+
+
+def test_rollback_trigger_for_prompts_in_lock_step():
+    """Three prompts recorded together propose what three trackers of one prompt each decide; a selection of prompts
+    keeps their histories and rollback counts."""
+    generator = torch.Generator().manual_seed(1)
+    steps = [torch.randint(9, 14, (3, 2, 4), generator=generator) for _ in range(12)]
+    steps[-4:] = [torch.full((3, 2, 4), 12) for _ in range(4)]
+    together = RollbackTracker(threshold=3, max_per_position=2, history_length=512, prompts=3)
+    alone = [RollbackTracker(threshold=3, max_per_position=2, history_length=512) for _ in range(3)]
+    fired = 0
+    for n, locations in enumerate(steps):
+        proposals = together.record(locations)
+        expected = [tracker.observe(locations[p], n + 1) for p, tracker in enumerate(alone)]
+        got = [None] * 3 if proposals is None else [together.decide(p, loc, bool(due), n + 1)
+                                                     for p, (loc, due) in enumerate(proposals.tolist())]
+        assert got == expected, n
+        fired += sum(target is not None for target in got)
+    assert fired >= 3  # the last steps repeat 12 everywhere
+    part = together.select([2, 0])
+    assert torch.equal(part.history[:, :, : part.steps], together.history[[2, 0], :, : together.steps])
+    assert part.rollbacks == [alone[2].rollbacks[0], alone[0].rollbacks[0]]
+
+
+def test_beam_search_snapshot_outlives_its_steps():
+    """A snapshot is the state itself (no copy): the steps after it leave its tensors as they were, and restoring it
+    gives the same continuation again."""
+    generator = torch.Generator().manual_seed(0)
+    beams = BeamSearch(torch.ones(4, 3, dtype=torch.long), 2, 8, eos_token_id=torch.tensor([0]),
+                       pad_token_id=torch.tensor(0))
+    beams.step(torch.randn(4, 11, generator=generator).log_softmax(-1))
+    snapshot = beams.snapshot()
+    frozen = snapshot.clone()
+    steps = [torch.randn(4, 11, generator=generator).log_softmax(-1) for _ in range(3)]
+    first = [beams.step(log_probs) for log_probs in steps]
+    for name in ("running_sequences", "running_beam_scores", "running_beam_indices", "sequences", "beam_scores",
+                 "beam_indices", "is_sent_finished", "prompt_done"):
+        assert torch.equal(getattr(snapshot, name), getattr(frozen, name)), name
+    beams.restore(snapshot)
+    again = [beams.step(log_probs) for log_probs in steps]
+    assert all(torch.equal(a, b) for pair_a, pair_b in zip(first, again) for a, b in zip(pair_a, pair_b))
 
 
 def test_beam_search_rejects_bad_settings():

@@ -78,7 +78,8 @@ class BeamState:
     transformers: sequences ``[B, K, max_length]``, beam indices ``[B, K, max_length - T]``
     (here the beam *within* its prompt, ``0..K-1``; :meth:`BeamSearch.finalize` adds the prompt
     offset). ``prompt_done[b]``: prompt ``b`` alone would have stopped (its results no longer
-    change); ``done``: the whole batch stops, as ``generate``.
+    change); ``done``: the whole batch stops, as ``generate`` (a 0-d tensor after a step, read only when asked:
+    on a GPU a read waits for the step's kernels; a ``bool`` when known on the host).
     """
 
     running_sequences: torch.Tensor
@@ -92,7 +93,7 @@ class BeamState:
     next_token_hits_stopping_criteria: torch.Tensor
     prompt_done: torch.Tensor
     cur_len: int
-    done: bool = False
+    done: bool | torch.Tensor = False
 
     def clone(self) -> "BeamState":
         return BeamState(**{
@@ -105,8 +106,9 @@ class BeamState:
         fields = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            fields[f.name] = value.index_select(0, prompts.to(value.device)) if torch.is_tensor(value) else value
-        fields["done"] = bool(fields["prompt_done"].all())
+            if f.name != "done":
+                fields[f.name] = value.index_select(0, prompts.to(value.device)) if torch.is_tensor(value) else value
+        fields["done"] = fields["prompt_done"].all()
         return BeamState(**fields)
 
 
@@ -198,7 +200,8 @@ class BeamSearch:
 
     @property
     def done(self) -> bool:
-        return self.state.done
+        """Whether the whole batch stops (a host read of the last step's flag)."""
+        return bool(self.state.done)
 
     @property
     def generated_length(self) -> int:
@@ -210,8 +213,9 @@ class BeamSearch:
         return _flatten(self.state.running_sequences[:, :, : self.state.cur_len])
 
     def snapshot(self) -> BeamState:
-        """A copy of the state, for :meth:`restore`."""
-        return self.state.clone()
+        """The state, for :meth:`restore`: not a copy, since :meth:`step` builds a new state of new tensors and never
+        writes into the old one (so keeping one per step costs no copies)."""
+        return self.state
 
     def restore(self, state: BeamState) -> None:
         """Go back to a :meth:`snapshot` (the snapshot itself stays usable)."""
@@ -245,7 +249,7 @@ class BeamSearch:
             old flat beam ``beam_idx[r]`` (reorder the cache with it) with ``next_tokens[r]``.
         """
         s = self.state
-        if s.done:
+        if s.done is True:  # known on the host (max_length); a flag on the device is not read here
             raise MitigationError("the beam search is already finished")
         B, K, T = self.batch_size, self.num_beams, self.prompt_length
         cur_len = s.cur_len
@@ -306,7 +310,7 @@ class BeamSearch:
         improvement_possible = torch.any(heuristic)
         exists_open_beam = ~(torch.all(is_sent_finished) & (self.early_stopping is True))
         valid_continuations = ~torch.all(hits)
-        done = not bool(improvement_possible & exists_open_beam & valid_continuations)
+        done: bool | torch.Tensor = ~(improvement_possible & exists_open_beam & valid_continuations)
         # the same three conditions for each prompt on its own
         prompt_done = ~(heuristic[:, 0] & ~(torch.all(is_sent_finished, dim=-1) & (self.early_stopping is True))
                         & ~torch.all(hits, dim=-1))

@@ -117,6 +117,11 @@ def attention_modules(model) -> list[torch.nn.Module]:
     return modules
 
 
+def attached_hooks(module: torch.nn.Module) -> tuple:
+    """The hooks attached to an attention module now (empty outside :func:`attention_hooks`)."""
+    return getattr(module, _HOOKS_ATTR, ())
+
+
 def num_layers(model) -> int:
     """Number of decoder layers of the language model."""
     return len(language_model(model).layers)
@@ -368,6 +373,7 @@ __all__ = [
     "ImageAttentionBoost",
     "AttentionRowRecorder",
     "attention_hooks",
+    "attached_hooks",
     "attention_modules",
     "hooks_installed",
     "language_model",

@@ -67,6 +67,7 @@ prompt that rolls back continues on a static cache of its own. The tokens are th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import math
@@ -158,65 +159,101 @@ def candidate_log_overtrust(history: torch.Tensor, candidate_rows: torch.Tensor,
 # the rollback trigger
 # ---------------------------------------------------------------------------------------
 class RollbackTracker:
-    """OPERA's retrospection trigger for one prompt's ``K`` beams.
+    """OPERA's retrospection trigger for ``P`` prompts decoded in lock-step, ``K`` beams each.
 
-    Each step, :meth:`observe` gets the over-trust locations of every beam's candidates: per beam
-    the most frequent one (``torch.mode``, the smallest on ties) is recorded, and ``loc`` is the
-    most frequent of those. A rollback is due when, for every beam slot, more than ``threshold``
-    recorded steps have ``loc``, and ``loc >= min_location``. The target is position ``loc + 1``;
-    a position is targeted at most ``max_per_position`` times, then the one before it, then the
-    trigger gives up; targets further back than ``history_length + 1`` are clamped. As upstream,
+    Each step, :meth:`record` gets the over-trust locations of every beam's candidates: per beam
+    the most frequent one (``torch.mode``, the smallest on ties) is recorded, and a prompt's ``loc`` is
+    the most frequent of its beams'. A rollback of a prompt is due when, for every beam slot, more than
+    ``threshold`` recorded steps have ``loc``, and ``loc >= min_location``. The target is position
+    ``loc + 1``; a position is targeted at most ``max_per_position`` times, then the one before it, then
+    the trigger gives up; targets further back than ``history_length + 1`` are clamped. As upstream,
     the history is per beam *slot* (not reordered with the beams).
+
+    :meth:`record` runs on the locations' device for every prompt at once (no host read) and proposes
+    ``(loc, due)`` per prompt; the loop reads the proposals once and :meth:`decide` s on the host. While
+    ``threshold`` steps or fewer are recorded no rollback can be due, and nothing is proposed (nothing to read).
+    :meth:`observe` does both for one prompt.
 
     Args:
         threshold: repeats needed (strictly more than).
         max_per_position: rollbacks per position (upstream: ``num_attn_candidates``).
         history_length: how far back a rollback can go (upstream: ``window_size``).
         min_location: smallest location that triggers (upstream: 10).
+        prompts: ``P``.
     """
 
-    def __init__(self, threshold: int, max_per_position: int, history_length: int, min_location: int = EARLY_TOKENS):
+    def __init__(self, threshold: int, max_per_position: int, history_length: int, min_location: int = EARLY_TOKENS,
+                 prompts: int = 1):
         self.threshold = int(threshold)
         self.max_per_position = int(max_per_position)
         self.history_length = int(history_length)
         self.min_location = int(min_location)
-        self.locations: list[torch.Tensor] = []
-        self.rollbacks: dict[int, int] = {}
+        self.history: torch.Tensor | None = None  # [P, K, capacity] per-beam locations, the first `steps` recorded
+        self.steps = 0
+        self.rollbacks: list[dict[int, int]] = [{} for _ in range(int(prompts))]  # per prompt: position -> count
 
-    def observe(self, locations: torch.Tensor, response_length: int) -> int | None:
-        """Record one step and say where to roll back to, if anywhere.
+    def record(self, locations: torch.Tensor) -> torch.Tensor | None:
+        """Record one step; ``[P, 2]`` ``(loc, due)`` per prompt on the locations' device, or ``None`` while none
+        can be due.
 
         Args:
-            locations: ``[K, N]`` the location of the maximal over-trust score of each candidate
-                (index among the generated tokens).
-            response_length: generated tokens including the candidate (upstream's
-                ``cur_response_lens``).
-
-        Returns:
-            The position to roll back to (the generated-token index whose choice is redone), or
-            ``None``.
+            locations: ``[P, K, N]`` (or ``[K, N]`` for one prompt) the location of the maximal over-trust score of
+                each candidate (index among the generated tokens).
         """
-        per_beam = locations.mode(dim=-1).values
-        loc = int(per_beam.mode().values)
-        self.locations.append(per_beam)
-        history = torch.stack(self.locations, dim=-1)
-        if not bool(((history == loc).sum(dim=-1) > self.threshold).all()):
+        if locations.dim() == 2:
+            locations = locations[None]
+        per_beam = locations.mode(dim=-1).values  # [P, K]
+        if self.history is None or self.steps == self.history.shape[-1]:  # room for twice the steps
+            grown = per_beam.new_zeros((*per_beam.shape, max(16, 2 * self.steps)))
+            if self.history is not None:
+                grown[..., : self.steps] = self.history[..., : self.steps]
+            self.history = grown
+        self.history[..., self.steps] = per_beam
+        self.steps += 1
+        if self.steps <= self.threshold:  # no beam can have more than `threshold` repeats yet
             return None
-        if loc < self.min_location:
+        loc = per_beam.mode(dim=-1).values  # [P]
+        repeats = (self.history[..., : self.steps] == loc[:, None, None]).sum(dim=-1)  # [P, K]
+        due = (repeats > self.threshold).all(dim=-1) & (loc >= self.min_location)
+        return torch.stack([loc, due.to(loc.dtype)], dim=-1)
+
+    def decide(self, prompt: int, loc: int, due: bool, response_length: int) -> int | None:
+        """Where prompt ``prompt`` rolls back to, if anywhere (the generated-token index whose choice is redone),
+        from its :meth:`record` proposal read on the host; ``response_length``: generated tokens including the
+        candidate (upstream's ``cur_response_lens``)."""
+        if not due:
             return None
-        position = loc + 1
-        if self.rollbacks.get(position, 0) >= self.max_per_position:
+        rollbacks = self.rollbacks[prompt]
+        position = int(loc) + 1
+        if rollbacks.get(position, 0) >= self.max_per_position:
             position -= 1
-            if self.rollbacks.get(position, 0) >= self.max_per_position:
+            if rollbacks.get(position, 0) >= self.max_per_position:
                 return None
-        self.rollbacks[position] = self.rollbacks.get(position, 0) + 1
+        rollbacks[position] = rollbacks.get(position, 0) + 1
         if response_length - position > self.history_length + 1:
             position = max(1, response_length - self.history_length - 1)
         return position
 
+    def observe(self, locations: torch.Tensor, response_length: int) -> int | None:
+        """One prompt (``[K, N]`` locations): record a step and say where to roll back to, if anywhere."""
+        proposal = self.record(locations)
+        if proposal is None:
+            return None
+        loc, due = proposal[0].tolist()
+        return self.decide(0, loc, bool(due), response_length)
+
+    def select(self, prompts: list[int]) -> "RollbackTracker":
+        """The trackers of ``prompts`` only (their history copied; their rollback counts shared)."""
+        part = copy.copy(self)
+        if self.history is not None:
+            index = torch.tensor(prompts, device=self.history.device)
+            part.history = self.history.index_select(0, index)
+        part.rollbacks = [self.rollbacks[p] for p in prompts]
+        return part
+
     def truncate(self, step: int) -> None:
         """Forget the steps after ``step`` (after a rollback to ``step``)."""
-        del self.locations[step + 1 :]
+        self.steps = min(self.steps, step + 1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -587,6 +624,7 @@ def opera_generate(
             logits_processor=internals.processor_chain(logits_processor), stopping_criteria=stopping_criteria,
             accepts_positions="position_ids" in inspect.signature(model.forward).parameters,
             token_selection=static is not None or supports_token_selection(cache), sliding_window=sliding_window,
+            observed=type(method).observe_step is not OPERA.observe_step,
         )
         beams = BeamSearch(
             input_ids.repeat_interleave(K, dim=0), K, gen.max_length,
@@ -604,8 +642,8 @@ def opera_generate(
             next_position=(last_positions.to(input_ids.device).long() + 1).repeat_interleave(K, dim=0),
             logits=first_logits.repeat_interleave(K, dim=0),
             history=first_logits.new_zeros((batch_size * K, 0, 0)),
-            trackers=[RollbackTracker(method.threshold, method.num_attn_candidates, method.window_size)
-                      for _ in range(batch_size)],
+            tracker=RollbackTracker(method.threshold, method.num_attn_candidates, method.window_size,
+                                    prompts=batch_size),
             static=static,
         )
         del cache
@@ -648,6 +686,7 @@ class _Shared:
     accepts_positions: bool
     token_selection: bool
     sliding_window: int | None  # Gemma 3: the window of its "sliding_attention" layers (None: full attention only)
+    observed: bool  # a subclass overrides OPERA.observe_step: build its events (else skipped, no work per step)
 
 
 @dataclasses.dataclass
@@ -675,7 +714,7 @@ class _Group:
     """
 
     def __init__(self, shared: _Shared, *, prompts: list[int], beams: BeamSearch, cache, prompt_mask, image_mask,
-                 next_position, logits, history, trackers, snapshots=None, selections=None, rejects=None,
+                 next_position, logits, history, tracker, snapshots=None, selections=None, rejects=None,
                  static: compiled.StaticRows | None = None):
         self.shared = shared
         self.prompts = prompts  # index of each member in the caller's batch
@@ -687,7 +726,7 @@ class _Group:
         self.next_position = next_position  # [R] position of the first generated token
         self.logits = logits  # [R, V] next-token logits of the running beams
         self.history = history  # [R, h, h] attention among the generated tokens (window)
-        self.trackers = trackers  # one RollbackTracker per member
+        self.tracker = tracker  # the members' rollback triggers
         self.snapshots: dict[int, Any] = snapshots if snapshots is not None else {}  # step -> BeamState
         self.selections: dict[int, tuple] = selections if selections is not None else {}  # step -> (beam_idx, tokens)
         self.rejects: list[dict[int, torch.Tensor]] = rejects if rejects is not None else [{} for _ in prompts]
@@ -696,8 +735,10 @@ class _Group:
 
     # -- membership ---------------------------------------------------------------------------
     def _rows(self, members: list[int]) -> torch.Tensor:
+        """The rows of ``members`` (their ``K`` beams each), made on the device."""
         K = self.shared.K
-        return torch.cat([torch.arange(m * K, (m + 1) * K) for m in members]).to(self.shared.device)
+        beams = torch.arange(K, device=self.shared.device)
+        return torch.cat([beams + m * K for m in members])
 
     def _subset(self, members: list[int]) -> dict[str, Any]:
         """Everything per member/row, for ``members`` only (new tensors; the cache is not included)."""
@@ -717,7 +758,7 @@ class _Group:
             next_position=self.next_position.index_select(0, rows),
             logits=self.logits.index_select(0, rows),
             history=self.history.index_select(0, rows),
-            trackers=[self.trackers[m] for m in members],
+            tracker=self.tracker.select(members),
             snapshots={step: state.select(index) for step, state in self.snapshots.items()},
             selections=selections,
             rejects=[self.rejects[m] for m in members],
@@ -869,27 +910,27 @@ class _Group:
             history = history[:, cut:, cut:]
         self.history = history
 
-    def _advance(self, step: int, beam_idx: torch.Tensor, tokens: torch.Tensor, look: _Lookahead | None) -> None:
-        """Cache, logits and history for the chosen tokens (the look-ahead's when possible)."""
+    def _advance(self, step: int, beam_idx: torch.Tensor, tokens: torch.Tensor, look: _Lookahead | None,
+                 which: torch.Tensor | None) -> None:
+        """Cache, logits and history for the chosen tokens: the look-ahead's (``which``: each new beam's candidate
+        index, given when every chosen token is a candidate of its source beam), else one forward."""
         sh = self.shared
-        if look is not None and sh.token_selection:
-            match = look.tokens.index_select(0, beam_idx) == tokens[:, None]
-            if bool(match.any(dim=-1).all()):
-                which = match.to(torch.int8).argmax(dim=-1)
-                if self.static is not None:
-                    # a beam's source is a beam of its prompt: the prompt's columns are equal, copy the rest
-                    self.static.keep_appended(sh.T + step, beam_idx, which, shared=sh.T)
-                else:
-                    keep_appended_tokens(self.cache, sh.T + step, beam_idx, which)
-                self.logits = look.next_logits[beam_idx, which]
-                self._append_history(beam_idx, look.rows[beam_idx, which])
+        if look is not None and which is not None:
+            if self.static is not None:
+                # a beam's source is a beam of its prompt: the prompt's columns are equal, copy the rest
+                self.static.keep_appended(sh.T + step, beam_idx, which, shared=sh.T)
+            else:
+                keep_appended_tokens(self.cache, sh.T + step, beam_idx, which)
+            self.logits = look.next_logits[beam_idx, which]
+            self._append_history(beam_idx, look.rows[beam_idx, which])
+            if sh.observed:
                 sh.method.observe_step({"kind": "advance", "prompts": list(self.prompts), "step": step,
                                         "reused": True})
-                return
-        positions = self._positions(torch.tensor([step], device=sh.device))
+            return
+        positions = self._positions(torch.full((1,), step, device=sh.device))
         sh.recorder.arm("step", start=sh.T + self._window_start(step))
         if self.static is not None:
-            prefix = torch.tensor([sh.T + step], device=sh.device)
+            prefix = torch.full((1,), sh.T + step, device=sh.device)
             self.static.set_length(sh.T + step)  # drops the look-ahead tokens, if any
             self.static.select(beam_idx, shared=sh.T)  # beams of the same prompt: only the generated columns move
             out = self._static_forward(tokens[:, None], positions, base=prefix + 1, own=prefix, anchor=prefix)
@@ -903,7 +944,8 @@ class _Group:
         self.logits = out.logits[:, -1, :].to(dtype=torch.float32)
         del out
         self._append_history(beam_idx, row)
-        sh.method.observe_step({"kind": "advance", "prompts": list(self.prompts), "step": step, "reused": False})
+        if sh.observed:
+            sh.method.observe_step({"kind": "advance", "prompts": list(self.prompts), "step": step, "reused": False})
 
     # -- rollback (single-member group) ------------------------------------------------------------
     def _rollback(self, target: int, step: int) -> None:
@@ -918,7 +960,7 @@ class _Group:
         self.rejects[0][target] = rejected
         self.snapshots = {k: v for k, v in self.snapshots.items() if k <= target}
         self.selections = {k: v for k, v in self.selections.items() if k < target}
-        self.trackers[0].truncate(target)
+        self.tracker.truncate(target)
         self.beams.restore(self.snapshots[target])
         # the prompt's KV is the same for every beam: keep it, recompute the generated tokens
         generated = self.beams.flat_sequences()[:, sh.T :]
@@ -937,11 +979,27 @@ class _Group:
         self.logits = out.logits[:, -1, :].to(dtype=torch.float32)
         del out
         self.redo = rejected
-        sh.method.observe_step({"kind": "rollback", "prompt": self.prompts[0], "from": step, "to": target,
-                                "rejected": rejected.clone(), "logits": self.logits.clone(),
-                                "history": self.history, "sequences": self.beams.flat_sequences().clone()})
+        if sh.observed:
+            sh.method.observe_step({"kind": "rollback", "prompt": self.prompts[0], "from": step, "to": target,
+                                    "rejected": rejected.clone(), "logits": self.logits.clone(),
+                                    "history": self.history, "sequences": self.beams.flat_sequences().clone()})
 
     # -- the loop ------------------------------------------------------------------------------------
+    def _rollbacks_due(self, look: _Lookahead, step: int) -> dict[int, int]:
+        """Member -> the step it rolls back to, for the members whose trigger fired this step: one host read for
+        every member (none while no trigger can fire yet)."""
+        proposals = self.tracker.record(look.locations.view(len(self.prompts), self.shared.K, -1))
+        if proposals is None:
+            return {}
+        rolling = {}
+        for m, (loc, due) in enumerate(proposals.tolist()):
+            target = self.tracker.decide(m, loc, bool(due), step + 1)
+            if target is not None:
+                target = min(target, step - 1)
+                if target >= 1 and target in self.snapshots:
+                    rolling[m] = target
+        return rolling
+
     def run(self, queue: list, results: dict) -> None:
         """Decode until every member is done or has left for a group of its own (appended to ``queue``)."""
         sh = self.shared
@@ -958,14 +1016,7 @@ class _Group:
                 scores.view(-1).index_fill_(0, self.redo, float("-inf"))
             else:
                 look = self._lookahead(step)
-                rolling = {}
-                for m, tracker in enumerate(self.trackers):
-                    rows = self._rows([m])
-                    target = tracker.observe(look.locations.index_select(0, rows), step + 1)
-                    if target is not None:
-                        target = min(target, step - 1)
-                        if target >= 1 and target in self.snapshots:
-                            rolling[m] = target
+                rolling = self._rollbacks_due(look, step)
                 if rolling:
                     if len(self.prompts) == 1:
                         self._rollback(rolling[0], step)
@@ -982,12 +1033,14 @@ class _Group:
                     look = look.select(rows)
                     beams = self.beams
                 scores, penalty = self._penalised_scores(look, step)
-                sh.method.observe_step({
-                    "kind": "step", "prompts": list(self.prompts), "step": step,
-                    "sequences": beams.flat_sequences(), "candidates": look.tokens, "candidate_logits": look.logits,
-                    "penalty": penalty, "image_attention": look.image, "log_score": look.log_score,
-                    "locations": look.locations, "rows": look.rows, "history": self.history,
-                })
+                if sh.observed:
+                    sh.method.observe_step({
+                        "kind": "step", "prompts": list(self.prompts), "step": step,
+                        "sequences": beams.flat_sequences(), "candidates": look.tokens,
+                        "candidate_logits": look.logits, "penalty": penalty, "image_attention": look.image,
+                        "log_score": look.log_score, "locations": look.locations, "rows": look.rows,
+                        "history": self.history,
+                    })
             log_probs = F.log_softmax(scores, dim=-1)
             log_probs = sh.logits_processor(beams.flat_sequences(), log_probs)
             self.snapshots[step] = beams.snapshot()
@@ -996,11 +1049,20 @@ class _Group:
             beam_idx, tokens = beams.step(log_probs, sh.stopping_criteria)
             self.selections[step] = (beam_idx, tokens)
             self.redo = None
-            done = [m for m, flag in enumerate(beams.prompt_done.tolist()) if flag]
+            # one host read: which prompts are done, and whether every chosen token is one of its beam's candidates
+            # (then the look-ahead's cache column, logits and attention row are kept)
+            which = None
+            flags = beams.prompt_done
+            if look is not None and sh.token_selection:
+                match = look.tokens.index_select(0, beam_idx) == tokens[:, None]
+                which = match.to(torch.int8).argmax(dim=-1)
+                flags = torch.cat([flags, match.any(dim=-1).all()[None]])
+            flags = flags.tolist()
+            done = [m for m, flag in enumerate(flags[: len(self.prompts)]) if flag]
             if len(done) == len(self.prompts):
                 self._finish(done, results)
                 return
-            self._advance(step, beam_idx, tokens, look)
+            self._advance(step, beam_idx, tokens, look, which if which is not None and flags[-1] else None)
             if done:
                 self._finish(done, results)
                 self.keep([m for m in range(len(self.prompts)) if m not in done])
