@@ -170,7 +170,7 @@ class RollbackTracker:
     the history is per beam *slot* (not reordered with the beams).
 
     :meth:`record` runs on the locations' device for every prompt at once (no host read) and proposes
-    ``(loc, due)`` per prompt; the loop reads the proposals once and :meth:`decide` s on the host. While
+    ``(loc, due)`` per prompt; the loop reads the proposals once and decides on the host (:meth:`decide`). While
     ``threshold`` steps or fewer are recorded no rollback can be due, and nothing is proposed (nothing to read).
     :meth:`observe` does both for one prompt.
 
