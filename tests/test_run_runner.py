@@ -164,6 +164,36 @@ def test_resuming_with_other_settings_is_refused(fixture_benchmark, tmp_path, ca
     assert main([*args, *roots]) == 0
 
 
+def test_a_run_resumes_at_another_batch_size_with_a_warning(fixture_benchmark, tmp_path, capsys):
+    """The way out of an out-of-memory error: resume at a smaller batch. Nothing is lost or repeated, the answers
+    equal an uninterrupted run's (float32), run.json keeps the first batch size and results.json says so."""
+    args = ["run", "--benchmark", "context", "--model", "tiny-random-llava", "--data-dir",
+            fixture_benchmark["data_dir"], "--limit", "4", "--max-new-tokens", "4"]
+    args += [a for s, r in fixture_benchmark["image_roots"].items() for a in ("--image-root", f"{s}={r}")]
+    longer = [("5" if before == "--max-new-tokens" else a) for before, a in zip(["", *args], args)]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main([*args, "--output", str(full), "--batch-size", "4"]) == 0
+    assert main([*args, "--output", str(cut), "--batch-size", "4"]) == 0
+    log = (cut / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (cut / "predictions.jsonl").write_text("".join(log[:2]))  # killed after two records
+    capsys.readouterr()
+    assert main([*args, "--output", str(cut), "--batch-size", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f"resuming {cut} made at batch size 4; this run uses 1" in err
+    results = json.loads((cut / "results.json").read_text())
+    assert any("made at batch size 4; this run uses 1" in w for w in results["warnings"])
+    assert results["benchmarks"]["context:default"]["generated_this_run"] == 2
+    assert json.loads((cut / "run.json").read_text())["backend"]["batch_size"] == 4
+    assert _strip_timing(read_log(cut / "predictions.jsonl")) == _strip_timing(read_log(full / "predictions.jsonl"))
+    assert _benchmark_results(cut) == _benchmark_results(full)
+    # --batch-size auto is a batch size too; any other change is still refused, naming it
+    assert main([*args, "--output", str(cut), "--batch-size", "auto"]) == 0
+    assert "made at batch size 4; this run uses auto" in capsys.readouterr().err
+    assert main([*longer, "--output", str(cut), "--batch-size", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "max_new_tokens 4 → 5" in err and "batch_size" not in err
+
+
 def test_unloadable_model_is_a_clear_error(fixture_benchmark, tmp_path, capsys):
     missing = tmp_path / "no-such-model"
     code = main(["run", "--benchmark", "context", "--model", str(missing), "--output", str(tmp_path / "o"),

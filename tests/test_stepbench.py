@@ -425,7 +425,16 @@ def test_cli_run_with_options(fixture, tmp_path, capsys):
     entry = results["benchmarks"]["med_stepbench:vi"]
     assert entry["n_scored"] == 6 and entry["run_options"]["rationale"] == "clinician"
     assert results["settings"]["backend"]["prefix_cache"] is True
+    assert not any("--prefix-cache" in warning for warning in results["warnings"])  # greedy: the cache serves it
     capsys.readouterr()
+    # sampled records cannot use the prefix cache: said, naming the split, not ignored silently
+    sampled = tmp_path / "sampled"
+    limited = [("2" if before == "--limit" else a) for before, a in zip(["", *args], args)]
+    limited[limited.index(str(out))] = str(sampled)
+    assert main([*limited, "--do-sample", "--seed", "3"]) == 0
+    said = "--prefix-cache is not used where records are sampled: med_stepbench:vi (statement)"
+    assert said in capsys.readouterr().err
+    assert any(said in warning for warning in json.loads((sampled / "results.json").read_text())["warnings"])
     args[args.index(str(out))] = str(tmp_path / "bad")
     assert main(args[:-1] + ["med_stepbench.knowledge=lots"]) == 2
     assert "knowledge='lots': choose one of ['none', 'prior', 'external', 'both']" in capsys.readouterr().err

@@ -108,7 +108,8 @@ class RunSpec:
 def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mapping[str, str | None],
                         warnings: list[str]) -> None:
     """Refuse to resume into a folder whose predictions were made with other settings; warn when they were
-    made with another transformers or torch (``run.json["versions"]``: a finished prediction stays valid).
+    made with another transformers or torch (``run.json["versions"]``: a finished prediction stays valid) or at
+    another batch size (``--batch-size``: a run that ran out of memory resumes at a smaller one).
     A new folder's run.json gets the settings and ``versions``; an existing one is never rewritten (a
     folder from before versions were recorded keeps none, as its predictions' stack is unknown)."""
     path = output / "run.json"
@@ -127,6 +128,13 @@ def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mappin
             recorded["device"] = recorded["device"].split(":")[0]
         if recorded.get("backend") == "predictions_file" and isinstance(recorded.get("path"), str):
             recorded["path"] = str(Path(recorded["path"]).resolve())  # earlier versions kept the path as typed
+        batch_before, batch_after = recorded.get("batch_size"), (settings.get("backend") or {}).get("batch_size")
+        if "batch_size" in recorded and batch_after is not None and batch_before != batch_after:
+            # a batch size is how records are grouped, not what they are asked: a run that ran out of memory
+            # resumes at a smaller one (noted, as rows decoded in other batches may round differently)
+            recorded["batch_size"] = batch_after
+        else:
+            batch_before = batch_after
         if previous != settings:
             before, after = _flatten(previous), _flatten(settings)
             changed = [f"{key} {json.dumps(before.get(key, '<unset>'))} → {json.dumps(after.get(key, '<unset>'))}"
@@ -135,6 +143,10 @@ def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mappin
                 f"{output} holds predictions made with different settings (changed: {'; '.join(changed)}). "
                 f"Resume with the same settings, or choose a new --output folder."
             )
+        if batch_before != batch_after:
+            _warn(warnings, f"resuming {output} made at batch size {batch_before}; this run uses {batch_after}: the "
+                            f"records generated now are batched differently (in bfloat16/float16 a row's greedy "
+                            f"tokens can change where rounding depends on its batch)")
         if isinstance(recorded_versions, Mapping):
             for package, old, new in changed_output_packages(recorded_versions, versions):
                 _warn(warnings, f"resuming {output} made with {package} {old}; this process runs {package} {new}: "
@@ -710,6 +722,7 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
     _refuse_grid_folder(output)
     prepared = [_prepare_split(spec, backend, benchmark_spec, warnings) for benchmark_spec in spec.benchmarks]
     _attach_images(spec, backend, prepared)
+    _warn_prefix_cache_unused(spec, backend, prepared, warnings)
     _check_options_used(spec, {name for split in prepared for name in split.metric_names})
     predictions_file = _predictions_file_summary(backend, prepared, warnings)
     from medheval.run.paper_protocols import get_protocol
@@ -732,6 +745,26 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
         _check_run_settings(output, settings, stack_versions() if versions is None else versions, warnings)
         merge_parts(output / "predictions.jsonl", [rid for split in prepared for rid in split.loaded.dataset["id"]])
     return prepared, settings, predictions_file
+
+
+def _warn_prefix_cache_unused(spec: RunSpec, backend: Backend, prepared: list, warnings: list[str]) -> None:
+    """``--prefix-cache`` serves greedy decoding only (sampled rows need the decoding loop's per-row generators):
+    say which splits sample, so their records are generated without it, instead of ignoring the flag silently."""
+    if not getattr(backend, "prefix_cache", False):
+        return
+    sampling = bool(backend.settings().get("do_sample"))
+    sampled = []
+    for split in prepared:
+        loaded = split.loaded
+        settings = settings_for(spec.generation, loaded.name, loaded.config)
+        types = sorted(answer_type for answer_type in set(loaded.dataset["answer_type"])
+                       if settings(answer_type).get("do_sample", sampling))
+        if types:
+            sampled.append(f"{loaded.name}:{loaded.config} ({', '.join(types)})")
+    if sampled:
+        _warn(warnings, f"--prefix-cache is not used where records are sampled: {'; '.join(sampled)}. A prefix cache "
+                        f"serves greedy decoding only; those records are generated with their whole prompt (the "
+                        f"same answers, without its speed-up)")
 
 
 def _describe_prompts(spec: RunSpec) -> dict[str, Any]:
