@@ -438,6 +438,33 @@ def test_report_compare_published_end_to_end(tmp_path: Path) -> None:
     assert "reproduction" not in json.loads((plain / "report.json").read_text())
 
 
+def test_the_report_a_run_writes_can_hold_the_reproduction_table(tmp_path: Path, fixture_benchmark) -> None:
+    """``medheval run --compare-published`` (and a grid's ``compare_published: true``): the report.html the run
+    writes holds the Reproduction table, as ``medheval report --compare-published`` would. A matched model's row
+    (MedHEval Table 3, LLaVA-NeXT 7B, Acc 0.494) shows; the tiny model matches no published cell, which the table
+    says; without the flag report.html has no Reproduction table."""
+    from report_runs import write_run
+
+    from medheval.report.build import write_run_report
+
+    run = write_run(tmp_path / "run", "none", [True, False] * 5, model="llava-hf/llava-v1.6-vicuna-7b-hf")
+    results = json.loads((run / "results.json").read_text())
+    assert write_run_report(run, results, compare_published=True) is None
+    page = (run / "report.html").read_text()
+    assert "Reproduction" in page and "LLaVA-NeXT 7B" in page and "0.494" in page
+    assert write_run_report(run, results) is None
+    assert "Reproduction" not in (run / "report.html").read_text()
+
+    args = ["run", "--benchmark", "mm_vishal", "--model", "tiny-random-llava", "--data-dir",
+            fixture_benchmark["data_dir"], "--limit", "2", "--max-new-tokens", "2"]
+    args += [a for s, r in fixture_benchmark["image_roots"].items() for a in ("--image-root", f"{s}={r}")]
+    assert main([*args, "--output", str(tmp_path / "tiny"), "--compare-published"]) == 0
+    page = (tmp_path / "tiny" / "report.html").read_text()
+    assert "Reproduction" in page and "No run matched" in page
+    assert main([*args, "--output", str(tmp_path / "plain")]) == 0
+    assert "Reproduction" not in (tmp_path / "plain" / "report.html").read_text()
+
+
 def test_published_command(capsys: pytest.CaptureFixture[str]) -> None:
     """``medheval published``: MedHEval Table 3's CheXagent row as printed (CXR-VisHal Acc 0.739); --json gives
     its 10 cells; a model by Hub id (StanfordAIMI/CheXagent-8b) finds the same; no match exits 2 and says so."""

@@ -13,7 +13,7 @@ from conftest import REPO
 from medheval.cli import main
 from medheval.run.generation import BUILTIN_BY_ANSWER_TYPE, GenerationPlan
 from medheval.run.grids import (GridConfigError, apply_cli, given_options, load_grid_config, model_slug,
-                                  parse_grid_config)
+                                  parse_grid_config, run_spec)
 from medheval.run.predictions_log import read_log
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -76,6 +76,7 @@ def test_the_shipped_configs_cover_the_papers_tables():
     ("output: o\nmodels: [m/x]\nbenchmarks: [context]\nmetric_options: {chair: paper}\n", "metric_options.chair",
      "expected a mapping"),
     ("output: o\nmodels: [m/x]\nbenchmarks: [context]\non_missing: ignore\n", "on_missing", "error or skip"),
+    ("output: o\nmodels: [m/x]\nbenchmarks: [context]\ncompare_published: 1\n", "compare_published", "true or false"),
     ("- output: o\n", "", "expected a mapping of settings at the top"),
     ("output: o\nmodels: [m/x, m/x]\nbenchmarks: [context]\n", "models", "listed twice: 'm__x'"),
 ])
@@ -138,6 +139,14 @@ def test_cli_flags_override_the_config(tmp_path):
     assert config.models == ["a/b", "c/d"] and config.options["limit"] == 5  # the loaded config is untouched
     # a flag left at its default does not count as given
     assert given_options(["--batch-size", "8"]) == {"batch_size"} and given_options([]) == set()
+    # report.html's Reproduction table: the config's key, or the flag over it, reaches each model's run
+    assert run_spec(config, TINY, {}).compare_published is False
+    wanted = parse_grid_config({"output": "o", "models": [TINY], "benchmarks": ["context"], "compare_published": True},
+                               "grid.yaml")
+    assert run_spec(wanted, TINY, {}).compare_published is True
+    flagged = apply_cli(config, build_parser().parse_args(["run", "--config", "grid.yaml", "--compare-published"]),
+                        given_options(["--compare-published"]))
+    assert run_spec(flagged, TINY, {}).compare_published is True
 
 
 class _RecordingBackend:

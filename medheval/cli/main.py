@@ -58,6 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         benchmark_options=parse_benchmark_options(getattr(args, "benchmark_option", [])),
         generation=_generation_plan(args),
         report_cluster=args.cluster,
+        compare_published=args.compare_published,
         control_seed=args.seed,
         protocol=args.protocol,
         chat_template=args.chat_template,

@@ -81,9 +81,10 @@ def _plots(runs: list["Run"], folder: Path, p_adjust: str = "holm") -> tuple[dic
 
 
 def write_run_report(output: str | Path, results: dict[str, Any], cluster: str = "auto",
-                     p_adjust: str = "holm") -> str | None:
+                     p_adjust: str = "holm", compare_published: bool = False) -> str | None:
     """``report.html`` for the run (or grid) just written into ``output``; ``results`` is its results.json
-    content (``{"runs": [...]}`` for a grid); ``cluster`` and ``p_adjust`` as in :func:`write_report`. Never
+    content (``{"runs": [...]}`` for a grid); ``cluster``, ``p_adjust`` and ``compare_published`` (the
+    Reproduction table) as in :func:`write_report`. Never
     raises: the run's results are already on disk, so a problem is returned as a one-line note (``None`` when
     all went well)."""
     import tempfile
@@ -104,7 +105,10 @@ def write_run_report(output: str | Path, results: dict[str, Any], cluster: str =
             figures, note = _plots(runs, Path(folder), p_adjust)
             notes = caveats(runs)
             notes += [note] if note and not any(note in line for line in notes) else []
-            write_html(runs, with_seeds(build_tables(runs, p_adjust)), figures, notes, output / "report.html")
+            tables = with_seeds(build_tables(runs, p_adjust))
+            if compare_published:
+                _reproduction(tables, runs)
+            write_html(runs, tables, figures, notes, output / "report.html")
         return None
     except Exception as error:  # noqa: BLE001 - the run succeeded; its report must not undo that
         return (f"report.html not written ({type(error).__name__}: {error}); "

@@ -64,6 +64,7 @@ CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "prefix_cache": ((bool,), "true or false"),
     "lock_timeout": ((int, float), "seconds"),
     "cluster": ((str,), "auto or none (what report.html's intervals resample)"),
+    "compare_published": ((bool,), "true or false (report.html's Reproduction table)"),
     "detector": ((str,), "rule or a detector folder"),
     "protocol": ((str,), "a paper protocol name (clean, medheval-baseline, … ; medheval/run/paper_protocols)"),
     "chat_template": ((str,), "model, vicuna_v1, llava_v1 or mistral_instruct"),
@@ -75,6 +76,7 @@ CLI_REPLACES = {"data_dir": "data_dir", "limit": "limit", "batch_size": "batch_s
                 "seed": "seed", "device": "device", "dtype": "dtype", "upstream_compat": "upstream_compat",
                 "on_missing": "on_missing", "judge": "judge", "lock_timeout": "lock_timeout",
                 "detector": "detector", "prefix_cache": "prefix_cache", "cluster": "cluster",
+                "compare_published": "compare_published",
                 "protocol": "protocol", "chat_template": "chat_template"}
 CLI_GENERATION = ("max_new_tokens", "do_sample", "temperature", "top_p")
 
@@ -381,7 +383,8 @@ def run_spec(config: GridConfig, model: str, labels: Mapping[str, str]) -> RunSp
                    allow_remote_credentialed=tuple(config.get("allow_remote_credentialed", ())),
                    lock_timeout=float(config.get("lock_timeout", 0.0)), detector=config.get("detector"),
                    benchmark_options=config.get("benchmark_options", {}), generation=config.generation,
-                   report_cluster=config.get("cluster", "auto"), control_seed=int(config.get("seed", 0)),
+                   report_cluster=config.get("cluster", "auto"),
+                   compare_published=bool(config.get("compare_published", False)), control_seed=int(config.get("seed", 0)),
                    protocol=config.get("protocol", "clean"), chat_template=config.get("chat_template"))
 
 
@@ -437,7 +440,8 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
         if group.is_main:
             atomic_write_text(output / "results.json", json.dumps(combined, indent=2, sort_keys=True, default=str))
             write_grid_markdown(runs, output / "results.md", heading="models × mitigations")
-            write_report_html(output, combined, config.get("cluster", "auto"))
+            write_report_html(output, combined, config.get("cluster", "auto"),
+                              bool(config.get("compare_published", False)))
     return combined
 
 

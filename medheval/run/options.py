@@ -106,6 +106,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", choices=("auto", "none"), default="auto",
                         help="what report.html's intervals resample: auto (default) each split's declared unit "
                              "(image, study, report or item), none items one by one (as `medheval report --cluster`)")
+    parser.add_argument("--compare-published", action="store_true",
+                        help="report.html gets the Reproduction table: each cell beside the papers' published "
+                             "value, with the difference where the run is comparable (as `medheval report "
+                             "--compare-published`; docs/reproduction.md)")
     parser.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
                         help="when another run holds --output: wait up to SECONDS for it (default 0: refuse at once)")
     parser.add_argument("--task", choices=("generate", "detection"), default="generate",

@@ -89,6 +89,7 @@ class RunSpec:
     # generation settings per benchmark / answer type (medheval.run.generation); None: the backend's own for all
     generation: GenerationPlan | None = None
     report_cluster: str = "auto"  # report.html's intervals: each split's declared cluster unit, or "none" (items)
+    compare_published: bool = False  # report.html's Reproduction table (the papers' published cells beside the run's)
     # image-blind control (medheval.run.control): none, no_image, blank or noise; noise is drawn from control_seed
     control: str = "none"
     control_seed: int = 0
@@ -707,7 +708,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                 results["provenance"] = run_provenance.of_run(results)
                 atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
                 write_markdown(results, output / "results.md")
-                write_report_html(output, results, spec.report_cluster)
+                write_report_html(output, results, spec.report_cluster, spec.compare_published)
     return results if group.is_main else json.loads((output / "results.json").read_text())
 
 
@@ -788,13 +789,15 @@ def _report_plan() -> dict[str, Any]:
     return {"html": "report.html", "note": note}
 
 
-def write_report_html(output: Path, results: dict[str, Any], cluster: str = "auto") -> None:
+def write_report_html(output: Path, results: dict[str, Any], cluster: str = "auto",
+                      compare_published: bool = False) -> None:
     """``report.html`` beside ``results.md``, written last (:func:`medheval.report.build.write_run_report`;
-    ``cluster``: ``auto`` or ``none``, as ``medheval report --cluster``): the results are on disk already, so
+    ``cluster``: ``auto`` or ``none``, as ``medheval report --cluster``; ``compare_published``: with the
+    Reproduction table, as ``medheval report --compare-published``): the results are on disk already, so
     a problem here is printed, never raised."""
     from medheval.report.build import write_run_report
 
-    problem = write_run_report(output, results, cluster)
+    problem = write_run_report(output, results, cluster, compare_published=compare_published)
     if problem:
         print(f"note: {problem}", file=sys.stderr)
 
@@ -919,7 +922,7 @@ def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, st
 
             path = Path(spec.output) / "results.md"
             atomic_write_text(path, path.read_text() + "\n" + to_markdown(seeded))
-        write_report_html(Path(spec.output), combined, spec.report_cluster)
+        write_report_html(Path(spec.output), combined, spec.report_cluster, spec.compare_published)
     if seeds:
         return {"runs": runs, "seeds": list(seeds)}
     return runs[0] if len(runs) == 1 else {"runs": runs}
