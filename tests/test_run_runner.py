@@ -543,19 +543,26 @@ def test_a_predictions_file_given_relative_then_absolute_is_the_same_setting(fix
     assert main([*base, "--predictions", "./p.jsonl"]) == 0
 
 
-def test_fixture_data_is_said_once_and_a_modified_copy_once_per_file(fixture_benchmark, tmp_path):
+def test_fixture_data_is_said_once_and_a_modified_copy_once_per_file(fixture_benchmark, tmp_path, capsys,
+                                                                        monkeypatch):
     """Issue 23 point 16: the embedded fixture differs from every pin by design: one warning per run, none per
-    file; a real modified copy warns per file once, and a report over several runs lists it once with its runs."""
+    file, and on the console once per process (a grid's runs each list it); a real modified copy warns per file
+    once, and a report over several runs lists it once with its runs."""
     import shutil
 
+    from medheval.run import runner
     from medheval.run.runner import FIXTURE_WARNING
 
+    monkeypatch.setattr(runner, "_NOTED", set())  # said once per process: forget what earlier tests said
     ds = load_benchmark("mm_vishal", data_dir=fixture_benchmark["data_dir"])
     path = _write_jsonl(tmp_path / "p.jsonl", [{"id": rid, "prediction": "yes"} for rid in ds["id"]])
     base = ["run", "--benchmark", "mm_vishal", "--predictions", str(path)]
-    assert main([*base, "--output", str(tmp_path / "a"), "--data-dir", fixture_benchmark["data_dir"]]) == 0
-    warnings = json.loads((tmp_path / "a" / "results.json").read_text())["warnings"]
-    assert warnings == [FIXTURE_WARNING]
+    capsys.readouterr()
+    for name in ("a", "a2"):
+        assert main([*base, "--output", str(tmp_path / name), "--data-dir", fixture_benchmark["data_dir"]]) == 0
+        warnings = json.loads((tmp_path / name / "results.json").read_text())["warnings"]
+        assert warnings == [FIXTURE_WARNING]
+    assert capsys.readouterr().err.count(FIXTURE_WARNING) == 1
     copy = tmp_path / "copy" / "benchmark_data"
     shutil.copytree(fixture_benchmark["data_dir"], copy)
     (copy / ".medheval-fixture").unlink()  # now "a modified copy" of the released files

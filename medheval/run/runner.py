@@ -370,10 +370,13 @@ def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_miss
     return loaded
 
 
-def _warn(warnings: list[str], text: str) -> None:
-    """A problem the run survives: shown on the console now and listed in results.json / results.md."""
+def _warn(warnings: list[str], text: str, console_once: bool = False) -> None:
+    """A problem the run survives: shown on the console now and listed in results.json / results.md.
+    ``console_once``: shown once per process (a grid's runs each list it, the console says it once)."""
     warnings.append(text)
-    if process_group().is_main:  # once per launch, not once per process
+    if process_group().is_main and not (console_once and text in _NOTED):  # once per launch, not per process
+        if console_once:
+            _NOTED.add(text)
         print(f"warning: {text}", file=sys.stderr)
 
 
@@ -406,7 +409,7 @@ def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
     for entry in loaded.files:
         if entry.get("fixture"):  # differs from the pins by design: said once per run, not per file
             if FIXTURE_WARNING not in warnings:
-                _warn(warnings, FIXTURE_WARNING)
+                _warn(warnings, FIXTURE_WARNING, console_once=True)
         elif entry.get("verified") is False:  # None: no pin to check against (user data, Hub snapshots)
             _warn(warnings, f"{split}: annotation file {entry['relpath']} (from --data-dir) has sha256 "
                             f"{entry['sha256']}, not the pinned {entry.get('expected_sha256', '?')}: a modified "
