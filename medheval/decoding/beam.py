@@ -58,10 +58,11 @@ from medheval.decoding.visual_tokens import MitigationError
 
 
 def _gather_beams(tensor: torch.Tensor, beam_indices: torch.Tensor) -> torch.Tensor:
-    """``tensor[b, beam_indices[b, i], ...]`` (transformers' ``_gather_beams``)."""
+    """``tensor[b, beam_indices[b, i], ...]`` (transformers' ``_gather_beams``) for indices ``>= 0``: one
+    ``gather`` (``take_along_dim`` adds a ``remainder`` launch to wrap negative indices)."""
     while beam_indices.dim() < tensor.dim():
         beam_indices = beam_indices.unsqueeze(-1)
-    return torch.take_along_dim(tensor, beam_indices, dim=1)
+    return torch.gather(tensor, 1, beam_indices.expand(*beam_indices.shape[:2], *tensor.shape[2:]))
 
 
 def _flatten(tensor: torch.Tensor) -> torch.Tensor:
