@@ -1,6 +1,6 @@
 """ClinHallu trace generation phase by phase over chunks: an API model gets whole chunks at once
 (concurrent requests, one seed each) and writes what one request at a time writes; the HF backend
-batches greedy traces and samples one request per call; resume (a log cut as a kill leaves it)
+batches greedy and sampled traces (one generator per row); resume (a log cut as a kill leaves it)
 equals an uninterrupted run; trace length/temperature run options; mitigations."""
 
 from __future__ import annotations
@@ -211,15 +211,34 @@ def test_hf_greedy_traces_are_batched_and_equal_one_at_a_time_and_resume(loaded,
     assert {e["attempts"] for e in entries} == {1} and not any(e["valid"] for e in entries if e["setting"] == "org")
 
 
-def test_hf_sampled_traces_one_request_per_call_as_before(loaded, tiny, tmp_path):
+class OneRequestPerCall(Recording):
+    """The path of a backend without per-request seeds: ClinHallu sends it one sampled request per call."""
+
+    per_request_seed = False
+
+
+def test_hf_sampled_traces_are_batched_and_equal_one_request_per_call(loaded, tiny, tmp_path):
+    """Each sampled row draws from the generator of (its request's seed, its id): a chunk in one call writes
+    what one request per call with its attempt's seed writes (the path before), and what a resumed run writes."""
     records = loaded.dataset.to_list()[:3]
     config = ProtocolConfig(max_new_tokens=6, max_attempts=2, seed=4)
     backend = _hf(tiny, batch_size=4)
-    entries = _run(backend, loaded, tmp_path / "out", config=config).generate(records)
-    # HFBackend draws one seeded stream per call: each sampled request alone, with its attempt's seed
-    assert backend.calls and all(n == 1 and seed == seeds[0] for n, seed, seeds in backend.calls)
-    assert len(backend.calls) == sum(e["attempts"] for e in entries) == 3 * 2 + 3 * 3
-    # the reply of an entry is what one generate_chat call with its seed gives (the pre-batching path)
+    assert backend.per_request_seed is True
+    entries = _run(backend, loaded, tmp_path / "batched", config=config).generate(records)
+    # ORG for 3 items, its re-asks, Rep-V + Rep-VK for 3, Rep-K for 3: requests share calls, each with its seed
+    assert max(n for n, _, _ in backend.calls) > 1
+    assert sorted(s for _, _, seeds in backend.calls for s in seeds) == sorted(
+        attempt_seed(4, e["id"], e["setting"], a) for e in entries for a in range(e["attempts"]))
+    single = OneRequestPerCall(_hf(tiny, batch_size=1).backend)
+    _run(single, loaded, tmp_path / "single", config=config).generate(records)
+    assert all(n == 1 and seed == seeds[0] for n, seed, seeds in single.calls)
+    rest = _cut(tmp_path / "batched", tmp_path / "resumed", keep=4)
+    resumed = _hf(tiny, batch_size=2)
+    _run(resumed, loaded, tmp_path / "resumed", config=config, chunk_size=2).generate(records)
+    assert sum(n for n, _, _ in resumed.calls) == sum(e["attempts"] for e in rest)
+    assert _log(tmp_path / "batched") == _log(tmp_path / "single") == _log(tmp_path / "resumed")
+    assert len(single.calls) == sum(e["attempts"] for e in entries) == 3 * 2 + 3 * 3
+    # the reply of an entry is what one generate_chat call with its seed gives
     by_key = {(e["id"], e["setting"]): e for e in entries}
     fresh = _hf(tiny, batch_size=1)
     record = records[1]
@@ -233,6 +252,9 @@ def test_hf_sampled_traces_one_request_per_call_as_before(loaded, tiny, tmp_path
                 "assistant_prefix": request.assistant_prefix}
         assert fresh.generate_chat([chat], [images], seed=entry["seed"],
                                    overrides=config.generation_overrides()) == [entry["reply"]]
+    # a custom_generate that is not built on the decoding loop draws from the global RNG: one request per call
+    fresh.backend.generate_kwargs["custom_generate"] = lambda *args, **kwargs: None
+    assert fresh.per_request_seed is False
 
 
 # --------------------------------------------------------------------- run options, mitigations (run_eval)
@@ -309,3 +331,15 @@ def test_a_mitigation_that_cannot_sample_is_refused_before_any_generation(snapsh
         assert "clinhallu.temperature='warm': expected a number >= 0" in capsys.readouterr().err
         assert server.request_count == 0
     assert not (tmp_path / "a" / "clinhallu").exists() and not (tmp_path / "b" / "clinhallu").exists()
+
+
+def test_hf_chunk_benchmark_writes_the_log_of_one_request_per_call():
+    """``benchmarks/bench_clinhallu_hf.py`` (the speed-up of chunks over one request per call) on 2 items."""
+    import importlib.util
+
+    path = REPO / "benchmarks" / "bench_clinhallu_hf.py"
+    spec = importlib.util.spec_from_file_location("bench_clinhallu_hf", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    measured = bench.main(["--items", "2", "--batch-size", "2", "--max-new-tokens", "3"])
+    assert measured["same_log"] == 1.0 and measured["chunks_items_per_s"] > 0 < measured["one_per_call_items_per_s"]

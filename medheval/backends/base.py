@@ -24,8 +24,9 @@ class Backend(Protocol):
             record's volumes, read with nibabel, in ``record["volumes"]`` ({name: 3D array}).
         per_request_seed: optional; ``True`` when ``generate_chat`` samples each request with its own
             ``"seed"`` key, so a reply never depends on the other requests of the call
-            (``APIBackend``). ClinHallu then sends sampled traces in whole chunks; otherwise one
-            request per call while sampling (``HFBackend``: one torch seed per call).
+            (``APIBackend``; ``HFBackend`` when sampling goes through its decoding loop, one generator
+            per row). ClinHallu then sends sampled traces in whole chunks; otherwise one request per
+            call while sampling.
 
     Optional, found by the runner when present: ``generate(records, images, overrides=...)`` (a keyword
     ``overrides`` or ``**kwargs``) receives per-call generation settings (``max_new_tokens`` … by

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -116,19 +116,30 @@ def load_model_and_processor(model_id: str | os.PathLike, *, dtype: torch.dtype,
                             **kwargs)
 
 
-def row_sampling(custom_generate: Any, seed: int, keys: list[str]) -> dict[str, Any]:
-    """``generate`` arguments that make each row sample from its own generator, seeded from ``(seed, key)``
-    (:mod:`medheval.decoding.sampling`): our decoding loop (a mitigation's, or the plain
-    :class:`~medheval.decoding.loop.DecodingMethod`) with a :class:`~medheval.decoding.sampling.RowSampler`.
-    A ``custom_generate`` of another kind (a callable not built on the loop) keeps the global torch RNG."""
+def draws_per_row(custom_generate: Any) -> bool:
+    """Whether sampling with this ``custom_generate`` goes through our decoding loop, one generator per row
+    (:func:`row_sampling`): none given (the plain loop), a mitigation, or a Hub folder of ours."""
     from medheval.decoding.loop import DecodingMethod
-    from medheval.decoding.sampling import RowSampler
 
-    if custom_generate is None:
-        custom_generate = DecodingMethod()
-    elif not isinstance(custom_generate, (DecodingMethod, str)):
+    return custom_generate is None or isinstance(custom_generate, (DecodingMethod, str))
+
+
+def row_sampling(custom_generate: Any, seed: int | Sequence[int], keys: list[str]) -> dict[str, Any]:
+    """``generate`` arguments that make each row sample from its own generator, seeded from ``(seed, key)``
+    (:mod:`medheval.decoding.sampling`; ``seed``: one for every row, or one per row): our decoding loop (a
+    mitigation's, or the plain :class:`~medheval.decoding.loop.DecodingMethod`) with a
+    :class:`~medheval.decoding.sampling.RowSampler`. A ``custom_generate`` of another kind (a callable not built
+    on the loop) keeps the global torch RNG."""
+    from medheval.decoding.loop import DecodingMethod
+    from medheval.decoding.sampling import RowSampler, row_seed
+
+    if not draws_per_row(custom_generate):
         return {}
-    return {"custom_generate": custom_generate, "sampler": RowSampler.for_keys(seed, keys)}
+    seeds = [int(seed)] * len(keys) if isinstance(seed, int) else [int(s) for s in seed]
+    if len(seeds) != len(keys):
+        raise BackendError(f"{len(seeds)} seeds for {len(keys)} rows; give one seed, or one per row")
+    sampler = RowSampler([row_seed(s, str(key)) for s, key in zip(seeds, keys)])
+    return {"custom_generate": custom_generate if custom_generate is not None else DecodingMethod(), "sampler": sampler}
 
 
 class HFBackend:
@@ -169,9 +180,6 @@ class HFBackend:
     """
 
     needs_images = True
-    # one seed per generate call (a request's own "seed" key is not read); each row samples from its own
-    # generator seeded from (seed, request id), so rows do not depend on the rows beside them
-    per_request_seed = False
 
     def __init__(
         self,
@@ -339,12 +347,20 @@ class HFBackend:
         # "ASSISTANT: prefix", but "<|im_start|>assistant\nprefix" after a turn header that ends with a newline
         return f"{text}{assistant_prefix}" if text[-1:].isspace() else f"{text} {assistant_prefix}"
 
+    @property
+    def per_request_seed(self) -> bool:
+        """Whether :meth:`generate_chat` samples each request from its own generator, seeded by the request's
+        ``"seed"`` and id, so a reply does not depend on the requests beside it (ClinHallu then batches its
+        sampled traces): true when sampling goes through our decoding loop (:func:`draws_per_row`)."""
+        return draws_per_row(self.generate_kwargs.get("custom_generate"))
+
     def generate_chat(self, requests: list[dict], images: list[list] | None = None, *, seed: int | None = None,
                       overrides: dict | None = None) -> list[str]:
-        """One reply per request (``{"id", "system", "user", "assistant_prefix"}``), batched like
-        :meth:`generate`; the reply excludes the prefix. ``seed`` replaces the backend's seed and
-        ``overrides`` the generation settings (e.g. sampling at temperature 0.7) for this call
-        (one seed per call: a request's own ``"seed"`` key is not used, ``per_request_seed = False``)."""
+        """One reply per request (``{"id", "system", "user", "assistant_prefix"}``, optionally ``"seed"``),
+        batched like :meth:`generate`; the reply excludes the prefix. ``seed`` replaces the backend's seed and
+        ``overrides`` the generation settings (e.g. sampling at temperature 0.7) for this call; a sampled request
+        with its own ``"seed"`` draws from the generator of (its seed, its id), the one a call with that seed
+        alone would use (:attr:`per_request_seed`)."""
         images = images if images is not None else [[] for _ in requests]
         if len(images) != len(requests):
             raise BackendError(f"got {len(requests)} requests but {len(images)} image lists; pass one list per request")
@@ -354,11 +370,14 @@ class HFBackend:
             texts = [self.format_chat(r.get("system", ""), r["user"], r.get("assistant_prefix", ""), len(imgs),
                                       bool(r.get("text_first")), r.get("enable_thinking"))
                      for r, imgs in zip(chunk, chunk_images)]
-            outputs.extend(self._generate_texts(texts, [list(x) for x in chunk_images], chunk, seed, overrides))
+            call_seed = self.seed if seed is None else seed
+            row_seeds = [r["seed"] if r.get("seed") is not None else call_seed for r in chunk]
+            outputs.extend(self._generate_texts(texts, [list(x) for x in chunk_images], chunk, seed, overrides,
+                                                row_seeds=row_seeds))
         return outputs
 
     def _generate_texts(self, texts: list[str], images: list[list], records: list[dict], seed: int | None = None,
-                        overrides: dict | None = None) -> list[str]:
+                        overrides: dict | None = None, row_seeds: list[int] | None = None) -> list[str]:
         proc_kwargs: dict[str, Any] = {"text": texts, "padding": True, "return_tensors": "pt"}
         if any(images):  # one list per prompt: Gemma 3 and Idefics3 need the nesting, the others accept it
             proc_kwargs["images"] = [list(imgs) for imgs in images]
@@ -378,7 +397,8 @@ class HFBackend:
         settings = {**self._generation_kwargs(), **(overrides or {})}
         if settings.get("do_sample"):
             keys = [r.get("id") if r.get("id") is not None else text for r, text in zip(records, texts)]
-            settings.update(row_sampling(settings.get("custom_generate"), seed, keys))
+            settings.update(row_sampling(settings.get("custom_generate"), seed if row_seeds is None else row_seeds,
+                                         keys))
         kwargs = self._compiled_kwargs(settings)
         with torch.inference_mode(), compiled_decoding(self.compile):
             out = self.model.generate(**inputs, **kwargs)

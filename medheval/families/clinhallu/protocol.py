@@ -7,11 +7,11 @@ judge and three step judges, resumable per (item, setting).
    ``max_attempts`` generations, then kept as invalid and counted; Rep-V and Rep-VK together; then
    Rep-K, which starts from the model's own ORG VR. Each attempt samples with its own seed, derived
    from (seed, item id, setting, attempt) (:func:`attempt_seed`). A backend that takes a seed per
-   request (``per_request_seed = True``, e.g. :class:`~medheval.backends.api.APIBackend`) gets
-   whole chunks at once, since a reply then does not depend on the rest of the call; any other
-   backend gets one call per (item, setting, attempt) while sampling (``HFBackend`` draws one
-   seeded stream per call, so a sampled row would depend on the batch) and whole chunks when
-   greedy. Either way a resumed run repeats an uninterrupted one. Under greedy decoding a
+   request (``per_request_seed = True``: :class:`~medheval.backends.api.APIBackend`, and
+   ``HFBackend``, whose rows draw from generators seeded by their request's seed) gets whole chunks
+   at once, since a reply then does not depend on the rest of the call; any other backend gets one
+   call per (item, setting, attempt) while sampling, and whole chunks when greedy. Either way a
+   resumed run repeats an uninterrupted one. Under greedy decoding a
    regenerated ORG trace would repeat the first, so ORG gets one attempt. One line per (item,
    setting) goes to ``clinhallu_generations.jsonl`` (append-only, flushed:
    :mod:`medheval.run.predictions_log`) as soon as its call returns.
