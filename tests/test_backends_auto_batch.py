@@ -60,6 +60,28 @@ def test_auto_backs_off_on_out_of_memory_and_keeps_every_record(monkeypatch):
         HFBackend(model, processor, batch_size="auto", max_new_tokens=4, compile=False).generate(RECORDS[:1], images[:1])
 
 
+def test_chat_requests_back_off_too_and_keep_every_reply(monkeypatch):
+    """``generate_chat`` (ClinHallu's traces) under ``--batch-size auto``: the same estimate and halving on
+    out-of-memory as ``generate``, the replies of a batch of one; sampled requests with their own seeds too."""
+    model, processor = build_tiny_llava(seed=0)
+    requests = [{"id": f"q{i}", "system": "You answer briefly.", "user": f"Question {i}: what is seen?",
+                 "assistant_prefix": "", "seed": 10 + i} for i in range(5)]
+    images = [[Image.fromarray(np.random.RandomState(i).randint(0, 255, (30, 30, 3), dtype=np.uint8))]
+              for i in range(len(requests))]
+    sampled = {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
+    single = HFBackend(model, processor, batch_size=1, max_new_tokens=4, compile=False)
+    expected = [single.generate_chat(requests, images), single.generate_chat(requests, images, overrides=sampled)]
+    auto = HFBackend(model, processor, batch_size="auto", max_new_tokens=4, compile=False)
+    estimated = []
+    monkeypatch.setattr(HFBackend, "estimate_batch_size",
+                        lambda self, records, imgs, overrides=None, first_text=None: estimated.append(first_text) or 8)
+    seen = out_of_memory_above(monkeypatch, rows=2)
+    assert [auto.generate_chat(requests, images), auto.generate_chat(requests, images, overrides=sampled)] == expected
+    assert max(seen) == 5 and 3 not in seen and 2 in seen  # 5 rows refused, then 2 at a time (2, 2, 1)
+    assert auto.take_auto_batch_size() == 2  # the batch size it settled on
+    assert len(estimated) == 2 and all("Question 0" in text for text in estimated)  # one estimate per settings
+
+
 def test_estimate_counts_streams():
     model, processor = build_tiny_llava(seed=0)
     plain = HFBackend(model, processor, batch_size="auto", max_new_tokens=4, compile=False)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -364,17 +364,25 @@ class HFBackend:
         images = images if images is not None else [[] for _ in requests]
         if len(images) != len(requests):
             raise BackendError(f"got {len(requests)} requests but {len(images)} image lists; pass one list per request")
+        call_seed = self.seed if seed is None else seed
+
+        def replies(chunk: list[dict], chunk_images: list[list], overrides: dict | None) -> list[str]:
+            texts = [self._chat_text(request, len(imgs)) for request, imgs in zip(chunk, chunk_images)]
+            row_seeds = [r["seed"] if r.get("seed") is not None else call_seed for r in chunk]
+            return self._generate_texts(texts, chunk_images, chunk, seed, overrides, row_seeds=row_seeds)
+
+        if self.auto_batch and requests:  # the same estimate and out-of-memory back-off as generate()
+            first = self._chat_text(requests[0], len(images[0]))
+            return self._generate_auto(requests, images, overrides, run_batch=replies, first_text=first)
         outputs: list[str] = []
         for start in range(0, len(requests), self.batch_size):
-            chunk, chunk_images = requests[start:start + self.batch_size], images[start:start + self.batch_size]
-            texts = [self.format_chat(r.get("system", ""), r["user"], r.get("assistant_prefix", ""), len(imgs),
-                                      bool(r.get("text_first")), r.get("enable_thinking"))
-                     for r, imgs in zip(chunk, chunk_images)]
-            call_seed = self.seed if seed is None else seed
-            row_seeds = [r["seed"] if r.get("seed") is not None else call_seed for r in chunk]
-            outputs.extend(self._generate_texts(texts, [list(x) for x in chunk_images], chunk, seed, overrides,
-                                                row_seeds=row_seeds))
+            end = start + self.batch_size
+            outputs.extend(replies(requests[start:end], [list(x) for x in images[start:end]], overrides))
         return outputs
+
+    def _chat_text(self, request: dict, num_images: int) -> str:
+        return self.format_chat(request.get("system", ""), request["user"], request.get("assistant_prefix", ""),
+                                num_images, bool(request.get("text_first")), request.get("enable_thinking"))
 
     def _generate_texts(self, texts: list[str], images: list[list], records: list[dict], seed: int | None = None,
                         overrides: dict | None = None, row_seeds: list[int] | None = None) -> list[str]:
@@ -455,18 +463,20 @@ class HFBackend:
         spec = method.spec() if hasattr(method, "spec") else str(method or "none")
         return json.dumps([spec, _jsonable(overrides or {})], sort_keys=True, default=str)
 
-    def estimate_batch_size(self, records: list[dict], images: list[list], overrides: dict | None = None) -> int:
+    def estimate_batch_size(self, records: list[dict], images: list[list], overrides: dict | None = None,
+                            first_text: str | None = None) -> int:
         """The largest batch expected to fit in the device's free memory (at most :data:`AUTO_MAX`).
 
         Per record: the KV cache of ``rows x (prompt + new tokens)`` (``rows``: 2 for a two-stream method, the
         beams of OPERA; the static cache's rounding counted), float32 logits and the prefill's activations;
-        the first record's prompt (x 1.25) stands for the batch's. The OOM back-off corrects a wrong guess.
+        the first record's prompt (x 1.25; ``first_text``: that prompt already rendered, e.g. a chat request's)
+        stands for the batch's. The OOM back-off corrects a wrong guess.
         """
         kwargs = {**self._generation_kwargs(), **(overrides or {})}
         method = kwargs.get("custom_generate")
         rows = int(method.rows_per_record()) if hasattr(method, "rows_per_record") else 1
         rows *= int(kwargs.get("num_beams") or 1) if method is None else 1
-        text = self.format_prompt(records[0], len(images[0]))
+        text = first_text if first_text is not None else self.format_prompt(records[0], len(images[0]))
         proc = {"text": [text], "return_tensors": "pt"}
         if images[0]:
             proc["images"] = [list(images[0])]
@@ -481,19 +491,24 @@ class HFBackend:
                    + 3 * 4 * int(config.vocab_size) + 8 * prompt * int(config.hidden_size) * width)
         return max(1, min(AUTO_MAX, int(0.7 * _free_memory(self.device) // (rows * per_row))))
 
-    def _generate_auto(self, records: list[dict], images: list[list], overrides: dict | None) -> list[str]:
+    def _generate_auto(self, records: list[dict], images: list[list], overrides: dict | None,
+                       run_batch: Callable[[list[dict], list[list], dict | None], list[str]] | None = None,
+                       first_text: str | None = None) -> list[str]:
         """Batches of the estimated size; on out-of-memory the same records are retried at half the batch.
-        Outputs are kept only for batches that finished, so no record is lost or repeated."""
-        key = self._auto_key(overrides)
+        Outputs are kept only for batches that finished, so no record is lost or repeated. ``run_batch``: what
+        generates one batch (default :meth:`_generate_batch`; chat requests: their replies), ``first_text``: the
+        first prompt, rendered (chat requests, which learn their own batch size)."""
+        run_batch = run_batch or self._generate_batch
+        key = self._auto_key(overrides) + ("|chat" if first_text is not None else "")
         if key not in self._auto_sizes and records:
-            self._auto_sizes[key] = self.estimate_batch_size(records, images, overrides)
+            self._auto_sizes[key] = self.estimate_batch_size(records, images, overrides, first_text=first_text)
         outputs: list[str] = []
         start = 0
         while start < len(records):
             size = self._auto_sizes[key]
             end = start + size
             try:
-                done = self._generate_batch(records[start:end], [list(x) for x in images[start:end]], overrides)
+                done = run_batch(records[start:end], [list(x) for x in images[start:end]], overrides)
             except torch.OutOfMemoryError:
                 if size == 1:
                     raise
