@@ -20,8 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -73,7 +71,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     backend = build_backend(args.model, args.batch_size, args.max_new_tokens, args.device)
     config = ProtocolConfig(max_new_tokens=args.max_new_tokens, max_attempts=2, seed=0)
     items = make_items(args.items)

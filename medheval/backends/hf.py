@@ -458,10 +458,12 @@ class HFBackend:
         return outputs
 
     # -- --batch-size auto -------------------------------------------------------------
-    def _auto_key(self, overrides: dict | None) -> str:
+    def _auto_key(self, overrides: dict | None, kind: str = "records") -> str:
+        """What a learnt batch size is kept under: the method, the settings, and the kind of prompt (records, or
+        chat requests, whose prompts are longer)."""
         method = self.generate_kwargs.get("custom_generate")
         spec = method.spec() if hasattr(method, "spec") else str(method or "none")
-        return json.dumps([spec, _jsonable(overrides or {})], sort_keys=True, default=str)
+        return json.dumps([spec, _jsonable(overrides or {}), kind], sort_keys=True, default=str)
 
     def estimate_batch_size(self, records: list[dict], images: list[list], overrides: dict | None = None,
                             first_text: str | None = None) -> int:
@@ -499,7 +501,7 @@ class HFBackend:
         generates one batch (default :meth:`_generate_batch`; chat requests: their replies), ``first_text``: the
         first prompt, rendered (chat requests, which learn their own batch size)."""
         run_batch = run_batch or self._generate_batch
-        key = self._auto_key(overrides) + ("|chat" if first_text is not None else "")
+        key = self._auto_key(overrides, "records" if first_text is None else "chat")
         if key not in self._auto_sizes and records:
             self._auto_sizes[key] = self.estimate_batch_size(records, images, overrides, first_text=first_text)
         outputs: list[str] = []

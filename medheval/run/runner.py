@@ -130,12 +130,9 @@ def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mappin
         if recorded.get("backend") == "predictions_file" and isinstance(recorded.get("path"), str):
             recorded["path"] = str(Path(recorded["path"]).resolve())  # earlier versions kept the path as typed
         batch_before, batch_after = recorded.get("batch_size"), (settings.get("backend") or {}).get("batch_size")
-        if "batch_size" in recorded and batch_after is not None and batch_before != batch_after:
-            # a batch size is how records are grouped, not what they are asked: a run that ran out of memory
-            # resumes at a smaller one (noted, as rows decoded in other batches may round differently)
+        resized = "batch_size" in recorded and batch_after is not None and batch_before != batch_after
+        if resized:  # how records are grouped, not what they are asked: a run out of memory resumes at a smaller batch
             recorded["batch_size"] = batch_after
-        else:
-            batch_before = batch_after
         if previous != settings:
             before, after = _flatten(previous), _flatten(settings)
             changed = [f"{key} {json.dumps(before.get(key, '<unset>'))} → {json.dumps(after.get(key, '<unset>'))}"
@@ -144,7 +141,7 @@ def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mappin
                 f"{output} holds predictions made with different settings (changed: {'; '.join(changed)}). "
                 f"Resume with the same settings, or choose a new --output folder."
             )
-        if batch_before != batch_after:
+        if resized:  # noted: rows decoded in other batches may round differently
             _warn(warnings, f"resuming {output} made at batch size {batch_before}; this run uses {batch_after}: the "
                             f"records generated now are batched differently (in bfloat16/float16 a row's greedy "
                             f"tokens can change where rounding depends on its batch)")
