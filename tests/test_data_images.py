@@ -701,3 +701,77 @@ def test_hf_dataset_source_columns_and_paths(hf_dataset, tmp_path: Path) -> None
     duplicated = datasets.Dataset.from_dict({"id": ["x", "x"], "image": [str(path), str(path)]})
     with pytest.raises(ValueError, match="duplicate"):
         HFDatasetSource(duplicated).exists("x")
+
+
+def test_a_dataset_named_by_a_spec_reads_stored_paths_only_inside_its_own_files(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile dataset chooses the path a row stores: a local MIMIC image under a "slake" id, or ~/.netrc.
+    From a spec (a folder or a Hub id) a path is read only inside the dataset's folder or the HF caches."""
+    datasets = pytest.importorskip("datasets")
+    outside = tmp_path / "private" / "mimic.jpg"
+    outside.parent.mkdir()
+    outside.write_bytes(encode((9, 9, 9), "JPEG"))
+    hostile = tmp_path / "hostile"
+    datasets.Dataset.from_dict({"id": ["xmlab9/source.jpg"], "image": [str(outside)]}).save_to_disk(str(hostile))
+    with pytest.raises(UnsafeImagePath, match=r"row 0 stores the file path .*mimic\.jpg.*outside the dataset's folder"):
+        ImageResolver({"slake": f"hf://{hostile}"}).open_bytes("slake", "xmlab9/source.jpg")
+
+    own = tmp_path / "own"
+    (own / "files").mkdir(parents=True)
+    (own / "files" / "a.jpg").write_bytes(encode((1, 1, 1), "JPEG"))
+    datasets.Dataset.from_dict({"id": ["a"], "image": [str(own / "files" / "a.jpg")]}).save_to_disk(str(own))
+    assert ImageResolver({"slake": f"hf://{own}"}).open_bytes("slake", "a") == (own / "files" / "a.jpg").read_bytes()
+
+    # a Hub id: its rows may point into the datasets cache (its downloaded files), nowhere else
+    cache = tmp_path / "hf-cache"
+    (cache / "downloads").mkdir(parents=True)
+    (cache / "downloads" / "b.jpg").write_bytes(encode((2, 2, 2), "JPEG"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    rows = {"id": ["b", "c"], "image": [str(cache / "downloads" / "b.jpg"), str(outside)]}
+    monkeypatch.setattr(datasets, "load_dataset", lambda spec, split: datasets.Dataset.from_dict(rows))
+    hub = ImageResolver({"slake": "hf://someone/slake-images"})
+    assert hub.open_bytes("slake", "b") == (cache / "downloads" / "b.jpg").read_bytes()
+    with pytest.raises(UnsafeImagePath, match="row 1 stores the file path"):
+        hub.open_bytes("slake", "c")
+    # a Dataset object passed in Python is the caller's own: read wherever it points
+    assert HFDatasetSource(datasets.Dataset.from_dict(rows)).open_bytes("c") == outside.read_bytes()
+
+
+def test_an_image_declaring_a_huge_canvas_is_refused_before_it_is_decoded(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decompression bomb: a few KB of PNG that decode to gigabytes. The canvas is checked from the header."""
+    from medheval.data.images import check_pixels
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "big.png").write_bytes(encode((0, 0, 0), "PNG", size=(300, 200)))
+    (folder / "small.png").write_bytes(encode((0, 0, 0), "PNG", size=(100, 100)))
+    monkeypatch.setenv("MEDHEVAL_IMAGE_MAX_PIXELS", "10000")
+    resolver = ImageResolver({"vqa_rad": str(folder)})
+    assert resolver.open("vqa_rad", "small.png").size == (100, 100)  # exactly at the cap
+    with pytest.raises(ImageDecodeError, match=r"declares 300x200 = 60,000 pixels, over the cap of 10,000.*"
+                                               r"MEDHEVAL_IMAGE_MAX_PIXELS"):
+        resolver.open("vqa_rad", "big.png")
+    with Image.open(folder / "big.png") as opened:  # the judge's media and report thumbnails use the same check
+        with pytest.raises(ImageDecodeError, match="my image"):
+            check_pixels(opened, "my image")
+    monkeypatch.setenv("MEDHEVAL_IMAGE_MAX_PIXELS", "0")
+    with pytest.raises(ValueError, match="MEDHEVAL_IMAGE_MAX_PIXELS"):
+        resolver.open("vqa_rad", "small.png")
+
+
+@pytest.mark.parametrize("host, prefix", [
+    ("physionet.org", "PHYSIONET"), ("www.physionet.org", "PHYSIONET"), ("mirror.physionet.org", "PHYSIONET"),
+    ("physionet.io", "PHYSIONET_IO"), ("physionet.net", "PHYSIONET_NET"),
+    ("physionet.org.example.com", "PHYSIONET_ORG_EXAMPLE_COM"), ("images.example.com", "IMAGES_EXAMPLE_COM"),
+    ("127.0.0.1", None), ("[::1]", None),
+])
+def test_credentials_from_the_environment_go_to_their_own_host_only(host: str, prefix: str | None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PHYSIONET_PASSWORD`` was sent to any host whose second-to-last label was "physionet"."""
+    monkeypatch.setenv("PHYSIONET_USERNAME", USER)
+    monkeypatch.setenv("PHYSIONET_PASSWORD", PASSWORD)
+    source = URLTemplateSource(f"https://{host}/files/{{path}}")
+    assert source.env_prefix == prefix
+    sent = source.auth_origin == "env PHYSIONET_USERNAME/PHYSIONET_PASSWORD"
+    assert sent == (prefix == "PHYSIONET")

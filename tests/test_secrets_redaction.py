@@ -148,3 +148,44 @@ def test_the_registry_redacts_each_spelling_of_a_value_and_only_secret_named_fie
     for spelling in (secret, json.dumps(secret)[1:-1], html.escape(secret), "q%22uo%3Cte%3E%26sp%20ace-Zz91"):
         assert redact(f"before {spelling} after") == "before *** after"
     assert redact("max_tokens=987654321") == "max_tokens=987654321"  # a count, not a secret
+
+
+JUDGE_QUERY = "judge-canary-Qk72-urlkey"
+SPEC_PASSWORD = "spec-canary-Rb18-passwd"
+
+
+def test_a_judge_key_in_the_url_is_redacted_though_no_metric_builds_the_judge(fixture_benchmark, monkeypatch,
+                                                                             tmp_path, capsys):
+    """Close-ended splits never build the judge, so its URL was registered nowhere and reached results.json."""
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    with JudgeServer("openai", reply=lambda body: "Yes") as server:
+        code = _run(fixture_benchmark, tmp_path / "run", f"openai:m@{server.base_url}",
+                    "--judge", f"openai:gpt-4o@https://judge.example.invalid/v1?api-key={JUDGE_QUERY}")
+    printed = "".join(capsys.readouterr())
+    assert code == 0, printed
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert "judge.example.invalid" in json.dumps(results)  # the judge is recorded, its key is not
+    assert not _leaks(tmp_path, printed, [JUDGE_QUERY])
+
+
+def test_a_spec_refused_before_its_client_is_built_is_printed_redacted(fixture_benchmark, monkeypatch, tmp_path,
+                                                                       capsys):
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    code = _run(fixture_benchmark, tmp_path / "run",
+                f"openai:m@https://bob:{SPEC_PASSWORD}@api.example.invalid/v1?api-key={JUDGE_QUERY}",
+                "--api-option", "timeout=0")
+    printed = "".join(capsys.readouterr())
+    assert code == 2 and "timeout must be positive" in printed and "bob:***@api.example.invalid" in printed
+    assert not _leaks(tmp_path, printed, [SPEC_PASSWORD, JUDGE_QUERY])
+
+
+def test_the_shell_working_folder_is_no_secret_but_a_key_next_to_it_is():
+    """``PWD`` matched the secret-name pattern: every path under the current folder printed as ``***``, and a
+    predictions run could not resume from another folder (its recorded path changed)."""
+    from medheval.net.secrets import redact, register_environment
+
+    folder = "/home/reader/projects/medheval-canary-Wt63"
+    register_environment({"PWD": folder, "OLDPWD": folder + "-old", "MY_SERVICE_API_KEY": "svc-canary-Hn40-key"})
+    assert redact(f"{folder}/predictions.jsonl") == f"{folder}/predictions.jsonl"
+    assert redact(f"{folder}-old/x") == f"{folder}-old/x"
+    assert redact("key svc-canary-Hn40-key") == "key ***"

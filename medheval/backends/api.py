@@ -43,6 +43,7 @@ from medheval.backends.base import BackendError
 from medheval.judges import CredentialedDataError, JudgeError, JudgeRequest, make_judge, parse_spec
 from medheval.judges.cache import default_cache_dir
 from medheval.judges.endpoints import credentialed_refusal, endpoint_host, safe_base_url
+from medheval.net.secrets import register_urls_in
 from medheval.run.prompts import PROMPT_VERSION, build_prompt
 
 # spec prefixes that name an API model (``transformers:``/``hf:`` are local judges, not models under test)
@@ -122,6 +123,7 @@ class APIBackend:
                  allow_remote_credentialed: Any = None, continue_final_message: bool | None = None,
                  max_consecutive_failures: int = 8, name: str | None = None, timeout: float = 300.0,
                  deadline: float = 900.0, **options: Any):
+        register_urls_in(spec)  # a ?api-key= or password in the spec: redacted from the errors below too
         if max_new_tokens < 1:
             raise BackendError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         try:

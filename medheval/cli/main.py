@@ -431,11 +431,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from medheval.errors import USER_ERRORS
 
     from medheval.net import transport
-    from medheval.net.secrets import install_redacting_hooks, redact, register_environment
+    from medheval.net.secrets import install_redacting_hooks, redact, register_environment, register_urls_in
 
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # which flags were typed (a grid config's overrides)
     register_environment()  # OPENAI_API_KEY, HF_TOKEN, PHYSIONET_PASSWORD …: redacted wherever they appear
+    register_urls_in(args.argv)  # a password or ?api-key= in a --model/--judge/--image-root URL, before any error
     install_redacting_hooks()  # uncaught tracebacks and log records too
     proxies_before = transport.set_proxy_for(tuple(getattr(args, "proxy_for", None) or ()))
     try:

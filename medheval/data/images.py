@@ -60,6 +60,8 @@ __all__ = [
     "MimicDicomSource",
     "ImageFetchError",
     "ImageDecodeError",
+    "check_pixels",
+    "max_pixels",
     "ImageSource",
     "LocalFolderSource",
     "URLTemplateSource",
@@ -168,14 +170,13 @@ class ImageError(Exception):
 class UnsafeImagePath(ImageError, ValueError):
     """A reference that would leave its image root (absolute, ``..``, symlink out, ...)."""
 
-    def __init__(self, ref: str, root: str, reason: str = "leaves the image root") -> None:
+    def __init__(self, ref: str, root: str, reason: str = "leaves the image root", hint: str | None = None) -> None:
         self.ref = ref
         self.root = root
         self.reason = reason
-        super().__init__(
-            f"unsafe image reference {ref!r} for root {root}: {reason}. References must be relative "
-            "paths inside the image root; check the annotation file this record came from."
-        )
+        hint = hint or ("References must be relative paths inside the image root; check the annotation file this "
+                        "record came from.")
+        super().__init__(f"unsafe image reference {ref!r} for root {root}: {reason}. {hint}")
 
 
 def _root_hint(source: str | None) -> str:
@@ -333,6 +334,8 @@ DEADLINE_ENV = "MEDHEVAL_IMAGE_DEADLINE"
 MAX_MB_ENV = "MEDHEVAL_IMAGE_MAX_MB"
 DEFAULT_DEADLINE = 60.0  # seconds for one image, retries and redirects included
 DEFAULT_MAX_BYTES = 64 * 2**20  # one image (a MIMIC-CXR JPEG is 0.5-3 MB, an IU-Xray PNG far less)
+MAX_PIXELS_ENV = "MEDHEVAL_IMAGE_MAX_PIXELS"
+DEFAULT_MAX_PIXELS = 50_000_000  # one decoded image, ~150 MB as RGB (a MIMIC-CXR JPEG is about 3000x2500 = 7.5 M)
 
 
 def _env_number(name: str, default: float) -> float:
@@ -358,6 +361,24 @@ def _reason(status: int) -> str:
 _SENSITIVE_QUERY = re.compile(r"(token|key|sig|signature|secret|pass|password|auth|credential)", re.IGNORECASE)
 
 
+def max_pixels() -> int:
+    """The cap on one decoded image: ``MEDHEVAL_IMAGE_MAX_PIXELS``, default :data:`DEFAULT_MAX_PIXELS`."""
+    return int(_env_number(MAX_PIXELS_ENV, DEFAULT_MAX_PIXELS))
+
+
+def check_pixels(image: Image.Image, what: str, limit: int | None = None) -> None:
+    """Refuse an opened (not yet decoded) image whose canvas is over ``limit`` (default :func:`max_pixels`).
+    A small file can declare a huge canvas (a decompression bomb: 160 KB of PNG decoding to 13000x13000); the
+    size cap on downloads does not see it, and PIL only warns below ~179 M pixels."""
+    limit = max_pixels() if limit is None else limit
+    width, height = image.size
+    if width * height > limit:
+        raise ImageDecodeError(
+            f"{what} declares {width}x{height} = {width * height:,} pixels, over the cap of {limit:,}; it was not "
+            f"decoded. If the image is genuine, raise the cap with {MAX_PIXELS_ENV}=N."
+        )
+
+
 def _redact_url(url: str) -> str:
     """``url`` without user-info and with secret-looking query values replaced by ``***``."""
     try:
@@ -375,18 +396,25 @@ def _redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+# hosts whose credentials have a documented name; the prefix covers the host and its subdomains only
+KNOWN_CREDENTIAL_HOSTS = {"physionet.org": "PHYSIONET"}
+
+
 def _host_env_prefix(host: str) -> str | None:
-    """``physionet.org`` -> ``PHYSIONET``; None for IP addresses."""
-    host = host.strip("[]").lower()
+    """The prefix of a host's ``<PREFIX>_USERNAME``/``<PREFIX>_PASSWORD``: ``physionet.org`` (and its subdomains)
+    -> ``PHYSIONET``; any other host -> its whole name (``images.example.com`` -> ``IMAGES_EXAMPLE_COM``), so a
+    look-alike (``physionet.io``, ``physionet.org.example.com``) never gets another host's credentials; None for
+    IP addresses."""
+    host = host.strip("[]").lower().rstrip(".")
     try:
         ipaddress.ip_address(host)
         return None
     except ValueError:
         pass
-    labels = [label for label in host.split(".") if label and label != "www"]
-    if not labels:
-        return None
-    name = labels[-2] if len(labels) >= 2 else labels[0]
+    for domain, prefix in KNOWN_CREDENTIAL_HOSTS.items():
+        if host == domain or host.endswith("." + domain):
+            return prefix
+    name = host.removeprefix("www.")
     prefix = re.sub(r"[^A-Za-z0-9]", "_", name).upper()
     return prefix or None
 
@@ -407,8 +435,8 @@ class URLTemplateSource:
     >>> src = URLTemplateSource("https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path}")  # doctest: +SKIP
 
     Basic-auth credentials, first found wins: ``auth=(user, password)``; user-info in the
-    template URL; env ``<PREFIX>_USERNAME``/``<PREFIX>_PASSWORD`` (prefix from the host,
-    ``physionet.org`` -> ``PHYSIONET``, or ``env_prefix``); env
+    template URL; env ``<PREFIX>_USERNAME``/``<PREFIX>_PASSWORD`` (prefix from the whole host name,
+    ``images.example.com`` -> ``IMAGES_EXAMPLE_COM``, ``physionet.org`` -> ``PHYSIONET``, or ``env_prefix``); env
     ``MEDHEVAL_IMAGE_USERNAME``/``MEDHEVAL_IMAGE_PASSWORD``; the host's entry in ``netrc_file``
     (default ``$NETRC`` or ``~/.netrc``). Credentials never appear in ``describe()``, ``repr``
     or errors. 5xx/429 answers, connection errors and timeouts are retried ``retries`` times
@@ -669,6 +697,11 @@ class HFDatasetSource:
     a ``save_to_disk`` folder, ``datasets.load_dataset(dataset, split=split)`` otherwise). The
     reference is looked up in ``id_column``; the bytes come from the undecoded ``Image``
     storage (embedded bytes, or a path read from disk), or from a binary/path column.
+
+    A path stored in a dataset named by a spec (a Hub id or a folder) is read only inside that folder or the
+    Hugging Face caches (the dataset's own downloaded files): the dataset's author must not choose which local file
+    is read (``/home/me/.netrc``, a local MIMIC image under a non-credentialed source). A ``Dataset`` object passed
+    in Python is the caller's own, and its paths are read wherever they point.
     """
 
     is_remote = False
@@ -688,6 +721,7 @@ class HFDatasetSource:
         self._index: dict[str, int] | None = None
         self._images: Any = None
         self._lock = threading.Lock()
+        self._path_roots: list[Path] | None = None  # None: any path (the user's own dataset)
 
     def describe(self) -> str:
         if self._spec is not None:
@@ -704,8 +738,14 @@ class HFDatasetSource:
     def _load(self) -> Any:
         import datasets
 
+        from huggingface_hub import constants
+
         spec = self._spec
         path = Path(spec).expanduser() if spec is not None else None
+        # a stored path may point inside the dataset's folder or its downloaded files only
+        self._path_roots = [Path(datasets.config.HF_DATASETS_CACHE).resolve(), Path(constants.HF_HUB_CACHE).resolve()]
+        if path is not None and path.exists():
+            self._path_roots.append(path.resolve())
         if path is not None and path.is_dir() and (
             (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
         ):
@@ -781,8 +821,16 @@ class HFDatasetSource:
         if isinstance(value, (bytes, bytearray, memoryview)):
             return bytes(value)
         if isinstance(value, str) and value:
+            stored = Path(value).resolve()
+            if self._path_roots is not None and not any(root == stored or root in stored.parents
+                                                        for root in self._path_roots):
+                raise UnsafeImagePath(
+                    ref, self.describe(), f"row {row} stores the file path {value!r}, outside the dataset's folder and "
+                    "the Hugging Face caches", "A dataset may only point at its own files: use one that embeds the "
+                    "image bytes (cast the column to datasets.Image() before save_to_disk), or pass the image "
+                    "folder itself as --image-root SOURCE=FOLDER.")
             try:
-                return Path(value).read_bytes()
+                return stored.read_bytes()
             except OSError:
                 raise ImageNotFound(None, ref, value, "the dataset row stores a file path that is not readable here") from None
         if isinstance(value, Image.Image):
@@ -1022,10 +1070,14 @@ class ImageResolver:
     def open(self, source: str, ref: str) -> Image.Image:
         """Image ``ref`` of ``source`` decoded as RGB."""
         data = self.open_bytes(source, ref)
+        limit = max_pixels()
         try:
             with Image.open(io.BytesIO(data)) as image:
+                check_pixels(image, f"image {ref!r} (source {source!r}, {len(data)} bytes)", limit)
                 image.load()
                 return image.convert("RGB")
+        except ImageDecodeError:
+            raise
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
             raise ImageDecodeError(
                 f"image {ref!r} (source {source!r}, {len(data)} bytes) could not be decoded: "

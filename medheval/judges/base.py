@@ -243,6 +243,9 @@ class Judge:
         secrets: Iterable[str] = (),
         max_consecutive_failures: int | None = 8,
     ):
+        self._secrets = tuple(s for s in secrets if s)
+        register_secrets(*self._secrets)  # redacted from every output of the run (errors below included)
+        register_url(base_url)  # a password or ?key= in the base URL, too
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if max_retries < 0 or max_invalid_retries < 0:
@@ -266,9 +269,6 @@ class Judge:
         self.progress = progress
         self.backoff_base = float(backoff_base)
         self.backoff_max = float(backoff_max)
-        self._secrets = tuple(s for s in secrets if s)
-        register_secrets(*self._secrets)  # redacted from every output of the run, not only this judge's
-        register_url(base_url)  # a password or ?key= in the base URL, too
         # HTTP backends: stop the run (JudgeError) once this many records in a row failed for good because
         # the endpoint call failed (retries exhausted, a 4xx); an unusable reply shows the endpoint works
         self.max_consecutive_failures = max_consecutive_failures

@@ -48,7 +48,10 @@ class JudgeImage:
             return self.source
         from PIL import Image
 
+        from medheval.data.images import check_pixels
+
         image = Image.open(io.BytesIO(self.data))
+        check_pixels(image, f"judge image {self.digest[:12]} ({len(self.data)} bytes)")
         image.load()
         return image
 
@@ -66,8 +69,11 @@ def to_judge_image(image: Any) -> JudgeImage:
         if mime is None:
             from PIL import Image
 
+            from medheval.data.images import check_pixels
+
             try:
                 pil = Image.open(io.BytesIO(data))
+                check_pixels(pil, "the image")
                 pil.load()
             except Exception as err:  # noqa: BLE001 - say what was wrong
                 raise ValueError(f"image bytes are not a readable image ({len(data)} bytes): {err}") from err

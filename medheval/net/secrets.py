@@ -30,6 +30,11 @@ MASK = "***"
 # names that mark a value as a secret (field names in extra_body, environment variables)
 SECRET_NAME = re.compile(r"key|token(?!s)|secret|pass(word|wd|phrase)?|pwd|auth|cookie|credential|signature|session",
                          re.IGNORECASE)
+# environment variables named like secrets that hold none: the shell's working folders (``PWD`` would blank out
+# every path under the current folder), agent sockets and desktop-session plumbing
+NOT_SECRET_ENVIRONMENT = frozenset({"PWD", "OLDPWD", "SSH_AUTH_SOCK", "GPG_AGENT_INFO", "XAUTHORITY",
+                                    "DBUS_SESSION_BUS_ADDRESS", "SESSION_MANAGER", "XDG_SESSION_ID",
+                                    "XDG_SESSION_TYPE", "XDG_SESSION_CLASS", "XDG_SESSION_DESKTOP", "XDG_SESSION_PATH"})
 # headers that never carry a secret (their values are not registered)
 PLAIN_HEADERS = frozenset({"accept", "accept-encoding", "accept-language", "content-type", "user-agent",
                            "anthropic-version", "anthropic-beta", "openai-beta", "api-version", "connection"})
@@ -97,11 +102,31 @@ def register_url(url: str | None) -> None:
     register_secrets(password, *(value for _, value in parse_qsl(parts.query, keep_blank_values=False)))
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def register_urls_in(value: Any) -> None:
+    """:func:`register_url` for every URL inside the strings of a JSON-like value (a ``--model`` or ``--judge``
+    spec, ``openai:gpt-4o@https://host/v1?api-key=…``), and :func:`register_named` for its secret-named fields;
+    called where a spec enters, before anything can print it."""
+    if isinstance(value, str):
+        for url in _URL.findall(value):
+            register_url(url)
+    elif isinstance(value, Mapping):
+        register_named(value)
+        for item in value.values():
+            register_urls_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            register_urls_in(item)
+
+
 def register_environment(environ: Mapping[str, str] | None = None) -> None:
     """Register the values of environment variables named like secrets (``*_API_KEY``, ``HF_TOKEN``,
     ``PHYSIONET_PASSWORD`` …)."""
     environ = os.environ if environ is None else environ
-    register_secrets(*(value for name, value in environ.items() if SECRET_NAME.search(name)))
+    register_secrets(*(value for name, value in environ.items()
+                       if SECRET_NAME.search(name) and name.upper() not in NOT_SECRET_ENVIRONMENT))
 
 
 def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
@@ -172,5 +197,5 @@ def install_redacting_hooks() -> None:
     logging.setLogRecordFactory(redacting_record)
 
 
-__all__ = ["install_redacting_hooks", "register_basic_auth", "MIN_LENGTH", "PLAIN_HEADERS", "SECRET_NAME", "redact", "redact_data", "register_environment",
-           "register_headers", "register_named", "register_secrets", "register_url"]
+__all__ = ["install_redacting_hooks", "register_basic_auth", "MIN_LENGTH", "NOT_SECRET_ENVIRONMENT", "PLAIN_HEADERS", "SECRET_NAME", "redact", "redact_data", "register_environment",
+           "register_headers", "register_named", "register_secrets", "register_url", "register_urls_in"]

@@ -191,12 +191,15 @@ def _thumbnail(item: dict[str, Any], image_roots: dict[str, str]) -> str | None:
         return None
     from PIL import Image
 
+    from medheval.data.images import ImageDecodeError, check_pixels
+
     try:
         with Image.open(path) as image:
+            check_pixels(image, f"image {path.name}")
             image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
             buffer = io.BytesIO()
             image.convert("RGB").save(buffer, format="PNG")
-    except OSError:
+    except (OSError, ImageDecodeError):
         return None
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 

@@ -34,7 +34,7 @@ from medheval.run.prompts import describe_templates
 from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
 from medheval.run import provenance as run_provenance
 from medheval.data.registry import list_units, unit_dir
-from medheval.net.secrets import redact
+from medheval.net.secrets import redact, register_urls_in
 from medheval.run.protocol import (
     RECORD_INPUTS,
     RunError,
@@ -99,6 +99,11 @@ class RunSpec:
     # run() alone only records it
     protocol: str = "clean"
     chat_template: str | None = None  # --chat-template: a named conversation template, beats the protocol's
+
+    def __post_init__(self) -> None:
+        # a judge spec's ?api-key= or password, and secret-named fields of a dict spec, are redacted from
+        # everything the run writes, even when no metric builds the judge
+        register_urls_in([self.judge, list(self.allow_remote_credentialed or ())])
 
     @property
     def image_control(self) -> Control:

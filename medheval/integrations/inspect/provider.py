@@ -51,6 +51,8 @@ from inspect_ai.model import (
 from inspect_ai.tool import ToolChoice, ToolInfo
 from PIL import Image
 
+from medheval.data.images import ImageDecodeError, check_pixels
+
 PROVIDER = "medheval"
 
 
@@ -74,6 +76,10 @@ def decode_image(image: str) -> Image.Image:
             raise ProviderError(f"image file {image!r} does not exist")
         data = path.read_bytes()
     with Image.open(io.BytesIO(data)) as opened:
+        try:
+            check_pixels(opened, f"image {image[:80]!r}")
+        except ImageDecodeError as err:
+            raise ProviderError(str(err)) from None
         return opened.convert("RGB")
 
 
