@@ -209,6 +209,7 @@ def test_protocol_recorded_and_refused_on_resume(fixture_benchmark, tmp_path, ca
     assert code == 0, capsys.readouterr().err
     results = json.loads((output / "results.json").read_text())
     assert results["protocol"]["name"] == "medheval-baseline"
+    assert results["scoring"]["upstream_compat"] is True  # the paper's scorer comes with its protocol
     assert json.loads((output / "run.json").read_text())["protocol"]["name"] == "medheval-baseline"
     entries = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     assert {json.dumps(e["generation"], sort_keys=True) for e in entries} == {json.dumps(
@@ -220,6 +221,42 @@ def test_protocol_recorded_and_refused_on_resume(fixture_benchmark, tmp_path, ca
     assert main(_args(fixture_benchmark, output, "--max-new-tokens", "3")) == 2
     err = capsys.readouterr().err
     assert "protocol 'medheval-baseline'" in err and "protocol 'clean'" in err and "--protocol medheval-baseline" in err
+
+
+def test_the_protocols_scorer_is_the_default_and_the_user_can_refuse_it(fixture_benchmark, tmp_path, capsys):
+    """MedHEval's cells were scored by its released scorer (first-sentence yes/no, closest option, its S_h
+    prompt): its protocols score that way unless --no-upstream-compat; clean scores with ours unless asked."""
+    from medheval.run.runner import RunSpec, _options_for
+
+    refused = tmp_path / "ours"
+    assert main(_args(fixture_benchmark, refused, "--protocol", "medheval-mitigation", "--chat-template", "model",
+                      "--max-new-tokens", "2", "--no-upstream-compat")) == 0, capsys.readouterr().err
+    assert json.loads((refused / "results.json").read_text())["scoring"]["upstream_compat"] is False
+    asked = tmp_path / "clean"
+    assert main(_args(fixture_benchmark, asked, "--max-new-tokens", "2", "--upstream-compat")) == 0
+    assert json.loads((asked / "results.json").read_text())["scoring"]["upstream_compat"] is True
+
+    protocol = RunSpec(benchmarks=["knowledge:open"], output=tmp_path / "o", protocol="medheval-baseline",
+                       upstream_compat=True)
+    options = _options_for(protocol, ["sh_judge", "text_generation"])
+    assert options["sh_judge"]["prompt_style"] == "upstream" and options["text_generation"]["upstream_compat"] is True
+    mine = RunSpec(benchmarks=["knowledge:open"], output=tmp_path / "o", protocol="medheval-baseline",
+                   metric_options={"sh_judge": {"prompt_style": "json"}})
+    assert _options_for(mine, ["sh_judge"])["sh_judge"]["prompt_style"] == "json"  # the user's option wins
+    clean = RunSpec(benchmarks=["knowledge:open"], output=tmp_path / "o")
+    assert "prompt_style" not in _options_for(clean, ["sh_judge"])["sh_judge"]
+
+
+@pytest.mark.parametrize("protocol, device, expected", [
+    ("medheval-baseline", "cuda", "float16"), ("medheval-mitigation", "cuda:1", "float16"),
+    ("medheval-baseline", "cpu", None), ("clean", "cuda", None), ("med-stepbench", "cuda", None),
+])
+def test_medheval_protocols_load_the_model_in_float16_on_a_gpu(protocol, device, expected):
+    """Every llava/model/builder.py of MedHEval's release loads float16 (a given --dtype is used instead; a CPU
+    run keeps the backend's float32)."""
+    from medheval.run.options import protocol_dtype
+
+    assert protocol_dtype(protocol, device) == expected
 
 
 def test_a_folder_without_a_recorded_protocol_resumes_as_clean(fixture_benchmark, tmp_path, capsys):

@@ -256,6 +256,7 @@ def _run(model: str, mitigation: str = "none", splits: tuple[str, ...] = ("mm_vi
                                     for s in splits}, **top}
     if protocol is not None:
         results["protocol"] = {"name": protocol}
+        results.setdefault("scoring", {"upstream_compat": protocol.startswith("medheval-")})  # as run_grid records
     return Run(path=Path(folder), results=results)
 
 
@@ -300,6 +301,11 @@ def test_reproduction_known_difference_and_flag() -> None:
      {"annotation_files": [{"fixture": True}]},
      ["protocol differs (run: clinhallu, paper: medheval-baseline)", "random weights", "fixture data", "--limit 5",
       "2 seeds (paper: 1)"]),
+    # MedHEval's cells were scored by its released scorer: a run scored by ours is not comparable
+    ({"protocol": {"name": "medheval-baseline"}, "scoring": {"upstream_compat": False}}, {}, {},
+     ["scored with this project's rules (paper: its released scorer; --upstream-compat)"]),
+    ({"protocol": {"name": "medheval-baseline"}, "scoring": {}}, {}, {},
+     ["scored with this project's rules (paper: its released scorer; --upstream-compat)"]),
 ])
 def test_every_row_says_why_it_is_or_is_not_comparable(top: dict, settings: dict, split_extra: dict,
                                                        reasons: list[str]) -> None:
@@ -309,7 +315,8 @@ def test_every_row_says_why_it_is_or_is_not_comparable(top: dict, settings: dict
     none the row is comparable and has its Δ: 52.0 − 49.4 = +2.6."""
     model = "llava-hf/llava-v1.6-vicuna-7b-hf"
     run = Run(path=Path("r"), results={"settings": {"model": model, "mitigation": "none", **settings},
-                                       "benchmarks": {"mm_vishal:all": {"metrics": {}, **split_extra}}, **top})
+                                       "benchmarks": {"mm_vishal:all": {"metrics": {}, **split_extra}},
+                                       "scoring": {"upstream_compat": True}, **top})
     table = _close_ended(model, "none", Cell(), Cell(value=52.0))
     reproduced, records = reproduction([table], runs=[run])
     table3 = [(r, row) for r, row in zip(records, reproduced.rows) if r["table"] == "3"]
@@ -318,6 +325,20 @@ def test_every_row_says_why_it_is_or_is_not_comparable(top: dict, settings: dict
     assert record["reasons"] == reasons and record["comparable"] is (not reasons)
     assert cells[4].text == ("yes" if not reasons else "no: " + "; ".join(reasons))
     assert (record["difference"], cells[2].value) == ((None, None) if reasons else (pytest.approx(2.6),) * 2)
+
+
+@pytest.mark.parametrize("model, printed", [("openai:gpt-4o@http://127.0.0.1:8000/v1", "GPT-4o"),
+                                            ("StanfordAIMI/CheXagent-8b", "CheXagent")])
+def test_a_published_model_without_released_inference_code_is_never_comparable(model: str, printed: str) -> None:
+    """MedHEval released inference scripts for LLaVA-Med-1.5 and LLaVA-NeXT only. GPT-4o's and CheXagent's Table 3
+    cells came from code nobody has (CheXagent's own script uses another template and decoding): a run under
+    medheval-baseline, real weights, full data, upstream scoring, is listed beside them without a Δ."""
+    run = _run(model, protocol="medheval-baseline")
+    _, records = reproduction([_close_ended(model, "none", Cell(value=70.0), Cell(value=60.0))], runs=[run])
+    table3 = [r for r in records if r["table"] == "3"]
+    assert table3 and all(r["model"] == printed for r in table3)
+    assert all(r["reasons"] == [f"no inference code released for {printed} (the protocol's text for it is inferred)"]
+               and r["difference"] is None for r in table3)
 
 
 def test_reproduction_prints_the_papers_precision() -> None:
@@ -419,7 +440,8 @@ def test_report_compare_published_end_to_end(tmp_path: Path) -> None:
     assert "| no: protocol differs (run: clean, paper: medheval-baseline) |" in (out / "report.md").read_text()
     run = write_run(tmp_path / "run", "none", correct, model="llava-hf/llava-v1.6-vicuna-7b-hf")
     results = json.loads((run / "results.json").read_text())
-    (run / "results.json").write_text(json.dumps({**results, "protocol": {"name": "medheval-baseline"}}))
+    (run / "results.json").write_text(json.dumps({**results, "protocol": {"name": "medheval-baseline"},
+                                                  "scoring": {**results.get("scoring", {}), "upstream_compat": True}}))
     out = tmp_path / "report"
     assert main(["report", str(run), "--output", str(out), "--no-plots", "--compare-published"]) == 0
     markdown = (out / "report.md").read_text()

@@ -155,6 +155,16 @@ CLEAN_PROTOCOL = "clean"
 PAPER_PROTOCOLS = {"medheval": "medheval-mitigation", "med_hallmark": "med-hallmark", "clinhallu": "clinhallu",
                    "med_stepbench": "med-stepbench"}
 MEDHEVAL_BASELINE_TABLES = ("3", "5", "7")
+# protocol -> the printed models whose inputs its released code fixes (MedHEval's Med-LVLMs/ scripts for
+# LLaVA-Med-1.5 and LLaVA-NeXT; Mitigation/ for LLaVA-Med-1.5, with LLaVA-NeXT's template from Med-LVLMs/, an
+# inference its card states). GPT-4o, CheXagent and LLaVA-Med v1 ran code that was not released (CheXagent's and
+# v1's released scripts use other templates and decoding): their cells are never comparable.
+RELEASED_CODE_MODELS: dict[str, tuple[str, ...]] = {
+    "medheval-baseline": ("LLaVA-Med-1.5", "LLaVA-NeXT 7B", "LLaVA-NeXT 13B"),
+    "medheval-mitigation": ("LLaVA-Med-1.5", "LLaVA-NeXT 7B", "LLaVA-NeXT 13B"),
+}
+# protocols whose published numbers were scored with the released scorer (results.json scoring.upstream_compat)
+UPSTREAM_SCORED = ("medheval-baseline", "medheval-mitigation")
 PAPER_SEEDS = 1  # every stored cell is one pass (MedHEval's scripts: set_seed(0)); the papers report no spread
 STEPBENCH_COLUMN = re.compile(r"^(EN|VI) S([1-4]) (R|F1)$")
 REPRODUCTION_NOTE = ("Reproduction: each report cell whose model, split, mitigation and column match a published "
@@ -314,7 +324,9 @@ def paper_protocol(record: Published) -> str:
 @dataclass(frozen=True)
 class RunConditions:
     """What of a run decides whether its figure may stand beside a paper's: its protocol (``clean`` when
-    results.json records none), random weights, fixture data, ``--limit`` and the number of seeds."""
+    results.json records none; under the paper's protocol, also whether the paper's code for the model was
+    released and whether the run used the paper's scorer), random weights, fixture data, ``--limit`` and the
+    number of seeds."""
 
     protocol: str = CLEAN_PROTOCOL
     random_weights: bool = False
@@ -322,12 +334,14 @@ class RunConditions:
     limit: int | None = None
     seeds: int = 1
     options: dict[str, Any] = field(default_factory=dict)
+    upstream_compat: bool = False
 
     @classmethod
     def of(cls, results: dict[str, Any], splits: Sequence[str]) -> "RunConditions":
         """Read from ``results.json``: ``protocol.name``, ``labels.random_weights`` or
         ``settings.backend.random_weights``, ``fixture`` on an annotation file of ``splits``,
-        ``settings.limit``, ``seeds`` (a list; absent: one pass) and the splits' ``run_options`` together."""
+        ``settings.limit``, ``seeds`` (a list; absent: one pass), the splits' ``run_options`` together and
+        ``scoring.upstream_compat``."""
         protocol = results.get("protocol")
         name = protocol.get("name") if isinstance(protocol, dict) else None
         settings = results.get("settings") or {}
@@ -341,7 +355,8 @@ class RunConditions:
                                if isinstance(f, dict)),
                    limit=settings.get("limit") if isinstance(settings.get("limit"), int) else None,
                    seeds=len(seeds) if isinstance(seeds, list) and seeds else 1,
-                   options={k: v for entry in entries for k, v in (entry.get("run_options") or {}).items()})
+                   options={k: v for entry in entries for k, v in (entry.get("run_options") or {}).items()},
+                   upstream_compat=bool((results.get("scoring") or {}).get("upstream_compat")))
 
     def reasons(self, record: Published) -> list[str]:
         """Why the run's figure is not comparable with ``record`` (empty: comparable)."""
@@ -349,6 +364,11 @@ class RunConditions:
         wanted = paper_protocol(record)
         if self.protocol != wanted:
             out.append(f"protocol differs (run: {self.protocol}, paper: {wanted})")
+        else:  # the same protocol: the same inputs, if the paper's code for this model is known, and the same scorer
+            if wanted in RELEASED_CODE_MODELS and record.model not in RELEASED_CODE_MODELS[wanted]:
+                out.append(f"no inference code released for {record.model} (the protocol's text for it is inferred)")
+            if wanted in UPSTREAM_SCORED and not self.upstream_compat:
+                out.append("scored with this project's rules (paper: its released scorer; --upstream-compat)")
         if self.random_weights:
             out.append("random weights")
         if self.fixture:

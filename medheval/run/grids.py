@@ -378,7 +378,7 @@ def run_spec(config: GridConfig, model: str, labels: Mapping[str, str]) -> RunSp
     return RunSpec(benchmarks=config.benchmarks, output=Path(config.output) / model_slug(model),
                    data_dir=config.get("data_dir"), image_roots=config.get("image_roots") or None,
                    on_missing=config.get("on_missing", "error"), metrics=config.get("metrics"),
-                   limit=config.get("limit"), upstream_compat=bool(config.get("upstream_compat", False)),
+                   limit=config.get("limit"), upstream_compat=config.get("upstream_compat"),
                    metric_options=config.get("metric_options", {}), judge=config.get("judge"), labels=dict(labels),
                    allow_remote_credentialed=tuple(config.get("allow_remote_credentialed", ())),
                    lock_timeout=float(config.get("lock_timeout", 0.0)), detector=config.get("detector"),
@@ -399,7 +399,7 @@ def backend_args(config: GridConfig, model: str) -> argparse.Namespace:
         do_sample=bool(fixed.get("do_sample", False)), temperature=fixed.get("temperature"),
         top_p=fixed.get("top_p"), seed=int(config.get("seed", 0)), device=config.get("device"),
         dtype=config.get("dtype"), prefix_cache=bool(config.get("prefix_cache", False)),
-        chat_template=config.get("chat_template"))
+        chat_template=config.get("chat_template"), protocol=config.get("protocol", "clean"))
 
 
 def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace], tuple[Any, dict]] | None = None

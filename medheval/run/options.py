@@ -84,8 +84,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "over items; needs sampling (--do-sample or a sampling protocol); medheval/run/seeds.py")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda when available)")
     parser.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on GPU)")
-    parser.add_argument("--upstream-compat", action="store_true",
-                        help="score close-ended answers with MedHEval's released rules (to match published numbers)")
+    parser.add_argument("--upstream-compat", action=argparse.BooleanOptionalAction, default=None,
+                        help="score with MedHEval's released rules (close-ended parsing, text cleaning), to match "
+                             "published numbers (default: on under the medheval-* protocols, off under clean)")
     parser.add_argument("--metric-option", action="append", default=[], metavar="METRIC.KEY=VALUE",
                         help="an option for one metric, e.g. chair.variant=medheval_code; the value is checked "
                              "against the option's type before anything runs (booleans true/false, numbers, JSON "
@@ -179,6 +180,18 @@ def parse_benchmark_options(items: Sequence[str]) -> dict[str, dict[str, object]
     return parse_metric_options(items)
 
 
+def protocol_dtype(protocol: str | None, device: str | None) -> str | None:
+    """The precision a paper protocol's published runs loaded the model in (MedHEval: float16), on a GPU when
+    ``--dtype`` is not given; ``None`` (the backend's default) on CPU or under ``clean``."""
+    import torch
+
+    from medheval.run.paper_protocols import get_protocol
+
+    dtype = get_protocol(protocol or "clean").gpu_dtype
+    on_gpu = device.startswith("cuda") if device else torch.cuda.is_available()
+    return dtype if dtype and on_gpu else None
+
+
 def build_backend(args: argparse.Namespace):
     """The backend named by ``--model`` / ``--predictions``; labels for the report."""
     from medheval.backends.hf import HFBackend
@@ -192,9 +205,10 @@ def build_backend(args: argparse.Namespace):
 
     if is_api_model(args.model):
         return build_api_backend(args), {}
+    device = device_for(args.device)
     common = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens or FALLBACK_MAX_NEW_TOKENS,
                   do_sample=args.do_sample, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                  device=device_for(args.device), dtype=args.dtype)
+                  device=device, dtype=args.dtype or protocol_dtype(getattr(args, "protocol", None), device))
     if getattr(args, "chat_template", None):
         common["chat_template"] = args.chat_template
     if getattr(args, "prefix_cache", False):

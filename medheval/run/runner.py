@@ -77,7 +77,9 @@ class RunSpec:
     limit: int | None = None
     mitigation: str = "none"
     allow_missing_predictions: bool = False
-    upstream_compat: bool = False  # score close-ended items exactly as MedHEval's released scorer
+    # score with MedHEval's released scorers (close-ended rules, text cleaning …); None: the protocol's choice
+    # (run_grid: True under the MedHEval paper protocols, False under clean)
+    upstream_compat: bool | None = None
     metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metric: {option: value}}
     judge: str | dict | None = None  # LLM judge spec for the metrics that take one (``backend:model[@base_url]``)
     labels: dict[str, str] = field(default_factory=dict)  # extra labels for the report (e.g. random weights)
@@ -326,10 +328,15 @@ def _accuracy_by(rows: list[dict], items: list[dict], key: str) -> dict[str, flo
 def _options_for(spec: RunSpec, metric_names: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per-metric options of one split's metrics, checked and typed: ``--metric-option name.key=value``
     plus the run-wide switches (``--upstream-compat``, ``--judge``, ``--allow-remote-credentialed``)."""
+    from medheval.run.paper_protocols import get_protocol
+
     options = {name: dict(spec.metric_options.get(name, {})) for name in metric_names}
+    protocol_options = get_protocol(spec.protocol).metric_options
     for name in metric_names:
         metric = load_metric(name)
         accepted = inspect.signature(metric._compute).parameters
+        for key, value in protocol_options.get(name, {}).items():  # the paper's scoring, under the user's
+            options[name].setdefault(key, value)
         if spec.upstream_compat and "upstream_compat" in accepted:
             options[name].setdefault("upstream_compat", True)
         if spec.judge and "judge" in accepted:
@@ -681,7 +688,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
         results: dict[str, Any] = {"settings": settings, "versions": versions, "labels": dict(spec.labels),
                                    "protocol": settings["protocol"], "prompts": _describe_prompts(spec),
-                                   "scoring": {"upstream_compat": spec.upstream_compat, **safe_options(recorded),
+                                   "scoring": {"upstream_compat": bool(spec.upstream_compat), **safe_options(recorded),
                                                "non_default_options": _non_default_options(spec, prepared)},
                                    "benchmarks": {}, "warnings": warnings, "world_size": group.world_size}
         if predictions_file is not None:
@@ -821,7 +828,10 @@ def _method_name(spec: str) -> str:
 
 
 def _with_protocol_options(spec: RunSpec, protocol: Any) -> RunSpec:
-    """``spec`` with the protocol's run options of the benchmarks it runs, under the user's (``--benchmark-option``)."""
+    """``spec`` with the protocol's run options of the benchmarks it runs, under the user's (``--benchmark-option``),
+    and its scorer (``upstream_compat``) unless the user chose one."""
+    if spec.upstream_compat is None:
+        spec = dataclasses.replace(spec, upstream_compat=protocol.upstream_compat)
     names = {parse_benchmark_spec(b)[0] for b in spec.benchmarks}
     extra = {name: dict(options) for name, options in protocol.benchmark_options.items() if name in names}
     if not extra:

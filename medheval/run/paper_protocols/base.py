@@ -32,6 +32,10 @@ class PaperProtocol:
     (``defaults``, ``answer_types``, ``benchmarks``) of plain decoding (``"none"``) and of each mitigation;
     (``"*"``: every mitigation); ``mitigation_options[name]`` the method options that apply unless the user
     gives them; ``benchmark_options[name]`` a family's run options (``--benchmark-option``), under the user's.
+    ``upstream_compat`` scores with the paper's released scorer unless the user says otherwise
+    (``--no-upstream-compat``); ``metric_options[metric]`` are scoring options under the user's
+    (``--metric-option``); ``gpu_dtype`` is the precision the published runs loaded the model in, used on a GPU
+    when ``--dtype`` is not given (a CPU run keeps float32).
     """
 
     name: str
@@ -46,6 +50,9 @@ class PaperProtocol:
     generation: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     mitigation_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     benchmark_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    upstream_compat: bool = False
+    metric_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    gpu_dtype: str | None = None
     seeds: tuple[int, ...] = (0,)
     conflicts: tuple[Conflict, ...] = ()
     inferred: tuple[str, ...] = ()

@@ -50,6 +50,17 @@ def card(protocol: PaperProtocol) -> str:
                   "|---|---|"]
         lines += [f"| `{name}` | {_value(values)} |" for name, values in protocol.benchmark_options.items()]
         lines += [""]
+    if protocol.upstream_compat or protocol.metric_options or protocol.gpu_dtype:
+        lines += ["## Scoring and precision", ""]
+        if protocol.upstream_compat:
+            lines += ["- Scored with the paper's released scorers (`upstream_compat`); `--no-upstream-compat` scores "
+                      "with this project's rules, and the Reproduction table then calls the run not comparable."]
+        lines += [f"- Metric `{name}`: {_value(values)} (under the user's `--metric-option`)."
+                  for name, values in protocol.metric_options.items()]
+        if protocol.gpu_dtype:
+            lines += [f"- The model loads in `{protocol.gpu_dtype}` on a GPU unless `--dtype` is given (a CPU run "
+                      "keeps float32)."]
+        lines += [""]
     lines += ["## Code and paper disagree (the code's value is the default)", ""]
     if protocol.conflicts:
         lines += ["| setting | code | paper | paper's value with | where |", "|---|---|---|---|---|"]

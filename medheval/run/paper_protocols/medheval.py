@@ -33,6 +33,8 @@ reads them out of the upstream scripts with :mod:`ast` and checks every rendered
 
 from __future__ import annotations
 
+from typing import Any
+
 from medheval.run.paper_protocols.base import Conflict, PaperProtocol
 
 COMMIT = "7f7d980e676890ed99513f4629fd4d5af19bc8b9"
@@ -104,11 +106,20 @@ _COMMON_INFERRED = (
     "written top_p 1.0 (no nucleus filter)",
     "image preprocessing: LLaVA-Med-1.5 pads to a square with the CLIP mean colour and resizes to 336 "
     "(image_aspect_ratio pad; the converter's LlavaImageProcessor do_pad=True); LLaVA-NeXT uses anyres tiles "
-    "(the HF LlavaNextProcessor); one image per item, placed before the text",
+    "(the HF LlavaNextProcessor); one image per item, placed before the text. Not reproduced: the released "
+    "mm_utils.py pads a grayscale (mode L) image, as MIMIC-CXR-JPG's are, with grey 114 rather than the RGB "
+    "mean (122, 116, 104), and pastes it at a random offset of 0 or 1 pixel from the centre; here every image "
+    "is converted to RGB first and centred",
     "text identity is checked character for character; the HF processor tokenizes the whole prompt while "
     "LLaVA's tokenizer_image_token tokenizes the pieces around <image> separately, so token boundaries next to "
     "the image marker may differ",
 )
+
+# how MedHEval's published numbers were scored and loaded: its released scorers (first-sentence yes/no, closest
+# option, "Assistant:" strip; medheval.scoring upstream_compat), its S_h judge prompt, and the float16 weights
+# every llava/model/builder.py loads (images cast with .half())
+_SCORING: dict[str, Any] = {"upstream_compat": True, "metric_options": {"sh_judge": {"prompt_style": "upstream"}},
+                            "gpu_dtype": "float16"}
 
 BASELINE = PaperProtocol(
     name="medheval-baseline",
@@ -122,8 +133,12 @@ BASELINE = PaperProtocol(
     scripts={"llava_next": LLAVA_NEXT, "*": LLAVA_MED},
     templates={"llava": "vicuna_v1", "llava_next": "llava_v1", "*": "model"},
     generation={"none": {"defaults": {**_BASE, "temperature": 0.2}}},
+    **_SCORING,
     seeds=(0,),
     inferred=(
+        "knowledge:closed: no released script runs it (Med-LVLMs' inference_scripts are Mixed_H, Single_H, "
+        "Type1_open, Type2_open and Type3, the context split) and no table publishes it; model_vqa.py's rules "
+        "are applied as for context",
         "knowledge:closed and context: model_vqa.py reads line['question_type'], which these released files "
         "lack (they name it ground_truth_type, always binary); the yes/no suffix is applied as for binary items",
         "vishal_report: Type1_open.sh runs model_open_vqa.py, whose filter keeps only type4_Knowledge items, "
@@ -133,7 +148,10 @@ BASELINE = PaperProtocol(
         "the released files have none",
         "seed: LLaVA-Med's scripts call set_seed(0) once per process (items then share one RNG stream); "
         "LLaVA-NeXT's call none; seed 0 is used for both",
-        "other models (not LLaVA / LLaVA-NeXT) get the LLaVA-Med script's text and their own chat template",
+        "other models (not LLaVA / LLaVA-NeXT) get the LLaVA-Med script's text and their own chat template; "
+        "the published GPT-4o, CheXagent and LLaVA-Med (v1) cells came from code not released (CheXagent's and "
+        "v1's own scripts use other templates and greedy or model-default decoding), so the Reproduction table "
+        "never calls a run comparable with them",
         *_COMMON_INFERRED,
     ),
 )
@@ -160,6 +178,7 @@ MITIGATION = PaperProtocol(
         "opera": {"defaults": {"do_sample": False, "max_new_tokens": 128}},
     },
     mitigation_options={"opera": {"scale_factor": 25.0, "threshold": 25}, "avisc": {"top_k": None}},
+    **_SCORING,
     seeds=(0,),
     conflicts=(
         Conflict("mitigation opera.scale_factor", 25.0, 50.0, "--mitigation opera:scale_factor=50,threshold=15",
