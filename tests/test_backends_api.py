@@ -419,3 +419,33 @@ def test_api_model_takes_the_generation_length_of_each_answer_type(fixture_bench
         entry = logged[record["id"]]
         assert entry["prompt"] == build_prompt(record)
         assert entry["generation"]["max_new_tokens"] == BUILTIN_BY_ANSWER_TYPE[record["answer_type"]]["max_new_tokens"]
+
+
+@pytest.mark.parametrize("option, said", [
+    ("deadlne=5", "--api-option 'deadlne' is not an option of an API model (did you mean 'deadline'?)"),
+    ("json_mode=true", "--api-option 'json_mode' is not an option of an API model"),
+    ("api_version=2024-06-01", "--api-option 'api_version' does not apply to openai: models (it is for azure"),
+])
+def test_a_wrong_api_option_names_the_model_option_not_a_judge(option, said, tmp_path, capsys):
+    """A typo in --api-option used to say "unknown option(s) ['deadlne'] for the openai judge", listing internal
+    judge options; the model's own documented options are named instead, with the closest one."""
+    from medheval.cli import main
+
+    code = main(["run", "--model", "openai:m@http://127.0.0.1:9/v1", "--benchmark", "mm_vishal:slake",
+                 "--output", str(tmp_path / "run"), "--api-option", option])
+    err = capsys.readouterr().err
+    assert code == 2 and said in err and "judge" not in err
+    assert "timeout, deadline, max_retries" in err or "does not apply" in err
+
+
+def test_deadline_is_an_api_option(tmp_path):
+    import argparse
+
+    from medheval.run.options import build_api_backend
+
+    args = argparse.Namespace(model="openai:m@http://127.0.0.1:9/v1", device=None, dtype=None, prefix_cache=False,
+                              chat_template=None, api_option=["deadline=5", "timeout=2"], max_new_tokens=4,
+                              do_sample=False, temperature=None, top_p=None, seed=0, api_concurrency=1, batch_size=1,
+                              allow_remote_credentialed=[])
+    backend = build_api_backend(args)
+    assert (backend._client.deadline, backend._client.timeout) == (5, 2.0)

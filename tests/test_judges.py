@@ -802,11 +802,14 @@ def test_shared_loader_errors_name_the_model_and_the_fix(tmp_path):
         load_local_model(tmp_path / "missing", dtype=torch.float32, device="cpu", error=JudgeError)
     assert str(tmp_path / "missing") in str(info.value)
     (tmp_path / "empty").mkdir()
+    with pytest.raises(JudgeError, match="the judge model folder .* has no config.json, so it is not a model folder"):
+        load_local_model(tmp_path / "empty", dtype=torch.float32, device="cpu", error=JudgeError, what="the judge model")
+    (tmp_path / "empty" / "config.json").write_text("{}")  # a config transformers cannot place
     with pytest.raises(JudgeError, match="could not load the judge model") as info:
         load_local_model(tmp_path / "empty", dtype=torch.float32, device="cpu", error=JudgeError, what="the judge model")
     assert "local directory" in str(info.value)
     with pytest.raises(ValueError, match="kind must be one of"):
         load_local_model(tmp_path / "empty", kind="seq2seq", dtype=torch.float32, device="cpu")
     judge = make_judge(f"transformers:{tmp_path / 'empty'}", cache_dir=False, progress=False)
-    with pytest.raises(JudgeError, match="could not load the judge model"):
+    with pytest.raises(JudgeError, match="(could not load|has no config.json)"):
         judge.run([JudgeRequest("r0", user="x")])

@@ -97,6 +97,29 @@ def test_a_copy_with_another_sha256_is_refused(tmp_path, monkeypatch):
         check_template_name("chatml")
 
 
+def test_an_unavailable_template_file_says_how_to_get_it_or_do_without(tmp_path, monkeypatch):
+    """Offline with nothing cached, the error named the template file an "annotation file" and sent the user to
+    --data-dir (a copy of benchmark_data/, which never holds code/); it names the file, the variable that points
+    at a copy of the repository, and the ways to run without it."""
+    import medheval.backends.conversation as conversation
+    from medheval.data.fetch import AnnotationUnavailable
+
+    monkeypatch.delenv("MEDHEVAL_UPSTREAM_CODE", raising=False)
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("MEDHEVAL_OFFLINE", "1")
+    conversation._load.cache_clear()
+    try:
+        with pytest.raises(AnnotationUnavailable) as raised:
+            conversation_template("vicuna_v1")
+    finally:
+        conversation._load.cache_clear()
+    message = str(raised.value)
+    assert message.startswith("conversation template file of MedHEval's release "
+                              f"'{LLAVA_MED_CONVERSATION.relpath}' is not available (offline mode")
+    assert "MEDHEVAL_UPSTREAM_CODE=<folder>" in message and "--chat-template model" in message
+    assert "--protocol clean" in message and "--data-dir" not in message and "annotation file" not in message
+
+
 # ------------------------------------------------------------------ instruction texts, worked by hand
 def _visual(question_type: str, choices: str, answer_type: str, benchmark: str = "mm_vishal") -> dict:
     return {"id": "x", "benchmark": benchmark, "question": "Where is it?", "answer_type": answer_type,

@@ -147,7 +147,10 @@ def upstream_code_dir() -> str | None:
 @functools.lru_cache(maxsize=None)
 def _load(relpath: str, code_dir: str | None) -> dict[str, ConversationTemplate]:
     pinned = next(pin for pin in (LLAVA_MED_CONVERSATION, LLAVA_16_CONVERSATION) if pin.relpath == relpath)
-    got = fetch(pinned, data_dir=code_dir)
+    got = fetch(pinned, data_dir=code_dir, what="conversation template file of MedHEval's release", fix=(
+        f"set {UPSTREAM_CODE_ENV}=<folder>, a local copy of the MedHEval repository root where <folder>/{relpath} "
+        "exists, or allow network access to fetch it once into the cache; or run without the paper's template: "
+        "--chat-template model (the processor's own) or --protocol clean"))
     if not got.verified:
         raise TemplateError(f"{got.path} has sha256 {got.sha256}, not the pinned {pinned.sha256}: conversation "
                             f"templates are read only from the released file ({pinned.url})")

@@ -30,8 +30,9 @@ def default_dtype_name(device: str) -> str:
     return "float32"
 
 
-def _local_path(model_id: str, error: type[Exception]) -> str:
-    """``model_id`` with ``~`` expanded when it names a local folder; a local-looking non-folder is an error."""
+def _local_path(model_id: str, error: type[Exception], what: str = "model") -> str:
+    """``model_id`` with ``~`` expanded when it names a local folder; a local-looking non-folder, or a folder
+    without ``config.json``, is an error."""
     looks_local = os.path.isabs(model_id) or model_id.startswith((".", "~")) or os.path.exists(model_id)
     if not looks_local:
         return model_id
@@ -40,6 +41,12 @@ def _local_path(model_id: str, error: type[Exception]) -> str:
         raise error(
             f"model path {model_id!r} is not a directory; pass a local directory holding config.json, "
             "the weights and the processor/tokenizer files (as written by save_pretrained), or a Hub model id"
+        )
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise error(
+            f"{what} folder {model_id!r} has no config.json, so it is not a model folder; pass the folder "
+            "save_pretrained wrote (config.json, the weights, the processor/tokenizer files) — a checkpoint in "
+            "LLaVA's original layout needs converting first (docs/models.md)"
         )
     return path
 
@@ -72,7 +79,7 @@ def load_local_model(
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    model_id = _local_path(os.fspath(model_id), error)
+    model_id = _local_path(os.fspath(model_id), error, what)
     try:
         if kind == "auto":
             config = AutoConfig.from_pretrained(model_id, **kwargs)

@@ -92,13 +92,15 @@ def _cache_path(pinned: PinnedFile, cache_dir: Path) -> Path:
     return cache_dir / pinned.sha256[:16] / Path(pinned.relpath).name
 
 
-def _unavailable(pinned: PinnedFile, reason: str) -> AnnotationUnavailable:
+def _unavailable(pinned: PinnedFile, reason: str, what: str = "annotation file",
+                 fix: str | None = None) -> AnnotationUnavailable:
+    fix = fix or (f"download it and pass data_dir=<folder> (or --data-dir) where <folder>/{pinned.relpath} exists, "
+                  f"or allow network access to fetch it once into the cache.")
     return AnnotationUnavailable(
-        f"annotation file {pinned.relpath!r} is not available ({reason}).\n"
+        f"{what} {pinned.relpath!r} is not available ({reason}).\n"
         f"  upstream URL: {pinned.url}\n"
         f"  expected sha256: {pinned.sha256}\n"
-        f"  fix: download it and pass data_dir=<folder> (or --data-dir) where "
-        f"<folder>/{pinned.relpath} exists, or allow network access to fetch it once into the cache."
+        f"  fix: {fix}"
     )
 
 
@@ -107,8 +109,11 @@ def fetch(
     data_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
     timeout: float = 60.0,
+    what: str = "annotation file",
+    fix: str | None = None,
 ) -> FetchedFile:
-    """Return a local copy of ``pinned`` (see the module docstring for the order)."""
+    """Return a local copy of ``pinned`` (see the module docstring for the order); ``what`` and ``fix`` word the
+    error when it cannot be had (default: an annotation file, fixed with ``--data-dir``)."""
     if data_dir is not None:
         local = Path(data_dir) / pinned.relpath
         if not local.is_file():
@@ -130,14 +135,14 @@ def fetch(
     if cached.is_file() and sha256_of(cached) == pinned.sha256:
         return FetchedFile(cached, pinned.sha256, True, "cache")
     if offline():
-        raise _unavailable(pinned, "offline mode is set and the file is not cached")
+        raise _unavailable(pinned, "offline mode is set and the file is not cached", what, fix)
     try:  # the one outbound policy (medheval.net.transport): same-origin redirects, a deadline, a size cap
         response = transport.request(transport.session_for(pinned.url, credentialed=False), "GET", pinned.url,
                                      timeout=timeout, deadline=DOWNLOAD_DEADLINE, max_bytes=MAX_DOWNLOAD_BYTES)
         if response.status_code >= 400:
             raise requests.HTTPError(f"HTTP {response.status_code} for url: {pinned.url}")
     except (requests.RequestException, transport.TransportError) as error:
-        raise _unavailable(pinned, f"download failed: {type(error).__name__}: {error}") from error
+        raise _unavailable(pinned, f"download failed: {type(error).__name__}: {error}", what, fix) from error
     digest = hashlib.sha256(response.content).hexdigest()
     if digest != pinned.sha256:
         raise ChecksumMismatch(

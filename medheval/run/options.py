@@ -125,9 +125,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-concurrency", type=int, default=16, metavar="N",
                         help="--model openai:/azure:/anthropic:… : requests in flight at once (default 16)")
     parser.add_argument("--api-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="--model openai:/azure:/anthropic:… : timeout, max_retries, requests_per_minute, "
-                             "continue_final_message, api_version, cache_dir, max_consecutive_failures, headers, "
-                             "extra_body (values read as JSON when they parse; repeatable)")
+                        help="--model openai:/azure:/anthropic:… : timeout, deadline, max_retries, "
+                             "requests_per_minute, continue_final_message, api_version (azure), cache_dir, "
+                             "max_consecutive_failures, headers, extra_body (values read as JSON when they parse; "
+                             "repeatable)")
     parser.add_argument("--protocol", default="clean", metavar="NAME",
                         help="what the model receives and how it decodes (instructions, conversation template, "
                              "sampling, lengths, mitigation settings): " + protocol_help())
@@ -140,6 +141,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "(same greedy answers; Med-StepBench: statements of one study)")
 
 
+# the --api-option keys of an API model (docs/api-models.md); api_version is Azure's alone, anthropic takes no
+# json/extra_body options
+API_OPTIONS = ("timeout", "deadline", "max_retries", "requests_per_minute", "cache_dir", "api_version", "headers",
+               "extra_body", "continue_final_message", "max_consecutive_failures", "backoff_base", "backoff_max",
+               "name", "api_key", "api_key_env")
+_API_OPTIONS_NOT_FOR = {"api_version": ("openai", "anthropic"), "extra_body": ("anthropic",)}
 # what build_api_backend sets from a flag of its own: an --api-option of the same name is refused, naming the flag
 _API_OPTIONS_WITH_A_FLAG = {
     "max_new_tokens": "--max-new-tokens", "do_sample": "--do-sample", "temperature": "--temperature",
@@ -247,6 +254,18 @@ def build_api_backend(args: argparse.Namespace):
         if key in _API_OPTIONS_WITH_A_FLAG:
             raise BackendError(f"--api-option {item!r}: {key} has its own flag, give {_API_OPTIONS_WITH_A_FLAG[key]} "
                                "instead")
+        kind = str(args.model).split(":", 1)[0].lower()
+        kind = {"azure-openai": "azure", "azure_openai": "azure", "claude": "anthropic"}.get(kind, kind)
+        if key not in API_OPTIONS:
+            import difflib
+
+            close = difflib.get_close_matches(key, API_OPTIONS, n=1)
+            raise BackendError(f"--api-option {key!r} is not an option of an API model"
+                               + (f" (did you mean {close[0]!r}?)" if close else "")
+                               + f"; the options are {', '.join(API_OPTIONS)} (docs/api-models.md)")
+        if kind in _API_OPTIONS_NOT_FOR.get(key, ()):
+            raise BackendError(f"--api-option {key!r} does not apply to {kind}: models (it is for "
+                               + ("azure" if key == "api_version" else "openai and azure") + " models)")
         try:
             options[key] = json.loads(raw)
         except ValueError:
