@@ -17,6 +17,8 @@ One row per item::
 
 from __future__ import annotations
 
+import re
+
 from datasets import Features, Json, List, Value
 
 ANSWER_TYPES = ("yes_no", "multiple_choice", "open", "report", "statement")
@@ -82,8 +84,10 @@ def make_id(benchmark: str, config: str, upstream_id: object) -> str:
 
 
 def is_credentialed(source: str) -> bool:
-    """True when images/text from ``source`` fall under a credentialed-access agreement."""
-    return source in CREDENTIALED_SOURCES
+    """True when images/text from ``source`` fall under a credentialed-access agreement, whatever the spelling:
+    ``mimic_cxr``, ``MIMIC_CXR``, ``MIMIC-CXR-JPG``, ``mimic_iv`` … (any MIMIC database)."""
+    name = re.sub(r"[\s_-]+", "_", str(source or "").strip().lower())
+    return name in CREDENTIALED_SOURCES or name.startswith("mimic")
 
 
 def record_credentialed(row: dict) -> bool:

@@ -15,7 +15,9 @@ What each unit becomes:
   what the exporter wrote and recorded in ``publish.json`` (:func:`check_recorded_files`: each file's name
   and sha256, Parquet with the exporter's text-only schema, the card and ``eval.yaml``); anything else in
   its folder stops the push, naming the file. :func:`check_no_credentialed_bytes` also reads every file's
-  content on every push.
+  content on every push of every repo, gated or not: no repo medheval publishes holds image, DICOM, array,
+  archive or other binary files, or files named like MIMIC-CXR's (``p<XX>/p<subject>/s<study>/<dicom_id>.jpg``),
+  and listing a file's sha256 in ``publish.json`` never lets one through.
 - ``metrics/<name>`` → an evaluate Space (module, card with the Space YAML, ``requirements.txt`` naming
   the ``medheval`` package). ``evaluate.load("<org>/<name>")`` only reads the repo's files, so the Space
   is ``sdk: static`` with a one-page ``index.html``: it needs no build.
@@ -47,7 +49,7 @@ import yaml
 
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
 from medheval.data.registry import list_units, unit_dir
-from medheval.data.schema import CREDENTIALED_SOURCES, FEATURES
+from medheval.data.schema import FEATURES, is_credentialed
 from medheval.run import provenance
 from medheval.run.control import control_of
 from medheval.scoring.headline import headline_numbers
@@ -80,6 +82,20 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")  # a split key part t
 GATED_LAYOUT = re.compile(r"README\.md|eval\.yaml|[A-Za-z0-9][A-Za-z0-9._-]{0,95}/test-00000-of-00001\.parquet")
 PARQUET_FOOTER_KEYS = {b"ARROW:schema", b"huggingface", b"content_defined_chunking"}  # what to_parquet writes
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+# MIMIC-CXR-JPG's layout (files/p<XX>/p<subject>/s<study>/<dicom_id>.jpg) and its dicom ids, as
+# medheval.data.images reads them; a file named so is a MIMIC-CXR file, whatever its content
+MIMIC_PATH = re.compile(r"(?:^|/)p\d{2}/p\d{6,10}/s\d{6,10}(?:/|$)", re.IGNORECASE)
+DICOM_ID = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{8}){4}", re.IGNORECASE)
+
+
+credentialed_source = is_credentialed  # a source value in any spelling (medheval.data.schema)
+
+
+def mimic_file_name(relpath: str) -> bool:
+    """Whether ``relpath`` is named like a MIMIC-CXR file: under ``p<XX>/p<subject>/s<study>/``, or a
+    file whose name (before its first dot) is a dicom id (``<8 hex>-<8 hex>-<8 hex>-<8 hex>-<8 hex>``)."""
+    return bool(MIMIC_PATH.search(relpath)) or any(DICOM_ID.fullmatch(part.split(".")[0])
+                                                     for part in relpath.split("/"))
 
 
 class PublishError(ValueError):
@@ -200,7 +216,8 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
         dataset = loaded.dataset
         unpinned.update(unpinned_files(loaded.files))
         config_sources = set(dataset.unique("source"))
-        credentialed = bool(config_sources & CREDENTIALED_SOURCES)
+        credentialed = any(map(credentialed_source, config_sources)) or (
+            "meta" in dataset.column_names and any(map(_meta_credentialed, dataset["meta"])))
         refuse_credentialed_images(dataset, f"{name}:{config}", credentialed=credentialed)
         sources |= config_sources
         if credentialed:
@@ -354,9 +371,12 @@ def _check_exported_parquet(repo_id: str, relpath: str, path: Path) -> None:
             f"({', '.join(extra_keys) or 'huggingface features'}): export it again with `medheval publish`")
 
 
-def _looks_credentialed(root: Path) -> bool:
-    """Whether a folder holds MIMIC-derived data whatever ``publish.json`` says: a gated card, a MIMIC
-    ``source_datasets`` entry, or a Parquet file with rows from a credentialed source."""
+def _looks_credentialed(root: Path) -> str | None:
+    """Why a folder holds MIMIC-derived data whatever ``publish.json`` says (``None`` when nothing says
+    so): a gated card (gating fields, a MIMIC ``source_datasets`` entry or the PhysioNet licence), a file
+    named like a MIMIC-CXR file (:func:`mimic_file_name`), or a Parquet file with rows from a credentialed
+    source (``source``, any spelling: :func:`credentialed_source`; ``meta.credentialed``) or MIMIC-CXR
+    image references."""
     import pyarrow.parquet as pq
 
     card = root / "README.md"
@@ -365,20 +385,47 @@ def _looks_credentialed(root: Path) -> bool:
             meta, _ = split_card(card.read_text(errors="replace"))
         except yaml.YAMLError:
             meta = {}
-        sources = " ".join(map(str, meta.get("source_datasets") or [])) if isinstance(meta, dict) else ""
-        if isinstance(meta, dict) and (meta.get("extra_gated_fields") or "mimic" in sources.lower()):
-            return True
+        if isinstance(meta, dict):
+            sources = " ".join(map(str, meta.get("source_datasets") or []))
+            licence = f"{meta.get('license_name') or ''} {meta.get('license_link') or ''}"
+            if meta.get("extra_gated_fields") or "mimic" in sources.lower() or "physionet" in licence.lower():
+                return "README.md is a gated or MIMIC-derived dataset card"
+    for relpath in _folder_entries(root):
+        if mimic_file_name(relpath):
+            return f"{relpath} is named like a MIMIC-CXR file"
     for path in root.rglob("*.parquet"):
         if path.is_symlink() or not path.is_file():
             continue
         try:
-            if "source" in pq.read_schema(path).names:
-                values = set(map(str, pq.read_table(path, columns=["source"]).column("source").to_pylist()))
-                if values & CREDENTIALED_SOURCES:
-                    return True
+            names = pq.read_schema(path).names
+            columns = [name for name in ("source", "meta", "images") if name in names]
+            table = pq.read_table(path, columns=columns) if columns else None
         except Exception:  # noqa: BLE001 - unreadable: the content checks name it
             continue
-    return False
+        if table is None:
+            continue
+        where = path.relative_to(root).as_posix()
+        sources = sorted(map(str, filter(credentialed_source, set(table.column("source").to_pylist())))) \
+            if "source" in columns else []
+        if sources:
+            return f"{where} has rows from credentialed source(s) {sources}"
+        if "meta" in columns and any(_meta_credentialed(value) for value in table.column("meta").to_pylist()):
+            return f"{where} has rows marked credentialed (meta.credentialed)"
+        if "images" in columns and any(mimic_file_name(str(ref).replace("\\", "/"))
+                                       for refs in table.column("images").to_pylist()
+                                       for ref in (refs if isinstance(refs, list) else [refs]) if ref):
+            return f"{where} references MIMIC-CXR images"
+    return None
+
+
+def _meta_credentialed(value: Any) -> bool:
+    """A row's ``meta.credentialed`` (``meta`` as the exporter's JSON string, or a mapping)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return False
+    return isinstance(value, dict) and value.get("credentialed") is True
 
 
 def check_recorded_files(repo: RepoFolder) -> bool:
@@ -390,16 +437,20 @@ def check_recorded_files(repo: RepoFolder) -> bool:
     half-written never passes). A gated repo must have that record, its files must fit the exported layout
     (``README.md``, ``eval.yaml``, ``<config>/test-00000-of-00001.parquet``) and each Parquet file must have
     the exporter's text-only schema. A file added, renamed or edited by hand stops the push and is named.
-    (A non-gated repo listed by an older medheval, without a record, is pushed as it is.)"""
+    (A non-gated repo listed by an older medheval, without a record, is pushed as it is once
+    :func:`check_no_credentialed_bytes` has read it.) The record is an allow-list of the exporter's output,
+    never a licence: listing a file with its sha256 does not let credentialed material through, since
+    :func:`check_no_credentialed_bytes` reads every file of every repo, listed or not."""
     root = Path(repo.folder)
-    gated = repo.gated or _looks_credentialed(root)
+    evidence = None if repo.gated else _looks_credentialed(root)
+    gated = repo.gated or evidence is not None
     if not gated and not repo.files:
         return False
     if not repo.files:
         raise CredentialedImageError(
-            f"{repo.repo_id}: {root} holds MIMIC-derived data but publish.json records no exported files for it "
-            "(written by hand or by an older medheval); a gated repo receives only what the exporter wrote: "
-            "export it again with `medheval publish --to`")
+            f"{repo.repo_id}: {root} holds MIMIC-derived data ({evidence or 'publish.json says gated'}) but "
+            "publish.json records no exported files for it (written by hand or by an older medheval); a gated repo "
+            "receives only what the exporter wrote: export it again with `medheval publish --to`")
     present = _folder_entries(root)
     for relpath, path in present.items():
         if relpath not in repo.files:
@@ -430,23 +481,35 @@ def check_recorded_files(repo: RepoFolder) -> bool:
 
 
 def check_no_credentialed_bytes(repo: RepoFolder) -> None:
-    """Refuse a repo folder that could publish credentialed pixels.
+    """Refuse a repo folder that could publish credentialed pixels; runs on every push, for every repo,
+    gated or not, on every file whether ``publish.json`` lists it or not.
 
-    Every repo: no symbolic links (the upload would follow one to wherever it points). A gated
-    (credentialed) repo, by content, never by file name: no image, DICOM, array or archive file, no other
-    binary file, no long base64 run or image data URL in a text file, and Parquet files without binary or
-    Image columns and without base64 strings. Runs on every push, so a folder edited by hand after
-    :func:`export_dataset` is checked too."""
+    No repo medheval publishes holds image bytes: a dataset's rows hold image references (strings), a
+    Space or model repo holds code and cards, a results folder YAML. Since content cannot tell a MIMIC-CXR
+    image from another one, and ``publish.json`` (its ``gated`` flag, its kind, its file list) may have been
+    written by hand, the same content checks apply to every repo: no symbolic link (the upload would
+    follow it), no file named like a MIMIC-CXR file (:func:`mimic_file_name`: ``p<XX>/p<subject>/s<study>/``,
+    ``<dicom_id>.jpg``), and, by content whatever the file's name: no image, DICOM, array or archive file, no
+    other binary file, no long base64 run or image data URL in a text file, and Parquet files without binary or
+    Image columns, without base64 strings and without base64 in their metadata. So a folder edited by hand
+    after :func:`export_dataset`, or a manifest entry written by hand, is checked too."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     root = Path(repo.folder)
+    in_repo = " in a credentialed repo" if repo.gated else ""
+    how = (f"remove it from {root}, or export again with `medheval publish --to`; medheval publishes annotations, "
+           "image references (strings), code and cards only, and credentialed (PhysioNet/MIMIC) images never")
     for path in sorted(root.rglob("*")):
         if path.is_symlink():
             raise CredentialedImageError(f"{repo.repo_id}: {path.relative_to(root)} is a symbolic link "
                                          f"(to {os.readlink(path)}); the upload would follow it: copy the file or drop it")
-    if not repo.gated:
-        return
+    for path in sorted(root.rglob("*")):
+        relpath = path.relative_to(root).as_posix()
+        if mimic_file_name(relpath):
+            raise CredentialedImageError(
+                f"{repo.repo_id}: {relpath} is named like a MIMIC-CXR file (p<XX>/p<subject>/s<study>/<dicom_id>.jpg); "
+                f"MIMIC-CXR is credentialed (PhysioNet's data use agreement) and never published: {how}")
 
     def binary_fields(dtype: pa.DataType, name: str) -> list[str]:
         if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_fixed_size_binary(dtype):
@@ -461,26 +524,34 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
         where = path.relative_to(root)
         kind = file_kind(path)
         if kind is not None:
-            raise CredentialedImageError(f"{repo.repo_id}: {where} is a {kind} in a credentialed repo; credentialed "
-                                         "images are never published (only annotations and image references)")
+            raise CredentialedImageError(f"{repo.repo_id}: {where} is a {kind}{in_repo}; image, DICOM, "
+                                         f"array, archive and other binary files are never published: {how}")
         if path.read_bytes()[:4] != b"PAR1":
             continue
-        schema = pq.read_schema(path)
+        try:
+            schema = pq.read_schema(path)
+            table = pq.read_table(path)
+        except Exception as error:  # noqa: BLE001 - PAR1 bytes that pyarrow cannot read
+            raise CredentialedImageError(f"{repo.repo_id}: {where} is not a readable Parquet file "
+                                         f"({type(error).__name__}): {how}") from None
         hits = [hit for column in schema for hit in binary_fields(column.type, column.name)]
-        meta = (schema.metadata or {}).get(b"huggingface", b"")
+        metadata = schema.metadata or {}
+        meta = metadata.get(b"huggingface", b"")
         if hits or b'"Image"' in meta or b"CredentialedImage" in meta:
             raise CredentialedImageError(
-                f"{repo.repo_id}: {where} has binary/image column(s) {hits or '(Image feature)'} "
-                "in a credentialed repo; publish image references (strings) only")
-        table = pq.read_table(path)
+                f"{repo.repo_id}: {where} has binary/image column(s) {hits or '(Image feature)'}"
+                f"{in_repo}; publish image references (strings) only: {how}")
+        if any(BASE64_RUN.search(key + b"\n" + value) for key, value in metadata.items()):
+            raise CredentialedImageError(f"{repo.repo_id}: {where} holds base64 data in its Parquet metadata"
+                                         f"{in_repo}: {how}")
         for name in table.column_names:
             column = table.column(name)
             if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
                     or pa.types.is_nested(column.type)):
                 continue
             if BASE64_RUN.search(json.dumps(column.to_pylist(), default=str).encode()):
-                raise CredentialedImageError(f"{repo.repo_id}: {where} column {name!r} holds base64 data in a "
-                                             "credentialed repo; publish image references only")
+                raise CredentialedImageError(f"{repo.repo_id}: {where} column {name!r} holds base64 data"
+                                             f"{in_repo}; publish image references only: {how}")
 
 
 # -------------------------------------------------------------------------------------- metrics
@@ -787,8 +858,9 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
 
     The token comes from ``token`` or huggingface_hub's usual places (``HF_TOKEN``, ``hf auth login``)
     and is never printed. The endpoint is ``HF_ENDPOINT`` (default https://huggingface.co). Every repo is
-    checked before the first upload (:func:`check_recorded_files`, :func:`check_no_credentialed_bytes`),
-    then its recorded files are copied to a private folder (sha256 checked again while copying) and that
+    checked before the first upload (:func:`check_recorded_files`, :func:`check_no_credentialed_bytes`:
+    the content checks run on every repo, gated or not, and a file's sha256 in ``publish.json`` never exempts
+    it), then its recorded files are copied to a private folder (sha256 checked again while copying) and that
     copy is uploaded: a file swapped in the folder after the checks never reaches the Hub."""
     import tempfile
 
@@ -801,7 +873,9 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
         for index, repo in enumerate(repos):  # check everything before the first upload
             gated = check_recorded_files(repo)  # a gated repo: only what the exporter wrote and recorded
             checked.append(RepoFolder(**{**asdict(repo), "gated": gated}))
-            check_no_credentialed_bytes(checked[-1])
+            if not checked[-1].files:  # an older manifest's entry: upload what is there now, checked like the rest
+                checked[-1] = recorded(checked[-1])
+            check_no_credentialed_bytes(checked[-1])  # every repo, gated or not, every file, listed or not
         for index, repo in enumerate(checked):
             if repo.files:
                 repo.folder = str(_snapshot(repo, Path(private) / str(index)))
