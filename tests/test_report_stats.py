@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from medheval.report.stats import (FEW_CLUSTERS, MIN_CLUSTERS, adjust_p, bootstrap_ci, bootstrap_distribution,
-                                   compare_accuracy, compare_scores, figure_interval, mcnemar_exact, sign_flip)
+from medheval.report.stats import (FEW_CLUSTERS, MIN_CLUSTERS, NO_VARIATION, adjust_p, bootstrap_ci,
+                                   bootstrap_distribution, compare_accuracy, compare_scores, figure_interval,
+                                   mcnemar_exact, sign_flip)
 
 
 def test_interval_of_a_constant_is_a_point():
@@ -214,8 +215,8 @@ def test_five_fixed_of_two_hundred_star_and_interval_agree():
 
 def test_all_equal_and_empty_inputs():
     scores = [0.1, 0.5, 0.9, 0.3, 0.7, 0.2]
-    same = compare_scores(scores, scores)
-    assert (same.diff, same.low, same.high, same.p_value) == (0.0, 0.0, 0.0, 1.0)
+    same = compare_scores(scores, scores)  # every difference 0: p = 1, and no zero-width [0, 0] interval
+    assert (same.diff, same.low, same.high, same.p_value, same.note) == (0.0, None, None, 1.0, NO_VARIATION)
     assert compare_accuracy([True] * 8, [True] * 8).p_value == 1.0
     with pytest.raises(ValueError, match="same non-zero number of paired items, got 0 and 0"):
         compare_scores([], [])
@@ -232,7 +233,10 @@ def test_a_clear_shift_is_detected():
     base = [i / 100 for i in range(100)]
     result = compare_scores(base, [x + 0.2 for x in base])
     assert result.diff == pytest.approx(0.2) and result.p_value == pytest.approx(1 / 10000)
-    assert result.low == pytest.approx(0.2) and result.high == pytest.approx(0.2)  # a constant shift
+    # a constant shift (equal up to rounding): the inversion would be the zero-width [0.2, 0.2]; none shown
+    assert (result.low, result.high, result.note) == (None, None, NO_VARIATION)
+    varied = compare_scores(base, [x + 0.2 + (0.01 if i % 2 else -0.01) for i, x in enumerate(base)])
+    assert varied.low < 0.2 < varied.high and varied.note is None and varied.p_value == pytest.approx(1 / 10000)
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -35,6 +35,14 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
   with its p but no interval and no star, and says so. The same minimum holds for the interval of a figure
   whose items fall in fewer than 6 clusters (one cluster: every bootstrap resample is the same, a zero-width
   interval; a few: too few distinct resamples to cover).
+* **No variation**: when every paired difference is the same, c, the inversion rejects every δ ≠ c (each at
+  p = 2/2^G) and would give the zero-width [c, c]; the comparison keeps its p but shows no interval (so no
+  star), :data:`NO_VARIATION`.
+* **Bad inputs** raise ``ValueError`` naming the position: a NaN, infinite or ``None`` score
+  (:func:`compare_scores`; NaN made every test condition false, so p was 0), a ``None`` or NaN answer
+  (:func:`compare_accuracy`: unscored is not wrong), a p-value outside [0, 1] or NaN (:func:`adjust_p`), and
+  cluster labels or denominators whose number is not the number of items (:func:`figure_interval` checks before
+  anything else).
 * **Never more confident than items**: a clustered comparison is tested both over clusters and over items;
   its p is the larger and its interval the union (both contain Δ̂). The maximum of two p-values is valid
   when either is.
@@ -68,11 +76,15 @@ P_ADJUST = ("holm", "bh", "none")
 P_ADJUST_NAMES = {"holm": "Holm", "bh": "Benjamini–Hochberg", "none": "unadjusted"}
 FEW_CLUSTERS = (f"fewer than {MIN_CLUSTERS} clusters (or items): too few to estimate a 95% interval (a two-sided "
                 f"sign-flip test over G clusters cannot give p below 2/2^G ≥ 0.0625), so no interval and no star")
+NO_VARIATION = ("no variation in the paired differences (every item's difference is the same): a zero-width "
+                "interval would claim a certainty the data cannot give, so no interval and no star; p is shown")
+NO_DENOMINATOR = "every item's denominator is 0: the ratio is undefined, so no interval"
 COMPARISON_NOTE = (f"Mitigation − none (and with image − blind): paired by item id; p from a two-sided sign-flip "
                    f"test over cluster totals (exact where its distribution is small enough to build, else {N_FLIP} seeded random "
                    f"sign vectors; over items it is exact McNemar for accuracy), its 95% interval the test inverted, "
                    f"so an interval excluding 0 ⇔ raw p < 0.05; clustered: tested over clusters and over items, the "
-                   f"larger p and the wider interval. Fewer than {MIN_CLUSTERS} clusters: no interval, no star.")
+                   f"larger p and the wider interval. Fewer than {MIN_CLUSTERS} clusters, or every paired difference "
+                   f"the same: no interval, no star.")
 METHOD_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of items (seed {SEED}); "
                f"ratios (micro rates) recomputed from per-item numerators/denominators. {COMPARISON_NOTE}")
 CLUSTER_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of clusters (seed {SEED}): "
@@ -173,6 +185,12 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
     clusters (one cluster: every resample is the same, a zero-width interval)."""
     if len(values) == 0:
         return None, "no items"
+    if denominators is not None and len(denominators) != len(values):
+        raise ValueError(f"{len(values)} numerators but {len(denominators)} denominators; give one per item")
+    if clusters is not None:
+        cluster_index(clusters, len(values))  # one label per item, checked before the few-clusters rule
+    if denominators is not None and not any(float(d) > 0 for d in denominators):
+        return None, NO_DENOMINATOR
     if is_clustered(clusters) and len(set(clusters)) < MIN_CLUSTERS:
         return None, FEW_CLUSTERS
     interval = bootstrap_ci(values, denominators)
@@ -182,7 +200,7 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
             interval = interval or clustered
         else:
             interval = (min(interval[0], clustered[0]), max(interval[1], clustered[1]))
-    return interval, None if interval is not None else "no items"
+    return interval, None if interval is not None else NO_DENOMINATOR
 
 
 def _exact_flips(columns: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -286,12 +304,20 @@ def compare_scores(baseline: Sequence[float], other: Sequence[float], clusters: 
                    level: float = LEVEL, n_flip: int = N_FLIP, seed: int = SEED) -> Comparison:
     """``mean(other) − mean(baseline)`` over paired items: the sign-flip test's p and its inverted interval
     over ``clusters`` (and over items: the larger p, the union of intervals); no interval below
-    :data:`MIN_CLUSTERS` clusters."""
+    :data:`MIN_CLUSTERS` clusters, nor when every paired difference is the same (:data:`NO_VARIATION`).
+    Every score must be a finite number: a NaN, an infinity or ``None`` raises ``ValueError`` naming its
+    position (drop unscored items from both sides first; the report does)."""
     a = np.asarray(baseline, dtype=float)
     b = np.asarray(other, dtype=float)
     if a.shape != b.shape or a.size == 0:
         raise ValueError(f"a paired comparison needs the same non-zero number of paired items, got {a.size} and "
                          f"{b.size}")
+    for name, given, scores in (("baseline", baseline, a), ("other", other, b)):
+        bad = np.flatnonzero(~np.isfinite(scores))
+        if bad.size:
+            raise ValueError(f"compare_scores: {name} score at position {int(bad[0])} is "
+                             f"{_shown(given, int(bad[0]))}, not a finite number ({bad.size} such); "
+                             f"drop unscored items from both sides before comparing")
     labels = tuple(clusters) if clusters is not None else None
     if labels is not None and len(labels) != a.size:
         raise ValueError(f"{a.size} items but {len(labels)} cluster labels; give one label per item")
@@ -315,15 +341,33 @@ def _compare(differences: bytes, clusters: tuple[object, ...] | None, level: flo
     estimate = float(d.mean())
     if groups < MIN_CLUSTERS or not (math.isfinite(low) and math.isfinite(high)):
         return Comparison(estimate, None, None, p, int(d.size), test, groups, FEW_CLUSTERS)
+    if float(np.ptp(d)) <= 1e-9 * max(1.0, float(np.abs(d).max())):
+        # every difference the same (within rounding): the inversion rejects every other δ, a zero-width
+        # interval that says nothing about the spread of effects
+        return Comparison(estimate, None, None, p, int(d.size), test, groups, NO_VARIATION)
     return Comparison(estimate, low, high, p, int(d.size), test, groups)
+
+
+def _shown(given: Sequence[object], at: int) -> str:
+    """repr of ``given[at]`` for an error message."""
+    try:
+        return repr(given[at])
+    except (TypeError, IndexError, KeyError):
+        return "not a number"
 
 
 def compare_accuracy(baseline: Sequence[bool], other: Sequence[bool], clusters: Sequence[object] | None = None,
                      level: float = LEVEL, n_flip: int = N_FLIP, seed: int = SEED) -> Comparison:
     """Accuracy difference (other − baseline) of paired 0/1 answers: :func:`compare_scores` (over items it is
-    the exact McNemar test at δ = 0)."""
+    the exact McNemar test at δ = 0). An answer counts by its truth value; ``None`` or NaN (an unscored
+    answer, not a wrong one) raises ``ValueError`` naming its position."""
     if len(baseline) != len(other):
         raise ValueError(f"compare_accuracy needs paired items, got {len(baseline)} and {len(other)}")
+    for name, answers in (("baseline", baseline), ("other", other)):
+        for at, answer in enumerate(answers):
+            if answer is None or (isinstance(answer, (float, np.floating)) and math.isnan(answer)):
+                raise ValueError(f"compare_accuracy: {name} answer at position {at} is {answer!r}, neither right "
+                                 f"nor wrong; drop unscored items from both sides before comparing")
     return compare_scores([float(bool(x)) for x in baseline], [float(bool(y)) for y in other], clusters, level,
                           n_flip, seed)
 
@@ -333,6 +377,10 @@ def adjust_p(p_values: Sequence[float], method: str = "holm") -> list[float]:
     if method not in P_ADJUST:
         raise ValueError(f"p-value adjustment {method!r}: choose one of {', '.join(P_ADJUST)}")
     p = np.asarray(p_values, dtype=float)
+    bad = np.flatnonzero(~((p >= 0) & (p <= 1)))  # NaN fails both
+    if bad.size:
+        raise ValueError(f"adjust_p: p-value at position {int(bad[0])} is {_shown(p_values, int(bad[0]))}; every "
+                         f"p-value must be a number between 0 and 1 (NaN is not)")
     m = p.size
     if m == 0 or method == "none":
         return [float(x) for x in p]
