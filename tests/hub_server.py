@@ -26,6 +26,8 @@ import hashlib
 import json
 import re
 import threading
+
+import pytest
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -386,3 +388,18 @@ class HubServer:
             return True
         self._send(handler, 200, data, headers, head=head)
         return True
+
+
+OWNER_TOKEN = "hf_owner_token"
+
+
+@pytest.fixture
+def loopback_hub(monkeypatch):
+    """A fake Hub on 127.0.0.1 that this process's huggingface_hub talks to (``OWNER_TOKEN`` owns it)."""
+    from huggingface_hub import constants
+
+    with HubServer(tokens={OWNER_TOKEN: "owner"}) as fake:
+        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+        yield fake

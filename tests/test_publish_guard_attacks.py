@@ -21,12 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hub_server import HubServer
+from hub_server import OWNER_TOKEN, HubServer, loopback_hub  # noqa: F401 - loopback_hub is a fixture
 
 from medheval.data.credentialed import CredentialedImageError
 from medheval.publish import hub
 
-TOKEN = "hf_owner_token"
+TOKEN = OWNER_TOKEN
 PARQUET = "mimic_cxr/test-00000-of-00001.parquet"
 
 
@@ -36,18 +36,6 @@ def export(tmp_path_factory, fixture_benchmark, dataset_cache) -> Path:
     hub.export_all(out, kinds=["datasets"], names=["cxr_vishal", "mm_vishal"], data_dir=fixture_benchmark["data_dir"],
                    cache_dir=dataset_cache)
     return out
-
-
-@pytest.fixture
-def loopback_hub(monkeypatch):
-    """A fake Hub on 127.0.0.1 that this process's huggingface_hub talks to."""
-    from huggingface_hub import constants
-
-    with HubServer(tokens={TOKEN: "owner"}) as fake:
-        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-        yield fake
 
 
 def _jpeg() -> bytes:

@@ -23,13 +23,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hub_server import HubServer
+from hub_server import OWNER_TOKEN, HubServer, loopback_hub  # noqa: F401 - loopback_hub is a fixture
 
 from medheval.data.credentialed import CredentialedImageError
 from medheval.data.schema import FEATURES
 from medheval.publish import hub
 
-TOKEN = "hf_owner_token"
+TOKEN = OWNER_TOKEN
 DICOM_ID = "f1c00001-00000000-00000000-00000000-00000001"  # the fixture's synthetic MIMIC-CXR dicom id
 MIMIC_DIR = "p19/p19999901/s59999901"
 
@@ -40,18 +40,6 @@ def export(tmp_path_factory, fixture_benchmark, dataset_cache) -> Path:
     hub.export_all(out, kinds=["datasets"], names=["mm_vishal"], data_dir=fixture_benchmark["data_dir"],
                    cache_dir=dataset_cache)
     return out
-
-
-@pytest.fixture
-def loopback_hub(monkeypatch):
-    """A fake Hub on 127.0.0.1 that this process's huggingface_hub talks to."""
-    from huggingface_hub import constants
-
-    with HubServer(tokens={TOKEN: "owner"}) as fake:
-        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-        yield fake
 
 
 def _nothing_reached(fake: HubServer) -> None:
