@@ -89,7 +89,8 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
         assert (cells[0].value, cells[0].low, cells[0].n, cells[0].n_clusters) == (0.0, None, n, 2)
         assert {cell.note for _, row in stage.rows for cell in row if cell.value is not None} == {FEW_CLUSTERS}
         by_item = next(t for t in build_tables(find_runs([out], cluster="none")) if t.key == "clinhallu_stages")
-        assert (by_item.rows[0][1][0].low, by_item.rows[0][1][0].high) == (0.0, 0.0)
+        item_cell = by_item.rows[0][1][0]  # by item: 3 items, also too few (and no unit named)
+        assert (item_cell.value, item_cell.low, item_cell.note, item_cell.unit) == (0.0, None, FEW_CLUSTERS, None)
         assert f'title="{FEW_CLUSTERS[:40]}' in (out / "report.html").read_text()  # the cell says why
 
         # a second identical run: no model generation, no judge call, same metrics

@@ -15,7 +15,8 @@ from medheval.data.schema import CLUSTER_UNITS, cluster_id
 from medheval.report.build import write_report
 from medheval.report.collect import ReportError, find_runs
 from medheval.report.paper import build_tables, comparisons
-from medheval.report.stats import CLUSTER_NOTE, FEW_CLUSTERS, METHOD_NOTE, bootstrap_ci, compare_accuracy
+from medheval.report.stats import (CLUSTER_NOTE, FEW_CLUSTERS, LEVEL, METHOD_NOTE, bootstrap_ci, compare_accuracy,
+                                   expanded_level)
 from medheval.run import protocol
 from medheval.run.protocol import RunError, benchmark_cluster_unit
 from report_runs import write_grid, write_run
@@ -27,20 +28,26 @@ LABELS = [f"image:{name}" for name in IMAGES]
 FOUR = [f"img{i // 5}.png" for i in range(20)]  # 4 images, 5 questions each: below MIN_CLUSTERS
 
 
+def _item_interval(values):
+    """The item bootstrap's expanded percentile interval (n items), in percent."""
+    return tuple(100 * b for b in bootstrap_ci(values, level=expanded_level(LEVEL, len(values))))
+
+
 def _close_ended(runs):
     return {table.key: table for table in build_tables(runs)}["medheval_close_ended"]
 
 
 def test_report_resamples_the_images_and_names_them(tmp_path):
-    """Acc of the ``none`` run is 10/20 over 10 images; its interval is the cluster bootstrap's (``LABELS``) joined
-    with the item bootstrap's, the footer names the unit and G = 10, and the paired comparison tests over the
+    """Acc of the ``none`` run is 10/20 over 10 images; its interval is the cluster bootstrap's (``LABELS``, its
+    level expanded for G = 10) joined with the item bootstrap's (expanded for n = 20), the footer names the unit and G = 10, and the paired comparison tests over the
     same images (and over items: the larger p)."""
     grid = write_grid(tmp_path / "grid", {"none": BASE, "vcd": BETTER}, images=IMAGES)
     table = _close_ended(find_runs([grid]))
     acc = table.rows[0][1][4]
     values = [float(x) for x in BASE]
-    (low, high), (item_low, item_high) = bootstrap_ci(values, clusters=LABELS), bootstrap_ci(values)
-    assert (acc.value, acc.low, acc.high) == (50.0, 100 * min(low, item_low), 100 * max(high, item_high))
+    low, high = bootstrap_ci(values, clusters=LABELS, level=expanded_level(LEVEL, 10))
+    item_low, item_high = _item_interval(values)
+    assert (acc.value, acc.low, acc.high) == (50.0, min(100 * low, item_low), max(100 * high, item_high))
     assert (acc.unit, acc.n_clusters, acc.n) == ("mm_vishal:all by image", 10, 20)
     assert CLUSTER_NOTE in table.footer and METHOD_NOTE not in table.footer
     assert any(line.startswith("Resampled: mm_vishal:all by image (10 clusters)") for line in table.footer)
@@ -80,7 +87,7 @@ def test_cluster_none_gives_the_item_bootstrap_and_todays_footer(tmp_path):
     plain = write_grid(tmp_path / "plain", {"none": BASE, "vcd": BETTER})
     table = _close_ended(find_runs([clustered], cluster="none"))
     acc = table.rows[0][1][4]
-    assert (acc.low, acc.high) == tuple(100 * b for b in bootstrap_ci([float(x) for x in BASE]))
+    assert (acc.low, acc.high) == _item_interval([float(x) for x in BASE])
     assert (acc.unit, acc.n_clusters) == (None, None)
     assert METHOD_NOTE in table.footer and not any(line.startswith("Resampled") for line in table.footer)
     _, (record,) = comparisons(find_runs([clustered], cluster="none"))
@@ -97,7 +104,7 @@ def test_runs_without_cluster_ids_fall_back_to_items_and_say_so(tmp_path):
     run = write_run(tmp_path / "old", "none", BASE)  # scored.jsonl as written before clustered intervals
     table = _close_ended(find_runs([run]))
     acc = table.rows[0][1][4]
-    assert (acc.low, acc.high) == tuple(100 * b for b in bootstrap_ci([float(x) for x in BASE]))
+    assert (acc.low, acc.high) == _item_interval([float(x) for x in BASE])
     footer = "\n".join(table.footer)
     assert "mm_vishal:all by item, not by image" in footer and "no cluster ids" in footer
     assert METHOD_NOTE in table.footer  # what was done: items resampled
@@ -195,8 +202,9 @@ def test_stepbench_table_resamples_studies(tmp_path):
     (hallucinations, both missed), s6 (true, kept), s7 (true, flagged). Recall 2/4; F1 = Σ2tp / Σ(2tp + fp + fn)
     = 4/7, per study 4/4 (A) and 0/3 (B). Resampling the 2 studies gives AA, AB or BB: recall 1, ½, 0 and F1
     8/8, 4/7, 0/6, intervals spanning [0, 100] from 2 observations: 2 < 6 clusters, so the report shows the
-    figures without an interval and says why; resampling the 8 statements keeps F1 below 100 (an F1 of 1 needs
-    a resample without s2, s3, s7: probability (5/8)^8 ≈ 2.3% < 2.5%)."""
+    figures without an interval and says why; resampling the 8 statements gives an interval whose level is
+    expanded for n = 8 (tails of 0.57%), so it reaches F1 = 100 (a resample without s2, s3, s7: probability
+    (5/8)^8 ≈ 2.3%), which the plain 2.5% tail would have left out."""
     run = tmp_path / "sb"
     run.mkdir()
     labels = ["hallucination"] * 4 + ["ground_truth"] * 4
@@ -219,7 +227,8 @@ def test_stepbench_table_resamples_studies(tmp_path):
     assert f"No interval (†): {FEW_CLUSTERS}." in table.footer
     (plain,) = [t for t in build_tables(find_runs([run], cluster="none")) if t.key == "med_stepbench"]
     item_f1 = plain.rows[0][1][names.index("EN S1 F1")]
-    assert item_f1.high < 100.0
+    assert (item_f1.n, item_f1.note) == (8, None) and item_f1.low < 400 / 7 and item_f1.high == 100.0
+    assert (1 - expanded_level(LEVEL, 8)) / 2 < (5 / 8) ** 8 < (1 - LEVEL) / 2
 
 
 def test_grid_config_cluster_key(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 from medheval.report.collect import find_runs
 from medheval.report.paper import RADCLIQ_NOTE, build_tables, to_markdown
+from medheval.report.stats import FEW_CLUSTERS
 
 
 def _run(folder: Path, model: str, radcliq: list[float | None], green: list[float | None], notes: list[str]) -> None:
@@ -37,10 +38,11 @@ def _run(folder: Path, model: str, radcliq: list[float | None], green: list[floa
 
 
 def test_report_table_has_radcliq_lower_is_better_and_green(tmp_path):
-    """Model a: RadCliQ per item (0.2, -0.4) -> -0.1, GREEN (0.6, 1.0) -> 80 %. Model b: RadCliQ (1.0, 0.6, None)
+    """Model a: RadCliQ per item (0.2, -0.4) × 3 -> -0.1, GREEN (0.6, 1.0) × 3 -> 80 %. Model b: RadCliQ (1.0, 0.6, None)
     -> 0.8 with one pair left out, GREEN (0.5, None, 0.5) -> 50 % with one unparseable reply. RadCliQ is ranked
-    lower-is-better: a (-0.1) is best; GREEN higher-is-better: a (80) is best."""
-    _run(tmp_path / "a", "a", [0.2, -0.4], [0.6, 1.0], [])
+    lower-is-better: a (-0.1) is best; GREEN higher-is-better: a (80) is best. a's 6 items give intervals; b's 2
+    scored items are too few for one, and the cell says so."""
+    _run(tmp_path / "a", "a", [0.2, -0.4] * 3, [0.6, 1.0] * 3, [])
     _run(tmp_path / "b", "b", [1.0, 0.6, None], [0.5, None, 0.5], ["bertscore: text_generation ran with roberta-large"])
     table = next(t for t in build_tables(find_runs([tmp_path])) if t.key == "medheval_report")
     labels = [c.label for c in table.columns]
@@ -52,6 +54,7 @@ def test_report_table_has_radcliq_lower_is_better_and_green(tmp_path):
     assert cells["a"][1].mark == "best" and cells["b"][1].mark == "worst" and cells["a"][2].mark == "best"
     assert cells["b"][1].n == 2 and cells["b"][2].n == 2  # intervals over the scored items only
     assert cells["a"][1].low is not None and cells["a"][1].low <= -0.1 <= cells["a"][1].high
+    assert (cells["b"][1].low, cells["b"][1].note) == (None, FEW_CLUSTERS)
     footer = "\n".join(table.footer)
     assert RADCLIQ_NOTE in table.footer
     assert "RadCliQ-v1, b · none · vishal_report:all: not comparable with published RadCliQ-v1: bertscore" in footer

@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from medheval.report.stats import (FEW_CLUSTERS, MIN_CLUSTERS, NO_VARIATION, adjust_p, bootstrap_ci,
-                                   bootstrap_distribution, compare_accuracy, compare_scores, figure_interval,
-                                   mcnemar_exact, sign_flip)
+from medheval.report.stats import (FEW_CLUSTERS, LEVEL, MIN_CLUSTERS, NO_VARIATION, adjust_p, bootstrap_ci,
+                                   bootstrap_distribution, compare_accuracy, compare_scores, expanded_level,
+                                   figure_interval, mcnemar_exact, sign_flip, t_quantile, t_two_sided)
 
 
 def test_interval_of_a_constant_is_a_point():
@@ -225,7 +225,9 @@ def test_all_equal_and_empty_inputs():
     assert figure_interval([]) == (None, "no items")
     assert figure_interval([1.0, 0.0, 1.0, 1.0], clusters="aabb") == (None, FEW_CLUSTERS)  # 2 clusters
     assert figure_interval([1.0] * 8, clusters="a" * 8) == (None, FEW_CLUSTERS)  # one: was [100, 100]
-    assert figure_interval([1.0, 0.0, 1.0])[0] == bootstrap_ci([1.0, 0.0, 1.0])  # items: the item bootstrap
+    assert figure_interval([1.0, 0.0, 1.0]) == (None, FEW_CLUSTERS)  # 3 items: as few as 3 clusters
+    six = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]  # 6 items: the item bootstrap, its level expanded for n = 6
+    assert figure_interval(six) == (bootstrap_ci(six, level=expanded_level(LEVEL, 6)), None)
     assert adjust_p([]) == []
 
 
@@ -309,3 +311,59 @@ def test_comparison_labels_must_match_the_items_and_results_are_reused():
         compare_scores([0.0, 1.0, 1.0], [1.0, 1.0, 0.0], clusters=["a", "b"])
     first = compare_scores([0.1] * 8, [0.3] * 8, clusters="aabbccdd")
     assert compare_scores([0.1] * 8, [0.3] * 8, clusters=list("aabbccdd")) is first  # computed once
+
+
+# --- small samples: Student's t and the expanded percentile interval -----------------------------------------
+
+
+def test_t_distribution_known_answers():
+    """Closed forms: df = 1 is Cauchy, P(|T| ≤ 1) = ½; df = 2: P(|T| ≤ t) = t / sqrt(2 + t²). Printed
+    t_{0.975} table values (df 1, 2, 5, 10, 30) to their 3 decimals, and the normal 1.960 in the limit."""
+    assert t_two_sided(1.0, 1) == pytest.approx(0.5, abs=1e-15)
+    assert t_two_sided(3.0, 2) == pytest.approx(3 / math.sqrt(11), abs=1e-15)
+    assert t_two_sided(0.0, 7) == 0.0 and t_two_sided(-2.0, 5) == t_two_sided(2.0, 5)
+    printed = {1: 12.706, 2: 4.303, 5: 2.571, 10: 2.228, 30: 2.042, 120: 1.980, 10 ** 6: 1.960}
+    for df, value in printed.items():
+        assert round(t_quantile(0.95, df), 3) == value, df
+    for df in (3, 50, 100):  # the bisection lands on the level it was asked for
+        assert t_two_sided(t_quantile(0.95, df), df) == pytest.approx(0.95, abs=1e-11)
+    assert t_quantile(0.95, 100) > t_quantile(0.95, 101) > t_quantile(0.95, 10 ** 4)  # the two methods meet
+    with pytest.raises(ValueError, match="at least 1 degree of freedom"):
+        t_two_sided(1.0, 0)
+
+
+def test_t_quantile_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 4, 6, 9, 17, 29, 64, 100, 101, 250, 5000):
+        for level in (0.9, 0.95, 0.99):
+            assert t_quantile(level, df) == pytest.approx(stats.t.ppf((1 + level) / 2, df), rel=1e-7), (df, level)
+
+
+def test_expanded_level_by_hand():
+    """G = 6: √(6/5)·t_{0.975,5} = 1.09545 × 2.57058 = 2.81594, Φ(−2.81594) = 0.002432, so the percentiles move
+    from 2.5/97.5% to 0.243/99.757%; G = 30: √(30/29)·2.04523 = 2.08019, Φ(−2.08019) = 0.018754; large G: back to 95%."""
+    assert expanded_level(LEVEL, 6) == pytest.approx(1 - 2 * 0.0024318, abs=2e-7)
+    assert expanded_level(LEVEL, 30) == pytest.approx(1 - 2 * 0.018754, abs=2e-6)
+    assert expanded_level(LEVEL, 100_000) == pytest.approx(LEVEL, abs=1e-5)
+    levels = [expanded_level(LEVEL, g) for g in (2, 3, 6, 12, 30, 100, 1000)]
+    assert levels == sorted(levels, reverse=True) and all(level > LEVEL for level in levels)
+    with pytest.raises(ValueError, match="at least 2 units"):
+        expanded_level(LEVEL, 1)
+
+
+def test_few_cluster_intervals_cover_near_their_level():
+    """The defect it mends: the plain 95% percentile interval over G = 8 clusters covers the true accuracy in about
+    89% of these data sets (355 of 400). 400 seeded data sets of 8 clusters × 5 correlated 0/1 answers (cluster rate ~ Beta(2, 2), true
+    mean ½): the interval shown (:func:`figure_interval`, clusters and items joined, levels expanded) covers ½ in
+    at least 92%, where the plain cluster percentile interval misses more than twice as often."""
+    rng = np.random.default_rng(2026)
+    labels = [f"c{g}" for g in range(8) for _ in range(5)]
+    shown = plain = 0
+    for _ in range(400):
+        rates = rng.beta(2, 2, 8)
+        values = (rng.random((8, 5)) < rates[:, None]).astype(float).ravel().tolist()
+        low, high = figure_interval(values, clusters=labels)[0]
+        shown += low <= 0.5 <= high
+        low, high = bootstrap_ci(values, clusters=labels, n_boot=500)
+        plain += low <= 0.5 <= high
+    assert shown / 400 >= 0.92 and (400 - plain) > 2 * (400 - shown), (shown, plain)

@@ -11,7 +11,7 @@ from medheval.report.build import write_report
 from medheval.report.collect import ReportError, find_runs, split_of
 from medheval.report.paper import CLINHALLU_NOTE, DELTA_VALID_ONLY, build_tables, comparisons, format_cell, to_markdown
 from medheval.report.tables import CLINHALLU_STAGE_NOTES
-from medheval.report.stats import METHOD_NOTE, bootstrap_ci
+from medheval.report.stats import FEW_CLUSTERS, LEVEL, METHOD_NOTE, bootstrap_ci, expanded_level
 from clinhallu_fixture import HAND_TABLE
 from report_runs import write_clinhallu_run, write_grid, write_run
 
@@ -85,7 +85,7 @@ def test_comparison_is_a_sign_flip_test_on_paired_items(tmp_path):
 
 
 def test_older_runs_and_corpus_figures_say_why_there_is_no_interval(tmp_path):
-    run = write_run(tmp_path / "old", "none", BASE, new_fields=False, bleu=[10.0, 30.0, 20.0])
+    run = write_run(tmp_path / "old", "none", BASE, new_fields=False, bleu=[10.0, 30.0, 20.0, 15.0, 25.0, 20.0])
     tables = {table.key: table for table in build_tables(find_runs([run]))}
     close = tables["medheval_close_ended"]
     anatomy, acc = close.rows[0][1][0], close.rows[0][1][4]
@@ -93,7 +93,7 @@ def test_older_runs_and_corpus_figures_say_why_there_is_no_interval(tmp_path):
     assert acc.low is not None  # the split is joined by the id prefix
     generation = tables["medheval_generation"]
     bleu = generation.rows[0][1][[c.label for c in generation.columns].index("BLEU")]
-    assert bleu.value == pytest.approx(20.0) and bleu.low is not None and bleu.n == 3
+    assert bleu.value == pytest.approx(20.0) and bleu.low is not None and bleu.n == 6
 
 
 def test_an_item_mean_that_does_not_match_the_summary_gets_no_interval(tmp_path):
@@ -140,26 +140,26 @@ def test_api_usage_of_a_run_is_reported(tmp_path):
 
 
 def test_stepbench_recall_and_f1_intervals_from_items(tmp_path):
-    # EN step 1: hallucinated statements right T,T,F,F (tp 2, fn 2); ground-truth ones T,T,T,F (tn 3, fp 1)
-    # recall = 2/4 = 0.5; F1 = 2tp / (2tp + fp + fn) = 4/7
+    # EN step 1: hallucinated statements right T,T,T,F,F,F (tp 3, fn 3); ground-truth ones T,T,T,T,T,F (tn 5, fp 1)
+    # recall = 3/6 = 0.5; F1 = 2tp / (2tp + fp + fn) = 6/10
     run = tmp_path / "sb"
     run.mkdir()
-    labels = ["hallucination"] * 4 + ["ground_truth"] * 4
-    correct = [True, True, False, False, True, True, True, False]
+    labels = ["hallucination"] * 6 + ["ground_truth"] * 6
+    correct = [True] * 3 + [False] * 3 + [True] * 5 + [False]
     items = [{"id": f"med_stepbench/en/s{i}", "prediction": "x", "reference": label, "correct": ok,
               "split": "med_stepbench:all", "category": "anatomical_mapping", "source": "med_stepbench"}
              for i, (label, ok) in enumerate(zip(labels, correct))]
     (run / "scored.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
-    per_step = {"1": {"recall": 0.5, "f1": 4 / 7}}
+    per_step = {"1": {"recall": 0.5, "f1": 0.6}}
     (run / "results.json").write_text(json.dumps({"settings": {"model": "m", "mitigation": "none"}, "benchmarks": {
-        "med_stepbench:all": {"n_records": 8, "n_scored": 8, "metrics": {"stepbench": {
-            "accuracy": 5 / 8, "n_unparsed": 0, "by_language": {"en": {"per_step": per_step}}}}}}}))
+        "med_stepbench:all": {"n_records": 12, "n_scored": 12, "metrics": {"stepbench": {
+            "accuracy": 8 / 12, "n_unparsed": 0, "by_language": {"en": {"per_step": per_step}}}}}}}))
     (table,) = [t for t in build_tables(find_runs([run])) if t.key == "med_stepbench"]
     labels_ = [c.label for c in table.columns]
     recall, f1 = (table.rows[0][1][labels_.index(name)] for name in ("EN S1 R", "EN S1 F1"))
-    assert recall.value == pytest.approx(50.0) and recall.n == 4 and recall.low < 50 < recall.high
-    assert f1.value == pytest.approx(400 / 7) and f1.n == 8 and f1.low < 400 / 7 < f1.high
-    assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(62.5)
+    assert recall.value == pytest.approx(50.0) and recall.n == 6 and recall.low < 50 < recall.high
+    assert f1.value == pytest.approx(60.0) and f1.n == 12 and f1.low < 60 < f1.high
+    assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(200 / 3)
 
     # the same figures from a run with knowledge: Step 1 has no with-knowledge variant (Med-StepBench Table 3
     # prints "–" there), so its cells are empty and the footer says why; Acc is still shown
@@ -169,25 +169,26 @@ def test_stepbench_recall_and_f1_intervals_from_items(tmp_path):
     (table,) = [t for t in build_tables(find_runs([run])) if t.key == "med_stepbench"]
     assert table.rows[0][0] == ["m", "none", "prior"]
     assert all(table.rows[0][1][labels_.index(name)].value is None for name in ("EN S1 R", "EN S1 F1"))
-    assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(62.5)
+    assert table.rows[0][1][labels_.index("Acc")].value == pytest.approx(200 / 3)
     assert any("Step 1 takes no prior or external knowledge" in line for line in table.footer)
 
 
 def test_chair_and_recall_intervals_from_per_report_counts(tmp_path):
-    # 4 reports: hallucinated/generated 1/2, 0/1, 1/1, 1/1 -> CHAIR 3/5; matched/reference 1/1, 1/1, 0/2, 0/1 -> 2/5
+    # 6 reports: hallucinated/generated 1/2, 0/1, 1/1, 1/1, 1/3, 1/2 -> CHAIR 5/10;
+    # matched/reference 1/1, 1/1, 0/2, 0/1, 1/2, 1/3 -> 4/10
     run = tmp_path / "chair"
     run.mkdir()
-    counts = {"n_generated_per_item": [2, 1, 1, 1], "n_hallucinated_per_item": [1, 0, 1, 1],
-              "n_matched_per_item": [1, 1, 0, 0], "n_reference_per_item": [1, 1, 2, 1]}
+    counts = {"n_generated_per_item": [2, 1, 1, 1, 3, 2], "n_hallucinated_per_item": [1, 0, 1, 1, 1, 1],
+              "n_matched_per_item": [1, 1, 0, 0, 1, 1], "n_reference_per_item": [1, 1, 2, 1, 2, 3]}
     items = [{"id": f"vishal_report/default/{i}", "prediction": "p", "reference": "r", "split": "vishal_report:default",
-              **{key: values[i] for key, values in counts.items()}} for i in range(4)]
+              **{key: values[i] for key, values in counts.items()}} for i in range(6)]
     (run / "scored.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
     (run / "results.json").write_text(json.dumps({"settings": {"model": "m", "mitigation": "none"}, "benchmarks": {
-        "vishal_report:default": {"n_records": 4, "n_scored": 4, "metrics": {"chair": {"chair": 0.6, "recall": 0.4}}}}}))
+        "vishal_report:default": {"n_records": 6, "n_scored": 6, "metrics": {"chair": {"chair": 0.5, "recall": 0.4}}}}}))
     (table,) = [t for t in build_tables(find_runs([run])) if any(c.label == "CHAIR ↓" for c in t.columns)]
     labels = [c.label for c in table.columns]
     chair, recall = (table.rows[0][1][labels.index(name)] for name in ("CHAIR ↓", "Recall"))
-    assert chair.value == pytest.approx(60.0) and chair.low is not None and chair.low <= 60.0 <= chair.high
+    assert chair.value == pytest.approx(50.0) and chair.low is not None and chair.low <= 50.0 <= chair.high
     assert recall.value == pytest.approx(40.0) and recall.low is not None and recall.low <= 40.0 <= recall.high
     assert chair.high <= 100.0 and recall.low >= 0.0
 
@@ -205,7 +206,9 @@ def _clinhallu_tables(path):
 
 
 def _bounds(values, denominators=None):
-    return tuple(100 * bound for bound in bootstrap_ci(values, denominators))
+    """The item bootstrap's percentile interval at the level expanded for n items (stats.expanded_level)."""
+    level = expanded_level(LEVEL, len(values))
+    return tuple(100 * bound for bound in bootstrap_ci(values, denominators, level=level))
 
 
 def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
@@ -229,13 +232,14 @@ def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
         assert cell.note is None and cell.n == 6, column
         assert (cell.low, cell.high) == pytest.approx(_bounds(values, denominators)), column
     assert whole["Δ^V"].signed and whole["Δ^V"].low < 0 < whole["Δ^V"].high
-    # per source: source a is items 0-2 only
+    # per source: source a is items 0-2 only, too few for an interval (and the note says so)
     a = rows["a"]
     assert a["Acc"].value == pytest.approx(100 / 3) and a["Acc"].n == 3
-    assert (a["Acc"].low, a["Acc"].high) == pytest.approx(_bounds([1, 0, 0]))
-    assert (a["H^V"].low, a["H^V"].high) == pytest.approx(_bounds([0, 1, 1]))
-    # every figure present got its interval
-    assert all(cell.low is not None for row in rows.values() for cell in row.values() if cell.value is not None)
+    assert (a["Acc"].low, a["Acc"].note) == (None, FEW_CLUSTERS) and (a["H^V"].low, a["H^V"].note) == (None, FEW_CLUSTERS)
+    # every figure present got its interval over the 6 items, and every per-source figure says why it has none
+    assert all(cell.low is not None for cell in whole.values() if cell.value is not None)
+    assert all(cell.note == FEW_CLUSTERS for source in ("a", "b") for cell in rows[source].values()
+               if cell.value is not None)
 
 
 def test_clinhallu_judged_stage_denominator_is_said_and_reproduced(tmp_path):
@@ -279,7 +283,8 @@ def test_clinhallu_upstream_denominators_and_rounding(tmp_path):
     assert (whole["Rep-V Fix"].low, whole["Rep-V Fix"].high) == pytest.approx(
         _bounds([0, 1, 0, 0, 0, 0], [0, 1, 0, 0, 1, 0]))
     # source b: ORG 1/3, reported rounded to 0.3333 — still reproduced (to the metric's rounding)
-    assert rows["b"]["Acc"].value == pytest.approx(33.33) and rows["b"]["Acc"].low is not None
+    # (3 items: no interval, but the note is the few-items one, given only once the figure is reproduced)
+    assert rows["b"]["Acc"].value == pytest.approx(33.33) and rows["b"]["Acc"].note == FEW_CLUSTERS
     # Δ has no per-item form here: marked, with the reason
     assert whole["Δ^V"].low is None and whole["Δ^V"].note == DELTA_VALID_ONLY
     assert f"No interval (†): {DELTA_VALID_ONLY}." in replacement.footer
@@ -297,7 +302,7 @@ def test_clinhallu_figure_the_logs_do_not_reproduce_gets_no_interval(tmp_path):
     assert rows["all"]["H^V"].value == pytest.approx(90.0) and rows["all"]["H^V"].low is None
     assert "not the reported 0.9" in rows["all"]["H^V"].note
     assert rows["a"]["Rep-V Fix"].low is None and "not the reported 0.25" in rows["a"]["Rep-V Fix"].note
-    assert rows["all"]["Acc"].low is not None and rows["a"]["Rep-V Break"].low is not None  # the others keep theirs
+    assert rows["all"]["Acc"].low is not None and rows["a"]["Rep-V Break"].note == FEW_CLUSTERS  # others: as before
     markdown = to_markdown(stage)
     assert "| m | clinhallu:all | all | 6 | 33.3 [" in markdown and "| 90.0 †" in markdown
     assert "No interval (†): the per-item values give 0.5, not the reported 0.9." in stage.footer
@@ -320,7 +325,7 @@ def test_clinhallu_logs_missing_or_holding_other_items(tmp_path):
     _, _, rows = _clinhallu_tables(more)
     assert "the protocol logs hold 7 items but results.json counts 6" in rows["all"]["Acc"].note
     assert "hold 4 items of a but results.json counts 3" in rows["a"]["Acc"].note
-    assert rows["b"]["Acc"].low is not None  # source b's items are the same
+    assert rows["b"]["Acc"].note == FEW_CLUSTERS  # source b's items are the same (3 of them: no interval)
 
 
 def test_clinhallu_intervals_in_the_written_report(tmp_path):

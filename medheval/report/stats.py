@@ -35,6 +35,14 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
   with its p but no interval and no star, and says so. The same minimum holds for the interval of a figure
   whose items fall in fewer than 6 clusters (one cluster: every bootstrap resample is the same, a zero-width
   interval; a few: too few distinct resamples to cover).
+* **Small samples** (:func:`expanded_level`): a percentile interval is about θ̂ ± z·σ̂ with the plug-in σ̂
+  (divisor G), where the t interval is θ̂ ± t_{G−1}·s, so over few units it is too narrow: the report's 95%
+  interval over 6 clusters held the truth in 91% of simulated accuracies and 85% of micro rates
+  (``benchmarks/interval_coverage.py``; 96% and 92% expanded). Every figure's
+  interval is therefore Hesterberg's (2015) expanded percentile interval: the bootstrap quantiles at α′/2 and
+  1 − α′/2, α′/2 = Φ(−√(G/(G−1))·t_{0.975, G−1}), G the units resampled (clusters, or items): tails of 0.24%
+  at G = 6, 1.9% at G = 30, 2.5% in the limit. The same minimum of :data:`MIN_CLUSTERS` units holds for items
+  as for clusters (at G = 2 the expanded interval is the whole range of the resamples).
 * **No variation**: when every paired difference is the same, c, the inversion rejects every δ ≠ c (each at
   p = 2/2^G) and would give the zero-width [c, c]; the comparison keeps its p but shows no interval (so no
   star), :data:`NO_VARIATION`.
@@ -59,6 +67,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -85,13 +94,15 @@ COMPARISON_NOTE = (f"Mitigation − none (and with image − blind): paired by i
                    f"so an interval excluding 0 ⇔ raw p < 0.05; clustered: tested over clusters and over items, the "
                    f"larger p and the wider interval. Fewer than {MIN_CLUSTERS} clusters, or every paired difference "
                    f"the same: no interval, no star.")
-METHOD_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of items (seed {SEED}); "
-               f"ratios (micro rates) recomputed from per-item numerators/denominators. {COMPARISON_NOTE}")
+SMALL_SAMPLE_NOTE = (f"percentiles expanded for the number of units G (Hesterberg 2015: tails at "
+                     f"Φ(−√(G/(G−1))·t₀.₉₇₅,G−1), 0.24% at G = 6, 1.9% at G = 30), none below {MIN_CLUSTERS} units")
+METHOD_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of items (seed {SEED}), "
+               f"{SMALL_SAMPLE_NOTE}; ratios (micro rates) recomputed from per-item numerators/denominators. {COMPARISON_NOTE}")
 CLUSTER_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of clusters (seed {SEED}): "
                 f"every item of a drawn cluster comes along, the unit per split is named below, and a unit of one "
                 f"item is the plain item bootstrap; ratios (micro rates) recomputed from the drawn clusters' "
                 f"numerator and denominator sums; the interval shown also spans the item bootstrap's (never "
-                f"narrower than items), and none below {MIN_CLUSTERS} clusters. {COMPARISON_NOTE} "
+                f"narrower than items); {SMALL_SAMPLE_NOTE}. {COMPARISON_NOTE} "
                 f"`medheval report --cluster none` resamples items.")
 
 
@@ -178,11 +189,64 @@ def bootstrap_ci(values: Sequence[float], denominators: Sequence[float] | None =
     return float(low), float(high)
 
 
+def t_two_sided(t: float, df: int) -> float:
+    """P(|T| ≤ t) for Student's T with integer ``df`` ≥ 1, in closed form (Abramowitz & Stegun 1964, 26.7.3–4):
+    with θ = atan(t/√df) and c = cos²θ, df = 1: 2θ/π; odd df: (2/π)(θ + sinθ cosθ Σ_{k=0}^{(df−3)/2} a_k c^k),
+    a_0 = 1, a_k = a_{k−1}·2k/(2k+1); even df: sinθ Σ_{k=0}^{(df−2)/2} b_k c^k, b_0 = 1, b_k = b_{k−1}(2k−1)/(2k)."""
+    if df < 1:
+        raise ValueError(f"Student's t needs at least 1 degree of freedom, not {df}")
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c = math.cos(theta) ** 2
+    total, term = 0.0, 1.0
+    if df % 2:
+        for k in range((df - 1) // 2):
+            total += term
+            term *= c * (2 * k + 2) / (2 * k + 3)
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    for k in range(df // 2):
+        total += term
+        term *= c * (2 * k + 1) / (2 * k + 2)
+    return math.sin(theta) * total
+
+
+@functools.lru_cache(maxsize=None)
+def t_quantile(level: float, df: int) -> float:
+    """t with P(|T| ≤ t) = ``level`` (the two-sided critical value t_{(1+level)/2, df}): by bisection on
+    :func:`t_two_sided` to 1e-12, or above 100 degrees of freedom (where that series grows long) by the
+    Cornish–Fisher expansion in z = Φ⁻¹((1+level)/2) (Abramowitz & Stegun 1964, 26.7.5; error below 1e-7):
+    t ≈ z + (z³+z)/(4ν) + (5z⁵+16z³+3z)/(96ν²) + (3z⁷+19z⁵+17z³−15z)/(384ν³)."""
+    if df > 100:
+        z = statistics.NormalDist().inv_cdf((1 + level) / 2)
+        return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+                + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+    low, high = 0.0, 1.0
+    while t_two_sided(high, df) < level:
+        low, high = high, high * 2
+    while high - low > 1e-12 * max(1.0, high):
+        middle = (low + high) / 2
+        low, high = (middle, high) if t_two_sided(middle, df) < level else (low, middle)
+    return (low + high) / 2
+
+
+def expanded_level(level: float, units: int) -> float:
+    """The level whose percentile interval stands in for ``level`` over ``units`` resampled units (items or
+    clusters): Hesterberg's (2015) expanded percentile interval. A percentile interval is roughly
+    x̄ ± z σ̂ with σ̂ = s·√((G−1)/G) where the t interval is x̄ ± t_{G−1} s, so it is too narrow by
+    √(G/(G−1))·t_{G−1}/z (1.44 at G = 6, 1.06 at G = 30); taking the quantiles at α′/2 and 1 − α′/2 with
+    α′/2 = Φ(−√(G/(G−1))·t_{(1+level)/2, G−1}) matches the t interval for symmetric data and keeps the
+    bootstrap's shape. Needs G ≥ 2."""
+    if units < 2:
+        raise ValueError(f"an expanded interval needs at least 2 units, not {units}")
+    stretched = math.sqrt(units / (units - 1)) * t_quantile(level, units - 1)
+    return 1 - math.erfc(stretched / math.sqrt(2))  # 1 − 2Φ(−stretched)
+
+
 def figure_interval(values: Sequence[float], denominators: Sequence[float] | None = None,
                     clusters: Sequence[object] | None = None) -> tuple[tuple[float, float] | None, str | None]:
-    """The interval a report shows for a figure, or ``None`` and why: the cluster bootstrap's interval joined
-    with the item bootstrap's (clustering never narrows it), none for items in fewer than :data:`MIN_CLUSTERS`
-    clusters (one cluster: every resample is the same, a zero-width interval)."""
+    """The interval a report shows for a figure, or ``None`` and why: the cluster bootstrap's expanded
+    percentile interval (:func:`expanded_level`, G clusters) joined with the item bootstrap's (n items), so
+    clustering never narrows it; none for fewer than :data:`MIN_CLUSTERS` items or clusters (one cluster:
+    every resample is the same, a zero-width interval; a few: too few distinct resamples to cover)."""
     if len(values) == 0:
         return None, "no items"
     if denominators is not None and len(denominators) != len(values):
@@ -191,11 +255,12 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
         cluster_index(clusters, len(values))  # one label per item, checked before the few-clusters rule
     if denominators is not None and not any(float(d) > 0 for d in denominators):
         return None, NO_DENOMINATOR
-    if is_clustered(clusters) and len(set(clusters)) < MIN_CLUSTERS:
+    units = len(set(clusters)) if is_clustered(clusters) else len(values)
+    if units < MIN_CLUSTERS:
         return None, FEW_CLUSTERS
-    interval = bootstrap_ci(values, denominators)
+    interval = bootstrap_ci(values, denominators, level=expanded_level(LEVEL, len(values)))
     if is_clustered(clusters):
-        clustered = bootstrap_ci(values, denominators, clusters=clusters)
+        clustered = bootstrap_ci(values, denominators, clusters=clusters, level=expanded_level(LEVEL, units))
         if interval is None or clustered is None:
             interval = interval or clustered
         else:
