@@ -220,3 +220,96 @@ def test_shape_mismatch_names_the_weight(tmp_path):
     with pytest.raises(ConversionError, match=r"weight model\.vision_tower\.encoder\.layers\.0\.mlp\.fc1\.weight: "
                                               r"shape \(64, 32\) in the checkpoint, \(48, 32\) expected"):
         convert(tmp_path / "original", tmp_path / "hf", vision_tower=folder)
+
+
+# --- the MedHEval protocols' grey canvas for grayscale images (medheval.backends.grey_padding) ------------------
+
+
+def _stored(tmp_path, name: str, image: Image.Image):
+    """``image`` written as a PNG in its own mode and read back through the resolver (decoded as RGB)."""
+    from medheval.data.images import ImageResolver
+
+    image.save(tmp_path / name)
+    return ImageResolver({"cxr": str(tmp_path)}).open("cxr", name)
+
+
+def test_grayscale_canvas_known_answer(tmp_path):
+    """CLIP's mean (0.48145466, 0.4578275, 0.40821073) averages 0.449164, × 255 = 114.54: grey 114, where the RGB
+    canvas is (122, 116, 104). A 4-wide, 2-high grayscale image sits on rows 1-2 of a 4 × 4 grey square."""
+    from medheval.backends.grey_padding import grey_for, pad_grayscale
+    from medheval.data.images import SOURCE_MODE
+
+    clip = (0.48145466, 0.4578275, 0.40821073)
+    assert grey_for(clip) == 114 and tuple(int(255 * m) for m in clip) == (122, 116, 104)
+    pixels = np.array([[10, 20, 30, 40], [50, 60, 70, 80]], dtype=np.uint8)
+    wide = _stored(tmp_path, "wide.png", Image.fromarray(pixels, mode="L"))
+    assert wide.mode == "RGB" and wide.info[SOURCE_MODE] == "L"
+    got = np.asarray(pad_grayscale(wide, clip))
+    assert got.shape == (4, 4, 3) and (got[..., 0] == got[..., 2]).all()
+    assert got[..., 0].tolist() == [[114] * 4, [10, 20, 30, 40], [50, 60, 70, 80], [114] * 4]
+    tall = _stored(tmp_path, "tall.png", Image.fromarray(pixels.T.copy(), mode="L"))  # 2 wide, 4 high: columns 1-2
+    assert np.asarray(pad_grayscale(tall, clip))[..., 1].tolist() == [[114, 10, 50, 114], [114, 20, 60, 114],
+                                                                       [114, 30, 70, 114], [114, 40, 80, 114]]
+    colour = _stored(tmp_path, "colour.png", Image.fromarray(np.stack([pixels] * 3, -1)))
+    assert colour.info[SOURCE_MODE] == "RGB" and pad_grayscale(colour, clip) is colour  # an RGB file: unchanged
+    square = _stored(tmp_path, "square.png", Image.fromarray(np.zeros((3, 3), np.uint8), mode="L"))
+    assert pad_grayscale(square, clip) is square
+    made_here = Image.fromarray(np.stack([pixels] * 3, -1))  # no stored mode (a control's image): unchanged
+    assert pad_grayscale(made_here, clip) is made_here
+
+
+def _pixels_seen(backend, record, images):
+    """The pixel_values the vision tower receives while ``backend`` answers ``record``."""
+    seen = []
+    tower = backend.model.model.vision_tower
+    handle = tower.register_forward_pre_hook(lambda module, args, kwargs: seen.append(
+        (args[0] if args else kwargs["pixel_values"]).detach().clone()), with_kwargs=True)
+    try:
+        backend.generate([record], [images])
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_medheval_protocols_give_llava_med_grayscale_images_its_grey_canvas(converted, tmp_path, prefix_cache):
+    """Under medheval-baseline the converted LLaVA-Med model's vision tower gets a grayscale X-ray on the grey-114
+    square, exactly what the processor makes of that square; under ``clean`` it gets the RGB-mean square (the HF
+    processor's own padding); ``run.json`` records the difference, so a folder does not resume across it."""
+    from medheval.backends.hf import HFBackend
+    from medheval.run.paper_protocols import configure_backend, get_protocol
+
+    root, _ = converted
+    backend = HFBackend(str(root / "hf"), max_new_tokens=2, prefix_cache=prefix_cache)
+    xray = _stored(tmp_path, "xray.png", Image.fromarray(
+        np.random.RandomState(5).randint(0, 255, (40, 30), dtype=np.uint8), mode="L"))  # 30 wide, 40 high
+    record = {"id": "q1", "question": "Is the heart enlarged?", "answer_type": "yes_no"}
+    paper = configure_backend(backend, get_protocol("medheval-baseline"), chat_template="model")  # no upstream file
+    assert (paper.grey_padding, paper.pads_grayscale(), backend.pads_grayscale()) == (True, True, False)
+    assert paper.settings()["grey_padding"] is True and "grey_padding" not in backend.settings()
+    assert configure_backend(backend, get_protocol("clean")) is backend
+
+    grey = Image.new("RGB", (40, 40), (114, 114, 114))
+    grey.paste(xray, (5, 0))
+    want = backend.processor.image_processor(grey, do_pad=False, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(_pixels_seen(paper, record, [xray]), want)
+    assert (paper._prefix_cache is not None and paper._prefix_cache.prefix_encodings == 1) == prefix_cache
+    rgb_mean = backend.processor.image_processor(xray, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(_pixels_seen(backend, record, [xray]), rgb_mean)
+    assert not torch.equal(want, rgb_mean)  # the padded band differs (0.12–0.14 in normalised units)
+    colour = _image((40, 30), seed=3)  # an RGB image gets the RGB canvas under either
+    torch.testing.assert_close(_pixels_seen(paper, record, [colour]), _pixels_seen(backend, record, [colour]))
+
+
+def test_grey_padding_leaves_processors_without_a_square_canvas_alone(tmp_path):
+    """The tiny LLaVA's CLIP processor resizes and crops without padding: the protocol's switch is on but there
+    is no canvas to colour, so the images and the recorded settings are as under ``clean``."""
+    from medheval.backends.hf import HFBackend
+    from medheval.backends.tiny import build_tiny_llava
+    from medheval.run.paper_protocols import configure_backend, get_protocol
+
+    model, processor = build_tiny_llava(seed=0)
+    backend = configure_backend(HFBackend(model, processor, max_new_tokens=2), get_protocol("medheval-mitigation"))
+    xray = _stored(tmp_path, "xray.png", Image.fromarray(np.zeros((40, 30), np.uint8), mode="L"))
+    assert backend.grey_padding and not backend.pads_grayscale()
+    assert backend.model_images([xray])[0] is xray and "grey_padding" not in backend.settings()

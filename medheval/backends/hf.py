@@ -256,6 +256,9 @@ class HFBackend:
         self.conversation = None if check_template_name(chat_template) in (None, "model") else chat_template
         self.instruction = instruction or build_prompt
         self.compile = compile
+        # LLaVA-Med-1.5's grey canvas for grayscale images (medheval.backends.grey_padding); a paper protocol
+        # turns it on (medheval.run.paper_protocols.configure_backend)
+        self.grey_padding = False
         self._auto_sizes: dict[str, int] = {}  # per method and settings: the largest batch that ran
         self._auto_used: list[int] = []  # batch sizes used since take_auto_batch_size()
 
@@ -384,11 +387,28 @@ class HFBackend:
         return self.format_chat(request.get("system", ""), request["user"], request.get("assistant_prefix", ""),
                                 num_images, bool(request.get("text_first")), request.get("enable_thinking"))
 
+    def pads_grayscale(self) -> bool:
+        """Whether grayscale images go to the processor on LLaVA-Med-1.5's grey canvas: :attr:`grey_padding` is on
+        and the processor pads to a square (:func:`medheval.backends.grey_padding.square_padding_mean`)."""
+        from medheval.backends.grey_padding import square_padding_mean
+
+        return self.grey_padding and square_padding_mean(self.processor) is not None
+
+    def model_images(self, images: list) -> list:
+        """``images`` (one record's) as the processor gets them: grayscale ones on their grey canvas when
+        :meth:`pads_grayscale`, else unchanged."""
+        if not self.pads_grayscale():
+            return list(images)
+        from medheval.backends.grey_padding import pad_grayscale, square_padding_mean
+
+        mean = square_padding_mean(self.processor)
+        return [pad_grayscale(image, mean) for image in images]
+
     def _generate_texts(self, texts: list[str], images: list[list], records: list[dict], seed: int | None = None,
                         overrides: dict | None = None, row_seeds: list[int] | None = None) -> list[str]:
         proc_kwargs: dict[str, Any] = {"text": texts, "padding": True, "return_tensors": "pt"}
         if any(images):  # one list per prompt: Gemma 3 and Idefics3 need the nesting, the others accept it
-            proc_kwargs["images"] = [list(imgs) for imgs in images]
+            proc_kwargs["images"] = [self.model_images(imgs) for imgs in images]
         bos = self.tokenizer.bos_token
         if self._tokenizer_adds_bos and bos and all(text.startswith(bos) for text in texts):
             proc_kwargs["add_special_tokens"] = False
@@ -555,6 +575,8 @@ class HFBackend:
             settings["sampler"] = "per_row"
         if self.prefix_cache:
             settings["prefix_cache"] = True
+        if self.pads_grayscale():  # other pixels than a run without it: a resumed run must match
+            settings["grey_padding"] = True
         if self.compiles():  # bfloat16 tokens may differ from eager in rounding: a resumed run must match
             settings["compile"] = True
         if getattr(self.model.config, "medheval_random_weights", False):

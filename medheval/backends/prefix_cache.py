@@ -76,7 +76,7 @@ class PrefixCache:
     def _process(self, records: list[dict], texts: list[str], imgs: list) -> Any:
         kwargs: dict[str, Any] = {"text": texts, "padding": True, "return_tensors": "pt"}
         if imgs:
-            kwargs["images"] = imgs * len(texts)
+            kwargs["images"] = self.backend.model_images(imgs) * len(texts)
         try:
             return self.backend.processor(**kwargs)
         except Exception as err:  # noqa: BLE001 - name the records, keep the cause

@@ -334,6 +334,7 @@ DEADLINE_ENV = "MEDHEVAL_IMAGE_DEADLINE"
 MAX_MB_ENV = "MEDHEVAL_IMAGE_MAX_MB"
 DEFAULT_DEADLINE = 60.0  # seconds for one image, retries and redirects included
 DEFAULT_MAX_BYTES = 64 * 2**20  # one image (a MIMIC-CXR JPEG is 0.5-3 MB, an IU-Xray PNG far less)
+SOURCE_MODE = "medheval_source_mode"  # image.info key: the PIL mode the file was stored in, before the RGB decode
 MAX_PIXELS_ENV = "MEDHEVAL_IMAGE_MAX_PIXELS"
 DEFAULT_MAX_PIXELS = 50_000_000  # one decoded image, ~150 MB as RGB (a MIMIC-CXR JPEG is about 3000x2500 = 7.5 M)
 
@@ -1068,14 +1069,17 @@ class ImageResolver:
             raise
 
     def open(self, source: str, ref: str) -> Image.Image:
-        """Image ``ref`` of ``source`` decoded as RGB."""
+        """Image ``ref`` of ``source`` decoded as RGB; its stored mode (``L`` for a grayscale file) is kept in
+        ``image.info[SOURCE_MODE]`` (:mod:`medheval.backends.grey_padding` reads it)."""
         data = self.open_bytes(source, ref)
         limit = max_pixels()
         try:
             with Image.open(io.BytesIO(data)) as image:
                 check_pixels(image, f"image {ref!r} (source {source!r}, {len(data)} bytes)", limit)
                 image.load()
-                return image.convert("RGB")
+                decoded = image.convert("RGB")
+                decoded.info[SOURCE_MODE] = image.mode
+                return decoded
         except ImageDecodeError:
             raise
         except (OSError, ValueError, Image.DecompressionBombError) as exc:

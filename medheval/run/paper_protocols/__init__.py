@@ -54,8 +54,8 @@ def list_protocols() -> list[PaperProtocol]:
 
 def configure_backend(backend: Any, protocol: PaperProtocol, chat_template: str | None = None) -> Any:
     """A copy of ``backend`` that renders records under ``protocol`` (its instruction and its conversation
-    template for the backend's model type); ``chat_template`` (``--chat-template``) beats the protocol's.
-    A backend without those attributes (a predictions file) is returned as it is."""
+    template for the backend's model type, and its ``grey_padding``); ``chat_template`` (``--chat-template``)
+    beats the protocol's. A backend without those attributes (a predictions file) is returned as it is."""
     from medheval.backends.conversation import check_template_name
 
     check_template_name(chat_template)
@@ -69,9 +69,12 @@ def configure_backend(backend: Any, protocol: PaperProtocol, chat_template: str 
     model_type = getattr(getattr(getattr(backend, "model", None), "config", None), "model_type", None)
     instruction = protocol.instruction_for(model_type)
     template = chat_template if chat_template is not None else protocol.template_for(model_type)
-    if instruction is None and template is None:
+    grey = protocol.grey_padding and hasattr(backend, "grey_padding")
+    if instruction is None and template is None and not grey:
         return backend
     variant = copy.copy(backend)
+    if grey:
+        variant.grey_padding = True
     if instruction is not None:
         variant.instruction = instruction
     if template is not None and hasattr(variant, "conversation"):

@@ -35,7 +35,8 @@ class PaperProtocol:
     ``upstream_compat`` scores with the paper's released scorer unless the user says otherwise
     (``--no-upstream-compat``); ``metric_options[metric]`` are scoring options under the user's
     (``--metric-option``); ``gpu_dtype`` is the precision the published runs loaded the model in, used on a GPU
-    when ``--dtype`` is not given (a CPU run keeps float32).
+    when ``--dtype`` is not given (a CPU run keeps float32); ``grey_padding`` puts a grayscale image on
+    LLaVA-Med-1.5's grey square canvas where the processor pads to a square (:mod:`medheval.backends.grey_padding`).
     """
 
     name: str
@@ -53,6 +54,7 @@ class PaperProtocol:
     upstream_compat: bool = False
     metric_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     gpu_dtype: str | None = None
+    grey_padding: bool = False
     seeds: tuple[int, ...] = (0,)
     conflicts: tuple[Conflict, ...] = ()
     inferred: tuple[str, ...] = ()

@@ -50,8 +50,8 @@ def card(protocol: PaperProtocol) -> str:
                   "|---|---|"]
         lines += [f"| `{name}` | {_value(values)} |" for name, values in protocol.benchmark_options.items()]
         lines += [""]
-    if protocol.upstream_compat or protocol.metric_options or protocol.gpu_dtype:
-        lines += ["## Scoring and precision", ""]
+    if protocol.upstream_compat or protocol.metric_options or protocol.gpu_dtype or protocol.grey_padding:
+        lines += ["## Scoring, precision and pixels", ""]
         if protocol.upstream_compat:
             lines += ["- Scored with the paper's released scorers (`upstream_compat`); `--no-upstream-compat` scores "
                       "with this project's rules, and the Reproduction table then calls the run not comparable."]
@@ -60,6 +60,10 @@ def card(protocol: PaperProtocol) -> str:
         if protocol.gpu_dtype:
             lines += [f"- The model loads in `{protocol.gpu_dtype}` on a GPU unless `--dtype` is given (a CPU run "
                       "keeps float32)."]
+        if protocol.grey_padding:
+            lines += ["- A grayscale image goes to a processor that pads to a square (LLaVA-Med-1.5's) on a grey "
+                      "canvas of ⌊255·mean(image_mean)⌋ (114), as the released `process_images` pads it; "
+                      "`medheval/backends/grey_padding.py`."]
         lines += [""]
     lines += ["## Code and paper disagree (the code's value is the default)", ""]
     if protocol.conflicts:

@@ -106,10 +106,10 @@ _COMMON_INFERRED = (
     "written top_p 1.0 (no nucleus filter)",
     "image preprocessing: LLaVA-Med-1.5 pads to a square with the CLIP mean colour and resizes to 336 "
     "(image_aspect_ratio pad; the converter's LlavaImageProcessor do_pad=True); LLaVA-NeXT uses anyres tiles "
-    "(the HF LlavaNextProcessor); one image per item, placed before the text. Not reproduced: the released "
-    "mm_utils.py pads a grayscale (mode L) image, as MIMIC-CXR-JPG's are, with grey 114 rather than the RGB "
-    "mean (122, 116, 104), and pastes it at a random offset of 0 or 1 pixel from the centre; here every image "
-    "is converted to RGB first and centred",
+    "(the HF LlavaNextProcessor); one image per item, placed before the text. The released mm_utils.py pads a "
+    "grayscale (mode L) image, as MIMIC-CXR-JPG's are, with grey 114 rather than the RGB mean (122, 116, 104): "
+    "reproduced (grey_padding). Not reproduced: it pastes the image at a random, unseeded offset of 0 or 1 pixel "
+    "from the centre; here it is centred",
     "text identity is checked character for character; the HF processor tokenizes the whole prompt while "
     "LLaVA's tokenizer_image_token tokenizes the pieces around <image> separately, so token boundaries next to "
     "the image marker may differ",
@@ -117,9 +117,10 @@ _COMMON_INFERRED = (
 
 # how MedHEval's published numbers were scored and loaded: its released scorers (first-sentence yes/no, closest
 # option, "Assistant:" strip; medheval.scoring upstream_compat), its S_h judge prompt, and the float16 weights
-# every llava/model/builder.py loads (images cast with .half())
+# every llava/model/builder.py loads (images cast with .half()); and LLaVA-Med-1.5's grey canvas for grayscale
+# images (process_images in its llava/mm_utils.py)
 _SCORING: dict[str, Any] = {"upstream_compat": True, "metric_options": {"sh_judge": {"prompt_style": "upstream"}},
-                            "gpu_dtype": "float16"}
+                            "gpu_dtype": "float16", "grey_padding": True}
 
 BASELINE = PaperProtocol(
     name="medheval-baseline",
