@@ -313,3 +313,23 @@ def test_grey_padding_leaves_processors_without_a_square_canvas_alone(tmp_path):
     xray = _stored(tmp_path, "xray.png", Image.fromarray(np.zeros((40, 30), np.uint8), mode="L"))
     assert backend.grey_padding and not backend.pads_grayscale()
     assert backend.model_images([xray])[0] is xray and "grey_padding" not in backend.settings()
+
+
+def test_a_protocol_run_of_llava_med_records_the_grey_canvas(converted, fixture_benchmark, tmp_path, capsys):
+    """``medheval run`` of the converted LLaVA-Med under medheval-baseline writes ``settings.backend.grey_padding``
+    (what the Reproduction table checks for LLaVA-Med-1.5's cells); under ``clean`` the setting is absent, and that
+    folder does not resume under the protocol."""
+    from medheval.cli import main
+
+    root, _ = converted
+    roots = [a for s, r in fixture_benchmark["image_roots"].items() for a in ("--image-root", f"{s}={r}")]
+    base = ["run", "--model", str(root / "hf"), "--benchmark", "mm_vishal:slake", "--data-dir",
+            fixture_benchmark["data_dir"], *roots, "--limit", "2", "--max-new-tokens", "2", "--chat-template", "model"]
+    paper, clean = tmp_path / "paper", tmp_path / "clean"
+    assert main([*base, "--output", str(paper), "--protocol", "medheval-baseline"]) == 0, capsys.readouterr().err
+    assert json.loads((paper / "results.json").read_text())["settings"]["backend"]["grey_padding"] is True
+    assert main([*base, "--output", str(clean)]) == 0, capsys.readouterr().err
+    assert "grey_padding" not in json.loads((clean / "results.json").read_text())["settings"]["backend"]
+    capsys.readouterr()
+    assert main([*base, "--output", str(clean), "--protocol", "medheval-baseline"]) == 2
+    assert "this run asks for protocol 'medheval-baseline'" in capsys.readouterr().err

@@ -539,3 +539,23 @@ def test_med_hallmark_table1_rows_match_the_papers_tasks():
         assert found[0][1] == found[0][0].value  # shown in the paper's units (0-100 text metrics, 0-1 scores)
     assert matches(table, irg, "ACC", records) == []
     assert matches(table, [*vqa[:1], "vcd", *vqa[2:]], "BS", records) == []  # Med-HallMark rows are unmitigated
+
+
+@pytest.mark.parametrize("backend, reasons", [
+    ({"grey_padding": True}, []),
+    ({}, ["images not padded as the released code pads them (a grayscale image on a grey square: the run predates "
+          "it, or its processor does not pad to a square)"]),
+])
+def test_llava_med_cells_need_the_released_codes_image_canvas(backend: dict, reasons: list[str]) -> None:
+    """LLaVA-Med-1.5's released process_images puts a grayscale image on a grey-114 square
+    (medheval.backends.grey_padding), which its run records as ``settings.backend.grey_padding``: a run under
+    medheval-baseline that records it stands beside MedHEval Table 3's LLaVA-Med-1.5 cells with a Δ; one without it
+    (made before the canvas, or through a processor that crops instead of padding) is listed without one.
+    LLaVA-NeXT's tiles have no such canvas, so its cells never ask for it (the tests above)."""
+    model = "microsoft/llava-med-v1.5-mistral-7b"
+    run = _run(model, protocol="medheval-baseline")
+    run.results["settings"]["backend"] = backend
+    _, records = reproduction([_close_ended(model, "none", Cell(value=70.0), Cell(value=60.0))], runs=[run])
+    table3 = [r for r in records if r["table"] == "3"]
+    assert table3 and all(r["model"] == "LLaVA-Med-1.5" for r in table3)
+    assert all(r["reasons"] == reasons and (r["difference"] is None) == bool(reasons) for r in table3)

@@ -165,6 +165,10 @@ RELEASED_CODE_MODELS: dict[str, tuple[str, ...]] = {
 }
 # protocols whose published numbers were scored with the released scorer (results.json scoring.upstream_compat)
 UPSTREAM_SCORED = ("medheval-baseline", "medheval-mitigation")
+# protocol -> the printed models whose released process_images pads a grayscale image with grey
+# (medheval.backends.grey_padding): their run must record settings.backend.grey_padding
+GREY_CANVAS_MODELS: dict[str, tuple[str, ...]] = {"medheval-baseline": ("LLaVA-Med-1.5",),
+                                                  "medheval-mitigation": ("LLaVA-Med-1.5",)}
 PAPER_SEEDS = 1  # every stored cell is one pass (MedHEval's scripts: set_seed(0)); the papers report no spread
 STEPBENCH_COLUMN = re.compile(r"^(EN|VI) S([1-4]) (R|F1)$")
 REPRODUCTION_NOTE = ("Reproduction: each report cell whose model, split, mitigation and column match a published "
@@ -326,7 +330,8 @@ class RunConditions:
     """What of a run decides whether its figure may stand beside a paper's: its protocol (``clean`` when
     results.json records none; under the paper's protocol, also whether the paper's code for the model was
     released and whether the run used the paper's scorer), random weights, fixture data, ``--limit`` and the
-    number of seeds."""
+    number of seeds; for LLaVA-Med-1.5 under MedHEval's protocols, whether its images went on the released
+    code's square canvas."""
 
     protocol: str = CLEAN_PROTOCOL
     random_weights: bool = False
@@ -335,13 +340,14 @@ class RunConditions:
     seeds: int = 1
     options: dict[str, Any] = field(default_factory=dict)
     upstream_compat: bool = False
+    grey_padding: bool = False
 
     @classmethod
     def of(cls, results: dict[str, Any], splits: Sequence[str]) -> "RunConditions":
         """Read from ``results.json``: ``protocol.name``, ``labels.random_weights`` or
         ``settings.backend.random_weights``, ``fixture`` on an annotation file of ``splits``,
-        ``settings.limit``, ``seeds`` (a list; absent: one pass), the splits' ``run_options`` together and
-        ``scoring.upstream_compat``."""
+        ``settings.limit``, ``seeds`` (a list; absent: one pass), the splits' ``run_options`` together,
+        ``scoring.upstream_compat`` and ``settings.backend.grey_padding``."""
         protocol = results.get("protocol")
         name = protocol.get("name") if isinstance(protocol, dict) else None
         settings = results.get("settings") or {}
@@ -356,7 +362,8 @@ class RunConditions:
                    limit=settings.get("limit") if isinstance(settings.get("limit"), int) else None,
                    seeds=len(seeds) if isinstance(seeds, list) and seeds else 1,
                    options={k: v for entry in entries for k, v in (entry.get("run_options") or {}).items()},
-                   upstream_compat=bool((results.get("scoring") or {}).get("upstream_compat")))
+                   upstream_compat=bool((results.get("scoring") or {}).get("upstream_compat")),
+                   grey_padding=bool(backend.get("grey_padding")))
 
     def reasons(self, record: Published) -> list[str]:
         """Why the run's figure is not comparable with ``record`` (empty: comparable)."""
@@ -369,6 +376,9 @@ class RunConditions:
                 out.append(f"no inference code released for {record.model} (the protocol's text for it is inferred)")
             if wanted in UPSTREAM_SCORED and not self.upstream_compat:
                 out.append("scored with this project's rules (paper: its released scorer; --upstream-compat)")
+            if record.model in GREY_CANVAS_MODELS.get(wanted, ()) and not self.grey_padding:
+                out.append("images not padded as the released code pads them (a grayscale image on a grey square: "
+                           "the run predates it, or its processor does not pad to a square)")
         if self.random_weights:
             out.append("random weights")
         if self.fixture:
