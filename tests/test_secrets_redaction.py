@@ -70,6 +70,49 @@ def test_secrets_a_server_echoes_reach_no_file_and_no_console(fixture_benchmark,
     assert not _leaks(tmp_path, printed, [HEADER, BODY, ENV])
 
 
+def test_secrets_echoed_upper_cased_or_inside_base64_are_redacted_too(fixture_benchmark, monkeypatch, tmp_path,
+                                                                       capsys):
+    """A server that echoes the header upper-cased and the ``extra_body`` key and the Bearer line inside base64
+    blobs (as in an encoded debug header or a JWT-like payload), at each of the 3 byte offsets base64 can put
+    them: no file and no console line holds any of those spellings."""
+    monkeypatch.setenv("OPENAI_API_KEY", ENV)
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    servers: list[JudgeServer] = []
+    blobs: list[str] = []
+
+    def echo(body: dict) -> str:
+        headers = servers[0].requests[-1].headers
+        blobs[:] = [base64.b64encode(f"{pad}{{\"k\": \"{body.get('api_key')}\", \"a\": \"{headers.get('Authorization')}\"}}"
+                                     .encode()).decode() for pad in ("", "x", "xy")]
+        return f"Yes. {str(headers.get('X-Password')).upper()} {' '.join(blobs)}"
+
+    with JudgeServer("openai", reply=echo) as server:
+        servers.append(server)
+        code = _run(fixture_benchmark, tmp_path / "run", f"openai:m@{server.base_url}",
+                    "--api-option", json.dumps({"X-Password": HEADER}).join(("headers=", "")),
+                    "--api-option", f'extra_body={{"api_key": "{BODY}", "seed": 0}}')
+    printed = "".join(capsys.readouterr())
+    assert code == 0, printed
+    predictions = (tmp_path / "run" / "predictions.jsonl").read_text()
+    assert "Yes. *** " in predictions and predictions.count("***") >= 1 + 2 * 3  # header, then key and Bearer ×3
+    files = b"".join(p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file())
+    for blob in blobs:  # the blobs as sent hold the secrets; none reached a file or the console whole
+        assert blob.encode() not in files and blob not in printed
+        assert any(form in blob for form in _base64_of(BODY) + _base64_of(ENV))
+    assert HEADER.upper().encode() not in files and HEADER.upper() not in printed
+    assert not _leaks(tmp_path, printed, [HEADER, BODY, ENV])
+
+
+def _base64_of(secret: str) -> list[str]:
+    """The base64 characters of ``secret`` at byte offsets 0, 1 and 2 of a longer text (worked out here by
+    encoding with 0-2 filler bytes, independently of medheval.net.secrets)."""
+    forms = []
+    for k, skip in ((0, 0), (1, 2), (2, 3)):
+        encoded = base64.b64encode(b"\0" * k + secret.encode()).decode()
+        forms.append(encoded[skip: (8 * (k + len(secret))) // 6])
+    return forms
+
+
 def test_a_key_in_the_base_url_is_not_printed_in_the_error(fixture_benchmark, monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("OPENAI_API_KEY", ENV)
     monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
@@ -148,6 +191,14 @@ def test_the_registry_redacts_each_spelling_of_a_value_and_only_secret_named_fie
     for spelling in (secret, json.dumps(secret)[1:-1], html.escape(secret), "q%22uo%3Cte%3E%26sp%20ace-Zz91"):
         assert redact(f"before {spelling} after") == "before *** after"
     assert redact("max_tokens=987654321") == "max_tokens=987654321"  # a count, not a secret
+    assert redact(f"echo {secret.upper()}!") == "echo ***!"  # any letter case
+    key = "sk-case-and-b64-Kq81"
+    register_named({"api_key": key})
+    for filler in ("", "a", "ab"):  # the 3 offsets base64 can put a value at inside a longer encoded text
+        encoded = base64.b64encode(f"{filler}key={key};".encode()).decode()
+        assert "***" in redact(encoded) and not any(form in redact(encoded) for form in _base64_of(key))
+    plain = base64.b64encode(b"an ordinary payload with no key in it").decode()
+    assert redact(plain) == plain
 
 
 JUDGE_QUERY = "judge-canary-Qk72-urlkey"

@@ -9,13 +9,16 @@ by value, not by field name: a server echoing an ``X-Password`` header into its 
 as an ``api_key`` field. :func:`redact` is applied where text leaves the process: the run's files
 (``run.json``, ``results.json``, ``predictions.jsonl``, ``scored.jsonl``, ``report.html``), error messages
 and tracebacks the CLI prints, log records. Each value is also removed in the forms those outputs spell it
-(JSON-escaped, HTML-escaped, percent-encoded).
+(JSON-escaped, HTML-escaped, percent-encoded), in any letter case (a server echoing ``SK-…`` for ``sk-…``),
+and base64-encoded inside a longer base64 text (:func:`_base64_forms`: a token echoed in an encoded header or
+body).
 
 Values shorter than :data:`MIN_LENGTH` characters are not registered: they would blank out ordinary words.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import os
@@ -44,9 +47,21 @@ _secrets: set[str] = set()
 _forms: list[str] = []  # every registered value in every spelling, longest first
 
 
+def _base64_forms(secret: str) -> set[str]:
+    """The base64 characters that spell ``secret`` wherever it sits in a longer encoded text: with k = 0, 1, 2
+    bytes before it (its offset mod 3), encode k zero bytes + its UTF-8 bytes b and keep the characters that
+    depend on b alone, from ⌈8k/6⌉ to ⌊8(k + |b|)/6⌋ (each character carries 6 bits)."""
+    data = secret.encode("utf-8")
+    forms = set()
+    for k in range(3):
+        encoded = base64.b64encode(bytes(k) + data).decode("ascii")
+        forms.add(encoded[-(-8 * k // 6): 8 * (k + len(data)) // 6])
+    return {form for form in forms if len(form) >= MIN_LENGTH}
+
+
 def _spellings(secret: str) -> set[str]:
     return {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], html.escape(secret),
-            html.escape(secret, quote=False), quote(secret, safe=""), quote_plus(secret)}
+            html.escape(secret, quote=False), quote(secret, safe=""), quote_plus(secret), *_base64_forms(secret)}
 
 
 def register_secrets(*secrets: Any) -> None:
@@ -131,15 +146,18 @@ def register_environment(environ: Mapping[str, str] | None = None) -> None:
 
 def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
     """``text`` with every registered secret, and ``secrets`` (from 4 characters), replaced by ``***`` in
-    each spelling (longest first, so a secret containing another is removed whole)."""
+    each spelling and any letter case (longest first, so a secret containing another is removed whole)."""
     if not text:
         return text
     with _lock:
         forms = list(_forms)
     extra = sorted(set().union(*(_spellings(s) for s in secrets if s and len(s) >= 4)), key=len, reverse=True)
+    folded = text.casefold()
     for form in extra + forms:
         if form in text:
             text = text.replace(form, MASK)
+        elif form.casefold() in folded:
+            text = re.sub(re.escape(form), MASK, text, flags=re.IGNORECASE)
     return text
 
 
