@@ -425,7 +425,8 @@ def test_reproduction_stepbench_knowledge_and_no_match() -> None:
 
 def test_report_compare_published_end_to_end(tmp_path: Path) -> None:
     """``medheval report RUN --compare-published``: a run of llava-hf/llava-v1.6-vicuna-7b-hf on mm_vishal:all
-    with 24 items, 12 right (Acc 50.0%), the anatomy items (0, 4, …, 20) all wrong (Acc-A 0.0%, interval [0, 0]).
+    with 24 items, 12 right (Acc 50.0%), the anatomy items (0, 4, …, 20) all wrong (Acc-A 0.0%; 0 of 6: the
+    Clopper–Pearson interval [0, 1 − 0.025^(1/6)] = [0, 45.9]).
     Under the medheval-baseline protocol, against MedHEval Table 3: Acc 49.4 → Δ = +0.6, inside the interval;
     Acc-A 57.6 → Δ = −57.6, outside (flagged, listed in the footer). report.md has the Reproduction heading;
     report.json the records. The same run without a protocol (clean) is listed without Δ, saying why."""

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from medheval.report.stats import (FEW_CLUSTERS, LEVEL, MIN_CLUSTERS, NO_VARIATION, adjust_p, bootstrap_ci,
+from medheval.report.stats import (FEW_CLUSTERS, LEVEL, MIN_CLUSTERS, NO_SPREAD, NO_VARIATION, adjust_p, bootstrap_ci,
                                    bootstrap_distribution, compare_accuracy, compare_scores, expanded_level,
                                    figure_interval, mcnemar_exact, sign_flip, t_quantile, t_two_sided)
 
@@ -367,3 +367,20 @@ def test_few_cluster_intervals_cover_near_their_level():
         low, high = bootstrap_ci(values, clusters=labels, n_boot=500)
         plain += low <= 0.5 <= high
     assert shown / 400 >= 0.92 and (400 - plain) > 2 * (400 - shown), (shown, plain)
+
+
+def test_a_figure_without_spread_gets_no_zero_width_interval():
+    """Every item alike: every resample gives the figure, [θ̂, θ̂]. A 0/1 mean gets Clopper–Pearson's exact bound
+    over the units instead: 0 of 8 right, [0, 1 − 0.025^(1/8)] = [0, 1 − 0.63059] = [0, 0.36941]; 8 of 8,
+    [0.63059, 1]; 0 of 12 answers on 6 images (2 each), over G = 6: [0, 1 − 0.025^(1/6)] = [0, 0.45926]. A
+    constant score or ratio (whose range the statistics cannot know) gets none, and says why."""
+    assert figure_interval([0.0] * 8, binary=True) == ((0.0, pytest.approx(0.36941, abs=1e-5)), None)
+    assert figure_interval([1.0] * 8, binary=True) == ((pytest.approx(0.63059, abs=1e-5), 1.0), None)
+    assert figure_interval([0.0] * 12, clusters=[f"image:{i // 2}" for i in range(12)], binary=True) == (
+        (0.0, pytest.approx(0.45926, abs=1e-5)), None)
+    assert figure_interval([0.7] * 8) == (None, NO_SPREAD) and figure_interval([1.0] * 8) == (None, NO_SPREAD)
+    assert figure_interval([1.0, 2.0] * 4, denominators=[2.0, 4.0] * 4) == (None, NO_SPREAD)  # every ratio ½
+    assert figure_interval([0.0] * 8, denominators=[1.0] * 8, binary=True) == (None, NO_SPREAD)  # a ratio
+    varied = [1.0, 0.0] * 4  # with spread, binary changes nothing
+    assert figure_interval(varied, binary=True) == figure_interval(varied) == (
+        bootstrap_ci(varied, level=expanded_level(LEVEL, 8)), None)

@@ -195,14 +195,16 @@ def figure(run: Run, split: str, metric: str, key: str, scale: float = 100.0, ca
     if not values:
         cell.note = f"scored.jsonl has no per-item '{per_item}'"
         return cell
-    return _with_interval(cell, values, scale, value, clustered=clusters(run, split, items))
+    binary = all(isinstance(_item_value(item, metric, per_item), bool) for item in items)
+    return _with_interval(cell, values, scale, value, clustered=clusters(run, split, items), binary=binary)
 
 
 def _with_interval(cell: Cell, values: list[float], scale: float, value: float,
                    denominators: list[float] | None = None, digits: int | None = None,
-                   clustered: tuple[list[str] | None, str | None] = (None, None)) -> Cell:
+                   clustered: tuple[list[str] | None, str | None] = (None, None), binary: bool = False) -> Cell:
     """Attach the interval when the items reproduce the reported figure (same units up to ×100; rounded
-    to ``digits`` places first when the metric rounds it); ``clustered``: :func:`clusters` of the items."""
+    to ``digits`` places first when the metric rounds it); ``clustered``: :func:`clusters` of the items;
+    ``binary``: the values are 0/1 answers (:func:`medheval.report.stats.figure_interval`)."""
     recomputed = sum(values) / (sum(denominators) if denominators else len(values)) if (
         sum(denominators) if denominators else values) else None
     if digits is not None and recomputed is not None:
@@ -213,7 +215,7 @@ def _with_interval(cell: Cell, values: list[float], scale: float, value: float,
         cell.note = f"the per-item values give {recomputed!r}, not the reported {value!r}"
         return cell
     labels, cell.unit = clustered
-    interval, why = figure_interval(values, denominators, clusters=labels)
+    interval, why = figure_interval(values, denominators, clusters=labels, binary=binary)
     cell.n = len(values)
     if cell.unit is not None:
         cell.n_clusters = len(set(labels)) if labels is not None else len(values)
@@ -417,10 +419,12 @@ def pooled_figure(run: Run, splits: list[str], metric: str, key: str, scale: flo
     values: list[float] = []
     labels: list[str] | None = []
     units: list[str] = []
+    binary = True
     for split in splits:
         items = [item for item in run.items_of(split) if isinstance(_item_value(item, metric, per_item), bool)
                  or _num(_item_value(item, metric, per_item))]
         values += [float(_item_value(item, metric, per_item)) for item in items]
+        binary = binary and all(isinstance(_item_value(item, metric, per_item), bool) for item in items)
         split_labels, unit = clusters(run, split, items)
         if unit is None:
             labels = None
@@ -433,7 +437,7 @@ def pooled_figure(run: Run, splits: list[str], metric: str, key: str, scale: flo
         return cell
     kinds = {unit.partition(" by ")[2] for unit in units}
     unit = None if not units else f"{' + '.join(splits)} by {kinds.pop()}" if len(kinds) == 1 else "; ".join(units)
-    return _with_interval(cell, values, scale, value, clustered=(labels, unit))
+    return _with_interval(cell, values, scale, value, clustered=(labels, unit), binary=binary)
 
 
 def med_hallmark(runs: list[Run]) -> list[Table]:
@@ -509,8 +513,8 @@ def _stepbench_cell(run: Run, split: str, value: Any, items: list[dict[str, Any]
     if what == "recall":
         positives = [item for item in items if item["reference"] == "hallucination"]
         values = [float(bool(item.get("correct"))) for item in positives]
-        return _with_interval(cell, values, 100.0, value, clustered=clusters(run, split, positives)) if values \
-            else cell
+        return _with_interval(cell, values, 100.0, value, clustered=clusters(run, split, positives),
+                              binary=True) if values else cell
     rows = [(item["reference"] == "hallucination", bool(item.get("correct"))) for item in items]
     numerators = [2.0 * ok if positive else 0.0 for positive, ok in rows]
     denominators = [1.0 + ok if positive else 1.0 - ok for positive, ok in rows]

@@ -43,6 +43,12 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
   1 − α′/2, α′/2 = Φ(−√(G/(G−1))·t_{0.975, G−1}), G the units resampled (clusters, or items): tails of 0.24%
   at G = 6, 1.9% at G = 30, 2.5% in the limit. The same minimum of :data:`MIN_CLUSTERS` units holds for items
   as for clusters (at G = 2 the expanded interval is the whole range of the resamples).
+* **No spread in a figure**: when every item has the same value (or ratio), every resample gives the figure
+  itself and the percentile interval is the zero-width [θ̂, θ̂]. A 0/1 figure (``binary``: accuracy, recall)
+  that is all 0 or all 1 gets the exact Clopper & Pearson (1934) bound instead, over the G units resampled:
+  [0, 1 − (α/2)^{1/G}] or [(α/2)^{1/G}, 1] (0 of 6 right: [0, 0.459]). Over clusters this stays valid: a cluster
+  is all 0 with probability at most 1 − p (its first item's), so P(all G clusters all 0) ≤ (1 − p)^G. Any other
+  figure without spread shows no interval, :data:`NO_SPREAD`.
 * **No variation**: when every paired difference is the same, c, the inversion rejects every δ ≠ c (each at
   p = 2/2^G) and would give the zero-width [c, c]; the comparison keeps its p but shows no interval (so no
   star), :data:`NO_VARIATION`.
@@ -88,6 +94,8 @@ FEW_CLUSTERS = (f"fewer than {MIN_CLUSTERS} clusters (or items): too few to esti
 NO_VARIATION = ("no variation in the paired differences (every item's difference is the same): a zero-width "
                 "interval would claim a certainty the data cannot give, so no interval and no star; p is shown")
 NO_DENOMINATOR = "every item's denominator is 0: the ratio is undefined, so no interval"
+NO_SPREAD = ("every item gives the same figure, so every resample does too: a zero-width interval would claim a "
+             "certainty the data cannot give, so no interval")
 COMPARISON_NOTE = (f"Mitigation − none (and with image − blind): paired by item id; p from a two-sided sign-flip "
                    f"test over cluster totals (exact where its distribution is small enough to build, else {N_FLIP} seeded random "
                    f"sign vectors; over items it is exact McNemar for accuracy), its 95% interval the test inverted, "
@@ -95,7 +103,8 @@ COMPARISON_NOTE = (f"Mitigation − none (and with image − blind): paired by i
                    f"larger p and the wider interval. Fewer than {MIN_CLUSTERS} clusters, or every paired difference "
                    f"the same: no interval, no star.")
 SMALL_SAMPLE_NOTE = (f"percentiles expanded for the number of units G (Hesterberg 2015: tails at "
-                     f"Φ(−√(G/(G−1))·t₀.₉₇₅,G−1), 0.24% at G = 6, 1.9% at G = 30), none below {MIN_CLUSTERS} units")
+                     f"Φ(−√(G/(G−1))·t₀.₉₇₅,G−1), 0.24% at G = 6, 1.9% at G = 30), none below {MIN_CLUSTERS} units; "
+                     f"a 0/1 figure that is all 0 or all 1: Clopper–Pearson's exact interval over the G units")
 METHOD_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of items (seed {SEED}), "
                f"{SMALL_SAMPLE_NOTE}; ratios (micro rates) recomputed from per-item numerators/denominators. {COMPARISON_NOTE}")
 CLUSTER_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of clusters (seed {SEED}): "
@@ -242,11 +251,14 @@ def expanded_level(level: float, units: int) -> float:
 
 
 def figure_interval(values: Sequence[float], denominators: Sequence[float] | None = None,
-                    clusters: Sequence[object] | None = None) -> tuple[tuple[float, float] | None, str | None]:
+                    clusters: Sequence[object] | None = None,
+                    binary: bool = False) -> tuple[tuple[float, float] | None, str | None]:
     """The interval a report shows for a figure, or ``None`` and why: the cluster bootstrap's expanded
     percentile interval (:func:`expanded_level`, G clusters) joined with the item bootstrap's (n items), so
     clustering never narrows it; none for fewer than :data:`MIN_CLUSTERS` items or clusters (one cluster:
-    every resample is the same, a zero-width interval; a few: too few distinct resamples to cover)."""
+    every resample is the same, a zero-width interval; a few: too few distinct resamples to cover). Without
+    spread (every item alike): for a ``binary`` (0/1) mean the Clopper–Pearson bound over the units, else none
+    (module docstring)."""
     if len(values) == 0:
         return None, "no items"
     if denominators is not None and len(denominators) != len(values):
@@ -265,7 +277,17 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
             interval = interval or clustered
         else:
             interval = (min(interval[0], clustered[0]), max(interval[1], clustered[1]))
+    if interval is not None and interval[0] == interval[1]:
+        return _without_spread(interval[0], units, binary and denominators is None)
     return interval, None if interval is not None else NO_DENOMINATOR
+
+
+def _without_spread(figure: float, units: int, binary: bool) -> tuple[tuple[float, float] | None, str | None]:
+    """Clopper–Pearson's interval of a 0/1 mean that is all 0 or all 1 over ``units`` units; else none."""
+    if not binary or figure not in (0.0, 1.0):
+        return None, NO_SPREAD
+    edge = ((1 - LEVEL) / 2) ** (1 / units)
+    return ((0.0, 1 - edge) if figure == 0.0 else (edge, 1.0)), None
 
 
 def _exact_flips(columns: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
