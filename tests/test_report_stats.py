@@ -384,3 +384,19 @@ def test_a_figure_without_spread_gets_no_zero_width_interval():
     varied = [1.0, 0.0] * 4  # with spread, binary changes nothing
     assert figure_interval(varied, binary=True) == figure_interval(varied) == (
         bootstrap_ci(varied, level=expanded_level(LEVEL, 8)), None)
+
+
+def test_the_coverage_benchmark_runs_and_measures_proportions():
+    """benchmarks/interval_coverage.py (the numbers in docs/reports.md), on 20 data sets of each figure: it runs
+    and gives two shares in [0, 1]; with the truth far outside any data (accuracy 2.0) nothing covers it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "interval_coverage.py"
+    spec = importlib.util.spec_from_file_location("interval_coverage", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for name, (make, truth) in bench.FIGURES.items():
+        before, after = bench.coverage(make, truth, 6, 5, sets=20, seed=1, binary=name == "accuracy")
+        assert 0.0 <= before <= 1.0 and 0.0 <= after <= 1.0, name
+    assert bench.coverage(bench.FIGURES["accuracy"][0], 2.0, 6, 5, sets=20, seed=1, binary=True) == (0.0, 0.0)
