@@ -46,22 +46,25 @@ def _run(fixture, output: Path, model: str, *extra: str) -> int:
                  "--max-new-tokens", "48", "--api-option", "max_retries=0", *extra])
 
 
-def test_secrets_a_server_echoes_reach_no_file_and_no_console(fixture_benchmark, monkeypatch, tmp_path, capsys):
+def _echo_run(fixture, monkeypatch, tmp_path, echo) -> tuple[int, JudgeServer]:
+    """A run against a loopback model server answering ``echo(body, headers)``, given the ``X-Password`` header
+    ``HEADER``, the ``extra_body`` key ``BODY`` and ``OPENAI_API_KEY=ENV``: (exit code, the server)."""
     monkeypatch.setenv("OPENAI_API_KEY", ENV)
     monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
     servers: list[JudgeServer] = []
-
-    def echo(body: dict) -> str:
-        headers = servers[0].requests[-1].headers
-        return f"Yes. {headers.get('X-Password')} {body.get('api_key')} {headers.get('Authorization')}"
-
-    with JudgeServer("openai", reply=echo) as server:
+    with JudgeServer("openai", reply=lambda body: echo(body, servers[0].requests[-1].headers)) as server:
         servers.append(server)
-        code = _run(fixture_benchmark, tmp_path / "run", f"openai:m@{server.base_url}",
+        code = _run(fixture, tmp_path / "run", f"openai:m@{server.base_url}",
                     "--api-option", json.dumps({"X-Password": HEADER}).join(("headers=", "")),
                     "--api-option", f'extra_body={{"api_key": "{BODY}", "seed": 0}}')
-        assert server.requests and server.requests[0].headers["X-Password"] == HEADER  # they were sent ...
-        assert server.requests[0].json["api_key"] == BODY
+    return code, server
+
+
+def test_secrets_a_server_echoes_reach_no_file_and_no_console(fixture_benchmark, monkeypatch, tmp_path, capsys):
+    code, server = _echo_run(fixture_benchmark, monkeypatch, tmp_path, lambda body, headers: (
+        f"Yes. {headers.get('X-Password')} {body.get('api_key')} {headers.get('Authorization')}"))
+    assert server.requests and server.requests[0].headers["X-Password"] == HEADER  # they were sent ...
+    assert server.requests[0].json["api_key"] == BODY
     printed = "".join(capsys.readouterr())
     assert code == 0, printed
     predictions = (tmp_path / "run" / "predictions.jsonl").read_text()
@@ -75,22 +78,14 @@ def test_secrets_echoed_upper_cased_or_inside_base64_are_redacted_too(fixture_be
     """A server that echoes the header upper-cased and the ``extra_body`` key and the Bearer line inside base64
     blobs (as in an encoded debug header or a JWT-like payload), at each of the 3 byte offsets base64 can put
     them: no file and no console line holds any of those spellings."""
-    monkeypatch.setenv("OPENAI_API_KEY", ENV)
-    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
-    servers: list[JudgeServer] = []
     blobs: list[str] = []
 
-    def echo(body: dict) -> str:
-        headers = servers[0].requests[-1].headers
+    def echo(body: dict, headers) -> str:
         blobs[:] = [base64.b64encode(f"{pad}{{\"k\": \"{body.get('api_key')}\", \"a\": \"{headers.get('Authorization')}\"}}"
                                      .encode()).decode() for pad in ("", "x", "xy")]
         return f"Yes. {str(headers.get('X-Password')).upper()} {' '.join(blobs)}"
 
-    with JudgeServer("openai", reply=echo) as server:
-        servers.append(server)
-        code = _run(fixture_benchmark, tmp_path / "run", f"openai:m@{server.base_url}",
-                    "--api-option", json.dumps({"X-Password": HEADER}).join(("headers=", "")),
-                    "--api-option", f'extra_body={{"api_key": "{BODY}", "seed": 0}}')
+    code, _ = _echo_run(fixture_benchmark, monkeypatch, tmp_path, echo)
     printed = "".join(capsys.readouterr())
     assert code == 0, printed
     predictions = (tmp_path / "run" / "predictions.jsonl").read_text()

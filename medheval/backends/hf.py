@@ -397,12 +397,10 @@ class HFBackend:
     def model_images(self, images: list) -> list:
         """``images`` (one record's) as the processor gets them: grayscale ones on their grey canvas when
         :meth:`pads_grayscale`, else unchanged."""
-        if not self.pads_grayscale():
-            return list(images)
         from medheval.backends.grey_padding import pad_grayscale, square_padding_mean
 
-        mean = square_padding_mean(self.processor)
-        return [pad_grayscale(image, mean) for image in images]
+        mean = square_padding_mean(self.processor) if self.grey_padding else None
+        return list(images) if mean is None else [pad_grayscale(image, mean) for image in images]
 
     def _generate_texts(self, texts: list[str], images: list[list], records: list[dict], seed: int | None = None,
                         overrides: dict | None = None, row_seeds: list[int] | None = None) -> list[str]:

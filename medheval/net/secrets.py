@@ -44,7 +44,7 @@ PLAIN_HEADERS = frozenset({"accept", "accept-encoding", "accept-language", "cont
 
 _lock = threading.Lock()
 _secrets: set[str] = set()
-_forms: list[str] = []  # every registered value in every spelling, longest first
+_forms: list[tuple[str, str]] = []  # every registered value in every spelling, longest first, with its casefold
 
 
 def _base64_forms(secret: str) -> set[str]:
@@ -72,7 +72,7 @@ def register_secrets(*secrets: Any) -> None:
             return
         _secrets.update(new)
         forms = set().union(*(_spellings(s) for s in _secrets))
-        _forms[:] = sorted((f for f in forms if len(f) >= MIN_LENGTH), key=len, reverse=True)
+        _forms[:] = [(f, f.casefold()) for f in sorted((f for f in forms if len(f) >= MIN_LENGTH), key=len, reverse=True)]
 
 
 def register_named(value: Any, secret: bool = False) -> None:
@@ -152,11 +152,12 @@ def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
     with _lock:
         forms = list(_forms)
     extra = sorted(set().union(*(_spellings(s) for s in secrets if s and len(s) >= 4)), key=len, reverse=True)
-    folded = text.casefold()
-    for form in extra + forms:
+    pairs = [(form, form.casefold()) for form in extra] + forms
+    folded = text.casefold() if pairs else ""
+    for form, folded_form in pairs:
         if form in text:
             text = text.replace(form, MASK)
-        elif form.casefold() in folded:
+        elif folded_form in folded:
             text = re.sub(re.escape(form), MASK, text, flags=re.IGNORECASE)
     return text
 
