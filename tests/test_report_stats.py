@@ -380,7 +380,7 @@ def test_a_figure_without_spread_gets_no_zero_width_interval():
         (0.0, pytest.approx(0.45926, abs=1e-5)), None)
     assert figure_interval([0.7] * 8) == (None, NO_SPREAD) and figure_interval([1.0] * 8) == (None, NO_SPREAD)
     assert figure_interval([1.0, 2.0] * 4, denominators=[2.0, 4.0] * 4) == (None, NO_SPREAD)  # every ratio ½
-    assert figure_interval([0.0] * 8, denominators=[1.0] * 8, binary=True) == (None, NO_SPREAD)  # a ratio
+    assert figure_interval([0.0] * 8, denominators=[3.0] * 8) == (None, NO_SPREAD)  # a ratio of unknown kind
     varied = [1.0, 0.0] * 4  # with spread, binary changes nothing
     assert figure_interval(varied, binary=True) == figure_interval(varied) == (
         bootstrap_ci(varied, level=expanded_level(LEVEL, 8)), None)
@@ -400,3 +400,34 @@ def test_the_coverage_benchmark_runs_and_measures_proportions():
         before, after = bench.coverage(make, truth, 6, 5, sets=20, seed=1, binary=name == "accuracy")
         assert 0.0 <= before <= 1.0 and 0.0 <= after <= 1.0, name
     assert bench.coverage(bench.FIGURES["accuracy"][0], 2.0, 6, 5, sets=20, seed=1, binary=True) == (0.0, 0.0)
+
+
+def test_a_rate_of_trials_without_spread_gets_the_exact_bound_over_the_units_holding_trials():
+    """A rate of 0/1 trials (CHAIR: hallucinated among mentioned objects; Break: broken among right answers)
+    that is 0: Clopper–Pearson over the units holding trials. 0 hallucinated of 3 mentioned in each of 8
+    reports: [0, 1 − 0.025^(1/8)] = [0, 0.36941]; all 3 of 3: [0.63059, 1]. Four more empty reports (0 of 0)
+    add nothing to the rate, so nothing to the bound."""
+    zero = ((0.0, pytest.approx(0.36941, abs=1e-5)), None)
+    assert figure_interval([0.0] * 8, denominators=[3.0] * 8, binary=True) == zero
+    assert figure_interval([0.0] * 12, denominators=[3.0] * 8 + [0.0] * 4, binary=True) == zero
+    assert figure_interval([3.0] * 8, denominators=[3.0] * 8, binary=True) == (
+        (pytest.approx(0.63059, abs=1e-5), 1.0), None)
+    images = [f"image:{i // 2}" for i in range(16)]  # 8 images; the last 2 hold only 0-of-0 items
+    assert figure_interval([0.0] * 16, denominators=[1.0] * 12 + [0.0] * 4, clusters=images, binary=True) == (
+        (0.0, pytest.approx(0.45926, abs=1e-5)), None)  # G = 6 images hold trials
+
+
+def test_a_rates_minimum_and_expansion_count_only_the_units_holding_trials():
+    """A Break rate over 40 answers of which only 5 were right to begin with (the rest are 0 of 0) rests on 5
+    units, below the minimum of 6: no interval, however many items. With 8 such units, the interval is the
+    one of those 8 items alone, expanded for G = 8 (not for 40)."""
+    held = [1.0, 0.0, 1.0, 0.0, 0.0]
+    values, denominators = held + [0.0] * 35, [1.0] * 5 + [0.0] * 35
+    assert figure_interval(values, denominators) == (None, FEW_CLUSTERS)
+    held = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    values, denominators = held + [0.0] * 32, [1.0] * 8 + [0.0] * 32
+    alone = bootstrap_ci(held, [1.0] * 8, level=expanded_level(LEVEL, 8))
+    assert figure_interval(values, denominators) == (alone, None)
+    assert alone != bootstrap_ci(values, denominators, level=expanded_level(LEVEL, 40))
+    clusters = [f"c{i}" for i in range(8)] + [f"c{i % 8}" for i in range(32)]  # every cluster holds one trial
+    assert figure_interval(values, denominators, clusters=clusters) == (alone, None)

@@ -211,6 +211,14 @@ def _bounds(values, denominators=None):
     return tuple(100 * bound for bound in bootstrap_ci(values, denominators, level=level))
 
 
+def _copies(values, denominators, copies):
+    """Per-item (values, denominators) of the hand table, for the table ``copies`` times over, in the order the
+    report reads the logs (by id string: clinhallu/a/0, a/1, a/12, …), without the items that are 0 of 0."""
+    order = sorted((f"clinhallu/{CLINHALLU[i % 6][0]}/{i}", i % 6) for i in range(6 * copies))
+    kept = [(values[i], denominators[i]) for _, i in order if denominators[i] or values[i]]
+    return [v for v, _ in kept], [d for _, d in kept]
+
+
 def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
     _, _, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "ch", CLINHALLU))
     whole = rows["all"]
@@ -223,8 +231,6 @@ def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
         "H^R": (2 / 6, [0, 0, 0, 1, 1, 0], None),
         "Δ^V": (1 / 6, [0, 1, 1, -1, 0, 0], None),  # Rep-V right minus ORG right
         "Δ^VK": (2 / 6, [0, 1, 0, -1, 1, 1], None),
-        "Rep-V Fix": (2 / 4, [0, 1, 1, 0, 0, 0], [0, 1, 1, 0, 1, 1]),  # over ORG wrong (None = wrong)
-        "Rep-VK Break": (1 / 2, [0, 0, 0, 1, 0, 0], [1, 0, 0, 1, 0, 0]),  # over ORG right
     }
     for column, (figure, values, denominators) in expected.items():
         cell = whole[column]
@@ -232,17 +238,38 @@ def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
         assert cell.note is None and cell.n == 6, column
         assert (cell.low, cell.high) == pytest.approx(_bounds(values, denominators)), column
     assert whole["Δ^V"].signed and whole["Δ^V"].low < 0 < whole["Δ^V"].high
+    # Fix and Break are rates over the ORG-wrong (items 1, 2, 4, 5) or ORG-right (0, 3) answers only: 4 or 2
+    # units hold them, below the minimum of 6, so none has an interval (the other items are 0 of 0)
+    assert whole["Rep-V Fix"].value == pytest.approx(50.0) and whole["Rep-VK Break"].value == pytest.approx(50.0)
+    assert all((cell.low, cell.note) == (None, FEW_CLUSTERS) for name, cell in whole.items()
+               if "Fix" in name or "Break" in name)
+    assert all(cell.low is not None for name, cell in whole.items() if cell.value is not None
+               and "Fix" not in name and "Break" not in name)
     # per source: source a is items 0-2 only, too few for an interval (and the note says so)
     a = rows["a"]
     assert a["Acc"].value == pytest.approx(100 / 3) and a["Acc"].n == 3
     assert (a["Acc"].low, a["Acc"].note) == (None, FEW_CLUSTERS) and (a["H^V"].low, a["H^V"].note) == (None, FEW_CLUSTERS)
-    # every figure present got its interval over the 6 items, but Rep-K Break: 0 of the 2 ORG-right items broke, so
-    # every resample gives 0 and the zero-width [0, 0] is refused (a ratio, not a 0/1 mean: no exact bound); and
-    # every per-source figure says why it has none
-    assert whole["Rep-K Break"].value == 0.0 and (whole["Rep-K Break"].low, whole["Rep-K Break"].note) == (None, NO_SPREAD)
-    assert all(cell.low is not None for name, cell in whole.items() if cell.value is not None and name != "Rep-K Break")
     assert all(cell.note == FEW_CLUSTERS for source in ("a", "b") for cell in rows[source].values()
                if cell.value is not None)
+
+
+def test_clinhallu_fix_and_break_intervals_over_the_answers_they_count(tmp_path):
+    """The hand table three times over (18 items): Rep-V Fix = 6/12 over the 12 ORG-wrong answers (items 1, 2,
+    4, 5 of each copy; fixed: 1, 2), Rep-VK Break = 3/6 over the 6 ORG-right ones (0, 3; broken: 3). Each
+    interval is the bootstrap of those answers alone, expanded for 12 or 6 units; the ORG-right answers are 0
+    of 0 for Fix and add nothing. Rep-K Break is 0 of 6: a rate of 0/1 answers without spread, so Clopper–Pearson
+    over the 6: [0, 1 − 0.025^(1/6)] = [0, 45.926]."""
+    _, _, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "ch3", CLINHALLU * 3))
+    whole = rows["all"]
+    fix, brk, kept = whole["Rep-V Fix"], whole["Rep-VK Break"], whole["Rep-K Break"]
+    assert (fix.value, fix.n) == (pytest.approx(50.0), 18) and fix.note is None
+    fixed = _copies([0, 1, 1, 0, 0, 0], [0, 1, 1, 0, 1, 1], 3)
+    assert len(fixed[0]) == 12 and (fix.low, fix.high) == pytest.approx(_bounds(*fixed))
+    assert (brk.value, brk.note) == (pytest.approx(50.0), None)
+    broken = _copies([0, 0, 0, 1, 0, 0], [1, 0, 0, 1, 0, 0], 3)
+    assert len(broken[0]) == 6 and (brk.low, brk.high) == pytest.approx(_bounds(*broken))
+    assert (kept.value, kept.note, kept.low) == (0.0, None, 0.0) and kept.high == pytest.approx(45.926, abs=1e-3)
+    assert whole["Δ^V"].low is not None  # Δ, a mean of −1/0/1 differences, keeps its bootstrap
 
 
 def test_clinhallu_judged_stage_denominator_is_said_and_reproduced(tmp_path):
@@ -252,12 +279,14 @@ def test_clinhallu_judged_stage_denominator_is_said_and_reproduced(tmp_path):
     stage_denominator, default answer denominator) used the judged reading and is read back as such."""
     stage, _, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "judged", CLINHALLU,
                                                            stage_denominator="judged"))
-    h_v = rows["all"]["H^V"]
+    assert rows["all"]["H^V"].value == pytest.approx(40.0) and rows["all"]["H^V"].note == FEW_CLUSTERS  # 5 judged
+    _, _, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "judged2", CLINHALLU * 2, stage_denominator="judged"))
+    h_v = rows["all"]["H^V"]  # the table twice: 4 of 10 judged; the 2 unjudged answers are 0 of 0
     assert h_v.value == pytest.approx(40.0) and h_v.note is None
-    assert (h_v.low, h_v.high) == pytest.approx(_bounds([0, 1, 0, 0, 1, 0], [1, 1, 0, 1, 1, 1]))
+    assert (h_v.low, h_v.high) == pytest.approx(_bounds(*_copies([0, 1, 0, 0, 1, 0], [1, 1, 0, 1, 1, 1], 2)))
     assert CLINHALLU_STAGE_NOTES["judged"] + "." in stage.footer
     assert not any(line.startswith(CLINHALLU_STAGE_NOTES["all_items"]) for line in stage.footer)
-    old = write_clinhallu_run(tmp_path / "old", CLINHALLU, stage_denominator="judged")
+    old = write_clinhallu_run(tmp_path / "old", CLINHALLU * 2, stage_denominator="judged")
     results = json.loads((old / "results.json").read_text())
     del results["benchmarks"]["clinhallu:all"]["metrics"]["clinhallu"]["stage_denominator"]
     (old / "results.json").write_text(json.dumps(results))
@@ -276,15 +305,18 @@ def test_clinhallu_mixed_stage_denominators_name_their_runs(tmp_path):
 def test_clinhallu_upstream_denominators_and_rounding(tmp_path):
     stage, replacement, rows = _clinhallu_tables(write_clinhallu_run(tmp_path / "up", CLINHALLU, upstream_compat=True))
     whole = rows["all"]
-    # Acc over valid ORG answers: 2/5; H^V over all items, unjudged = hallucinated: 3/6
-    assert whole["Acc"].value == pytest.approx(40.0)
-    assert (whole["Acc"].low, whole["Acc"].high) == pytest.approx(_bounds([1, 0, 0, 1, 0, 0], [1, 1, 0, 1, 1, 1]))
+    # Acc over valid ORG answers: 2/5 (5 units: no interval); H^V over all items, unjudged = hallucinated: 3/6
+    assert whole["Acc"].value == pytest.approx(40.0) and whole["Acc"].note == FEW_CLUSTERS
     assert whole["H^V"].value == pytest.approx(50.0)
     assert (whole["H^V"].low, whole["H^V"].high) == pytest.approx(_bounds([0, 1, 1, 0, 1, 0]))
-    # Rep-V Fix over items valid in ORG and Rep-V (0, 1, 3, 4): ORG wrong 1, 4; fixed 1 -> 1/2
-    assert whole["Rep-V Fix"].value == pytest.approx(50.0)
-    assert (whole["Rep-V Fix"].low, whole["Rep-V Fix"].high) == pytest.approx(
-        _bounds([0, 1, 0, 0, 0, 0], [0, 1, 0, 0, 1, 0]))
+    # the table three times over: Acc 6/15 over the valid ORG answers (item 2 of each copy is 0 of 0); Rep-V Fix
+    # over items valid in ORG and Rep-V (0, 1, 3, 4 of each copy): ORG wrong 1, 4; fixed 1 -> 3/6
+    _, _, rows3 = _clinhallu_tables(write_clinhallu_run(tmp_path / "up3", CLINHALLU * 3, upstream_compat=True))
+    acc, fix = rows3["all"]["Acc"], rows3["all"]["Rep-V Fix"]
+    assert acc.value == pytest.approx(40.0)
+    assert (acc.low, acc.high) == pytest.approx(_bounds(*_copies([1, 0, 0, 1, 0, 0], [1, 1, 0, 1, 1, 1], 3)))
+    assert fix.value == pytest.approx(50.0)
+    assert (fix.low, fix.high) == pytest.approx(_bounds(*_copies([0, 1, 0, 0, 0, 0], [0, 1, 0, 0, 1, 0], 3)))
     # source b: ORG 1/3, reported rounded to 0.3333 — still reproduced (to the metric's rounding)
     # (3 items: no interval, but the note is the few-items one, given only once the figure is reproduced)
     assert rows["b"]["Acc"].value == pytest.approx(33.33) and rows["b"]["Acc"].note == FEW_CLUSTERS

@@ -50,7 +50,9 @@ PER_ITEM: dict[tuple[str, str], str] = {
     **{("text_generation", key): f"{key}_per_item" for key in ("bleu", "meteor", "rouge1", "rouge2", "rougeL",
                                                                "bertscore")},
 }
-# Micro rates: (metric, key) -> per-item (numerator, denominator) keys, used when scored.jsonl has them.
+# Micro rates: (metric, key) -> per-item (numerator, denominator) keys, used when scored.jsonl has them. Each
+# counts 0/1 trials (a mentioned object hallucinated or not; a reference finding matched or not), so a rate of
+# 0 or 1 gets the exact bound (``binary`` in medheval.report.stats.figure_interval).
 RATIO_PARTS: dict[tuple[str, str], tuple[str, str]] = {
     ("chair", "chair"): ("n_hallucinated_per_item", "n_generated_per_item"),
     ("chair", "recall"): ("n_matched_per_item", "n_reference_per_item"),
@@ -184,7 +186,7 @@ def figure(run: Run, split: str, metric: str, key: str, scale: float = 100.0, ca
             return cell
         numerators, denominators = zip(*pairs)
         return _with_interval(cell, list(numerators), scale, value, list(denominators),
-                              clustered=clusters(run, split, items))
+                              clustered=clusters(run, split, items), binary=True)
     per_item = PER_ITEM.get((metric, key))
     if per_item is None:
         cell.note = "no per-item values for this figure"
@@ -204,7 +206,8 @@ def _with_interval(cell: Cell, values: list[float], scale: float, value: float,
                    clustered: tuple[list[str] | None, str | None] = (None, None), binary: bool = False) -> Cell:
     """Attach the interval when the items reproduce the reported figure (same units up to ×100; rounded
     to ``digits`` places first when the metric rounds it); ``clustered``: :func:`clusters` of the items;
-    ``binary``: the values are 0/1 answers (:func:`medheval.report.stats.figure_interval`)."""
+    ``binary``: the values are 0/1 answers, or the numerators count successes among the denominators' trials
+    (:func:`medheval.report.stats.figure_interval`)."""
     recomputed = sum(values) / (sum(denominators) if denominators else len(values)) if (
         sum(denominators) if denominators else values) else None
     if digits is not None and recomputed is not None:
@@ -640,8 +643,8 @@ def _clinhallu_cell(run: Run, split: str, source: str, metric: dict[str, Any], k
         cell.note = parts
         return cell
     numerators, denominators, digits = parts
-    return _with_interval(cell, numerators, 100.0, value, denominators, digits,
-                          clustered=protocol_clusters(run, split, columns, rows))
+    return _with_interval(cell, numerators, 100.0, value, denominators, digits,  # all but Δ count 0/1 answers
+                          clustered=protocol_clusters(run, split, columns, rows), binary=not key.startswith("delta_"))
 
 
 def clinhallu(runs: list[Run]) -> list[Table]:

@@ -42,10 +42,12 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
   interval is therefore Hesterberg's (2015) expanded percentile interval: the bootstrap quantiles at α′/2 and
   1 − α′/2, α′/2 = Φ(−√(G/(G−1))·t_{0.975, G−1}), G the units resampled (clusters, or items): tails of 0.24%
   at G = 6, 1.9% at G = 30, 2.5% in the limit. The same minimum of :data:`MIN_CLUSTERS` units holds for items
-  as for clusters (at G = 2 the expanded interval is the whole range of the resamples).
+  as for clusters (at G = 2 the expanded interval is the whole range of the resamples). For a ratio, G counts
+  only the units that hold any of it: an item with 0 of 0 (an empty report's CHAIR, a Break rate's
+  originally wrong answer) adds nothing to Σnum/Σden, so 100 items of which 2 hold trials are 2 units.
 * **No spread in a figure**: when every item has the same value (or ratio), every resample gives the figure
-  itself and the percentile interval is the zero-width [θ̂, θ̂]. A 0/1 figure (``binary``: accuracy, recall)
-  that is all 0 or all 1 gets the exact Clopper & Pearson (1934) bound instead, over the G units resampled:
+  itself and the percentile interval is the zero-width [θ̂, θ̂]. A 0/1 figure (``binary``: accuracy, recall,
+  or a rate of 0/1 trials such as CHAIR's hallucinated objects among those mentioned) that is all 0 or all 1 gets the exact Clopper & Pearson (1934) bound instead, over the G units resampled:
   [0, 1 − (α/2)^{1/G}] or [(α/2)^{1/G}, 1] (0 of 6 right: [0, 0.459]). Over clusters this stays valid: a cluster
   is all 0 with probability at most 1 − p (its first item's), so P(all G clusters all 0) ≤ (1 − p)^G. Any other
   figure without spread shows no interval, :data:`NO_SPREAD`.
@@ -103,8 +105,9 @@ COMPARISON_NOTE = (f"Mitigation − none (and with image − blind): paired by i
                    f"larger p and the wider interval. Fewer than {MIN_CLUSTERS} clusters, or every paired difference "
                    f"the same: no interval, no star.")
 SMALL_SAMPLE_NOTE = (f"percentiles expanded for the number of units G (Hesterberg 2015: tails at "
-                     f"Φ(−√(G/(G−1))·t₀.₉₇₅,G−1), 0.24% at G = 6, 1.9% at G = 30), none below {MIN_CLUSTERS} units; "
-                     f"a 0/1 figure that is all 0 or all 1: Clopper–Pearson's exact interval over the G units")
+                     f"Φ(−√(G/(G−1))·t₀.₉₇₅,G−1), 0.24% at G = 6, 1.9% at G = 30), none below {MIN_CLUSTERS} units "
+                     f"(for a rate, units holding any of it: an item with 0 of 0 is none); a 0/1 figure or rate of "
+                     f"0/1 trials that is all 0 or all 1: Clopper–Pearson's exact interval over the G units")
 METHOD_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of items (seed {SEED}), "
                f"{SMALL_SAMPLE_NOTE}; ratios (micro rates) recomputed from per-item numerators/denominators. {COMPARISON_NOTE}")
 CLUSTER_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of clusters (seed {SEED}): "
@@ -257,16 +260,19 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
     percentile interval (:func:`expanded_level`, G clusters) joined with the item bootstrap's (n items), so
     clustering never narrows it; none for fewer than :data:`MIN_CLUSTERS` items or clusters (one cluster:
     every resample is the same, a zero-width interval; a few: too few distinct resamples to cover). Without
-    spread (every item alike): for a ``binary`` (0/1) mean the Clopper–Pearson bound over the units, else none
-    (module docstring)."""
+    spread (every item alike): for a ``binary`` figure (a 0/1 mean, or a ratio whose numerator counts the
+    successes among its denominator's trials) the Clopper–Pearson bound over the units, else none. A ratio's
+    units are those holding any of it (:func:`_with_trials`) (module docstring)."""
     if len(values) == 0:
         return None, "no items"
     if denominators is not None and len(denominators) != len(values):
         raise ValueError(f"{len(values)} numerators but {len(denominators)} denominators; give one per item")
     if clusters is not None:
         cluster_index(clusters, len(values))  # one label per item, checked before the few-clusters rule
-    if denominators is not None and not any(float(d) > 0 for d in denominators):
-        return None, NO_DENOMINATOR
+    if denominators is not None:
+        values, denominators, clusters = _with_trials(values, denominators, clusters)
+        if not values:
+            return None, NO_DENOMINATOR
     units = len(set(clusters)) if is_clustered(clusters) else len(values)
     if units < MIN_CLUSTERS:
         return None, FEW_CLUSTERS
@@ -278,12 +284,22 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
         else:
             interval = (min(interval[0], clustered[0]), max(interval[1], clustered[1]))
     if interval is not None and interval[0] == interval[1]:
-        return _without_spread(interval[0], units, binary and denominators is None)
+        return _without_spread(interval[0], units, binary)
     return interval, None if interval is not None else NO_DENOMINATOR
 
 
+def _with_trials(values: Sequence[float], denominators: Sequence[float], clusters: Sequence[object] | None
+                 ) -> tuple[list[float], list[float], list[object] | None]:
+    """The items of a ratio that hold any of it (denominator > 0, or a numerator ≠ 0): an item with 0 of 0
+    adds nothing to Σnum/Σden, so it is not a unit of evidence for the minimum, the expansion or the exact bound."""
+    keep = [i for i, (x, d) in enumerate(zip(values, denominators)) if float(d) > 0 or float(x) != 0]
+    return ([float(values[i]) for i in keep], [float(denominators[i]) for i in keep],
+            None if clusters is None else [clusters[i] for i in keep])
+
+
 def _without_spread(figure: float, units: int, binary: bool) -> tuple[tuple[float, float] | None, str | None]:
-    """Clopper–Pearson's interval of a 0/1 mean that is all 0 or all 1 over ``units`` units; else none."""
+    """Clopper–Pearson's interval of a 0/1 mean (or a rate of 0/1 trials) that is all 0 or all 1 over
+    ``units`` units; else none."""
     if not binary or figure not in (0.0, 1.0):
         return None, NO_SPREAD
     edge = ((1 - LEVEL) / 2) ** (1 / units)
