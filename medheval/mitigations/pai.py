@@ -30,9 +30,10 @@ medheval's hookable eager implementation and switched back afterwards (also on e
 the vision tower is untouched.
 
 Differences from the upstream code: image columns come from ``input_ids`` (not
-hard-coded 34..610); the intervention also applies to the first (prefill) step — the
-upstream code skipped it there because of a flag-ordering quirk
-(``reference/mitigations.md`` §5); and the base decoding follows the generation config.
+hard-coded 34..610); the intervention applies at every prompt's first (prefill) step — the
+upstream code skipped it there for the first prompt of each process only, whose prefill ran
+while its ``use_cfg`` flag was still set from setup (``reference/mitigations.md`` §5 says
+"skipped", without the "first prompt only"); and the base decoding follows the generation config.
 """
 
 from __future__ import annotations

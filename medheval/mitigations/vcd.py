@@ -29,9 +29,11 @@ Differences from the upstream code (and why):
 - Works with greedy decoding as well as sampling (VCD's sampler was patched only into
   the sampling path, issue #8), and the base decoding follows the generation config like
   every other method instead of forcing sampling at T = 1.
-- ``noise_seed`` (default 0) draws ε from a private generator seeded per image (and per
-  LLaVA-NeXT tile), so results are reproducible and do not depend on batch composition;
-  ``noise_seed=None`` draws from torch's global RNG as the upstream code does.
+- ``noise_seed`` (default 0) draws ε from a private generator reseeded for each image, with
+  the same seed for every image (tile k of a LLaVA-NeXT image: ``noise_seed + k``), so results
+  are reproducible and do not depend on batch composition, and every item is noised with the
+  same draw; ``noise_seed=None`` draws fresh noise per item from torch's global RNG, as the
+  upstream code does.
 """
 
 from __future__ import annotations

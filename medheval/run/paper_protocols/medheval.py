@@ -197,6 +197,22 @@ MITIGATION = PaperProtocol(
         "line['question_type'] == 'binary', and these files name it ground_truth_type",
         "DoLa: the script passes temperature 0.9, top_p 0.95, top_k 0 without do_sample, so decoding is greedy",
         "the OPERA branch and its 128 new tokens apply to every split (the paper's 25/25 note concerns reports)",
+        "OPERA: the released branch sets response_start to the prompt's input_ids length + 576, which counts the "
+        "<image> placeholder itself, so the local window starts one position past the first answer token and is "
+        "empty at the first step, where the released gen_utils.py then takes a max over an empty dimension and "
+        "raises; the published numbers cannot have come from that code as released. Here the window starts at "
+        "the first answer token, as in OPERA's own code",
+        "VCD, not reproduced on purpose: the released LLaVA-Med glue builds the input embeddings from the clean "
+        "image, and the contrast branch reuses them, so the noised image is never encoded and the published VCD "
+        "rows are sampling at T 1, top_k 50 with the β 0.1 cutoff (ℓ + α(ℓ − ℓ) = ℓ). Here the noised image "
+        "reaches the model (the method as defined); --mitigation vcd:alpha=0 gives the released script's "
+        "effective scores (the contrast is ℓ, the β cutoff still applies), though it still runs the unused "
+        "noised stream",
+        "PAI, not reproduced: the released script's text-only (CFG) stream is BOS + the raw question, with no "
+        "chat template; here it is the templated prompt without its image tokens, as PAI's own LLaVA code. The "
+        "released script also skipped the attention boost at the prefill of the first item of each process "
+        "only (its use_cfg flag was still set from setup); here every item's prefill is boosted, as the "
+        "released script did for every later item",
         *_COMMON_INFERRED,
     ),
 )
