@@ -32,10 +32,11 @@ def seed_label(seed: int) -> str:
 
 
 def run_has_random_weights(run: "Run") -> bool:
-    """Whether a run's model has random weights (``labels.random_weights`` or the backend's own record)."""
-    results = run.results
-    backend = (results.get("settings") or {}).get("backend") or {}
-    return bool((results.get("labels") or {}).get("random_weights") or backend.get("random_weights"))
+    """Whether a run's answers came from a random-weight model: its labels, its backend's own record or the
+    provenance a re-score carries (:func:`medheval.run.provenance.of_run`)."""
+    from medheval.run.provenance import of_run
+
+    return bool(of_run(run.results)["random_weights"])
 
 
 @dataclass
