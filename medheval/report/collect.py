@@ -46,7 +46,8 @@ class Run:
     path: Path
     results: dict[str, Any]
     items: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what could not be read (shown in the report)
+    # what could not be read, and (the first run's) unfinished runs found beside it: shown in the report
+    notes: list[str] = field(default_factory=list)
     cluster: str = "auto"  # intervals resample each split's clusters ("auto") or items ("none")
     _clinhallu: dict[str, tuple[dict[str, list] | None, str | None]] = field(default_factory=dict, repr=False)
 
@@ -212,12 +213,15 @@ def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
     """Every run folder under ``paths`` (a run, a grid, or a folder of them), each once, in path order
     except that each model's ``none`` run comes first (:func:`baseline_first`).
 
-    A grid's combined results.json whose sub-folders are gone still yields its runs (without items).
+    A grid's combined results.json whose sub-folders are gone still yields its runs (without items). A run
+    folder started but not finished (:func:`unfinished_run`) and a grid without its combined results.json
+    (:func:`unfinished_grid`) become caveats on the first run; when nothing else was found, the error.
     ``cluster`` (:data:`CLUSTER_MODES`) is how their intervals resample (:attr:`Run.cluster`)."""
     if cluster not in CLUSTER_MODES:
         raise ReportError(f"--cluster {cluster!r}: choose one of {CLUSTER_MODES}")
     runs: list[Run] = []
     seen: set[Path] = set()
+    unfinished: list[str] = []  # caveats for runs and grids that were started but never finished
     for given in paths:
         path = Path(given)
         if path.is_file():  # e.g. the run's results.json instead of its folder
@@ -226,8 +230,9 @@ def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
             raise ReportError(f"{path}: a file, not a run folder; {fix}")
         if not path.is_dir():
             raise ReportError(f"{path}: no such folder; pass run folders written by `medheval run`")
-        found = _walk(path, 0)
-        if not found:
+        before = len(unfinished)
+        found = _walk(path, 0, unfinished)
+        if not found and len(unfinished) == before:
             raise ReportError(f"{path}: not a run folder (no results.json with 'settings' and 'benchmarks') and "
                               f"no run folder below it (searched {MAX_DEPTH} levels); pass the --output folder "
                               f"of `medheval run`")
@@ -236,7 +241,46 @@ def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
                 seen.add(run.path.resolve())
                 run.cluster = cluster
                 runs.append(run)
-    return baseline_first(runs)
+    unfinished = list(dict.fromkeys(unfinished))
+    if not runs:
+        raise ReportError("; ".join(unfinished))
+    runs = baseline_first(runs)
+    runs[0].notes += unfinished  # shown once among the report's caveats
+    return runs
+
+
+UNFINISHED_MARKS = ("run.json", "predictions.jsonl")  # written when a run starts; results.json when it ends
+RESUME = "re-run the same `medheval run` command to resume"
+
+
+def _count_predictions(path: Path) -> int:
+    """How many items ``predictions.jsonl`` answers (distinct ids of its readable lines; 0 without the file)."""
+    if not path.is_file():
+        return 0
+    ids = set()
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a torn last line: the run's own reader repairs it when it resumes
+        if isinstance(entry, dict) and "id" in entry:
+            ids.add(str(entry["id"]))
+    return len(ids)
+
+
+def unfinished_run(path: Path) -> str | None:
+    """The caveat for a run folder that was started but never scored (``run.json`` or ``predictions.jsonl``,
+    no ``results.json``: killed, or still running), or ``None``."""
+    if (path / "results.json").exists() or not any((path / name).exists() for name in UNFINISHED_MARKS):
+        return None
+    count = _count_predictions(path / "predictions.jsonl")
+    return (f"{path}: incomplete run ({count} prediction(s) written, no results.json): not scored yet; {RESUME}")
+
+
+def unfinished_grid(path: Path, found: int) -> str:
+    """The caveat for a grid folder (its lock file, run folders below) without its combined ``results.json``."""
+    return (f"{path}: grid without its combined results.json: it did not finish; the report shows the {found} "
+            f"finished run(s) found in it, and cells that never started are not listed; {RESUME}")
 
 
 def baseline_first(runs: Sequence[Run]) -> list[Run]:
@@ -304,16 +348,28 @@ def run_labels(runs: Sequence[Run]) -> dict[int, str]:
     return labels
 
 
-def _walk(path: Path, depth: int) -> list[Run]:
+def _walk(path: Path, depth: int, unfinished: list[str], in_grid: bool = False) -> list[Run]:
+    """The run folders at or below ``path``; a started but unfinished run or grid (the outermost one, not each
+    of its levels) adds its caveat to ``unfinished``."""
+    from medheval.run.outputs import LOCK_NAME
+
     results_path = path / "results.json"
     data = _read_json(results_path) if results_path.exists() else None
     if _is_run(data):
         notes = check_results(results_path, data)
         return [Run(path=path, results=data, items=read_items(path, data, notes), notes=notes)]
+    incomplete = unfinished_run(path)
+    if incomplete:
+        unfinished.append(incomplete)
+        return []
+    grid = data is None and (path / LOCK_NAME).is_file() and not in_grid  # a grid (or run) holds its folder's lock
+    before = len(unfinished)
     runs: list[Run] = []
     if depth < MAX_DEPTH:
         for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            runs += _walk(child, depth + 1)
+            runs += _walk(child, depth + 1, unfinished, in_grid or grid)
+    if grid and (runs or len(unfinished) > before):
+        unfinished.insert(before, unfinished_grid(path, len(runs)))
     if not runs and isinstance(data, dict) and isinstance(data.get("runs"), list):
         for index, embedded in enumerate(data["runs"]):
             if _is_run(embedded):
