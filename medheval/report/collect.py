@@ -283,6 +283,48 @@ def unfinished_grid(path: Path, found: int) -> str:
             f"finished run(s) found in it, and cells that never started are not listed; {RESUME}")
 
 
+def run_settings(run: Run) -> str:
+    """The settings that tell runs apart, in one line (the "Run folders and full settings" section): protocol
+    (:func:`medheval.run.provenance.of_run`), decoding (greedy, or sampled with its temperature, top_p and
+    seed), max_new_tokens, the generation plan's own layers, ``--limit``, scoring (``upstream_compat``, metric
+    options, judge), dtype, batch size and, for a re-score, the answers file; what is not recorded is left out."""
+    from medheval.run.provenance import of_run
+
+    results = run.results
+    settings = results.get("settings") or {}
+    backend = settings.get("backend") if isinstance(settings.get("backend"), dict) else {}
+    compact = lambda value: json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)  # noqa: E731
+    provenance = of_run(results)
+    parts = [f"protocol {provenance['protocol']}"]
+    if backend.get("do_sample"):
+        seed = run.seed if run.seed is not None else backend.get("seed")
+        knobs = [f"{key} {backend[key]}" for key in ("temperature", "top_p") if backend.get(key) is not None]
+        parts.append("sampled (" + ", ".join([*knobs, f"seed {seed}"]) + ")")
+    elif "do_sample" in backend:
+        parts.append("greedy")
+    plan = settings.get("generation") if isinstance(settings.get("generation"), dict) else {}
+    if backend.get("max_new_tokens") is not None:  # the built-in table (medheval.run.generation) beats it
+        parts.append(f"max_new_tokens {'built-in per answer type, else ' if plan.get('builtin') else ''}"
+                     f"{backend['max_new_tokens']}")
+    layers = {key: plan[key] for key in ("defaults", "answer_types", "benchmarks", "fixed") if plan.get(key)}
+    if layers or plan.get("builtin") is False:
+        parts.append(f"generation {compact(layers)}" + ("" if plan.get("builtin", True) else " (no built-in table)"))
+    if provenance["limit"] is not None:
+        parts.append(f"limit {provenance['limit']}")
+    scoring = results.get("scoring") if isinstance(results.get("scoring"), dict) else None
+    if scoring is not None:
+        parts.append("scoring upstream_compat" if scoring.get("upstream_compat") else "scoring medheval rules")
+        if scoring.get("non_default_options"):
+            parts.append(f"metric options {compact(scoring['non_default_options'])}")
+        if scoring.get("judge"):
+            parts.append(f"judge {scoring['judge'] if isinstance(scoring['judge'], str) else compact(scoring['judge'])}")
+    parts += [f"{name} {backend[key]}" for key, name in (("dtype", "dtype"), ("batch_size", "batch size"))
+              if backend.get(key) is not None]
+    if backend.get("backend") == "predictions_file":
+        parts.append(f"re-scored answers from {backend.get('path', '?')}")
+    return " · ".join(parts)
+
+
 def baseline_first(runs: Sequence[Run]) -> list[Run]:
     """``runs`` with each model's runs together and its ``none`` run (the baseline) first; otherwise in the
     given order (models in order of first appearance)."""
