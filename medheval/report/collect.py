@@ -283,6 +283,11 @@ def unfinished_grid(path: Path, found: int) -> str:
             f"finished run(s) found in it, and cells that never started are not listed; {RESUME}")
 
 
+def _compact(value: Any) -> str:
+    """``value`` as JSON on one line, without spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
 def run_settings(run: Run) -> str:
     """The settings that tell runs apart, in one line (the "Run folders and full settings" section): protocol
     (:func:`medheval.run.provenance.of_run`), decoding (greedy, or sampled with its temperature, top_p and
@@ -293,7 +298,6 @@ def run_settings(run: Run) -> str:
     results = run.results
     settings = results.get("settings") or {}
     backend = settings.get("backend") if isinstance(settings.get("backend"), dict) else {}
-    compact = lambda value: json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)  # noqa: E731
     provenance = of_run(results)
     parts = [f"protocol {provenance['protocol']}"]
     if backend.get("do_sample"):
@@ -308,16 +312,16 @@ def run_settings(run: Run) -> str:
                      f"{backend['max_new_tokens']}")
     layers = {key: plan[key] for key in ("defaults", "answer_types", "benchmarks", "fixed") if plan.get(key)}
     if layers or plan.get("builtin") is False:
-        parts.append(f"generation {compact(layers)}" + ("" if plan.get("builtin", True) else " (no built-in table)"))
+        parts.append(f"generation {_compact(layers)}" + ("" if plan.get("builtin", True) else " (no built-in table)"))
     if provenance["limit"] is not None:
         parts.append(f"limit {provenance['limit']}")
     scoring = results.get("scoring") if isinstance(results.get("scoring"), dict) else None
     if scoring is not None:
         parts.append("scoring upstream_compat" if scoring.get("upstream_compat") else "scoring medheval rules")
         if scoring.get("non_default_options"):
-            parts.append(f"metric options {compact(scoring['non_default_options'])}")
+            parts.append(f"metric options {_compact(scoring['non_default_options'])}")
         if scoring.get("judge"):
-            parts.append(f"judge {scoring['judge'] if isinstance(scoring['judge'], str) else compact(scoring['judge'])}")
+            parts.append(f"judge {scoring['judge'] if isinstance(scoring['judge'], str) else _compact(scoring['judge'])}")
     parts += [f"{name} {backend[key]}" for key, name in (("dtype", "dtype"), ("batch_size", "batch size"))
               if backend.get(key) is not None]
     if backend.get("backend") == "predictions_file":
