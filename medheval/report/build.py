@@ -181,7 +181,7 @@ def build_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     or ``none`` (:func:`medheval.report.stats.adjust_p`)."""
     from medheval.run.outputs import atomic_write_text
     from medheval.report.tables import neutralise_bidi
-    from medheval.report.collect import find_runs, run_labels, software_stack
+    from medheval.report.collect import find_runs, run_labels, run_settings, software_stack
     from medheval.report.paper import build_tables, comparisons, image_deltas, sections_markdown, to_csv, to_json
 
     runs = find_runs(paths, cluster=cluster) if runs is None else runs
@@ -199,8 +199,8 @@ def build_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
 
     banner = random_weight_banner(runs)
     header = ["# MedHEval-HF report", "", *([f"> **⚠ {banner}**", ""] if banner else []), "Runs: " + ", ".join(f"`{names[id(run)]}`" for run in runs), ""]
-    header += ["Run folders and full settings:", "", *(f"- `{names[id(run)]}`: `{run.label}` ({run.path})"
-                                                       for run in runs), ""]
+    header += ["Run folders and full settings:", "", *(f"- `{names[id(run)]}`: `{run.label}` ({run.path}): "
+                                                       f"{run_settings(run)}" for run in runs), ""]
     header += ["## Caveats", "", *(f"- {line}" for line in notes), ""] if notes else []
     header += usage_section(runs)
     header += stack_section(runs)

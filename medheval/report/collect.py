@@ -32,10 +32,11 @@ def seed_label(seed: int) -> str:
 
 
 def run_has_random_weights(run: "Run") -> bool:
-    """Whether a run's model has random weights (``labels.random_weights`` or the backend's own record)."""
-    results = run.results
-    backend = (results.get("settings") or {}).get("backend") or {}
-    return bool((results.get("labels") or {}).get("random_weights") or backend.get("random_weights"))
+    """Whether a run's answers came from a random-weight model: its labels, its backend's own record or the
+    provenance a re-score carries (:func:`medheval.run.provenance.of_run`)."""
+    from medheval.run.provenance import of_run
+
+    return bool(of_run(run.results)["random_weights"])
 
 
 @dataclass
@@ -45,7 +46,8 @@ class Run:
     path: Path
     results: dict[str, Any]
     items: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what could not be read (shown in the report)
+    # what could not be read, and (the first run's) unfinished runs found beside it: shown in the report
+    notes: list[str] = field(default_factory=list)
     cluster: str = "auto"  # intervals resample each split's clusters ("auto") or items ("none")
     _clinhallu: dict[str, tuple[dict[str, list] | None, str | None]] = field(default_factory=dict, repr=False)
 
@@ -211,12 +213,15 @@ def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
     """Every run folder under ``paths`` (a run, a grid, or a folder of them), each once, in path order
     except that each model's ``none`` run comes first (:func:`baseline_first`).
 
-    A grid's combined results.json whose sub-folders are gone still yields its runs (without items).
+    A grid's combined results.json whose sub-folders are gone still yields its runs (without items). A run
+    folder started but not finished (:func:`unfinished_run`) and a grid without its combined results.json
+    (:func:`unfinished_grid`) become caveats on the first run; when nothing else was found, the error.
     ``cluster`` (:data:`CLUSTER_MODES`) is how their intervals resample (:attr:`Run.cluster`)."""
     if cluster not in CLUSTER_MODES:
         raise ReportError(f"--cluster {cluster!r}: choose one of {CLUSTER_MODES}")
     runs: list[Run] = []
     seen: set[Path] = set()
+    unfinished: list[str] = []  # caveats for runs and grids that were started but never finished
     for given in paths:
         path = Path(given)
         if path.is_file():  # e.g. the run's results.json instead of its folder
@@ -225,8 +230,9 @@ def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
             raise ReportError(f"{path}: a file, not a run folder; {fix}")
         if not path.is_dir():
             raise ReportError(f"{path}: no such folder; pass run folders written by `medheval run`")
-        found = _walk(path, 0)
-        if not found:
+        before = len(unfinished)
+        found = _walk(path, 0, unfinished)
+        if not found and len(unfinished) == before:
             raise ReportError(f"{path}: not a run folder (no results.json with 'settings' and 'benchmarks') and "
                               f"no run folder below it (searched {MAX_DEPTH} levels); pass the --output folder "
                               f"of `medheval run`")
@@ -235,7 +241,92 @@ def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
                 seen.add(run.path.resolve())
                 run.cluster = cluster
                 runs.append(run)
-    return baseline_first(runs)
+    unfinished = list(dict.fromkeys(unfinished))
+    if not runs:
+        raise ReportError("; ".join(unfinished))
+    runs = baseline_first(runs)
+    runs[0].notes += unfinished  # shown once among the report's caveats
+    return runs
+
+
+UNFINISHED_MARKS = ("run.json", "predictions.jsonl")  # written when a run starts; results.json when it ends
+RESUME = "re-run the same `medheval run` command to resume"
+
+
+def _count_predictions(path: Path) -> int:
+    """How many items ``predictions.jsonl`` answers (distinct ids of its readable lines; 0 without the file)."""
+    if not path.is_file():
+        return 0
+    ids = set()
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a torn last line: the run's own reader repairs it when it resumes
+        if isinstance(entry, dict) and "id" in entry:
+            ids.add(str(entry["id"]))
+    return len(ids)
+
+
+def unfinished_run(path: Path) -> str | None:
+    """The caveat for a run folder that was started but never scored (``run.json`` or ``predictions.jsonl``,
+    no ``results.json``: killed, or still running), or ``None``."""
+    if (path / "results.json").exists() or not any((path / name).exists() for name in UNFINISHED_MARKS):
+        return None
+    count = _count_predictions(path / "predictions.jsonl")
+    return (f"{path}: incomplete run ({count} prediction(s) written, no results.json): not scored yet; {RESUME}")
+
+
+def unfinished_grid(path: Path, found: int) -> str:
+    """The caveat for a grid folder (its lock file, run folders below) without its combined ``results.json``."""
+    return (f"{path}: grid without its combined results.json: it did not finish; the report shows the {found} "
+            f"finished run(s) found in it, and cells that never started are not listed; {RESUME}")
+
+
+def _compact(value: Any) -> str:
+    """``value`` as JSON on one line, without spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def run_settings(run: Run) -> str:
+    """The settings that tell runs apart, in one line (the "Run folders and full settings" section): protocol
+    (:func:`medheval.run.provenance.of_run`), decoding (greedy, or sampled with its temperature, top_p and
+    seed), max_new_tokens, the generation plan's own layers, ``--limit``, scoring (``upstream_compat``, metric
+    options, judge), dtype, batch size and, for a re-score, the answers file; what is not recorded is left out."""
+    from medheval.run.provenance import of_run
+
+    results = run.results
+    settings = results.get("settings") or {}
+    backend = settings.get("backend") if isinstance(settings.get("backend"), dict) else {}
+    provenance = of_run(results)
+    parts = [f"protocol {provenance['protocol']}"]
+    if backend.get("do_sample"):
+        seed = run.seed if run.seed is not None else backend.get("seed")
+        knobs = [f"{key} {backend[key]}" for key in ("temperature", "top_p") if backend.get(key) is not None]
+        parts.append("sampled (" + ", ".join([*knobs, f"seed {seed}"]) + ")")
+    elif "do_sample" in backend:
+        parts.append("greedy")
+    plan = settings.get("generation") if isinstance(settings.get("generation"), dict) else {}
+    if backend.get("max_new_tokens") is not None:  # the built-in table (medheval.run.generation) beats it
+        parts.append(f"max_new_tokens {'built-in per answer type, else ' if plan.get('builtin') else ''}"
+                     f"{backend['max_new_tokens']}")
+    layers = {key: plan[key] for key in ("defaults", "answer_types", "benchmarks", "fixed") if plan.get(key)}
+    if layers or plan.get("builtin") is False:
+        parts.append(f"generation {_compact(layers)}" + ("" if plan.get("builtin", True) else " (no built-in table)"))
+    if provenance["limit"] is not None:
+        parts.append(f"limit {provenance['limit']}")
+    scoring = results.get("scoring") if isinstance(results.get("scoring"), dict) else None
+    if scoring is not None:
+        parts.append("scoring upstream_compat" if scoring.get("upstream_compat") else "scoring medheval rules")
+        if scoring.get("non_default_options"):
+            parts.append(f"metric options {_compact(scoring['non_default_options'])}")
+        if scoring.get("judge"):
+            parts.append(f"judge {scoring['judge'] if isinstance(scoring['judge'], str) else _compact(scoring['judge'])}")
+    parts += [f"{name} {backend[key]}" for key, name in (("dtype", "dtype"), ("batch_size", "batch size"))
+              if backend.get(key) is not None]
+    if backend.get("backend") == "predictions_file":
+        parts.append(f"re-scored answers from {backend.get('path', '?')}")
+    return " · ".join(parts)
 
 
 def baseline_first(runs: Sequence[Run]) -> list[Run]:
@@ -303,16 +394,28 @@ def run_labels(runs: Sequence[Run]) -> dict[int, str]:
     return labels
 
 
-def _walk(path: Path, depth: int) -> list[Run]:
+def _walk(path: Path, depth: int, unfinished: list[str], in_grid: bool = False) -> list[Run]:
+    """The run folders at or below ``path``; a started but unfinished run or grid (the outermost one, not each
+    of its levels) adds its caveat to ``unfinished``."""
+    from medheval.run.outputs import LOCK_NAME
+
     results_path = path / "results.json"
     data = _read_json(results_path) if results_path.exists() else None
     if _is_run(data):
         notes = check_results(results_path, data)
         return [Run(path=path, results=data, items=read_items(path, data, notes), notes=notes)]
+    incomplete = unfinished_run(path)
+    if incomplete:
+        unfinished.append(incomplete)
+        return []
+    grid = data is None and (path / LOCK_NAME).is_file() and not in_grid  # a grid (or run) holds its folder's lock
+    before = len(unfinished)
     runs: list[Run] = []
     if depth < MAX_DEPTH:
         for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            runs += _walk(child, depth + 1)
+            runs += _walk(child, depth + 1, unfinished, in_grid or grid)
+    if grid and (runs or len(unfinished) > before):
+        unfinished.insert(before, unfinished_grid(path, len(runs)))
     if not runs and isinstance(data, dict) and isinstance(data.get("runs"), list):
         for index, embedded in enumerate(data["runs"]):
             if _is_run(embedded):

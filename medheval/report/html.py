@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from medheval.run.outputs import atomic_write_text
-from medheval.report.collect import STACK_COLUMNS, Run, run_has_random_weights, run_labels, software_stack
+from medheval.report.collect import (STACK_COLUMNS, Run, run_has_random_weights, run_labels, run_settings,
+                                     software_stack)
 from medheval.report.paper import Table, format_cell, sections
 from medheval.report.tables import neutralise_bidi
 from medheval.data.schema import is_credentialed
@@ -132,7 +133,8 @@ def _runs_html(runs: list[Run]) -> str:
     e = html.escape
     labels = run_labels(runs)
     names = ", ".join(labels[id(run)] for run in runs)
-    folders = "".join(f"<li>{e(labels[id(run)])}: {e(run.label)} ({e(str(run.path))})</li>" for run in runs)
+    folders = "".join(f"<li>{e(labels[id(run)])}: {e(run.label)} ({e(str(run.path))}): {e(run_settings(run))}</li>"
+                      for run in runs)
     return (f"<p>Runs ({len(runs)}): {e(names)}</p><details class='runs'><summary>Run folders and full "
             f"settings</summary><ul>{folders}</ul></details>")
 

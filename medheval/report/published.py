@@ -344,22 +344,24 @@ class RunConditions:
 
     @classmethod
     def of(cls, results: dict[str, Any], splits: Sequence[str]) -> "RunConditions":
-        """Read from ``results.json``: ``protocol.name``, ``labels.random_weights`` or
-        ``settings.backend.random_weights``, ``fixture`` on an annotation file of ``splits``,
-        ``settings.limit``, ``seeds`` (a list; absent: one pass), the splits' ``run_options`` together,
-        ``scoring.upstream_compat`` and ``settings.backend.grey_padding``."""
-        protocol = results.get("protocol")
-        name = protocol.get("name") if isinstance(protocol, dict) else None
+        """Read from ``results.json``: the protocol, random weights and ``--limit`` of its provenance
+        (:func:`medheval.run.provenance.of_run`, so a re-score keeps those of the answers it read), ``fixture``
+        on an annotation file of ``splits`` or carried by the provenance, ``seeds`` (a list; absent: one pass),
+        the splits' ``run_options`` together, ``scoring.upstream_compat`` and ``settings.backend.grey_padding``."""
+        from medheval.run.provenance import of_run
+
+        found = of_run(results)
         settings = results.get("settings") or {}
         backend = settings.get("backend") if isinstance(settings.get("backend"), dict) else {}
         entries = [results.get("benchmarks", {}).get(split) or {} for split in splits]
         seeds = results.get("seeds")
-        return cls(protocol=str(name) if name else CLEAN_PROTOCOL,
-                   random_weights=bool((results.get("labels") or {}).get("random_weights") or
-                                       backend.get("random_weights")),
-                   fixture=any(f.get("fixture") for entry in entries for f in entry.get("annotation_files") or []
-                               if isinstance(f, dict)),
-                   limit=settings.get("limit") if isinstance(settings.get("limit"), int) else None,
+        carried = results.get("provenance") if isinstance(results.get("provenance"), dict) else {}
+        return cls(protocol=str(found["protocol"] or CLEAN_PROTOCOL),
+                   random_weights=bool(found["random_weights"]),
+                   fixture=bool(carried.get("fixture")) or any(
+                       f.get("fixture") for entry in entries for f in entry.get("annotation_files") or []
+                       if isinstance(f, dict)),
+                   limit=found["limit"] if isinstance(found["limit"], int) else None,
                    seeds=len(seeds) if isinstance(seeds, list) and seeds else 1,
                    options={k: v for entry in entries for k, v in (entry.get("run_options") or {}).items()},
                    upstream_compat=bool((results.get("scoring") or {}).get("upstream_compat")),

@@ -190,8 +190,7 @@ def caveats(run: dict[str, Any]) -> list[str]:
     lines = []
     if (run.get("report") or {}).get("note"):
         lines.append(f"report: {run['report']['note']}")
-    if (run.get("settings", {}).get("backend") or {}).get("random_weights") and not run.get("labels"):
-        lines.append("the model has random weights: its numbers mean nothing")
+    lines += provenance_caveats(run)
     upstream = bool((run.get("scoring") or {}).get("upstream_compat"))
     for split, entry in run.get("benchmarks", {}).items():
         missing = int(entry.get("n_records", 0)) - int(entry.get("n_scored", entry.get("n_records", 0)))
@@ -223,6 +222,25 @@ def caveats(run: dict[str, Any]) -> list[str]:
         if unchecked:
             lines.append(f"`{split}`: annotation file(s) not checked against a pinned checksum (user data or a Hub "
                          f"snapshot): {', '.join(unchecked[:3])}{' …' if len(unchecked) > 3 else ''}")
+    return lines
+
+
+def provenance_caveats(run: dict[str, Any]) -> list[str]:
+    """The flags of the run's provenance (:func:`medheval.run.provenance.of_run`: its own settings and what a
+    re-score carries from the answers it read) that its labels and warnings do not already state: random
+    weights, fixture data, ``--limit``."""
+    from medheval.run.provenance import FIXTURE_MARK, of_run
+
+    found = of_run(run)
+    lines = []
+    if found["random_weights"] and not (run.get("labels") or {}).get("random_weights"):
+        lines.append("the model has random weights: its numbers mean nothing")
+    if found["fixture"] and not any(FIXTURE_MARK in str(warning) for warning in run.get("warnings") or []):
+        lines.append("the answers were made on the embedded fixture (synthetic records), not the released data: "
+                     "its numbers test the pipeline, they are not results")
+    if found["limit"] is not None:
+        lines.append(f"only the first {found['limit']} record(s) of each split were answered (--limit "
+                     f"{found['limit']}): not a whole-split result")
     return lines
 
 
