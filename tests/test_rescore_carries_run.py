@@ -179,15 +179,17 @@ def _push(runs: dict, hub_url: str, token: str, repo: str) -> subprocess.Complet
 
 
 def test_a_failed_push_says_what_to_do_in_one_line_without_the_token(runs):
-    from hub_server import HubServer
+    from hub_server import HubServer, Repo
 
     with HubServer(tokens={"hf_secret_owner_token": "org"}) as fake:
         missing = _push(runs, fake.url, "hf_secret_owner_token", "org/missing")
-        refused = _push(runs, fake.url, "hf_wrong_secret_token", "org/missing")
+        fake.repos[("model", "org/model")] = Repo("org/model", "model")  # exists: the wrong token is refused
+        refused = _push(runs, fake.url, "hf_wrong_secret_token", "org/model")
     for done in (missing, refused):
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr and "secret" not in done.stderr
         assert len([line for line in done.stderr.splitlines() if line.startswith("error:")]) == 1
     assert "error: the Hub has no model repo 'org/missing'" in missing.stderr
     assert "create the repo on the Hub first" in missing.stderr
-    assert "error: the Hub refused the token (HTTP 401)" in refused.stderr or "error: the Hub has no" in refused.stderr
+    assert "error: the Hub refused the token (HTTP 401) pushing to model repo 'org/model'" in refused.stderr
+    assert "HF_TOKEN to a valid token with write access; nothing was pushed" in refused.stderr
