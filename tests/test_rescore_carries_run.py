@@ -193,3 +193,15 @@ def test_a_failed_push_says_what_to_do_in_one_line_without_the_token(runs):
     assert "create the repo on the Hub first" in missing.stderr
     assert "error: the Hub refused the token (HTTP 401) pushing to model repo 'org/model'" in refused.stderr
     assert "HF_TOKEN to a valid token with write access; nothing was pushed" in refused.stderr
+
+
+def test_an_unknown_protocol_in_the_answers_asks_for_protocol(runs, capsys):
+    lines = [json.loads(line) for line in runs["proto_copy"].read_text().splitlines()]
+    for line in lines:
+        line["provenance"]["protocol"] = "someone-elses"
+    answers = runs["root"] / "unknown_protocol.jsonl"
+    answers.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code = main(["run", "--benchmark", SPLIT, "--predictions", str(answers), "--output", str(runs["root"] / "unknown"),
+                 "--data-dir", str(runs["data"])])
+    assert code == 2
+    assert "made under protocol 'someone-elses' (their provenance)" in capsys.readouterr().err

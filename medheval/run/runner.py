@@ -856,6 +856,11 @@ def _adopt_answers_protocol(spec: RunSpec, backend: Backend) -> RunSpec:
     protocol = str((inherited or {}).get("protocol") or run_provenance.CLEAN_PROTOCOL)
     if spec.protocol_given or protocol == spec.protocol:
         return spec
+    from medheval.run.paper_protocols import list_protocols
+
+    if protocol not in {known.name for known in list_protocols()}:
+        raise RunError(f"these answers were made under protocol {protocol!r} (their provenance), which this medheval "
+                       f"does not know; pass --protocol NAME to choose the scorer (clean: ours)")
     return dataclasses.replace(spec, protocol=protocol)
 
 
