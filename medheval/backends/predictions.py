@@ -3,9 +3,12 @@
 Each non-blank line is one JSON object with the canonical record ``id``
 (``benchmark/config/upstream-id``) and the model's output text under ``prediction``.
 Other keys (``model``, ``mitigation``, settings, timing: what the runner itself writes)
-are allowed and ignored, so a predictions file from an earlier run can be re-scored; only ``provenance``
-is kept (:attr:`PredictionsFileBackend.carried_provenance`): the runner makes the re-score inherit it, with
-the ``results.json`` beside a run's ``predictions.jsonl`` (:mod:`medheval.run.provenance`).
+are allowed and ignored, so a predictions file from an earlier run can be re-scored; ``provenance`` is kept
+(:attr:`PredictionsFileBackend.carried_provenance`): the runner makes the re-score inherit it, with
+the ``results.json`` beside a run's ``predictions.jsonl`` (:mod:`medheval.run.provenance`). So are the
+lines' ``mitigation`` and image-blind ``control`` (:attr:`~PredictionsFileBackend.carried_mitigation`,
+:attr:`~PredictionsFileBackend.carried_control`; a file mixing values is refused) and the first line's
+``generation`` settings (:attr:`~PredictionsFileBackend.carried_generation`).
 
 Bounds: a line holds at most :data:`MAX_LINE_BYTES` bytes, a prediction at most
 :data:`MAX_PREDICTION_CHARS` characters, an id at most :data:`MAX_ID_CHARS`; past them the line is
@@ -66,6 +69,8 @@ class PredictionsFileBackend:
         errors: list[str] = []
         models: set[str] = set()
         carried: list[dict] = []  # the lines' provenance (medheval.run.provenance)
+        variants: dict[str, set[str]] = {"mitigation": set(), "control": set()}  # what made the answers
+        generation: dict | None = None  # the first line's generation settings
 
         digest = hashlib.sha256()
         for lineno, line in self._lines(digest, errors):
@@ -110,6 +115,10 @@ class PredictionsFileBackend:
                 models.add(obj["model"])
             if isinstance(obj.get("provenance"), dict):
                 carried.append(obj["provenance"])
+            for key, seen in variants.items():
+                seen.add(str(obj.get(key) or "none"))
+            if generation is None and isinstance(obj.get("generation"), dict) and obj["generation"]:
+                generation = obj["generation"]
 
         self._sha256 = digest.hexdigest()
         if duplicates:
@@ -131,10 +140,20 @@ class PredictionsFileBackend:
                 f"like {EXPECTED_LINE}"
             )
 
+        for key, seen in variants.items():
+            if len(seen) > 1:
+                raise BackendError(
+                    f"predictions file {str(self.path)!r} mixes answers of several {key}s ({', '.join(sorted(seen))}): "
+                    f"a re-score records one {key}. Split the file by its {key!r} key and re-score each part "
+                    f"into its own --output")
+
         if name is None:
             name = models.pop() if len(models) == 1 else self.path.stem
         self.name = name
         self.carried_provenance = carried
+        self.carried_mitigation: str = variants["mitigation"].pop()  # "none" for lines without the key
+        self.carried_control: str = variants["control"].pop()
+        self.carried_generation: dict | None = generation
 
     def _lines(self, digest: Any, errors: list[str]) -> Iterator[tuple[int, str]]:
         """``(line number, text)`` of each line, read in pieces of at most :data:`MAX_LINE_BYTES`: a longer

@@ -24,6 +24,7 @@ from medheval.run.options import (
 
 def cmd_run(args: argparse.Namespace) -> int:
     from medheval.data.images import parse_image_root_args
+    from medheval.run.grids import given_options
     from medheval.run.runner import RunError, RunSpec, run_grid
 
     if getattr(args, "config", None):
@@ -61,6 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         compare_published=args.compare_published,
         control_seed=args.seed,
         protocol=args.protocol,
+        protocol_given="protocol" in given_options(list(getattr(args, "argv", None) or [])[1:]),
         chat_template=args.chat_template,
     )
     from medheval.run.seeds import parse_seeds

@@ -643,6 +643,9 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
         if refused:
             raise PublishError(refused)
         origin_notes = provenance.notes(origin, allow)
+        scored_under = (run.get("protocol") or {}).get("name") if isinstance(run.get("protocol"), Mapping) else None
+        if scored_under and scored_under != origin["protocol"]:  # a re-score under another protocol's scorer
+            origin_notes.append(f"scored under protocol={scored_under}")
         settings = run.get("settings") or {}
         mitigation = str(settings.get("mitigation") or "none")
         control = control_of(settings)  # an image-blind control run (medheval.run.control) is said and kept apart
@@ -651,6 +654,11 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
             if not (SAFE_NAME.fullmatch(benchmark) and (not config or SAFE_NAME.fullmatch(config))):
                 raise PublishError(f"results hold a split named {split!r}: expected BENCHMARK:CONFIG of letters, digits, "
                                    "'.', '_' and '-' (a results.json edited by hand, or not from `medheval run`)")
+            part = partial_split(split, block)
+            if part and "limit" not in set(allow):
+                raise PublishError(f"these results are a part of a split: {part}. They are not published as the whole "
+                                   f"split; pass {provenance.ALLOW_FLAGS['limit']} to publish them anyway (the entries' "
+                                   f"notes then give the records scored out of the split's)")
             entries = []
             for metric, values in sorted((block.get("metrics") or {}).items()):
                 for key, value in sorted(headline_numbers(metric, values).items()):
@@ -659,6 +667,9 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
                         "value": value, "date": date,
                     }
                     notes = [f"n={block.get('n_scored', block.get('n_records'))}"]
+                    if part:
+                        notes = [f"n={_scored_of(block)} (part of the split, published with "
+                                 f"{provenance.ALLOW_FLAGS['limit']})"]
                     if control != "none":
                         notes.insert(0, f"control={control}")
                     if mitigation != "none":
@@ -670,6 +681,30 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
                 suffix += "" if control == "none" else f"_{control}"
                 files[f"{benchmark}_{config or 'default'}{suffix}.yaml"] = entries
     return files
+
+
+def _split_size(block: Mapping[str, Any]) -> int | None:
+    """The records of a split block: ``data_quality.n_records`` (every record, scored or not), else ``n_records``."""
+    total = (block.get("data_quality") or {}).get("n_records", block.get("n_records"))
+    return total if isinstance(total, int) else None
+
+
+def _scored_of(block: Mapping[str, Any]) -> str:
+    """``"n_scored/n_records"`` of a split block (``n_scored`` alone when the split's size is unknown)."""
+    total = _split_size(block)
+    scored = block.get("n_scored", block.get("n_records"))
+    return f"{scored}/{total}" if total is not None and "n_chosen_samples" not in block else f"{scored}"
+
+
+def partial_split(split: str, block: Mapping[str, Any]) -> str | None:
+    """Why a split block scored only a part of its split (records without a prediction, inspect's
+    ``sample_id``), or ``None`` for a whole split."""
+    if block.get("n_chosen_samples"):
+        return f"{split} ran only the {block['n_chosen_samples']} sample(s) chosen by inspect's sample_id"
+    scored, total = block.get("n_scored"), _split_size(block)
+    if isinstance(scored, int) and total is not None and scored < total:
+        return f"{split} scored {scored} of its {total} records (the others had no prediction)"
+    return None
 
 
 def _inside(root: Path, path: Path) -> Path:
@@ -910,17 +945,44 @@ def _snapshot(repo: RepoFolder, copy: Path) -> Path:
 
 
 def _upload(api: Any, repos: Sequence[RepoFolder], create_pr: bool, tqdm: Any) -> list[str]:
+    from huggingface_hub.errors import HfHubHTTPError
+
     urls = []
     for repo in tqdm(repos, desc="push", unit="repo"):
         is_results = repo.kind == "results"
-        if not is_results:  # results go to the evaluated model's existing repo
-            api.create_repo(repo.repo_id, repo_type=repo.repo_type, exist_ok=True, space_sdk=repo.space_sdk)
-        if repo.gated:
-            api.update_repo_settings(repo.repo_id, repo_type=repo.repo_type, gated="manual")
-        commit = api.upload_folder(repo_id=repo.repo_id, folder_path=repo.folder, repo_type=repo.repo_type,
-                                   commit_message="Publish with medheval", create_pr=create_pr and is_results)
+        try:
+            if not is_results:  # results go to the evaluated model's existing repo
+                api.create_repo(repo.repo_id, repo_type=repo.repo_type, exist_ok=True, space_sdk=repo.space_sdk)
+            if repo.gated:
+                api.update_repo_settings(repo.repo_id, repo_type=repo.repo_type, gated="manual")
+            commit = api.upload_folder(repo_id=repo.repo_id, folder_path=repo.folder, repo_type=repo.repo_type,
+                                       commit_message="Publish with medheval", create_pr=create_pr and is_results)
+        except HfHubHTTPError as error:
+            raise PublishError(_push_failure(repo, error, len(urls))) from None
         urls.append(str(commit))
     return urls
+
+
+def _push_failure(repo: RepoFolder, error: Exception, pushed: int) -> str:
+    """One line for a Hub error while pushing ``repo``: what went wrong and what to do (never the token)."""
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    where = f"{repo.repo_type} repo {repo.repo_id!r}"
+    if status == 401:
+        why = (f"the Hub refused the token (HTTP 401) pushing to {where}: log in again (`hf auth login`) or set "
+               "HF_TOKEN to a valid token with write access")
+    elif isinstance(error, RepositoryNotFoundError) or status == 404:
+        why = (f"the Hub has no {where}, or the token cannot see it (HTTP {status}): create the repo on the Hub first "
+               "(results go to the evaluated model's existing repo; check --model-repo), or use a token that can "
+               "read and write it")
+    elif status == 403:
+        why = (f"the token may not write to {where} (HTTP 403): use a token with write access to it, or pass "
+               "--create-pr to open a pull request")
+    else:
+        why = f"the Hub answered HTTP {status} pushing to {where}: check the repo and the token, then push again"
+    done = f"; {pushed} repo(s) before it were pushed" if pushed else "; nothing was pushed"
+    return why + done
 
 
 # ------------------------------------------------------------------------- bare metric names

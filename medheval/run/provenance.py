@@ -7,7 +7,10 @@ model's result on a benchmark:
 - ``fixture``: some split read the embedded fixture (synthetic records), not the released annotations;
 - ``limit``: the run scored only the first ``limit`` records of each split (``--limit``);
 - ``protocol``: the evaluation protocol (``results.json`` ``protocol.name``; ``"clean"`` when absent);
-- ``source_model``: the model that generated the answers (for a re-score, the one that wrote the file).
+- ``source_model``: the model that generated the answers (for a re-score, the one that wrote the file);
+- ``made_with`` (a re-score only): how the answers were generated: the first line's ``generation`` settings,
+  and from the source run's ``results.json`` (when beside its ``predictions.jsonl``) its ``seed`` and
+  software ``versions``, so a sampled run does not look greedy once re-scored.
 
 The run writes it into every ``predictions.jsonl`` line it generates (key ``provenance``, only when some flag
 is set), so ``medheval run --predictions`` on that file inherits it (from the lines, or from a
@@ -52,6 +55,8 @@ def merge(*parts: Mapping[str, Any] | None) -> dict[str, Any]:
         if out["protocol"] == CLEAN_PROTOCOL:
             out["protocol"] = str(protocol)
         out["source_model"] = out["source_model"] or part.get("source_model")
+        if part.get("made_with") and not out.get("made_with"):  # the first (the original run's) wins
+            out["made_with"] = dict(part["made_with"])
     return out
 
 
@@ -95,6 +100,8 @@ def inherited(backend: Any) -> dict[str, Any] | None:
         return None
     path = Path(backend.path)
     found: list[Mapping[str, Any]] = [part for part in backend.carried_provenance if isinstance(part, Mapping)]
+    made: dict[str, Any] = {"generation": backend.carried_generation} if getattr(backend, "carried_generation",
+                                                                                  None) else {}
     beside = path.parent / "results.json"
     if path.name == "predictions.jsonl" and beside.is_file():
         try:
@@ -104,7 +111,22 @@ def inherited(backend: Any) -> dict[str, Any] | None:
         for run in (results.get("runs") or [results]) if isinstance(results, dict) else []:
             if isinstance(run, Mapping):
                 found.append(of_run(run))
+                made.update(_made_with(run))
+    if made:
+        found.append({"made_with": made})  # after the lines' and results' own: an earlier run's wins
     return merge(*found) if found else None
+
+
+def _made_with(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The seed and software versions a run of ``results.json`` generated its answers with."""
+    settings = run.get("settings") or {}
+    if (settings.get("backend") or {}).get("backend") == "predictions_file":  # a re-score generated nothing
+        return {}
+    seed = settings.get("seed", (settings.get("backend") or {}).get("seed"))
+    made: dict[str, Any] = {} if seed is None else {"seed": seed}
+    if run.get("versions"):
+        made["versions"] = dict(run["versions"])
+    return made
 
 
 def blockers(provenance: Mapping[str, Any]) -> list[str]:

@@ -100,6 +100,8 @@ class RunSpec:
     # run_grid (the entry of `medheval run` and of grids) applies it to the backend and the generation plan;
     # run() alone only records it
     protocol: str = "clean"
+    # False: the user did not choose --protocol, so a re-score adopts the protocol its answers were made under
+    protocol_given: bool = True
     chat_template: str | None = None  # --chat-template: a named conversation template, beats the protocol's
 
     def __post_init__(self) -> None:
@@ -696,6 +698,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         inherited = run_provenance.inherited(backend)  # a re-score carries the provenance of the answers
         if inherited is not None:
             results["provenance"] = inherited
+            _note_protocol(spec, inherited, warnings)
         scored: list[dict[str, Any]] = []
         state = {"entries": entries, "done": {log_key(entry) for entry in entries}, "log_path": log_path,
                  "order": order, "inherited": inherited}
@@ -742,7 +745,7 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
 
     settings = {"model": backend.name, "mitigation": spec.mitigation, "backend": backend.settings(),
                 "limit": spec.limit, "benchmarks": list(spec.benchmarks),
-                "protocol": get_protocol(spec.protocol).describe()}
+                "protocol": get_protocol(spec.protocol).describe(_seed_used(spec, backend))}
     if spec.benchmark_options:  # prompts depend on them: a resumed run must use the same
         settings["benchmark_options"] = spec.benchmark_options
         unknown = sorted(set(spec.benchmark_options) - {parse_benchmark_spec(b)[0] for b in spec.benchmarks})
@@ -758,6 +761,12 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
         _check_run_settings(output, settings, stack_versions() if versions is None else versions, warnings)
         merge_parts(output / "predictions.jsonl", [rid for split in prepared for rid in split.loaded.dataset["id"]])
     return prepared, settings, predictions_file
+
+
+def _seed_used(spec: RunSpec, backend: Backend) -> int | None:
+    """The sampling seed this run's answers were generated with: the pass's, else the backend's."""
+    seed = spec.seed if spec.seed is not None else backend.settings().get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
 def _warn_prefix_cache_unused(spec: RunSpec, backend: Backend, prepared: list, warnings: list[str]) -> None:
@@ -841,6 +850,32 @@ def _with_protocol_options(spec: RunSpec, protocol: Any) -> RunSpec:
     return dataclasses.replace(spec, benchmark_options=merged)
 
 
+def _adopt_answers_protocol(spec: RunSpec, backend: Backend) -> RunSpec:
+    """``spec`` under the protocol a re-score's answers were made under, when the user gave no ``--protocol``."""
+    inherited = run_provenance.inherited(backend)
+    protocol = str((inherited or {}).get("protocol") or run_provenance.CLEAN_PROTOCOL)
+    if spec.protocol_given or protocol == spec.protocol:
+        return spec
+    from medheval.run.paper_protocols import list_protocols
+
+    if protocol not in {known.name for known in list_protocols()}:
+        raise RunError(f"these answers were made under protocol {protocol!r} (their provenance), which this medheval "
+                       f"does not know; pass --protocol NAME to choose the scorer (clean: ours)")
+    return dataclasses.replace(spec, protocol=protocol)
+
+
+def _note_protocol(spec: RunSpec, inherited: Mapping[str, Any], warnings: list[str]) -> None:
+    """Say in results.json which protocol scores a re-score whose answers carry a protocol."""
+    made = str(inherited.get("protocol") or run_provenance.CLEAN_PROTOCOL)
+    if made != spec.protocol:
+        _warn(warnings, f"these answers were made under protocol {made!r} and are scored under --protocol "
+                        f"{spec.protocol} (its scorer): the numbers differ from the source run's. Drop --protocol to "
+                        f"score them as they were made", console_once=True)
+    elif made != run_provenance.CLEAN_PROTOCOL and not spec.protocol_given:
+        _warn(warnings, f"scored under protocol {made!r}, the one these answers were made under (their provenance); "
+                        f"pass --protocol clean to score them with the clean scorer", console_once=True)
+
+
 def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8,
              controls: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """Run ``spec`` once per mitigation (``none`` = plain decoding) × image control (``controls``; default
@@ -855,6 +890,7 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
     from medheval.run.seeds import check_seeds, record_seeds
     from medheval.run.paper_protocols import configure_backend, get_protocol
 
+    spec = _adopt_answers_protocol(spec, backend)
     protocol = get_protocol(spec.protocol)
     protocol.check_benchmarks(spec.benchmarks)
     mitigations = [protocol.mitigation_spec(text) for text in mitigations]
@@ -907,7 +943,9 @@ def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, st
     runs = []
     several = len(cells) > 1 or bool(seeds)
     for text, method, control, seed in cells:
-        label = method.spec() if method is not None else "none"
+        # a re-score records the mitigation and image-blind control its answers were made with
+        label = method.spec() if method is not None else getattr(backend, "carried_mitigation", "none")
+        control = getattr(backend, "carried_control", "none") if control == "none" else control
         plan = protocol.plan(_method_name(text), spec.generation, accepted)
         variant = backend
         if method is not None:

@@ -133,7 +133,7 @@ def results_from_log(path: str | Path) -> tuple[dict[str, Any], list[str]]:
            "provenance": {"fixture": fixture, "source_model": log.eval.model},
            "benchmarks": {f"{benchmark}:{config}": {"metrics": metrics,
                                                     "n_scored": scored or log.results.completed_samples,
-                                                    **_empty_predictions(log)}}}
+                                                    **_chosen_samples(log), **_empty_predictions(log)}}}
     return run, unmapped
 
 
@@ -146,6 +146,15 @@ def _empty_predictions(log: Any) -> dict[str, int]:
         return {}
     return {"n_empty_predictions": count_empty([{"prediction": sample.output.completion if sample.output else ""}
                                                 for sample in log.samples])}
+
+
+def _chosen_samples(log: Any) -> dict[str, int]:
+    """``{"n_chosen_samples": n}`` when the eval ran only the samples named by ``sample_id`` (a part of the
+    split, refused by ``medheval publish`` like ``--limit``); nothing for a whole split."""
+    chosen = getattr(log.eval.config, "sample_id", None)
+    if chosen is None:
+        return {}
+    return {"n_chosen_samples": len(chosen) if isinstance(chosen, (list, tuple)) else 1}
 
 
 def _limit(log: Any) -> int | None:

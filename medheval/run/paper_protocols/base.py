@@ -60,12 +60,13 @@ class PaperProtocol:
     inferred: tuple[str, ...] = ()
 
     # -- what a run records ----------------------------------------------------------------
-    def describe(self) -> dict[str, Any]:
-        """``results.json`` / ``run.json`` ``"protocol"``: the name, and for a paper protocol its source."""
+    def describe(self, seed: int | None = None) -> dict[str, Any]:
+        """``results.json`` / ``run.json`` ``"protocol"``: the name, and for a paper protocol its source and
+        seeds: ``[seed]`` when the run used that one (``--seed``), the protocol's own otherwise."""
         if self.name == CLEAN:
             return {"name": CLEAN}
         return {"name": self.name, "source": self.source, "prompt_version": self.prompt_version,
-                "seeds": list(self.seeds)}
+                "seeds": [seed] if seed is not None else list(self.seeds)}
 
     # -- per model --------------------------------------------------------------------------
     def script_for(self, model_type: str | None) -> str:
