@@ -605,3 +605,12 @@ def test_judge_classifier_guards_unknown_records_and_closes_its_cache(metric, ju
                          judge=f"openai:judge-model@{server.base_url}", cache_dir=str(tmp_path))
     assert out["levels"] == ["correct"] and server.request_count == 1
     assert recording_proxy.hits == [] and open_files_under(tmp_path) == []
+
+
+def test_none_reference_in_row_0_is_no_reference(metric):
+    """evaluate checks row 0 only; a None reference there crashed, a later one was "no reference"."""
+    out = metric.compute(predictions=["Yes", "No"], references=[None, "No"], questions=["Is there a mass?"] * 2)
+    assert out["levels"] == [None, "correct"] and out["n_failed"] == 1
+    assert out["failed"][0]["id"] == "0" and "no reference" in out["failed"][0]["reason"]
+    with pytest.raises(ValueError, match=r"^predictions\[0\] is None; pass the model's answer as a string"):
+        metric.compute(predictions=[None, "No"], references=["Yes", "No"], questions=["Is there a mass?"] * 2)

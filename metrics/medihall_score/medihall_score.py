@@ -122,8 +122,9 @@ OPTION_TYPES = {"classifier": str | None, "judge": str | dict | object | None, "
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class MedihallScore(evaluate.Metric):
+class MedihallScore(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """MediHall Score with a rule, LLM-judge or detector classifier."""
+    MISSING_AS = {"references": ""}  # no ground truth, at any index
 
     def _info(self):
         return evaluate.MetricInfo(
