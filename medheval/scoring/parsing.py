@@ -620,6 +620,7 @@ _POST_NEGATION = re.compile(
     r"\x00 (?:(?:is|are|was|were) )?(?:not|incorrect|wrong|unlikely|absent|excluded|ruled out)\b"
     r"|\x00 (?:isn|aren|wasn|weren) t\b")
 _MENTION = "\x00"
+_PLACEHOLDER = "qqmentionqq"  # stands for _MENTION while _norm drops punctuation
 
 
 def _names_several_letters(t: str, n: int) -> bool:
@@ -637,25 +638,22 @@ def _is_negated(t: str, idx: int, options: tuple[str, ...], threshold: float) ->
     The mention counts as negated after "not"/"no"/"never"/"n't"/"without" ... with at most three
     words between ("It is not pneumonia", "Not B") or before "is not"/"is incorrect" ("B is wrong").
     """
-    letter = _LETTERS[idx]
-    letter_re = re.compile(r"(?<![A-Za-z0-9'])\(?" + letter + r"\)?(?![A-Za-z0-9'\-])")
+    letter_re = re.compile(r"(?<![A-Za-z0-9'])\(?" + _LETTERS[idx] + r"\)?(?![A-Za-z0-9'\-])")
     option = options[idx]
     for clause in _NEG_CLAUSE.split(t):
-        marked = letter_re.sub(" " + _MENTION + " ", clause)
-        norm = _norm(marked.replace(_MENTION, " qqmentionqq "))
+        # the mentions of the option (its letter, its normalised text) become _MENTION
+        norm = f" {_norm(letter_re.sub(f' {_PLACEHOLDER} ', clause))} "
         if option:
-            norm = f" {norm} ".replace(f" {option} ", " qqmentionqq ").strip()
-        norm = norm.replace("qqmentionqq", _MENTION)
+            norm = norm.replace(f" {option} ", f" {_PLACEHOLDER} ")
+        norm = norm.strip().replace(_PLACEHOLDER, _MENTION)
         if _MENTION in norm:
             if _PRE_NEGATION.search(norm) or _POST_NEGATION.search(norm):
                 return True
             continue
-        # A misspelt option after a cue ("not pnuemonia"): the rest of the clause matches it.
-        cue = None
-        for cue in _NEG_CUE.finditer(norm):
-            pass
-        if cue is not None and cue.group() not in option.split():
-            rest = norm[cue.end() :].strip()
+        # A misspelt option after the clause's last cue ("not pnuemonia"): the rest of the clause matches it.
+        cues = list(_NEG_CUE.finditer(norm))
+        if cues and cues[-1].group() not in option.split():
+            rest = norm[cues[-1].end() :].strip()
             if rest and _match_text(rest, options, max(threshold, _WINDOW_THRESHOLD)) == idx:
                 return True
     return False
