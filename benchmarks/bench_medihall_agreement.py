@@ -91,7 +91,7 @@ def direct_levels(rows: list[dict], overlap: float, default_aspect: str) -> list
                                        default_aspect=default_aspect)
         else:
             got = mh.classify_vqa_aspect(row["question"], row["category"], default_aspect=default_aspect)
-        out.append(got.level)
+        out.append(None if got is None else got.level)  # None: an unreadable answer (failed)
     return out
 
 

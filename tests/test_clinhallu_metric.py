@@ -192,3 +192,14 @@ def test_upstream_compat_matches_the_upstream_table_script(metric, tmp_path):
     assert hallucination[0][2:] == [f"{r['h_v']:.4f}", f"{r['h_k']:.4f}", f"{r['h_r']:.4f}"]
     default = metric.compute(**_columns())  # the paper's Eq. 13 is also the released code's stage rate
     assert hallucination[0][2:] == [f"{default['h_v']:.4f}", f"{default['h_k']:.4f}", f"{default['h_r']:.4f}"]
+
+
+def test_nan_judgement_is_unjudged_like_none(metric):
+    """pandas reads a missing judgement as NaN; it counts as None (unjudged) at any index, row 0 included."""
+    nan = float("nan")
+    by_none = metric.compute(correct=[None, 1, 0], correct_rep_v=[1, 1, 0], correct_rep_k=[1, 1, 0],
+                             correct_rep_vk=[1, 1, 0], h_v=[0, None, 1], h_k=[0, 0, 1], h_r=[0, 0, 1])
+    by_nan = metric.compute(correct=[nan, 1, 0], correct_rep_v=[1, 1, 0], correct_rep_k=[1, 1, 0],
+                            correct_rep_vk=[1, 1, 0], h_v=[0, nan, 1], h_k=[0, 0, 1], h_r=[0, 0, 1])
+    assert by_nan == by_none
+    assert by_nan["acc"] == pytest.approx(1 / 3)  # Eq. 13: the unjudged item counts in the denominator

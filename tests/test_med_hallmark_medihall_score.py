@@ -123,6 +123,27 @@ def test_vqa_item_without_reference_fails_with_reason(metric):
     assert [f["id"] for f in out["failed"]] == ["b"] and "no reference" in out["failed"][0]["reason"]
 
 
+def test_rule_classifier_fails_empty_and_unparsed_answers(metric):
+    # Only "Yes" is classified (correct, 1.0); "", "   ", "是的" (unparsed yes/no) and "A or B" (two options)
+    # state nothing to grade: failed and left out, not scored as hallucinations (before: catastrophic, 0.0).
+    out = metric.compute(predictions=["", "   ", "是的", "Yes", "A or B"], references=["Yes", "Yes", "Yes", "Yes", "B"],
+                         questions=["Is there effusion?"] * 4 + ["Which finding?"], classifier="rule",
+                         answer_types=["yes_no"] * 4 + ["multiple_choice"],
+                         choices=[None] * 4 + [["Effusion", "Pneumonia"]])
+    assert out["levels"] == [None, None, None, "correct", None]
+    assert out["medihall_score"] == 1.0 and out["n"] == 1 and out["n_failed"] == 4
+    assert [f["id"] for f in out["failed"]] == ["0", "1", "2", "4"]
+    assert out["failed"][0]["reason"].startswith("empty answer")
+    assert out["failed"][2]["reason"].startswith("unparsed yes/no answer")
+    assert out["failed"][3]["reason"].startswith("unparsed multiple-choice answer")
+    # an empty answer fails even where the rules would assume a wrong answer without a reference
+    out = metric.compute(predictions=["Yes", ""], references=["No", None], questions=["Is there a mass?"] * 2,
+                         classifier="rule", rule_without_reference=True)
+    assert out["levels"] == ["catastrophic", None] and out["n_failed"] == 1
+    assert out["failed"][0]["reason"].startswith("empty answer")
+    assert mh.classify_vqa_rule("", "Yes", "Is there effusion?") is None
+
+
 # -- the rule classifier per category -------------------------------------------------------------------
 
 
@@ -526,13 +547,15 @@ def test_cross_validation_folds_keep_an_image_together(bench):
 # counterfactual's human levels are one class, so its kappa is not computable (None) and it is left out of
 # the overall; conventional's kappa is also measured out of sample (5-fold, settings never tuned on the
 # held-out fold): 0.666, below the 0.72 goal, as the card says.
-CARD_AGREEMENT = {  # name: (n, Cohen's κ, quadratic κ, accuracy)
-    "conventional": (499, 0.692, 0.707, 0.792),
-    "conventional, with ground truth": (364, 0.719, 0.719, 0.810),
-    "conventional, without ground truth": (135, 0.617, 0.672, 0.741),
-    "counterfactual": (111, None, None, 1.0),
-    "counterfactual, text only (no category)": (111, None, None, 0.964),
-    "overall": (499, 0.692, 0.707, 0.792),
+CARD_AGREEMENT = {  # name: (n, n_failed, Cohen's κ, quadratic κ, accuracy)
+    # one released answer with ground truth is unparsed ("... the brain gyri appears to be preserved." to a
+    # yes/no question): failed, not classified (unreadable_vqa_answer)
+    "conventional": (498, 1, 0.691, 0.707, 0.791),
+    "conventional, with ground truth": (363, 1, 0.718, 0.718, 0.810),
+    "conventional, without ground truth": (135, 0, 0.617, 0.672, 0.741),
+    "counterfactual": (111, 0, None, None, 1.0),
+    "counterfactual, text only (no category)": (111, 0, None, None, 0.964),
+    "overall": (498, 1, 0.691, 0.707, 0.791),
 }
 
 
@@ -542,16 +565,16 @@ def test_agreement_with_human_levels_on_released_files(bench):
     left out of the overall, the cross-validated conventional figure computed on held-out folds only, and the
     identity check of point 1."""
     report = bench.run(HALLMARK, folds=5)
-    for name, (n, kappa, quadratic, accuracy) in CARD_AGREEMENT.items():
+    for name, (n, n_failed, kappa, quadratic, accuracy) in CARD_AGREEMENT.items():
         got = report["agreement"][name]
-        assert (got["n"], got["n_failed"]) == (n, 0), name
+        assert (got["n"], got["n_failed"]) == (n, n_failed), name
         assert [None if got[k] is None else round(got[k], 3) for k in ("cohen_kappa", "quadratic_kappa", "accuracy")
                 ] == [kappa, quadratic, accuracy], name
         assert (got["kappa_note"] is None) == (kappa is not None), name
     assert report["overall_splits"] == ["conventional"] and list(report["left_out_of_overall"]) == ["counterfactual"]
     cv = report["cross_validation"]
-    assert cv["n"] == 499 and sum(c["n_test"] for c in cv["chosen"]) == 499
-    assert (round(cv["cohen_kappa"], 3), round(cv["quadratic_kappa"], 3)) == (0.666, 0.699)
+    assert cv["n"] == 498 and sum(c["n_test"] for c in cv["chosen"]) == 499
+    assert (round(cv["cohen_kappa"], 3), round(cv["quadratic_kappa"], 3)) == (0.666, 0.698)
     assert all(got["medihall_score"] == 1.0 and got["items_below_1"] == 0 for got in report["identity"].values())
 
 
@@ -582,3 +605,12 @@ def test_judge_classifier_guards_unknown_records_and_closes_its_cache(metric, ju
                          judge=f"openai:judge-model@{server.base_url}", cache_dir=str(tmp_path))
     assert out["levels"] == ["correct"] and server.request_count == 1
     assert recording_proxy.hits == [] and open_files_under(tmp_path) == []
+
+
+def test_none_reference_in_row_0_is_no_reference(metric):
+    """evaluate checks row 0 only; a None reference there crashed, a later one was "no reference"."""
+    out = metric.compute(predictions=["Yes", "No"], references=[None, "No"], questions=["Is there a mass?"] * 2)
+    assert out["levels"] == [None, "correct"] and out["n_failed"] == 1
+    assert out["failed"][0]["id"] == "0" and "no reference" in out["failed"][0]["reason"]
+    with pytest.raises(ValueError, match=r"^predictions\[0\] is None; pass the model's answer as a string"):
+        metric.compute(predictions=[None, "No"], references=["Yes", "No"], questions=["Is there a mass?"] * 2)

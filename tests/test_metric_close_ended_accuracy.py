@@ -257,3 +257,24 @@ def test_docstring_example(metric):
 def test_empty_input(metric):
     r = metric.compute(predictions=[], references=[], answer_types=[])
     assert r["n"] == 0 and r["accuracy"] == 0.0 and r["correct"] == []
+
+
+@pytest.mark.parametrize("index", [0, 2])
+def test_none_prediction_is_an_error_naming_it_at_any_index(metric, index):
+    predictions = ["Yes", "No", "Yes"]
+    predictions[index] = None
+    with pytest.raises(ValueError, match=rf"^predictions\[{index}\] is None; pass the model's answer as a string"):
+        metric.compute(predictions=predictions, references=["Yes", "No", "Yes"], answer_types=["yes_no"] * 3)
+
+
+def test_none_reference_and_answer_type_are_errors_naming_them(metric):
+    with pytest.raises(ValueError, match=r"^references\[0\] is None; pass the reference as a string"):
+        metric.compute(predictions=["Yes", "No"], references=[None, "No"], answer_types=["yes_no"] * 2)
+    with pytest.raises(ValueError, match=r"^answer_types\[1\] is None; pass \"yes_no\" or \"multiple_choice\""):
+        metric.compute(predictions=["Yes", "No"], references=["Yes", "No"], answer_types=["yes_no", None])
+
+
+def test_none_option_is_an_error_naming_item_and_option(metric):
+    with pytest.raises(ValueError, match=r"^item 1: choices\[1\]\[1\] is None; give every option as a string"):
+        metric.compute(predictions=["Yes", "A"], references=["Yes", "A"], answer_types=["yes_no", "multiple_choice"],
+                       choices=[[], ["x", None]])

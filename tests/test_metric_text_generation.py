@@ -620,3 +620,18 @@ def test_uncached_hub_backbone_without_hub_is_unavailable_after_the_probe(online
     assert out["bertscore"] is None and "not in the local Hugging Face cache" in reason
     assert "Hub is not reachable" in reason and online_mode_without_hub in reason
     assert out["rouge1"] == pytest.approx(100 * 4 / 5)  # the other columns are computed
+
+
+def test_none_reference_counts_at_any_index_and_none_prediction_is_named(metric):
+    """evaluate checks row 0 only: a None reference there crashed, later ones were left out. Now both are
+    left out and counted (n_empty_references), and a None prediction is an error naming the index."""
+    for predictions, references in ((["x", "No pleural effusion."], [None, "No pleural effusion."]),
+                                    (["No pleural effusion.", "x"], ["No pleural effusion.", None])):
+        out = _compute(metric, predictions, references)
+        assert (out["n"], out["n_empty_references"]) == (1, 1)
+        assert out["bleu"] == pytest.approx(100.0, abs=1e-4)
+    for index in (0, 1):
+        predictions = ["a", "b"]
+        predictions[index] = None
+        with pytest.raises(ValueError, match=rf"^predictions\[{index}\] is None; pass the model's answer as a string"):
+            _compute(metric, predictions, ["a", "b"])

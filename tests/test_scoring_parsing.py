@@ -508,3 +508,63 @@ def test_clean_generated_text_native_and_upstream():
     assert clean_generated_text("Assistant: pleural effusion", upstream_compat=True) == " pleural effusio"
     assert clean_generated_text("Assistant: no", upstream_compat=True, report_csv=True) == UPSTREAM_SHORT_REPORT
     assert clean_generated_text("Assistant: no", upstream_compat=True) == " no"
+
+
+HEDGE_MC = ["Pleural effusion", "Pneumonia", "Atelectasis", "None of the above"]
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        # two different option letters: ambiguous
+        ("A or B", None),
+        ("B or A", None),
+        ("A/B", None),
+        ("A and B", None),
+        ("Either A or B", None),
+        ("A, B", None),
+        ("(B)/(C)", None),
+        # a negated option is not a pick
+        ("Not B", None),
+        ("It is not pneumonia", None),
+        ("No pneumonia", None),
+        ("B is wrong", None),
+        ("Pneumonia is unlikely", None),
+        ("I think it is not Pnuemonia", None),
+        # still parsed
+        ("B", 1),
+        ("B or B", 1),
+        ("Pneumonia without effusion", 1),
+        ("None of the above", 3),
+        ("Option B", 1),
+    ],
+)
+def test_parse_multiple_choice_ambiguous_and_negated(text, expected):
+    assert parse_multiple_choice(text, HEDGE_MC) == expected
+
+
+def test_parse_multiple_choice_letter_words_inside_an_option():
+    options = ["Vitamin B and C deficiency", "Iron deficiency"]
+    assert parse_multiple_choice("Vitamin B and C deficiency", options) == 0
+    # an option that starts with a negation word is no negation of itself
+    assert parse_multiple_choice("No abnormality", ["No abnormality", "Abnormality"]) == 0
+
+
+def test_hedged_mc_answer_scores_as_unparsed():
+    score = score_item("A or B", "B", MC, HEDGE_MC)
+    assert (score.correct, score.parsed) == (False, False)
+
+
+def test_lower_case_reference_letter():
+    assert normalize_reference("b", MC, CXR) == 1
+    assert normalize_reference("(c)", MC, CXR) == 2
+    assert score_item("B", "b", MC, CXR).reference_ok is True
+    assert normalize_reference("e.g. pneumonia", MC, CXR + ["x"]) == 1  # a lower-case letter with text is not a letter
+    # upstream mode keeps upstream's fuzzy reading of a letter reference
+    assert upstream_multiple_choice_correct("B. Pneumonia", "b", "A. Pleural effusion, B. Pneumonia") is False
+
+
+def test_negated_reference_is_label_noise():
+    # rad_vqa_pairs holds "Not an MRI" for choices X-ray/CT/MRI/Ultrasound: no single option
+    assert normalize_reference("Not an MRI", MC, ["X-ray", "CT", "MRI", "Ultrasound"]) is None
+    assert normalize_reference("MRI", MC, ["X-ray", "CT", "MRI", "Ultrasound"]) == 2

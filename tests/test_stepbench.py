@@ -542,3 +542,13 @@ def test_a_blind_run_hands_a_3d_model_no_volume_data(fixture, tmp_path):
     assert not np.array_equal(noise[rid]["volume"], noise[rid]["volume_pet"])  # each volume its own stream
     results = json.loads((tmp_path / "noise" / "results.json").read_text())
     assert results["settings"]["control"] == {"kind": "noise", "seed": 0}
+
+
+def test_metric_leaves_a_none_language_out_of_by_language_and_counts_it():
+    # "Yes" on a hallucination: parsed as consistent, a miss; "No" on a ground-truth statement: a miss too.
+    out = _metric().compute(predictions=["Inconsistent", "Consistent", "Yes"],
+                            references=["hallucination", "ground_truth", "hallucination"],
+                            steps=[1, 1, 1], languages=["en", None, "en"])
+    assert out["n"] == 3 and out["n_without_language"] == 1
+    assert set(out["by_language"]) == {"en"} and out["by_language"]["en"]["n"] == 2
+    assert out["accuracy"] == pytest.approx(2 / 3) and out["by_language"]["en"]["accuracy"] == pytest.approx(1 / 2)

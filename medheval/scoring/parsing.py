@@ -41,6 +41,9 @@ Decisions worth knowing (the tests pin them):
   small/large, normal/enlarged ...). An elliptical sentence ("It is not seen.", "It is.")
   answers by its polarity. Anything else is unparsed: for "Is there a pleural effusion?",
   ``"The lungs are clear."`` is unparsed.
+* Multiple choice: an answer naming two option letters (``"A or B"``, ``"A/B"``, ``"A and B"``)
+  is unparsed, and so is one that negates the option it names (``"Not B"``, ``"It is not
+  pneumonia"``). A lone lower-case reference letter (``"b"``) reads as ``"B"``.
 """
 
 from __future__ import annotations
@@ -604,18 +607,74 @@ def _fuzzy(norm_text: str, options: tuple[str, ...], threshold: float) -> int | 
     return _TIE if tie else best_i
 
 
+# Two standalone capital letters joined by "or", "and", "/", "&" or ",": "A or B", "(A)/(B)", "B, C".
+_LETTER_PAIR = re.compile(
+    r"(?<![A-Za-z0-9'])\(?([A-Z])\)?(?=\s*(?:,\s*(?:or|and)\b|,|/|&|\bor\b|\band\b)\s*\(?([A-Z])\)?(?![A-Za-z0-9'\-]))"
+)
+# Clause breaks for the negation check.
+_NEG_CLAUSE = re.compile(r"[.;:,!?\n]|\b(?:but|however|whereas|while|although|though|rather|instead)\b", re.I)
+# A negation cue and at most three words before the mention (_MENTION), in one normalised clause.
+_PRE_NEGATION = re.compile(r"\b(?:not|no|never|nor|neither|without|[a-z]+n t)(?: [a-z0-9]+){0,3}? \x00")
+_NEG_CUE = re.compile(r"\b(?:not|no|never|nor|neither|without|[a-z]+n t)\b")
+_POST_NEGATION = re.compile(
+    r"\x00 (?:(?:is|are|was|were) )?(?:not|incorrect|wrong|unlikely|absent|excluded|ruled out)\b"
+    r"|\x00 (?:isn|aren|wasn|weren) t\b")
+_MENTION = "\x00"
+_PLACEHOLDER = "qqmentionqq"  # stands for _MENTION while _norm drops punctuation
+
+
+def _names_several_letters(t: str, n: int) -> bool:
+    """``t`` joins two different option letters ("A or B", "A/B", "B and C")."""
+    for m in _LETTER_PAIR.finditer(t):
+        first, second = _letter_index(m.group(1), n), _letter_index(m.group(2), n)
+        if first is not None and second is not None and first != second:
+            return True
+    return False
+
+
+def _is_negated(t: str, idx: int, options: tuple[str, ...], threshold: float) -> bool:
+    """Whether a clause of ``t`` negates option ``idx``, named by its letter or its text.
+
+    The mention counts as negated after "not"/"no"/"never"/"n't"/"without" ... with at most three
+    words between ("It is not pneumonia", "Not B") or before "is not"/"is incorrect" ("B is wrong").
+    """
+    letter_re = re.compile(r"(?<![A-Za-z0-9'])\(?" + _LETTERS[idx] + r"\)?(?![A-Za-z0-9'\-])")
+    option = options[idx]
+    for clause in _NEG_CLAUSE.split(t):
+        # the mentions of the option (its letter, its normalised text) become _MENTION
+        norm = f" {_norm(letter_re.sub(f' {_PLACEHOLDER} ', clause))} "
+        if option:
+            norm = norm.replace(f" {option} ", f" {_PLACEHOLDER} ")
+        norm = norm.strip().replace(_PLACEHOLDER, _MENTION)
+        if _MENTION in norm:
+            if _PRE_NEGATION.search(norm) or _POST_NEGATION.search(norm):
+                return True
+            continue
+        # A misspelt option after the clause's last cue ("not pnuemonia"): the rest of the clause matches it.
+        cues = list(_NEG_CUE.finditer(norm))
+        if cues and cues[-1].group() not in option.split():
+            rest = norm[cues[-1].end() :].strip()
+            if rest and _match_text(rest, options, max(threshold, _WINDOW_THRESHOLD)) == idx:
+                return True
+    return False
+
+
 @lru_cache(maxsize=65536)
 def _parse_mc_cached(text: str, choices: tuple[str, ...], threshold: float) -> int | None:
     t = _clean_text(text)
     if not t or not choices:
         return None
-    idx = _find_letter(t, len(choices))
-    if idx is not None:
-        return idx
-    idx = _match_text(_norm(t), _norm_options(choices), threshold)
-    if idx is not None:
-        return idx
-    return _find_short_letter(t, len(choices))
+    n = len(choices)
+    if _names_several_letters(t, n):
+        return None
+    idx = _find_letter(t, n)
+    if idx is None:
+        idx = _match_text(_norm(t), _norm_options(choices), threshold)
+    if idx is None:
+        idx = _find_short_letter(t, n)
+    if idx is None or _is_negated(t, idx, _norm_options(choices), threshold):
+        return None
+    return idx
 
 
 def parse_multiple_choice(text: str, choices: list[str], threshold: float = 0.6) -> int | None:
@@ -627,6 +686,9 @@ def parse_multiple_choice(text: str, choices: list[str], threshold: float = 0.6)
     articles): exact, contained (the longest contained option wins when one contains
     the other; two unrelated options is ambiguous), text contained in exactly one
     option, and finally the best ``difflib`` ratio at or above ``threshold``.
+    Unparsed (``None``): two different option letters joined by "or"/"and"/"/"/","
+    (``"A or B"``, ``"A/B"``), and a negated pick (``"Not B"``, ``"It is not pneumonia"``,
+    ``"B is wrong"``).
     """
     if not text:
         return None
@@ -640,10 +702,20 @@ def parse_multiple_choice(text: str, choices: list[str], threshold: float = 0.6)
 # ---------------------------------------------------------------------------
 
 _REF_LETTER = re.compile(r"^\(?([A-Z])\)?\s*(?:[.:),]\s*(.*))?$", re.S)
+# A lone lower-case letter ("b", "(b)"), read as its capital; the empty group stands for no option text.
+_REF_LOWER_LETTER = re.compile(r"^\(?([a-z])\)?\s*[.:)]?()$")
 
 
 @lru_cache(maxsize=65536)
 def _normalize_mc_reference(answer: str, choices: tuple[str, ...]) -> int | None:
+    idx = _read_mc_reference(answer, choices)
+    # A reference that negates the option it names ("Not an MRI") is label noise, as a prediction would be unparsed.
+    if idx is None or _is_negated(answer.strip(), idx, _norm_options(choices), 0.8):
+        return None
+    return idx
+
+
+def _read_mc_reference(answer: str, choices: tuple[str, ...]) -> int | None:
     s = answer.strip()
     if not s or not choices:
         return None
@@ -655,7 +727,7 @@ def _normalize_mc_reference(answer: str, choices: tuple[str, ...]) -> int | None
     ):
         return None
     opts = _norm_options(choices)
-    m = _REF_LETTER.match(s)
+    m = _REF_LETTER.match(s) or _REF_LOWER_LETTER.match(s)
     if m:
         idx = _letter_index(m.group(1), n)
         if idx is not None:

@@ -6,6 +6,7 @@ import os
 import datasets
 import evaluate
 import medheval.labelers
+import medheval.scoring.metric_inputs
 import medheval.labelers.chexpert_rules
 
 
@@ -176,7 +177,7 @@ OPTION_TYPES = {"chexbert_path": str | None, "chexbert_tokenizer_path": str | No
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Chair(evaluate.Metric):
+class Chair(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """CHAIR / Recall over CheXpert findings, the paper's definition or MedHEval's released code."""
 
     def _info(self):

@@ -7,6 +7,7 @@ import datasets
 import evaluate
 import torch
 import medheval.labelers.chexbert
+import medheval.scoring.metric_inputs
 import medheval.scoring.parsing
 
 
@@ -97,7 +98,7 @@ OPTION_TYPES = {"chexbert_path": str | None, "tokenizer_path": str | None, "devi
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class ChexbertSimilarity(evaluate.Metric):
+class ChexbertSimilarity(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """Mean cosine similarity of CheXbert [CLS] embeddings (reference vs generated report)."""
 
     def _info(self):

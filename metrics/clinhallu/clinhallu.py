@@ -5,6 +5,8 @@ rates H^V/H^K/H^R, and Fix/Break rates per setting, overall and per source."""
 import datasets
 import evaluate
 
+import medheval.scoring.metric_inputs
+
 
 _CITATION = """\
 @misc{clinhallu,
@@ -49,7 +51,8 @@ never 0.
 
 _KWARGS_DESCRIPTION = """
 Args:
-    correct (`list` of `int` or `None`): ORG answer judged correct (1) or not (0), per item.
+    correct (`list` of `int` or `None`): ORG answer judged correct (1) or not (0), per item; a float
+        NaN (pandas' missing value) is read as `None`.
     correct_rep_v, correct_rep_k, correct_rep_vk (`list` of `int` or `None`): the same for Rep-V,
         Rep-K and Rep-VK.
     h_v, h_k, h_r (`list` of `int` or `None`): stage hallucination judgements (1 hallucinated).
@@ -198,8 +201,10 @@ OPTION_TYPES = {"correct": list, "correct_rep_v": list, "correct_rep_k": list, "
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class ClinHallu(evaluate.Metric):
+class ClinHallu(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """ClinHallu's Acc, Δ^V/Δ^K/Δ^VK, H^V/H^K/H^R and Fix/Break per setting."""
+    # a missing judgement (None, or pandas' NaN) is None: unjudged
+    MISSING_AS = dict.fromkeys(("correct", "correct_rep_v", "correct_rep_k", "correct_rep_vk", "h_v", "h_k", "h_r"))
 
     def _info(self):
         features = datasets.Features({name: datasets.Value("int8") for name in (

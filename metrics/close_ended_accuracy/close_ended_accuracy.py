@@ -148,7 +148,7 @@ def _upstream_means(correct, kinds, categories, sources):
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class CloseEndedAccuracy(evaluate.Metric):
+class CloseEndedAccuracy(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """Close-ended (yes/no, multiple-choice) accuracy with robust answer parsing."""
 
     def _info(self):
@@ -204,6 +204,10 @@ class CloseEndedAccuracy(evaluate.Metric):
                 ) from None
             if kinds[-1] == "multiple_choice" and not (choices and choices[i]) and not (raw_choices and raw_choices[i]):
                 raise ValueError(f"item {i}: answer_type {answer_type!r} needs choices, got none")
+            if kinds[-1] == "multiple_choice" and choices is not None and not isinstance(choices[i], (str, type(None))):
+                for j, option in enumerate(choices[i]):
+                    if not isinstance(option, str):
+                        raise ValueError(f"item {i}: choices[{i}][{j}] is {option!r}; give every option as a string")
 
         if upstream_compat:
             correct, parsed, n_skipped = _upstream_items(predictions, references, kinds, choices, raw_choices,

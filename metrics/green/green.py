@@ -96,7 +96,7 @@ def _validate(text):
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Green(evaluate.Metric):
+class Green(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """GREEN score from an LLM judge or a local GREEN model (higher is better)."""
 
     def _info(self):

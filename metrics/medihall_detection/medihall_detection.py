@@ -5,6 +5,7 @@ import datasets
 import evaluate
 import numpy as np
 import medheval.families.med_hallmark
+import medheval.scoring.metric_inputs
 
 
 _CITATION = """\
@@ -118,7 +119,7 @@ def detection_scores(human, predicted, levels):
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class MedihallDetection(evaluate.Metric):
+class MedihallDetection(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """Agreement of predicted MediHall levels with human levels."""
 
     def _info(self):

@@ -30,7 +30,8 @@ answers/reports (higher is better, 1.0 = no hallucination). Levels come from a c
 for reports, findings and their polarity sentence by sentence), "judge" (any LLM judge of
 medheval.judges, prompted with Med-HallMark's hierarchy) or "detector" (a local
 MediHallDetector-style checkpoint through the judge layer's transformers backend). Items that
-cannot be classified are reported in `failed` and left out of the score, never scored 0.
+cannot be classified are reported in `failed` and left out of the score, never scored 0; with the
+"rule" classifier these include empty answers and unparsed yes/no or multiple-choice answers.
 """
 
 _KWARGS_DESCRIPTION = """
@@ -121,8 +122,9 @@ OPTION_TYPES = {"classifier": str | None, "judge": str | dict | object | None, "
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class MedihallScore(evaluate.Metric):
+class MedihallScore(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """MediHall Score with a rule, LLM-judge or detector classifier."""
+    MISSING_AS = {"references": ""}  # no ground truth, at any index
 
     def _info(self):
         return evaluate.MetricInfo(
@@ -202,6 +204,10 @@ class MedihallScore(evaluate.Metric):
         if classifier == "rule":
             for i in range(n):
                 if task == "vqa":
+                    unreadable = mh.unreadable_vqa_answer(predictions[i], references[i], answer_types[i], choices[i])
+                    if unreadable is not None:
+                        failures[i] = unreadable
+                        continue
                     got = mh.classify_vqa_rule(predictions[i], references[i], questions[i], question_types[i],
                                                answer_types[i], choices[i], overlap=float(overlap))
                     if got is None and rule_without_reference:

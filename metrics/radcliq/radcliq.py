@@ -152,7 +152,7 @@ OPTION_TYPES = {"radgraph_combined": list | None, "bertscore": list | None, "sem
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Radcliq(evaluate.Metric):
+class Radcliq(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """RadCliQ-v1 from its four component metrics (lower is better)."""
 
     def _info(self):

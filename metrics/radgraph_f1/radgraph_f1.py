@@ -6,6 +6,7 @@ import os
 import datasets
 import evaluate
 import medheval.radiology.radgraph_model
+import medheval.scoring.metric_inputs
 import medheval.scoring.parsing
 import medheval.radiology.radgraph_rewards
 
@@ -129,7 +130,7 @@ OPTION_TYPES = {"radgraph_path": str | None, "encoder_path": str | None, "model_
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class RadgraphF1(evaluate.Metric):
+class RadgraphF1(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """RadGraph entity/relation F1 (MedHEval) and F1RadGraph rewards."""
 
     def _info(self):

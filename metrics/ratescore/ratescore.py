@@ -5,6 +5,7 @@
 import datasets
 import evaluate
 import medheval.radiology.ratescore_model
+import medheval.scoring.metric_inputs
 import medheval.scoring.parsing
 import medheval.radiology.ratescore_scoring
 
@@ -101,7 +102,7 @@ OPTION_TYPES = {"ner_model_path": str | None, "embedding_model_path": str | None
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Ratescore(evaluate.Metric):
+class Ratescore(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """RaTEScore from local NER and synonym-encoder models."""
 
     def _info(self):

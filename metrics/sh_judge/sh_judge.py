@@ -83,7 +83,7 @@ OPTION_TYPES = {"judge": str | dict | object | None, "models": list | dict | Non
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class ShJudge(evaluate.Metric):
+class ShJudge(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """S_h hallucination score (0-5, lower is better) from an LLM judge."""
 
     def _info(self):

@@ -43,7 +43,8 @@ Args:
     predictions (`list` of `str`): model answers, free text.
     references (`list` of `str`): "ground_truth" or "hallucination".
     steps (`list` of `int`): the step (1-4) of each statement; step names ("lesion_identification") work too.
-    languages (`list` of `str`, *optional*): "en"/"vi" per statement; gives `by_language`.
+    languages (`list` of `str`, *optional*): "en"/"vi" per statement; gives `by_language`. A `None`
+        entry is scored overall but left out of `by_language` (counted in `n_without_language`).
 
 Returns:
     per_step (`dict`): step (1-4) -> {precision, recall, f1, accuracy, tp, fp, fn, tn, n, n_unparsed}.
@@ -51,6 +52,7 @@ Returns:
     precision, recall, f1, accuracy (`float`): over all statements (micro).
     n (`int`), n_unparsed (`int`): statements scored, answers not parsed.
     by_language (`dict`): language -> the same fields (when `languages` is given).
+    n_without_language (`int`): statements whose language is `None` (when `languages` is given).
     positive_class (`str`): "hallucination".
     correct (`list` of `bool`), parsed (`list` of `bool`): per statement.
 
@@ -99,7 +101,7 @@ def _summary(truth, said, parsed, steps):
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class StepBench(evaluate.Metric):
+class StepBench(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """Per-step precision/recall/F1 of Med-StepBench statement verification (hallucination = positive)."""
 
     def _info(self):
@@ -143,8 +145,9 @@ class StepBench(evaluate.Metric):
             result["by_language"] = {
                 str(lang): _summary(truth[langs == lang], said[langs == lang], parsed[langs == lang],
                                     step_ids[langs == lang])
-                for lang in sorted(set(languages))
+                for lang in sorted({lang for lang in languages if lang is not None})
             }
+            result["n_without_language"] = sum(lang is None for lang in languages)
         result["correct"] = (said == truth).tolist()
         result["parsed"] = parsed.tolist()
         return result

@@ -8,6 +8,7 @@ from pathlib import Path
 import datasets
 import evaluate
 import medheval.publish.hub_access
+import medheval.scoring.metric_inputs
 import medheval.scoring.nltk39
 import medheval.scoring.nltk_data
 import medheval.scoring.parsing
@@ -103,7 +104,8 @@ MedHEval's swapped ROUGE precision/recall and its `.strip("Assistant:")` answer 
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `str`): generated answers / reports.
-    references (`list` of `str`): reference answers / reports, one per prediction.
+    references (`list` of `str`): reference answers / reports, one per prediction; `None`/"" means
+        none (the item is left out and counted in n_empty_references).
     bertscore_model (`str`, *optional*): BERTScore backbone, a local folder or a Hub id (default
         "roberta-large", the papers' backbone). Loaded once per metric instance.
     bertscore_num_layers (`int`, *optional*): which layer's output to use (the model is cut after
@@ -345,8 +347,9 @@ OPTION_TYPES = {"bertscore_model": str | None, "bertscore_num_layers": int | Non
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class TextGeneration(evaluate.Metric):
+class TextGeneration(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
     """BERTScore, BLEU, sacreBLEU, METEOR and ROUGE-1/2/L in one call, as MedHEval's Table 7."""
+    MISSING_AS = {"references": ""}  # an item without a reference: left out, counted
 
     def _info(self):
         return evaluate.MetricInfo(

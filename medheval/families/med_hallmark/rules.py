@@ -25,7 +25,7 @@ from medheval.families.med_hallmark.levels import Classified, split_sentences
 
 __all__ = [
     "ASPECT_LEVEL", "QUESTION_TYPE_ASPECT", "FINDINGS", "strip_confidence_prefix", "question_aspect", "answer_correct",
-    "classify_vqa_rule", "classify_vqa_aspect", "classify_irg_rule",
+    "classify_vqa_rule", "classify_vqa_aspect", "classify_irg_rule", "unreadable_vqa_answer",
 ]
 
 
@@ -231,6 +231,46 @@ def _normal_polarity(text: str) -> str | None:
     return None
 
 
+def _close_ended_kind(ref: str, answer_type: str | None, choices: Sequence[str] | str | None) -> str | None:
+    """``"yes_no"``/``"multiple_choice"`` when the item is close-ended (by type, choices or a yes/no reference)."""
+    kind = None
+    if answer_type:
+        try:
+            kind = parsing.canonical_answer_type(answer_type)
+        except ValueError:
+            kind = None
+    if kind is None and choices:
+        kind = "multiple_choice"
+    if kind is None and _YES_NO_REF.match(ref):
+        kind = "yes_no"
+    return kind
+
+
+def unreadable_vqa_answer(
+    prediction: str | None,
+    reference: str | None,
+    answer_type: str | None = None,
+    choices: Sequence[str] | str | None = None,
+) -> str | None:
+    """Why the rules cannot classify ``prediction``, or ``None`` when they can.
+
+    An empty or white-space answer, and a close-ended answer the parser leaves unparsed (a hedge,
+    "A or B", another language), state no content to grade: such items are failed, not hallucinations.
+    """
+    if not (prediction or "").strip():
+        return "empty answer: nothing to classify"
+    if reference is None or not str(reference).strip():
+        return None
+    ref = str(reference).strip()
+    kind = _close_ended_kind(ref, answer_type, choices)
+    if kind is None:
+        return None
+    score = parsing.score_item(prediction, ref, kind, list(choices) if isinstance(choices, tuple) else choices)
+    if score.reference_ok and not score.parsed:
+        return f"unparsed {'yes/no' if kind == 'yes_no' else 'multiple-choice'} answer: nothing to classify"
+    return None
+
+
 def answer_correct(
     prediction: str | None,
     reference: str | None,
@@ -254,16 +294,7 @@ def answer_correct(
         return None
     prediction = prediction or ""
     ref = str(reference).strip()
-    kind = None
-    if answer_type:
-        try:
-            kind = parsing.canonical_answer_type(answer_type)
-        except ValueError:
-            kind = None
-    if kind is None and choices:
-        kind = "multiple_choice"
-    if kind is None and _YES_NO_REF.match(ref):
-        kind = "yes_no"
+    kind = _close_ended_kind(ref, answer_type, choices)
     if kind is not None:
         score = parsing.score_item(prediction, ref, kind, list(choices) if isinstance(choices, tuple) else choices)
         return score.correct if score.reference_ok else None
@@ -295,10 +326,13 @@ def classify_vqa_rule(
     overlap: float = 1.0,
     default_aspect: str = "presence",
 ) -> Classified | None:
-    """Level of one VQA answer by the offline rules (module comment above); ``None`` without a reference.
+    """Level of one VQA answer by the offline rules (module comment above); ``None`` without a reference
+    or for an answer :func:`unreadable_vqa_answer` rejects (empty, or an unparsed close-ended answer).
 
     ``default_aspect`` is used for an open question that no keyword family recognises.
     """
+    if unreadable_vqa_answer(prediction, reference, answer_type, choices) is not None:
+        return None
     correct = answer_correct(prediction, reference, answer_type, choices, overlap)
     if correct is None:
         return None
