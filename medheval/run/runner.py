@@ -463,6 +463,19 @@ def _local_folder(root: Any) -> Path | None:
     return source.root if isinstance(source, LocalFolderSource) else None
 
 
+def _refuse_own_log(backend: Backend, output: Path) -> None:
+    """A ``--predictions`` file must not be one of the logs this run appends to (``predictions.jsonl`` or a
+    data-parallel part log of ``output``): the run would write into the user's input file."""
+    given = getattr(backend, "path", None)
+    if not isinstance(given, (str, Path)) or not hasattr(backend, "check_against"):
+        return
+    source, folder = Path(given).resolve(), output.resolve()
+    if source.parent == folder and source.name.startswith("predictions") and source.suffix == ".jsonl":
+        raise RunError(f"--predictions {given} is the log this run writes in its --output folder "
+                       f"({folder / 'predictions.jsonl'}): the run would append to your input file. Choose "
+                       f"another --output folder (or move the predictions file elsewhere).")
+
+
 def _refuse_grid_folder(output: Path) -> None:
     """A single run must not overwrite the combined results of a mitigation grid in the same folder."""
     path = output / "results.json"
@@ -732,6 +745,7 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
     data-parallel run)."""
     from medheval.run.distributed import merge_parts
 
+    _refuse_own_log(backend, output)
     _refuse_grid_folder(output)
     prepared = [_prepare_split(spec, backend, benchmark_spec, warnings) for benchmark_spec in spec.benchmarks]
     _attach_images(spec, backend, prepared)
