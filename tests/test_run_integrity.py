@@ -33,3 +33,27 @@ def test_a_predictions_file_that_is_the_outputs_own_log_is_refused_untouched(fix
     assert path.read_bytes() == before
     # another output folder reads it normally
     assert main([*args, "--output", str(tmp_path / "elsewhere")]) == 0
+
+
+def test_an_undecodable_image_is_named_before_generation_and_skipped_and_counted(fixture_benchmark, tmp_path,
+                                                                                 capsys):
+    import shutil
+
+    root = tmp_path / "mimic"
+    shutil.copytree(fixture_benchmark["image_roots"]["mimic_cxr"], root)
+    rows = load_benchmark("context", data_dir=fixture_benchmark["data_dir"]).to_list()
+    victim = rows[0]["images"][0]
+    (root / victim).write_bytes(b"not an image")
+    affected = sorted(r["id"] for r in rows if victim in r["images"])
+    base = ["run", "--benchmark", "context", "--model", "tiny-random-llava", "--data-dir",
+            fixture_benchmark["data_dir"], "--image-root", f"mimic_cxr={root}", "--max-new-tokens", "4"]
+    assert main([*base, "--output", str(tmp_path / "strict")]) == 2
+    err = capsys.readouterr().err
+    assert "undecodable" in err and f"{affected[0]}: {victim}" in err and "--on-missing skip" in err
+    assert not (tmp_path / "strict" / "predictions.jsonl").exists()  # stopped before the first generation
+    assert main([*base, "--output", str(tmp_path / "skip"), "--on-missing", "skip"]) == 0
+    entry = json.loads((tmp_path / "skip" / "results.json").read_text())["benchmarks"]["context:default"]
+    assert entry["skipped_undecodable_images"] == {"count": len(affected), "examples": affected}
+    assert entry["skipped_missing_images"]["count"] == 0
+    assert entry["n_scored"] == len(rows) - len(affected)
+    assert f"{len(affected)} record(s) skipped for an undecodable image" in (tmp_path / "skip" / "results.md").read_text()
