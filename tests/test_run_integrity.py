@@ -57,3 +57,49 @@ def test_an_undecodable_image_is_named_before_generation_and_skipped_and_counted
     assert entry["skipped_missing_images"]["count"] == 0
     assert entry["n_scored"] == len(rows) - len(affected)
     assert f"{len(affected)} record(s) skipped for an undecodable image" in (tmp_path / "skip" / "results.md").read_text()
+
+
+def _scores(out: Path) -> dict:
+    """Per split, what was scored (not how much of it this run generated)."""
+    benchmarks = json.loads((out / "results.json").read_text())["benchmarks"]
+    return {split: {k: v for k, v in entry.items() if k != "generated_this_run"} for split, entry in benchmarks.items()}
+
+
+def test_conflicting_duplicates_in_the_log_are_refused_and_identical_ones_change_nothing(fixture_benchmark,
+                                                                                          tmp_path, capsys):
+    _, args = _predictions(fixture_benchmark, tmp_path / "mine.jsonl")
+    out = tmp_path / "run"
+    assert main([*args, "--output", str(out)]) == 0
+    log = out / "predictions.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    results = _scores(out)
+
+    log.write_text("".join(lines) + lines[1])  # an identical copy: tolerated, nothing changes
+    assert main([*args, "--output", str(out)]) == 0
+    assert _scores(out) == results
+
+    changed = json.loads(lines[1])
+    changed["prediction"] = "no" if changed["prediction"] != "no" else "yes"
+    log.write_text("".join(lines) + json.dumps(changed) + "\n")
+    before = log.read_bytes()
+    assert main([*args, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(log) in err and "lines 2 and 5" in err and changed["id"] in err and "Remove the line" in err
+    assert log.read_bytes() == before  # nothing rewritten or lost
+    assert _scores(out) == results
+
+
+def test_a_part_log_that_contradicts_the_main_log_is_refused(tmp_path):
+    import pytest
+
+    from medheval.run.distributed import merge_parts
+    from medheval.run.predictions_log import CorruptLogError
+
+    entry = {"id": "a", "prediction": "yes", "model": "m"}
+    (tmp_path / "predictions.jsonl").write_text(json.dumps(entry) + "\n")
+    (tmp_path / "predictions.rank1.jsonl").write_text(json.dumps(entry) + "\n")
+    assert merge_parts(tmp_path / "predictions.jsonl", ["a"]) == 0  # merged twice: dropped
+    (tmp_path / "predictions.rank1.jsonl").write_text(json.dumps({**entry, "prediction": "no"}) + "\n")
+    with pytest.raises(CorruptLogError, match=r"predictions.rank1.jsonl and .*predictions.jsonl .* 'a'"):
+        merge_parts(tmp_path / "predictions.jsonl", ["a"])
+    assert (tmp_path / "predictions.rank1.jsonl").exists()
