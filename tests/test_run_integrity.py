@@ -103,3 +103,25 @@ def test_a_part_log_that_contradicts_the_main_log_is_refused(tmp_path):
     with pytest.raises(CorruptLogError, match=r"predictions.rank1.jsonl and .*predictions.jsonl .* 'a'"):
         merge_parts(tmp_path / "predictions.jsonl", ["a"])
     assert (tmp_path / "predictions.rank1.jsonl").exists()
+
+
+def test_an_empty_question_is_flagged_and_counted(fixture_benchmark, tmp_path):
+    import shutil
+
+    data = tmp_path / "benchmark_data"
+    shutil.copytree(fixture_benchmark["data_dir"], data)
+    pairs = data / "Visual_Misinterpretation_Hallucination" / "close-ended" / "fine-grained" / "slake_qa_pairs.json"
+    records = json.loads(pairs.read_text())
+    records[4]["question"] = " "
+    pairs.write_text(json.dumps(records, indent=4))
+    rows = load_benchmark("mm_vishal", data_dir=str(data)).to_list()
+    empty = [r["id"] for r in rows if not r["question"].strip()]
+    assert len(empty) == 1
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps({"id": r["id"], "prediction": "yes"}) + "\n" for r in rows))
+    out = tmp_path / "run"
+    assert main(["run", "--benchmark", "mm_vishal", "--predictions", str(path), "--data-dir", str(data),
+                 "--output", str(out)]) == 0
+    quality = json.loads((out / "results.json").read_text())["benchmarks"]["mm_vishal:all"]["data_quality"]
+    assert quality["flags"]["empty_question"] == 1 and quality["examples"]["empty_question"] == empty
+    assert sum(flags.get("empty_question", 0) for flags in quality["flags_by_config"].values()) == 1
