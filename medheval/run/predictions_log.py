@@ -29,10 +29,14 @@ def log_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
     return entry["id"], entry.get("model", ""), entry.get("mitigation", "none"), entry.get("control", "none")
 
 
-def read_log(path: str | Path, repair: bool = True, required: tuple[str, ...] = ("id", "prediction"),
-             key: Callable[[dict[str, Any]], Hashable] | None = log_key) -> list[dict[str, Any]]:
+PREDICTION_FIELDS = ("id", "prediction")
+
+
+def read_log(path: str | Path, repair: bool = True, required: tuple[str, ...] = PREDICTION_FIELDS,
+             key: Callable[[dict[str, Any]], Hashable] | None = None) -> list[dict[str, Any]]:
     """All entries of a predictions log (or of another append-only log whose lines carry the
-    string fields ``required``; ``key=None`` for a log whose entries are not unique by :func:`log_key`).
+    string fields ``required``; entries unique by ``key``: by default :func:`log_key` for a predictions log,
+    none for another log).
 
     Every newline-terminated line must be valid JSON. An unterminated final line is what a
     kill mid-write leaves: with ``repair`` it is truncated away (its record is regenerated).
@@ -75,6 +79,7 @@ def read_log(path: str | Path, repair: bool = True, required: tuple[str, ...] = 
                 f" Fix or remove that line, or start a new --output folder."
             )
         entries.append(entry)
+    key = key or (log_key if required == PREDICTION_FIELDS else None)
     return entries if key is None else unique_entries(path, entries, [number for number, _ in parsed], key)
 
 

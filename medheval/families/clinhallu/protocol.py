@@ -190,7 +190,7 @@ class ClinHalluRun:
         """Generate every missing (item, setting), ``chunk_size`` items at a time, phase by phase
         (module docstring); returns all generation entries of ``records``."""
         path = self.output_dir / GENERATIONS
-        done = _index(read_log(path, required=LOG_FIELDS, key=None))
+        done = _index(read_log(path, required=LOG_FIELDS))
         self._check_resumable(bool(done))
         todo = [r for r in records if any((str(r["id"]), s) not in done for s in self.config.settings)]
         bar = None
@@ -297,7 +297,7 @@ class ClinHalluRun:
         """Judge every generation without a judgment yet, ``chunk_size`` generations per judge batch
         (each chunk is logged before the next starts); returns all judgment entries of ``records``."""
         path = self.output_dir / JUDGMENTS
-        done = _index(read_log(path, required=LOG_FIELDS, key=None))
+        done = _index(read_log(path, required=LOG_FIELDS))
         by_id = {str(r["id"]): r for r in records}
         pending = [e for e in generations if (e["id"], e["setting"]) not in done]
         with LogWriter(path) as log:

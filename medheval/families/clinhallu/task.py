@@ -146,8 +146,7 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
         judge_options["allow_remote_credentialed"] = list(spec.allow_remote_credentialed)
     judge = clinhallu_judge(spec.judge, **judge_options)
     records = loaded.dataset.to_list()
-    generations = folder / GENERATIONS
-    before = len(read_log(generations, required=LOG_FIELDS, key=None)) if generations.exists() else 0
+    before = len(read_log(folder / GENERATIONS, required=LOG_FIELDS)) if (folder / GENERATIONS).exists() else 0
     # ClinHallu's sampling (temperature 0.7, top-p 0.9) unless the run options say otherwise; the trace
     # length from the run's generation plan (built-in: ClinHallu's 4096, medheval.run.generation)
     config = protocol_config(loaded.run_options, backend, trace_length(spec, loaded, backend))
@@ -157,7 +156,7 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
                             control=control)
     result = protocol.run(records)
     write_clusters(folder, records)
-    after = len(read_log(folder / GENERATIONS, required=LOG_FIELDS, key=None))
+    after = len(read_log(folder / GENERATIONS, required=LOG_FIELDS))
     inputs = dict(result["metric_inputs"])
     metric = load_metric("clinhallu").compute(**{**inputs, **dict(metric_options or {})})
     return {"generated_this_run": after - before, "metrics": {"clinhallu": metric},
@@ -227,8 +226,8 @@ class ClinHalluProtocol(SplitProtocol):
         if not (folder / GENERATIONS).exists():
             return None, f"no ClinHallu protocol logs ({GENERATIONS}) in {folder}"
         try:
-            generations = read_log(folder / GENERATIONS, repair=False, required=LOG_FIELDS, key=None)
-            judgments = read_log(folder / JUDGMENTS, repair=False, required=LOG_FIELDS, key=None)
+            generations = read_log(folder / GENERATIONS, repair=False, required=LOG_FIELDS)
+            judgments = read_log(folder / JUDGMENTS, repair=False, required=LOG_FIELDS)
             ids = sorted({generation["id"] for generation in generations})
             records = [{"id": rid, "config": rid.split("/")[1] if rid.count("/") >= 2 else split.partition(":")[2]}
                        for rid in ids]
