@@ -125,3 +125,44 @@ def test_an_empty_question_is_flagged_and_counted(fixture_benchmark, tmp_path):
     quality = json.loads((out / "results.json").read_text())["benchmarks"]["mm_vishal:all"]["data_quality"]
     assert quality["flags"]["empty_question"] == 1 and quality["examples"]["empty_question"] == empty
     assert sum(flags.get("empty_question", 0) for flags in quality["flags_by_config"].values()) == 1
+
+
+def test_a_folder_with_results_or_a_log_but_no_run_json_is_refused_untouched(fixture_benchmark, tmp_path, capsys):
+    _, args = _predictions(fixture_benchmark, tmp_path / "mine.jsonl")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "results.json").write_text('{"mine": 1}')
+    (foreign / "results.md").write_text("# my notes\n")
+    assert main([*args, "--output", str(foreign)]) == 2
+    err = capsys.readouterr().err
+    assert str(foreign) in err and "results.json, results.md" in err and "no run.json" in err
+    assert "another --output" in err
+    assert (foreign / "results.json").read_text() == '{"mine": 1}' and (foreign / "results.md").read_text() == "# my notes\n"
+    assert not (foreign / "run.json").exists()
+
+    out = tmp_path / "run"  # a run folder whose run.json was deleted: its log is no longer known to be this run's
+    assert main([*args, "--output", str(out)]) == 0
+    (out / "run.json").unlink()
+    (out / "results.json").unlink()
+    log = (out / "predictions.jsonl").read_bytes()
+    assert main([*args, "--output", str(out)]) == 2
+    assert "predictions.jsonl" in capsys.readouterr().err
+    assert (out / "predictions.jsonl").read_bytes() == log
+
+
+def test_a_reused_prediction_made_with_other_generation_settings_is_refused(fixture_benchmark, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["run", "--benchmark", "context", "--model", "tiny-random-llava", "--output", str(out), "--data-dir",
+            fixture_benchmark["data_dir"], "--limit", "2", "--max-new-tokens", "4"]
+    args += [a for s, r in fixture_benchmark["image_roots"].items() for a in ("--image-root", f"{s}={r}")]
+    assert main(args) == 0
+    assert main(args) == 0  # resumes: the same settings
+    log = out / "predictions.jsonl"
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entries[1]["generation"]["max_new_tokens"] == 4
+    entries[1]["generation"]["max_new_tokens"] = 16  # e.g. a log carried over from another run
+    log.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert str(log) in err and entries[1]["id"] in err and "max_new_tokens 16 → 4" in err
+    assert [json.loads(line) for line in log.read_text().splitlines()] == entries  # nothing appended or lost

@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import json
 import re
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -490,6 +491,48 @@ def _refuse_grid_folder(output: Path) -> None:
                            f"--output folder.")
 
 
+RUN_FILES = ("results.json", "results.md", "scored.jsonl", "predictions.jsonl")
+
+
+def _refuse_foreign_folder(output: Path) -> None:
+    """Without ``run.json`` (every run folder has had one from the start: written before the first prediction),
+    results or a predictions log in ``output`` are not this run's: they would be overwritten or mixed in."""
+    if (output / "run.json").exists():
+        return
+    found = [name for name in RUN_FILES if os.path.lexists(output / name)]
+    found += sorted(path.name for path in output.glob("predictions.rank*.jsonl"))
+    if found:
+        raise RunError(f"{output} holds {', '.join(found)} but no run.json, so they were not written by a run of "
+                       f"medheval into this folder (or its run.json was deleted); a run there would overwrite or mix "
+                       f"with them. Choose another --output folder, or move those files away.")
+
+
+def _check_reused_generation(prepared: list[PreparedSplit], backend: Backend, spec: RunSpec,
+                             entries: list[dict[str, Any]], log_path: Path) -> None:
+    """A log entry this run reuses must have been generated with the settings this run would use (its
+    ``"generation"``; entries from before it was recorded are not checked): mixed settings are refused."""
+    from medheval.run.generation import used_settings
+
+    recorded = {entry["id"]: entry["generation"] for entry in entries
+                if entry.get("model") == backend.name and entry.get("mitigation", "none") == spec.mitigation
+                and entry.get("control", "none") == spec.control and isinstance(entry.get("generation"), dict)}
+    for split in prepared:
+        if not isinstance(split.protocol, QAProtocol) or not recorded:
+            continue
+        plan_for = settings_for(spec.generation, split.loaded.name, split.loaded.config)
+        rows = split.loaded.dataset.select_columns(["id", "answer_type"]).to_list()
+        for row in rows:
+            if row["id"] not in recorded:
+                continue
+            before, now = recorded[row["id"]], used_settings(backend, plan_for(row["answer_type"]))
+            changed = [f"{key} {json.dumps(before.get(key, '<unset>'))} → {json.dumps(now.get(key, '<unset>'))}"
+                       for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)]
+            if changed:
+                raise RunError(f"{log_path}: the prediction for {row['id']!r} was generated with other settings than "
+                               f"this run's (changed: {'; '.join(changed)}); reusing it would mix settings in one "
+                               f"result. Resume with the same settings, or choose a new --output folder.")
+
+
 def split_provenance(job: SplitJob) -> dict[str, Any]:
     """The provenance of the answers one split generates (:mod:`medheval.run.provenance`): what the backend
     inherits (a predictions file's), random weights, the split's fixture files, ``--limit``, the protocol."""
@@ -697,6 +740,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         prepared, settings, predictions_file = group.main_first(
             "preparing the run", lambda: _prepare_run(spec, backend, output, warnings, group.is_main, versions))
         entries = read_log(log_path, repair=group.is_main)
+        _check_reused_generation(prepared, backend, spec, entries, log_path)
         order = [rid for split in prepared for rid in split.loaded.dataset["id"]]
         recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
         results: dict[str, Any] = {"settings": settings, "versions": versions, "labels": dict(spec.labels),
@@ -747,6 +791,7 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
 
     _refuse_own_log(backend, output)
     _refuse_grid_folder(output)
+    _refuse_foreign_folder(output)
     prepared = [_prepare_split(spec, backend, benchmark_spec, warnings) for benchmark_spec in spec.benchmarks]
     _attach_images(spec, backend, prepared)
     _warn_prefix_cache_unused(spec, backend, prepared, warnings)
