@@ -166,3 +166,19 @@ def test_a_reused_prediction_made_with_other_generation_settings_is_refused(fixt
     err = capsys.readouterr().err
     assert str(log) in err and entries[1]["id"] in err and "max_new_tokens 16 → 4" in err
     assert [json.loads(line) for line in log.read_text().splitlines()] == entries  # nothing appended or lost
+
+
+def test_re_running_a_grid_with_other_axes_is_refused_naming_the_change(fixture_benchmark, tmp_path, capsys):
+    out = tmp_path / "grid"
+    args = ["run", "--benchmark", "context", "--model", "tiny-random-llava", "--output", str(out), "--data-dir",
+            fixture_benchmark["data_dir"], "--limit", "2", "--max-new-tokens", "4"]
+    args += [a for s, r in fixture_benchmark["image_roots"].items() for a in ("--image-root", f"{s}={r}")]
+    assert main([*args, "--control", "none", "--control", "no_image"]) == 0
+    assert main([*args, "--control", "none", "--control", "no_image"]) == 0  # the same axes resume
+    combined = (out / "results.json").read_bytes()
+    assert len(json.loads(combined)["runs"]) == 2
+    assert main([*args, "--control", "none", "--mitigation", "none"]) == 2  # one cell: no longer a grid there
+    assert main([*args, "--control", "none", "--control", "blank"]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "controls none, no_image → none, blank" in err and "same axes" in err
+    assert (out / "results.json").read_bytes() == combined

@@ -948,7 +948,32 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
                            f"--output folder.")
         if group.is_main:
             record_seeds(Path(spec.output), seeds)
+            if several:
+                record_axes(Path(spec.output), {"mitigations": [text for text, _ in methods], "controls": controls})
         return _run_methods(spec, backend, cells, batch_size, seeds)
+
+
+GRID_FILE = "grid.json"
+
+
+def record_axes(output: Path, axes: Mapping[str, list[str]]) -> None:
+    """Write ``<output>/grid.json`` (the grid's axes: mitigations, controls, models) for a new grid folder; refuse
+    a folder holding a grid over other axes (its combined results would silently gain or lose cells; seeds have
+    ``seeds.json``, :func:`medheval.run.seeds.record_seeds`). A grid folder from before axes were recorded gets
+    the file."""
+    path = Path(output) / GRID_FILE
+    axes = {name: list(values) for name, values in axes.items()}
+    if not path.exists():
+        Path(output).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(axes, indent=1, sort_keys=True))
+        return
+    recorded = json.loads(path.read_text())
+    changed = [f"{name} {', '.join(recorded.get(name) or [])} → {', '.join(axes.get(name) or [])}"
+               for name in sorted(set(recorded) | set(axes)) if recorded.get(name) != axes.get(name)]
+    if changed:
+        raise RunError(f"{output} holds a grid over other axes ({GRID_FILE}; changed: {'; '.join(changed)}): its "
+                       f"combined results would gain or lose cells. Re-run with the same axes (the cell folders "
+                       f"resume), or choose another --output folder.")
 
 
 def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, str, int | None]], batch_size: int,
