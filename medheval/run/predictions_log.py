@@ -90,7 +90,8 @@ def unique_entries(path: Path, entries: list[dict[str, Any]], lines: list[int],
     Two different entries for one key (an edited or concatenated log) are refused, naming both lines: which
     answer counts is not ours to pick. An exact copy of an entry is dropped (the first kept): it carries
     the same answer, so the scores cannot change (a log appended twice, a part log merged twice after a
-    kill, :func:`medheval.run.distributed.merge_parts`)."""
+    kill, :func:`medheval.run.distributed.merge_parts`). A ``--predictions`` file is stricter (any repeated id is
+    refused, :mod:`medheval.backends.predictions`): a file of the user's own has no resume to explain a copy."""
     first: dict[Hashable, int] = {}
     kept: list[dict[str, Any]] = []
     for index, entry in enumerate(entries):
@@ -101,7 +102,7 @@ def unique_entries(path: Path, entries: list[dict[str, Any]], lines: list[int],
         elif entries[found] != entry:
             raise CorruptLogError(
                 f"{path}: lines {lines[found]} and {lines[index]} hold two different entries for id "
-                f"{entry['id']!r} ({', '.join(map(str, key(entry)[1:]))}); the log was edited or concatenated. "
+                f"{entry['id']!r} (key {key(entry)!r}); the log was edited or concatenated. "
                 f"Remove the line that is wrong (or both, to regenerate the record), or start a new --output "
                 f"folder.")
     return kept
