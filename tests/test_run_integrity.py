@@ -56,7 +56,8 @@ def test_an_undecodable_image_is_named_before_generation_and_skipped_and_counted
     assert entry["skipped_undecodable_images"] == {"count": len(affected), "examples": affected}
     assert entry["skipped_missing_images"]["count"] == 0
     assert entry["n_scored"] == len(rows) - len(affected)
-    assert f"{len(affected)} record(s) skipped for an undecodable image" in (tmp_path / "skip" / "results.md").read_text()
+    caveats = (tmp_path / "skip" / "results.md").read_text()
+    assert f"{len(affected)} record(s) skipped for an undecodable image" in caveats
 
 
 def _scores(out: Path) -> dict:
@@ -137,7 +138,8 @@ def test_a_folder_with_results_or_a_log_but_no_run_json_is_refused_untouched(fix
     err = capsys.readouterr().err
     assert str(foreign) in err and "results.json, results.md" in err and "no run.json" in err
     assert "another --output" in err
-    assert (foreign / "results.json").read_text() == '{"mine": 1}' and (foreign / "results.md").read_text() == "# my notes\n"
+    assert (foreign / "results.json").read_text() == '{"mine": 1}'
+    assert (foreign / "results.md").read_text() == "# my notes\n"
     assert not (foreign / "run.json").exists()
 
     out = tmp_path / "run"  # a run folder whose run.json was deleted: its log is no longer known to be this run's

@@ -181,8 +181,9 @@ def _root_cause(error: BaseException) -> BaseException:
 
 def attach_images(loaded: LoadedBenchmark, image_roots: Mapping[str, Any], on_missing: str = "error") -> None:
     """Check that every image reference resolves and that local files open (their header); refuse (``error``) or
-    drop and count (``skip``) the records with missing or undecodable images. Nothing is decoded here: ``loaded.resolver`` opens images
-    on demand (the runner), :func:`with_image_column` adds them to the rows (``load_benchmark``)."""
+    drop and count (``skip``) the records with missing or undecodable images. Nothing is decoded here:
+    ``loaded.resolver`` opens images on demand (the runner), :func:`with_image_column` adds them to the rows
+    (``load_benchmark``)."""
     from medheval.data.images import ImageResolver
 
     resolver = ImageResolver(image_roots)

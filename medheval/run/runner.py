@@ -30,7 +30,7 @@ from medheval.run.distributed import group as process_group
 from medheval.run.distributed import shard_batches
 from medheval.run.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
 from medheval.scoring.metric_options import check_options
-from medheval.run.outputs import atomic_write_text
+from medheval.run.outputs import atomic_write_text, open_owned
 from medheval.run.prompts import describe_templates
 from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
 from medheval.run import provenance as run_provenance
@@ -501,6 +501,8 @@ def _refuse_foreign_folder(output: Path) -> None:
         return
     found = [name for name in RUN_FILES if os.path.lexists(output / name)]
     found += sorted(path.name for path in output.glob("predictions.rank*.jsonl"))
+    for name in found:  # a planted link, FIFO or hard link: the error that names it (open_owned) comes first
+        os.close(open_owned(output / name, os.O_RDONLY))
     if found:
         raise RunError(f"{output} holds {', '.join(found)} but no run.json, so they were not written by a run of "
                        f"medheval into this folder (or its run.json was deleted); a run there would overwrite or mix "
