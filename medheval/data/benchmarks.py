@@ -194,7 +194,8 @@ def attach_images(loaded: LoadedBenchmark, image_roots: Mapping[str, Any], on_mi
 
         roots = "; ".join(f"{source} -> {root}" for source, root in resolver.describe().items()) or "none"
         raise ImageError(
-            f"{loaded.name}:{loaded.config}: all {len(records)} record(s) have a missing or undecodable image "
+            f"{loaded.name}:{loaded.config}: all {len(records)} record(s) have a missing"
+            f"{' or undecodable' if undecodable else ''} image "
             f"(first: {', '.join(f'{rid}: {ref}' for rid, ref, *_ in [*skipped, *undecodable][:3])}), so skipping "
             f"them would leave nothing "
             f"to evaluate. Check that --image-root SOURCE=PATH points at the folder the references are "
