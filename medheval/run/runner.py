@@ -12,8 +12,8 @@ import contextlib
 import dataclasses
 import inspect
 import json
-import re
 import os
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
