@@ -300,13 +300,18 @@ def test_default_root_and_not_found_message(image_tree: dict[str, Path]) -> None
     assert "files/" in message  # what to do: point at MIMIC-CXR-JPG files/
 
 
-def test_decoding_is_lazy_and_errors_name_the_ref(tmp_path: Path) -> None:
+def test_headers_are_checked_up_front_and_decode_errors_name_the_ref_and_record(tmp_path: Path) -> None:
     (tmp_path / "synpic7.jpg").write_bytes(b"this is not a jpeg")
     resolver = ImageResolver({"vqa_rad": str(tmp_path)})
-    kept, skipped = resolver.partition([record("r", "vqa_rad", "synpic7.jpg")])  # exists: no decoding
-    assert len(kept) == 1 and skipped == []
+    with pytest.raises(MissingImagesError, match=r"undecodable .*\n  - r: synpic7.jpg") as info:
+        resolver.partition([record("r", "vqa_rad", "synpic7.jpg")])
+    assert info.value.missing == [] and [u[:2] for u in info.value.undecodable] == [("r", "synpic7.jpg")]
+    check = resolver.check_records([record("r", "vqa_rad", "synpic7.jpg")], on_missing="skip", progress=False)
+    assert check.kept == [] and check.missing == [] and check.undecodable[0][:2] == ("r", "synpic7.jpg")
     with pytest.raises(ImageDecodeError, match="synpic7.jpg"):
         resolver.open("vqa_rad", "synpic7.jpg")
+    with pytest.raises(ImageDecodeError, match="record 'r': .*synpic7.jpg"):
+        resolver.load_record_images(record("r", "vqa_rad", "synpic7.jpg"))
 
 
 # --------------------------------------------------------------------------- specs

@@ -453,11 +453,13 @@ def test_a_log_line_without_id_is_named_with_its_line_number(fixture_benchmark, 
     with pytest.raises(CorruptLogError, match=r"line 2 has no 'id'"):
         read_log(log)
     out = tmp_path / "o"
-    out.mkdir()
+    args = ["run", "--benchmark", "context", "--model", "tiny-random-llava", "--output", str(out),
+            "--data-dir", fixture_benchmark["data_dir"], "--max-new-tokens", "4", "--limit", "1",
+            *_roots(fixture_benchmark)]
+    assert main(args) == 0  # a run's folder (run.json), whose log is then damaged
     shutil.copy(log, out / "predictions.jsonl")
-    code = main(["run", "--benchmark", "context", "--model", "tiny-random-llava", "--output", str(out),
-                 "--data-dir", fixture_benchmark["data_dir"], "--max-new-tokens", "4", "--limit", "1",
-                 *_roots(fixture_benchmark)])
+    capsys.readouterr()
+    code = main(args)
     err = capsys.readouterr().err
     assert code == 2 and "line 2 has no 'id'" in err and "error: 'id'" not in err
 

@@ -57,9 +57,9 @@ def test_merge_orders_by_record_drops_duplicates_and_torn_lines_and_removes_the_
     order = ["a", "b", "c", "d", "e", "f"]
     _write(log, [_entry("a"), _entry("d")])
     _write(part_log_path(log, 0), [_entry("e"), _entry("b")])
-    _write(part_log_path(log, 1), [_entry("c"), _entry("d", "other")], torn='{"id": "f", "predic')
+    _write(part_log_path(log, 1), [_entry("c"), _entry("d")], torn='{"id": "f", "predic')
     assert part_log_path(log, 1).name == "predictions.rank1.jsonl"
-    assert merge_parts(log, order) == 3  # b, c, e; d was merged already, f was torn mid-write
+    assert merge_parts(log, order) == 3  # b, c, e; d was merged already (an exact copy), f was torn mid-write
     assert [(e["id"], e["prediction"]) for e in read_log(log)] == [("a", "p"), ("b", "p"), ("c", "p"), ("d", "p"),
                                                                   ("e", "p")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.jsonl"]

@@ -35,6 +35,7 @@ class LoadedBenchmark:
     config: str
     files: list[dict[str, Any]] = field(default_factory=list)  # relpath, sha256, verified, origin
     skipped_missing_images: list[tuple[str, str]] = field(default_factory=list)  # (record id, image ref)
+    skipped_undecodable_images: list[tuple[str, str]] = field(default_factory=list)  # (record id, image ref)
     quality: dict[str, Any] = field(default_factory=dict)
     resolver: Any = None  # medheval.data.images.ImageResolver when image roots were given
     all_ids: list[str] = field(default_factory=list)  # every record id of the split, before --limit
@@ -179,29 +180,33 @@ def _root_cause(error: BaseException) -> BaseException:
 
 
 def attach_images(loaded: LoadedBenchmark, image_roots: Mapping[str, Any], on_missing: str = "error") -> None:
-    """Check that every image reference resolves; refuse (``error``) or drop and count (``skip``)
-    the records with missing images. Nothing is decoded here: ``loaded.resolver`` opens images
-    on demand (the runner), :func:`with_image_column` adds them to the rows (``load_benchmark``)."""
+    """Check that every image reference resolves and that local files open (their header); refuse (``error``) or
+    drop and count (``skip``) the records with missing or undecodable images. Nothing is decoded here:
+    ``loaded.resolver`` opens images on demand (the runner), :func:`with_image_column` adds them to the rows
+    (``load_benchmark``)."""
     from medheval.data.images import ImageResolver
 
     resolver = ImageResolver(image_roots)
     records = loaded.dataset.select_columns(["id", "images", "source"]).to_list()
-    kept, skipped = resolver.partition(records, on_missing=on_missing)
+    kept, skipped, undecodable = resolver.check_records(records, on_missing=on_missing)
     if records and not kept:
         from medheval.data.images import ImageError
 
         roots = "; ".join(f"{source} -> {root}" for source, root in resolver.describe().items()) or "none"
         raise ImageError(
-            f"{loaded.name}:{loaded.config}: all {len(records)} record(s) have a missing image (first: "
-            f"{', '.join(f'{rid}: {ref}' for rid, ref in skipped[:3])}), so skipping them would leave nothing "
+            f"{loaded.name}:{loaded.config}: all {len(records)} record(s) have a missing"
+            f"{' or undecodable' if undecodable else ''} image "
+            f"(first: {', '.join(f'{rid}: {ref}' for rid, ref, *_ in [*skipped, *undecodable][:3])}), so skipping "
+            f"them would leave nothing "
             f"to evaluate. Check that --image-root SOURCE=PATH points at the folder the references are "
             f"relative to (image roots in use: {roots})."
         )
-    if skipped:
+    if skipped or undecodable:
         kept_ids = {record["id"] for record in kept}
         loaded.dataset = loaded.dataset.select(
             [index for index, record in enumerate(records) if record["id"] in kept_ids])
     loaded.skipped_missing_images = list(skipped)
+    loaded.skipped_undecodable_images = [(rid, ref) for rid, ref, _ in undecodable]
     loaded.resolver = resolver
 
 

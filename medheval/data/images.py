@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import requests
@@ -212,7 +212,8 @@ class NoImageRoot(ImageNotFound):
 
 
 class MissingImagesError(ImageError):
-    """Some records reference images that are not available; ``.missing`` lists (record id, ref)."""
+    """Some records reference images that are not available; ``.missing`` lists (record id, ref),
+    ``.undecodable`` (record id, ref, reason) for local files whose header no image decoder reads."""
 
     def __init__(
         self,
@@ -220,23 +221,35 @@ class MissingImagesError(ImageError):
         roots: Mapping[str, str] | None = None,
         unconfigured: Sequence[str] = (),
         show: int = 20,
+        undecodable: Sequence[tuple[str, str, str]] = (),
     ) -> None:
         self.missing = list(missing)
+        self.undecodable = list(undecodable)
         self.roots = dict(roots or {})
         self.unconfigured = list(unconfigured)
-        ids = list(dict.fromkeys(rid for rid, _ in self.missing))
-        lines = [f"{len(self.missing)} image(s) missing for {len(ids)} record(s):"]
-        lines += [f"  - {rid}: {ref}" for rid, ref in self.missing[:show]]
-        if len(self.missing) > show:
-            lines.append(f"  ... and {len(self.missing) - show} more")
+        lines: list[str] = []
+        if self.missing:
+            ids = list(dict.fromkeys(rid for rid, _ in self.missing))
+            lines.append(f"{len(self.missing)} image(s) missing for {len(ids)} record(s):")
+            lines += [f"  - {rid}: {ref}" for rid, ref in self.missing[:show]]
+            if len(self.missing) > show:
+                lines.append(f"  ... and {len(self.missing) - show} more")
+        if self.undecodable:
+            ids = list(dict.fromkeys(rid for rid, _, _ in self.undecodable))
+            lines.append(f"{len(self.undecodable)} image(s) undecodable (corrupt or not an image) for {len(ids)} "
+                         f"record(s):")
+            lines += [f"  - {rid}: {ref} ({why})" for rid, ref, why in self.undecodable[:show]]
+            if len(self.undecodable) > show:
+                lines.append(f"  ... and {len(self.undecodable) - show} more")
         if self.unconfigured:
             flags = " ".join(f"--image-root {s}=PATH_OR_URL" for s in self.unconfigured)
             lines.append(f"No image root is configured for source(s) {', '.join(self.unconfigured)}: pass {flags}.")
         if self.roots:
             lines.append("Image roots in use: " + "; ".join(f"{k} -> {v}" for k, v in self.roots.items()) + ".")
         lines.append(
-            "To fix: check --image-root SOURCE=PATH points at the folder or URL the references are relative to, "
-            "or pass --on-missing skip (Python: on_missing=\"skip\") to skip these records and count them."
+            "To fix: check --image-root SOURCE=PATH points at the folder or URL the references are relative to"
+            + (" and replace the undecodable files" if self.undecodable else "")
+            + ", or pass --on-missing skip (Python: on_missing=\"skip\") to skip these records and count them."
         )
         super().__init__("\n".join(lines))
 
@@ -1006,12 +1019,39 @@ def parse_image_root_args(items: Iterable[str]) -> dict[str, str]:
 # --------------------------------------------------------------------------- resolver
 
 
-def _for_records(error: ImageFetchError, ids: list[str]) -> ImageFetchError:
+def _for_records(error: E, ids: list[str]) -> E:
     """``error`` with the record(s) whose image it is named first in its message."""
     shown = ", ".join(repr(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
     error.record_ids = ids
     error.args = (f"record {shown}: {error.args[0] if error.args else error}",)
     return error
+
+
+E = TypeVar("E", bound=ImageError)
+
+
+class ImageCheck(NamedTuple):
+    """What :meth:`ImageResolver.check_records` found: records kept, and (id, ref) / (id, ref, reason) skipped."""
+
+    kept: list[dict[str, Any]]
+    missing: list[tuple[str, str]]
+    undecodable: list[tuple[str, str, str]]
+
+
+def _header_problem(root: ImageSource, ref: str) -> str | None:
+    """Why a local image file cannot be decoded, read from its header only (format, declared size against
+    :func:`max_pixels`); ``None`` when it opens, or when the root is not a plain local folder (remote images
+    are checked when fetched). A file cut short after its header is still caught only when decoded."""
+    if type(root) is not LocalFolderSource:
+        return None
+    try:
+        with Image.open(root.path_for(ref)) as image:
+            check_pixels(image, f"image {ref!r}")
+    except ImageDecodeError as exc:
+        return str(exc)
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 class ImageResolver:
@@ -1093,7 +1133,7 @@ class ImageResolver:
         source = record.get("source") or "*"
         try:
             return [self.open(source, ref) for ref in record.get("images") or []]
-        except ImageFetchError as exc:
+        except (ImageFetchError, ImageDecodeError) as exc:
             raise _for_records(exc, [str(record.get("id"))]) from None
 
     def find_missing(self, records: Iterable[Mapping[str, Any]], progress: bool = True) -> list[tuple[str, str]]:
@@ -1105,9 +1145,10 @@ class ImageResolver:
         return self._check(records, progress)[0]
 
     def _check(
-        self, records: Iterable[Mapping[str, Any]], progress: bool
-    ) -> tuple[list[tuple[str, str]], list[str]]:
-        """(missing (id, ref), sources without a root)."""
+        self, records: Iterable[Mapping[str, Any]], progress: bool, headers: bool = False
+    ) -> tuple[list[tuple[str, str]], list[str], list[tuple[str, str, str]]]:
+        """(missing (id, ref), sources without a root, undecodable (id, ref, reason): with ``headers``, local
+        files whose header does not open)."""
         pairs: dict[tuple[str, str, str], None] = {}
         for record in records:
             source = record.get("source") or "*"
@@ -1131,9 +1172,14 @@ class ImageResolver:
 
         total = len(local) + len(remote)
         with tqdm(total=total, desc="checking images", unit="img", disable=not progress or total < 200) as bar:
+            broken: dict[tuple[str, str], str] = {}
             for key, root in local:
                 if not root.exists(key[1]):
                     absent.add(key)
+                elif headers:
+                    problem = _header_problem(root, key[1])
+                    if problem is not None:
+                        broken[key] = problem
                 bar.update()
             if remote:
                 with ThreadPoolExecutor(max_workers=self.workers) as pool:
@@ -1153,7 +1199,8 @@ class ImageResolver:
                             future.cancel()
                         raise
         missing = [(rid, ref) for rid, source, ref in pairs if (source, ref) in absent]
-        return missing, sorted(unconfigured)
+        undecodable = [(rid, ref, broken[(source, ref)]) for rid, source, ref in pairs if (source, ref) in broken]
+        return missing, sorted(unconfigured), undecodable
 
     def partition(
         self,
@@ -1164,14 +1211,24 @@ class ImageResolver:
         """``(kept records, skipped (id, ref))``.
 
         ``on_missing="error"`` raises :class:`MissingImagesError` listing the ids;
-        ``"skip"`` drops the records with a missing image and returns the skipped pairs.
+        ``"skip"`` drops the records with a missing or undecodable image and returns the skipped pairs
+        (:meth:`check_records` keeps the two apart).
         """
+        check = self.check_records(records, on_missing, progress)
+        return check.kept, check.missing + [(rid, ref) for rid, ref, _ in check.undecodable]
+
+    def check_records(self, records: Iterable[Mapping[str, Any]], on_missing: str = "error",
+                      progress: bool = True) -> ImageCheck:
+        """:meth:`partition` with the reason kept apart: images missing, and local files whose header no
+        decoder reads (undecodable), both refused (``"error"``: one :class:`MissingImagesError` naming every
+        record) or skipped (``"skip"``)."""
         if on_missing not in ("error", "skip"):
             raise ValueError(f"on_missing must be 'error' or 'skip', not {on_missing!r}")
         records = list(records)
-        missing, unconfigured = self._check(records, progress)
-        if missing and on_missing == "error":
-            raise MissingImagesError(missing, roots=self.describe(), unconfigured=unconfigured)
-        bad = {rid for rid, _ in missing}
+        missing, unconfigured, undecodable = self._check(records, progress, headers=True)
+        if (missing or undecodable) and on_missing == "error":
+            raise MissingImagesError(missing, roots=self.describe(), unconfigured=unconfigured,
+                                     undecodable=undecodable)
+        bad = {rid for rid, _ in missing} | {rid for rid, _, _ in undecodable}
         kept = [dict(record) for record in records if str(record.get("id")) not in bad]
-        return kept, missing
+        return ImageCheck(kept, missing, undecodable)

@@ -429,8 +429,9 @@ def _walk(path: Path, depth: int, unfinished: list[str], in_grid: bool = False) 
 # fields the report reads as objects or lists, by level (a number or a list there: an edited or damaged file)
 TOP_FIELDS = {"settings": dict, "labels": dict, "versions": dict, "usage": dict, "report": dict, "scoring": dict,
               "warnings": list, "failed_metrics": list}
-ENTRY_FIELDS = {"metrics": dict, "data_quality": dict, "skipped_missing_images": dict, "run_options": dict,
-                "clinhallu_run": dict, "image_roots": dict, "annotation_files": list}
+ENTRY_FIELDS = {"metrics": dict, "data_quality": dict, "skipped_missing_images": dict,
+                "skipped_undecodable_images": dict, "run_options": dict, "clinhallu_run": dict, "image_roots": dict,
+                "annotation_files": list}
 EXPECTED = {dict: "an object", list: "a list"}
 
 

@@ -203,6 +203,10 @@ def caveats(run: dict[str, Any]) -> list[str]:
         skipped = (entry.get("skipped_missing_images") or {}).get("count", 0)
         if skipped:
             lines.append(f"`{split}`: {skipped} record(s) skipped for a missing image (--on-missing skip)")
+        undecodable = (entry.get("skipped_undecodable_images") or {}).get("count", 0)
+        if undecodable:
+            lines.append(f"`{split}`: {undecodable} record(s) skipped for an undecodable image (corrupt or not an "
+                         f"image; --on-missing skip)")
         for metric, out in entry.get("metrics", {}).items():
             failed = (out or {}).get("n_failed") if isinstance(out, dict) else None
             if isinstance(failed, int) and failed:

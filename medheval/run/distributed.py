@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from medheval.run.outputs import OutputLock, atomic_write_text
-from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
+from medheval.run.predictions_log import CorruptLogError, LogWriter, jsonl_line, log_key, read_log
 
 T = TypeVar("T")
 TIMEOUT_ENV = "MEDHEVAL_DP_TIMEOUT"
@@ -78,7 +78,8 @@ def merge_parts(log_path: str | Path, order: Sequence[str]) -> int:
 
     The merged log lists entries by the position of their id in ``order`` (the run's splits, record by
     record; stable, so entries of ids outside ``order`` keep their relative order at the end). An entry
-    whose (id, model, mitigation) is already present is dropped, so merging twice (a kill between the
+    whose (id, model, mitigation, control) is already present with the same content is dropped (with other
+    content: refused), so merging twice (a kill between the
     atomic write and the deletion of the part logs) changes nothing. Part logs are deleted only after
     the merged log is written (:func:`medheval.run.outputs.atomic_write_text`)."""
     log_path = Path(log_path)
@@ -86,14 +87,20 @@ def merge_parts(log_path: str | Path, order: Sequence[str]) -> int:
     if not parts:
         return 0
     entries = read_log(log_path)
-    seen = {log_key(entry) for entry in entries}
+    seen = {log_key(entry): entry for entry in entries}
     new = 0
     for part in parts:
         for entry in read_log(part):  # a torn last line (a killed process) is dropped and regenerated
-            if log_key(entry) not in seen:
-                seen.add(log_key(entry))
+            known = seen.get(log_key(entry))
+            if known is None:
+                seen[log_key(entry)] = entry
                 entries.append(entry)
                 new += 1
+            elif known != entry:  # as in one log (predictions_log.unique_entries): which answer counts is not ours
+                raise CorruptLogError(
+                    f"{part} and {log_path} hold two different entries for id {entry['id']!r}; one was edited. "
+                    f"Remove the wrong line (or delete {part.name} to regenerate its records), or start a new "
+                    f"--output folder.")
     position: dict[str, int] = {}
     for index, rid in enumerate(order):
         position.setdefault(rid, index)

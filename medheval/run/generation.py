@@ -137,9 +137,13 @@ def generate_with(backend: Any, records: list[dict], images: list[list[Any]],
     predictions file, an older backend) gets the plain call. Returns the outputs and the settings they
     were generated with (recorded per prediction)."""
     if overrides and accepts_overrides(backend):
-        outputs = backend.generate(records, images, overrides=dict(overrides))
-        return outputs, effective_settings(backend.settings(), overrides)
-    return backend.generate(records, images), effective_settings(backend.settings(), {})
+        return backend.generate(records, images, overrides=dict(overrides)), used_settings(backend, overrides)
+    return backend.generate(records, images), used_settings(backend, overrides)
+
+
+def used_settings(backend: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings :func:`generate_with` records for a call with ``overrides`` (a log line's ``"generation"``)."""
+    return effective_settings(backend.settings(), overrides if overrides and accepts_overrides(backend) else {})
 
 
 def rendered_prompt(backend: Any, record: dict, images: list[Any]) -> dict[str, str]:
@@ -150,4 +154,4 @@ def rendered_prompt(backend: Any, record: dict, images: list[Any]) -> dict[str, 
 
 __all__ = ["BUILTIN_BY_ANSWER_TYPE", "BUILTIN_BY_BENCHMARK", "FALLBACK_MAX_NEW_TOKENS", "GENERATION_KEYS",
            "GenerationPlan", "accepts_overrides", "check_settings", "effective_settings", "generate_with",
-           "group_by_settings", "rendered_prompt", "settings_for"]
+           "group_by_settings", "rendered_prompt", "settings_for", "used_settings"]

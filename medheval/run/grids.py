@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from medheval.run.control import CONTROLS, Control, ControlError
 from medheval.run.generation import GenerationPlan, check_settings
-from medheval.run.runner import RunError, RunSpec, run_grid, write_report_html
+from medheval.run.runner import RunError, RunSpec, record_axes, run_grid, write_report_html
 
 # key -> (accepted types, description for the error). ``None`` is accepted for every optional key.
 CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -424,6 +424,9 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     runs: list[dict[str, Any]] = []
     group = process_group()  # one launch of several processes (accelerate) is one grid run
     with group.lock(output, float(config.get("lock_timeout", 0.0))):
+        if group.is_main:
+            record_axes(output, {"models": list(config.models), "mitigations": list(config.mitigations),
+                                 "controls": list(config.controls)})
         for model in config.models:
             backend, labels = build_backend(backend_args(config, model))
             result = run_grid(run_spec(config, model, labels), backend, config.mitigations, controls=config.controls,

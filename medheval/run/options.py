@@ -60,7 +60,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-root", action="append", default=[], metavar="SOURCE=ROOT",
                         help="image root per source: a folder, a URL template with {path}, or hf://dataset (repeatable)")
     parser.add_argument("--on-missing", choices=("error", "skip"), default="error",
-                        help="missing images: stop with the list of ids (default) or skip and count them")
+                        help="missing or undecodable images: stop with the list of ids (default) or skip and "
+                             "count them")
     parser.add_argument("--metrics", action="append", help="metric names (default: by answer type)")
     parser.add_argument("--limit", type=int, help="only the first N records of each split")
     parser.add_argument("--batch-size", type=batch_size_argument, default=8, metavar="N|auto",

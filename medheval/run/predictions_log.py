@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable, Hashable
 
 from medheval.backends.predictions import MAX_LINE_BYTES
 from medheval.net.secrets import redact
@@ -29,13 +29,18 @@ def log_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
     return entry["id"], entry.get("model", ""), entry.get("mitigation", "none"), entry.get("control", "none")
 
 
-def read_log(path: str | Path, repair: bool = True,
-             required: tuple[str, ...] = ("id", "prediction")) -> list[dict[str, Any]]:
+PREDICTION_FIELDS = ("id", "prediction")
+
+
+def read_log(path: str | Path, repair: bool = True, required: tuple[str, ...] = PREDICTION_FIELDS,
+             key: Callable[[dict[str, Any]], Hashable] | None = None) -> list[dict[str, Any]]:
     """All entries of a predictions log (or of another append-only log whose lines carry the
-    string fields ``required``).
+    string fields ``required``; entries unique by ``key``: by default :func:`log_key` for a predictions log,
+    none for another log).
 
     Every newline-terminated line must be valid JSON. An unterminated final line is what a
     kill mid-write leaves: with ``repair`` it is truncated away (its record is regenerated).
+    Entries are unique by ``key`` (:func:`unique_entries`).
     """
     path = Path(path)
     if not os.path.lexists(path):
@@ -74,7 +79,33 @@ def read_log(path: str | Path, repair: bool = True,
                 f" Fix or remove that line, or start a new --output folder."
             )
         entries.append(entry)
-    return entries
+    key = key or (log_key if required == PREDICTION_FIELDS else None)
+    return entries if key is None else unique_entries(path, entries, [number for number, _ in parsed], key)
+
+
+def unique_entries(path: Path, entries: list[dict[str, Any]], lines: list[int],
+                   key: Callable[[dict[str, Any]], Hashable] = log_key) -> list[dict[str, Any]]:
+    """``entries`` (read from ``path`` at line numbers ``lines``) with one entry per ``key``.
+
+    Two different entries for one key (an edited or concatenated log) are refused, naming both lines: which
+    answer counts is not ours to pick. An exact copy of an entry is dropped (the first kept): it carries
+    the same answer, so the scores cannot change (a log appended twice, a part log merged twice after a
+    kill, :func:`medheval.run.distributed.merge_parts`). A ``--predictions`` file is stricter (any repeated id is
+    refused, :mod:`medheval.backends.predictions`): a file of the user's own has no resume to explain a copy."""
+    first: dict[Hashable, int] = {}
+    kept: list[dict[str, Any]] = []
+    for index, entry in enumerate(entries):
+        found = first.get(key(entry))
+        if found is None:
+            first[key(entry)] = index
+            kept.append(entry)
+        elif entries[found] != entry:
+            raise CorruptLogError(
+                f"{path}: lines {lines[found]} and {lines[index]} hold two different entries for id "
+                f"{entry['id']!r} (key {key(entry)!r}); the log was edited or concatenated. "
+                f"Remove the line that is wrong (or both, to regenerate the record), or start a new --output "
+                f"folder.")
+    return kept
 
 
 def _entry_problem(entry: Any, required: tuple[str, ...]) -> str | None:

@@ -210,6 +210,15 @@ def metric_kwargs(metric: Any, rows: list[dict], options: Mapping[str, Any]) -> 
     return kwargs
 
 
+def skipped_undecodable(loaded: Any) -> dict[str, Any]:
+    """``{"skipped_undecodable_images": {count, examples}}`` when ``--on-missing skip`` dropped records whose
+    image file does not decode (absent otherwise, as in results written before they were counted)."""
+    skipped = getattr(loaded, "skipped_undecodable_images", None) or []
+    if not skipped:
+        return {}
+    return {"skipped_undecodable_images": {"count": len(skipped), "examples": [rid for rid, _ in skipped[:20]]}}
+
+
 def split_entry(loaded: Any, **fields: Any) -> dict[str, Any]:
     """A split's ``results.json`` entry: what every protocol reports about the data (records, skipped images,
     annotation files and their hashes, image roots, label-noise counts, run options) plus ``fields``."""
@@ -217,6 +226,7 @@ def split_entry(loaded: Any, **fields: Any) -> dict[str, Any]:
         "n_records": len(loaded.dataset),
         "skipped_missing_images": {"count": len(loaded.skipped_missing_images),
                                    "examples": [rid for rid, _ in loaded.skipped_missing_images[:20]]},
+        **skipped_undecodable(loaded),
         "annotation_files": loaded.files,
         "image_roots": loaded.resolver.describe() if loaded.resolver else {},
         "data_quality": loaded.quality,

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import os
 import re
 import sys
 import time
@@ -29,7 +30,7 @@ from medheval.run.distributed import group as process_group
 from medheval.run.distributed import shard_batches
 from medheval.run.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
 from medheval.scoring.metric_options import check_options
-from medheval.run.outputs import atomic_write_text
+from medheval.run.outputs import atomic_write_text, open_owned
 from medheval.run.prompts import describe_templates
 from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
 from medheval.run import provenance as run_provenance
@@ -465,6 +466,19 @@ def _local_folder(root: Any) -> Path | None:
     return source.root if isinstance(source, LocalFolderSource) else None
 
 
+def _refuse_own_log(backend: Backend, output: Path) -> None:
+    """A ``--predictions`` file must not be one of the logs this run appends to (``predictions.jsonl`` or a
+    data-parallel part log of ``output``): the run would write into the user's input file."""
+    given = getattr(backend, "path", None)
+    if not isinstance(given, (str, Path)) or not hasattr(backend, "check_against"):
+        return
+    source, folder = Path(given).resolve(), output.resolve()
+    if source.parent == folder and source.name.startswith("predictions") and source.suffix == ".jsonl":
+        raise RunError(f"--predictions {given} is the log this run writes in its --output folder "
+                       f"({folder / 'predictions.jsonl'}): the run would append to your input file. Choose "
+                       f"another --output folder (or move the predictions file elsewhere).")
+
+
 def _refuse_grid_folder(output: Path) -> None:
     """A single run must not overwrite the combined results of a mitigation grid in the same folder."""
     path = output / "results.json"
@@ -477,6 +491,50 @@ def _refuse_grid_folder(output: Path) -> None:
             raise RunError(f"{output} holds a mitigation grid (its sub-folders and combined results.json); a single "
                            f"run there would overwrite the grid's results. Re-run the same grid, or choose another "
                            f"--output folder.")
+
+
+RUN_FILES = ("results.json", "results.md", "scored.jsonl", "predictions.jsonl")
+
+
+def _refuse_foreign_folder(output: Path) -> None:
+    """Without ``run.json`` (every run folder has had one from the start: written before the first prediction),
+    results or a predictions log in ``output`` are not this run's: they would be overwritten or mixed in."""
+    if (output / "run.json").exists():
+        return
+    found = [name for name in RUN_FILES if os.path.lexists(output / name)]
+    found += sorted(path.name for path in output.glob("predictions.rank*.jsonl"))
+    for name in found:  # a planted link, FIFO or hard link: the error that names it (open_owned) comes first
+        os.close(open_owned(output / name, os.O_RDONLY))
+    if found:
+        raise RunError(f"{output} holds {', '.join(found)} but no run.json, so they were not written by a run of "
+                       f"medheval into this folder (or its run.json was deleted); a run there would overwrite or mix "
+                       f"with them. Choose another --output folder, or move those files away.")
+
+
+def _check_reused_generation(prepared: list[PreparedSplit], backend: Backend, spec: RunSpec,
+                             entries: list[dict[str, Any]], log_path: Path) -> None:
+    """A log entry this run reuses must have been generated with the settings this run would use (its
+    ``"generation"``; entries from before it was recorded are not checked): mixed settings are refused."""
+    from medheval.run.generation import used_settings
+
+    recorded = {entry["id"]: entry["generation"] for entry in entries
+                if entry.get("model") == backend.name and entry.get("mitigation", "none") == spec.mitigation
+                and entry.get("control", "none") == spec.control and isinstance(entry.get("generation"), dict)}
+    for split in prepared:
+        if not isinstance(split.protocol, QAProtocol) or not recorded:
+            continue
+        plan_for = settings_for(spec.generation, split.loaded.name, split.loaded.config)
+        rows = split.loaded.dataset.select_columns(["id", "answer_type"]).to_list()
+        for row in rows:
+            if row["id"] not in recorded:
+                continue
+            before, now = recorded[row["id"]], used_settings(backend, plan_for(row["answer_type"]))
+            changed = [f"{key} {json.dumps(before.get(key, '<unset>'))} → {json.dumps(now.get(key, '<unset>'))}"
+                       for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)]
+            if changed:
+                raise RunError(f"{log_path}: the prediction for {row['id']!r} was generated with other settings than "
+                               f"this run's (changed: {'; '.join(changed)}); reusing it would mix settings in one "
+                               f"result. Resume with the same settings, or choose a new --output folder.")
 
 
 def split_provenance(job: SplitJob) -> dict[str, Any]:
@@ -686,6 +744,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         prepared, settings, predictions_file = group.main_first(
             "preparing the run", lambda: _prepare_run(spec, backend, output, warnings, group.is_main, versions))
         entries = read_log(log_path, repair=group.is_main)
+        _check_reused_generation(prepared, backend, spec, entries, log_path)
         order = [rid for split in prepared for rid in split.loaded.dataset["id"]]
         recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
         results: dict[str, Any] = {"settings": settings, "versions": versions, "labels": dict(spec.labels),
@@ -735,7 +794,9 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
     data-parallel run)."""
     from medheval.run.distributed import merge_parts
 
+    _refuse_own_log(backend, output)
     _refuse_grid_folder(output)
+    _refuse_foreign_folder(output)
     prepared = [_prepare_split(spec, backend, benchmark_spec, warnings) for benchmark_spec in spec.benchmarks]
     _attach_images(spec, backend, prepared)
     _warn_prefix_cache_unused(spec, backend, prepared, warnings)
@@ -925,7 +986,32 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
                            f"--output folder.")
         if group.is_main:
             record_seeds(Path(spec.output), seeds)
+            if several:
+                record_axes(Path(spec.output), {"mitigations": [text for text, _ in methods], "controls": controls})
         return _run_methods(spec, backend, cells, batch_size, seeds)
+
+
+GRID_FILE = "grid.json"
+
+
+def record_axes(output: Path, axes: Mapping[str, list[str]]) -> None:
+    """Write ``<output>/grid.json`` (the grid's axes: mitigations, controls, models) for a new grid folder; refuse
+    a folder holding a grid over other axes (its combined results would silently gain or lose cells; seeds have
+    ``seeds.json``, :func:`medheval.run.seeds.record_seeds`). A grid folder from before axes were recorded gets
+    the file."""
+    path = Path(output) / GRID_FILE
+    axes = {name: list(values) for name, values in axes.items()}
+    if not path.exists():
+        Path(output).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(axes, indent=1, sort_keys=True))
+        return
+    recorded = json.loads(path.read_text())
+    changed = [f"{name} {', '.join(recorded.get(name) or [])} → {', '.join(axes.get(name) or [])}"
+               for name in sorted(set(recorded) | set(axes)) if recorded.get(name) != axes.get(name)]
+    if changed:
+        raise RunError(f"{output} holds a grid over other axes ({GRID_FILE}; changed: {'; '.join(changed)}): its "
+                       f"combined results would gain or lose cells. Re-run with the same axes (the cell folders "
+                       f"resume), or choose another --output folder.")
 
 
 def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, str, int | None]], batch_size: int,

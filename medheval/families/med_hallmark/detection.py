@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 from medheval.data.benchmarks import parse_benchmark_spec, prepare_benchmark
 from medheval.run.outputs import OutputLock, atomic_write_text
 from medheval.run.predictions_log import jsonl_line
-from medheval.run.protocol import RunError, SplitJob, SplitProtocol, load_metric, metric_kwargs, protocol_for, safe_options
+from medheval.run.protocol import (RunError, SplitJob, SplitProtocol, load_metric, metric_kwargs, protocol_for,
+                                    safe_options, skipped_undecodable)
 
 SUBSETS = {"with_ground_truth": True, "without_ground_truth": False}
 
@@ -135,6 +136,7 @@ def detect_split(loaded: Any, spec: Any, source: dict[str, Any]) -> tuple[dict[s
         "n_without_human_level": len(rows) - len(labelled),
         "skipped_missing_images": {"count": len(loaded.skipped_missing_images),
                                    "examples": [rid for rid, _ in loaded.skipped_missing_images[:20]]},
+        **skipped_undecodable(loaded),
         "annotation_files": loaded.files,
         "data_quality": loaded.quality,
         "metrics": {"medihall_detection": stats(everything), "by_subset": by_subset,

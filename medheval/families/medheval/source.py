@@ -183,6 +183,8 @@ def text_records(path: str | Path, benchmark: str, config: str, category: str) -
 
 def _record(benchmark: str, config: str, source: str, raw: dict, answer: str, answer_type: str,
             choices: list[str], category: str, meta: dict, flags: list[str]) -> dict:
+    if not str(raw["question"]).strip():  # the model would get the image and the answer-format suffix only
+        flags = [*flags, "empty_question"]
     meta["quality_flags"] = flags
     meta["credentialed"] = is_credentialed(source)
     return {
