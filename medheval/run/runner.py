@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 from tqdm.auto import tqdm
 
@@ -529,12 +529,17 @@ def _check_reused_generation(prepared: list[PreparedSplit], backend: Backend, sp
             if row["id"] not in recorded:
                 continue
             before, now = recorded[row["id"]], used_settings(backend, plan_for(row["answer_type"]))
-            changed = [f"{key} {json.dumps(before.get(key, '<unset>'))} → {json.dumps(now.get(key, '<unset>'))}"
-                       for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)]
+            changed = _changes(before, now, lambda value: "<unset>" if value is None else json.dumps(value))
             if changed:
                 raise RunError(f"{log_path}: the prediction for {row['id']!r} was generated with other settings than "
                                f"this run's (changed: {'; '.join(changed)}); reusing it would mix settings in one "
                                f"result. Resume with the same settings, or choose a new --output folder.")
+
+
+def _changes(before: Mapping[str, Any], now: Mapping[str, Any], show: Callable[[Any], str]) -> list[str]:
+    """``"key old → new"`` for every key whose value differs between ``before`` and ``now`` (absent = ``None``)."""
+    return [f"{key} {show(before.get(key))} → {show(now.get(key))}"
+            for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)]
 
 
 def split_provenance(job: SplitJob) -> dict[str, Any]:
@@ -1006,8 +1011,7 @@ def record_axes(output: Path, axes: Mapping[str, list[str]]) -> None:
         atomic_write_text(path, json.dumps(axes, indent=1, sort_keys=True))
         return
     recorded = json.loads(path.read_text())
-    changed = [f"{name} {', '.join(recorded.get(name) or [])} → {', '.join(axes.get(name) or [])}"
-               for name in sorted(set(recorded) | set(axes)) if recorded.get(name) != axes.get(name)]
+    changed = _changes(recorded, axes, lambda values: ", ".join(values or []))
     if changed:
         raise RunError(f"{output} holds a grid over other axes ({GRID_FILE}; changed: {'; '.join(changed)}): its "
                        f"combined results would gain or lose cells. Re-run with the same axes (the cell folders "
