@@ -317,6 +317,17 @@ def test_a_corrupt_annotation_file_gives_the_builders_message(fixture_benchmark,
     assert len(done.stderr.strip().splitlines()) <= 3
 
 
+def test_an_empty_annotation_array_names_its_file(tmp_path):
+    """``[]`` (a file cut before its first record) was datasets' "Instruction 'test' corresponds to no data!",
+    naming no file; the reader now names the file and what it expected."""
+    from medheval.data.builders import read_json_records
+
+    path = tmp_path / "MM-VisHal.json"
+    path.write_text("[]")
+    with pytest.raises(ValueError, match=r"MM-VisHal\.json: the JSON array holds no records; is this a MedHEval"):
+        read_json_records(path, "a MedHEval benchmark_data file")
+
+
 def test_annotation_files_that_differ_from_the_pin_are_warned_about(fixture_benchmark, tmp_path, capsys):
     """A copy of the files whose sha256 does not match MedHEval's pins (the fixture's, without the marker that
     says it is the fixture: what an edited copy of the release looks like) is warned about, per file."""

@@ -38,6 +38,8 @@ def read_json_records(path: str | Path, what: str = "a benchmark annotation file
         raise ValueError(f"{path}: not valid JSON ({error}); is this {what}?") from error
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON array of records, found {type(data).__name__}")
+    if not data:
+        raise ValueError(f"{path}: the JSON array holds no records; is this {what}, and was it written in full?")
     return data
 
 
