@@ -57,8 +57,8 @@ Args:
         option-text match (native scoring only).
 
 Returns:
-    accuracy (`float`): fraction of the `n` items answered correctly (upstream mode: MedHEval's
-        weighted mean over the (source, category) groups).
+    accuracy (`float` or `None`): fraction of the `n` items answered correctly (upstream mode: MedHEval's
+        weighted mean over the (source, category) groups); `None` when no item was scored (`n` 0).
     accuracy_by_category (`dict`): category -> accuracy (empty without `categories`).
     accuracy_by_answer_type (`dict`): "yes_no"/"multiple_choice" -> accuracy.
     n (`int`): number of items scored.
@@ -239,7 +239,8 @@ class CloseEndedAccuracy(medheval.scoring.metric_inputs.NoneChecked, evaluate.Me
         if upstream_compat:
             accuracy, accuracy_by_category = _upstream_means(correct, kinds, categories, sources)
         else:
-            accuracy = _ratio(sum(bool(correct[i]) for i in scored), len(scored))
+            # no item scored: no accuracy (None, as the other metrics give), not 0 %
+            accuracy = _ratio(sum(bool(correct[i]) for i in scored), len(scored)) if scored else None
             accuracy_by_category = {str(k): _ratio(*v) for k, v in sorted(by_category.items(), key=lambda kv: str(kv[0]))}
         result = {
             "accuracy": accuracy,
