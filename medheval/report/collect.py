@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from medheval.data.schema import is_credentialed
 from medheval.versions import STACK_PACKAGES
@@ -194,19 +194,24 @@ def protocol_columns(path: Path, split: str, entry: dict[str, Any]) -> tuple[dic
     return protocol.item_columns(path, split, entry)
 
 
-def _prompts(path: Path) -> dict[str, str]:
-    """id -> rendered prompt, for logs whose entries carry one (newer runs; never required)."""
-    if not path.exists():
-        return {}
-    found: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").split("\n"):
+def _readable_entries(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a log's readable lines, none without the file: the report reads a log as it is and
+    skips what does not parse (a torn last line, which the run's own reader repairs when it resumes)."""
+    if not path.is_file():
+        return
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
         try:
             entry = json.loads(line)
         except ValueError:
-            continue  # a torn last line: the run's own reader repairs it
-        if isinstance(entry, dict) and isinstance(entry.get("prompt"), str):
-            found[str(entry.get("id"))] = entry["prompt"]
-    return found
+            continue
+        if isinstance(entry, dict):
+            yield entry
+
+
+def _prompts(path: Path) -> dict[str, str]:
+    """id -> rendered prompt, for logs whose entries carry one (newer runs; never required)."""
+    return {str(entry.get("id")): entry["prompt"] for entry in _readable_entries(path)
+            if isinstance(entry.get("prompt"), str)}
 
 
 def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
@@ -255,17 +260,7 @@ RESUME = "re-run the same `medheval run` command to resume"
 
 def _count_predictions(path: Path) -> int:
     """How many items ``predictions.jsonl`` answers (distinct ids of its readable lines; 0 without the file)."""
-    if not path.is_file():
-        return 0
-    ids = set()
-    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # a torn last line: the run's own reader repairs it when it resumes
-        if isinstance(entry, dict) and "id" in entry:
-            ids.add(str(entry["id"]))
-    return len(ids)
+    return len({str(entry["id"]) for entry in _readable_entries(path) if "id" in entry})
 
 
 def unfinished_run(path: Path) -> str | None:
