@@ -524,11 +524,15 @@ def _check_reused_generation(prepared: list[PreparedSplit], backend: Backend, sp
         if not isinstance(split.protocol, QAProtocol) or not recorded:
             continue
         plan_for = settings_for(spec.generation, split.loaded.name, split.loaded.config)
+        by_type: dict[str, dict[str, Any]] = {}  # the settings depend on the answer type only: once per type
         rows = split.loaded.dataset.select_columns(["id", "answer_type"]).to_list()
         for row in rows:
             if row["id"] not in recorded:
                 continue
-            before, now = recorded[row["id"]], used_settings(backend, plan_for(row["answer_type"]))
+            kind = row["answer_type"]
+            if kind not in by_type:
+                by_type[kind] = used_settings(backend, plan_for(kind))
+            before, now = recorded[row["id"]], by_type[kind]
             changed = _changes(before, now, lambda value: "<unset>" if value is None else json.dumps(value))
             if changed:
                 raise RunError(f"{log_path}: the prediction for {row['id']!r} was generated with other settings than "
