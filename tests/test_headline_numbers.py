@@ -15,7 +15,8 @@ from medheval.data.registry import list_units
 from medheval.integrations.lmms_eval import TASKS_DIR
 from medheval.publish import hub
 from medheval.publish.eval_yaml import eval_yaml
-from medheval.scoring.headline import HEADLINE_NUMBERS, headline_numbers, headline_values
+from medheval.scoring.headline import (HEADLINE_NUMBERS, UNITS, headline_numbers, headline_unit, headline_values,
+                                       unit_label)
 
 from test_integrations_lmms_eval import _load
 
@@ -23,9 +24,17 @@ from test_integrations_lmms_eval import _load
 def test_every_metric_unit_declares_its_headline_numbers():
     assert set(HEADLINE_NUMBERS) == set(list_units("metrics"))
     for metric, numbers in HEADLINE_NUMBERS.items():
-        keys = [key for key, _ in numbers]
+        keys = [key for key, *_ in numbers]
         assert keys and len(set(keys)) == len(keys), metric
         assert not any(key == "n" or key.startswith(("n_", "bertscore_")) or key.endswith("_std") for key in keys)
+        assert all(unit in UNITS for *_, unit in numbers), metric  # every published number names its scale
+
+
+def test_text_metrics_are_percent_and_shares_are_fractions():
+    assert headline_unit("text_generation", "rougeL") == "percent" and unit_label("percent") == "percent (0-100)"
+    assert headline_unit("close_ended_accuracy", "accuracy") == "fraction" and unit_label("fraction") == "fraction (0-1)"
+    assert headline_unit("radcliq", "radcliq") == "unbounded" == unit_label("unbounded")
+    assert headline_unit("text_generation", "bleu_per_item") is None
 
 
 def test_settings_counts_and_none_are_never_headline_numbers():

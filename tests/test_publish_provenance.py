@@ -48,7 +48,10 @@ def rescored(fixture_benchmark, tmp_path_factory) -> dict[str, Path]:
 def test_the_source_run_writes_its_provenance_into_results_and_every_line(rescored):
     expected = {"random_weights": True, "fixture": True, "limit": 2, "protocol": "clean",
                 "source_model": "tiny-random-llava"}
-    assert json.loads((rescored["source"] / "results.json").read_text())["provenance"] == expected
+    recorded = json.loads((rescored["source"] / "results.json").read_text())["provenance"]
+    assert recorded.pop("model_revision") == {"kind": "in_memory", "name": "tiny-random-llava"}  # built in-process
+    assert set(recorded.pop("dataset_revision")) == {"context:default"}  # the annotation files read
+    assert recorded == expected
     lines = [json.loads(line) for line in (rescored["source"] / "predictions.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(line["provenance"] == expected for line in lines)
 
@@ -56,6 +59,7 @@ def test_the_source_run_writes_its_provenance_into_results_and_every_line(rescor
 @pytest.mark.parametrize("folder", ["rescore", "again"])
 def test_a_rescore_of_the_answers_carries_it(rescored, folder):
     results = json.loads((rescored[folder] / "results.json").read_text())
+    assert set(results["provenance"].pop("dataset_revision")) == {"context:default"}
     assert results["settings"]["limit"] is None  # this run had no --limit: the 2 comes from the source run
     made = {"generation": {"do_sample": False, "max_new_tokens": 3, "temperature": None, "top_p": None}}
     assert results["provenance"] == {"random_weights": True, "fixture": True, "limit": 2, "protocol": "clean",
@@ -98,10 +102,10 @@ def _clean_results(**run: object) -> dict:
 
 def test_a_clean_run_publishes_as_before_and_a_protocol_is_named():
     [entry] = hub.eval_results_entries(_clean_results(), date="2026-11-27")["cxr_vishal_mimic_cxr.yaml"]
-    assert entry["notes"] == "n=4"
+    assert entry["notes"] == "n=4, unit=fraction (0-1)"
     [entry] = hub.eval_results_entries(_clean_results(protocol={"name": "image_blind"}),
                                        date="2026-11-27")["cxr_vishal_mimic_cxr.yaml"]
-    assert entry["notes"] == "n=4, protocol=image_blind"
+    assert entry["notes"] == "n=4, unit=fraction (0-1), protocol=image_blind"
 
 
 def test_results_written_before_provenance_existed_are_still_read():

@@ -165,7 +165,7 @@ def test_an_inspect_eval_of_chosen_samples_is_refused_without_allow_limit():
     with pytest.raises(hub.PublishError, match="ran only the 2 sample.s. chosen by inspect's sample_id.*--allow-limit"):
         hub.eval_results_entries(run)
     [entry] = hub.eval_results_entries(run, allow=["limit"])["cxr_vishal_mimic_cxr.yaml"]
-    assert entry["notes"] == "n=2 (part of the split, published with --allow-limit)"
+    assert entry["notes"] == "n=2 (part of the split, published with --allow-limit), unit=fraction (0-1)"
 
 
 def _push(runs: dict, hub_url: str, token: str, repo: str) -> subprocess.CompletedProcess:

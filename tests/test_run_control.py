@@ -280,8 +280,8 @@ def test_published_results_keep_a_blind_run_apart():
 
     files = eval_results_entries({"runs": [one(None), one({"kind": "no_image"})]})
     assert sorted(files) == ["mm_vishal_slake.yaml", "mm_vishal_slake_no_image.yaml"]
-    assert files["mm_vishal_slake_no_image.yaml"][0]["notes"] == "control=no_image, n=4"
-    assert files["mm_vishal_slake.yaml"][0]["notes"] == "n=4"
+    assert files["mm_vishal_slake_no_image.yaml"][0]["notes"] == "control=no_image, n=4, unit=fraction (0-1)"
+    assert files["mm_vishal_slake.yaml"][0]["notes"] == "n=4, unit=fraction (0-1)"
 
 
 def test_a_contrastive_mitigation_works_on_the_blank_image(llava, fixture_benchmark, tmp_path):

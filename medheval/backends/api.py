@@ -289,6 +289,12 @@ class APIBackend:
         return {key: usage[key] for key in ("requests", "cached", "failures", "retries", "input_tokens",
                                             "output_tokens", "invalid_usage")}
 
+    def model_revision(self) -> dict:
+        """The model asked for and the model names the replies reported (:mod:`medheval.backends.revision`)."""
+        from medheval.backends.revision import api_revision
+
+        return api_revision(self.name, getattr(self._client, "reported_models", set()))
+
     def settings(self) -> dict:
         """What the predictions depend on (no credentials; transport options such as concurrency are
         left out so a resumed run may change them)."""

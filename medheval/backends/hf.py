@@ -215,6 +215,7 @@ class HFBackend:
             torch_dtype = _resolve_dtype(dtype, self.device)
             loaded_model, loaded_processor = load_model_and_processor(model, dtype=torch_dtype, device=self.device)
             self.name = name or os.fspath(model)
+            self._source: str | None = os.fspath(model)
             self.model = loaded_model
             self.processor = processor if processor is not None else loaded_processor
             if getattr(self.processor, "image_processor", None) is None:
@@ -241,6 +242,7 @@ class HFBackend:
                 processor = AutoProcessor.from_pretrained(source)
             self.processor = processor
             self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+            self._source = getattr(model.config, "_name_or_path", "") or None
         self.batch_size = int(batch_size)
         self.max_new_tokens = int(max_new_tokens)
         self.do_sample = bool(do_sample)
@@ -548,6 +550,13 @@ class HFBackend:
         return min(used) if used else None
 
     # -- recording --------------------------------------------------------------------
+    def model_revision(self) -> dict:
+        """Which weights answer (:mod:`medheval.backends.revision`): the Hub commit, or the local folder's name;
+        kept out of :meth:`settings` so that folders written before it was recorded still resume."""
+        from medheval.backends.revision import hf_revision
+
+        return hf_revision(getattr(self, "_source", None), self.model.config)
+
     def settings(self) -> dict:
         settings = {
             "backend": "hf",

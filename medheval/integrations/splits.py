@@ -188,7 +188,7 @@ def split_numbers(benchmark: str, config: str | None = None) -> list[tuple[str, 
     """``[("metric.key", higher_is_better), ...]``: the split's reported numbers, the headline numbers
     (:data:`medheval.scoring.headline.HEADLINE_NUMBERS`) of the metrics ``medheval run`` computes for it."""
     return [(f"{metric}.{key}", better) for metric in default_metric_names(benchmark, config)
-            for key, better in SPLIT_NUMBERS.get(metric, ())]
+            for key, better, _ in SPLIT_NUMBERS.get(metric, ())]
 
 
 def number_value(metrics: Mapping[str, Any], number: str) -> float | None:

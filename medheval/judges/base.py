@@ -274,6 +274,7 @@ class Judge:
         self.max_consecutive_failures = max_consecutive_failures
         self.cache: JudgeCache | None = None if cache_dir is False else JudgeCache(cache_dir)
         self._lock = threading.Lock()
+        self.reported_models: set[str] = set()  # the model names the replies gave (HTTP backends)
         self._usage = {"requests": 0, "cached": 0, "failures": 0, "retries": 0, "invalid_retries": 0,
                        "input_tokens": 0, "output_tokens": 0, "invalid_usage": 0}
 

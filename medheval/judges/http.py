@@ -145,6 +145,14 @@ class HTTPJudge(Judge):
         """A changed payload to re-send after a 400 the backend knows how to work around, else None."""
         return None
 
+    def _note_reported_model(self, body: Any) -> None:
+        """Keep the model name a reply reports (``model`` of an OpenAI-compatible or Anthropic body, often a dated
+        version of the one asked for) in :attr:`reported_models`: the model revision a run records."""
+        name = body.get("model") if isinstance(body, dict) else None
+        if isinstance(name, str) and name and len(name) <= 200:
+            with self._lock:
+                self.reported_models.add(self._redact(name) or name)
+
     # -- sending ------------------------------------------------------------------------------
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
@@ -189,8 +197,10 @@ class HTTPJudge(Judge):
                 status = response.status_code
                 if status == 200:
                     try:
-                        completion = self._parse(response.json())
+                        body = response.json()
+                        completion = self._parse(body)
                         self._check_length(completion.text, payload)
+                        self._note_reported_model(body)
                     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
                         problem = f"unreadable 200 response ({type(err).__name__}: {self._redact(str(err))[:160]})"
                     else:

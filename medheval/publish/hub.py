@@ -25,7 +25,8 @@ What each unit becomes:
   (``custom_generate/generate.py``, ``custom_generate/requirements.txt``, README with ``base_model``/tags).
 - a run's ``results.json`` → ``.eval_results/*.yaml`` for the evaluated model's repo, the Hub's
   current format for model evaluation results (docs: hub/eval-results; the older ``model-index``
-  card block is the legacy path).
+  card block is the legacy path), and beside them ``.eval_results_provenance/*.json``: the model and dataset
+  revisions and each value's unit (the format has no keys for them; the notes name the unit and model revision).
 
 :func:`install_metrics` registers the metric modules where ``evaluate.load("<bare name>")`` and
 ``evaluate.load("medheval/<name>")`` look when the Hub has no such module or cannot be reached (its local
@@ -52,7 +53,8 @@ from medheval.data.registry import list_units, unit_dir
 from medheval.data.schema import FEATURES, is_credentialed
 from medheval.run import provenance
 from medheval.run.control import control_of
-from medheval.scoring.headline import headline_numbers
+from medheval.backends.revision import revision_note
+from medheval.scoring.headline import UNITS, headline_numbers, headline_unit, unit_label
 from medheval.run.outputs import OutputLock, atomic_write_text, remove_stale_staging, replace_folder, staging_folder
 
 DEFAULT_ORG = "medheval"
@@ -623,6 +625,9 @@ def export_mitigation(name: str, out_dir: str | Path, org: str = DEFAULT_ORG,
 # -------------------------------------------------------------------------------------- results
 
 
+PROVENANCE_DIR = ".eval_results_provenance"  # beside .eval_results/: one JSON per YAML file, same stem
+
+
 def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, date: str | None = None,
                          allow: Iterable[str] = ()) -> dict[str, list[dict[str, Any]]]:
     """``{file name: [entries]}`` in the Hub's ``.eval_results/*.yaml`` format for one ``results.json``.
@@ -632,11 +637,33 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
     both harnesses report; settings and counts never). ``task_id`` is ``<config>/<metric>/<key>``.
     Random-weight, fixture and limited results (:mod:`medheval.run.provenance`, carried through re-scores)
     are refused unless ``allow`` names them (``random_weights``, ``fixture``, ``limit``); the entries'
-    notes then say so, and name a protocol other than ``clean``."""
+    notes then say so, and name a protocol other than ``clean``. Each entry's notes name the value's unit
+    (``unit=fraction (0-1)``, ``unit=percent (0-100)``: :data:`medheval.scoring.headline.UNITS`) and, when the
+    run knows it, the model revision (``model_revision=org/name@<commit>``); the format has no key for either
+    (:func:`eval_results_provenance` gives the full record)."""
+    return _eval_results(results, org, date, allow)[0]
+
+
+def eval_results_provenance(results: Mapping[str, Any], org: str = DEFAULT_ORG, date: str | None = None,
+                            allow: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
+    """``{file name: provenance}``: for each ``.eval_results`` file of :func:`eval_results_entries`, what its
+    numbers were made from, written to ``.eval_results_provenance/<stem>.json`` beside it: the model revision,
+    the split's annotation source (``dataset_revision``: each annotation file's sha256 and whether it is the
+    pinned upstream file), each ``task_id``'s unit and range, the protocol and provenance flags, and how the
+    answers were generated (``made_with``). Never a local path (a local model is named by its folder's name)
+    nor a credential."""
+    return _eval_results(results, org, date, allow)[1]
+
+
+def _eval_results(results: Mapping[str, Any], org: str, date: str | None, allow: Iterable[str]
+                  ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """The entries and the provenance record of each ``.eval_results`` file (see the two public functions)."""
     org = check_org(org)
     runs = results["runs"] if "runs" in results else [results]
     date = date or _dt.date.today().isoformat()
+    allow = tuple(allow)
     files: dict[str, list[dict[str, Any]]] = {}
+    records: dict[str, dict[str, Any]] = {}
     for run in runs:
         origin = provenance.of_run(run)
         refused = provenance.refusal(origin, allow)
@@ -646,6 +673,7 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
         scored_under = (run.get("protocol") or {}).get("name") if isinstance(run.get("protocol"), Mapping) else None
         if scored_under and scored_under != origin["protocol"]:  # a re-score under another protocol's scorer
             origin_notes.append(f"scored under protocol={scored_under}")
+        model_note = revision_note(origin.get("model_revision"))
         settings = run.get("settings") or {}
         mitigation = str(settings.get("mitigation") or "none")
         control = control_of(settings)  # an image-blind control run (medheval.run.control) is said and kept apart
@@ -660,12 +688,12 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
                                    f"split; pass {provenance.ALLOW_FLAGS['limit']} to publish them anyway (the entries' "
                                    f"notes then give the records scored out of the split's)")
             entries = []
+            units: dict[str, dict[str, Any]] = {}
             for metric, values in sorted((block.get("metrics") or {}).items()):
                 for key, value in sorted(headline_numbers(metric, values).items()):
-                    entry: dict[str, Any] = {
-                        "dataset": {"id": f"{org}/{benchmark}", "task_id": f"{config or 'default'}/{metric}/{key}"},
-                        "value": value, "date": date,
-                    }
+                    task_id = f"{config or 'default'}/{metric}/{key}"
+                    entry: dict[str, Any] = {"dataset": {"id": f"{org}/{benchmark}", "task_id": task_id},
+                                             "value": value, "date": date}
                     notes = [f"n={block.get('n_scored', block.get('n_records'))}"]
                     if part:
                         notes = [f"n={_scored_of(block)} (part of the split, published with "
@@ -674,13 +702,34 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
                         notes.insert(0, f"control={control}")
                     if mitigation != "none":
                         notes.insert(0, f"mitigation={mitigation}")
+                    unit = headline_unit(metric, key) or "unbounded"
+                    notes.append(f"unit={unit_label(unit)}")
+                    if model_note:
+                        notes.append(model_note)
                     entry["notes"] = ", ".join(notes + origin_notes)
                     entries.append(entry)
+                    bounds = UNITS[unit]
+                    units[task_id] = {"unit": unit, "range": list(bounds) if bounds else None}
             if entries:
                 suffix = "" if mitigation == "none" else "_" + re.sub(r"[^A-Za-z0-9]+", "_", mitigation).strip("_")
                 suffix += "" if control == "none" else f"_{control}"
-                files[f"{benchmark}_{config or 'default'}{suffix}.yaml"] = entries
-    return files
+                name = f"{benchmark}_{config or 'default'}{suffix}.yaml"
+                files[name] = entries
+                records[name] = _provenance_record(name, f"{org}/{benchmark}", split, origin, units, date)
+    return files, records
+
+
+def _provenance_record(name: str, dataset_id: str, split: str, origin: Mapping[str, Any],
+                       units: Mapping[str, Any], date: str) -> dict[str, Any]:
+    """The provenance file of one ``.eval_results`` file (:func:`eval_results_provenance`)."""
+    return {
+        "eval_results": f".eval_results/{name}", "dataset": dataset_id, "split": split, "date": date,
+        "model_revision": origin.get("model_revision"),
+        "dataset_revision": (origin.get("dataset_revision") or {}).get(split),
+        "units": dict(units),
+        "provenance": {key: origin.get(key) for key in ("protocol", "random_weights", "fixture", "limit")},
+        "made_with": origin.get("made_with"),
+    }
 
 
 def _split_size(block: Mapping[str, Any]) -> int | None:
@@ -738,7 +787,7 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
     else:
         results = json.loads(results_path.read_text())
     allow = tuple(allow)
-    files = eval_results_entries(results, org=org, allow=allow)
+    files, records = _eval_results(results, org, None, allow)
     for run in results["runs"] if "runs" in results else [results]:
         source = provenance.of_run(run).get("source_model")
         backend = (run.get("settings") or {}).get("backend") or {}
@@ -749,10 +798,25 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
     folder = _inside(Path(out_dir), Path(out_dir) / "results" / model_repo.replace("/", "--"))
     shutil.rmtree(folder, ignore_errors=True)
     (folder / ".eval_results").mkdir(parents=True)
+    (folder / PROVENANCE_DIR).mkdir()
     for name, entries in files.items():
         target = _inside(folder / ".eval_results", folder / ".eval_results" / name)
         target.write_text(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True))
+        record = _inside(folder / PROVENANCE_DIR, folder / PROVENANCE_DIR / (Path(name).stem + ".json"))
+        record.write_text(_publishable_json(records[name], record.name))
     return recorded(RepoFolder(str(folder), model_repo, "model", "results", warnings=warnings))
+
+
+def _publishable_json(record: Mapping[str, Any], where: str) -> str:
+    """``record`` as JSON, after checking that it holds no path under the home folder and no token-like
+    string: a provenance file names a local model by its folder's name only."""
+    text = json.dumps(record, indent=2, sort_keys=True, default=str)
+    home = str(Path.home())
+    leaked = len(home) > 1 and home in text
+    if leaked or re.search(r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}", text):
+        raise PublishError(f"{where} would hold a local path or a token; nothing was written. The run's results.json "
+                           "records one where only a name belongs: report it, or publish from a fresh run")
+    return text + "\n"
 
 
 # ------------------------------------------------------------------------------ export and push

@@ -11,6 +11,14 @@ model's result on a benchmark:
 - ``made_with`` (a re-score only): how the answers were generated: the first line's ``generation`` settings,
   and from the source run's ``results.json`` (when beside its ``predictions.jsonl``) its ``seed`` and
   software ``versions``, so a sampled run does not look greedy once re-scored.
+- ``model_revision`` (when the run knows it): which weights answered (:mod:`medheval.backends.revision`: the
+  Hub commit ``from_pretrained`` read, a local folder's name, an API model's reported names);
+- ``dataset_revision`` (when the run read annotation files): per split (``BENCHMARK:CONFIG``), the annotation
+  files the loader used, each with its sha256 and whether it is the pinned upstream file
+  (:func:`annotation_revision`), and one sha256 over them all.
+
+A re-score keeps the original run's ``model_revision`` and ``dataset_revision`` (from the ``results.json``
+beside its ``predictions.jsonl``): the revisions of the answers' model and of the questions it was asked.
 
 The run writes it into every ``predictions.jsonl`` line it generates (key ``provenance``, only when some flag
 is set), so ``medheval run --predictions`` on that file inherits it (from the lines, or from a
@@ -21,6 +29,7 @@ is set), so ``medheval run --predictions`` on that file inherits it (from the li
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -57,6 +66,10 @@ def merge(*parts: Mapping[str, Any] | None) -> dict[str, Any]:
         out["source_model"] = out["source_model"] or part.get("source_model")
         if part.get("made_with") and not out.get("made_with"):  # the first (the original run's) wins
             out["made_with"] = dict(part["made_with"])
+        if isinstance(part.get("model_revision"), Mapping) and not out.get("model_revision"):  # the first wins
+            out["model_revision"] = dict(part["model_revision"])
+        if isinstance(part.get("dataset_revision"), Mapping) and part["dataset_revision"]:  # per split, first wins
+            out["dataset_revision"] = {**part["dataset_revision"], **out.get("dataset_revision", {})}
     return out
 
 
@@ -67,8 +80,11 @@ def notable(provenance: Mapping[str, Any]) -> bool:
 
 
 def for_log(provenance: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``provenance`` key of a ``predictions.jsonl`` line: ``{}`` for a clean run (nothing added)."""
-    return {"provenance": dict(provenance)} if notable(provenance) else {}
+    """The ``provenance`` key of a ``predictions.jsonl`` line: ``{}`` for a clean run (nothing added); the
+    per-split annotation files stay in ``results.json``."""
+    if not notable(provenance):
+        return {}
+    return {"provenance": {key: value for key, value in provenance.items() if key != "dataset_revision"}}
 
 
 def files_are_fixture(files: Iterable[Mapping[str, Any]]) -> bool:
@@ -76,9 +92,54 @@ def files_are_fixture(files: Iterable[Mapping[str, Any]]) -> bool:
     return any(entry.get("fixture") for entry in files)
 
 
-def of_run(run: Mapping[str, Any]) -> dict[str, Any]:
+def annotation_revision(files: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What identifies a split's annotation source (``LoadedBenchmark.files``): each file's ``relpath`` (its name
+    only, when absolute), ``sha256`` (or the datasets ``fingerprint`` of a Hub load), ``pinned`` (its sha256 is
+    the one pinned for the upstream release; ``None`` where upstream pins none) and ``fixture``, plus one
+    ``sha256`` over all of them; never where the file was read from. ``None`` without files."""
+    described = []
+    for entry in files:
+        relpath = str(entry.get("relpath") or "")
+        item: dict[str, Any] = {"relpath": Path(relpath).name if Path(relpath).is_absolute() else relpath,
+                                "sha256": entry.get("sha256"), "pinned": entry.get("verified")}
+        if entry.get("fingerprint") and not entry.get("sha256"):
+            item["fingerprint"] = str(entry["fingerprint"])
+        if entry.get("fixture"):
+            item["fixture"] = True
+        described.append(item)
+    if not described:
+        return None
+    described.sort(key=lambda item: item["relpath"])
+    digest = hashlib.sha256("".join(f"{item['relpath']}\0{item['sha256'] or item.get('fingerprint')}\n"
+                                    for item in described).encode())
+    return {"files": described, "sha256": digest.hexdigest()}
+
+
+def dataset_revision_of(run: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{split: annotation_revision}`` over the splits of one run of ``results.json`` that name their files."""
+    found = {}
+    for split, block in (run.get("benchmarks") or {}).items():
+        revision = annotation_revision(block.get("annotation_files") or []) if isinstance(block, Mapping) else None
+        if revision:
+            found[split] = revision
+    return found
+
+
+def model_revision_of(backend: Any) -> dict[str, Any] | None:
+    """The backend's model revision (its ``model_revision()``: :mod:`medheval.backends.revision`), or ``None``
+    (a predictions file: the answers' own run says, through :func:`inherited`)."""
+    method = getattr(backend, "model_revision", None)
+    try:
+        revision = method() if callable(method) else None
+    except Exception:  # noqa: BLE001 - a finished run is written even when its revision cannot be read
+        return None
+    return dict(revision) if isinstance(revision, Mapping) else None
+
+
+def of_run(run: Mapping[str, Any], model_revision: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The provenance of one run of ``results.json``: its ``provenance`` key merged with what older files and
-    inspect logs say (labels, settings, annotation files, warnings), so nothing recorded is lost."""
+    inspect logs say (labels, settings, annotation files, warnings), so nothing recorded is lost;
+    ``model_revision``: the running backend's (:func:`model_revision_of`), used when the run holds none."""
     settings = run.get("settings") or {}
     backend = settings.get("backend") or {}
     protocol = run.get("protocol")
@@ -89,6 +150,11 @@ def of_run(run: Mapping[str, Any]) -> dict[str, Any]:
            "fixture": fixture, "limit": settings.get("limit"),
            "protocol": protocol.get("name") if isinstance(protocol, Mapping) else None,
            "source_model": settings.get("model")}
+    if model_revision:
+        own["model_revision"] = dict(model_revision)
+    datasets = dataset_revision_of(run)
+    if datasets:
+        own["dataset_revision"] = datasets
     return merge(run.get("provenance"), own)
 
 

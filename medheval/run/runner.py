@@ -788,7 +788,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
                     results["usage"] = backend.usage()
                 atomic_write_text(output / "scored.jsonl", "".join(jsonl_line(item) for item in scored))
                 results["report"] = _report_plan()
-                results["provenance"] = run_provenance.of_run(results)
+                results["provenance"] = run_provenance.of_run(results, run_provenance.model_revision_of(backend))
                 atomic_write_text(output / "results.json", json.dumps(results, indent=2, sort_keys=True, default=str))
                 write_markdown(results, output / "results.md")
                 write_report_html(output, results, spec.report_cluster, spec.compare_published)
