@@ -13,10 +13,13 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from medheval.data.schema import is_credentialed
 from medheval.versions import STACK_PACKAGES
+
+if TYPE_CHECKING:
+    from medheval.run.grid_plan import PlannedCell
 
 MAX_DEPTH = 4  # how deep a folder that is not a run is searched for run folders
 CLUSTER_MODES = ("auto", "none")  # --cluster: each split's declared unit, or items (no clustering)
@@ -220,7 +223,8 @@ def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
 
     A grid's combined results.json whose sub-folders are gone still yields its runs (without items). A run
     folder started but not finished (:func:`unfinished_run`) and a grid without its combined results.json
-    (:func:`unfinished_grid`) become caveats on the first run; when nothing else was found, the error.
+    (:func:`unfinished_grid`; :func:`planned_grid` names its cells that never started when its ``grid.json``
+    holds a plan) become caveats on the first run; when nothing else was found, the error.
     ``cluster`` (:data:`CLUSTER_MODES`) is how their intervals resample (:attr:`Run.cluster`)."""
     if cluster not in CLUSTER_MODES:
         raise ReportError(f"--cluster {cluster!r}: choose one of {CLUSTER_MODES}")
@@ -273,9 +277,65 @@ def unfinished_run(path: Path) -> str | None:
 
 
 def unfinished_grid(path: Path, found: int) -> str:
-    """The caveat for a grid folder (its lock file, run folders below) without its combined ``results.json``."""
+    """The caveat for a grid folder (its lock file, run folders below) without its combined ``results.json``
+    and without a plan (written before grids recorded theirs): it cannot say which cells never started."""
     return (f"{path}: grid without its combined results.json: it did not finish; the report shows the {found} "
             f"finished run(s) found in it, and cells that never started are not listed; {RESUME}")
+
+
+@dataclass
+class PlanProgress:
+    """How far a grid got through its plan (``grid.json``, :mod:`medheval.run.grid_plan`): its cells by state."""
+
+    finished: list["PlannedCell"] = field(default_factory=list)  # results.json written
+    unfinished: list["PlannedCell"] = field(default_factory=list)  # started (run.json or predictions.jsonl), not scored
+    never_started: list["PlannedCell"] = field(default_factory=list)  # nothing written in its folder
+
+    @property
+    def planned(self) -> int:
+        return len(self.finished) + len(self.unfinished) + len(self.never_started)
+
+
+def plan_progress(path: Path, cells: Sequence["PlannedCell"]) -> PlanProgress:
+    """Each planned cell of the grid at ``path`` by what its run folder holds: ``results.json`` (finished), a
+    start mark (:data:`UNFINISHED_MARKS`: started, not finished) or neither (never started)."""
+    progress = PlanProgress()
+    for cell in cells:
+        folder = path / cell.folder
+        if (folder / "results.json").exists():
+            progress.finished.append(cell)
+        elif any((folder / name).exists() for name in UNFINISHED_MARKS):
+            progress.unfinished.append(cell)
+        else:
+            progress.never_started.append(cell)
+    return progress
+
+
+def cell_names(cells: Sequence["PlannedCell"]) -> str:
+    """Planned cells as the report names runs (``model · short mitigation``, a blind cell's control, a seeded
+    pass's seed), each with its folder: ``m · vcd (m/vcd_alpha-1), m · none · no_image (m/none__no_image)``."""
+    short = mitigation_labels(cell.mitigation for cell in cells)
+    names = []
+    for cell in cells:
+        name = " · ".join([cell.model, short[cell.mitigation], *([cell.control] if cell.control != "none" else [])])
+        names.append(f"{name}{seed_label(cell.seed) if cell.seed is not None else ''} ({cell.folder})")
+    return ", ".join(names)
+
+
+def planned_grid(path: Path, cells: Sequence["PlannedCell"]) -> str:
+    """The caveat for a grid folder with a plan but without its combined ``results.json``: the counts of its
+    planned, finished, unfinished and never-started cells, and the last two by name."""
+    from medheval.run.grid_plan import GRID_FILE
+
+    progress = plan_progress(path, cells)
+    text = (f"{path}: grid without its combined results.json: it did not finish; its plan ({GRID_FILE}) has "
+            f"{progress.planned} cell(s): {len(progress.finished)} finished (in the report), "
+            f"{len(progress.unfinished)} started but unfinished, {len(progress.never_started)} never started")
+    if progress.unfinished:
+        text += f"; started but unfinished: {cell_names(progress.unfinished)}"
+    if progress.never_started:
+        text += f"; never started: {cell_names(progress.never_started)}"
+    return f"{text}; {RESUME}"
 
 
 def _compact(value: Any) -> str:
@@ -392,6 +452,7 @@ def run_labels(runs: Sequence[Run]) -> dict[int, str]:
 def _walk(path: Path, depth: int, unfinished: list[str], in_grid: bool = False) -> list[Run]:
     """The run folders at or below ``path``; a started but unfinished run or grid (the outermost one, not each
     of its levels) adds its caveat to ``unfinished``."""
+    from medheval.run.grid_plan import read_plan
     from medheval.run.outputs import LOCK_NAME
 
     results_path = path / "results.json"
@@ -403,13 +464,17 @@ def _walk(path: Path, depth: int, unfinished: list[str], in_grid: bool = False) 
     if incomplete:
         unfinished.append(incomplete)
         return []
-    grid = data is None and (path / LOCK_NAME).is_file() and not in_grid  # a grid (or run) holds its folder's lock
+    # a grid (or run) holds its folder's lock; a grid's plan is in its grid.json (the outermost grid's counts)
+    plan = read_plan(path) if data is None and not in_grid else None
+    grid = data is None and not in_grid and ((path / LOCK_NAME).is_file() or plan is not None)
     before = len(unfinished)
     runs: list[Run] = []
     if depth < MAX_DEPTH:
         for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
             runs += _walk(child, depth + 1, unfinished, in_grid or grid)
-    if grid and (runs or len(unfinished) > before):
+    if plan is not None:  # said even when no cell finished: the plan names what never started
+        unfinished.insert(before, planned_grid(path, plan))
+    elif grid and (runs or len(unfinished) > before):
         unfinished.insert(before, unfinished_grid(path, len(runs)))
     if not runs and isinstance(data, dict) and isinstance(data.get("runs"), list):
         for index, embedded in enumerate(data["runs"]):

@@ -35,7 +35,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from medheval.run.control import CONTROLS, Control, ControlError
 from medheval.run.generation import GenerationPlan, check_settings
-from medheval.run.runner import RunError, RunSpec, record_axes, run_grid, write_report_html
+from medheval.run.grid_plan import PlannedCell, plan_cells, record_plan
+from medheval.run.runner import RunError, RunSpec, run_grid, write_report_html
 
 # key -> (accepted types, description for the error). ``None`` is accepted for every optional key.
 CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -402,6 +403,23 @@ def backend_args(config: GridConfig, model: str) -> argparse.Namespace:
         chat_template=config.get("chat_template"), protocol=config.get("protocol", "clean"))
 
 
+def grid_plan(config: GridConfig) -> list[PlannedCell]:
+    """Every cell :func:`run_config` runs, in its order (model × mitigation × control × seed), with the folder
+    each writes relative to ``config.output`` and the mitigation spec it records (the protocol's method options
+    added, as :func:`medheval.run.runner.run_grid` adds them)."""
+    from medheval.mitigations import get_mitigation
+    from medheval.run.paper_protocols import get_protocol
+
+    protocol = get_protocol(config.get("protocol", "clean"))
+    labels = []
+    for text in config.mitigations:
+        method = get_mitigation(protocol.mitigation_spec(text))
+        labels.append(method.spec() if method is not None else "none")
+    controls = list(dict.fromkeys(config.controls))
+    return [cell for model in config.models
+            for cell in plan_cells(model, config.benchmarks, labels, controls, config.get("seeds"), model_slug(model))]
+
+
 def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace], tuple[Any, dict]] | None = None
                ) -> dict[str, Any]:
     """Run every model × mitigation × control cell of ``config``; writes ``<output>/<model>/…`` and a combined
@@ -424,9 +442,9 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     runs: list[dict[str, Any]] = []
     group = process_group()  # one launch of several processes (accelerate) is one grid run
     with group.lock(output, float(config.get("lock_timeout", 0.0))):
-        if group.is_main:
-            record_axes(output, {"models": list(config.models), "mitigations": list(config.mitigations),
-                                 "controls": list(config.controls)})
+        if group.is_main:  # the plan of every cell, before the first model loads (medheval.run.grid_plan)
+            record_plan(output, {"models": list(config.models), "mitigations": list(config.mitigations),
+                                 "controls": list(config.controls)}, grid_plan(config))
         for model in config.models:
             backend, labels = build_backend(backend_args(config, model))
             result = run_grid(run_spec(config, model, labels), backend, config.mitigations, controls=config.controls,
@@ -472,5 +490,5 @@ def given_options(argv: Sequence[str]) -> set[str]:
     return set(vars(namespace))
 
 
-__all__ = ["GridConfig", "GridConfigError", "apply_cli", "check_model", "given_options", "load_grid_config",
-           "model_slug", "parse_grid_config", "run_config"]
+__all__ = ["GridConfig", "GridConfigError", "apply_cli", "check_model", "given_options", "grid_plan",
+           "load_grid_config", "model_slug", "parse_grid_config", "run_config"]

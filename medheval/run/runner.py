@@ -25,9 +25,11 @@ from tqdm.auto import tqdm
 
 from medheval.backends.base import Backend, BackendError
 from medheval.data.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
-from medheval.run.control import Control, ControlError, cell_slug, check_control
+from medheval.run.control import Control, ControlError, check_control
 from medheval.run.distributed import group as process_group
 from medheval.run.distributed import shard_batches
+# mitigation_slug lives in grid_plan now; it is still imported from here
+from medheval.run.grid_plan import PlannedCell, cell_folder, mitigation_slug, record_plan  # noqa: F401
 from medheval.run.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
 from medheval.scoring.metric_options import check_options
 from medheval.run.outputs import atomic_write_text, open_owned
@@ -893,11 +895,6 @@ def write_report_html(output: Path, results: dict[str, Any], cluster: str = "aut
         print(f"note: {problem}", file=sys.stderr)
 
 
-def mitigation_slug(spec: str) -> str:
-    """A folder name for one mitigation spec (``vcd:alpha=1`` -> ``vcd_alpha-1``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", spec.replace("=", "-")).strip("_") or "none"
-
-
 def _method_name(spec: str) -> str:
     """``"vcd:alpha=1"`` -> ``"vcd"``; the plain decoding's aliases -> ``"none"``."""
     from medheval.mitigations import NO_MITIGATION, parse_spec
@@ -993,33 +990,29 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
             raise RunError(f"{spec.output} holds a single run (run.json); a grid of {len(cells)} mitigation × "
                            f"control × seed cells there would overwrite its results.md/results.json. Choose another "
                            f"--output folder.")
-        if group.is_main:
+        if group.is_main:  # the other processes of a launch write neither file
             record_seeds(Path(spec.output), seeds)
-            if several:
-                record_axes(Path(spec.output), {"mitigations": [text for text, _ in methods], "controls": controls})
+            if several:  # the plan, before the first cell starts (medheval.run.grid_plan)
+                record_plan(Path(spec.output), {"mitigations": [text for text, _ in methods], "controls": controls},
+                            _planned(spec, backend, cells))
         return _run_methods(spec, backend, cells, batch_size, seeds)
 
 
-GRID_FILE = "grid.json"
+def _cell_identity(backend: Backend, method: Any, control: str) -> tuple[str, str]:
+    """The mitigation and image control one cell records: a re-score records those its answers were made with."""
+    label = method.spec() if method is not None else getattr(backend, "carried_mitigation", "none")
+    return label, getattr(backend, "carried_control", "none") if control == "none" else control
 
 
-def record_axes(output: Path, axes: Mapping[str, list[str]]) -> None:
-    """Write ``<output>/grid.json`` (the grid's axes: mitigations, controls, models) for a new grid folder; refuse
-    a folder holding a grid over other axes (its combined results would silently gain or lose cells; seeds have
-    ``seeds.json``, :func:`medheval.run.seeds.record_seeds`). A grid folder from before axes were recorded gets
-    the file."""
-    path = Path(output) / GRID_FILE
-    axes = {name: list(values) for name, values in axes.items()}
-    if not path.exists():
-        Path(output).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(axes, indent=1, sort_keys=True))
-        return
-    recorded = json.loads(path.read_text())
-    changed = _changes(recorded, axes, lambda values: ", ".join(values or []))
-    if changed:
-        raise RunError(f"{output} holds a grid over other axes ({GRID_FILE}; changed: {'; '.join(changed)}): its "
-                       f"combined results would gain or lose cells. Re-run with the same axes (the cell folders "
-                       f"resume), or choose another --output folder.")
+def _planned(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, str, int | None]]) -> list[PlannedCell]:
+    """The plan of :func:`run_grid`'s cells (folders relative to ``spec.output``), named as :func:`_run_methods`
+    names them."""
+    planned = []
+    for _, method, control, seed in cells:
+        label, kind = _cell_identity(backend, method, control)
+        planned.append(PlannedCell(folder=cell_folder(label, kind, seed), model=str(backend.name), mitigation=label,
+                                   control=kind, seed=seed, benchmarks=tuple(spec.benchmarks)))
+    return planned
 
 
 def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, str, int | None]], batch_size: int,
@@ -1028,8 +1021,6 @@ def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, st
     import copy
 
     from medheval.report.tables import write_grid_markdown
-    from medheval.run.seeds import seed_folder
-
     from medheval.run.paper_protocols import get_protocol
 
     protocol = get_protocol(spec.protocol)
@@ -1037,9 +1028,7 @@ def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, st
     runs = []
     several = len(cells) > 1 or bool(seeds)
     for text, method, control, seed in cells:
-        # a re-score records the mitigation and image-blind control its answers were made with
-        label = method.spec() if method is not None else getattr(backend, "carried_mitigation", "none")
-        control = getattr(backend, "carried_control", "none") if control == "none" else control
+        label, control = _cell_identity(backend, method, control)  # a re-score's: those of its answers
         plan = protocol.plan(_method_name(text), spec.generation, accepted)
         variant = backend
         if method is not None:
@@ -1048,8 +1037,7 @@ def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, st
         if seed is not None:
             variant = copy.copy(variant)
             variant.seed = seed
-        folder = seed_folder(cell_slug(mitigation_slug(label), control), seed)
-        output = Path(spec.output) / folder if several else spec.output
+        output = Path(spec.output) / cell_folder(label, control, seed) if several else spec.output
         runs.append(run(dataclasses.replace(spec, output=output, mitigation=label, control=control, seed=seed,
                                             generation=plan),
                         variant, batch_size=batch_size))

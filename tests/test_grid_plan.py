@@ -1,0 +1,209 @@
+"""A grid's plan (``grid.json``, :mod:`medheval.run.grid_plan`): every cell and the folder it writes, recorded
+before the first cell starts, kept on a resume over the same axes; ``medheval report`` names the cells of an
+interrupted grid that never started (and those started but unfinished) and counts them; a grid.json written
+before plans were recorded reports as it did."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from medheval.report.build import write_report
+from medheval.report.collect import ReportError, find_runs, plan_progress
+from medheval.run import distributed, grids, runner
+from medheval.run.distributed import Group
+from medheval.run.grid_plan import GRID_FILE, PlannedCell, plan_cells, read_plan, record_plan
+from medheval.run.grids import grid_plan, parse_grid_config, run_config
+from medheval.run.protocol import RunError
+
+TINY = "tiny-random-llava"
+MODELS = ["org/model-a", "org/model-b"]
+VCD = "vcd:alpha=0"
+RESUME = "re-run the same `medheval run` command to resume"
+
+
+class Interrupted(Exception):
+    """Stands for a kill between two cells."""
+
+
+def _config(fixture: dict, out: Path, mitigations: list[str] | None = None) -> grids.GridConfig:
+    return parse_grid_config({"output": str(out), "models": MODELS, "benchmarks": ["context"], "limit": 2,
+                              "mitigations": mitigations or ["none", VCD], "data_dir": fixture["data_dir"],
+                              "image_roots": dict(fixture["image_roots"]), "generation": {"defaults": {
+                                  "max_new_tokens": 2}}}, "grid.yaml")
+
+
+def _tiny_as_named(args: argparse.Namespace):
+    """The tiny random model answering under the grid's model name (two "models" without a download)."""
+    from medheval.run.options import build_backend
+
+    backend, labels = build_backend(argparse.Namespace(**{**vars(args), "model": TINY}))
+    backend.name = args.model
+    return backend, labels
+
+
+@pytest.fixture
+def interrupted(fixture_benchmark, tmp_path, monkeypatch) -> Path:
+    """A 2 models × 2 mitigations grid stopped after its first cell (model-a · none) finished."""
+    monkeypatch.setattr(grids, "check_model", lambda model: None)
+    real_run, calls = runner.run, []
+
+    def stop_after_first(*args, **kwargs):
+        if calls:
+            raise Interrupted("killed between cells")
+        calls.append(1)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run", stop_after_first)
+    out = tmp_path / "grid"
+    with pytest.raises(Interrupted):
+        run_config(_config(fixture_benchmark, out), build_backend=_tiny_as_named)
+    monkeypatch.setattr(runner, "run", real_run)
+    return out
+
+
+def _caveats(written: dict) -> list[str]:
+    markdown = Path(written["markdown"]).read_text()
+    if "## Caveats" not in markdown:
+        return []
+    section = markdown.split("## Caveats")[1].split("\n## ")[0]
+    return [line[2:] for line in section.splitlines() if line.startswith("- ")]
+
+
+# -- the plan in grid.json -------------------------------------------------------------------------------------
+def test_the_plan_is_every_cell_with_its_folder(fixture_benchmark, tmp_path):
+    cells = grid_plan(_config(fixture_benchmark, tmp_path / "g"))
+    vcd = cells[1].mitigation
+    assert vcd.startswith("vcd:") and [cell.folder for cell in cells] == [
+        "org__model-a/none", f"org__model-a/{runner.mitigation_slug(vcd)}", "org__model-b/none",
+        f"org__model-b/{runner.mitigation_slug(vcd)}"]
+    assert [(c.model, c.mitigation, c.control, c.seed, c.benchmarks) for c in cells] == [
+        (model, label, "none", None, ("context",)) for model in MODELS for label in ("none", vcd)]
+    one = grid_plan(_config(fixture_benchmark, tmp_path / "g", mitigations=["none"]))
+    assert [cell.folder for cell in one] == ["org__model-a", "org__model-b"]  # one cell per model: its folder
+    seeded = plan_cells("m", ["context"], ["none"], ["none", "no_image"], [0, 1], "m")
+    assert [cell.folder for cell in seeded] == ["m/none__seed-0", "m/none__seed-1", "m/none__no_image__seed-0",
+                                                "m/none__no_image__seed-1"]
+
+
+def test_same_axes_keep_the_plan_other_axes_are_refused_and_an_old_file_gets_one(tmp_path):
+    axes = {"mitigations": ["none", "vcd"], "controls": ["none"]}
+    cells = plan_cells("m", ["context"], ["none", "vcd"], ["none"])
+    record_plan(tmp_path, axes, cells)
+    path = tmp_path / GRID_FILE
+    written = path.read_text()
+    assert read_plan(tmp_path) == cells and json.loads(written)["mitigations"] == ["none", "vcd"]
+    stamp = path.stat().st_mtime_ns
+    record_plan(tmp_path, axes, cells)  # a resume over the same axes
+    assert path.read_text() == written and path.stat().st_mtime_ns == stamp
+    with pytest.raises(RunError, match=re.escape("holds a grid over other axes (grid.json; changed: mitigations "
+                                                 "none, vcd → none)")):
+        record_plan(tmp_path, {**axes, "mitigations": ["none"]}, cells[:1])
+    assert path.read_text() == written
+    path.write_text(json.dumps(axes))  # written before plans were recorded
+    assert read_plan(tmp_path) is None
+    record_plan(tmp_path, axes, cells)
+    assert read_plan(tmp_path) == cells
+
+
+@pytest.mark.parametrize("cell", [{"folder": "../elsewhere", "model": "m", "mitigation": "none"},
+                                  {"folder": "/abs", "model": "m", "mitigation": "none"},
+                                  {"folder": "x", "model": "m"}, "x"])
+def test_an_edited_plan_is_no_plan(tmp_path, cell):
+    (tmp_path / GRID_FILE).write_text(json.dumps({"mitigations": ["none"], "plan": {"cells": [cell]}}))
+    assert read_plan(tmp_path) is None
+    with pytest.raises(ValueError):
+        PlannedCell.from_json(cell)
+
+
+def test_the_plan_is_written_before_the_first_model_loads_and_only_by_the_main_process(fixture_benchmark, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.setattr(grids, "check_model", lambda model: None)
+
+    def no_model(args):
+        raise Interrupted("killed while the first model loaded")
+
+    other = Group(rank=1, world_size=2, gather=lambda status: [None, None])  # the second process of a launch
+    monkeypatch.setattr(distributed, "group", lambda device=None: other)
+    with pytest.raises(Interrupted):
+        run_config(_config(fixture_benchmark, tmp_path / "rank1"), build_backend=no_model)
+    assert not (tmp_path / "rank1" / GRID_FILE).exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(grids, "check_model", lambda model: None)
+    out = tmp_path / "main"
+    with pytest.raises(Interrupted):
+        run_config(_config(fixture_benchmark, out), build_backend=no_model)
+    assert len(read_plan(out)) == 4 and sorted(p.name for p in out.iterdir()) == [".medheval.lock", GRID_FILE]
+    with pytest.raises(ReportError) as error:  # nothing to show, but the report says what never started
+        find_runs([out])
+    assert "has 4 cell(s): 0 finished (in the report), 0 started but unfinished, 4 never started" in str(error.value)
+    assert "org/model-a · none (org__model-a/none)" in str(error.value)
+
+
+# -- the report ------------------------------------------------------------------------------------------------
+def test_an_interrupted_grid_names_the_three_cells_that_never_started(interrupted, tmp_path):
+    plan = read_plan(interrupted)
+    assert len(plan) == 4 and (interrupted / plan[0].folder / "results.json").is_file()
+    assert not any((interrupted / cell.folder).exists() for cell in plan[1:])
+    progress = plan_progress(interrupted, plan)
+    assert progress.finished == plan[:1] and progress.unfinished == [] and progress.never_started == plan[1:]
+    slug = plan[1].folder.split("/")[1]
+    names = f"org/model-a · vcd (medheval) (org__model-a/{slug}), org/model-b · none (org__model-b/none), " \
+            f"org/model-b · vcd (medheval) (org__model-b/{slug})"
+    line = (f"{interrupted}: grid without its combined results.json: it did not finish; its plan (grid.json) has 4 "
+            f"cell(s): 1 finished (in the report), 0 started but unfinished, 3 never started; never started: "
+            f"{names}; {RESUME}")
+    written = write_report([interrupted], tmp_path / "report", plots=False)
+    assert line in _caveats(written), "\n".join(_caveats(written))
+    assert "Runs: `org/model-a · none`" in Path(written["markdown"]).read_text()
+    assert line in json.loads(Path(written["json"]).read_text())["caveats"]
+    page = Path(written["html"]).read_text()
+    items = re.findall(r"<li>(.*?)</li>", page.split("<h2>Caveats")[1], flags=re.S)
+    assert any("4 cell(s): 1 finished (in the report), 0 started but unfinished, 3 never started; never started: "
+               "org/model-a · vcd" in item and "org/model-b · vcd" in item for item in items)
+
+
+def test_a_started_cell_is_named_as_unfinished(interrupted, tmp_path):
+    cell = read_plan(interrupted)[2]  # model-b · none: killed while it loaded
+    (interrupted / cell.folder).mkdir(parents=True)
+    (interrupted / cell.folder / "run.json").write_text("{}")
+    notes = find_runs([interrupted])[0].notes
+    grid_line = next(note for note in notes if "did not finish" in note)
+    assert "4 cell(s): 1 finished (in the report), 1 started but unfinished, 2 never started" in grid_line
+    assert "; started but unfinished: org/model-b · none (org__model-b/none); never started: org/model-a · vcd" \
+        in grid_line
+    assert any(note.startswith(f"{interrupted / cell.folder}: incomplete run (0 prediction(s)") for note in notes)
+
+
+def test_a_grid_json_without_a_plan_reports_as_before(interrupted, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(interrupted, old)
+    recorded = json.loads((old / GRID_FILE).read_text())
+    (old / GRID_FILE).write_text(json.dumps({key: value for key, value in recorded.items() if key != "plan"}))
+    written = write_report([old], tmp_path / "report", plots=False)
+    assert f"{old}: grid without its combined results.json: it did not finish; the report shows the 1 finished " \
+           f"run(s) found in it, and cells that never started are not listed; {RESUME}" in _caveats(written)
+    assert not any("never started:" in line for line in _caveats(written))
+
+
+def test_a_resumed_grid_keeps_its_plan_and_reports_no_caveat(interrupted, fixture_benchmark, tmp_path, monkeypatch):
+    monkeypatch.setattr(grids, "check_model", lambda model: None)
+    recorded = (interrupted / GRID_FILE).read_text()
+    with pytest.raises(RunError, match="holds a grid over other axes"):  # as before plans: refused, plan kept
+        run_config(_config(fixture_benchmark, interrupted, mitigations=["none"]), build_backend=_tiny_as_named)
+    assert (interrupted / GRID_FILE).read_text() == recorded
+    run_config(_config(fixture_benchmark, interrupted), build_backend=_tiny_as_named)
+    assert (interrupted / GRID_FILE).read_text() == recorded
+    plan = read_plan(interrupted)
+    assert all((interrupted / cell.folder / "results.json").is_file() for cell in plan)
+    for model in ("org__model-a", "org__model-b"):  # each model's own grid plans the folders it wrote
+        assert [f"{model}/{cell.folder}" for cell in read_plan(interrupted / model)] == \
+            [cell.folder for cell in plan if cell.folder.startswith(model + "/")]
+    written = write_report([interrupted], tmp_path / "report", plots=False)
+    assert not any("did not finish" in line or "incomplete run" in line for line in _caveats(written))
+    assert len(find_runs([interrupted])) == 4
