@@ -37,6 +37,14 @@ def test_text_metrics_are_percent_and_shares_are_fractions():
     assert headline_unit("text_generation", "bleu_per_item") is None
 
 
+def test_hallucination_scores_are_lower_is_better():
+    """A number that counts hallucination (CHAIR, ClinHallu's H rates, S_h: a 0-5 rating where 5 is entirely
+    hallucinated, MedHEval section 4.2; RadCliQ: an error count) is published as lower-is-better."""
+    lower = {(metric, key) for metric, numbers in HEADLINE_NUMBERS.items() for key, better, _ in numbers if not better}
+    assert lower == {("chair", "chair"), ("chair", "chair_s"), ("sh_judge", "sh"), ("clinhallu", "h_v"),
+                     ("clinhallu", "h_k"), ("clinhallu", "h_r"), ("radcliq", "radcliq")}
+
+
 def test_settings_counts_and_none_are_never_headline_numbers():
     values = {"bleu": 0.25, "rougeL": 0.5, "meteor": None, "bertscore_num_layers": 17, "n": 4, "n_empty": 0,
               "bertscore_rescaled": False, "bleu_per_item": [25.0]}

@@ -33,7 +33,7 @@ HEADLINE_NUMBERS: dict[str, tuple[tuple[str, bool, str], ...]] = {
     "text_generation": (("bleu", True, "percent"), ("rougeL", True, "percent"), ("meteor", True, "percent")),
     "medihall_score": (("medihall_score", True, "fraction"), ("accuracy", True, "fraction")),
     "stepbench": (("macro_f1", True, "fraction"), ("f1", True, "fraction"), ("accuracy", True, "fraction")),
-    "sh_judge": (("sh", True, "points_0_5"),),
+    "sh_judge": (("sh", False, "points_0_5"),),  # a mean 0-5 rating, 5 = entirely hallucinated (MedHEval)
     "clinhallu": (("acc", True, "fraction"), ("acc_rep_v", True, "fraction"), ("acc_rep_k", True, "fraction"),
                   ("acc_rep_vk", True, "fraction"), ("h_v", False, "fraction"), ("h_k", False, "fraction"),
                   ("h_r", False, "fraction")),
