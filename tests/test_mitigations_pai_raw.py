@@ -2,6 +2,8 @@
 
 - the stream's ids are BOS + the question's own tokens (known answer spelled out word by word on the tiny
   word-level tokenizer), and its logits those of that prompt run alone;
+- through :class:`HFBackend` under the ``medheval-mitigation`` protocol, the question is the protocol's
+  instruction text (suffixes included), not the vicuna_v1-templated prompt;
 - invariants: neutral setting = ``templated`` = plain greedy; a left-padded batch = single runs; one pass = two
   pass; on every family PAI supports, and on the static-cache (compiled) path;
 - clear errors: bad option value, missing or mismatched question ids, image tokens in a question;
@@ -106,6 +108,35 @@ def test_templated_stream_is_unchanged_by_default(llava):
     full = inputs["input_ids"][1][inputs["attention_mask"][1].bool()]
     image = full == model.config.image_token_id
     assert _row(spy.stream, 1) == full[~image].tolist()  # the templated prompt, image tokens dropped
+
+
+def test_backend_hands_over_the_protocol_instruction(llava):
+    """HFBackend under medheval-mitigation: the stream is BOS + the instruction text (the question with the
+    script's yes/no suffix), while the clean prompt is templated (here the processor's own template, so the test
+    needs no upstream file)."""
+    from medheval.backends.hf import HFBackend
+    from medheval.run.paper_protocols import configure_backend, get_protocol
+    from medheval.run.paper_protocols.medheval import mitigation_instruction
+
+    model, processor = llava
+    protocol = get_protocol("medheval-mitigation")
+    spec = protocol.mitigation_spec("pai:alpha=0.5,gamma=3")
+    assert "cfg_stream=raw_question" in spec
+    spy = SpyPAI(**get_mitigation(spec).settings())
+    backend = configure_backend(HFBackend(model, processor, max_new_tokens=2, compile=False,
+                                          generate_kwargs={"custom_generate": spy}), protocol, chat_template="model")
+    record = {"id": "r0", "benchmark": "mm_vishal", "question": "<image>\nis there a pleural effusion ?",
+              "answer": "yes", "answer_type": "yes_no", "choices": [], "meta": {"question_type": "binary"}}
+    text = mitigation_instruction(record, "llava-med-1.5")
+    assert text == "is there a pleural effusion ? Please answer Yes or No."
+    from PIL import Image
+
+    image = Image.fromarray(np.random.RandomState(0).randint(0, 255, (30, 30, 3), dtype=np.uint8))
+    backend.generate([record], [[image]])
+    tok = processor.tokenizer
+    assert _row(spy.stream, 0) == [tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"]
+    prompt = backend.format_prompt(record, 1)
+    assert text in prompt and len(tok(prompt)["input_ids"]) > len(_row(spy.stream, 0)) + 1  # templated, with image
 
 
 # -- invariants ----------------------------------------------------------------------------------
