@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import ast
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -201,6 +203,28 @@ def test_static_cache_path_gives_the_eager_tokens(llava, monkeypatch):
         assert torch.equal(_new(model, inputs, static, **_raw(static, tok, QUESTIONS)), expected)
     assert static.compiled_steps and not eager.compiled_steps and compiled.STATS.steps > steps
     assert static.separate == {}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch's CPU inductor needs a C++ compiler")
+@pytest.mark.skipif(os.environ.get("MEDHEVAL_COMPILE_MATRIX") != "1",
+                    reason="compiles a graph: with the compiled matrix only (make test-compiled)")
+def test_really_compiled_gives_the_eager_tokens():
+    """torch.compile for real (CPU inductor): the raw-question stream's batch decodes to the eager tokens."""
+    model, processor = selftest._build("llava")
+    tok = processor.tokenizer
+    prompts = list(selftest.PROMPTS)
+    batch = selftest._inputs(processor, range(len(prompts)))
+    method = PAI(**MOVING, cfg_stream="raw_question")
+    runs = []
+    for compile in (False, True):
+        steps = compiled.STATS.steps
+        with compiled.compiled_decoding(compile):
+            runs.append(_new(model, batch, method, max_new_tokens=10, **_raw(method, tok, prompts)))
+        assert (compiled.STATS.steps > steps) == compile
+    assert torch.equal(*runs)
+    assert not model.__dict__.get("_medheval_compile_failed")
 
 
 # -- errors ----------------------------------------------------------------------------------------
