@@ -262,7 +262,8 @@ def test_released_script_builds_its_cfg_stream_from_the_instruction_text():
     """model_vqa.py hands ``[cur_prompt]`` (the instruction text once ``<image>`` is removed and stripped) to
     ``init_cfg_processor``, which tokenizes it without special tokens and puts the BOS id in front."""
     script = ast.parse((RELEASED / "model_vqa.py").read_text())
-    (call,) = [n for n in ast.walk(script) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "init_cfg_processor"]
+    (call,) = [n for n in ast.walk(script)
+               if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "init_cfg_processor"]
     assert ast.unparse({k.arg: k.value for k in call.keywords}["questions"]) == "[cur_prompt]"
     bodies = [[ast.unparse(statement) for statement in n.body] for n in ast.walk(script) if isinstance(n, ast.For)]
     (body,) = [b for b in bodies if "cur_prompt = qs" in b]

@@ -322,7 +322,8 @@ def decode(
     ``sampler``: when sampling, row ``b`` draws from its own generator (:class:`~medheval.decoding.sampling.RowSampler`,
     ``model.generate(..., custom_generate=method, sampler=RowSampler.for_keys(seed, ids))``), so a row samples
     the same tokens whatever batch it is in; without one, rows draw from the global torch RNG as in ``generate``.
-    ``method_inputs``: per-call inputs the method reads from ``ctx.method_inputs`` (:meth:`DecodingMethod.question_inputs`).
+    ``method_inputs``: per-call inputs the method reads from ``ctx.method_inputs``
+    (:meth:`DecodingMethod.question_inputs`).
 
     Returns what ``generate`` returns: the ``[B, T + new]`` sequences, or a
     ``GenerateDecoderOnlyOutput`` (``sequences``, ``scores``, ``logits`` and the clean stream's

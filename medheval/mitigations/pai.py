@@ -190,7 +190,8 @@ class PAI(DecodingMethod):
         return [ImageAttentionBoost(self.alpha, self.layers(ctx.model))]
 
     def question_inputs(self, tokenizer, questions: list[str]) -> dict[str, Any]:
-        """``{"raw_question_ids": ...}`` (:func:`raw_question_ids`) when the CFG stream is the raw question, else ``{}``."""
+        """``{"raw_question_ids": ...}`` (:func:`raw_question_ids`) when the CFG stream is the raw question,
+        else ``{}``."""
         if not (self.use_cfg and self.cfg_stream == "raw_question"):
             return {}
         return {RAW_QUESTION_IDS: raw_question_ids(tokenizer, questions)}
