@@ -81,10 +81,10 @@ def test_every_method_constructible_without_arguments():
     assert VCD().settings() == {"preset": "medheval", "alpha": 1.0, "beta": 0.1, "noise_step": 500, "noise_seed": 0}
     assert M3ID().settings() == {"preset": "medheval", "lam": 0.02, "beta": 0.1}
     assert PAI().settings() == {"preset": "medheval", "alpha": 0.2, "gamma": 1.1, "start_layer": None,
-                                "end_layer": None, "beta": 0.1, "use_cfg": True}
+                                "end_layer": None, "beta": 0.1, "use_cfg": True, "cfg_stream": "templated"}
     assert DoLa().settings() == {"preset": "medheval", "layers": "medheval", "relative_top": 0.1, "final_norm": False}
     for method in [*DEFAULTS.values(), VCD(noise_seed=None), DoLa(layers=[0, 2], final_norm=True), DoLa(layers=[4]),
-                   PAI(start_layer=1, use_cfg=False)]:
+                   PAI(start_layer=1, use_cfg=False), PAI(cfg_stream="raw_question")]:
         assert get_mitigation(method.spec()) == method, method.spec()
     assert DoLa(layers=[0, 2]).spec() == "dola:preset=medheval,layers=0/2,relative_top=0.1,final_norm=false"
 

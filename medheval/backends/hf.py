@@ -319,7 +319,8 @@ class HFBackend:
 
     def _generate_batch(self, records: list[dict], images: list[list], overrides: dict | None = None) -> list[str]:
         texts = [self.format_prompt(r, len(imgs)) for r, imgs in zip(records, images)]
-        return self._generate_texts(texts, images, records, overrides=overrides)
+        questions = [self.instruction(r) for r in records]
+        return self._generate_texts(texts, images, records, overrides=overrides, questions=questions)
 
     def format_chat(self, system: str, user: str, assistant_prefix: str, num_images: int, text_first: bool = False,
                     enable_thinking: bool | None = None) -> str:
@@ -374,7 +375,8 @@ class HFBackend:
         def replies(chunk: list[dict], chunk_images: list[list], overrides: dict | None) -> list[str]:
             texts = [self._chat_text(request, len(imgs)) for request, imgs in zip(chunk, chunk_images)]
             row_seeds = [r["seed"] if r.get("seed") is not None else call_seed for r in chunk]
-            return self._generate_texts(texts, chunk_images, chunk, seed, overrides, row_seeds=row_seeds)
+            return self._generate_texts(texts, chunk_images, chunk, seed, overrides, row_seeds=row_seeds,
+                                        questions=[str(r["user"]) for r in chunk])
 
         if self.auto_batch and requests:  # the same estimate and out-of-memory back-off as generate()
             first = self._chat_text(requests[0], len(images[0]))
@@ -405,7 +407,10 @@ class HFBackend:
         return list(images) if mean is None else [pad_grayscale(image, mean) for image in images]
 
     def _generate_texts(self, texts: list[str], images: list[list], records: list[dict], seed: int | None = None,
-                        overrides: dict | None = None, row_seeds: list[int] | None = None) -> list[str]:
+                        overrides: dict | None = None, row_seeds: list[int] | None = None,
+                        questions: list[str] | None = None) -> list[str]:
+        """The replies to the rendered ``texts``; ``questions``: each row's user text before the template (what a
+        method's :meth:`~medheval.decoding.loop.DecodingMethod.question_inputs` reads, e.g. PAI's raw question)."""
         proc_kwargs: dict[str, Any] = {"text": texts, "padding": True, "return_tensors": "pt"}
         if any(images):  # one list per prompt: Gemma 3 and Idefics3 need the nesting, the others accept it
             proc_kwargs["images"] = [self.model_images(imgs) for imgs in images]
@@ -428,12 +433,21 @@ class HFBackend:
             settings.update(row_sampling(settings.get("custom_generate"), seed if row_seeds is None else row_seeds,
                                          keys))
         kwargs = self._compiled_kwargs(settings)
+        kwargs.update(self._method_inputs(kwargs.get("custom_generate"), questions))
         with torch.inference_mode(), compiled_decoding(self.compile):
             out = self.model.generate(**inputs, **kwargs)
         sequences = out.sequences if hasattr(out, "sequences") else out
         new_tokens = sequences[:, inputs["input_ids"].shape[1] :]
         decoded = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         return [text.strip() for text in decoded]
+
+    def _method_inputs(self, method: Any, questions: list[str] | None) -> dict[str, Any]:
+        """``{"method_inputs": ...}`` when ``method`` builds inputs from the question texts (else ``{}``)."""
+        build = getattr(method, "question_inputs", None)
+        if not callable(build) or questions is None:  # a method that needs them then says so when it runs
+            return {}
+        extra = build(self.tokenizer, list(questions))
+        return {"method_inputs": extra} if extra else {}
 
     def compiles(self) -> bool:
         """Whether decode steps run compiled on a static cache (``compile=None``: on CUDA only)."""

@@ -72,6 +72,8 @@ class DecodingContext:
         groups: the stream groups being decoded (``groups[0]`` holds ``main``).
         outputs: per stream name, the latest model output of its group (rows via :meth:`rows`).
         state: free per-call storage for the method (e.g. hooks, chosen layers).
+        method_inputs: what the caller passed as ``generate(..., method_inputs=...)`` (e.g. PAI's
+            raw-question ids, from :meth:`DecodingMethod.question_inputs`); empty when none.
     """
 
     model: Any
@@ -83,6 +85,7 @@ class DecodingContext:
     groups: list[StreamGroup] = dataclasses.field(default_factory=list)
     outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
+    method_inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def group_of(self, name: str) -> StreamGroup:
         for group in self.groups:
@@ -119,7 +122,9 @@ class DecodingMethod:
       called right before each group's forward, so it may also switch per-forward state
       (e.g. enable an attention recorder for the clean prefill only); once streams have
       joined the clean group they are forwarded with what it returns for that group;
-    - :meth:`scores` — the per-step rule, from raw logits to scores for the processors.
+    - :meth:`scores` — the per-step rule, from raw logits to scores for the processors;
+    - :meth:`question_inputs` — per-call inputs built from each row's question text (PAI's raw-question
+      stream), which the caller passes as ``generate(..., method_inputs=...)``.
 
     Calling an instance runs :func:`decode`; :meth:`generate` is the same through
     ``model.generate``.
@@ -147,6 +152,7 @@ class DecodingMethod:
         image_sizes: torch.Tensor | None = None,
         image_grid_thw: torch.Tensor | None = None,
         sampler: sampling.RowSampler | None = None,
+        method_inputs: dict[str, Any] | None = None,
         **model_kwargs,
     ):
         # naming pixel_values/image_sizes/image_grid_thw makes generate hand them over raw (not
@@ -157,6 +163,8 @@ class DecodingMethod:
                 model_kwargs[key] = value
         if sampler is not None:  # per-row random streams (medheval.decoding.sampling); OPERA never samples
             model_kwargs["sampler"] = sampler
+        if method_inputs:  # named in the signature, so generate hands it over instead of checking it as a model input
+            model_kwargs["method_inputs"] = method_inputs
         return self.run_loop(
             model,
             input_ids,
@@ -196,6 +204,11 @@ class DecodingMethod:
     # -- extension points --------------------------------------------------------------
     def check(self, model, ctx: DecodingContext) -> None:
         """Raise :class:`MissingInternalError` if the model or inputs lack what the method needs."""
+
+    def question_inputs(self, tokenizer, questions: list[str]) -> dict[str, Any]:
+        """Per-call inputs this method builds from each row's question text (the user's text, before any
+        conversation template), for ``generate(..., method_inputs=...)``; ``{}`` (the default): none needed."""
+        return {}
 
     def contrast_streams(self, ctx: DecodingContext) -> list[Stream]:
         return []
@@ -301,6 +314,7 @@ def decode(
     generation_config=None,
     streamer=None,
     sampler: sampling.RowSampler | None = None,
+    method_inputs: dict[str, Any] | None = None,
     **model_kwargs,
 ):
     """Run ``method`` on a prepared batch (what ``generate`` hands to a ``custom_generate`` callable).
@@ -308,6 +322,8 @@ def decode(
     ``sampler``: when sampling, row ``b`` draws from its own generator (:class:`~medheval.decoding.sampling.RowSampler`,
     ``model.generate(..., custom_generate=method, sampler=RowSampler.for_keys(seed, ids))``), so a row samples
     the same tokens whatever batch it is in; without one, rows draw from the global torch RNG as in ``generate``.
+    ``method_inputs``: per-call inputs the method reads from ``ctx.method_inputs``
+    (:meth:`DecodingMethod.question_inputs`).
 
     Returns what ``generate`` returns: the ``[B, T + new]`` sequences, or a
     ``GenerateDecoderOnlyOutput`` (``sequences``, ``scores``, ``logits`` and the clean stream's
@@ -334,7 +350,7 @@ def decode(
     batch_size = int(input_ids.shape[0])
     main = Stream("main", input_ids, attention_mask, prefill)
     ctx = DecodingContext(model=model, generation_config=generation_config, main=main,
-                          batch_size=batch_size, input_ids=input_ids)
+                          batch_size=batch_size, input_ids=input_ids, method_inputs=dict(method_inputs or {}))
     method.check(model, ctx)
 
     extra = method.contrast_streams(ctx)

@@ -11,13 +11,21 @@ Two parts:
 
    .. math:: z_{j} \leftarrow z_{j} + \alpha\,|z_{j}| \qquad (j \text{ an image column})
 
-2. **CFG on a text-only stream** (the prompt without its image; prefilled alone, then decoded
-   in the clean stream's batch and KV cache, one forward of 2B rows per step), with
-   ``log p = log_softmax(ℓ)``:
+2. **CFG on a text-only stream** (prefilled alone, then decoded in the clean stream's batch and KV
+   cache, one forward of 2B rows per step), with ``log p = log_softmax(ℓ)``:
 
    .. math::
        s = \gamma(\log p_c - \log p_u) + \log p_u,\qquad
        s(y) = -\infty \text{ unless } \log p_c(y) \ge \log\beta + \max \log p_c
+
+The text-only stream (``cfg_stream``): ``"templated"`` (default) is the templated prompt without
+its image tokens, as PAI's own LLaVA code builds it; ``"raw_question"`` is BOS + the tokens of the
+user's question text alone (no conversation template, no image marker, no other special token), as
+MedHEval's released ``model_vqa.py`` builds it (``init_cfg_processor`` on ``cur_prompt``: the question
+with the script's instruction suffixes, ``<image>`` removed, stripped). The question text does not
+appear in ``input_ids`` on its own, so the caller hands it over: ``generate(...,
+method_inputs=pai.question_inputs(tokenizer, questions))`` (the HF backend does this with each record's
+instruction text). A tokenizer without a BOS token (Qwen-VL) gets the question tokens alone.
 
 Presets: ``medheval`` (default) and ``official`` are the same: α = 0.2, γ = 1.1, β = 0.1
 (hard-coded in PAI), layers 2..32 of a 32-layer model — MedHEval's runner and the run commands
@@ -39,7 +47,7 @@ while its ``use_cfg`` flag was still set from setup (``reference/mitigations.md`
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import torch
 
@@ -47,9 +55,67 @@ from medheval.decoding.contrast import LogProbContrast, PlausibilityCutoff
 from medheval.decoding.hooks import AttentionHook, ImageAttentionBoost, num_layers
 from medheval.decoding.loop import DecodingContext, DecodingMethod
 from medheval.decoding.streams import Stream
-from medheval.decoding.visual_tokens import MitigationError, visual_token_ids
+from medheval.decoding.visual_tokens import MitigationError, image_token_mask, visual_token_ids
 from medheval.mitigations.m3id import text_only_stream
 from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
+
+
+CFG_STREAMS = ("templated", "raw_question")
+"""Values of :attr:`PAI.cfg_stream`."""
+
+RAW_QUESTION_IDS = "raw_question_ids"
+"""The ``method_inputs`` key of the raw-question stream's per-row token ids."""
+
+
+def raw_question_ids(tokenizer, questions: Sequence[str]) -> list[list[int]]:
+    """Per question: the tokenizer's BOS (when it has one), then the question's tokens with no special tokens added.
+
+    Raises:
+        MitigationError: a question gives no token at all (empty text and no BOS).
+    """
+    bos = getattr(tokenizer, "bos_token_id", None)
+    rows = []
+    for index, question in enumerate(questions):
+        ids = [int(t) for t in tokenizer(str(question), add_special_tokens=False)["input_ids"]]
+        row = ([int(bos)] if bos is not None else []) + ids
+        if not row:
+            raise MitigationError(f"PAI raw_question: question {index} ({question!r}) gives no token")
+        rows.append(row)
+    return rows
+
+
+def left_padded(rows: Sequence[Sequence[int]], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` of token ids as a left-padded ``[B, T]`` batch and its attention mask."""
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        if len(row):
+            input_ids[index, width - len(row):] = torch.as_tensor([int(t) for t in row], dtype=torch.long)
+            attention_mask[index, width - len(row):] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def raw_question_stream(ctx: DecodingContext, name: str = "text_only") -> Stream:
+    """The text-only stream of ``cfg_stream="raw_question"``: each row's ids from ``ctx.method_inputs``, left-padded.
+
+    Raises:
+        MitigationError: the ids were not passed, do not match the batch, or hold image tokens.
+    """
+    rows = ctx.method_inputs.get(RAW_QUESTION_IDS)
+    if rows is None:
+        raise MitigationError(
+            "PAI cfg_stream='raw_question' needs each row's question: pass "
+            "method_inputs=pai.question_inputs(tokenizer, questions) to generate (HFBackend does this), "
+            "or use cfg_stream='templated'")
+    if len(rows) != ctx.batch_size or any(len(row) == 0 for row in rows):
+        raise MitigationError(
+            f"PAI raw_question: got {len(rows)} rows of question ids (empty ones included) for a batch of "
+            f"{ctx.batch_size}; pass one non-empty row per prompt, in the batch's order")
+    input_ids, attention_mask = left_padded(rows, ctx.pad_token_id, ctx.main.input_ids.device)
+    if bool(image_token_mask(input_ids, ctx.model.config)[attention_mask.bool()].any()):
+        raise MitigationError("PAI raw_question: a question holds image tokens; remove the image marker from its text")
+    return Stream(name, input_ids, attention_mask, inputs={})
 
 
 def default_layer_range(total_layers: int, start: int | None = None, end: int | None = None) -> tuple[int, int]:
@@ -76,6 +142,9 @@ class PAI(DecodingMethod):
         beta: plausibility cutoff β (``0`` = no cutoff).
         use_cfg: run the text-only stream, the CFG step and the cutoff (``False`` = attention
             intervention only, on the raw logits).
+        cfg_stream: the text-only stream: ``"templated"`` (the prompt without its image tokens) or
+            ``"raw_question"`` (BOS + the question text alone, as MedHEval's script; needs
+            ``method_inputs`` from :meth:`question_inputs`).
     """
 
     preset: str = DEFAULT_PRESET
@@ -85,6 +154,7 @@ class PAI(DecodingMethod):
     end_layer: int | None = from_preset()
     beta: float = from_preset()
     use_cfg: bool = from_preset()
+    cfg_stream: str = "templated"
 
     name = "pai"
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
@@ -102,6 +172,10 @@ class PAI(DecodingMethod):
 
     def __post_init__(self):
         resolve_preset(self)
+        if self.cfg_stream not in CFG_STREAMS:
+            raise MitigationError(
+                f"pai cfg_stream must be one of {list(CFG_STREAMS)}, got {self.cfg_stream!r} "
+                "(e.g. --mitigation pai:cfg_stream=raw_question)")
         self._cutoff = PlausibilityCutoff(self.beta)
 
     def layers(self, model) -> range:
@@ -115,8 +189,17 @@ class PAI(DecodingMethod):
     def hooks(self, ctx: DecodingContext) -> list[AttentionHook]:
         return [ImageAttentionBoost(self.alpha, self.layers(ctx.model))]
 
+    def question_inputs(self, tokenizer, questions: list[str]) -> dict[str, Any]:
+        """``{"raw_question_ids": ...}`` (:func:`raw_question_ids`) when the CFG stream is the raw question,
+        else ``{}``."""
+        if not (self.use_cfg and self.cfg_stream == "raw_question"):
+            return {}
+        return {RAW_QUESTION_IDS: raw_question_ids(tokenizer, questions)}
+
     def contrast_streams(self, ctx: DecodingContext) -> list[Stream]:
-        return [text_only_stream(ctx)] if self.use_cfg else []
+        if not self.use_cfg:
+            return []
+        return [raw_question_stream(ctx) if self.cfg_stream == "raw_question" else text_only_stream(ctx)]
 
     def scores(self, ctx: DecodingContext, logits: dict[str, torch.Tensor]) -> torch.Tensor:
         if not self.use_cfg:  # attention intervention only: plain scores, as PAI without its CFG processor
@@ -125,4 +208,4 @@ class PAI(DecodingMethod):
         return self._cutoff(combined, logits["main"])
 
 
-__all__ = ["PAI", "default_layer_range"]
+__all__ = ["CFG_STREAMS", "PAI", "RAW_QUESTION_IDS", "default_layer_range", "raw_question_ids", "raw_question_stream"]

@@ -178,7 +178,8 @@ MITIGATION = PaperProtocol(
         "dola": {"defaults": dict(_GREEDY)},
         "opera": {"defaults": {"do_sample": False, "max_new_tokens": 128}},
     },
-    mitigation_options={"opera": {"scale_factor": 25.0, "threshold": 25}, "avisc": {"top_k": None}},
+    mitigation_options={"opera": {"scale_factor": 25.0, "threshold": 25}, "avisc": {"top_k": None},
+                        "pai": {"cfg_stream": "raw_question"}},
     **_SCORING,
     seeds=(0,),
     conflicts=(
@@ -208,11 +209,13 @@ MITIGATION = PaperProtocol(
         "reaches the model (the method as defined); --mitigation vcd:alpha=0 gives the released script's "
         "effective scores (the contrast is ℓ, the β cutoff still applies), though it still runs the unused "
         "noised stream",
-        "PAI, not reproduced: the released script's text-only (CFG) stream is BOS + the raw question, with no "
-        "chat template; here it is the templated prompt without its image tokens, as PAI's own LLaVA code. The "
-        "released script also skipped the attention boost at the prefill of the first item of each process "
-        "only (its use_cfg flag was still set from setup); here every item's prefill is boosted, as the "
-        "released script did for every later item",
+        "PAI's text-only (CFG) stream, reproduced: as in the released script it is the BOS token followed by "
+        "the tokens of the instruction text alone (cur_prompt: the question with the script's suffixes, <image> "
+        "removed, stripped; no conversation template, no other special token): pai:cfg_stream=raw_question "
+        "(--mitigation pai:cfg_stream=templated gives PAI's own LLaVA form, the templated prompt without its "
+        "image tokens). Not reproduced: the released script skipped the attention boost at the prefill of the "
+        "first item of each process only (its use_cfg flag was still set from setup); here every item's "
+        "prefill is boosted, as the released script did for every later item",
         *_COMMON_INFERRED,
     ),
 )
