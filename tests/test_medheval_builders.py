@@ -226,6 +226,9 @@ def _copy(fixture_benchmark, tmp_path) -> Path:
     ("qid", None, "'qid' is null, expected an integer or a non-empty string"),
     ("question", 42, "'question' is int 42, expected a string"),
     ("img_name", {"path": "x.jpg"}, "'img_name' is dict"),
+    ("img_name", None, "'img_name' is null, expected a string"),
+    ("img_name", "", "'img_name' is str \"\", expected an image reference"),
+    ("img_name", "  ", "'img_name' is str \"  \", expected an image reference"),
 ])
 def test_a_field_of_the_wrong_type_names_file_record_and_field(fixture_benchmark, tmp_path, dataset_cache, field,
                                                                value, shown):

@@ -56,6 +56,17 @@ def text_field(raw: dict, key: str, where: str) -> str:
     return value
 
 
+def image_field(raw: dict, key: str, where: str) -> str:
+    """``raw[key]`` when it is a non-blank string (an image reference); else an error naming ``where`` (file,
+    record), the field and the value. A blank reference names no image: it would load, then fail far from its
+    record (the image root itself as the "file", or a missing file named by spaces)."""
+    value = text_field(raw, key, where)
+    if not value.strip():
+        raise ValueError(f"{where}: field {key!r} is {_shown(value)}, expected an image reference (a non-empty "
+                         f"path); fix the record or drop it from the file")
+    return value
+
+
 def id_field(raw: dict, key: str, where: str) -> int | str:
     """``raw[key]`` when it is an integer or a non-empty string (a record id); else an error naming it
     (a null id would make every such record ``.../None``)."""

@@ -272,7 +272,15 @@ class ImageFetchError(ImageError):
 
 
 class ImageDecodeError(ImageError):
-    """The bytes of an image could not be decoded by PIL."""
+    """The bytes of an image could not be decoded by PIL. When raised by :meth:`ImageResolver.open`, ``ref``,
+    ``source`` and ``location`` (a local file's path, else the reference in its root's description) name it."""
+
+    def __init__(self, message: str, ref: str | None = None, source: str | None = None,
+                 location: str | None = None) -> None:
+        super().__init__(message)
+        self.ref = ref
+        self.source = source
+        self.location = location
 
 
 class ImageRootUnavailable(ImageError):
@@ -1108,9 +1116,24 @@ class ImageResolver:
                 raise ImageNotFound(source, ref, where, exc.explicit_hint) from None
             raise
 
+    def location(self, source: str, ref: str) -> str:
+        """Where image ``ref`` of ``source`` is read from, safe to show: a local file's path, else the reference
+        and its root's description (no credentials)."""
+        root = self.source_for(source, ref)
+        try:
+            if isinstance(root, MimicDicomSource) and isinstance(root.base, LocalFolderSource):
+                return str(root.base.path_for(root.path_of(ref)))
+            if isinstance(root, LocalFolderSource):
+                return str(root.path_for(ref))
+        except ImageError:
+            pass
+        return f"{ref!r} in {root.describe()}"
+
     def open(self, source: str, ref: str) -> Image.Image:
         """Image ``ref`` of ``source`` decoded as RGB; its stored mode (``L`` for a grayscale file) is kept in
-        ``image.info[SOURCE_MODE]`` (:mod:`medheval.backends.grey_padding` reads it)."""
+        ``image.info[SOURCE_MODE]`` (:mod:`medheval.backends.grey_padding` reads it). A file that does not decode
+        in full (corrupt, cut short after a valid header) raises :class:`ImageDecodeError`: PIL's
+        ``LOAD_TRUNCATED_IMAGES`` is never set, so a truncated file is never half-read."""
         data = self.open_bytes(source, ref)
         limit = max_pixels()
         try:
@@ -1120,12 +1143,15 @@ class ImageResolver:
                 decoded = image.convert("RGB")
                 decoded.info[SOURCE_MODE] = image.mode
                 return decoded
-        except ImageDecodeError:
-            raise
-        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        except ImageDecodeError as exc:
+            where = self.location(source, ref)
+            raise ImageDecodeError(f"{exc} File: {where}.", ref, source, where) from None
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+            where = self.location(source, ref)
             raise ImageDecodeError(
-                f"image {ref!r} (source {source!r}, {len(data)} bytes) could not be decoded: "
-                f"{type(exc).__name__}: {exc}. The file is corrupt, truncated or not an image."
+                f"image {ref!r} (source {source!r}, {len(data)} bytes, file {where}) could not be decoded: "
+                f"{type(exc).__name__}: {exc}. The file is corrupt, truncated or not an image.",
+                ref, source, where,
             ) from None
 
     def load_record_images(self, record: Mapping[str, Any]) -> list[Image.Image]:

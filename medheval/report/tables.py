@@ -205,8 +205,8 @@ def caveats(run: dict[str, Any]) -> list[str]:
             lines.append(f"`{split}`: {skipped} record(s) skipped for a missing image (--on-missing skip)")
         undecodable = (entry.get("skipped_undecodable_images") or {}).get("count", 0)
         if undecodable:
-            lines.append(f"`{split}`: {undecodable} record(s) skipped for an undecodable image (corrupt or not an "
-                         f"image; --on-missing skip)")
+            lines.append(f"`{split}`: {undecodable} record(s) skipped for an undecodable image (corrupt, truncated or "
+                         f"not an image; --on-missing skip)")
         for metric, out in entry.get("metrics", {}).items():
             failed = (out or {}).get("n_failed") if isinstance(out, dict) else None
             if isinstance(failed, int) and failed:

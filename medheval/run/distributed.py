@@ -158,6 +158,14 @@ class Group:
                 result = work()
         return result
 
+    def collect(self, value: T) -> list[T]:
+        """Every process's ``value``, in rank order (``[value]`` in a single-process run); every process must
+        call it at the same point."""
+        if self.world_size == 1:
+            return [value]
+        assert self.gather is not None
+        return self.gather(value)
+
     def _exchange(self, status: str | None) -> list[Any]:
         assert self.gather is not None
         return self.gather(status)

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from medheval.backends.base import Backend, BackendError
 from medheval.data.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
+from medheval.data.images import ImageDecodeError
 from medheval.run.control import Control, ControlError, check_control
 from medheval.run.distributed import group as process_group
 from medheval.run.distributed import shard_batches
@@ -196,23 +197,82 @@ def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judg
     return names
 
 
+class SkippedRecord(NamedTuple):
+    """A record left out of its batch because one of its images does not decode (``--on-missing skip``)."""
+
+    record_id: str
+    ref: str
+    reason: str
+
+
+class RecordBatch(NamedTuple):
+    """One batch ready for the model: the records kept, their images, and the records skipped from it."""
+
+    records: list[dict]
+    images: list[list[Any]]
+    skipped: list[SkippedRecord]
+
+
+def _decoded_or_error(load_images: Callable[[dict], list[Any]], record: dict) -> list[Any] | ImageDecodeError:
+    """The record's images, or the :class:`ImageDecodeError` one of them raised (its batch decides what to do)."""
+    try:
+        return load_images(record)
+    except ImageDecodeError as error:
+        return error
+
+
+def undecodable_error(error: ImageDecodeError, record_id: str) -> ImageDecodeError:
+    """``error`` naming the record, the image file and what to do (``--on-missing error``, the default)."""
+    named = str(error) if getattr(error, "record_ids", None) else f"record {record_id!r}: {error}"
+    if error.location and error.location not in named:
+        named += f" File: {error.location}."
+    found = ImageDecodeError(
+        f"{named} To fix: re-download or replace the file (a download cut short leaves a file whose header is valid "
+        f"and whose data is missing), or pass --on-missing skip (Python: on_missing=\"skip\") to leave such records "
+        f"out and count them in results.json (skipped_undecodable_images).", error.ref, error.source, error.location)
+    found.record_ids = [record_id]
+    return found
+
+
+def _keep_decodable(records: list[dict], loaded_images: list[list[Any] | ImageDecodeError],
+                    skip: bool) -> RecordBatch:
+    """The batch without the records whose images did not decode: skipped (``skip``) or the first one raised."""
+    batch = RecordBatch([], [], [])
+    for record, images in zip(records, loaded_images):
+        if not isinstance(images, ImageDecodeError):
+            batch.records.append(record)
+            batch.images.append(images)
+        elif skip:
+            batch.skipped.append(SkippedRecord(str(record["id"]), images.ref or "", str(images)))
+        else:
+            raise undecodable_error(images, str(record["id"]))
+    return batch
+
+
 def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int, pool: ThreadPoolExecutor,
-                    volumes: bool = False, control: Control = Control()) -> Iterator[tuple[list[dict], list[list[Any]]]]:
-    """Batches of (records, their images); the next batch's images load while the current one runs.
+                    volumes: bool = False, control: Control = Control(),
+                    skip_undecodable: bool = False) -> Iterator[RecordBatch]:
+    """Batches of (records, their images, records skipped); the next batch's images load while the current one
+    runs. Each image is decoded once, here: a record whose image does not decode (a file cut short after a valid
+    header passes the up-front header check) is left out of its batch with ``skip_undecodable``, else it is an
+    error naming the record, the file and what to do (:func:`undecodable_error`).
     With ``volumes`` each record also carries ``"volumes"`` ({name: 3D array}) for a 3D-capable backend.
     ``control`` replaces the images and volumes (:mod:`medheval.run.control`; ``no_image`` reads none)."""
     load_images = control.loader(loaded.resolver.load_record_images if loaded.resolver is not None else None)
     read_volumes = control.volume_loader(loaded.volume_reader) if volumes else None
 
-    def load(chunk: list[int]) -> tuple[list[dict], list[list[Any]]]:
+    def load(chunk: list[int]) -> RecordBatch:
         batch = loaded.dataset[chunk]
         records = [dict(zip(batch.keys(), values)) for values in zip(*batch.values())]
-        if read_volumes is not None:
-            for record in records:
-                record["volumes"] = read_volumes(record)
         if load_images is None:
-            return records, [[] for _ in records]
-        return records, list(pool.map(load_images, records))
+            kept = RecordBatch(records, [[] for _ in records], [])
+        else:
+            decoded = list(pool.map(lambda record: _decoded_or_error(load_images, record), records))
+            kept = _keep_decodable(records, decoded, skip_undecodable)
+        if read_volumes is not None:
+            for record in kept.records:
+                record["volumes"] = read_volumes(record)
+        return kept
 
     chunks = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
     pending = pool.submit(load, chunks[0]) if chunks else None
@@ -225,13 +285,17 @@ def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int
 def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogWriter,
                          done: set[tuple[str, str, str, str]], mitigation: str, batch_size: int,
                          generation: GenerationPlan | None = None, shard: tuple[int, int] = (0, 1),
-                         control: Control = Control(), provenance: Mapping[str, Any] | None = None) -> int:
+                         control: Control = Control(), provenance: Mapping[str, Any] | None = None,
+                         skipped: list[SkippedRecord] | None = None) -> int:
     """Generate for every record not yet in the log; returns how many were generated now. Every secret the
     run holds (API keys, passwords: :func:`medheval.net.secrets.register_secrets`) is redacted from the
     predictions, which a server may have echoed it into. Each log entry records the rendered prompt (when the backend has ``format_prompt``) and the generation settings.
     ``shard=(rank, world_size)``: only this process's batches (:func:`medheval.run.distributed.shard_batches`).
     ``control``: the images the model gets instead (:mod:`medheval.run.control`); a blind entry records it.
-    ``provenance``: written into every entry when it is not a clean full run (:mod:`medheval.run.provenance`)."""
+    ``provenance``: written into every entry when it is not a clean full run (:mod:`medheval.run.provenance`).
+    ``skipped``: a list that collects the records whose image does not decode (``--on-missing skip``): they are
+    left out of their batch, the others answer as they would without them; ``None``: such an image is an error
+    naming the record. A skipped record gets no log entry, so a resumed run tries it again."""
     ids = loaded.dataset["id"]
     carried = run_provenance.for_log(provenance or {})
     todo = [index for index, rid in enumerate(ids) if (rid, backend.name, mitigation, control.kind) not in done]
@@ -247,7 +311,10 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     generated = 0
     with tqdm(total=len(ids), initial=len(ids) - len(todo), desc=f"{loaded.name}:{loaded.config}",
               unit="item") as bar, ThreadPoolExecutor(max_workers=8) as pool:
-        for records, images in _record_batches(loaded, todo, batch_size, pool, volumes, control):
+        for records, images, left_out in _record_batches(loaded, todo, batch_size, pool, volumes, control,
+                                                         skip_undecodable=skipped is not None):
+            if skipped is not None:
+                skipped.extend(left_out)
             for group, group_images, settings in group_by_settings(records, images, plan_for):
                 began = time.perf_counter()
                 outputs, used = generate_with(backend, group, group_images, settings)
@@ -259,8 +326,28 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
                                   "mitigation": mitigation, **blind, "seconds": round(seconds, 6), "generation": used,
                                   **rendered_prompt(backend, record, record_images), **carried})
             generated += len(records)
-            bar.update(len(records))
+            bar.update(len(records) + len(left_out))
     return generated
+
+
+def record_skipped_undecodable(loaded: LoadedBenchmark, skipped: Sequence[SkippedRecord], warnings: list[str]) -> None:
+    """Count the records skipped during generation for an image that did not decode with those the up-front
+    check skipped (``loaded.skipped_undecodable_images``, once per record), take them out of the split (as an
+    up-front skip does: ``n_records`` and the scores leave them out) and say so on the console and in results.
+    Nothing is written to the log for them, so a resumed run tries them again and counts them again only if they
+    still fail: each run's count is that run's, never doubled."""
+    counted = {rid for rid, _ in loaded.skipped_undecodable_images}
+    new = list({record.record_id: record for record in skipped if record.record_id not in counted}.values())
+    if not new:
+        return
+    loaded.skipped_undecodable_images.extend((record.record_id, record.ref) for record in new)
+    gone = {record.record_id for record in new}
+    loaded.dataset = loaded.dataset.select([index for index, rid in enumerate(loaded.dataset["id"]) if rid not in gone])
+    first = new[0]
+    _warn(warnings, f"{loaded.name}:{loaded.config}: {len(new)} record(s) skipped during generation because an "
+                    f"image did not decode (--on-missing skip; counted in skipped_undecodable_images). First: "
+                    f"{first.reason} Re-download or replace the file(s), then re-run the same command: it answers "
+                    f"only the records left out")
 
 
 def _images_without_reference(resolver: Any, rows: list[dict]) -> list[list | None]:
@@ -582,11 +669,17 @@ class QAProtocol(SplitProtocol):
 
     def run_split(self, job: SplitJob) -> int:
         loaded, backend, spec, state = job.loaded, job.backend, job.spec, job.state
-        return job.group.generate(
+        skipped: list[SkippedRecord] | None = [] if spec.on_missing == "skip" else None
+        generated = job.group.generate(
             lambda writer, shard: generate_predictions(loaded, backend, writer, state["done"], spec.mitigation,
                                                        job.batch_size, spec.generation, shard, spec.image_control,
-                                                       split_provenance(job)),
+                                                       split_provenance(job), skipped),
             state["log_path"], state["order"], job.split)
+        if skipped is not None:
+            every = [record for part in job.group.collect(skipped) for record in part]  # all processes' skips
+            if job.group.is_main:
+                record_skipped_undecodable(loaded, every, job.warnings)
+        return generated
 
     def score_split(self, job: SplitJob, generated: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         loaded, backend, spec, state = job.loaded, job.backend, job.spec, job.state

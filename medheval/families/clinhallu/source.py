@@ -179,6 +179,23 @@ def upstream_id(row: Mapping[str, Any], index: int) -> tuple[str, str]:
     return "row_index", str(index)
 
 
+def image_refs(value: Any, where: str) -> list[str]:
+    """A row's ``images`` as a list of references: a list (each entry a non-blank string), one string, or
+    nothing (``None``, ``[]``, a blank string: a text-only row, flagged ``no_images``). A ``None`` or blank entry
+    in a list names no image (``str(None)`` would become the file ``None``): an error naming ``where``."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return []
+    if isinstance(value, str):
+        return [value]
+    refs = list(value)
+    for position, ref in enumerate(refs):
+        if not isinstance(ref, str) or not ref.strip():
+            shown = "null" if ref is None else repr(ref)
+            raise ValueError(f"{where}: field 'images' entry {position} is {shown}, expected an image reference (a "
+                             f"non-empty path); fix the row or leave the entry out")
+    return refs
+
+
 def record(row: Mapping[str, Any], index: int, config: str) -> dict:
     """The canonical record of one ClinHallu row (``index`` = its row index in the source)."""
     for field in ("question", "answer"):
@@ -197,8 +214,7 @@ def record(row: Mapping[str, Any], index: int, config: str) -> dict:
             flags.append("answer_letter_not_in_options")
         if normalize_reference(str(row["answer"]), "multiple_choice", choices) is None:
             flags.append("answer_not_in_choices")
-    images = row.get("images")
-    images = [images] if isinstance(images, str) else [str(ref) for ref in (images or [])]
+    images = image_refs(row.get("images"), f"ClinHallu {config} row {index} (id {rid!r})")
     if not images:
         flags.append("no_images")
     meta = {

@@ -154,7 +154,10 @@ def image_reference(image: Any) -> tuple[str, str]:
     ``<dicom_id>.jpg`` -> ``mimic_cxr`` (mapped to its folder by a metadata CSV at load time, see
     :class:`medheval.data.images.MimicDicomSource`). ``ValueError`` for anything else.
     """
-    ref = str(image or "")
+    if not isinstance(image, str) or not image.strip():
+        raise ValueError(f"image {'null' if image is None else repr(image)} is empty: every Med-HallMark record "
+                         f"has one image (a VQA-RAD synpic, SLAKE xmlab or MIMIC-CXR dicom reference)")
+    ref = image
     if re.fullmatch(r"(?:rad/)?synpic\d+\.jpg", ref):
         return "vqa_rad", ref.removeprefix("rad/")
     if re.fullmatch(r"(?:slake/)?xmlab\d+/source\.jpg", ref):
@@ -180,7 +183,7 @@ def _record(config: str, upstream_id: Any, raw: dict, question: str, answer: str
     try:
         source, ref = image_reference(raw.get("image"))
     except ValueError as error:
-        raise ValueError(f"{path}: record #{index} (id={upstream_id!r}): {error}") from None
+        raise ValueError(f"{path}: record #{index} (id={upstream_id!r}): field 'image': {error}") from None
     meta.update(upstream_id=upstream_id, upstream_image=raw.get("image"), quality_flags=flags,
                 credentialed=is_credentialed(source))
     return {
@@ -221,7 +224,7 @@ def judged_records(path: str | Path, config: str) -> Iterator[dict]:
         try:
             item = split_judge_prompt(human)
         except ValueError as error:
-            raise ValueError(f"{path}: record #{index} (id={upstream_id!r}): {error}") from None
+            raise ValueError(f"{path}: record #{index} (id={upstream_id!r}): field 'image': {error}") from None
         label = raw.get("classification_label")
         if not isinstance(label, int) or not 0 <= label < len(_LABEL_LEVELS):
             raise ValueError(f"{path}: record #{index} (id={upstream_id!r}): classification_label {label!r} "
