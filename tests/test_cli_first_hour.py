@@ -281,3 +281,15 @@ def test_inputs_without_an_image_root_say_the_model_would_get_images(fixture_ben
     assert main([*base, "--image-root", f"mimic_cxr={fixture_benchmark['image_roots']['mimic_cxr']}"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("images:"))
     assert line.startswith("images: 1 loaded") and "--image-root" not in line
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`medheval list --json | head` printed a BrokenPipeError traceback. The reader here closes the pipe before
+    anything is written, so the first write fails: exit 141 (128 + SIGPIPE), as a Unix tool, and nothing on stderr."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "medheval.cli", "list", "--json"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env, cwd=Path(__file__).resolve().parents[1])
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141
+    assert stderr == ""

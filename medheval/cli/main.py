@@ -9,6 +9,7 @@ HELP_DESCRIPTION = ("Measure and mitigate hallucinations of medical vision-langu
 import argparse
 import errno
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -428,6 +429,13 @@ def disk_full_message(error: OSError) -> str:
             f"re-run the same command (it resumes)")
 
 
+def _silence_stdout() -> None:
+    """Point stdout at the null device, so the interpreter's flush at exit does not raise again on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one clear message and exit 2."""
     from medheval.errors import USER_ERRORS
@@ -442,7 +450,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_redacting_hooks()  # uncaught tracebacks and log records too
     proxies_before = transport.set_proxy_for(tuple(getattr(args, "proxy_for", None) or ()))
     try:
-        return args.handler(args)
+        status = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return status
     except KeyboardInterrupt:
         return _interrupted(args)
     except USER_ERRORS as error:
@@ -450,6 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"error: {redact(bounded(str(message)))}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `medheval list --json | head`: the reader left; end quietly, as a Unix tool does
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE: what a shell reports for a tool the closed pipe stopped
     except OSError as error:
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
