@@ -204,6 +204,25 @@ def test_outside_the_protocols_the_processors_ids_are_fed():
     assert torch.equal(backend.upstream_inputs(same, texts)["input_ids"], inputs["input_ids"])
 
 
+@pytest.mark.parametrize("protocol", ["medheval-baseline", "medheval-mitigation"])
+def test_configure_backend_turns_it_on_for_llava_types_only(llava, llava_next, protocol):
+    from medheval.backends.hf import HFBackend
+    from medheval.run.paper_protocols import configure_backend, get_protocol
+
+    for model, processor in (llava, llava_next):
+        backend = HFBackend(model, processor, device="cpu")
+        assert configure_backend(backend, get_protocol(protocol)).upstream_tokens is True
+        assert backend.upstream_tokens is False  # a copy, the original kept
+        assert configure_backend(backend, get_protocol("clean")).upstream_tokens is False
+    model, processor = llava
+    backend = HFBackend(model, processor, device="cpu")
+    model.config.model_type = "qwen2_5_vl"  # another family under the same protocol keeps the processor's ids
+    try:
+        assert configure_backend(backend, get_protocol(protocol)).upstream_tokens is False
+    finally:
+        model.config.model_type = "llava"
+
+
 def test_a_template_that_writes_bos_gets_it_once():
     processor = llava_processor("first")
     backend = _backend(processor, True, instruction=_instruction)
