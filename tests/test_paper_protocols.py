@@ -233,7 +233,9 @@ def test_protocol_recorded_and_refused_on_resume(fixture_benchmark, tmp_path, ca
     results = json.loads((output / "results.json").read_text())
     assert results["protocol"]["name"] == "medheval-baseline"
     assert results["scoring"]["upstream_compat"] is True  # the paper's scorer comes with its protocol
-    assert json.loads((output / "run.json").read_text())["protocol"]["name"] == "medheval-baseline"
+    run_json = json.loads((output / "run.json").read_text())
+    assert run_json["protocol"]["name"] == "medheval-baseline"
+    assert run_json["backend"]["tokenization"] == "upstream_chunked"  # LLaVA's tokenizer_image_token ids
     entries = [json.loads(line) for line in (output / "predictions.jsonl").read_text().splitlines()]
     assert {json.dumps(e["generation"], sort_keys=True) for e in entries} == {json.dumps(
         {"do_sample": True, "temperature": 0.2, "top_p": 1.0, "top_k": 50, "num_beams": 1, "max_new_tokens": 3},

@@ -261,6 +261,9 @@ class HFBackend:
         # LLaVA-Med-1.5's grey canvas for grayscale images (medheval.backends.grey_padding); a paper protocol
         # turns it on (medheval.run.paper_protocols.configure_backend)
         self.grey_padding = False
+        # LLaVA's tokenizer_image_token: each piece around an image marker tokenized alone
+        # (medheval.backends.llava_tokens); a paper protocol turns it on for LLaVA-family models
+        self.upstream_tokens = False
         self._auto_sizes: dict[str, int] = {}  # per method and settings: the largest batch that ran
         self._auto_used: list[int] = []  # batch sizes used since take_auto_batch_size()
 
@@ -406,6 +409,24 @@ class HFBackend:
         mean = square_padding_mean(self.processor) if self.grey_padding else None
         return list(images) if mean is None else [pad_grayscale(image, mean) for image in images]
 
+    def upstream_inputs(self, inputs: Any, texts: Sequence[str]) -> Any:
+        """The processor's batch ``inputs`` with ``input_ids`` / ``attention_mask`` rebuilt by LLaVA's chunked
+        rule (:func:`medheval.backends.llava_tokens.chunked_inputs`) when :attr:`upstream_tokens` is on, each
+        image keeping the number of image tokens the processor gave it; else ``inputs`` unchanged."""
+        if not self.upstream_tokens:
+            return inputs
+        from medheval.backends.llava_tokens import ChunkedTokensError, chunked_inputs
+
+        image_id = self.tokenizer.convert_tokens_to_ids(self._image_token)
+        bos = self.tokenizer.bos_token
+        if self._tokenizer_adds_bos and bos:  # a template that writes BOS itself: the tokenizer adds it, once
+            texts = [text[len(bos):] if text.startswith(bos) else text for text in texts]
+        try:
+            return chunked_inputs(inputs, texts, self.tokenizer, self._image_token, image_id,
+                                  self.tokenizer.pad_token_id)
+        except ChunkedTokensError as err:
+            raise BackendError(f"upstream chunked tokenization of {self.name!r}: {err}") from err
+
     def _generate_texts(self, texts: list[str], images: list[list], records: list[dict], seed: int | None = None,
                         overrides: dict | None = None, row_seeds: list[int] | None = None,
                         questions: list[str] | None = None) -> list[str]:
@@ -422,7 +443,7 @@ class HFBackend:
         except Exception as err:  # noqa: BLE001 - name the records, keep the cause
             ids = [r.get("id") for r in records]
             raise BackendError(f"processor failed on records {ids}: {err}") from err
-        inputs = inputs.to(self.device)
+        inputs = self.upstream_inputs(inputs, texts).to(self.device)
         if "pixel_values" in inputs and torch.is_floating_point(inputs["pixel_values"]):
             inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
         seed = self.seed if seed is None else seed
@@ -596,6 +617,8 @@ class HFBackend:
             settings["sampler"] = "per_row"
         if self.prefix_cache:
             settings["prefix_cache"] = True
+        if self.upstream_tokens:  # other prompt ids than the processor's: a resumed run must match
+            settings["tokenization"] = "upstream_chunked"
         if self.pads_grayscale():  # other pixels than a run without it: a resumed run must match
             settings["grey_padding"] = True
         if self.compiles():  # bfloat16 tokens may differ from eager in rounding: a resumed run must match

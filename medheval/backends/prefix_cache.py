@@ -78,9 +78,11 @@ class PrefixCache:
         if imgs:
             kwargs["images"] = self.backend.model_images(imgs) * len(texts)
         try:
-            return self.backend.processor(**kwargs)
+            inputs = self.backend.processor(**kwargs)
         except Exception as err:  # noqa: BLE001 - name the records, keep the cause
             raise BackendError(f"processor failed on records {[r.get('id') for r in records]}: {err}") from err
+        upstream = getattr(self.backend, "upstream_inputs", None)
+        return upstream(inputs, texts) if upstream is not None else inputs
 
     def _encode(self, records: list[dict], imgs: list) -> tuple[list[list[int]], Any]:
         """Token ids (image tokens expanded, as the processor makes them) and the group's pixel values.
@@ -88,7 +90,8 @@ class PrefixCache:
         The images are preprocessed once: the first prompt goes through the processor; the others are
         tokenized as text and get the first prompt's expanded head (everything up to its last image
         token) when their own head is the same. A prompt where that does not hold goes through the
-        processor too, so the ids are always the processor's."""
+        processor too, so the ids are always the processor's (under upstream chunked tokenization,
+        :attr:`HFBackend.upstream_tokens`, every prompt goes through it and its ids are rebuilt by that rule)."""
         backend = self.backend
         texts = [backend.format_prompt(record, len(imgs)) for record in records]
         first = self._process(records[:1], texts[:1], imgs)
@@ -101,6 +104,10 @@ class PrefixCache:
         pixel_values = first.get("pixel_values")
         if len(texts) == 1:
             return [first_ids], pixel_values
+        if getattr(backend, "upstream_tokens", False):  # the text-only shortcut below would bypass the chunked rule
+            rest = self._process(records[1:], texts[1:], imgs)
+            return [first_ids] + [rest["input_ids"][i][rest["attention_mask"][i].bool()].tolist()
+                                  for i in range(len(texts) - 1)], pixel_values
         raw = backend.tokenizer(texts)["input_ids"]
         image_id = _image_token_id(backend)
         marks = [i for i, token in enumerate(raw[0]) if token == image_id]

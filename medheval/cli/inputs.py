@@ -85,6 +85,9 @@ def describe_item(backend: Any, record: dict, images: list, settings: dict[str, 
     if backend._tokenizer_adds_bos and bos and text.startswith(bos):
         kwargs["add_special_tokens"] = False
     encoded = processor(**kwargs)
+    if getattr(backend, "upstream_tokens", False):  # a paper protocol's LLaVA chunked tokenization, as run sends it
+        encoded = backend.upstream_inputs(encoded, [text])
+        item["tokenization"] = "upstream_chunked"
     ids = encoded["input_ids"][0].tolist()
     item["n_tokens"] = len(ids)
     item["rendered"] = decode_collapsed(backend.tokenizer, ids, backend._image_token)

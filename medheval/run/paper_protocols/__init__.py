@@ -54,7 +54,8 @@ def list_protocols() -> list[PaperProtocol]:
 
 def configure_backend(backend: Any, protocol: PaperProtocol, chat_template: str | None = None) -> Any:
     """A copy of ``backend`` that renders records under ``protocol`` (its instruction and its conversation
-    template for the backend's model type, and its ``grey_padding``); ``chat_template`` (``--chat-template``)
+    template for the backend's model type, its ``grey_padding``, and LLaVA's chunked prompt tokenization for
+    the model types in its ``upstream_tokens``); ``chat_template`` (``--chat-template``)
     beats the protocol's. A backend without those attributes (a predictions file) is returned as it is."""
     from medheval.backends.conversation import check_template_name
 
@@ -70,11 +71,14 @@ def configure_backend(backend: Any, protocol: PaperProtocol, chat_template: str 
     instruction = protocol.instruction_for(model_type)
     template = chat_template if chat_template is not None else protocol.template_for(model_type)
     grey = protocol.grey_padding and hasattr(backend, "grey_padding")
-    if instruction is None and template is None and not grey:
+    chunked = model_type in protocol.upstream_tokens and hasattr(backend, "upstream_tokens")
+    if instruction is None and template is None and not grey and not chunked:
         return backend
     variant = copy.copy(backend)
     if grey:
         variant.grey_padding = True
+    if chunked:
+        variant.upstream_tokens = True
     if instruction is not None:
         variant.instruction = instruction
     if template is not None and hasattr(variant, "conversation"):

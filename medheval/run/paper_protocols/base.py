@@ -36,7 +36,10 @@ class PaperProtocol:
     (``--no-upstream-compat``); ``metric_options[metric]`` are scoring options under the user's
     (``--metric-option``); ``gpu_dtype`` is the precision the published runs loaded the model in, used on a GPU
     when ``--dtype`` is not given (a CPU run keeps float32); ``grey_padding`` puts a grayscale image on
-    LLaVA-Med-1.5's grey square canvas where the processor pads to a square (:mod:`medheval.backends.grey_padding`).
+    LLaVA-Med-1.5's grey square canvas where the processor pads to a square (:mod:`medheval.backends.grey_padding`);
+    ``upstream_tokens`` names the model types (``config.model_type``) whose prompt ids are built by LLaVA's
+    ``tokenizer_image_token`` rule, each piece around ``<image>`` tokenized alone
+    (:mod:`medheval.backends.llava_tokens`), instead of the processor's whole-string tokenization.
     """
 
     name: str
@@ -55,6 +58,7 @@ class PaperProtocol:
     metric_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     gpu_dtype: str | None = None
     grey_padding: bool = False
+    upstream_tokens: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (0,)
     conflicts: tuple[Conflict, ...] = ()
     inferred: tuple[str, ...] = ()

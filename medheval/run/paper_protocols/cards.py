@@ -65,6 +65,14 @@ def card(protocol: PaperProtocol) -> str:
                       "canvas of ⌊255·mean(image_mean)⌋ (114), as the released `process_images` pads it; "
                       "`medheval/backends/grey_padding.py`."]
         lines += [""]
+    if protocol.upstream_tokens:
+        types = ", ".join(f"`{name}`" for name in protocol.upstream_tokens)
+        lines += ["## Prompt tokens", "",
+                  f"- Models of type {types}: the prompt ids are built as LLaVA's `tokenizer_image_token` builds "
+                  "them (each piece around `<image>` tokenized alone, BOS from the first piece only), each image "
+                  "then expanded to as many image tokens as the processor gives it; recorded as "
+                  "`settings.backend.tokenization: upstream_chunked`; `medheval/backends/llava_tokens.py`. Other "
+                  "models keep the processor's tokenization.", ""]
     lines += ["## Code and paper disagree (the code's value is the default)", ""]
     if protocol.conflicts:
         lines += ["| setting | code | paper | paper's value with | where |", "|---|---|---|---|---|"]

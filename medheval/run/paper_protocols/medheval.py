@@ -110,10 +110,15 @@ _COMMON_INFERRED = (
     "grayscale (mode L) image, as MIMIC-CXR-JPG's are, with grey 114 rather than the RGB mean (122, 116, 104): "
     "reproduced (grey_padding). Not reproduced: it pastes the image at a random, unseeded offset of 0 or 1 pixel "
     "from the centre; here it is centred",
-    "text identity is checked character for character; the HF processor tokenizes the whole prompt while "
-    "LLaVA's tokenizer_image_token tokenizes the pieces around <image> separately, so token boundaries next to "
-    "the image marker may differ",
+    "text identity is checked character for character; the prompt ids of LLaVA-Med-1.5 and LLaVA-NeXT are then "
+    "built as the released tokenizer_image_token builds them (each piece around <image> tokenized alone, so the "
+    "piece after the image starts with its own word-start marker, e.g. a lone '▁' before '\\n'; BOS from the "
+    "first piece only), each image expanded to the processor's count of image tokens for it. Each piece goes "
+    "through the model's HF tokenizer where the released builder.py loaded the slow sentencepiece one "
+    "(use_fast=False); the two are assumed to give the same ids for these pieces, which hold no special token",
 )
+# model types whose prompt ids follow LLaVA's tokenizer_image_token (medheval.backends.llava_tokens)
+_CHUNKED = ("llava", "llava_next")
 
 # how MedHEval's published numbers were scored and loaded: its released scorers (first-sentence yes/no, closest
 # option, "Assistant:" strip; medheval.scoring upstream_compat), its S_h judge prompt, and the float16 weights
@@ -135,6 +140,7 @@ BASELINE = PaperProtocol(
     templates={"llava": "vicuna_v1", "llava_next": "llava_v1", "*": "model"},
     generation={"none": {"defaults": {**_BASE, "temperature": 0.2}}},
     **_SCORING,
+    upstream_tokens=_CHUNKED,
     seeds=(0,),
     inferred=(
         "knowledge:closed: no released script runs it (Med-LVLMs' inference_scripts are Mixed_H, Single_H, "
@@ -181,6 +187,7 @@ MITIGATION = PaperProtocol(
     mitigation_options={"opera": {"scale_factor": 25.0, "threshold": 25}, "avisc": {"top_k": None},
                         "pai": {"cfg_stream": "raw_question"}},
     **_SCORING,
+    upstream_tokens=_CHUNKED,
     seeds=(0,),
     conflicts=(
         Conflict("mitigation opera.scale_factor", 25.0, 50.0, "--mitigation opera:scale_factor=50,threshold=15",
