@@ -105,3 +105,16 @@ def test_the_config_is_a_harness_task_outside_the_medheval_group():
     assert (Path(TASKS_DIR) / "medheval_vishal_report_ba4586e.yaml").is_file()
     assert "medheval_vishal_report_ba4586e" not in groups()["medheval"]
     assert "medheval_vishal_report_default" in groups()["medheval"]
+
+
+def test_the_paper_protocols_run_the_released_report_file_and_say_why():
+    """Both MedHEval protocols cover vishal_report by name, so they run its default config (the released 490-item
+    file the paper describes); their cards record that choice as inferred, with the revision it is not."""
+    from medheval.run.paper_protocols.medheval import BASELINE, MITIGATION
+
+    for protocol in (BASELINE, MITIGATION):
+        assert "vishal_report" in protocol.benchmarks
+        notes = [note for note in protocol.inferred if note.startswith("vishal_report runs its released file")]
+        assert len(notes) == 1 and "490" in notes[0] and "vishal_report:ba4586e" in notes[0] and "42e36fc" in notes[0]
+        card = (Path(__file__).resolve().parents[1] / "docs" / "protocols" / f"{protocol.name}.md").read_text()
+        assert notes[0] in card
