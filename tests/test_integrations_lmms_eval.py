@@ -70,8 +70,9 @@ def test_the_medheval_group_holds_the_public_benchmarks_only():
                                                 "medheval_med_stepbench_all"]
     assert not any("stepbench" in name for name in groups["medheval"])
     everything = {f"medheval_{b}_{c}" for b, c in splits.harness_splits()}
-    assert set(groups["medheval"]) | set(groups["medheval_med_stepbench"]) == everything
-    assert len(groups["medheval"]) == len(everything) - 3 == 14
+    outside = {"medheval_vishal_report_ba4586e"}  # an earlier revision of the report file: a task, in no group
+    assert set(groups["medheval"]) | set(groups["medheval_med_stepbench"]) == everything - outside
+    assert len(groups["medheval"]) == len(everything) - 3 - len(outside) == 14
 
 
 def test_cli_prints_the_task_folder_and_the_plugin_layout_exists(capsys):

@@ -327,18 +327,24 @@ def test_every_row_says_why_it_is_or_is_not_comparable(top: dict, settings: dict
     assert (record["difference"], cells[2].value) == ((None, None) if reasons else (pytest.approx(2.6),) * 2)
 
 
-@pytest.mark.parametrize("model, printed", [("openai:gpt-4o@http://127.0.0.1:8000/v1", "GPT-4o"),
-                                            ("StanfordAIMI/CheXagent-8b", "CheXagent")])
-def test_a_published_model_without_released_inference_code_is_never_comparable(model: str, printed: str) -> None:
-    """MedHEval released inference scripts for LLaVA-Med-1.5 and LLaVA-NeXT only. GPT-4o's and CheXagent's Table 3
-    cells came from code nobody has (CheXagent's own script uses another template and decoding): a run under
-    medheval-baseline, real weights, full data, upstream scoring, is listed beside them without a Δ."""
+@pytest.mark.parametrize("model, printed, reason", [
+    ("openai:gpt-4o@http://127.0.0.1:8000/v1", "GPT-4o",
+     "no inference code released for GPT-4o (the protocol's text for it is inferred)"),
+    ("StanfordAIMI/CheXagent-8b", "CheXagent",
+     "the paper ran CheXagent through its own released script (its own prompt format and decoding), which "
+     "medheval-baseline does not reproduce"),
+])
+def test_a_published_model_whose_inference_the_protocol_does_not_reproduce_is_never_comparable(
+        model: str, printed: str, reason: str) -> None:
+    """The protocols reproduce MedHEval's scripts for LLaVA-Med-1.5 and LLaVA-NeXT only. GPT-4o's Table 3 cells
+    came from code not in the repository; CheXagent's from its own script there (Med-LVLMs/CheXagent: another
+    template and decoding), which the protocol does not follow: a run under medheval-baseline, real weights,
+    full data, upstream scoring, is listed beside them without a Δ, each with its own reason."""
     run = _run(model, protocol="medheval-baseline")
     _, records = reproduction([_close_ended(model, "none", Cell(value=70.0), Cell(value=60.0))], runs=[run])
     table3 = [r for r in records if r["table"] == "3"]
     assert table3 and all(r["model"] == printed for r in table3)
-    assert all(r["reasons"] == [f"no inference code released for {printed} (the protocol's text for it is inferred)"]
-               and r["difference"] is None for r in table3)
+    assert all(r["reasons"] == [reason] and r["difference"] is None for r in table3)
 
 
 def test_reproduction_prints_the_papers_precision() -> None:
@@ -560,3 +566,26 @@ def test_llava_med_cells_need_the_released_codes_image_canvas(backend: dict, rea
     table3 = [r for r in records if r["table"] == "3"]
     assert table3 and all(r["model"] == "LLaVA-Med-1.5" for r in table3)
     assert all(r["reasons"] == reasons and (r["difference"] is None) == bool(reasons) for r in table3)
+
+
+def _report_table(model: str, split: str) -> Table:
+    table = Table("medheval_report", "t", ["Model", "Mitigation", "Split"], [Column("CHAIR ↓"), Column("n", ranked=False)])
+    table.rows.append(([model, "none", split], [Cell(value=20.0), Cell(text="10")]))
+    return table
+
+
+@pytest.mark.parametrize("split, extra", [
+    ("vishal_report:default", []),
+    ("vishal_report:ba4586e", ["annotation revision differs (run: upstream ba4586e, 500 items, earlier instruction; "
+                               "paper: the released 490-item file, vishal_report:default)"]),
+])
+def test_report_rows_on_the_earlier_report_file_are_matched_and_flagged(split: str, extra: list[str]) -> None:
+    """MedHEval Table 5 prints LLaVA-NeXT 7B's report CHAIR (baseline). A run of vishal_report:default under
+    medheval-baseline is comparable; the same run on vishal_report:ba4586e (the 500-item file before upstream
+    42e36fc) is listed beside the same published cell, with the revision as its reason and no Δ."""
+    model = "llava-hf/llava-v1.6-vicuna-7b-hf"
+    run = _run(model, splits=(split,), protocol="medheval-baseline")
+    _, records = reproduction([_report_table(model, split)], runs=[run])
+    table5 = [r for r in records if r["table"] == "5"]
+    assert len(table5) == 1 and table5[0]["metric"] == "CHAIR" and table5[0]["run_split"] == split
+    assert table5[0]["reasons"] == extra and table5[0]["comparable"] is (not extra)

@@ -121,6 +121,14 @@ SPLITS: dict[tuple[str, str], str] = {
 # the conventional questions the confidence-weakening ones were built from (same ground truths): the
 # confidence_weakening split asked without its prefix (run option question=plain), not the conventional split
 # (whose items are mostly answers labelled as hallucinations).
+# our split -> (the split published cells name, why a run of it is not comparable with them): an earlier revision
+# of an annotation file. MedHEval's report cells describe the released 490-item file (paper Table 1 and appendix
+# C.2), so a run on the file as it stood at upstream ba4586e is matched to them and flagged.
+OTHER_REVISIONS: dict[str, tuple[str, str]] = {
+    "vishal_report:ba4586e": ("vishal_report:default",
+                              "annotation revision differs (run: upstream ba4586e, 500 items, earlier instruction; "
+                              "paper: the released 490-item file, vishal_report:default)"),
+}
 SPLIT_OPTIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("med_hallmark", "Conventional (true')"): {"question": "plain"},
 }
@@ -155,14 +163,17 @@ CLEAN_PROTOCOL = "clean"
 PAPER_PROTOCOLS = {"medheval": "medheval-mitigation", "med_hallmark": "med-hallmark", "clinhallu": "clinhallu",
                    "med_stepbench": "med-stepbench"}
 MEDHEVAL_BASELINE_TABLES = ("3", "5", "7")
-# protocol -> the printed models whose inputs its released code fixes (MedHEval's Med-LVLMs/ scripts for
-# LLaVA-Med-1.5 and LLaVA-NeXT; Mitigation/ for LLaVA-Med-1.5, with LLaVA-NeXT's template from Med-LVLMs/, an
-# inference its card states). GPT-4o, CheXagent and LLaVA-Med v1 ran code that was not released (CheXagent's and
-# v1's released scripts use other templates and decoding): their cells are never comparable.
+# protocol -> the printed models whose inputs the protocol reproduces from MedHEval's released code (Med-LVLMs/
+# scripts for LLaVA-Med-1.5 and LLaVA-NeXT; Mitigation/ for LLaVA-Med-1.5, with LLaVA-NeXT's template from
+# Med-LVLMs/, an inference its card states). The repository at 7f7d980 also holds baseline scripts for LLaVA-Med
+# v1, CheXagent, RadFM, Med-Flamingo, MiniGPT-4, XrayGPT and LLM-CXR, each with its own prompt format and
+# decoding; the protocols do not reproduce those, so those models' cells are never comparable. GPT-4o has no
+# inference code in the repository at all (NO_INFERENCE_CODE_MODELS).
 RELEASED_CODE_MODELS: dict[str, tuple[str, ...]] = {
     "medheval-baseline": ("LLaVA-Med-1.5", "LLaVA-NeXT 7B", "LLaVA-NeXT 13B"),
     "medheval-mitigation": ("LLaVA-Med-1.5", "LLaVA-NeXT 7B", "LLaVA-NeXT 13B"),
 }
+NO_INFERENCE_CODE_MODELS: tuple[str, ...] = ("GPT-4o",)
 # protocols whose published numbers were scored with the released scorer (results.json scoring.upstream_compat)
 UPSTREAM_SCORED = ("medheval-baseline", "medheval-mitigation")
 # protocol -> the printed models whose released process_images pads a grayscale image with grey
@@ -313,7 +324,7 @@ def matches(table: Table, labels: Sequence[str], column: str, records: Iterable[
                 and r.split == split and r.model in names and not options]
     return [(r, _factor(r.unit, shown) * r.value) for r in records
             if r.paper == paper and r.table in tables and r.metric == metric and r.setting == setting
-            and SPLITS.get((paper, r.split)) == split and r.model in names
+            and SPLITS.get((paper, r.split)) == OTHER_REVISIONS.get(split, (split,))[0] and r.model in names
             and (paper != "med_hallmark" or SPLIT_OPTIONS.get((paper, r.split), {}) == options)]
 
 
@@ -328,8 +339,8 @@ def paper_protocol(record: Published) -> str:
 @dataclass(frozen=True)
 class RunConditions:
     """What of a run decides whether its figure may stand beside a paper's: its protocol (``clean`` when
-    results.json records none; under the paper's protocol, also whether the paper's code for the model was
-    released and whether the run used the paper's scorer), random weights, fixture data, ``--limit`` and the
+    results.json records none; under the paper's protocol, also whether the protocol reproduces the paper's
+    inference code for the model and whether the run used the paper's scorer), random weights, fixture data, ``--limit`` and the
     number of seeds; for LLaVA-Med-1.5 under MedHEval's protocols, whether its images went on the released
     code's square canvas."""
 
@@ -341,13 +352,15 @@ class RunConditions:
     options: dict[str, Any] = field(default_factory=dict)
     upstream_compat: bool = False
     grey_padding: bool = False
+    revisions: tuple[str, ...] = ()  # OTHER_REVISIONS reasons of the splits read
 
     @classmethod
     def of(cls, results: dict[str, Any], splits: Sequence[str]) -> "RunConditions":
         """Read from ``results.json``: the protocol, random weights and ``--limit`` of its provenance
         (:func:`medheval.run.provenance.of_run`, so a re-score keeps those of the answers it read), ``fixture``
         on an annotation file of ``splits`` or carried by the provenance, ``seeds`` (a list; absent: one pass),
-        the splits' ``run_options`` together, ``scoring.upstream_compat`` and ``settings.backend.grey_padding``."""
+        the splits' ``run_options`` together, ``scoring.upstream_compat``, ``settings.backend.grey_padding`` and
+        :data:`OTHER_REVISIONS` of ``splits``."""
         from medheval.run.provenance import of_run
 
         found = of_run(results)
@@ -365,7 +378,8 @@ class RunConditions:
                    seeds=len(seeds) if isinstance(seeds, list) and seeds else 1,
                    options={k: v for entry in entries for k, v in (entry.get("run_options") or {}).items()},
                    upstream_compat=bool((results.get("scoring") or {}).get("upstream_compat")),
-                   grey_padding=bool(backend.get("grey_padding")))
+                   grey_padding=bool(backend.get("grey_padding")),
+                   revisions=tuple(OTHER_REVISIONS[split][1] for split in splits if split in OTHER_REVISIONS))
 
     def reasons(self, record: Published) -> list[str]:
         """Why the run's figure is not comparable with ``record`` (empty: comparable)."""
@@ -375,12 +389,16 @@ class RunConditions:
             out.append(f"protocol differs (run: {self.protocol}, paper: {wanted})")
         else:  # the same protocol: the same inputs, if the paper's code for this model is known, and the same scorer
             if wanted in RELEASED_CODE_MODELS and record.model not in RELEASED_CODE_MODELS[wanted]:
-                out.append(f"no inference code released for {record.model} (the protocol's text for it is inferred)")
+                out.append(f"no inference code released for {record.model} (the protocol's text for it is inferred)"
+                           if record.model in NO_INFERENCE_CODE_MODELS else
+                           f"the paper ran {record.model} through its own released script (its own prompt format "
+                           f"and decoding), which {wanted} does not reproduce")
             if wanted in UPSTREAM_SCORED and not self.upstream_compat:
                 out.append("scored with this project's rules (paper: its released scorer; --upstream-compat)")
             if record.model in GREY_CANVAS_MODELS.get(wanted, ()) and not self.grey_padding:
                 out.append("images not padded as the released code pads them (a grayscale image on a grey square: "
                            "the run predates it, or its processor does not pad to a square)")
+        out.extend(self.revisions)
         if self.random_weights:
             out.append("random weights")
         if self.fixture:

@@ -1,7 +1,8 @@
 """MedHEval's released annotation files (Chang et al. 2025, arXiv 2503.02157) and their
 mapping to the canonical record (:mod:`medheval.data.schema`).
 
-The files are pinned to upstream commit ``7f7d980e`` with their sha256. Three file
+The files are pinned to upstream commit ``7f7d980e`` with their sha256; one earlier revision is pinned too
+(:data:`REPORT_BA4586E`: the report-generation file as it stood before upstream commit ``42e36fc``). Three file
 formats exist; each has one mapping function here, shared by the builders in
 ``datasets/``:
 
@@ -35,8 +36,9 @@ CITATION = """@article{chang2025medheval,
 }"""
 
 
-def _pin(relpath: str, sha256: str) -> PinnedFile:
-    return PinnedFile(relpath=relpath, url=f"{BASE_URL}/{relpath}", sha256=sha256)
+def _pin(relpath: str, sha256: str, commit: str = COMMIT) -> PinnedFile:
+    base = BASE_URL if commit == COMMIT else f"https://raw.githubusercontent.com/Aofei-Chang/MedHEval/{commit}/benchmark_data"
+    return PinnedFile(relpath=relpath, url=f"{base}/{relpath}", sha256=sha256)
 
 
 _VISUAL_CLOSE = "Visual_Misinterpretation_Hallucination/close-ended/fine-grained"
@@ -58,6 +60,14 @@ FILES: dict[str, PinnedFile] = {
     "context": _pin("Context_Misalignment_Hallucination/MIMIC-CXR_pairs.json",
                     "05d979d6f37c3abd988004401318332657807450958429d75398249e77a8e02c"),
 }
+# The report-generation file before upstream commit 42e36fc (2025-04-23) rewrote it: at ba4586e (2025-02-28) it
+# held 500 items (qids 0-499) under an earlier instruction, and 60 of the 490 references kept later differ (the
+# earlier ones more often compare with prior studies). Same schema and relative path; loaded by the
+# ``vishal_report:ba4586e`` config.
+REPORT_BA4586E_COMMIT = "ba4586e84dbd947003f954b10f95fa8ed8b05b68"
+REPORT_BA4586E = _pin("Visual_Misinterpretation_Hallucination/open-ended/MIMIC-CXR_pairs.json",
+                      "121c6d6e17a6ecd8394cf92d260ca0c099f682241d0d6b01c6f504435886991f", commit=REPORT_BA4586E_COMMIT)
+FILES["report_ba4586e"] = REPORT_BA4586E
 
 _REQUIRED_KEYS = {
     "visual_close": ("img_name", "question", "answer", "question_type", "choices", "qid", "hallucination_type"),

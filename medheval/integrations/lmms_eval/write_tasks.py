@@ -55,9 +55,15 @@ def group_of(benchmark: str) -> str:
 
 
 def groups() -> dict[str, list[str]]:
-    """``{group: [task names]}`` in :func:`splits.harness_splits` order."""
+    """``{group: [task names]}`` in :func:`splits.harness_splits` order. A config its builder lists in
+    ``OUTSIDE_GROUP`` (an earlier revision of a file, e.g. ``vishal_report:ba4586e``) keeps its task but joins no
+    group, so ``--tasks medheval`` answers each item set once."""
+    from medheval.data.benchmarks import builder_class
+
     found: dict[str, list[str]] = {}
     for benchmark, config in splits.harness_splits():
+        if config in getattr(builder_class(benchmark), "OUTSIDE_GROUP", ()):
+            continue
         found.setdefault(group_of(benchmark), []).append(task_name(benchmark, config))
     return found
 

@@ -101,6 +101,16 @@ _T1_NO_TOP_K = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
 _GREEDY = {"do_sample": False, "num_beams": 1, "max_new_tokens": 1024}
 
 _COMMON_INFERRED = (
+    "vishal_report runs its released file (config default, 490 items at 7f7d980), not vishal_report:ba4586e "
+    "(the 500-item file before upstream commit 42e36fc, 2025-04-23, which also changed the instruction and 60 "
+    "references). Inferred from the paper text this project transcribes: its dataset table and appendix C.2 "
+    "give 490 image-report pairs (500 sampled, 10 dropped at human validation), and in its report case study "
+    "(qid 22, whose reference both revisions share) the M3ID answer echoes the later instruction's words "
+    "(relevant measurements, size, volume). The earlier instruction appears in an earlier appendix draft, "
+    "whose report evaluation (GPT-4 judged) is not the published CheXbert-based CHAIR. The rewritten file "
+    "reached GitHub on 2025-04-23, after arXiv v1: that dates the upload, not the runs. Which of the 60 "
+    "edited references the published runs scored against cannot be told from the paper. --compare-published "
+    "flags report rows run on vishal_report:ba4586e",
     "top_k 50 while sampling: the scripts pass no top_k, so transformers' GenerationConfig default (50 in the "
     "4.x releases LLaVA pins) applied, assuming the checkpoints' generation_config sets none; top_p=None is "
     "written top_p 1.0 (no nucleus filter)",
@@ -147,7 +157,9 @@ BASELINE = PaperProtocol(
         "Type1_open, Type2_open and Type3, the context split) and no table publishes it; model_vqa.py's rules "
         "are applied as for context",
         "knowledge:closed and context: model_vqa.py reads line['question_type'], which these released files "
-        "lack (they name it ground_truth_type, always binary); the yes/no suffix is applied as for binary items",
+        "lack (they name it ground_truth_type, always binary); the yes/no suffix is applied as for binary items, "
+        "which is what the script does with the question_type the building notebooks saved ('type4_Diagnosis' in "
+        "Type2_Close-ended.ipynb, 'type3_contextual' in Type3.ipynb: not multi-choice, so the yes/no branch)",
         "vishal_report: Type1_open.sh runs model_open_vqa.py, whose filter keeps only type4_Knowledge items, "
         "so the released script answers no report item; its open-ended text rule is applied to the report "
         "questions",
@@ -155,10 +167,14 @@ BASELINE = PaperProtocol(
         "the released files have none",
         "seed: LLaVA-Med's scripts call set_seed(0) once per process (items then share one RNG stream); "
         "LLaVA-NeXT's call none; seed 0 is used for both",
-        "other models (not LLaVA / LLaVA-NeXT) get the LLaVA-Med script's text and their own chat template; "
-        "the published GPT-4o, CheXagent and LLaVA-Med (v1) cells came from code not released (CheXagent's and "
-        "v1's own scripts use other templates and greedy or model-default decoding), so the Reproduction table "
-        "never calls a run comparable with them",
+        "other models (not LLaVA / LLaVA-NeXT) get the LLaVA-Med script's text and their own chat template. "
+        "The upstream repository at 7f7d980 does hold baseline code for the other published Med-LVLMs "
+        "(Med-LVLMs/ folders for LLaVA-Med v1, CheXagent, RadFM, Med-Flamingo, MiniGPT-4, XrayGPT and LLM-CXR: "
+        "eval / eval_open scripts and inference_scripts), each with its own prompt format and decoding (e.g. "
+        "CheXagent's eval.py wraps the question in its own USER/ASSISTANT text and decodes with the model's "
+        "generation config; LLaVA-Med v1's model_vqa_med.py decodes greedily); this protocol does not "
+        "reproduce those scripts, so the Reproduction table never calls a run comparable with the CheXagent or "
+        "LLaVA-Med (v1) cells. GPT-4o: no inference code for it is in the repository",
         *_COMMON_INFERRED,
     ),
 )
@@ -202,7 +218,11 @@ MITIGATION = PaperProtocol(
         "LLaVA-NeXT (Tables 9-11): no mitigation script for it was released; the LLaVA-Med mitigation "
         "script's text is used with LLaVA-NeXT's llava_v1 template from Med-LVLMs/llava_1.6",
         "knowledge:closed and context items get no suffix: the script adds the yes/no suffix only when "
-        "line['question_type'] == 'binary', and these files name it ground_truth_type",
+        "line['question_type'] == 'binary'. The released files carry no question_type, but that is not why: "
+        "the notebooks that built them (code/data_generation/Type2_Close-ended.ipynb and Type3.ipynb) save "
+        "question_type 'type4_Diagnosis' and 'type3_contextual' (the binary label goes to ground_truth_type), "
+        "so the files the script read (the mitigation shell scripts name them by working paths) would not "
+        "have matched 'binary' either",
         "DoLa: the script passes temperature 0.9, top_p 0.95, top_k 0 without do_sample, so decoding is greedy",
         "the OPERA branch and its 128 new tokens apply to every split (the paper's 25/25 note concerns reports)",
         "OPERA: the released branch sets response_start to the prompt's input_ids length + 576, which counts the "
@@ -210,6 +230,11 @@ MITIGATION = PaperProtocol(
         "empty at the first step, where the released gen_utils.py then takes a max over an empty dimension and "
         "raises; the published numbers cannot have come from that code as released. Here the window starts at "
         "the first answer token, as in OPERA's own code",
+        "OPERA's image bonus (answers of up to 10 tokens): the released gen_utils.py sums the last row's "
+        "attention over columns image_start to image_end inclusive, with model_vqa.py's key_position "
+        "image_start 34 and image_end 34 + 576: 577 columns, the 576 image positions and the one position after "
+        "them. Here the sum covers the image tokens only (found from the input ids, medheval/mitigations/"
+        "opera.py), so the bonus leaves out that one column; not reproduced",
         "VCD, not reproduced on purpose: the released LLaVA-Med glue builds the input embeddings from the clean "
         "image, and the contrast branch reuses them, so the noised image is never encoded and the published VCD "
         "rows are sampling at T 1, top_k 50 with the β 0.1 cutoff (ℓ + α(ℓ − ℓ) = ℓ). Here the noised image "
