@@ -257,6 +257,8 @@ def _run(model: str, mitigation: str = "none", splits: tuple[str, ...] = ("mm_vi
     if protocol is not None:
         results["protocol"] = {"name": protocol}
         results.setdefault("scoring", {"upstream_compat": protocol.startswith("medheval-")})  # as run_grid records
+        if protocol.startswith("medheval-"):  # as a LLaVA-family run under the MedHEval protocols records
+            results["settings"]["backend"] = {"tokenization": "upstream_chunked", "grey_padding": True}
     return Run(path=Path(folder), results=results)
 
 
@@ -311,10 +313,12 @@ def test_every_row_says_why_it_is_or_is_not_comparable(top: dict, settings: dict
                                                        reasons: list[str]) -> None:
     """Each condition of a hand-made results.json (the keys `medheval run` writes: ``protocol.name``,
     ``labels.random_weights`` or ``settings.backend.random_weights``, ``fixture`` on an annotation file,
-    ``settings.limit``, ``seeds``) is one reason, against MedHEval Table 3 (medheval-baseline, one pass); with
+    ``settings.limit``, ``seeds``; the protocol's ``settings.backend.tokenization`` is there) is one reason, against MedHEval Table 3 (medheval-baseline, one pass); with
     none the row is comparable and has its Δ: 52.0 − 49.4 = +2.6."""
     model = "llava-hf/llava-v1.6-vicuna-7b-hf"
-    run = Run(path=Path("r"), results={"settings": {"model": model, "mitigation": "none", **settings},
+    backend = {"tokenization": "upstream_chunked", **settings.get("backend", {})}  # as a protocol run records
+    run = Run(path=Path("r"), results={"settings": {"model": model, "mitigation": "none", **settings,
+                                                    "backend": backend},
                                        "benchmarks": {"mm_vishal:all": {"metrics": {}, **split_extra}},
                                        "scoring": {"upstream_compat": True}, **top})
     table = _close_ended(model, "none", Cell(), Cell(value=52.0))
@@ -447,7 +451,10 @@ def test_report_compare_published_end_to_end(tmp_path: Path) -> None:
     assert "| no: protocol differs (run: clean, paper: medheval-baseline) |" in (out / "report.md").read_text()
     run = write_run(tmp_path / "run", "none", correct, model="llava-hf/llava-v1.6-vicuna-7b-hf")
     results = json.loads((run / "results.json").read_text())
+    settings = {**results["settings"], "backend": {**results["settings"].get("backend", {}),
+                                                   "tokenization": "upstream_chunked"}}
     (run / "results.json").write_text(json.dumps({**results, "protocol": {"name": "medheval-baseline"},
+                                                  "settings": settings,
                                                   "scoring": {**results.get("scoring", {}), "upstream_compat": True}}))
     out = tmp_path / "report"
     assert main(["report", str(run), "--output", str(out), "--no-plots", "--compare-published"]) == 0
@@ -549,9 +556,12 @@ def test_med_hallmark_table1_rows_match_the_papers_tasks():
 
 
 @pytest.mark.parametrize("backend, reasons", [
-    ({"grey_padding": True}, []),
-    ({}, ["images not padded as the released code pads them (a grayscale image on a grey square: the run predates "
-          "it, or its processor does not pad to a square)"]),
+    ({"grey_padding": True, "tokenization": "upstream_chunked"}, []),
+    ({"tokenization": "upstream_chunked"},
+     ["images not padded as the released code pads them (a grayscale image on a grey square: the run predates "
+      "it, or its processor does not pad to a square)"]),
+    ({"grey_padding": True}, ["prompt tokenized whole, not piece by piece around the image as the released code "
+                              "does (the run predates it)"]),
 ])
 def test_llava_med_cells_need_the_released_codes_image_canvas(backend: dict, reasons: list[str]) -> None:
     """LLaVA-Med-1.5's released process_images puts a grayscale image on a grey-114 square

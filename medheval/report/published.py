@@ -180,6 +180,13 @@ UPSTREAM_SCORED = ("medheval-baseline", "medheval-mitigation")
 # (medheval.backends.grey_padding): their run must record settings.backend.grey_padding
 GREY_CANVAS_MODELS: dict[str, tuple[str, ...]] = {"medheval-baseline": ("LLaVA-Med-1.5",),
                                                   "medheval-mitigation": ("LLaVA-Med-1.5",)}
+# protocol -> the printed models whose prompt ids the released code built piece by piece around the image
+# (LLaVA's tokenizer_image_token; medheval.backends.llava_tokens): their run must record
+# settings.backend.tokenization = "upstream_chunked"
+CHUNKED_TOKEN_MODELS: dict[str, tuple[str, ...]] = {
+    "medheval-baseline": ("LLaVA-Med-1.5", "LLaVA-NeXT 7B", "LLaVA-NeXT 13B"),
+    "medheval-mitigation": ("LLaVA-Med-1.5", "LLaVA-NeXT 7B", "LLaVA-NeXT 13B"),
+}
 PAPER_SEEDS = 1  # every stored cell is one pass (MedHEval's scripts: set_seed(0)); the papers report no spread
 STEPBENCH_COLUMN = re.compile(r"^(EN|VI) S([1-4]) (R|F1)$")
 REPRODUCTION_NOTE = ("Reproduction: each report cell whose model, split, mitigation and column match a published "
@@ -352,6 +359,7 @@ class RunConditions:
     options: dict[str, Any] = field(default_factory=dict)
     upstream_compat: bool = False
     grey_padding: bool = False
+    chunked_tokens: bool = False
     revisions: tuple[str, ...] = ()  # OTHER_REVISIONS reasons of the splits read
 
     @classmethod
@@ -359,8 +367,8 @@ class RunConditions:
         """Read from ``results.json``: the protocol, random weights and ``--limit`` of its provenance
         (:func:`medheval.run.provenance.of_run`, so a re-score keeps those of the answers it read), ``fixture``
         on an annotation file of ``splits`` or carried by the provenance, ``seeds`` (a list; absent: one pass),
-        the splits' ``run_options`` together, ``scoring.upstream_compat``, ``settings.backend.grey_padding`` and
-        :data:`OTHER_REVISIONS` of ``splits``."""
+        the splits' ``run_options`` together, ``scoring.upstream_compat``, ``settings.backend.grey_padding``,
+        ``settings.backend.tokenization`` and :data:`OTHER_REVISIONS` of ``splits``."""
         from medheval.run.provenance import of_run
 
         found = of_run(results)
@@ -379,6 +387,7 @@ class RunConditions:
                    options={k: v for entry in entries for k, v in (entry.get("run_options") or {}).items()},
                    upstream_compat=bool((results.get("scoring") or {}).get("upstream_compat")),
                    grey_padding=bool(backend.get("grey_padding")),
+                   chunked_tokens=backend.get("tokenization") == "upstream_chunked",
                    revisions=tuple(OTHER_REVISIONS[split][1] for split in splits if split in OTHER_REVISIONS))
 
     def reasons(self, record: Published) -> list[str]:
@@ -398,6 +407,9 @@ class RunConditions:
             if record.model in GREY_CANVAS_MODELS.get(wanted, ()) and not self.grey_padding:
                 out.append("images not padded as the released code pads them (a grayscale image on a grey square: "
                            "the run predates it, or its processor does not pad to a square)")
+            if record.model in CHUNKED_TOKEN_MODELS.get(wanted, ()) and not self.chunked_tokens:
+                out.append("prompt tokenized whole, not piece by piece around the image as the released code does "
+                           "(the run predates it)")
         out.extend(self.revisions)
         if self.random_weights:
             out.append("random weights")
