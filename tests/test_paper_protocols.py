@@ -224,6 +224,28 @@ def _args(fixture_benchmark, output, *extra):
             fixture_benchmark["data_dir"], *roots, "--limit", "2", "--output", str(output), *extra]
 
 
+def test_a_rescore_keeps_the_input_settings_of_the_run_that_answered(fixture_benchmark, tmp_path, capsys):
+    """A re-score (`--predictions` on a protocol run's predictions.jsonl) generated nothing itself: the settings
+    that decided what the model saw (the piecewise prompt ids) come from the run beside the file, so the
+    Reproduction check does not call the re-score's answers "tokenized whole"."""
+    from medheval.report.published import RunConditions
+    from medheval.run.provenance import input_settings
+
+    output = tmp_path / "run"
+    assert main(_args(fixture_benchmark, output, "--protocol", "medheval-baseline", "--chat-template", "model",
+                      "--max-new-tokens", "3")) == 0, capsys.readouterr().err
+    rescore = tmp_path / "rescore"
+    assert main(["run", "--benchmark", "mm_vishal:slake", "--data-dir", fixture_benchmark["data_dir"],
+                 "--predictions", str(output / "predictions.jsonl"), "--limit", "2", "--output", str(rescore)]) == 0, \
+        capsys.readouterr().err
+    results = json.loads((rescore / "results.json").read_text())
+    assert results["settings"]["backend"]["backend"] == "predictions_file"
+    assert input_settings(results)["tokenization"] == "upstream_chunked"
+    assert RunConditions.of(results, ["mm_vishal:slake"]).chunked_tokens
+    del results["provenance"]["made_with"]["inputs"]  # a re-score of answers from before the inputs were carried
+    assert input_settings(results) == {} and not RunConditions.of(results, ["mm_vishal:slake"]).chunked_tokens
+
+
 def test_protocol_recorded_and_refused_on_resume(fixture_benchmark, tmp_path, capsys):
     output = tmp_path / "run"
     # --chat-template model: the processor's template, so no upstream file is needed here

@@ -59,7 +59,8 @@ def test_a_rescore_is_not_comparable_beside_the_paper() -> None:
                             "backend": {"backend": "predictions_file"}},
                "benchmarks": {"mm_vishal:all": {"metrics": {}}}, "labels": {}, "protocol": {"name": "clean"},
                "scoring": {"upstream_compat": True},
-               "provenance": {**CARRIED, "protocol": "medheval-baseline", "source_model": model}}
+               "provenance": {**CARRIED, "protocol": "medheval-baseline", "source_model": model,
+                              "made_with": {"inputs": {"tokenization": "upstream_chunked"}}}}
     table = _close_ended(model, "none", Cell(), Cell(value=52.0))
     _, records = reproduction([table], runs=[Run(path=Path("r"), results=results)])
     record = next(r for r in records if r["table"] == "3")

@@ -367,13 +367,13 @@ class RunConditions:
         """Read from ``results.json``: the protocol, random weights and ``--limit`` of its provenance
         (:func:`medheval.run.provenance.of_run`, so a re-score keeps those of the answers it read), ``fixture``
         on an annotation file of ``splits`` or carried by the provenance, ``seeds`` (a list; absent: one pass),
-        the splits' ``run_options`` together, ``scoring.upstream_compat``, ``settings.backend.grey_padding``,
-        ``settings.backend.tokenization`` and :data:`OTHER_REVISIONS` of ``splits``."""
-        from medheval.run.provenance import of_run
+        the splits' ``run_options`` together, ``scoring.upstream_compat``, ``settings.backend.grey_padding``
+        and ``tokenization`` (a re-score: the answering run's, :func:`medheval.run.provenance.input_settings`) and :data:`OTHER_REVISIONS` of ``splits``."""
+        from medheval.run.provenance import input_settings, of_run
 
         found = of_run(results)
         settings = results.get("settings") or {}
-        backend = settings.get("backend") if isinstance(settings.get("backend"), dict) else {}
+        backend = input_settings(results)  # a re-score: those of the run that generated its answers
         entries = [results.get("benchmarks", {}).get(split) or {} for split in splits]
         seeds = results.get("seeds")
         carried = results.get("provenance") if isinstance(results.get("provenance"), dict) else {}

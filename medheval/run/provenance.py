@@ -9,8 +9,9 @@ model's result on a benchmark:
 - ``protocol``: the evaluation protocol (``results.json`` ``protocol.name``; ``"clean"`` when absent);
 - ``source_model``: the model that generated the answers (for a re-score, the one that wrote the file);
 - ``made_with`` (a re-score only): how the answers were generated: the first line's ``generation`` settings,
-  and from the source run's ``results.json`` (when beside its ``predictions.jsonl``) its ``seed`` and
-  software ``versions``, so a sampled run does not look greedy once re-scored.
+  and from the source run's ``results.json`` (when beside its ``predictions.jsonl``) its ``seed``, software
+  ``versions`` and ``inputs`` (:data:`INPUT_SETTINGS`: how the model's inputs were built), so a sampled run
+  does not look greedy once re-scored, nor a protocol run's prompt ids tokenized whole.
 - ``model_revision`` (when the run knows it): which weights answered (:mod:`medheval.backends.revision`: the
   Hub commit ``from_pretrained`` read, a local folder's name, an API model's reported names);
 - ``dataset_revision`` (when the run read annotation files): per split (``BENCHMARK:CONFIG``), the annotation
@@ -183,16 +184,38 @@ def inherited(backend: Any) -> dict[str, Any] | None:
     return merge(*found) if found else None
 
 
+# backend settings that decide what the model saw, not how it decoded: the grey canvas of a grayscale image
+# (medheval.backends.grey_padding) and the prompt ids built piece by piece (medheval.backends.llava_tokens)
+INPUT_SETTINGS = ("grey_padding", "tokenization")
+
+
 def _made_with(run: Mapping[str, Any]) -> dict[str, Any]:
-    """The seed and software versions a run of ``results.json`` generated its answers with."""
+    """The seed, software versions and input settings (:data:`INPUT_SETTINGS`, key ``inputs``) a run of
+    ``results.json`` generated its answers with."""
     settings = run.get("settings") or {}
-    if (settings.get("backend") or {}).get("backend") == "predictions_file":  # a re-score generated nothing
+    backend = settings.get("backend") if isinstance(settings.get("backend"), Mapping) else {}
+    if backend.get("backend") == "predictions_file":  # a re-score generated nothing
         return {}
-    seed = settings.get("seed", (settings.get("backend") or {}).get("seed"))
+    seed = settings.get("seed", backend.get("seed"))
     made: dict[str, Any] = {} if seed is None else {"seed": seed}
     if run.get("versions"):
         made["versions"] = dict(run["versions"])
+    inputs = {key: backend[key] for key in INPUT_SETTINGS if key in backend}
+    if inputs:
+        made["inputs"] = inputs
     return made
+
+
+def input_settings(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`INPUT_SETTINGS` behind a run's answers: its own backend's, or, for a re-score, those of the
+    run that generated them (``provenance.made_with.inputs``)."""
+    settings = run.get("settings") or {}
+    backend = settings.get("backend") if isinstance(settings.get("backend"), Mapping) else {}
+    if backend.get("backend") != "predictions_file":
+        return {key: backend[key] for key in INPUT_SETTINGS if key in backend}
+    made = (run.get("provenance") or {}).get("made_with") if isinstance(run.get("provenance"), Mapping) else None
+    inputs = made.get("inputs") if isinstance(made, Mapping) else None
+    return {key: inputs[key] for key in INPUT_SETTINGS if key in inputs} if isinstance(inputs, Mapping) else {}
 
 
 def blockers(provenance: Mapping[str, Any]) -> list[str]:
