@@ -720,10 +720,12 @@ class HFDatasetSource:
     reference is looked up in ``id_column``; the bytes come from the undecoded ``Image``
     storage (embedded bytes, or a path read from disk), or from a binary/path column.
 
-    A path stored in a dataset named by a spec (a Hub id or a folder) is read only inside that folder or the
-    Hugging Face caches (the dataset's own downloaded files): the dataset's author must not choose which local file
-    is read (``/home/me/.netrc``, a local MIMIC image under a non-credentialed source). A ``Dataset`` object passed
-    in Python is the caller's own, and its paths are read wherever they point.
+    A path stored in a dataset named by a spec (a Hub id or a folder) is read only inside the dataset's own files:
+    the folder, or for a Hub id its own repo folder in the Hub cache (``datasets--owner--name``), its Arrow cache
+    folders, and the folders its own archives were extracted to. The dataset's author must not choose which local
+    file is read (``/home/me/.netrc``, a local MIMIC image under a non-credentialed source, another cached repo's
+    file such as a private model's or a gated dataset's). A ``Dataset`` object passed in Python is the caller's
+    own, and its paths are read wherever they point.
     """
 
     is_remote = False
@@ -744,6 +746,8 @@ class HFDatasetSource:
         self._images: Any = None
         self._lock = threading.Lock()
         self._path_roots: list[Path] | None = None  # None: any path (the user's own dataset)
+        self._archive_folder: Path | None = None  # where the dataset's own archives lie (see _extracted_roots)
+        self._extracted: list[Path] | None = None
 
     def describe(self) -> str:
         if self._spec is not None:
@@ -764,10 +768,10 @@ class HFDatasetSource:
 
         spec = self._spec
         path = Path(spec).expanduser() if spec is not None else None
-        # a stored path may point inside the dataset's folder or its downloaded files only
-        self._path_roots = [Path(datasets.config.HF_DATASETS_CACHE).resolve(), Path(constants.HF_HUB_CACHE).resolve()]
-        if path is not None and path.exists():
-            self._path_roots.append(path.resolve())
+        # a stored path may point inside the dataset's own files only (its folder, or its repo in the Hub cache)
+        own = path if path is not None and path.exists() else _hub_repo_folder(constants.HF_HUB_CACHE, str(spec))
+        self._path_roots = [own.resolve()]
+        self._archive_folder = own
         if path is not None and path.is_dir() and (
             (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
         ):
@@ -797,6 +801,9 @@ class HFDatasetSource:
                 if split not in ds:
                     raise ValueError(f"{self.describe()}: no split {split!r} (splits: {list(ds)})")
                 ds = ds[split]
+            if self._path_roots is not None:  # its Arrow cache folders are its own files too
+                self._path_roots += [Path(entry["filename"]).parent.resolve()
+                                     for entry in getattr(ds, "cache_files", None) or [] if entry.get("filename")]
             for column in (self.id_column, self.image_column):
                 if column not in ds.column_names:
                     raise ValueError(
@@ -844,11 +851,11 @@ class HFDatasetSource:
             return bytes(value)
         if isinstance(value, str) and value:
             stored = Path(value).resolve()
-            if self._path_roots is not None and not any(root == stored or root in stored.parents
-                                                        for root in self._path_roots):
+            if not self._own_file(stored):
                 raise UnsafeImagePath(
-                    ref, self.describe(), f"row {row} stores the file path {value!r}, outside the dataset's folder and "
-                    "the Hugging Face caches", "A dataset may only point at its own files: use one that embeds the "
+                    ref, self.describe(), f"row {row} stores the file path {value!r}, outside the dataset's own files "
+                    "(its folder, its repo in the Hub cache, its Arrow cache, its extracted archives)",
+                    "A dataset may only point at its own files: use one that embeds the "
                     "image bytes (cast the column to datasets.Image() before save_to_disk), or pass the image "
                     "folder itself as --image-root SOURCE=FOLDER.")
             try:
@@ -860,6 +867,55 @@ class HFDatasetSource:
             value.save(buffer, format="PNG")
             return buffer.getvalue()
         raise ImageNotFound(None, ref, f"row {row} of {self.describe()}", "the image cell is empty")
+
+
+    def _own_file(self, stored: Path) -> bool:
+        """Whether the resolved path ``stored`` may be read: anywhere for a caller's ``Dataset``, else only
+        inside the dataset's own files."""
+        if self._path_roots is None:
+            return True
+        if _inside(stored, self._path_roots):
+            return True
+        with self._lock:
+            if self._extracted is None:
+                self._extracted = _extracted_roots(self._archive_folder)
+        return _inside(stored, self._extracted)
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether ``path`` is one of ``roots`` or lies under one."""
+    return any(root == path or root in path.parents for root in roots)
+
+
+def _hub_repo_folder(hub_cache: str | os.PathLike[str], repo_id: str) -> Path:
+    """The Hub cache folder of dataset repo ``repo_id`` (``datasets--owner--name``: snapshots and blobs)."""
+    return Path(hub_cache) / ("datasets--" + repo_id.strip("/").replace("/", "--"))
+
+
+_ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz", ".zst", ".7z", ".lz4")
+
+
+def _extracted_roots(folder: Path | None) -> list[Path]:
+    """The folders ``datasets`` extracted the archives under ``folder`` to (it names each by a hash of the
+    archive's path), those that exist: a dataset's rows may point into its own archives, no one else's."""
+    if folder is None or not folder.is_dir():
+        return []
+    try:
+        import datasets
+        from datasets.utils.extract import ExtractManager
+    except ImportError:
+        return []
+    downloads = {Path(datasets.config.HF_DATASETS_CACHE) / datasets.config.DOWNLOADED_DATASETS_DIR,
+                 Path(datasets.config.DOWNLOADED_DATASETS_PATH)}
+    managers = [ExtractManager(cache_dir=str(d)) for d in downloads] + [ExtractManager()]
+    roots: list[Path] = []
+    for archive in folder.rglob("*"):
+        if archive.name.lower().endswith(_ARCHIVE_SUFFIXES):
+            for manager in managers:
+                output = Path(manager._get_output_path(str(archive)))
+                if output.exists() and output.resolve() not in roots:
+                    roots.append(output.resolve())
+    return roots
 
 
 _BARE_DICOM = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{8}){4}\.jpg")
