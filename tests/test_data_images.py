@@ -846,3 +846,31 @@ def test_credentials_from_the_environment_go_to_their_own_host_only(host: str, p
     assert source.env_prefix == prefix
     sent = source.auth_origin == "env PHYSIONET_USERNAME/PHYSIONET_PASSWORD"
     assert sent == (prefix == "PHYSIONET")
+
+
+def test_an_overlong_path_component_is_an_unsafe_reference_naming_the_record(tmp_path: Path) -> None:
+    """A name over 255 bytes raised the OS's raw ENAMETOOLONG, which stopped a run even with --on-missing skip:
+    it is now refused as an unsafe reference (the error names the record), and a path the OS cannot look up
+    for another reason (too long in all) counts as missing."""
+    from medheval.data.images import MAX_COMPONENT_BYTES, check_reference
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "ok.png").write_bytes(encode((1, 2, 3), "PNG"))
+    resolver = ImageResolver({"slake": str(folder)})
+    long_name = "a" * 300 + ".jpg"
+    assert MAX_COMPONENT_BYTES == 255
+    assert not check_reference("other", long_name) and not check_reference("other", "d/" + "é" * 128 + "/x.jpg")
+    assert check_reference("other", "d/" + "a" * 255)
+    with pytest.raises(UnsafeImagePath, match=r"record 'slake/1': unsafe image reference .*longer than 255 bytes"):
+        resolver.partition([{"id": "slake/1", "source": "slake", "images": [long_name]}], "skip", progress=False)
+    with pytest.raises(UnsafeImagePath, match=r"record 'slake/1': .*longer than 255 bytes"):
+        resolver.load_record_images({"id": "slake/1", "source": "slake", "images": [long_name]})
+    # every component short, the whole path past PATH_MAX: missing, so --on-missing skip skips it
+    too_deep = "/".join(["b" * 250] * 20) + ".png"
+    kept, skipped = resolver.partition([{"id": "slake/2", "source": "slake", "images": [too_deep]},
+                                        {"id": "slake/3", "source": "slake", "images": ["ok.png"]}], "skip",
+                                       progress=False)
+    assert [r["id"] for r in kept] == ["slake/3"] and skipped == [("slake/2", too_deep)]
+    with pytest.raises(ImageNotFound, match=r"record 'slake/2': image .* not found.*cannot be read here"):
+        resolver.load_record_images({"id": "slake/2", "source": "slake", "images": [too_deep]})

@@ -99,6 +99,7 @@ _LAYOUT_HINTS: dict[str, str] = {
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 _URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_COMPONENT_BYTES = 255  # the longest file or folder name any common file system allows (NAME_MAX)
 
 
 def _unsafe_reason(ref: object) -> str | None:
@@ -137,6 +138,8 @@ def _unsafe_reason_once(ref: str) -> str | None:
             return "has a '..' component"
         if part in ("", "."):
             return "has an empty or '.' path component"
+        if len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES:
+            return f"has a path component longer than {MAX_COMPONENT_BYTES} bytes (no file system holds such a name)"
     return None
 
 
@@ -336,7 +339,12 @@ class LocalFolderSource:
         return resolved
 
     def exists(self, ref: str) -> bool:
-        return self.path_for(ref).is_file()
+        """Whether ``ref`` is a file under the root; a path the OS cannot look up (too long, a loop) is absent."""
+        path = self.path_for(ref)
+        try:
+            return path.is_file()
+        except OSError:
+            return False
 
     def open_bytes(self, ref: str) -> bytes:
         path = self.path_for(ref)
@@ -349,6 +357,8 @@ class LocalFolderSource:
             raise ImageNotFound(None, ref, str(path), hint) from None
         except PermissionError:
             raise ImageError(f"image {ref!r}: permission denied reading {path}") from None
+        except OSError as error:  # a name too long, a symlink loop, an I/O error: this image cannot be read
+            raise ImageNotFound(None, ref, str(path), f"the file cannot be read here ({error.strerror or error})") from None
 
 
 DEADLINE_ENV = "MEDHEVAL_IMAGE_DEADLINE"
@@ -1215,7 +1225,7 @@ class ImageResolver:
         source = record.get("source") or "*"
         try:
             return [self.open(source, ref) for ref in record.get("images") or []]
-        except (ImageFetchError, ImageDecodeError) as exc:
+        except (ImageFetchError, ImageDecodeError, ImageNotFound, UnsafeImagePath) as exc:
             raise _for_records(exc, [str(record.get("id"))]) from None
 
     def find_missing(self, records: Iterable[Mapping[str, Any]], progress: bool = True) -> list[tuple[str, str]]:
@@ -1256,7 +1266,11 @@ class ImageResolver:
         with tqdm(total=total, desc="checking images", unit="img", disable=not progress or total < 200) as bar:
             broken: dict[tuple[str, str], str] = {}
             for key, root in local:
-                if not root.exists(key[1]):
+                try:
+                    found = root.exists(key[1])
+                except UnsafeImagePath as exc:
+                    raise _for_records(exc, [r for r, s, f in pairs if (s, f) == key]) from None
+                if not found:
                     absent.add(key)
                 elif headers:
                     problem = _header_problem(root, key[1])
