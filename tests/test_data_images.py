@@ -874,3 +874,39 @@ def test_an_overlong_path_component_is_an_unsafe_reference_naming_the_record(tmp
     assert [r["id"] for r in kept] == ["slake/3"] and skipped == [("slake/2", too_deep)]
     with pytest.raises(ImageNotFound, match=r"record 'slake/2': image .* not found.*cannot be read here"):
         resolver.load_record_images({"id": "slake/2", "source": "slake", "images": [too_deep]})
+
+
+@pytest.mark.parametrize("fmt", ["EPS", "ICO", "PPM"])
+def test_an_image_in_a_format_outside_the_allow_list_is_refused_before_any_plugin_parses_it(
+        fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every PIL plugin was reachable from an image a dataset or server chose (an EPS runs Ghostscript): only
+    IMAGE_FORMATS open, in the resolver, its up-front header check, report thumbnails and judge images."""
+    from PIL import EpsImagePlugin
+
+    from medheval.data.images import IMAGE_FORMATS
+    from medheval.judges.media import to_judge_image
+    from medheval.report.html import _thumbnail
+
+    assert set(IMAGE_FORMATS) >= {"JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP"} and fmt not in IMAGE_FORMATS
+    ghostscript: list[object] = []
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", lambda *args, **kwargs: ghostscript.append(args))
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "x.png").write_bytes(encode((5, 6, 7), fmt, size=(16, 16)))  # named like a PNG
+    resolver = ImageResolver({"slake": str(folder)})
+    with pytest.raises(ImageDecodeError, match=r"record 'slake/1': image 'x.png' .*not an image in an allowed format "
+                                               r"\(JPEG, .*\).*EPS"):
+        resolver.load_record_images(record("slake/1", "slake", "x.png"))
+    check = resolver.check_records([record("slake/1", "slake", "x.png")], "skip", progress=False)
+    assert not check.kept and "allowed format" in check.undecodable[0][2]
+    assert _thumbnail({"images": ["x.png"], "source": "slake"}, {"slake": str(folder)}) is None
+    with pytest.raises(ValueError, match="allowed format"):
+        to_judge_image((folder / "x.png").read_bytes())
+    assert ghostscript == []
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP"])
+def test_every_allowed_format_decodes(fmt: str, tmp_path: Path) -> None:
+    (tmp_path / "x.img").write_bytes(encode((5, 6, 7), fmt, size=(16, 16)))
+    image = ImageResolver({"slake": str(tmp_path)}).open("slake", "x.img")
+    assert image.size == (16, 16) and image.mode == "RGB"

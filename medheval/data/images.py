@@ -411,6 +411,22 @@ def check_pixels(image: Image.Image, what: str, limit: int | None = None) -> Non
         )
 
 
+# The raster formats medical benchmarks store images in; PIL's other plugins (EPS, which runs Ghostscript, and
+# dozens of rarely used parsers) are never reached from an image a dataset or a server chose.
+IMAGE_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP")  # a multi-picture JPEG opens as JPEG
+
+
+def open_image(source: Any, what: str) -> Image.Image:
+    """``PIL.Image.open(source)`` (a path or a binary file object) restricted to :data:`IMAGE_FORMATS`;
+    :class:`ImageDecodeError` naming ``what`` and the allowed formats for any other file."""
+    try:
+        return Image.open(source, formats=IMAGE_FORMATS)
+    except Image.UnidentifiedImageError:
+        raise ImageDecodeError(
+            f"{what} is not an image in an allowed format ({', '.join(IMAGE_FORMATS)}); other formats (EPS, "
+            f"PSD, PDF, ...) are refused. Convert it to PNG or JPEG.") from None
+
+
 def _redact_url(url: str) -> str:
     """``url`` without user-info and with secret-looking query values replaced by ``***``."""
     try:
@@ -1119,7 +1135,7 @@ def _header_problem(root: ImageSource, ref: str) -> str | None:
     if type(root) is not LocalFolderSource:
         return None
     try:
-        with Image.open(root.path_for(ref)) as image:
+        with open_image(root.path_for(ref), f"image {ref!r}") as image:
             check_pixels(image, f"image {ref!r}")
     except ImageDecodeError as exc:
         return str(exc)
@@ -1203,8 +1219,9 @@ class ImageResolver:
         data = self.open_bytes(source, ref)
         limit = max_pixels()
         try:
-            with Image.open(io.BytesIO(data)) as image:
-                check_pixels(image, f"image {ref!r} (source {source!r}, {len(data)} bytes)", limit)
+            what = f"image {ref!r} (source {source!r}, {len(data)} bytes)"
+            with open_image(io.BytesIO(data), what) as image:
+                check_pixels(image, what, limit)
                 image.load()
                 decoded = image.convert("RGB")
                 decoded.info[SOURCE_MODE] = image.mode
