@@ -711,14 +711,15 @@ def test_hf_dataset_source_columns_and_paths(hf_dataset, tmp_path: Path) -> None
 def test_a_dataset_named_by_a_spec_reads_stored_paths_only_inside_its_own_files(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A hostile dataset chooses the path a row stores: a local MIMIC image under a "slake" id, or ~/.netrc.
-    From a spec (a folder or a Hub id) a path is read only inside the dataset's folder or the HF caches."""
+    From a spec (a folder or a Hub id) a path is read only inside the dataset's own files."""
     datasets = pytest.importorskip("datasets")
+    huggingface_hub = pytest.importorskip("huggingface_hub")
     outside = tmp_path / "private" / "mimic.jpg"
     outside.parent.mkdir()
     outside.write_bytes(encode((9, 9, 9), "JPEG"))
     hostile = tmp_path / "hostile"
     datasets.Dataset.from_dict({"id": ["xmlab9/source.jpg"], "image": [str(outside)]}).save_to_disk(str(hostile))
-    with pytest.raises(UnsafeImagePath, match=r"row 0 stores the file path .*mimic\.jpg.*outside the dataset's folder"):
+    with pytest.raises(UnsafeImagePath, match=r"row 0 stores the file path .*mimic\.jpg.*outside the dataset's own files"):
         ImageResolver({"slake": f"hf://{hostile}"}).open_bytes("slake", "xmlab9/source.jpg")
 
     own = tmp_path / "own"
@@ -727,19 +728,84 @@ def test_a_dataset_named_by_a_spec_reads_stored_paths_only_inside_its_own_files(
     datasets.Dataset.from_dict({"id": ["a"], "image": [str(own / "files" / "a.jpg")]}).save_to_disk(str(own))
     assert ImageResolver({"slake": f"hf://{own}"}).open_bytes("slake", "a") == (own / "files" / "a.jpg").read_bytes()
 
-    # a Hub id: its rows may point into the datasets cache (its downloaded files), nowhere else
-    cache = tmp_path / "hf-cache"
-    (cache / "downloads").mkdir(parents=True)
-    (cache / "downloads" / "b.jpg").write_bytes(encode((2, 2, 2), "JPEG"))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    rows = {"id": ["b", "c"], "image": [str(cache / "downloads" / "b.jpg"), str(outside)]}
+    # a Hub id: its rows may point into its own repo in the Hub cache, nowhere else
+    hub_cache = tmp_path / "hf" / "hub"
+    mine = hub_cache / "datasets--someone--slake-images" / "snapshots" / "abc" / "b.jpg"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(encode((2, 2, 2), "JPEG"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+    rows = {"id": ["b", "c"], "image": [str(mine), str(outside)]}
     monkeypatch.setattr(datasets, "load_dataset", lambda spec, split: datasets.Dataset.from_dict(rows))
     hub = ImageResolver({"slake": "hf://someone/slake-images"})
-    assert hub.open_bytes("slake", "b") == (cache / "downloads" / "b.jpg").read_bytes()
+    assert hub.open_bytes("slake", "b") == mine.read_bytes()
     with pytest.raises(UnsafeImagePath, match="row 1 stores the file path"):
         hub.open_bytes("slake", "c")
     # a Dataset object passed in Python is the caller's own: read wherever it points
     assert HFDatasetSource(datasets.Dataset.from_dict(rows)).open_bytes("c") == outside.read_bytes()
+
+
+@pytest.mark.parametrize("victim", ["hub/models--victim--private/snapshots/abc/secret.jpg",
+                                    "hub/datasets--victim--gated/snapshots/abc/secret.jpg",
+                                    "datasets/victim___gated/default/0.0.0/abc/secret.jpg",
+                                    "datasets/downloads/extracted/0123abcd/secret.jpg"])
+@pytest.mark.parametrize("spec", ["folder", "hub id"])
+@pytest.mark.parametrize("stored", ["image struct", "string column"])
+def test_a_dataset_never_reads_another_cached_repos_files(victim: str, spec: str, stored: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile dataset's row points at a file of another repo in the Hugging Face caches (a private model, a
+    gated dataset, someone else's extracted archive): refused, whether the dataset is a folder or a Hub id."""
+    datasets = pytest.importorskip("datasets")
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    home = tmp_path / "hf"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")
+    secret = home / victim
+    secret.parent.mkdir(parents=True)
+    secret.write_bytes(encode((7, 7, 7), "JPEG"))
+    if stored == "string column":
+        hostile = datasets.Dataset.from_dict({"id": ["x"], "image": [str(secret)]})
+    else:  # an Image cell's storage, {bytes, path}, with no bytes (save_to_disk would embed an Image's file)
+        hostile = datasets.Dataset.from_dict(
+            {"id": ["x"], "image": [{"bytes": None, "path": str(secret)}]},
+            features=datasets.Features({"id": datasets.Value("string"),
+                                        "image": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}}))
+    if spec == "folder":
+        hostile.save_to_disk(str(tmp_path / "hostile"))
+        root = f"hf://{tmp_path / 'hostile'}"
+    else:
+        monkeypatch.setattr(datasets, "load_dataset", lambda spec, split: hostile)
+        root = "hf://attacker/images"
+    with pytest.raises(UnsafeImagePath, match=r"row 0 stores the file path .*secret\.jpg"):
+        parse_image_root(root).open_bytes("x")
+
+
+def test_a_hub_dataset_reads_the_files_of_its_own_extracted_archives(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An archive in the dataset's own repo is extracted by ``datasets`` to a hashed folder of the downloads
+    cache: its rows may point there, and not into another archive's folder."""
+    datasets = pytest.importorskip("datasets")
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    import zipfile
+
+    from datasets.utils.extract import ExtractManager
+
+    home = tmp_path / "hf"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")
+    extracted = {}
+    for repo in ("datasets--someone--slake-images", "datasets--victim--gated"):
+        archive = home / "hub" / repo / "snapshots" / "abc" / "images.zip"
+        archive.parent.mkdir(parents=True)
+        with zipfile.ZipFile(archive, "w") as zipped:
+            zipped.writestr("a.jpg", encode((3, 3, 3), "JPEG"))
+        extracted[repo] = Path(ExtractManager(cache_dir=str(home / "datasets" / "downloads")).extract(str(archive)))
+    own, other = (extracted[repo] / "a.jpg" for repo in ("datasets--someone--slake-images", "datasets--victim--gated"))
+    rows = {"id": ["own", "other"], "image": [str(own), str(other)]}
+    monkeypatch.setattr(datasets, "load_dataset", lambda spec, split: datasets.Dataset.from_dict(rows))
+    source = parse_image_root("hf://someone/slake-images")
+    assert source.open_bytes("own") == own.read_bytes()
+    with pytest.raises(UnsafeImagePath, match="row 1 stores the file path"):
+        source.open_bytes("other")
 
 
 def test_an_image_declaring_a_huge_canvas_is_refused_before_it_is_decoded(tmp_path: Path,
@@ -780,3 +846,67 @@ def test_credentials_from_the_environment_go_to_their_own_host_only(host: str, p
     assert source.env_prefix == prefix
     sent = source.auth_origin == "env PHYSIONET_USERNAME/PHYSIONET_PASSWORD"
     assert sent == (prefix == "PHYSIONET")
+
+
+def test_an_overlong_path_component_is_an_unsafe_reference_naming_the_record(tmp_path: Path) -> None:
+    """A name over 255 bytes raised the OS's raw ENAMETOOLONG, which stopped a run even with --on-missing skip:
+    it is now refused as an unsafe reference (the error names the record), and a path the OS cannot look up
+    for another reason (too long in all) counts as missing."""
+    from medheval.data.images import MAX_COMPONENT_BYTES, check_reference
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "ok.png").write_bytes(encode((1, 2, 3), "PNG"))
+    resolver = ImageResolver({"slake": str(folder)})
+    long_name = "a" * 300 + ".jpg"
+    assert MAX_COMPONENT_BYTES == 255
+    assert not check_reference("other", long_name) and not check_reference("other", "d/" + "é" * 128 + "/x.jpg")
+    assert check_reference("other", "d/" + "a" * 255)
+    with pytest.raises(UnsafeImagePath, match=r"record 'slake/1': unsafe image reference .*longer than 255 bytes"):
+        resolver.partition([{"id": "slake/1", "source": "slake", "images": [long_name]}], "skip", progress=False)
+    with pytest.raises(UnsafeImagePath, match=r"record 'slake/1': .*longer than 255 bytes"):
+        resolver.load_record_images({"id": "slake/1", "source": "slake", "images": [long_name]})
+    # every component short, the whole path past PATH_MAX: missing, so --on-missing skip skips it
+    too_deep = "/".join(["b" * 250] * 20) + ".png"
+    kept, skipped = resolver.partition([{"id": "slake/2", "source": "slake", "images": [too_deep]},
+                                        {"id": "slake/3", "source": "slake", "images": ["ok.png"]}], "skip",
+                                       progress=False)
+    assert [r["id"] for r in kept] == ["slake/3"] and skipped == [("slake/2", too_deep)]
+    with pytest.raises(ImageNotFound, match=r"record 'slake/2': image .* not found.*cannot be read here"):
+        resolver.load_record_images({"id": "slake/2", "source": "slake", "images": [too_deep]})
+
+
+@pytest.mark.parametrize("fmt", ["EPS", "ICO", "PPM"])
+def test_an_image_in_a_format_outside_the_allow_list_is_refused_before_any_plugin_parses_it(
+        fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every PIL plugin was reachable from an image a dataset or server chose (an EPS runs Ghostscript): only
+    IMAGE_FORMATS open, in the resolver, its up-front header check, report thumbnails and judge images."""
+    from PIL import EpsImagePlugin
+
+    from medheval.data.images import IMAGE_FORMATS
+    from medheval.judges.media import to_judge_image
+    from medheval.report.html import _thumbnail
+
+    assert set(IMAGE_FORMATS) >= {"JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP"} and fmt not in IMAGE_FORMATS
+    ghostscript: list[object] = []
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", lambda *args, **kwargs: ghostscript.append(args))
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "x.png").write_bytes(encode((5, 6, 7), fmt, size=(16, 16)))  # named like a PNG
+    resolver = ImageResolver({"slake": str(folder)})
+    with pytest.raises(ImageDecodeError, match=r"record 'slake/1': image 'x.png' .*not an image in an allowed format "
+                                               r"\(JPEG, .*\).*EPS"):
+        resolver.load_record_images(record("slake/1", "slake", "x.png"))
+    check = resolver.check_records([record("slake/1", "slake", "x.png")], "skip", progress=False)
+    assert not check.kept and "allowed format" in check.undecodable[0][2]
+    assert _thumbnail({"images": ["x.png"], "source": "slake"}, {"slake": str(folder)}) is None
+    with pytest.raises(ValueError, match="allowed format"):
+        to_judge_image((folder / "x.png").read_bytes())
+    assert ghostscript == []
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP"])
+def test_every_allowed_format_decodes(fmt: str, tmp_path: Path) -> None:
+    (tmp_path / "x.img").write_bytes(encode((5, 6, 7), fmt, size=(16, 16)))
+    image = ImageResolver({"slake": str(tmp_path)}).open("slake", "x.img")
+    assert image.size == (16, 16) and image.mode == "RGB"

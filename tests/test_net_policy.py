@@ -39,12 +39,13 @@ NOWHERE = "198.51.100.7"  # TEST-NET-2: not local, routes nowhere; only a proxy 
 class Server:
     """A loopback HTTP server: ``handle(handler)`` answers each request; ``hits`` records (method, path)."""
 
-    def __init__(self, handle: Callable[[http.server.BaseHTTPRequestHandler], None]) -> None:
+    def __init__(self, handle: Callable[[http.server.BaseHTTPRequestHandler], None],
+                 protocol: str = "HTTP/1.1") -> None:
         self.hits: list[tuple[str, str]] = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+            protocol_version = protocol
 
             def _any(self) -> None:
                 outer.hits.append((self.command, self.path))
@@ -209,6 +210,77 @@ def test_a_dripping_image_server_hits_the_deadline_and_the_error_names_the_recor
         with pytest.raises(ImageFetchError, match=r"record 'slake/7'.*deadline of 1.5 s.*MEDHEVAL_IMAGE_DEADLINE"):
             resolver.load_record_images({"id": "slake/7", "source": "slake", "images": ["xmlab1/source.jpg"]})
         assert time.monotonic() - began < 8  # 1.5 s, not the 20 s the drip would take
+
+
+def _dripping(close: bool) -> Callable:
+    """A reply that announces 100000 bytes and sends one every 0.25 s (25 s in all), optionally with
+    ``Connection: close``."""
+    def drip(handler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "image/png")
+        handler.send_header("Content-Length", "100000")
+        if close:
+            handler.send_header("Connection", "close")
+        handler.end_headers()
+        for _ in range(100):
+            handler.wfile.write(b"x")
+            handler.wfile.flush()
+            time.sleep(0.25)
+    return drip
+
+
+@pytest.mark.parametrize("protocol, close", [("HTTP/1.0", False), ("HTTP/1.1", True), ("HTTP/1.1", False)],
+                         ids=["http-1.0", "connection-close", "keep-alive"])
+def test_the_deadline_fires_whether_or_not_the_server_keeps_the_connection(protocol, close):
+    """http.client hands a closing connection's socket to the response (``connection.sock`` becomes None): the
+    watchdog must still reach it."""
+    from medheval.net import transport
+
+    with Server(_dripping(close), protocol) as server:
+        session = transport.session_for(server.url, credentialed=False)
+        began = time.monotonic()
+        with pytest.raises(transport.DeadlineExceeded, match="deadline=1.5s"):
+            transport.request(session, "GET", f"{server.url}/x.png", timeout=30, deadline=1.5, max_bytes=10**7)
+        assert time.monotonic() - began < 10  # about 1.5 s, never the 25 s of the drip nor the 30 s read timeout
+
+
+@pytest.mark.parametrize("protocol, close", [("HTTP/1.0", False), ("HTTP/1.1", True), ("HTTP/1.1", False)],
+                         ids=["http-1.0", "connection-close", "keep-alive"])
+def test_a_prompt_reply_is_read_whole_whether_or_not_the_connection_is_kept(protocol, close):
+    from medheval.net import transport
+
+    headers = {"Connection": "close"} if close else {}
+    with Server(lambda handler: _send(handler, 200, PNG, headers), protocol) as server:
+        session = transport.session_for(server.url, credentialed=False)
+        for _ in range(2):  # the second request reuses the kept connection, or opens a new one
+            reply = transport.request(session, "GET", f"{server.url}/x.png", timeout=5, deadline=5, max_bytes=10**6)
+            assert (reply.status_code, reply.content) == (200, PNG)
+
+
+def test_the_deadline_is_checked_between_chunks_of_a_body_that_keeps_flowing(monkeypatch):
+    """A body arriving faster than any read timeout but past the deadline is refused between chunks, even if
+    the watchdog's shutdown never lands (here: switched off)."""
+    from medheval.net import transport
+
+    chunk = b"\0" * 65536
+
+    def steady(handler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "image/png")
+        handler.send_header("Content-Length", str(len(chunk) * 100))
+        handler.end_headers()
+        for _ in range(100):  # 64 KiB every 0.1 s: 10 s in all
+            handler.wfile.write(chunk)
+            handler.wfile.flush()
+            time.sleep(0.1)
+
+    monkeypatch.setattr(transport._Slot, "expire", lambda self: None)
+    with Server(steady) as server:
+        session = transport.session_for(server.url, credentialed=False)
+        began = time.monotonic()
+        with pytest.raises(transport.DeadlineExceeded):
+            transport.request(session, "GET", f"{server.url}/x.png", timeout=30, deadline=1, max_bytes=10**8)
+        assert time.monotonic() - began < 6
 
 
 def test_an_endless_image_body_hits_the_size_cap_with_bounded_memory(monkeypatch):

@@ -310,6 +310,34 @@ def test_volume_round_trip_and_path_safety(fixture):
     assert np.array_equal(np.asarray(view), np.asarray(pet_ct.render_view(ct, pet, "axial", "ct", "lung")))
 
 
+def test_a_volume_over_the_voxel_cap_is_refused_before_its_data_is_read(fixture, tmp_path, monkeypatch):
+    """A NIfTI header chooses the shape np.asarray allocates (512^3 zeros gzip to 585 KB and load as 512 MiB):
+    the declared shape is checked against MEDHEVAL_VOLUME_MAX_VOXELS first, and the error says how to raise it."""
+    import nibabel as nib
+
+    from medheval.families.stepbench import pet_ct
+
+    assert pet_ct.max_voxels() == pet_ct.DEFAULT_MAX_VOXELS == 2**28
+    monkeypatch.setenv(pet_ct.MAX_VOXELS_ENV, "10000")  # the fixture's 24x24x32 = 18432 voxels are over it
+    with pytest.raises(pet_ct.VolumeTooLarge, match=r"volume 'volumes/study000/ct.nii.gz' \(.*ct\.nii\.gz\) declares "
+                       r"a volume of 24x24x32 = 18,432 voxels, over the cap of 10,000.*MEDHEVAL_VOLUME_MAX_VOXELS=N"):
+        pet_ct.load_volume(fixture["data_dir"], "volumes/study000/ct.nii.gz")
+    monkeypatch.setenv(pet_ct.MAX_VOXELS_ENV, "20000")
+    assert pet_ct.load_volume(fixture["data_dir"], "volumes/study000/ct.nii.gz")[0].shape == (24, 24, 32)
+
+    # a header alone declaring 2000^3 voxels (8 G, 32 GB as float32), with almost no data behind it
+    monkeypatch.delenv(pet_ct.MAX_VOXELS_ENV)
+    header = nib.Nifti1Header()
+    header.set_data_dtype(np.uint8)
+    header.set_data_shape((2000, 2000, 2000))
+    (tmp_path / "bomb.nii").write_bytes(header.binaryblock + b"\0" * (int(header["vox_offset"]) - 348 + 64))
+    with pytest.raises(pet_ct.VolumeTooLarge, match=r"bomb\.nii.*2000x2000x2000 = 8,000,000,000 voxels"):
+        pet_ct.load_volume(tmp_path, "bomb.nii")
+    monkeypatch.setenv(pet_ct.MAX_VOXELS_ENV, "0")
+    with pytest.raises(ValueError, match="MEDHEVAL_VOLUME_MAX_VOXELS"):
+        pet_ct.load_volume(fixture["data_dir"], "volumes/study000/ct.nii.gz")
+
+
 def test_ct_window_formula():
     from medheval.families.stepbench.pet_ct import window_ct
 

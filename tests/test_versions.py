@@ -75,6 +75,18 @@ def test_lower_bounds_are_the_oldest_tested_stack():
     assert {package: oldest[package] for package in versions.OLDEST_TESTED} == versions.OLDEST_TESTED
 
 
+def test_urllib3_is_required_at_a_version_that_bounds_decompression():
+    """medheval.net.transport imports urllib3 and caps a reply at max_bytes read in 64 KiB chunks: that cap holds
+    on a compressed body only from urllib3 2.6 (CVE-2025-66471: one chunk decompressed in full; CVE-2025-66418:
+    an unbounded chain of Content-Encodings), so urllib3 is a direct requirement with that floor."""
+    spec = _install_requires().get("urllib3")
+    assert spec is not None, "urllib3 is imported by medheval.net.transport: list it in install_requires"
+    lower = re.search(r">=\s*([0-9][^,\s]*)", spec)
+    assert lower and versions.release(lower.group(1)) >= (2, 6), spec
+    lock = _pins(REPO / "requirements" / "lock.txt")
+    assert versions.release(lock["urllib3"]) >= versions.release(lower.group(1))
+
+
 def test_release_ignores_local_labels_and_trailing_zeros():
     assert versions.release("2.13.0+cpu") == versions.release("2.13") == (2, 13)
     assert versions.release("5.24.0") > versions.release("5.23.9")

@@ -99,6 +99,7 @@ _LAYOUT_HINTS: dict[str, str] = {
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 _URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_COMPONENT_BYTES = 255  # the longest file or folder name any common file system allows (NAME_MAX)
 
 
 def _unsafe_reason(ref: object) -> str | None:
@@ -137,6 +138,8 @@ def _unsafe_reason_once(ref: str) -> str | None:
             return "has a '..' component"
         if part in ("", "."):
             return "has an empty or '.' path component"
+        if len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES:
+            return f"has a path component longer than {MAX_COMPONENT_BYTES} bytes (no file system holds such a name)"
     return None
 
 
@@ -336,7 +339,12 @@ class LocalFolderSource:
         return resolved
 
     def exists(self, ref: str) -> bool:
-        return self.path_for(ref).is_file()
+        """Whether ``ref`` is a file under the root; a path the OS cannot look up (too long, a loop) is absent."""
+        path = self.path_for(ref)
+        try:
+            return path.is_file()
+        except OSError:
+            return False
 
     def open_bytes(self, ref: str) -> bytes:
         path = self.path_for(ref)
@@ -349,6 +357,8 @@ class LocalFolderSource:
             raise ImageNotFound(None, ref, str(path), hint) from None
         except PermissionError:
             raise ImageError(f"image {ref!r}: permission denied reading {path}") from None
+        except OSError as error:  # a name too long, a symlink loop, an I/O error: this image cannot be read
+            raise ImageNotFound(None, ref, str(path), f"the file cannot be read here ({error.strerror or error})") from None
 
 
 DEADLINE_ENV = "MEDHEVAL_IMAGE_DEADLINE"
@@ -399,6 +409,22 @@ def check_pixels(image: Image.Image, what: str, limit: int | None = None) -> Non
             f"{what} declares {width}x{height} = {width * height:,} pixels, over the cap of {limit:,}; it was not "
             f"decoded. If the image is genuine, raise the cap with {MAX_PIXELS_ENV}=N."
         )
+
+
+# The raster formats medical benchmarks store images in; PIL's other plugins (EPS, which runs Ghostscript, and
+# dozens of rarely used parsers) are never reached from an image a dataset or a server chose.
+IMAGE_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP")  # a multi-picture JPEG opens as JPEG
+
+
+def open_image(source: Any, what: str) -> Image.Image:
+    """``PIL.Image.open(source)`` (a path or a binary file object) restricted to :data:`IMAGE_FORMATS`;
+    :class:`ImageDecodeError` naming ``what`` and the allowed formats for any other file."""
+    try:
+        return Image.open(source, formats=IMAGE_FORMATS)
+    except Image.UnidentifiedImageError:
+        raise ImageDecodeError(
+            f"{what} is not an image in an allowed format ({', '.join(IMAGE_FORMATS)}); other formats (EPS, "
+            f"PSD, PDF, ...) are refused. Convert it to PNG or JPEG.") from None
 
 
 def _redact_url(url: str) -> str:
@@ -720,10 +746,12 @@ class HFDatasetSource:
     reference is looked up in ``id_column``; the bytes come from the undecoded ``Image``
     storage (embedded bytes, or a path read from disk), or from a binary/path column.
 
-    A path stored in a dataset named by a spec (a Hub id or a folder) is read only inside that folder or the
-    Hugging Face caches (the dataset's own downloaded files): the dataset's author must not choose which local file
-    is read (``/home/me/.netrc``, a local MIMIC image under a non-credentialed source). A ``Dataset`` object passed
-    in Python is the caller's own, and its paths are read wherever they point.
+    A path stored in a dataset named by a spec (a Hub id or a folder) is read only inside the dataset's own files:
+    the folder, or for a Hub id its own repo folder in the Hub cache (``datasets--owner--name``), its Arrow cache
+    folders, and the folders its own archives were extracted to. The dataset's author must not choose which local
+    file is read (``/home/me/.netrc``, a local MIMIC image under a non-credentialed source, another cached repo's
+    file such as a private model's or a gated dataset's). A ``Dataset`` object passed in Python is the caller's
+    own, and its paths are read wherever they point.
     """
 
     is_remote = False
@@ -744,6 +772,8 @@ class HFDatasetSource:
         self._images: Any = None
         self._lock = threading.Lock()
         self._path_roots: list[Path] | None = None  # None: any path (the user's own dataset)
+        self._archive_folder: Path | None = None  # where the dataset's own archives lie (see _extracted_roots)
+        self._extracted: list[Path] | None = None
 
     def describe(self) -> str:
         if self._spec is not None:
@@ -764,10 +794,10 @@ class HFDatasetSource:
 
         spec = self._spec
         path = Path(spec).expanduser() if spec is not None else None
-        # a stored path may point inside the dataset's folder or its downloaded files only
-        self._path_roots = [Path(datasets.config.HF_DATASETS_CACHE).resolve(), Path(constants.HF_HUB_CACHE).resolve()]
-        if path is not None and path.exists():
-            self._path_roots.append(path.resolve())
+        # a stored path may point inside the dataset's own files only (its folder, or its repo in the Hub cache)
+        own = path if path is not None and path.exists() else _hub_repo_folder(constants.HF_HUB_CACHE, str(spec))
+        self._path_roots = [own.resolve()]
+        self._archive_folder = own
         if path is not None and path.is_dir() and (
             (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
         ):
@@ -797,6 +827,9 @@ class HFDatasetSource:
                 if split not in ds:
                     raise ValueError(f"{self.describe()}: no split {split!r} (splits: {list(ds)})")
                 ds = ds[split]
+            if self._path_roots is not None:  # its Arrow cache folders are its own files too
+                self._path_roots += [Path(entry["filename"]).parent.resolve()
+                                     for entry in getattr(ds, "cache_files", None) or [] if entry.get("filename")]
             for column in (self.id_column, self.image_column):
                 if column not in ds.column_names:
                     raise ValueError(
@@ -844,11 +877,11 @@ class HFDatasetSource:
             return bytes(value)
         if isinstance(value, str) and value:
             stored = Path(value).resolve()
-            if self._path_roots is not None and not any(root == stored or root in stored.parents
-                                                        for root in self._path_roots):
+            if not self._own_file(stored):
                 raise UnsafeImagePath(
-                    ref, self.describe(), f"row {row} stores the file path {value!r}, outside the dataset's folder and "
-                    "the Hugging Face caches", "A dataset may only point at its own files: use one that embeds the "
+                    ref, self.describe(), f"row {row} stores the file path {value!r}, outside the dataset's own files "
+                    "(its folder, its repo in the Hub cache, its Arrow cache, its extracted archives)",
+                    "A dataset may only point at its own files: use one that embeds the "
                     "image bytes (cast the column to datasets.Image() before save_to_disk), or pass the image "
                     "folder itself as --image-root SOURCE=FOLDER.")
             try:
@@ -860,6 +893,55 @@ class HFDatasetSource:
             value.save(buffer, format="PNG")
             return buffer.getvalue()
         raise ImageNotFound(None, ref, f"row {row} of {self.describe()}", "the image cell is empty")
+
+
+    def _own_file(self, stored: Path) -> bool:
+        """Whether the resolved path ``stored`` may be read: anywhere for a caller's ``Dataset``, else only
+        inside the dataset's own files."""
+        if self._path_roots is None:
+            return True
+        if _inside(stored, self._path_roots):
+            return True
+        with self._lock:
+            if self._extracted is None:
+                self._extracted = _extracted_roots(self._archive_folder)
+        return _inside(stored, self._extracted)
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether ``path`` is one of ``roots`` or lies under one."""
+    return any(root == path or root in path.parents for root in roots)
+
+
+def _hub_repo_folder(hub_cache: str | os.PathLike[str], repo_id: str) -> Path:
+    """The Hub cache folder of dataset repo ``repo_id`` (``datasets--owner--name``: snapshots and blobs)."""
+    return Path(hub_cache) / ("datasets--" + repo_id.strip("/").replace("/", "--"))
+
+
+_ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz", ".zst", ".7z", ".lz4")
+
+
+def _extracted_roots(folder: Path | None) -> list[Path]:
+    """The folders ``datasets`` extracted the archives under ``folder`` to (it names each by a hash of the
+    archive's path), those that exist: a dataset's rows may point into its own archives, no one else's."""
+    if folder is None or not folder.is_dir():
+        return []
+    try:
+        import datasets
+        from datasets.utils.extract import ExtractManager
+    except ImportError:
+        return []
+    downloads = {Path(datasets.config.HF_DATASETS_CACHE) / datasets.config.DOWNLOADED_DATASETS_DIR,
+                 Path(datasets.config.DOWNLOADED_DATASETS_PATH)}
+    managers = [ExtractManager(cache_dir=str(d)) for d in downloads] + [ExtractManager()]
+    roots: list[Path] = []
+    for archive in folder.rglob("*"):
+        if archive.name.lower().endswith(_ARCHIVE_SUFFIXES):
+            for manager in managers:
+                output = Path(manager._get_output_path(str(archive)))
+                if output.exists() and output.resolve() not in roots:
+                    roots.append(output.resolve())
+    return roots
 
 
 _BARE_DICOM = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{8}){4}\.jpg")
@@ -1053,7 +1135,7 @@ def _header_problem(root: ImageSource, ref: str) -> str | None:
     if type(root) is not LocalFolderSource:
         return None
     try:
-        with Image.open(root.path_for(ref)) as image:
+        with open_image(root.path_for(ref), f"image {ref!r}") as image:
             check_pixels(image, f"image {ref!r}")
     except ImageDecodeError as exc:
         return str(exc)
@@ -1137,8 +1219,9 @@ class ImageResolver:
         data = self.open_bytes(source, ref)
         limit = max_pixels()
         try:
-            with Image.open(io.BytesIO(data)) as image:
-                check_pixels(image, f"image {ref!r} (source {source!r}, {len(data)} bytes)", limit)
+            what = f"image {ref!r} (source {source!r}, {len(data)} bytes)"
+            with open_image(io.BytesIO(data), what) as image:
+                check_pixels(image, what, limit)
                 image.load()
                 decoded = image.convert("RGB")
                 decoded.info[SOURCE_MODE] = image.mode
@@ -1159,7 +1242,7 @@ class ImageResolver:
         source = record.get("source") or "*"
         try:
             return [self.open(source, ref) for ref in record.get("images") or []]
-        except (ImageFetchError, ImageDecodeError) as exc:
+        except (ImageFetchError, ImageDecodeError, ImageNotFound, UnsafeImagePath) as exc:
             raise _for_records(exc, [str(record.get("id"))]) from None
 
     def find_missing(self, records: Iterable[Mapping[str, Any]], progress: bool = True) -> list[tuple[str, str]]:
@@ -1200,7 +1283,11 @@ class ImageResolver:
         with tqdm(total=total, desc="checking images", unit="img", disable=not progress or total < 200) as bar:
             broken: dict[tuple[str, str], str] = {}
             for key, root in local:
-                if not root.exists(key[1]):
+                try:
+                    found = root.exists(key[1])
+                except UnsafeImagePath as exc:
+                    raise _for_records(exc, [r for r, s, f in pairs if (s, f) == key]) from None
+                if not found:
                     absent.add(key)
                 elif headers:
                     problem = _header_problem(root, key[1])

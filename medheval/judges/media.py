@@ -46,11 +46,9 @@ class JudgeImage:
     def to_pil(self):
         if self.source is not None:
             return self.source
-        from PIL import Image
+        from medheval.data.images import check_pixels, open_image
 
-        from medheval.data.images import check_pixels
-
-        image = Image.open(io.BytesIO(self.data))
+        image = open_image(io.BytesIO(self.data), f"judge image {self.digest[:12]}")
         check_pixels(image, f"judge image {self.digest[:12]} ({len(self.data)} bytes)")
         image.load()
         return image
@@ -67,12 +65,10 @@ def to_judge_image(image: Any) -> JudgeImage:
         data = bytes(image)
         mime = _sniff(data)
         if mime is None:
-            from PIL import Image
-
-            from medheval.data.images import check_pixels
+            from medheval.data.images import check_pixels, open_image
 
             try:
-                pil = Image.open(io.BytesIO(data))
+                pil = open_image(io.BytesIO(data), "the image")
                 check_pixels(pil, "the image")
                 pil.load()
             except Exception as err:  # noqa: BLE001 - say what was wrong

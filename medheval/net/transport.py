@@ -13,7 +13,9 @@ cannot stretch. One policy:
   since a 301/302/303 would turn it into a GET without its body. At most :data:`MAX_REDIRECTS`.
 - **A total deadline per request.** ``timeout`` bounds each socket read, so a server sending one byte a
   second never trips it. ``deadline`` bounds the whole exchange, connect, headers and body, redirects
-  included: a watchdog shuts the request's socket down when it passes (:class:`DeadlineExceeded`).
+  included: a watchdog shuts down every socket the request used when it passes, also one that http.client
+  moved to the response (HTTP/1.0, ``Connection: close``), and the clock is checked between body chunks
+  (:class:`DeadlineExceeded`).
 - **A capped body.** At most ``max_bytes`` are read (:class:`ReplyTooLarge`), in 64 KiB chunks, so an
   endless body is refused before it fills memory.
 
@@ -80,35 +82,45 @@ class Reply:
 
 
 class _Slot:
-    """The connection one request is using, so that the watchdog can shut its socket down."""
+    """The sockets one request has used, so that the watchdog can shut them down.
+
+    The socket objects themselves are kept, not just the connection: when a reply says ``Connection: close``
+    (or comes over HTTP/1.0), http.client hands the socket to the response and sets ``connection.sock`` to
+    None, and a shutdown through the connection would reach nothing while the body drips on.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.connection: Any = None
+        self.sockets: list[socket.socket] = []
         self.expired = False
 
     def track(self, connection: Any) -> None:
+        """Remember ``connection``'s current socket; shut it down at once if the deadline already passed."""
+        sock = getattr(connection, "sock", None)
+        if sock is None:
+            return
         with self.lock:
-            self.connection = connection
+            if not any(known is sock for known in self.sockets):
+                self.sockets.append(sock)
             expired = self.expired
         if expired:
-            _shutdown(connection)
+            _shutdown(sock)
 
     def expire(self) -> None:
+        """The deadline passed: shut down every socket the request used."""
         with self.lock:
             self.expired = True
-            connection = self.connection
-        if connection is not None:
-            _shutdown(connection)
+            sockets = list(self.sockets)
+        for sock in sockets:
+            _shutdown(sock)
 
 
-def _shutdown(connection: Any) -> None:
-    sock = getattr(connection, "sock", None)
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+def _shutdown(sock: socket.socket) -> None:
+    """Shut ``sock`` down both ways, so that a read blocked on it returns; an already closed one is left be."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 _active = threading.local()  # .slot: the _Slot of the request this thread is making
@@ -215,10 +227,15 @@ def _host(url: str) -> str:
     return f"{host}:{port}" if port else host
 
 
-def _read(response: requests.Response, max_bytes: int) -> bytes:
+def _read(response: requests.Response, max_bytes: int, stop_at: float = float("inf"),
+          deadline: float = 0.0) -> bytes:
+    """The whole body of ``response``, in 64 KiB chunks: at most ``max_bytes`` (:class:`ReplyTooLarge`), and
+    :class:`DeadlineExceeded` once the clock passes ``stop_at`` between chunks."""
     chunks: list[bytes] = []
     size = 0
     for chunk in response.iter_content(chunk_size=65536):
+        if time.monotonic() > stop_at:
+            raise DeadlineExceeded(f"no complete reply within deadline={deadline:g}s")
         size += len(chunk)
         if size > max_bytes:
             raise ReplyTooLarge(f"the reply body exceeds {max_bytes} bytes (status {response.status_code})")
@@ -265,7 +282,7 @@ def request(session: requests.Session, method: str, url: str, headers: Mapping[s
                     if response.status_code in REDIRECT_STATUS:
                         url = _redirect_target(url, response, method)
                         continue
-                    content = b"" if method == "HEAD" else _read(response, max_bytes)
+                    content = b"" if method == "HEAD" else _read(response, max_bytes, stop_at, deadline)
                 finally:
                     response.close()
             except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
@@ -309,7 +326,7 @@ __all__ = [
     "Reply",
     "ReplyTooLarge",
     "TransportError",
-        "mount",
+    "mount",
     "origin",
     "post",
     "proxy_allowed",

@@ -191,12 +191,10 @@ def _thumbnail(item: dict[str, Any], image_roots: dict[str, str]) -> str | None:
     path = (base / str(images[0])).resolve()
     if base not in path.parents or not path.is_file():
         return None
-    from PIL import Image
-
-    from medheval.data.images import ImageDecodeError, check_pixels
+    from medheval.data.images import ImageDecodeError, check_pixels, open_image
 
     try:
-        with Image.open(path) as image:
+        with open_image(path, f"image {path.name}") as image:
             check_pixels(image, f"image {path.name}")
             image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
             buffer = io.BytesIO()

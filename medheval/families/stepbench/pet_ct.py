@@ -18,6 +18,12 @@ from PIL import Image
 CT_WINDOWS: dict[str, tuple[float, float]] = {"lung": (-600.0, 1500.0), "mediastinal": (50.0, 350.0)}
 PET_SUV_MAX = 5.0  # PET shown on SUV 0..5 (a common display range for FDG)
 PLANE_AXES = {"axial": 2, "coronal": 1, "sagittal": 0}  # volume index order (x, y, z), RAS-like
+MAX_VOXELS_ENV = "MEDHEVAL_VOLUME_MAX_VOXELS"
+DEFAULT_MAX_VOXELS = 2**28  # one volume, 1 GiB as float32 (a whole-body CT of 512x512x1000 slices is 262 M)
+
+
+class VolumeTooLarge(ValueError):
+    """A NIfTI header declares more voxels than the cap (:func:`max_voxels`); nothing was read."""
 
 
 def _nibabel():
@@ -38,9 +44,30 @@ def volume_path(data_dir: str | Path, ref: str) -> Path:
     return path
 
 
+def max_voxels() -> int:
+    """The cap on one volume: ``MEDHEVAL_VOLUME_MAX_VOXELS``, default :data:`DEFAULT_MAX_VOXELS`."""
+    from medheval.data.images import _env_number
+
+    return int(_env_number(MAX_VOXELS_ENV, DEFAULT_MAX_VOXELS))
+
+
+def check_voxels(shape: tuple[int, ...], what: str, limit: int | None = None) -> None:
+    """Refuse a volume whose header declares more than ``limit`` voxels (default :func:`max_voxels`), before its
+    data is read: a few hundred KB of .nii.gz can declare 512^3 or more, allocated in full as float32."""
+    limit = max_voxels() if limit is None else limit
+    voxels = int(np.prod([int(n) for n in shape], dtype=object)) if shape else 0
+    if voxels > limit:
+        raise VolumeTooLarge(
+            f"{what} declares a volume of {'x'.join(str(int(n)) for n in shape)} = {voxels:,} voxels, over the cap "
+            f"of {limit:,}; it was not read. If the volume is genuine, raise the cap with {MAX_VOXELS_ENV}=N.")
+
+
 def load_volume(data_dir: str | Path, ref: str) -> tuple[np.ndarray, np.ndarray]:
-    """The voxel array (float32) and its 4x4 affine of the NIfTI file ``DIR/ref``."""
-    image = _nibabel().load(str(volume_path(data_dir, ref)))
+    """The voxel array (float32) and its 4x4 affine of the NIfTI file ``DIR/ref``; :class:`VolumeTooLarge`
+    when its header declares more voxels than :func:`max_voxels`."""
+    path = volume_path(data_dir, ref)
+    image = _nibabel().load(str(path))
+    check_voxels(tuple(image.header.get_data_shape()), f"volume {ref!r} ({path})")
     return np.asarray(image.dataobj, dtype=np.float32), np.asarray(image.affine)
 
 
@@ -95,4 +122,5 @@ def render_view(ct: np.ndarray | None, pet: np.ndarray | None, plane: str, modal
     return Image.fromarray((255 * rgb).round().astype(np.uint8), mode="RGB")
 
 
-__all__ = ["CT_WINDOWS", "load_record_volumes", "load_volume", "middle_slice", "render_view", "save_volume", "volume_path", "window_ct"]
+__all__ = ["CT_WINDOWS", "DEFAULT_MAX_VOXELS", "MAX_VOXELS_ENV", "VolumeTooLarge", "check_voxels", "load_record_volumes",
+           "load_volume", "max_voxels", "middle_slice", "render_view", "save_volume", "volume_path", "window_ct"]

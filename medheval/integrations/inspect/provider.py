@@ -51,7 +51,7 @@ from inspect_ai.model import (
 from inspect_ai.tool import ToolChoice, ToolInfo
 from PIL import Image
 
-from medheval.data.images import ImageDecodeError, check_pixels
+from medheval.data.images import ImageDecodeError, check_pixels, open_image
 
 PROVIDER = "medheval"
 
@@ -75,7 +75,11 @@ def decode_image(image: str) -> Image.Image:
         if not path.is_file():
             raise ProviderError(f"image file {image!r} does not exist")
         data = path.read_bytes()
-    with Image.open(io.BytesIO(data)) as opened:
+    try:
+        opened = open_image(io.BytesIO(data), f"image {image[:80]!r}")
+    except ImageDecodeError as err:
+        raise ProviderError(str(err)) from None
+    with opened:
         try:
             check_pixels(opened, f"image {image[:80]!r}")
         except ImageDecodeError as err:
