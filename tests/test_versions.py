@@ -78,11 +78,13 @@ def test_lower_bounds_are_the_oldest_tested_stack():
 def test_urllib3_is_required_at_a_version_that_bounds_decompression():
     """medheval.net.transport imports urllib3 and caps a reply at max_bytes read in 64 KiB chunks: that cap holds
     on a compressed body only from urllib3 2.6 (CVE-2025-66471: one chunk decompressed in full; CVE-2025-66418:
-    an unbounded chain of Content-Encodings), so urllib3 is a direct requirement with that floor."""
+    an unbounded chain of Content-Encodings), 2.6.3 (CVE-2026-21441: a redirect's body decompressed in full)
+    and 2.7.0 (CVE-2026-44432: drain_conn after a partial decode), so urllib3 is a direct requirement with
+    that floor."""
     spec = _install_requires().get("urllib3")
     assert spec is not None, "urllib3 is imported by medheval.net.transport: list it in install_requires"
     lower = re.search(r">=\s*([0-9][^,\s]*)", spec)
-    assert lower and versions.release(lower.group(1)) >= (2, 6), spec
+    assert lower and versions.release(lower.group(1)) >= (2, 7), spec
     lock = _pins(REPO / "requirements" / "lock.txt")
     assert versions.release(lock["urllib3"]) >= versions.release(lower.group(1))
 
