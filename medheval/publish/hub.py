@@ -50,10 +50,11 @@ import yaml
 
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
 from medheval.publish.content_scan import netpbm_header, small_int_run, text_kind
+from medheval.publish.results_check import ResultsError, check_results, check_size
 from medheval.data.registry import list_units, unit_dir
 from medheval.data.schema import FEATURES, is_credentialed
 from medheval.run import provenance
-from medheval.run.control import control_of
+from medheval.run.control import control_of, control_slug
 from medheval.backends.revision import revision_note
 from medheval.scoring.headline import UNITS, headline_numbers, headline_unit, unit_label
 from medheval.run.outputs import OutputLock, atomic_write_text, remove_stale_staging, replace_folder, staging_folder
@@ -729,10 +730,16 @@ def eval_results_provenance(results: Mapping[str, Any], org: str = DEFAULT_ORG, 
     return _eval_results(results, org, date, allow)[1]
 
 
-def _eval_results(results: Mapping[str, Any], org: str, date: str | None, allow: Iterable[str]
-                  ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
-    """The entries and the provenance record of each ``.eval_results`` file (see the two public functions)."""
+def _eval_results(results: Mapping[str, Any], org: str, date: str | None, allow: Iterable[str],
+                  where: str = "results.json") -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """The entries and the provenance record of each ``.eval_results`` file (see the two public functions),
+    once every field they copy has passed :func:`medheval.publish.results_check.check_results` (``where``
+    names the results in its error)."""
     org = check_org(org)
+    try:
+        check_results(results, where)
+    except ResultsError as error:
+        raise PublishError(str(error)) from None
     runs = results["runs"] if "runs" in results else [results]
     date = date or _dt.date.today().isoformat()
     allow = tuple(allow)
@@ -786,7 +793,7 @@ def _eval_results(results: Mapping[str, Any], org: str, date: str | None, allow:
                     units[task_id] = {"unit": unit, "range": list(bounds) if bounds else None}
             if entries:
                 suffix = "" if mitigation == "none" else "_" + re.sub(r"[^A-Za-z0-9]+", "_", mitigation).strip("_")
-                suffix += "" if control == "none" else f"_{control}"
+                suffix += "" if control == "none" else f"_{control_slug(control, 'settings.control')}"
                 name = f"{benchmark}_{config or 'default'}{suffix}.yaml"
                 files[name] = entries
                 records[name] = _provenance_record(name, f"{org}/{benchmark}", split, origin, units, date)
@@ -861,7 +868,7 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
     else:
         results = json.loads(results_path.read_text())
     allow = tuple(allow)
-    files, records = _eval_results(results, org, None, allow)
+    files, records = _eval_results(results, org, None, allow, where=str(run_dir if logs else results_path))
     for run in results["runs"] if "runs" in results else [results]:
         source = provenance.of_run(run).get("source_model")
         backend = (run.get("settings") or {}).get("backend") or {}
@@ -875,9 +882,15 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
     (folder / PROVENANCE_DIR).mkdir()
     for name, entries in files.items():
         target = _inside(folder / ".eval_results", folder / ".eval_results" / name)
-        target.write_text(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True))
         record = _inside(folder / PROVENANCE_DIR, folder / PROVENANCE_DIR / (Path(name).stem + ".json"))
-        record.write_text(_publishable_json(records[name], record.name))
+        try:
+            text = check_size(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True), f".eval_results/{name}")
+            provenance_text = check_size(_publishable_json(records[name], record.name), f"{PROVENANCE_DIR}/{record.name}")
+        except ResultsError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise PublishError(str(error)) from None
+        target.write_text(text)
+        record.write_text(provenance_text)
     return recorded(RepoFolder(str(folder), model_repo, "model", "results", warnings=warnings))
 
 
