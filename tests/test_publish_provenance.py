@@ -103,9 +103,9 @@ def _clean_results(**run: object) -> dict:
 def test_a_clean_run_publishes_as_before_and_a_protocol_is_named():
     [entry] = hub.eval_results_entries(_clean_results(), date="2026-11-27")["cxr_vishal_mimic_cxr.yaml"]
     assert entry["notes"] == "n=4, unit=fraction (0-1)"
-    [entry] = hub.eval_results_entries(_clean_results(protocol={"name": "image_blind"}),
+    [entry] = hub.eval_results_entries(_clean_results(protocol={"name": "med-hallmark"}),
                                        date="2026-11-27")["cxr_vishal_mimic_cxr.yaml"]
-    assert entry["notes"] == "n=4, unit=fraction (0-1), protocol=image_blind"
+    assert entry["notes"] == "n=4, unit=fraction (0-1), protocol=med-hallmark"
 
 
 def test_results_written_before_provenance_existed_are_still_read():

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from medheval.backends.base import BackendError
+from medheval.run.control import CONTROLS
 
 MAX_LINE_BYTES = 1_000_000  # one line of a predictions file (or of a run's predictions.jsonl)
 MAX_PREDICTION_CHARS = 100_000  # one prediction: far above any model's answer or report
@@ -153,6 +154,9 @@ class PredictionsFileBackend:
         self.carried_provenance = carried
         self.carried_mitigation: str = variants["mitigation"].pop()  # "none" for lines without the key
         self.carried_control: str = variants["control"].pop()
+        if self.carried_control not in CONTROLS:  # it names the re-score's grid folder and published files
+            raise BackendError(f"predictions file {str(self.path)!r}: 'control' {self.carried_control[:40]!r} is not "
+                               f"an image control medheval writes ({', '.join(CONTROLS)})")
         self.carried_generation: dict | None = generation
 
     def _lines(self, digest: Any, errors: list[str]) -> Iterator[tuple[int, str]]:

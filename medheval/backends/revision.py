@@ -21,6 +21,13 @@ from typing import Any
 
 COMMIT = re.compile(r"[0-9a-f]{7,64}")
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+# a local folder's or an in-process model's name (no path separator, no markup, no control character)
+SHORT_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_. +@()-]{0,127}")
+# an API model name as asked for or reported (``gpt-4o-2024-08-06``, ``llama3:8b``, ``accounts/x/models/y``)
+API_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}")
+MAX_ID_CHARS = 200
+REVISION_KEYS = {"hub": {"kind", "id", "commit"}, "local": {"kind", "name", "id", "commit"},
+                 "in_memory": {"kind", "name", "commit"}, "api": {"kind", "id", "reported"}}
 
 
 def config_commit(config: Any) -> str | None:
@@ -96,4 +103,35 @@ def revision_note(revision: Any) -> str | None:
     return None  # a model built in the process (the tiny random models) has no revision to name
 
 
-__all__ = ["api_revision", "cached_commit", "config_commit", "hf_revision", "revision_note", "snapshot_of"]
+def check_revision(revision: Any) -> str | None:
+    """Why ``revision`` is not a model revision this module writes (a problem naming the field), or ``None``:
+    a dict of one known kind with only that kind's keys, ``id`` a Hub repo id (an API model name for ``api``),
+    ``commit`` hex, ``name`` a short folder or class name, ``reported`` a short list of API model names."""
+    if revision is None:
+        return None
+    if not isinstance(revision, dict) or revision.get("kind") not in REVISION_KEYS:
+        return f"model_revision: expected one of kinds {', '.join(REVISION_KEYS)}, got {_shown(revision)}"
+    kind = revision["kind"]
+    extra = sorted(str(key) for key in set(revision) - REVISION_KEYS[kind])
+    if extra:
+        return f"model_revision: unexpected key(s) {', '.join(_shown(key) for key in extra)} for kind {kind!r}"
+    ident = API_MODEL if kind == "api" else REPO_ID
+    checks = {"id": lambda v: isinstance(v, str) and len(v) <= MAX_ID_CHARS and bool(ident.fullmatch(v)),
+              "commit": lambda v: v is None or (isinstance(v, str) and bool(COMMIT.fullmatch(v))),
+              "name": lambda v: isinstance(v, str) and len(v) <= MAX_ID_CHARS and bool(
+                  SHORT_NAME.fullmatch(v) or REPO_ID.fullmatch(v)),
+              "reported": lambda v: isinstance(v, list) and len(v) <= 20 and all(
+                  isinstance(n, str) and bool(API_MODEL.fullmatch(n)) for n in v)}
+    for key, valid in checks.items():
+        if key in revision and not valid(revision[key]):
+            return f"model_revision.{key}: {_shown(revision[key])} is not a valid {key} for kind {kind!r}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to 60 characters (a hostile value is named, never echoed whole)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "…"
+
+
+__all__ = ["api_revision", "cached_commit", "check_revision", "config_commit", "hf_revision", "revision_note", "snapshot_of"]

@@ -49,10 +49,12 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
+from medheval.publish.content_scan import netpbm_header, small_int_run, text_kind
+from medheval.publish.results_check import ResultsError, check_results, check_size
 from medheval.data.registry import list_units, unit_dir
 from medheval.data.schema import FEATURES, is_credentialed
 from medheval.run import provenance
-from medheval.run.control import control_of
+from medheval.run.control import control_of, control_slug
 from medheval.backends.revision import revision_note
 from medheval.scoring.headline import UNITS, headline_numbers, headline_unit, unit_label
 from medheval.run.outputs import OutputLock, atomic_write_text, remove_stale_staging, replace_folder, staging_folder
@@ -314,19 +316,24 @@ BASE64_RUN = re.compile(rb"(?:data:image/[a-z0-9.+-]+;base64,)|[A-Za-z0-9+/]{204
 
 def file_kind(path: Path) -> str | None:
     """What ``path`` holds when it can carry an image (by content, not by name): ``"JPEG image"``,
-    ``"DICOM file"``, ``"zip archive"``, ``"base64 text"``, ``"binary file"``...; ``None`` for plain text
-    (or Parquet, which :func:`check_no_credentialed_bytes` reads column by column)."""
+    ``"DICOM file"``, ``"zip archive"``, ``"netpbm image"``, ``"binary file"``, and in a text file
+    ``"base64 text"``, ``"text with an image data URL"`` or ``"list of byte values"`` in any spelling
+    (:func:`medheval.publish.content_scan.text_kind`: wrapped, URL-safe, slash-escaped or split base64, bytes
+    as a list of numbers); ``None`` for plain text (or Parquet, which :func:`check_no_credentialed_bytes` reads
+    column by column)."""
     data = path.read_bytes()
     for offset, magic, kind in MAGIC_BYTES:
         if data[offset : offset + len(magic)] == magic:
             return kind
     if data[:4] == b"PAR1":
         return None
+    if netpbm_header(data):
+        return "netpbm image"
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
         return "binary file"
-    return "base64 text" if BASE64_RUN.search(data) else None
+    return "base64 text" if BASE64_RUN.search(data) else text_kind(data, MAGIC_BYTES)
 
 
 def _shape(dtype: Any) -> Any:
@@ -338,6 +345,75 @@ def _shape(dtype: Any) -> Any:
     if isinstance(dtype, pa.ExtensionType):
         return ["extension", dtype.extension_name]
     return "string" if pa.types.is_string(dtype) or pa.types.is_large_string(dtype) else str(dtype)
+
+
+MAX_INT_LIST = 64  # integers in one list value of a Parquet column: a box or a few labels, never pixels
+_LIST_TYPES = ("is_list", "is_large_list", "is_fixed_size_list", "is_list_view", "is_large_list_view")
+
+
+def _storage(dtype: Any) -> Any:
+    """``dtype``, or the storage type of an extension type (``arrow.json``: a string column)."""
+    import pyarrow as pa
+
+    return dtype.storage_type if isinstance(dtype, pa.ExtensionType) else dtype
+
+
+def _is_list(dtype: Any) -> bool:
+    """Whether ``dtype`` is any kind of Arrow list (variable, large, fixed-size, list view)."""
+    import pyarrow as pa
+
+    return any(getattr(pa.types, test, lambda _: False)(dtype) for test in _LIST_TYPES)
+
+
+def binary_fields(dtype: Any, name: str) -> list[str]:
+    """The fields of a column type that can hold bytes: binary, and lists of 8-bit integers (``name``,
+    ``name.child``, ``name[]``), looking through structs, lists and extension types."""
+    import pyarrow as pa
+
+    dtype = _storage(dtype)
+    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_fixed_size_binary(dtype) \
+            or getattr(pa.types, "is_binary_view", lambda _: False)(dtype):
+        return [name]
+    if pa.types.is_struct(dtype):
+        return [hit for child in dtype for hit in binary_fields(child.type, f"{name}.{child.name}")]
+    if _is_list(dtype):
+        item = _storage(dtype.value_type)
+        if pa.types.is_int8(item) or pa.types.is_uint8(item):
+            return [f"{name}[] ({item})"]
+        return binary_fields(item, f"{name}[]")
+    return []
+
+
+def integer_list_fields(column: Any, name: str, limit: int = MAX_INT_LIST) -> list[str]:
+    """The list fields of a Parquet column (a pyarrow array or chunked array) where one row holds more than
+    ``limit`` integers, nested lists counted together (an image as rows of pixels): bytes or pixels written
+    as numbers."""
+    import numpy as np
+    import pyarrow as pa
+
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return _integer_lists(array, np.arange(len(array)), name, limit, nested=False)
+
+
+def _integer_lists(array: Any, rows: Any, name: str, limit: int, nested: bool) -> list[str]:
+    """:func:`integer_list_fields` below one field: ``rows`` gives each value's top-level row."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(array, pa.ExtensionArray):
+        array = array.storage
+    if pa.types.is_struct(array.type):
+        return [hit for index, child in enumerate(array.type)
+                for hit in _integer_lists(array.field(index), rows, f"{name}.{child.name}", limit, nested)]
+    if _is_list(array.type):
+        parents = np.asarray(pc.list_parent_indices(array), dtype=np.int64)
+        return _integer_lists(array.flatten(), rows[parents], f"{name}[]", limit, nested=True)
+    if nested and pa.types.is_integer(array.type) and len(rows):
+        most = int(np.bincount(rows).max())
+        if most > limit:
+            return [f"{name} (up to {most} integers in one row)"]
+    return []
 
 
 def _check_exported_parquet(repo_id: str, relpath: str, path: Path) -> None:
@@ -491,9 +567,11 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
     image from another one, and ``publish.json`` (its ``gated`` flag, its kind, its file list) may have been
     written by hand, the same content checks apply to every repo: no symbolic link (the upload would
     follow it), no file named like a MIMIC-CXR file (:func:`mimic_file_name`: ``p<XX>/p<subject>/s<study>/``,
-    ``<dicom_id>.jpg``), and, by content whatever the file's name: no image, DICOM, array or archive file, no
-    other binary file, no long base64 run or image data URL in a text file, and Parquet files without binary or
-    Image columns, without base64 strings and without base64 in their metadata. So a folder edited by hand
+    ``<dicom_id>.jpg``), and, by content whatever the file's name: no image, DICOM, array, archive or netpbm
+    file, no other binary file, no base64 run, image data URL or long list of byte values in a text file in any
+    spelling (:func:`file_kind`), and Parquet files without binary, Image or 8-bit integer list columns, without
+    rows of more than :data:`MAX_INT_LIST` integers (:func:`integer_list_fields`), without base64 strings or
+    byte-value lists and without base64 in their metadata. So a folder edited by hand
     after :func:`export_dataset`, or a manifest entry written by hand, is checked too."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -513,15 +591,6 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
                 f"{repo.repo_id}: {relpath} is named like a MIMIC-CXR file (p<XX>/p<subject>/s<study>/<dicom_id>.jpg); "
                 f"MIMIC-CXR is credentialed (PhysioNet's data use agreement) and never published: {how}")
 
-    def binary_fields(dtype: pa.DataType, name: str) -> list[str]:
-        if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_fixed_size_binary(dtype):
-            return [name]
-        if pa.types.is_struct(dtype):
-            return [hit for child in dtype for hit in binary_fields(child.type, f"{name}.{child.name}")]
-        if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
-            return binary_fields(dtype.value_type, f"{name}[]")
-        return []
-
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         where = path.relative_to(root)
         kind = file_kind(path)
@@ -537,6 +606,7 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
             raise CredentialedImageError(f"{repo.repo_id}: {where} is not a readable Parquet file "
                                          f"({type(error).__name__}): {how}") from None
         hits = [hit for column in schema for hit in binary_fields(column.type, column.name)]
+        hits += [hit for name in table.column_names for hit in integer_list_fields(table.column(name), name)]
         metadata = schema.metadata or {}
         meta = metadata.get(b"huggingface", b"")
         if hits or b'"Image"' in meta or b"CredentialedImage" in meta:
@@ -548,11 +618,16 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
                                          f"{in_repo}: {how}")
         for name in table.column_names:
             column = table.column(name)
-            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
-                    or pa.types.is_nested(column.type)):
+            storage = _storage(column.type)
+            if not (pa.types.is_string(storage) or pa.types.is_large_string(storage) or pa.types.is_nested(storage)):
                 continue
-            if BASE64_RUN.search(json.dumps(column.to_pylist(), default=str).encode()):
-                raise CredentialedImageError(f"{repo.repo_id}: {where} column {name!r} holds base64 data"
+            values = column.to_pylist()
+            text = json.dumps(values, default=str).encode()  # base64 split over rows joins up
+            found = "base64 data" if BASE64_RUN.search(text) else text_kind(text, MAGIC_BYTES, numbers=False)
+            if not found and any(small_int_run(json.dumps(value, default=str).encode()) for value in values):
+                found = "list of byte values"  # counted row by row: many short lists are not one image
+            if found:
+                raise CredentialedImageError(f"{repo.repo_id}: {where} column {name!r} holds {found}"
                                              f"{in_repo}; publish image references only: {how}")
 
 
@@ -655,10 +730,16 @@ def eval_results_provenance(results: Mapping[str, Any], org: str = DEFAULT_ORG, 
     return _eval_results(results, org, date, allow)[1]
 
 
-def _eval_results(results: Mapping[str, Any], org: str, date: str | None, allow: Iterable[str]
-                  ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
-    """The entries and the provenance record of each ``.eval_results`` file (see the two public functions)."""
+def _eval_results(results: Mapping[str, Any], org: str, date: str | None, allow: Iterable[str],
+                  where: str = "results.json") -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """The entries and the provenance record of each ``.eval_results`` file (see the two public functions),
+    once every field they copy has passed :func:`medheval.publish.results_check.check_results` (``where``
+    names the results in its error)."""
     org = check_org(org)
+    try:
+        check_results(results, where)
+    except ResultsError as error:
+        raise PublishError(str(error)) from None
     runs = results["runs"] if "runs" in results else [results]
     date = date or _dt.date.today().isoformat()
     allow = tuple(allow)
@@ -712,7 +793,7 @@ def _eval_results(results: Mapping[str, Any], org: str, date: str | None, allow:
                     units[task_id] = {"unit": unit, "range": list(bounds) if bounds else None}
             if entries:
                 suffix = "" if mitigation == "none" else "_" + re.sub(r"[^A-Za-z0-9]+", "_", mitigation).strip("_")
-                suffix += "" if control == "none" else f"_{control}"
+                suffix += "" if control == "none" else f"_{control_slug(control, 'settings.control')}"
                 name = f"{benchmark}_{config or 'default'}{suffix}.yaml"
                 files[name] = entries
                 records[name] = _provenance_record(name, f"{org}/{benchmark}", split, origin, units, date)
@@ -787,7 +868,7 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
     else:
         results = json.loads(results_path.read_text())
     allow = tuple(allow)
-    files, records = _eval_results(results, org, None, allow)
+    files, records = _eval_results(results, org, None, allow, where=str(run_dir if logs else results_path))
     for run in results["runs"] if "runs" in results else [results]:
         source = provenance.of_run(run).get("source_model")
         backend = (run.get("settings") or {}).get("backend") or {}
@@ -801,9 +882,15 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
     (folder / PROVENANCE_DIR).mkdir()
     for name, entries in files.items():
         target = _inside(folder / ".eval_results", folder / ".eval_results" / name)
-        target.write_text(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True))
         record = _inside(folder / PROVENANCE_DIR, folder / PROVENANCE_DIR / (Path(name).stem + ".json"))
-        record.write_text(_publishable_json(records[name], record.name))
+        try:
+            text = check_size(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True), f".eval_results/{name}")
+            provenance_text = check_size(_publishable_json(records[name], record.name), f"{PROVENANCE_DIR}/{record.name}")
+        except ResultsError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise PublishError(str(error)) from None
+        target.write_text(text)
+        record.write_text(provenance_text)
     return recorded(RepoFolder(str(folder), model_repo, "model", "results", warnings=warnings))
 
 

@@ -34,6 +34,7 @@ with-image run. Runs written before controls existed have none of these fields a
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -167,11 +168,20 @@ class Control:
                                f"({', '.join(sorted(IMAGE_FREE_MITIGATIONS))})")
 
 
+def control_slug(control: str, where: str = "control") -> str:
+    """``control`` as a piece of a folder or file name: one of :data:`CONTROLS` (else :class:`ControlError`),
+    letters, digits and ``_`` only, as :func:`medheval.run.grid_plan.mitigation_slug` makes a mitigation's."""
+    if not isinstance(control, str):
+        raise ControlError(f"{where} {control!r}: unknown control; choose one of {', '.join(CONTROLS)}")
+    return re.sub(r"[^A-Za-z0-9_]+", "_", check_control(control, where))
+
+
 def cell_slug(mitigation_slug: str, control: str) -> str:
-    """A grid cell's folder: the mitigation's (as before controls existed) with ``__<control>`` when blind."""
-    return mitigation_slug if control == "none" else f"{mitigation_slug}__{control}"
+    """A grid cell's folder: the mitigation's (as before controls existed) with ``__<control>`` when blind
+    (:func:`control_slug`: an unknown control never names a folder)."""
+    return mitigation_slug if control == "none" else f"{mitigation_slug}__{control_slug(control)}"
 
 
 __all__ = ["CONTROLS", "Control", "ControlError", "IMAGE_FREE_MITIGATIONS", "blank_like", "cell_slug",
-           "check_control", "control_of", "noise_like",
+           "check_control", "control_of", "control_slug", "noise_like",
            "noise_volume_like"]
