@@ -126,16 +126,20 @@ def check_dataset_revision(revision: Any, where: str, field: str) -> None:
         check_plain(entry, where, at)
 
 
+def _object_or_empty(value: Any, where: str, at: str) -> Mapping[str, Any]:
+    """``value`` when it is a JSON object, ``{}`` when absent; anything else is refused."""
+    if value is not None and not isinstance(value, Mapping):
+        raise _fail(where, at, "must be a JSON object")
+    return value or {}
+
+
 def check_run(run: Any, where: str, at: str = "") -> None:
     """One run of ``results.json`` (``at``: its place, ``runs[i].`` in a file of several)."""
     from medheval.run import provenance
 
     if not isinstance(run, Mapping):
         raise _fail(where, at.rstrip(".") or "the file", "must be a JSON object")
-    settings = run.get("settings")
-    if settings is not None and not isinstance(settings, Mapping):
-        raise _fail(where, f"{at}settings", "must be a JSON object")
-    settings = settings or {}
+    settings = _object_or_empty(run.get("settings"), where, f"{at}settings")
     check_mitigation(settings.get("mitigation"), where, f"{at}settings.mitigation")
     check_control_field(settings.get("control"), where, f"{at}settings.control")
     check_count(settings.get("limit"), where, f"{at}settings.limit")
@@ -143,10 +147,7 @@ def check_run(run: Any, where: str, at: str = "") -> None:
         check_plain(settings["model"], where, f"{at}settings.model")
     protocol = run.get("protocol")
     check_protocol(protocol.get("name") if isinstance(protocol, Mapping) else protocol, where, f"{at}protocol.name")
-    carried = run.get("provenance")
-    if carried is not None and not isinstance(carried, Mapping):
-        raise _fail(where, f"{at}provenance", "must be a JSON object")
-    carried = carried or {}
+    carried = _object_or_empty(run.get("provenance"), where, f"{at}provenance")
     check_protocol(carried.get("protocol"), where, f"{at}provenance.protocol")
     check_count(carried.get("limit"), where, f"{at}provenance.limit")
     for flag in ("random_weights", "fixture"):
