@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
+from medheval.decoding.visual_tokens import left_pad
 
 IMAGE_INDEX = -200  # the placeholder id LLaVA's code puts where an image's features go (IMAGE_TOKEN_INDEX)
 
@@ -77,18 +77,6 @@ def upstream_input_ids(tokenizer: Any, prompt: str, processor_ids: Sequence[int]
     tokens as the processor gave it in ``processor_ids`` (one row, padding removed)."""
     ids = upstream_image_token_ids(tokenizer, prompt, image_token)
     return expand_images(ids, image_token_id, image_token_runs(processor_ids, image_token_id))
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` of ``rows`` padded on the left to the longest."""
-    width = max((len(row) for row in rows), default=0)
-    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for index, row in enumerate(rows):
-        if row:
-            ids[index, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
-            mask[index, width - len(row):] = 1
-    return ids, mask
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

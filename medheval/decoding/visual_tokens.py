@@ -14,6 +14,8 @@ padding and with LLaVA-NeXT's variable token counts.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 
@@ -108,6 +110,19 @@ def remove_positions(
     return out_ids, out_mask
 
 
+def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int,
+             device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of token ids as a left-padded ``[B, T]`` batch (``T`` the longest row) and its attention mask."""
+    width = max((len(row) for row in rows), default=0)
+    input_ids = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        if len(row):
+            input_ids[index, width - len(row):] = torch.as_tensor([int(t) for t in row], dtype=torch.long)
+            attention_mask[index, width - len(row):] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
 def drop_image_tokens(
     input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config, pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,4 +136,4 @@ def drop_image_tokens(
 __all__ = [
     "MitigationError",
     "MissingInternalError",
-    "visual_token_ids", "image_token_mask", "image_spans", "remove_positions", "drop_image_tokens"]
+    "visual_token_ids", "image_token_mask", "image_spans", "remove_positions", "left_pad", "drop_image_tokens"]

@@ -55,7 +55,7 @@ from medheval.decoding.contrast import LogProbContrast, PlausibilityCutoff
 from medheval.decoding.hooks import AttentionHook, ImageAttentionBoost, num_layers
 from medheval.decoding.loop import DecodingContext, DecodingMethod
 from medheval.decoding.streams import Stream
-from medheval.decoding.visual_tokens import MitigationError, image_token_mask, visual_token_ids
+from medheval.decoding.visual_tokens import MitigationError, image_token_mask, left_pad, visual_token_ids
 from medheval.mitigations.m3id import text_only_stream
 from medheval.mitigations.presets import DEFAULT_PRESET, from_preset, resolve_preset
 
@@ -84,18 +84,6 @@ def raw_question_ids(tokenizer, questions: Sequence[str]) -> list[list[int]]:
     return rows
 
 
-def left_padded(rows: Sequence[Sequence[int]], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` of token ids as a left-padded ``[B, T]`` batch and its attention mask."""
-    width = max(len(row) for row in rows)
-    input_ids = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for index, row in enumerate(rows):
-        if len(row):
-            input_ids[index, width - len(row):] = torch.as_tensor([int(t) for t in row], dtype=torch.long)
-            attention_mask[index, width - len(row):] = 1
-    return input_ids.to(device), attention_mask.to(device)
-
-
 def raw_question_stream(ctx: DecodingContext, name: str = "text_only") -> Stream:
     """The text-only stream of ``cfg_stream="raw_question"``: each row's ids from ``ctx.method_inputs``, left-padded.
 
@@ -112,7 +100,7 @@ def raw_question_stream(ctx: DecodingContext, name: str = "text_only") -> Stream
         raise MitigationError(
             f"PAI raw_question: got {len(rows)} rows of question ids (empty ones included) for a batch of "
             f"{ctx.batch_size}; pass one non-empty row per prompt, in the batch's order")
-    input_ids, attention_mask = left_padded(rows, ctx.pad_token_id, ctx.main.input_ids.device)
+    input_ids, attention_mask = left_pad(rows, ctx.pad_token_id, ctx.main.input_ids.device)
     if bool(image_token_mask(input_ids, ctx.model.config)[attention_mask.bool()].any()):
         raise MitigationError("PAI raw_question: a question holds image tokens; remove the image marker from its text")
     return Stream(name, input_ids, attention_mask, inputs={})
