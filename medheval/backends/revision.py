@@ -103,18 +103,18 @@ def revision_note(revision: Any) -> str | None:
     return None  # a model built in the process (the tiny random models) has no revision to name
 
 
-def check_revision(revision: Any) -> str | None:
-    """Why ``revision`` is not a model revision this module writes (a problem naming the field), or ``None``:
+def check_revision(revision: Any) -> tuple[str, str] | None:
+    """Why ``revision`` is not a model revision this module writes, as ``(field, problem)``, or ``None``:
     a dict of one known kind with only that kind's keys, ``id`` a Hub repo id (an API model name for ``api``),
     ``commit`` hex, ``name`` a short folder or class name, ``reported`` a short list of API model names."""
     if revision is None:
         return None
     if not isinstance(revision, dict) or revision.get("kind") not in REVISION_KEYS:
-        return f"model_revision: expected one of kinds {', '.join(REVISION_KEYS)}, got {_shown(revision)}"
+        return "model_revision", f"expected one of kinds {', '.join(REVISION_KEYS)}, got {shown(revision)}"
     kind = revision["kind"]
     extra = sorted(str(key) for key in set(revision) - REVISION_KEYS[kind])
     if extra:
-        return f"model_revision: unexpected key(s) {', '.join(_shown(key) for key in extra)} for kind {kind!r}"
+        return "model_revision", f"unexpected key(s) {', '.join(shown(key) for key in extra)} for kind {kind!r}"
     ident = API_MODEL if kind == "api" else REPO_ID
     checks = {"id": lambda v: isinstance(v, str) and len(v) <= MAX_ID_CHARS and bool(ident.fullmatch(v)),
               "commit": lambda v: v is None or (isinstance(v, str) and bool(COMMIT.fullmatch(v))),
@@ -124,14 +124,15 @@ def check_revision(revision: Any) -> str | None:
                   isinstance(n, str) and bool(API_MODEL.fullmatch(n)) for n in v)}
     for key, valid in checks.items():
         if key in revision and not valid(revision[key]):
-            return f"model_revision.{key}: {_shown(revision[key])} is not a valid {key} for kind {kind!r}"
+            return f"model_revision.{key}", f"{shown(revision[key])} is not a valid {key} for kind {kind!r}"
     return None
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """``repr(value)``, cut to 60 characters (a hostile value is named, never echoed whole)."""
     text = repr(value)
     return text if len(text) <= 60 else text[:60] + "…"
 
 
-__all__ = ["api_revision", "cached_commit", "check_revision", "config_commit", "hf_revision", "revision_note", "snapshot_of"]
+__all__ = ["api_revision", "cached_commit", "check_revision", "config_commit", "hf_revision", "revision_note", "shown",
+           "snapshot_of"]

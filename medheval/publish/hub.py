@@ -621,10 +621,10 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
             storage = _storage(column.type)
             if not (pa.types.is_string(storage) or pa.types.is_large_string(storage) or pa.types.is_nested(storage)):
                 continue
-            values = column.to_pylist()
-            text = json.dumps(values, default=str).encode()  # base64 split over rows joins up
+            rows = [json.dumps(value, default=str).encode() for value in column.to_pylist()]
+            text = b"[" + b", ".join(rows) + b"]"  # the column as one JSON list: base64 split over rows joins up
             found = "base64 data" if BASE64_RUN.search(text) else text_kind(text, MAGIC_BYTES, numbers=False)
-            if not found and any(small_int_run(json.dumps(value, default=str).encode()) for value in values):
+            if not found and any(small_int_run(row) for row in rows):
                 found = "list of byte values"  # counted row by row: many short lists are not one image
             if found:
                 raise CredentialedImageError(f"{repo.repo_id}: {where} column {name!r} holds {found}"
@@ -897,10 +897,13 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
 def _publishable_json(record: Mapping[str, Any], where: str) -> str:
     """``record`` as JSON, after checking that it holds no path under the home folder and no token-like
     string: a provenance file names a local model by its folder's name only."""
+    from medheval.net.secrets import redact
+
     text = json.dumps(record, indent=2, sort_keys=True, default=str)
     home = str(Path.home())
     leaked = len(home) > 1 and home in text
-    if leaked or re.search(r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}", text):
+    # a registered secret (HF_TOKEN, *_API_KEY, PHYSIONET_PASSWORD, a URL's password), or a token-shaped string
+    if leaked or redact(text) != text or re.search(r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}", text):
         raise PublishError(f"{where} would hold a local path or a token; nothing was written. The run's results.json "
                            "records one where only a name belongs: report it, or publish from a fresh run")
     return text + "\n"

@@ -24,6 +24,7 @@ import unicodedata
 from typing import Any, Mapping
 
 from medheval.backends.revision import check_revision
+from medheval.backends.revision import shown as _shown
 from medheval.run.control import CONTROLS
 
 MAX_TEXT_CHARS = 500  # one string of the provenance record (a version, a generation setting, a file name)
@@ -37,12 +38,6 @@ COUNT_KEYS = ("n_scored", "n_records", "n_chosen_samples")
 
 class ResultsError(ValueError):
     """A results file holds a field of the wrong type or shape (the message names the file and the field)."""
-
-
-def _shown(value: Any) -> str:
-    """``repr(value)``, cut to 60 characters (a hostile value is named, never echoed whole)."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:60] + "…"
 
 
 def _fail(where: str, field: str, problem: str) -> ResultsError:
@@ -155,7 +150,7 @@ def check_run(run: Any, where: str, at: str = "") -> None:
             raise _fail(where, f"{at}provenance.{flag}", f"must be true or false, got {_shown(carried[flag])}")
     problem = check_revision(carried.get("model_revision"))
     if problem:
-        raise _fail(where, f"{at}provenance.{problem.split(':')[0]}", problem.split(":", 1)[1].strip())
+        raise _fail(where, f"{at}provenance.{problem[0]}", problem[1])
     if carried.get("source_model") is not None:
         check_plain(carried["source_model"], where, f"{at}provenance.source_model")
     check_plain(carried.get("made_with"), where, f"{at}provenance.made_with")
