@@ -17,7 +17,7 @@ import pytest
 from medheval.backends.base import BackendError
 from medheval.backends.predictions import PredictionsFileBackend
 from medheval.publish import hub, results_check
-from medheval.run.control import ControlError, cell_slug, control_slug
+from medheval.run.control import CONTROLS, ControlError, cell_slug, control_slug
 from medheval.run.grid_plan import cell_folder
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -104,6 +104,7 @@ def test_written_files_are_bounded(monkeypatch, tmp_path):
 
 def test_a_control_names_a_folder_or_file_only_when_known():
     assert control_slug("no_image") == "no_image" and cell_slug("vcd", "noise") == "vcd__noise"
+    assert all(control_slug(kind) == kind and kind.replace("_", "").isalnum() for kind in CONTROLS)  # name-safe
     assert cell_folder("vcd:alpha=1", "blank", 3).startswith("vcd_alpha-1__blank")
     for bad in ("x y\u202e", "../up", "none/x", 3):
         with pytest.raises(ControlError):

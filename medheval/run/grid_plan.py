@@ -20,7 +20,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from medheval.run.control import cell_slug
 from medheval.run.protocol import RunError
@@ -95,11 +95,9 @@ def plan_cells(model: str, benchmarks: Sequence[str], mitigations: Sequence[str]
     return cells
 
 
-def _changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """``"axis old → new"`` for every axis whose values differ (absent = none)."""
-    def show(values: Any) -> str:
-        return ", ".join(map(str, values or []))
-
+def changes(before: Mapping[str, Any], now: Mapping[str, Any], show: Callable[[Any], str]) -> list[str]:
+    """``"key old → new"`` for every key whose value differs between ``before`` and ``now`` (absent = ``None``),
+    each value written by ``show``."""
     return [f"{key} {show(before.get(key))} → {show(now.get(key))}"
             for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)]
 
@@ -117,8 +115,9 @@ def record_plan(output: str | Path, axes: Mapping[str, Sequence[str]], cells: Se
               PLAN_KEY: {"cells": [cell.to_json() for cell in cells]}}
     if path.exists():
         recorded = json.loads(path.read_text(encoding="utf-8"))
-        changed = _changes({k: v for k, v in recorded.items() if k != PLAN_KEY},
-                           {k: v for k, v in wanted.items() if k != PLAN_KEY})
+        changed = changes({k: v for k, v in recorded.items() if k != PLAN_KEY},
+                          {k: v for k, v in wanted.items() if k != PLAN_KEY},
+                          lambda values: ", ".join(map(str, values or [])))
         if changed:
             raise RunError(f"{output} holds a grid over other axes ({GRID_FILE}; changed: {'; '.join(changed)}): its "
                            f"combined results would gain or lose cells. Re-run with the same axes (the cell folders "

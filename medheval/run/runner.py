@@ -30,7 +30,7 @@ from medheval.run.control import Control, ControlError, check_control
 from medheval.run.distributed import group as process_group
 from medheval.run.distributed import shard_batches
 # mitigation_slug lives in grid_plan now; it is still imported from here
-from medheval.run.grid_plan import PlannedCell, cell_folder, mitigation_slug, record_plan  # noqa: F401
+from medheval.run.grid_plan import PlannedCell, cell_folder, changes, mitigation_slug, record_plan  # noqa: F401
 from medheval.run.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
 from medheval.scoring.metric_options import check_options
 from medheval.run.outputs import atomic_write_text, open_owned
@@ -622,17 +622,11 @@ def _check_reused_generation(prepared: list[PreparedSplit], backend: Backend, sp
             if kind not in by_type:
                 by_type[kind] = used_settings(backend, plan_for(kind))
             before, now = recorded[row["id"]], by_type[kind]
-            changed = _changes(before, now, lambda value: "<unset>" if value is None else json.dumps(value))
+            changed = changes(before, now, lambda value: "<unset>" if value is None else json.dumps(value))
             if changed:
                 raise RunError(f"{log_path}: the prediction for {row['id']!r} was generated with other settings than "
                                f"this run's (changed: {'; '.join(changed)}); reusing it would mix settings in one "
                                f"result. Resume with the same settings, or choose a new --output folder.")
-
-
-def _changes(before: Mapping[str, Any], now: Mapping[str, Any], show: Callable[[Any], str]) -> list[str]:
-    """``"key old → new"`` for every key whose value differs between ``before`` and ``now`` (absent = ``None``)."""
-    return [f"{key} {show(before.get(key))} → {show(now.get(key))}"
-            for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)]
 
 
 def split_provenance(job: SplitJob) -> dict[str, Any]:
