@@ -169,6 +169,24 @@ def test_an_interrupted_grid_names_the_three_cells_that_never_started(interrupte
                "org/model-a · vcd" in item and "org/model-b · vcd" in item for item in items)
 
 
+
+def test_a_model_folder_keeps_its_own_plan_for_its_own_report_and_the_grid_counts_only_its_own(interrupted):
+    model = interrupted / "org__model-a"
+    outer = read_plan(interrupted)
+    assert [f"org__model-a/{cell.folder}" for cell in read_plan(model)] == [cell.folder for cell in outer[:2]]
+    notes = find_runs([interrupted])[0].notes  # the whole grid: its own plan only, each cell named once
+    assert [note for note in notes if "did not finish" in note] == [next(note for note in notes if "4 cell(s)" in note)]
+    assert sum(outer[1].folder in note for note in notes) == 1
+    slug = outer[1].folder.split("/")[1]
+    assert find_runs([model])[0].notes == [  # the model's folder alone: its plan names what never started
+        f"{model}: grid without its combined results.json: it did not finish; its plan (grid.json) has 2 cell(s): "
+        f"1 finished (in the report), 0 started but unfinished, 1 never started; never started: org/model-a · "
+        f"vcd (medheval) ({slug}); {RESUME}"]
+    (model / GRID_FILE).unlink()  # without it the folder's lock says only that cells may be missing
+    assert find_runs([model])[0].notes == [
+        f"{model}: grid without its combined results.json: it did not finish; the report shows the 1 finished "
+        f"run(s) found in it, and cells that never started are not listed; {RESUME}"]
+
 def test_a_started_cell_is_named_once_as_an_incomplete_run(interrupted, tmp_path):
     cell = read_plan(interrupted)[2]  # model-b · none: killed while it loaded
     (interrupted / cell.folder).mkdir(parents=True)
