@@ -1,7 +1,7 @@
 """A grid's plan (``grid.json``, :mod:`medheval.run.grid_plan`): every cell and the folder it writes, recorded
-before the first cell starts, kept on a resume over the same axes; ``medheval report`` names the cells of an
-interrupted grid that never started (and those started but unfinished) and counts them; a grid.json written
-before plans were recorded reports as it did."""
+before the first cell starts, kept on a resume over the same axes; ``medheval report`` counts the cells of an
+interrupted grid and names each that did not finish once (never started: in the plan's caveat; started: as an
+incomplete run); a grid.json written before plans were recorded reports as it did."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from report_runs import write_grid
 from medheval.report.build import write_report
-from medheval.report.collect import ReportError, find_runs, plan_progress
+from medheval.report.collect import ReportError, find_runs, plan_progress, planned_grid
 from medheval.run import distributed, grids, runner
 from medheval.run.distributed import Group
 from medheval.run.grid_plan import GRID_FILE, PlannedCell, plan_cells, read_plan, record_plan
@@ -168,16 +169,78 @@ def test_an_interrupted_grid_names_the_three_cells_that_never_started(interrupte
                "org/model-a · vcd" in item and "org/model-b · vcd" in item for item in items)
 
 
-def test_a_started_cell_is_named_as_unfinished(interrupted, tmp_path):
+
+def test_a_model_folder_keeps_its_own_plan_for_its_own_report_and_the_grid_counts_only_its_own(interrupted):
+    model = interrupted / "org__model-a"
+    outer = read_plan(interrupted)
+    assert [f"org__model-a/{cell.folder}" for cell in read_plan(model)] == [cell.folder for cell in outer[:2]]
+    notes = find_runs([interrupted])[0].notes  # the whole grid: its own plan only, each cell named once
+    assert [note for note in notes if "did not finish" in note] == [next(note for note in notes if "4 cell(s)" in note)]
+    assert sum(outer[1].folder in note for note in notes) == 1
+    slug = outer[1].folder.split("/")[1]
+    assert find_runs([model])[0].notes == [  # the model's folder alone: its plan names what never started
+        f"{model}: grid without its combined results.json: it did not finish; its plan (grid.json) has 2 cell(s): "
+        f"1 finished (in the report), 0 started but unfinished, 1 never started; never started: org/model-a · "
+        f"vcd (medheval) ({slug}); {RESUME}"]
+    (model / GRID_FILE).unlink()  # without it the folder's lock says only that cells may be missing
+    assert find_runs([model])[0].notes == [
+        f"{model}: grid without its combined results.json: it did not finish; the report shows the 1 finished "
+        f"run(s) found in it, and cells that never started are not listed; {RESUME}"]
+
+def test_a_started_cell_is_named_once_as_an_incomplete_run(interrupted, tmp_path):
     cell = read_plan(interrupted)[2]  # model-b · none: killed while it loaded
     (interrupted / cell.folder).mkdir(parents=True)
     (interrupted / cell.folder / "run.json").write_text("{}")
     notes = find_runs([interrupted])[0].notes
     grid_line = next(note for note in notes if "did not finish" in note)
-    assert "4 cell(s): 1 finished (in the report), 1 started but unfinished, 2 never started" in grid_line
-    assert "; started but unfinished: org/model-b · none (org__model-b/none); never started: org/model-a · vcd" \
-        in grid_line
-    assert any(note.startswith(f"{interrupted / cell.folder}: incomplete run (0 prediction(s)") for note in notes)
+    assert "4 cell(s): 1 finished (in the report), 1 started but unfinished (1 named as incomplete run(s)), 2 never " \
+           "started; never started: org/model-a · vcd" in grid_line
+    assert "org__model-b/none" not in grid_line and "started but unfinished:" not in grid_line
+    assert [note for note in notes if str(interrupted / cell.folder) in note] == [
+        f"{interrupted / cell.folder}: incomplete run (0 prediction(s) written, no results.json): not scored yet; "
+        f"{RESUME}"]
+
+
+def _three_cell_grid(folder: Path) -> tuple[Path, list[PlannedCell]]:
+    """A command-line grid of three cells killed during its second: ``none`` finished, ``dola`` started (two
+    answers written, no results.json), ``opera`` never started (no folder); its plan and lock stay."""
+    write_grid(folder, {"none": [True, False, True, True], "dola": [True, True, False, True]})
+    (folder / "results.json").unlink()
+    (folder / ".medheval.lock").write_text("{}")
+    dola = folder / "dola"
+    answers = (dola / "predictions.jsonl").read_text().splitlines()[:2]
+    for name in ("results.json", "scored.jsonl"):
+        (dola / name).unlink()
+    (dola / "predictions.jsonl").write_text("\n".join(answers) + "\n")
+    cells = [PlannedCell(folder=name, model="m", mitigation=name, benchmarks=("mm_vishal",))
+             for name in ("none", "dola", "opera")]
+    record_plan(folder, {"mitigations": ["none", "dola", "opera"], "controls": ["none"]}, cells)
+    return folder, cells
+
+
+def test_each_cell_that_did_not_finish_is_named_exactly_once(tmp_path):
+    grid, _ = _three_cell_grid(tmp_path / "grid")
+    written = write_report([grid], tmp_path / "report", plots=False)
+    started = f"{grid / 'dola'}: incomplete run (2 prediction(s) written, no results.json): not scored yet; {RESUME}"
+    plan_line = (f"{grid}: grid without its combined results.json: it did not finish; its plan (grid.json) has 3 "
+                 f"cell(s): 1 finished (in the report), 1 started but unfinished (1 named as incomplete run(s)), "
+                 f"1 never started; never started: m · opera (opera); {RESUME}")
+    caveats = _caveats(written)
+    assert plan_line in caveats and started in caveats, "\n".join(caveats)
+    assert json.loads(Path(written["json"]).read_text())["caveats"].count(plan_line) == 1
+    for cell in ("dola", "opera"):  # each in exactly one caveat, in report.md, report.json and report.html
+        assert sum(f"{grid / cell}" in line or f"({cell})" in line for line in caveats) == 1, cell
+        structured = json.loads(Path(written["json"]).read_text())["caveats"]
+        assert sum(f"{grid / cell}" in line or f"({cell})" in line for line in structured) == 1, cell
+        items = re.findall(r"<li>(.*?)</li>", Path(written["html"]).read_text().split("<h2>Caveats")[1], flags=re.S)
+        assert sum(f"{grid / cell}" in item or f"({cell})" in item for item in items) == 1, cell
+
+
+def test_a_started_cell_no_caveat_names_is_named_by_the_plan(tmp_path):
+    grid, cells = _three_cell_grid(tmp_path / "grid")
+    line = planned_grid(grid, cells)  # no incomplete-run caveat given (a cell folder the search does not reach)
+    assert "1 started but unfinished, 1 never started; started but unfinished: m · dola (dola); never started: " \
+           "m · opera (opera)" in line
 
 
 def test_a_grid_json_without_a_plan_reports_as_before(interrupted, tmp_path):

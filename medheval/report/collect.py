@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Sequence
 
 from medheval.data.schema import is_credentialed
 from medheval.versions import STACK_PACKAGES
@@ -322,17 +322,23 @@ def cell_names(cells: Sequence["PlannedCell"]) -> str:
     return ", ".join(names)
 
 
-def planned_grid(path: Path, cells: Sequence["PlannedCell"]) -> str:
+def planned_grid(path: Path, cells: Sequence["PlannedCell"], named: Collection[str] = ()) -> str:
     """The caveat for a grid folder with a plan but without its combined ``results.json``: the counts of its
-    planned, finished, unfinished and never-started cells, and the last two by name."""
+    planned, finished, unfinished and never-started cells, and the last two by name. A started but unfinished
+    cell whose own caveat (:func:`unfinished_run`) is among ``named`` is counted, not named again: that
+    caveat says more (its folder and how many answers it wrote)."""
     from medheval.run.grid_plan import GRID_FILE
 
     progress = plan_progress(path, cells)
+    unnamed = [cell for cell in progress.unfinished if unfinished_run(path / cell.folder) not in named]
+    elsewhere = len(progress.unfinished) - len(unnamed)
     text = (f"{path}: grid without its combined results.json: it did not finish; its plan ({GRID_FILE}) has "
             f"{progress.planned} cell(s): {len(progress.finished)} finished (in the report), "
-            f"{len(progress.unfinished)} started but unfinished, {len(progress.never_started)} never started")
-    if progress.unfinished:
-        text += f"; started but unfinished: {cell_names(progress.unfinished)}"
+            f"{len(progress.unfinished)} started but unfinished"
+            f"{f' ({elsewhere} named as incomplete run(s))' if elsewhere else ''}, "
+            f"{len(progress.never_started)} never started")
+    if unnamed:
+        text += f"; started but unfinished: {cell_names(unnamed)}"
     if progress.never_started:
         text += f"; never started: {cell_names(progress.never_started)}"
     return f"{text}; {RESUME}"
@@ -473,7 +479,7 @@ def _walk(path: Path, depth: int, unfinished: list[str], in_grid: bool = False) 
         for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
             runs += _walk(child, depth + 1, unfinished, in_grid or grid)
     if plan is not None:  # said even when no cell finished: the plan names what never started
-        unfinished.insert(before, planned_grid(path, plan))
+        unfinished.insert(before, planned_grid(path, plan, unfinished[before:]))
     elif grid and (runs or len(unfinished) > before):
         unfinished.insert(before, unfinished_grid(path, len(runs)))
     if not runs and isinstance(data, dict) and isinstance(data.get("runs"), list):

@@ -12,6 +12,14 @@ A resume over the same axes keeps the plan (or records it in a grid folder writt
 after the benchmarks changed, which a resume allows); one over other axes is refused, as before plans
 existed. ``medheval report`` reads the plan (:func:`read_plan`) to name the cells of an interrupted grid
 that never started. Only the main process of a data-parallel launch writes the file.
+
+A config grid (:func:`medheval.run.grids.run_config`) writes the plan of all its cells in its output folder,
+and each model's folder, a command-line grid of its own (:func:`medheval.run.runner.run_grid`: its own
+lock, combined results and resume), keeps its own ``grid.json`` too. That inner plan is not redundant:
+``medheval report <output>/<model>`` reads it to name the model's cells that never started (without it, the
+folder's lock alone says only that cells may be missing); the file's axes guard a resume of that folder on
+its own, as before plans. The report of the whole grid reads only the outermost plan, so no cell is counted
+twice.
 """
 
 from __future__ import annotations
