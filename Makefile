@@ -85,6 +85,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_scoring.py
 	$(PY) benchmarks/bench_hf_backend.py
 	$(PY) benchmarks/bench_labeler.py
+	$(PY) benchmarks/bench_image_check.py
 
 clean:
 	rm -rf $(VENV) .venv-latest .venv-oldest .venv-interop .venv-interop-fresh .venv-lock runs .pytest_cache

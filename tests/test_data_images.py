@@ -910,3 +910,183 @@ def test_every_allowed_format_decodes(fmt: str, tmp_path: Path) -> None:
     (tmp_path / "x.img").write_bytes(encode((5, 6, 7), fmt, size=(16, 16)))
     image = ImageResolver({"slake": str(tmp_path)}).open("slake", "x.img")
     assert image.size == (16, 16) and image.mode == "RGB"
+
+
+# --------------------------------------------------------------------------- checks on the resolver's threads
+
+
+def _check_folder(folder: Path) -> list[dict]:
+    """A folder with one file of each kind and records over it (the known answers: test below)."""
+    folder.mkdir()
+    png = encode((1, 2, 3), "PNG")
+    (folder / "good.png").write_bytes(png)
+    (folder / "good.jpg").write_bytes(encode((1, 2, 3), "JPEG"))
+    (folder / "text.png").write_bytes(b"not an image")
+    (folder / "empty.png").write_bytes(b"")
+    (folder / "header_cut.png").write_bytes(png[:20])  # signature + part of IHDR
+    (folder / "body_cut.png").write_bytes(png[:50])  # IHDR whole, IDAT cut: caught only when decoded
+    (folder / "big.png").write_bytes(encode((0, 0, 0), "PNG", size=(300, 200)))
+    (folder / "dir.png").mkdir()
+    return [
+        record("r1", "slake", "good.png"), record("r2", "slake", "text.png"), record("r3", "slake", "absent.png"),
+        record("r4", "slake", "big.png", "good.png"), record("r5", "slake", "header_cut.png"),
+        record("r6", "slake", "body_cut.png"), record("r7", "slake", "good.png", "absent.png"),
+        record("r8", "slake", "good.jpg"), record("r9", "slake", "empty.png"), record("r10", "slake", "dir.png"),
+        record("r11", "vqa_rad", "x.jpg"),  # no root for vqa_rad
+    ]
+
+
+@pytest.mark.parametrize("workers, pool_min, pooled", [(1, 0, False), (4, 0, True), (4, 9, True), (4, 10, False)])
+def test_the_up_front_check_gives_each_file_its_known_answer_inline_or_on_threads(
+        workers: int, pool_min: int, pooled: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import medheval.data.images as images
+
+    records = _check_folder(tmp_path / "imgs")
+    monkeypatch.setenv("MEDHEVAL_IMAGE_MAX_PIXELS", "10000")
+    monkeypatch.setattr(images, "POOL_MIN_LOCAL", pool_min)
+    threads: set[str] = set()
+    header_problem = images._header_problem
+    monkeypatch.setattr(images, "_header_problem",
+                        lambda root, ref: threads.add(threading.current_thread().name) or header_problem(root, ref))
+    resolver = ImageResolver({"slake": str(tmp_path / "imgs")}, workers=workers)
+    check = resolver.check_records(records, on_missing="skip", progress=False)
+    main = threading.current_thread().name
+    assert (threads != {main}) is pooled and main in threads  # 9 files to check; the first always inline
+    assert [r["id"] for r in check.kept] == ["r1", "r6", "r8"]
+    assert check.missing == [("r3", "absent.png"), ("r7", "absent.png"), ("r10", "dir.png"), ("r11", "x.jpg")]
+    assert [u[:2] for u in check.undecodable] == [("r2", "text.png"), ("r4", "big.png"),
+                                                 ("r5", "header_cut.png"), ("r9", "empty.png")]
+    reasons = [u[2] for u in check.undecodable]
+    assert "'text.png' is not an image in an allowed format" in reasons[0]
+    assert "declares 300x200 = 60,000 pixels, over the cap of 10,000" in reasons[1]
+    assert reasons[2] == "OSError: Truncated File Read" and "not an image" in reasons[3]
+    with pytest.raises(MissingImagesError) as info:
+        resolver.check_records(records, progress=False)
+    assert info.value.missing == check.missing and info.value.undecodable == check.undecodable
+    assert info.value.unconfigured == ["vqa_rad"]
+    threads.clear()
+    assert resolver.find_missing(records, progress=False) == check.missing and not threads  # no header read
+    with pytest.raises(ImageDecodeError, match="body_cut.png"):  # passed the header check, fails when decoded
+        resolver.open("slake", "body_cut.png")
+
+
+def test_pooled_results_keep_record_order_whatever_order_the_checks_finish_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import medheval.data.images as images
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    names = [f"{i:02d}.png" for i in range(24)]
+    for i, name in enumerate(names):
+        if i % 3:  # every third absent, every fourth not an image
+            (folder / name).write_bytes(b"junk" if i % 4 == 0 else encode((i, i, i), "PNG"))
+    order = names[::2] + names[1::2]  # records not in file-name order
+    finished: list[str] = []
+    header_problem = images._header_problem
+
+    def slow_first(root: ImageSource, ref: str) -> str | None:
+        time.sleep(0.002 * (24 - int(ref[:2])))  # the first-submitted check ends last
+        finished.append(ref)
+        return header_problem(root, ref)
+
+    monkeypatch.setattr(images, "_header_problem", slow_first)
+    monkeypatch.setattr(images, "POOL_MIN_LOCAL", 0)
+    records = [record(f"id-{name}", "slake", name) for name in order]
+    pooled = ImageResolver({"slake": str(folder)}, workers=8).check_records(records, "skip", progress=False)
+    assert sorted(finished) == sorted(n for n in order if int(n[:2]) % 3)  # each existing file once ...
+    assert finished != [n for n in order if int(n[:2]) % 3]  # ... finishing out of record order
+    monkeypatch.setattr(images, "_header_problem", header_problem)
+    serial = ImageResolver({"slake": str(folder)}, workers=1).check_records(records, "skip", progress=False)
+    assert pooled == serial
+    expect_missing = [n for n in order if int(n[:2]) % 3 == 0]
+    expect_broken = [n for n in order if int(n[:2]) % 3 and int(n[:2]) % 4 == 0]
+    assert pooled.missing == [(f"id-{n}", n) for n in expect_missing]
+    assert [u[:2] for u in pooled.undecodable] == [(f"id-{n}", n) for n in expect_broken]
+    assert [r["id"] for r in pooled.kept] == [f"id-{n}" for n in order if n not in expect_missing + expect_broken]
+
+
+def test_a_check_that_raises_on_a_thread_raises_the_first_in_record_order_and_leaves_no_thread_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import medheval.data.images as images
+
+    folder, outside = tmp_path / "imgs", tmp_path / "elsewhere.png"
+    folder.mkdir()
+    outside.write_bytes(encode((1, 1, 1), "PNG"))
+    names = [f"{i:03d}.png" for i in range(200)]
+    for name in names:
+        (folder / name).write_bytes(encode((1, 1, 1), "PNG"))
+    for name in ("005.png", "002.png"):
+        (folder / name).unlink()
+        (folder / name).symlink_to(outside)  # resolves outside the root: UnsafeImagePath
+    exists = LocalFolderSource.exists
+    calls: list[str] = []
+    threads: set[str] = set()
+
+    def slow_exists(self: LocalFolderSource, ref: str) -> bool:
+        calls.append(ref)
+        threads.add(threading.current_thread().name)
+        time.sleep(0.05 if ref == "005.png" else 0.005)  # the second unsafe file raises first
+        return exists(self, ref)
+
+    monkeypatch.setattr(LocalFolderSource, "exists", slow_exists)
+    monkeypatch.setattr(images, "POOL_MIN_LOCAL", 0)
+    first = ["010.png", "005.png"]  # 010 is checked inline, then r005 is the first unsafe one in record order
+    records = [record(f"r{name[:3]}", "slake", name) for name in first + [n for n in names if n not in first]]
+    before = threading.active_count()
+    with pytest.raises(UnsafeImagePath, match=r"^record 'r005': .*005.png") as info:
+        ImageResolver({"slake": str(folder)}, workers=2).check_records(records, "skip", progress=False)
+    assert info.value.record_ids == ["r005"]
+    assert threading.active_count() == before  # the pool is shut down, no check left running
+    assert len(calls) < 200 and len(threads) > 1  # on threads; those not yet begun were cancelled
+
+    header_problem = images._header_problem
+
+    def broken(root: ImageSource, ref: str) -> str | None:
+        if ref in ("100.png", "150.png"):
+            raise RuntimeError(f"bug reading {ref}")
+        return header_problem(root, ref)
+
+    monkeypatch.setattr(LocalFolderSource, "exists", exists)
+    monkeypatch.setattr(images, "_header_problem", broken)
+    safe = [r for r in records if r["id"] not in ("r002", "r005")]
+    with pytest.raises(RuntimeError, match="bug reading 100.png"):  # an unexpected error is not swallowed
+        ImageResolver({"slake": str(folder)}, workers=2).check_records(safe, "skip", progress=False)
+    assert threading.active_count() == before
+
+
+def test_local_and_remote_images_are_checked_together_in_record_order(server, tmp_path: Path) -> None:
+    base, handler = server
+    (tmp_path / "ok.png").write_bytes(encode((1, 2, 3), "PNG"))
+    (tmp_path / "bad.png").write_bytes(b"junk")
+    resolver = ImageResolver({"slake": str(tmp_path),
+                              "mimic_cxr": URLTemplateSource(base + "/files/{path}", auth=(USER, PASSWORD))})
+    gone = MIMIC.replace("7d047120", "00000000")
+    records = [record("m1", "mimic_cxr", gone), record("s1", "slake", "bad.png"), record("m2", "mimic_cxr", MIMIC),
+               record("s2", "slake", "gone.png"), record("s3", "slake", "ok.png"), record("m3", "mimic_cxr", gone)]
+    check = resolver.check_records(records, "skip", progress=False)
+    assert check.missing == [("m1", gone), ("s2", "gone.png"), ("m3", gone)]
+    assert [u[:2] for u in check.undecodable] == [("s1", "bad.png")]  # a remote header is read only when fetched
+    assert [r["id"] for r in check.kept] == ["m2", "s3"]
+    assert sorted(path for _, path in handler.hits) == sorted({f"/files/{gone}", f"/files/{MIMIC}"})  # one each
+
+
+def test_a_root_that_cannot_open_is_tried_once_not_once_per_thread(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import medheval.data.images as images
+    from medheval.data.images import ImageRootUnavailable
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(images, "POOL_MIN_LOCAL", 0)
+    loads: list[str] = []
+    load = HFDatasetSource._load
+
+    def counted(self: HFDatasetSource) -> object:
+        loads.append(threading.current_thread().name)
+        time.sleep(0.01)  # the other threads would queue on the source's lock meanwhile
+        return load(self)
+
+    monkeypatch.setattr(HFDatasetSource, "_load", counted)
+    resolver = ImageResolver({"slake": f"hf://{tmp_path / 'absent'}"}, workers=4)
+    with pytest.raises(ImageRootUnavailable, match="cannot open the dataset"):
+        resolver.check_records([record(f"r{i}", "slake", f"{i}.png") for i in range(20)], progress=False)
+    assert loads == [threading.current_thread().name]

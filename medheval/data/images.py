@@ -36,8 +36,8 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -1118,6 +1118,12 @@ def _for_records(error: E, ids: list[str]) -> E:
 
 
 E = TypeVar("E", bound=ImageError)
+T = TypeVar("T")
+R = TypeVar("R")
+
+# local images checked inline below this many (a thread pool costs more than it saves on a few files);
+# from it, on ImageResolver.workers threads: see benchmarks/bench_image_check.py
+POOL_MIN_LOCAL = 64
 
 
 class ImageCheck(NamedTuple):
@@ -1248,8 +1254,8 @@ class ImageResolver:
     def find_missing(self, records: Iterable[Mapping[str, Any]], progress: bool = True) -> list[tuple[str, str]]:
         """``(record id, ref)`` for every referenced image that is not available, in record order.
 
-        A source without a root counts as missing. Local roots are checked with ``stat``;
-        remote ones with HEAD requests on a thread pool. Auth and server errors raise.
+        A source without a root counts as missing. Local roots are checked with ``stat``, remote ones with
+        HEAD requests, on :attr:`workers` threads (:meth:`_fan_out`). Auth and server errors raise.
         """
         return self._check(records, progress)[0]
 
@@ -1257,63 +1263,74 @@ class ImageResolver:
         self, records: Iterable[Mapping[str, Any]], progress: bool, headers: bool = False
     ) -> tuple[list[tuple[str, str]], list[str], list[tuple[str, str, str]]]:
         """(missing (id, ref), sources without a root, undecodable (id, ref, reason): with ``headers``, local
-        files whose header does not open)."""
+        files whose header does not open). Each distinct image is checked once, through :meth:`_fan_out`."""
         pairs: dict[tuple[str, str, str], None] = {}
         for record in records:
             source = record.get("source") or "*"
             rid = str(record.get("id"))
             for ref in record.get("images") or []:
                 pairs[(rid, source, ref)] = None
-        keys = list(dict.fromkeys((source, ref) for _, source, ref in pairs))
+        owners: dict[tuple[str, str], list[str]] = {}
+        for rid, source, ref in pairs:
+            owners.setdefault((source, ref), []).append(rid)
         absent: set[tuple[str, str]] = set()
         unconfigured: set[str] = set()
-        local: list[tuple[tuple[str, str], ImageSource]] = []
-        remote: list[tuple[tuple[str, str], ImageSource]] = []
-        for key in keys:
-            if not self.has_root(key[0]):
+        checks: list[tuple[tuple[str, str], ImageSource]] = []
+        for key in owners:
+            if self.has_root(key[0]):
+                checks.append((key, self.source_for(*key)))
+            else:
                 absent.add(key)
                 unconfigured.add(key[0])
-                continue
-            root = self.source_for(*key)
-            (remote if getattr(root, "is_remote", False) else local).append((key, root))
 
-        from tqdm.auto import tqdm
+        def probe(check: tuple[tuple[str, str], ImageSource]) -> tuple[bool, str | None]:
+            (_, ref), root = check
+            try:
+                found = root.exists(ref)
+            except (UnsafeImagePath, ImageFetchError) as exc:
+                raise _for_records(exc, owners[check[0]]) from None
+            return found, _header_problem(root, ref) if found and headers else None
 
-        total = len(local) + len(remote)
-        with tqdm(total=total, desc="checking images", unit="img", disable=not progress or total < 200) as bar:
-            broken: dict[tuple[str, str], str] = {}
-            for key, root in local:
-                try:
-                    found = root.exists(key[1])
-                except UnsafeImagePath as exc:
-                    raise _for_records(exc, [r for r, s, f in pairs if (s, f) == key]) from None
-                if not found:
-                    absent.add(key)
-                elif headers:
-                    problem = _header_problem(root, key[1])
-                    if problem is not None:
-                        broken[key] = problem
-                bar.update()
-            if remote:
-                with ThreadPoolExecutor(max_workers=self.workers) as pool:
-                    futures = {pool.submit(root.exists, key[1]): key for key, root in remote}
-                    try:
-                        for future in as_completed(futures):
-                            try:
-                                found = future.result()
-                            except ImageFetchError as exc:
-                                key = futures[future]
-                                raise _for_records(exc, [r for r, s, f in pairs if (s, f) == key]) from None
-                            if not found:
-                                absent.add(futures[future])
-                            bar.update()
-                    except BaseException:
-                        for future in futures:
-                            future.cancel()
-                        raise
+        remote = any(getattr(root, "is_remote", False) for _, root in checks)
+        broken: dict[tuple[str, str], str] = {}
+        for (key, _), (found, problem) in zip(checks, self._fan_out(probe, checks, progress, remote)):
+            if not found:
+                absent.add(key)
+            elif problem is not None:
+                broken[key] = problem
         missing = [(rid, ref) for rid, source, ref in pairs if (source, ref) in absent]
         undecodable = [(rid, ref, broken[(source, ref)]) for rid, source, ref in pairs if (source, ref) in broken]
         return missing, sorted(unconfigured), undecodable
+
+    def _fan_out(self, check: Callable[[T], R], items: Sequence[T], progress: bool, remote: bool) -> list[R]:
+        """``check(item)`` for every item, results in item order, with a progress bar from 200 items.
+
+        Runs on up to :attr:`workers` threads when there is a remote item or at least :data:`POOL_MIN_LOCAL`
+        items, else inline (threads cost more than they save on a few local files). The first item is always
+        checked inline: a lazy root (an ``hf://`` dataset) loads there, once, and one that cannot open raises at
+        once instead of on every thread. The first item, in order, whose check raises raises: checks not yet
+        begun are cancelled, running ones finish first."""
+        from tqdm.auto import tqdm
+
+        results: list[R] = []
+        with tqdm(total=len(items), desc="checking images", unit="img",
+                  disable=not progress or len(items) < 200) as bar:
+            pooled = self.workers > 1 and (remote or len(items) >= POOL_MIN_LOCAL)
+            for item in items[:1] if pooled else items:
+                results.append(check(item))
+                bar.update()
+            if not pooled:
+                return results
+            with ThreadPoolExecutor(max_workers=self.workers) as pool:
+                futures = [pool.submit(check, item) for item in items[1:]]
+                try:
+                    for future in futures:
+                        results.append(future.result())
+                        bar.update()
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)
+                    raise
+        return results
 
     def partition(
         self,
