@@ -7,8 +7,10 @@ are allowed and ignored, so a predictions file from an earlier run can be re-sco
 (:attr:`PredictionsFileBackend.carried_provenance`): the runner makes the re-score inherit it, with
 the ``results.json`` beside a run's ``predictions.jsonl`` (:mod:`medheval.run.provenance`). So are the
 lines' ``mitigation`` and image-blind ``control`` (:attr:`~PredictionsFileBackend.carried_mitigation`,
-:attr:`~PredictionsFileBackend.carried_control`; a file mixing values is refused) and the first line's
-``generation`` settings (:attr:`~PredictionsFileBackend.carried_generation`).
+:attr:`~PredictionsFileBackend.carried_control`; a file mixing values is refused), the first line's
+``generation`` settings (:attr:`~PredictionsFileBackend.carried_generation`) and each line's recorded
+``prompt`` (:attr:`~PredictionsFileBackend.prompts`: what a re-score against changed annotation files checks
+the questions against, :func:`medheval.run.runner.check_rescored_files`).
 
 Bounds: a line holds at most :data:`MAX_LINE_BYTES` bytes, a prediction at most
 :data:`MAX_PREDICTION_CHARS` characters, an id at most :data:`MAX_ID_CHARS`; past them the line is
@@ -72,6 +74,7 @@ class PredictionsFileBackend:
         carried: list[dict] = []  # the lines' provenance (medheval.run.provenance)
         variants: dict[str, set[str]] = {"mitigation": set(), "control": set()}  # what made the answers
         generation: dict | None = None  # the first line's generation settings
+        prompts: dict[str, str] = {}  # the model input each line recorded (a run's predictions.jsonl)
 
         digest = hashlib.sha256()
         for lineno, line in self._lines(digest, errors):
@@ -116,6 +119,8 @@ class PredictionsFileBackend:
                 models.add(obj["model"])
             if isinstance(obj.get("provenance"), dict):
                 carried.append(obj["provenance"])
+            if isinstance(obj.get("prompt"), str):
+                prompts[rid] = obj["prompt"]
             for key, seen in variants.items():
                 seen.add(str(obj.get(key) or "none"))
             if generation is None and isinstance(obj.get("generation"), dict) and obj["generation"]:
@@ -158,6 +163,7 @@ class PredictionsFileBackend:
             raise BackendError(f"predictions file {str(self.path)!r}: 'control' {self.carried_control[:40]!r} is not "
                                f"an image control medheval writes ({', '.join(CONTROLS)})")
         self.carried_generation: dict | None = generation
+        self.prompts: dict[str, str] = prompts  # id -> the model input its line recorded (lines without one: absent)
 
     def _lines(self, digest: Any, errors: list[str]) -> Iterator[tuple[int, str]]:
         """``(line number, text)`` of each line, read in pieces of at most :data:`MAX_LINE_BYTES`: a longer

@@ -714,7 +714,9 @@ def eval_results_entries(results: Mapping[str, Any], org: str = DEFAULT_ORG, dat
     are refused unless ``allow`` names them (``random_weights``, ``fixture``, ``limit``); the entries'
     notes then say so, and name a protocol other than ``clean``. Each entry's notes name the value's unit
     (``unit=fraction (0-1)``, ``unit=percent (0-100)``: :data:`medheval.scoring.headline.UNITS`) and, when the
-    run knows it, the model revision (``model_revision=org/name@<commit>``); the format has no key for either
+    run knows it, the model revision (``model_revision=org/name@<commit>``), and for a re-score scored against
+    other annotation files than its answers were generated from, both files' sha256
+    (:func:`medheval.run.provenance.scoring_note`); the format has no key for either
     (:func:`eval_results_provenance` gives the full record)."""
     return _eval_results(results, org, date, allow)[0]
 
@@ -724,9 +726,10 @@ def eval_results_provenance(results: Mapping[str, Any], org: str = DEFAULT_ORG, 
     """``{file name: provenance}``: for each ``.eval_results`` file of :func:`eval_results_entries`, what its
     numbers were made from, written to ``.eval_results_provenance/<stem>.json`` beside it: the model revision,
     the split's annotation source (``dataset_revision``: each annotation file's sha256 and whether it is the
-    pinned upstream file), each ``task_id``'s unit and range, the protocol and provenance flags, and how the
-    answers were generated (``made_with``). Never a local path (a local model is named by its folder's name)
-    nor a credential."""
+    pinned upstream file; ``scoring_dataset_revision``: those a re-score scored against where they are not the
+    answers' or the answers' are unknown, else ``None``), each ``task_id``'s unit and range, the protocol and
+    provenance flags, and how the answers were generated (``made_with``). Never a local path (a local model is
+    named by its folder's name) nor a credential."""
     return _eval_results(results, org, date, allow)[1]
 
 
@@ -770,6 +773,7 @@ def _eval_results(results: Mapping[str, Any], org: str, date: str | None, allow:
                                    f"notes then give the records scored out of the split's)")
             entries = []
             units: dict[str, dict[str, Any]] = {}
+            scoring_note = provenance.scoring_note(origin, split)  # a re-score against other annotation files
             for metric, values in sorted((block.get("metrics") or {}).items()):
                 for key, value in sorted(headline_numbers(metric, values).items()):
                     task_id = f"{config or 'default'}/{metric}/{key}"
@@ -787,6 +791,8 @@ def _eval_results(results: Mapping[str, Any], org: str, date: str | None, allow:
                     notes.append(f"unit={unit_label(unit)}")
                     if model_note:
                         notes.append(model_note)
+                    if scoring_note:
+                        notes.append(scoring_note)
                     entry["notes"] = ", ".join(notes + origin_notes)
                     entries.append(entry)
                     bounds = UNITS[unit]
@@ -807,6 +813,7 @@ def _provenance_record(name: str, dataset_id: str, split: str, origin: Mapping[s
         "eval_results": f".eval_results/{name}", "dataset": dataset_id, "split": split, "date": date,
         "model_revision": origin.get("model_revision"),
         "dataset_revision": (origin.get("dataset_revision") or {}).get(split),
+        "scoring_dataset_revision": (origin.get("scoring_dataset_revision") or {}).get(split),
         "units": dict(units),
         "provenance": {key: origin.get(key) for key in ("protocol", "random_weights", "fixture", "limit")},
         "made_with": origin.get("made_with"),

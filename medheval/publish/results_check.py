@@ -10,7 +10,7 @@ field that fails stops the export with a :class:`ResultsError` naming the file a
 - ``settings.control``: one of :data:`medheval.run.control.CONTROLS`;
 - ``settings.mitigation``: a mitigation spec (letters, digits, ``._:=,/+-``, at most :data:`MAX_SPEC_CHARS`);
 - ``model_revision``: what :mod:`medheval.backends.revision` writes (:func:`~medheval.backends.revision.check_revision`);
-- ``dataset_revision``: annotation file names, hex sha256s and flags;
+- ``dataset_revision`` and ``scoring_dataset_revision``: annotation file names, hex sha256s and flags;
 - every other string that reaches the provenance file (``made_with``): at most :data:`MAX_TEXT_CHARS`
   characters, without control or invisible formatting characters (no right-to-left override).
 
@@ -167,8 +167,10 @@ def check_run(run: Any, where: str, at: str = "") -> None:
         if quality is not None and not isinstance(quality, Mapping):
             raise _fail(where, f"{field}.data_quality", "must be a JSON object")
         check_count((quality or {}).get("n_records"), where, f"{field}.data_quality.n_records")
-    for split, revision in (provenance.of_run(run).get("dataset_revision") or {}).items():
-        check_dataset_revision(revision, where, f"{at}dataset_revision[{_shown(split)}]")
+    found = provenance.of_run(run)
+    for key in provenance.REVISION_KEYS:
+        for split, revision in (found.get(key) or {}).items():
+            check_dataset_revision(revision, where, f"{at}{key}[{_shown(split)}]")
 
 
 def check_results(results: Any, where: str) -> None:

@@ -20,6 +20,11 @@ model's result on a benchmark:
 
 A re-score keeps the original run's ``model_revision`` and ``dataset_revision`` (from the ``results.json``
 beside its ``predictions.jsonl``): the revisions of the answers' model and of the questions it was asked.
+What it scores against is the annotation files it reads itself; a split whose files differ from the answers'
+(:func:`files_changed`), or whose answers' files are unknown (no ``results.json`` beside, or one from before
+revisions were recorded), is listed under ``scoring_dataset_revision`` (:func:`of_run`), so the two are never
+confused. The runner refuses such a re-score when its answers are to other questions
+(:func:`medheval.run.runner.check_rescored_files`) and warns otherwise.
 
 The run writes it into every ``predictions.jsonl`` line it generates (key ``provenance``, only when some flag
 is set), so ``medheval run --predictions`` on that file inherits it (from the lines, or from a
@@ -36,6 +41,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 CLEAN_PROTOCOL = "clean"
+# the per-split annotation revisions: of the questions the answers were generated for, of the files a re-score
+# scored against where they are not those (or those are unknown); kept in results.json, never in log lines
+REVISION_KEYS = ("dataset_revision", "scoring_dataset_revision")
 FIXTURE_MARK = "the embedded fixture"  # in the runner's fixture warning (results written before provenance existed)
 # what keeps results off the Hub -> the publish flag that lets them through (written into the published entry)
 ALLOW_FLAGS = {"random_weights": "--allow-random-weights", "fixture": "--allow-fixture", "limit": "--allow-limit"}
@@ -85,7 +93,7 @@ def for_log(provenance: Mapping[str, Any]) -> dict[str, Any]:
     per-split annotation files stay in ``results.json``."""
     if not notable(provenance):
         return {}
-    return {"provenance": {key: value for key, value in provenance.items() if key != "dataset_revision"}}
+    return {"provenance": {key: value for key, value in provenance.items() if key not in REVISION_KEYS}}
 
 
 def files_are_fixture(files: Iterable[Mapping[str, Any]]) -> bool:
@@ -126,6 +134,37 @@ def dataset_revision_of(run: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def files_changed(generated: Mapping[str, Any], scoring: Mapping[str, Any]) -> str | None:
+    """How the annotation files a split is scored against (``scoring``) differ from those its answers were
+    generated from (``generated``; both :func:`annotation_revision`), one ``"NAME sha256 OLD → NEW"`` per file
+    (12-digit prefixes; ``absent`` where a side did not read it); ``None`` when they are the same."""
+    if generated.get("sha256") == scoring.get("sha256"):
+        return None
+
+    def digests(revision: Mapping[str, Any]) -> dict[str, str]:
+        return {str(entry.get("relpath")): str(entry.get("sha256") or entry.get("fingerprint"))
+                for entry in revision.get("files") or [] if isinstance(entry, Mapping)}
+
+    before, now = digests(generated), digests(scoring)
+    changed = [f"{name} sha256 {before.get(name, 'absent')[:12]} → {now.get(name, 'absent')[:12]}"
+               for name in sorted({*before, *now}) if before.get(name) != now.get(name)]
+    return "; ".join(changed) or (f"the files' combined sha256 {str(generated.get('sha256'))[:12]} → "
+                                  f"{str(scoring.get('sha256'))[:12]}")
+
+
+def scoring_note(provenance: Mapping[str, Any], split: str) -> str | None:
+    """The words a published entry of ``split`` carries when it was scored against other annotation files than
+    its answers were generated from, or against files while the answers' are unknown; ``None`` otherwise."""
+    scoring = (provenance.get("scoring_dataset_revision") or {}).get(split)
+    if not isinstance(scoring, Mapping):
+        return None
+    generated = (provenance.get("dataset_revision") or {}).get(split)
+    answers = (f"sha256={str(generated.get('sha256'))[:12]}" if isinstance(generated, Mapping)
+               else "unknown annotation files")
+    return (f"rescored against annotation files sha256={str(scoring.get('sha256'))[:12]} "
+            f"(answers generated from {answers})")
+
+
 def model_revision_of(backend: Any) -> dict[str, Any] | None:
     """The backend's model revision (its ``model_revision()``: :mod:`medheval.backends.revision`), or ``None``
     (a predictions file: the answers' own run says, through :func:`inherited`)."""
@@ -140,7 +179,10 @@ def model_revision_of(backend: Any) -> dict[str, Any] | None:
 def of_run(run: Mapping[str, Any], model_revision: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The provenance of one run of ``results.json``: its ``provenance`` key merged with what older files and
     inspect logs say (labels, settings, annotation files, warnings), so nothing recorded is lost;
-    ``model_revision``: the running backend's (:func:`model_revision_of`), used when the run holds none."""
+    ``model_revision``: the running backend's (:func:`model_revision_of`), used when the run holds none.
+    The annotation files a run read are its ``dataset_revision``, except in a re-score (a ``predictions_file``
+    backend): there they are what it scored against, listed under ``scoring_dataset_revision`` for each split
+    where they differ from the answers' ``dataset_revision`` or that has none."""
     settings = run.get("settings") or {}
     backend = settings.get("backend") or {}
     protocol = run.get("protocol")
@@ -153,10 +195,17 @@ def of_run(run: Mapping[str, Any], model_revision: Mapping[str, Any] | None = No
            "source_model": settings.get("model")}
     if model_revision:
         own["model_revision"] = dict(model_revision)
-    datasets = dataset_revision_of(run)
-    if datasets:
-        own["dataset_revision"] = datasets
-    return merge(run.get("provenance"), own)
+    read = dataset_revision_of(run)  # the files this run read: of its questions, or for a re-score, of its scoring
+    rescore = backend.get("backend") == "predictions_file"
+    if read and not rescore:
+        own["dataset_revision"] = read
+    found = merge(run.get("provenance"), own)
+    generated = found.get("dataset_revision") or {}
+    scoring = {split: revision for split, revision in read.items() if rescore and (
+        not isinstance(generated.get(split), Mapping) or files_changed(generated[split], revision))}
+    if scoring:
+        found["scoring_dataset_revision"] = scoring
+    return found
 
 
 def inherited(backend: Any) -> dict[str, Any] | None:

@@ -471,6 +471,59 @@ def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_miss
     return loaded
 
 
+def _asked_text(text: str) -> str:
+    """``text`` as it is compared with a recorded prompt: without ``<image>`` tokens (protocols drop them from
+    the question), whitespace runs as one space."""
+    return " ".join(text.replace("<image>", "").split())
+
+
+def check_rescored_files(loaded: LoadedBenchmark, backend: Any, warnings: list[str]) -> None:
+    """A re-score (``backend``: a predictions file) scores ``loaded`` against the annotation files read now.
+    When they differ from those the answers were generated from (``provenance.dataset_revision`` of the
+    ``results.json`` beside the answers; :func:`medheval.run.provenance.files_changed`), the answers must still
+    be to this split's questions, else a :class:`RunError` names the records: every answered id of the split
+    must be one of its records, and where a line recorded its ``prompt``, that prompt must hold the record's
+    question and choices as the files read now have them. Then the change is a warning naming the split, the
+    files and both sha256 prefixes (results.json records both revisions: :func:`medheval.run.provenance.of_run`).
+    Answers whose files are unknown get a note. Images cannot be compared: only their references are recorded."""
+    split = f"{loaded.name}:{loaded.config}"
+    scoring = run_provenance.annotation_revision(loaded.files)
+    if scoring is None:
+        return
+    generated = ((run_provenance.inherited(backend) or {}).get("dataset_revision") or {}).get(split)
+    if not isinstance(generated, Mapping):
+        _note_once(f"{split}: the annotation files the answers in {backend.path} were generated from are not "
+                   f"recorded (no results.json beside them, or one written before medheval recorded them); "
+                   f"results.json records the files scored against (sha256 {scoring['sha256'][:12]}) as "
+                   f"provenance.scoring_dataset_revision")
+        return
+    change = run_provenance.files_changed(generated, scoring)
+    if change is None:
+        return
+    prefix = f"{loaded.name}/{loaded.config}/"
+    known = set(loaded.all_ids or loaded.dataset["id"])
+    gone = [rid for rid in backend.ids() if rid.startswith(prefix) and rid not in known]
+    asked = {row["id"]: (backend.prompts[row["id"]], [row["question"] or "", *(row["choices"] or [])])
+             for row in loaded.dataset.select_columns(["id", "question", "choices"]).to_list()
+             if row["id"] in backend.prompts}  # the records to score whose answer recorded its prompt
+    other = [rid for rid, (prompt, texts) in asked.items()
+             if not all(_asked_text(text) in _asked_text(prompt) for text in texts)]
+    if gone or other:
+        why = (f"{len(gone)} answered record id(s) are not in them (first: {gone[:5]})" if gone else
+               f"{len(other)} record(s) ask another question or choices than the prompt their answer recorded "
+               f"(first: {other[:5]})")
+        raise RunError(f"{split}: the annotation files differ from those the answers in {backend.path} were "
+                       f"generated from ({change}), and {why}: the answers are to other questions, so they cannot "
+                       f"be scored against these files. Re-score with the files the answers were generated from "
+                       f"(--data-dir), or generate new answers on these files.")
+    compared = ("the answered ids and recorded prompts match them" if asked else
+                "the answered ids match them; the questions could not be compared (the answers record no prompt)")
+    _warn(warnings, f"{split}: scored against other annotation files than the answers were generated from: "
+                    f"{change} (answers → now). The references and labels are those of the files read now; "
+                    f"{compared}. results.json keeps the answers' files as provenance.dataset_revision and "
+                    f"records these as provenance.scoring_dataset_revision", console_once=True)
+
+
 def _warn(warnings: list[str], text: str, console_once: bool = False) -> None:
     """A problem the run survives: shown on the console now and listed in results.json / results.md.
     ``console_once``: shown once per process (a grid's runs each list it, the console says it once)."""
@@ -703,6 +756,8 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str, warning
     if callable(getattr(backend, "check_records", None)):  # an API model: credentialed records refused up front
         fields = [name for name in ("id", "source", "meta") if name in loaded.dataset.column_names]
         backend.check_records(loaded.dataset.select_columns(fields).to_list())
+    if hasattr(backend, "check_against"):  # a re-score: is it scored against the files its answers were made from?
+        check_rescored_files(loaded, backend, warnings)
     metric_names = protocol.prepare(loaded, backend, spec)
     options = _options_for(spec, metric_names)
     _split_warnings(loaded, warnings)
