@@ -591,6 +591,32 @@ def test_openai_images_are_data_urls_and_part_of_the_cache_key(judge_server_fact
     assert server.request_count == 2
 
 
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_an_image_file_cut_short_after_its_header_never_reaches_the_judge(judge_server_factory, tmp_path, fmt):
+    """Bytes and files are sent as they are (PNG/JPEG sniffed), so they are checked to decode in full first: a
+    file whose header is valid and whose data is cut short is a ValueError naming it, before any request."""
+    import numpy as np
+
+    from medheval.judges.media import to_judge_image
+
+    pixels = np.random.default_rng(0).integers(0, 256, (48, 48, 3), dtype=np.uint8)
+    whole, cut = tmp_path / "whole.img", tmp_path / "cut.img"
+    Image.fromarray(pixels).save(whole, format=fmt)
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with Image.open(cut) as opened:  # the header still reads
+        assert opened.size == (48, 48)
+    assert to_judge_image(whole).data == whole.read_bytes()  # a whole file goes as it is
+    with pytest.raises(ValueError, match=rf"image file {re.escape(str(cut))} is not a readable image .*truncated"):
+        to_judge_image(cut)
+    with pytest.raises(ValueError, match="the image bytes is not a readable image"):
+        to_judge_image(cut.read_bytes())
+    server = judge_server_factory("openai", by_item)
+    with pytest.raises(ValueError, match=rf"JudgeRequest 'b': image file {re.escape(str(cut))}"):
+        openai_judge(server).run([JudgeRequest("a", user="item=0", images=[whole], validate=score_validator),
+                                  JudgeRequest("b", user="item=1", images=[cut], validate=score_validator)])
+    assert server.request_count == 0
+
+
 def test_azure_deployment_url_and_header(judge_server_factory):
     server = judge_server_factory("azure", by_item)
     judge = make_judge({"backend": "azure", "model": "gpt4o-deploy", "base_url": server.base_url,

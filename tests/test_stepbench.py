@@ -89,6 +89,11 @@ def test_editing_the_statements_file_rebuilds(tmp_path, dataset_cache):
     (2, {"volume_pet": "../../etc/pet.nii"}, r"row 3 .*field 'volume_pet' has a '\.\.' component"),
     (1, {"volume_ct": "/data/ct.nii.gz"}, r"row 2 .*field 'volume_ct' is an absolute path"),
     (3, {"views": {}}, r"row 4 .*field 'views' has no image path"),
+    (3, {"views": {"axial": "  "}}, r"row 4 \(statement_id='study000-001-en'\): field 'views.axial' is only "
+                                    r"whitespace \('  '\)"),
+    (2, {"views": {"axial": ""}}, r"row 3 .*field 'views.axial' is empty \(''\)"),
+    (1, {"volume": " \t "}, r"row 2 .*field 'volume' is only whitespace"),
+    (2, {"volume_pet": ""}, r"row 3 .*field 'volume_pet' is empty"),
     (3, {"views": {"axial": "a.png", "frontal": "b.png"}}, r"row 4 .*field 'views.frontal' is not a view"),
     (2, {"step": "2"}, r"row 3 .*field 'step' must be an integer 1-4, got '2'"),
     (2, {"study_id": 7}, r"row 3 .*field 'study_id' must be a string, got int"),

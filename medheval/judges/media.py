@@ -46,34 +46,42 @@ class JudgeImage:
     def to_pil(self):
         if self.source is not None:
             return self.source
-        from medheval.data.images import check_pixels, open_image
+        return _decoded(self.data, f"judge image {self.digest[:12]}")
 
-        image = open_image(io.BytesIO(self.data), f"judge image {self.digest[:12]}")
-        check_pixels(image, f"judge image {self.digest[:12]} ({len(self.data)} bytes)")
+
+def _decoded(data: bytes, what: str) -> Any:
+    """``data`` decoded in full as a PIL image (allowed formats, pixel cap); ``ValueError`` naming ``what`` when
+    it does not decode (corrupt, cut short after a valid header, not an image): never sent half-read."""
+    from PIL import Image
+
+    from medheval.data.images import ImageDecodeError, check_pixels, open_image
+
+    try:
+        image = open_image(io.BytesIO(data), what)
+        check_pixels(image, what)
         image.load()
-        return image
+    except (ImageDecodeError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        raise ValueError(f"{what} is not a readable image ({len(data)} bytes): {err}") from err
+    return image
 
 
 def to_judge_image(image: Any) -> JudgeImage:
-    """A PIL image, raw bytes (PNG/JPEG/GIF/WebP, anything else is re-encoded as PNG) or a file path."""
+    """A PIL image, raw bytes (PNG/JPEG/GIF/WebP, anything else is re-encoded as PNG) or a file path. Bytes
+    and files are checked to decode in full first (``ValueError`` naming the file otherwise), so a file cut
+    short after a valid header never reaches a judge."""
     if isinstance(image, JudgeImage):
         return image
+    what = "the image bytes"
     if isinstance(image, (str, os.PathLike)):
+        what = f"image file {os.fspath(image)}"
         with open(image, "rb") as handle:
             image = handle.read()
     if isinstance(image, (bytes, bytearray, memoryview)):
         data = bytes(image)
+        decoded = _decoded(data, what)
         mime = _sniff(data)
         if mime is None:
-            from medheval.data.images import check_pixels, open_image
-
-            try:
-                pil = open_image(io.BytesIO(data), "the image")
-                check_pixels(pil, "the image")
-                pil.load()
-            except Exception as err:  # noqa: BLE001 - say what was wrong
-                raise ValueError(f"image bytes are not a readable image ({len(data)} bytes): {err}") from err
-            return to_judge_image(pil)
+            return to_judge_image(decoded)
         return JudgeImage(hashlib.sha256(data).hexdigest(), mime, data)
     if hasattr(image, "save") and hasattr(image, "mode") and hasattr(image, "size"):  # PIL.Image.Image
         pil = image if image.mode in ("RGB", "RGBA", "L", "LA") else image.convert("RGB")

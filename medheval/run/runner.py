@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from tqdm.auto import tqdm
 
@@ -234,11 +234,17 @@ def undecodable_error(error: ImageDecodeError, record_id: str) -> ImageDecodeErr
     return found
 
 
-def _keep_decodable(records: list[dict], loaded_images: list[list[Any] | ImageDecodeError],
-                    skip: bool) -> RecordBatch:
-    """The batch without the records whose images did not decode: skipped (``skip``) or the first one raised."""
+def decode_records(records: Sequence[dict], load_images: Callable[[dict], list[Any]], skip: bool,
+                   map_fn: Callable[..., Iterable[Any]] = map) -> RecordBatch:
+    """Decode every record's images (``load_images``, through ``map_fn``: e.g. a thread pool's ``map``): the
+    records whose images decode, their images, and, with ``skip`` (``--on-missing skip``), the records whose
+    image does not decode in full (a file cut short after a valid header passes the up-front header check);
+    without ``skip`` the first such record is an error naming it, the file and what to do
+    (:func:`undecodable_error`). Every path that decodes a split's images mid-run goes through here, and
+    :func:`record_skipped_undecodable` counts what it skipped."""
     batch = RecordBatch([], [], [])
-    for record, images in zip(records, loaded_images):
+    decoded = list(map_fn(lambda record: _decoded_or_error(load_images, record), records))
+    for record, images in zip(records, decoded):
         if not isinstance(images, ImageDecodeError):
             batch.records.append(record)
             batch.images.append(images)
@@ -267,8 +273,7 @@ def _record_batches(loaded: LoadedBenchmark, indices: list[int], batch_size: int
         if load_images is None:
             kept = RecordBatch(records, [[] for _ in records], [])
         else:
-            decoded = list(pool.map(lambda record: _decoded_or_error(load_images, record), records))
-            kept = _keep_decodable(records, decoded, skip_undecodable)
+            kept = decode_records(records, load_images, skip_undecodable, pool.map)
         if read_volumes is not None:
             for record in kept.records:
                 record["volumes"] = read_volumes(record)
@@ -330,11 +335,13 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     return generated
 
 
-def record_skipped_undecodable(loaded: LoadedBenchmark, skipped: Sequence[SkippedRecord], warnings: list[str]) -> None:
-    """Count the records skipped during generation for an image that did not decode with those the up-front
-    check skipped (``loaded.skipped_undecodable_images``, once per record), take them out of the split (as an
-    up-front skip does: ``n_records`` and the scores leave them out) and say so on the console and in results.
-    Nothing is written to the log for them, so a resumed run tries them again and counts them again only if they
+def record_skipped_undecodable(loaded: LoadedBenchmark, skipped: Sequence[SkippedRecord], warnings: list[str],
+                               during: str = "generation") -> None:
+    """Count the records :func:`decode_records` skipped (during ``generation``, or ``scoring`` for a task that
+    generates nothing) for an image that did not decode with those the up-front check skipped
+    (``loaded.skipped_undecodable_images``, once per record), take them out of the split (as an up-front skip
+    does: ``n_records`` and the scores leave them out) and say so on the console and in results.
+    Nothing is logged for them, so a resumed run tries them again and counts them again only if they
     still fail: each run's count is that run's, never doubled."""
     counted = {rid for rid, _ in loaded.skipped_undecodable_images}
     new = list({record.record_id: record for record in skipped if record.record_id not in counted}.values())
@@ -344,27 +351,42 @@ def record_skipped_undecodable(loaded: LoadedBenchmark, skipped: Sequence[Skippe
     gone = {record.record_id for record in new}
     loaded.dataset = loaded.dataset.select([index for index, rid in enumerate(loaded.dataset["id"]) if rid not in gone])
     first = new[0]
-    _warn(warnings, f"{loaded.name}:{loaded.config}: {len(new)} record(s) skipped during generation because an "
+    resumes = ": it answers only the records left out" if during == "generation" else ""
+    _warn(warnings, f"{loaded.name}:{loaded.config}: {len(new)} record(s) skipped during {during} because an "
                     f"image did not decode (--on-missing skip; counted in skipped_undecodable_images). First: "
-                    f"{first.reason} Re-download or replace the file(s), then re-run the same command: it answers "
-                    f"only the records left out")
+                    f"{first.reason} Re-download or replace the file(s), then re-run the same command{resumes}")
 
 
-def _images_without_reference(resolver: Any, rows: list[dict]) -> list[list | None]:
-    """Images for a metric that takes them (an LLM judge of Med-HallMark's reference-free items): a
-    record with no reference answer can only be judged by looking, so its images are decoded; every
-    other record gets ``None`` (nothing decoded)."""
-    return [None if str(row["answer"] or "").strip() else resolver.load_record_images(row) for row in rows]
+def _images_without_reference(loaded: LoadedBenchmark, rows: list[dict], skip: bool,
+                              warnings: list[str]) -> tuple[list[dict], list[list | None]]:
+    """(the rows kept, their images) for a metric that takes images (an LLM judge of Med-HallMark's
+    reference-free items): a record with no reference answer can only be judged by looking, so its images
+    are decoded (:func:`decode_records`: one that does not decode is skipped and counted with ``skip``, else
+    an error naming it); every other record gets ``None`` (nothing decoded)."""
+    looking = decode_records([row for row in rows if not str(row["answer"] or "").strip()],
+                             loaded.resolver.load_record_images, skip)
+    record_skipped_undecodable(loaded, looking.skipped, warnings, during="scoring")
+    gone = {record.record_id for record in looking.skipped}
+    images = {row["id"]: row_images for row, row_images in zip(looking.records, looking.images)}
+    kept = [row for row in rows if row["id"] not in gone]
+    return kept, [images.get(row["id"]) for row in kept]
 
 
 def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names: Sequence[str],
-          options: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict, list[dict]]:
+          options: Mapping[str, Mapping[str, Any]] | None = None, skip_undecodable: bool = False,
+          warnings: list[str] | None = None) -> tuple[dict, list[dict]]:
     """Run the metrics on the records that have a prediction; returns (results, per-item rows).
 
     ``options[metric_name]`` holds that metric's options (e.g. ``{"close_ended_accuracy":
     {"upstream_compat": True}}``). List outputs with one entry per record (``correct``, ``scores`` …)
-    move from the summary to the per-item rows."""
+    move from the summary to the per-item rows. A metric that takes images gets those of the records without
+    a reference (:func:`_images_without_reference`); with ``skip_undecodable`` (``--on-missing skip``) a record
+    whose image does not decode is left out of every metric and counted (``warnings`` says so)."""
     rows = [row for row in loaded.dataset.to_list() if row["id"] in predictions]
+    images = None
+    if loaded.resolver and rows and any("images" in inspect.signature(load_metric(name)._compute).parameters
+                                        for name in metric_names):
+        rows, images = _images_without_reference(loaded, rows, skip_undecodable, [] if warnings is None else warnings)
     results: dict[str, Any] = {}
     split = f"{loaded.name}:{loaded.config}"  # what the report groups and filters items by
     per_item = [{"id": row["id"], "prediction": predictions[row["id"]], "reference": row["answer"], "split": split,
@@ -376,8 +398,8 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
     for name in _run_results_last(metric_names):
         metric = load_metric(name)
         kwargs = metric_kwargs(metric, rows, (options or {}).get(name, {}))
-        if "images" in inspect.signature(metric._compute).parameters and "images" not in kwargs and loaded.resolver:
-            kwargs["images"] = _images_without_reference(loaded.resolver, rows)
+        if "images" in inspect.signature(metric._compute).parameters and "images" not in kwargs and images is not None:
+            kwargs["images"] = images
         if "run_results" in inspect.signature(metric._compute).parameters and "run_results" not in kwargs:
             kwargs["run_results"] = dict(computed)
         out = metric.compute(predictions=[predictions[row["id"]] for row in rows],
@@ -735,7 +757,8 @@ class QAProtocol(SplitProtocol):
         predictions = {entry["id"]: entry["prediction"] for entry in state["entries"]
                        if entry.get("model") == backend.name and entry.get("mitigation", "none") == spec.mitigation
                        and entry.get("control", "none") == spec.control}
-        metric_results, per_item = score(loaded, predictions, job.metric_names, job.options)
+        metric_results, per_item = score(loaded, predictions, job.metric_names, job.options,
+                                         spec.on_missing == "skip", job.warnings)
         _note_failed_metrics(job.results, job.split, metric_results, job.warnings)
         entry = split_entry(loaded, n_scored=len(per_item), n_empty_predictions=count_empty(per_item),
                             generated_this_run=generated, metrics=metric_results)

@@ -50,6 +50,7 @@ from medheval.judges import JudgeRequest, make_judge
 from medheval.run.control import Control
 from medheval.run.outputs import atomic_write_text
 from medheval.run.predictions_log import LogWriter, read_log
+from medheval.run.runner import SkippedRecord, decode_records
 
 GENERATIONS = "clinhallu_generations.jsonl"
 JUDGMENTS = "clinhallu_judgments.jsonl"
@@ -161,7 +162,10 @@ class ClinHalluRun:
     request's own ``"seed"`` key (see the module docstring). ``images_for(record)`` returns the
     record's PIL images (e.g. ``ImageResolver.load_record_images``), or is ``None`` for text-only
     prompts. ``judge`` is a :class:`medheval.judges.Judge`. ``chunk_size``: items generated phase by
-    phase together (default ``4 * backend.batch_size``).
+    phase together (default ``4 * backend.batch_size``). An item whose image does not decode (a file cut
+    short after a valid header) is an error naming it (``skip_undecodable=False``, ``--on-missing error``),
+    or, with ``skip_undecodable``, left out of the generations, judgments and metric inputs and listed in
+    :attr:`skipped` (:func:`medheval.run.runner.decode_records`, the runner's own mechanism).
     """
 
     backend: Any
@@ -173,6 +177,8 @@ class ClinHalluRun:
     progress: bool = True
     chunk_size: int | None = None
     control: Control = field(default_factory=Control)  # --control: the images the model sees instead
+    skip_undecodable: bool = False  # --on-missing skip: an item whose image does not decode is left out
+    skipped: list[SkippedRecord] = field(default_factory=list, init=False)  # the items left out, in order
 
     def __post_init__(self) -> None:
         check_backend(self.backend, self.config)
@@ -200,8 +206,8 @@ class ClinHalluRun:
             bar = tqdm(total=len(todo), desc="ClinHallu traces", unit="item")
         with LogWriter(path) as log:
             for start in range(0, len(todo), self.chunk_size):
-                chunk = todo[start:start + self.chunk_size]
-                images = {str(r["id"]): list(self.images_for(r)) if self.images_for is not None else [] for r in chunk}
+                chunk, decoded = self._decoded(todo[start:start + self.chunk_size])
+                images = {str(record["id"]): record_images for record, record_images in zip(chunk, decoded)}
                 for phase in PHASES:
                     jobs = [_Job(self, record, setting, images[str(record["id"])], done)
                             for record in chunk for setting in phase
@@ -210,11 +216,23 @@ class ClinHalluRun:
                         log.write(entry)
                         done[(entry["id"], entry["setting"])] = entry
                 if bar is not None:
-                    bar.update(len(chunk))
+                    bar.update(min(self.chunk_size, len(todo) - start))
         if bar is not None:
             bar.close()
-        ids = {str(r["id"]) for r in records}
+        ids = {str(r["id"]) for r in records} - self._skipped_ids()
         return [entry for key, entry in done.items() if key[0] in ids]
+
+    def _decoded(self, records: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[list]]:
+        """(the records whose images decode, their images): the others are skipped (:attr:`skipped`) with
+        ``skip_undecodable``, else the first is an error naming it (:func:`~medheval.run.runner.decode_records`)."""
+        if self.images_for is None:
+            return list(records), [[] for _ in records]
+        batch = decode_records(list(records), lambda record: list(self.images_for(record)), self.skip_undecodable)
+        self.skipped.extend(batch.skipped)
+        return batch.records, batch.images
+
+    def _skipped_ids(self) -> set[str]:
+        return {record.record_id for record in self.skipped}
 
     def _trace_settings(self) -> dict[str, Any]:
         return {**{key: getattr(self.config, key) for key in TRACE_SETTINGS},
@@ -302,18 +320,27 @@ class ClinHalluRun:
         pending = [e for e in generations if (e["id"], e["setting"]) not in done]
         with LogWriter(path) as log:
             for start in range(0, len(pending), chunk_size):
-                for judged in self._judge_chunk(pending[start:start + chunk_size], by_id):
+                skipped = self._skipped_ids()  # an item skipped in an earlier chunk is not judged further
+                chunk = [entry for entry in pending[start:start + chunk_size] if entry["id"] not in skipped]
+                for judged in self._judge_chunk(chunk, by_id):
                     log.write(judged)
                     done[(judged["id"], judged["setting"])] = judged
-        return [entry for key, entry in done.items() if key[0] in by_id]
+        kept = set(by_id) - self._skipped_ids()
+        return [entry for key, entry in done.items() if key[0] in kept]
 
     def _judge_chunk(self, entries: Sequence[dict], by_id: Mapping[str, Mapping[str, Any]]) -> list[dict]:
+        """Judge ``entries`` (the ORG VR judge sees the item's images, decoded here: an item whose image does
+        not decode is skipped with all its entries, or an error: :meth:`_decoded`)."""
+        org_ids = list(dict.fromkeys(entry["id"] for entry in entries if entry["setting"] == "org"))
+        kept, decoded = self._decoded([by_id[rid] for rid in org_ids])
+        images = {str(record["id"]): record_images for record, record_images in zip(kept, decoded)}
+        gone = set(org_ids) - set(images)
+        entries = [entry for entry in entries if entry["id"] not in gone]
         requests: dict[tuple[str, str], list[JudgeRequest]] = {}
         for entry in entries:
             record = by_id[entry["id"]]
-            needs_images = entry["setting"] == "org" and self.images_for is not None
-            images = list(self.images_for(record)) if needs_images else []
-            requests[(entry["id"], entry["setting"])] = self._requests(record, entry, images)
+            record_images = images[entry["id"]] if entry["setting"] == "org" else []
+            requests[(entry["id"], entry["setting"])] = self._requests(record, entry, record_images)
         flat = [request for group in requests.values() for request in group]
         results = {result.id: result for result in self.judge.run(flat)} if flat else {}
         out = []
@@ -335,6 +362,9 @@ class ClinHalluRun:
         """Generate, judge, write ``clinhallu_run.json``; returns the metric inputs and the counts."""
         generations = self.generate(records)
         judgments = self.judge_all(records, generations)
+        skipped = self._skipped_ids()  # (an item skipped while judging still has its generations)
+        records = [record for record in records if str(record["id"]) not in skipped]
+        generations = [entry for entry in generations if entry["id"] not in skipped]
         inputs = metric_inputs(records, judgments, self.config.settings)
         info = {
             "protocol": asdict(self.config),
@@ -346,7 +376,7 @@ class ClinHalluRun:
             "counts": run_counts(generations, judgments),
         }
         atomic_write_text(self.output_dir / RUN_INFO, json.dumps(info, indent=2, sort_keys=True, default=str))
-        return {"metric_inputs": inputs, "counts": info["counts"]}
+        return {"metric_inputs": inputs, "counts": info["counts"], "skipped": list(self.skipped)}
 
 
 class _Job:

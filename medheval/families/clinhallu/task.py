@@ -130,14 +130,18 @@ def check_protocol(loaded: Any, backend: Any) -> None:
 
 
 def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
-              metric_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              metric_options: Mapping[str, Any] | None = None, warnings: list[str] | None = None) -> dict[str, Any]:
     """Run the protocol on one split; returns ``{"generated_this_run", "metrics", "clinhallu_run"}``.
 
     ``metrics["clinhallu"]`` is ``metrics/clinhallu`` on :func:`metric_inputs` with ``metric_options``
-    (the runner's checked ``--metric-option clinhallu.*`` and ``--upstream-compat``); ``clinhallu_run`` is the content of ``clinhallu_run.json`` (temperatures, counts)."""
+    (the runner's checked ``--metric-option clinhallu.*`` and ``--upstream-compat``); ``clinhallu_run`` is the content of ``clinhallu_run.json`` (temperatures, counts).
+    With ``--on-missing skip`` an item whose image does not decode is left out and counted as the main path
+    counts it (:func:`medheval.run.runner.record_skipped_undecodable`: ``skipped_undecodable_images`` in
+    results.json, a line in ``warnings``); else it is an error naming the item and the file."""
     from medheval.families.clinhallu.prompts import prompt_set
     from medheval.families.clinhallu.protocol import GENERATIONS, LOG_FIELDS, RUN_INFO, ClinHalluRun, clinhallu_judge
     from medheval.run.predictions_log import read_log
+    from medheval.run.runner import record_skipped_undecodable
 
     folder = Path(output) / "clinhallu" / loaded.config
     style = (loaded.run_options or {}).get("prompts", "own")
@@ -153,9 +157,11 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     images_for = loaded.resolver.load_record_images if loaded.resolver else None
     control = getattr(spec, "image_control", None) or Control()  # --control (medheval.run.control)
     protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config, images_for=images_for,
-                            control=control)
+                            control=control, skip_undecodable=getattr(spec, "on_missing", "error") == "skip")
     result = protocol.run(records)
-    write_clusters(folder, records)
+    record_skipped_undecodable(loaded, result["skipped"], [] if warnings is None else warnings)
+    skipped = {record.record_id for record in result["skipped"]}
+    write_clusters(folder, [record for record in records if str(record["id"]) not in skipped])
     after = len(read_log(folder / GENERATIONS, required=LOG_FIELDS))
     inputs = dict(result["metric_inputs"])
     metric = load_metric("clinhallu").compute(**{**inputs, **dict(metric_options or {})})
@@ -198,7 +204,7 @@ class ClinHalluProtocol(SplitProtocol):
     def run_split(self, job: SplitJob) -> dict[str, Any] | None:
         if not job.group.is_main:
             return None
-        return run_split(job.loaded, job.backend, job.spec, job.output, job.options["clinhallu"])
+        return run_split(job.loaded, job.backend, job.spec, job.output, job.options["clinhallu"], job.warnings)
 
     def score_split(self, job: SplitJob, generated: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         counts = generated["metrics"]["clinhallu"].get("counts", {})

@@ -27,6 +27,7 @@ from medheval.run.outputs import OutputLock, atomic_write_text
 from medheval.run.predictions_log import jsonl_line
 from medheval.run.protocol import (RunError, SplitJob, SplitProtocol, load_metric, metric_kwargs, protocol_for,
                                     safe_options, skipped_undecodable)
+from medheval.run.runner import decode_records, record_skipped_undecodable
 
 SUBSETS = {"with_ground_truth": True, "without_ground_truth": False}
 
@@ -93,17 +94,33 @@ class DetectionProtocol(SplitProtocol):
         return None  # nothing to generate: the released answers are what is classified
 
     def score_split(self, job: SplitJob, generated: None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        return detect_split(job.loaded, job.spec, level_source(job.spec))
+        return detect_split(job.loaded, job.spec, level_source(job.spec), job.warnings)
 
 
-def detect_split(loaded: Any, spec: Any, source: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(results entry, per-item rows) for one loaded split."""
+def _decoded(loaded: Any, labelled: list[dict[str, Any]], spec: Any,
+             warnings: list[str]) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+    """(the labelled records whose images decode, their images) for a judge or detector that looks. A record
+    whose image does not decode is skipped and counted with ``--on-missing skip``, as generation does
+    (``skipped_undecodable_images``); else it is an error naming it, the file and the fix."""
+    def with_progress(load: Any, records: list[dict[str, Any]]) -> Any:
+        return map(load, tqdm(records, desc=f"images {loaded.name}:{loaded.config}", unit="item"))
+
+    decoded = decode_records(labelled, loaded.resolver.load_record_images, spec.on_missing == "skip", with_progress)
+    record_skipped_undecodable(loaded, decoded.skipped, warnings, during="scoring")
+    if not decoded.records:
+        raise RunError(f"{loaded.name}:{loaded.config}: every record with a human level was skipped because its "
+                       f"image did not decode (--on-missing skip); re-download or replace the image files")
+    return decoded.records, decoded.images
+
+
+def detect_split(loaded: Any, spec: Any, source: dict[str, Any],
+                 warnings: list[str] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(results entry, per-item rows) for one loaded split; ``warnings`` collects what the run survived."""
     rows = loaded.dataset.to_list()
     labelled = _labelled(loaded, rows)
     options = _source_options(source, spec)
     if loaded.resolver is not None and source["kind"] != "rule":
-        options["images"] = [loaded.resolver.load_record_images(row)
-                             for row in tqdm(labelled, desc=f"images {loaded.name}:{loaded.config}", unit="item")]
+        labelled, options["images"] = _decoded(loaded, labelled, spec, [] if warnings is None else warnings)
     scorer = load_metric("medihall_score")
     responses = [row["meta"]["released_response"] for row in labelled]
     levels_out = scorer.compute(predictions=responses, references=[row["answer"] for row in labelled],
@@ -133,7 +150,7 @@ def detect_split(loaded: Any, spec: Any, source: dict[str, Any]) -> tuple[dict[s
     entry = {
         "n_records": len(loaded.dataset),
         "n_with_human_level": len(labelled),
-        "n_without_human_level": len(rows) - len(labelled),
+        "n_without_human_level": len(loaded.dataset) - len(labelled),
         "skipped_missing_images": {"count": len(loaded.skipped_missing_images),
                                    "examples": [rid for rid, _ in loaded.skipped_missing_images[:20]]},
         **skipped_undecodable(loaded),
@@ -154,7 +171,10 @@ def _fmt(value: Any) -> str:
 
 
 def detection_markdown(results: dict[str, Any]) -> str:
-    """``results.md`` of a detection run: one row per split and subset, then confusion matrices."""
+    """``results.md`` of a detection run: one row per split and subset, then confusion matrices and the
+    run's warnings (records skipped for an undecodable image, ...)."""
+    from medheval.report.tables import warnings_section
+
     source = results["settings"]["level_source"]
     parts = ["# MediHall detection results", "",
              f"Level source: `{json.dumps(source, sort_keys=True)}` · scored against Med-HallMark's human levels", "",
@@ -178,6 +198,7 @@ def detection_markdown(results: dict[str, Any]) -> str:
                   "|" + "---|" * (len(confusion["levels"]) + 1)]
         parts += ["| " + " | ".join([level, *map(str, row)]) + " |"
                   for level, row in zip(confusion["levels"], confusion["rows"])]
+    parts += ["", *warnings_section(results.get("warnings", []))] if results.get("warnings") else []
     return "\n".join(parts) + "\n"
 
 
@@ -190,7 +211,7 @@ def run_detection(spec: Any) -> dict[str, Any]:
     output.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"settings": {"task": "detection", "level_source": source, "limit": spec.limit,
                                             "benchmarks": list(spec.benchmarks)},
-                               "versions": stack_versions(), "benchmarks": {}}
+                               "versions": stack_versions(), "benchmarks": {}, "warnings": []}
     scored: list[dict[str, Any]] = []
     with OutputLock(output, timeout=spec.lock_timeout):
         for benchmark_spec in spec.benchmarks:
@@ -203,7 +224,7 @@ def run_detection(spec: Any) -> dict[str, Any]:
             loaded = prepare_benchmark(name, config, data_dir=spec.data_dir,
                                        image_roots=spec.image_roots if source["kind"] != "rule" else None,
                                        on_missing=spec.on_missing, limit=spec.limit)
-            job = SplitJob(loaded, None, spec, output, protocol.prepare(loaded, None, spec), {}, [])
+            job = SplitJob(loaded, None, spec, output, protocol.prepare(loaded, None, spec), {}, results["warnings"])
             entry, items = protocol.score_split(job, protocol.run_split(job))
             results["benchmarks"][job.split] = entry
             scored.extend(items)

@@ -216,8 +216,14 @@ _MAYBE_UNSAFE = r"(^/)|(^|/)\.\.?(/|$)|\\|[\x00-\x1f\x7f]|^[A-Za-z][A-Za-z0-9+.\
 
 
 def _check_paths(column: pa.ChunkedArray, field: str, path: Path, ids: pa.ChunkedArray) -> None:
+    """Refuse the first empty or whitespace-only path (null: no such view), or one that could leave ``DIR``."""
     from medheval.data.images import _unsafe_reason
 
+    bad = _first(pc.fill_null(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(column)), 0), False))
+    if bad is not None:
+        raise _row_error(path, bad, ids[bad].as_py(), field,
+                         f"is {'empty' if column[bad].as_py() == '' else 'only whitespace'} ({column[bad].as_py()!r}); "
+                         "give a path relative to DIR, or leave the key out")
     flagged = pc.fill_null(pc.match_substring_regex(column, _MAYBE_UNSAFE), False)
     for row in np.flatnonzero(flagged.to_numpy(zero_copy_only=False)):
         reason = _unsafe_reason(column[int(row)].as_py())
