@@ -51,6 +51,20 @@ def test_text_is_escaped_and_credentialed_images_never_embedded(report):
     assert all(row["prompt"].startswith("Question ") for row in data)
 
 
+def test_a_cell_without_an_interval_keeps_its_dagger_in_html(tmp_path):
+    """BLEU over 2 items (10 and 30: 20.0) has no interval (fewer than 6 units): Markdown and HTML both show
+    "20.0 †" beside the footer's "No interval (†)"; a cell with an interval shows none."""
+    import re
+
+    grid = write_grid(tmp_path / "grid", {"none": [True, False] * 10}, bleu=[10.0, 30.0])
+    written = write_report([grid], tmp_path / "out", plots=False)
+    page, markdown = written["html"].read_text(), written["markdown"].read_text()
+    assert "| 20.0 † |" in markdown
+    cells = re.findall(r'<td class="[a-z]*" title="[^"]*">([^<]*)</td>', page)
+    assert "20.0 †" in cells and "No interval (†)" in page
+    assert any(text.startswith("50.0 [") and "†" not in text for text in re.findall(r"<td[^>]*>([^<]*)</td>", page))
+
+
 def test_no_thumbnails_unless_asked(tmp_path):
     grid = write_grid(tmp_path / "grid", {"none": [True, False]})
     written = write_report([grid], tmp_path / "out", plots=False, image_roots={"slake": str(tmp_path)})

@@ -281,10 +281,18 @@ def test_reproduction_known_difference_and_flag() -> None:
     assert [cells[4].text for _, cells in reproduced.rows][:2] == [
         "yes", "no: protocol differs (run: medheval-baseline, paper: medheval-mitigation)"]
     assert reproduced.rows[1][1][2].value is None  # no Δ beside a cell of another protocol
-    assert any("Outside the run's 95% interval (1)" in line for line in reproduced.footer)
+    assert any("Outside the run's 95% item-resampling interval (1)" in line for line in reproduced.footer)
     assert any("Not comparable (2 of 4)" in line for line in reproduced.footer)
+    # an informal scale, said so, with how many flags chance alone gives: 5% of the 2 cells checked
+    assert reproduced.columns[3].label == "Paper outside run's 95% item-resampling CI (informal)"
+    assert "not a test of the reproduction" in reproduced.footer[0]
+    assert [line for line in reproduced.footer if line.startswith("By chance")] == [
+        "By chance: 1 of the 2 comparable cell(s) with an interval are flagged; about 5% of them (≈ 0.1) would be "
+        "even if every run matched its paper up to item-sampling noise, so read a flag as a pointer to look, not "
+        "a finding."]
     pai = _close_ended(model, "pai", Cell(value=50.0), Cell(value=52.0))
-    _, records = reproduction([pai], runs=[_run(model, "pai", protocol="medheval-mitigation")])
+    unchecked, records = reproduction([pai], runs=[_run(model, "pai", protocol="medheval-mitigation")])
+    assert not any(line.startswith("By chance") for line in unchecked.footer)  # no interval: nothing checked
     assert [(r["table"], r["setting"], r["metric"]) for r in records] == [("9", "PAI", "Acc-A"), ("9", "PAI", "Acc")]
     assert records[1]["difference"] == pytest.approx(2.1) and records[1]["comparable"]
     assert records[1]["outside_interval"] is None  # no interval: said, not flagged
@@ -467,7 +475,7 @@ def test_report_compare_published_end_to_end(tmp_path: Path) -> None:
     assert table3["Acc"]["outside_interval"] is False
     assert table3["Acc-A"]["difference"] == pytest.approx(-57.6)
     assert table3["Acc-A"]["outside_interval"] is True
-    assert "Outside the run's 95% interval" in markdown and "Reproduction" in (out / "report.html").read_text()
+    assert "Outside the run's 95% item-resampling interval" in markdown and "Reproduction" in (out / "report.html").read_text()
     plain = tmp_path / "plain"
     assert main(["report", str(run), "--output", str(plain), "--no-plots", "--no-html"]) == 0
     assert "Reproduction" not in (plain / "report.md").read_text()

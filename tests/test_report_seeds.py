@@ -80,3 +80,26 @@ def test_a_seeded_mitigation_pass_is_compared_with_the_baseline_of_its_seed(tmp_
     assert _baseline(run("vcd", 1), baselines) is baselines[1]
     assert _baseline(run("vcd", 0), baselines) is baselines[0]
     assert _baseline(run("vcd", 7), baselines) is baselines[0]  # no pass of that seed: the grid's first
+
+
+def test_the_note_names_each_interval_the_half_width_comes_from(tmp_path):
+    """A seeded grid's over-seeds table holds the mitigation − none Δ rows too (their interval: the sign-flip
+    test inverted, not a bootstrap), and its note says which interval each kind of row uses."""
+    import json
+
+    from medheval.report.collect import find_runs
+    from medheval.report.seeds import NOTE
+    from report_runs import write_run
+
+    for seed in (1, 2):
+        for mitigation, correct in (("none", [True, False] * 10), ("vcd", [True] * 12 + [False] * 8)):
+            run = write_run(tmp_path / "grid" / f"{mitigation}__seed-{seed}", mitigation, correct)
+            results = json.loads((run / "results.json").read_text())
+            results["settings"]["seed"] = seed
+            (run / "results.json").write_text(json.dumps(results))
+    table = over_seeds(build_tables(find_runs([tmp_path / "grid"])))
+    delta = [cells for labels, cells in table.rows if labels[0].startswith("Mitigation − none") and labels[2] == "Δ"]
+    assert len(delta) == 1 and delta[0][1].value == pytest.approx(10.0)  # 60% − 50% in both seeds
+    assert "bootstrap interval over items, averaged" not in NOTE  # the old wording, true of figures only
+    assert "for a paired Δ (mitigation − none, with image − blind) the sign-flip test inverted" in NOTE
+    assert "for a figure its bootstrap interval" in NOTE and NOTE in table.footer

@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from medheval.report.collect import Run, mitigation_labels
+from medheval.report.collect import Run, mitigation_labels, seed_label
 from medheval.report.stats import (CLUSTER_NOTE, LEVEL, METHOD_NOTE, P_ADJUST_NAMES, Comparison, adjust_p,
                                    compare_accuracy, compare_scores, figure_interval)
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
@@ -720,13 +720,17 @@ def _comparison_columns(first: str, second: str, delta: str, p_adjust: str) -> l
 
 
 def comparisons(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None, list[dict[str, Any]]]:
-    """Each mitigation against ``none`` of the same model, on the items both scored (paired by id), tested over
-    the split's clusters (:func:`clusters`, :func:`medheval.report.stats.compare_scores`); the table's p-values
-    adjusted as one family (``p_adjust``: :func:`adjust_family`)."""
+    """Each mitigation against ``none`` of the same model (a pass of ``--seeds`` against the ``none`` pass of
+    its seed, :func:`_baseline`; rows labelled as in the other tables, seed included), on the items both scored
+    (paired by id), tested over the split's clusters (:func:`clusters`,
+    :func:`medheval.report.stats.compare_scores`); the table's p-values adjusted as one family (``p_adjust``:
+    :func:`adjust_family`). Items left out of a pairing are counted in the record (:data:`UNPAIRED_KEYS`) and
+    named in a footer line per row (:func:`unpaired_lines`)."""
     table = Table("mitigation_vs_none", "Mitigation − none on the same items (paired)",
                   ["Model", "Mitigation", "Split", "Metric"],
                   _comparison_columns("none", "mitigation", "Δ", p_adjust))
     records: list[dict[str, Any]] = []
+    names = _run_labels(runs)
     with_image = [run for run in runs if run.control == "none"]  # blind runs are compared by image_deltas
     baselines = [run for run in with_image if run.mitigation == "none" and run.items]
     for run in with_image:
@@ -734,11 +738,62 @@ def comparisons(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None, 
         if run.mitigation == "none" or base is None or not run.items:
             continue
         for split, label, cells, record in _paired_rows(base, run):
-            table.rows.append(([run.model, run.mitigation, split, label], cells))
-            records.append({"model": run.model, "mitigation": run.mitigation, **record})
-    _clinhallu_comparisons(with_image, table, records)
+            table.rows.append(([run.model, names[id(run)][1], split, label], cells))
+            records.append({**_who(run), **record})
+    _clinhallu_comparisons(with_image, table, records, names)
     adjust_family(table, records, p_adjust, "every mitigation × split × metric against none of the same model")
+    short = mitigation_labels(run.mitigation for run in runs)
+    table.footer += unpaired_lines(table, records, "none", "the mitigation run", short)
     return (table if table.rows else None), records
+
+
+def _who(run: Run) -> dict[str, Any]:
+    """The first keys of a comparison record: the run's model, mitigation spec, seed (``None`` without
+    ``--seeds``) and folder."""
+    return {"model": run.model, "mitigation": run.mitigation, "seed": run.seed, "run": str(run.path)}
+
+
+@dataclass
+class Unpaired:
+    """The items a paired comparison left out: ids only the baseline run scored, ids only the other run
+    scored, and ids both have but without a per-item value (NaN, ``None``, absent) in one or both."""
+
+    only_baseline: int = 0
+    only_other: int = 0
+    unscored: int = 0
+
+
+UNPAIRED_KEYS = ("n_only_baseline", "n_only_other", "n_unscored")  # the record keys of :class:`Unpaired`
+
+
+def unpaired_lines(table: Table, records: list[dict[str, Any]], first: str, second: str,
+                   short: dict[str, str]) -> list[str]:
+    """A footer line per row of ``table`` (``records`` in the same order) whose pairing left items out: how
+    many were only in the ``first`` run, only in the ``second``, or unscored; ``short``: mitigation labels."""
+    lines = []
+    for (labels, _), record in zip(table.rows, records):
+        only_first, only_second, unscored = (record.get(key, 0) for key in UNPAIRED_KEYS)
+        if not only_first + only_second + unscored:
+            continue
+        where = " · ".join(table.labels.get(label, _short_label(label, short)) for label in labels)
+        parts = [f"{only_first} only in {first}" if only_first else "",
+                 f"{only_second} only in {second}" if only_second else "",
+                 f"{unscored} in both but unscored in one or both (no per-item value)" if unscored else ""]
+        lines.append(f"Unpaired, {where}: n = {record['n']} paired; left out " + ", ".join(p for p in parts if p)
+                     + ".")
+    return lines
+
+
+def _short_label(label: str, short: dict[str, str]) -> str:
+    """``label`` with a leading mitigation spec shown short (:func:`shorten`'s rule)."""
+    spec = _spec_of(label, short)
+    return label if spec is None else short[spec] + label[len(spec):]
+
+
+def _spec_of(label: str, short: dict[str, str]) -> str | None:
+    """The mitigation spec ``label`` starts with (alone, or followed by `` · `` or `` (``), or ``None``."""
+    return next((s for s in sorted(short, key=len, reverse=True)
+                 if label == s or label.startswith((s + " (", s + " · "))), None)
 
 
 def adjust_family(table: Table, records: list[dict[str, Any]], p_adjust: str, family: str) -> None:
@@ -776,26 +831,35 @@ def _paired_rows(base: Run, run: Run) -> list[tuple[str, str, list[Cell], dict[s
         ours = {item["id"]: item for item in run.items_of(split)}
         theirs = {item["id"]: item for item in base.items_of(split)}
         for metric, key, label, scale in COMPARED:
+            if metric not in run.results["benchmarks"][split].get("metrics", {}):
+                continue
             per_item = PER_ITEM[(metric, key)]
             pairs = [(_item_value(theirs[i], metric, per_item), _item_value(ours[i], metric, per_item), ours[i])
                      for i in ours if i in theirs]
-            pairs = [(a, b, item) for a, b, item in pairs
-                     if (isinstance(a, bool) or _num(a)) and (isinstance(b, bool) or _num(b))]
-            if not pairs or metric not in run.results["benchmarks"][split].get("metrics", {}):
+            scored = [(a, b, item) for a, b, item in pairs if _scored(a) and _scored(b)]
+            if not scored:
                 continue
-            a, b, paired = zip(*pairs)
+            unpaired = Unpaired(only_baseline=len(theirs.keys() - ours.keys()),
+                                only_other=len(ours.keys() - theirs.keys()), unscored=len(pairs) - len(scored))
+            a, b, paired = zip(*scored)
             labels, unit = clusters(run, split, list(paired))
             result = compare_accuracy(a, b, clusters=labels) if per_item == "correct" else \
                 compare_scores(a, b, clusters=labels)
             mean_a, mean_b = scale * sum(map(float, a)) / len(a), scale * sum(map(float, b)) / len(b)
-            rows.append((split, label, *_comparison_cells(result, mean_a, mean_b, scale, unit, split, label)))
+            rows.append((split, label, *_comparison_cells(result, mean_a, mean_b, scale, unit, split, label,
+                                                          unpaired)))
     return rows
 
 
+def _scored(value: Any) -> bool:
+    """A per-item value a comparison can use: a bool or a finite number."""
+    return isinstance(value, bool) or _num(value)
+
+
 def _comparison_cells(result: Comparison, mean_a: float, mean_b: float, scale: float, unit: str | None,
-                      split: str, label: str) -> tuple[list[Cell], dict[str, Any]]:
+                      split: str, label: str, unpaired: Unpaired) -> tuple[list[Cell], dict[str, Any]]:
     """Cells (baseline, other, Δ with its interval or why none, p, adjusted p (filled by :func:`adjust_family`),
-    n) and the record of one paired comparison."""
+    n) and the record of one paired comparison, with the counts of the items it left out (``unpaired``)."""
     n_clusters = None if unit is None else result.n_clusters
     low, high = ((None, None) if result.low is None else (scale * result.low, scale * result.high))
     cells = [Cell(value=mean_a), Cell(value=mean_b),
@@ -804,7 +868,9 @@ def _comparison_cells(result: Comparison, mean_a: float, mean_b: float, scale: f
              Cell(text=f"{result.p_value:.3g} ({result.test})"), Cell(text="–"), Cell(text=str(result.n))]
     return cells, {"split": split, "metric": label, "baseline": mean_a, "value": mean_b, "diff": scale * result.diff,
                    "low": low, "high": high, "p_value": result.p_value, "n": result.n, "test": result.test,
-                   "resampled": unit, "n_clusters": n_clusters, **({"note": result.note} if result.note else {})}
+                   "resampled": unit, "n_clusters": n_clusters,
+                   **dict(zip(UNPAIRED_KEYS, (unpaired.only_baseline, unpaired.only_other, unpaired.unscored))),
+                   **({"note": result.note} if result.note else {})}
 
 
 def image_deltas(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None, list[dict[str, Any]]]:
@@ -818,24 +884,39 @@ def image_deltas(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None,
                   ["Model", "Mitigation", "Control", "Split", "Metric"],
                   _comparison_columns("with image", "blind", "Δ", p_adjust))
     records: list[dict[str, Any]] = []
+    names = _run_labels(runs)
+    renamed = {"baseline": "blind", "value": "with_image", "n_only_baseline": "n_only_blind",
+               "n_only_other": "n_only_with_image"}
     sighted = [run for run in runs if run.control == "none" and (run.items or _clinhallu_splits(run))]
     for blind in (run for run in runs if run.control != "none" and (run.items or _clinhallu_splits(run))):
-        same = [run for run in sighted if (run.model, run.mitigation) == (blind.model, blind.mitigation)]
-        run = next((r for r in same if r.path.parent == blind.path.parent), same[0] if same else None)
+        run = _sighted(blind, sighted)
         if run is None:
             continue
         rows = _paired_rows(blind, run) if run.items and blind.items else []
         rows += [(split, "Acc (ORG)", *paired) for split in _clinhallu_splits(run)  # from ClinHallu's protocol logs
                  if (paired := _clinhallu_org_pair(blind, run, split)) is not None]
+        control = blind.control if blind.seed == run.seed else blind.control + (
+            seed_label(blind.seed) if blind.seed is not None else " · no seed")  # paired across seeds: said
         for split, label, cells, record in rows:
-            table.rows.append(([run.model, run.mitigation, blind.control, split, label],
+            table.rows.append(([run.model, names[id(run)][1], control, split, label],
                                [cells[1], cells[0], *cells[2:]]))  # with image first, then blind
-            records.append({"model": run.model, "mitigation": run.mitigation, "control": blind.control,
-                            **{key: value for key, value in record.items() if key not in ("baseline", "value")},
-                            "with_image": record["value"], "blind": record["baseline"]})
+            records.append({**_who(run), "control": blind.control, "blind_seed": blind.seed,
+                            "blind_run": str(blind.path), **{renamed.get(key, key): value
+                                                             for key, value in record.items()}})
     adjust_family(table, records, p_adjust, "every run with its image × split × metric against its image-blind "
                   "control")
+    short = mitigation_labels(run.mitigation for run in runs)
+    table.footer += unpaired_lines(table, [{key: record.get(renamed.get(key, key), 0) for key in (*UNPAIRED_KEYS, "n")}
+                                           for record in records], "the blind run", "the run with its image", short)
     return (table if table.rows else None), records
+
+
+def _sighted(blind: Run, sighted: list[Run]) -> Run | None:
+    """The with-image run a blind run is compared with: the same model and mitigation, preferably of the same
+    seed (a pass of ``--seeds``; all passes share one folder) and then from the same folder."""
+    same = [run for run in sighted if (run.model, run.mitigation) == (blind.model, blind.mitigation)]
+    same = [run for run in same if run.seed == blind.seed] or same
+    return next((run for run in same if run.path.parent == blind.path.parent), same[0] if same else None)
 
 
 def _baseline(run: Run, baselines: list[Run]) -> Run | None:
@@ -866,20 +947,25 @@ def _clinhallu_org_pair(base: Run, run: Run, split: str) -> tuple[list[Cell], di
         return None
     valid_only = "valid_only" in (ours_metric.get("denominator"), theirs_metric.get("denominator"))
     before = dict(zip(theirs["ids"], theirs["correct"]))
-    rows = [row for row, i in enumerate(ours["ids"]) if i in before
-            and (not valid_only or (before[i] is not None and ours["correct"][row] is not None))]
+    both = [row for row, i in enumerate(ours["ids"]) if i in before]
+    rows = [row for row in both
+            if not valid_only or (before[ours["ids"][row]] is not None and ours["correct"][row] is not None)]
     if not rows:
         return None
+    unpaired = Unpaired(only_baseline=len(set(theirs["ids"]) - set(ours["ids"])),
+                        only_other=len(set(ours["ids"]) - set(theirs["ids"])), unscored=len(both) - len(rows))
     a = [before[ours["ids"][row]] == 1 for row in rows]
     b = [ours["correct"][row] == 1 for row in rows]
     labels, unit = protocol_clusters(run, split, ours, rows)
     result = compare_accuracy(a, b, clusters=labels)
     mean_a, mean_b = 100 * sum(a) / len(a), 100 * sum(b) / len(b)
-    return _comparison_cells(result, mean_a, mean_b, 100.0, unit, split, "Acc (ORG)")
+    return _comparison_cells(result, mean_a, mean_b, 100.0, unit, split, "Acc (ORG)", unpaired)
 
 
-def _clinhallu_comparisons(runs: list[Run], table: Table, records: list[dict[str, Any]]) -> None:
-    """ClinHallu ORG accuracy of each mitigation against ``none`` (:func:`_clinhallu_org_pair`)."""
+def _clinhallu_comparisons(runs: list[Run], table: Table, records: list[dict[str, Any]],
+                           names: dict[int, tuple[str, str]]) -> None:
+    """ClinHallu ORG accuracy of each mitigation against ``none`` (:func:`_clinhallu_org_pair`); ``names``:
+    the rows' (model, mitigation) labels (:func:`_run_labels`)."""
     baselines = [run for run in runs if run.mitigation == "none" and _clinhallu_splits(run)]
     for run in runs:
         base = _baseline(run, baselines)
@@ -888,8 +974,8 @@ def _clinhallu_comparisons(runs: list[Run], table: Table, records: list[dict[str
         for split in _clinhallu_splits(run):
             paired = _clinhallu_org_pair(base, run, split)
             if paired is not None:
-                table.rows.append(([run.model, run.mitigation, split, "Acc (ORG)"], paired[0]))
-                records.append({"model": run.model, "mitigation": run.mitigation, **paired[1]})
+                table.rows.append(([run.model, names[id(run)][1], split, "Acc (ORG)"], paired[0]))
+                records.append({**_who(run), **paired[1]})
 
 
 def build_tables(runs: list[Run], p_adjust: str = "holm") -> list[Table]:
@@ -921,14 +1007,14 @@ def build_tables(runs: list[Run], p_adjust: str = "holm") -> list[Table]:
 
 def shorten(table: Table, short: dict[str, str]) -> None:
     """Show the table's "Mitigation" labels short (``short``: spec -> label, :func:`mitigation_labels`), a
-    twin run's `` (folder)`` suffix kept; the data (CSV, JSON) keep the full specs, the legend maps them."""
+    blind run's control, a seeded pass's seed (`` · …``) and a twin run's `` (folder)`` kept; the data (CSV,
+    JSON) keep the full specs, the legend maps them."""
     if "Mitigation" not in table.row_header:
         return
     index = table.row_header.index("Mitigation")
-    specs = sorted(short, key=len, reverse=True)
     for labels, _ in table.rows:
         text = labels[index]
-        spec = next((s for s in specs if text == s or text.startswith(s + " (")), None)
+        spec = _spec_of(text, short)
         if spec is not None and short[spec] != spec:
             table.labels[text] = short[spec] + text[len(spec):]
 
@@ -1052,7 +1138,8 @@ def mark(table: Table) -> None:
 
 
 def format_cell(cell: Cell, markdown: bool = True) -> str:
-    """``71.3 ± 2.0 [65.1, 77.4]`` (std, interval as present); ``–`` when missing; marks in Markdown."""
+    """``71.3 ± 2.0 [65.1, 77.4]`` (std, interval as present); ``†`` after a figure without an interval (the
+    footer says why); ``–`` when missing; best/worst marks in Markdown only (HTML marks them by class)."""
     if cell.text is not None:
         return cell.text
     if cell.value is None:
@@ -1065,7 +1152,7 @@ def format_cell(cell: Cell, markdown: bool = True) -> str:
         text += f" ± {cell.std:.2f}"
     if cell.low is not None:
         text += f" [{fmt.format(cell.low)}, {fmt.format(cell.high)}]"
-    elif cell.note and markdown:
+    elif cell.note:
         text += " †"
     if markdown and cell.mark == "best":
         text = f"**{text}** ▲"

@@ -4,12 +4,17 @@ Per-type accuracy bars (MedHEval Figures 2/3 style), a heatmap of mitigation −
 significance, MediHall level distributions, ClinHallu stage rates and Fix/Break, Med-StepBench recall and
 F1 per step, and judge-versus-human agreement (confusion matrix, or a scatter for numeric ratings).
 
+A bar is drawn only for a figure the tables show: a cell without a figure gets no bar (never a 0; "–" at its
+place), a cell without an interval no error bar but an "n/i" label, and the panel's x-axis note counts both
+(:class:`Bars`).
+
 A figure's size follows its content: at least ``SIZE`` (inches at ``DPI``), taller with more rows or legend
 entries, so labels never overlap; it is saved with its tight bounding box, so no label is cut off.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,7 +29,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from medheval.report.collect import Run, mitigation_labels, run_labels  # noqa: E402
+from medheval.report.collect import Run, mitigation_labels, run_labels, seed_label  # noqa: E402
 from medheval.report.paper import Cell, comparisons, figure, stepbench  # noqa: E402
 from medheval.report.stats import P_ADJUST_NAMES  # noqa: E402
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, STEPBENCH_LANGUAGES,  # noqa: E402
@@ -103,39 +108,130 @@ def _run_labels(runs: list[Run]) -> dict[int, str]:
     return run_labels(runs)
 
 
-def _errors(cells: Sequence[Any]) -> list[list[float]]:
-    """Asymmetric error bars (value − low, high − value); 0 where a cell has no interval."""
-    return [[c.value - c.low if c.low is not None else 0.0 for c in cells],
-            [c.high - c.value if c.high is not None else 0.0 for c in cells]]
+NO_INTERVAL = "n/i"  # the label over a bar whose cell has no interval (the table marks it †)
 
 
-def category_accuracy(runs: list[Run], path: Path) -> Path | None:
-    """Grouped bars: accuracy (%) per hallucination type, one bar per model · mitigation, one panel per split."""
+@dataclass
+class Bars:
+    """One series of bars as drawn: a bar per cell with a figure (``x``, ``heights``), its error bar
+    (``below``/``above``: value − low, high − value; ``None`` without an interval, then no error bar and an
+    :data:`NO_INTERVAL` label); ``missing``: positions of cells without a figure, which get no bar."""
+
+    x: list[float] = field(default_factory=list)
+    heights: list[float] = field(default_factory=list)
+    below: list[float | None] = field(default_factory=list)
+    above: list[float | None] = field(default_factory=list)
+    missing: list[float] = field(default_factory=list)
+
+    @property
+    def no_interval(self) -> list[float]:
+        """Positions of the bars drawn without an interval."""
+        return [x for x, below in zip(self.x, self.below) if below is None]
+
+
+def bars(cells: Sequence[Cell], positions: Sequence[float]) -> Bars:
+    """The :class:`Bars` of ``cells`` at ``positions``: no bar for a cell without a figure, no error bar for one
+    without an interval."""
+    out = Bars()
+    for x, cell in zip(positions, cells):
+        if cell.value is None:
+            out.missing.append(x)
+            continue
+        out.x.append(x)
+        out.heights.append(cell.value)
+        interval = cell.low is not None and cell.high is not None
+        out.below.append(cell.value - cell.low if interval else None)
+        out.above.append(cell.high - cell.value if interval else None)
+    return out
+
+
+MISSING = "–"  # at the foot of the place of a bar whose cell has no figure (as the tables show it)
+
+
+def _draw_bars(ax: Any, series: Bars, width: float, top: float = 100.0, **style: Any) -> None:
+    """Bars of ``series`` on ``ax`` (``style``: colour, hatch, label), error bars where there is an interval, an
+    :data:`NO_INTERVAL` label (upright, inside a bar that reaches the top) where there is none, and
+    :data:`MISSING` where a cell has no figure (no bar)."""
+    ax.bar(series.x, series.heights, width, **style)
+    shown = [(x, h, b, a) for x, h, b, a in zip(series.x, series.heights, series.below, series.above) if b is not None]
+    if shown:
+        x, heights, below, above = zip(*shown)
+        ax.errorbar(x, heights, yerr=[below, above], fmt="none", ecolor="#000000", elinewidth=1, capsize=2)
+    for x, height, below in zip(series.x, series.heights, series.below):
+        if below is None:
+            inside = height > 0.8 * top
+            ax.text(x, height - 0.02 * top if inside else height + 0.01 * top, NO_INTERVAL, rotation=90,
+                    ha="center", va="top" if inside else "bottom", fontsize=7)
+    for x in series.missing:
+        ax.text(x, 0.01 * top, MISSING, ha="center", va="bottom", fontsize=7)
+
+
+def bar_note(series: Sequence[Bars]) -> str:
+    """The panel's note on what its bars leave out: bars without an interval and cells without a bar, counted
+    ("" when neither)."""
+    no_interval = sum(len(s.no_interval) for s in series)
+    missing = sum(len(s.missing) for s in series)
+    parts = [f"{NO_INTERVAL}: no interval ({no_interval} bar(s); the table's † says why)" if no_interval else "",
+             f"no figure, no bar: {missing}" if missing else ""]
+    return "; ".join(part for part in parts if part)
+
+
+def category_series(runs: list[Run]) -> list[tuple[str, list[tuple[str, Bars]]]]:
+    """Per split (four at most) with per-type accuracy, the bars of each model · mitigation that has any:
+    (label, :class:`Bars` at x = type index + series index × :func:`_bar_width`). A run without any per-type
+    figure on the split has no series there."""
     splits = [s for s in dict.fromkeys(s for run in runs for s, e in run.results["benchmarks"].items()
                                        if (e.get("metrics", {}).get("close_ended_accuracy") or {})
                                        .get("accuracy_by_category"))]
     splits = [s for s in splits if any(c in (run.results["benchmarks"].get(s, {}).get("metrics", {})
                                             .get("close_ended_accuracy", {}).get("accuracy_by_category") or {})
                                        for run in runs for c in VISUAL_CATEGORIES)][:4]
-    if not splits:
-        return None
-    fig, axes = _new(1, len(splits), height=SIZE[1] + _legend_height(len(runs)))
-    width = 0.8 / max(len(runs), 1)
+    width = _bar_width(len(runs))
     labels = _run_labels(runs)
-    for ax, split in zip(axes, splits):
+    out = []
+    for split in splits:
+        series = []
         for index, run in enumerate(runs):
             cells = [figure(run, split, "close_ended_accuracy", "accuracy", category=c) for c in VISUAL_CATEGORIES]
-            if all(c.value is None for c in cells):
-                continue
-            shown = [c if c.value is not None else Cell(value=0.0) for c in cells]
-            ax.bar([i + index * width for i in range(4)], [c.value for c in shown], width, yerr=_errors(shown),
-                   capsize=2, color=_colour(index), hatch=_hatch(index), label=labels[id(run)])
+            if any(c.value is not None for c in cells):
+                series.append((labels[id(run)], bars(cells, [i + index * width for i in range(4)])))
+        out.append((split, series))
+    return out
+
+
+def _bar_width(series: int) -> float:
+    return 0.8 / max(series, 1)
+
+
+def category_figure(runs: list[Run]) -> Figure | None:
+    """Grouped bars: accuracy (%) per hallucination type, one bar per model · mitigation, one panel per split
+    (:func:`category_series`); colours follow the runs' order."""
+    panels = category_series(runs)
+    if not panels:
+        return None
+    fig, axes = _new(1, len(panels), height=SIZE[1] + _legend_height(len(runs)))
+    width = _bar_width(len(runs))
+    labels = _run_labels(runs)
+    index_of = {labels[id(run)]: index for index, run in enumerate(runs)}
+    for ax, (split, series) in zip(axes, panels):
+        for label, drawn in series:
+            index = index_of[label]
+            _draw_bars(ax, drawn, width, color=_colour(index), hatch=_hatch(index), label=label)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(4)], [CATEGORY_COLUMNS[c] for c in VISUAL_CATEGORIES])
         ax.set_ylim(0, 100)
         ax.set_title(split, fontsize=9)
         ax.set_ylabel("accuracy (%)")
+        note = bar_note([drawn for _, drawn in series])
+        if note:
+            ax.set_xlabel(textwrap.fill(note, 40), fontsize=7)
     _legend_below(fig, axes[0])
-    return _save(fig, path)
+    return fig
+
+
+def category_accuracy(runs: list[Run], path: Path) -> Path | None:
+    """The :func:`category_figure` as a PNG."""
+    fig = category_figure(runs)
+    return None if fig is None else _save(fig, path)
 
 
 # The deltas heatmap: a row per mitigation, a column per split · metric, wrapped into panels of at most
@@ -173,18 +269,15 @@ def delta_panels(records: list[dict[str, Any]]) -> list[list[tuple[str, str]]]:
 
 def deltas_figure(records: list[dict[str, Any]]) -> Figure | None:
     """Heatmap of mitigation − none (:func:`medheval.report.paper.comparisons` records): a row per
-    mitigation (short label, :func:`medheval.report.collect.mitigation_labels`; with the model when several
-    are shown), a column per split · metric (panels: :func:`delta_panels`). A cell shows Δ, ``*`` when its
+    mitigation run (:func:`delta_rows`: short label, with the model when several are shown and the seed of a
+    pass of ``--seeds``), a column per split · metric (panels: :func:`delta_panels`). A cell shows Δ, ``*`` when its
     adjusted p < 0.05 (the record's ``significant``), and its 95% interval; its colour is Δ over the column's largest |Δ|, sign flipped for ↓ metrics
     (purple always better), pale when not significant, grey "–" when not compared. The figure grows with
     rows and columns (:data:`CELL`)."""
     if not records:
         return None
-    rows = list(dict.fromkeys((r["model"], r["mitigation"]) for r in records))
-    short = mitigation_labels(mitigation for _, mitigation in rows)
-    several = len({model for model, _ in rows}) > 1
-    row_labels = [(f"{model} · " if several else "") + short[mitigation] for model, mitigation in rows]
-    by_key = {(r["split"], r["metric"], (r["model"], r["mitigation"])): r for r in records}
+    rows, row_labels = delta_rows(records)
+    by_key = {(r["split"], r["metric"], _row_key(r)): r for r in records}
     panels = delta_panels(records)
     width = max(CELL[0] * max(len(panel) for panel in panels), 4.0)
     method = next((r.get("p_adjust") for r in records if r.get("p_adjust")), "none")
@@ -232,6 +325,30 @@ def deltas_figure(records: list[dict[str, Any]]) -> Figure | None:
     return fig
 
 
+def _row_key(record: dict[str, Any]) -> tuple[str, str, int | None, str | None]:
+    """The heatmap row of a comparison record: model, mitigation, seed (a pass of ``--seeds``), run folder."""
+    return record["model"], record["mitigation"], record.get("seed"), record.get("run")
+
+
+def delta_rows(records: list[dict[str, Any]]) -> tuple[list[tuple[str, str, int | None, str | None]], list[str]]:
+    """The heatmap's rows (:func:`_row_key`, in record order) and their labels: short mitigation, the model
+    when several are shown, `` · seed s`` for a pass of ``--seeds``, and the run's folder name (its path when
+    the names are alike too) for rows still alike."""
+    rows = list(dict.fromkeys(_row_key(r) for r in records))
+    short = mitigation_labels(row[1] for row in rows)
+    several = len({row[0] for row in rows}) > 1
+    labels = [(f"{model} · " if several else "") + short[mitigation] + (seed_label(seed) if seed is not None else "")
+              for model, mitigation, seed, _ in rows]
+    shown = []
+    for row, label in zip(rows, labels):
+        twins = [other for other, text in zip(rows, labels) if text == label]
+        if len(twins) > 1 and row[3]:
+            names = {Path(other[3]).name for other in twins if other[3]}
+            label += f" ({Path(row[3]).name if len(names) == len(twins) else row[3]})"
+        shown.append(label)
+    return rows, shown
+
+
 def mitigation_deltas(records: list[dict[str, Any]], path: Path) -> Path | None:
     """The :func:`deltas_figure` as a PNG."""
     fig = deltas_figure(records)
@@ -261,28 +378,49 @@ def medihall_levels(runs: list[Run], path: Path) -> Path | None:
 
 
 def clinhallu_rates(runs: list[Run], path: Path) -> Path | None:
-    """Left: Acc, H^V, H^K, H^R (%) per model · split; right: Fix and Break (%) per replacement setting."""
+    """The :func:`clinhallu_figure` as a PNG."""
+    fig = clinhallu_figure(runs)
+    return None if fig is None else _save(fig, path)
+
+
+def clinhallu_figure(runs: list[Run]) -> Figure | None:
+    """Left: Acc, H^V, H^K, H^R (%) per model · split; right: Fix and Break (%) per replacement setting. No
+    intervals (the tables give them; the x-axis note says so); a figure results.json lacks gets no bar, counted
+    in the note."""
     rows = [(f"{model} · {split}", metric) for model, split, source, metric in clinhallu_rows([r.results for r in runs])
             if source == "all"]
     if not rows:
         return None
     fig, (left, right) = _new(1, 2, height=SIZE[1] + _legend_height(len(rows)))
     width = 0.8 / len(rows)
+    missing = 0
     for index, (label, metric) in enumerate(rows):
         keys = ("acc", "h_v", "h_k", "h_r")
-        left.bar([i + index * width for i in range(4)], [100 * (metric.get(k) or 0) for k in keys], width,
-                 color=_colour(index), hatch=_hatch(index), label=label)
-        fix = [100 * ((metric.get("fix_rate") or {}).get(k) or 0) for k, _ in CLINHALLU_REPLACEMENTS]
-        brk = [100 * ((metric.get("break_rate") or {}).get(k) or 0) for k, _ in CLINHALLU_REPLACEMENTS]
-        right.bar([i + index * width for i in range(3)], fix, width, color=_colour(index), hatch=_hatch(index))
-        right.bar([i + index * width for i in range(3)], [-b for b in brk], width, color=_colour(index), hatch="//")
+        stage = _present([i + index * width for i in range(4)], [metric.get(k) for k in keys])
+        fix = _present([i + index * width for i in range(3)],
+                       [(metric.get("fix_rate") or {}).get(k) for k, _ in CLINHALLU_REPLACEMENTS])
+        brk = _present([i + index * width for i in range(3)],
+                       [(metric.get("break_rate") or {}).get(k) for k, _ in CLINHALLU_REPLACEMENTS])
+        missing += (4 - len(stage)) + (3 - len(fix)) + (3 - len(brk))
+        left.bar([x for x, _ in stage], [100 * v for _, v in stage], width, color=_colour(index),
+                 hatch=_hatch(index), label=label)
+        right.bar([x for x, _ in fix], [100 * v for _, v in fix], width, color=_colour(index), hatch=_hatch(index))
+        right.bar([x for x, _ in brk], [-100 * v for _, v in brk], width, color=_colour(index), hatch="//")
     left.set_xticks([i + 0.4 - width / 2 for i in range(4)], ["Acc", "H^V", "H^K", "H^R"])
     left.set_ylabel("%")
+    left.set_xlabel("figures of ClinHallu Tables 2–3, without intervals (the tables give them)"
+                    + (f"; no figure, no bar: {missing}" if missing else ""), fontsize=7)
     _legend_below(fig, left)
     right.set_xticks([i + 0.4 - width / 2 for i in range(3)], [label for _, label in CLINHALLU_REPLACEMENTS])
     right.axhline(0, color="#000000", linewidth=0.8)
     right.set_ylabel("Fix (up) / Break (down, hatched), %")
-    return _save(fig, path)
+    return fig
+
+
+def _present(positions: Sequence[float], values: Sequence[Any]) -> list[tuple[float, float]]:
+    """(position, value) of the values that are numbers (a missing figure gets no bar, not a 0)."""
+    return [(x, float(v)) for x, v in zip(positions, values)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
 
 
 def stepbench_steps(runs: list[Run], path: Path) -> Path | None:
@@ -294,7 +432,8 @@ def stepbench_steps(runs: list[Run], path: Path) -> Path | None:
 def stepbench_figure(runs: list[Run]) -> Figure | None:
     """Med-StepBench recall and F1 (%) per step (its Table 3 as bars with 95% intervals): a panel per
     measure × language (EN, VI), a bar per model · mitigation · knowledge setting (hatched: with knowledge);
-    Step 1 has no bar in a row with knowledge (its prompts take none)."""
+    Step 1 has no bar in a row with knowledge (its prompts take none); a bar without an interval is labelled
+    "n/i" (:func:`_draw_bars`)."""
     table = stepbench(runs)
     if table is None or not table.rows:
         return None
@@ -308,17 +447,19 @@ def stepbench_figure(runs: list[Run]) -> Figure | None:
     for panel, (what, name) in enumerate((("R", "recall"), ("F1", "F1"))):
         for column, language in enumerate(STEPBENCH_LANGUAGES):
             ax = axes[panel * len(STEPBENCH_LANGUAGES) + column]
+            drawn = []
             for index, (label, cells) in enumerate(series):
-                picked = [(i, cells[labels.index(f"{language.upper()} S{step} {what}")])
-                          for i, step in enumerate(STEPBENCH_STEPS)]
-                shown = [(i, c) for i, c in picked if c.value is not None]  # no bar where the table has "–"
-                ax.bar([i + index * width for i, _ in shown], [c.value for _, c in shown], width,
-                       yerr=_errors([c for _, c in shown]), capsize=2, color=_colour(index), label=label,
-                       hatch=_hatch(index) if label.endswith("knowledge none") else "//")
+                picked = [cells[labels.index(f"{language.upper()} S{step} {what}")] for step in STEPBENCH_STEPS]
+                drawn.append(bars(picked, [i + index * width for i in range(len(STEPBENCH_STEPS))]))
+                _draw_bars(ax, drawn[-1], width, color=_colour(index), label=label,  # no bar where the table has "–"
+                           hatch=_hatch(index) if label.endswith("knowledge none") else "//")
             ax.set_xticks([i + 0.4 - width / 2 for i in range(len(STEPBENCH_STEPS))],
                           [f"Step {step}" for step in STEPBENCH_STEPS])
             ax.set_ylim(0, 100)
             ax.set_title(f"{language.upper()}: {name} (%)", fontsize=9)
+            note = bar_note(drawn)
+            if note:
+                ax.set_xlabel(textwrap.fill(note, 50), fontsize=7)
     _legend_below(fig, axes[0])
     return fig
 

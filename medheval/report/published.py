@@ -194,7 +194,10 @@ REPRODUCTION_NOTE = ("Reproduction: each report cell whose model, split, mitigat
                      "the report's units at the paper's precision. Comparable: the run used the protocol that "
                      "produced the paper's cell (medheval run --protocol), real weights, the real data, no "
                      "--limit and the paper's one pass; only then Δ = run − paper, and flag ⚠ when the paper's "
-                     "value lies outside the run's 95% interval.")
+                     "value lies outside the run's 95% interval. That interval is the run's item-resampling "
+                     "uncertainty (items or clusters redrawn), while the paper scored the same items: the flag is an "
+                     "informal scale for the gap, not a test of the reproduction.")
+INTERVAL_COLUMN = "Paper outside run's 95% item-resampling CI (informal)"  # its data key: outside_interval
 
 
 @dataclass(frozen=True)
@@ -446,7 +449,8 @@ def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = 
     """The "Reproduction" table: one row per (report cell, matching published cell) with the run's value
     (and interval), the paper's, and whether the two are comparable (:class:`RunConditions`: same protocol,
     real weights, real data, no ``--limit``, the paper's number of seeds); only a comparable row has
-    Δ = run − paper and the flag. ``runs``: the report's runs (:class:`medheval.report.collect.Run`), read for
+    Δ = run − paper and the flag (the paper's value outside the run's item-resampling interval: an informal
+    scale, with a footer line on how many flags chance alone would give, :func:`chance_flags`). ``runs``: the report's runs (:class:`medheval.report.collect.Run`), read for
     each row's conditions; a row whose run is not among them counts as a clean run. The same as JSON records."""
     from medheval.report.paper import Cell, Column, Table
 
@@ -455,7 +459,7 @@ def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = 
     table = Table("reproduction", "Reproduction: this run against the published tables",
                   ["Model", "Mitigation", "Split", "Published cell"],
                   [Column("Run", ranked=False), Column("Paper", ranked=False), Column("Δ", ranked=False),
-                   Column("Paper outside run's 95% CI", ranked=False), Column("Comparable", ranked=False)],
+                   Column(INTERVAL_COLUMN, ranked=False), Column("Comparable", ranked=False)],
                   footer=[REPRODUCTION_NOTE])
     found: list[dict[str, Any]] = []
     for source in tables:
@@ -483,8 +487,9 @@ def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = 
                                   "difference": None if reasons else cell.value - paper, "outside_interval": outside})
     flagged = [row for row, cells in table.rows if cells[3].text == "⚠ yes"]
     if flagged:
-        table.footer.append(f"Outside the run's 95% interval ({len(flagged)}): "
+        table.footer.append(f"Outside the run's 95% item-resampling interval ({len(flagged)}): "
                             + "; ".join(f"{row[0]} · {row[1]} · {row[3]}" for row in flagged) + ".")
+    table.footer += chance_flags(sum(record["outside_interval"] is not None for record in found), len(flagged))
     apart = sum(not record["comparable"] for record in found)
     if apart:
         table.footer.append(f"Not comparable ({apart} of {len(found)}): shown without Δ; the last column says why.")
@@ -492,6 +497,19 @@ def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = 
         table.footer.append("No run matched a published model, split and column (see `medheval published` for the "
                             "papers' models, and ALIASES in medheval/report/published.py for their Hub ids).")
     return table, found
+
+
+def chance_flags(checked: int, flagged: int) -> list[str]:
+    """The footer line on multiplicity: of ``checked`` comparable cells with an interval, ``flagged`` lie outside
+    it, and about 1 − LEVEL of them would by chance alone; ``[]`` when none was checked."""
+    from medheval.report.stats import LEVEL
+
+    if not checked:
+        return []
+    rate = 1 - LEVEL
+    return [f"By chance: {flagged} of the {checked} comparable cell(s) with an interval are flagged; about "
+            f"{rate:.0%} of them (≈ {rate * checked:.1f}) would be even if every run matched its paper up to "
+            f"item-sampling noise, so read a flag as a pointer to look, not a finding."]
 
 
 def shown_digits(record: Published, table_key: str, column: str) -> int:

@@ -6,8 +6,11 @@ model × mitigation × control, told apart by ``settings.seed``, shown as ``· s
 
 * over seeds: mean ``m = Σ x_s / k``, sample standard deviation ``SD = sqrt(Σ (x_s − m)² / (k − 1))`` and
   the range ``min_s x_s – max_s x_s``;
-* over items: the half-width of each pass's 95% bootstrap interval (:mod:`medheval.report.stats`),
-  ``(high_s − low_s) / 2``, averaged over the seeds that have one.
+* over items: the half-width of each pass's 95% interval over items (or the split's clusters), ``(high_s −
+  low_s) / 2``, averaged over the seeds that have one. It is the interval of the figure's table
+  (:mod:`medheval.report.stats`): for a figure the expanded percentile bootstrap (Clopper–Pearson for a 0/1
+  figure that is all 0 or all 1), for a paired Δ (mitigation − none, with image − blind) the sign-flip
+  test inverted.
 
 An SD as large as the item half-width says the seed matters as much as the item sample does.
 """
@@ -22,7 +25,9 @@ from medheval.report.paper import Cell, Column, Table
 
 SEED_LABEL = re.compile(r"^(.*) · seed (\d+)$")
 NOTE = ("Mean and SD (sample, n − 1) and min–max over the sampling seeds of each row; item ± : the half-width "
-        "of each seed's 95% bootstrap interval over items, averaged over the seeds (medheval/report/seeds.py).")
+        "of each seed's 95% interval over items (or clusters), averaged over the seeds that have one: the interval "
+        "of the row's table — for a figure its bootstrap interval (Clopper–Pearson when all 0 or all 1), for a "
+        "paired Δ (mitigation − none, with image − blind) the sign-flip test inverted (medheval/report/seeds.py).")
 
 
 def _unseeded(labels: list[str]) -> tuple[tuple[str, ...], int | None]:
