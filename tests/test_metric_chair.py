@@ -281,3 +281,87 @@ def test_a_bad_variant_names_the_option():
     chair = evaluate.load(str(REPO / "metrics" / "chair"))
     with pytest.raises(ValueError, match=r"chair.variant='papers': expected one of .*--metric-option chair.variant="):
         chair.compute(predictions=["No effusion."], references=["No effusion."], variant="papers", labeler="rule")
+
+
+# ------------------------------------------------------------------ MedHEval's prediction cleaning (run_chair.py)
+# Three of the fixture's report items (medheval.families.medheval.fixtures.REPORT_ITEMS, qids 0, 1, 5), whose
+# references the rule labeler reads as {LO 1, PNA 1, EC 0, CM 0, PTX 0, EFF 0}, {AT 1, EFF 1, CM 0}, {LL 1, EFF 0}.
+CLEANED_PREDICTIONS = [
+    "Mild cardiomegaly. No pneumonia.",  # CM 1, PNA 0; unchanged by the strip
+    "Effusion.",  # EFF 1; 9 characters: "No report generated." (NF 1) once cleaned
+    "A 2 cm lung nodule. No pleural effusion",  # LL 1, EFF 0; cleaned " 2 cm lung nodule. No pleural effusio": LL 1
+]
+# (variant, upstream_compat) -> (CHAIR, Recall), by hand from the labels above:
+#   medheval_code, cleaned: N_gen 2 + 1 + 1, FP CM + FN PNA = 2 -> 2/4; TP LL of ref positives 2 + 2 + 1 -> 1/5
+#   medheval_code, as given: N_gen 2 + 1 + 2, FP CM + FN PNA -> 2/5; TP EFF, LL -> 2/5
+#   paper, cleaned: G {CM}, {NF}, {LL}; G - S = CM, NF -> 2/3; G & S = LL -> 1/5
+#   paper, as given: G {CM}, {EFF}, {LL}; G - S = CM -> 1/3; G & S = EFF, LL -> 2/5
+CLEANED_EXPECTED = {("medheval_code", True): (2 / 4, 1 / 5), ("medheval_code", False): (2 / 5, 2 / 5),
+                    ("paper", True): (2 / 3, 1 / 5), ("paper", False): (1 / 3, 2 / 5)}
+
+
+def _fixture_references(qids):
+    from medheval.families.medheval.fixtures import REPORT_ITEMS
+
+    text = {item[0]: item[2] for item in REPORT_ITEMS}
+    return [text[qid] for qid in qids]
+
+
+@pytest.mark.parametrize("variant, upstream_compat", sorted(CLEANED_EXPECTED))
+def test_upstream_compat_labels_predictions_as_the_report_csv_holds_them(chair, variant, upstream_compat):
+    references = _fixture_references([0, 1, 5])
+    out = chair.compute(predictions=CLEANED_PREDICTIONS, references=references, variant=variant,
+                        upstream_compat=upstream_compat)
+    assert (out["chair"], out["recall"]) == pytest.approx(CLEANED_EXPECTED[(variant, upstream_compat)])
+    assert out["upstream_compat"] is upstream_compat and out["variant"] == variant
+
+
+RUN_CHAIR = UPSTREAM_MEDHEVAL.parent / "medheval-code" / "code" / "evaluation" / "report_eval" / "run_chair.py"
+
+
+def _released_csv_loop():
+    """The released run_chair.py's loop that writes the prediction CSV (``for data in pred_data: …``), taken out
+    of its ``__main__`` block with ``ast`` and compiled as released; run on texts, it returns the CSV's reports."""
+    import ast
+
+    tree = ast.parse(RUN_CHAIR.read_text())
+    loop = next(node for node in ast.walk(tree) if isinstance(node, ast.For) and isinstance(node.iter, ast.Name)
+                and node.iter.id == "pred_data")
+    code = compile(ast.Module([loop], type_ignores=[]), str(RUN_CHAIR), "exec")
+    constants = [node.value for node in ast.walk(loop)
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+    def run(texts):
+        rows = []
+        writer = type("Writer", (), {"writerow": staticmethod(rows.append)})
+        exec(code, {"pred_data": [{"question_id": str(i), "text": t} for i, t in enumerate(texts)], "writer": writer})
+        return [row["report"] for row in rows]
+
+    return run, constants
+
+
+@pytest.mark.skipif(not RUN_CHAIR.is_file(), reason="../shared/data/upstream/medheval-code is absent")
+def test_cleaning_matches_the_released_run_chair_loop(chair):
+    """Our cleaning (chair upstream_compat, and clean_generated_text's report CSV mode that CheXbert, RadGraph and
+    text_generation's reports share) against the released loop run on the same texts: the character-set strip,
+    the raw text where it leaves nothing, the placeholder under 10 characters (its sentence read from the file)."""
+    import random
+
+    from medheval.scoring.parsing import UPSTREAM_SHORT_REPORT, clean_generated_text
+
+    released, constants = _released_csv_loop()
+    assert UPSTREAM_SHORT_REPORT in constants
+    module = __import__(type(chair).__module__, fromlist=["clean_prediction"])
+    rng = random.Random(0)
+    texts = ["Assistant: Small left pleural effusion", "Assistant:", "Assistants:", "Assistant", "", "Effusion.",
+             "Effusions.", "sAssistantEffusion.", "  no  ", "Normal chest\n", *CLEANED_PREDICTIONS,
+             *("".join(rng.choice("Asitan: Ex.\n") for _ in range(rng.randrange(0, 16))) for _ in range(400))]
+    expected = released(texts)
+    assert [module.clean_prediction(text) for text in texts] == expected
+    assert [clean_generated_text(text, upstream_compat=True, report_csv=True) for text in texts] == expected
+    # labelled as the released loop writes them
+    references = _fixture_references([0, 1, 5])
+    ours = chair.compute(predictions=CLEANED_PREDICTIONS, references=references, variant="medheval_code",
+                         upstream_compat=True)
+    theirs = chair.compute(predictions=released(CLEANED_PREDICTIONS), references=references, variant="medheval_code")
+    assert (ours["chair"], ours["recall"]) == (theirs["chair"], theirs["recall"])

@@ -635,3 +635,20 @@ def test_none_reference_counts_at_any_index_and_none_prediction_is_named(metric)
         predictions[index] = None
         with pytest.raises(ValueError, match=rf"^predictions\[{index}\] is None; pass the model's answer as a string"):
             _compute(metric, predictions, ["a", "b"])
+
+
+def test_upstream_compat_cleans_reports_as_medheval_report_csv(metric):
+    """MedHEval's report metrics read the report CSV: a report under 10 characters is "No report generated."
+    there (run_chair.py / run_eval.py); an open-ended answer is only stripped. Under upstream_compat a "report"
+    item gets that cleaning; without answer_types (or for other types) it does not."""
+    predictions, references = ["Effusion.", "Effusion."], ["Small effusion.", "Small effusion."]
+    out = _compute(metric, predictions, references, upstream_compat=True, answer_types=["report", "open"])
+    assert out["rouge1_per_item"][0] == 0.0  # "No report generated." against "Small effusion."
+    assert out["rouge1_per_item"][1] == pytest.approx(_compute(metric, ["Effusion."], ["Small effusion."],
+                                                               upstream_compat=True)["rouge1"])
+    placeholder = _compute(metric, ["No report generated."], ["Small effusion."], upstream_compat=True)
+    assert out["bleu_per_item"][0] == pytest.approx(placeholder["bleu"])
+    native = _compute(metric, predictions, references, answer_types=["report", "report"])
+    assert native["rouge1_per_item"][0] == native["rouge1_per_item"][1] > 0.0  # only under upstream_compat
+    with pytest.raises(ValueError, match="answer_types"):
+        _compute(metric, predictions, references, answer_types=["report"])

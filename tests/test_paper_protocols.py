@@ -209,12 +209,19 @@ def test_each_card_lists_the_protocols_conflicts_and_they_hold():
         rows = [line for line in path.read_text().splitlines() if line.startswith("| ") and "`--" in line]
         assert len(rows) == len(protocol.conflicts)
         for conflict in protocol.conflicts:
-            method, _, option = conflict.setting.removeprefix("mitigation ").partition(".")
-            assert getattr(get_mitigation(protocol.mitigation_spec(method)), option) == conflict.code, conflict
+            kind, _, setting = conflict.setting.partition(" ")
+            name, _, option = setting.partition(".")
+            if kind == "metric":  # a scoring option: the protocol's metric option, and the paper's by --metric-option
+                assert protocol.metric_options[name][option] == conflict.code, conflict
+                assert conflict.paper_option == f"--metric-option {name}.{option}={conflict.paper}", conflict
+                continue
+            assert kind == "mitigation", conflict
+            assert getattr(get_mitigation(protocol.mitigation_spec(name)), option) == conflict.code, conflict
             paper_spec = conflict.paper_option.removeprefix("--mitigation ")
             assert getattr(get_mitigation(protocol.mitigation_spec(paper_spec)), option) == conflict.paper, conflict
     assert {c.setting for c in get_protocol("medheval-mitigation").conflicts} == {
-        "mitigation opera.scale_factor", "mitigation opera.threshold", "mitigation avisc.top_k"}
+        "mitigation opera.scale_factor", "mitigation opera.threshold", "mitigation avisc.top_k", "metric chair.variant"}
+    assert {c.setting for c in get_protocol("medheval-baseline").conflicts} == {"metric chair.variant"}
 
 
 # ------------------------------------------------------------------ a run records its protocol
@@ -287,11 +294,44 @@ def test_the_protocols_scorer_is_the_default_and_the_user_can_refuse_it(fixture_
                        upstream_compat=True)
     options = _options_for(protocol, ["sh_judge", "text_generation"])
     assert options["sh_judge"]["prompt_style"] == "upstream" and options["text_generation"]["upstream_compat"] is True
+    report = RunSpec(benchmarks=["vishal_report"], output=tmp_path / "o", protocol="medheval-mitigation",
+                     upstream_compat=True)
+    assert _options_for(report, ["chair"])["chair"] == {"variant": "medheval_code", "upstream_compat": True}
     mine = RunSpec(benchmarks=["knowledge:open"], output=tmp_path / "o", protocol="medheval-baseline",
                    metric_options={"sh_judge": {"prompt_style": "json"}})
     assert _options_for(mine, ["sh_judge"])["sh_judge"]["prompt_style"] == "json"  # the user's option wins
     clean = RunSpec(benchmarks=["knowledge:open"], output=tmp_path / "o")
     assert "prompt_style" not in _options_for(clean, ["sh_judge"])["sh_judge"]
+
+
+@pytest.mark.parametrize("protocol", ["medheval-baseline", "medheval-mitigation", None])
+def test_medheval_protocols_score_reports_as_the_released_chair_code(fixture_benchmark, tmp_path, capsys, protocol):
+    """MedHEval's CHAIR came from run_chair.py: predictions cleaned as its report CSV holds them, then its
+    calculate_metrics formula (chair variant medheval_code). Three fixture reports (qids 0, 1, 5; hand-worked in
+    tests/test_metric_chair.py): under either protocol CHAIR 2/4 and Recall 1/5, where the paper's formula on the
+    text as given (the clean protocol) gives 1/3 and 2/5. The report's generation metrics get the same
+    cleaning: "Effusion." (9 characters) is scored as "No report generated.", which shares no word with its
+    reference (ROUGE-1 0, against 8.0 as given)."""
+    predictions = {0: "Mild cardiomegaly. No pneumonia.", 1: "Effusion.", 5: "A 2 cm lung nodule. No pleural effusion"}
+    path = tmp_path / "answers.jsonl"
+    path.write_text("".join(json.dumps({"id": f"vishal_report/default/{qid}", "prediction": text}) + "\n"
+                            for qid, text in predictions.items()))
+    output = tmp_path / "run"
+    assert main(["run", "--benchmark", "vishal_report", "--predictions", str(path), "--data-dir",
+                 fixture_benchmark["data_dir"], "--allow-missing-predictions", "--output", str(output),
+                 *(["--protocol", protocol] if protocol else [])]) == 0, capsys.readouterr().err
+    metrics = json.loads((output / "results.json").read_text())["benchmarks"]["vishal_report:default"]["metrics"]
+    chair = metrics["chair"]
+    rouge1 = {row["id"]: row["rouge1_per_item"]
+              for row in map(json.loads, (output / "scored.jsonl").read_text().splitlines())}
+    if protocol:
+        assert (chair["variant"], chair["upstream_compat"], chair["labeler"]) == ("medheval_code", True, "chexpert_rules")
+        assert (chair["chair"], chair["recall"]) == pytest.approx((2 / 4, 1 / 5))
+        assert rouge1["vishal_report/default/1"] == 0.0 and metrics["text_generation"]["upstream_compat"] is True
+    else:
+        assert (chair["variant"], chair["upstream_compat"]) == ("paper", False)
+        assert (chair["chair"], chair["recall"]) == pytest.approx((1 / 3, 2 / 5))
+        assert rouge1["vishal_report/default/1"] == pytest.approx(8.0)
 
 
 @pytest.mark.parametrize("protocol, device, expected", [

@@ -259,7 +259,14 @@ def _run(model: str, mitigation: str = "none", splits: tuple[str, ...] = ("mm_vi
         results.setdefault("scoring", {"upstream_compat": protocol.startswith("medheval-")})  # as run_grid records
         if protocol.startswith("medheval-"):  # as a LLaVA-family run under the MedHEval protocols records
             results["settings"]["backend"] = {"tokenization": "upstream_chunked", "grey_padding": True}
+            for split in (s for s in splits if s.startswith("vishal_report")):  # chair as the protocols score it,
+                results["benchmarks"][split]["metrics"]["chair"] = dict(PROTOCOL_CHAIR)  # with CheXbert's weights
     return Run(path=Path(folder), results=results)
+
+
+# the chair output's scalars of a MedHEval protocol run given CheXbert (--metric-option chair.labeler=chexbert)
+PROTOCOL_CHAIR = {"chair": 0.2, "recall": 0.5, "labeler": "chexbert", "variant": "medheval_code",
+                  "upstream_compat": True}
 
 
 def test_reproduction_known_difference_and_flag() -> None:
@@ -590,6 +597,46 @@ def _report_table(model: str, split: str) -> Table:
     table = Table("medheval_report", "t", ["Model", "Mitigation", "Split"], [Column("CHAIR ↓"), Column("n", ranked=False)])
     table.rows.append(([model, "none", split], [Cell(value=20.0), Cell(text="10")]))
     return table
+
+
+FORMULA = ("CHAIR formula differs (run: chair.variant={}; paper: its released code, Σ(FP + FN) / #(labelled 0 or 1), "
+           "chair.variant=medheval_code)")
+RULES = ("CHAIR and Recall labelled by chexpert_rules (paper: CheXbert; --metric-option chair.labeler=chexbert)")
+UNCLEANED = ("report predictions not cleaned before labelling as the released scorer cleans them ('Assistant:' "
+             "character strip, reports under 10 characters replaced; the run predates it, or "
+             "chair.upstream_compat=false)")
+
+
+@pytest.mark.parametrize("chair, chair_reasons, recall_reasons", [
+    ({}, [], []),  # as the protocol scores it, with CheXbert: comparable
+    ({"variant": "paper", "uncertain_as_positive": False}, [FORMULA.format("paper")], []),
+    ({"variant": "paper", "uncertain_as_positive": True}, [FORMULA.format("paper")],
+     ["Recall counts uncertain labels as positive (chair.uncertain_as_positive; paper: its released code drops a "
+      "reference's uncertain cells)"]),
+    ({"labeler": "chexpert_rules"}, [RULES], [RULES]),
+    ({"upstream_compat": False}, [UNCLEANED], [UNCLEANED]),
+    # a protocol run scored before the protocols set chair's variant and cleaning (rule labeler, the default)
+    ({"labeler": "chexpert_rules", "variant": "paper", "upstream_compat": None},
+     [RULES, FORMULA.format("paper"), UNCLEANED], [RULES, UNCLEANED]),
+])
+def test_chair_cells_are_comparable_only_when_scored_as_the_released_chair_code(chair, chair_reasons, recall_reasons):
+    """MedHEval Table 5's LLaVA-NeXT 7B CHAIR and Recall came from run_chair.py: CheXbert labels of cleaned
+    predictions, CHAIR = Σ(FP + FN) / #(labelled 0 or 1). A medheval-baseline run's cells are comparable only when
+    its chair output (results.json) records that labeler, variant and cleaning; the paper variant's CHAIR is another
+    formula (its Recall is the same unless uncertain labels count as positive)."""
+    model = "llava-hf/llava-v1.6-vicuna-7b-hf"
+    run = _run(model, splits=("vishal_report:default",), protocol="medheval-baseline")
+    out = run.results["benchmarks"]["vishal_report:default"]["metrics"]["chair"]
+    out.update(chair)
+    for key in [key for key, value in chair.items() if value is None]:
+        del out[key]  # not recorded
+    table = Table("medheval_report", "t", ["Model", "Mitigation", "Split"], [Column("Recall"), Column("CHAIR ↓")])
+    table.rows.append(([model, "none", "vishal_report:default"], [Cell(value=50.0), Cell(value=20.0)]))
+    _, records = reproduction([table], runs=[run])
+    got = {r["metric"]: r["reasons"] for r in records if r["table"] == "5"}
+    assert got == {"CHAIR": chair_reasons, "Recall": recall_reasons}
+    assert all(r["comparable"] is (not r["reasons"]) and (r["difference"] is None) == bool(r["reasons"])
+               for r in records if r["table"] == "5")
 
 
 @pytest.mark.parametrize("split, extra", [

@@ -558,8 +558,8 @@ def test_results_md_says_how_items_were_scored(fixture_benchmark, tmp_path, caps
     section = (tmp_path / "changed" / "results.md").read_text().split("## How items were scored", 1)[1]
     assert "`upstream_compat=true`" in section and "variant `medheval_code`" in section
     # the option that equals its default (labeler=rule) is not listed; the switched ones are
-    assert 'metric options that differ from the defaults: `chair.variant="medheval_code"`, ' \
+    assert 'metric options that differ from the defaults: `chair.upstream_compat=true`, `chair.variant="medheval_code"`, ' \
            '`text_generation.upstream_compat=true`' in section
     results = json.loads((tmp_path / "changed" / "results.json").read_text())
-    assert results["scoring"]["non_default_options"] == {"chair": {"variant": "medheval_code"},
+    assert results["scoring"]["non_default_options"] == {"chair": {"variant": "medheval_code", "upstream_compat": True},
                                                          "text_generation": {"upstream_compat": True}}

@@ -510,6 +510,27 @@ def test_clean_generated_text_native_and_upstream():
     assert clean_generated_text("Assistant: no", upstream_compat=True) == " no"
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("Assistant: Small left pleural effusion", " Small left pleural effusio"),  # a character set, both ends
+    ("Assistant:", "Assistant:"),  # the strip leaves nothing: the raw text (10 characters) is kept
+    ("Assistants:", "Assistants:"),
+    ("Assistant", "No report generated."),  # raw text kept, then under 10 characters
+    ("", "No report generated."),
+    ("Effusion.", "No report generated."),  # 9 characters
+    ("Effusions.", "Effusions."),  # 10 characters are kept
+    ("sAssistantEffusion.", "No report generated."),  # 19 characters, 9 once stripped: the length is the stripped one
+    ("  no  ", "No report generated."),  # white space is not in the set, and 6 < 10
+    ("Normal chest\n", "Normal chest\n"),
+])
+def test_report_csv_cleaning_in_the_released_order(text, expected):
+    """MedHEval's report CSV (run_chair.py, run_eval.py): strip the characters of "Assistant:", fall back to the raw
+    text when that leaves nothing, then replace a text under 10 characters (tests/test_metric_chair.py runs the
+    released loop on these)."""
+    from medheval.scoring.parsing import clean_generated_text
+
+    assert clean_generated_text(text, upstream_compat=True, report_csv=True) == expected
+
+
 HEDGE_MC = ["Pleural effusion", "Pneumonia", "Atelectasis", "None of the above"]
 
 

@@ -187,6 +187,12 @@ CHUNKED_TOKEN_MODELS: dict[str, tuple[str, ...]] = {
     "medheval-baseline": ("LLaVA-Med-1.5", "LLaVA-NeXT 7B", "LLaVA-NeXT 13B"),
     "medheval-mitigation": ("LLaVA-Med-1.5", "LLaVA-NeXT 7B", "LLaVA-NeXT 13B"),
 }
+# MedHEval's CHAIR and Recall cells: what its released scorer (run_chair.py -> CXRMetric calculate_metrics) used,
+# as the chair metric records it in results.json (its labeler's name, its variant); Recall is the same formula
+# under both variants unless variant "paper" counts uncertain labels as positive
+CHAIR_METRICS = ("CHAIR", "Recall")
+PAPER_CHAIR_LABELER = "chexbert"
+PAPER_CHAIR_VARIANT = "medheval_code"
 PAPER_SEEDS = 1  # every stored cell is one pass (MedHEval's scripts: set_seed(0)); the papers report no spread
 STEPBENCH_COLUMN = re.compile(r"^(EN|VI) S([1-4]) (R|F1)$")
 REPRODUCTION_NOTE = ("Reproduction: each report cell whose model, split, mitigation and column match a published "
@@ -352,7 +358,8 @@ class RunConditions:
     results.json records none; under the paper's protocol, also whether the protocol reproduces the paper's
     inference code for the model and whether the run used the paper's scorer), random weights, fixture data, ``--limit`` and the
     number of seeds; for LLaVA-Med-1.5 under MedHEval's protocols, whether its images went on the released
-    code's square canvas."""
+    code's square canvas; for MedHEval's CHAIR and Recall, the chair metric's labeler, variant and prediction
+    cleaning."""
 
     protocol: str = CLEAN_PROTOCOL
     random_weights: bool = False
@@ -364,6 +371,7 @@ class RunConditions:
     grey_padding: bool = False
     chunked_tokens: bool = False
     revisions: tuple[str, ...] = ()  # OTHER_REVISIONS reasons of the splits read
+    chair: dict[str, Any] = field(default_factory=dict)  # the chair metric's output of the splits read (no lists)
 
     @classmethod
     def of(cls, results: dict[str, Any], splits: Sequence[str]) -> "RunConditions":
@@ -371,7 +379,8 @@ class RunConditions:
         (:func:`medheval.run.provenance.of_run`, so a re-score keeps those of the answers it read), ``fixture``
         on an annotation file of ``splits`` or carried by the provenance, ``seeds`` (a list; absent: one pass),
         the splits' ``run_options`` together, ``scoring.upstream_compat``, ``settings.backend.grey_padding``
-        and ``tokenization`` (a re-score: the answering run's, :func:`medheval.run.provenance.input_settings`) and :data:`OTHER_REVISIONS` of ``splits``."""
+        and ``tokenization`` (a re-score: the answering run's, :func:`medheval.run.provenance.input_settings`),
+        :data:`OTHER_REVISIONS` of ``splits`` and the chair metric's scalar outputs there."""
         from medheval.run.provenance import input_settings, of_run
 
         found = of_run(results)
@@ -391,7 +400,8 @@ class RunConditions:
                    upstream_compat=bool((results.get("scoring") or {}).get("upstream_compat")),
                    grey_padding=bool(backend.get("grey_padding")),
                    chunked_tokens=backend.get("tokenization") == "upstream_chunked",
-                   revisions=tuple(OTHER_REVISIONS[split][1] for split in splits if split in OTHER_REVISIONS))
+                   revisions=tuple(OTHER_REVISIONS[split][1] for split in splits if split in OTHER_REVISIONS),
+                   chair=_chair_output(entries))
 
     def reasons(self, record: Published) -> list[str]:
         """Why the run's figure is not comparable with ``record`` (empty: comparable)."""
@@ -413,6 +423,8 @@ class RunConditions:
             if record.model in CHUNKED_TOKEN_MODELS.get(wanted, ()) and not self.chunked_tokens:
                 out.append("prompt tokenized whole, not piece by piece around the image as the released code does "
                            "(the run predates it)")
+            if wanted in UPSTREAM_SCORED and record.metric in CHAIR_METRICS:
+                out.extend(self._chair_reasons(record))
         out.extend(self.revisions)
         if self.random_weights:
             out.append("random weights")
@@ -423,6 +435,37 @@ class RunConditions:
         if self.seeds != PAPER_SEEDS:
             out.append(f"{self.seeds} seeds (paper: {PAPER_SEEDS})")
         return out
+
+    def _chair_reasons(self, record: Published) -> list[str]:
+        """Why a MedHEval CHAIR or Recall cell was not scored as the released scorer scores it: another labeler
+        than CheXbert, another CHAIR formula (Recall: only uncertain-as-positive changes it), or predictions not
+        cleaned as its report CSV holds them (under upstream_compat; a run from before chair recorded it)."""
+        out = []
+        labeler = self.chair.get("labeler")
+        if labeler != PAPER_CHAIR_LABELER:
+            out.append(f"CHAIR and Recall labelled by {labeler or 'a labeler the run does not record'} (paper: "
+                       f"CheXbert; --metric-option chair.labeler=chexbert)")
+        variant = self.chair.get("variant")
+        if record.metric == "CHAIR" and variant != PAPER_CHAIR_VARIANT:
+            out.append(f"CHAIR formula differs (run: chair.variant={variant or 'not recorded'}; paper: its released "
+                       f"code, Σ(FP + FN) / #(labelled 0 or 1), chair.variant={PAPER_CHAIR_VARIANT})")
+        elif record.metric == "Recall" and variant == "paper" and self.chair.get("uncertain_as_positive"):
+            out.append("Recall counts uncertain labels as positive (chair.uncertain_as_positive; paper: its released "
+                       "code drops a reference's uncertain cells)")
+        if self.upstream_compat and self.chair.get("upstream_compat") is not True:
+            out.append("report predictions not cleaned before labelling as the released scorer cleans them "
+                       "('Assistant:' character strip, reports under 10 characters replaced; the run predates it, "
+                       "or chair.upstream_compat=false)")
+        return out
+
+
+def _chair_output(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The scalar fields (labeler, variant, upstream_compat …) of the first chair output among ``entries``."""
+    for entry in entries:
+        out = (entry.get("metrics") or {}).get("chair")
+        if isinstance(out, dict):
+            return {key: value for key, value in out.items() if isinstance(value, (str, int, float, bool))}
+    return {}
 
 
 def _row_run(table: Table, labels: Sequence[str], runs: Sequence[Any]) -> tuple[Any, list[str]]:

@@ -973,6 +973,8 @@ def clear_caches() -> None:
 # --- generated-text cleaning shared by the open-ended metrics -------------------------------------
 
 _ROLE_PREFIX = re.compile(r"^\s*assistant\s*:\s*", re.IGNORECASE)
+# The sentence MedHEval's report CSV conversion writes for a short report (code/evaluation/report_eval/run_chair.py
+# and run_eval.py at 7f7d980; tests/test_metric_chair.py checks it against the released run_chair.py).
 UPSTREAM_SHORT_REPORT = "No report generated."
 _UPSTREAM_MIN_REPORT_CHARS = 10
 
@@ -983,13 +985,16 @@ def clean_generated_text(text: str | None, upstream_compat: bool = False, report
     Native: trim white space and drop a leading ``"Assistant:"`` role prefix. With
     ``upstream_compat``, MedHEval's ``text.strip("Assistant:")``, which strips any of the
     characters ``A s i t a n :`` from both ends (``"... effusion"`` -> ``"... effusio"``); with
-    ``report_csv`` as well, its report CSV conversion: texts under 10 characters become
-    ``"No report generated."`` (CheXbert, RadGraph).
+    ``report_csv`` as well, its report CSV conversion (``run_chair.py``, ``run_eval.py``), in its order:
+    a strip that leaves nothing keeps the raw text, then a text under 10 characters becomes
+    ``"No report generated."`` (CHAIR, CheXbert, RadGraph, and the generation metrics of reports).
     """
     text = "" if text is None else str(text)
     if not upstream_compat:
         return _ROLE_PREFIX.sub("", text).strip()
-    text = text.strip("Assistant:")  # deliberately the upstream character-set strip
-    if report_csv and len(text) < _UPSTREAM_MIN_REPORT_CHARS:
-        return UPSTREAM_SHORT_REPORT
-    return text
+    stripped = text.strip("Assistant:")  # deliberately the upstream character-set strip
+    if not report_csv:
+        return stripped
+    if not stripped:  # e.g. "Assistant:" itself: upstream keeps the raw text
+        stripped = text
+    return UPSTREAM_SHORT_REPORT if len(stripped) < _UPSTREAM_MIN_REPORT_CHARS else stripped

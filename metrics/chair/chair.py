@@ -7,6 +7,7 @@ import datasets
 import evaluate
 import medheval.labelers
 import medheval.scoring.metric_inputs
+import medheval.scoring.parsing
 import medheval.labelers.chexpert_rules
 
 
@@ -58,6 +59,12 @@ TP = pred 1 & ref 1, TN = pred 0 & ref 0, FP = pred 1 & ref 0, FN = pred 0 & ref
     Specificity = sum TN / (sum TN + sum FP),   Accuracy = (TP + TN) / (TP + TN + FP + FN).
 That counts contradictions, not unsupported findings: a finding asserted in the prediction but
 blank in the reference enlarges the denominator and is never a hallucination.
+
+upstream_compat=True labels each prediction as MedHEval's `run_chair.py` writes it to its report CSV:
+`text.strip("Assistant:")` (a character set, so "... effusion" becomes "... effusio"), the raw text
+if that leaves nothing, and "No report generated." for a text under 10 characters. References are
+used as given, as upstream does. The MedHEval paper protocols score with variant="medheval_code"
+and upstream_compat=True.
 """
 
 _KWARGS_DESCRIPTION = """
@@ -78,6 +85,8 @@ Args:
         count uncertain (-1) labels as positive in both reports.
     findings (`list` of `str` or a comma-separated `str`, *optional*): the conditions to score
         (default: all 14 of `medheval.labelers.CONDITIONS`, "No Finding" included as MedHEval does).
+    upstream_compat (`bool`, *optional*, defaults to `False`): clean the predictions as MedHEval's
+        report CSV conversion does before labelling (see above); default: labelled as given.
 
 Returns:
     chair (`float` or `None`): micro CHAIR (`None` when nothing was generated).
@@ -97,7 +106,7 @@ Returns:
     report_chair (`list` of `float` or `None`): per report, its own CHAIR.
     n_generated_per_item, n_reference_per_item, n_hallucinated_per_item, n_matched_per_item (`list` of
         `int`): per report, its part of the micro counts above (they sum to them).
-    labeler (`str`), variant (`str`): what was used.
+    labeler (`str`), variant (`str`), upstream_compat (`bool`): what was used.
 
 Examples:
     >>> import evaluate
@@ -136,6 +145,12 @@ class _WithBatchSize:
 
     def label(self, reports):
         return self.labeler.label(reports, batch_size=self.batch_size)
+
+
+def clean_prediction(text):
+    """A prediction as MedHEval's ``run_chair.py`` writes it to its report CSV
+    (`medheval.scoring.parsing.clean_generated_text` with ``upstream_compat`` and ``report_csv``)."""
+    return medheval.scoring.parsing.clean_generated_text(text, upstream_compat=True, report_csv=True)
 
 
 def _ratio(num, den):
@@ -243,6 +258,7 @@ class Chair(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
         variant="paper",
         uncertain_as_positive=False,
         findings=None,
+        upstream_compat=False,
     ):
         n = len(predictions)
         if len(references) != n:
@@ -251,6 +267,9 @@ class Chair(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
             raise ValueError(f"chair.variant={variant!r}: expected one of {VARIANTS} "
                              f"(--metric-option chair.variant=paper|medheval_code)")
         uncertain_as_positive = _as_bool(uncertain_as_positive, "uncertain_as_positive")
+        upstream_compat = _as_bool(upstream_compat, "upstream_compat")
+        if upstream_compat:
+            predictions = [clean_prediction(text) for text in predictions]
         if uncertain_as_positive and variant != "paper":
             raise ValueError("uncertain_as_positive applies to variant='paper' only; "
                              "variant='medheval_code' reproduces the released code as it is")
@@ -270,6 +289,7 @@ class Chair(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
             result = _medheval_code(generated, reference, columns)
         result["labeler"] = getattr(model, "name", type(model).__name__)
         result["variant"] = variant
+        result["upstream_compat"] = upstream_compat
         if variant == "paper":
             result["uncertain_as_positive"] = uncertain_as_positive
         return result

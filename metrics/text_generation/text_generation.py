@@ -98,7 +98,9 @@ scale, computed offline:
 
 Without the BERTScore weights the other columns are still computed and BERTScore is reported as
 unavailable with the reason (likewise METEOR without WordNet). `upstream_compat=True` reproduces
-MedHEval's swapped ROUGE precision/recall and its `.strip("Assistant:")` answer cleaning.
+MedHEval's swapped ROUGE precision/recall and its `.strip("Assistant:")` answer cleaning; a report
+(`answer_types` item "report") is cleaned as MedHEval's report CSV holds it, which its report metrics
+script reads: the raw text where the strip leaves nothing, and "No report generated." under 10 characters.
 """
 
 _KWARGS_DESCRIPTION = """
@@ -121,6 +123,8 @@ Args:
     upstream_compat (`bool`, *optional*, defaults to `False`): reproduce MedHEval's code: predictions
         cleaned with `str.strip("Assistant:")` (a character set, not a prefix) and ROUGE called as
         `score(prediction, reference)`, which swaps ROUGE precision and recall (F1 unchanged).
+    answer_types (`list` of `str`, *optional*): each item's answer type (`run_eval.py` passes the
+        records'); with `upstream_compat`, "report" items are cleaned as MedHEval's report CSV holds them.
 
 Returns (scores on a 0-100 scale; `None` where a column is unavailable):
     bertscore (`float`): mean BERTScore F1; also `bertscore_precision`, `bertscore_recall`.
@@ -173,9 +177,11 @@ class BERTScoreConfigError(ValueError):
     """A BERTScore setting that cannot work with the chosen backbone (raised, never reported as unavailable)."""
 
 
-def clean_prediction(text, upstream_compat=False):
-    """See `medheval.scoring.parsing.clean_generated_text` (native role-prefix trim, or MedHEval's character-set strip)."""
-    return medheval.scoring.parsing.clean_generated_text(text, upstream_compat=upstream_compat)
+def clean_prediction(text, upstream_compat=False, report=False):
+    """See `medheval.scoring.parsing.clean_generated_text` (native role-prefix trim, or MedHEval's character-set
+    strip; for a report under `upstream_compat`, also its report CSV's empty fallback and short-report sentence)."""
+    return medheval.scoring.parsing.clean_generated_text(text, upstream_compat=upstream_compat,
+                                                         report_csv=upstream_compat and report)
 
 
 def _mean(values):
@@ -426,11 +432,15 @@ class TextGeneration(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric
         device=None,
         nltk_data_dir=None,
         upstream_compat=False,
+        answer_types=None,
     ):
         n = len(predictions)
         if len(references) != n:
             raise ValueError(f"Mismatch in the number of predictions ({n}) and references ({len(references)})")
-        predictions = [clean_prediction(p, upstream_compat) for p in predictions]
+        if answer_types is not None and len(answer_types) != n:
+            raise ValueError(f"Mismatch in the number of predictions ({n}) and answer_types ({len(answer_types)})")
+        reports = [kind == "report" for kind in answer_types] if answer_types is not None else [False] * n
+        predictions = [clean_prediction(p, upstream_compat, report) for p, report in zip(predictions, reports)]
         references = ["" if r is None else str(r).strip() for r in references]
         # an item without a reference has nothing to be compared with: left out of every column, counted
         kept = [i for i, reference in enumerate(references) if reference]

@@ -14,7 +14,7 @@ CLEAN = "clean"
 class Conflict:
     """One setting on which the released code and the paper disagree (the code's value is the default)."""
 
-    setting: str  # e.g. "mitigation opera.scale_factor", "generation max_new_tokens (opera)"
+    setting: str  # "mitigation opera.scale_factor" (a method option) or "metric chair.variant" (a scoring option)
     code: Any
     paper: Any
     paper_option: str  # the command-line text that selects the paper's value
@@ -34,7 +34,8 @@ class PaperProtocol:
     gives them; ``benchmark_options[name]`` a family's run options (``--benchmark-option``), under the user's.
     ``upstream_compat`` scores with the paper's released scorer unless the user says otherwise
     (``--no-upstream-compat``); ``metric_options[metric]`` are scoring options under the user's
-    (``--metric-option``); ``gpu_dtype`` is the precision the published runs loaded the model in, used on a GPU
+    (``--metric-option``); ``scoring_notes`` say on the card what else decides the scores (one line each);
+    ``gpu_dtype`` is the precision the published runs loaded the model in, used on a GPU
     when ``--dtype`` is not given (a CPU run keeps float32); ``grey_padding`` puts a grayscale image on
     LLaVA-Med-1.5's grey square canvas where the processor pads to a square (:mod:`medheval.backends.grey_padding`);
     ``upstream_tokens`` names the model types (``config.model_type``) whose prompt ids are built by LLaVA's
@@ -56,6 +57,7 @@ class PaperProtocol:
     benchmark_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     upstream_compat: bool = False
     metric_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    scoring_notes: tuple[str, ...] = ()
     gpu_dtype: str | None = None
     grey_padding: bool = False
     upstream_tokens: tuple[str, ...] = ()

@@ -50,13 +50,15 @@ def card(protocol: PaperProtocol) -> str:
                   "|---|---|"]
         lines += [f"| `{name}` | {_value(values)} |" for name, values in protocol.benchmark_options.items()]
         lines += [""]
-    if protocol.upstream_compat or protocol.metric_options or protocol.gpu_dtype or protocol.grey_padding:
+    if protocol.upstream_compat or protocol.metric_options or protocol.scoring_notes or protocol.gpu_dtype \
+            or protocol.grey_padding:
         lines += ["## Scoring, precision and pixels", ""]
         if protocol.upstream_compat:
             lines += ["- Scored with the paper's released scorers (`upstream_compat`); `--no-upstream-compat` scores "
                       "with this project's rules, and the Reproduction table then calls the run not comparable."]
         lines += [f"- Metric `{name}`: {_value(values)} (under the user's `--metric-option`)."
                   for name, values in protocol.metric_options.items()]
+        lines += [f"- {note}" for note in protocol.scoring_notes]
         if protocol.gpu_dtype:
             lines += [f"- The model loads in `{protocol.gpu_dtype}` on a GPU unless `--dtype` is given (a CPU run "
                       "keeps float32)."]

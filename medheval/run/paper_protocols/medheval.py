@@ -131,11 +131,32 @@ _COMMON_INFERRED = (
 _CHUNKED = ("llava", "llava_next")
 
 # how MedHEval's published numbers were scored and loaded: its released scorers (first-sentence yes/no, closest
-# option, "Assistant:" strip; medheval.scoring upstream_compat), its S_h judge prompt, and the float16 weights
-# every llava/model/builder.py loads (images cast with .half()); and LLaVA-Med-1.5's grey canvas for grayscale
-# images (process_images in its llava/mm_utils.py)
-_SCORING: dict[str, Any] = {"upstream_compat": True, "metric_options": {"sh_judge": {"prompt_style": "upstream"}},
-                            "gpu_dtype": "float16", "grey_padding": True}
+# option, "Assistant:" strip, the report CSV's short-report sentence; medheval.scoring upstream_compat), its
+# CHAIR code (code/evaluation/report_eval/run_chair.py -> CXRMetric/run_extraction.py calculate_metrics: chair
+# variant medheval_code), its S_h judge prompt, and the float16 weights every llava/model/builder.py loads (images
+# cast with .half()); and LLaVA-Med-1.5's grey canvas for grayscale images (process_images in its llava/mm_utils.py)
+_SCORING: dict[str, Any] = {
+    "upstream_compat": True,
+    "metric_options": {"sh_judge": {"prompt_style": "upstream"}, "chair": {"variant": "medheval_code"}},
+    "scoring_notes": (
+        "Report predictions (vishal_report) are cleaned as the released report CSV conversion (run_chair.py, "
+        "run_eval.py) writes them before CHAIR/Recall, CheXbert, RadGraph and the generation metrics score them: "
+        "text.strip(\"Assistant:\") (a character set, so a trailing 'n' of '... effusion' goes too), the raw text "
+        "where that leaves nothing, and \"No report generated.\" for a text under 10 characters "
+        "(medheval.scoring.parsing.clean_generated_text); the references are scored as released.",
+        "CHAIR/Recall labeler: the released code labels reports with CheXbert. Its weights are not redistributed, "
+        "so chair keeps its offline rule labeler unless --metric-option chair.labeler=chexbert (with "
+        "chair.chexbert_path or $MEDHEVAL_CHEXBERT_PATH) is given; results.md and the report name the labeler, "
+        "and the Reproduction table calls a CHAIR or Recall cell labelled otherwise not comparable.",
+    ),
+    "gpu_dtype": "float16", "grey_padding": True}
+# the paper's CHAIR formula against the released scorer's (the protocol scores with the scorer's)
+CHAIR_CONFLICT = Conflict(
+    "metric chair.variant", "medheval_code", "paper", "--metric-option chair.variant=paper",
+    "code: report_eval/run_chair.py -> CXRMetric/run_extraction.py calculate_metrics, CHAIR = Σ(FP + FN) / "
+    "#(prediction labelled 0 or 1), cells whose reference is uncertain dropped, so a finding blank in the reference "
+    "is never a hallucination; paper: §3.2 Evaluation Metric, CHAIR = |G − S| / |G| (findings of the generated "
+    "report not in the reference's). Recall is the same under both")
 
 BASELINE = PaperProtocol(
     name="medheval-baseline",
@@ -152,6 +173,7 @@ BASELINE = PaperProtocol(
     **_SCORING,
     upstream_tokens=_CHUNKED,
     seeds=(0,),
+    conflicts=(CHAIR_CONFLICT,),
     inferred=(
         "knowledge:closed: no released script runs it (Med-LVLMs' inference_scripts are Mixed_H, Single_H, "
         "Type1_open, Type2_open and Type3, the context split) and no table publishes it; model_vqa.py's rules "
@@ -213,6 +235,7 @@ MITIGATION = PaperProtocol(
         Conflict("mitigation avisc.top_k", None, 10, "--mitigation avisc:top_k=10",
                  "code: avisc_sample.py thresholds attention at mean + 1·std (lamb=1.0); paper: appendix A.4 "
                  "top-10 outlier tokens"),
+        CHAIR_CONFLICT,
     ),
     inferred=(
         "LLaVA-NeXT (Tables 9-11): no mitigation script for it was released; the LLaVA-Med mitigation "
