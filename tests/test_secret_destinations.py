@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import http.server
-import json
 import logging
 import os
 import threading
