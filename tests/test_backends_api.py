@@ -71,6 +71,7 @@ def test_requests_carry_the_records_images_prompt_settings_and_key(fixture_bench
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     records, images = _records(fixture_benchmark, limit=3)
     with JudgeServer("openai", reply=lambda body: f"answer to {user_text(body)[:12]}", api_key=SECRET) as server:
+        monkeypatch.setenv("MEDHEVAL_API_KEY_HOSTS", server.base_url)  # the user names the server for the key
         backend = APIBackend(f"openai:served-llava@{server.base_url}", max_new_tokens=12, do_sample=True,
                              temperature=0.5, top_p=0.9, seed=7, cache_dir=tmp_path / "c")
         outputs = backend.generate(records, images)
@@ -149,6 +150,7 @@ def test_each_request_samples_with_its_own_seed(monkeypatch, tmp_path):
 def test_anthropic_prefill_continues_natively(monkeypatch, tmp_path):
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
     with JudgeServer("anthropic", reply=lambda body: "\nKnowledge text here.", api_key=SECRET) as server:
+        monkeypatch.setenv("MEDHEVAL_API_KEY_HOSTS", server.base_url)
         backend = APIBackend(f"anthropic:claude-x@{server.base_url}", cache_dir=False)
         chat = [{"id": "x", "system": "S", "user": "U", "assistant_prefix": "[Knowledge Recall]\n", "credentialed": False}]
         reply = backend.generate_chat(chat, [[]], seed=3, overrides={"do_sample": True, "temperature": 0.7})
@@ -217,7 +219,7 @@ def test_failed_records_stop_the_batch_and_a_rerun_asks_only_for_them(tmp_path, 
 
 def test_credentialed_records_never_leave_without_the_host_named(fixture_benchmark, recording_proxy, monkeypatch,
                                                                  tmp_path):
-    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # keyless: a key never crosses plain http
     records, images = _records(fixture_benchmark, "cxr_vishal", "mimic_cxr", limit=2)
     remote = "openai:m@http://models.example.org/v1"
     backend = APIBackend(remote, cache_dir=False, max_retries=0)
@@ -300,7 +302,7 @@ def test_run_eval_with_an_api_model_end_to_end(fixture_benchmark, monkeypatch, t
 def test_run_eval_refusals_for_an_api_model(fixture_benchmark, tmp_path, capsys, recording_proxy, monkeypatch):
     from medheval.cli import main
 
-    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # keyless: a key never crosses plain http
     remote = "openai:m@http://models.example.org/v1"
     assert main(_run_args(fixture_benchmark, tmp_path / "a", remote)) == 2
     err = capsys.readouterr().err
@@ -383,6 +385,7 @@ def test_clinhallu_through_the_api_backend(tmp_path, monkeypatch):
 def test_azure_deployment_url_key_header_and_no_vllm_fields(monkeypatch):
     monkeypatch.setenv("AZURE_OPENAI_API_KEY", SECRET)
     with JudgeServer("azure", reply=lambda body: "No") as server:
+        monkeypatch.setenv("AZURE_OPENAI_ENDPOINT", server.root_url)  # the provider's own host: the key goes there
         backend = APIBackend(f"azure:my-deploy@{server.root_url}", cache_dir=False)
         chat = [{"id": "x", "system": "", "user": "U", "assistant_prefix": "[Answer]", "credentialed": False}]
         image = Image.new("RGB", (4, 4), (1, 2, 3))

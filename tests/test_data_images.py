@@ -538,6 +538,7 @@ def test_http_env_credentials(server, monkeypatch: pytest.MonkeyPatch) -> None:
     base, _ = server
     monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", USER)
     monkeypatch.setenv("MEDHEVAL_IMAGE_PASSWORD", PASSWORD)
+    monkeypatch.setenv("MEDHEVAL_IMAGE_HOST", "127.0.0.1")  # the one host they belong to
     generic = URLTemplateSource(base + "/files/{path}")
     assert generic.auth_origin == "env MEDHEVAL_IMAGE_USERNAME/MEDHEVAL_IMAGE_PASSWORD"
     assert generic.open_bytes(MIMIC)[:2] == b"\xff\xd8"

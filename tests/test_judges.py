@@ -489,8 +489,8 @@ def test_environment_proxy_never_carries_local_traffic(recording_proxy, judge_se
 def test_environment_proxy_still_carries_remote_traffic(recording_proxy):
     """The control for the test above: the same proxy settings do route a non-local endpoint's requests
     (public data), so the proxy server works and the local bypass is what kept it empty."""
-    judge = make_judge({"backend": "openai", "model": "m", "base_url": "http://judge.example.org/v1", "api_key": "k"},
-                       cache_dir=False, **FAST)
+    judge = make_judge({"backend": "openai", "model": "m", "base_url": "http://judge.example.org/v1"},  # no key:
+                       cache_dir=False, **FAST)  # none crosses plain http
     (result,) = judge.run(requests_for(1, credentialed=False))
     assert result.ok and result.value == 4
     assert recording_proxy.hits == ["http://judge.example.org/v1/chat/completions"]
@@ -556,6 +556,7 @@ def test_credentialed_records_go_to_loopback(judge_server_factory):
 def test_anthropic_messages_api(judge_server_factory, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
     server = judge_server_factory("anthropic", by_item, api_key=SECRET)
+    monkeypatch.setenv("MEDHEVAL_API_KEY_HOSTS", server.base_url)  # the user names the server for the key
     server.script(Reply(529, {"error": {"message": "overloaded"}}), Drop(), Reply(200, "```json\n{\"score\": 1}\n```"))
     judge = make_judge(f"anthropic:claude-3-5-sonnet-20240620@{server.base_url}", cache_dir=False,
                        concurrency=1, **FAST)
@@ -641,12 +642,12 @@ def test_spec_parsing_and_errors(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(JudgeError, match="OPENAI_API_KEY"):
         make_judge("openai:gpt-4o", cache_dir=False)
-    with pytest.raises(JudgeError, match="MY_JUDGE_KEY"):
-        make_judge({"backend": "openai", "model": "m", "api_key_env": "MY_JUDGE_KEY"}, cache_dir=False)
+    with pytest.raises(JudgeError, match="MY_JUDGE_API_KEY"):
+        make_judge({"backend": "openai", "model": "m", "api_key_env": "MY_JUDGE_API_KEY"}, cache_dir=False)
     with pytest.raises(JudgeError, match="unknown option"):
         make_judge({"backend": "openai", "model": "m", "base_url": "http://127.0.0.1:1", "colour": 1})
-    monkeypatch.setenv("MY_JUDGE_KEY", SECRET)
-    judge = make_judge({"backend": "openai", "model": "m", "api_key_env": "MY_JUDGE_KEY", "concurrency": 3},
+    monkeypatch.setenv("MY_JUDGE_API_KEY", SECRET)
+    judge = make_judge({"backend": "openai", "model": "m", "api_key_env": "MY_JUDGE_API_KEY", "concurrency": 3},
                        cache_dir=False, concurrency=16)
     assert judge.concurrency == 3 and SECRET not in json.dumps(judge.describe())
     assert make_judge(judge) is judge

@@ -596,7 +596,7 @@ def test_judge_classifier_guards_unknown_records_and_closes_its_cache(metric, ju
     from medheval.judges import CredentialedDataError
     from judge_servers import open_files_under
 
-    remote = {"backend": "openai", "model": "m", "base_url": "http://judge.example.org/v1", "api_key": "k-test"}
+    remote = {"backend": "openai", "model": "m", "base_url": "http://judge.example.org/v1"}  # keyless: plain http
     with pytest.raises(CredentialedDataError, match="treated as credentialed"):
         metric.compute(predictions=["a1"], references=["r"], questions=["q"], classifier="judge", judge=remote,
                        cache_dir=str(tmp_path))

@@ -300,8 +300,8 @@ def test_list_predictions_need_multi_mode_and_take_model_names(metric, judge_ser
 # -- the guard when the metric is called directly (issue 9, part 8) ---------------------------------
 def test_direct_compute_without_credentialed_is_refused_for_a_remote_endpoint(metric, recording_proxy, tmp_path):
     """evaluate.load(...).compute(...) on rows of unknown origin: treated as credentialed, nothing sent."""
-    judge = {"backend": "openai", "model": "m", "base_url": "http://judge.example.org/v1", "api_key": "k-test",
-             "max_retries": 0}
+    judge = {"backend": "openai", "model": "m", "base_url": "http://judge.example.org/v1",  # keyless: no key
+             "max_retries": 0}  # crosses plain http
     with pytest.raises(CredentialedDataError, match="treated as credentialed"):
         metric.compute(predictions=["x", "y"], references=["r", "r"], questions=["q", "q"], ids=["m/1", "m/2"],
                        judge=judge, cache_dir=str(tmp_path))

@@ -136,7 +136,7 @@ def test_a_model_endpoint_allowed_credentialed_records_never_uses_the_proxy(prox
     from medheval.backends.api import APIBackend
     from medheval.backends.base import BackendError
 
-    backend = APIBackend(f"openai:m@http://{NOWHERE}:9/v1", api_key=KEY, cache_dir=False, max_retries=0,
+    backend = APIBackend(f"openai:m@http://{NOWHERE}:9/v1", cache_dir=False, max_retries=0,  # keyless: plain http
                          timeout=2, deadline=3, allow_remote_credentialed=NOWHERE)
     record = {"id": "mimic/1", "question": "Is there an effusion?", "answer_type": "yes_no", "choices": [],
               "source": "mimic_cxr", "meta": {"credentialed": True}}

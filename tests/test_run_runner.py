@@ -270,6 +270,7 @@ def test_credentialed_url_images_never_leak_the_password(fixture_benchmark, tmp_
     try:
         monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", user)
         monkeypatch.setenv("MEDHEVAL_IMAGE_PASSWORD", password)
+        monkeypatch.setenv("MEDHEVAL_IMAGE_HOST", "127.0.0.1")  # the one image server they belong to
         out = tmp_path / "run"
         url = f"http://127.0.0.1:{httpd.server_address[1]}/files/{{path}}"
         code = main(["run", "--benchmark", "context", "--model", "tiny-random-llava", "--output", str(out),

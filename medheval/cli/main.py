@@ -436,12 +436,31 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
+def cli_key_hosts(args: argparse.Namespace) -> list[str]:
+    """The hosts the user named on the command line, where API keys from the environment may go
+    (:mod:`medheval.net.keys`): those of ``--judge`` / ``--model`` specs (a ``vllm:``/``ollama:`` spec's default
+    local server included), of URLs in ``--metric-option`` values, and ``--api-key-host``."""
+    from medheval.judges.spec import _DEFAULT_BASE
+    from medheval.net.secrets import URL_PATTERN
+
+    hosts = list(getattr(args, "api_key_host", None) or [])
+    for value in (getattr(args, "judge", None), getattr(args, "model", None),
+                  *(getattr(args, "metric_option", None) or [])):
+        if isinstance(value, str):
+            hosts += URL_PATTERN.findall(value)
+            alias = value.split(":", 1)[0].strip().lower()
+            if alias in _DEFAULT_BASE and "@http" not in value:
+                hosts.append(_DEFAULT_BASE[alias])
+    return hosts
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one clear message and exit 2."""
     from medheval.errors import USER_ERRORS
 
-    from medheval.net import transport
+    from medheval.net import keys, transport
     from medheval.net.secrets import install_redacting_hooks, redact, register_environment, register_urls_in
+    from medheval.net.untrusted import printable
 
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # which flags were typed (a grid config's overrides)
@@ -449,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     register_urls_in(args.argv)  # a password or ?api-key= in a --model/--judge/--image-root URL, before any error
     install_redacting_hooks()  # uncaught tracebacks and log records too
     proxies_before = transport.set_proxy_for(tuple(getattr(args, "proxy_for", None) or ()))
+    key_hosts_before = keys.set_key_hosts(cli_key_hosts(args))  # a config file never names them
     try:
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
@@ -458,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as error:
         # a KeyError's str() is the repr of its message: print the message itself, without the quotes
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"error: {redact(bounded(str(message)))}", file=sys.stderr)
+        print(f"error: {printable(redact(bounded(str(message))))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `medheval list --json | head`: the reader left; end quietly, as a Unix tool does
         _silence_stdout()
@@ -470,6 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         transport.set_proxy_for(proxies_before)
+        keys.set_key_hosts(key_hosts_before)
 
 
 if __name__ == "__main__":

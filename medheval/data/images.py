@@ -35,7 +35,6 @@ import re
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,6 +46,7 @@ from PIL import Image
 
 from medheval.data.schema import is_credentialed
 from medheval.net import transport
+from medheval.net.keys import check_plain_http, host_and_port
 from medheval.net.secrets import redact, register_basic_auth, register_url
 
 __all__ = [
@@ -446,13 +446,19 @@ def _redact_url(url: str) -> str:
 
 # hosts whose credentials have a documented name; the prefix covers the host and its subdomains only
 KNOWN_CREDENTIAL_HOSTS = {"physionet.org": "PHYSIONET"}
+# the generic image-server credentials, and the one host they belong to
+GENERIC_CREDENTIALS = "MEDHEVAL_IMAGE"
+GENERIC_HOST_ENV = "MEDHEVAL_IMAGE_HOST"
+_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 
 
 def _host_env_prefix(host: str) -> str | None:
     """The prefix of a host's ``<PREFIX>_USERNAME``/``<PREFIX>_PASSWORD``: ``physionet.org`` (and its subdomains)
-    -> ``PHYSIONET``; any other host -> its whole name (``images.example.com`` -> ``IMAGES_EXAMPLE_COM``), so a
-    look-alike (``physionet.io``, ``physionet.org.example.com``) never gets another host's credentials; None for
-    IP addresses."""
+    -> ``PHYSIONET``; any other host -> its whole name, upper case, each ``.`` as ``_`` and each ``-`` as ``__``
+    (``images.example.com`` -> ``IMAGES_EXAMPLE_COM``, ``images-example.com`` -> ``IMAGES__EXAMPLE_COM``), a
+    leading ``www.`` dropped (the same site). Two hosts never share a prefix, so a look-alike (``physionet.io``,
+    ``physionet.org.example.com``, ``images-example.com``) never gets another host's credentials. None for IP
+    addresses and names that are not plain DNS names (``_``, non-ASCII: give ``env_prefix`` or use ~/.netrc)."""
     host = host.strip("[]").lower().rstrip(".")
     try:
         ipaddress.ip_address(host)
@@ -462,19 +468,16 @@ def _host_env_prefix(host: str) -> str | None:
     for domain, prefix in KNOWN_CREDENTIAL_HOSTS.items():
         if host == domain or host.endswith("." + domain):
             return prefix
-    name = host.removeprefix("www.")
-    prefix = re.sub(r"[^A-Za-z0-9]", "_", name).upper()
-    return prefix or None
+    labels = host.removeprefix("www.").split(".")
+    if not all(_LABEL.match(label) for label in labels):
+        return None
+    return "_".join(label.replace("-", "__") for label in labels).upper()
 
 
-def _is_loopback(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def _generic_host_matches(host: str) -> bool:
+    """Whether ``MEDHEVAL_IMAGE_HOST`` (a host, ``host:port`` or URL; comma-separated for several) names ``host``."""
+    named = [host_and_port(entry)[0] for entry in os.environ.get(GENERIC_HOST_ENV, "").split(",") if entry.strip()]
+    return host.strip("[]").lower().rstrip(".") in {name.strip("[]") for name in named}
 
 
 class URLTemplateSource:
@@ -484,10 +487,12 @@ class URLTemplateSource:
 
     Basic-auth credentials, first found wins: ``auth=(user, password)``; user-info in the
     template URL; env ``<PREFIX>_USERNAME``/``<PREFIX>_PASSWORD`` (prefix from the whole host name,
-    ``images.example.com`` -> ``IMAGES_EXAMPLE_COM``, ``physionet.org`` -> ``PHYSIONET``, or ``env_prefix``); env
-    ``MEDHEVAL_IMAGE_USERNAME``/``MEDHEVAL_IMAGE_PASSWORD``; the host's entry in ``netrc_file``
-    (default ``$NETRC`` or ``~/.netrc``). Credentials never appear in ``describe()``, ``repr``
-    or errors. 5xx/429 answers, connection errors and timeouts are retried ``retries`` times
+    ``images.example.com`` -> ``IMAGES_EXAMPLE_COM``, ``images-example.com`` -> ``IMAGES__EXAMPLE_COM``,
+    ``physionet.org`` -> ``PHYSIONET``, or ``env_prefix``); env ``MEDHEVAL_IMAGE_USERNAME``/``MEDHEVAL_IMAGE_PASSWORD``
+    only for the host ``MEDHEVAL_IMAGE_HOST`` names (set without it they are refused); the ``machine`` entry of
+    exactly this host in ``netrc_file`` (default ``$NETRC`` or ``~/.netrc``; its ``default`` entry is never used).
+    Credentials are refused over plain ``http://`` to a host other than loopback. They never appear in
+    ``describe()``, ``repr`` or errors. 5xx/429 answers, connection errors and timeouts are retried ``retries`` times
     with exponential backoff; 404 raises :class:`ImageNotFound`, anything else
     :class:`ImageFetchError`.
 
@@ -543,11 +548,8 @@ class URLTemplateSource:
         if self._auth is not None:  # never written out, whatever a server echoes
             register_basic_auth(*self._auth)
         register_url(template)  # a ?token= in the template, too
-        if self._auth and parts.scheme == "http" and not _is_loopback(self.host):
-            warnings.warn(
-                f"sending basic-auth credentials over plain http to {self.host}; use https",
-                stacklevel=2,
-            )
+        if self._auth is not None:  # a password never crosses the network in clear text
+            check_plain_http(template, f"the image-server credentials ({self.auth_origin})")
         # the one outbound policy (medheval.net.transport): same-origin redirects only, a total deadline, a
         # size cap, and no environment proxy for credentialed images unless the host is named (--proxy-for)
         self.credentialed = bool(credentialed or self._auth is not None)
@@ -566,12 +568,21 @@ class URLTemplateSource:
             return (str(auth[0]), str(auth[1])), "explicit auth"
         if url_auth is not None:
             return url_auth, "user-info in the URL"
-        prefixes = [p for p in (self.env_prefix, "MEDHEVAL_IMAGE") if p]
-        for prefix in dict.fromkeys(prefixes):
-            user = os.environ.get(f"{prefix}_USERNAME")
-            password = os.environ.get(f"{prefix}_PASSWORD")
+        if self.env_prefix:
+            user = os.environ.get(f"{self.env_prefix}_USERNAME")
+            password = os.environ.get(f"{self.env_prefix}_PASSWORD")
             if user and password is not None:
-                return (user, password), f"env {prefix}_USERNAME/{prefix}_PASSWORD"
+                return (user, password), f"env {self.env_prefix}_USERNAME/{self.env_prefix}_PASSWORD"
+        user = os.environ.get(f"{GENERIC_CREDENTIALS}_USERNAME")
+        password = os.environ.get(f"{GENERIC_CREDENTIALS}_PASSWORD")
+        if user and password is not None:
+            if not os.environ.get(GENERIC_HOST_ENV, "").strip():
+                raise ValueError(
+                    f"{GENERIC_CREDENTIALS}_USERNAME/{GENERIC_CREDENTIALS}_PASSWORD are set but {GENERIC_HOST_ENV} "
+                    f"is not: they are sent only to the image server it names. Set {GENERIC_HOST_ENV}={self.host} "
+                    f"if they are this server's, or unset them")
+            if _generic_host_matches(self.host):
+                return (user, password), f"env {GENERIC_CREDENTIALS}_USERNAME/{GENERIC_CREDENTIALS}_PASSWORD"
         return self._netrc_auth()
 
     def _netrc_auth(self) -> tuple[tuple[str, str] | None, str]:
@@ -588,13 +599,15 @@ class URLTemplateSource:
             if not path.is_file():
                 return None, "no credentials"
             file = None  # the default file: netrc checks its permissions
-        try:
-            entry = netrc.netrc(file).authenticators(self.host)
+        try:  # this host's own machine entry only: the file's ``default`` entry would go to any host
+            machines = netrc.netrc(file).hosts
         except netrc.NetrcParseError as exc:  # its message may quote a token: don't repeat it
             raise ValueError(
                 f"could not read netrc file {path} (line {exc.lineno}): fix its syntax and make it "
                 "readable only by you (chmod 600)"
             ) from None
+        host = self.host.lower().rstrip(".")
+        entry = next((value for name, value in machines.items() if name.lower().rstrip(".") == host), None)
         if entry is None or not entry[0]:
             return None, "no credentials"
         return (entry[0], entry[2] or ""), f"netrc {path}"
@@ -604,13 +617,14 @@ class URLTemplateSource:
         if self._auth is None:
             return (
                 f"The server needs credentials and none were found: set {names} "
-                "(or MEDHEVAL_IMAGE_USERNAME/MEDHEVAL_IMAGE_PASSWORD) in the environment, or add "
-                f"'machine {self.host} login USER password PASSWORD' to ~/.netrc"
+                f"(or MEDHEVAL_IMAGE_USERNAME/MEDHEVAL_IMAGE_PASSWORD with {GENERIC_HOST_ENV}={self.host}) in the "
+                f"environment, or add 'machine {self.host} login USER password PASSWORD' to ~/.netrc"
             )
         hint = f"The credentials from {self.auth_origin} were refused: check them"
         if self.host.endswith("physionet.org"):
             hint += ", and that your PhysioNet account is credentialed and has signed this dataset's data use agreement"
-        return hint + f" (credentials are read from {names}, MEDHEVAL_IMAGE_USERNAME/PASSWORD or ~/.netrc)"
+        return hint + (f" (credentials are read from {names}, MEDHEVAL_IMAGE_USERNAME/PASSWORD with "
+                       f"{GENERIC_HOST_ENV}, or ~/.netrc)")
 
     # -- URLs and HTTP ----------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from medheval.judges.endpoints import (
     normalise_allow_list,
     safe_base_url,
 )
-from medheval.net.secrets import redact, register_secrets, register_url
+from medheval.net.secrets import SHORT_MIN_LENGTH, redact, register_secrets, register_url
 from medheval.judges.media import JudgeImage, to_judge_image
 from medheval.judges.structured import parse_json_object
 
@@ -244,7 +244,7 @@ class Judge:
         max_consecutive_failures: int | None = 8,
     ):
         self._secrets = tuple(s for s in secrets if s)
-        register_secrets(*self._secrets)  # redacted from every output of the run (errors below included)
+        register_secrets(*self._secrets, min_length=SHORT_MIN_LENGTH)  # redacted from every output of the run (errors below included)
         register_url(base_url)  # a password or ?key= in the base URL, too
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")

@@ -26,11 +26,14 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
 from medheval.net import transport
-from medheval.net.secrets import PLAIN_HEADERS, register_basic_auth, register_headers
+from medheval.net.keys import carries_secret_header, check_plain_http
+from medheval.net.secrets import PLAIN_HEADERS, SECRET_NAME, register_basic_auth, register_headers
+from medheval.net.untrusted import printable
 from medheval.judges.base import Completion, Judge, JudgeError, JudgeResult, _Item
 from medheval.judges.endpoints import endpoint_allowed, endpoint_host, split_userinfo
 from medheval.judges.ratelimit import RateLimiter, backoff_delay, parse_retry_after
@@ -101,12 +104,17 @@ def _error_excerpt(response: transport.Reply, limit: int = 300) -> str:
             text = error
         elif body.get("message"):
             text = str(body["message"])
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split())) or ""  # a server's ESC/OSC sequences never reach a terminal
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class HTTPJudge(Judge):
-    """Base of the API backends. Subclasses build the request and read the response."""
+    """Base of the API backends. Subclasses build the request and read the response.
+
+    A key, a password in the base URL, a credential header (``Authorization``, ``X-Api-Key`` …) or a secret-named
+    query parameter is never sent over plain ``http://`` to a host other than loopback: :class:`JudgeError`."""
+
+    key_withheld: str | None = None  # why a key set in the environment was not sent (make_judge), for 401 hints
 
     def __init__(self, model: str, *, api_key: str | None = None, base_url: str, headers: dict | None = None,
                  deadline: float | None = None, **options: Any):
@@ -115,6 +123,12 @@ class HTTPJudge(Judge):
             raise ValueError(f"deadline must be positive, got {deadline}")
         self.deadline = deadline
         url, user, password = split_userinfo(base_url)
+        query_secret = any(SECRET_NAME.search(item.partition("=")[0]) for item in urlsplit(url).query.split("&") if item)
+        if api_key or password or query_secret or carries_secret_header(headers):
+            try:
+                check_plain_http(url, "the API key" if api_key else "credentials")
+            except ValueError as error:
+                raise JudgeError(str(error)) from None
         secrets = [s for s in (api_key, password) if s]
         # the URL's user:password (if any) is used as basic auth, never kept in base_url
         super().__init__(model, base_url=url, secrets=secrets + list(options.pop("secrets", ())), **options)
@@ -222,7 +236,7 @@ class HTTPJudge(Judge):
                     if status in (401, 403):
                         raise _Fatal(
                             f"the {self.backend} endpoint {host!r} refused the credentials (HTTP {status}: {message}); "
-                            f"check the API key ({self._key_hint()})"
+                            f"check the API key ({self.key_withheld or self._key_hint()})"
                         )
                     if status == 404:
                         raise _Fatal(

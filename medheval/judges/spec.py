@@ -4,9 +4,11 @@ Backends: ``openai`` (any OpenAI-compatible server; ``vllm`` and ``ollama`` are 
 localhost default base URL), ``azure`` (Azure OpenAI; ``model`` is the deployment), ``anthropic``,
 ``transformers`` (a local model path; alias ``hf``).
 
-Keys: the dict's ``api_key``, else the environment variable named by ``api_key_env``, else
-``OPENAI_API_KEY`` / ``AZURE_OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``. They are only ever put in
-request headers: never in ``describe()``, results, logs, exceptions or the cache.
+Keys: the dict's ``api_key``, else the environment variable named by ``api_key_env`` (a ``*_API_KEY``
+variable), else ``OPENAI_API_KEY`` / ``AZURE_OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``. They are only ever put in
+request headers: never in ``describe()``, results, logs, exceptions or the cache. A key from the environment goes
+only to the provider's own host or a host the user named (:mod:`medheval.net.keys`): otherwise it is refused, or,
+for a local server and the backend's default variable, not sent.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 from typing import Any
 
 from medheval.judges.base import Judge, JudgeError
+from medheval.net import keys
+from medheval.net.hosts import is_local_host
 
 _BACKENDS = {
     "openai": "openai", "openai-compatible": "openai", "openai_compatible": "openai", "vllm": "openai",
@@ -24,6 +28,8 @@ _BACKENDS = {
 }
 _DEFAULT_BASE = {"vllm": "http://localhost:8000/v1", "ollama": "http://localhost:11434/v1"}
 _KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+# the provider's own host, where its key from the environment may always go (azure: AZURE_OPENAI_ENDPOINT's host)
+_PROVIDER_URL = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 _JUDGE_OPTIONS = {
     "cache_dir", "concurrency", "requests_per_minute", "max_retries", "timeout", "max_invalid_retries",
     "allow_remote_credentialed", "temperature", "max_tokens", "progress", "backoff_base", "backoff_max",
@@ -143,32 +149,95 @@ def make_judge(
 
         return TransformersJudge(model, **settings)
 
-    if not api_key:
-        env_name = api_key_env or _KEY_ENV[backend]
-        api_key = os.environ.get(env_name) or None
-        if api_key_env and not api_key:
-            raise JudgeError(f"api_key_env names {api_key_env!r}, which is not set in the environment")
     if backend == "azure" and not base_url:
         base_url = os.environ.get("AZURE_OPENAI_ENDPOINT") or None
+    withheld = None
+    if not api_key:
+        api_key, withheld = _env_key(backend, base_url, api_key_env)
     if not api_key and base_url is None and backend in ("openai", "anthropic"):
         raise JudgeError(
             f"no API key for the {backend} judge: set {_KEY_ENV[backend]} (or pass api_key / api_key_env in "
             "a judge dict), or point the judge at a local server with '@http://127.0.0.1:PORT/...'"
         )
     if backend == "openai":
-        from medheval.judges.openai import OpenAIJudge
-
-        return OpenAIJudge(model, base_url=base_url, api_key=api_key, **settings)
-    if backend == "azure":
-        from medheval.judges.openai import AzureOpenAIJudge
-
-        return AzureOpenAIJudge(model, base_url=base_url, api_key=api_key, **settings)
-    from medheval.judges.anthropic import AnthropicJudge
-
-    return AnthropicJudge(model, base_url=base_url, api_key=api_key, **settings)
+        from medheval.judges.openai import OpenAIJudge as judge_class
+    elif backend == "azure":
+        from medheval.judges.openai import AzureOpenAIJudge as judge_class
+    else:
+        from medheval.judges.anthropic import AnthropicJudge as judge_class
+    judge = judge_class(model, base_url=base_url, api_key=api_key, **settings)
+    judge.key_withheld = withheld
+    return judge
 
 
-__all__ = ["close_judges", "judge_for", "make_judge", "parse_spec"]
+def _provider_hosts(backend: str) -> set[str]:
+    """The hosts a key from the environment may always go to: the provider's own."""
+    url = os.environ.get("AZURE_OPENAI_ENDPOINT", "") if backend == "azure" else _PROVIDER_URL.get(backend, "")
+    return {keys.host_and_port(url)[0]} - {""} if url else set()
+
+
+def _env_key(backend: str, base_url: str | None, api_key_env: Any) -> tuple[str | None, str | None]:
+    """(the key from the environment to send, or None; why a set key was not sent, or None).
+
+    :class:`JudgeError` when ``api_key_env`` names no ``*_API_KEY`` variable or an unset one, or when the key
+    would go to a host that is neither the provider's nor one the user named (:mod:`medheval.net.keys`);
+    the backend's default variable is simply not sent to a local server the user did not name."""
+    if api_key_env:
+        try:
+            keys.check_key_env_name(api_key_env)
+        except ValueError as error:
+            raise JudgeError(str(error)) from None
+    env_name = str(api_key_env or _KEY_ENV[backend])
+    api_key = os.environ.get(env_name) or None
+    if api_key_env and not api_key:
+        raise JudgeError(f"api_key_env names {env_name!r}, which is not set in the environment")
+    url = base_url or _PROVIDER_URL.get(backend, "")
+    if not api_key or not url:
+        return api_key, None
+    host, _ = keys.host_and_port(url)
+    if host in _provider_hosts(backend) or keys.host_named(url):
+        return api_key, None
+    entry = keys.host_entry(url)
+    allow = (f"name it on the command line (--judge / --model {backend}:MODEL@{_root(url)}, or "
+             f"--api-key-host {entry}) or set {keys.KEY_HOSTS_ENV}={entry}")
+    if not api_key_env and is_local_host(host):
+        return None, (f"{env_name} is set but was not sent to {entry}, a host you did not name; to send it, {allow}")
+    provider = ", ".join(sorted(_provider_hosts(backend))) or "the provider's own host"
+    raise JudgeError(
+        f"{env_name} from the environment is not sent to {entry!r}: a key from the environment goes only to "
+        f"{provider} or to a host you name. A judge or model spec in a config file cannot choose where your keys "
+        f"go; if {entry} is yours, {allow}")
+
+
+def _root(url: str) -> str:
+    """``scheme://host[:port]/…`` of ``url`` (no user-info, path or query), for messages."""
+    return f"{url.split(':', 1)[0]}://{keys.host_entry(url)}/…"
+
+
+def check_key_destination(spec: Any) -> None:
+    """:class:`JudgeError` when ``spec`` (a spec string or judge dict) would send a key from the environment where
+    :func:`make_judge` refuses to (see :func:`_env_key`); sends and builds nothing. For a config's checks."""
+    if isinstance(spec, str):
+        try:
+            fields = parse_spec(spec)
+        except JudgeError:
+            return
+    elif isinstance(spec, dict) and "backend" in spec:
+        fields = {"backend": str(spec["backend"]).lower(), "base_url": spec.get("base_url")}
+        if spec.get("api_key"):
+            return
+    else:
+        return
+    backend = _BACKENDS.get(fields["backend"])
+    if backend in (None, "transformers"):
+        return
+    base_url = fields["base_url"] or _DEFAULT_BASE.get(fields["backend"])
+    if backend == "azure" and not base_url:
+        base_url = os.environ.get("AZURE_OPENAI_ENDPOINT") or None
+    _env_key(backend, base_url, spec.get("api_key_env") if isinstance(spec, dict) else None)
+
+
+__all__ = ["check_key_destination", "close_judges", "judge_for", "make_judge", "parse_spec"]
 
 
 def judge_for(owner: object, spec: Any, **options: Any) -> Any:

@@ -55,4 +55,16 @@ def is_local_url(url: str | None) -> bool:
     return bool(url) and is_local_host(urlsplit(url).hostname)
 
 
-__all__ = ["is_local_host", "is_local_url", "resolves_to_loopback"]
+def is_loopback_host(host: str | None) -> bool:
+    """True for loopback IP literals (127.0.0.0/8, ::1) and ``localhost`` / ``*.localhost`` resolving to loopback
+    only: traffic that never leaves the machine (unlike :func:`is_local_host`, which admits private ranges)."""
+    if not host:
+        return False
+    host = host.strip().lower().strip("[]").rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return resolves_to_loopback(host)
+    address = _ip_literal(host)
+    return address is not None and address.is_loopback
+
+
+__all__ = ["is_local_host", "is_local_url", "is_loopback_host", "resolves_to_loopback"]

@@ -13,7 +13,14 @@ and tracebacks the CLI prints, log records. Each value is also removed in the fo
 and base64-encoded inside a longer base64 text (:func:`_base64_forms`: a token echoed in an encoded header or
 body).
 
-Values shorter than :data:`MIN_LENGTH` characters are not registered: they would blank out ordinary words.
+Length rule. A value known to be a password or key (a basic-auth or URL password, an ``api_key``, a judge's URL
+password, an environment variable named ``*PASSWORD`` / ``*PASSWD`` / ``*PASSPHRASE``) is registered from
+:data:`SHORT_MIN_LENGTH` (4) characters: one of 4 to 7 characters is removed only where it stands as a whole word
+(not inside a longer run of letters and digits), so a password ``Pw12`` is removed from ``user Pw12 refused`` but
+not from ``Pw123``. Values of 1 to 3 characters are never registered: removing them would mangle every log line,
+and no redaction protects a secret that short. Values only *named* like secrets (other environment variables,
+``extra_body`` fields, headers, query parameters) are registered from :data:`MIN_LENGTH` (8) characters, as such a
+name often holds a flag (``…_TOKEN=true``) rather than a secret.
 """
 
 from __future__ import annotations
@@ -28,7 +35,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
 
-MIN_LENGTH = 8
+from medheval.net.untrusted import printable
+
+MIN_LENGTH = 8  # values merely named like secrets
+SHORT_MIN_LENGTH = 4  # known passwords and keys (whole-word matches below MIN_LENGTH)
+# environment variables whose value is a password whatever its length
+PASSWORD_NAME = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE)$", re.IGNORECASE)
 MASK = "***"
 # names that mark a value as a secret (field names in extra_body, environment variables)
 SECRET_NAME = re.compile(r"key|token(?!s)|secret|pass(word|wd|phrase)?|pwd|auth|cookie|credential|signature|session",
@@ -45,6 +57,8 @@ PLAIN_HEADERS = frozenset({"accept", "accept-encoding", "accept-language", "cont
 _lock = threading.Lock()
 _secrets: set[str] = set()
 _forms: list[tuple[str, str]] = []  # every registered value in every spelling, longest first, with its casefold
+_short: list[re.Pattern[str]] = []  # the spellings of 4-7 character values, as one whole-word pattern
+_WORD = "A-Za-z0-9"
 
 
 def _base64_forms(secret: str) -> set[str]:
@@ -64,15 +78,21 @@ def _spellings(secret: str) -> set[str]:
             html.escape(secret, quote=False), quote(secret, safe=""), quote_plus(secret), *_base64_forms(secret)}
 
 
-def register_secrets(*secrets: Any) -> None:
-    """Remember secret values, so that :func:`redact` removes them from everything written or printed."""
-    new = {str(s) for s in secrets if s is not None and len(str(s)) >= MIN_LENGTH}
+def register_secrets(*secrets: Any, min_length: int = MIN_LENGTH) -> None:
+    """Remember secret values, so that :func:`redact` removes them from everything written or printed. Values
+    shorter than ``min_length`` (never below :data:`SHORT_MIN_LENGTH`) are skipped; pass
+    ``min_length=SHORT_MIN_LENGTH`` for a value known to be a password or key (see the module's length rule)."""
+    floor = max(int(min_length), SHORT_MIN_LENGTH)
+    new = {str(s) for s in secrets if s is not None and len(str(s)) >= floor}
     with _lock:
         if new <= _secrets:
             return
         _secrets.update(new)
         forms = set().union(*(_spellings(s) for s in _secrets))
         _forms[:] = [(f, f.casefold()) for f in sorted((f for f in forms if len(f) >= MIN_LENGTH), key=len, reverse=True)]
+        short = sorted((f for f in forms if SHORT_MIN_LENGTH <= len(f) < MIN_LENGTH), key=len, reverse=True)
+        _short[:] = [re.compile(f"(?<![{_WORD}])(?:{'|'.join(map(re.escape, short))})(?![{_WORD}])",
+                                re.IGNORECASE)] if short else []
 
 
 def register_named(value: Any, secret: bool = False) -> None:
@@ -102,7 +122,7 @@ def register_basic_auth(user: str | None, password: str | None) -> None:
 
     if password:
         token = base64.b64encode(f"{user or ''}:{password}".encode("utf-8")).decode("ascii")
-        register_secrets(password, token)
+        register_secrets(password, token, min_length=SHORT_MIN_LENGTH)
 
 
 def register_url(url: str | None) -> None:
@@ -114,10 +134,11 @@ def register_url(url: str | None) -> None:
         password = parts.password
     except ValueError:
         return
-    register_secrets(password, *(value for _, value in parse_qsl(parts.query, keep_blank_values=False)))
+    register_secrets(password, min_length=SHORT_MIN_LENGTH)
+    register_secrets(*(value for _, value in parse_qsl(parts.query, keep_blank_values=False)))
 
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+URL_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
 def register_urls_in(value: Any) -> None:
@@ -125,7 +146,7 @@ def register_urls_in(value: Any) -> None:
     spec, ``openai:gpt-4o@https://host/v1?api-key=…``), and :func:`register_named` for its secret-named fields;
     called where a spec enters, before anything can print it."""
     if isinstance(value, str):
-        for url in _URL.findall(value):
+        for url in URL_PATTERN.findall(value):
             register_url(url)
     elif isinstance(value, Mapping):
         register_named(value)
@@ -140,17 +161,22 @@ def register_environment(environ: Mapping[str, str] | None = None) -> None:
     """Register the values of environment variables named like secrets (``*_API_KEY``, ``HF_TOKEN``,
     ``PHYSIONET_PASSWORD`` …)."""
     environ = os.environ if environ is None else environ
-    register_secrets(*(value for name, value in environ.items()
-                       if SECRET_NAME.search(name) and name.upper() not in NOT_SECRET_ENVIRONMENT))
+    named = {name: value for name, value in environ.items()
+             if SECRET_NAME.search(name) and name.upper() not in NOT_SECRET_ENVIRONMENT}
+    register_secrets(*(value for name, value in named.items() if not PASSWORD_NAME.search(name)))
+    register_secrets(*(value for name, value in named.items() if PASSWORD_NAME.search(name)),
+                     min_length=SHORT_MIN_LENGTH)
 
 
 def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
     """``text`` with every registered secret, and ``secrets`` (from 4 characters), replaced by ``***`` in
-    each spelling and any letter case (longest first, so a secret containing another is removed whole)."""
+    each spelling and any letter case (longest first, so a secret containing another is removed whole); a
+    registered value under :data:`MIN_LENGTH` characters only where it stands as a whole word."""
     if not text:
         return text
     with _lock:
         forms = list(_forms)
+        short = list(_short)
     extra = sorted(set().union(*(_spellings(s) for s in secrets if s and len(s) >= 4)), key=len, reverse=True)
     pairs = [(form, form.casefold()) for form in extra] + forms
     folded = text.casefold() if pairs else ""
@@ -159,6 +185,8 @@ def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
             text = text.replace(form, MASK)
         elif folded_form in folded:
             text = re.sub(re.escape(form), MASK, text, flags=re.IGNORECASE)
+    for pattern in short:
+        text = pattern.sub(MASK, text)
     return text
 
 
@@ -178,7 +206,8 @@ _hooks_installed = False
 
 def install_redacting_hooks() -> None:
     """Redact what the process prints on its own: uncaught tracebacks (``sys.excepthook``, also in threads) and
-    every log record (its message and traceback), whatever logger or handler prints it. Idempotent."""
+    every log record (its message and traceback), whatever logger or handler prints it, with control characters
+    escaped (:func:`medheval.net.untrusted.printable`). Idempotent."""
     global _hooks_installed
     if _hooks_installed:
         return
@@ -189,14 +218,14 @@ def install_redacting_hooks() -> None:
     import traceback
 
     def excepthook(kind, value, tb) -> None:
-        sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))) or "")
+        sys.stderr.write(printable(redact("".join(traceback.format_exception(kind, value, tb)))) or "")
 
     def thread_excepthook(args) -> None:
         if args.exc_type is SystemExit:
             return
         name = getattr(args.thread, "name", "?")
         text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
-        sys.stderr.write(redact(f"Exception in thread {name}:\n{text}") or "")
+        sys.stderr.write(printable(redact(f"Exception in thread {name}:\n{text}")) or "")
 
     sys.excepthook = excepthook
     threading.excepthook = thread_excepthook
@@ -208,13 +237,14 @@ def install_redacting_hooks() -> None:
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a malformed log call is the logging module's to report
             return record
-        record.msg, record.args = redact(message), ()
+        record.msg, record.args = printable(redact(message)), ()
         if record.exc_info and not record.exc_text:
-            record.exc_text = redact("".join(traceback.format_exception(*record.exc_info)).rstrip("\n"))
+            record.exc_text = printable(redact("".join(traceback.format_exception(*record.exc_info)).rstrip("\n")))
         return record
 
     logging.setLogRecordFactory(redacting_record)
 
 
-__all__ = ["install_redacting_hooks", "register_basic_auth", "MIN_LENGTH", "NOT_SECRET_ENVIRONMENT", "PLAIN_HEADERS", "SECRET_NAME", "redact", "redact_data", "register_environment",
+__all__ = ["install_redacting_hooks", "register_basic_auth", "MIN_LENGTH", "PASSWORD_NAME", "SHORT_MIN_LENGTH",
+           "URL_PATTERN", "NOT_SECRET_ENVIRONMENT", "PLAIN_HEADERS", "SECRET_NAME", "redact", "redact_data", "register_environment",
            "register_headers", "register_named", "register_secrets", "register_url", "register_urls_in"]

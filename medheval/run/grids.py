@@ -344,7 +344,27 @@ def apply_cli(config: GridConfig, args: argparse.Namespace, given: set[str]) -> 
             config.options[key] = merged
     fixed = {dest: getattr(args, dest) for dest in CLI_GENERATION if dest in given}
     config.generation = replace(config.generation, fixed={**config.generation.fixed, **fixed})
+    check_key_destinations(config)
     return config
+
+
+def check_key_destinations(config: GridConfig) -> None:
+    """:class:`GridConfigError` naming the file and key when a judge or API model the config names would be sent
+    a key from the environment at a host that is neither the provider's nor one the user named on the command
+    line or in ``MEDHEVAL_API_KEY_HOSTS`` (:mod:`medheval.net.keys`); also an ``api_key_env`` that names no
+    ``*_API_KEY`` variable. Sends nothing."""
+    from medheval.judges.base import JudgeError
+    from medheval.judges.spec import check_key_destination
+
+    places: list[tuple[str, Any]] = [("judge", config.get("judge"))]
+    places += [(f"models[{index}]", model) for index, model in enumerate(config.models)]
+    for metric, options in config.get("metric_options", {}).items():
+        places += [(f"metric_options.{metric}.{key}", value) for key, value in dict(options).items()]
+    for key, spec in places:
+        try:
+            check_key_destination(spec)
+        except JudgeError as error:
+            raise _fail(config.source, key, str(error)) from None
 
 
 def model_slug(model: str) -> str:

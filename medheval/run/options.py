@@ -94,7 +94,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "lists/objects; repeatable)")
     parser.add_argument("--judge", metavar="BACKEND:MODEL[@BASE_URL]",
                         help="LLM judge for judge-based metrics, e.g. openai:gpt-4o@http://127.0.0.1:8000/v1 "
-                             "(keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)")
+                             "(keys from OPENAI_API_KEY / ANTHROPIC_API_KEY, sent to the provider's host or the "
+                             "host named here)")
+    parser.add_argument("--api-key-host", action="append", default=[], metavar="HOST[:PORT]",
+                        help="a host an API key from the environment (OPENAI_API_KEY, a judge dict's api_key_env …) "
+                             "may be sent to, besides the provider's own and the hosts of --judge/--model: for a "
+                             "judge named in a grid config (repeatable; or MEDHEVAL_API_KEY_HOSTS=host1,host2)")
     parser.add_argument("--allow-missing-predictions", action="store_true",
                         help="with --predictions: score the records present, count the others as missing")
     parser.add_argument("--allow-remote-credentialed", action="append", default=[], metavar="HOST_OR_URL",

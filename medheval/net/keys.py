@@ -1,0 +1,122 @@
+"""Where a secret from the environment may be sent: the one rule for API keys, and the plain-http rule.
+
+An API key read from the environment (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, ``AZURE_OPENAI_API_KEY``, or
+the variable a judge dict names in ``api_key_env``) goes only to
+
+* its provider's own host (``api.openai.com``, ``api.anthropic.com``, the host of ``AZURE_OPENAI_ENDPOINT``), or
+* a host the user named: on the command line (the host of a ``--judge`` / ``--model`` spec or of a URL in a
+  ``--metric-option``, or ``--api-key-host HOST``; :func:`set_key_hosts`), in ``MEDHEVAL_API_KEY_HOSTS``
+  (comma-separated ``host`` or ``host:port``), or from Python with :func:`allow_key_hosts`.
+
+A grid YAML, a ``metric_options`` judge dict or an annotation file never decides this: what a config file names
+is not a host the user named. ``api_key_env`` must name a ``*_API_KEY`` variable (:func:`check_key_env_name`),
+so no config can pick ``HF_TOKEN`` or ``PHYSIONET_PASSWORD``. A key written in the spec itself (``api_key``, a
+header, a password in the URL) belongs to whoever wrote it and goes where they said, but never over plain
+``http://`` to a host other than loopback (:func:`check_plain_http`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+from medheval.net.hosts import is_loopback_host
+
+KEY_HOSTS_ENV = "MEDHEVAL_API_KEY_HOSTS"
+# the variables api_key_env may name: ``<NAME>_API_KEY``, never a Hub token, PhysioNet or image-server secret
+API_KEY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*_API_KEY$")
+RESERVED_PREFIXES = ("HF_", "HUGGING_FACE", "HUGGINGFACE", "PHYSIONET", "MEDHEVAL_IMAGE")
+
+_named: set[str] = set()  # hosts (``host`` or ``host:port``) named on this process's command line
+
+
+def host_and_port(value: str) -> tuple[str, int | None]:
+    """(host, port) of a host name, ``host:port`` or URL; ``("", None)`` when it names none. A URL's port is its
+    scheme's default when it gives none."""
+    value = value.strip()
+    try:
+        parts = urlsplit(value if "://" in value else "//" + value)
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        return "", None
+    if port is None and parts.scheme.lower() in ("http", "https"):
+        port = 443 if parts.scheme.lower() == "https" else 80
+    host = host.rstrip(".")
+    return (f"[{host}]" if ":" in host else host), port
+
+
+def host_entry(value: str) -> str:
+    """``host`` or ``host:port`` (lower case) as the user gave it, from a host name, ``host:port`` or URL
+    (``''`` when it names none); a URL without a port names its host on any port."""
+    value = value.strip()
+    host, _ = host_and_port(value)
+    try:
+        port = urlsplit(value if "://" in value else "//" + value).port
+    except ValueError:
+        port = None
+    return f"{host}:{port}" if host and port else host
+
+
+def _entries(values: Iterable[str]) -> set[str]:
+    return {entry for entry in (host_entry(v) for v in values if v) if entry}
+
+
+def set_key_hosts(hosts: Iterable[str]) -> tuple[str, ...]:
+    """The hosts the user named on the command line (in place of any earlier ones); returns the earlier ones."""
+    previous = tuple(sorted(_named))
+    _named.clear()
+    _named.update(_entries(hosts))
+    return previous
+
+
+def allow_key_hosts(*hosts: str) -> None:
+    """Let keys from the environment go to ``hosts`` (``host``, ``host:port`` or a URL) in this process."""
+    _named.update(_entries(hosts))
+
+
+def named_key_hosts() -> set[str]:
+    """The hosts the user named: :func:`set_key_hosts` / :func:`allow_key_hosts` and ``MEDHEVAL_API_KEY_HOSTS``."""
+    return _named | _entries(os.environ.get(KEY_HOSTS_ENV, "").split(","))
+
+
+def host_named(url: str) -> bool:
+    """Whether the user named ``url``'s host (on any port) or its ``host:port``."""
+    host, port = host_and_port(url)
+    if not host:
+        return False
+    named = named_key_hosts()
+    return host in named or (port is not None and f"{host}:{port}" in named)
+
+
+def check_key_env_name(name: object, field: str = "api_key_env") -> str:
+    """``name`` when it is a ``*_API_KEY`` variable; ``ValueError`` naming ``field`` otherwise."""
+    text = str(name)
+    if not API_KEY_NAME.match(text) or text.upper().startswith(RESERVED_PREFIXES):
+        raise ValueError(
+            f"{field} names {text[:60]!r}: it must name an API key variable ending in _API_KEY (e.g. "
+            "OPENAI_API_KEY, MY_JUDGE_API_KEY); Hub tokens, PhysioNet and image-server credentials are never "
+            "sent to a judge or model endpoint")
+    return text
+
+
+def carries_secret_header(headers: dict | None) -> bool:
+    """Whether ``headers`` has one named like a credential (``Authorization``, ``X-Api-Key`` …)."""
+    from medheval.net.secrets import SECRET_NAME
+
+    return any(SECRET_NAME.search(str(name)) and value for name, value in (headers or {}).items())
+
+
+def check_plain_http(url: str, what: str) -> None:
+    """``ValueError`` when ``url`` is ``http://`` to a host other than loopback: ``what`` (a key, a password)
+    would cross the network in clear text."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() == "http" and not is_loopback_host(parts.hostname):
+        raise ValueError(
+            f"refusing to send {what} over plain http to {host_entry(url)!r}: anyone on the network path could "
+            f"read it. Use https:// (or an SSH tunnel to 127.0.0.1)")
+
+
+__all__ = ["API_KEY_NAME", "KEY_HOSTS_ENV", "allow_key_hosts", "carries_secret_header", "check_key_env_name",
+           "check_plain_http", "host_and_port", "host_entry", "host_named", "named_key_hosts", "set_key_hosts"]

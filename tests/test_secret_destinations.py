@@ -1,0 +1,301 @@
+"""Each secret reaches only the party it belongs to (security audit: key choice by config, image credentials per
+host, plain http, short passwords, terminal escapes), checked by what a 127.0.0.1 server receives."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import logging
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from judge_servers import JudgeServer, Reply
+from medheval.cli import main
+from medheval.cli.main import build_parser, cli_key_hosts
+from medheval.data.images import URLTemplateSource, _host_env_prefix
+from medheval.judges import JudgeError, JudgeRequest, make_judge
+from medheval.net import keys
+from medheval.net.secrets import SHORT_MIN_LENGTH, redact, register_basic_auth, register_environment, register_secrets
+from medheval.net.untrusted import printable
+
+KEY = "sk-dest-canary-Rr52-openai"
+FAST = dict(cache_dir=False, progress=False, max_retries=0)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.endswith(("_USERNAME", "_PASSWORD", "_API_KEY")) or name in (
+                keys.KEY_HOSTS_ENV, "MEDHEVAL_IMAGE_HOST", "NETRC", "AZURE_OPENAI_ENDPOINT"):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    previous = keys.set_key_hosts(())
+    yield
+    keys.set_key_hosts(previous)
+
+
+def _ask(judge) -> None:
+    judge.run([JudgeRequest(id="r", messages=[{"role": "user", "content": "q"}], reply_format="raw")])
+
+
+# -- which key, to which host ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["HF_TOKEN", "PHYSIONET_PASSWORD", "MEDHEVAL_IMAGE_PASSWORD", "HF_API_KEY",
+                                  "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY"])
+def test_api_key_env_names_only_api_key_variables(name, monkeypatch):
+    monkeypatch.setenv(name, "hf_VictimSecret0123456789")
+    with JudgeServer("openai", reply=lambda body: "ok") as server:
+        monkeypatch.setenv(keys.KEY_HOSTS_ENV, server.base_url)  # even at a host the user named
+        with pytest.raises(JudgeError, match=r"api_key_env names .*_API_KEY"):
+            make_judge({"backend": "openai", "model": "m", "base_url": server.base_url, "api_key_env": name}, **FAST)
+        assert server.requests == []
+
+
+def test_an_environment_key_goes_to_a_loopback_server_only_when_the_user_names_it(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with JudgeServer("openai", reply=lambda body: "ok") as server:
+        _ask(make_judge(f"openai:m@{server.base_url}", **FAST))  # as a config file would name it
+        assert "Authorization" not in server.requests[-1].headers
+        monkeypatch.setenv(keys.KEY_HOSTS_ENV, f"other.example.org, 127.0.0.1:{server.port}")
+        _ask(make_judge(f"openai:m@{server.base_url}", **FAST))
+        assert server.requests[-1].headers["Authorization"] == f"Bearer {KEY}"
+        monkeypatch.delenv(keys.KEY_HOSTS_ENV)
+        keys.set_key_hosts(cli_key_hosts(build_parser().parse_args(
+            ["run", "--judge", f"openai:m@{server.base_url}", "--output", "x"])))  # typed on the command line
+        _ask(make_judge(f"openai:m@{server.base_url}", **FAST))
+        assert server.requests[-1].headers["Authorization"] == f"Bearer {KEY}"
+
+
+def test_a_named_api_key_env_is_refused_at_a_host_the_user_did_not_name(monkeypatch):
+    monkeypatch.setenv("MY_JUDGE_API_KEY", KEY)
+    with JudgeServer("openai", reply=lambda body: "ok") as server:
+        spec = {"backend": "openai", "model": "m", "base_url": server.base_url, "api_key_env": "MY_JUDGE_API_KEY"}
+        with pytest.raises(JudgeError) as info:
+            make_judge(spec, **FAST)
+        message = str(info.value)
+        assert f"127.0.0.1:{server.port}" in message and keys.KEY_HOSTS_ENV in message and "--api-key-host" in message
+        keys.allow_key_hosts(server.base_url)  # from Python: the caller names it
+        _ask(make_judge(spec, **FAST))
+        assert server.requests[-1].headers["Authorization"] == f"Bearer {KEY}"
+
+
+@pytest.mark.parametrize("spec", ["openai:gpt-4o@https://judge.example.org/v1",
+                                  {"backend": "anthropic", "model": "c", "base_url": "https://judge.example.org"},
+                                  {"backend": "azure", "model": "d", "base_url": "https://evil.openai.azure.com"}])
+def test_an_environment_key_is_refused_at_a_remote_host_nobody_named(spec, monkeypatch):
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY"):
+        monkeypatch.setenv(name, KEY)
+    monkeypatch.setenv("AZURE_OPENAI_ENDPOINT", "https://mine.openai.azure.com")
+    with pytest.raises(JudgeError, match=r"not sent to 'judge.example.org'|not sent to 'evil.openai.azure.com'"):
+        make_judge(spec, **FAST)
+    monkeypatch.setenv(keys.KEY_HOSTS_ENV, "judge.example.org,evil.openai.azure.com")
+    make_judge(spec, **FAST)  # named: built (nothing is sent here)
+
+
+def test_the_providers_own_host_keeps_its_key(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    for spec in ("openai:gpt-4o", "openai:gpt-4o@https://api.openai.com/v1", "anthropic:claude-x"):
+        assert make_judge(spec, **FAST).key_withheld is None
+
+
+def test_a_withheld_key_is_named_in_the_refusal_hint(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with JudgeServer("openai", reply=lambda body: "ok", api_key=KEY) as server:
+        with pytest.raises(JudgeError, match=r"OPENAI_API_KEY is set but was not sent .*MEDHEVAL_API_KEY_HOSTS"):
+            _ask(make_judge(f"openai:m@{server.base_url}", **FAST))
+
+
+def _hostile_config(tmp_path: Path, judge: str) -> Path:
+    path = tmp_path / "hostile.yaml"
+    path.write_text(f"output: {tmp_path / 'out'}\nmodels: [tiny-random-llava]\nbenchmarks: [knowledge:open]\n"
+                    f"metric_options:\n  sh_judge:\n    judge: {judge}\n")
+    return path
+
+
+@pytest.mark.parametrize("judge, expected", [
+    ("{{backend: openai, model: m, base_url: '{url}', api_key_env: HF_TOKEN}}", "_API_KEY"),
+    ("{{backend: openai, model: m, base_url: '{url}', api_key_env: MY_JUDGE_API_KEY}}", "MEDHEVAL_API_KEY_HOSTS"),
+    ("'openai:gpt-4o@https://judge.example.org/v1'", "'judge.example.org'"),
+])
+def test_a_grid_config_cannot_choose_where_a_key_goes(judge, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", "hf_WriteTokenOfTheVictim0123456789")
+    monkeypatch.setenv("MY_JUDGE_API_KEY", KEY)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with JudgeServer("openai", reply=lambda body: "ok") as server:
+        config = _hostile_config(tmp_path, judge.format(url=server.base_url))
+        assert main(["run", "--config", str(config)]) == 2
+        assert server.requests == []
+    err = capsys.readouterr().err
+    assert "hostile.yaml: metric_options.sh_judge.judge:" in err and expected in err
+    assert KEY not in err and "hf_WriteToken" not in err
+
+
+def test_a_host_named_on_the_command_line_lets_the_configs_judge_have_the_key(tmp_path, monkeypatch):
+    from medheval.run.grids import apply_cli, given_options, load_grid_config
+
+    monkeypatch.setenv("MY_JUDGE_API_KEY", KEY)
+    url = "https://judge.example.org/v1"
+    config = _hostile_config(tmp_path, f"{{backend: openai, model: m, base_url: '{url}', api_key_env: MY_JUDGE_API_KEY}}")
+    argv = ["run", "--config", str(config), "--api-key-host", "judge.example.org"]
+    args = build_parser().parse_args(argv)
+    with pytest.raises(Exception, match="judge.example.org"):
+        apply_cli(load_grid_config(config), args, given_options(argv[1:]))
+    keys.set_key_hosts(cli_key_hosts(args))
+    apply_cli(load_grid_config(config), args, given_options(argv[1:]))
+
+
+def test_a_model_named_on_the_command_line_gets_its_key(fixture_benchmark, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with JudgeServer("openai", reply=lambda body: "Yes", api_key=KEY) as server:
+        code = main(["run", "--benchmark", "mm_vishal:slake", "--model", f"openai:m@{server.base_url}",
+                     "--output", str(tmp_path / "run"), "--data-dir", fixture_benchmark["data_dir"],
+                     "--image-root", f"slake={fixture_benchmark['image_roots']['slake']}", "--limit", "1",
+                     "--max-new-tokens", "4"])
+        assert code == 0
+        assert server.requests and {r.headers["Authorization"] for r in server.requests} == {f"Bearer {KEY}"}
+    assert keys.named_key_hosts() == set()  # main() leaves no host named behind
+
+
+# -- plain http ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec", [
+    {"base_url": "http://judge.example.org/v1", "api_key": KEY},
+    {"base_url": "http://user:pass-word-1@judge.example.org/v1"},
+    {"base_url": "http://judge.example.org/v1", "headers": {"X-Api-Key": KEY}},
+    {"base_url": "http://10.0.0.5:8000/v1?api-key=" + KEY},
+])
+def test_a_key_never_crosses_plain_http_to_another_machine(spec):
+    with pytest.raises(JudgeError, match="plain http .*https://"):
+        make_judge({"backend": "openai", "model": "m", **spec}, **FAST)
+
+
+def test_a_key_over_http_to_loopback_is_fine():
+    with JudgeServer("openai", reply=lambda body: "ok") as server:
+        _ask(make_judge({"backend": "openai", "model": "m", "base_url": server.base_url, "api_key": KEY}, **FAST))
+        assert server.requests[-1].headers["Authorization"] == f"Bearer {KEY}"
+
+
+def test_image_credentials_never_cross_plain_http_to_another_machine(monkeypatch):
+    monkeypatch.setenv("PHYSIONET_USERNAME", "reader")
+    monkeypatch.setenv("PHYSIONET_PASSWORD", "physio-pass-1")
+    with pytest.raises(ValueError, match="plain http to 'physionet.org'.*https://"):
+        URLTemplateSource("http://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path}")
+    with pytest.raises(ValueError, match="plain http"):
+        URLTemplateSource("http://images.example.org/{path}", auth=("u", "p"))
+    URLTemplateSource("https://physionet.org/files/mimic-cxr-jpg/2.1.0/files/{path}")  # https: fine
+
+
+# -- image credentials belong to one host --------------------------------------------------------------------
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    seen: list = []
+
+    def do_GET(self):  # noqa: N802
+        type(self).seen.append(self.headers.get("Authorization"))
+        body = b"\x89PNG\r\n\x1a\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def image_server():
+    handler = type("Handler", (_Recorder,), {"seen": []})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", handler.seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_netrc_default_entry_is_sent_to_no_host(image_server, tmp_path):
+    url, seen = image_server
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine physionet.org login alice password PhysioNetPw1\n"
+                     "default login alice password DefaultPw123\n")
+    netrc.chmod(0o600)
+    source = URLTemplateSource(url + "/{path}", netrc_file=str(netrc))
+    source.open_bytes("a.png")
+    assert source.auth_origin == "no credentials" and seen == [None]
+
+
+def test_generic_image_credentials_go_only_to_the_host_medheval_image_host_names(image_server, monkeypatch):
+    url, seen = image_server
+    monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", "bob")
+    monkeypatch.setenv("MEDHEVAL_IMAGE_PASSWORD", "ImagePw9")
+    with pytest.raises(ValueError, match="MEDHEVAL_IMAGE_HOST=127.0.0.1"):
+        URLTemplateSource(url + "/{path}")
+    monkeypatch.setenv("MEDHEVAL_IMAGE_HOST", "images.example.org")
+    URLTemplateSource(url + "/{path}").open_bytes("a.png")
+    monkeypatch.setenv("MEDHEVAL_IMAGE_HOST", "images.example.org, 127.0.0.1")
+    URLTemplateSource(url + "/{path}").open_bytes("a.png")
+    assert seen == [None, "Basic " + base64.b64encode(b"bob:ImagePw9").decode()]
+
+
+@pytest.mark.parametrize("host, prefix", [
+    ("images.example.com", "IMAGES_EXAMPLE_COM"), ("images-example.com", "IMAGES__EXAMPLE_COM"),
+    ("images.example-com", "IMAGES_EXAMPLE__COM"), ("www.images-example.com", "IMAGES__EXAMPLE_COM"),
+    ("a--b.example.com", "A____B_EXAMPLE_COM"), ("under_score.example.com", None), ("-bad.example.com", None),
+    ("physionet.org", "PHYSIONET"),
+])
+def test_each_host_has_its_own_credential_prefix(host, prefix, monkeypatch):
+    assert _host_env_prefix(host) == prefix
+    monkeypatch.setenv("IMAGES_EXAMPLE_COM_USERNAME", "bob")
+    monkeypatch.setenv("IMAGES_EXAMPLE_COM_PASSWORD", "CorpImagePw9")
+    source = URLTemplateSource(f"https://{host}/{{path}}")
+    assert (source.auth_origin == "env IMAGES_EXAMPLE_COM_USERNAME/IMAGES_EXAMPLE_COM_PASSWORD") == (
+        host == "images.example.com")
+
+
+# -- short passwords -----------------------------------------------------------------------------------------
+def test_short_passwords_are_redacted_as_whole_words(monkeypatch):
+    register_basic_auth("user", "Qz7k")
+    register_secrets("Jx9w2", min_length=SHORT_MIN_LENGTH)
+    register_secrets("Zq1")  # 1-3 characters: never registered
+    monkeypatch.setenv("SHORTIE_PASSWORD", "Vb4t")
+    monkeypatch.setenv("SHORTIE_TOKEN", "true")  # named like a secret, yet a flag: from 8 characters only
+    register_environment()
+    assert redact("login Qz7k refused; jx9w2 and Vb4t") == "login *** refused; *** and ***"
+    assert redact("Qz7kx Zq1 true 'Qz7k'") == "Qz7kx Zq1 true '***'"
+
+
+# -- terminal escapes ----------------------------------------------------------------------------------------
+EVIL = "\x1b]0;pwned\x07\x1b[2K\r\x1b[32mAll scored OK\x1b[0m\x1b]52;c;Y3VybA==\x07\u202e"
+
+
+def test_printable_escapes_control_and_format_characters():
+    assert printable(EVIL) == ("\\x1b]0;pwned\\x07\\x1b[2K\\x0d\\x1b[32mAll scored OK\\x1b[0m"
+                               "\\x1b]52;c;Y3VybA==\\x07\\u202e")
+    assert printable("line 1\n\tline 2 — é") == "line 1\n\tline 2 — é"
+
+
+def test_an_endpoints_error_text_reaches_the_terminal_without_control_sequences(fixture_benchmark, tmp_path,
+                                                                              capsys, caplog):
+    with JudgeServer("openai") as server:
+        server.script(Reply(401, {"error": {"message": EVIL}}))
+        code = main(["run", "--benchmark", "mm_vishal:slake", "--model", f"openai:m@{server.base_url}",
+                     "--output", str(tmp_path / "run"), "--data-dir", fixture_benchmark["data_dir"],
+                     "--image-root", f"slake={fixture_benchmark['image_roots']['slake']}", "--limit", "1",
+                     "--api-option", "max_retries=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "All scored OK" in err and "\\x1b]52;" in err
+    (line,) = [line for line in err.split("\n") if line.startswith("error:")]
+    assert not any(ch in line for ch in "\x1b\x07\r\u202e") and "\x1b]" not in err and "\x07" not in err
+    logging.getLogger("medheval.test").warning("server said %s", EVIL)
+    assert "\x1b" not in caplog.records[-1].getMessage()
+
+
+def test_cli_key_hosts_come_from_the_typed_specs_only():
+    args = build_parser().parse_args(["run", "--model", "vllm:qwen", "--judge", "openai:m@https://gw.example.org/v1",
+                                      "--metric-option", 'sh_judge.judge={"base_url": "https://j.example.org:8443/v1"}',
+                                      "--api-key-host", "keys.example.org", "--output", "x"])
+    hosts = {keys.host_entry(h) for h in cli_key_hosts(args)}
+    assert hosts == {"localhost:8000", "gw.example.org", "j.example.org:8443", "keys.example.org"}
