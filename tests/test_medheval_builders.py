@@ -229,6 +229,7 @@ def _copy(fixture_benchmark, tmp_path) -> Path:
     ("img_name", None, "'img_name' is null, expected a string"),
     ("img_name", "", "'img_name' is str \"\", expected an image reference"),
     ("img_name", "  ", "'img_name' is str \"  \", expected an image reference"),
+    ("question", "x" * 50_001, "'question' holds 50,001 characters, more than the 50,000"),
 ])
 def test_a_field_of_the_wrong_type_names_file_record_and_field(fixture_benchmark, tmp_path, dataset_cache, field,
                                                                value, shown):
@@ -242,6 +243,19 @@ def test_a_field_of_the_wrong_type_names_file_record_and_field(fixture_benchmark
         prepare_benchmark("context", data_dir=data, cache_dir=dataset_cache)
     message = str(caught.value)
     assert CONTEXT in message and "record #2" in message and shown in message
+
+
+def test_an_overlong_choices_string_names_file_record_and_field(fixture_benchmark, tmp_path, dataset_cache):
+    """A choices string is parsed for its options: one of megabytes is refused at load, naming it."""
+    from medheval.data.benchmarks import BenchmarkDataError
+
+    data = _copy(fixture_benchmark, tmp_path)
+    path = data / FILES["slake"].relpath
+    records = json.loads(path.read_text())
+    records[1]["choices"] = "A. x" + " " * 60_000 + "B. y"
+    path.write_text(json.dumps(records))
+    with pytest.raises(BenchmarkDataError, match=r"record #1 .*field 'choices' holds 60,008 characters"):
+        prepare_benchmark("mm_vishal", "slake", data_dir=data, cache_dir=dataset_cache)
 
 
 def test_a_file_that_is_not_utf8_names_its_line(fixture_benchmark, tmp_path, dataset_cache):
