@@ -15,6 +15,7 @@ from medheval.data.schema import CLUSTER_UNITS, cluster_id
 from medheval.report.build import write_report
 from medheval.report.collect import ReportError, find_runs
 from medheval.report.paper import build_tables, comparisons
+from medheval.report.tables import md_text
 from medheval.report.stats import (CLUSTER_NOTE, FEW_CLUSTERS, LEVEL, METHOD_NOTE, bootstrap_ci, compare_accuracy,
                                    expanded_level)
 from medheval.run import protocol
@@ -117,7 +118,7 @@ def test_cli_cluster_option(tmp_path, capsys):
     assert main(["report", str(run), "--output", str(tmp_path / "none"), "--no-plots", "--no-html",
                  "--cluster", "none"]) == 0
     markdown = (tmp_path / "none" / "report.md").read_text()
-    assert METHOD_NOTE in markdown and "Resampled:" not in markdown
+    assert md_text(METHOD_NOTE) in markdown and "Resampled:" not in markdown  # notes are escaped in Markdown
     with pytest.raises(SystemExit):
         main(["report", str(run), "--output", str(tmp_path / "x"), "--cluster", "image"])
     assert "invalid choice: 'image'" in capsys.readouterr().err
