@@ -20,6 +20,12 @@ from medheval.integrations import splits
 from medheval.integrations.lmms_eval import TASKS_DIR, write_tasks
 
 
+
+@pytest.fixture(autouse=True)
+def _credentialed_allowed(monkeypatch):
+    """The fixture's MIMIC splits load here (no model is run); the refusal is tested with it unset."""
+    monkeypatch.setenv("MEDHEVAL_ALLOW_CREDENTIALED", "1")
+
 def test_shipped_yamls_are_the_written_ones_one_per_harness_split(tmp_path):
     shipped = {path.name: path.read_text(encoding="utf-8") for path in TASKS_DIR.glob("*.yaml")}
     assert shipped == write_tasks.expected_files(), "run: python -m medheval.integrations.lmms_eval.write_tasks"

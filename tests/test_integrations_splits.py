@@ -25,6 +25,12 @@ def _roots(fixture_benchmark: dict) -> str:
     return ",".join(f"{source}={root}" for source, root in fixture_benchmark["image_roots"].items())
 
 
+
+@pytest.fixture(autouse=True)
+def _credentialed_allowed(monkeypatch):
+    """The fixture's MIMIC splits load here (no model is run); the refusal is tested with it unset."""
+    monkeypatch.setenv("MEDHEVAL_ALLOW_CREDENTIALED", "1")
+
 def test_harness_splits_are_every_config_of_every_one_generation_benchmark():
     """Every benchmark but ClinHallu (several generations per item) is exposed with all of its configs."""
     assert set(splits.HARNESS_BENCHMARKS) == set(list_benchmarks()) - set(splits.EXCLUDED)
@@ -90,6 +96,36 @@ def test_prompt_known_answer(fixture_benchmark):
     assert item.prompt.startswith("What does the focal airspace opacity most likely represent? Please choose from "
                                   "the following options: A. ")
     assert ", B. Pneumonia, " in item.prompt and item.prompt.endswith(". Answer with the option's letter.")
+
+
+def test_credentialed_splits_are_refused_without_an_opt_in(fixture_benchmark, monkeypatch):
+    """A harness hands a split's images to whatever model it runs (possibly a remote API): MIMIC records are
+    refused, naming the split, records, data use agreement and opt-in, unless the argument or variable says yes."""
+    from medheval.judges.endpoints import CredentialedDataError
+
+    monkeypatch.delenv("MEDHEVAL_ALLOW_CREDENTIALED")
+    args = {"data_dir": fixture_benchmark["data_dir"], "image_roots": _roots(fixture_benchmark), "limit": 2}
+    with pytest.raises(CredentialedDataError, match=r"(?s)cxr_vishal:mimic_cxr: refusing to load 2 credentialed "
+                       r"record\(s\) \(cxr_vishal/mimic_cxr/0, cxr_vishal/mimic_cxr/1\).*data use agreement.*"
+                       r"-T allow_credentialed=true.*MEDHEVAL_ALLOW_CREDENTIALED=1"):
+        splits.load_items("cxr_vishal", "mimic_cxr", **args)
+    with pytest.raises(CredentialedDataError, match="vishal_report:default"):
+        splits.load_items("vishal_report", "default", decode_images=False, **args)
+    assert len(splits.load_items("mm_vishal", "slake", **args)) == 2  # no credentialed record: no opt-in needed
+    assert len(splits.load_items("cxr_vishal", "mimic_cxr", allow_credentialed=True, **args)) == 2
+    monkeypatch.setenv("MEDHEVAL_ALLOW_CREDENTIALED", "true")
+    assert len(splits.load_items("cxr_vishal", "mimic_cxr", **args)) == 2
+    with pytest.raises(CredentialedDataError):  # the argument wins over the variable
+        splits.load_items("cxr_vishal", "mimic_cxr", allow_credentialed="false", **args)
+    monkeypatch.setenv("MEDHEVAL_ALLOW_CREDENTIALED", "maybe")
+    with pytest.raises(ValueError, match=r"MEDHEVAL_ALLOW_CREDENTIALED='maybe': expected true or false"):
+        splits.load_items("cxr_vishal", "mimic_cxr", **args)
+    monkeypatch.delenv("MEDHEVAL_ALLOW_CREDENTIALED")
+    # lmms-eval decodes per sample (doc_to_visual -> record_images): a MIMIC doc is refused there too
+    doc = {"id": "cxr_vishal/mimic_cxr/0", "benchmark": "cxr_vishal", "config": "mimic_cxr", "source": "mimic_cxr",
+           "images": ["p19/p19999901/s59999901/x.jpg"]}
+    with pytest.raises(CredentialedDataError, match=r"cxr_vishal:mimic_cxr: refusing .*cxr_vishal/mimic_cxr/0"):
+        splits.record_images(doc, image_roots=_roots(fixture_benchmark))
 
 
 def test_missing_image_root_or_file_is_the_runner_s_clear_error(fixture_benchmark, tmp_path):

@@ -141,7 +141,8 @@ def test_the_medheval_task_run_by_the_provider_matches_medheval_run(tiny_dir, ru
     from medheval.integrations.inspect.tasks import TASKS
 
     roots = ",".join(f"{source}={root}" for source, root in fixture_benchmark["image_roots"].items())
-    job = TASKS[SPLIT[0]](config=SPLIT[1], data_dir=fixture_benchmark["data_dir"], image_root=roots)
+    job = TASKS[SPLIT[0]](config=SPLIT[1], data_dir=fixture_benchmark["data_dir"], image_root=roots,
+                          allow_credentialed=True)  # a local model: the opt-in docs/interop.md names
     [log] = inspect_eval(job, model=f"medheval/{tiny_dir}", model_args={"device": "cpu", "batch_size": 4},
                          max_tokens=NEW_TOKENS, log_dir=str(tmp_path), display="none")
     assert log.status == "success", log.error

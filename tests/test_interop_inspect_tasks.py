@@ -55,7 +55,7 @@ def _eval(split: str, fixture: dict, server: JudgeServer, log_dir: Path):
     (log,) = inspect_ai.eval(f"medheval/{benchmark}", model="openai-api/loop/tiny-vlm",
                              model_base_url=server.base_url, log_dir=str(log_dir), display="none",
                              task_args={"config": config, "data_dir": fixture["data_dir"],
-                                        "image_root": _image_root(fixture)})
+                                        "image_root": _image_root(fixture), "allow_credentialed": True})
     assert log.status == "success", log.error
     return log
 
@@ -80,7 +80,7 @@ def test_inspect_split_metrics_equal_medheval_run_on_the_same_completions(split,
     benchmark, config = split.split(":")
     log = _eval(split, fixture_benchmark, model_server, tmp_path / "logs")
     items = load_items(benchmark, config, data_dir=fixture_benchmark["data_dir"],
-                       image_roots=_image_root(fixture_benchmark))
+                       image_roots=_image_root(fixture_benchmark), allow_credentialed=True)
     samples = {sample.id: sample for sample in log.samples}
     assert sorted(samples) == sorted(item.id for item in items)  # every record, by our canonical id
 
@@ -211,13 +211,28 @@ def _log_holds_image_data(path: str) -> bool:
         return any(b"data:image/" in archive.read(name) for name in archive.namelist())
 
 
+def test_a_credentialed_split_needs_the_allow_credentialed_task_arg(fixture_benchmark, monkeypatch):
+    """inspect sends a task's images to any --model and logs them: a MIMIC split is refused at task build (naming
+    the data use agreement and the opt-in) unless ``-T allow_credentialed=true``, which the task records."""
+    from medheval.integrations.inspect.tasks import split_task
+    from medheval.judges.endpoints import CredentialedDataError
+
+    monkeypatch.delenv("MEDHEVAL_ALLOW_CREDENTIALED", raising=False)
+    args = {"data_dir": fixture_benchmark["data_dir"], "image_root": _image_root(fixture_benchmark)}
+    with pytest.raises(CredentialedDataError, match=r"cxr_vishal:mimic_cxr: refusing .*data use agreement.*"
+                                                    r"-T allow_credentialed=true"):
+        split_task("cxr_vishal", "mimic_cxr", **args)
+    assert split_task("cxr_vishal", "mimic_cxr", allow_credentialed="true", **args).metadata["allow_credentialed"]
+    assert "allow_credentialed" not in split_task("mm_vishal", "slake", **args).metadata
+
+
 def test_a_credentialed_split_run_with_no_log_images_keeps_pixels_out_of_the_log(fixture_benchmark, model_server,
                                                                                   tmp_path, monkeypatch):
     """inspect writes each sample's input (our images as data URLs) into the .eval log unless told not to;
     for MIMIC-CXR splits docs/interop.md asks for --no-log-images, which leaves no image bytes in the file."""
     monkeypatch.setenv("LOOP_API_KEY", "test-key")
     common = {"task_args": {"config": "mimic_cxr", "data_dir": fixture_benchmark["data_dir"],
-                           "image_root": _image_root(fixture_benchmark)},
+                           "image_root": _image_root(fixture_benchmark), "allow_credentialed": True},
              "model": "openai-api/loop/tiny-vlm", "model_base_url": model_server.base_url, "display": "none", "limit": 2}
     (kept,) = inspect_ai.eval("medheval/cxr_vishal", log_dir=str(tmp_path / "kept"), log_images=True, **common)
     (dropped,) = inspect_ai.eval("medheval/cxr_vishal", log_dir=str(tmp_path / "dropped"), log_images=False, **common)
@@ -249,7 +264,7 @@ def test_an_inspect_run_of_the_written_eval_yaml_gives_the_published_value(fixtu
     (log,) = inspect_ai.eval(recipe["task"], model="openai-api/loop/tiny-vlm", model_base_url=model_server.base_url,
                              log_dir=str(tmp_path / "logs"), display="none",
                              task_args={**recipe["task_args"], "data_dir": fixture_benchmark["data_dir"],
-                                        "image_root": _image_root(fixture_benchmark)})
+                                        "image_root": _image_root(fixture_benchmark), "allow_credentialed": True})
     assert log.status == "success", log.error
     (score,) = log.results.scores
     value = score.metrics[recipe["metric"]].value

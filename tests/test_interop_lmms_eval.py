@@ -44,7 +44,8 @@ def harness_env(fixture_benchmark, tmp_path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets"),
            "MEDHEVAL_DATA_DIR": fixture_benchmark["data_dir"],
-           "MEDHEVAL_IMAGE_ROOTS": ",".join(f"{s}={r}" for s, r in fixture_benchmark["image_roots"].items())}
+           "MEDHEVAL_IMAGE_ROOTS": ",".join(f"{s}={r}" for s, r in fixture_benchmark["image_roots"].items()),
+           "MEDHEVAL_ALLOW_CREDENTIALED": "1"}  # the fixture's MIMIC splits, run with a local model
     env.pop("LMMS_EVAL_PLUGINS", None)
     return env
 
@@ -84,7 +85,7 @@ def test_include_path_tasks_rescored_by_medheval_run_give_the_same_numbers(tiny_
         task = f"medheval_{benchmark}_{config}"
         samples = sorted(out["samples"][task], key=lambda sample: sample["doc_id"])
         items = splits.load_items(benchmark, config, limit=2, image_roots=harness_env["MEDHEVAL_IMAGE_ROOTS"],
-                                  data_dir=fixture_benchmark["data_dir"], decode_images=False)
+                                  data_dir=fixture_benchmark["data_dir"], decode_images=False, allow_credentialed=True)
         numbers = splits.split_numbers(benchmark, config)
         first = numbers[0][0]
         # the samples are our first two records, prompted with our template, generated with our length

@@ -229,6 +229,7 @@ def _copy(fixture_benchmark, tmp_path) -> Path:
     ("img_name", None, "'img_name' is null, expected a string"),
     ("img_name", "", "'img_name' is str \"\", expected an image reference"),
     ("img_name", "  ", "'img_name' is str \"  \", expected an image reference"),
+    ("question", "x" * 50_001, "'question' holds 50,001 characters, more than the 50,000"),
 ])
 def test_a_field_of_the_wrong_type_names_file_record_and_field(fixture_benchmark, tmp_path, dataset_cache, field,
                                                                value, shown):
@@ -242,6 +243,54 @@ def test_a_field_of_the_wrong_type_names_file_record_and_field(fixture_benchmark
         prepare_benchmark("context", data_dir=data, cache_dir=dataset_cache)
     message = str(caught.value)
     assert CONTEXT in message and "record #2" in message and shown in message
+
+
+def test_an_overlong_choices_string_names_file_record_and_field(fixture_benchmark, tmp_path, dataset_cache):
+    """A choices string is parsed for its options: one of megabytes is refused at load, naming it."""
+    from medheval.data.benchmarks import BenchmarkDataError
+
+    data = _copy(fixture_benchmark, tmp_path)
+    path = data / FILES["slake"].relpath
+    records = json.loads(path.read_text())
+    records[1]["choices"] = "A. x" + " " * 60_000 + "B. y"
+    path.write_text(json.dumps(records))
+    with pytest.raises(BenchmarkDataError, match=r"record #1 .*field 'choices' holds 60,008 characters"):
+        prepare_benchmark("mm_vishal", "slake", data_dir=data, cache_dir=dataset_cache)
+
+
+MIMIC_REF = "p19/p19999901/s59999901/f1c00001-00000000-00000000-00000000-00000001.jpg"
+
+
+def test_a_record_naming_an_image_its_source_cannot_hold_is_refused_at_load(fixture_benchmark, tmp_path,
+                                                                             dataset_cache):
+    """A SLAKE record naming a MIMIC-CXR file would load through a default root (``--image-root /data``) and
+    be sent or embedded as non-credentialed: the split is refused at load, naming the record and reference."""
+    from medheval.data.benchmarks import BenchmarkDataError
+
+    data = _copy(fixture_benchmark, tmp_path)
+    path = data / FILES["slake"].relpath
+    records = json.loads(path.read_text())
+    records[1]["img_name"] = MIMIC_REF
+    path.write_text(json.dumps(records))
+    with pytest.raises(BenchmarkDataError, match=r"mm_vishal:slake: 1 image reference\(s\) refused: "
+                       r"mm_vishal/slake/\S+ \(source 'slake'\): image 'p19/.*\.jpg' does not match the slake "
+                       r"layout .*xmlab<N>/source\.jpg"):
+        prepare_benchmark("mm_vishal", "slake", data_dir=data, cache_dir=dataset_cache)
+
+
+def test_reference_problem_names_layout_and_mimic_shaped_files():
+    from medheval.data.images import looks_credentialed, reference_problem
+
+    assert reference_problem("slake", "xmlab1/source.jpg", False) is None
+    assert reference_problem("mimic_cxr", MIMIC_REF, True) is None
+    assert "does not match the slake layout" in reference_problem("slake", MIMIC_REF, False)
+    # a source without a known layout: any safe path, but no MIMIC-shaped file unless the record is credentialed
+    assert reference_problem("pmc", "figures/a.png", False) is None
+    assert "shaped like a MIMIC-CXR image" in reference_problem("pmc", MIMIC_REF, False)
+    assert "shaped like a MIMIC-CXR image" in reference_problem("pmc", "x/" + MIMIC_REF.rsplit("/", 1)[1], False)
+    assert reference_problem("pmc", MIMIC_REF, True) is None
+    assert "'..'" in reference_problem("pmc", "../x.png", False)
+    assert looks_credentialed(MIMIC_REF) and not looks_credentialed("xmlab1/source.jpg")
 
 
 def test_a_file_that_is_not_utf8_names_its_line(fixture_benchmark, tmp_path, dataset_cache):

@@ -15,6 +15,7 @@ from medheval.data.schema import CLUSTER_UNITS, cluster_id
 from medheval.report.build import write_report
 from medheval.report.collect import ReportError, find_runs
 from medheval.report.paper import build_tables, comparisons
+from medheval.report.tables import md_text
 from medheval.report.stats import (CLUSTER_NOTE, FEW_CLUSTERS, LEVEL, METHOD_NOTE, bootstrap_ci, compare_accuracy,
                                    expanded_level)
 from medheval.run import protocol
@@ -117,7 +118,7 @@ def test_cli_cluster_option(tmp_path, capsys):
     assert main(["report", str(run), "--output", str(tmp_path / "none"), "--no-plots", "--no-html",
                  "--cluster", "none"]) == 0
     markdown = (tmp_path / "none" / "report.md").read_text()
-    assert METHOD_NOTE in markdown and "Resampled:" not in markdown
+    assert md_text(METHOD_NOTE) in markdown and "Resampled:" not in markdown  # notes are escaped in Markdown
     with pytest.raises(SystemExit):
         main(["report", str(run), "--output", str(tmp_path / "x"), "--cluster", "image"])
     assert "invalid choice: 'image'" in capsys.readouterr().err
@@ -288,3 +289,28 @@ def test_clinhallu_run_without_cluster_ids_says_so(tmp_path):
     assert stage.rows[0][1][0].low is not None  # items resampled
     assert any("clinhallu:all by item, not by image: this run's protocol logs have no cluster ids" in line
                for line in stage.footer)
+
+
+def test_clinhallu_logs_outside_the_run_folder_are_never_read(tmp_path):
+    """A results.json naming another folder's ClinHallu logs (``logs``: an absolute path), or a split name that
+    leads out of the run folder, makes the report read nothing there; it says why, naming the folder."""
+    import shutil
+
+    from report_runs import write_clinhallu_run
+    from medheval.report.collect import protocol_columns
+
+    table = [("vqa_rad", 1, 1, 1, 1, 0, 0, 0)] * 3 + [("vqa_rad", 0, 0, 0, 0, 0, 0, 0)] * 3
+    run = write_clinhallu_run(tmp_path / "run", table)
+    entry = json.loads((run / "results.json").read_text())["benchmarks"]["clinhallu:all"]
+    columns, why = protocol_columns(run, "clinhallu:all", entry)
+    assert why is None and len(columns["ids"]) == 6  # the run's own logs
+    elsewhere = tmp_path / "victim" / "logs"
+    shutil.move(str(run / "clinhallu" / "all"), str(elsewhere))
+    columns, why = protocol_columns(run, "clinhallu:all", {**entry, "logs": str(elsewhere)})
+    assert columns is None and f"named for clinhallu:all ({elsewhere}) are outside the run folder" in why
+    columns, why = protocol_columns(run, "clinhallu:../../victim/logs", entry)
+    assert columns is None and "outside the run folder" in why
+    inside = run / "clinhallu" / "moved"  # a folder inside the run is still read
+    shutil.move(str(elsewhere), str(inside))
+    columns, why = protocol_columns(run, "clinhallu:all", {**entry, "logs": str(inside)})
+    assert why is None and len(columns["ids"]) == 6

@@ -65,6 +65,19 @@ def test_a_cell_without_an_interval_keeps_its_dagger_in_html(tmp_path):
     assert any(text.startswith("50.0 [") and "†" not in text for text in re.findall(r"<td[^>]*>([^<]*)</td>", page))
 
 
+def test_a_mimic_shaped_image_of_a_non_credentialed_item_is_never_embedded(tmp_path):
+    """A hostile run folder's SLAKE item naming a MIMIC-CXR file under the SLAKE root gets no thumbnail."""
+    from medheval.report.html import _thumbnail
+
+    name = "p19/p19999901/s59999901/f1c00001-00000000-00000000-00000000-00000001.jpg"
+    (tmp_path / name).parent.mkdir(parents=True)
+    Image.new("RGB", (30, 20), (200, 0, 0)).save(tmp_path / name)
+    Image.new("RGB", (30, 20), (0, 200, 0)).save(tmp_path / "img0.png")
+    item = {"id": "mm_vishal/slake/0", "source": "slake", "credentialed": False}
+    assert _thumbnail({**item, "images": ["img0.png"]}, {"slake": str(tmp_path)}).startswith("data:image/png")
+    assert _thumbnail({**item, "images": [name]}, {"slake": str(tmp_path)}) is None
+
+
 def test_no_thumbnails_unless_asked(tmp_path):
     grid = write_grid(tmp_path / "grid", {"none": [True, False]})
     written = write_report([grid], tmp_path / "out", plots=False, image_roots={"slake": str(tmp_path)})

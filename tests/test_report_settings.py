@@ -10,6 +10,7 @@ from pathlib import Path
 
 from report_runs import write_run
 from medheval.report.build import write_report
+from medheval.report.tables import md_text
 
 
 def _settings(folder: Path, backend: dict, **top: object) -> Path:
@@ -38,7 +39,7 @@ def test_runs_of_one_model_show_the_settings_they_differ_in(tmp_path: Path) -> N
     shown = (f"protocol medheval-baseline · sampled (temperature 0.7, seed 3) · max_new_tokens 64 · generation "
              f'{{"fixed":{{"max_new_tokens":512}}}} (no built-in table) · scoring upstream_compat · judge '
              f"<b>judge</b> · dtype bfloat16 · batch size 4")
-    assert f"- `m · none (paper)`: `m · none` ({paper}): {shown}" in markdown
+    assert f"- `m · none (paper)`: `m · none` ({paper}): {md_text(shown)}" in markdown  # escaped: no raw <b>
     page = Path(written["html"]).read_text()
     assert f"<li>m · none (paper): m · none ({paper}): {html.escape(shown)}</li>" in page
     assert "<b>judge</b>" not in page

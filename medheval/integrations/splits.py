@@ -17,6 +17,10 @@ Settings come from arguments, else the environment:
   root is the default for every source). One value serves every split: a split uses the roots of its own
   sources, and roots of other sources are not noted (a root name that matches none still shows in the error
   of a split that lacks a root).
+- ``MEDHEVAL_ALLOW_CREDENTIALED``: ``1``/``true`` lets a split of credentialed records (MIMIC-CXR, MIMIC-IV)
+  load (:func:`load_items`, :func:`record_images`); an explicit argument (inspect's ``-T
+  allow_credentialed=true``) wins. Without it such a split is refused: a harness hands the images to whatever
+  model it runs, possibly a third-party API, where ``medheval run`` checks the endpoint.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ ANSWER_TYPES: dict[str, tuple[str, ...]] = {
 }
 DATA_DIR_ENV = "MEDHEVAL_DATA_DIR"
 IMAGE_ROOTS_ENV = "MEDHEVAL_IMAGE_ROOTS"
+ALLOW_CREDENTIALED_ENV = "MEDHEVAL_ALLOW_CREDENTIALED"
+_TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"", "0", "false", "no", "off"})
 
 
 @dataclass
@@ -111,6 +117,41 @@ def harness_settings(data_dir: str | os.PathLike[str] | None = None,
     return (os.fspath(data_dir) if data_dir is not None else None), (dict(image_roots) if image_roots else None)
 
 
+def credentialed_allowed(allow: bool | str | None = None) -> bool:
+    """Whether credentialed splits may load: ``allow`` when given (a bool, or inspect's ``-T`` text ``true``/
+    ``false``), else ``$MEDHEVAL_ALLOW_CREDENTIALED``; anything but a yes/no spelling is an error."""
+    where = "allow_credentialed"
+    if allow is None:
+        allow, where = os.environ.get(ALLOW_CREDENTIALED_ENV, ""), ALLOW_CREDENTIALED_ENV
+    if isinstance(allow, bool):
+        return allow
+    text = str(allow).strip().lower()
+    if text in _TRUE | _FALSE:
+        return text in _TRUE
+    raise ValueError(f"{where}={allow!r}: expected true or false (1/0, yes/no)")
+
+
+def check_credentialed(split: str, records: list[Mapping[str, Any]], allow: bool | str | None = None) -> None:
+    """Refuse (:class:`~medheval.judges.endpoints.CredentialedDataError`, naming the split and records) records
+    from credentialed sources (``meta.credentialed``, else a MIMIC source) unless :func:`credentialed_allowed`."""
+    from medheval.data.schema import record_credentialed
+    from medheval.judges.endpoints import CredentialedDataError
+
+    flagged = [str(record.get("id")) for record in records if record_credentialed(dict(record))]
+    if not flagged or credentialed_allowed(allow):
+        return
+    shown = ", ".join(flagged[:3]) + (f" and {len(flagged) - 3} more" if len(flagged) > 3 else "")
+    raise CredentialedDataError(
+        f"{split}: refusing to load {len(flagged)} credentialed record(s) ({shown}) into a harness task. They "
+        "derive from MIMIC-CXR / MIMIC-IV, released on PhysioNet under a credentialed data use agreement that "
+        "forbids sharing the data with third parties; the harness sends each record's images to whatever model "
+        "it runs (inspect --model / lmms-eval --model, possibly a remote API that medheval cannot check), and "
+        "inspect also writes them into its .eval log. Nothing was sent.\n"
+        "To proceed with a model you run yourself or a deployment your agreement covers, opt in: inspect "
+        "-T allow_credentialed=true (and --no-log-images, which keeps the pixels out of the log); lmms-eval "
+        f"{ALLOW_CREDENTIALED_ENV}=1. Or evaluate it with `medheval run`, whose API backend checks the endpoint.")
+
+
 class _HarnessModel:
     """What the runner's checks need to know of the model: whether it reads images."""
 
@@ -138,16 +179,19 @@ def _prepare(benchmark: str, config: str | None, data_dir: Any, image_roots: Any
 
 def load_items(benchmark: str, config: str | None = None, data_dir: str | os.PathLike[str] | None = None,
                image_roots: str | Mapping[str, str] | None = None, limit: int | None = None,
-               decode_images: bool = True) -> list[HarnessItem]:
+               decode_images: bool = True, allow_credentialed: bool | str | None = None) -> list[HarnessItem]:
     """The split's items as ``medheval run`` feeds them to a model: same records (first ``limit``), same
     prompt text, same images (a missing root or file raises the runner's error naming ids and roots).
     ``decode_images=False``: every image is checked but none decoded (``images`` is empty; a harness that
-    reads them per sample calls :func:`record_images`)."""
+    reads them per sample calls :func:`record_images`). Credentialed records (MIMIC) are refused unless
+    ``allow_credentialed`` (else ``$MEDHEVAL_ALLOW_CREDENTIALED``) says yes: :func:`check_credentialed`."""
     from medheval.run.prompts import build_prompt
 
     loaded = _prepare(benchmark, config, data_dir, image_roots, limit, needs_images=True).loaded
+    records = loaded.dataset.to_list()
+    check_credentialed(f"{benchmark}:{loaded.config}", records, allow_credentialed)
     items = []
-    for record in loaded.dataset.to_list():
+    for record in records:
         images = loaded.resolver.load_record_images(record) if loaded.resolver is not None and decode_images else []
         items.append(HarnessItem(id=record["id"], prompt=build_prompt(record), images=images,
                                  target=str(record["answer"] or ""), record=record))
@@ -161,11 +205,13 @@ def _resolver(roots: tuple[tuple[str, str], ...]) -> Any:
     return ImageResolver(dict(roots))
 
 
-def record_images(record: Mapping[str, Any], image_roots: str | Mapping[str, str] | None = None) -> list[Image.Image]:
+def record_images(record: Mapping[str, Any], image_roots: str | Mapping[str, str] | None = None,
+                  allow_credentialed: bool | str | None = None) -> list[Image.Image]:
     """One record's images (keys ``id``, ``source``, ``images``), decoded as ``medheval run`` decodes them,
-    through the image roots of :func:`harness_settings`."""
+    through the image roots of :func:`harness_settings`; a credentialed record's as :func:`load_items` allows."""
     if not record.get("images"):
         return []
+    check_credentialed(f"{record.get('benchmark', '?')}:{record.get('config', '?')}", [record], allow_credentialed)
     roots = harness_settings(None, image_roots)[1] or {}
     return _resolver(tuple(sorted(roots.items()))).load_record_images(record)
 
@@ -277,6 +323,6 @@ def item_value(row: Mapping[str, Any]) -> float | None:
     return None
 
 
-__all__ = ["ANSWER_TYPES", "EXCLUDED", "HARNESS_BENCHMARKS", "ITEM_VALUE_KEYS", "SPLIT_NUMBERS", "HarnessItem", "default_config",
+__all__ = ["ALLOW_CREDENTIALED_ENV", "ANSWER_TYPES", "EXCLUDED", "HARNESS_BENCHMARKS", "ITEM_VALUE_KEYS", "SPLIT_NUMBERS", "HarnessItem", "default_config",
            "default_metric_names", "generation_settings", "harness_settings", "harness_splits", "item_value", "load_items",
-           "number_value", "parse_image_roots", "record_images", "score_split", "split_is_fixture", "split_numbers"]
+           "number_value", "parse_image_roots", "check_credentialed", "credentialed_allowed", "record_images", "score_split", "split_is_fixture", "split_numbers"]

@@ -20,6 +20,7 @@ import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
+from urllib.parse import quote
 
 if TYPE_CHECKING:  # imported when a report is written, so `medheval --help` stays fast
     from medheval.report.collect import Run
@@ -180,7 +181,7 @@ def build_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     ``p_adjust``: how each comparison table's p-values are adjusted as one family: ``holm`` (default), ``bh``
     or ``none`` (:func:`medheval.report.stats.adjust_p`)."""
     from medheval.run.outputs import atomic_write_text
-    from medheval.report.tables import neutralise_bidi
+    from medheval.report.tables import md_code, md_text, neutralise_bidi
     from medheval.report.collect import find_runs, run_labels, run_settings, software_stack
     from medheval.report.paper import build_tables, comparisons, image_deltas, sections_markdown, to_csv, to_json
 
@@ -198,14 +199,17 @@ def build_report(paths: Sequence[str | Path], output: str | Path, plots: bool = 
     from medheval.report.html import random_weight_banner
 
     banner = random_weight_banner(runs)
-    header = ["# MedHEval-HF report", "", *([f"> **⚠ {banner}**", ""] if banner else []), "Runs: " + ", ".join(f"`{names[id(run)]}`" for run in runs), ""]
-    header += ["Run folders and full settings:", "", *(f"- `{names[id(run)]}`: `{run.label}` ({run.path}): "
-                                                       f"{run_settings(run)}" for run in runs), ""]
-    header += ["## Caveats", "", *(f"- {line}" for line in notes), ""] if notes else []
+    # every text from a run folder (names, paths, settings, warnings) is escaped where it is written
+    header = ["# MedHEval-HF report", "", *([f"> **⚠ {md_text(banner)}**", ""] if banner else []),
+              "Runs: " + ", ".join(md_code(names[id(run)]) for run in runs), ""]
+    header += ["Run folders and full settings:", "", *(f"- {md_code(names[id(run)])}: {md_code(run.label)} "
+                                                       f"({md_text(run.path)}): {md_text(run_settings(run))}"
+                                                       for run in runs), ""]
+    header += ["## Caveats", "", *(f"- {md_text(line)}" for line in notes), ""] if notes else []
     header += usage_section(runs)
     header += stack_section(runs)
     markdown = "\n".join(header) + "\n" + sections_markdown(tables)
-    markdown += "".join(f"\n![{name}](plots/{path.name})\n" for name, path in figures.items())
+    markdown += "".join(f"\n![{md_text(name)}](plots/{quote(path.name)})\n" for name, path in figures.items())
     atomic_write_text(output / "report.md", neutralise_bidi(markdown))
     atomic_write_text(output / "tables.csv", neutralise_bidi(to_csv(tables)))
     summary = {"runs": [{"path": str(run.path), "model": run.model, "mitigation": run.mitigation,
@@ -244,29 +248,33 @@ USAGE_COLUMNS = ("requests", "cached", "failures", "retries", "input_tokens", "o
 def usage_section(runs: Sequence["Run"]) -> list[str]:
     """``## API usage``: requests, cache hits, failures, retries and tokens of runs whose model answered over
     an API (``results.json["usage"]``); nothing when no run did."""
+    from medheval.report.tables import md_cell, md_code
+
     rows = [(run, run.results["usage"]) for run in runs if isinstance(run.results.get("usage"), dict)]
     if not rows:
         return []
     lines = ["## API usage (model under test)", "", "| Run | " + " | ".join(USAGE_COLUMNS) + " |",
              "|" + "---|" * (len(USAGE_COLUMNS) + 1)]
-    lines += [f"| `{run.label}` | " + " | ".join(str(usage.get(key, "–")) for key in USAGE_COLUMNS) + " |"
-              for run, usage in rows]
+    lines += [f"| {md_code(run.label, cell=True)} | " + " | ".join(md_cell(usage.get(key, "–"))
+                                                                  for key in USAGE_COLUMNS) + " |" for run, usage in rows]
     return lines + [""]
 
 
 def stack_section(runs: Sequence["Run"]) -> list[str]:
     """``## Software stack``: one line when all runs share one stack, else a table with a row per run."""
     from medheval.report.collect import STACK_COLUMNS, software_stack
+    from medheval.report.tables import md_cell, md_code, md_text
 
     rows = software_stack(runs)
     if not rows:
         return []
     if len(rows) == 1 and rows[0][0] == "all runs":
-        return ["## Software stack", "", "All runs: " + " · ".join(f"{name} {version}"
+        return ["## Software stack", "", "All runs: " + " · ".join(md_text(f"{name} {version}")
                                                                   for name, version in rows[0][1].items()), ""]
     lines = ["## Software stack", "", "| Run | " + " | ".join(STACK_COLUMNS) + " |",
              "|" + "---|" * (len(STACK_COLUMNS) + 1)]
-    lines += [f"| `{label}` | " + " | ".join(stack[name] for name in STACK_COLUMNS) + " |" for label, stack in rows]
+    lines += [f"| {md_code(label, cell=True)} | " + " | ".join(md_cell(stack[name]) for name in STACK_COLUMNS)
+              + " |" for label, stack in rows]
     return lines + [""]
 
 

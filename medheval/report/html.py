@@ -181,11 +181,17 @@ def _credentialed(item: dict[str, Any]) -> bool:
 
 
 def _thumbnail(item: dict[str, Any], image_roots: dict[str, str]) -> str | None:
-    """A ``data:`` PNG of the item's first image when it is not credentialed and its source's root is a
-    local folder holding it (a path escaping the root is refused)."""
+    """A ``data:`` PNG of the item's first image when it is not credentialed, its name is not MIMIC-shaped
+    (:func:`~medheval.data.images.looks_credentialed`: a SLAKE item of a hostile run folder naming a MIMIC-CXR
+    file embeds nothing), and its source's root is a local folder holding it (a path escaping the root is
+    refused)."""
+    from medheval.data.images import looks_credentialed
+
     images, source = item.get("images") or [], str(item.get("source") or "")
     root = image_roots.get(source)
     if _credentialed(item) or not images or not root or "://" in root or not Path(root).is_dir():
+        return None
+    if looks_credentialed(str(images[0])):
         return None
     base = Path(root).resolve()
     path = (base / str(images[0])).resolve()

@@ -32,7 +32,8 @@ from medheval.report.stats import (CLUSTER_NOTE, LEVEL, METHOD_NOTE, P_ADJUST_NA
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
                                     STEPBENCH_LANGUAGES, STEPBENCH_STEPS, CLINHALLU_DELTAS,
                                     STEPBENCH_STEP1_NOTE, LABELER_NOTE, clinhallu_model_average, clinhallu_stage_denominator,
-                                    clinhallu_stage_notes, md_cell, stepbench_rows, stepbench_shows)
+                                    clinhallu_stage_notes, csv_cell, md_cell, md_text, stepbench_rows,
+                                    stepbench_shows)
 from medheval.data.schema import VISUAL_CATEGORIES
 
 # (metric, summary key) -> the per-item key in scored.jsonl whose mean is that figure.
@@ -1069,8 +1070,8 @@ def sections_markdown(tables: list[Table]) -> str:
     for section in sections(tables):
         parts += [to_markdown(table, footer) for table, footer in section.tables]
         if section.notes:
-            parts.append(f"_Notes for the {section.title} tables above:_  \n"
-                         + "".join(f"_{line}_  \n" for line in section.notes))
+            parts.append(f"_Notes for the {md_text(section.title)} tables above:_  \n"
+                         + "".join(f"_{md_text(line)}_  \n" for line in section.notes))
     return "\n".join(parts)
 
 
@@ -1164,15 +1165,16 @@ def format_cell(cell: Cell, markdown: bool = True) -> str:
 def to_markdown(table: Table, footer: list[str] | None = None) -> str:
     """One table (short labels, then their legend and ``footer``: the table's own when ``None``)."""
     header = [*table.row_header, *(c.label for c in table.columns)]
-    lines = [f"## {table.title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [f"## {md_text(table.title)}", "", "| " + " | ".join(md_cell(name) for name in header) + " |",
+             "|" + "---|" * len(header)]
     for labels, cells in table.rows:
         lines.append("| " + " | ".join([*(md_cell(table.shown(label)) for label in labels),
-                                        *(format_cell(c) for c in cells)]) + " |")
+                                        *(md_cell(format_cell(c)) for c in cells)]) + " |")
     footer = table.footer if footer is None else footer
     if table.labels:
         lines += ["", "Mitigation settings:", "", *(f"- {md_cell(line)}" for line in legend_lines(table))]
     if footer:
-        lines += ["", *(f"_{line}_  " for line in footer)]
+        lines += ["", *(f"_{md_text(line)}_  " for line in footer)]
     return "\n".join(lines) + "\n"
 
 
@@ -1185,8 +1187,9 @@ def to_csv(tables: list[Table]) -> str:
     for table in tables:
         for labels, cells in table.rows:
             for column, cell in zip(table.columns, cells):
-                writer.writerow([table.key, " | ".join(labels), column.label, *("" if v is None else v for v in (
-                    cell.value, cell.std, cell.low, cell.high, cell.n, cell.mark, cell.text, cell.note))])
+                writer.writerow([csv_cell(v) for v in (table.key, " | ".join(labels), column.label, *(
+                    "" if v is None else v for v in (cell.value, cell.std, cell.low, cell.high, cell.n, cell.mark,
+                                                     cell.text, cell.note)))])
     return buffer.getvalue()
 
 

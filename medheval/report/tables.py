@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -31,6 +32,38 @@ def md_cell(text: Any) -> str:
     text), ``|`` escaped, newlines as spaces."""
     return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
             .replace("\r", " ").replace("\n", " "))
+
+
+def md_text(text: Any) -> str:
+    """Text safe as a Markdown line or note (a caveat, footer, title): :func:`md_cell`'s escaping plus ``[``
+    and ``]`` (no link or image a run folder's text could plant, ``![x](https://...)``); backticks and
+    emphasis are kept."""
+    return md_cell(text).replace("[", "\\[").replace("]", "\\]")
+
+
+def md_code(text: Any, cell: bool = False) -> str:
+    """``text`` as one inline code span, whatever backticks it holds (the fence is longer than any run of
+    them), newlines as spaces, and ``&``, ``<``, ``>`` as entities (shown as such: a code span is literal in
+    Markdown, but a file with no raw tag is safe in any viewer); ``cell``: ``|`` escaped for a table cell."""
+    body = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\r", " ").replace("\n", " ")
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if body.startswith("`") or body.endswith("`") else ""
+    span = f"{fence}{pad}{body}{pad}{fence}"
+    return span.replace("|", "\\|") if cell else span
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[+-]?(?:inf|nan)", re.IGNORECASE)
+
+
+def csv_cell(value: Any) -> Any:
+    """A ``tables.csv`` cell a spreadsheet cannot run: text starting with ``= + - @``, tab or carriage return
+    (a formula such as ``=HYPERLINK(...)`` from a model name) gets a leading ``'``; numbers, and text that is
+    a number (``-0.05``, ``+1.2``), are kept."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
 
 
 def _row(cells: Iterable[Any]) -> str:

@@ -117,9 +117,34 @@ def canonical_answer_type(answer_type: str) -> str:
 # whitespace or the end of the string.
 _MARKER = re.compile(r"\(?([A-Z])([.:),])(?=\s|$)")
 _STRICT_BEFORE = re.compile(r"(?:[,;]|\n|[,;]?\s+(?:or|and))\s*$", re.I)
-_BARE_LETTERS = re.compile(r"\s*[A-Z](?:\s*[,;/]\s*[A-Z])*\s*[.]?\s*")
-_TRAILING_CONJ = re.compile(r"[\s,;]+(?:or|and)$", re.I)
+# Fullmatched against a stripped string: "A, B, C, D" or "A/B." (no leading/trailing whitespace to match).
+_BARE_LETTERS = re.compile(r"[A-Z](?:\s*[,;/]\s*[A-Z])*(?:\s*\.)?")
+_TRAILING_CONJ = re.compile(r"[\s,;](?:or|and)\Z", re.I)
 _LIST_PREFIX = re.compile(r"^\s*\(?([A-Z])\s*[.:),]\s*")
+STRICT_WINDOW = 5  # the most characters _STRICT_BEFORE is run on: " and" plus one whitespace character
+
+
+def _strict_window(s: str, start: int) -> str:
+    """The end of ``s[:start]`` that decides whether ``_STRICT_BEFORE`` matches it, at most
+    :data:`STRICT_WINDOW` characters: the four characters before the trailing whitespace run, then a newline
+    when that run holds one, else its first character. The regex on the whole prefix backtracks over every
+    whitespace run (quadratic in a long one); on this window it gives the same answer in constant time."""
+    end = start
+    while end > 0 and s[end - 1].isspace():  # the same characters as the regex's \s and str.strip()
+        end -= 1
+    tail = "\n" if "\n" in s[end:start] else s[end:end + 1] if end < start else ""
+    return s[max(0, end - 4):end] + tail
+
+
+def _drop_trailing_conj(text: str) -> str:
+    """``text`` without a trailing ``or``/``and`` and the run of whitespace, ``,`` and ``;`` before it (what
+    ``[\\s,;]+(?:or|and)$`` removed), found from the end: the regex retried every position of a long run."""
+    if not _TRAILING_CONJ.search(text[-4:]):
+        return text
+    end = len(text) - (2 if text[-2:].lower() == "or" else 3)
+    while end > 0 and (text[end - 1].isspace() or text[end - 1] in ",;"):
+        end -= 1
+    return text[:end]
 
 
 def _clean_option(text: str) -> str:
@@ -127,7 +152,7 @@ def _clean_option(text: str) -> str:
     prev = None
     while prev != text:
         prev = text
-        text = _TRAILING_CONJ.sub("", text).strip(" \t\r\n,;").rstrip(" .")
+        text = _drop_trailing_conj(text).strip(" \t\r\n,;").rstrip(" .")
     return text
 
 
@@ -142,11 +167,10 @@ def _marker_positions(s: str, strict: bool) -> list[re.Match]:
             continue
         start = m.start()
         if start:
-            before = s[:start]
             if strict:
-                if not _STRICT_BEFORE.search(before):
+                if not _STRICT_BEFORE.search(_strict_window(s, start)):
                     continue
-            elif not (before[-1].isspace() or before[-1] in ",;/"):
+            elif not (s[start - 1].isspace() or s[start - 1] in ",;/"):
                 continue
         if punct == ",":
             # "A, Stent; B, CHF" style: only when the A marker itself used a comma.

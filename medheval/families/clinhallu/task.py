@@ -218,7 +218,7 @@ class ClinHalluProtocol(SplitProtocol):
         """Per-item columns of a ClinHallu split, as the run gave them to ``metrics/clinhallu``:
         :func:`medheval.families.clinhallu.protocol.metric_inputs` on the protocol's judgments log, over the
         items of its generations log (``<run>/clinhallu/<config>/``, else the folder ``results.json`` names in
-        ``logs``). Items are taken in id order (so an interval does not depend on the order the log was
+        ``logs`` when it lies inside the run folder: one outside, or a split name leading out, is refused). Items are taken in id order (so an interval does not depend on the order the log was
         written in), with ``clusters`` (each item's cluster label, ``None`` where unknown) when the run wrote
         :data:`CLUSTERS`. Returns (columns plus ``ids``, ``None``) or (``None``, why not); the logs are only read,
         never repaired."""
@@ -229,6 +229,11 @@ class ClinHalluProtocol(SplitProtocol):
         folder = Path(run_folder) / "clinhallu" / split.partition(":")[2]
         if not (folder / GENERATIONS).exists() and isinstance(entry.get("logs"), str):
             folder = Path(entry["logs"])
+        base = Path(run_folder).resolve()
+        if not folder.resolve().is_relative_to(base):  # results.json is input: read no other folder's logs
+            return None, (f"the ClinHallu protocol logs named for {split} ({folder}) are outside the run folder "
+                          f"{run_folder}; only logs inside it are read: move them under "
+                          f"{Path(run_folder) / 'clinhallu'}/<config>/")
         if not (folder / GENERATIONS).exists():
             return None, f"no ClinHallu protocol logs ({GENERATIONS}) in {folder}"
         try:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from medheval.data.builders import PinnedFilesBuilder, id_field, image_field, read_json_records, text_field
+from medheval.data.builders import PinnedFilesBuilder, check_text_length, id_field, image_field, read_json_records, text_field
 from medheval.data.fetch import PinnedFile
 from medheval.scoring.parsing import normalize_reference, split_choices
 from medheval.data.schema import HALLUCINATION_TYPE_TO_CATEGORY, is_credentialed, make_id
@@ -96,6 +96,8 @@ def _check_keys(raw: dict, fmt: str, path: str, index: int) -> None:
     id_field(raw, "qid", where)
     for key in ("question", "answer"):
         text_field(raw, key, where)
+    if isinstance(raw.get("choices"), str):  # a choices string is parsed for its options
+        check_text_length(raw["choices"], "choices", where)
     image_field(raw, "img_name", where)  # every released MedHEval file has an image per record (none is text-only)
 
 

@@ -1,7 +1,8 @@
 """``--model medheval/<hub id or folder>``: a local HF vision-language model as an inspect_ai model, run by
 our HF backend (:class:`medheval.backends.hf.HFBackend`), optionally with one of our mitigations.
 
-    inspect eval medheval/cxr_vishal --model medheval/llava-hf/llava-1.5-7b-hf -M mitigation=vcd:alpha=1,beta=0.1
+    inspect eval medheval/cxr_vishal -T allow_credentialed=true --model medheval/llava-hf/llava-1.5-7b-hf \
+        -M mitigation=vcd:alpha=1,beta=0.1
     inspect eval medheval/mm_vishal --model medheval//models/my-llava -M batch_size=16 -M device=cuda
 
 Model args (``-M``): ``mitigation`` (our spec syntax, ``-M mitigation=vcd:alpha=1,beta=0.1``: inspect splits it

@@ -7,6 +7,9 @@ Two ways in (lmms-eval 0.7.x):
   ``tasks`` folder to its task paths and reads ``AVAILABLE_MODELS`` from its ``models`` module (empty: we
   add tasks, no models).
 
+A split of credentialed (MIMIC) records is refused unless ``MEDHEVAL_ALLOW_CREDENTIALED=1``
+(:func:`medheval.integrations.splits.check_credentialed`): lmms-eval hands the images to any model, API ones too.
+
 One task per split of :func:`medheval.integrations.splits.harness_splits`, named ``medheval_<benchmark>_<config>``,
 plus the group ``medheval`` (every public benchmark's tasks) and ``medheval_med_stepbench`` (Med-StepBench: no
 public data, so not in ``medheval``). The yaml files are written by :mod:`.write_tasks`; ``tasks/utils.py``
