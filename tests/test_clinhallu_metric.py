@@ -121,9 +121,11 @@ def test_setting_not_run_and_empty_denominators_give_none(metric):
     columns = {"correct": [1, 1], **{key: [N, N] for key in KEYS[1:]}}
     r = metric.compute(**columns, settings=["org"])
     assert r["acc"] == 1.0
-    assert all(r[key] is None for key in ("acc_rep_v", "delta_v", "h_k", "h_r"))  # Rep-V, Rep-VK not run
-    assert r["h_v"] == 1.0  # ORG ran, and neither VR was judged: both count as hallucinated (Eq. 13)
-    assert metric.compute(**columns, settings=["org"], stage_denominator="judged")["h_v"] is None
+    # Rep-V, Rep-K, Rep-VK not run: H^V is read from the Rep-K trace, so it is not there either
+    assert all(r[key] is None for key in ("acc_rep_v", "delta_v", "h_v", "h_k", "h_r"))
+    with_k = metric.compute(**columns, settings=["org", "rep_k"])
+    assert with_k["h_v"] == 1.0  # Rep-K ran, and neither VR was judged: both count as hallucinated (Eq. 13)
+    assert metric.compute(**columns, settings=["org", "rep_k"], stage_denominator="judged")["h_v"] is None
     assert r["fix_rate"]["rep_k"] is None and r["counts"]["rep_k"]["n_break"] == 0
     # run but every trace invalid: the default charges the model, upstream has nothing to score
     invalid = metric.compute(**columns)

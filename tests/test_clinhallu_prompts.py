@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import re
 import shutil
+import sys
 import string
 
 import pytest
@@ -89,11 +90,12 @@ def test_judge_messages_and_support_context():
     assert "Reference answer: C. Lung cancer" in user and "Model's answer: C" in user
     candidate = {"visual_recognition": "A mass.", "knowledge_recall": "", "reasoning": "So cancer."}
     _, kr_user = P.step_judge_messages(own, RECORD, "knowledge_recall", candidate, GOLD)
-    assert P.support_context(GOLD, candidate) == (
+    assert P.support_context(GOLD, candidate, own.support_fallback) == (
         f"Reference Visual Recognition: {GOLD['visual_recognition']}\n"
         f"Reference Knowledge Recall: {GOLD['knowledge_recall']}\nCandidate Visual Recognition: A mass.")
     assert "Reference Knowledge Recall:" in kr_user
-    assert P.support_context({}, {}) == "(no visual or knowledge lines to compare against)"
+    assert P.support_context({}, {}, own.support_fallback) == "(no visual or knowledge lines to compare against)"
+    assert "Options:\nA. Pneumonia" in user  # this project's answer judge sees the options
     _, vr_user = P.step_judge_messages(own, RECORD, "visual_recognition", candidate, {})
     assert "(empty)" in vr_user and "Other context" not in vr_user
     with pytest.raises(ValueError, match="unknown stage"):
@@ -161,3 +163,101 @@ def test_own_wording_shares_no_long_run_of_words_with_upstream():
     theirs = set().union(*(runs(getattr(upstream, slot)) for slot in P.UPSTREAM_NAMES))
     for slot in P.UPSTREAM_NAMES:
         assert not runs(getattr(own, slot)) & theirs, slot
+
+
+# ---------------------------------------------------------------- against ClinHallu's judge code (../shared)
+
+@pytest.fixture
+def upstream_code(monkeypatch):
+    """Loads one of ClinHallu's modules from ../shared (test only: what the released code builds), with its
+    own imports (``common``, ``prompts.*``) resolvable; sys.path and sys.modules are restored afterwards."""
+    monkeypatch.syspath_prepend(str(UPSTREAM))
+    monkeypatch.syspath_prepend(str(UPSTREAM / "src"))
+    before = set(sys.modules)
+
+    def load(relpath):
+        spec = importlib.util.spec_from_file_location(f"clinhallu_code_{relpath.replace('/', '_')}", UPSTREAM / relpath)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    yield load
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+class _Capture:
+    """ClinHallu's judge API stand-in: keeps the request item it is sent, replies with ``reply``."""
+
+    def __init__(self, reply):
+        self.reply, self.items = reply, []
+
+    def generate(self, item):
+        self.items.append(item)
+        return self.reply
+
+
+@requires_upstream
+def test_the_answer_judge_sees_the_bare_question_as_upstream(upstream_code):
+    """02_judge_answers.py passes sample["question"] (no options) to answer_judge.judge_answer_correctness."""
+    answer_judge = upstream_code("src/model_evaluation/answer_judge.py")
+    api = _Capture('{"answer_correct": 1, "answer_reasoning": "same"}')
+    answer_judge.judge_answer_correctness(api, RECORD["question"], "C", RECORD["answer"], max_attempts=1)
+    (item,) = api.items
+    prompts = P.prompt_set("upstream", data_dir=UPSTREAM)
+    assert P.answer_judge_messages(prompts, RECORD, "C") == (item["messages"]["system"], item["messages"]["prompt"])
+    assert "Options:" not in item["messages"]["prompt"] and prompts.judge_sees_options is False
+
+
+@requires_upstream
+def test_the_support_context_fallback_is_upstreams(upstream_code):
+    """Neither trace has a VR or KR line: the reasoning judge's prompt is the one the released step judge builds,
+    its fallback sentence read from the pinned script (ast), not written here."""
+    step_judge = upstream_code("src/model_evaluation/step_hallucination_judge.py")
+    api = _Capture('{"hallucinated": 0, "reason": "fine"}')
+    candidate = {"reasoning": "The mass is spiculated, hence cancer."}
+    step_judge.judge_step_hallucination(api, "reasoning", RECORD["question"], RECORD["answer"], candidate["reasoning"],
+                                        GOLD["reasoning"], {"gold_cot": {}}, {"cot": {}}, max_attempts=1)
+    (item,) = api.items
+    prompts = P.prompt_set("upstream", data_dir=UPSTREAM)
+    assert prompts.support_fallback == step_judge._build_support_context({}, {})
+    gold = {"reasoning": GOLD["reasoning"]}
+    assert P.step_judge_messages(prompts, RECORD, "reasoning", candidate, gold) == (
+        item["messages"]["system"], item["messages"]["prompt"])
+
+
+def test_returned_fallback_reads_the_literal_after_or(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('import os\n\ndef build(a):\n    lines = []\n    return "\\n".join(lines) or "Nothing here."\n'
+                    'os.system("exit 1")\n')
+    assert P.returned_fallback(path, "build") == "Nothing here."
+    with pytest.raises(P.UnsupportedConstant, match="no function other"):
+        P.returned_fallback(path, "other")
+
+
+@requires_upstream
+def test_upstream_files_are_found_by_env_then_data_dir_with_a_clear_error(tmp_path, monkeypatch):
+    """$MEDHEVAL_CLINHALLU_CODE (a copy of the repository) first and only; else a data folder holding the
+    files; else the cache or a download. Nothing found: the error names the file, where it looked, the fix."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(P.CODE_DIR_ENV, str(UPSTREAM))
+    found = P.prompt_set("upstream", data_dir=tmp_path / "hub_snapshot")
+    assert {f["origin"] for f in found.files} == {"data_dir"} and found.version == P.UPSTREAM_VERSION
+    monkeypatch.setenv(P.CODE_DIR_ENV, str(tmp_path / "empty"))
+    with pytest.raises(AnnotationUnavailable) as error:
+        P.prompt_set("upstream", data_dir=UPSTREAM)  # the variable, when set, is the only place looked in
+    message = str(error.value)
+    assert "'prompts/cot_generation.py' is not in" in message and f"${P.CODE_DIR_ENV}" in message
+    assert str(tmp_path / "empty" / "prompts" / "cot_generation.py") in message
+    assert f"git -C <folder> checkout {P.UPSTREAM_COMMIT[:8]}" in message and "clinhallu.prompts=own" in message
+    monkeypatch.delenv(P.CODE_DIR_ENV)
+    assert P.prompt_set("upstream", data_dir=UPSTREAM).files[0]["origin"] == "data_dir"
+    (tmp_path / "hub_snapshot").mkdir()
+    with pytest.raises(AnnotationUnavailable) as error:
+        P.prompt_set("upstream", data_dir=tmp_path / "hub_snapshot")
+    message = str(error.value)
+    assert "'prompts/cot_generation.py' is not available (offline mode" in message
+    assert f"${P.CODE_DIR_ENV} (not set)" in message
+    assert str(tmp_path / "hub_snapshot" / "prompts" / "cot_generation.py") + " (the data folder: absent)" in message
+    assert f"the cache {tmp_path / 'cache' / 'annotations'}" in message and "--protocol clinhallu" in message

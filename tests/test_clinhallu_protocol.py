@@ -21,6 +21,7 @@ from medheval.families.clinhallu.protocol import (
     GENERATIONS,
     JUDGMENTS,
     LOG_FIELDS,
+    PROCEDURE,
     RUN_INFO,
     ClinHalluRun,
     ProtocolConfig,
@@ -117,6 +118,9 @@ def test_scripted_flow_regeneration_judging_and_metric_columns(loaded, tmp_path)
     assert generations[(HEART, "org")]["attempt_reasons"] == [
         "missing stage [Knowledge Recall]", "missing stage [Visual Recognition]", "ok"]
     assert generations[(LUNG, "org")]["reason"] == "no [Answer] in the [Reasoning] stage"
+    # a Rep setting's invalid trace is asked again too (ClinHallu's generator serves every setting alike)
+    assert generations[(HEART, "rep_v")]["attempts"] == 3 and generations[(EFF, "rep_v")]["attempts"] == 1
+    assert [call[:2] for call in model.calls].count((HEART, "rep_v")) == 3
     assert generations[(HEART, "rep_k")]["stages"]["visual_recognition"] == "A WRONG description of the chest."
     assert generations[(EFF, "rep_v")]["stages"]["visual_recognition"] == (
         "Frontal chest radiograph with blunting of the left costophrenic angle.")
@@ -131,7 +135,7 @@ def test_scripted_flow_regeneration_judging_and_metric_columns(loaded, tmp_path)
     assert cols["correct_rep_v"] == [1, None, 1]
     assert cols["correct_rep_k"] == [0, 1, 1]
     assert cols["correct_rep_vk"] == [1, 1, 0]
-    assert cols["h_v"] == [0, 1, 0]  # VR of ORG, judged even when the ORG trace is invalid
+    assert cols["h_v"] == [0, 1, 0]  # VR of the Rep-K trace (the ORG VR it was given), even from an invalid ORG
     assert cols["h_k"] == [0, 0, 1]
     assert cols["h_r"] == [0, 0, 0]
     assert cols["sources"] == ["vqa_rad", "vqa_rad", "medxpertqa"]
@@ -143,8 +147,12 @@ def test_scripted_flow_regeneration_judging_and_metric_columns(loaded, tmp_path)
     assert len(vr_requests) == 3 and all(len(image_parts(r.json)) == 1 for r in vr_requests)
     assert all(not image_parts(r.json) for r in sent if r not in vr_requests)
     assert all(r.json["temperature"] == 0.01 for r in sent)
+    judgments = {(e["id"], e["setting"]): e for e in read_log(tmp_path / "out" / JUDGMENTS, required=LOG_FIELDS)}
+    assert all(judgments[(i, "org")]["steps"] == {} for i in (EFF, HEART, LUNG))  # H^V is read from Rep-K
+    assert all(list(judgments[(i, "rep_k")]["steps"]) == ["visual_recognition"] for i in (EFF, HEART, LUNG))
 
     info = json.loads((tmp_path / "out" / RUN_INFO).read_text())
+    assert info["procedure"] == PROCEDURE == 2
     assert info["protocol"]["max_attempts"] == 3 and info["protocol"]["temperature"] == 0.7
     assert info["judge"]["temperature"] == 0.01 and info["prompts"]["version"] == "clinhallu-own-v1"
     assert info["counts"]["org"]["n_invalid"] == 1 and info["counts"]["org"]["attempts"] == {"1": 1, "3": 2}
@@ -173,6 +181,42 @@ def test_metric_module_reads_the_protocol_columns(loaded, tmp_path):
     assert r["acc"] == pytest.approx(1 / 3) and r["acc_rep_k"] == pytest.approx(2 / 3)
     assert r["fix_rate"]["rep_k"] == 1.0 and r["break_rate"]["rep_k"] == 1.0
     assert r["per_source"]["medxpertqa"]["acc"] == 0.0
+
+
+def test_h_v_is_the_vr_of_the_rep_k_trace_the_last_one_written(loaded, tmp_path):
+    """A Rep-K reply that writes the VR section again: the trace's VR is its last non-empty one (ClinHallu's
+    parser), and that is what the VR judge sees (with the images), not the ORG VR the run started from."""
+    records = _records(loaded, [EFF])
+    script = {**SCRIPT, (EFF, "rep_k"): ["The angle is blunted, so fluid.\n[Answer] yes\n\n[Visual Recognition]\n"
+                                         "A WRONG second look at the film."]}
+    with JudgeServer("openai", reply=_judge_reply) as server:
+        judge = clinhallu_judge(f"openai:j@{server.base_url}", cache_dir=False, progress=False)
+        out = ClinHalluRun(ScriptedModel(script), judge, prompt_set("own"), tmp_path, progress=False,
+                           images_for=loaded.resolver.load_record_images).run(records)
+        (vr,) = [r.json for r in server.requests if "Section checked: Visual Recognition" in user_text(r.json)]
+    assert "Model's Visual Recognition:\nA WRONG second look at the film." in user_text(vr)
+    assert len(image_parts(vr)) == 1
+    assert out["metric_inputs"]["h_v"] == [1] and out["metric_inputs"]["correct_rep_k"] == [1]
+
+
+def test_logs_of_the_first_procedure_are_read_but_not_resumed(loaded, tmp_path):
+    """Logs written before PROCEDURE 2 judged H^V on the ORG trace: a report still reads them, a run refuses
+    to add to them (their Rep traces had one attempt)."""
+    old = [{"id": "x", "setting": "org", "answer_correct": 1, "steps": {"visual_recognition": {"hallucinated": 1}}},
+           {"id": "x", "setting": "rep_k", "answer_correct": 0, "steps": {}}]
+    assert metric_inputs([{"id": "x", "config": "c"}], old)["h_v"] == [1]
+    new = [{"id": "x", "setting": "org", "answer_correct": 1, "steps": {}},
+           {"id": "x", "setting": "rep_k", "answer_correct": 0, "steps": {"visual_recognition": {"hallucinated": 0}}}]
+    assert metric_inputs([{"id": "x", "config": "c"}], new)["h_v"] == [0]
+    records = _records(loaded, [EFF])
+    run = ClinHalluRun(ScriptedModel(SCRIPT), None, prompt_set("own"), tmp_path, progress=False)
+    run.generate(records)
+    info = json.loads((tmp_path / RUN_INFO).read_text())
+    assert info["procedure"] == PROCEDURE
+    del info["procedure"]  # as a folder of the first procedure has it
+    (tmp_path / RUN_INFO).write_text(json.dumps(info))
+    with pytest.raises(ValueError, match="procedure 1 of the protocol .* choose another --output folder"):
+        ClinHalluRun(ScriptedModel(SCRIPT), None, prompt_set("own"), tmp_path, progress=False).generate(records)
 
 
 def test_failed_judge_calls_are_none_and_counted(loaded, tmp_path):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+from clinhallu_fixture import shared_upstream
 from judge_servers import JudgeServer, user_text
 from medheval.data.benchmarks import prepare_benchmark
 from medheval.families.clinhallu.protocol import GENERATIONS, JUDGMENTS, LOG_FIELDS, metric_inputs
@@ -139,6 +141,46 @@ def test_run_eval_refuses_without_judge_or_with_a_predictions_file(snapshot, tmp
                       "openai:m@http://127.0.0.1:9/v1", "--metric-option", "clinhallu.bogus=1")) == 2
     assert "bogus" in capsys.readouterr().err
     assert not any((tmp_path / name / "clinhallu").exists() for name in "abcd")
+
+
+def test_the_protocols_inputs_are_checked_before_the_model_loads(snapshot, tmp_path, capsys, monkeypatch):
+    """--protocol clinhallu with --data-dir a Hub snapshot and no ClinHallu code around: the error names the
+    prompt file, where it was looked for and how to provide it, before any model loads; likewise a judge that
+    cannot take ClinHallu's request."""
+    import sys
+
+    from medheval.cli import main
+    from medheval.families.clinhallu.prompts import CODE_DIR_ENV
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(CODE_DIR_ENV, raising=False)
+    monkeypatch.setattr(sys.modules["medheval.cli.main"], "build_backend",
+                        lambda args: pytest.fail("the model loaded before the check"))
+    judge = ("--judge", "openai:m@http://127.0.0.1:9/v1")
+    assert main(_args(snapshot, tmp_path / "a", "--model", "tiny-random-llava", *judge, "--protocol", "clinhallu")) == 2
+    err = capsys.readouterr().err
+    assert "benchmark clinhallu: ClinHallu file" in err and "'prompts/cot_generation.py' is not available" in err
+    assert f"set {CODE_DIR_ENV}=<folder>" in err and f"{snapshot['data_dir']}/prompts/cot_generation.py" in err
+    upstream = shared_upstream() / "clinhallu"
+    if upstream.is_dir():  # the files found: the judge is checked next, still before the model
+        monkeypatch.setenv(CODE_DIR_ENV, str(upstream))
+        assert main(_args(snapshot, tmp_path / "b", "--model", "tiny-random-llava", "--protocol", "clinhallu",
+                          "--judge", "anthropic:claude@http://127.0.0.1:9")) == 2
+        assert "judge backend 'anthropic' cannot take it" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in "ab")
+    # a grid checks them once, before its first model loads
+    from medheval.run.grids import load_grid_config, run_config
+    from medheval.run.protocol import RunError
+
+    monkeypatch.delenv(CODE_DIR_ENV)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(json.dumps({"output": str(tmp_path / "g"), "protocol": "clinhallu", "models": ["tiny-random-llava"],
+                                "benchmarks": ["clinhallu:vqa_rad"], "data_dir": snapshot["data_dir"],
+                                "judge": "openai:m@http://127.0.0.1:9/v1"}))
+    with pytest.raises(RunError, match="'prompts/cot_generation.py' is not available"):
+        run_config(load_grid_config(grid), build_backend=lambda args: pytest.fail("a model loaded before the check"))
+    assert not (tmp_path / "g").exists()
 
 
 def test_tables_shaped_like_the_papers_tables_2_and_3():

@@ -232,6 +232,53 @@ def test_invalid_output_budget_exhausted_is_a_failure_with_reason(judge_server_f
     assert server.request_count == 3 and judge.usage()["failures"] == 1
 
 
+def test_resend_asks_again_with_the_same_conversation(judge_server_factory, tmp_path):
+    """invalid_reply="resend" (ClinHallu's judge scripts): an unusable reply is followed by the very same
+    request, after a backoff, up to 1 + max_invalid_retries tries; no corrective turn is ever added."""
+    replies = {}
+
+    def reply(request_json):
+        n = replies[item_number(request_json)] = replies.get(item_number(request_json), 0) + 1
+        return '{"score": 2}' if item_number(request_json) == 0 and n == 3 else "not json at all"
+
+    server = judge_server_factory("openai", reply)
+    judge = openai_judge(server, tmp_path, max_invalid_retries=5, invalid_reply="resend", concurrency=1)
+    first, second = judge.run(requests_for(2))
+    assert first.ok and first.value == 2 and first.attempts == 3
+    assert not second.ok and "invalid output after 6 replies" in second.error and second.attempts == 6
+    bodies = [json.dumps(r.json, sort_keys=True) for r in server.requests if item_number(r.json) == 1]
+    assert len(bodies) == 6 and len(set(bodies)) == 1  # six times the same request body
+    assert not any(is_followup(r.json) for r in server.requests)
+    assert judge.usage()["invalid_retries"] == 2 + 5 and judge.describe()["invalid_reply"] == "resend"
+    # the validated reply is cached under the request's key, as with corrective follow-ups
+    again = openai_judge(server, tmp_path, max_invalid_retries=5, invalid_reply="resend").run(requests_for(1))
+    assert again[0].cached and again[0].value == 2 and server.request_count == 3 + 6
+    with pytest.raises(ValueError, match="invalid_reply must be one of"):
+        openai_judge(server, invalid_reply="sometimes")
+
+
+def test_top_p_and_no_json_mode_reach_the_request_body(judge_server_factory):
+    server = judge_server_factory("openai", by_item)
+    judge = openai_judge(server, top_p=0.9, json_mode=False, max_tokens=4096,
+                         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert judge.run(requests_for(1))[0].ok
+    body = server.requests[0].json
+    assert (body["top_p"], body["max_tokens"], body["chat_template_kwargs"]) == (0.9, 4096, {"enable_thinking": False})
+    assert "response_format" not in body and judge.describe()["top_p"] == 0.9
+    plain = openai_judge(server)
+    plain.run(requests_for(1))
+    assert "top_p" not in server.requests[-1].json and "top_p" not in plain.describe()
+    # a request's own params still win over the judge's
+    openai_judge(server, top_p=0.9).run([JudgeRequest("p", user="item=1", params={"top_p": 0.5},
+                                                      validate=score_validator)])
+    assert server.requests[-1].json["top_p"] == 0.5
+    with pytest.raises(ValueError, match="top_p must be in"):
+        openai_judge(server, top_p=1.5)
+    claude = judge_server_factory("anthropic", by_item)
+    make_judge(f"anthropic:c@{claude.base_url}", cache_dir=False, top_p=0.9, **FAST).run(requests_for(1))
+    assert claude.requests[0].json["top_p"] == 0.9
+
+
 # -- faults -----------------------------------------------------------------------------------
 def test_faults_are_retried_and_every_record_settles(judge_server_factory):
     server = judge_server_factory("openai", by_item)

@@ -1,23 +1,28 @@
-"""The ``clinhallu`` paper protocol: ClinHallu's released settings reach the requests a model gets.
+"""The ``clinhallu`` paper protocol: ClinHallu's released settings reach the requests a model and its judge get,
+and its scorer scores them.
 
 What ClinHallu's ``src/common.py`` sends (``CoTAPIWrapper.generate``): a system message, then one user message
 whose content is the text part first and the image parts after it, ``chat_template_kwargs: {enable_thinking:
-False}``; ``configs/config.yaml`` ``generation``: temperature 0.7, top-p 0.9, 4096 tokens, 50 retries.
+False}``; ``configs/config.yaml`` ``generation``: temperature 0.7, top-p 0.9, 4096 tokens, 50 retries; ``judge``:
+temperature 0.01, top-p 0.9, 4096 tokens, 5 retries of the same request.
 The upstream side is read from ``../shared`` (yaml, and ``ast`` for the .py; skipped without it); our side
 is what a loopback OpenAI-compatible server receives, and what the HF backend renders."""
 
 from __future__ import annotations
 
 import ast
+import json
 
 import pytest
 from PIL import Image
 
 from conftest import SHARED_UPSTREAM
-from judge_servers import JudgeServer
+from judge_servers import JudgeServer, user_text
 
 from medheval.backends.api import APIBackend
+from medheval.families.clinhallu.protocol import UPSTREAM_JUDGE, clinhallu_judge, validate_answer_reply
 from medheval.families.clinhallu.task import apply_run_options, protocol_config
+from medheval.judges import JudgeRequest
 from medheval.run.paper_protocols import get_protocol
 
 CLINHALLU = SHARED_UPSTREAM / "clinhallu"
@@ -36,7 +41,8 @@ def _config():
 def test_the_protocol_sets_clinhallus_run_options():
     recorded, config = _config()
     assert recorded == {"prompts": "upstream", "temperature": 0.7, "top_p": 0.9, "max_attempts": 51,
-                        "order": "text_first", "enable_thinking": False}
+                        "order": "text_first", "enable_thinking": False, "judge_settings": "upstream"}
+    assert get_protocol("clinhallu").upstream_compat is True  # Acc over valid traces, rounded (its scripts)
     assert (config.temperature, config.top_p, config.max_new_tokens, config.max_attempts) == (0.7, 0.9, 4096, 51)
     assert config.text_first is True and config.enable_thinking is False
     assert get_protocol("clinhallu").plan("none", None).for_record("clinhallu", "all", None)["max_new_tokens"] == 4096
@@ -46,6 +52,37 @@ def test_the_protocol_sets_clinhallus_run_options():
         apply_run_options(None, {"order": "sideways"})
     with pytest.raises(ValueError, match="clinhallu.enable_thinking='maybe'"):
         apply_run_options(None, {"enable_thinking": "maybe"})
+    with pytest.raises(ValueError, match="clinhallu.judge_settings='theirs'"):
+        apply_run_options(None, {"judge_settings": "theirs"})
+
+
+def test_the_upstream_judge_request_and_its_retries():
+    """Every call carries ClinHallu's judge settings (no JSON mode); an unusable reply is sent again as it was,
+    1 + 5 tries in all; this project's own judge keeps its settings."""
+    seen: list[str] = []
+
+    def reply(request):  # "a": unusable once, then usable; "b": never usable
+        seen.append(user_text(request))
+        return '{"answer_correct": 1}' if seen.count("grade a") == 2 and seen[-1] == "grade a" else "not json"
+
+    with JudgeServer("openai", reply=reply) as server:
+        judge = clinhallu_judge(f"openai:j@{server.base_url}", "upstream", cache_dir=False, progress=False,
+                                backoff_base=0.001, backoff_max=0.01)
+        first, second = judge.run([JudgeRequest(name, user=f"grade {name}", validate=validate_answer_reply)
+                                   for name in ("a", "b")])
+        bodies = [request.json for request in server.requests]
+    assert first.ok and first.attempts == 2 and not second.ok and second.attempts == 6
+    assert len(bodies) == 8 and all(len(body["messages"]) == 1 for body in bodies)  # never a corrective turn
+    assert {json.dumps({k: v for k, v in body.items() if k != "messages"}, sort_keys=True) for body in bodies} == {
+        json.dumps({"model": "j", "temperature": 0.01, "top_p": 0.9, "max_tokens": 4096,
+                    "chat_template_kwargs": {"enable_thinking": False}}, sort_keys=True)}
+    described = judge.describe()
+    assert (described["invalid_reply"], described["max_invalid_retries"], described["json_mode"]) == ("resend", 5, False)
+    own = clinhallu_judge("openai:j@http://127.0.0.1:9/v1", cache_dir=False)
+    assert (own.temperature, own.top_p, own.invalid_reply, own.json_mode) == (0.01, None, "follow_up", True)
+    with pytest.raises(ValueError, match="judge backend 'anthropic' cannot take it"):
+        clinhallu_judge("anthropic:claude@http://127.0.0.1:9", "upstream")
+    assert clinhallu_judge("vllm:j@http://127.0.0.1:9/v1", "upstream", cache_dir=False).top_p == 0.9
 
 
 def test_an_api_model_gets_text_first_and_no_thinking():
@@ -103,3 +140,28 @@ def test_the_settings_are_clinhallus_released_ones():
     assert "content.append({'type': 'image_url'" in source
     assert "'chat_template_kwargs': {'enable_thinking': False}" in source
     assert source.index("'role': 'system'") < source.index("'role': 'user'")
+
+
+@pytest.mark.skipif(not CLINHALLU.is_dir(), reason="../shared/data/upstream/clinhallu is absent")
+def test_the_judge_settings_are_clinhallus_released_ones():
+    """configs/config.yaml ``judge`` and common.py's request (top_p and max_tokens on every call, no
+    response_format), and the judge functions' loop: the same request item sent again, no turn added."""
+    import yaml
+
+    judge = yaml.safe_load((CLINHALLU / "configs" / "config.yaml").read_text())["judge"]
+    assert (UPSTREAM_JUDGE["temperature"], UPSTREAM_JUDGE["top_p"], UPSTREAM_JUDGE["max_tokens"],
+            UPSTREAM_JUDGE["timeout"]) == (judge["temperature"], judge["top_p"], judge["max_tokens"], judge["timeout"])
+    assert UPSTREAM_JUDGE["max_invalid_retries"] == judge["retry_attempts"]  # 02/04: max_attempts = retries + 1
+    source = (CLINHALLU / "src" / "common.py").read_text()
+    assert "response_format" not in source and "json_object" not in source
+    for relpath, function in (("answer_judge.py", "judge_answer_correctness"),
+                              ("step_hallucination_judge.py", "judge_step_hallucination")):
+        tree = ast.parse((CLINHALLU / "src" / "model_evaluation" / relpath).read_text())
+        body = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function)
+        (loop,) = [node for node in ast.walk(body) if isinstance(node, ast.For)
+                   and isinstance(node.iter, ast.Call) and ast.unparse(node.iter) == "range(max_attempts)"]
+        assert "judge_api.generate(request_item)" in ast.unparse(loop)
+        assigned = {ast.unparse(target) for node in ast.walk(loop) if isinstance(node, (ast.Assign, ast.AugAssign))
+                    for target in (node.targets if isinstance(node, ast.Assign) else [node.target])}
+        assert not any(name.startswith("request_item") for name in assigned)  # re-sent as it was
+        assert "time.sleep(backoff_time)" in ast.unparse(loop)

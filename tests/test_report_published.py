@@ -256,7 +256,9 @@ def _run(model: str, mitigation: str = "none", splits: tuple[str, ...] = ("mm_vi
                                     for s in splits}, **top}
     if protocol is not None:
         results["protocol"] = {"name": protocol}
-        results.setdefault("scoring", {"upstream_compat": protocol.startswith("medheval-")})  # as run_grid records
+        from medheval.run.paper_protocols import get_protocol
+
+        results.setdefault("scoring", {"upstream_compat": get_protocol(protocol).upstream_compat})  # as run_grid records
         if protocol.startswith("medheval-"):  # as a LLaVA-family run under the MedHEval protocols records
             results["settings"]["backend"] = {"tokenization": "upstream_chunked", "grey_padding": True}
             for split in (s for s in splits if s.startswith("vishal_report")):  # chair as the protocols score it,
@@ -344,6 +346,18 @@ def test_every_row_says_why_it_is_or_is_not_comparable(top: dict, settings: dict
     assert record["reasons"] == reasons and record["comparable"] is (not reasons)
     assert cells[4].text == ("yes" if not reasons else "no: " + "; ".join(reasons))
     assert (record["difference"], cells[2].value) == ((None, None) if reasons else (pytest.approx(2.6),) * 2)
+
+
+def test_a_clinhallu_run_needs_clinhallus_scorer() -> None:
+    """ClinHallu's numbers were scored by its released scripts (Acc over valid traces): a run under its protocol
+    scored with this project's denominators (--no-upstream-compat) is not comparable."""
+    from medheval.report.published import Published, RunConditions
+
+    cell = Published("clinhallu", "4", "model average", "", "VQA-RAD", "Delta^V", 15.5, 1, "%")
+    scored = {"protocol": {"name": "clinhallu"}, "settings": {"model": "m"}, "benchmarks": {}}
+    assert RunConditions.of({**scored, "scoring": {"upstream_compat": True}}, []).reasons(cell) == []
+    assert RunConditions.of({**scored, "scoring": {"upstream_compat": False}}, []).reasons(cell) == [
+        "scored with this project's rules (paper: its released scorer; --upstream-compat)"]
 
 
 @pytest.mark.parametrize("model, printed, reason", [

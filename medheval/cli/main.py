@@ -7,6 +7,7 @@ HELP_DESCRIPTION = ("Measure and mitigate hallucinations of medical vision-langu
                     "on a CPU). run_eval.py is the same as 'medheval run'.")
 
 import argparse
+import dataclasses
 import errno
 import json
 import os
@@ -26,7 +27,7 @@ from medheval.run.options import (
 def cmd_run(args: argparse.Namespace) -> int:
     from medheval.data.images import parse_image_root_args
     from medheval.run.grids import given_options
-    from medheval.run.runner import RunError, RunSpec, run_grid
+    from medheval.run.runner import RunError, RunSpec, check_before_model, run_grid
 
     if getattr(args, "config", None):
         return cmd_grid(args)
@@ -40,7 +41,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from medheval.run.outputs import check_output_folder
 
     args.output_folder = check_output_folder(args.output)  # before the model loads
-    backend, labels = build_backend(args)
     spec = RunSpec(
         benchmarks=split_list(args.benchmark) or [],
         output=args.output,
@@ -53,7 +53,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         upstream_compat=args.upstream_compat,
         metric_options=parse_metric_options(args.metric_option),
         judge=args.judge,
-        labels=labels,
         allow_remote_credentialed=tuple(args.allow_remote_credentialed),
         lock_timeout=args.lock_timeout,
         detector=args.detector,
@@ -66,6 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         protocol_given="protocol" in given_options(list(getattr(args, "argv", None) or [])[1:]),
         chat_template=args.chat_template,
     )
+    check_before_model(spec)  # files the benchmarks need, named before the model loads
+    backend, labels = build_backend(args)
+    spec = dataclasses.replace(spec, labels=labels)
     from medheval.run.seeds import parse_seeds
 
     fallback = args.batch_size if isinstance(args.batch_size, int) else 8  # 'auto' is the HF backend's

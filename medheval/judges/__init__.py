@@ -16,10 +16,11 @@ from medheval.judges.agreement import agreement
 from medheval.judges.base import Completion, Judge, JudgeError, JudgeRequest, JudgeResult
 from medheval.judges.cache import JudgeCache, default_cache_dir
 from medheval.judges.endpoints import CredentialedDataError, is_local_host, is_local_url
-from medheval.judges.spec import close_judges, judge_for, make_judge, parse_spec
+from medheval.judges.spec import backend_of, close_judges, judge_for, make_judge, parse_spec
 from medheval.judges.structured import parse_json_object
 
 __all__ = [
+    "backend_of",
     "close_judges",
     "judge_for",
     "Completion",

@@ -50,7 +50,7 @@ class AnthropicJudge(HTTPJudge):
             else:
                 content = message["content"]
             messages.append({"role": message["role"], "content": content})
-        params = {"temperature": self.temperature, "max_tokens": self.max_tokens, **item.request.params}
+        params = {**self._sampling(), **item.request.params}
         params.pop("seed", None)  # the Messages API has no seed
         payload: dict[str, Any] = {
             "model": self.model,

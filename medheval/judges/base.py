@@ -7,9 +7,11 @@ A :class:`Judge` turns :class:`JudgeRequest` s into :class:`JudgeResult` s, in o
 2. answers what it can from the on-disk cache (:mod:`medheval.judges.cache`);
 3. sends the rest (backend-specific: threads over HTTP, or batches through a local model);
 4. reads each reply as a JSON object (:func:`parse_json_object`), runs the request's
-   ``validate`` on it, and on an unusable reply asks again with a short corrective follow-up,
-   at most ``max_invalid_retries`` times; a record that still fails is returned with
-   ``ok=False``, the reason and the raw text, never a made-up score;
+   ``validate`` on it, and on an unusable reply asks again, at most ``max_invalid_retries`` times:
+   with a short corrective follow-up (``invalid_reply="follow_up"``, the default), or by sending the
+   same conversation again (``"resend"``, after a backoff on HTTP backends; how ClinHallu's released
+   judge scripts retry); a record that still fails is returned with ``ok=False``, the reason and the
+   raw text, never a made-up score;
 5. caches the reply that validated, under a key that never includes the API key.
 """
 
@@ -56,6 +58,8 @@ REPLY_FORMATS = ("json", "text", "raw")
 # per-request generation settings (JudgeRequest.params) the HTTP backends map to their API's fields
 # images_first: where an OpenAI-style request puts its images (a model's protocol, e.g. ClinHallu's text first)
 REQUEST_PARAMS = frozenset({"temperature", "top_p", "max_tokens", "seed", "images_first"})
+# what a judge does with an unusable reply: a corrective follow-up turn, or the same conversation sent again
+INVALID_REPLY_MODES = ("follow_up", "resend")
 
 
 class JudgeError(RuntimeError):
@@ -242,6 +246,8 @@ class Judge:
         backoff_max: float = 60.0,
         secrets: Iterable[str] = (),
         max_consecutive_failures: int | None = 8,
+        top_p: float | None = None,
+        invalid_reply: str = "follow_up",
     ):
         self._secrets = tuple(s for s in secrets if s)
         register_secrets(*self._secrets, min_length=SHORT_MIN_LENGTH)  # redacted from every output of the run (errors below included)
@@ -256,6 +262,10 @@ class Judge:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if max_consecutive_failures is not None and max_consecutive_failures < 1:
             raise ValueError(f"max_consecutive_failures must be >= 1 or None, got {max_consecutive_failures}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}")
+        if invalid_reply not in INVALID_REPLY_MODES:
+            raise ValueError(f"invalid_reply must be one of {INVALID_REPLY_MODES}, got {invalid_reply!r}")
         self.model = model
         self.base_url = base_url
         self.concurrency = int(concurrency)
@@ -265,7 +275,9 @@ class Judge:
         self.max_invalid_retries = int(max_invalid_retries)
         self.allow_remote_credentialed = normalise_allow_list(allow_remote_credentialed)
         self.temperature = float(temperature)
+        self.top_p = None if top_p is None else float(top_p)  # None: not sent (the API's default)
         self.max_tokens = int(max_tokens)
+        self.invalid_reply = invalid_reply
         self.progress = progress
         self.backoff_base = float(backoff_base)
         self.backoff_max = float(backoff_max)
@@ -298,9 +310,11 @@ class Judge:
             "base_url": safe_base_url(self.base_url),
             "local": self.is_local,
             "temperature": self.temperature,
+            **({"top_p": self.top_p} if self.top_p is not None else {}),
             "max_tokens": self.max_tokens,
             "structured_output": "json_object",
             "max_invalid_retries": self.max_invalid_retries,
+            "invalid_reply": self.invalid_reply,
             "max_retries": self.max_retries,
             "timeout": self.timeout,
             "concurrency": self.concurrency,
@@ -342,8 +356,18 @@ class Judge:
         return {"backend": self.backend, "model": self.model, "endpoint": safe_base_url(self.base_url)}
 
     def _params(self) -> dict:
-        """Generation parameters in the cache key."""
-        return {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        """Generation parameters in the cache key (``top_p`` only when set: older keys stay valid)."""
+        params = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        if self.top_p is not None:
+            params["top_p"] = self.top_p
+        return params
+
+    def _sampling(self) -> dict:
+        """The judge's own sampling fields of a request body (a request's ``params`` override them)."""
+        fields: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        if self.top_p is not None:
+            fields["top_p"] = self.top_p
+        return fields
 
     def cache_key(self, messages: list[dict], image_digests: list[str], image_index: int,
                   reply_format: str = "json", request_params: dict | None = None,
@@ -409,8 +433,8 @@ class Judge:
         return self._result(item, ok=False, error=reason)
 
     def _handle_reply(self, item: _Item, completion: Completion) -> JudgeResult | None:
-        """Check one reply. Returns the final result, or ``None`` when a corrective follow-up was
-        appended to ``item.messages`` and the item must be sent again."""
+        """Check one reply. Returns the final result, or ``None`` when the item must be sent again (with a
+        corrective follow-up appended to ``item.messages``, or as it was under ``invalid_reply="resend"``)."""
         item.replies += 1
         text = self._redact(completion.text) or ""  # a server may echo a key: never kept, cached or returned
         item.raw_text = text
@@ -428,6 +452,8 @@ class Judge:
             logger.info("%s record %r: invalid output (%s); asking again", self.role, item.request.id,
                         self._redact(reason))
             self._bump(invalid_retries=1)
+            if self.invalid_reply == "resend":  # the same conversation again, nothing added
+                return None
             item.messages = item.messages + [
                 {"role": "assistant", "content": text},
                 {"role": "user", "content": (TEXT_CORRECTION_PROMPT if item.request.reply_format == "text"

@@ -283,6 +283,9 @@ class HTTPJudge(Judge):
             result = self._handle_reply(item, completion)
             if result is not None:
                 return result
+            if self.invalid_reply == "resend" and stop.wait(backoff_delay(item.replies, self.backoff_base,
+                                                                          self.backoff_max)):
+                raise _Stopped
 
     def _execute(self, pending: list[_Item], deliver: Callable[[_Item, JudgeResult], None]) -> None:
         stop = threading.Event()

@@ -2,7 +2,7 @@
 
 ``POST {base_url}/chat/completions`` with ``Authorization: Bearer <key>`` (no header when no
 key is configured, as local servers usually need none), ``temperature`` (0 by default),
-``max_tokens`` and ``response_format={"type": "json_object"}``; a server that rejects
+``max_tokens``, ``top_p`` when set, and ``response_format={"type": "json_object"}`` (unless ``json_mode=False``); a server that rejects
 ``response_format`` with a 400 naming it is asked again without it (and not asked with it
 again), likewise ``max_tokens`` → ``max_completion_tokens`` for models that want the latter.
 Images go as ``image_url`` parts holding base64 data URLs. Azure: ``{endpoint}/openai/deployments/
@@ -88,7 +88,7 @@ class OpenAIJudge(HTTPJudge):
         return headers
 
     def _request(self, item: _Item) -> tuple[str, dict, dict]:
-        params = {"temperature": self.temperature, "max_tokens": self.max_tokens, **item.request.params}
+        params = {**self._sampling(), **item.request.params}
         images_first = bool(params.pop("images_first", self.images_first))  # a request may place its images itself
         payload: dict[str, Any] = {
             "model": self.model,

@@ -33,7 +33,7 @@ _PROVIDER_URL = {"openai": "https://api.openai.com/v1", "anthropic": "https://ap
 _JUDGE_OPTIONS = {
     "cache_dir", "concurrency", "requests_per_minute", "max_retries", "timeout", "max_invalid_retries",
     "allow_remote_credentialed", "temperature", "max_tokens", "progress", "backoff_base", "backoff_max",
-    "max_consecutive_failures",
+    "max_consecutive_failures", "top_p", "invalid_reply",
 }
 _BACKEND_OPTIONS = {
     "openai": {"json_mode", "extra_body", "headers", "images_first", "deadline"},
@@ -98,12 +98,14 @@ def make_judge(
         requests_per_minute: an optional rate limit shared by all threads.
         max_retries: re-sends of one call on 429/5xx/timeouts/dropped connections.
         timeout: seconds to wait for each read of a response (HTTP backends).
-        max_invalid_retries: corrective follow-ups for a reply that is not valid JSON / fails validate.
+        max_invalid_retries: further tries after a reply that is not valid JSON / fails validate.
         allow_remote_credentialed: host name(s) or base URL(s) of non-local endpoints approved for
             credentialed (PhysioNet) data; see :class:`CredentialedDataError`.
         temperature, max_tokens: generation parameters (temperature 0: deterministic as the API allows).
         progress: show a progress bar.
-        **options: ``backoff_base``/``backoff_max`` (seconds), ``max_consecutive_failures`` (records
+        **options: ``top_p`` (sent when given; the transformers judge uses it when sampling), ``invalid_reply``
+            (``"follow_up"``, the default: a corrective turn after an unusable reply; ``"resend"``: the same
+            conversation again, after a backoff on HTTP backends), ``backoff_base``/``backoff_max`` (seconds), ``max_consecutive_failures`` (records
             whose calls failed for good in a row that stop the run, HTTP backends; default 8, None: never), ``images_first``
             (openai/azure: images before the text), ``deadline`` (HTTP backends: seconds for one whole request,
             connect to the last byte, default 300) and the backend options above.
@@ -237,7 +239,18 @@ def check_key_destination(spec: Any) -> None:
     _env_key(backend, base_url, spec.get("api_key_env") if isinstance(spec, dict) else None)
 
 
-__all__ = ["check_key_destination", "close_judges", "judge_for", "make_judge", "parse_spec"]
+def backend_of(spec: str | dict | Judge) -> str:
+    """The backend a judge spec names, by its canonical name (``openai``, ``azure``, ``anthropic``,
+    ``transformers``; ``vllm`` and ``ollama`` are ``openai``); a :class:`JudgeError` for an unknown one."""
+    if isinstance(spec, Judge):
+        return spec.backend
+    alias = parse_spec(spec)["backend"] if isinstance(spec, str) else str((spec or {}).get("backend", "")).lower()
+    if alias not in _BACKENDS:
+        raise JudgeError(f"unknown judge backend {alias!r}; use one of {sorted(set(_BACKENDS))}")
+    return _BACKENDS[alias]
+
+
+__all__ = ["backend_of", "check_key_destination", "close_judges", "judge_for", "make_judge", "parse_spec"]
 
 
 def judge_for(owner: object, spec: Any, **options: Any) -> Any:

@@ -214,6 +214,8 @@ class TransformersJudge(Judge):
         gen_kwargs: dict[str, Any] = {"max_new_tokens": self.max_tokens, "pad_token_id": tokenizer.pad_token_id}
         if self.temperature > 0:
             gen_kwargs.update(do_sample=True, temperature=self.temperature)
+            if self.top_p is not None:
+                gen_kwargs["top_p"] = self.top_p
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         torch.manual_seed(self.seed)

@@ -174,8 +174,6 @@ RELEASED_CODE_MODELS: dict[str, tuple[str, ...]] = {
     "medheval-mitigation": ("LLaVA-Med-1.5", "LLaVA-NeXT 7B", "LLaVA-NeXT 13B"),
 }
 NO_INFERENCE_CODE_MODELS: tuple[str, ...] = ("GPT-4o",)
-# protocols whose published numbers were scored with the released scorer (results.json scoring.upstream_compat)
-UPSTREAM_SCORED = ("medheval-baseline", "medheval-mitigation")
 # protocol -> the printed models whose released process_images pads a grayscale image with grey
 # (medheval.backends.grey_padding): their run must record settings.backend.grey_padding
 GREY_CANVAS_MODELS: dict[str, tuple[str, ...]] = {"medheval-baseline": ("LLaVA-Med-1.5",),
@@ -193,6 +191,16 @@ CHUNKED_TOKEN_MODELS: dict[str, tuple[str, ...]] = {
 CHAIR_METRICS = ("CHAIR", "Recall")
 PAPER_CHAIR_LABELER = "chexbert"
 PAPER_CHAIR_VARIANT = "medheval_code"
+
+
+def _upstream_scored(protocol: str) -> bool:
+    """Whether a protocol's published numbers were scored with the released scorer (its ``upstream_compat``;
+    the run's is results.json ``scoring.upstream_compat``)."""
+    from medheval.run.paper_protocols import get_protocol
+
+    return get_protocol(protocol).upstream_compat
+
+
 PAPER_SEEDS = 1  # every stored cell is one pass (MedHEval's scripts: set_seed(0)); the papers report no spread
 STEPBENCH_COLUMN = re.compile(r"^(EN|VI) S([1-4]) (R|F1)$")
 REPRODUCTION_NOTE = ("Reproduction: each report cell whose model, split, mitigation and column match a published "
@@ -415,7 +423,7 @@ class RunConditions:
                            if record.model in NO_INFERENCE_CODE_MODELS else
                            f"the paper ran {record.model} through its own released script (its own prompt format "
                            f"and decoding), which {wanted} does not reproduce")
-            if wanted in UPSTREAM_SCORED and not self.upstream_compat:
+            if _upstream_scored(wanted) and not self.upstream_compat:
                 out.append("scored with this project's rules (paper: its released scorer; --upstream-compat)")
             if record.model in GREY_CANVAS_MODELS.get(wanted, ()) and not self.grey_padding:
                 out.append("images not padded as the released code pads them (a grayscale image on a grey square: "
@@ -423,7 +431,7 @@ class RunConditions:
             if record.model in CHUNKED_TOKEN_MODELS.get(wanted, ()) and not self.chunked_tokens:
                 out.append("prompt tokenized whole, not piece by piece around the image as the released code does "
                            "(the run predates it)")
-            if wanted in UPSTREAM_SCORED and record.metric in CHAIR_METRICS:
+            if _upstream_scored(wanted) and record.metric in CHAIR_METRICS:
                 out.extend(self._chair_reasons(record))
         out.extend(self.revisions)
         if self.random_weights:

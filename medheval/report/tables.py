@@ -534,7 +534,7 @@ def _clinhallu_table(runs: Iterable[dict[str, Any]], columns: list[tuple[str, An
 
 
 def clinhallu_stage_table(runs: Iterable[dict[str, Any]]) -> str:
-    """ClinHallu Table 2: ORG accuracy and H^V (VR of ORG), H^K (KR in Rep-V), H^R (reasoning in Rep-VK), %."""
+    """ClinHallu Table 2: ORG accuracy and H^V (VR in Rep-K), H^K (KR in Rep-V), H^R (reasoning in Rep-VK), %."""
     return _clinhallu_table(runs, [("Acc", lambda m: _pct(m.get("acc"))), ("H^V", lambda m: _pct(m.get("h_v"))),
                                    ("H^K", lambda m: _pct(m.get("h_k"))), ("H^R", lambda m: _pct(m.get("h_r")))])
 

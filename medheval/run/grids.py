@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 from medheval.run.control import CONTROLS, Control, ControlError
 from medheval.run.generation import GenerationPlan, check_settings
 from medheval.run.grid_plan import PlannedCell, plan_cells, record_plan
-from medheval.run.runner import RunError, RunSpec, run_grid, write_report_html
+from medheval.run.runner import RunError, RunSpec, check_before_model, run_grid, write_report_html
 
 # key -> (accepted types, description for the error). ``None`` is accepted for every optional key.
 CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -455,6 +455,8 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     if problems:
         raise GridConfigError(f"{config.source}: models: cannot be loaded, nothing was run: "
                               + "; ".join(f"{model!r} ({why})" for model, why in problems))
+    if config.models:  # the benchmarks' own inputs (e.g. ClinHallu's pinned prompt files), before any model loads
+        check_before_model(run_spec(config, config.models[0], {}))
     output = Path(config.output)
     if (output / "run.json").exists():
         raise RunError(f"{output} holds a single run (run.json); a grid there would overwrite its results. "

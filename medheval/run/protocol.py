@@ -6,6 +6,8 @@ dataset unit which protocol runs it: ``PROTOCOLS = {task: "module:Class"}`` in
 declares none for ``generate`` runs the standard one (a model answers each record, metrics score the
 answers: :class:`medheval.run.runner.QAProtocol`). A protocol implements, per split:
 
+0. :meth:`SplitProtocol.check_inputs` — before the model loads (:func:`medheval.run.runner.check_before_model`):
+   refuse an input it needs whatever the model (a pinned file, a judge setting);
 1. :meth:`SplitProtocol.check` — before loading: refuse a backend or judge it cannot work with;
 2. :meth:`SplitProtocol.prepare` — after loading: further checks, and the metrics the split is scored with;
 3. :meth:`SplitProtocol.run_split` — the generation (data parallel where the protocol allows), or none;
@@ -78,6 +80,10 @@ class SplitProtocol:
     """How one benchmark split is run and scored (the steps in the module docstring)."""
 
     name: ClassVar[str] = "protocol"
+
+    def check_inputs(self, benchmark: str, spec: Any) -> None:
+        """Before the model loads: raise :class:`RunError` for an input the split needs whatever the model
+        (a file, a judge setting); ``spec`` holds the run's options with the paper protocol's merged in."""
 
     def check(self, benchmark: str, backend: Any, spec: Any) -> None:
         """Before the split loads: raise :class:`RunError` for a backend or judge this protocol cannot use."""

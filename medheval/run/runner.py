@@ -1068,6 +1068,18 @@ def _method_name(spec: str) -> str:
     return "none" if name in NO_MITIGATION else name
 
 
+def check_before_model(spec: RunSpec) -> None:
+    """What each split's protocol needs whatever the model (:meth:`SplitProtocol.check_inputs`, under the paper
+    protocol's options), checked before the model loads: a missing file is named before minutes of loading."""
+    from medheval.run.paper_protocols import get_protocol
+
+    spec = _with_protocol_options(spec, get_protocol(spec.protocol))
+    for name in dict.fromkeys(parse_benchmark_spec(benchmark)[0] for benchmark in spec.benchmarks):
+        protocol = protocol_for(name)
+        if protocol is not None:
+            protocol.check_inputs(name, spec)
+
+
 def _with_protocol_options(spec: RunSpec, protocol: Any) -> RunSpec:
     """``spec`` with the protocol's run options of the benchmarks it runs, under the user's (``--benchmark-option``),
     and its scorer (``upstream_compat``) unless the user chose one."""

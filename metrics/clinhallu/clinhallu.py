@@ -26,7 +26,7 @@ answer: invalid or missing trace, failed judge) and three stage judgements (1 ha
 
     acc_s     = #[correct_s = 1] / D_s
     delta_s   = acc_s - acc                                 (s = rep_v, rep_k, rep_vk)
-    h_v       = #[h_v != 0] / n    (VR of the ORG trace: the VR the Rep-K run starts from)
+    h_v       = #[h_v != 0] / n    (VR of the Rep-K trace: the model's own ORG VR it is given)
     h_k       = #[h_k != 0] / n    (KR written in the Rep-V run)
     h_r       = #[h_r != 0] / n    (reasoning written in the Rep-VK run)  (Eq. 12-13)
     fix_s     = #[ORG wrong and s right] / #[ORG wrong]
@@ -89,8 +89,9 @@ Examples:
 SETTINGS = ("org", "rep_v", "rep_k", "rep_vk")
 REPLACEMENTS = ("rep_v", "rep_k", "rep_vk")
 STAGE_RATES = ("h_v", "h_k", "h_r")
-# the setting whose trace each stage rate judges (Eq. 12: VR of ORG, KR of Rep-V, reasoning of Rep-VK)
-STAGE_SETTING = {"h_v": "org", "h_k": "rep_v", "h_r": "rep_vk"}
+# the setting whose trace each stage rate judges (Eq. 12, read as ClinHallu's 05_make_result_tables.py reads it:
+# VR of Rep-K, KR of Rep-V, reasoning of Rep-VK)
+STAGE_SETTING = {"h_v": "rep_k", "h_k": "rep_v", "h_r": "rep_vk"}
 STAGE_DENOMINATORS = ("all_items", "judged")
 _ACC_KEY = {"org": "acc", "rep_v": "acc_rep_v", "rep_k": "acc_rep_k", "rep_vk": "acc_rep_vk"}
 _DELTA_KEY = {"rep_v": "delta_v", "rep_k": "delta_k", "rep_vk": "delta_vk"}

@@ -5,8 +5,12 @@ judge and the three step judges, in two styles.
   *assistant prefix* ending with the next marker, so the model continues its own answer.
 * ``style="upstream"``: ClinHallu's constants, read at run time from its ``prompts/*.py`` pinned
   at commit :data:`UPSTREAM_COMMIT` (sha256-checked through :mod:`medheval.data.fetch`, parsed with
-  :mod:`ast`, never executed). As upstream does, the given stages go into the *user* prompt and
-  are put back in front of the continuation before parsing.
+  :mod:`ast`, never executed), and the support-context fallback sentence from its step-judge script.
+  As upstream does, the given stages go into the *user* prompt and are put back in front of the
+  continuation before parsing, and the answer judge sees the bare question (no options). The files
+  are read from ``$MEDHEVAL_CLINHALLU_CODE`` (a copy of the repository at that commit) when set, else
+  from the run's data folder when it holds them, else from the cache, else downloaded once
+  (:func:`upstream_file`).
 
 Both styles fill the same placeholders, so one renderer serves both: ``{question}``,
 ``{options_text}`` (``"Options:\\nA. x\\nB. y\\n\\n"`` or ``""``), ``{visual_recognition}``,
@@ -19,12 +23,13 @@ in both styles so replies are read one way).
 from __future__ import annotations
 
 import ast
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from medheval.families.clinhallu.trace import STAGES, render_stages
-from medheval.data.fetch import FetchedFile, PinnedFile, fetch
+from medheval.data.fetch import AnnotationUnavailable, FetchedFile, PinnedFile, default_cache_dir, fetch
 from medheval.run.prompts import OPTION_LETTERS
 
 STYLES = ("own", "upstream")
@@ -32,15 +37,27 @@ SETTINGS = ("org", "rep_v", "rep_k", "rep_vk")
 OWN_VERSION = "clinhallu-own-v1"
 
 UPSTREAM_COMMIT = "560e3ff5203180dab70a0783ef9d313c7401b8ce"
+# v2: the answer judge sees the bare question, and the support-context fallback is the step-judge script's
+UPSTREAM_VERSION = f"clinhallu-upstream-{UPSTREAM_COMMIT[:8]}-v2"
+UPSTREAM_REPO = "https://github.com/alibaba-damo-academy/ClinHallu"
 UPSTREAM_BASE = f"https://raw.githubusercontent.com/alibaba-damo-academy/ClinHallu/{UPSTREAM_COMMIT}"
+CODE_DIR_ENV = "MEDHEVAL_CLINHALLU_CODE"  # a local copy of the ClinHallu repository at UPSTREAM_COMMIT
+# name -> pinned file (path relative to the repository root)
 UPSTREAM_FILES: dict[str, PinnedFile] = {
-    name: PinnedFile(relpath=f"prompts/{name}.py", url=f"{UPSTREAM_BASE}/prompts/{name}.py", sha256=sha)
-    for name, sha in (
-        ("cot_generation", "5afe880daf8b0e0e7f2c5ad31b6fe7d01ab6b125b9f584d216bc3a524c698113"),
-        ("judge", "521ab0cc8a84815e9bd35e23df799b2e2011c5c5057053a08c5f4ea6c09af48b"),
-        ("step_hallucination_judge", "dcb8e67c5c0e6e037151e41065fd15674225ef4345476e42184c3c2148c92386"),
+    name: PinnedFile(relpath=relpath, url=f"{UPSTREAM_BASE}/{relpath}", sha256=sha)
+    for name, relpath, sha in (
+        ("cot_generation", "prompts/cot_generation.py",
+         "5afe880daf8b0e0e7f2c5ad31b6fe7d01ab6b125b9f584d216bc3a524c698113"),
+        ("judge", "prompts/judge.py", "521ab0cc8a84815e9bd35e23df799b2e2011c5c5057053a08c5f4ea6c09af48b"),
+        ("step_hallucination_judge", "prompts/step_hallucination_judge.py",
+         "dcb8e67c5c0e6e037151e41065fd15674225ef4345476e42184c3c2148c92386"),
+        ("step_judge_script", "src/model_evaluation/step_hallucination_judge.py",
+         "9c1a4f9921bdf052fd787c37033b61b0465dc7f52bb98ec20fc41953791b7d56"),
     )
 }
+# the support context the KR and reasoning judges see when neither trace has a VR or KR line: the text this
+# function of the step-judge script returns after its ``or``
+SUPPORT_FALLBACK = ("step_judge_script", "_build_support_context")
 # PromptSet field -> (upstream file, constant)
 UPSTREAM_NAMES: dict[str, tuple[str, str]] = {
     "trace_system": ("cot_generation", "COT_SYSTEM_PROMPT"),
@@ -199,6 +216,8 @@ class PromptSet:
     step_judge_knowledge_recall: str
     step_judge_reasoning: str
     given_stages_in: str  # "assistant" (prefix) | "user" (inside the continuation prompt)
+    judge_sees_options: bool  # the answer judge's {question}: with the lettered options, or the bare question
+    support_fallback: str  # {support_context} when neither trace has a VR or KR line
     files: list[dict[str, Any]] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
@@ -215,7 +234,8 @@ def own_prompts() -> PromptSet:
         step_judge_system=_OWN_STEP_SYSTEM,
         step_judge_visual_recognition=_own_step_template("visual_recognition"),
         step_judge_knowledge_recall=_own_step_template("knowledge_recall"),
-        step_judge_reasoning=_own_step_template("reasoning"), given_stages_in="assistant",
+        step_judge_reasoning=_own_step_template("reasoning"), given_stages_in="assistant", judge_sees_options=True,
+        support_fallback="(no visual or knowledge lines to compare against)",
     )
 
 
@@ -248,13 +268,63 @@ def read_string_constants(path: str | Path) -> dict[str, str]:
     return constants
 
 
-def upstream_prompts(data_dir: str | Path | None = None, cache_dir: str | Path | None = None) -> PromptSet:
-    """ClinHallu's own constants from the pinned ``prompts/*.py``; ``data_dir`` = a checkout of the
-    repository (``<data_dir>/prompts/cot_generation.py``). A file whose sha256 differs from the pin
-    is refused: these prompts are only worth using verbatim."""
+def returned_fallback(path: str | Path, function: str) -> str:
+    """The string literal a module-level ``function`` of a Python file returns after ``or``
+    (``return <expression> or "<text>"``), read with :mod:`ast` (the file is never executed)."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            for inner in ast.walk(node):
+                value = inner.value if isinstance(inner, ast.Return) else None
+                if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or):
+                    last = value.values[-1]
+                    if isinstance(last, ast.Constant) and isinstance(last.value, str):
+                        return last.value
+    raise UnsupportedConstant(f"{path}: no function {function} returning `... or \"<text>\"`")
+
+
+def _how_to_provide(pinned: PinnedFile) -> str:
+    return (f"set {CODE_DIR_ENV}=<folder>, a copy of the ClinHallu repository at commit {UPSTREAM_COMMIT[:8]} "
+            f"(git clone {UPSTREAM_REPO} <folder> && git -C <folder> checkout {UPSTREAM_COMMIT[:8]}), so that "
+            f"<folder>/{pinned.relpath} exists; or allow network access once (it is then kept in the cache); or "
+            f"run with this project's prompts (--benchmark-option clinhallu.prompts=own: not the paper's)")
+
+
+WHY_NEEDED = "ClinHallu file (read by clinhallu.prompts=upstream, which --protocol clinhallu sets)"
+
+
+def upstream_file(pinned: PinnedFile, code_dir: str | Path | None = None, data_dir: str | Path | None = None,
+                  cache_dir: str | Path | None = None) -> FetchedFile:
+    """One pinned ClinHallu file: from ``code_dir`` (else ``$MEDHEVAL_CLINHALLU_CODE``) when given, and only
+    there; else from ``data_dir`` when it holds it; else the cache; else a download. Not found: an
+    :class:`AnnotationUnavailable` naming the file, where it was looked for and how to provide it."""
+    folder = code_dir or os.environ.get(CODE_DIR_ENV, "").strip() or None
+    if folder is not None:
+        local = Path(folder) / pinned.relpath
+        if not local.is_file():
+            given = "code_dir" if code_dir else f"${CODE_DIR_ENV}"
+            raise AnnotationUnavailable(f"{WHY_NEEDED} {pinned.relpath!r} is not in {folder} ({given}; looked at "
+                                        f"{local}).\n  upstream URL: {pinned.url}\n  expected sha256: "
+                                        f"{pinned.sha256}\n  fix: {_how_to_provide(pinned)}")
+        return fetch(pinned, data_dir=folder)
+    if data_dir is not None and (Path(data_dir) / pinned.relpath).is_file():
+        return fetch(pinned, data_dir=data_dir)
+    looked = [f"${CODE_DIR_ENV} (not set)"]
+    if data_dir is not None:
+        looked.append(f"{Path(data_dir) / pinned.relpath} (the data folder: absent)")
+    looked.append(f"the cache {Path(cache_dir) if cache_dir is not None else default_cache_dir()}")
+    return fetch(pinned, cache_dir=cache_dir, what=WHY_NEEDED,
+                 fix=f"{_how_to_provide(pinned)}\n  looked in: {'; '.join(looked)}")
+
+
+def upstream_prompts(data_dir: str | Path | None = None, cache_dir: str | Path | None = None,
+                     code_dir: str | Path | None = None) -> PromptSet:
+    """ClinHallu's own constants from the pinned files (:func:`upstream_file` says where they are looked for:
+    ``code_dir``/``$MEDHEVAL_CLINHALLU_CODE``, ``data_dir``, the cache, a download). A file whose sha256
+    differs from the pin is refused: these prompts are only worth using verbatim."""
     fetched: dict[str, FetchedFile] = {}
     for name, pinned in UPSTREAM_FILES.items():
-        item = fetch(pinned, data_dir=data_dir, cache_dir=cache_dir)
+        item = upstream_file(pinned, code_dir=code_dir, data_dir=data_dir, cache_dir=cache_dir)
         if not item.verified:
             raise ValueError(
                 f"{item.path}: sha256 {item.sha256} differs from the pin {pinned.sha256} (ClinHallu commit "
@@ -267,14 +337,16 @@ def upstream_prompts(data_dir: str | Path | None = None, cache_dir: str | Path |
         if constant not in constants[name]:
             raise ValueError(f"{fetched[name].path}: no string constant {constant}")
         values[slot] = constants[name][constant]
+    script, function = SUPPORT_FALLBACK
     files = [{"relpath": UPSTREAM_FILES[name].relpath, "sha256": item.sha256, "origin": item.origin,
               "url": UPSTREAM_FILES[name].url} for name, item in fetched.items()]
-    return PromptSet(style="upstream", version=f"clinhallu-upstream-{UPSTREAM_COMMIT[:8]}", given_stages_in="user",
-                     files=files, **values)
+    return PromptSet(style="upstream", version=UPSTREAM_VERSION, given_stages_in="user", judge_sees_options=False,
+                     support_fallback=returned_fallback(fetched[script].path, function), files=files, **values)
 
 
 def prompt_set(style: str = "own", data_dir: str | Path | None = None) -> PromptSet:
-    """The prompts of one style (``own`` | ``upstream``)."""
+    """The prompts of one style (``own`` | ``upstream``; ``data_dir``: a folder searched for ClinHallu's files,
+    :func:`upstream_file`)."""
     if style == "own":
         return own_prompts()
     if style == "upstream":
@@ -361,18 +433,19 @@ def trace_request(prompts: PromptSet, record: Mapping[str, Any], setting: str, g
 
 
 def answer_judge_messages(prompts: PromptSet, record: Mapping[str, Any], predicted: str) -> tuple[str, str]:
-    """``(system, user)`` for the answer judge."""
+    """``(system, user)`` for the answer judge (the question with its options unless the style says bare)."""
+    question = question_with_options(record) if prompts.judge_sees_options else str(record["question"])
     return prompts.answer_judge_system, prompts.answer_judge_user.format(
-        question=question_with_options(record), ground_truth=str(record["answer"]), predicted_answer=predicted)
+        question=question, ground_truth=str(record["answer"]), predicted_answer=predicted)
 
 
-def support_context(gold: Mapping[str, str], candidate: Mapping[str, str]) -> str:
-    """The reference and candidate VR/KR lines the KR and reasoning judges see."""
+def support_context(gold: Mapping[str, str], candidate: Mapping[str, str], fallback: str) -> str:
+    """The reference and candidate VR/KR lines the KR and reasoning judges see (``fallback`` without any)."""
     lines = [f"{label} {title}: {source[key]}"
              for label, source in (("Reference", gold), ("Candidate", candidate))
              for key, title in (("visual_recognition", "Visual Recognition"), ("knowledge_recall", "Knowledge Recall"))
              if str(source.get(key) or "").strip()]
-    return "\n".join(lines).strip() or "(no visual or knowledge lines to compare against)"
+    return "\n".join(lines).strip() or fallback
 
 
 def step_judge_messages(prompts: PromptSet, record: Mapping[str, Any], stage: str, candidate: Mapping[str, str],
@@ -384,4 +457,4 @@ def step_judge_messages(prompts: PromptSet, record: Mapping[str, Any], stage: st
     return prompts.step_judge_system, template.format(
         question=str(record["question"]), ground_truth=str(record["answer"]),
         reference_text=str(gold.get(stage) or "") or "(empty)", candidate_text=str(candidate.get(stage) or ""),
-        support_context=support_context(gold, candidate))
+        support_context=support_context(gold, candidate, prompts.support_fallback))

@@ -2,28 +2,33 @@
 judge and three step judges, resumable per (item, setting).
 
 1. **Generate**, phase by phase over chunks of items (``chunk_size`` items; default four backend
-   batches): ORG for every item of the chunk in one ``generate_chat`` call; the invalid ORG traces
-   (:func:`medheval.families.clinhallu.trace.parse_trace`) asked again, attempt after attempt, up to
-   ``max_attempts`` generations, then kept as invalid and counted; Rep-V and Rep-VK together; then
-   Rep-K, which starts from the model's own ORG VR. Each attempt samples with its own seed, derived
+   batches): ORG for every item of the chunk in one ``generate_chat`` call; Rep-V and Rep-VK together;
+   then Rep-K, which starts from the model's own ORG VR. In every setting an invalid trace
+   (:func:`medheval.families.clinhallu.trace.parse_trace`) is asked again, attempt after attempt, up to
+   ``max_attempts`` generations, then kept as invalid and counted (as ClinHallu's ``01_generate_cot.py``
+   runs ORG and the replace experiments through one generator: every setting gets the same budget, so
+   a Δ compares settings on equal terms). Each attempt samples with its own seed, derived
    from (seed, item id, setting, attempt) (:func:`attempt_seed`). A backend that takes a seed per
    request (``per_request_seed = True``: :class:`~medheval.backends.api.APIBackend`, and
    ``HFBackend``, whose rows draw from generators seeded by their request's seed) gets whole chunks
    at once, since a reply then does not depend on the rest of the call; any other backend gets one
    call per (item, setting, attempt) while sampling, and whole chunks when greedy. Either way a
    resumed run repeats an uninterrupted one. Under greedy decoding a
-   regenerated ORG trace would repeat the first, so ORG gets one attempt. One line per (item,
+   regenerated trace would repeat the first, so each setting gets one attempt. One line per (item,
    setting) goes to ``clinhallu_generations.jsonl`` (append-only, flushed:
    :mod:`medheval.run.predictions_log`) as soon as its call returns.
 2. **Judge** through the judge layer (cache, retries, concurrency, credentialed guard): the
-   answer of every valid trace (1/0), and the three stages the paper's rates read: VR of the ORG
-   trace (H^V; images attached), KR written in Rep-V (H^K), reasoning written in Rep-VK (H^R).
+   answer of every valid trace (1/0), and the three stages the paper's rates read, each in the trace
+   whose earlier stages are given (ClinHallu's ``05_make_result_tables.py``): VR of the Rep-K trace
+   (H^V; images attached: the model's ORG VR it was given, unless its reply wrote the section again,
+   the last non-empty one winning), KR written in Rep-V (H^K), reasoning written in Rep-VK (H^R).
    A stage with no text, or a judge call that failed, is ``None`` and counted. One line per
    (item, setting) goes to ``clinhallu_judgments.jsonl``.
 3. :func:`metric_inputs` turns both logs into the per-item columns of ``metrics/clinhallu``.
 
 Defaults from ClinHallu's ``configs/config.yaml`` (generation: temperature 0.7, top-p 0.9,
-``max_tokens`` 4096; judges: temperature 0.01, :func:`clinhallu_judge`); all settings, and the
+``max_tokens`` 4096; judges: temperature 0.01, :func:`clinhallu_judge`, with ClinHallu's whole judge
+request under ``judge_settings="upstream"``); all settings, the procedure version (:data:`PROCEDURE`), and the
 backend's decoding-time mitigation if any, and the image control (``--control``, :mod:`medheval.run.control`:
 ``{"kind": "none"}`` when the model saw the images) go to ``clinhallu_run.json``.
 """
@@ -56,9 +61,12 @@ GENERATIONS = "clinhallu_generations.jsonl"
 JUDGMENTS = "clinhallu_judgments.jsonl"
 LOG_FIELDS = ("id", "setting")  # each line of both logs: one (item, setting)
 RUN_INFO = "clinhallu_run.json"
-# which stage of which setting's trace each rate judges (ClinHallu's Table 2)
-JUDGED_STAGE = {"org": "visual_recognition", "rep_v": "knowledge_recall", "rep_vk": "reasoning"}
-RATE_OF_SETTING = {"org": "h_v", "rep_v": "h_k", "rep_vk": "h_r"}
+# which stage of which setting's trace each rate judges (ClinHallu's Table 2, read from the replace runs)
+JUDGED_STAGE = {"rep_k": "visual_recognition", "rep_v": "knowledge_recall", "rep_vk": "reasoning"}
+RATE_OF_SETTING = {"rep_k": "h_v", "rep_v": "h_k", "rep_vk": "h_r"}
+# what a folder's logs were made by: 1 = Rep settings generated once, H^V judged on the ORG trace (absent from
+# clinhallu_run.json before it was recorded); 2 = max_attempts in every setting, H^V judged on the Rep-K trace
+PROCEDURE = 2
 # generation phases of a chunk: Rep-K needs the ORG VR; Rep-V and Rep-VK need only the gold stages
 PHASES = (("org",), ("rep_v", "rep_vk"), ("rep_k",))
 CHUNK_BATCHES = 4  # default chunk: this many backend batches of items
@@ -72,7 +80,7 @@ class ProtocolConfig:
     """Settings of one ClinHallu run (recorded in ``clinhallu_run.json``)."""
 
     settings: tuple[str, ...] = SETTINGS
-    max_attempts: int = 3  # ORG generations per item (1 + regenerations of invalid traces)
+    max_attempts: int = 3  # generations per (item, setting) while sampling: 1 + regenerations of invalid traces
     temperature: float = 0.7  # 0 = greedy
     top_p: float = 0.9
     max_new_tokens: int = 4096  # ClinHallu's generation max_tokens
@@ -104,9 +112,36 @@ class ProtocolConfig:
         return {"do_sample": False, "max_new_tokens": self.max_new_tokens}
 
 
-def clinhallu_judge(spec: Any, temperature: float = 0.01, **options: Any):
-    """A judge at the paper's temperature (0.01) unless told otherwise (:func:`make_judge`)."""
-    return make_judge(spec, temperature=temperature, **options)
+JUDGE_SETTINGS = ("own", "upstream")
+# ClinHallu's judge request (configs/config.yaml ``judge``; src/common.py CoTAPIWrapper.generate: top_p, max_tokens
+# and chat_template_kwargs on every call, no response_format; 02_judge_answers.py / 04_judge_step_hallucination.py:
+# an unusable reply is re-sent as it was, 1 + retry_attempts (5) tries with backoff)
+UPSTREAM_JUDGE: dict[str, Any] = {"temperature": 0.01, "top_p": 0.9, "max_tokens": 4096, "timeout": 60.0,
+                                  "json_mode": False, "extra_body": {"chat_template_kwargs": {"enable_thinking": False}},
+                                  "max_invalid_retries": 5, "invalid_reply": "resend"}
+UPSTREAM_JUDGE_BACKENDS = ("openai", "azure")  # ClinHallu calls its judge through the OpenAI client
+
+
+def check_judge_settings(spec: Any, settings: str = "own") -> None:
+    """Refuse ``settings="upstream"`` for a judge that cannot take ClinHallu's OpenAI-compatible request."""
+    from medheval.judges import backend_of
+
+    if settings not in JUDGE_SETTINGS:
+        raise ValueError(f"clinhallu.judge_settings={settings!r}: expected one of {JUDGE_SETTINGS}")
+    if settings == "upstream" and backend_of(spec) not in UPSTREAM_JUDGE_BACKENDS:
+        raise ValueError(f"clinhallu.judge_settings=upstream (set by --protocol clinhallu) sends ClinHallu's "
+                         f"OpenAI-compatible judge request (top_p, chat_template_kwargs); judge backend "
+                         f"{backend_of(spec)!r} cannot take it: use an openai:/vllm: judge (e.g. "
+                         f"openai:<model>@http://127.0.0.1:8000/v1), or --benchmark-option clinhallu.judge_settings=own")
+
+
+def clinhallu_judge(spec: Any, settings: str = "own", **options: Any):
+    """The run's judge (:func:`make_judge`): ``settings="own"``: at the paper's temperature (0.01), this project's
+    request otherwise; ``"upstream"``: ClinHallu's whole request (:data:`UPSTREAM_JUDGE`). ``options`` win; a
+    ready :class:`~medheval.judges.Judge` is used as it was built."""
+    check_judge_settings(spec, settings)
+    base = dict(UPSTREAM_JUDGE) if settings == "upstream" else {"temperature": 0.01}
+    return make_judge(spec, **{**base, **options})
 
 
 def attempt_seed(seed: int, record_id: str, setting: str, attempt: int) -> int:
@@ -250,6 +285,12 @@ class ClinHalluRun:
         now = self._trace_settings()
         if has_entries and info_path.exists():
             info = json.loads(info_path.read_text())
+            if info.get("procedure", 1) != PROCEDURE:
+                raise ValueError(f"{self.output_dir} holds ClinHallu logs made by procedure {info.get('procedure', 1)} "
+                                 f"of the protocol (Rep settings generated once, H^V judged on the ORG trace); this "
+                                 f"version is procedure {PROCEDURE} (every setting regenerated up to max_attempts, "
+                                 f"H^V judged on the Rep-K trace), so they cannot be resumed: choose another --output "
+                                 f"folder")
             before = {**{k: v for k, v in (info.get("protocol") or {}).items() if k in TRACE_SETTINGS},
                       "prompt_version": (info.get("prompts") or {}).get("version"),
                       "mitigation": info.get("mitigation"),
@@ -263,8 +304,8 @@ class ClinHalluRun:
                                  f"another --output folder")
         elif not info_path.exists():
             atomic_write_text(info_path, json.dumps({"protocol": asdict(self.config), "prompts": {
-                "version": self.prompts.version}, "mitigation": now["mitigation"], "control": now["control"]},
-                indent=2, sort_keys=True))
+                "version": self.prompts.version}, "mitigation": now["mitigation"], "control": now["control"],
+                "procedure": PROCEDURE}, indent=2, sort_keys=True))
 
     def _run_jobs(self, jobs: list["_Job"]) -> Iterable[dict]:
         """Yield each job's entry as soon as it is finished (valid, or out of attempts). Batched: one
@@ -329,17 +370,18 @@ class ClinHalluRun:
         return [entry for key, entry in done.items() if key[0] in kept]
 
     def _judge_chunk(self, entries: Sequence[dict], by_id: Mapping[str, Mapping[str, Any]]) -> list[dict]:
-        """Judge ``entries`` (the ORG VR judge sees the item's images, decoded here: an item whose image does
-        not decode is skipped with all its entries, or an error: :meth:`_decoded`)."""
-        org_ids = list(dict.fromkeys(entry["id"] for entry in entries if entry["setting"] == "org"))
-        kept, decoded = self._decoded([by_id[rid] for rid in org_ids])
+        """Judge ``entries`` (the Visual Recognition judge, on Rep-K, sees the item's images, decoded here: an item
+        whose image does not decode is skipped with all its entries, or an error: :meth:`_decoded`)."""
+        looking = list(dict.fromkeys(entry["id"] for entry in entries
+                                     if JUDGED_STAGE.get(entry["setting"]) == "visual_recognition"))
+        kept, decoded = self._decoded([by_id[rid] for rid in looking])
         images = {str(record["id"]): record_images for record, record_images in zip(kept, decoded)}
-        gone = set(org_ids) - set(images)
+        gone = set(looking) - set(images)
         entries = [entry for entry in entries if entry["id"] not in gone]
         requests: dict[tuple[str, str], list[JudgeRequest]] = {}
         for entry in entries:
             record = by_id[entry["id"]]
-            record_images = images[entry["id"]] if entry["setting"] == "org" else []
+            record_images = images.get(entry["id"], [])
             requests[(entry["id"], entry["setting"])] = self._requests(record, entry, record_images)
         flat = [request for group in requests.values() for request in group]
         results = {result.id: result for result in self.judge.run(flat)} if flat else {}
@@ -368,6 +410,7 @@ class ClinHalluRun:
         inputs = metric_inputs(records, judgments, self.config.settings)
         info = {
             "protocol": asdict(self.config),
+            "procedure": PROCEDURE,
             "mitigation": mitigation_spec(self.backend),
             "control": self._control(),
             "prompts": self.prompts.describe(),
@@ -390,7 +433,7 @@ class _Job:
         self.trace_request = trace_request(run.prompts, record, setting, _gold(record), own_vr=own_vr,
                                            has_images=bool(images))
         config = run.config
-        self.max_attempts = config.max_attempts if setting == "org" and config.samples else 1
+        self.max_attempts = config.max_attempts if config.samples else 1  # greedy: a regeneration repeats itself
         self.reasons: list[str] = []
         self.reply, self.trace = "", None
 
@@ -478,8 +521,10 @@ def metric_inputs(records: Sequence[Mapping[str, Any]], judgments: Iterable[dict
                                 ("rep_vk", "correct_rep_vk")):
             columns[column].append((judged.get((rid, setting)) or {}).get("answer_correct"))
         for setting, rate in RATE_OF_SETTING.items():
-            step = ((judged.get((rid, setting)) or {}).get("steps") or {}).get(JUDGED_STAGE[setting]) or {}
-            columns[rate].append(step.get("hallucinated"))
+            steps = (judged.get((rid, setting)) or {}).get("steps") or {}
+            if rate == "h_v" and JUDGED_STAGE[setting] not in steps:  # logs of procedure 1 judged VR on ORG
+                steps = (judged.get((rid, "org")) or {}).get("steps") or {}
+            columns[rate].append((steps.get(JUDGED_STAGE[setting]) or {}).get("hallucinated"))
         columns["sources"].append(str(record.get("config") or ""))
     columns["settings"] = list(settings)
     return columns

@@ -55,14 +55,16 @@ def _flag(key: str, value: Any) -> bool:
 
 def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
     """``--benchmark-option clinhallu.KEY=VALUE``: ``prompts=own|upstream`` (default ``own``),
-    ``temperature=T`` (default 0.7; 0 = greedy traces), ``top_p=P`` (0.9), ``max_attempts=N`` (ORG generations
-    per item until a trace parses, default 3; ClinHallu's code: 51), ``order=images_first|text_first`` (where
-    the images sit in the user turn; ClinHallu's code: text first), ``enable_thinking=true|false`` (sent to the
-    chat template; ClinHallu's code: false; default: not sent). The trace length is a generation setting like
+    ``temperature=T`` (default 0.7; 0 = greedy traces), ``top_p=P`` (0.9), ``max_attempts=N`` (generations
+    per item and setting until a trace parses, default 3; ClinHallu's code: 51), ``order=images_first|text_first``
+    (where the images sit in the user turn; ClinHallu's code: text first), ``enable_thinking=true|false`` (sent
+    to the chat template; ClinHallu's code: false; default: not sent), ``judge_settings=own|upstream`` (the
+    judge's request: this project's, or ClinHallu's, :func:`~medheval.families.clinhallu.protocol.clinhallu_judge`;
+    default own). The trace length is a generation setting like
     any benchmark's (:mod:`medheval.run.generation`: ClinHallu's 4096 built in; ``--max-new-tokens`` or a
     grid's ``generation`` replace it). Returns (dataset, recorded); the ``clinhallu`` paper protocol sets
     ClinHallu's values (``medheval/run/paper_protocols/others.py``)."""
-    from medheval.families.clinhallu.protocol import ProtocolConfig
+    from medheval.families.clinhallu.protocol import JUDGE_SETTINGS, ProtocolConfig
 
     options = dict(options or {})
     default = ProtocolConfig()
@@ -80,10 +82,15 @@ def apply_run_options(dataset: Any, options: Mapping[str, Any] | None) -> tuple[
             raise ValueError(f"clinhallu.order={recorded['order']!r}: expected one of {ORDERS}")
     if "enable_thinking" in options:
         recorded["enable_thinking"] = _flag("enable_thinking", options.pop("enable_thinking"))
+    if "judge_settings" in options:
+        recorded["judge_settings"] = str(options.pop("judge_settings"))
+        if recorded["judge_settings"] not in JUDGE_SETTINGS:
+            raise ValueError(f"clinhallu.judge_settings={recorded['judge_settings']!r}: expected one of {JUDGE_SETTINGS}")
     if options:
         raise ValueError(f"unknown clinhallu run option(s) {sorted(options)}; known: "
                          f"prompts={'|'.join(PROMPT_STYLES)}, temperature=T, top_p=P, max_attempts=N, "
-                         f"order={'|'.join(ORDERS)}, enable_thinking=true|false (the trace length: --max-new-tokens)")
+                         f"order={'|'.join(ORDERS)}, enable_thinking=true|false, "
+                         f"judge_settings={'|'.join(JUDGE_SETTINGS)} (the trace length: --max-new-tokens)")
     if style not in PROMPT_STYLES:
         raise ValueError(f"clinhallu.prompts={style!r}: expected one of {PROMPT_STYLES}")
     return dataset, recorded
@@ -144,11 +151,12 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     from medheval.run.runner import record_skipped_undecodable
 
     folder = Path(output) / "clinhallu" / loaded.config
-    style = (loaded.run_options or {}).get("prompts", "own")
+    run_options = loaded.run_options or {}
+    style = run_options.get("prompts", "own")
     judge_options: dict[str, Any] = {}
     if spec.allow_remote_credentialed:
         judge_options["allow_remote_credentialed"] = list(spec.allow_remote_credentialed)
-    judge = clinhallu_judge(spec.judge, **judge_options)
+    judge = clinhallu_judge(spec.judge, run_options.get("judge_settings", "own"), **judge_options)
     records = loaded.dataset.to_list()
     before = len(read_log(folder / GENERATIONS, required=LOG_FIELDS)) if (folder / GENERATIONS).exists() else 0
     # ClinHallu's sampling (temperature 0.7, top-p 0.9) unless the run options say otherwise; the trace
@@ -187,6 +195,23 @@ def write_clusters(folder: Path, records: list[dict[str, Any]]) -> None:
     atomic_write_text(path, json.dumps(known, sort_keys=True))
 
 
+def check_inputs(name: str, run_options: Mapping[str, Any], data_dir: Any, judge: Any) -> None:
+    """Before the model loads: ClinHallu's pinned files when ``prompts=upstream`` (found and sha256-checked,
+    :func:`medheval.families.clinhallu.prompts.upstream_file`) and a judge that takes ``judge_settings``."""
+    from medheval.data.fetch import AnnotationUnavailable
+    from medheval.families.clinhallu.prompts import prompt_set
+    from medheval.families.clinhallu.protocol import check_judge_settings
+    from medheval.judges import JudgeError
+
+    try:
+        if run_options.get("prompts", "own") == "upstream":
+            prompt_set("upstream", data_dir)
+        if judge:
+            check_judge_settings(judge, run_options.get("judge_settings", "own"))
+    except (AnnotationUnavailable, ValueError, JudgeError) as error:
+        raise RunError(f"benchmark {name}: {error}") from None
+
+
 class ClinHalluProtocol(SplitProtocol):
     """ClinHallu through the runner: a chat model and a judge; four traces per item, then the stage
     judges, run on the main process (not sharded; the others wait); scored by ``metrics/clinhallu`` on
@@ -194,8 +219,12 @@ class ClinHalluProtocol(SplitProtocol):
 
     name = "clinhallu"
 
+    def check_inputs(self, benchmark: str, spec: Any) -> None:
+        check_inputs(benchmark, spec.benchmark_options.get(benchmark, {}), spec.data_dir, spec.judge)
+
     def check(self, benchmark: str, backend: Any, spec: Any) -> None:
         check_backend_and_judge(benchmark, backend, spec.judge)
+        self.check_inputs(benchmark, spec)
 
     def prepare(self, loaded: Any, backend: Any, spec: Any) -> list[str]:
         check_protocol(loaded, backend)

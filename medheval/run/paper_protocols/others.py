@@ -1,10 +1,13 @@
 """Paper protocols of Med-HallMark, ClinHallu and Med-StepBench.
 
-* ``clinhallu`` follows ClinHallu's released ``src/common.py`` and ``configs/config.yaml`` (commit
-  ``560e3ff5``): its own prompts (``--benchmark-option clinhallu.prompts=upstream``), a system message and
-  one user message with the text first and the images after it, temperature 0.7, top-p 0.9, 4,096 tokens,
-  ``chat_template_kwargs: {enable_thinking: False}``, and up to 1 + ``retry_attempts`` (50) generations
-  of a trace. The settings are the family's run options (:mod:`medheval.families.clinhallu.task`).
+* ``clinhallu`` follows ClinHallu's released ``src/common.py``, ``configs/config.yaml`` and judge and table
+  scripts (commit ``560e3ff5``): its own prompts (``--benchmark-option clinhallu.prompts=upstream``), a system
+  message and one user message with the text first and the images after it, temperature 0.7, top-p 0.9,
+  4,096 tokens, ``chat_template_kwargs: {enable_thinking: False}``, up to 1 + ``retry_attempts`` (50)
+  generations of every trace (ORG and the three replace runs), its judge request
+  (``clinhallu.judge_settings=upstream``) and its scorer (``upstream_compat``: Acc over valid traces with a
+  judged answer, rounded to 4 places, Δ from the rounded values). The settings are the family's run options
+  (:mod:`medheval.families.clinhallu.task`).
 * ``med-hallmark`` and ``med-stepbench``: no inference code was released; every setting is inferred and
   says from what (:attr:`PaperProtocol.inferred`).
 """
@@ -70,23 +73,32 @@ MED_STEPBENCH = PaperProtocol(
 
 CLINHALLU = PaperProtocol(
     name="clinhallu",
-    title="ClinHallu Tables 2-3: released prompts, system + text-first user turn, T 0.7, top-p 0.9, 4096 "
-          "tokens, no thinking, 1+50 attempts",
+    title="ClinHallu Tables 2-3: released prompts and judge requests, system + text-first user turn, T 0.7, "
+          "top-p 0.9, 4096 tokens, no thinking, up to 1+50 generations of every trace, Acc over valid traces",
     reproduces="ClinHallu Tables 2 and 3",
     source=f"https://github.com/alibaba-damo-academy/ClinHallu/tree/{CLINHALLU_COMMIT} (src/common.py, "
-           f"configs/config.yaml)",
+           f"configs/config.yaml, src/model_evaluation/01_generate_cot.py, 02_judge_answers.py, "
+           f"04_judge_step_hallucination.py, src/result_analysis/05_make_result_tables.py)",
     benchmarks=("clinhallu",),
     instruction=None,
-    prompt_version=f"clinhallu-upstream@{CLINHALLU_COMMIT[:8]}",
+    # v2: every setting regenerated, H^V judged on Rep-K, ClinHallu's judge request, bare question for the answer judge
+    prompt_version=f"clinhallu-upstream@{CLINHALLU_COMMIT[:8]}-v2",
     templates={"*": "model"},
     generation={"*": {"benchmarks": {"clinhallu": {"max_new_tokens": 4096}}}},
     benchmark_options={"clinhallu": {"prompts": "upstream", "temperature": 0.7, "top_p": 0.9, "max_attempts": 51,
-                                     "order": "text_first", "enable_thinking": False}},
+                                     "order": "text_first", "enable_thinking": False, "judge_settings": "upstream"}},
+    upstream_compat=True,
     inferred=(
-        "retry_attempts 50 is read as 1 + 50 generations of a trace until it parses (max_attempts 51)",
+        "retry_attempts 50 is read as 1 + 50 generations of every trace (ORG, Rep-V, Rep-K, Rep-VK) until it "
+        "parses (max_attempts 51)",
         "a local HF model receives the same message order through its chat template (text part, then image "
         "parts); enable_thinking=False goes to templates that take it (Qwen3) and to API servers as "
         "chat_template_kwargs",
+        "not reproduced: the judge's transport faults (HTTP 429/5xx, timeouts, dropped connections) are re-sent on "
+        "their own budget (5 retries) beside an unusable reply's 1 + 5 tries; ClinHallu counts both in its 6 tries",
+        "not reproduced: a judge reply is read leniently (a JSON object inside prose or fences, single quotes; "
+        "ClinHallu: the whole reply as JSON once fences are removed), and an answer_correct other than 0 or 1 is "
+        "asked again (ClinHallu reads it as 0)",
     ),
 )
 
