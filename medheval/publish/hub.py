@@ -49,7 +49,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
-from medheval.publish.content_scan import netpbm_header, small_int_run, text_kind
+from medheval.publish.content_scan import netpbm_header, text_kind
 from medheval.publish.results_check import ResultsError, check_results, check_size
 from medheval.data.registry import list_units, unit_dir
 from medheval.data.schema import FEATURES, is_credentialed
@@ -229,6 +229,7 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
         relpath = f"{config}/test-00000-of-00001.parquet"
         (folder / config).mkdir()
         dataset.to_parquet(str(folder / relpath))
+        rewrite_parquet(folder / relpath, folder / relpath)  # the form push() uploads: the same bytes
         num_bytes = dataset.data.nbytes
         info = DatasetInfo(config_name=config, features=dataset.features, splits=SplitDict(),
                            download_size=(folder / relpath).stat().st_size, dataset_size=num_bytes)
@@ -352,10 +353,11 @@ _LIST_TYPES = ("is_list", "is_large_list", "is_fixed_size_list", "is_list_view",
 
 
 def _storage(dtype: Any) -> Any:
-    """``dtype``, or the storage type of an extension type (``arrow.json``: a string column)."""
+    """``dtype``, or the storage type of an extension type (``arrow.json``, a canonical extension type that is
+    no ``pa.ExtensionType``: a string column)."""
     import pyarrow as pa
 
-    return dtype.storage_type if isinstance(dtype, pa.ExtensionType) else dtype
+    return dtype.storage_type if isinstance(dtype, pa.BaseExtensionType) else dtype
 
 
 def _is_list(dtype: Any) -> bool:
@@ -414,6 +416,80 @@ def _integer_lists(array: Any, rows: Any, name: str, limit: int, nested: bool) -
         if most > limit:
             return [f"{name} (up to {most} integers in one row)"]
     return []
+
+
+MAX_PARQUET_NUMBERS = 512  # numeric cells in one Parquet file: the exporter writes none; a 16x32 thumbnail
+_CDC_KEYS = {"min_chunk_size", "max_chunk_size", "norm_level"}  # datasets' content-defined chunking options
+
+
+def _text_type(dtype: Any) -> bool:
+    """Whether ``dtype`` holds text: a string (any width or view, dictionary-encoded too), bool or null."""
+    import pyarrow as pa
+
+    dtype = _storage(dtype)
+    if pa.types.is_dictionary(dtype):
+        dtype = dtype.value_type
+    return (pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_boolean(dtype)
+            or pa.types.is_null(dtype) or getattr(pa.types, "is_string_view", lambda _: False)(dtype))
+
+
+def column_problems(schema: Any, num_rows: int, limit: int = MAX_PARQUET_NUMBERS) -> list[str]:
+    """The columns of a Parquet file outside the exporter's kinds, as ``name (type)``: the exporter writes text,
+    lists of text and JSON text only (:data:`medheval.data.schema.FEATURES`), so any list of numbers, struct,
+    map or other nested column is refused, and plain numeric (or date) columns only while the file holds at
+    most ``limit`` numeric cells (a few scores; an image as one pixel per row is thousands)."""
+    import pyarrow as pa
+
+    problems: list[str] = []
+    numeric: list[str] = []
+    for column in schema:
+        dtype = _storage(column.type)
+        if _text_type(dtype) or (_is_list(dtype) and _text_type(dtype.value_type)):
+            continue
+        if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype) \
+                or pa.types.is_temporal(dtype):
+            numeric.append(column.name)
+            continue
+        problems.append(f"{column.name} ({_shape(column.type)})")
+    if numeric and len(numeric) * num_rows > limit:
+        problems.append(f"{', '.join(numeric)} ({len(numeric) * num_rows} numbers, over {limit})")
+    return problems
+
+
+def _cdc_options(footer: Mapping[bytes, bytes]) -> dict[str, int] | bool:
+    """The content-defined chunking options ``to_parquet`` recorded in a footer (``False`` when none or odd)."""
+    try:
+        options = json.loads(footer.get(b"content_defined_chunking", b"false"))
+    except ValueError:
+        return False
+    if isinstance(options, dict) and set(options) <= _CDC_KEYS and all(
+            isinstance(value, int) and not isinstance(value, bool) for value in options.values()):
+        return options
+    return False
+
+
+def rewrite_parquet(source: Path, target: Path) -> None:
+    """Write ``source``'s table to ``target`` afresh (row group by row group, with its Arrow schema and metadata
+    and ``to_parquet``'s chunking and page index), so only what the table holds is in the file: bytes hidden
+    between column chunks, in padding or after the footer (a JPEG inside a valid Parquet file) are dropped.
+    The exporter writes every Parquet file this way and :func:`push` uploads each one rewritten, which gives the
+    same bytes for an exported file (the rewrite is idempotent)."""
+    import pyarrow.parquet as pq
+
+    handle = pq.ParquetFile(source)
+    cdc = _cdc_options(handle.metadata.metadata or {})
+    fresh = target.with_name(target.name + ".rewrite")
+    try:
+        with pq.ParquetWriter(fresh, handle.schema_arrow, use_content_defined_chunking=cdc,
+                              write_page_index=True) as writer:
+            if cdc is not False:
+                writer.add_key_value_metadata({"content_defined_chunking": json.dumps(cdc)})
+            for index in range(handle.num_row_groups):
+                writer.write_table(handle.read_row_group(index))
+        handle.close()
+        os.replace(fresh, target)
+    finally:
+        fresh.unlink(missing_ok=True)
 
 
 def _check_exported_parquet(repo_id: str, relpath: str, path: Path) -> None:
@@ -616,16 +692,21 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
         if any(BASE64_RUN.search(key + b"\n" + value) for key, value in metadata.items()):
             raise CredentialedImageError(f"{repo.repo_id}: {where} holds base64 data in its Parquet metadata"
                                          f"{in_repo}: {how}")
+        odd = column_problems(schema, table.num_rows)
+        if odd:
+            raise CredentialedImageError(
+                f"{repo.repo_id}: {where} has column(s) that are not text: {odd}{in_repo}; a published Parquet file "
+                f"holds text, lists of text and JSON text (at most {MAX_PARQUET_NUMBERS} numeric cells), never "
+                f"numeric-array or nested columns: {how}")
         for name in table.column_names:
             column = table.column(name)
             storage = _storage(column.type)
             if not (pa.types.is_string(storage) or pa.types.is_large_string(storage) or pa.types.is_nested(storage)):
                 continue
             rows = [json.dumps(value, default=str).encode() for value in column.to_pylist()]
-            text = b"[" + b", ".join(rows) + b"]"  # the column as one JSON list: base64 split over rows joins up
-            found = "base64 data" if BASE64_RUN.search(text) else text_kind(text, MAGIC_BYTES, numbers=False)
-            if not found and any(small_int_run(row) for row in rows):
-                found = "list of byte values"  # counted row by row: many short lists are not one image
+            # the column as one JSON list: base64, hex or numbers split over rows (or over a cell's JSON) join up
+            text = b"[" + b", ".join(rows) + b"]"
+            found = "base64 data" if BASE64_RUN.search(text) else text_kind(text, MAGIC_BYTES)
             if found:
                 raise CredentialedImageError(f"{repo.repo_id}: {where} column {name!r} holds {found}"
                                              f"{in_repo}; publish image references only: {how}")
