@@ -50,7 +50,8 @@ import yaml
 
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
 from medheval.publish.content_scan import netpbm_header, text_kind
-from medheval.publish.results_check import ResultsError, check_results, check_size
+from medheval.publish.meta_check import MetaError, publishable_meta
+from medheval.publish.results_check import ResultsError, check_results, check_size, publishable_made_with
 from medheval.data.registry import list_units, unit_dir
 from medheval.data.schema import FEATURES, is_credentialed
 from medheval.run import provenance
@@ -211,6 +212,7 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
     credentialed_configs: list[str] = []
     largest = 0
     unpinned: dict[str, str] = {}  # annotation file -> why it is not the released file (fixture / modified copy)
+    dropped_meta: dict[str, None] = {}  # meta keys no builder writes, left out of the Parquet files
     for config in tqdm(benchmark_configs(name), desc=f"export {name}", unit="config"):
         try:
             loaded = prepare_benchmark(name, config, data_dir=data_dir, cache_dir=cache_dir)
@@ -223,6 +225,11 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
         credentialed = any(map(credentialed_source, config_sources)) or (
             "meta" in dataset.column_names and any(map(_meta_credentialed, dataset["meta"])))
         refuse_credentialed_images(dataset, f"{name}:{config}", credentialed=credentialed)
+        try:
+            dataset = _publishable_rows(dataset, f"{name}:{config}", dropped_meta)
+        except MetaError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise PublishError(str(error)) from None
         sources |= config_sources
         if credentialed:
             credentialed_configs.append(config)
@@ -275,7 +282,29 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
                   + "".join(f"- {warning}\n" for warning in warnings))
     (folder / "README.md").write_text(render_card(card_data.to_dict(), body.rstrip() + usage + "\n"))
     write_eval_yaml(folder, name, eval_configs, meta["pretty_name"])
+    if dropped_meta:
+        warnings.append(f"meta key(s) {', '.join(list(dropped_meta)[:8])} left out of the Parquet files (no builder "
+                        "writes them: medheval.publish.meta_check)")
     return recorded(RepoFolder(str(folder), f"{org}/{name}", "dataset", "datasets", gated=gated, warnings=warnings))
+
+
+def _publishable_rows(dataset: Any, where: str, dropped: dict[str, None]) -> Any:
+    """``dataset`` with each row's ``meta`` reduced to the keys the builders write
+    (:func:`medheval.publish.meta_check.publishable_meta`; a :class:`MetaError` for a known key of the wrong kind
+    or size); the keys left out are added to ``dropped``."""
+    if "meta" not in dataset.column_names:
+        return dataset
+    metas = []
+    changed = False
+    for rid, meta in zip(dataset["id"], dataset["meta"]):
+        kept, gone = publishable_meta(meta, f"{where} record {rid!r}"[:200])
+        dropped.update(dict.fromkeys(gone))
+        changed = changed or bool(gone)
+        metas.append(kept)
+    if not changed:
+        return dataset
+    feature = dataset.features["meta"]
+    return dataset.remove_columns("meta").add_column("meta", metas, feature=feature)
 
 
 def unpinned_files(files: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -523,6 +552,14 @@ def _check_exported_parquet(repo_id: str, relpath: str, path: Path) -> None:
         raise CredentialedImageError(
             f"{repo_id}: {relpath} carries metadata the exporter does not write "
             f"({', '.join(extra_keys) or 'huggingface features'}): export it again with `medheval publish`")
+    for index, value in enumerate(pq.read_table(path, columns=["meta"]).column("meta").to_pylist()):
+        try:
+            meta = json.loads(value) if isinstance(value, str) else value
+            if publishable_meta(meta, f"{relpath} row {index}")[1]:
+                raise MetaError(f"{relpath} row {index}: meta holds keys no builder writes")
+        except (MetaError, ValueError) as error:
+            raise CredentialedImageError(f"{repo_id}: {error}; a gated repo holds only the exporter's rows: export "
+                                         "it again with `medheval publish`") from None
 
 
 def _looks_credentialed(root: Path) -> str | None:
@@ -897,8 +934,17 @@ def _provenance_record(name: str, dataset_id: str, split: str, origin: Mapping[s
         "scoring_dataset_revision": (origin.get("scoring_dataset_revision") or {}).get(split),
         "units": dict(units),
         "provenance": {key: origin.get(key) for key in ("protocol", "random_weights", "fixture", "limit")},
-        "made_with": origin.get("made_with"),
+        "made_with": _made_with(origin)[0],
     }
+
+
+def _made_with(origin: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """A run's ``made_with`` as published (its known, typed keys) and the unknown keys left out
+    (:func:`medheval.publish.results_check.publishable_made_with`)."""
+    try:
+        return publishable_made_with(origin.get("made_with"), "results", "provenance.made_with")
+    except ResultsError as error:
+        raise PublishError(str(error)) from None
 
 
 def _split_size(block: Mapping[str, Any]) -> int | None:
@@ -962,6 +1008,11 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
         backend = (run.get("settings") or {}).get("backend") or {}
         if source and backend.get("backend") == "predictions_file" and source != model_repo:
             warnings.append(f"the answers were generated by {source!r}, published for {model_repo!r}")
+        dropped = _made_with(provenance.of_run(run))[1]
+        if dropped:
+            warnings.append(f"left out of {PROVENANCE_DIR}: {', '.join(dropped[:8])}"
+                            f"{f' and {len(dropped) - 8} more' if len(dropped) > 8 else ''} (not a setting medheval "
+                            "records: only known generation settings, seed, versions and inputs are published)")
     if not files:
         raise PublishError(f"{results_path} holds no numeric metric values to publish")
     folder = _inside(Path(out_dir), Path(out_dir) / "results" / model_repo.replace("/", "--"))
@@ -1137,8 +1188,10 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
     and is never printed. The endpoint is ``HF_ENDPOINT`` (default https://huggingface.co). Every repo is
     checked before the first upload (:func:`check_recorded_files`, :func:`check_no_credentialed_bytes`:
     the content checks run on every repo, gated or not, and a file's sha256 in ``publish.json`` never exempts
-    it), then its recorded files are copied to a private folder (sha256 checked again while copying) and that
-    copy is uploaded: a file swapped in the folder after the checks never reaches the Hub."""
+    it), then its recorded files are copied to a private folder (sha256 checked again while copying), each
+    Parquet file there is written afresh from the table it holds (:func:`rewrite_parquet`: bytes hidden beside
+    the table are dropped), the copy is checked again, and that copy is uploaded: a file swapped in the folder
+    after the checks never reaches the Hub."""
     import tempfile
 
     from huggingface_hub import HfApi
@@ -1156,11 +1209,14 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
         for index, repo in enumerate(checked):
             if repo.files:
                 repo.folder = str(_snapshot(repo, Path(private) / str(index)))
+                check_no_credentialed_bytes(repo)  # what is uploaded, Parquet files as rewritten
         return _upload(api, checked, create_pr, tqdm)
 
 
 def _snapshot(repo: RepoFolder, copy: Path) -> Path:
-    """Copy ``repo``'s recorded files to ``copy`` (never through a link), checking each one's sha256 again."""
+    """Copy ``repo``'s recorded files to ``copy`` (never through a link), checking each one's sha256 again; each
+    Parquet file is then written afresh from its table (:func:`rewrite_parquet`), so the copy holds nothing its
+    table does not (an exported file comes out byte for byte the same)."""
     root = Path(repo.folder)
     for relpath, expected in sorted(repo.files.items()):
         target = copy / relpath
@@ -1183,6 +1239,16 @@ def _snapshot(repo: RepoFolder, copy: Path) -> Path:
         if digest.hexdigest() != expected:
             raise CredentialedImageError(f"{repo.repo_id}: {relpath} changed during the push (after its checks); "
                                          "nothing was uploaded: export again")
+        with open(target, "rb") as handle:
+            parquet = handle.read(4) == b"PAR1"
+        if parquet:  # upload only what its table holds (bytes hidden between its column chunks are dropped)
+            try:
+                rewrite_parquet(target, target)
+            except Exception as error:  # noqa: BLE001 - PAR1 bytes that pyarrow cannot read or write back
+                raise CredentialedImageError(f"{repo.repo_id}: {relpath} could not be written back from its table "
+                                             f"({type(error).__name__}); nothing was uploaded: export again") from None
+            if repo.gated:
+                _check_exported_parquet(repo.repo_id, relpath, target)
     return copy
 
 
