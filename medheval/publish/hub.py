@@ -682,9 +682,11 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
     follow it), no file named like a MIMIC-CXR file (:func:`mimic_file_name`: ``p<XX>/p<subject>/s<study>/``,
     ``<dicom_id>.jpg``), and, by content whatever the file's name: no image, DICOM, array, archive or netpbm
     file, no other binary file, no base64 run, image data URL or long list of byte values in a text file in any
-    spelling (:func:`file_kind`), and Parquet files without binary, Image or 8-bit integer list columns, without
-    rows of more than :data:`MAX_INT_LIST` integers (:func:`integer_list_fields`), without base64 strings or
-    byte-value lists and without base64 in their metadata. So a folder edited by hand
+    spelling (:func:`file_kind`: base64, hex, bytes as Latin-1 characters, long runs of numbers, in the text and
+    in its decoded JSON), and Parquet files of text columns only (:func:`column_problems`: no binary, Image,
+    numeric-list or nested column, at most :data:`MAX_PARQUET_NUMBERS` numeric cells) whose string columns, read
+    as one JSON list, pass :func:`medheval.publish.content_scan.text_kind`, without base64 in their metadata.
+    (:func:`push` also uploads each Parquet file rewritten from its table: :func:`rewrite_parquet`.) So a folder edited by hand
     after :func:`export_dataset`, or a manifest entry written by hand, is checked too."""
     import pyarrow as pa
     import pyarrow.parquet as pq
