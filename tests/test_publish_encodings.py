@@ -92,7 +92,12 @@ def test_pixels_in_any_spelling_are_refused(tmp_path, name):
 PLAIN: dict[str, bytes] = {
     "prose.md": (" ".join(["the heart size is within normal limits and the lungs are clear"] * 80)).encode(),
     "ids.yaml": "".join(f"- vqa_rad/all/{i}\n" for i in range(2000)).encode(),
-    "hashes.json": json.dumps([hashlib.sha256(str(i).encode()).hexdigest() for i in range(300)]).encode(),
+    # digests as the provenance record and cards write them, each beside its file's name
+    "hashes.json": json.dumps([{"relpath": f"split_{i}.json", "sha256": hashlib.sha256(str(i).encode()).hexdigest()}
+                               for i in range(300)]).encode(),
+    "few_hashes.json": json.dumps([hashlib.sha256(str(i).encode()).hexdigest() for i in range(31)]).encode(),
+    "commit_per_row.json": json.dumps([{"config": "ba4586e", "id": f"vishal_report/ba4586e/{i}"}
+                                       for i in range(500)]).encode(),
     "answers.json": json.dumps(["Yes", "No", "Left", "Right", "CT", "MRI"] * 500).encode(),
     "numbers.yaml": ("value: [" + ", ".join(str(i % 256) for i in range(400)) + "]\n"
                      + "".join(f"- {{year: {2000 + i}, n: {i}}}\n" for i in range(300))).encode(),
@@ -108,11 +113,15 @@ def test_ordinary_text_still_passes(tmp_path, name):
     hub.check_no_credentialed_bytes(repo)
 
 
-def test_short_integer_lists_and_text_columns_in_parquet_still_pass(tmp_path):
-    table = pa.table({"id": [f"slake/all/{i}" for i in range(500)], "bbox": [[i, i + 1, 20, 30] for i in range(500)],
+def test_text_columns_in_parquet_still_pass_and_numeric_lists_never_do(tmp_path):
+    """The exporter writes text, lists of text and JSON text only: a list-of-numbers column (even short boxes)
+    is refused by its type (security audit: pixels as float lists, int16 rows, one pixel per row)."""
+    table = pa.table({"id": [f"slake/all/{i}" for i in range(500)], "config": ["ba4586e"] * 500,
                       "question": ["Is there a fracture in the left femur?"] * 500})
-    repo = _folder(tmp_path, "boxes.parquet", _parquet(table))
-    hub.check_no_credentialed_bytes(repo)
+    hub.check_no_credentialed_bytes(_folder(tmp_path / "text", "text.parquet", _parquet(table)))
+    boxes = table.append_column("bbox", pa.array([[i, i + 1, 20, 30] for i in range(500)]))
+    with pytest.raises(CredentialedImageError, match=r"boxes\.parquet has column\(s\) that are not text.*bbox"):
+        hub.check_no_credentialed_bytes(_folder(tmp_path / "boxes", "boxes.parquet", _parquet(boxes)))
 
 
 def test_normalise_joins_what_json_and_yaml_split():

@@ -49,8 +49,9 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
-from medheval.publish.content_scan import netpbm_header, small_int_run, text_kind
-from medheval.publish.results_check import ResultsError, check_results, check_size
+from medheval.publish.content_scan import netpbm_header, text_kind
+from medheval.publish.meta_check import MetaError, publishable_meta
+from medheval.publish.results_check import ResultsError, check_results, check_size, publishable_made_with
 from medheval.data.registry import list_units, unit_dir
 from medheval.data.schema import FEATURES, is_credentialed
 from medheval.run import provenance
@@ -211,6 +212,7 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
     credentialed_configs: list[str] = []
     largest = 0
     unpinned: dict[str, str] = {}  # annotation file -> why it is not the released file (fixture / modified copy)
+    dropped_meta: dict[str, None] = {}  # meta keys no builder writes, left out of the Parquet files
     for config in tqdm(benchmark_configs(name), desc=f"export {name}", unit="config"):
         try:
             loaded = prepare_benchmark(name, config, data_dir=data_dir, cache_dir=cache_dir)
@@ -223,12 +225,18 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
         credentialed = any(map(credentialed_source, config_sources)) or (
             "meta" in dataset.column_names and any(map(_meta_credentialed, dataset["meta"])))
         refuse_credentialed_images(dataset, f"{name}:{config}", credentialed=credentialed)
+        try:
+            dataset = _publishable_rows(dataset, f"{name}:{config}", dropped_meta)
+        except MetaError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise PublishError(str(error)) from None
         sources |= config_sources
         if credentialed:
             credentialed_configs.append(config)
         relpath = f"{config}/test-00000-of-00001.parquet"
         (folder / config).mkdir()
         dataset.to_parquet(str(folder / relpath))
+        rewrite_parquet(folder / relpath, folder / relpath)  # the form push() uploads: the same bytes
         num_bytes = dataset.data.nbytes
         info = DatasetInfo(config_name=config, features=dataset.features, splits=SplitDict(),
                            download_size=(folder / relpath).stat().st_size, dataset_size=num_bytes)
@@ -274,7 +282,29 @@ def export_dataset(name: str, out_dir: str | Path, org: str = DEFAULT_ORG, data_
                   + "".join(f"- {warning}\n" for warning in warnings))
     (folder / "README.md").write_text(render_card(card_data.to_dict(), body.rstrip() + usage + "\n"))
     write_eval_yaml(folder, name, eval_configs, meta["pretty_name"])
+    if dropped_meta:
+        warnings.append(f"meta key(s) {', '.join(list(dropped_meta)[:8])} left out of the Parquet files (no builder "
+                        "writes them: medheval.publish.meta_check)")
     return recorded(RepoFolder(str(folder), f"{org}/{name}", "dataset", "datasets", gated=gated, warnings=warnings))
+
+
+def _publishable_rows(dataset: Any, where: str, dropped: dict[str, None]) -> Any:
+    """``dataset`` with each row's ``meta`` reduced to the keys the builders write
+    (:func:`medheval.publish.meta_check.publishable_meta`; a :class:`MetaError` for a known key of the wrong kind
+    or size); the keys left out are added to ``dropped``."""
+    if "meta" not in dataset.column_names:
+        return dataset
+    metas = []
+    changed = False
+    for rid, meta in zip(dataset["id"], dataset["meta"]):
+        kept, gone = publishable_meta(meta, f"{where} record {rid!r}"[:200])
+        dropped.update(dict.fromkeys(gone))
+        changed = changed or bool(gone)
+        metas.append(kept)
+    if not changed:
+        return dataset
+    feature = dataset.features["meta"]
+    return dataset.remove_columns("meta").add_column("meta", metas, feature=feature)
 
 
 def unpinned_files(files: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -352,10 +382,11 @@ _LIST_TYPES = ("is_list", "is_large_list", "is_fixed_size_list", "is_list_view",
 
 
 def _storage(dtype: Any) -> Any:
-    """``dtype``, or the storage type of an extension type (``arrow.json``: a string column)."""
+    """``dtype``, or the storage type of an extension type (``arrow.json``, a canonical extension type that is
+    no ``pa.ExtensionType``: a string column)."""
     import pyarrow as pa
 
-    return dtype.storage_type if isinstance(dtype, pa.ExtensionType) else dtype
+    return dtype.storage_type if isinstance(dtype, pa.BaseExtensionType) else dtype
 
 
 def _is_list(dtype: Any) -> bool:
@@ -416,6 +447,80 @@ def _integer_lists(array: Any, rows: Any, name: str, limit: int, nested: bool) -
     return []
 
 
+MAX_PARQUET_NUMBERS = 512  # numeric cells in one Parquet file: the exporter writes none; a 16x32 thumbnail
+_CDC_KEYS = {"min_chunk_size", "max_chunk_size", "norm_level"}  # datasets' content-defined chunking options
+
+
+def _text_type(dtype: Any) -> bool:
+    """Whether ``dtype`` holds text: a string (any width or view, dictionary-encoded too), bool or null."""
+    import pyarrow as pa
+
+    dtype = _storage(dtype)
+    if pa.types.is_dictionary(dtype):
+        dtype = dtype.value_type
+    return (pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_boolean(dtype)
+            or pa.types.is_null(dtype) or getattr(pa.types, "is_string_view", lambda _: False)(dtype))
+
+
+def column_problems(schema: Any, num_rows: int, limit: int = MAX_PARQUET_NUMBERS) -> list[str]:
+    """The columns of a Parquet file outside the exporter's kinds, as ``name (type)``: the exporter writes text,
+    lists of text and JSON text only (:data:`medheval.data.schema.FEATURES`), so any list of numbers, struct,
+    map or other nested column is refused, and plain numeric (or date) columns only while the file holds at
+    most ``limit`` numeric cells (a few scores; an image as one pixel per row is thousands)."""
+    import pyarrow as pa
+
+    problems: list[str] = []
+    numeric: list[str] = []
+    for column in schema:
+        dtype = _storage(column.type)
+        if _text_type(dtype) or (_is_list(dtype) and _text_type(dtype.value_type)):
+            continue
+        if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype) \
+                or pa.types.is_temporal(dtype):
+            numeric.append(column.name)
+            continue
+        problems.append(f"{column.name} ({_shape(column.type)})")
+    if numeric and len(numeric) * num_rows > limit:
+        problems.append(f"{', '.join(numeric)} ({len(numeric) * num_rows} numbers, over {limit})")
+    return problems
+
+
+def _cdc_options(footer: Mapping[bytes, bytes]) -> dict[str, int] | bool:
+    """The content-defined chunking options ``to_parquet`` recorded in a footer (``False`` when none or odd)."""
+    try:
+        options = json.loads(footer.get(b"content_defined_chunking", b"false"))
+    except ValueError:
+        return False
+    if isinstance(options, dict) and set(options) <= _CDC_KEYS and all(
+            isinstance(value, int) and not isinstance(value, bool) for value in options.values()):
+        return options
+    return False
+
+
+def rewrite_parquet(source: Path, target: Path) -> None:
+    """Write ``source``'s table to ``target`` afresh (row group by row group, with its Arrow schema and metadata
+    and ``to_parquet``'s chunking and page index), so only what the table holds is in the file: bytes hidden
+    between column chunks, in padding or after the footer (a JPEG inside a valid Parquet file) are dropped.
+    The exporter writes every Parquet file this way and :func:`push` uploads each one rewritten, which gives the
+    same bytes for an exported file (the rewrite is idempotent)."""
+    import pyarrow.parquet as pq
+
+    handle = pq.ParquetFile(source)
+    cdc = _cdc_options(handle.metadata.metadata or {})
+    fresh = target.with_name(target.name + ".rewrite")
+    try:
+        with pq.ParquetWriter(fresh, handle.schema_arrow, use_content_defined_chunking=cdc,
+                              write_page_index=True) as writer:
+            if cdc is not False:
+                writer.add_key_value_metadata({"content_defined_chunking": json.dumps(cdc)})
+            for index in range(handle.num_row_groups):
+                writer.write_table(handle.read_row_group(index))
+        handle.close()
+        os.replace(fresh, target)
+    finally:
+        fresh.unlink(missing_ok=True)
+
+
 def _check_exported_parquet(repo_id: str, relpath: str, path: Path) -> None:
     """A gated repo's Parquet file has exactly the exporter's columns (:data:`medheval.data.schema.FEATURES`:
     text and image-reference strings, no binary or numeric column) and only the metadata ``to_parquet`` writes."""
@@ -447,6 +552,14 @@ def _check_exported_parquet(repo_id: str, relpath: str, path: Path) -> None:
         raise CredentialedImageError(
             f"{repo_id}: {relpath} carries metadata the exporter does not write "
             f"({', '.join(extra_keys) or 'huggingface features'}): export it again with `medheval publish`")
+    for index, value in enumerate(pq.read_table(path, columns=["meta"]).column("meta").to_pylist()):
+        try:
+            meta = json.loads(value) if isinstance(value, str) else value
+            if publishable_meta(meta, f"{relpath} row {index}")[1]:
+                raise MetaError(f"{relpath} row {index}: meta holds keys no builder writes")
+        except (MetaError, ValueError) as error:
+            raise CredentialedImageError(f"{repo_id}: {error}; a gated repo holds only the exporter's rows: export "
+                                         "it again with `medheval publish`") from None
 
 
 def _looks_credentialed(root: Path) -> str | None:
@@ -569,9 +682,11 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
     follow it), no file named like a MIMIC-CXR file (:func:`mimic_file_name`: ``p<XX>/p<subject>/s<study>/``,
     ``<dicom_id>.jpg``), and, by content whatever the file's name: no image, DICOM, array, archive or netpbm
     file, no other binary file, no base64 run, image data URL or long list of byte values in a text file in any
-    spelling (:func:`file_kind`), and Parquet files without binary, Image or 8-bit integer list columns, without
-    rows of more than :data:`MAX_INT_LIST` integers (:func:`integer_list_fields`), without base64 strings or
-    byte-value lists and without base64 in their metadata. So a folder edited by hand
+    spelling (:func:`file_kind`: base64, hex, bytes as Latin-1 characters, long runs of numbers, in the text and
+    in its decoded JSON), and Parquet files of text columns only (:func:`column_problems`: no binary, Image,
+    numeric-list or nested column, at most :data:`MAX_PARQUET_NUMBERS` numeric cells) whose string columns, read
+    as one JSON list, pass :func:`medheval.publish.content_scan.text_kind`, without base64 in their metadata.
+    (:func:`push` also uploads each Parquet file rewritten from its table: :func:`rewrite_parquet`.) So a folder edited by hand
     after :func:`export_dataset`, or a manifest entry written by hand, is checked too."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -616,16 +731,21 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
         if any(BASE64_RUN.search(key + b"\n" + value) for key, value in metadata.items()):
             raise CredentialedImageError(f"{repo.repo_id}: {where} holds base64 data in its Parquet metadata"
                                          f"{in_repo}: {how}")
+        odd = column_problems(schema, table.num_rows)
+        if odd:
+            raise CredentialedImageError(
+                f"{repo.repo_id}: {where} has column(s) that are not text: {odd}{in_repo}; a published Parquet file "
+                f"holds text, lists of text and JSON text (at most {MAX_PARQUET_NUMBERS} numeric cells), never "
+                f"numeric-array or nested columns: {how}")
         for name in table.column_names:
             column = table.column(name)
             storage = _storage(column.type)
             if not (pa.types.is_string(storage) or pa.types.is_large_string(storage) or pa.types.is_nested(storage)):
                 continue
             rows = [json.dumps(value, default=str).encode() for value in column.to_pylist()]
-            text = b"[" + b", ".join(rows) + b"]"  # the column as one JSON list: base64 split over rows joins up
-            found = "base64 data" if BASE64_RUN.search(text) else text_kind(text, MAGIC_BYTES, numbers=False)
-            if not found and any(small_int_run(row) for row in rows):
-                found = "list of byte values"  # counted row by row: many short lists are not one image
+            # the column as one JSON list: base64, hex or numbers split over rows (or over a cell's JSON) join up
+            text = b"[" + b", ".join(rows) + b"]"
+            found = "base64 data" if BASE64_RUN.search(text) else text_kind(text, MAGIC_BYTES)
             if found:
                 raise CredentialedImageError(f"{repo.repo_id}: {where} column {name!r} holds {found}"
                                              f"{in_repo}; publish image references only: {how}")
@@ -816,8 +936,17 @@ def _provenance_record(name: str, dataset_id: str, split: str, origin: Mapping[s
         "scoring_dataset_revision": (origin.get("scoring_dataset_revision") or {}).get(split),
         "units": dict(units),
         "provenance": {key: origin.get(key) for key in ("protocol", "random_weights", "fixture", "limit")},
-        "made_with": origin.get("made_with"),
+        "made_with": _made_with(origin)[0],
     }
+
+
+def _made_with(origin: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """A run's ``made_with`` as published (its known, typed keys) and the unknown keys left out
+    (:func:`medheval.publish.results_check.publishable_made_with`)."""
+    try:
+        return publishable_made_with(origin.get("made_with"), "results", "provenance.made_with")
+    except ResultsError as error:
+        raise PublishError(str(error)) from None
 
 
 def _split_size(block: Mapping[str, Any]) -> int | None:
@@ -881,6 +1010,11 @@ def export_results(run_dir: str | Path, out_dir: str | Path, model_repo: str, or
         backend = (run.get("settings") or {}).get("backend") or {}
         if source and backend.get("backend") == "predictions_file" and source != model_repo:
             warnings.append(f"the answers were generated by {source!r}, published for {model_repo!r}")
+        dropped = _made_with(provenance.of_run(run))[1]
+        if dropped:
+            warnings.append(f"left out of {PROVENANCE_DIR}: {', '.join(dropped[:8])}"
+                            f"{f' and {len(dropped) - 8} more' if len(dropped) > 8 else ''} (not a setting medheval "
+                            "records: only known generation settings, seed, versions and inputs are published)")
     if not files:
         raise PublishError(f"{results_path} holds no numeric metric values to publish")
     folder = _inside(Path(out_dir), Path(out_dir) / "results" / model_repo.replace("/", "--"))
@@ -1056,8 +1190,10 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
     and is never printed. The endpoint is ``HF_ENDPOINT`` (default https://huggingface.co). Every repo is
     checked before the first upload (:func:`check_recorded_files`, :func:`check_no_credentialed_bytes`:
     the content checks run on every repo, gated or not, and a file's sha256 in ``publish.json`` never exempts
-    it), then its recorded files are copied to a private folder (sha256 checked again while copying) and that
-    copy is uploaded: a file swapped in the folder after the checks never reaches the Hub."""
+    it), then its recorded files are copied to a private folder (sha256 checked again while copying), each
+    Parquet file there is written afresh from the table it holds (:func:`rewrite_parquet`: bytes hidden beside
+    the table are dropped), the copy is checked again, and that copy is uploaded: a file swapped in the folder
+    after the checks never reaches the Hub."""
     import tempfile
 
     from huggingface_hub import HfApi
@@ -1075,11 +1211,14 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
         for index, repo in enumerate(checked):
             if repo.files:
                 repo.folder = str(_snapshot(repo, Path(private) / str(index)))
+                check_no_credentialed_bytes(repo)  # what is uploaded, Parquet files as rewritten
         return _upload(api, checked, create_pr, tqdm)
 
 
 def _snapshot(repo: RepoFolder, copy: Path) -> Path:
-    """Copy ``repo``'s recorded files to ``copy`` (never through a link), checking each one's sha256 again."""
+    """Copy ``repo``'s recorded files to ``copy`` (never through a link), checking each one's sha256 again; each
+    Parquet file is then written afresh from its table (:func:`rewrite_parquet`), so the copy holds nothing its
+    table does not (an exported file comes out byte for byte the same)."""
     root = Path(repo.folder)
     for relpath, expected in sorted(repo.files.items()):
         target = copy / relpath
@@ -1102,6 +1241,16 @@ def _snapshot(repo: RepoFolder, copy: Path) -> Path:
         if digest.hexdigest() != expected:
             raise CredentialedImageError(f"{repo.repo_id}: {relpath} changed during the push (after its checks); "
                                          "nothing was uploaded: export again")
+        with open(target, "rb") as handle:
+            parquet = handle.read(4) == b"PAR1"
+        if parquet:  # upload only what its table holds (bytes hidden between its column chunks are dropped)
+            try:
+                rewrite_parquet(target, target)
+            except Exception as error:  # noqa: BLE001 - PAR1 bytes that pyarrow cannot read or write back
+                raise CredentialedImageError(f"{repo.repo_id}: {relpath} could not be written back from its table "
+                                             f"({type(error).__name__}); nothing was uploaded: export again") from None
+            if repo.gated:
+                _check_exported_parquet(repo.repo_id, relpath, target)
     return copy
 
 

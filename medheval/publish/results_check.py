@@ -10,18 +10,30 @@ field that fails stops the export with a :class:`ResultsError` naming the file a
 - ``settings.control``: one of :data:`medheval.run.control.CONTROLS`;
 - ``settings.mitigation``: a mitigation spec (letters, digits, ``._:=,/+-``, at most :data:`MAX_SPEC_CHARS`);
 - ``model_revision``: what :mod:`medheval.backends.revision` writes (:func:`~medheval.backends.revision.check_revision`);
-- ``dataset_revision`` and ``scoring_dataset_revision``: annotation file names, hex sha256s and flags;
-- every other string that reaches the provenance file (``made_with``): at most :data:`MAX_TEXT_CHARS`
-  characters, without control or invisible formatting characters (no right-to-left override).
+- ``dataset_revision`` and ``scoring_dataset_revision``: only the keys :func:`medheval.run.provenance.annotation_revision`
+  writes: at most :data:`MAX_FILES` files, each a ``relpath`` (at most :data:`MAX_PATH_CHARS` characters),
+  hex ``sha256``, a short ``fingerprint`` and ``pinned``/``fixture`` flags;
+- ``made_with`` (:func:`publishable_made_with`): only the keys a run writes, typed: ``seed`` an integer,
+  ``versions`` at most :data:`MAX_VERSIONS` package names with version strings (:data:`VERSION`),
+  ``inputs`` the known input settings (:data:`medheval.run.provenance.INPUT_SETTINGS`: a flag, a short name),
+  ``generation`` the known generation settings (:data:`medheval.run.generation.GENERATION_KEYS`: numbers and
+  flags). A known key of the wrong type or shape is refused; an unknown key (a predictions file written by
+  another tool may carry its own settings) is left out of the published record, and the export says so;
+- every other string that reaches the provenance file: at most :data:`MAX_TEXT_CHARS` characters, without
+  control or invisible formatting characters (no right-to-left override).
+
+So no field can carry more than a few hundred characters of free text: nothing that travels can hold an image
+in any encoding (the push guard, :mod:`medheval.publish.content_scan`, reads every written file as well).
 
 The files written are bounded too (:data:`MAX_FILE_BYTES` each: :func:`check_size`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from medheval.backends.revision import check_revision
 from medheval.backends.revision import shown as _shown
@@ -33,6 +45,15 @@ MAX_FILE_BYTES = 256 * 1024  # one .eval_results YAML or provenance JSON: a few 
 MAX_DEPTH = 6  # nesting of made_with (generation settings, versions)
 MITIGATION_SPEC = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:=,/+ -]{0,%d}" % (MAX_SPEC_CHARS - 1))
 SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_VERSIONS = 24  # packages in made_with.versions (a run records 7); 24 x 40 characters cannot hold a 2 KB run
+VERSION = re.compile(r"v?[0-9][0-9A-Za-z.+!_-]{0,39}")  # 2.13.0+cpu, 0.1.0.dev3+g1a2b3c4, 3.11.7
+PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a distribution name (huggingface_hub, medheval)
+SETTING_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")  # an input setting's value (tokenization: upstream_chunked)
+MAX_FILES = 64  # annotation files of one split (MedHEval's splits read 1-4)
+MAX_PATH_CHARS = 200
+FINGERPRINT = re.compile(r"[A-Za-z0-9_-]{1,64}")  # datasets' fingerprint of a Hub load
+REVISION_FILE_KEYS = {"relpath", "sha256", "pinned", "fixture", "fingerprint"}
+MAX_SEED = 2 ** 64
 COUNT_KEYS = ("n_scored", "n_records", "n_chosen_samples")
 
 
@@ -100,11 +121,17 @@ def check_plain(value: Any, where: str, field: str, depth: int = 0) -> None:
 
 
 def check_dataset_revision(revision: Any, where: str, field: str) -> None:
-    """A split's annotation revision: ``{"files": [{"relpath", "sha256", "pinned", ...}], "sha256"}``."""
+    """A split's annotation revision as :func:`medheval.run.provenance.annotation_revision` writes it:
+    ``{"files": [{"relpath", "sha256", "pinned", "fixture", "fingerprint"}], "sha256"}``, nothing else."""
     if revision is None:
         return
     if not isinstance(revision, Mapping) or not isinstance(revision.get("files"), list):
         raise _fail(where, field, f"must be {{'files': [...], 'sha256': ...}}, got {_shown(revision)}")
+    extra = sorted(map(str, set(revision) - {"files", "sha256"}))
+    if extra:
+        raise _fail(where, field, f"has unexpected key(s) {', '.join(map(_shown, extra))}")
+    if len(revision["files"]) > MAX_FILES:
+        raise _fail(where, f"{field}.files", f"lists {len(revision['files'])} files, more than {MAX_FILES}")
     if revision.get("sha256") is not None and not (isinstance(revision["sha256"], str)
                                                    and SHA256.fullmatch(revision["sha256"])):
         raise _fail(where, f"{field}.sha256", f"is not a sha256 digest: {_shown(revision['sha256'])}")
@@ -118,7 +145,73 @@ def check_dataset_revision(revision: Any, where: str, field: str) -> None:
         for flag in ("pinned", "fixture"):
             if entry.get(flag) is not None and not isinstance(entry[flag], bool):
                 raise _fail(where, f"{at}.{flag}", f"must be true, false or null, got {_shown(entry[flag])}")
-        check_plain(entry, where, at)
+        extra = sorted(map(str, set(entry) - REVISION_FILE_KEYS))
+        if extra:
+            raise _fail(where, at, f"has unexpected key(s) {', '.join(map(_shown, extra))}")
+        if not plain_text(entry["relpath"], MAX_PATH_CHARS):
+            raise _fail(where, f"{at}.relpath", f"{_shown(entry['relpath'])} is longer than {MAX_PATH_CHARS} "
+                                                "characters or holds control or formatting characters")
+        fingerprint = entry.get("fingerprint")
+        if fingerprint is not None and not (isinstance(fingerprint, str) and FINGERPRINT.fullmatch(fingerprint)):
+            raise _fail(where, f"{at}.fingerprint", f"is not a datasets fingerprint: {_shown(fingerprint)}")
+
+
+def _known_type(value: Any, wanted: type | tuple[type, ...]) -> bool:
+    """Whether ``value`` is ``None`` or a finite value of ``wanted`` (a bool only where ``wanted`` is bool)."""
+    if value is None:
+        return True
+    if isinstance(value, bool) and wanted is not bool:
+        return False
+    return isinstance(value, wanted) and not (isinstance(value, float) and not math.isfinite(value))
+
+
+def _known_keys(value: Any, where: str, at: str, keys: Iterable[str], dropped: list[str]) -> dict[str, Any]:
+    """``value`` (a JSON object, else refused) reduced to ``keys``; the names of those left out go to ``dropped``."""
+    if not isinstance(value, Mapping):
+        raise _fail(where, at, f"must be a JSON object, got {_shown(value)}")
+    known = set(keys)
+    dropped.extend(f"{at}.{key}" if plain_text(str(key), 64) else f"{at}.{_shown(str(key))}"
+                   for key in value if key not in known)
+    return {key: item for key, item in value.items() if key in known}
+
+
+def publishable_made_with(made: Any, where: str, field: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """``(made_with as published, unknown keys left out)``; a :class:`ResultsError` for a known key of the
+    wrong type or shape (the module docstring lists them). ``None`` stays ``None``."""
+    from medheval.run.generation import GENERATION_KEYS
+    from medheval.run.provenance import INPUT_SETTINGS
+
+    if made is None:
+        return None, []
+    dropped: list[str] = []
+    kept = _known_keys(made, where, field, ("seed", "versions", "inputs", "generation"), dropped)
+    seed = kept.get("seed")
+    if not _known_type(seed, int) or (seed is not None and abs(seed) >= MAX_SEED):
+        raise _fail(where, f"{field}.seed", f"must be an integer, got {_shown(seed)}")
+    if kept.get("versions") is not None:
+        versions = kept["versions"]
+        if not isinstance(versions, Mapping) or len(versions) > MAX_VERSIONS:
+            raise _fail(where, f"{field}.versions", f"must map at most {MAX_VERSIONS} package names to versions, "
+                                                    f"got {_shown(versions)}")
+        for package, version in versions.items():
+            if not (isinstance(package, str) and PACKAGE.fullmatch(package)):
+                raise _fail(where, f"{field}.versions key", f"{_shown(package)} is not a package name")
+            if version is not None and not (isinstance(version, str) and VERSION.fullmatch(version)):
+                raise _fail(where, f"{field}.versions.{package}", f"{_shown(version)} is not a version")
+    if kept.get("inputs") is not None:
+        inputs = kept["inputs"] = _known_keys(kept["inputs"], where, f"{field}.inputs", INPUT_SETTINGS, dropped)
+        for key, value in inputs.items():
+            valid = _known_type(value, bool) if key == "grey_padding" else (
+                value is None or (isinstance(value, str) and SETTING_NAME.fullmatch(value)))
+            if not valid:
+                raise _fail(where, f"{field}.inputs.{key}", f"{_shown(value)} is not a valid {key}")
+    if kept.get("generation") is not None:
+        generation = kept["generation"] = _known_keys(kept["generation"], where, f"{field}.generation",
+                                                      GENERATION_KEYS, dropped)
+        for key, value in generation.items():
+            if not _known_type(value, GENERATION_KEYS[key]):
+                raise _fail(where, f"{field}.generation.{key}", f"{_shown(value)} is not a valid {key}")
+    return kept, dropped
 
 
 def _object_or_empty(value: Any, where: str, at: str) -> Mapping[str, Any]:
@@ -153,7 +246,7 @@ def check_run(run: Any, where: str, at: str = "") -> None:
         raise _fail(where, f"{at}provenance.{problem[0]}", problem[1])
     if carried.get("source_model") is not None:
         check_plain(carried["source_model"], where, f"{at}provenance.source_model")
-    check_plain(carried.get("made_with"), where, f"{at}provenance.made_with")
+    publishable_made_with(carried.get("made_with"), where, f"{at}provenance.made_with")
     benchmarks = run.get("benchmarks")
     if benchmarks is not None and not isinstance(benchmarks, Mapping):
         raise _fail(where, f"{at}benchmarks", "must be a JSON object")
@@ -198,4 +291,4 @@ def check_size(text: str, where: str) -> str:
 
 __all__ = ["MAX_FILE_BYTES", "MAX_TEXT_CHARS", "ResultsError", "check_count", "check_control_field",
            "check_dataset_revision", "check_mitigation", "check_plain", "check_protocol", "check_results",
-           "check_run", "check_size", "plain_text"]
+           "check_run", "check_size", "plain_text", "publishable_made_with"]
