@@ -370,8 +370,8 @@ def test_few_cluster_intervals_cover_near_their_level():
 
 
 def test_a_figure_without_spread_gets_no_zero_width_interval():
-    """Every item alike: every resample gives the figure, [θ̂, θ̂]. A 0/1 mean gets Clopper–Pearson's exact bound
-    over the units instead: 0 of 8 right, [0, 1 − 0.025^(1/8)] = [0, 1 − 0.63059] = [0, 0.36941]; 8 of 8,
+    """Every item alike: every resample gives the figure, [θ̂, θ̂]. A 0/1 mean gets the exact bound of no success
+    (or failure) over its units instead, Clopper–Pearson's for equal units (stats.zero_bound): 0 of 8 right, [0, 1 − 0.025^(1/8)] = [0, 1 − 0.63059] = [0, 0.36941]; 8 of 8,
     [0.63059, 1]; 0 of 12 answers on 6 images (2 each), over G = 6: [0, 1 − 0.025^(1/6)] = [0, 0.45926]. A
     constant score or ratio (whose range the statistics cannot know) gets none, and says why."""
     assert figure_interval([0.0] * 8, binary=True) == ((0.0, pytest.approx(0.36941, abs=1e-5)), None)
@@ -381,14 +381,16 @@ def test_a_figure_without_spread_gets_no_zero_width_interval():
     assert figure_interval([0.7] * 8) == (None, NO_SPREAD) and figure_interval([1.0] * 8) == (None, NO_SPREAD)
     assert figure_interval([1.0, 2.0] * 4, denominators=[2.0, 4.0] * 4) == (None, NO_SPREAD)  # every ratio ½
     assert figure_interval([0.0] * 8, denominators=[3.0] * 8) == (None, NO_SPREAD)  # a ratio of unknown kind
-    varied = [1.0, 0.0] * 4  # with spread, binary changes nothing
+    varied = [1.0, 0.0] * 4  # with spread: the bootstrap, which here already spans Clopper–Pearson's [0.157, 0.843]
     assert figure_interval(varied, binary=True) == figure_interval(varied) == (
         bootstrap_ci(varied, level=expanded_level(LEVEL, 8)), None)
+    assert figure_interval(varied)[0][0] < 0.157 and figure_interval(varied)[0][1] > 0.843
 
 
 def test_the_coverage_benchmark_runs_and_measures_proportions():
     """benchmarks/interval_coverage.py (the numbers in docs/reports.md), on 20 data sets of each figure: it runs
-    and gives two shares in [0, 1]; with the truth far outside any data (accuracy 2.0) nothing covers it."""
+    and gives three shares in [0, 1] and widths, the shown interval never narrower than the expanded bootstrap
+    it spans; with the truth far outside any data (accuracy 2.0) nothing covers it."""
     import importlib.util
     from pathlib import Path
 
@@ -397,9 +399,10 @@ def test_the_coverage_benchmark_runs_and_measures_proportions():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     for name, (make, truth) in bench.FIGURES.items():
-        before, after = bench.coverage(make, truth, 6, 5, sets=20, seed=1, binary=name == "accuracy")
-        assert 0.0 <= before <= 1.0 and 0.0 <= after <= 1.0, name
-    assert bench.coverage(bench.FIGURES["accuracy"][0], 2.0, 6, 5, sets=20, seed=1, binary=True) == (0.0, 0.0)
+        *shares, expanded_width, shown_width = bench.coverage(make, truth, 6, 5, sets=20, seed=1,
+                                                              binary=name != "skewed score")
+        assert all(0.0 <= share <= 1.0 for share in shares) and 0.0 < expanded_width <= shown_width, name
+    assert bench.coverage(bench.FIGURES["accuracy"][0], 2.0, 6, 5, sets=20, seed=1, binary=True)[:3] == (0, 0, 0)
 
 
 def test_a_rate_of_trials_without_spread_gets_the_exact_bound_over_the_units_holding_trials():

@@ -805,7 +805,7 @@ def adjust_family(table: Table, records: list[dict[str, Any]], p_adjust: str, fa
         return
     raw = [record["p_value"] for record in records]
     adjusted = adjust_p(raw, p_adjust)
-    alpha = 1 - LEVEL
+    from medheval.report.stats import ALPHA as alpha  # 0.05 exactly: p = 0.05 is not significant
     at = [c.label for c in table.columns].index("p")
     for (_, cells), record, value in zip(table.rows, records, adjusted):
         significant = value < alpha and record.get("low") is not None

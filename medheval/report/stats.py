@@ -29,6 +29,17 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
   concave quadratic), so the set is one interval, found exactly, and "p < 0.05" ⇔ "0 outside the interval",
   always. For 0/1 correctness with one item per cluster, p(0) is the exact McNemar test (the zero differences
   do not move the statistic and the discordant ones are ±1, so |Σ s_i d_i| ~ |2·Bin(b + c, ½) − (b + c)|).
+  Significance is p < :data:`ALPHA` = 0.05 exactly (``1 − 0.95`` is 0.050000000000000044 in floating point,
+  which made p = 0.05 significant).
+* **Paired 0/1 outcomes** (every item's difference −1, 0 or +1: accuracy): over items, p is the exact McNemar
+  p from the discordant counts b and c at any n (:func:`mcnemar_p`, the binomial tail; no sign vectors are
+  drawn however many items). The inversion at δ ≠ 0 assumes the shifted differences d_i − δ symmetric, which
+  0/1 differences are not, and covered Δ in as few as 92% of data sets at 95% (few discordant pairs); the
+  interval over items is therefore joined with Tango's (1998) score interval for a difference of paired
+  proportions (:func:`tango_interval`): 96–98% (exact, ``benchmarks/interval_coverage.py``). The union keeps
+  "p < 0.05 ⇔ 0 outside": Tango's interval leaves 0 out whenever the exact McNemar test rejects (checked for
+  every b + c ≤ 3000), and where the inversion is Monte Carlo (above :data:`EXACT_STATES`) and disagrees with
+  the exact p near 0.05, the bound crossing 0 moves back to 0 (:func:`_agree`).
 * **Few clusters**: with G clusters the smallest p a two-sided sign-flip test can give is 2 / 2^G (the
   identity and the all-flipped vector always tie), 0.0625 at G = 5 and 0.031 at G = 6, so below
   :data:`MIN_CLUSTERS` = 6 no 5% test can reject and no interval is bounded: the report shows the estimate
@@ -38,19 +49,30 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
 * **Small samples** (:func:`expanded_level`): a percentile interval is about θ̂ ± z·σ̂ with the plug-in σ̂
   (divisor G), where the t interval is θ̂ ± t_{G−1}·s, so over few units it is too narrow: the report's 95%
   interval over 6 clusters held the truth in 91% of simulated accuracies and 85% of micro rates
-  (``benchmarks/interval_coverage.py``; 96% and 92% expanded). Every figure's
+  (``benchmarks/interval_coverage.py``; 96% and 92% expanded, more with the binomial interval below). Every figure's
   interval is therefore Hesterberg's (2015) expanded percentile interval: the bootstrap quantiles at α′/2 and
   1 − α′/2, α′/2 = Φ(−√(G/(G−1))·t_{0.975, G−1}), G the units resampled (clusters, or items): tails of 0.24%
   at G = 6, 1.9% at G = 30, 2.5% in the limit. The same minimum of :data:`MIN_CLUSTERS` units holds for items
   as for clusters (at G = 2 the expanded interval is the whole range of the resamples). For a ratio, G counts
   only the units that hold any of it: an item with 0 of 0 (an empty report's CHAIR, a Break rate's
   originally wrong answer) adds nothing to Σnum/Σden, so 100 items of which 2 hold trials are 2 units.
-* **No spread in a figure**: when every item has the same value (or ratio), every resample gives the figure
-  itself and the percentile interval is the zero-width [θ̂, θ̂]. A 0/1 figure (``binary``: accuracy, recall,
-  or a rate of 0/1 trials such as CHAIR's hallucinated objects among those mentioned) that is all 0 or all 1 gets the exact Clopper & Pearson (1934) bound instead, over the G units resampled:
-  [0, 1 − (α/2)^{1/G}] or [(α/2)^{1/G}, 1] (0 of 6 right: [0, 0.459]). Over clusters this stays valid: a cluster
-  is all 0 with probability at most 1 − p (its first item's), so P(all G clusters all 0) ≤ (1 − p)^G. Any other
-  figure without spread shows no interval, :data:`NO_SPREAD`.
+* **0/1 figures** (``binary``: accuracy, recall, or a rate of 0/1 trials such as CHAIR's hallucinated objects
+  among those mentioned; x successes in n trials over G units): near 0 or 1 the bootstrap is too narrow (99 of
+  100 right gave [0.970, 1], Clopper–Pearson [0.9455, 0.9997]; exact coverage 85% at n = 100, p just above 0.03), so the
+  interval also spans Korn & Graubard's (1998) Clopper–Pearson interval over the effective sample size
+  n* = (n / deff)·(t_{n−1}/t_{G−1})², deff ≥ 1 the design effect (:func:`design_effect`: the cluster-robust
+  variance over the binomial one, over the items and over the clusters, the larger; 1 when each unit is one
+  trial, so i.i.d. answers get Clopper–Pearson exactly and cover at least 95%). With no success (x = 0) there is
+  no spread to estimate deff from, and the bound is exact for any dependence within a unit
+  (:func:`zero_bound`): [0, U₀], U₀ the largest rate Σ_g t_g p_g / Σ t_g with Π_g (1 − p_g) ≥ α/2 (a unit of
+  t_g trials shows none with probability at most 1 − p_g, its mean trial's). For equal units that is Clopper &
+  Pearson's (1934) 1 − (α/2)^{1/G} (0 of 6 right: [0, 0.459]); for unequal ones it is wider, where the old
+  bound over G units was invalid (clusters of 1 and of 100 items: P(all 0) 7.5% at θ = 0.297, above its bound
+  0.218). No failure: [1 − U₀, 1]. U₀ is also a floor for every count (upper bound ≥ U₀, lower ≤ 1 − U₀): one
+  success says nothing about how correlated a unit's trials are, and a data set with one success never gets a
+  lower upper bound than one with none (1 hallucinated of 200 objects in 100 reports: [0, 0.036], as for 0).
+* **No spread in a figure** that is not 0/1: when every item has the same value (or ratio), every resample
+  gives the figure itself and the percentile interval is the zero-width [θ̂, θ̂]: no interval, :data:`NO_SPREAD`.
 * **No variation**: when every paired difference is the same, c, the inversion rejects every δ ≠ c (each at
   p = 2/2^G) and would give the zero-width [c, c]; the comparison keeps its p but shows no interval (so no
   star), :data:`NO_VARIATION`.
@@ -67,8 +89,12 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
   Benjamini & Hochberg (1995) step-up, p̃_(i) = min_{j ≥ i} min(1, m p_(j) / j), controlling the false
   discovery rate; ``none`` leaves p as it is. Stars mark adjusted p < 0.05; intervals stay per comparison.
 * :func:`mcnemar_exact` — exact McNemar test for paired correctness: with b = #(baseline right,
-  other wrong) and c = #(baseline wrong, other right), p = min(1, 2·P[X ≤ min(b, c)]), X ~ Bin(b + c, ½);
-  kept as the hand check of :func:`sign_flip` on unclustered 0/1 data.
+  other wrong) and c = #(baseline wrong, other right), p = min(1, 2·P[X ≤ min(b, c)]), X ~ Bin(b + c, ½),
+  in exact integers; kept as the hand check of :func:`sign_flip` and :func:`mcnemar_p` on unclustered 0/1 data.
+* **Few units** (:func:`few_units_note`): over fewer than :data:`FEW_UNITS` = 30 clusters (or items) the
+  expanded interval of a score that is not 0/1 still falls short of 95% (a skewed score: 89% at 6 clusters, 92%
+  at 30, ``benchmarks/interval_coverage.py``; 0/1 figures, with the binomial interval, cover 96% or more), so the
+  report's footer says so, :data:`FEW_UNITS_NOTE`.
 """
 
 from __future__ import annotations
@@ -77,13 +103,14 @@ import functools
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
 N_BOOT = 2000
 SEED = 0
 LEVEL = 0.95
+ALPHA = round(1 - LEVEL, 12)  # 0.05 exactly (1 − 0.95 is 0.050000000000000044): p = 0.05 is not below it
 _CHUNK = 250  # bootstrap replicates drawn per block (bounds memory: _CHUNK × n indices)
 
 MIN_CLUSTERS = 6  # fewer units: 2 / 2^G ≥ 0.0625, no two-sided 5% sign-flip test can reject (module docstring)
@@ -99,15 +126,23 @@ NO_DENOMINATOR = "every item's denominator is 0: the ratio is undefined, so no i
 NO_SPREAD = ("every item gives the same figure, so every resample does too: a zero-width interval would claim a "
              "certainty the data cannot give, so no interval")
 COMPARISON_NOTE = (f"Mitigation − none (and with image − blind): paired by item id; p from a two-sided sign-flip "
-                   f"test over cluster totals (exact where its distribution is small enough to build, else {N_FLIP} seeded random "
-                   f"sign vectors; over items it is exact McNemar for accuracy), its 95% interval the test inverted, "
-                   f"so an interval excluding 0 ⇔ raw p < 0.05; clustered: tested over clusters and over items, the "
-                   f"larger p and the wider interval. Fewer than {MIN_CLUSTERS} clusters, or every paired difference "
-                   f"the same: no interval, no star.")
+                   f"test over cluster totals (exact where its distribution is small enough to build, else {N_FLIP} "
+                   f"seeded random sign vectors; over items, for 0/1 outcomes such as accuracy, the exact McNemar "
+                   f"test at any number of items), its 95% interval the test inverted (for 0/1 outcomes joined with "
+                   f"Tango's score interval), so an interval excluding 0 ⇔ raw p < 0.05; clustered: tested over "
+                   f"clusters and over items, the larger p and the wider interval. Fewer than {MIN_CLUSTERS} "
+                   f"clusters, or every paired difference the same: no interval, no star.")
 SMALL_SAMPLE_NOTE = (f"percentiles expanded for the number of units G (Hesterberg 2015: tails at "
                      f"Φ(−√(G/(G−1))·t₀.₉₇₅,G−1), 0.24% at G = 6, 1.9% at G = 30), none below {MIN_CLUSTERS} units "
                      f"(for a rate, units holding any of it: an item with 0 of 0 is none); a 0/1 figure or rate of "
-                     f"0/1 trials that is all 0 or all 1: Clopper–Pearson's exact interval over the G units")
+                     f"0/1 trials also spans Clopper–Pearson's interval over the effective sample size (Korn & "
+                     f"Graubard 1998: n over the design effect, for the degrees of freedom of G units), and never "
+                     f"lies inside the exact bound for no success (or no failure) over its units, which is its "
+                     f"interval when all are 0 (or 1)")
+FEW_UNITS = 30  # below this many units an interval of a score that is not 0/1 still undercovers (docstring)
+FEW_UNITS_NOTE = (f"Some intervals here rest on fewer than {FEW_UNITS} clusters (or items): there the 95% interval "
+                  f"of a score that is not 0/1 (an F1, a similarity, an error count) held the truth in only 89–92% "
+                  f"of simulated data sets (benchmarks/interval_coverage.py); read it as somewhat too narrow.")
 METHOD_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of items (seed {SEED}), "
                f"{SMALL_SAMPLE_NOTE}; ratios (micro rates) recomputed from per-item numerators/denominators. {COMPARISON_NOTE}")
 CLUSTER_NOTE = (f"Intervals: {int(LEVEL * 100)}% percentile bootstrap, {N_BOOT} resamples of clusters (seed {SEED}): "
@@ -131,6 +166,12 @@ class Comparison:
     test: str
     n_clusters: int = 0
     note: str | None = None
+
+
+def few_units_note(units: Iterable[int | None]) -> str | None:
+    """:data:`FEW_UNITS_NOTE` when any interval of a table rests on :data:`MIN_CLUSTERS` to :data:`FEW_UNITS` − 1
+    units (``units``: the clusters, or items, behind each interval shown; ``None`` skipped), else ``None``."""
+    return FEW_UNITS_NOTE if any(u is not None and MIN_CLUSTERS <= u < FEW_UNITS for u in units) else None
 
 
 def _replicates(n: int, n_boot: int, seed: int):
@@ -259,10 +300,11 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
     """The interval a report shows for a figure, or ``None`` and why: the cluster bootstrap's expanded
     percentile interval (:func:`expanded_level`, G clusters) joined with the item bootstrap's (n items), so
     clustering never narrows it; none for fewer than :data:`MIN_CLUSTERS` items or clusters (one cluster:
-    every resample is the same, a zero-width interval; a few: too few distinct resamples to cover). Without
-    spread (every item alike): for a ``binary`` figure (a 0/1 mean, or a ratio whose numerator counts the
-    successes among its denominator's trials) the Clopper–Pearson bound over the units, else none. A ratio's
-    units are those holding any of it (:func:`_with_trials`) (module docstring)."""
+    every resample is the same, a zero-width interval; a few: too few distinct resamples to cover). A
+    ``binary`` figure (a 0/1 mean, or a ratio whose numerator counts the successes among its denominator's
+    trials, 0 ≤ y ≤ d) also spans the binomial interval over its effective sample size and the exact bound of no
+    success or failure (:func:`_binomial_hull`); any other figure without spread (every item alike) gets none.
+    A ratio's units are those holding any of it (:func:`_with_trials`) (module docstring)."""
     if len(values) == 0:
         return None, "no items"
     if denominators is not None and len(denominators) != len(values):
@@ -283,8 +325,10 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
             interval = interval or clustered
         else:
             interval = (min(interval[0], clustered[0]), max(interval[1], clustered[1]))
+    if binary and interval is not None and _of_trials(values, denominators):
+        return _binomial_hull(interval, values, denominators, clusters if is_clustered(clusters) else None), None
     if interval is not None and interval[0] == interval[1]:
-        return _without_spread(interval[0], units, binary)
+        return None, NO_SPREAD
     return interval, None if interval is not None else NO_DENOMINATOR
 
 
@@ -297,13 +341,139 @@ def _with_trials(values: Sequence[float], denominators: Sequence[float], cluster
             None if clusters is None else [clusters[i] for i in keep])
 
 
-def _without_spread(figure: float, units: int, binary: bool) -> tuple[tuple[float, float] | None, str | None]:
-    """Clopper–Pearson's interval of a 0/1 mean (or a rate of 0/1 trials) that is all 0 or all 1 over
-    ``units`` units; else none."""
-    if not binary or figure not in (0.0, 1.0):
-        return None, NO_SPREAD
-    edge = ((1 - LEVEL) / 2) ** (1 / units)
-    return ((0.0, 1 - edge) if figure == 0.0 else (edge, 1.0)), None
+def _of_trials(values: Sequence[float], denominators: Sequence[float] | None) -> bool:
+    """True when every value is a count of successes among its trials: 0 or 1 for a mean, 0 ≤ y ≤ d for a ratio
+    (else a figure marked ``binary`` is treated as any other)."""
+    if denominators is None:
+        return all(float(x) in (0.0, 1.0) for x in values)
+    return all(0.0 <= float(x) <= float(d) for x, d in zip(values, denominators))
+
+
+def _binomial_hull(interval: tuple[float, float], values: Sequence[float], denominators: Sequence[float] | None,
+                   clusters: Sequence[object] | None) -> tuple[float, float]:
+    """A 0/1 figure's interval: the bootstrap ``interval`` joined with Korn & Graubard's (1998) Clopper–Pearson
+    interval over the effective sample size (:func:`effective_trials`), and never inside the bound of no success
+    (or no failure) over the same units (:func:`zero_bound`): x successes among n trials in G units give
+
+    [min(boot_low, CP_low(p̂·n*, n*), 1 − U₀), max(boot_high, CP_high(p̂·n*, n*), U₀)], p̂ = x/n, U₀ = zero_bound;
+
+    [0, U₀] at x = 0 and [1 − U₀, 1] at x = n. The floor at U₀ keeps the family monotone: with a design effect
+    there is no telling from one success how correlated a unit's trials are, and one success never shows a
+    lower upper bound than none (module docstring)."""
+    y = np.asarray(values, dtype=float)
+    d = np.ones_like(y) if denominators is None else np.asarray(denominators, dtype=float)
+    if clusters is not None:
+        index, groups = cluster_index(clusters, y.size)
+        sums, sizes = np.bincount(index, weights=y, minlength=groups), np.bincount(index, weights=d, minlength=groups)
+    else:
+        sums, sizes = y, d
+    rate = float(y.sum() / d.sum())
+    bound = zero_bound(sizes.tolist())
+    if rate == 0.0:
+        return 0.0, bound
+    if rate == 1.0:
+        return 1.0 - bound, 1.0
+    deff = max([1.0] + [design_effect(s, t) for s, t in ([(y, d)] if clusters is None else [(y, d), (sums, sizes)])])
+    trials = effective_trials(float(d.sum()), sums.size, deff)
+    low, high = clopper_pearson(rate * trials, trials)
+    return (max(0.0, min(interval[0], low, 1.0 - bound)), min(1.0, max(interval[1], high, bound)))
+
+
+def design_effect(successes: np.ndarray, trials: np.ndarray) -> float:
+    """Kish's design effect of a rate p̂ = Σs/Σt over units with ``successes`` s_g among ``trials`` t_g: the
+    cluster-robust (linearised, with-replacement) variance over the binomial one (Kish 1965, §8.2; Korn &
+    Graubard 1998), deff = v̂ / (p̂(1 − p̂)/n), v̂ = G/(G − 1) · Σ_g (s_g − p̂ t_g)² / n², n = Σ t_g; 1 when every
+    unit is a single trial (the count is then binomial) or p̂ is 0 or 1."""
+    n = float(trials.sum())
+    rate = float(successes.sum()) / n
+    groups = successes.size
+    if np.all(trials == 1.0) or rate in (0.0, 1.0) or groups < 2:
+        return 1.0
+    variance = groups / (groups - 1) * float(np.sum((successes - rate * trials) ** 2)) / n ** 2
+    return variance / (rate * (1.0 - rate) / n)
+
+
+def effective_trials(trials: float, units: int, deff: float, level: float = LEVEL) -> float:
+    """Korn & Graubard's (1998) effective sample size with their degrees-of-freedom correction:
+    n* = (n / deff) · (t_{n−1} / t_{G−1})², t_ν the two-sided ``level`` critical value with ν degrees of freedom
+    (n trials, G units); n* = n when every unit is one trial (G = n, deff = 1)."""
+    if trials <= 1 or units >= trials:
+        return trials / deff
+    return trials / deff * (t_quantile(level, int(round(trials)) - 1) / t_quantile(level, units - 1)) ** 2
+
+
+def zero_bound(sizes: Sequence[float], level: float = LEVEL) -> float:
+    """The exact upper bound U₀ of a rate θ = Σ_g t_g p_g / Σ_g t_g when no unit shows a success, the units'
+    trials t_g (``sizes``) fixed and the trials within a unit dependent in any way: a unit shows none with
+    probability at most 1 − p_g (its mean trial's), so P(none anywhere) ≤ Π_g (1 − p_g), and U₀ is the largest θ
+    with Π_g (1 − p_g) ≥ α/2 for some p. With weights w_g = t_g / Σt sorted w_1 ≥ w_2 ≥ …, maximising Σ w_g p_g
+    under Σ log(1 − p_g) ≥ log(α/2) gives 1 − p_g = min(1, μ/w_g) (Lagrange): the k largest units move,
+    μ = ((α/2) Π_{g≤k} w_g)^{1/k} with w_{k+1} ≤ μ < w_k, and U₀ = Σ_{g≤k} w_g − kμ. Equal sizes: Clopper &
+    Pearson's (1934) 1 − (α/2)^{1/G}; unequal: wider (close to Clopper–Pearson over Kish's effective number of
+    units (Σt)²/Σt²), valid where the bound over G units is not. By symmetry 1 − U₀ bounds a rate with no failure."""
+    total = float(sum(sizes))
+    weights = sorted((float(s) / total for s in sizes if s > 0), reverse=True)
+    log_tail = math.log(round(1 - level, 12) / 2)
+    logs = 0.0
+    for k, weight in enumerate(weights, 1):
+        logs += math.log(weight)
+        mu = math.exp((log_tail + logs) / k)
+        if k == len(weights) or weights[k] <= mu:
+            return sum(weights[:k]) - k * mu
+    raise ValueError("zero_bound needs at least one unit with trials")
+
+
+def clopper_pearson(successes: float, trials: float, level: float = LEVEL) -> tuple[float, float]:
+    """Clopper & Pearson's (1934) interval of x successes in n trials: [B(α/2; x, n − x + 1),
+    B(1 − α/2; x + 1, n − x)], B(q; a, b) the Beta quantile, 0 at x = 0 and 1 at x = n; x and n may be
+    fractional (Korn & Graubard's effective counts)."""
+    tail = round(1 - level, 12) / 2
+    low = 0.0 if successes <= 0 else beta_quantile(tail, successes, trials - successes + 1)
+    high = 1.0 if successes >= trials else beta_quantile(1 - tail, successes + 1, trials - successes)
+    return low, high
+
+
+def beta_quantile(q: float, a: float, b: float) -> float:
+    """x with I_x(a, b) = q, by bisection on :func:`beta_cdf` to 1e-13."""
+    low, high = 0.0, 1.0
+    while high - low > 1e-13:
+        middle = (low + high) / 2
+        low, high = (middle, high) if beta_cdf(middle, a, b) < q else (low, middle)
+    return (low + high) / 2
+
+
+def beta_cdf(x: float, a: float, b: float) -> float:
+    """The regularised incomplete Beta function I_x(a, b) = x^a (1 − x)^b / (a B(a, b)) · 1/(1+ d₁/(1+ d₂/(1+ …))),
+    its continued fraction (d_{2m+1} = −(a+m)(a+b+m)x / ((a+2m)(a+2m+1)), d_{2m} = m(b−m)x / ((a+2m−1)(a+2m)))
+    evaluated by the modified Lentz method, through I_x(a, b) = 1 − I_{1−x}(b, a) where x > (a+1)/(a+b+2) (Press
+    et al., Numerical Recipes 3rd ed. 2007, §6.4)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(x, a, b) / a
+    return 1.0 - front * _beta_fraction(1.0 - x, b, a) / b
+
+
+def _beta_fraction(x: float, a: float, b: float) -> float:
+    """The continued fraction of :func:`beta_cdf` (modified Lentz; Numerical Recipes §5.2, §6.4)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    value = d
+    for m in range(1, 100_000):
+        for term in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                     -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + term * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + term / c
+            c = c if abs(c) > tiny else tiny
+            value *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return value
 
 
 def _exact_flips(columns: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -384,7 +554,7 @@ def sign_flip(differences: Sequence[float], clusters: Sequence[object] | None = 
     hi = np.where(whole, np.inf, (-e * m + np.abs(e) * n) / safe) + tol
     u0 = -estimate
     p0 = min(1.0, round(offset + float(weights[(lo <= u0) & (u0 <= hi)].sum()), 12))
-    alpha = 1 - level
+    alpha = round(1 - level, 12)  # 0.05 at 95%, not 0.050000000000000044: p(δ) = 0.05 is accepted
     if offset >= alpha - 1e-12:
         return p0, -math.inf, math.inf, exact
     # p(u) for u > 0 is offset + Σ weight over the vectors with hi ≥ u: the bound is the hi at which, taking
@@ -406,7 +576,8 @@ def sign_flip(differences: Sequence[float], clusters: Sequence[object] | None = 
 def compare_scores(baseline: Sequence[float], other: Sequence[float], clusters: Sequence[object] | None = None,
                    level: float = LEVEL, n_flip: int = N_FLIP, seed: int = SEED) -> Comparison:
     """``mean(other) − mean(baseline)`` over paired items: the sign-flip test's p and its inverted interval
-    over ``clusters`` (and over items: the larger p, the union of intervals); no interval below
+    over ``clusters`` (and over items: the larger p, the union of intervals; over items, differences of −1, 0 or
+    +1 get the exact McNemar p at any n and the interval joined with Tango's, :func:`_agree`); no interval below
     :data:`MIN_CLUSTERS` clusters, nor when every paired difference is the same (:data:`NO_VARIATION`).
     Every score must be a finite number: a NaN, an infinity or ``None`` raises ``ValueError`` naming its
     position (drop unscored items from both sides first; the report does)."""
@@ -433,6 +604,11 @@ def _compare(differences: bytes, clusters: tuple[object, ...] | None, level: flo
              seed: int) -> Comparison:
     d = np.frombuffer(differences, dtype=float)
     p, low, high, exact = sign_flip(d, level=level, n_flip=n_flip, seed=seed)
+    if bool(np.isin(d, (-1.0, 0.0, 1.0)).all()):  # paired 0/1 outcomes: exact McNemar and Tango's score interval
+        b, c = int(np.sum(d < 0)), int(np.sum(d > 0))
+        p, exact = mcnemar_p(b, c), True
+        low, high = _agree(p, float(d.mean()), [(low, high), tango_interval(b, c, d.size, level)],
+                           round(1 - level, 12))
     groups = d.size
     test = "exact sign-flip over items" if exact else f"sign-flip over items ({n_flip} draws)"
     if is_clustered(clusters):
@@ -451,6 +627,71 @@ def _compare(differences: bytes, clusters: tuple[object, ...] | None, level: flo
     return Comparison(estimate, low, high, p, int(d.size), test, groups)
 
 
+def mcnemar_p(b: int, c: int) -> float:
+    """The exact McNemar p-value from the discordant counts alone, at any n: p = min(1, 2·P[X ≤ min(b, c)]),
+    X ~ Bin(b + c, ½) (McNemar 1947; the exact form: Agresti 2013, §11.1.4), each term
+    C(m, k)/2^m = exp(lnΓ(m+1) − lnΓ(k+1) − lnΓ(m−k+1) − m ln 2); 1 when b = c."""
+    m = b + c
+    if m == 0 or b == c:
+        return 1.0
+    terms = [math.exp(math.lgamma(m + 1) - math.lgamma(k + 1) - math.lgamma(m - k + 1) - m * math.log(2))
+             for k in range(min(b, c) + 1)]
+    return min(1.0, round(2 * math.fsum(terms), 12))
+
+
+def tango_interval(b: int, c: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """Tango's (1998) score interval for Δ = p_c − p_b, the difference of paired proportions (other − baseline),
+    from n pairs of which b went right → wrong and c wrong → right: {Δ : |Z(Δ)| ≤ z_{1−α/2}},
+
+    Z(Δ) = (c − b − nΔ) / sqrt(n (2 p̃ + Δ(1 − Δ))),
+
+    p̃ the maximum-likelihood p_b under Δ, the larger root of 2n p̃² + B p̃ + C = 0 with B = −(b + c) +
+    (2n − c + b)Δ and C = −bΔ(1 − Δ). Z falls as Δ grows, so each bound is found by bisection (to 1e-12)
+    between Δ̂ = (c − b)/n and ±1."""
+    z = statistics.NormalDist().inv_cdf(1 - round(1 - level, 12) / 2)
+
+    def score(delta: float) -> float:
+        linear = -(b + c) + (2 * n - c + b) * delta
+        constant = -b * delta * (1 - delta)
+        rate = (-linear + math.sqrt(max(0.0, linear * linear - 8 * n * constant))) / (4 * n)
+        variance = n * (2 * rate + delta * (1 - delta))
+        numerator = c - b - n * delta
+        if variance <= 0:
+            return math.copysign(math.inf, numerator) if numerator else 0.0
+        return numerator / math.sqrt(variance)
+
+    estimate = (c - b) / n
+    bounds = []
+    for end, target in ((-1.0, z), (1.0, -z)):
+        if (score(end) - target) * (1 if target > 0 else -1) <= 0:  # never reaches the critical value
+            bounds.append(end)
+            continue
+        inner, outer = estimate, end
+        while abs(outer - inner) > 1e-12:
+            middle = (inner + outer) / 2
+            reached = score(middle) >= target if target > 0 else score(middle) <= target
+            inner, outer = (inner, middle) if reached else (middle, outer)
+        bounds.append((inner + outer) / 2)
+    return bounds[0], bounds[1]
+
+
+def _agree(p: float, estimate: float, intervals: list[tuple[float, float]], alpha: float) -> tuple[float, float]:
+    """The union of ``intervals`` (each around ``estimate``) made to agree with the exact p: it holds 0 when
+    p ≥ alpha and leaves it out when p < alpha. The score interval already does (an exact McNemar rejection
+    at 5% is a score-test rejection, checked for every b + c ≤ 3000); only a Monte Carlo inversion (above
+    :data:`EXACT_STATES`) can disagree near p = alpha, and then the bound crossing 0 moves to the nearest
+    agreeing one (or to 0, open)."""
+    low, high = min(i[0] for i in intervals), max(i[1] for i in intervals)
+    if p >= alpha:
+        return min(low, 0.0), max(high, 0.0)
+    if low <= 0.0 <= high:
+        if estimate > 0:
+            low = min((i[0] for i in intervals if i[0] > 0.0), default=math.ulp(0.0))
+        else:
+            high = max((i[1] for i in intervals if i[1] < 0.0), default=-math.ulp(0.0))
+    return low, high
+
+
 def _shown(given: Sequence[object], at: int) -> str:
     """repr of ``given[at]`` for an error message."""
     try:
@@ -461,9 +702,10 @@ def _shown(given: Sequence[object], at: int) -> str:
 
 def compare_accuracy(baseline: Sequence[bool], other: Sequence[bool], clusters: Sequence[object] | None = None,
                      level: float = LEVEL, n_flip: int = N_FLIP, seed: int = SEED) -> Comparison:
-    """Accuracy difference (other − baseline) of paired 0/1 answers: :func:`compare_scores` (over items it is
-    the exact McNemar test at δ = 0). An answer counts by its truth value; ``None`` or NaN (an unscored
-    answer, not a wrong one) raises ``ValueError`` naming its position."""
+    """Accuracy difference (other − baseline) of paired 0/1 answers: :func:`compare_scores` (over items the
+    exact McNemar test at any n, the interval joined with Tango's score interval). An answer counts by its
+    truth value; ``None`` or NaN (an unscored answer, not a wrong one) raises ``ValueError`` naming its
+    position."""
     if len(baseline) != len(other):
         raise ValueError(f"compare_accuracy needs paired items, got {len(baseline)} and {len(other)}")
     for name, answers in (("baseline", baseline), ("other", other)):
