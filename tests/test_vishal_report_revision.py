@@ -17,7 +17,7 @@ from medheval.families.medheval import source
 from medheval.integrations import splits
 
 # three items in the schema of the earlier file (same keys as the released one; the instruction differs)
-OLD = [{"img_name": f"p10/p1000000{i}/s5000000{i}/img{i}.jpg", "question": "Describe the findings in this X-ray.",
+OLD = [{"img_name": f"p10/p10{i:06d}/s5{i:07d}/{i:08x}-00000000-00000000-00000000-00000000.jpg", "question": "Describe the findings in this X-ray.",
         "answer": f"Reference report {i}: small left effusion.", "qid": i, "img_id": f"p10/img{i}.jpg",
         "structured_answer": {"anatomy": ["left lung"], "measurement": [], "symptom": ["effusion"]}}
        for i in (0, 7, 499)]
