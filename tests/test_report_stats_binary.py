@@ -263,3 +263,20 @@ def test_few_units_note_decides_by_the_units_behind_intervals():
     assert few_units_note([30, 400, None]) is None
     assert few_units_note([5]) is None  # below 6 units there is no interval to caveat
     assert few_units_note([]) is None
+
+
+@pytest.mark.parametrize(("n_correct", "n_bleu", "noted"), [
+    (20, 12, True),    # BLEU over 12 items (6-29 units): its interval may be too narrow, the footer says so
+    (20, 40, False),   # BLEU over 40 items: no note
+    (12, None, False),  # accuracy alone over 12 items: 0/1, its binomial hull covers, no note
+])
+def test_the_few_units_note_is_in_the_footer_of_a_table_whose_score_rests_on_few_units(
+        tmp_path, n_correct, n_bleu, noted):
+    from report_runs import write_grid
+
+    from medheval.report.build import write_report
+
+    bleu = None if n_bleu is None else [float(10 * (i % 5)) for i in range(n_bleu)]
+    grid = write_grid(tmp_path / "grid", {"none": [i % 3 != 0 for i in range(n_correct)]}, bleu=bleu)
+    markdown = write_report([grid], tmp_path / "out", plots=False)["markdown"].read_text()
+    assert ("fewer than 30 clusters (or items)" in markdown) is noted

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from medheval.report.collect import Run, mitigation_labels, seed_label
 from medheval.report.stats import (CLUSTER_NOTE, LEVEL, METHOD_NOTE, P_ADJUST_NAMES, Comparison, adjust_p,
-                                   compare_accuracy, compare_scores, figure_interval)
+                                   compare_accuracy, compare_scores, few_units_note, figure_interval)
 from medheval.report.tables import (CATEGORY_COLUMNS, CLINHALLU_REPLACEMENTS, OPEN_ENDED_COLUMNS, STD_OF,
                                     STEPBENCH_LANGUAGES, STEPBENCH_STEPS, CLINHALLU_DELTAS,
                                     STEPBENCH_STEP1_NOTE, LABELER_NOTE, clinhallu_model_average, clinhallu_stage_denominator,
@@ -79,6 +79,7 @@ class Cell:
     n_clusters: int | None = None
     digits: int | None = None  # decimals shown (None: one, or two beside a std)
     star: bool = False  # a comparison whose adjusted p < 0.05 (its family: :func:`adjust_family`)
+    binary: bool = False  # its interval is of 0/1 answers or success counts (the binomial hull widens it)
 
 
 @dataclass
@@ -220,7 +221,7 @@ def _with_interval(cell: Cell, values: list[float], scale: float, value: float,
         return cell
     labels, cell.unit = clustered
     interval, why = figure_interval(values, denominators, clusters=labels, binary=binary)
-    cell.n = len(values)
+    cell.n, cell.binary = len(values), binary
     if cell.unit is not None:
         cell.n_clusters = len(set(labels)) if labels is not None else len(values)
     if interval is None:
@@ -1000,6 +1001,10 @@ def build_tables(runs: list[Run], p_adjust: str = "holm") -> list[Table]:
             table.footer.append(MARK_NOTE)
         if any(cell.low is not None or cell.note for _, cells in table.rows for cell in cells):
             table.footer += cluster_footer(table)
+        few = few_units_note(cell.n_clusters or cell.n for _, cells in table.rows for cell in cells
+                             if cell.low is not None and not (cell.signed or cell.binary))  # scores, not 0/1 or Δ
+        if few:
+            table.footer.append(few)
         notes = sorted({cell.note for _, cells in table.rows for cell in cells if cell.note})
         table.footer += [f"No interval (†): {note}." for note in notes]
         table.footer += labeler_footer(runs, table)
