@@ -81,7 +81,8 @@ def eval_yaml(benchmark: str, configs: Iterable[str], pretty_name: str | None = 
                    f"Reproduce a task's number with `pip install medheval[interop]` and "
                    f"`inspect eval medheval/{benchmark} -T config=<task config>` (scorer {SCORER}); its inspect "
                    "metric `<metric>/<key>` (the task id after the config) is the published value. Prompts, images, "
-                   "generation settings and scorers are those of `medheval run`.")
+                   "generation settings and scorers are those of `medheval run`. A config holding MIMIC-CXR records "
+                   "runs only with `-T allow_credentialed=true`, for users with PhysioNet access.")
     return {"name": pretty_name or benchmark, "description": description, "evaluation_framework": FRAMEWORK,
             "tasks": tasks, REPRODUCE: {"inspect_task": f"medheval/{benchmark}", "task_args": {"config": "<task config>"},
                                         "scorer": SCORER, "metric": "<task id after the config>",
@@ -123,7 +124,9 @@ def card_section(benchmark: str, configs: Iterable[str], excluded: Mapping[str, 
             f"headline number of each config ({', '.join(f'`{config}`' for config in configs)}; split `test`), "
             "its id the `task_id` under which `medheval publish --results` files that number. Run a config with "
             f"`pip install medheval[interop]` and `inspect eval medheval/{benchmark} -T config={configs[0]} "
-            f"--model <provider/model>` (images: `-T image_root=<source>=<folder>`); its metric `<metric>/<key>` "
+            f"--model <provider/model>` (images: `-T image_root=<source>=<folder>`; a config holding MIMIC-CXR "
+            "records also needs `-T allow_credentialed=true`, for users with PhysioNet access: the task refuses it "
+            "otherwise); its metric `<metric>/<key>` "
             "(the task id after the config) is the published value, and the split metrics equal "
             "`medheval run --predictions` on the same outputs. The task entries' generic `generate`/`match`/`f1` "
             "are what the Hub's format requires; they do not compute our numbers (the `reproduce` block names the "
