@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import re
 
 import pytest
 
@@ -587,6 +588,34 @@ def test_report_md_escapes_caveats_footers_and_names_from_run_folders(tmp_path):
     rendered = MarkdownIt("commonmark").enable("table").render(markdown)
     assert "<img" not in rendered and "<a " not in rendered and "href" not in rendered
     assert "``m&lt;img src=x onerror=alert(1)&gt;`x` · vcd&lt;img" in markdown  # a backtick does not end the span
+
+
+@pytest.mark.parametrize("grid", [False, True])
+def test_results_md_escapes_warnings_caveats_and_names_from_results_json(grid, tmp_path):
+    """results.md (one run, and a grid's side by side) from a hostile results.json: no raw tag, link or image."""
+    from markdown_it import MarkdownIt
+
+    from medheval.report.tables import write_grid_markdown, write_markdown
+
+    results = json.loads((_hostile_run(tmp_path) / "results.json").read_text())
+    results["labels"] = {"random_weights": "label" + HOSTILE + " [l](https://evil.example/)"}
+    results["report"] = {"note": "note" + HOSTILE + " ![n](https://evil.example/n.png)"}
+    results["benchmarks"]["mm_vishal:all" + HOSTILE]["metrics"]["close_ended_accuracy"].update(
+        labeler="rules" + HOSTILE, x_note="metric note" + HOSTILE + " [m](javascript:alert(1))")
+    results["scoring"] = {"judge": "openai:j" + HOSTILE, "non_default_options": {"chair": {"k" + HOSTILE: "v<i>"}}}
+    path = tmp_path / "results.md"
+    if grid:
+        other = {**results, "settings": {**results["settings"], "mitigation": "none" + HOSTILE, "seed": "1" + HOSTILE}}
+        write_grid_markdown([results, other], path)
+    else:
+        write_markdown(results, path)
+    markdown = path.read_text()
+    assert "<img" not in markdown and "<i>" not in markdown
+    assert not re.search(r"(?<!\\)\]\(", markdown)  # no link or image: every "](" escaped
+    assert "warn&lt;img src=x onerror=alert(1)&gt;" in markdown  # the warning, shown as text
+    rendered = MarkdownIt("commonmark").enable("table").render(markdown)
+    assert "<img" not in rendered and "<a " not in rendered and "href" not in rendered and "<i>" not in rendered
+    assert "m&lt;img src=x onerror=alert(1)&gt;`x`" in markdown  # the model name
 
 
 def test_md_text_and_md_code_escape_html_links_and_backticks():

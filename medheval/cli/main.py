@@ -460,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user errors print one clear message and exit 2."""
     from medheval.errors import USER_ERRORS
 
+    from medheval.judges import endpoints
     from medheval.net import keys, transport
     from medheval.net.secrets import install_redacting_hooks, redact, register_environment, register_urls_in
     from medheval.net.untrusted import printable
@@ -471,6 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_redacting_hooks()  # uncaught tracebacks and log records too
     proxies_before = transport.set_proxy_for(tuple(getattr(args, "proxy_for", None) or ()))
     key_hosts_before = keys.set_key_hosts(cli_key_hosts(args))  # a config file never names them
+    # endpoints approved for credentialed (MIMIC) records: typed flags only, never a config file's
+    approved_before = endpoints.set_approved_endpoints(getattr(args, "allow_remote_credentialed", None) or ())
     try:
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
@@ -493,6 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         transport.set_proxy_for(proxies_before)
         keys.set_key_hosts(key_hosts_before)
+        endpoints.set_approved_endpoints(approved_before)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from medheval.judges.endpoints import (
     is_local_url,
     normalise_allow_list,
     safe_base_url,
+    user_approved,
 )
 from medheval.net.secrets import SHORT_MIN_LENGTH, redact, register_secrets, register_url
 from medheval.judges.media import JudgeImage, to_judge_image
@@ -299,7 +300,14 @@ class Judge:
     @property
     def credentialed_allowed(self) -> bool:
         """Whether credentialed records may be sent to this judge's endpoint."""
-        return self.is_local or endpoint_allowed(self.base_url, self.allow_remote_credentialed)
+        return self.is_local or self.remote_credentialed_approved
+
+    @property
+    def remote_credentialed_approved(self) -> bool:
+        """Whether this endpoint is approved for credentialed records: named by the caller
+        (``allow_remote_credentialed``) or by the user (``--allow-remote-credentialed``,
+        ``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED``; :func:`medheval.judges.endpoints.user_approved`)."""
+        return endpoint_allowed(self.base_url, self.allow_remote_credentialed) or user_approved(self.base_url)
 
     def describe(self) -> dict:
         """Settings to store with results: backend, model, endpoint host, parameters. No credentials."""

@@ -6,8 +6,15 @@ is a loopback address (127.0.0.0/8, ::1), a private-range IP literal (10.0.0.0/8
 resolves** (system resolver, ``/etc/hosts`` included) **to loopback addresses only**: a hosts file
 or resolver can map ``judge.localhost`` anywhere, and then it is remote. Other host *names* are
 never resolved (DNS can point anywhere and needs the network), so ``vllm.internal.example.org``
-counts as remote until it is named in ``allow_remote_credentialed``. Link-local (169.254/16,
-cloud metadata) and carrier-grade NAT (100.64/10) ranges are not local.
+counts as remote until it is approved. Link-local (169.254/16, cloud metadata) and carrier-grade NAT
+(100.64/10) ranges are not local.
+
+Approval of a non-local endpoint for credentialed records comes from the user only: ``--allow-remote-credentialed
+HOST`` on the command line (:func:`set_approved_endpoints`, from ``main()`` before any config is read),
+``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED=host1,host2``, :func:`approve_endpoints` or ``make_judge(...,
+allow_remote_credentialed=...)`` from Python. An ``allow_remote_credentialed`` in a grid YAML (top level, a
+``metric_options`` entry or a judge dict in one) is refused unless the user approved the same endpoint
+(:func:`check_config_approval`): a downloaded config cannot approve its own host.
 
 Traffic to an endpoint judged local never goes through a proxy from the environment
 (``HTTP(S)_PROXY``/``ALL_PROXY``): :mod:`medheval.judges.http` ignores them for local endpoints.
@@ -19,6 +26,11 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 from medheval.net.hosts import is_local_host, is_local_url, resolves_to_loopback
+from medheval.net.named import UserNamedHosts
+
+APPROVED_ENV = "MEDHEVAL_ALLOW_REMOTE_CREDENTIALED"
+APPROVE_FLAG = "--allow-remote-credentialed"
+_approved = UserNamedHosts(APPROVED_ENV)  # endpoints the user approved: command line, Python, the variable
 
 class CredentialedDataError(PermissionError):
     """Credentialed (PhysioNet) records were about to be sent to a non-local endpoint without opt-in."""
@@ -93,6 +105,52 @@ def endpoint_allowed(base_url: str | None, allow: tuple[str, ...]) -> bool:
     return False
 
 
+def set_approved_endpoints(values: Iterable[str]) -> tuple[str, ...]:
+    """The endpoints approved on the command line (``--allow-remote-credentialed``), in place of any earlier
+    ones; returns the earlier ones."""
+    return _approved.set(values)
+
+
+def approve_endpoints(*values: str) -> None:
+    """Approve ``values`` (host names, ``host:port`` or base URLs) for credentialed records in this process."""
+    _approved.add(*normalise_allow_list(list(values)))
+
+
+def approved_endpoints() -> tuple[str, ...]:
+    """What the user approved: the command line, :func:`approve_endpoints` and ``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED``."""
+    return _approved.entries()
+
+
+def user_approved(base_url: str | None) -> bool:
+    """Whether the user approved ``base_url`` (see :func:`approved_endpoints`)."""
+    return endpoint_allowed(base_url, approved_endpoints())
+
+
+def entry_approved(entry: str, approved: Iterable[str]) -> bool:
+    """Whether an ``allow_remote_credentialed`` entry (host, ``host:port`` or base URL) is covered by
+    ``approved``: the same entry, or an approved host / ``host:port`` / base URL it lies within."""
+    approved = tuple(approved)
+    wanted = entry.strip().lower().rstrip("/")
+    if wanted in {item.strip().lower().rstrip("/") for item in approved}:
+        return True
+    return endpoint_allowed(entry if "://" in entry else f"https://{entry}", approved)
+
+
+def check_config_approval(value: object, approved: Iterable[str] = ()) -> None:
+    """``PermissionError`` naming the first entry of ``value`` (an ``allow_remote_credentialed`` read from a
+    config file) that the user did not approve (``approved``: the command line's entries, plus
+    :func:`approved_endpoints`); ``ValueError`` for a malformed one. Sends nothing."""
+    approved = (*approved, *approved_endpoints())
+    for entry in normalise_allow_list(value):  # type: ignore[arg-type]
+        if not entry_approved(entry, approved):
+            host = endpoint_host(entry if "://" in entry else f"https://{entry}") or entry
+            raise PermissionError(
+                f"approves {entry!r} for credentialed (MIMIC) records, but a config file cannot approve an "
+                f"endpoint: only you can. If {host} is an approved deployment under your PhysioNet agreement, give "
+                f"{APPROVE_FLAG} {entry} on the command line (or set {APPROVED_ENV}={entry}); otherwise remove it "
+                "from the config")
+
+
 def _shown(ids: list[str]) -> str:
     return ", ".join(repr(i) for i in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
 
@@ -122,13 +180,20 @@ def credentialed_refusal(ids: list[str], base_url: str, backend: str,
         "or a model you run yourself). No request was sent.\n"
         "To proceed: run the judge locally (a vLLM/Ollama server on localhost or a private-range IP, or "
         "backend 'transformers'), or, if this endpoint is an approved deployment for you, opt in by naming it: "
-        f"make_judge(..., allow_remote_credentialed={host!r}) (a judge dict: \"allow_remote_credentialed\": "
-        f"{host!r}; run_eval.py: --allow-remote-credentialed {host})."
+        f"make_judge(..., allow_remote_credentialed={host!r}) (medheval run / run_eval.py: {APPROVE_FLAG} {host}, "
+        f"or {APPROVED_ENV}={host}; a config file cannot approve it)."
     )
 
 
 __all__ = [
+    "APPROVED_ENV",
     "CredentialedDataError",
+    "approve_endpoints",
+    "approved_endpoints",
+    "check_config_approval",
+    "entry_approved",
+    "set_approved_endpoints",
+    "user_approved",
     "endpoint_allowed",
     "endpoint_host",
     "is_local_host",

@@ -35,7 +35,7 @@ from medheval.net.keys import carries_secret_header, check_plain_http
 from medheval.net.secrets import PLAIN_HEADERS, SECRET_NAME, register_basic_auth, register_headers
 from medheval.net.untrusted import printable
 from medheval.judges.base import Completion, Judge, JudgeError, JudgeResult, _Item
-from medheval.judges.endpoints import endpoint_allowed, endpoint_host, split_userinfo
+from medheval.judges.endpoints import endpoint_host, split_userinfo
 from medheval.judges.ratelimit import RateLimiter, backoff_delay, parse_retry_after
 
 logger = logging.getLogger("medheval.judges")
@@ -173,7 +173,7 @@ class HTTPJudge(Judge):
         if session is None:
             # the one proxy rule (medheval.net.transport): never an environment proxy for a local endpoint, nor
             # for one allowed to receive credentialed records, unless the user named its host (--proxy-for)
-            remote_credentialed = endpoint_allowed(self.base_url, self.allow_remote_credentialed)
+            remote_credentialed = self.remote_credentialed_approved
             session = transport.session_for(self.base_url or "", credentialed=remote_credentialed)
             if self._basic_auth is not None:
                 session.auth = self._basic_auth

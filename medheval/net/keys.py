@@ -17,19 +17,19 @@ header, a password in the URL) belongs to whoever wrote it and goes where they s
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from medheval.net.hosts import is_loopback_host
+from medheval.net.named import UserNamedHosts
 
 KEY_HOSTS_ENV = "MEDHEVAL_API_KEY_HOSTS"
 # the variables api_key_env may name: ``<NAME>_API_KEY``, never a Hub token, PhysioNet or image-server secret
 API_KEY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*_API_KEY$")
 RESERVED_PREFIXES = ("HF_", "HUGGING_FACE", "HUGGINGFACE", "PHYSIONET", "MEDHEVAL_IMAGE")
 
-_named: set[str] = set()  # hosts (``host`` or ``host:port``) named on this process's command line
+_named = UserNamedHosts(KEY_HOSTS_ENV)  # hosts named on this process's command line, from Python, or in the variable
 
 
 def host_and_port(value: str) -> tuple[str, int | None]:
@@ -65,20 +65,17 @@ def _entries(values: Iterable[str]) -> set[str]:
 
 def set_key_hosts(hosts: Iterable[str]) -> tuple[str, ...]:
     """The hosts the user named on the command line (in place of any earlier ones); returns the earlier ones."""
-    previous = tuple(sorted(_named))
-    _named.clear()
-    _named.update(_entries(hosts))
-    return previous
+    return _named.set(hosts)
 
 
 def allow_key_hosts(*hosts: str) -> None:
     """Let keys from the environment go to ``hosts`` (``host``, ``host:port`` or a URL) in this process."""
-    _named.update(_entries(hosts))
+    _named.add(*hosts)
 
 
 def named_key_hosts() -> set[str]:
     """The hosts the user named: :func:`set_key_hosts` / :func:`allow_key_hosts` and ``MEDHEVAL_API_KEY_HOSTS``."""
-    return _named | _entries(os.environ.get(KEY_HOSTS_ENV, "").split(","))
+    return _entries(_named.entries())
 
 
 def host_named(url: str) -> bool:

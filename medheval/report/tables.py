@@ -67,7 +67,8 @@ def csv_cell(value: Any) -> Any:
 
 
 def _row(cells: Iterable[Any]) -> str:
-    return "| " + " | ".join(md_cell(cell) for cell in cells) + " |"
+    """A table row; each cell as :func:`md_text` (no raw HTML, link or image from a model or split name)."""
+    return "| " + " | ".join(md_text(cell) for cell in cells) + " |"
 
 
 def _pct(value: float | None) -> str:
@@ -173,16 +174,18 @@ def counts_table(run: dict[str, Any]) -> str:
 
 
 def write_markdown(run: dict[str, Any], path: str | Path) -> None:
-    """``results.md``: labels, the Table-3-shaped accuracy table, counts, data-quality flags."""
+    """``results.md``: labels, the Table-3-shaped accuracy table, counts, data-quality flags. Every text from
+    ``run`` (names, warnings, caveats, notes) is escaped (:func:`md_text`, :func:`md_code`): a hostile
+    results.json plants no raw HTML, link or image."""
     parts = ["# MedHEval-HF results", ""]
     for label in run.get("labels", {}).values():
-        parts += [f"> **{label}**", ""]
+        parts += [f"> **{md_text(label)}**", ""]
     settings = run["settings"]
-    parts += [f"Model: `{settings['model']}` · mitigation: `{settings['mitigation']}`"
-              + (f" · image control: `{control_of(settings)}`" if control_of(settings) != "none" else ""), ""]
+    parts += [f"Model: {md_code(settings['model'])} · mitigation: {md_code(settings['mitigation'])}"
+              + (f" · image control: {md_code(control_of(settings))}" if control_of(settings) != "none" else ""), ""]
     parts += warnings_section(run.get("warnings", []))
     found = caveats(run)
-    parts += ["## Caveats", "", *(f"- {line}" for line in found), ""] if found else []
+    parts += ["## Caveats", "", *(f"- {md_text(line)}" for line in found), ""] if found else []
     parts += ["## How items were scored", "", *(f"- {line}" for line in scoring_lines(run)), ""]
     table = close_ended_table([run])
     if table:
@@ -197,10 +200,10 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
     table = clinhallu_stage_table([run])
     if table:
         parts += ["## ClinHallu: accuracy and stage hallucination rates (%) (its Table 2)", "", table, "",
-                  *clinhallu_stage_notes(_clinhallu_results([run])), ""]
+                  *(md_text(line) for line in clinhallu_stage_notes(_clinhallu_results([run]))), ""]
         parts += ["## ClinHallu: gold-stage replacement, Δ (points) and Fix/Break (%) (its Table 3)", "",
                   clinhallu_replacement_table([run]), ""]
-    notes = [f"- `{split}` · {metric}: {value}" for split, entry in run["benchmarks"].items()
+    notes = [f"- {md_code(split)} · {md_text(metric)}: {md_text(value)}" for split, entry in run["benchmarks"].items()
              for metric, out in entry["metrics"].items() if isinstance(out, dict)
              for key, value in sorted(out.items()) if value and key.endswith(("_unavailable_reason", "_note"))]
     if notes:
@@ -211,7 +214,8 @@ def write_markdown(run: dict[str, Any], path: str | Path) -> None:
         parts += ["## Upstream data-quality flags (kept as released, not re-labelled)", ""]
         for split, counts in flags.items():
             if counts:
-                parts.append(f"- `{split}`: " + ", ".join(f"{name} × {n}" for name, n in sorted(counts.items())))
+                parts.append(f"- {md_code(split)}: " + ", ".join(f"{md_text(name)} × {md_text(n)}"
+                                                                 for name, n in sorted(counts.items())))
         parts.append("")
     atomic_write_text(path, neutralise_bidi("\n".join(parts)))
 
@@ -297,7 +301,8 @@ LABELER_NOTE = {"chexpert_rules": "the offline rule labeler; the MedHEval paper 
 
 def scoring_lines(run: dict[str, Any]) -> list[str]:
     """How one run's items were scored: ``upstream_compat``, the modes its metrics report (CHAIR's labeler and
-    variant, the S_h prompt style, …), the judge, and every metric option that differs from its default."""
+    variant, the S_h prompt style, …), the judge, and every metric option that differs from its default; as
+    Markdown lines, every value escaped (:func:`md_code`)."""
     scoring = run.get("scoring") or {}
     compat = bool(scoring.get("upstream_compat"))
     lines = [f"`upstream_compat={str(compat).lower()}`: "
@@ -315,18 +320,19 @@ def scoring_lines(run: dict[str, Any]) -> list[str]:
         described = []
         for key, values in keys.items():
             notes = [LABELER_NOTE[value] for value in values if key == "labeler" and value in LABELER_NOTE]
-            described.append(f"{key} `{' / '.join(values)}`" + (f" ({'; '.join(notes)})" if notes else ""))
-        lines.append(f"`{metric}`: " + ", ".join(described))
+            described.append(f"{md_text(key)} {md_code(' / '.join(values))}"
+                             + (f" ({md_text('; '.join(notes))})" if notes else ""))
+        lines.append(f"{md_code(metric)}: " + ", ".join(described))
     judge = scoring.get("judge")
     if judge:
-        lines.append(f"judge: `{judge if isinstance(judge, str) else json.dumps(judge, sort_keys=True)}`")
+        lines.append(f"judge: {md_code(judge if isinstance(judge, str) else json.dumps(judge, sort_keys=True))}")
     options = scoring.get("non_default_options")
     if options is None:  # a run written before this was recorded: the options that were given
         options = scoring.get("metric_options") or {}
         label = "metric options given"
     else:
         label = "metric options that differ from the defaults"
-    given = [f"`{metric}.{key}={json.dumps(value)}`" for metric, values in sorted(options.items())
+    given = [md_code(f"{metric}.{key}={json.dumps(value)}") for metric, values in sorted(options.items())
              for key, value in sorted(values.items())]
     lines.append(f"{label}: " + (", ".join(given) if given else "none"))
     return lines
@@ -334,9 +340,15 @@ def scoring_lines(run: dict[str, Any]) -> list[str]:
 
 def warnings_section(warnings: Iterable[str]) -> list[str]:
     """``## Warnings``: what the run survived but a reader must know (modified annotation files,
-    records without a prediction, prediction ids matching no record); nothing when there is none."""
-    warnings = list(warnings)
-    return ["## Warnings", "", *(f"- {text}" for text in warnings), ""] if warnings else []
+    records without a prediction, prediction ids matching no record), each escaped (:func:`md_text`);
+    nothing when there is none."""
+    return _section("Warnings", [md_text(text) for text in warnings])
+
+
+def _section(title: str, lines: Iterable[str]) -> list[str]:
+    """``## title`` and one bullet per line (lines already Markdown-safe); nothing when there is none."""
+    lines = list(lines)
+    return [f"## {title}", "", *(f"- {line}" for line in lines), ""] if lines else []
 
 
 def grouped(pairs: Iterable[tuple[str, str]]) -> list[str]:
@@ -362,8 +374,8 @@ def _cell(settings: dict[str, Any]) -> str:
     """A grid cell as warnings and caveats name it: the mitigation, and a blind run's control
     (```none` · `no_image```)."""
     control = control_of(settings)
-    seed = "" if settings.get("seed") is None else f" · seed {settings['seed']}"
-    return f"`{settings['mitigation']}`" + ("" if control == "none" else f" · `{control}`") + seed
+    seed = "" if settings.get("seed") is None else f" · seed {md_text(settings['seed'])}"
+    return md_code(settings["mitigation"]) + ("" if control == "none" else f" · {md_code(control)}") + seed
 
 
 def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: str = "mitigations") -> None:
@@ -373,17 +385,17 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
     from medheval.report.collect import mitigation_labels
 
     short = mitigation_labels(str(run["settings"]["mitigation"]) for run in runs)
-    legend = [f"- `{label}`: `{spec}`" for spec, label in short.items() if label != spec]
+    legend = [f"- {md_code(label)}: {md_code(spec)}" for spec, label in short.items() if label != spec]
     runs = [{**run, "settings": {**run["settings"], "mitigation": short[str(run["settings"]["mitigation"])]}}
             for run in runs]
     parts = [f"# MedHEval-HF results: {heading} side by side", ""]
     labels = {label for run in runs for label in run.get("labels", {}).values()}
-    parts += [line for label in sorted(labels) for line in (f"> **{label}**", "")]
-    parts += warnings_section(grouped((f"`{run['settings']['model']}` · {_cell(run['settings'])}", text)
-                                      for run in runs for text in run.get("warnings", [])))
-    found = grouped((_cell(run["settings"]), line) for run in runs for line in caveats(run))
-    parts += ["## Caveats", "", *(f"- {line}" for line in found), ""] if found else []
-    scoring = grouped((f"`{run['settings']['model']}` · {_cell(run['settings'])}", line)
+    parts += [line for label in sorted(labels) for line in (f"> **{md_text(label)}**", "")]
+    parts += _section("Warnings", grouped((f"{md_code(run['settings']['model'])} · {_cell(run['settings'])}",
+                                           md_text(text)) for run in runs for text in run.get("warnings", [])))
+    parts += _section("Caveats", grouped((_cell(run["settings"]), md_text(line)) for run in runs
+                                         for line in caveats(run)))
+    scoring = grouped((f"{md_code(run['settings']['model'])} · {_cell(run['settings'])}", line)
                       for run in runs for line in scoring_lines(run))
     parts += ["## How items were scored", "", *(f"- {line}" for line in scoring), ""]
     notes = {"ClinHallu: Acc and stage hallucination rates (%)": clinhallu_stage_notes(_clinhallu_results(runs))}
@@ -396,7 +408,7 @@ def write_grid_markdown(runs: list[dict[str, Any]], path: str | Path, heading: s
                           clinhallu_average_table(runs))):
         if table:
             parts += [f"## {title}", "", table, ""]
-            parts += [*notes[title], ""] if notes.get(title) else []
+            parts += [*(md_text(line) for line in notes[title]), ""] if notes.get(title) else []
     parts += ["## Mitigation settings", "", *legend, ""] if legend else []
     parts += ["Per-mitigation details (counts, notes, data quality): the `results.md` in each sub-folder.", ""]
     atomic_write_text(path, neutralise_bidi("\n".join(parts)))

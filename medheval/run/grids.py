@@ -21,6 +21,11 @@ mappings are merged per entry (``--image-root SOURCE=…``, ``--metric-option M.
 ``generation`` layer. Every model is checked to be loadable (a local folder with ``config.json``, or
 a Hub repo whose ``config.json`` can be fetched) before the first generation; a model that fails
 later (out of memory …) stops the grid, and re-running the same config resumes every cell.
+
+A config never decides where data or keys go: a judge or API model it names gets a key from the environment only
+at a host the user named (:func:`check_key_destinations`), and an endpoint it approves for credentialed (MIMIC)
+records must be approved by the user too (:func:`check_credentialed_approvals`); both are checked in
+:func:`apply_cli`, before anything runs.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "dtype": ((str,), "float32, bfloat16, float16"),
     "upstream_compat": ((bool,), "true or false"),
     "on_missing": ((str,), "error or skip"),
-    "allow_remote_credentialed": ((list,), "a list of hosts/URLs"),
+    "allow_remote_credentialed": ((list,), "a list of hosts/URLs (each also approved on the command line)"),
     "prefix_cache": ((bool,), "true or false"),
     "lock_timeout": ((int, float), "seconds"),
     "cluster": ((str,), "auto or none (what report.html's intervals resample)"),
@@ -345,7 +350,48 @@ def apply_cli(config: GridConfig, args: argparse.Namespace, given: set[str]) -> 
     fixed = {dest: getattr(args, dest) for dest in CLI_GENERATION if dest in given}
     config.generation = replace(config.generation, fixed={**config.generation.fixed, **fixed})
     check_key_destinations(config)
+    check_credentialed_approvals(config, list(args.allow_remote_credentialed) if "allow_remote_credentialed" in given
+                                 else [])
     return config
+
+
+def _approval_fields(value: Any, where: str) -> list[tuple[str, Any]]:
+    """``(field, value)`` of every ``allow_remote_credentialed`` in ``value``: in nested mappings and lists, and in
+    text holding a JSON object or list (a metric option's text is parsed as JSON)."""
+    if isinstance(value, str) and value.strip()[:1] in ("{", "["):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    found: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            field_name = f"{where}.{key}" if where else str(key)
+            if key == "allow_remote_credentialed":
+                found.append((field_name, inner))
+            else:
+                found += _approval_fields(inner, field_name)
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            found += _approval_fields(inner, f"{where}[{index}]")
+    return found
+
+
+def check_credentialed_approvals(config: GridConfig, typed: Sequence[str] = ()) -> None:
+    """:class:`GridConfigError` naming the file, the field and the endpoint when the config approves an endpoint
+    for credentialed (MIMIC) records that the user did not approve: ``typed`` (``--allow-remote-credentialed``
+    on this command line), or :func:`medheval.judges.endpoints.approved_endpoints` (the command line as
+    ``main()`` recorded it, ``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED``). Checks the top-level key, ``metric_options``
+    and ``benchmark_options`` (judge dicts in them included). Sends nothing."""
+    from medheval.judges.endpoints import check_config_approval
+
+    for field_name, value in _approval_fields(config.options, ""):
+        if field_name == "allow_remote_credentialed" and not value:
+            continue
+        try:
+            check_config_approval(value, typed)
+        except (PermissionError, ValueError) as error:
+            raise _fail(config.source, field_name, str(error)) from None
 
 
 def check_key_destinations(config: GridConfig) -> None:
@@ -420,7 +466,8 @@ def backend_args(config: GridConfig, model: str) -> argparse.Namespace:
         do_sample=bool(fixed.get("do_sample", False)), temperature=fixed.get("temperature"),
         top_p=fixed.get("top_p"), seed=int(config.get("seed", 0)), device=config.get("device"),
         dtype=config.get("dtype"), prefix_cache=bool(config.get("prefix_cache", False)),
-        chat_template=config.get("chat_template"), protocol=config.get("protocol", "clean"))
+        chat_template=config.get("chat_template"), protocol=config.get("protocol", "clean"),
+        allow_remote_credentialed=list(config.get("allow_remote_credentialed", ())))  # checked by apply_cli
 
 
 def grid_plan(config: GridConfig) -> list[PlannedCell]:
@@ -512,5 +559,5 @@ def given_options(argv: Sequence[str]) -> set[str]:
     return set(vars(namespace))
 
 
-__all__ = ["GridConfig", "GridConfigError", "apply_cli", "check_model", "given_options", "grid_plan",
+__all__ = ["GridConfig", "GridConfigError", "apply_cli", "check_credentialed_approvals", "check_model", "given_options", "grid_plan",
            "load_grid_config", "model_slug", "parse_grid_config", "run_config"]

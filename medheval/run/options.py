@@ -105,7 +105,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-remote-credentialed", action="append", default=[], metavar="HOST_OR_URL",
                         help="a non-local judge or model endpoint approved under your PhysioNet agreement for "
                              "credentialed (MIMIC-derived) records, e.g. myorg.openai.azure.com (repeatable; recorded "
-                             "in results)")
+                             "in results; or MEDHEVAL_ALLOW_REMOTE_CREDENTIALED=host1,host2). A grid config cannot "
+                             "approve an endpoint: its allow_remote_credentialed entries must be given here too")
     parser.add_argument("--proxy-for", action="append", default=[], metavar="HOST",
                         help="let credentialed traffic to HOST (PhysioNet images, an approved endpoint) use the proxy "
                              "from HTTP(S)_PROXY/ALL_PROXY; without it such traffic never goes through a proxy "

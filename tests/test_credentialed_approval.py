@@ -1,0 +1,135 @@
+"""Only the user approves a non-local endpoint for credentialed (MIMIC) records: a grid YAML that approves its own
+host is refused before anything is sent; the command line or MEDHEVAL_ALLOW_REMOTE_CREDENTIALED approves it.
+What leaves is seen by a recording proxy on 127.0.0.1 (the remote hosts are reached only through it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from judge_servers import JudgeServer, recording_proxy  # noqa: F401 - a fixture
+from medheval.cli import main
+from medheval.judges import CredentialedDataError, JudgeRequest, make_judge
+from medheval.judges.endpoints import APPROVED_ENV, approve_endpoints, set_approved_endpoints
+
+JUDGE = "http://judge.example/v1"
+FAST = dict(cache_dir=False, progress=False, max_retries=0)
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch: pytest.MonkeyPatch):
+    for name in ("OPENAI_API_KEY", APPROVED_ENV, "MEDHEVAL_API_KEY_HOSTS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MEDHEVAL_PROXY_FOR", "judge.example,models.example.org")  # so an approved call is seen
+    previous = set_approved_endpoints(())
+    yield
+    set_approved_endpoints(previous)
+
+
+def _grid(tmp_path: Path, fixture: dict, model: str, benchmark: str, **extra) -> Path:
+    config = {"output": str(tmp_path / "out"), "models": [model], "benchmarks": [benchmark],
+              "data_dir": fixture["data_dir"], "image_roots": dict(fixture["image_roots"]), "limit": 2, **extra}
+    path = tmp_path / "hostile.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+JUDGE_DICT = {"backend": "openai", "model": "j", "base_url": JUDGE}
+HOSTILE = {  # where a config puts its approval -> the field the error names
+    "top level": ({"judge": f"openai:j@{JUDGE}", "allow_remote_credentialed": ["judge.example"]},
+                  "allow_remote_credentialed"),
+    "metric option": ({"metric_options": {"sh_judge": {"judge": JUDGE_DICT, "cache_dir": False,
+                                                       "allow_remote_credentialed": "judge.example"}}},
+                      "metric_options.sh_judge.allow_remote_credentialed"),
+    "judge dict": ({"metric_options": {"sh_judge": {"cache_dir": False, "judge": {
+        **JUDGE_DICT, "allow_remote_credentialed": JUDGE}}}}, "metric_options.sh_judge.judge.allow_remote_credentialed"),
+    "judge dict as JSON text": ({"metric_options": {"sh_judge": {"cache_dir": False, "judge": json.dumps(
+        {**JUDGE_DICT, "allow_remote_credentialed": ["judge.example"]})}}},
+        "metric_options.sh_judge.judge.allow_remote_credentialed"),
+}
+
+
+@pytest.mark.parametrize("where", list(HOSTILE))
+def test_a_grid_config_cannot_approve_its_own_judge_for_mimic_records(where, fixture_benchmark, recording_proxy,
+                                                                      tmp_path, capsys):
+    extra, field = HOSTILE[where]
+    with JudgeServer("openai", reply=lambda body: "An answer.") as model:
+        config = _grid(tmp_path, fixture_benchmark, f"openai:m@{model.base_url}", "knowledge:open",
+                       metrics=["sh_judge"], **extra)
+        assert main(["run", "--config", str(config)]) == 2
+        assert model.requests == [] and recording_proxy.hits == []  # refused before anything ran
+    err = capsys.readouterr().err
+    assert f"hostile.yaml: {field}:" in err and "judge.example" in err
+    assert "--allow-remote-credentialed" in err and "a config file cannot approve" in err
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_the_user_approves_the_configs_judge_on_the_command_line_or_in_the_environment(
+        how, fixture_benchmark, recording_proxy, tmp_path, monkeypatch):
+    extra, _ = HOSTILE["judge dict"]
+    with JudgeServer("openai", reply=lambda body: "An answer.") as model:
+        config = _grid(tmp_path, fixture_benchmark, f"openai:m@{model.base_url}", "knowledge:open",
+                       metrics=["sh_judge"], **extra)
+        argv = ["run", "--config", str(config)]
+        if how == "flag":
+            argv += ["--allow-remote-credentialed", "judge.example"]
+        else:
+            monkeypatch.setenv(APPROVED_ENV, "other.example, judge.example")
+        assert main(argv) == 0
+        assert model.request_count == 2
+    assert recording_proxy.hits == [f"{JUDGE}/chat/completions"] * 2  # the approved judge got the records
+
+
+def test_a_grid_config_cannot_approve_its_api_model_for_mimic_records(fixture_benchmark, recording_proxy,
+                                                                      tmp_path, capsys):
+    remote = "openai:m@http://models.example.org/v1"
+    config = _grid(tmp_path, fixture_benchmark, remote, "cxr_vishal:mimic_cxr",
+                   allow_remote_credentialed=["models.example.org"])
+    assert main(["run", "--config", str(config), "--max-new-tokens", "4"]) == 2
+    assert recording_proxy.hits == []
+    err = capsys.readouterr().err
+    assert "hostile.yaml: allow_remote_credentialed:" in err and "--allow-remote-credentialed models.example.org" in err
+    # the same host typed on the command line: the model gets the records
+    assert main(["run", "--config", str(config), "--max-new-tokens", "4", "--allow-remote-credentialed",
+                 "models.example.org", "--api-option", "max_retries=0"]) == 0
+    assert recording_proxy.hits and set(recording_proxy.hits) == {"http://models.example.org/v1/chat/completions"}
+
+
+def test_the_environment_and_python_approve_an_endpoint_and_nothing_else(monkeypatch, recording_proxy):
+    request = JudgeRequest(id="mimic-1", messages=[{"role": "user", "content": "report"}], reply_format="raw",
+                           credentialed=True)
+    with pytest.raises(CredentialedDataError, match="MEDHEVAL_ALLOW_REMOTE_CREDENTIALED=judge.example"):
+        make_judge(f"openai:j@{JUDGE}", **FAST).run([request])
+    monkeypatch.setenv(APPROVED_ENV, "judge.example.org")  # another host approves nothing here
+    with pytest.raises(CredentialedDataError):
+        make_judge(f"openai:j@{JUDGE}", **FAST).run([request])
+    assert recording_proxy.hits == []
+    monkeypatch.setenv(APPROVED_ENV, "judge.example")
+    assert make_judge(f"openai:j@{JUDGE}", **FAST).run([request])[0].ok
+    monkeypatch.delenv(APPROVED_ENV)
+    approve_endpoints(JUDGE)  # from Python: the caller is the user
+    assert make_judge(f"openai:j@{JUDGE}", **FAST).run([request])[0].ok
+    assert recording_proxy.hits == [f"{JUDGE}/chat/completions"] * 2
+
+
+def test_a_config_value_is_accepted_only_within_what_the_user_approved(tmp_path, fixture_benchmark):
+    from medheval.run.grids import GridConfigError, check_credentialed_approvals, parse_grid_config
+
+    def config(value):
+        return parse_grid_config({"output": str(tmp_path), "models": ["tiny-random-llava"],
+                                  "benchmarks": ["knowledge:open"], "allow_remote_credentialed": value}, "g.yaml")
+
+    check_credentialed_approvals(config(["judge.example:8443", f"{JUDGE}/"]), ["judge.example"])
+    check_credentialed_approvals(config([JUDGE]), [JUDGE])
+    for value, typed in ((["judge.example"], [JUDGE]), (["https://judge.example/v2"], [JUDGE]),
+                         (["judge.example"], ["judge.example:8443"]), (["example"], ["judge.example"])):
+        with pytest.raises(GridConfigError, match=r"g.yaml: allow_remote_credentialed: approves"):
+            check_credentialed_approvals(config(value), typed)
+    bad = parse_grid_config({"output": str(tmp_path), "models": ["tiny-random-llava"], "benchmarks": ["knowledge:open"],
+                             "metric_options": {"sh_judge": {"judge": {**JUDGE_DICT,
+                                                                       "allow_remote_credentialed": True}}}}, "g.yaml")
+    with pytest.raises(GridConfigError, match=r"g.yaml: metric_options.sh_judge.judge.allow_remote_credentialed: .*True"):
+        check_credentialed_approvals(bad, [])
