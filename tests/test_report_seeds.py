@@ -102,4 +102,4 @@ def test_the_note_names_each_interval_the_half_width_comes_from(tmp_path):
     assert len(delta) == 1 and delta[0][1].value == pytest.approx(10.0)  # 60% − 50% in both seeds
     assert "bootstrap interval over items, averaged" not in NOTE  # the old wording, true of figures only
     assert "for a paired Δ (mitigation − none, with image − blind) the sign-flip test inverted" in NOTE
-    assert "for a figure its bootstrap interval" in NOTE and NOTE in table.footer
+    assert "for a figure its bootstrap interval (for a 0/1 figure widened" in NOTE and "Tango" in NOTE and NOTE in table.footer

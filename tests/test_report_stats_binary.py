@@ -161,7 +161,8 @@ def test_mcnemar_p_is_exact_at_any_n():
     for b, c in ((0, 5), (3, 12), (40, 20), (7, 7), (0, 0), (4800, 5200), (1, 2000)):
         reference = ss.binomtest(c, b + c, 0.5).pvalue if b + c else 1.0
         assert mcnemar_p(b, c) == pytest.approx(reference, rel=1e-9, abs=1e-300)
-    assert mcnemar_p(3, 12) == mcnemar_exact([True] * 3 + [False] * 12, [False] * 3 + [True] * 12)[2]
+    assert mcnemar_exact([True] * 3 + [False] * 12 + [True] * 4, [False] * 3 + [True] * 12 + [True] * 4) == (
+        3, 12, pytest.approx(ss.binomtest(12, 15, 0.5).pvalue, rel=1e-9))  # b, c counted from the pairs
 
 
 def test_accuracy_over_many_items_is_exact_mcnemar_not_monte_carlo():

@@ -622,7 +622,8 @@ def test_md_text_and_md_code_escape_html_links_and_backticks():
     from medheval.report.tables import md_code, md_text
 
     assert md_text("a <b> & ![x](http://e/) [y](javascript:z)\nc|d") == \
-        "a &lt;b&gt; &amp; !\\[x\\](http://e/) \\[y\\](javascript:z) c\\|d"
+        "a &lt;b&gt; &amp; !\\[x\\](http://e/) \\[y\\](javascript:z) c|d"  # a line, not a cell: | kept
+    assert md_text("`--p-adjust holm|bh|none`") == "`--p-adjust holm|bh|none`"  # no backslash shows in the span
     assert md_code("plain") == "`plain`" and md_code("a`b") == "``a`b``" and md_code("`a``") == "``` `a`` ```"
     assert md_code("<i>\nx|y", cell=True) == "`&lt;i&gt; x\\|y`"
 

@@ -198,11 +198,6 @@ def number_run(data: bytes, byte_limit: int = MAX_SMALL_INTS, limit: int = MAX_N
     return None
 
 
-def small_int_run(data: bytes, limit: int = MAX_SMALL_INTS) -> bool:
-    """Whether ``data`` holds ``limit`` or more byte values in a row (:func:`number_run`)."""
-    return number_run(data, byte_limit=limit, limit=1 << 62) == "list of byte values"
-
-
 def netpbm_header(data: bytes) -> bool:
     """Whether ``data`` starts like a netpbm image (``P1``-``P6`` width height, or a ``P7`` PAM header)."""
     return bool(NETPBM_HEADER.match(data))
@@ -241,4 +236,4 @@ def text_kind(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), numbers
 
 
 __all__ = ["MAX_NUMBERS", "MAX_SMALL_INTS", "MIN_HEX_RUN", "MIN_RUN", "encoded_run", "json_parts", "latin1_text",
-           "looks_encoded", "netpbm_header", "normalise", "number_run", "small_int_run", "text_kind"]
+           "looks_encoded", "netpbm_header", "normalise", "number_run", "text_kind"]

@@ -110,7 +110,15 @@ import numpy as np
 N_BOOT = 2000
 SEED = 0
 LEVEL = 0.95
-ALPHA = round(1 - LEVEL, 12)  # 0.05 exactly (1 − 0.95 is 0.050000000000000044): p = 0.05 is not below it
+
+
+def alpha_of(level: float) -> float:
+    """The test level of a ``level`` interval, 1 − level rounded to 12 places: 0.05 exactly at 0.95 (1 − 0.95 is
+    0.050000000000000044), so a p of exactly 0.05 is not below it."""
+    return round(1 - level, 12)
+
+
+ALPHA = alpha_of(LEVEL)
 _CHUNK = 250  # bootstrap replicates drawn per block (bounds memory: _CHUNK × n indices)
 
 MIN_CLUSTERS = 6  # fewer units: 2 / 2^G ≥ 0.0625, no two-sided 5% sign-flip test can reject (module docstring)
@@ -413,7 +421,7 @@ def zero_bound(sizes: Sequence[float], level: float = LEVEL) -> float:
     units (Σt)²/Σt²), valid where the bound over G units is not. By symmetry 1 − U₀ bounds a rate with no failure."""
     total = float(sum(sizes))
     weights = sorted((float(s) / total for s in sizes if s > 0), reverse=True)
-    log_tail = math.log(round(1 - level, 12) / 2)
+    log_tail = math.log(alpha_of(level) / 2)
     logs = 0.0
     for k, weight in enumerate(weights, 1):
         logs += math.log(weight)
@@ -427,7 +435,7 @@ def clopper_pearson(successes: float, trials: float, level: float = LEVEL) -> tu
     """Clopper & Pearson's (1934) interval of x successes in n trials: [B(α/2; x, n − x + 1),
     B(1 − α/2; x + 1, n − x)], B(q; a, b) the Beta quantile, 0 at x = 0 and 1 at x = n; x and n may be
     fractional (Korn & Graubard's effective counts)."""
-    tail = round(1 - level, 12) / 2
+    tail = alpha_of(level) / 2
     low = 0.0 if successes <= 0 else beta_quantile(tail, successes, trials - successes + 1)
     high = 1.0 if successes >= trials else beta_quantile(1 - tail, successes + 1, trials - successes)
     return low, high
@@ -554,7 +562,7 @@ def sign_flip(differences: Sequence[float], clusters: Sequence[object] | None = 
     hi = np.where(whole, np.inf, (-e * m + np.abs(e) * n) / safe) + tol
     u0 = -estimate
     p0 = min(1.0, round(offset + float(weights[(lo <= u0) & (u0 <= hi)].sum()), 12))
-    alpha = round(1 - level, 12)  # 0.05 at 95%, not 0.050000000000000044: p(δ) = 0.05 is accepted
+    alpha = alpha_of(level)  # p(δ) = 0.05 is accepted
     if offset >= alpha - 1e-12:
         return p0, -math.inf, math.inf, exact
     # p(u) for u > 0 is offset + Σ weight over the vectors with hi ≥ u: the bound is the hi at which, taking
@@ -608,7 +616,7 @@ def _compare(differences: bytes, clusters: tuple[object, ...] | None, level: flo
         b, c = int(np.sum(d < 0)), int(np.sum(d > 0))
         p, exact = mcnemar_p(b, c), True
         low, high = _agree(p, float(d.mean()), [(low, high), tango_interval(b, c, d.size, level)],
-                           round(1 - level, 12))
+                           alpha_of(level))
     groups = d.size
     test = "exact sign-flip over items" if exact else f"sign-flip over items ({n_flip} draws)"
     if is_clustered(clusters):
@@ -648,7 +656,7 @@ def tango_interval(b: int, c: int, n: int, level: float = LEVEL) -> tuple[float,
     p̃ the maximum-likelihood p_b under Δ, the larger root of 2n p̃² + B p̃ + C = 0 with B = −(b + c) +
     (2n − c + b)Δ and C = −bΔ(1 − Δ). Z falls as Δ grows, so each bound is found by bisection (to 1e-12)
     between Δ̂ = (c − b)/n and ±1."""
-    z = statistics.NormalDist().inv_cdf(1 - round(1 - level, 12) / 2)
+    z = statistics.NormalDist().inv_cdf(1 - alpha_of(level) / 2)
 
     def score(delta: float) -> float:
         linear = -(b + c) + (2 * n - c + b) * delta
@@ -746,8 +754,4 @@ def mcnemar_exact(baseline: Sequence[bool], other: Sequence[bool]) -> tuple[int,
         raise ValueError(f"mcnemar_exact needs paired items, got {len(baseline)} and {len(other)}")
     b = sum(1 for x, y in zip(baseline, other) if x and not y)
     c = sum(1 for x, y in zip(baseline, other) if y and not x)
-    n = b + c
-    if n == 0:
-        return b, c, 1.0
-    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2 ** n
-    return b, c, min(1.0, 2 * tail)
+    return b, c, mcnemar_p(b, c)

@@ -35,10 +35,12 @@ def md_cell(text: Any) -> str:
 
 
 def md_text(text: Any) -> str:
-    """Text safe as a Markdown line or note (a caveat, footer, title): :func:`md_cell`'s escaping plus ``[``
-    and ``]`` (no link or image a run folder's text could plant, ``![x](https://...)``); backticks and
-    emphasis are kept."""
-    return md_cell(text).replace("[", "\\[").replace("]", "\\]")
+    """Text safe as a Markdown line or note (a caveat, footer, title), never a table cell: HTML as entities,
+    newlines as spaces, ``[`` and ``]`` escaped (no link or image a run folder's text could plant,
+    ``![x](https://...)``); backticks, emphasis and ``|`` are kept (an escaped ``\\|`` shows as such in a code
+    span such as ``--p-adjust holm|bh|none``)."""
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\r", " ")
+            .replace("\n", " ").replace("[", "\\[").replace("]", "\\]"))
 
 
 def md_code(text: Any, cell: bool = False) -> str:
@@ -67,8 +69,9 @@ def csv_cell(value: Any) -> Any:
 
 
 def _row(cells: Iterable[Any]) -> str:
-    """A table row; each cell as :func:`md_text` (no raw HTML, link or image from a model or split name)."""
-    return "| " + " | ".join(md_text(cell) for cell in cells) + " |"
+    """A table row; each cell as :func:`md_text` with ``|`` escaped (no raw HTML, link or image from a model or
+    split name, no extra column)."""
+    return "| " + " | ".join(md_text(cell).replace("|", "\\|") for cell in cells) + " |"
 
 
 def _pct(value: float | None) -> str:
