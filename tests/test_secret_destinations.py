@@ -299,3 +299,24 @@ def test_cli_key_hosts_come_from_the_typed_specs_only():
                                       "--api-key-host", "keys.example.org", "--output", "x"])
     hosts = {keys.host_entry(h) for h in cli_key_hosts(args)}
     assert hosts == {"localhost:8000", "gw.example.org", "j.example.org:8443", "keys.example.org"}
+
+
+def test_a_short_placeholder_key_is_not_redacted_from_model_outputs(monkeypatch):
+    # OPENAI_API_KEY=EMPTY is the standard keyless-vLLM placeholder: the word must survive in predictions
+    monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
+    keys.set_key_hosts(["http://127.0.0.1:8000/v1"])
+    judge = make_judge("openai:qwen@http://127.0.0.1:8000/v1", **FAST)
+    assert judge._api_key == "EMPTY"  # still sent: the user named the host
+    register_environment()
+    text = "The costophrenic angle is EMPTY; emptying of the bladder; Empty"
+    assert redact(text) == text and judge._redact(text) == text
+    register_secrets("Kb7q2x", min_length=8)  # an API key under 8 characters: never registered
+    assert redact("key Kb7q2x") == "key Kb7q2x"
+    register_secrets("NOT-NEEDED", min_length=SHORT_MIN_LENGTH)  # a placeholder, whatever the rule
+    assert redact("not-needed NOT-NEEDED") == "not-needed NOT-NEEDED"
+
+
+def test_a_short_basic_auth_password_is_still_redacted():
+    judge = make_judge("openai:qwen@http://alice:Hq4z9p@127.0.0.1:8000/v1", **FAST)
+    assert redact("login alice:Hq4z9p refused") == "login alice:*** refused"
+    assert judge._redact("server echoed hq4z9p") == "server echoed ***"
