@@ -320,3 +320,57 @@ def test_a_short_basic_auth_password_is_still_redacted():
     judge = make_judge("openai:qwen@http://alice:Hq4z9p@127.0.0.1:8000/v1", **FAST)
     assert redact("login alice:Hq4z9p refused") == "login alice:*** refused"
     assert judge._redact("server echoed hq4z9p") == "server echoed ***"
+
+
+# -- a key from the environment and a plain-http LAN endpoint ------------------------------------------------
+LAN = "http://10.1.2.3:8000/v1"
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_an_environment_key_is_withheld_from_plain_http_to_another_machine(named, monkeypatch):
+    from medheval.judges.spec import _env_key
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    if named:  # typed on the command line (--model openai:qwen@http://10.1.2.3:8000/v1)
+        keys.set_key_hosts([LAN])
+    key, why = _env_key("openai", LAN, None)
+    assert key is None
+    assert "OPENAI_API_KEY" in why and "https://" in why and "SSH tunnel to 127.0.0.1" in why
+    assert "--model" not in why and "--api-key-host" not in why and keys.KEY_HOSTS_ENV not in why  # no advice that fails
+    monkeypatch.setenv("MY_JUDGE_API_KEY", KEY)
+    assert _env_key("openai", LAN, "MY_JUDGE_API_KEY")[0] is None
+    keys.set_key_hosts(["https://10.1.2.3:8443/v1"])
+    assert _env_key("openai", "https://10.1.2.3:8443/v1", None) == (KEY, None)  # https: sent to a named host
+
+
+def test_a_typed_plain_http_lan_model_works_without_the_environment_key(monkeypatch, caplog):
+    from medheval.judges import http as judge_http
+    from medheval.judges import spec as judge_spec
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setattr(judge_spec, "_warned", set())
+    keys.set_key_hosts([LAN])
+    sent: list[dict] = []
+
+    def post(session, url, data, headers, **kwargs):
+        sent.append({"url": url, "headers": dict(headers), "auth": session.auth})
+        raise judge_http.transport.TransportError("no network in tests")
+
+    monkeypatch.setattr(judge_http.transport, "post", post)
+    with caplog.at_level(logging.WARNING, logger="medheval.judges.spec"):
+        judge = make_judge(f"openai:qwen@{LAN}", **FAST)  # no error
+        make_judge(f"openai:qwen@{LAN}", **FAST)
+    _ask(judge)
+    assert sent and all(not any(name.lower() == "authorization" for name in s["headers"]) and s["auth"] is None
+                        and KEY not in str(s) for s in sent)
+    warnings = [r.getMessage() for r in caplog.records if "OPENAI_API_KEY" in r.getMessage()]
+    assert len(warnings) == 1 and "was not sent to 10.1.2.3:8000" in warnings[0]
+    assert judge.key_withheld == warnings[0]
+
+
+def test_a_key_written_into_the_spec_is_refused_over_plain_http_naming_its_origin(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with pytest.raises(JudgeError, match=r"the API key written into the spec \(api_key=\).*https://"):
+        make_judge({"backend": "openai", "model": "m", "base_url": LAN, "api_key": "sk-written-123456"}, **FAST)
+    with pytest.raises(JudgeError, match=r"password in the base URL"):
+        make_judge("openai:m@http://u:pw-9zq@10.1.2.3:8000/v1", **FAST)
