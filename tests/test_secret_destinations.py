@@ -374,3 +374,26 @@ def test_a_key_written_into_the_spec_is_refused_over_plain_http_naming_its_origi
         make_judge({"backend": "openai", "model": "m", "base_url": LAN, "api_key": "sk-written-123456"}, **FAST)
     with pytest.raises(JudgeError, match=r"password in the base URL"):
         make_judge("openai:m@http://u:pw-9zq@10.1.2.3:8000/v1", **FAST)
+
+
+def test_old_style_credential_variables_of_a_hyphenated_host_are_not_sent_but_pointed_out(monkeypatch, caplog):
+    from medheval.data import images
+
+    monkeypatch.setattr(images, "_renamed_warned", set())
+    monkeypatch.setenv("IMAGES_EXAMPLE_COM_USERNAME", "bob")  # the name images-example.com read before '-' -> '__'
+    monkeypatch.setenv("IMAGES_EXAMPLE_COM_PASSWORD", "CorpImagePw9")
+    with caplog.at_level(logging.WARNING, logger="medheval.data.images"):
+        source = URLTemplateSource("https://images-example.com/{path}")
+        URLTemplateSource("https://images-example.com/{path}")  # said once
+    assert source._auth is None and source._session.auth is None and source.auth_origin == "no credentials"
+    notices = [r.getMessage() for r in caplog.records if "IMAGES_EXAMPLE_COM_USERNAME" in r.getMessage()]
+    assert len(notices) == 1
+    assert "no longer sent to images-example.com" in notices[0] and "IMAGES__EXAMPLE_COM_USERNAME/" in notices[0]
+    assert "CorpImagePw9" not in notices[0]
+    assert "IMAGES__EXAMPLE_COM_USERNAME/IMAGES__EXAMPLE_COM_PASSWORD" in source._auth_hint()  # in the 401 error
+    # the host those names belong to now gets them, with no notice; the new names end the notice
+    assert URLTemplateSource("https://images.example.com/{path}").renamed_credentials is None
+    monkeypatch.setenv("IMAGES__EXAMPLE_COM_USERNAME", "bob")
+    monkeypatch.setenv("IMAGES__EXAMPLE_COM_PASSWORD", "CorpImagePw9")
+    renamed = URLTemplateSource("https://images-example.com/{path}")
+    assert renamed.renamed_credentials is None and renamed._auth == ("bob", "CorpImagePw9")
