@@ -299,3 +299,101 @@ def test_cli_key_hosts_come_from_the_typed_specs_only():
                                       "--api-key-host", "keys.example.org", "--output", "x"])
     hosts = {keys.host_entry(h) for h in cli_key_hosts(args)}
     assert hosts == {"localhost:8000", "gw.example.org", "j.example.org:8443", "keys.example.org"}
+
+
+def test_a_short_placeholder_key_is_not_redacted_from_model_outputs(monkeypatch):
+    # OPENAI_API_KEY=EMPTY is the standard keyless-vLLM placeholder: the word must survive in predictions
+    monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
+    keys.set_key_hosts(["http://127.0.0.1:8000/v1"])
+    judge = make_judge("openai:qwen@http://127.0.0.1:8000/v1", **FAST)
+    assert judge._api_key == "EMPTY"  # still sent: the user named the host
+    register_environment()
+    text = "The costophrenic angle is EMPTY; emptying of the bladder; Empty"
+    assert redact(text) == text and judge._redact(text) == text
+    register_secrets("Kb7q2x", min_length=8)  # an API key under 8 characters: never registered
+    assert redact("key Kb7q2x") == "key Kb7q2x"
+    register_secrets("NOT-NEEDED", min_length=SHORT_MIN_LENGTH)  # a placeholder, whatever the rule
+    assert redact("not-needed NOT-NEEDED") == "not-needed NOT-NEEDED"
+
+
+def test_a_short_basic_auth_password_is_still_redacted():
+    judge = make_judge("openai:qwen@http://alice:Hq4z9p@127.0.0.1:8000/v1", **FAST)
+    assert redact("login alice:Hq4z9p refused") == "login alice:*** refused"
+    assert judge._redact("server echoed hq4z9p") == "server echoed ***"
+
+
+# -- a key from the environment and a plain-http LAN endpoint ------------------------------------------------
+LAN = "http://10.1.2.3:8000/v1"
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_an_environment_key_is_withheld_from_plain_http_to_another_machine(named, monkeypatch):
+    from medheval.judges.spec import _env_key
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    if named:  # typed on the command line (--model openai:qwen@http://10.1.2.3:8000/v1)
+        keys.set_key_hosts([LAN])
+    key, why = _env_key("openai", LAN, None)
+    assert key is None
+    assert "OPENAI_API_KEY" in why and "https://" in why and "SSH tunnel to 127.0.0.1" in why
+    assert "--model" not in why and "--api-key-host" not in why and keys.KEY_HOSTS_ENV not in why  # no advice that fails
+    monkeypatch.setenv("MY_JUDGE_API_KEY", KEY)
+    assert _env_key("openai", LAN, "MY_JUDGE_API_KEY")[0] is None
+    keys.set_key_hosts(["https://10.1.2.3:8443/v1"])
+    assert _env_key("openai", "https://10.1.2.3:8443/v1", None) == (KEY, None)  # https: sent to a named host
+
+
+def test_a_typed_plain_http_lan_model_works_without_the_environment_key(monkeypatch, caplog):
+    from medheval.judges import http as judge_http
+    from medheval.judges import spec as judge_spec
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setattr(judge_spec, "_warned", set())
+    keys.set_key_hosts([LAN])
+    sent: list[dict] = []
+
+    def post(session, url, data, headers, **kwargs):
+        sent.append({"url": url, "headers": dict(headers), "auth": session.auth})
+        raise judge_http.transport.TransportError("no network in tests")
+
+    monkeypatch.setattr(judge_http.transport, "post", post)
+    with caplog.at_level(logging.WARNING, logger="medheval.judges.spec"):
+        judge = make_judge(f"openai:qwen@{LAN}", **FAST)  # no error
+        make_judge(f"openai:qwen@{LAN}", **FAST)
+    _ask(judge)
+    assert sent and all(not any(name.lower() == "authorization" for name in s["headers"]) and s["auth"] is None
+                        and KEY not in str(s) for s in sent)
+    warnings = [r.getMessage() for r in caplog.records if "OPENAI_API_KEY" in r.getMessage()]
+    assert len(warnings) == 1 and "was not sent to 10.1.2.3:8000" in warnings[0]
+    assert judge.key_withheld == warnings[0]
+
+
+def test_a_key_written_into_the_spec_is_refused_over_plain_http_naming_its_origin(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with pytest.raises(JudgeError, match=r"the API key written into the spec \(api_key=\).*https://"):
+        make_judge({"backend": "openai", "model": "m", "base_url": LAN, "api_key": "sk-written-123456"}, **FAST)
+    with pytest.raises(JudgeError, match=r"password in the base URL"):
+        make_judge("openai:m@http://u:pw-9zq@10.1.2.3:8000/v1", **FAST)
+
+
+def test_old_style_credential_variables_of_a_hyphenated_host_are_not_sent_but_pointed_out(monkeypatch, caplog):
+    from medheval.data import images
+
+    monkeypatch.setattr(images, "_renamed_warned", set())
+    monkeypatch.setenv("IMAGES_EXAMPLE_COM_USERNAME", "bob")  # the name images-example.com read before '-' -> '__'
+    monkeypatch.setenv("IMAGES_EXAMPLE_COM_PASSWORD", "CorpImagePw9")
+    with caplog.at_level(logging.WARNING, logger="medheval.data.images"):
+        source = URLTemplateSource("https://images-example.com/{path}")
+        URLTemplateSource("https://images-example.com/{path}")  # said once
+    assert source._auth is None and source._session.auth is None and source.auth_origin == "no credentials"
+    notices = [r.getMessage() for r in caplog.records if "IMAGES_EXAMPLE_COM_USERNAME" in r.getMessage()]
+    assert len(notices) == 1
+    assert "no longer sent to images-example.com" in notices[0] and "IMAGES__EXAMPLE_COM_USERNAME/" in notices[0]
+    assert "CorpImagePw9" not in notices[0]
+    assert "IMAGES__EXAMPLE_COM_USERNAME/IMAGES__EXAMPLE_COM_PASSWORD" in source._auth_hint()  # in the 401 error
+    # the host those names belong to now gets them, with no notice; the new names end the notice
+    assert URLTemplateSource("https://images.example.com/{path}").renamed_credentials is None
+    monkeypatch.setenv("IMAGES__EXAMPLE_COM_USERNAME", "bob")
+    monkeypatch.setenv("IMAGES__EXAMPLE_COM_PASSWORD", "CorpImagePw9")
+    renamed = URLTemplateSource("https://images-example.com/{path}")
+    assert renamed.renamed_credentials is None and renamed._auth == ("bob", "CorpImagePw9")

@@ -29,6 +29,7 @@ import hashlib
 from http import HTTPStatus
 import io
 import ipaddress
+import logging
 import netrc
 import os
 import re
@@ -472,6 +473,8 @@ KNOWN_CREDENTIAL_HOSTS = {"physionet.org": "PHYSIONET"}
 GENERIC_CREDENTIALS = "MEDHEVAL_IMAGE"
 GENERIC_HOST_ENV = "MEDHEVAL_IMAGE_HOST"
 _LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
+logger = logging.getLogger(__name__)
+_renamed_warned: set[str] = set()  # hosts whose renamed credential variables were already pointed out
 
 
 def _host_env_prefix(host: str) -> str | None:
@@ -494,6 +497,33 @@ def _host_env_prefix(host: str) -> str | None:
     if not all(_LABEL.match(label) for label in labels):
         return None
     return "_".join(label.replace("-", "__") for label in labels).upper()
+
+
+def _legacy_env_prefix(host: str) -> str | None:
+    """The prefix a hyphenated host had before ``-`` mapped to ``__`` (each ``-`` as ``_``, so
+    ``images-example.com`` -> ``IMAGES_EXAMPLE_COM``, which is now ``images.example.com``'s); None when the host
+    has no ``-`` (its prefix is unchanged) or no prefix."""
+    prefix = _host_env_prefix(host)
+    if prefix is None or "__" not in prefix or prefix in KNOWN_CREDENTIAL_HOSTS.values():
+        return None
+    return prefix.replace("__", "_")
+
+
+def _renamed_credentials_notice(host: str, prefix: str) -> str | None:
+    """What to say when ``host``'s credentials are absent under ``prefix`` but set under its old-style prefix
+    (:func:`_legacy_env_prefix`): those are no longer sent to it (they name another host's variables now)."""
+    if os.environ.get(f"{prefix}_USERNAME") or os.environ.get(f"{prefix}_PASSWORD") is not None:
+        return None
+    legacy = _legacy_env_prefix(host)
+    if legacy is None or legacy == prefix:
+        return None
+    found = [name for name in (f"{legacy}_USERNAME", f"{legacy}_PASSWORD") if os.environ.get(name) is not None]
+    if not found:
+        return None
+    return (f"{'/'.join(found)} {'is' if len(found) == 1 else 'are'} set but no longer sent to {host}: a '-' in a "
+            f"host name now maps to '__' in its credential variables, so {host} reads {prefix}_USERNAME/"
+            f"{prefix}_PASSWORD (and {legacy}_* belong to the host {legacy.lower().replace('_', '.')} only). "
+            f"Rename the variables to {prefix}_USERNAME/{prefix}_PASSWORD")
 
 
 def _generic_host_matches(host: str) -> bool:
@@ -567,6 +597,12 @@ class URLTemplateSource:
         self._netrc_file = netrc_file
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self._auth, self.auth_origin = self._find_auth(auth, url_auth)
+        # old-style variables of a hyphenated host are never sent, but their owner is told what to set instead
+        self.renamed_credentials = (None if env_prefix or not self.env_prefix or self._auth is not None
+                                    else _renamed_credentials_notice(self.host, self.env_prefix))
+        if self.renamed_credentials and self.host not in _renamed_warned:
+            _renamed_warned.add(self.host)
+            logger.warning(self.renamed_credentials)
         if self._auth is not None:  # never written out, whatever a server echoes
             register_basic_auth(*self._auth)
         register_url(template)  # a ?token= in the template, too
@@ -636,6 +672,8 @@ class URLTemplateSource:
 
     def _auth_hint(self) -> str:
         names = f"{self.env_prefix}_USERNAME/{self.env_prefix}_PASSWORD" if self.env_prefix else "<PREFIX>_USERNAME/<PREFIX>_PASSWORD"
+        if self.renamed_credentials:
+            return f"{self.renamed_credentials}."
         if self._auth is None:
             return (
                 f"The server needs credentials and none were found: set {names} "

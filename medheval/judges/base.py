@@ -35,7 +35,7 @@ from medheval.judges.endpoints import (
     safe_base_url,
     user_approved,
 )
-from medheval.net.secrets import SHORT_MIN_LENGTH, redact, register_secrets, register_url
+from medheval.net.secrets import redact, register_secrets, register_url
 from medheval.judges.media import JudgeImage, to_judge_image
 from medheval.judges.structured import parse_json_object
 
@@ -251,7 +251,10 @@ class Judge:
         invalid_reply: str = "follow_up",
     ):
         self._secrets = tuple(s for s in secrets if s)
-        register_secrets(*self._secrets, min_length=SHORT_MIN_LENGTH)  # redacted from every output of the run (errors below included)
+        # redacted from every output of the run (errors below included); API keys and header values from 8
+        # characters, as a short one is a placeholder (OPENAI_API_KEY=EMPTY) whose word must stay in predictions;
+        # passwords (4+ characters, whole words) are registered where they are known to be passwords
+        register_secrets(*self._secrets)
         register_url(base_url)  # a password or ?key= in the base URL, too
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")

@@ -124,9 +124,16 @@ class HTTPJudge(Judge):
         self.deadline = deadline
         url, user, password = split_userinfo(base_url)
         query_secret = any(SECRET_NAME.search(item.partition("=")[0]) for item in urlsplit(url).query.split("&") if item)
-        if api_key or password or query_secret or carries_secret_header(headers):
+        # only credentials written into the spec reach this check: make_judge withholds a key from the
+        # environment from such a URL (medheval.judges.spec._env_key)
+        origins = [what for what, present in (
+            ("the API key written into the spec (api_key=)", bool(api_key)),
+            ("the password in the base URL (user:password@)", bool(password)),
+            ("a secret query parameter of the base URL", query_secret),
+            ("a credential header in the spec (headers=)", carries_secret_header(headers))) if present]
+        if origins:
             try:
-                check_plain_http(url, "the API key" if api_key else "credentials")
+                check_plain_http(url, " and ".join(origins))
             except ValueError as error:
                 raise JudgeError(str(error)) from None
         secrets = [s for s in (api_key, password) if s]

@@ -14,6 +14,7 @@ for a local server and the backend's default variable, not sent.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
@@ -27,6 +28,8 @@ _BACKENDS = {
     "anthropic": "anthropic", "claude": "anthropic", "transformers": "transformers", "hf": "transformers",
 }
 _DEFAULT_BASE = {"vllm": "http://localhost:8000/v1", "ollama": "http://localhost:11434/v1"}
+logger = logging.getLogger(__name__)
+_warned: set[str] = set()  # withheld-key warnings already given (once each per process)
 _KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 # the provider's own host, where its key from the environment may always go (azure: AZURE_OPENAI_ENDPOINT's host)
 _PROVIDER_URL = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
@@ -169,6 +172,9 @@ def make_judge(
         from medheval.judges.anthropic import AnthropicJudge as judge_class
     judge = judge_class(model, base_url=base_url, api_key=api_key, **settings)
     judge.key_withheld = withheld
+    if withheld and keys.plain_http_to_network(base_url or "") and withheld not in _warned:
+        _warned.add(withheld)
+        logger.warning(withheld)
     return judge
 
 
@@ -183,7 +189,9 @@ def _env_key(backend: str, base_url: str | None, api_key_env: Any) -> tuple[str 
 
     :class:`JudgeError` when ``api_key_env`` names no ``*_API_KEY`` variable or an unset one, or when the key
     would go to a host that is neither the provider's nor one the user named (:mod:`medheval.net.keys`);
-    the backend's default variable is simply not sent to a local server the user did not name."""
+    the backend's default variable is simply not sent to a local server the user did not name, and no key from
+    the environment is sent over plain ``http://`` to a host other than loopback, named or not (withheld, with
+    the reason as the second value)."""
     if api_key_env:
         try:
             keys.check_key_env_name(api_key_env)
@@ -196,10 +204,16 @@ def _env_key(backend: str, base_url: str | None, api_key_env: Any) -> tuple[str 
     url = base_url or _PROVIDER_URL.get(backend, "")
     if not api_key or not url:
         return api_key, None
+    entry = keys.host_entry(url)
+    if keys.plain_http_to_network(url):
+        # never in clear text across the network, whoever named the host: the request goes without it
+        origin = f"{env_name} (named by api_key_env)" if api_key_env else env_name
+        return None, (f"{origin} is set but was not sent to {entry}: a key from the environment never goes over "
+                      f"plain http to a host other than loopback; to send it, serve the endpoint over https:// "
+                      f"or reach it through an SSH tunnel to 127.0.0.1")
     host, _ = keys.host_and_port(url)
     if host in _provider_hosts(backend) or keys.host_named(url):
         return api_key, None
-    entry = keys.host_entry(url)
     allow = (f"name it on the command line (--judge / --model {backend}:MODEL@{_root(url)}, or "
              f"--api-key-host {entry}) or set {keys.KEY_HOSTS_ENV}={entry}")
     if not api_key_env and is_local_host(host):

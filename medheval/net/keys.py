@@ -12,7 +12,10 @@ A grid YAML, a ``metric_options`` judge dict or an annotation file never decides
 is not a host the user named. ``api_key_env`` must name a ``*_API_KEY`` variable (:func:`check_key_env_name`),
 so no config can pick ``HF_TOKEN`` or ``PHYSIONET_PASSWORD``. A key written in the spec itself (``api_key``, a
 header, a password in the URL) belongs to whoever wrote it and goes where they said, but never over plain
-``http://`` to a host other than loopback (:func:`check_plain_http`).
+``http://`` to a host other than loopback (:func:`check_plain_http`: an error naming where the key came from).
+A key from the environment is simply *withheld* from such a URL, whoever named the host (the request goes
+without it, and a warning says so once): a keyless vLLM on the LAN keeps working whatever ``OPENAI_API_KEY``
+holds; https or an SSH tunnel to 127.0.0.1 lets the key be sent.
 """
 
 from __future__ import annotations
@@ -105,15 +108,24 @@ def carries_secret_header(headers: dict | None) -> bool:
     return any(SECRET_NAME.search(str(name)) and value for name, value in (headers or {}).items())
 
 
+def plain_http_to_network(url: str) -> bool:
+    """Whether ``url`` is ``http://`` to a host other than loopback: what it carries crosses the network in clear."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        return False
+    return parts.scheme.lower() == "http" and not is_loopback_host(host)
+
+
 def check_plain_http(url: str, what: str) -> None:
     """``ValueError`` when ``url`` is ``http://`` to a host other than loopback: ``what`` (a key, a password)
     would cross the network in clear text."""
-    parts = urlsplit(url)
-    if parts.scheme.lower() == "http" and not is_loopback_host(parts.hostname):
+    if plain_http_to_network(url):
         raise ValueError(
             f"refusing to send {what} over plain http to {host_entry(url)!r}: anyone on the network path could "
             f"read it. Use https:// (or an SSH tunnel to 127.0.0.1)")
 
 
 __all__ = ["API_KEY_NAME", "KEY_HOSTS_ENV", "allow_key_hosts", "carries_secret_header", "check_key_env_name",
-           "check_plain_http", "host_and_port", "host_entry", "host_named", "named_key_hosts", "set_key_hosts"]
+           "check_plain_http", "host_and_port", "plain_http_to_network", "host_entry", "host_named", "named_key_hosts", "set_key_hosts"]

@@ -13,14 +13,17 @@ and tracebacks the CLI prints, log records. Each value is also removed in the fo
 and base64-encoded inside a longer base64 text (:func:`_base64_forms`: a token echoed in an encoded header or
 body).
 
-Length rule. A value known to be a password or key (a basic-auth or URL password, an ``api_key``, a judge's URL
-password, an environment variable named ``*PASSWORD`` / ``*PASSWD`` / ``*PASSPHRASE``) is registered from
-:data:`SHORT_MIN_LENGTH` (4) characters: one of 4 to 7 characters is removed only where it stands as a whole word
-(not inside a longer run of letters and digits), so a password ``Pw12`` is removed from ``user Pw12 refused`` but
-not from ``Pw123``. Values of 1 to 3 characters are never registered: removing them would mangle every log line,
-and no redaction protects a secret that short. Values only *named* like secrets (other environment variables,
-``extra_body`` fields, headers, query parameters) are registered from :data:`MIN_LENGTH` (8) characters, as such a
-name often holds a flag (``…_TOKEN=true``) rather than a secret.
+Length rule. Only a value known to be a *password* (a basic-auth or URL password, an environment variable named
+``*PASSWORD`` / ``*PASSWD`` / ``*PASSPHRASE``) is registered from :data:`SHORT_MIN_LENGTH` (4) characters: one
+of 4 to 7 characters is removed only where it stands as a whole word (not inside a longer run of letters and
+digits), so a password ``Pw12`` is removed from ``user Pw12 refused`` but not from ``Pw123``. API keys (``api_key``,
+``OPENAI_API_KEY`` …) and values only *named* like secrets (other environment variables, ``extra_body`` fields,
+headers, query parameters) are registered from :data:`MIN_LENGTH` (8) characters: a short "key" is a placeholder
+(``OPENAI_API_KEY=EMPTY`` for a keyless vLLM) or a flag (``…_TOKEN=true``), and removing it would corrupt every
+prediction and reference containing that word. Values of 1 to 3 characters are never registered, and neither is
+a known placeholder in any letter case (:data:`PLACEHOLDERS`: ``EMPTY``, ``none``, ``dummy``,
+``sk-no-key-required`` …) whatever its length: such a value is a common word, not a secret, so redacting it would
+blank that word in model outputs. A real key must not be an English word.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ SHORT_MIN_LENGTH = 4  # known passwords and keys (whole-word matches below MIN_L
 # environment variables whose value is a password whatever its length
 PASSWORD_NAME = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE)$", re.IGNORECASE)
 MASK = "***"
+# values that stand in for a key a server does not check: common words, never registered or redacted
+PLACEHOLDERS = frozenset({"empty", "none", "null", "nil", "dummy", "placeholder", "unused", "test", "token", "secret",
+                          "password", "changeme", "key", "apikey", "api-key", "api_key", "nokey", "no-key",
+                          "not-needed", "not_needed", "notneeded", "sk-no-key-required", "no-key-required",
+                          "ollama", "vllm", "lm-studio", "lmstudio", "local", "x", "xxx", "xxxx"})
 # names that mark a value as a secret (field names in extra_body, environment variables)
 SECRET_NAME = re.compile(r"key|token(?!s)|secret|pass(word|wd|phrase)?|pwd|auth|cookie|credential|signature|session",
                          re.IGNORECASE)
@@ -78,12 +86,18 @@ def _spellings(secret: str) -> set[str]:
             html.escape(secret, quote=False), quote(secret, safe=""), quote_plus(secret), *_base64_forms(secret)}
 
 
+def is_placeholder(value: str) -> bool:
+    """Whether ``value`` is a known stand-in for a key (:data:`PLACEHOLDERS`, any letter case), not a secret."""
+    return value.strip().casefold() in PLACEHOLDERS
+
+
 def register_secrets(*secrets: Any, min_length: int = MIN_LENGTH) -> None:
     """Remember secret values, so that :func:`redact` removes them from everything written or printed. Values
-    shorter than ``min_length`` (never below :data:`SHORT_MIN_LENGTH`) are skipped; pass
-    ``min_length=SHORT_MIN_LENGTH`` for a value known to be a password or key (see the module's length rule)."""
+    shorter than ``min_length`` (never below :data:`SHORT_MIN_LENGTH`) and placeholders (:func:`is_placeholder`) are
+    skipped; pass ``min_length=SHORT_MIN_LENGTH`` only for a value known to be a password, never for an API key
+    (see the module's length rule)."""
     floor = max(int(min_length), SHORT_MIN_LENGTH)
-    new = {str(s) for s in secrets if s is not None and len(str(s)) >= floor}
+    new = {str(s) for s in secrets if s is not None and len(str(s)) >= floor and not is_placeholder(str(s))}
     with _lock:
         if new <= _secrets:
             return
@@ -169,7 +183,8 @@ def register_environment(environ: Mapping[str, str] | None = None) -> None:
 
 
 def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
-    """``text`` with every registered secret, and ``secrets`` (from 4 characters), replaced by ``***`` in
+    """``text`` with every registered secret, and ``secrets`` (from :data:`MIN_LENGTH` characters, placeholders
+    excepted), replaced by ``***`` in
     each spelling and any letter case (longest first, so a secret containing another is removed whole); a
     registered value under :data:`MIN_LENGTH` characters only where it stands as a whole word."""
     if not text:
@@ -177,7 +192,8 @@ def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
     with _lock:
         forms = list(_forms)
         short = list(_short)
-    extra = sorted(set().union(*(_spellings(s) for s in secrets if s and len(s) >= 4)), key=len, reverse=True)
+    extra = sorted(set().union(*(_spellings(s) for s in secrets if s and len(s) >= MIN_LENGTH and not is_placeholder(s))),
+                   key=len, reverse=True)
     pairs = [(form, form.casefold()) for form in extra] + forms
     folded = text.casefold() if pairs else ""
     for form, folded_form in pairs:
@@ -246,5 +262,5 @@ def install_redacting_hooks() -> None:
 
 
 __all__ = ["install_redacting_hooks", "register_basic_auth", "MIN_LENGTH", "PASSWORD_NAME", "SHORT_MIN_LENGTH",
-           "URL_PATTERN", "NOT_SECRET_ENVIRONMENT", "PLAIN_HEADERS", "SECRET_NAME", "redact", "redact_data", "register_environment",
+           "URL_PATTERN", "NOT_SECRET_ENVIRONMENT", "PLACEHOLDERS", "is_placeholder", "PLAIN_HEADERS", "SECRET_NAME", "redact", "redact_data", "register_environment",
            "register_headers", "register_named", "register_secrets", "register_url", "register_urls_in"]
