@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Seque
 from tqdm.auto import tqdm
 
 from medheval.backends.base import Backend, BackendError
-from medheval.data.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
+from medheval.data.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark, split_id_prefixes
 from medheval.data.images import ImageDecodeError
 from medheval.run.control import Control, ControlError, check_control
 from medheval.run.distributed import group as process_group
@@ -473,10 +473,10 @@ def _check_options_used(spec: RunSpec, computed: set[str]) -> None:
 def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
     """Compare a predictions file's ids with the split; report mismatches clearly."""
     missing, extra = backend.check_against(loaded.dataset["id"])
-    prefix = f"{loaded.name}/{loaded.config}/"
+    prefixes = split_id_prefixes(loaded)
     known = set(loaded.all_ids or loaded.dataset["id"])
     # ids that look like this split's but name no record of it (typos, another release): counted, not dropped
-    unknown = [rid for rid in extra if rid.startswith(prefix) and rid not in known]
+    unknown = [rid for rid in extra if rid.startswith(prefixes) and rid not in known]
     if missing and not allow_missing:
         raise RunError(
             f"{len(missing)} record(s) of {loaded.name}:{loaded.config} have no prediction in {backend.path} "
@@ -522,9 +522,9 @@ def check_rescored_files(loaded: LoadedBenchmark, backend: Any, warnings: list[s
     change = run_provenance.files_changed(generated, scoring)
     if change is None:
         return
-    prefix = f"{loaded.name}/{loaded.config}/"
+    prefixes = split_id_prefixes(loaded)
     known = set(loaded.all_ids or loaded.dataset["id"])
-    gone = [rid for rid in backend.ids() if rid.startswith(prefix) and rid not in known]
+    gone = [rid for rid in backend.ids() if rid.startswith(prefixes) and rid not in known]
     asked = {row["id"]: (backend.prompts[row["id"]], [row["question"] or "", *(row["choices"] or [])])
              for row in loaded.dataset.select_columns(["id", "question", "choices"]).to_list()
              if row["id"] in backend.prompts}  # the records to score whose answer recorded its prompt
