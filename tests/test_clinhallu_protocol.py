@@ -219,6 +219,19 @@ def test_logs_of_the_first_procedure_are_read_but_not_resumed(loaded, tmp_path):
         ClinHalluRun(ScriptedModel(SCRIPT), None, prompt_set("own"), tmp_path, progress=False).generate(records)
 
 
+def test_an_old_run_file_without_traces_is_rewritten_so_the_folder_stays_resumable(loaded, tmp_path):
+    """A folder holding an old-format clinhallu_run.json (no procedure: read as procedure 1) and no trace:
+    the run writes its own settings there before its traces, so a resume after it is killed is not refused."""
+    records = _records(loaded, [EFF])
+    (tmp_path / RUN_INFO).write_text(json.dumps({"protocol": {"max_attempts": 3}, "prompts": {"version": "old"}}))
+    ClinHalluRun(ScriptedModel(SCRIPT), None, prompt_set("own"), tmp_path, progress=False).generate(records)
+    info = json.loads((tmp_path / RUN_INFO).read_text())  # as a run killed after its traces leaves it
+    assert info["procedure"] == PROCEDURE and info["prompts"]["version"] == prompt_set("own").version
+    model = ScriptedModel(SCRIPT)
+    ClinHalluRun(model, None, prompt_set("own"), tmp_path, progress=False).generate(records)  # resumed
+    assert model.calls == []
+
+
 def test_failed_judge_calls_are_none_and_counted(loaded, tmp_path):
     records = _records(loaded, [EFF])
 

@@ -280,7 +280,8 @@ class ClinHalluRun:
 
     def _check_resumable(self, has_entries: bool) -> None:
         """Refuse to add traces made with other settings to a folder's logs (``clinhallu_run.json``
-        names those of its traces); a folder without one gets it now, so a killed run is checked too."""
+        names those of its traces); a folder without one, or without traces (a file left by an earlier version
+        names no traces), gets it now with the current settings, so a killed run is checked too."""
         info_path = self.output_dir / RUN_INFO
         now = self._trace_settings()
         if has_entries and info_path.exists():
@@ -302,7 +303,7 @@ class ClinHalluRun:
                                  f"with the same settings (e.g. --max-new-tokens N / --benchmark-option "
                                  f"clinhallu.temperature=T, the same --seed, --mitigation, --control and prompts), or choose "
                                  f"another --output folder")
-        elif not info_path.exists():
+        elif not has_entries or not info_path.exists():
             atomic_write_text(info_path, json.dumps({"protocol": asdict(self.config), "prompts": {
                 "version": self.prompts.version}, "mitigation": now["mitigation"], "control": now["control"],
                 "procedure": PROCEDURE}, indent=2, sort_keys=True))
