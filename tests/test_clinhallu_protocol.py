@@ -232,6 +232,34 @@ def test_an_old_run_file_without_traces_is_rewritten_so_the_folder_stays_resumab
     assert model.calls == []
 
 
+def test_a_resume_under_other_judge_settings_is_refused(loaded, tmp_path):
+    """Each judgment records the judge that made it (judge_settings, backend, model): a resume that changes
+    clinhallu.judge_settings or the judge would mix judgments made under both, so it is refused."""
+    records = _records(loaded, [EFF])
+    with JudgeServer("openai", reply=_judge_reply) as server:
+        spec = f"openai:j@{server.base_url}"
+
+        def run(settings: str, model_spec: str = spec) -> dict:
+            judge = clinhallu_judge(model_spec, settings, cache_dir=False, progress=False)
+            return ClinHalluRun(ScriptedModel(SCRIPT), judge, prompt_set("own"), tmp_path, progress=False,
+                                images_for=loaded.resolver.load_record_images, judge_settings=settings).run(records)
+
+        run("own")
+        judged = read_log(tmp_path / JUDGMENTS, required=LOG_FIELDS)
+        assert {json.dumps(entry["judge"], sort_keys=True) for entry in judged} == {
+            json.dumps({"backend": "openai", "judge_settings": "own", "model": "j"}, sort_keys=True)}
+        assert json.loads((tmp_path / RUN_INFO).read_text())["judge_settings"] == "own"
+        sent = server.request_count
+        run("own")  # the same judge resumes
+        for settings, model_spec in (("upstream", spec), ("own", f"openai:other@{server.base_url}")):
+            with pytest.raises(ValueError, match=r"judgments made under other judge settings cannot be mixed\. "
+                                                 r"Resume with the same --judge and --benchmark-option "
+                                                 r"clinhallu\.judge_settings=own, or choose a new --output folder"):
+                run(settings, model_spec)
+        assert server.request_count == sent
+    assert read_log(tmp_path / JUDGMENTS, required=LOG_FIELDS) == judged
+
+
 def test_failed_judge_calls_are_none_and_counted(loaded, tmp_path):
     records = _records(loaded, [EFF])
 
