@@ -260,6 +260,35 @@ def test_a_resume_under_other_judge_settings_is_refused(loaded, tmp_path):
     assert read_log(tmp_path / JUDGMENTS, required=LOG_FIELDS) == judged
 
 
+def test_an_item_whose_image_fails_while_judging_is_said_to_be_skipped_while_judging(loaded, tmp_path):
+    """An image that decoded for the traces and not for the VR judge: the item is left out while judging, and
+    the warning says judging (a re-run judges it; its traces are kept), not generation."""
+    import dataclasses
+
+    from medheval.data.images import ImageDecodeError
+    from medheval.run.runner import record_skipped_undecodable
+
+    records = _records(loaded, [EFF, HEART])
+    calls = []
+
+    def images_for(record):
+        calls.append(record["id"])
+        if record["id"] == HEART and calls.count(HEART) > 1:  # after its traces were generated
+            raise ImageDecodeError("image file is truncated", "img.png", "vqa_rad")
+        return loaded.resolver.load_record_images(record)
+
+    with JudgeServer("openai", reply=_judge_reply) as server:
+        judge = clinhallu_judge(f"openai:j@{server.base_url}", cache_dir=False, progress=False)
+        result = ClinHalluRun(ScriptedModel(SCRIPT), judge, prompt_set("own"), tmp_path, progress=False,
+                              images_for=images_for, skip_undecodable=True).run(records)
+    assert result["skipped_judging"] == [HEART] and [r.record_id for r in result["skipped"]] == [HEART]
+    split, warnings = dataclasses.replace(loaded, skipped_undecodable_images=[]), []
+    record_skipped_undecodable(split, result["skipped"], warnings, during="judging")
+    assert "1 record(s) skipped during judging because an image did not decode" in warnings[0]
+    assert warnings[0].endswith("re-run the same command: it judges only the records left out (their answers "
+                                "are kept)")
+
+
 def test_failed_judge_calls_are_none_and_counted(loaded, tmp_path):
     records = _records(loaded, [EFF])
 

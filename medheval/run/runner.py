@@ -335,10 +335,15 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     return generated
 
 
+# what re-running the same command does for records skipped during a phase (a phase without: nothing to say)
+RESUMED_BY_PHASE = {"generation": ": it answers only the records left out",
+                    "judging": ": it judges only the records left out (their answers are kept)"}
+
+
 def record_skipped_undecodable(loaded: LoadedBenchmark, skipped: Sequence[SkippedRecord], warnings: list[str],
                                during: str = "generation") -> None:
-    """Count the records :func:`decode_records` skipped (during ``generation``, or ``scoring`` for a task that
-    generates nothing) for an image that did not decode with those the up-front check skipped
+    """Count the records :func:`decode_records` skipped (during ``generation``, ``judging`` for a task that judges
+    its generations (ClinHallu), or ``scoring`` for a task that generates nothing) for an image that did not decode with those the up-front check skipped
     (``loaded.skipped_undecodable_images``, once per record), take them out of the split (as an up-front skip
     does: ``n_records`` and the scores leave them out) and say so on the console and in results.
     Nothing is logged for them, so a resumed run tries them again and counts them again only if they
@@ -351,7 +356,7 @@ def record_skipped_undecodable(loaded: LoadedBenchmark, skipped: Sequence[Skippe
     gone = {record.record_id for record in new}
     loaded.dataset = loaded.dataset.select([index for index, rid in enumerate(loaded.dataset["id"]) if rid not in gone])
     first = new[0]
-    resumes = ": it answers only the records left out" if during == "generation" else ""
+    resumes = RESUMED_BY_PHASE.get(during, "")
     _warn(warnings, f"{loaded.name}:{loaded.config}: {len(new)} record(s) skipped during {during} because an "
                     f"image did not decode (--on-missing skip; counted in skipped_undecodable_images). First: "
                     f"{first.reason} Re-download or replace the file(s), then re-run the same command{resumes}")

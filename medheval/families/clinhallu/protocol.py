@@ -217,6 +217,7 @@ class ClinHalluRun:
     skip_undecodable: bool = False  # --on-missing skip: an item whose image does not decode is left out
     judge_settings: str = "own"  # clinhallu.judge_settings the judge was built with (clinhallu_judge)
     skipped: list[SkippedRecord] = field(default_factory=list, init=False)  # the items left out, in order
+    skipped_judging: set[str] = field(default_factory=set, init=False)  # of those, the ids left out while judging
 
     def __post_init__(self) -> None:
         check_backend(self.backend, self.config)
@@ -402,6 +403,7 @@ class ClinHalluRun:
         kept, decoded = self._decoded([by_id[rid] for rid in looking])
         images = {str(record["id"]): record_images for record, record_images in zip(kept, decoded)}
         gone = set(looking) - set(images)
+        self.skipped_judging |= gone
         entries = [entry for entry in entries if entry["id"] not in gone]
         requests: dict[tuple[str, str], list[JudgeRequest]] = {}
         for entry in entries:
@@ -447,7 +449,8 @@ class ClinHalluRun:
             "counts": run_counts(generations, judgments),
         }
         atomic_write_text(self.output_dir / RUN_INFO, json.dumps(info, indent=2, sort_keys=True, default=str))
-        return {"metric_inputs": inputs, "counts": info["counts"], "skipped": list(self.skipped)}
+        return {"metric_inputs": inputs, "counts": info["counts"], "skipped": list(self.skipped),
+                "skipped_judging": sorted(self.skipped_judging)}
 
 
 class _Job:

@@ -169,7 +169,10 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
                             control=control, skip_undecodable=getattr(spec, "on_missing", "error") == "skip",
                             judge_settings=judge_settings)
     result = protocol.run(records)
-    record_skipped_undecodable(loaded, result["skipped"], [] if warnings is None else warnings)
+    for during in ("generation", "judging"):  # an item left out while judging has its traces: a re-run judges it
+        record_skipped_undecodable(loaded, [record for record in result["skipped"] if during == (
+            "judging" if record.record_id in result["skipped_judging"] else "generation")],
+            [] if warnings is None else warnings, during=during)
     skipped = {record.record_id for record in result["skipped"]}
     write_clusters(folder, [record for record in records if str(record["id"]) not in skipped])
     after = len(read_log(folder / GENERATIONS, required=LOG_FIELDS))
