@@ -219,6 +219,76 @@ def test_logs_of_the_first_procedure_are_read_but_not_resumed(loaded, tmp_path):
         ClinHalluRun(ScriptedModel(SCRIPT), None, prompt_set("own"), tmp_path, progress=False).generate(records)
 
 
+def test_an_old_run_file_without_traces_is_rewritten_so_the_folder_stays_resumable(loaded, tmp_path):
+    """A folder holding an old-format clinhallu_run.json (no procedure: read as procedure 1) and no trace:
+    the run writes its own settings there before its traces, so a resume after it is killed is not refused."""
+    records = _records(loaded, [EFF])
+    (tmp_path / RUN_INFO).write_text(json.dumps({"protocol": {"max_attempts": 3}, "prompts": {"version": "old"}}))
+    ClinHalluRun(ScriptedModel(SCRIPT), None, prompt_set("own"), tmp_path, progress=False).generate(records)
+    info = json.loads((tmp_path / RUN_INFO).read_text())  # as a run killed after its traces leaves it
+    assert info["procedure"] == PROCEDURE and info["prompts"]["version"] == prompt_set("own").version
+    model = ScriptedModel(SCRIPT)
+    ClinHalluRun(model, None, prompt_set("own"), tmp_path, progress=False).generate(records)  # resumed
+    assert model.calls == []
+
+
+def test_a_resume_under_other_judge_settings_is_refused(loaded, tmp_path):
+    """Each judgment records the judge that made it (judge_settings, backend, model): a resume that changes
+    clinhallu.judge_settings or the judge would mix judgments made under both, so it is refused."""
+    records = _records(loaded, [EFF])
+    with JudgeServer("openai", reply=_judge_reply) as server:
+        spec = f"openai:j@{server.base_url}"
+
+        def run(settings: str, model_spec: str = spec) -> dict:
+            judge = clinhallu_judge(model_spec, settings, cache_dir=False, progress=False)
+            return ClinHalluRun(ScriptedModel(SCRIPT), judge, prompt_set("own"), tmp_path, progress=False,
+                                images_for=loaded.resolver.load_record_images, judge_settings=settings).run(records)
+
+        run("own")
+        judged = read_log(tmp_path / JUDGMENTS, required=LOG_FIELDS)
+        assert {json.dumps(entry["judge"], sort_keys=True) for entry in judged} == {
+            json.dumps({"backend": "openai", "judge_settings": "own", "model": "j"}, sort_keys=True)}
+        assert json.loads((tmp_path / RUN_INFO).read_text())["judge_settings"] == "own"
+        sent = server.request_count
+        run("own")  # the same judge resumes
+        for settings, model_spec in (("upstream", spec), ("own", f"openai:other@{server.base_url}")):
+            with pytest.raises(ValueError, match=r"judgments made under other judge settings cannot be mixed\. "
+                                                 r"Resume with the same --judge and --benchmark-option "
+                                                 r"clinhallu\.judge_settings=own, or choose a new --output folder"):
+                run(settings, model_spec)
+        assert server.request_count == sent
+    assert read_log(tmp_path / JUDGMENTS, required=LOG_FIELDS) == judged
+
+
+def test_an_item_whose_image_fails_while_judging_is_said_to_be_skipped_while_judging(loaded, tmp_path):
+    """An image that decoded for the traces and not for the VR judge: the item is left out while judging, and
+    the warning says judging (a re-run judges it; its traces are kept), not generation."""
+    import dataclasses
+
+    from medheval.data.images import ImageDecodeError
+    from medheval.run.runner import record_skipped_undecodable
+
+    records = _records(loaded, [EFF, HEART])
+    calls = []
+
+    def images_for(record):
+        calls.append(record["id"])
+        if record["id"] == HEART and calls.count(HEART) > 1:  # after its traces were generated
+            raise ImageDecodeError("image file is truncated", "img.png", "vqa_rad")
+        return loaded.resolver.load_record_images(record)
+
+    with JudgeServer("openai", reply=_judge_reply) as server:
+        judge = clinhallu_judge(f"openai:j@{server.base_url}", cache_dir=False, progress=False)
+        result = ClinHalluRun(ScriptedModel(SCRIPT), judge, prompt_set("own"), tmp_path, progress=False,
+                              images_for=images_for, skip_undecodable=True).run(records)
+    assert result["skipped_judging"] == [HEART] and [r.record_id for r in result["skipped"]] == [HEART]
+    split, warnings = dataclasses.replace(loaded, skipped_undecodable_images=[]), []
+    record_skipped_undecodable(split, result["skipped"], warnings, during="judging")
+    assert "1 record(s) skipped during judging because an image did not decode" in warnings[0]
+    assert warnings[0].endswith("re-run the same command: it judges only the records left out (their answers "
+                                "are kept)")
+
+
 def test_failed_judge_calls_are_none_and_counted(loaded, tmp_path):
     records = _records(loaded, [EFF])
 

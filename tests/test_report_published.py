@@ -353,11 +353,41 @@ def test_a_clinhallu_run_needs_clinhallus_scorer() -> None:
     scored with this project's denominators (--no-upstream-compat) is not comparable."""
     from medheval.report.published import Published, RunConditions
 
+    from medheval.families.clinhallu.prompts import UPSTREAM_VERSION
+    from medheval.families.clinhallu.protocol import PROCEDURE
+
     cell = Published("clinhallu", "4", "model average", "", "VQA-RAD", "Delta^V", 15.5, 1, "%")
-    scored = {"protocol": {"name": "clinhallu"}, "settings": {"model": "m"}, "benchmarks": {}}
-    assert RunConditions.of({**scored, "scoring": {"upstream_compat": True}}, []).reasons(cell) == []
-    assert RunConditions.of({**scored, "scoring": {"upstream_compat": False}}, []).reasons(cell) == [
+    run = {"procedure": PROCEDURE, "prompts": {"version": UPSTREAM_VERSION}}
+    scored = {"protocol": {"name": "clinhallu"}, "settings": {"model": "m"},
+              "benchmarks": {"clinhallu:vqa_rad": {"clinhallu_run": run}}}
+    split = ["clinhallu:vqa_rad"]
+    assert RunConditions.of({**scored, "scoring": {"upstream_compat": True}}, split).reasons(cell) == []
+    assert RunConditions.of({**scored, "scoring": {"upstream_compat": False}}, split).reasons(cell) == [
         "scored with this project's rules (paper: its released scorer; --upstream-compat)"]
+
+
+@pytest.mark.parametrize("run, reasons", [
+    ({"prompts": {"version": "clinhallu-upstream-0123abcd-v1"}},  # procedure 1 wrote no procedure
+     ["ClinHallu procedure 1 (the run predates procedure 2: every setting regenerated up to max_attempts, H^V "
+      "judged on the Rep-K trace)",
+      "ClinHallu prompts clinhallu-upstream-0123abcd-v1 (paper: {upstream}, --benchmark-option "
+      "clinhallu.prompts=upstream; an earlier version: the run predates it)"]),
+    ({"procedure": 2, "prompts": {"version": "clinhallu-own-v1"}},
+     ["ClinHallu prompts clinhallu-own-v1 (paper: {upstream}, --benchmark-option clinhallu.prompts=upstream; an "
+      "earlier version: the run predates it)"]),
+    (None, ["the run records no ClinHallu procedure or prompts (no clinhallu_run in results.json for the split)"]),
+], ids=["procedure_1", "own_prompts", "unrecorded"])
+def test_a_clinhallu_cell_needs_the_current_procedure_and_clinhallus_prompts(run, reasons) -> None:
+    """An old procedure-1 run under --protocol clinhallu --upstream-compat judged H^V on the ORG trace with
+    the v1 prompts: its ClinHallu cells are not comparable, and the reason says the run predates the change."""
+    from medheval.families.clinhallu.prompts import UPSTREAM_VERSION
+    from medheval.report.published import Published, RunConditions
+
+    cell = Published("clinhallu", "2", "m", "", "VQA-RAD", "H^V", 10.0, 1, "%")
+    results = {"protocol": {"name": "clinhallu"}, "settings": {"model": "m"}, "scoring": {"upstream_compat": True},
+               "benchmarks": {"clinhallu:vqa_rad": {} if run is None else {"clinhallu_run": run}}}
+    assert RunConditions.of(results, ["clinhallu:vqa_rad"]).reasons(cell) == [
+        reason.format(upstream=UPSTREAM_VERSION) for reason in reasons]
 
 
 @pytest.mark.parametrize("model, printed, reason", [

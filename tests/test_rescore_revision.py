@@ -206,3 +206,25 @@ def test_a_fresh_run_never_records_a_scoring_revision():
     run["settings"]["backend"] = {"backend": "predictions_file"}  # the same files read by a re-score: scoring only
     found = provenance.of_run(run)
     assert "dataset_revision" not in found and found["scoring_dataset_revision"][SPLIT]["sha256"]
+
+
+def test_answers_to_a_record_gone_from_a_member_of_an_all_config_are_refused(fixture_benchmark, tmp_path, capsys):
+    """``mm_vishal:all`` ids carry their member config (``mm_vishal/slake/0``): a SLAKE record deleted from the
+    files is still found among the answered ids, not waved through as "the answered ids … match them"."""
+    data = Path(fixture_benchmark["data_dir"])
+    roots = [arg for key, value in fixture_benchmark["image_roots"].items() for arg in ("--image-root", f"{key}={value}")]
+    assert main(["run", "--benchmark", "mm_vishal", "--model", "tiny-random-llava", "--output", str(tmp_path / "run"),
+                 "--max-new-tokens", "2", "--data-dir", str(data), *roots]) == 0
+    slake = "Visual_Misinterpretation_Hallucination/close-ended/fine-grained/slake_qa_pairs.json"
+    shutil.copytree(data, tmp_path / "data")
+    path = tmp_path / "data" / slake
+    records = json.loads(path.read_text())
+    gone = f"mm_vishal/slake/{records.pop(0)['qid']}"
+    path.write_text(json.dumps(records, indent=4) + "\n")
+    out = tmp_path / "out"
+    assert main(["run", "--benchmark", "mm_vishal", "--predictions", str(tmp_path / "run" / "predictions.jsonl"),
+                 "--output", str(out), "--data-dir", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    assert "error: mm_vishal:all: the annotation files differ from those the answers in" in err
+    assert f"1 answered record id(s) are not in them (first: ['{gone}'])" in err
+    assert not (out / "results.json").exists()

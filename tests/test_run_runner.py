@@ -583,3 +583,17 @@ def test_a_benchmark_typo_is_one_clean_line_and_leaves_no_folder(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith("error: unknown dataset 'mm_vishl'. Did you mean mm_vishal") and not err.startswith('error: "')
     assert not (tmp_path / "out").exists()
+
+
+def test_unknown_ids_of_an_all_config_are_counted_under_their_member_config(fixture_benchmark, tmp_path):
+    """``mm_vishal:all`` records carry their member config (``mm_vishal/slake/0``): an answered id of a member
+    that names no record is the split's unknown id, not another split's."""
+    ids = list(load_benchmark("mm_vishal", "all", data_dir=fixture_benchmark["data_dir"])["id"])
+    assert all(not rid.startswith("mm_vishal/all/") for rid in ids)
+    rows = [{"id": rid, "prediction": "no"} for rid in ids] + [{"id": "mm_vishal/slake/no-such-qid", "prediction": "no"}]
+    out = tmp_path / "o"
+    assert main(["run", "--benchmark", "mm_vishal", "--predictions", str(_write_jsonl(tmp_path / "p.jsonl", rows)),
+                 "--output", str(out), "--data-dir", fixture_benchmark["data_dir"]]) == 0
+    quality = json.loads((out / "results.json").read_text())["benchmarks"]["mm_vishal:all"]["data_quality"]
+    assert quality["n_unknown_prediction_ids"] == 1
+    assert quality["unknown_prediction_ids"] == ["mm_vishal/slake/no-such-qid"]

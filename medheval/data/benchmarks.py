@@ -79,6 +79,19 @@ def benchmark_configs(name: str) -> list[str]:
     return [config.name for config in builder_class(name).BUILDER_CONFIGS]
 
 
+def split_id_prefixes(loaded: LoadedBenchmark) -> tuple[str, ...]:
+    """The id prefixes ``benchmark/config/`` that answers to ``loaded``'s records carry (ids are
+    ``benchmark/config/upstream-id``, :func:`medheval.data.schema.make_id`). A config that gathers others
+    (``mm_vishal:all``) gives its records their member config (``mm_vishal/slake/0``): its prefixes are every
+    config of the benchmark, so an answered id of a member whose record is gone still counts as the split's."""
+    own = f"{loaded.name}/{loaded.config}/"
+    ids = loaded.all_ids or loaded.dataset["id"]
+    if all(rid.startswith(own) for rid in ids):
+        return (own,)
+    members = {"/".join(rid.split("/", 2)[:2]) + "/" for rid in ids}
+    return tuple(sorted(members | {f"{loaded.name}/{config}/" for config in benchmark_configs(loaded.name)}))
+
+
 def _resolve_config(name: str, config: str | None) -> str:
     cls = builder_class(name)
     names = [c.name for c in cls.BUILDER_CONFIGS]

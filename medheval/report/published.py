@@ -380,6 +380,7 @@ class RunConditions:
     chunked_tokens: bool = False
     revisions: tuple[str, ...] = ()  # OTHER_REVISIONS reasons of the splits read
     chair: dict[str, Any] = field(default_factory=dict)  # the chair metric's output of the splits read (no lists)
+    clinhallu: dict[str, Any] = field(default_factory=dict)  # procedure, prompt_version of the ClinHallu splits read
 
     @classmethod
     def of(cls, results: dict[str, Any], splits: Sequence[str]) -> "RunConditions":
@@ -409,7 +410,7 @@ class RunConditions:
                    grey_padding=bool(backend.get("grey_padding")),
                    chunked_tokens=backend.get("tokenization") == "upstream_chunked",
                    revisions=tuple(OTHER_REVISIONS[split][1] for split in splits if split in OTHER_REVISIONS),
-                   chair=_chair_output(entries))
+                   chair=_chair_output(entries), clinhallu=_clinhallu_procedure(entries))
 
     def reasons(self, record: Published) -> list[str]:
         """Why the run's figure is not comparable with ``record`` (empty: comparable)."""
@@ -433,6 +434,8 @@ class RunConditions:
                            "(the run predates it)")
             if _upstream_scored(wanted) and record.metric in CHAIR_METRICS:
                 out.extend(self._chair_reasons(record))
+            if record.paper == "clinhallu":
+                out.extend(self._clinhallu_reasons())
         out.extend(self.revisions)
         if self.random_weights:
             out.append("random weights")
@@ -465,6 +468,40 @@ class RunConditions:
                        "('Assistant:' character strip, reports under 10 characters replaced; the run predates it, "
                        "or chair.upstream_compat=false)")
         return out
+
+
+    def _clinhallu_reasons(self) -> list[str]:
+        """Why a ClinHallu cell under its protocol was not made as the paper's are: another procedure than the
+        current one (procedure 1 generated each Rep setting once and judged H^V on the ORG trace) or other
+        prompts than ClinHallu's at the current version (``prompts=upstream``; earlier versions differ in what
+        the judges see); a run that records neither predates them."""
+        from medheval.families.clinhallu.prompts import UPSTREAM_VERSION
+        from medheval.families.clinhallu.protocol import PROCEDURE
+
+        if not self.clinhallu:
+            return ["the run records no ClinHallu procedure or prompts (no clinhallu_run in results.json for the "
+                    "split)"]
+        out = []
+        procedure = self.clinhallu["procedure"]
+        if procedure != PROCEDURE:
+            out.append(f"ClinHallu procedure {procedure} (the run predates procedure {PROCEDURE}: every setting "
+                       f"regenerated up to max_attempts, H^V judged on the Rep-K trace)")
+        version = self.clinhallu.get("prompt_version")
+        if version != UPSTREAM_VERSION:
+            out.append(f"ClinHallu prompts {version or 'not recorded'} (paper: {UPSTREAM_VERSION}, "
+                       f"--benchmark-option clinhallu.prompts=upstream; an earlier version: the run predates it)")
+        return out
+
+
+def _clinhallu_procedure(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``procedure`` (absent from ``clinhallu_run.json`` before procedure 2: 1) and ``prompt_version`` of the
+    first ClinHallu split among ``entries`` (its ``clinhallu_run``); empty when none is ClinHallu's."""
+    for entry in entries:
+        info = entry.get("clinhallu_run")
+        if isinstance(info, dict):
+            prompts = info.get("prompts") if isinstance(info.get("prompts"), dict) else {}
+            return {"procedure": info.get("procedure", 1), "prompt_version": prompts.get("version")}
+    return {}
 
 
 def _chair_output(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Seque
 from tqdm.auto import tqdm
 
 from medheval.backends.base import Backend, BackendError
-from medheval.data.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark
+from medheval.data.benchmarks import LoadedBenchmark, parse_benchmark_spec, prepare_benchmark, split_id_prefixes
 from medheval.data.images import ImageDecodeError
 from medheval.run.control import Control, ControlError, check_control
 from medheval.run.distributed import group as process_group
@@ -335,10 +335,15 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
     return generated
 
 
+# what re-running the same command does for records skipped during a phase (a phase without: nothing to say)
+RESUMED_BY_PHASE = {"generation": ": it answers only the records left out",
+                    "judging": ": it judges only the records left out (their answers are kept)"}
+
+
 def record_skipped_undecodable(loaded: LoadedBenchmark, skipped: Sequence[SkippedRecord], warnings: list[str],
                                during: str = "generation") -> None:
-    """Count the records :func:`decode_records` skipped (during ``generation``, or ``scoring`` for a task that
-    generates nothing) for an image that did not decode with those the up-front check skipped
+    """Count the records :func:`decode_records` skipped (during ``generation``, ``judging`` for a task that judges
+    its generations (ClinHallu), or ``scoring`` for a task that generates nothing) for an image that did not decode with those the up-front check skipped
     (``loaded.skipped_undecodable_images``, once per record), take them out of the split (as an up-front skip
     does: ``n_records`` and the scores leave them out) and say so on the console and in results.
     Nothing is logged for them, so a resumed run tries them again and counts them again only if they
@@ -351,7 +356,7 @@ def record_skipped_undecodable(loaded: LoadedBenchmark, skipped: Sequence[Skippe
     gone = {record.record_id for record in new}
     loaded.dataset = loaded.dataset.select([index for index, rid in enumerate(loaded.dataset["id"]) if rid not in gone])
     first = new[0]
-    resumes = ": it answers only the records left out" if during == "generation" else ""
+    resumes = RESUMED_BY_PHASE.get(during, "")
     _warn(warnings, f"{loaded.name}:{loaded.config}: {len(new)} record(s) skipped during {during} because an "
                     f"image did not decode (--on-missing skip; counted in skipped_undecodable_images). First: "
                     f"{first.reason} Re-download or replace the file(s), then re-run the same command{resumes}")
@@ -473,10 +478,10 @@ def _check_options_used(spec: RunSpec, computed: set[str]) -> None:
 def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
     """Compare a predictions file's ids with the split; report mismatches clearly."""
     missing, extra = backend.check_against(loaded.dataset["id"])
-    prefix = f"{loaded.name}/{loaded.config}/"
+    prefixes = split_id_prefixes(loaded)
     known = set(loaded.all_ids or loaded.dataset["id"])
     # ids that look like this split's but name no record of it (typos, another release): counted, not dropped
-    unknown = [rid for rid in extra if rid.startswith(prefix) and rid not in known]
+    unknown = [rid for rid in extra if rid.startswith(prefixes) and rid not in known]
     if missing and not allow_missing:
         raise RunError(
             f"{len(missing)} record(s) of {loaded.name}:{loaded.config} have no prediction in {backend.path} "
@@ -522,9 +527,9 @@ def check_rescored_files(loaded: LoadedBenchmark, backend: Any, warnings: list[s
     change = run_provenance.files_changed(generated, scoring)
     if change is None:
         return
-    prefix = f"{loaded.name}/{loaded.config}/"
+    prefixes = split_id_prefixes(loaded)
     known = set(loaded.all_ids or loaded.dataset["id"])
-    gone = [rid for rid in backend.ids() if rid.startswith(prefix) and rid not in known]
+    gone = [rid for rid in backend.ids() if rid.startswith(prefixes) and rid not in known]
     asked = {row["id"]: (backend.prompts[row["id"]], [row["question"] or "", *(row["choices"] or [])])
              for row in loaded.dataset.select_columns(["id", "question", "choices"]).to_list()
              if row["id"] in backend.prompts}  # the records to score whose answer recorded its prompt

@@ -23,7 +23,8 @@ judge and three step judges, resumable per (item, setting).
    (H^V; images attached: the model's ORG VR it was given, unless its reply wrote the section again,
    the last non-empty one winning), KR written in Rep-V (H^K), reasoning written in Rep-VK (H^R).
    A stage with no text, or a judge call that failed, is ``None`` and counted. One line per
-   (item, setting) goes to ``clinhallu_judgments.jsonl``.
+   (item, setting) goes to ``clinhallu_judgments.jsonl``, with the judge that made it (``judge_settings``,
+   backend, model): a resume with another is refused, so no log mixes judgments of two judges.
 3. :func:`metric_inputs` turns both logs into the per-item columns of ``metrics/clinhallu``.
 
 Defaults from ClinHallu's ``configs/config.yaml`` (generation: temperature 0.7, top-p 0.9,
@@ -200,7 +201,8 @@ class ClinHalluRun:
     phase together (default ``4 * backend.batch_size``). An item whose image does not decode (a file cut
     short after a valid header) is an error naming it (``skip_undecodable=False``, ``--on-missing error``),
     or, with ``skip_undecodable``, left out of the generations, judgments and metric inputs and listed in
-    :attr:`skipped` (:func:`medheval.run.runner.decode_records`, the runner's own mechanism).
+    :attr:`skipped` (:func:`medheval.run.runner.decode_records`, the runner's own mechanism). Every judgment
+    line records the judge that made it (:meth:`_judge_identity`); a resume with another one is refused.
     """
 
     backend: Any
@@ -213,7 +215,9 @@ class ClinHalluRun:
     chunk_size: int | None = None
     control: Control = field(default_factory=Control)  # --control: the images the model sees instead
     skip_undecodable: bool = False  # --on-missing skip: an item whose image does not decode is left out
+    judge_settings: str = "own"  # clinhallu.judge_settings the judge was built with (clinhallu_judge)
     skipped: list[SkippedRecord] = field(default_factory=list, init=False)  # the items left out, in order
+    skipped_judging: set[str] = field(default_factory=set, init=False)  # of those, the ids left out while judging
 
     def __post_init__(self) -> None:
         check_backend(self.backend, self.config)
@@ -280,7 +284,8 @@ class ClinHalluRun:
 
     def _check_resumable(self, has_entries: bool) -> None:
         """Refuse to add traces made with other settings to a folder's logs (``clinhallu_run.json``
-        names those of its traces); a folder without one gets it now, so a killed run is checked too."""
+        names those of its traces); a folder without one, or without traces (a file left by an earlier version
+        names no traces), gets it now with the current settings, so a killed run is checked too."""
         info_path = self.output_dir / RUN_INFO
         now = self._trace_settings()
         if has_entries and info_path.exists():
@@ -302,7 +307,7 @@ class ClinHalluRun:
                                  f"with the same settings (e.g. --max-new-tokens N / --benchmark-option "
                                  f"clinhallu.temperature=T, the same --seed, --mitigation, --control and prompts), or choose "
                                  f"another --output folder")
-        elif not info_path.exists():
+        elif not has_entries or not info_path.exists():
             atomic_write_text(info_path, json.dumps({"protocol": asdict(self.config), "prompts": {
                 "version": self.prompts.version}, "mitigation": now["mitigation"], "control": now["control"],
                 "procedure": PROCEDURE}, indent=2, sort_keys=True))
@@ -357,6 +362,7 @@ class ClinHalluRun:
         (each chunk is logged before the next starts); returns all judgment entries of ``records``."""
         path = self.output_dir / JUDGMENTS
         done = _index(read_log(path, required=LOG_FIELDS))
+        self._check_same_judge(done.values())
         by_id = {str(r["id"]): r for r in records}
         pending = [e for e in generations if (e["id"], e["setting"]) not in done]
         with LogWriter(path) as log:
@@ -369,6 +375,26 @@ class ClinHalluRun:
         kept = set(by_id) - self._skipped_ids()
         return [entry for key, entry in done.items() if key[0] in kept]
 
+    def _judge_identity(self) -> dict[str, Any]:
+        """What decides a judgment besides its prompt: ``judge_settings`` (own | upstream request) and the judge's
+        backend and model (not its endpoint, concurrency or timeouts)."""
+        described = self.judge.describe() if callable(getattr(self.judge, "describe", None)) else {}
+        return {"judge_settings": self.judge_settings, "backend": described.get("backend"),
+                "model": described.get("model")}
+
+    def _check_same_judge(self, judged: Iterable[dict]) -> None:
+        """Refuse to add judgments to a log holding some made by another judge or judge settings (lines
+        written before the judge was recorded have none: not compared)."""
+        now = self._judge_identity()
+        before = {json.dumps(entry["judge"], sort_keys=True) for entry in judged if isinstance(entry.get("judge"), dict)}
+        other = sorted(text for text in before if json.loads(text) != now)
+        if other:
+            raise ValueError(f"{self.output_dir} holds ClinHallu judgments made by {', '.join(other)}, not "
+                             f"{json.dumps(now, sort_keys=True)}: judgments made under other judge settings cannot "
+                             f"be mixed. Resume with the same --judge and --benchmark-option "
+                             f"clinhallu.judge_settings={json.loads(other[0])['judge_settings']}, or choose a new "
+                             f"--output folder for this judge")
+
     def _judge_chunk(self, entries: Sequence[dict], by_id: Mapping[str, Mapping[str, Any]]) -> list[dict]:
         """Judge ``entries`` (the Visual Recognition judge, on Rep-K, sees the item's images, decoded here: an item
         whose image does not decode is skipped with all its entries, or an error: :meth:`_decoded`)."""
@@ -377,6 +403,7 @@ class ClinHalluRun:
         kept, decoded = self._decoded([by_id[rid] for rid in looking])
         images = {str(record["id"]): record_images for record, record_images in zip(kept, decoded)}
         gone = set(looking) - set(images)
+        self.skipped_judging |= gone
         entries = [entry for entry in entries if entry["id"] not in gone]
         requests: dict[tuple[str, str], list[JudgeRequest]] = {}
         for entry in entries:
@@ -386,8 +413,10 @@ class ClinHalluRun:
         flat = [request for group in requests.values() for request in group]
         results = {result.id: result for result in self.judge.run(flat)} if flat else {}
         out = []
+        identity = self._judge_identity()
         for entry in entries:
-            judged = {"id": entry["id"], "setting": entry["setting"], "answer_correct": None, "steps": {}}
+            judged = {"id": entry["id"], "setting": entry["setting"], "answer_correct": None, "steps": {},
+                      "judge": identity}
             for request in requests[(entry["id"], entry["setting"])]:
                 result = results[request.id]
                 if request.metadata["kind"] == "answer":
@@ -416,10 +445,12 @@ class ClinHalluRun:
             "prompts": self.prompts.describe(),
             "backend": self.backend.settings() if callable(getattr(self.backend, "settings", None)) else {},
             "judge": self.judge.describe() if callable(getattr(self.judge, "describe", None)) else {},
+            "judge_settings": self.judge_settings,
             "counts": run_counts(generations, judgments),
         }
         atomic_write_text(self.output_dir / RUN_INFO, json.dumps(info, indent=2, sort_keys=True, default=str))
-        return {"metric_inputs": inputs, "counts": info["counts"], "skipped": list(self.skipped)}
+        return {"metric_inputs": inputs, "counts": info["counts"], "skipped": list(self.skipped),
+                "skipped_judging": sorted(self.skipped_judging)}
 
 
 class _Job:

@@ -156,7 +156,8 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     judge_options: dict[str, Any] = {}
     if spec.allow_remote_credentialed:
         judge_options["allow_remote_credentialed"] = list(spec.allow_remote_credentialed)
-    judge = clinhallu_judge(spec.judge, run_options.get("judge_settings", "own"), **judge_options)
+    judge_settings = run_options.get("judge_settings", "own")
+    judge = clinhallu_judge(spec.judge, judge_settings, **judge_options)
     records = loaded.dataset.to_list()
     before = len(read_log(folder / GENERATIONS, required=LOG_FIELDS)) if (folder / GENERATIONS).exists() else 0
     # ClinHallu's sampling (temperature 0.7, top-p 0.9) unless the run options say otherwise; the trace
@@ -165,9 +166,13 @@ def run_split(loaded: Any, backend: Any, spec: Any, output: Path,
     images_for = loaded.resolver.load_record_images if loaded.resolver else None
     control = getattr(spec, "image_control", None) or Control()  # --control (medheval.run.control)
     protocol = ClinHalluRun(backend, judge, prompt_set(style, spec.data_dir), folder, config, images_for=images_for,
-                            control=control, skip_undecodable=getattr(spec, "on_missing", "error") == "skip")
+                            control=control, skip_undecodable=getattr(spec, "on_missing", "error") == "skip",
+                            judge_settings=judge_settings)
     result = protocol.run(records)
-    record_skipped_undecodable(loaded, result["skipped"], [] if warnings is None else warnings)
+    for during in ("generation", "judging"):  # an item left out while judging has its traces: a re-run judges it
+        record_skipped_undecodable(loaded, [record for record in result["skipped"] if during == (
+            "judging" if record.record_id in result["skipped_judging"] else "generation")],
+            [] if warnings is None else warnings, during=during)
     skipped = {record.record_id for record in result["skipped"]}
     write_clusters(folder, [record for record in records if str(record["id"]) not in skipped])
     after = len(read_log(folder / GENERATIONS, required=LOG_FIELDS))
