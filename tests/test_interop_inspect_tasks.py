@@ -219,7 +219,7 @@ def test_a_credentialed_split_needs_the_allow_credentialed_task_arg(fixture_benc
 
     monkeypatch.delenv("MEDHEVAL_ALLOW_CREDENTIALED", raising=False)
     args = {"data_dir": fixture_benchmark["data_dir"], "image_root": _image_root(fixture_benchmark)}
-    with pytest.raises(CredentialedDataError, match=r"cxr_vishal:mimic_cxr: refusing .*data use agreement.*"
+    with pytest.raises(CredentialedDataError, match=r"(?s)cxr_vishal:mimic_cxr: refusing .*data use agreement.*"
                                                     r"-T allow_credentialed=true"):
         split_task("cxr_vishal", "mimic_cxr", **args)
     assert split_task("cxr_vishal", "mimic_cxr", allow_credentialed="true", **args).metadata["allow_credentialed"]
