@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from urllib.parse import urlsplit
+from typing import Callable
 
 _PRIVATE_NETWORKS = tuple(
     ipaddress.ip_network(net)
@@ -40,15 +41,21 @@ def resolves_to_loopback(name: str) -> bool:
     return bool(addresses) and all(a is not None and a.is_loopback for a in addresses)
 
 
-def is_local_host(host: str | None) -> bool:
-    """True for localhost, loopback and private-range IP literals (see the module docstring)."""
+def _classify(host: str | None, accept: Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address], bool]) -> bool:
+    """``localhost`` / ``*.localhost``: whether it resolves to loopback only; an IP literal: ``accept(address)``;
+    any other name (or none): False."""
     if not host:
         return False
     host = host.strip().lower().strip("[]").rstrip(".")
     if host == "localhost" or host.endswith(".localhost"):
         return resolves_to_loopback(host)
     address = _ip_literal(host)
-    return address is not None and any(address in net for net in _PRIVATE_NETWORKS)
+    return address is not None and accept(address)
+
+
+def is_local_host(host: str | None) -> bool:
+    """True for localhost, loopback and private-range IP literals (see the module docstring)."""
+    return _classify(host, lambda address: any(address in net for net in _PRIVATE_NETWORKS))
 
 
 def is_local_url(url: str | None) -> bool:
@@ -58,13 +65,7 @@ def is_local_url(url: str | None) -> bool:
 def is_loopback_host(host: str | None) -> bool:
     """True for loopback IP literals (127.0.0.0/8, ::1) and ``localhost`` / ``*.localhost`` resolving to loopback
     only: traffic that never leaves the machine (unlike :func:`is_local_host`, which admits private ranges)."""
-    if not host:
-        return False
-    host = host.strip().lower().strip("[]").rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
-        return resolves_to_loopback(host)
-    address = _ip_literal(host)
-    return address is not None and address.is_loopback
+    return _classify(host, lambda address: address.is_loopback)
 
 
 __all__ = ["is_local_host", "is_local_url", "is_loopback_host", "resolves_to_loopback"]
