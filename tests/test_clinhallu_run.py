@@ -173,7 +173,7 @@ def test_the_protocols_inputs_are_checked_before_the_model_loads(snapshot, tmp_p
     from medheval.run.grids import load_grid_config, run_config
     from medheval.run.protocol import RunError
 
-    monkeypatch.delenv(CODE_DIR_ENV)
+    monkeypatch.delenv(CODE_DIR_ENV, raising=False)
     grid = tmp_path / "grid.yaml"
     grid.write_text(json.dumps({"output": str(tmp_path / "g"), "protocol": "clinhallu", "models": ["tiny-random-llava"],
                                 "benchmarks": ["clinhallu:vqa_rad"], "data_dir": snapshot["data_dir"],

@@ -475,8 +475,8 @@ class RunConditions:
         current one (procedure 1 generated each Rep setting once and judged H^V on the ORG trace) or other
         prompts than ClinHallu's at the current version (``prompts=upstream``; earlier versions differ in what
         the judges see); a run that records neither predates them."""
-        from medheval.families.clinhallu.prompts import UPSTREAM_VERSION
-        from medheval.families.clinhallu.protocol import PROCEDURE
+        from medheval.run.paper_protocols.others import CLINHALLU_PROCEDURE as PROCEDURE
+        from medheval.run.paper_protocols.others import CLINHALLU_PROMPTS_VERSION as UPSTREAM_VERSION
 
         if not self.clinhallu:
             return ["the run records no ClinHallu procedure or prompts (no clinhallu_run in results.json for the "

@@ -30,15 +30,15 @@ from typing import Any, Mapping
 
 from medheval.families.clinhallu.trace import STAGES, render_stages
 from medheval.data.fetch import AnnotationUnavailable, FetchedFile, PinnedFile, default_cache_dir, fetch
+from medheval.run.paper_protocols.others import CLINHALLU_COMMIT, CLINHALLU_PROMPTS_VERSION
 from medheval.run.prompts import OPTION_LETTERS
 
 STYLES = ("own", "upstream")
 SETTINGS = ("org", "rep_v", "rep_k", "rep_vk")
 OWN_VERSION = "clinhallu-own-v1"
 
-UPSTREAM_COMMIT = "560e3ff5203180dab70a0783ef9d313c7401b8ce"
-# v2: the answer judge sees the bare question, and the support-context fallback is the step-judge script's
-UPSTREAM_VERSION = f"clinhallu-upstream-{UPSTREAM_COMMIT[:8]}-v2"
+UPSTREAM_COMMIT = CLINHALLU_COMMIT
+UPSTREAM_VERSION = CLINHALLU_PROMPTS_VERSION  # its history: medheval.run.paper_protocols.others
 UPSTREAM_REPO = "https://github.com/alibaba-damo-academy/ClinHallu"
 UPSTREAM_BASE = f"https://raw.githubusercontent.com/alibaba-damo-academy/ClinHallu/{UPSTREAM_COMMIT}"
 CODE_DIR_ENV = "MEDHEVAL_CLINHALLU_CODE"  # a local copy of the ClinHallu repository at UPSTREAM_COMMIT

@@ -55,6 +55,7 @@ from medheval.families.clinhallu.trace import STAGES, parse_trace
 from medheval.judges import JudgeRequest, make_judge
 from medheval.run.control import Control
 from medheval.run.outputs import atomic_write_text
+from medheval.run.paper_protocols.others import CLINHALLU_PROCEDURE
 from medheval.run.predictions_log import LogWriter, read_log
 from medheval.run.runner import SkippedRecord, decode_records
 
@@ -65,9 +66,9 @@ RUN_INFO = "clinhallu_run.json"
 # which stage of which setting's trace each rate judges (ClinHallu's Table 2, read from the replace runs)
 JUDGED_STAGE = {"rep_k": "visual_recognition", "rep_v": "knowledge_recall", "rep_vk": "reasoning"}
 RATE_OF_SETTING = {"rep_k": "h_v", "rep_v": "h_k", "rep_vk": "h_r"}
-# what a folder's logs were made by: 1 = Rep settings generated once, H^V judged on the ORG trace (absent from
-# clinhallu_run.json before it was recorded); 2 = max_attempts in every setting, H^V judged on the Rep-K trace
-PROCEDURE = 2
+# what a folder's logs were made by (clinhallu_run.json; absent before it was recorded: 1): see
+# medheval.run.paper_protocols.others.CLINHALLU_PROCEDURE
+PROCEDURE = CLINHALLU_PROCEDURE
 # generation phases of a chunk: Rep-K needs the ORG VR; Rep-V and Rep-VK need only the gold stages
 PHASES = (("org",), ("rep_v", "rep_vk"), ("rep_k",))
 CHUNK_BATCHES = 4  # default chunk: this many backend batches of items

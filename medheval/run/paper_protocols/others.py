@@ -19,6 +19,12 @@ from medheval.run.paper_protocols.base import PaperProtocol
 from medheval.run.prompts import build_prompt
 
 CLINHALLU_COMMIT = "560e3ff5203180dab70a0783ef9d313c7401b8ce"
+# what the paper's ClinHallu numbers need (medheval.families.clinhallu reads these; the report checks a run's):
+# procedure 2 = every setting regenerated up to max_attempts, H^V judged on the Rep-K trace (1: Rep settings
+# generated once, H^V judged on the ORG trace); the upstream prompt set's version (v2: the answer judge sees the
+# bare question, the support-context fallback is the step-judge script's)
+CLINHALLU_PROCEDURE = 2
+CLINHALLU_PROMPTS_VERSION = f"clinhallu-upstream-{CLINHALLU_COMMIT[:8]}-v2"
 _LENGTHS = {name: dict(values) for name, values in BUILTIN_BY_ANSWER_TYPE.items()}
 
 
