@@ -111,3 +111,14 @@ def write_clinhallu_run(folder: Path, table: list[tuple], mitigation: str = "non
     (folder / "results.json").write_text(json.dumps(results))
     (folder / "scored.jsonl").write_text("")
     return folder
+
+
+def export_results_json(tmp_path: Path, results: dict[str, Any], model_repo: str) -> Any:
+    """``results`` written as ``<tmp_path>/run/results.json`` and exported for ``model_repo`` as ``medheval
+    publish --results`` does (into ``<tmp_path>/out``): the publish guard's tests' run folder."""
+    from medheval.publish import hub
+
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    (run / "results.json").write_text(json.dumps(results))
+    return hub.export_results(run, tmp_path / "out", model_repo)

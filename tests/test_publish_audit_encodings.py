@@ -22,6 +22,7 @@ import pytest
 
 from medheval.data.credentialed import CredentialedImageError
 from medheval.publish import content_scan, hub, meta_check, results_check
+from report_runs import export_results_json
 
 
 def _jpeg(size: int = 96) -> bytes:
@@ -47,10 +48,7 @@ def _results(made_with: dict) -> dict:
 
 
 def _export(tmp_path: Path, results: dict) -> hub.RepoFolder:
-    run = tmp_path / "run"
-    run.mkdir(exist_ok=True)
-    (run / "results.json").write_text(json.dumps(results))
-    return hub.export_results(run, tmp_path / "out", "org/model")
+    return export_results_json(tmp_path, results, "org/model")
 
 
 def _chunks(text: str, size: int, prefix: str) -> dict[str, str]:

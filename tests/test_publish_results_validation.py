@@ -19,6 +19,7 @@ from medheval.backends.predictions import PredictionsFileBackend
 from medheval.publish import hub, results_check
 from medheval.run.control import CONTROLS, ControlError, cell_slug, control_slug
 from medheval.run.grid_plan import cell_folder
+from report_runs import export_results_json
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -42,10 +43,7 @@ def _results() -> dict:
 
 
 def _export(tmp_path: Path, results: dict) -> hub.RepoFolder:
-    run = tmp_path / "run"
-    run.mkdir(exist_ok=True)
-    (run / "results.json").write_text(json.dumps(results))
-    return hub.export_results(run, tmp_path / "out", "org/m")
+    return export_results_json(tmp_path, results, "org/m")
 
 
 def test_valid_results_publish_with_the_control_and_mitigation_in_the_name(tmp_path):
