@@ -187,7 +187,6 @@ def prepare_benchmark(
     return loaded
 
 
-_MIMIC_SHAPED = r"(^|/)[0-9a-f]{8}(-[0-9a-f]{8}){4}\.jpg$"  # looks_credentialed, in Arrow's regex syntax
 
 
 def check_references(dataset: datasets.Dataset, split: str) -> None:
@@ -198,7 +197,7 @@ def check_references(dataset: datasets.Dataset, split: str) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from medheval.data.images import REFERENCE_PATTERNS, looks_credentialed, reference_problem
+    from medheval.data.images import DICOM_ID_PATTERN, REFERENCE_PATTERNS, looks_credentialed, reference_problem
     from medheval.data.schema import record_credentialed
 
     if not len(dataset) or "images" not in dataset.column_names:
@@ -207,16 +206,20 @@ def check_references(dataset: datasets.Dataset, split: str) -> None:
     images = table.column("images").combine_chunks()
     refs, rows = pc.list_flatten(images), pc.list_parent_indices(images)
     sources = table.column("source").take(rows)
-    chosen = pc.or_(pc.fill_null(pc.is_in(sources, value_set=pa.array(sorted(REFERENCE_PATTERNS))), False),
-                    pc.fill_null(pc.match_substring_regex(refs, _MIMIC_SHAPED), False))
+    mimic_shaped = rf"(^|/){DICOM_ID_PATTERN}\.jpg$"  # looks_credentialed, in Arrow's regex syntax
+    chosen = pc.indices_nonzero(pc.or_(
+        pc.fill_null(pc.is_in(sources, value_set=pa.array(sorted(REFERENCE_PATTERNS))), False),
+        pc.fill_null(pc.match_substring_regex(refs, mimic_shaped), False)))
+    credentialed_rows: dict[int, bool] = {}  # a record's meta decoded once, whatever its number of images
     bad = []
-    for at in pc.indices_nonzero(chosen).to_pylist():
-        ref, source, row = refs[at].as_py(), str(sources[at].as_py() or ""), rows[at].as_py()
-        credentialed = True
+    for ref, source, row in zip(*(column.take(chosen).to_pylist() for column in (refs, sources, rows))):
+        source, credentialed = str(source or ""), True
         if looks_credentialed(ref):  # only then the record's meta.credentialed matters
-            meta = table.column("meta")[row].as_py() if "meta" in table.column_names else None
-            meta = json.loads(meta) if isinstance(meta, str) else meta  # a Json() column holds JSON text
-            credentialed = record_credentialed({"source": source, "meta": meta})
+            if row not in credentialed_rows:
+                meta = table.column("meta")[row].as_py() if "meta" in table.column_names else None
+                meta = json.loads(meta) if isinstance(meta, str) else meta  # a Json() column holds JSON text
+                credentialed_rows[row] = record_credentialed({"source": source, "meta": meta})
+            credentialed = credentialed_rows[row]
         problem = reference_problem(source, ref, credentialed)
         if problem:
             bad.append(f"{table.column('id')[row].as_py()} (source {source!r}): image {ref!r} {problem}")

@@ -76,6 +76,10 @@ __all__ = [
 
 # --------------------------------------------------------------------------- references
 
+# a MIMIC-CXR DICOM id (the stem of a MIMIC-CXR-JPG file name), as a pattern text: every MIMIC-shaped check builds
+# on it (here, Arrow's in medheval.data.benchmarks, the publish guard's, Med-HallMark's)
+DICOM_ID_PATTERN = r"[0-9a-f]{8}(?:-[0-9a-f]{8}){4}"
+
 REFERENCE_PATTERNS: dict[str, re.Pattern[str]] = {
     # SLAKE imgs/ folder
     "slake": re.compile(r"xmlab\d+/source\.jpg"),
@@ -85,7 +89,7 @@ REFERENCE_PATTERNS: dict[str, re.Pattern[str]] = {
     "iu_xray": re.compile(r"CXR\d+_IM-\d{4}(?:-\d+)*/\d+\.png"),
     # MIMIC-CXR-JPG files/ folder: p<first two digits of subject>/p<subject>/s<study>/<dicom_id>.jpg,
     # or a bare <dicom_id>.jpg (Med-HallMark; see MimicDicomSource)
-    "mimic_cxr": re.compile(r"(?:p(\d{2})/p\1\d{6}/s\d{8}/)?[0-9a-f]{8}(?:-[0-9a-f]{8}){4}\.jpg"),
+    "mimic_cxr": re.compile(rf"(?:p(\d{{2}})/p\1\d{{6}}/s\d{{8}}/)?{DICOM_ID_PATTERN}\.jpg"),
 }
 
 # Where each known source's references are relative to (used in error hints).
@@ -1018,7 +1022,7 @@ def _extracted_roots(folder: Path | None) -> list[Path]:
     return roots
 
 
-_BARE_DICOM = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{8}){4}\.jpg")
+_BARE_DICOM = re.compile(rf"{DICOM_ID_PATTERN}\.jpg")
 
 
 class MimicDicomSource:

@@ -49,6 +49,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
+from medheval.data.images import DICOM_ID_PATTERN
 from medheval.publish.content_scan import netpbm_header, text_kind
 from medheval.publish.meta_check import MetaError, publishable_meta
 from medheval.publish.results_check import ResultsError, check_results, check_size, publishable_made_with
@@ -90,7 +91,7 @@ REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 # MIMIC-CXR-JPG's layout (files/p<XX>/p<subject>/s<study>/<dicom_id>.jpg) and its dicom ids, as
 # medheval.data.images reads them; a file named so is a MIMIC-CXR file, whatever its content
 MIMIC_PATH = re.compile(r"(?:^|/)p\d{2}/p\d{6,10}/s\d{6,10}(?:/|$)", re.IGNORECASE)
-DICOM_ID = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{8}){4}", re.IGNORECASE)
+DICOM_ID = re.compile(DICOM_ID_PATTERN, re.IGNORECASE)
 
 
 credentialed_source = is_credentialed  # a source value in any spelling (medheval.data.schema)

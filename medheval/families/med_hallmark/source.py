@@ -33,6 +33,7 @@ from medheval.data.fetch import PinnedFile, fetch
 from medheval.data.builders import read_json_records, text_field
 from medheval.scoring.parsing import parse_yes_no
 from medheval.data.schema import is_credentialed, make_id
+from medheval.data.images import DICOM_ID_PATTERN
 
 BENCHMARK = "med_hallmark"
 COMMIT = "1eb83d8503e9a81b18bb6cf116316fe2c19a81a9"
@@ -66,7 +67,7 @@ _LABEL_LEVELS = ("catastrophic", "critical", "attribute", "prompt_induced", "min
 _FIELD_BLOCK = re.compile(
     r"question: (?P<question>.*?)\nMed-VLM answer: (?P<response>.*?)(?:\nground-truth: (?P<reference>.*))?", re.S
 )
-_DICOM = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{8}){4}\.jpg")
+_DICOM = re.compile(rf"{DICOM_ID_PATTERN}\.jpg")
 
 
 # --------------------------------------------------------------------------- prompt records
