@@ -143,7 +143,7 @@ def make_judge(
             f"{sorted(_JUDGE_OPTIONS | _BACKEND_OPTIONS[backend] | _SPEC_KEYS - {'backend', 'model'})}"
         )
     model = fields["model"]
-    base_url = fields["base_url"] or _DEFAULT_BASE.get(alias)
+    base_url = _base_url(alias, backend, fields["base_url"])
     api_key = settings.pop("api_key", None)
     api_key_env = settings.pop("api_key_env", None)
 
@@ -154,8 +154,6 @@ def make_judge(
 
         return TransformersJudge(model, **settings)
 
-    if backend == "azure" and not base_url:
-        base_url = os.environ.get("AZURE_OPENAI_ENDPOINT") or None
     withheld = None
     if not api_key:
         api_key, withheld = _env_key(backend, base_url, api_key_env)
@@ -247,10 +245,17 @@ def check_key_destination(spec: Any) -> None:
     backend = _BACKENDS.get(fields["backend"])
     if backend in (None, "transformers"):
         return
-    base_url = fields["base_url"] or _DEFAULT_BASE.get(fields["backend"])
+    _env_key(backend, _base_url(fields["backend"], backend, fields["base_url"]),
+             spec.get("api_key_env") if isinstance(spec, dict) else None)
+
+
+def _base_url(alias: str, backend: str, given: str | None) -> str | None:
+    """The endpoint a judge of ``alias`` (canonical ``backend``) talks to: the one given, the alias's default
+    (a local vLLM or Ollama), or for Azure ``$AZURE_OPENAI_ENDPOINT``; ``None``: the provider's own."""
+    base_url = given or _DEFAULT_BASE.get(alias)
     if backend == "azure" and not base_url:
         base_url = os.environ.get("AZURE_OPENAI_ENDPOINT") or None
-    _env_key(backend, base_url, spec.get("api_key_env") if isinstance(spec, dict) else None)
+    return base_url
 
 
 def backend_of(spec: str | dict | Judge) -> str:
