@@ -248,7 +248,7 @@ def test_upstream_files_are_found_by_env_then_data_dir_with_a_clear_error(tmp_pa
     with pytest.raises(AnnotationUnavailable) as error:
         P.prompt_set("upstream", data_dir=UPSTREAM)  # the variable, when set, is the only place looked in
     message = str(error.value)
-    assert "'prompts/cot_generation.py' is not in" in message and f"${P.CODE_DIR_ENV}" in message
+    assert f"'prompts/cot_generation.py' is not available (not in ${P.CODE_DIR_ENV}={tmp_path / 'empty'}" in message
     assert str(tmp_path / "empty" / "prompts" / "cot_generation.py") in message
     assert f"git -C <folder> checkout {P.UPSTREAM_COMMIT[:8]}" in message and "clinhallu.prompts=own" in message
     monkeypatch.delenv(P.CODE_DIR_ENV)
@@ -261,3 +261,4 @@ def test_upstream_files_are_found_by_env_then_data_dir_with_a_clear_error(tmp_pa
     assert f"${P.CODE_DIR_ENV} (not set)" in message
     assert str(tmp_path / "hub_snapshot" / "prompts" / "cot_generation.py") + " (the data folder: absent)" in message
     assert f"the cache {tmp_path / 'cache' / 'annotations'}" in message and "--protocol clinhallu" in message
+
