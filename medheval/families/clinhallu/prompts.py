@@ -23,6 +23,7 @@ in both styles so replies are read one way).
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -305,7 +306,8 @@ def upstream_file(pinned: PinnedFile, data_dir: str | Path | None = None,
 def upstream_prompts(data_dir: str | Path | None = None, cache_dir: str | Path | None = None) -> PromptSet:
     """ClinHallu's own constants from the pinned files (:func:`upstream_file` says where they are looked for:
     ``$MEDHEVAL_CLINHALLU_CODE``, ``data_dir``, the cache, a download). A file whose sha256 differs from the pin
-    is refused: these prompts are only worth using verbatim."""
+    is refused: these prompts are only worth using verbatim. The files are located on every call, and parsed
+    once per location (:func:`_upstream_texts`)."""
     fetched: dict[str, FetchedFile] = {}
     for name, pinned in UPSTREAM_FILES.items():
         item = upstream_file(pinned, data_dir=data_dir, cache_dir=cache_dir)
@@ -315,17 +317,26 @@ def upstream_prompts(data_dir: str | Path | None = None, cache_dir: str | Path |
                 f"{UPSTREAM_COMMIT[:8]}); use the file from that commit ({pinned.url}) or style='own'"
             )
         fetched[name] = item
-    constants = {name: read_string_constants(item.path) for name, item in fetched.items()}
-    values = {}
-    for slot, (name, constant) in UPSTREAM_NAMES.items():
-        if constant not in constants[name]:
-            raise ValueError(f"{fetched[name].path}: no string constant {constant}")
-        values[slot] = constants[name][constant]
-    script, function = SUPPORT_FALLBACK
+    texts = _upstream_texts(tuple((name, item.path, item.sha256) for name, item in fetched.items()))
     files = [{"relpath": UPSTREAM_FILES[name].relpath, "sha256": item.sha256, "origin": item.origin,
               "url": UPSTREAM_FILES[name].url} for name, item in fetched.items()]
     return PromptSet(style="upstream", version=UPSTREAM_VERSION, given_stages_in="user", judge_sees_options=False,
-                     support_fallback=returned_fallback(fetched[script].path, function), files=files, **values)
+                     files=files, **dict(texts))
+
+
+@functools.lru_cache(maxsize=8)
+def _upstream_texts(located: tuple[tuple[str, Path, str], ...]) -> tuple[tuple[str, str], ...]:
+    """``(PromptSet field, text)`` pairs read from the files ``(name, path, sha256)``: memoised on the paths and
+    their contents, so a run that asks for the upstream prompts several times parses the files once."""
+    paths = {name: path for name, path, _ in located}
+    constants = {name: read_string_constants(path) for name, path in paths.items()}
+    texts = []
+    for slot, (name, constant) in UPSTREAM_NAMES.items():
+        if constant not in constants[name]:
+            raise ValueError(f"{paths[name]}: no string constant {constant}")
+        texts.append((slot, constants[name][constant]))
+    script, function = SUPPORT_FALLBACK
+    return (*texts, ("support_fallback", returned_fallback(paths[script], function)))
 
 
 def prompt_set(style: str = "own", data_dir: str | Path | None = None) -> PromptSet:
