@@ -248,7 +248,7 @@ def test_upstream_files_are_found_by_env_then_data_dir_with_a_clear_error(tmp_pa
     with pytest.raises(AnnotationUnavailable) as error:
         P.prompt_set("upstream", data_dir=UPSTREAM)  # the variable, when set, is the only place looked in
     message = str(error.value)
-    assert "'prompts/cot_generation.py' is not in" in message and f"${P.CODE_DIR_ENV}" in message
+    assert f"'prompts/cot_generation.py' is not available (not in ${P.CODE_DIR_ENV}={tmp_path / 'empty'}" in message
     assert str(tmp_path / "empty" / "prompts" / "cot_generation.py") in message
     assert f"git -C <folder> checkout {P.UPSTREAM_COMMIT[:8]}" in message and "clinhallu.prompts=own" in message
     monkeypatch.delenv(P.CODE_DIR_ENV)
@@ -261,3 +261,31 @@ def test_upstream_files_are_found_by_env_then_data_dir_with_a_clear_error(tmp_pa
     assert f"${P.CODE_DIR_ENV} (not set)" in message
     assert str(tmp_path / "hub_snapshot" / "prompts" / "cot_generation.py") + " (the data folder: absent)" in message
     assert f"the cache {tmp_path / 'cache' / 'annotations'}" in message and "--protocol clinhallu" in message
+
+
+@requires_upstream
+def test_a_run_parses_the_upstream_files_once_and_another_location_afresh(tmp_path, monkeypatch):
+    """The early check, check() and run_split each ask for the upstream prompts: the files are located each time
+    and parsed once; files at another location are parsed again (the memo never serves another place's)."""
+    from medheval.families.clinhallu.task import check_inputs
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(P.CODE_DIR_ENV, raising=False)
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in (first, second):
+        for pinned in P.UPSTREAM_FILES.values():
+            (folder / pinned.relpath).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(UPSTREAM / pinned.relpath, folder / pinned.relpath)
+    parsed = []
+    read = P.read_string_constants
+    monkeypatch.setattr(P, "read_string_constants", lambda path: parsed.append(path) or read(path))
+    check_inputs("clinhallu", {"prompts": "upstream"}, first, None)  # before the model loads
+    check_inputs("clinhallu", {"prompts": "upstream"}, first, None)  # check()
+    prompts = P.prompt_set("upstream", first)  # run_split
+    assert sorted(parsed) == sorted(first / pinned.relpath for pinned in P.UPSTREAM_FILES.values())
+    parsed.clear()
+    monkeypatch.setenv(P.CODE_DIR_ENV, str(second))
+    again = P.prompt_set("upstream", first)
+    assert sorted(parsed) == sorted(second / pinned.relpath for pinned in P.UPSTREAM_FILES.values())
+    assert again == prompts and again.files is not prompts.files

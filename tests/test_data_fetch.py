@@ -89,3 +89,36 @@ def test_data_dir_wins_and_reports_unverified_bytes(tmp_path):
     assert got.origin == "data_dir" and not got.verified and got.sha256 == hashlib.sha256(b"[]").hexdigest()
     with pytest.raises(AnnotationUnavailable, match="has no file"):
         fetch(PinnedFile("missing.json", "https://example.invalid/m", "0" * 64), data_dir=tmp_path)
+
+
+def test_a_folder_named_by_a_variable_is_the_only_place_looked_in_when_set(tmp_path, monkeypatch):
+    pin = pinned("https://example.invalid/data.json")
+    for folder in ("copy", "data"):
+        (tmp_path / folder / "sub").mkdir(parents=True)
+        (tmp_path / folder / "sub" / "data.json").write_bytes(PAYLOAD)
+    monkeypatch.setenv("MEDHEVAL_TEST_COPY", str(tmp_path / "copy"))
+    got = fetch(pin, data_dir=tmp_path / "data", folder_env="MEDHEVAL_TEST_COPY")
+    assert got.path == tmp_path / "copy" / "sub" / "data.json" and got.verified and got.origin == "data_dir"
+    monkeypatch.setenv("MEDHEVAL_TEST_COPY", str(tmp_path / "empty"))
+    with pytest.raises(AnnotationUnavailable, match=r"not available \(not in \$MEDHEVAL_TEST_COPY=.*empty, looked at"):
+        fetch(pin, data_dir=tmp_path / "data", folder_env="MEDHEVAL_TEST_COPY")
+
+
+def test_an_optional_data_dir_without_the_file_is_passed_over(server, tmp_path, monkeypatch):
+    """``data_dir_optional``: the cache and the download are tried next; found nowhere, the error lists every
+    place looked in. Without it, a data_dir lacking the file is still an error."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("MEDHEVAL_TEST_COPY", raising=False)
+    base, hits = server
+    pin, data, cache = pinned(f"{base}/data.json"), tmp_path / "data", tmp_path / "cache"
+    with pytest.raises(AnnotationUnavailable, match="has no file"):
+        fetch(pin, data_dir=data, cache_dir=cache)
+    assert not hits
+    monkeypatch.setenv("MEDHEVAL_OFFLINE", "1")
+    with pytest.raises(AnnotationUnavailable) as info:
+        fetch(pin, data_dir=data, cache_dir=cache, folder_env="MEDHEVAL_TEST_COPY", data_dir_optional=True)
+    assert str(info.value).endswith(f"looked in: $MEDHEVAL_TEST_COPY (not set); {data / 'sub' / 'data.json'} "
+                                    f"(the data folder: absent); the cache {cache}")
+    monkeypatch.delenv("MEDHEVAL_OFFLINE")
+    got = fetch(pin, data_dir=data, cache_dir=cache, data_dir_optional=True)
+    assert got.origin == "download" and got.verified and hits == ["/data.json"]

@@ -120,6 +120,24 @@ def test_an_unavailable_template_file_says_how_to_get_it_or_do_without(tmp_path,
     assert "--protocol clean" in message and "--data-dir" not in message and "annotation file" not in message
 
 
+def test_a_repository_copy_without_the_template_file_is_named_by_its_variable(tmp_path, monkeypatch):
+    """$MEDHEVAL_UPSTREAM_CODE set to a folder without the file: the error names the variable and the path looked
+    at (it used to speak of a data_dir the user never gave)."""
+    import medheval.backends.conversation as conversation
+    from medheval.data.fetch import AnnotationUnavailable
+
+    monkeypatch.setenv("MEDHEVAL_UPSTREAM_CODE", str(tmp_path))
+    conversation._load.cache_clear()
+    try:
+        with pytest.raises(AnnotationUnavailable) as raised:
+            conversation_template("vicuna_v1")
+    finally:
+        conversation._load.cache_clear()
+    message = str(raised.value)
+    assert f"is not available (not in $MEDHEVAL_UPSTREAM_CODE={tmp_path}, looked at " \
+           f"{tmp_path / LLAVA_MED_CONVERSATION.relpath})" in message and "data_dir" not in message
+
+
 # ------------------------------------------------------------------ instruction texts, worked by hand
 def _visual(question_type: str, choices: str, answer_type: str, benchmark: str = "mm_vishal") -> dict:
     return {"id": "x", "benchmark": benchmark, "question": "Where is it?", "answer_type": answer_type,

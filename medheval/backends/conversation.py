@@ -146,8 +146,10 @@ def upstream_code_dir() -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def _load(relpath: str, code_dir: str | None) -> dict[str, ConversationTemplate]:
+    """The templates of one pinned file; ``code_dir`` (``$MEDHEVAL_UPSTREAM_CODE``, read by :func:`fetch`) keys the
+    memo, so setting the variable reads the file again."""
     pinned = next(pin for pin in (LLAVA_MED_CONVERSATION, LLAVA_16_CONVERSATION) if pin.relpath == relpath)
-    got = fetch(pinned, data_dir=code_dir, what="conversation template file of MedHEval's release", fix=(
+    got = fetch(pinned, folder_env=UPSTREAM_CODE_ENV, what="conversation template file of MedHEval's release", fix=(
         f"set {UPSTREAM_CODE_ENV}=<folder>, a local copy of the MedHEval repository root where <folder>/{relpath} "
         "exists, or allow network access to fetch it once into the cache; or run without the paper's template: "
         "--chat-template model (the processor's own) or --protocol clean"))

@@ -3,10 +3,13 @@
 A builder declares its upstream files as :class:`PinnedFile` objects. :func:`fetch`
 returns a local path, in this order:
 
+0. ``folder_env`` given and that environment variable set: ``$<folder_env>/<relpath>`` (a local
+   copy of the upstream repository), and only there; checked as ``data_dir`` is.
 1. ``data_dir`` given: ``data_dir/<relpath>`` (a local copy of the upstream folder).
    Its sha256 is computed and returned so results can record which bytes were used;
    a mismatch with the pin is reported (``verified=False``), not an error, because
-   users may evaluate on a patched copy on purpose.
+   users may evaluate on a patched copy on purpose. With ``data_dir_optional`` a
+   ``data_dir`` without the file is passed over (the next places are tried), else it is an error.
 2. the cache (``$MEDHEVAL_CACHE`` or ``~/.cache/medheval/annotations``), when the
    cached file's sha256 matches the pin;
 3. a download from ``url`` into the cache, verified against the pin (a mismatch is an
@@ -93,14 +96,32 @@ def _cache_path(pinned: PinnedFile, cache_dir: Path) -> Path:
 
 
 def _unavailable(pinned: PinnedFile, reason: str, what: str = "annotation file",
-                 fix: str | None = None) -> AnnotationUnavailable:
+                 fix: str | None = None, looked: list[str] | None = None) -> AnnotationUnavailable:
     fix = fix or (f"download it and pass data_dir=<folder> (or --data-dir) where <folder>/{pinned.relpath} exists, "
                   f"or allow network access to fetch it once into the cache.")
     return AnnotationUnavailable(
         f"{what} {pinned.relpath!r} is not available ({reason}).\n"
         f"  upstream URL: {pinned.url}\n"
         f"  expected sha256: {pinned.sha256}\n"
-        f"  fix: {fix}"
+        f"  fix: {fix}" + (f"\n  looked in: {'; '.join(looked)}" if looked else "")
+    )
+
+
+def _local(pinned: PinnedFile, path: Path) -> FetchedFile:
+    digest = sha256_of(path)
+    return FetchedFile(path, digest, digest == pinned.sha256, "data_dir")
+
+
+def _not_in_data_dir(pinned: PinnedFile, data_dir: Path) -> AnnotationUnavailable:
+    below = [child for child in sorted(data_dir.iterdir()) if (child / pinned.relpath).is_file()] \
+        if data_dir.is_dir() else []
+    if below:  # one level too high (e.g. the demo's fixture_data/ instead of fixture_data/benchmark_data/)
+        return AnnotationUnavailable(f"data_dir={str(data_dir)!r} has no file {pinned.relpath!r}, but its "
+                                     f"subfolder {below[0]} has: pass --data-dir {below[0]}")
+    return AnnotationUnavailable(
+        f"data_dir={str(data_dir)!r} has no file {pinned.relpath!r} (looked at {data_dir / pinned.relpath}).\n"
+        f"  data_dir must be a local copy of the upstream folder with the same relative paths;"
+        f" the file's upstream URL is {pinned.url}"
     )
 
 
@@ -111,38 +132,40 @@ def fetch(
     timeout: float = 60.0,
     what: str = "annotation file",
     fix: str | None = None,
+    folder_env: str | None = None,
+    data_dir_optional: bool = False,
 ) -> FetchedFile:
     """Return a local copy of ``pinned`` (see the module docstring for the order); ``what`` and ``fix`` word the
-    error when it cannot be had (default: an annotation file, fixed with ``--data-dir``)."""
+    error when it cannot be had (default: an annotation file, fixed with ``--data-dir``), which also lists the
+    places looked in."""
+    folder = os.environ.get(folder_env, "").strip() if folder_env else ""
+    if folder:
+        local = Path(folder) / pinned.relpath
+        if not local.is_file():
+            raise _unavailable(pinned, f"not in ${folder_env}={folder}, looked at {local}", what, fix)
+        return _local(pinned, local)
+    looked = [f"${folder_env} (not set)"] if folder_env else []
     if data_dir is not None:
         local = Path(data_dir) / pinned.relpath
-        if not local.is_file():
-            below = [child for child in sorted(Path(data_dir).iterdir()) if (child / pinned.relpath).is_file()] \
-                if Path(data_dir).is_dir() else []
-            if below:  # one level too high (e.g. the demo's fixture_data/ instead of fixture_data/benchmark_data/)
-                raise AnnotationUnavailable(f"data_dir={str(data_dir)!r} has no file {pinned.relpath!r}, but its "
-                                            f"subfolder {below[0]} has: pass --data-dir {below[0]}")
-            raise AnnotationUnavailable(
-                f"data_dir={str(data_dir)!r} has no file {pinned.relpath!r} (looked at {local}).\n"
-                f"  data_dir must be a local copy of the upstream folder with the same relative paths;"
-                f" the file's upstream URL is {pinned.url}"
-            )
-        digest = sha256_of(local)
-        return FetchedFile(local, digest, digest == pinned.sha256, "data_dir")
-
+        if local.is_file():
+            return _local(pinned, local)
+        if not data_dir_optional:
+            raise _not_in_data_dir(pinned, Path(data_dir))
+        looked.append(f"{local} (the data folder: absent)")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    looked.append(f"the cache {cache}")
     cached = _cache_path(pinned, cache)
     if cached.is_file() and sha256_of(cached) == pinned.sha256:
         return FetchedFile(cached, pinned.sha256, True, "cache")
     if offline():
-        raise _unavailable(pinned, "offline mode is set and the file is not cached", what, fix)
+        raise _unavailable(pinned, "offline mode is set and the file is not cached", what, fix, looked)
     try:  # the one outbound policy (medheval.net.transport): same-origin redirects, a deadline, a size cap
         response = transport.request(transport.session_for(pinned.url, credentialed=False), "GET", pinned.url,
                                      timeout=timeout, deadline=DOWNLOAD_DEADLINE, max_bytes=MAX_DOWNLOAD_BYTES)
         if response.status_code >= 400:
             raise requests.HTTPError(f"HTTP {response.status_code} for url: {pinned.url}")
     except (requests.RequestException, transport.TransportError) as error:
-        raise _unavailable(pinned, f"download failed: {type(error).__name__}: {error}", what, fix) from error
+        raise _unavailable(pinned, f"download failed: {type(error).__name__}: {error}", what, fix, looked) from error
     digest = hashlib.sha256(response.content).hexdigest()
     if digest != pinned.sha256:
         raise ChecksumMismatch(

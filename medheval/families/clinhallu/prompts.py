@@ -23,13 +23,13 @@ in both styles so replies are read one way).
 from __future__ import annotations
 
 import ast
-import os
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from medheval.families.clinhallu.trace import STAGES, render_stages
-from medheval.data.fetch import AnnotationUnavailable, FetchedFile, PinnedFile, default_cache_dir, fetch
+from medheval.data.fetch import FetchedFile, PinnedFile, fetch
 from medheval.run.paper_protocols.others import CLINHALLU_COMMIT, CLINHALLU_PROMPTS_VERSION
 from medheval.run.prompts import OPTION_LETTERS
 
@@ -293,55 +293,50 @@ def _how_to_provide(pinned: PinnedFile) -> str:
 WHY_NEEDED = "ClinHallu file (read by clinhallu.prompts=upstream, which --protocol clinhallu sets)"
 
 
-def upstream_file(pinned: PinnedFile, code_dir: str | Path | None = None, data_dir: str | Path | None = None,
+def upstream_file(pinned: PinnedFile, data_dir: str | Path | None = None,
                   cache_dir: str | Path | None = None) -> FetchedFile:
-    """One pinned ClinHallu file: from ``code_dir`` (else ``$MEDHEVAL_CLINHALLU_CODE``) when given, and only
-    there; else from ``data_dir`` when it holds it; else the cache; else a download. Not found: an
-    :class:`AnnotationUnavailable` naming the file, where it was looked for and how to provide it."""
-    folder = code_dir or os.environ.get(CODE_DIR_ENV, "").strip() or None
-    if folder is not None:
-        local = Path(folder) / pinned.relpath
-        if not local.is_file():
-            given = "code_dir" if code_dir else f"${CODE_DIR_ENV}"
-            raise AnnotationUnavailable(f"{WHY_NEEDED} {pinned.relpath!r} is not in {folder} ({given}; looked at "
-                                        f"{local}).\n  upstream URL: {pinned.url}\n  expected sha256: "
-                                        f"{pinned.sha256}\n  fix: {_how_to_provide(pinned)}")
-        return fetch(pinned, data_dir=folder)
-    if data_dir is not None and (Path(data_dir) / pinned.relpath).is_file():
-        return fetch(pinned, data_dir=data_dir)
-    looked = [f"${CODE_DIR_ENV} (not set)"]
-    if data_dir is not None:
-        looked.append(f"{Path(data_dir) / pinned.relpath} (the data folder: absent)")
-    looked.append(f"the cache {Path(cache_dir) if cache_dir is not None else default_cache_dir()}")
-    return fetch(pinned, cache_dir=cache_dir, what=WHY_NEEDED,
-                 fix=f"{_how_to_provide(pinned)}\n  looked in: {'; '.join(looked)}")
+    """One pinned ClinHallu file, by :func:`medheval.data.fetch.fetch`: from ``$MEDHEVAL_CLINHALLU_CODE`` when set,
+    and only there; else from ``data_dir`` when it holds it; else the cache; else a download. Not found: an
+    :class:`~medheval.data.fetch.AnnotationUnavailable` naming the file, where it was looked for and how to
+    provide it."""
+    return fetch(pinned, data_dir=data_dir, cache_dir=cache_dir, what=WHY_NEEDED, fix=_how_to_provide(pinned),
+                 folder_env=CODE_DIR_ENV, data_dir_optional=True)
 
 
-def upstream_prompts(data_dir: str | Path | None = None, cache_dir: str | Path | None = None,
-                     code_dir: str | Path | None = None) -> PromptSet:
+def upstream_prompts(data_dir: str | Path | None = None, cache_dir: str | Path | None = None) -> PromptSet:
     """ClinHallu's own constants from the pinned files (:func:`upstream_file` says where they are looked for:
-    ``code_dir``/``$MEDHEVAL_CLINHALLU_CODE``, ``data_dir``, the cache, a download). A file whose sha256
-    differs from the pin is refused: these prompts are only worth using verbatim."""
+    ``$MEDHEVAL_CLINHALLU_CODE``, ``data_dir``, the cache, a download). A file whose sha256 differs from the pin
+    is refused: these prompts are only worth using verbatim. The files are located on every call, and parsed
+    once per location (:func:`_upstream_texts`)."""
     fetched: dict[str, FetchedFile] = {}
     for name, pinned in UPSTREAM_FILES.items():
-        item = upstream_file(pinned, code_dir=code_dir, data_dir=data_dir, cache_dir=cache_dir)
+        item = upstream_file(pinned, data_dir=data_dir, cache_dir=cache_dir)
         if not item.verified:
             raise ValueError(
                 f"{item.path}: sha256 {item.sha256} differs from the pin {pinned.sha256} (ClinHallu commit "
                 f"{UPSTREAM_COMMIT[:8]}); use the file from that commit ({pinned.url}) or style='own'"
             )
         fetched[name] = item
-    constants = {name: read_string_constants(item.path) for name, item in fetched.items()}
-    values = {}
-    for slot, (name, constant) in UPSTREAM_NAMES.items():
-        if constant not in constants[name]:
-            raise ValueError(f"{fetched[name].path}: no string constant {constant}")
-        values[slot] = constants[name][constant]
-    script, function = SUPPORT_FALLBACK
+    texts = _upstream_texts(tuple((name, item.path, item.sha256) for name, item in fetched.items()))
     files = [{"relpath": UPSTREAM_FILES[name].relpath, "sha256": item.sha256, "origin": item.origin,
               "url": UPSTREAM_FILES[name].url} for name, item in fetched.items()]
     return PromptSet(style="upstream", version=UPSTREAM_VERSION, given_stages_in="user", judge_sees_options=False,
-                     support_fallback=returned_fallback(fetched[script].path, function), files=files, **values)
+                     files=files, **dict(texts))
+
+
+@functools.lru_cache(maxsize=8)
+def _upstream_texts(located: tuple[tuple[str, Path, str], ...]) -> tuple[tuple[str, str], ...]:
+    """``(PromptSet field, text)`` pairs read from the files ``(name, path, sha256)``: memoised on the paths and
+    their contents, so a run that asks for the upstream prompts several times parses the files once."""
+    paths = {name: path for name, path, _ in located}
+    constants = {name: read_string_constants(path) for name, path in paths.items()}
+    texts = []
+    for slot, (name, constant) in UPSTREAM_NAMES.items():
+        if constant not in constants[name]:
+            raise ValueError(f"{paths[name]}: no string constant {constant}")
+        texts.append((slot, constants[name][constant]))
+    script, function = SUPPORT_FALLBACK
+    return (*texts, ("support_fallback", returned_fallback(paths[script], function)))
 
 
 def prompt_set(style: str = "own", data_dir: str | Path | None = None) -> PromptSet:
