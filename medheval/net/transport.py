@@ -39,7 +39,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
-from medheval.net.hosts import is_local_host
+from medheval.net.hosts import is_local_host, parse_address
 
 REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 KEEPS_METHOD_AND_BODY = frozenset({307, 308})
@@ -216,15 +216,19 @@ def session_for(url: str, *, credentialed: bool, proxy_for: tuple[str, ...] = ()
 
 
 def origin(url: str) -> tuple[str, str, int | None]:
-    """``(scheme, host, port)`` with the scheme's default port filled in."""
-    parts = urlsplit(url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
-    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+    """``(scheme, host, port)`` with the scheme's default port filled in (a trailing dot kept: ``example.org.``
+    is another origin); ``ValueError`` for a URL that cannot be parsed."""
+    address = parse_address(url)
+    return address.scheme, address.host, address.default_port
 
 
 def _host(url: str) -> str:
-    scheme, host, port = origin(url)
-    return f"{host}:{port}" if port else host
+    """``host:port`` of ``url``, for messages."""
+    try:
+        _, host, port = origin(url)
+    except ValueError:
+        return "<unparseable URL>"
+    return f"{host}:{port}" if port is not None else host
 
 
 def _read(response: requests.Response, max_bytes: int, stop_at: float = float("inf"),
@@ -306,7 +310,11 @@ def _redirect_target(url: str, response: requests.Response, method: str = "POST"
     if not location:
         raise RedirectRefused(f"{_host(url)!r} answered {status} without a Location")
     target = urljoin(url, location)
-    if origin(target) != origin(url):
+    try:
+        same_origin = origin(target) == origin(url)
+    except ValueError:  # a Location that names no host and port: another origin, whatever it means
+        same_origin = False
+    if not same_origin:
         raise RedirectRefused(
             f"{_host(url)!r} answered {status} redirecting to another host, {_host(target)!r}: refused, so the "
             f"request (its text, images, key headers and credentials) is not sent there; if you trust that "
