@@ -79,3 +79,37 @@ def test_extra_entries_and_entries_from_python_count_too(named):
     named.add("physionet.org")
     assert named.covers("https://physionet.org/files/")
     assert named.set([]) == ("physionet.org",) and not named.covers("https://physionet.org/files/")
+
+
+@pytest.mark.parametrize("entries, url, allowed", [
+    ("physionet.org", "https://physionet.org/files/", True),
+    ("PhysioNet.org.", "https://physionet.org./files/", True),  # case and a trailing dot ignored
+    ("https://physionet.org/files", "https://physionet.org:443/x", True),  # a URL names its host (was ignored)
+    ("physionet.org:443", "https://physionet.org/x", True),  # host:port on its port (was ignored) ...
+    ("physionet.org:8443", "https://physionet.org/x", False),  # ... and on no other
+    (" , physionet.org:abc, ", "https://physionet.org/x", False),  # empty and unparseable entries name nothing
+    ("physionet.org", "https://www.physionet.org/x", False),  # never a subdomain ...
+    ("physionet.org", "https://physionet.org.evil.example/x", False),  # ... nor a look-alike
+    ("2001:db8::1", "https://[2001:db8::1]:8443/x", True),  # a bare IPv6 literal, as before
+])
+def test_proxy_for_names_hosts_as_the_api_key_hosts_do(monkeypatch, entries, url, allowed):
+    from medheval.net import transport
+
+    monkeypatch.setenv(transport.PROXY_OPT_IN_ENV, entries)
+    assert transport.proxy_allowed(url, credentialed=True) is allowed
+    assert transport.proxy_allowed(url, credentialed=False)  # without credentialed data, any remote host may
+    monkeypatch.delenv(transport.PROXY_OPT_IN_ENV)
+    assert transport.proxy_allowed(url, credentialed=True, proxy_for=tuple(entries.split(","))) is allowed
+    previous = transport.set_proxy_for(tuple(entries.split(",")))
+    try:
+        assert transport.proxy_allowed(url, credentialed=True) is allowed
+    finally:
+        transport.set_proxy_for(previous)
+
+
+def test_a_local_or_unparseable_url_never_uses_a_proxy(monkeypatch):
+    from medheval.net import transport
+
+    monkeypatch.setenv(transport.PROXY_OPT_IN_ENV, "127.0.0.1,example.org")
+    assert not transport.proxy_allowed("http://127.0.0.1:8000/v1", credentialed=False)
+    assert not transport.proxy_allowed("https://example.org:abc/", credentialed=False)
