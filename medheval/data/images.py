@@ -49,7 +49,7 @@ from medheval.data.schema import is_credentialed
 from medheval.net import transport
 from medheval.net.keys import check_plain_http
 from medheval.net.named import UserNamedHosts
-from medheval.net.secrets import redact, register_basic_auth, register_url
+from medheval.net.secrets import SECRET_NAME, redact, register_basic_auth, register_url
 
 __all__ = [
     "REFERENCE_PATTERNS",
@@ -418,9 +418,6 @@ def _reason(status: int) -> str:
         return ""
 
 
-_SENSITIVE_QUERY = re.compile(r"(token|key|sig|signature|secret|pass|password|auth|credential)", re.IGNORECASE)
-
-
 def max_pixels() -> int:
     """The cap on one decoded image: ``MEDHEVAL_IMAGE_MAX_PIXELS``, default :data:`DEFAULT_MAX_PIXELS`."""
     return int(_env_number(MAX_PIXELS_ENV, DEFAULT_MAX_PIXELS))
@@ -467,7 +464,7 @@ def _redact_url(url: str) -> str:
         items = []
         for item in query.split("&"):
             name, sep, _ = item.partition("=")
-            items.append(f"{name}{sep}***" if sep and _SENSITIVE_QUERY.search(name) else item)
+            items.append(f"{name}{sep}***" if sep and SECRET_NAME.search(name) else item)
         query = "&".join(items)
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
