@@ -191,6 +191,29 @@ def test_a_same_origin_redirect_of_an_image_is_followed():
     assert [hit[1] for hit in images.hits] == ["/old/a.png", "/moved/x.png"]
 
 
+@pytest.mark.parametrize("location, followed", [
+    ("https://EXAMPLE.org:443/b", True),  # the same origin, spelled otherwise
+    ("/b?x=1", True),
+    ("https://example.org./b", False),  # a trailing dot is another origin (as before the one host parser)
+    ("https://example.org:8443/b", False),
+    ("http://example.org/b", False),
+    ("https://example.org:abc/b", False),  # unparseable: refused, not a ValueError from the parser
+    ("mailto:someone@example.org", False),
+])
+def test_a_redirect_is_followed_only_within_the_origin(location, followed):
+    from medheval.net.transport import RedirectRefused, _redirect_target
+
+    class Answer:
+        status_code = 302
+        headers = {"Location": location}
+
+    if followed:
+        assert _redirect_target("https://example.org/a", Answer(), "GET").startswith("https://")
+    else:
+        with pytest.raises(RedirectRefused, match="redirecting to another host"):
+            _redirect_target("https://example.org/a", Answer(), "GET")
+
+
 # -- deadlines and size caps ----------------------------------------------------------------------------
 def test_a_dripping_image_server_hits_the_deadline_and_the_error_names_the_record(monkeypatch):
     def drip(handler) -> None:

@@ -240,6 +240,19 @@ def test_generic_image_credentials_go_only_to_the_host_medheval_image_host_names
     assert seen == [None, "Basic " + base64.b64encode(b"bob:ImagePw9").decode()]
 
 
+def test_medheval_image_host_with_a_port_names_that_port_only(image_server, monkeypatch):
+    url, seen = image_server  # http://127.0.0.1:PORT
+    port = int(url.rsplit(":", 1)[1])
+    monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", "bob")
+    monkeypatch.setenv("MEDHEVAL_IMAGE_PASSWORD", "ImagePw9")
+    # another port of the same host: not this server (the port used to be ignored; now matched as --api-key-host)
+    monkeypatch.setenv("MEDHEVAL_IMAGE_HOST", f"127.0.0.1:{port + 1 if port < 65535 else port - 1}")
+    URLTemplateSource(url + "/{path}").open_bytes("a.png")
+    monkeypatch.setenv("MEDHEVAL_IMAGE_HOST", f"http://127.0.0.1:{port}/images")
+    URLTemplateSource(url + "/{path}").open_bytes("a.png")
+    assert seen == [None, "Basic " + base64.b64encode(b"bob:ImagePw9").decode()]
+
+
 @pytest.mark.parametrize("host, prefix", [
     ("images.example.com", "IMAGES_EXAMPLE_COM"), ("images-example.com", "IMAGES__EXAMPLE_COM"),
     ("images.example-com", "IMAGES_EXAMPLE__COM"), ("www.images-example.com", "IMAGES__EXAMPLE_COM"),

@@ -235,3 +235,20 @@ def test_the_shell_working_folder_is_no_secret_but_a_key_next_to_it_is():
     assert redact(f"{folder}/predictions.jsonl") == f"{folder}/predictions.jsonl"
     assert redact(f"{folder}-old/x") == f"{folder}-old/x"
     assert redact("key svc-canary-Hn40-key") == "key ***"
+
+
+def test_secret_names_include_a_signature_and_sig_only_as_a_word_of_its_own():
+    """``sig`` (an Azure SAS or CDN URL's signature) joined SECRET_NAME when it replaced images' own query-name
+    pattern; as a substring it would also mark ``design``, ``signal`` or ``SIGTERM``. ``tokens`` stays a count, as
+    in ``max_tokens`` (images' pattern masked it; its value is still registered by register_url)."""
+    from medheval.data.images import _redact_url
+    from medheval.net.secrets import SECRET_NAME
+
+    secret = ["sig", "Sig", "X-Sig", "sig_v2", "AZURE_STORAGE_SIG", "X-Amz-Signature", "api_key", "X-Auth-Token",
+              "PHYSIONET_PASSWORD", "session"]
+    plain = ["design", "signal", "assign", "SIGTERM", "signed", "insignia", "apiSig", "max_tokens", "sv", "se", "sp"]
+    assert [name for name in secret if not SECRET_NAME.search(name)] == []
+    assert [name for name in plain if SECRET_NAME.search(name)] == []
+    url = "https://acct.blob.core.windows.net/c/{path}?sv=2022-11-02&sig=c2lnbmF0dXJl&design=a&token=t&tokens=9"
+    assert _redact_url(url) == ("https://acct.blob.core.windows.net/c/{path}?sv=2022-11-02&sig=***&design=a"
+                                "&token=***&tokens=9")

@@ -47,8 +47,9 @@ from PIL import Image
 
 from medheval.data.schema import is_credentialed
 from medheval.net import transport
-from medheval.net.keys import check_plain_http, host_and_port
-from medheval.net.secrets import redact, register_basic_auth, register_url
+from medheval.net.keys import check_plain_http
+from medheval.net.named import UserNamedHosts
+from medheval.net.secrets import SECRET_NAME, redact, register_basic_auth, register_url
 
 __all__ = [
     "REFERENCE_PATTERNS",
@@ -417,9 +418,6 @@ def _reason(status: int) -> str:
         return ""
 
 
-_SENSITIVE_QUERY = re.compile(r"(token|key|sig|signature|secret|pass|password|auth|credential)", re.IGNORECASE)
-
-
 def max_pixels() -> int:
     """The cap on one decoded image: ``MEDHEVAL_IMAGE_MAX_PIXELS``, default :data:`DEFAULT_MAX_PIXELS`."""
     return int(_env_number(MAX_PIXELS_ENV, DEFAULT_MAX_PIXELS))
@@ -466,7 +464,7 @@ def _redact_url(url: str) -> str:
         items = []
         for item in query.split("&"):
             name, sep, _ = item.partition("=")
-            items.append(f"{name}{sep}***" if sep and _SENSITIVE_QUERY.search(name) else item)
+            items.append(f"{name}{sep}***" if sep and SECRET_NAME.search(name) else item)
         query = "&".join(items)
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
@@ -476,6 +474,8 @@ KNOWN_CREDENTIAL_HOSTS = {"physionet.org": "PHYSIONET"}
 # the generic image-server credentials, and the one host they belong to
 GENERIC_CREDENTIALS = "MEDHEVAL_IMAGE"
 GENERIC_HOST_ENV = "MEDHEVAL_IMAGE_HOST"
+# the image servers it names (a host, host:port or URL; comma-separated for several), matched as the API-key hosts
+_generic_hosts = UserNamedHosts(GENERIC_HOST_ENV)
 _LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 logger = logging.getLogger(__name__)
 _renamed_warned: set[str] = set()  # hosts whose renamed credential variables were already pointed out
@@ -528,12 +528,6 @@ def _renamed_credentials_notice(host: str, prefix: str) -> str | None:
             f"host name now maps to '__' in its credential variables, so {host} reads {prefix}_USERNAME/"
             f"{prefix}_PASSWORD (and {legacy}_* belong to the host {legacy.lower().replace('_', '.')} only). "
             f"Rename the variables to {prefix}_USERNAME/{prefix}_PASSWORD")
-
-
-def _generic_host_matches(host: str) -> bool:
-    """Whether ``MEDHEVAL_IMAGE_HOST`` (a host, ``host:port`` or URL; comma-separated for several) names ``host``."""
-    named = [host_and_port(entry)[0] for entry in os.environ.get(GENERIC_HOST_ENV, "").split(",") if entry.strip()]
-    return host.strip("[]").lower().rstrip(".") in {name.strip("[]") for name in named}
 
 
 class URLTemplateSource:
@@ -638,12 +632,12 @@ class URLTemplateSource:
         user = os.environ.get(f"{GENERIC_CREDENTIALS}_USERNAME")
         password = os.environ.get(f"{GENERIC_CREDENTIALS}_PASSWORD")
         if user and password is not None:
-            if not os.environ.get(GENERIC_HOST_ENV, "").strip():
+            if not _generic_hosts.entries():
                 raise ValueError(
                     f"{GENERIC_CREDENTIALS}_USERNAME/{GENERIC_CREDENTIALS}_PASSWORD are set but {GENERIC_HOST_ENV} "
                     f"is not: they are sent only to the image server it names. Set {GENERIC_HOST_ENV}={self.host} "
                     f"if they are this server's, or unset them")
-            if _generic_host_matches(self.host):
+            if _generic_hosts.covers(self.template):
                 return (user, password), f"env {GENERIC_CREDENTIALS}_USERNAME/{GENERIC_CREDENTIALS}_PASSWORD"
         return self._netrc_auth()
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
-from medheval.net.hosts import is_local_host, is_local_url, resolves_to_loopback
+from medheval.net.hosts import is_local_host, is_local_url, parse_address, resolves_to_loopback
 from medheval.net.named import UserNamedHosts
 
 APPROVED_ENV = "MEDHEVAL_ALLOW_REMOTE_CREDENTIALED"
@@ -41,11 +41,7 @@ def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
     parts = urlsplit(url)
     if parts.username is None and parts.password is None:
         return url, None, None
-    netloc = parts.hostname or ""
-    if ":" in netloc:  # IPv6 literal
-        netloc = f"[{netloc}]"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
+    netloc = parse_address(url).netloc
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), parts.username, parts.password
 
 
@@ -59,14 +55,8 @@ def safe_base_url(url: str | None) -> str | None:
 
 
 def endpoint_host(url: str | None) -> str | None:
-    """``host[:port]`` of a URL (what ``describe()`` shows as ``endpoint``)."""
-    if not url:
-        return None
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{parts.port}" if parts.port is not None else host
+    """``host[:port]`` of a URL or host entry (what ``describe()`` shows as ``endpoint``)."""
+    return parse_address(url).netloc if url else None
 
 
 def normalise_allow_list(allow: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -92,8 +82,8 @@ def endpoint_allowed(base_url: str | None, allow: tuple[str, ...]) -> bool:
     """Whether an opt-in entry names this endpoint: its host, ``host:port`` or exact base URL."""
     if not base_url:
         return False
-    host = (urlsplit(base_url).hostname or "").lower()
-    host_port = (endpoint_host(base_url) or "").lower()
+    address = parse_address(base_url)
+    host, host_port = address.host.strip("[]"), address.netloc  # a bare IPv6 entry is written without brackets
     safe = (safe_base_url(base_url) or "").lower()
     for entry in allow:
         entry_l = entry.lower().rstrip("/")
@@ -143,7 +133,7 @@ def check_config_approval(value: object, approved: Iterable[str] = ()) -> None:
     approved = (*approved, *approved_endpoints())
     for entry in normalise_allow_list(value):  # type: ignore[arg-type]
         if not entry_approved(entry, approved):
-            host = endpoint_host(entry if "://" in entry else f"https://{entry}") or entry
+            host = endpoint_host(entry) or entry
             raise PermissionError(
                 f"approves {entry!r} for credentialed (MIMIC) records, but a config file cannot approve an "
                 f"endpoint: only you can. If {host} is an approved deployment under your PhysioNet agreement, give "

@@ -5,10 +5,14 @@ The host part of a URL is local when it is a loopback address (127.0.0.0/8, ::1)
 **when that name resolves** (system resolver, ``/etc/hosts`` included) **to loopback addresses only**. Other
 host *names* are never resolved (DNS can point anywhere), so they count as remote. Link-local (169.254/16,
 cloud metadata) and carrier-grade NAT (100.64/10) ranges are not local.
+
+:func:`parse_address` is the one parser of what names a host: a host name, ``host:port``, an IPv6 literal
+(``::1``, ``[::1]:8080``) or a URL, into an :class:`Address`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import socket
 from urllib.parse import urlsplit
@@ -68,4 +72,78 @@ def is_loopback_host(host: str | None) -> bool:
     return _classify(host, lambda address: address.is_loopback)
 
 
-__all__ = ["is_local_host", "is_local_url", "is_loopback_host", "resolves_to_loopback"]
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclasses.dataclass(frozen=True)
+class Address:
+    """Where a host, ``host:port`` or URL points.
+
+    ``scheme``: lower case, ``''`` for a bare host; ``host``: lower case, an IPv6 literal in brackets, a trailing
+    dot kept, ``''`` when the text names none; ``port``: as written, None when not."""
+
+    scheme: str
+    host: str
+    port: int | None
+
+    @property
+    def name(self) -> str:
+        """The host without its trailing dot (``example.org.`` and ``example.org`` are one host)."""
+        return self.host.rstrip(".")
+
+    @property
+    def default_port(self) -> int | None:
+        """The port, or the scheme's default (80, 443) when none is written."""
+        return self.port if self.port is not None else DEFAULT_PORTS.get(self.scheme)
+
+    @property
+    def netloc(self) -> str:
+        """``host[:port]`` as written (lower case, no user-info)."""
+        return f"{self.host}:{self.port}" if self.port is not None else self.host
+
+    @property
+    def entry(self) -> str:
+        """``name[:port]``: the form a host list compares (:func:`host_entry`)."""
+        return f"{self.name}:{self.port}" if self.name and self.port is not None else self.name
+
+
+def parse_address(value: str) -> Address:
+    """The :class:`Address` of a host name, ``host:port``, IPv6 literal or URL (text with ``://``); user-info,
+    path and query are dropped. ``ValueError`` naming the text when it cannot be parsed (a port that is not a
+    number from 0 to 65535, an unclosed ``[``)."""
+    text = value.strip()
+    if ":" in text and "://" not in text and "[" not in text:
+        try:  # a bare IPv6 literal ("::1"), which urlsplit would read as host:port; spelled as written
+            ipaddress.IPv6Address(text)
+            return Address("", f"[{text.lower()}]", None)
+        except ValueError:
+            pass
+    try:
+        parts = urlsplit(text if "://" in text else "//" + text)
+        host, port = parts.hostname or "", parts.port
+    except ValueError as error:
+        raise ValueError(f"{text[:80]!r} is not a host name, host:port or URL ({error})") from None
+    return Address(parts.scheme.lower(), f"[{host}]" if ":" in host else host, port)
+
+
+def host_and_port(value: str) -> tuple[str, int | None]:
+    """(host without its trailing dot, port or the scheme's default) of a host name, ``host:port`` or URL;
+    ``("", None)`` when it names none or cannot be parsed."""
+    try:
+        address = parse_address(value)
+    except ValueError:
+        return "", None
+    return address.name, address.default_port
+
+
+def host_entry(value: str) -> str:
+    """``host`` or ``host:port`` (lower case, no trailing dot) from a host name, ``host:port`` or URL; ``''`` when
+    it names none or cannot be parsed. A URL without a port names its host on any port."""
+    try:
+        return parse_address(value).entry
+    except ValueError:
+        return ""
+
+
+__all__ = ["Address", "DEFAULT_PORTS", "host_and_port", "host_entry", "is_local_host", "is_local_url",
+           "is_loopback_host", "parse_address", "resolves_to_loopback"]

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from medheval.net.hosts import is_loopback_host
+from medheval.net.hosts import host_and_port, host_entry, is_loopback_host
 from medheval.net.named import UserNamedHosts
 
 KEY_HOSTS_ENV = "MEDHEVAL_API_KEY_HOSTS"
@@ -33,37 +33,6 @@ API_KEY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*_API_KEY$")
 RESERVED_PREFIXES = ("HF_", "HUGGING_FACE", "HUGGINGFACE", "PHYSIONET", "MEDHEVAL_IMAGE")
 
 _named = UserNamedHosts(KEY_HOSTS_ENV)  # hosts named on this process's command line, from Python, or in the variable
-
-
-def host_and_port(value: str) -> tuple[str, int | None]:
-    """(host, port) of a host name, ``host:port`` or URL; ``("", None)`` when it names none. A URL's port is its
-    scheme's default when it gives none."""
-    value = value.strip()
-    try:
-        parts = urlsplit(value if "://" in value else "//" + value)
-        host, port = parts.hostname or "", parts.port
-    except ValueError:
-        return "", None
-    if port is None and parts.scheme.lower() in ("http", "https"):
-        port = 443 if parts.scheme.lower() == "https" else 80
-    host = host.rstrip(".")
-    return (f"[{host}]" if ":" in host else host), port
-
-
-def host_entry(value: str) -> str:
-    """``host`` or ``host:port`` (lower case) as the user gave it, from a host name, ``host:port`` or URL
-    (``''`` when it names none); a URL without a port names its host on any port."""
-    value = value.strip()
-    host, _ = host_and_port(value)
-    try:
-        port = urlsplit(value if "://" in value else "//" + value).port
-    except ValueError:
-        port = None
-    return f"{host}:{port}" if host and port else host
-
-
-def _entries(values: Iterable[str]) -> set[str]:
-    return {entry for entry in (host_entry(v) for v in values if v) if entry}
 
 
 def set_key_hosts(hosts: Iterable[str]) -> tuple[str, ...]:
@@ -78,16 +47,12 @@ def allow_key_hosts(*hosts: str) -> None:
 
 def named_key_hosts() -> set[str]:
     """The hosts the user named: :func:`set_key_hosts` / :func:`allow_key_hosts` and ``MEDHEVAL_API_KEY_HOSTS``."""
-    return _entries(_named.entries())
+    return _named.names()
 
 
 def host_named(url: str) -> bool:
     """Whether the user named ``url``'s host (on any port) or its ``host:port``."""
-    host, port = host_and_port(url)
-    if not host:
-        return False
-    named = named_key_hosts()
-    return host in named or (port is not None and f"{host}:{port}" in named)
+    return _named.covers(url)
 
 
 def check_key_env_name(name: object, field: str = "api_key_env") -> str:

@@ -3,18 +3,27 @@
 A :class:`UserNamedHosts` holds, for one purpose, the entries the user gave on this process's command line
 (``medheval``'s ``main()`` sets them from the typed flags before any config file is read), those added from
 Python (the caller is the user) and those of one environment variable (comma-separated). A grid YAML, a
-``metric_options`` judge dict or an annotation file never adds to it. Two instances use it:
+``metric_options`` judge dict or an annotation file never adds to it. Its instances:
 
 * :mod:`medheval.net.keys`: hosts an API key from the environment may go to (``--api-key-host``, the hosts of
   ``--judge`` / ``--model``; ``MEDHEVAL_API_KEY_HOSTS``);
+* :mod:`medheval.net.transport`: hosts whose credentialed traffic may use an environment proxy (``--proxy-for``;
+  ``MEDHEVAL_PROXY_FOR``);
+* :mod:`medheval.data.images`: the one image server the generic image credentials go to (``MEDHEVAL_IMAGE_HOST``);
 * :mod:`medheval.judges.endpoints`: non-local endpoints approved for credentialed (MIMIC) records
-  (``--allow-remote-credentialed``; ``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED``).
+  (``--allow-remote-credentialed``; ``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED``), matched by its own rule.
+
+:meth:`UserNamedHosts.covers` is the matching rule of the first three: an entry names one host exactly (no
+suffix or wildcard matching; letter case and a trailing dot ignored), on any port, or on the one port
+``host:port`` gives (a URL's port defaulting to its scheme's); an entry that names no host names nothing.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+
+from medheval.net.hosts import host_and_port, host_entry
 
 
 class UserNamedHosts:
@@ -38,6 +47,19 @@ class UserNamedHosts:
         """The entries given on the command line or from Python, then those of the environment variable."""
         from_env = [part.strip() for part in os.environ.get(self.env, "").split(",") if part.strip()]
         return (*self._given, *from_env)
+
+    def names(self, *extra: str) -> set[str]:
+        """The entries, and ``extra``, as ``host`` or ``host:port`` (:func:`~medheval.net.hosts.host_entry`);
+        those that name no host are left out."""
+        return {entry for entry in map(host_entry, (*self.entries(), *extra)) if entry}
+
+    def covers(self, url: str, *extra: str) -> bool:
+        """Whether an entry (or one of ``extra``) names ``url``'s host on any port, or its ``host:port``."""
+        host, port = host_and_port(url)
+        if not host:
+            return False
+        named = self.names(*extra)
+        return host in named or (port is not None and f"{host}:{port}" in named)
 
 
 __all__ = ["UserNamedHosts"]

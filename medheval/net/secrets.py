@@ -50,9 +50,10 @@ PLACEHOLDERS = frozenset({"empty", "none", "null", "nil", "dummy", "placeholder"
                           "password", "changeme", "key", "apikey", "api-key", "api_key", "nokey", "no-key",
                           "not-needed", "not_needed", "notneeded", "sk-no-key-required", "no-key-required",
                           "ollama", "vllm", "lm-studio", "lmstudio", "local", "x", "xxx", "xxxx"})
-# names that mark a value as a secret (field names in extra_body, environment variables)
-SECRET_NAME = re.compile(r"key|token(?!s)|secret|pass(word|wd|phrase)?|pwd|auth|cookie|credential|signature|session",
-                         re.IGNORECASE)
+# names that mark a value as a secret (field names in extra_body, environment variables, headers, query parameters);
+# ``sig`` (a SAS or CDN URL's signature) only as a word of its own, so ``design`` or ``signal`` is no secret
+SECRET_NAME = re.compile(r"key|token(?!s)|secret|pass(word|wd|phrase)?|pwd|auth|cookie|credential|signature|session"
+                         r"|(?<![a-z])sig(?![a-z])", re.IGNORECASE)
 # environment variables named like secrets that hold none: the shell's working folders (``PWD`` would blank out
 # every path under the current folder), agent sockets and desktop-session plumbing
 NOT_SECRET_ENVIRONMENT = frozenset({"PWD", "OLDPWD", "SSH_AUTH_SOCK", "GPG_AGENT_INFO", "XAUTHORITY",

@@ -5,7 +5,8 @@ cannot stretch. One policy:
   endpoint (:func:`medheval.net.hosts.is_local_host`), nor for a request that carries credentialed data or
   credentials (image downloads with PhysioNet credentials or of MIMIC records, an endpoint allowed to receive
   credentialed records) unless the user opts in by naming the destination host: ``proxy_for=("physionet.org",)``,
-  ``medheval run --proxy-for HOST`` or ``MEDHEVAL_PROXY_FOR=host1,host2`` (:func:`session_for`).
+  ``medheval run --proxy-for HOST`` or ``MEDHEVAL_PROXY_FOR=host1,host2`` (:func:`session_for`); each a host,
+  ``host:port`` or URL, matched exactly (:meth:`medheval.net.named.UserNamedHosts.covers`).
 - **No redirect leaves the endpoint's origin.** A 3xx to another scheme, host or port is refused
   (:class:`RedirectRefused`, naming both hosts): following it would re-send the request (the question, the
   record's images, key headers, basic-auth credentials) to a host nobody configured, or fetch an image nobody
@@ -39,13 +40,14 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
-from medheval.net.hosts import is_local_host
+from medheval.net.hosts import is_local_host, parse_address
+from medheval.net.named import UserNamedHosts
 
 REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 KEEPS_METHOD_AND_BODY = frozenset({307, 308})
 MAX_REDIRECTS = 5
 PROXY_OPT_IN_ENV = "MEDHEVAL_PROXY_FOR"  # comma-separated hosts whose credentialed traffic may use an env proxy
-_proxy_for: set[str] = set()  # hosts named by --proxy-for in this process
+_proxy_for = UserNamedHosts(PROXY_OPT_IN_ENV)  # hosts named by --proxy-for, from Python, or in the variable
 
 
 class TransportError(Exception):
@@ -184,23 +186,22 @@ def mount(session: requests.Session) -> requests.Session:
 
 
 def set_proxy_for(hosts: tuple[str, ...]) -> tuple[str, ...]:
-    """Opt in, by name, to an environment proxy for credentialed traffic to ``hosts`` (``--proxy-for``), in place
-    of any earlier opt-in of this process; returns the earlier one (to restore it)."""
-    previous = tuple(sorted(_proxy_for))
-    _proxy_for.clear()
-    _proxy_for.update(host.strip().lower() for host in hosts if host and host.strip())
-    return previous
+    """Opt in, by name, to an environment proxy for credentialed traffic to ``hosts`` (``--proxy-for``: a host,
+    ``host:port`` or URL each), in place of any earlier opt-in of this process; returns the earlier one (to
+    restore it)."""
+    return _proxy_for.set(hosts)
 
 
 def proxy_allowed(url: str, *, credentialed: bool, proxy_for: tuple[str, ...] = ()) -> bool:
-    """Whether a request to ``url`` may go through a proxy from the environment (the module's proxy rule)."""
-    host = (urlsplit(url).hostname or "").lower()
+    """Whether a request to ``url`` may go through a proxy from the environment (the module's proxy rule; the
+    hosts named are matched by :meth:`~medheval.net.named.UserNamedHosts.covers`)."""
+    try:
+        host = parse_address(url).host
+    except ValueError:  # requests refuses such a URL anyway
+        return False
     if is_local_host(host):
         return False
-    if not credentialed:
-        return True
-    named = {h.strip().lower() for h in os.environ.get(PROXY_OPT_IN_ENV, "").split(",") if h.strip()}
-    return host in named | _proxy_for | {h.strip().lower() for h in proxy_for}
+    return not credentialed or _proxy_for.covers(url, *proxy_for)
 
 
 def session_for(url: str, *, credentialed: bool, proxy_for: tuple[str, ...] = ()) -> requests.Session:
@@ -216,15 +217,19 @@ def session_for(url: str, *, credentialed: bool, proxy_for: tuple[str, ...] = ()
 
 
 def origin(url: str) -> tuple[str, str, int | None]:
-    """``(scheme, host, port)`` with the scheme's default port filled in."""
-    parts = urlsplit(url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
-    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+    """``(scheme, host, port)`` with the scheme's default port filled in (a trailing dot kept: ``example.org.``
+    is another origin); ``ValueError`` for a URL that cannot be parsed."""
+    address = parse_address(url)
+    return address.scheme, address.host, address.default_port
 
 
 def _host(url: str) -> str:
-    scheme, host, port = origin(url)
-    return f"{host}:{port}" if port else host
+    """``host:port`` of ``url``, for messages."""
+    try:
+        _, host, port = origin(url)
+    except ValueError:
+        return "<unparseable URL>"
+    return f"{host}:{port}" if port is not None else host
 
 
 def _read(response: requests.Response, max_bytes: int, stop_at: float = float("inf"),
@@ -306,7 +311,11 @@ def _redirect_target(url: str, response: requests.Response, method: str = "POST"
     if not location:
         raise RedirectRefused(f"{_host(url)!r} answered {status} without a Location")
     target = urljoin(url, location)
-    if origin(target) != origin(url):
+    try:
+        same_origin = origin(target) == origin(url)
+    except ValueError:  # a Location that names no host and port: another origin, whatever it means
+        same_origin = False
+    if not same_origin:
         raise RedirectRefused(
             f"{_host(url)!r} answered {status} redirecting to another host, {_host(target)!r}: refused, so the "
             f"request (its text, images, key headers and credentials) is not sent there; if you trust that "
