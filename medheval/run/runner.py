@@ -475,13 +475,19 @@ def _check_options_used(spec: RunSpec, computed: set[str]) -> None:
                        f"(it computes: {', '.join(sorted(computed)) or 'none'})")
 
 
+def _unknown_ids(ids: Iterable[str], splits: Sequence[LoadedBenchmark], own_prefix: bool = False) -> list[str]:
+    """The ``ids`` (in order) that name no record of ``splits`` (every record, before ``--limit``); with
+    ``own_prefix``, only those that look like the splits' own (:func:`split_id_prefixes`)."""
+    known = {rid for loaded in splits for rid in (loaded.all_ids or loaded.dataset["id"])}
+    prefixes = tuple(prefix for loaded in splits for prefix in split_id_prefixes(loaded)) if own_prefix else ("",)
+    return [rid for rid in ids if rid.startswith(prefixes) and rid not in known]
+
+
 def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
     """Compare a predictions file's ids with the split; report mismatches clearly."""
     missing, extra = backend.check_against(loaded.dataset["id"])
-    prefixes = split_id_prefixes(loaded)
-    known = set(loaded.all_ids or loaded.dataset["id"])
     # ids that look like this split's but name no record of it (typos, another release): counted, not dropped
-    unknown = [rid for rid in extra if rid.startswith(prefixes) and rid not in known]
+    unknown = _unknown_ids(extra, [loaded], own_prefix=True)
     if missing and not allow_missing:
         raise RunError(
             f"{len(missing)} record(s) of {loaded.name}:{loaded.config} have no prediction in {backend.path} "
@@ -527,9 +533,7 @@ def check_rescored_files(loaded: LoadedBenchmark, backend: Any, warnings: list[s
     change = run_provenance.files_changed(generated, scoring)
     if change is None:
         return
-    prefixes = split_id_prefixes(loaded)
-    known = set(loaded.all_ids or loaded.dataset["id"])
-    gone = [rid for rid in backend.ids() if rid.startswith(prefixes) and rid not in known]
+    gone = _unknown_ids(backend.ids(), [loaded], own_prefix=True)
     asked = {row["id"]: (backend.prompts[row["id"]], [row["question"] or "", *(row["choices"] or [])])
              for row in loaded.dataset.select_columns(["id", "question", "choices"]).to_list()
              if row["id"] in backend.prompts}  # the records to score whose answer recorded its prompt
@@ -861,10 +865,9 @@ def _predictions_file_summary(backend: Any, prepared: list[PreparedSplit],
     if not hasattr(backend, "ids"):
         return None
     in_run = {rid for split in prepared for rid in split.loaded.dataset["id"]}
-    known = {rid for split in prepared for rid in (split.loaded.all_ids or split.loaded.dataset["id"])}
     ids = backend.ids()
     unused = [rid for rid in ids if rid not in in_run]
-    unknown = [rid for rid in unused if rid not in known]
+    unknown = _unknown_ids(unused, [split.loaded for split in prepared])
     if unknown:
         _warn(warnings, f"{len(unknown)} of {len(ids)} id(s) in the predictions file match no record of the "
                         f"split(s) in this run and were not scored (first: {unknown[:5]})")
