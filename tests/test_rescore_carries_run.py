@@ -138,6 +138,18 @@ def test_a_rescore_keeps_the_generation_seed_and_versions_of_its_answers(runs):
     assert copied["generation"] == made["generation"]
 
 
+def test_is_rescore_reads_a_run_its_settings_a_run_json_and_a_backend(runs):
+    from medheval.backends.predictions import PredictionsFileBackend
+    from medheval.run.provenance import is_rescore
+
+    rescore, generated = _results(runs["vcd_rs"]), _results(runs["vcd"])
+    assert is_rescore(rescore) and is_rescore(rescore["settings"]) and is_rescore(rescore["settings"]["backend"])
+    assert is_rescore(json.loads((runs["vcd_rs"] / "run.json").read_text()))
+    assert not any(is_rescore(part) for part in (generated, generated["settings"], generated["settings"]["backend"],
+                                                 json.loads((runs["vcd"] / "run.json").read_text()), {}))
+    assert is_rescore(PredictionsFileBackend(runs["vcd_copy"])) and not is_rescore(SimpleNamespace(name="m"))
+
+
 def test_a_part_of_a_split_is_refused_without_allow_limit(runs, capsys):
     part = runs["root"] / "part.jsonl"
     part.write_text("".join(runs["vcd_copy"].read_text().splitlines(keepends=True)[:2]))

@@ -354,7 +354,7 @@ def run_settings(run: Run) -> str:
     (:func:`medheval.run.provenance.of_run`), decoding (greedy, or sampled with its temperature, top_p and
     seed), max_new_tokens, the generation plan's own layers, ``--limit``, scoring (``upstream_compat``, metric
     options, judge), dtype, batch size and, for a re-score, the answers file; what is not recorded is left out."""
-    from medheval.run.provenance import of_run
+    from medheval.run.provenance import is_rescore, of_run
 
     results = run.results
     settings = results.get("settings") or {}
@@ -385,7 +385,7 @@ def run_settings(run: Run) -> str:
             parts.append(f"judge {scoring['judge'] if isinstance(scoring['judge'], str) else _compact(scoring['judge'])}")
     parts += [f"{name} {backend[key]}" for key, name in (("dtype", "dtype"), ("batch_size", "batch size"))
               if backend.get(key) is not None]
-    if backend.get("backend") == "predictions_file":
+    if is_rescore(backend):
         parts.append(f"re-scored answers from {backend.get('path', '?')}")
     return " · ".join(parts)
 

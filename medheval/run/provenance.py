@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 CLEAN_PROTOCOL = "clean"
+RESCORE_BACKEND = "predictions_file"  # the backend settings' name of a predictions file (a re-score)
 # the per-split annotation revisions: of the questions the answers were generated for, of the files a re-score
 # scored against where they are not those (or those are unknown); kept in results.json, never in log lines
 REVISION_KEYS = ("dataset_revision", "scoring_dataset_revision")
@@ -50,6 +51,18 @@ ALLOW_FLAGS = {"random_weights": "--allow-random-weights", "fixture": "--allow-f
 WHY = {"random_weights": "come from a random-weight model (their numbers mean nothing)",
        "fixture": "were scored on the embedded fixture (synthetic records), not the released data",
        "limit": "scored only the first {limit} record(s) of each split (--limit {limit})"}
+
+
+def is_rescore(run_or_backend: Any) -> bool:
+    """Whether the answers were read from a predictions file (a re-score), not generated: ``run_or_backend`` is
+    a run of ``results.json`` (its ``settings``), a ``run.json`` or settings block (its ``backend``), a backend's
+    settings (``"backend": "predictions_file"``) or a backend object (a predictions file carries provenance)."""
+    if not isinstance(run_or_backend, Mapping):
+        return hasattr(run_or_backend, "carried_provenance")
+    for key in ("settings", "backend"):
+        if isinstance(run_or_backend.get(key), Mapping):
+            return is_rescore(run_or_backend[key])
+    return run_or_backend.get("backend") == RESCORE_BACKEND
 
 
 def empty() -> dict[str, Any]:
@@ -196,7 +209,7 @@ def of_run(run: Mapping[str, Any], model_revision: Mapping[str, Any] | None = No
     if model_revision:
         own["model_revision"] = dict(model_revision)
     read = dataset_revision_of(run)  # the files this run read: of its questions, or for a re-score, of its scoring
-    rescore = backend.get("backend") == "predictions_file"
+    rescore = is_rescore(run)
     if read and not rescore:
         own["dataset_revision"] = read
     found = merge(run.get("provenance"), own)
@@ -212,7 +225,7 @@ def inherited(backend: Any) -> dict[str, Any] | None:
     """What a run inherits from its backend: for a predictions file (``carried_provenance``, ``path``), the
     ``provenance`` of its lines and of the ``results.json`` beside it when it is a run's ``predictions.jsonl``;
     ``None`` when there is nothing to inherit."""
-    if not hasattr(backend, "carried_provenance"):
+    if not is_rescore(backend):
         return None
     path = Path(backend.path)
     found: list[Mapping[str, Any]] = [part for part in backend.carried_provenance if isinstance(part, Mapping)]
@@ -243,7 +256,7 @@ def _made_with(run: Mapping[str, Any]) -> dict[str, Any]:
     ``results.json`` generated its answers with."""
     settings = run.get("settings") or {}
     backend = settings.get("backend") if isinstance(settings.get("backend"), Mapping) else {}
-    if backend.get("backend") == "predictions_file":  # a re-score generated nothing
+    if is_rescore(run):  # a re-score generated nothing
         return {}
     seed = settings.get("seed", backend.get("seed"))
     made: dict[str, Any] = {} if seed is None else {"seed": seed}
@@ -260,7 +273,7 @@ def input_settings(run: Mapping[str, Any]) -> dict[str, Any]:
     run that generated them (``provenance.made_with.inputs``)."""
     settings = run.get("settings") or {}
     backend = settings.get("backend") if isinstance(settings.get("backend"), Mapping) else {}
-    if backend.get("backend") != "predictions_file":
+    if not is_rescore(run):
         return {key: backend[key] for key in INPUT_SETTINGS if key in backend}
     made = (run.get("provenance") or {}).get("made_with") if isinstance(run.get("provenance"), Mapping) else None
     inputs = made.get("inputs") if isinstance(made, Mapping) else None

@@ -140,7 +140,7 @@ def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mappin
                            f"folder.")
         if isinstance(recorded.get("device"), str):  # folders of earlier versions hold a data-parallel "cuda:N"
             recorded["device"] = recorded["device"].split(":")[0]
-        if recorded.get("backend") == "predictions_file" and isinstance(recorded.get("path"), str):
+        if run_provenance.is_rescore(recorded) and isinstance(recorded.get("path"), str):
             recorded["path"] = str(Path(recorded["path"]).resolve())  # earlier versions kept the path as typed
         batch_before, batch_after = recorded.get("batch_size"), (settings.get("backend") or {}).get("batch_size")
         resized = "batch_size" in recorded and batch_after is not None and batch_before != batch_after
@@ -643,7 +643,7 @@ def _refuse_own_log(backend: Backend, output: Path) -> None:
     """A ``--predictions`` file must not be one of the logs this run appends to (``predictions.jsonl`` or a
     data-parallel part log of ``output``): the run would write into the user's input file."""
     given = getattr(backend, "path", None)
-    if not isinstance(given, (str, Path)) or not hasattr(backend, "check_against"):
+    if not isinstance(given, (str, Path)) or not run_provenance.is_rescore(backend):
         return
     source, folder = Path(given).resolve(), output.resolve()
     if source.parent == folder and source.name.startswith("predictions") and source.suffix == ".jsonl":
@@ -741,7 +741,7 @@ class QAProtocol(SplitProtocol):
     name = "qa"
 
     def prepare(self, loaded: LoadedBenchmark, backend: Backend, spec: RunSpec) -> list[str]:
-        if hasattr(backend, "check_against"):  # a predictions file: its ids against the split's
+        if run_provenance.is_rescore(backend):  # a predictions file: its ids against the split's
             _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
         return _metric_names(loaded, spec.metrics, spec.judge)
 
@@ -788,7 +788,7 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str, warning
     if callable(getattr(backend, "check_records", None)):  # an API model: credentialed records refused up front
         fields = [name for name in ("id", "source", "meta") if name in loaded.dataset.column_names]
         backend.check_records(loaded.dataset.select_columns(fields).to_list())
-    if hasattr(backend, "check_against"):  # a re-score: is it scored against the files its answers were made from?
+    if run_provenance.is_rescore(backend):  # scored against the files its answers were made from?
         check_rescored_files(loaded, backend, warnings)
     metric_names = protocol.prepare(loaded, backend, spec)
     options = _options_for(spec, metric_names)
@@ -862,7 +862,7 @@ def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit
 def _predictions_file_summary(backend: Any, prepared: list[PreparedSplit],
                               warnings: list[str]) -> dict[str, Any] | None:
     """How many of a predictions file's ids this run scored, and how many match none of its records."""
-    if not hasattr(backend, "ids"):
+    if not run_provenance.is_rescore(backend):
         return None
     in_run = {rid for split in prepared for rid in split.loaded.dataset["id"]}
     ids = backend.ids()
