@@ -35,6 +35,7 @@ is set), so ``medheval run --predictions`` on that file inherits it (from the li
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from pathlib import Path
@@ -42,6 +43,7 @@ from typing import Any, Iterable, Mapping
 
 CLEAN_PROTOCOL = "clean"
 RESCORE_BACKEND = "predictions_file"  # the backend settings' name of a predictions file (a re-score)
+_INHERITED = "_medheval_inherited_provenance"  # where inherited() keeps its result on the backend
 # the per-split annotation revisions: of the questions the answers were generated for, of the files a re-score
 # scored against where they are not those (or those are unknown); kept in results.json, never in log lines
 REVISION_KEYS = ("dataset_revision", "scoring_dataset_revision")
@@ -224,26 +226,40 @@ def of_run(run: Mapping[str, Any], model_revision: Mapping[str, Any] | None = No
 def inherited(backend: Any) -> dict[str, Any] | None:
     """What a run inherits from its backend: for a predictions file (``carried_provenance``, ``path``), the
     ``provenance`` of its lines and of the ``results.json`` beside it when it is a run's ``predictions.jsonl``;
-    ``None`` when there is nothing to inherit."""
+    ``None`` when there is nothing to inherit. Worked out once per backend (kept on it): each later call (a
+    grid's cells, each split's files check) gets a copy, without reading ``results.json`` again."""
     if not is_rescore(backend):
         return None
-    path = Path(backend.path)
+    if _INHERITED not in vars(backend):
+        setattr(backend, _INHERITED, _inherited(backend))
+    return copy.deepcopy(getattr(backend, _INHERITED))
+
+
+def _inherited(backend: Any) -> dict[str, Any] | None:
+    """:func:`inherited`, worked out: the lines' provenance, then each run's beside the answers."""
     found: list[Mapping[str, Any]] = [part for part in backend.carried_provenance if isinstance(part, Mapping)]
     made: dict[str, Any] = {"generation": backend.carried_generation} if getattr(backend, "carried_generation",
                                                                                   None) else {}
-    beside = path.parent / "results.json"
-    if path.name == "predictions.jsonl" and beside.is_file():
-        try:
-            results = json.loads(beside.read_text())
-        except ValueError:
-            results = {}
-        for run in (results.get("runs") or [results]) if isinstance(results, dict) else []:
-            if isinstance(run, Mapping):
-                found.append(of_run(run))
-                made.update(_made_with(run))
+    for run in _runs_beside(Path(backend.path)):
+        found.append(of_run(run))
+        made.update(_made_with(run))
     if made:
         found.append({"made_with": made})  # after the lines' and results' own: an earlier run's wins
     return merge(*found) if found else None
+
+
+def _runs_beside(path: Path) -> list[Mapping[str, Any]]:
+    """The runs of the ``results.json`` beside ``path`` when ``path`` is a run's ``predictions.jsonl`` (one, or a
+    grid's ``runs``); none for another file, or one that does not read as JSON."""
+    beside = path.parent / "results.json"
+    if path.name != "predictions.jsonl" or not beside.is_file():
+        return []
+    try:
+        results = json.loads(beside.read_text())
+    except ValueError:
+        return []
+    runs = (results.get("runs") or [results]) if isinstance(results, dict) else []
+    return [run for run in runs if isinstance(run, Mapping)]
 
 
 # backend settings that decide what the model saw, not how it decoded: the grey canvas of a grayscale image
