@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import json
 import os
 import re
@@ -32,7 +31,7 @@ from medheval.run.distributed import shard_batches
 # mitigation_slug lives in grid_plan now; it is still imported from here
 from medheval.run.grid_plan import PlannedCell, cell_folder, changes, mitigation_slug, record_plan  # noqa: F401
 from medheval.run.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
-from medheval.scoring.metric_options import check_options
+from medheval.scoring.metric_options import check_options, compute_parameters, takes
 from medheval.run.outputs import atomic_write_text, open_owned
 from medheval.run.prompts import describe_templates
 from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
@@ -389,8 +388,7 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
     whose image does not decode is left out of every metric and counted (``warnings`` says so)."""
     rows = [row for row in loaded.dataset.to_list() if row["id"] in predictions]
     images = None
-    if loaded.resolver and rows and any("images" in inspect.signature(load_metric(name)._compute).parameters
-                                        for name in metric_names):
+    if loaded.resolver and rows and any(takes(load_metric(name), "images") for name in metric_names):
         rows, images = _images_without_reference(loaded, rows, skip_undecodable, [] if warnings is None else warnings)
     results: dict[str, Any] = {}
     split = f"{loaded.name}:{loaded.config}"  # what the report groups and filters items by
@@ -403,9 +401,9 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
     for name in _run_results_last(metric_names):
         metric = load_metric(name)
         kwargs = metric_kwargs(metric, rows, (options or {}).get(name, {}))
-        if "images" in inspect.signature(metric._compute).parameters and "images" not in kwargs and images is not None:
+        if takes(metric, "images") and "images" not in kwargs and images is not None:
             kwargs["images"] = images
-        if "run_results" in inspect.signature(metric._compute).parameters and "run_results" not in kwargs:
+        if takes(metric, "run_results") and "run_results" not in kwargs:
             kwargs["run_results"] = dict(computed)
         out = metric.compute(predictions=[predictions[row["id"]] for row in rows],
                              references=[row["answer"] for row in rows], **kwargs)
@@ -429,7 +427,7 @@ def count_empty(items: Sequence[Mapping[str, Any]]) -> int:
 def _run_results_last(metric_names: Sequence[str]) -> list[str]:
     """The metrics in order, those whose ``_compute`` takes ``run_results`` (a composite such as RadCliQ-v1,
     built from the other metrics' per-item outputs on the same items) after all others."""
-    reads = {name: "run_results" in inspect.signature(load_metric(name)._compute).parameters for name in metric_names}
+    reads = {name: takes(load_metric(name), "run_results") for name in metric_names}
     return [name for name in metric_names if not reads[name]] + [name for name in metric_names if reads[name]]
 
 
@@ -453,7 +451,7 @@ def _options_for(spec: RunSpec, metric_names: Sequence[str]) -> dict[str, dict[s
     protocol_options = get_protocol(spec.protocol).metric_options
     for name in metric_names:
         metric = load_metric(name)
-        accepted = inspect.signature(metric._compute).parameters
+        accepted = compute_parameters(metric)
         for key, value in protocol_options.get(name, {}).items():  # the paper's scoring, under the user's
             options[name].setdefault(key, value)
         if spec.upstream_compat and "upstream_compat" in accepted:
