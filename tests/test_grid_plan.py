@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -110,6 +111,44 @@ def test_same_axes_keep_the_plan_other_axes_are_refused_and_an_old_file_gets_one
     assert read_plan(tmp_path) is None
     record_plan(tmp_path, axes, cells)
     assert read_plan(tmp_path) == cells
+
+
+def test_another_protocol_over_the_same_axes_is_refused_before_anything_is_written(fixture_benchmark, tmp_path,
+                                                                                   monkeypatch):
+    """medheval-mitigation adds avisc's options: the same axes plan other cells. Resumed under clean, the grid
+    is refused before its plan (or a model folder's) changes, not after the plan was replaced."""
+    monkeypatch.setattr(grids, "check_model", lambda model: None)
+
+    def killed(*args, **kwargs):
+        raise Interrupted("killed as the first cell started")
+
+    monkeypatch.setattr(runner, "run", killed)
+    out = tmp_path / "grid"
+
+    def config(protocol: str) -> grids.GridConfig:
+        return parse_grid_config({"output": str(out), "models": MODELS, "benchmarks": ["context"],
+                                  "mitigations": ["none", "avisc"], "protocol": protocol}, "grid.yaml")
+
+    def run(protocol: str) -> None:
+        run_config(config(protocol), build_backend=lambda args: (SimpleNamespace(name=args.model, needs_images=True),
+                                                                 {}))
+
+    def files() -> dict[Path, bytes]:
+        return {path: path.read_bytes() for path in out.rglob("*") if path.is_file() and path.name != ".medheval.lock"}
+
+    with pytest.raises(Interrupted):
+        run("medheval-mitigation")
+    written = files()
+    assert sorted(path.relative_to(out).as_posix() for path in written) == [GRID_FILE, f"org__model-a/{GRID_FILE}"]
+    planned, now = ([cell.folder for cell in grid_plan(config(protocol))] for protocol in ("medheval-mitigation",
+                                                                                          "clean"))
+    assert read_plan(out) == grid_plan(config("medheval-mitigation")) and now[1] != planned[1]
+    with pytest.raises(RunError, match=f"{re.escape(str(out))} holds a grid whose plan \\(grid.json\\) has other "
+                                       "cells over the same axes \\(planned: .*; now: .*\\): another model, "
+                                       "--protocol or --seeds") as error:
+        run("clean")
+    assert all(folder in str(error.value) for folder in (planned[1], planned[3], now[1], now[3]))
+    assert files() == written
 
 
 @pytest.mark.parametrize("cell", [{"folder": "../elsewhere", "model": "m", "mitigation": "none"},
