@@ -226,6 +226,24 @@ def test_a_model_folder_keeps_its_own_plan_for_its_own_report_and_the_grid_count
         f"{model}: grid without its combined results.json: it did not finish; the report shows the 1 finished "
         f"run(s) found in it, and cells that never started are not listed; {RESUME}"]
 
+@pytest.mark.parametrize("extra", ["org__model-a", "org__model-a/none", "."])
+@pytest.mark.parametrize("first", [True, False])
+def test_a_grid_given_with_its_own_folders_names_each_cell_once(interrupted, tmp_path, extra, first):
+    """`medheval report out out/org__a` (either order; a cell folder, or the grid again as another path): the
+    grid is searched once, so the never-started cell of model a is named once, by the grid's plan."""
+    inner = (interrupted / extra).resolve() if extra != "." else Path(f"{interrupted}/./")
+    paths = [interrupted, inner] if first else [inner, interrupted]
+    runs = find_runs(paths)
+    assert len(runs) == 1 and runs[0].path == interrupted / "org__model-a" / "none"
+    notes = runs[0].notes
+    assert [note for note in notes if "did not finish" in note] == find_runs([interrupted])[0].notes
+    vcd = read_plan(interrupted)[1].folder.split("/")[1]
+    assert sum(vcd in note for note in notes) == 1 and "4 cell(s)" in notes[0]
+    written = write_report(paths, tmp_path / "report", plots=False)
+    assert sum(f"org/model-a · vcd (medheval) (org__model-a/{vcd})" in line for line in _caveats(written)) == 1
+    assert not any(f"({vcd})" in line for line in _caveats(written))  # the model folder's own plan: not said
+
+
 def test_a_started_cell_is_named_once_as_an_incomplete_run(interrupted, tmp_path):
     cell = read_plan(interrupted)[2]  # model-b · none: killed while it loaded
     (interrupted / cell.folder).mkdir(parents=True)
