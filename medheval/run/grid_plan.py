@@ -11,8 +11,8 @@ the grid folder), its model, mitigation spec, image control, sampling seed and b
 A resume over the same axes keeps the plan (or records it in a grid folder written before plans were, or
 after the benchmarks changed, which a resume allows); one over other axes is refused, as before plans
 existed, and so is one whose plan has other cells (another ``protocol`` adding method options, other seeds),
-before anything is written. ``medheval report`` reads the plan (:func:`read_plan`) to name the cells of an interrupted grid
-that never started. Only the main process of a data-parallel launch writes the file.
+before anything is written. ``medheval report`` reads the plan (:func:`read_plan`) to name the cells of an
+interrupted grid that never started. Only the main process of a data-parallel launch writes the file.
 
 A config grid (:func:`medheval.run.grids.run_config`) writes the plan of all its cells in its output folder,
 and each model's folder, a command-line grid of its own (:func:`medheval.run.runner.run_grid`: its own
