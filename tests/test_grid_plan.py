@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -112,6 +113,44 @@ def test_same_axes_keep_the_plan_other_axes_are_refused_and_an_old_file_gets_one
     assert read_plan(tmp_path) == cells
 
 
+def test_another_protocol_over_the_same_axes_is_refused_before_anything_is_written(fixture_benchmark, tmp_path,
+                                                                                   monkeypatch):
+    """medheval-mitigation adds avisc's options: the same axes plan other cells. Resumed under clean, the grid
+    is refused before its plan (or a model folder's) changes, not after the plan was replaced."""
+    monkeypatch.setattr(grids, "check_model", lambda model: None)
+
+    def killed(*args, **kwargs):
+        raise Interrupted("killed as the first cell started")
+
+    monkeypatch.setattr(runner, "run", killed)
+    out = tmp_path / "grid"
+
+    def config(protocol: str) -> grids.GridConfig:
+        return parse_grid_config({"output": str(out), "models": MODELS, "benchmarks": ["context"],
+                                  "mitigations": ["none", "avisc"], "protocol": protocol}, "grid.yaml")
+
+    def run(protocol: str) -> None:
+        run_config(config(protocol), build_backend=lambda args: (SimpleNamespace(name=args.model, needs_images=True),
+                                                                 {}))
+
+    def files() -> dict[Path, bytes]:
+        return {path: path.read_bytes() for path in out.rglob("*") if path.is_file() and path.name != ".medheval.lock"}
+
+    with pytest.raises(Interrupted):
+        run("medheval-mitigation")
+    written = files()
+    assert sorted(path.relative_to(out).as_posix() for path in written) == [GRID_FILE, f"org__model-a/{GRID_FILE}"]
+    planned, now = ([cell.folder for cell in grid_plan(config(protocol))] for protocol in ("medheval-mitigation",
+                                                                                          "clean"))
+    assert read_plan(out) == grid_plan(config("medheval-mitigation")) and now[1] != planned[1]
+    with pytest.raises(RunError, match=f"{re.escape(str(out))} holds a grid whose plan \\(grid.json\\) has other "
+                                       "cells over the same axes \\(planned: .*; now: .*\\): another model, "
+                                       "--protocol or --seeds") as error:
+        run("clean")
+    assert all(folder in str(error.value) for folder in (planned[1], planned[3], now[1], now[3]))
+    assert files() == written
+
+
 @pytest.mark.parametrize("cell", [{"folder": "../elsewhere", "model": "m", "mitigation": "none"},
                                   {"folder": "/abs", "model": "m", "mitigation": "none"},
                                   {"folder": "x", "model": "m"}, "x"])
@@ -186,6 +225,24 @@ def test_a_model_folder_keeps_its_own_plan_for_its_own_report_and_the_grid_count
     assert find_runs([model])[0].notes == [
         f"{model}: grid without its combined results.json: it did not finish; the report shows the 1 finished "
         f"run(s) found in it, and cells that never started are not listed; {RESUME}"]
+
+@pytest.mark.parametrize("extra", ["org__model-a", "org__model-a/none", "."])
+@pytest.mark.parametrize("first", [True, False])
+def test_a_grid_given_with_its_own_folders_names_each_cell_once(interrupted, tmp_path, extra, first):
+    """`medheval report out out/org__a` (either order; a cell folder, or the grid again as another path): the
+    grid is searched once, so the never-started cell of model a is named once, by the grid's plan."""
+    inner = (interrupted / extra).resolve() if extra != "." else Path(f"{interrupted}/./")
+    paths = [interrupted, inner] if first else [inner, interrupted]
+    runs = find_runs(paths)
+    assert len(runs) == 1 and runs[0].path == interrupted / "org__model-a" / "none"
+    notes = runs[0].notes
+    assert [note for note in notes if "did not finish" in note] == find_runs([interrupted])[0].notes
+    vcd = read_plan(interrupted)[1].folder.split("/")[1]
+    assert sum(vcd in note for note in notes) == 1 and "4 cell(s)" in notes[0]
+    written = write_report(paths, tmp_path / "report", plots=False)
+    assert sum(f"org/model-a · vcd (medheval) (org__model-a/{vcd})" in line for line in _caveats(written)) == 1
+    assert not any(f"({vcd})" in line for line in _caveats(written))  # the model folder's own plan: not said
+
 
 def test_a_started_cell_is_named_once_as_an_incomplete_run(interrupted, tmp_path):
     cell = read_plan(interrupted)[2]  # model-b · none: killed while it loaded

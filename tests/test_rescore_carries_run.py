@@ -138,6 +138,46 @@ def test_a_rescore_keeps_the_generation_seed_and_versions_of_its_answers(runs):
     assert copied["generation"] == made["generation"]
 
 
+def test_a_rescore_reads_the_results_beside_its_answers_once(runs, monkeypatch):
+    """The answers' results.json is read once per re-score (not once per protocol check, split and cell), and
+    what it says is still inherited: protocol, seed, versions and the answers' annotation files."""
+    from medheval.run import provenance
+
+    reads, read = [], provenance._runs_beside
+    monkeypatch.setattr(provenance, "_runs_beside", lambda path: reads.append(path) or read(path))
+    out = runs["root"] / "proto_once"
+    assert main(["run", "--benchmark", SPLIT, "--predictions", str(runs["proto"] / "predictions.jsonl"),
+                 "--output", str(out), "--data-dir", str(runs["data"])]) == 0
+    assert reads == [runs["proto"] / "predictions.jsonl"]
+    source, carried = _results(runs["proto"]), _results(out)["provenance"]
+    assert _results(out)["protocol"]["name"] == carried["protocol"] == "medheval-baseline"
+    assert carried["made_with"]["seed"] == 3 and carried["made_with"]["versions"] == source["versions"]
+    assert carried["dataset_revision"] == source["provenance"]["dataset_revision"]
+    assert "scoring_dataset_revision" not in carried  # the same files: nothing re-scored against other ones
+
+
+def test_inherited_provenance_is_a_fresh_copy_each_time(runs):
+    from medheval.backends.predictions import PredictionsFileBackend
+    from medheval.run import provenance
+
+    backend = PredictionsFileBackend(runs["proto"] / "predictions.jsonl")
+    first = provenance.inherited(backend)
+    first["made_with"]["seed"] = 99  # a caller changing its copy changes no later one
+    assert provenance.inherited(backend)["made_with"]["seed"] == 3
+
+
+def test_is_rescore_reads_a_run_its_settings_a_run_json_and_a_backend(runs):
+    from medheval.backends.predictions import PredictionsFileBackend
+    from medheval.run.provenance import is_rescore
+
+    rescore, generated = _results(runs["vcd_rs"]), _results(runs["vcd"])
+    assert is_rescore(rescore) and is_rescore(rescore["settings"]) and is_rescore(rescore["settings"]["backend"])
+    assert is_rescore(json.loads((runs["vcd_rs"] / "run.json").read_text()))
+    assert not any(is_rescore(part) for part in (generated, generated["settings"], generated["settings"]["backend"],
+                                                 json.loads((runs["vcd"] / "run.json").read_text()), {}))
+    assert is_rescore(PredictionsFileBackend(runs["vcd_copy"])) and not is_rescore(SimpleNamespace(name="m"))
+
+
 def test_a_part_of_a_split_is_refused_without_allow_limit(runs, capsys):
     part = runs["root"] / "part.jsonl"
     part.write_text("".join(runs["vcd_copy"].read_text().splitlines(keepends=True)[:2]))

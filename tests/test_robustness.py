@@ -111,6 +111,28 @@ def test_every_option_of_every_metric_has_a_type():
         assert sorted(set(options) - set(option_types(metric))) == [], name
 
 
+def test_a_metric_signature_is_read_once_for_every_question_about_it(monkeypatch):
+    """takes / compute_parameters answer what the runner, the option checks and the results' option list ask
+    of a metric's ``_compute`` from one reading of its signature."""
+    import inspect
+
+    from medheval.scoring import metric_options
+
+    class Metric:
+        def _compute(self, predictions, references, images=None, threshold: float = 0.5):
+            return {}
+
+    real, read = inspect.signature, []
+    monkeypatch.setattr(inspect, "signature", lambda function, *args, **kwargs: read.append(function)
+                        or real(function, *args, **kwargs))
+    metric = Metric()
+    assert metric_options.takes(metric, "images") and not metric_options.takes(metric, "run_results")
+    assert metric_options.check_options("m", metric, {"threshold": "0.2"}) == {"threshold": 0.2}
+    assert metric_options.option_types(metric) == {"threshold": float}
+    assert metric_options.non_default_options(metric, {"threshold": 0.5, "images": [1]}) == {"images": [1]}
+    assert read == [metric._compute]
+
+
 def test_capital_false_really_turns_upstream_compat_off(fixture_benchmark, tmp_path):
     """Reproduction: "False" was the truthy string "False", so upstream scoring ran while results said false."""
     ds = load_benchmark("mm_vishal", "vqa_rad", data_dir=fixture_benchmark["data_dir"])

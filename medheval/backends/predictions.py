@@ -28,6 +28,7 @@ from typing import Any
 
 from medheval.backends.base import BackendError
 from medheval.run.control import CONTROLS
+from medheval.run.provenance import RESCORE_BACKEND
 
 MAX_LINE_BYTES = 1_000_000  # one line of a predictions file (or of a run's predictions.jsonl)
 MAX_PREDICTION_CHARS = 100_000  # one prediction: far above any model's answer or report
@@ -228,7 +229,7 @@ class PredictionsFileBackend:
 
     def settings(self) -> dict:
         return {
-            "backend": "predictions_file",
+            "backend": RESCORE_BACKEND,
             "model": self.name,
             "path": str(self.path.resolve()),  # the same file, given relative or absolute, is the same setting
             "sha256": self._sha256,

@@ -219,7 +219,9 @@ def _prompts(path: Path) -> dict[str, str]:
 
 def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
     """Every run folder under ``paths`` (a run, a grid, or a folder of them), each once, in path order
-    except that each model's ``none`` run comes first (:func:`baseline_first`).
+    except that each model's ``none`` run comes first (:func:`baseline_first`). A folder given twice, or inside
+    another one given (a grid's own model folder), is searched once, as part of the outer one, so its cells and
+    caveats are not counted twice.
 
     A grid's combined results.json whose sub-folders are gone still yields its runs (without items). A run
     folder started but not finished (:func:`unfinished_run`) and a grid without its combined results.json
@@ -228,28 +230,29 @@ def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
     ``cluster`` (:data:`CLUSTER_MODES`) is how their intervals resample (:attr:`Run.cluster`)."""
     if cluster not in CLUSTER_MODES:
         raise ReportError(f"--cluster {cluster!r}: choose one of {CLUSTER_MODES}")
-    runs: list[Run] = []
-    seen: set[Path] = set()
-    unfinished: list[str] = []  # caveats for runs and grids that were started but never finished
-    for given in paths:
-        path = Path(given)
+    given = [Path(path) for path in paths]
+    for path in given:
         if path.is_file():  # e.g. the run's results.json instead of its folder
             fix = (f"pass its folder: {path.parent}" if path.name in ("results.json", "results.md", "report.html")
                    else "pass run folders written by `medheval run`")
             raise ReportError(f"{path}: a file, not a run folder; {fix}")
         if not path.is_dir():
             raise ReportError(f"{path}: no such folder; pass run folders written by `medheval run`")
+    runs: list[Run] = []
+    walked: set[Path] = set()  # every folder searched (resolved): one given twice, or inside another, is not again
+    unfinished: list[str] = []  # caveats for runs and grids that were started but never finished
+    for path in _outermost_first(given):
+        if path.resolve() in walked:  # found with a folder it is in (a grid's own model folder), or given twice
+            continue
         before = len(unfinished)
-        found = _walk(path, 0, unfinished)
+        found = _walk(path, 0, unfinished, walked)
         if not found and len(unfinished) == before:
             raise ReportError(f"{path}: not a run folder (no results.json with 'settings' and 'benchmarks') and "
                               f"no run folder below it (searched {MAX_DEPTH} levels); pass the --output folder "
                               f"of `medheval run`")
         for run in found:
-            if run.path.resolve() not in seen:
-                seen.add(run.path.resolve())
-                run.cluster = cluster
-                runs.append(run)
+            run.cluster = cluster
+            runs.append(run)
     unfinished = list(dict.fromkeys(unfinished))
     if not runs:
         raise ReportError("; ".join(unfinished))
@@ -354,7 +357,7 @@ def run_settings(run: Run) -> str:
     (:func:`medheval.run.provenance.of_run`), decoding (greedy, or sampled with its temperature, top_p and
     seed), max_new_tokens, the generation plan's own layers, ``--limit``, scoring (``upstream_compat``, metric
     options, judge), dtype, batch size and, for a re-score, the answers file; what is not recorded is left out."""
-    from medheval.run.provenance import of_run
+    from medheval.run.provenance import is_rescore, of_run
 
     results = run.results
     settings = results.get("settings") or {}
@@ -385,7 +388,7 @@ def run_settings(run: Run) -> str:
             parts.append(f"judge {scoring['judge'] if isinstance(scoring['judge'], str) else _compact(scoring['judge'])}")
     parts += [f"{name} {backend[key]}" for key, name in (("dtype", "dtype"), ("batch_size", "batch size"))
               if backend.get(key) is not None]
-    if backend.get("backend") == "predictions_file":
+    if is_rescore(backend):
         parts.append(f"re-scored answers from {backend.get('path', '?')}")
     return " · ".join(parts)
 
@@ -455,12 +458,24 @@ def run_labels(runs: Sequence[Run]) -> dict[int, str]:
     return labels
 
 
-def _walk(path: Path, depth: int, unfinished: list[str], in_grid: bool = False) -> list[Run]:
-    """The run folders at or below ``path``; a started but unfinished run or grid (the outermost one, not each
-    of its levels) adds its caveat to ``unfinished``."""
+def _outermost_first(paths: Sequence[Path]) -> list[Path]:
+    """``paths`` in order, those inside another of them (resolved) after the others."""
+    resolved = [path.resolve() for path in paths]
+    inner = [any(other in folder.parents for other in resolved) for folder in resolved]
+    return [path for path, nested in zip(paths, inner) if not nested] + [
+        path for path, nested in zip(paths, inner) if nested]
+
+
+def _walk(path: Path, depth: int, unfinished: list[str], walked: set[Path], in_grid: bool = False) -> list[Run]:
+    """The run folders at or below ``path`` not in ``walked`` (resolved folders already searched; ``path``'s are
+    added); a started but unfinished run or grid (the outermost one, not each of its levels) adds its caveat to
+    ``unfinished``."""
     from medheval.run.grid_plan import read_plan
     from medheval.run.outputs import LOCK_NAME
 
+    if path.resolve() in walked:
+        return []
+    walked.add(path.resolve())
     results_path = path / "results.json"
     data = _read_json(results_path) if results_path.exists() else None
     if _is_run(data):
@@ -477,7 +492,7 @@ def _walk(path: Path, depth: int, unfinished: list[str], in_grid: bool = False) 
     runs: list[Run] = []
     if depth < MAX_DEPTH:
         for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            runs += _walk(child, depth + 1, unfinished, in_grid or grid)
+            runs += _walk(child, depth + 1, unfinished, walked, in_grid or grid)
     if plan is not None:  # said even when no cell finished: the plan names what never started
         unfinished.insert(before, planned_grid(path, plan, unfinished[before:]))
     elif grid and (runs or len(unfinished) > before):

@@ -10,8 +10,9 @@ the grid folder), its model, mitigation spec, image control, sampling seed and b
 
 A resume over the same axes keeps the plan (or records it in a grid folder written before plans were, or
 after the benchmarks changed, which a resume allows); one over other axes is refused, as before plans
-existed. ``medheval report`` reads the plan (:func:`read_plan`) to name the cells of an interrupted grid
-that never started. Only the main process of a data-parallel launch writes the file.
+existed, and so is one whose plan has other cells (another ``protocol`` adding method options, other seeds),
+before anything is written. ``medheval report`` reads the plan (:func:`read_plan`) to name the cells of an
+interrupted grid that never started. Only the main process of a data-parallel launch writes the file.
 
 A config grid (:func:`medheval.run.grids.run_config`) writes the plan of all its cells in its output folder,
 and each model's folder, a command-line grid of its own (:func:`medheval.run.runner.run_grid`: its own
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Mapping, Sequence
 
@@ -113,8 +114,9 @@ def changes(before: Mapping[str, Any], now: Mapping[str, Any], show: Callable[[A
 def record_plan(output: str | Path, axes: Mapping[str, Sequence[str]], cells: Sequence[PlannedCell]) -> None:
     """Write ``<output>/grid.json`` (the axes and the plan of ``cells``) atomically before a grid's first cell.
 
-    A folder holding a grid over other axes is refused (:class:`RunError`; its combined results would gain or
-    lose cells) and its file is left as it is; over the same axes the recorded plan is kept when it is this
+    A folder holding a grid over other axes, or whose recorded plan has other cells over the same axes (another
+    protocol's method options, other seeds, another model), is refused (:class:`RunError`; its combined results
+    would gain or lose cells) and its file is left as it is; otherwise the recorded plan is kept when it is this
     one, else replaced by it (a grid folder from before plans were recorded, or a resume with other benchmarks)."""
     from medheval.run.outputs import atomic_write_text
 
@@ -132,6 +134,11 @@ def record_plan(output: str | Path, axes: Mapping[str, Sequence[str]], cells: Se
                            f"resume), or choose another --output folder.")
         if recorded == wanted:
             return
+        moved = _moved_cells(_plan_of(recorded), cells)
+        if moved:
+            raise RunError(f"{output} holds a grid whose plan ({GRID_FILE}) has other cells over the same axes "
+                           f"({moved}): another model, --protocol or --seeds than it was started with. Re-run with "
+                           f"those (the cell folders resume), or choose another --output folder.")
     Path(output).mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(wanted, indent=1, sort_keys=True))
 
@@ -139,15 +146,36 @@ def record_plan(output: str | Path, axes: Mapping[str, Sequence[str]], cells: Se
 def read_plan(folder: str | Path) -> list[PlannedCell] | None:
     """The cells ``<folder>/grid.json`` plans, or ``None`` when it has no plan (no file, a grid written before
     plans were recorded, or a file that does not read as one: the report then says what it said before)."""
-    path = Path(folder) / GRID_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return _plan_of(json.loads((Path(folder) / GRID_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
+
+
+def _plan_of(data: Any) -> list[PlannedCell] | None:
+    """The cells a parsed ``grid.json`` plans, or ``None`` when it holds no plan that reads as one."""
+    try:
         cells = data[PLAN_KEY]["cells"]
         if not isinstance(cells, list) or not cells:
             return None
         return [PlannedCell.from_json(cell) for cell in cells]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
+
+
+def _moved_cells(recorded: Sequence[PlannedCell] | None, cells: Sequence[PlannedCell]) -> str | None:
+    """How the ``recorded`` plan's cells differ from ``cells`` in anything but their benchmarks (which a resume
+    may change), ``"planned: … ; now: …"`` by folder; ``None`` when they do not (or nothing was planned)."""
+    if recorded is None:
+        return None
+    before, now = ({replace(cell, benchmarks=()) for cell in group} for group in (recorded, cells))
+    if before == now:
+        return None
+
+    def named(group: set[PlannedCell]) -> str:
+        return ", ".join(sorted(f"{cell.folder} ({cell.model} · {cell.mitigation})" for cell in group)) or "none"
+
+    return f"planned: {named(before - now)}; now: {named(now - before)}"
 
 
 __all__ = ["GRID_FILE", "PLAN_KEY", "PlannedCell", "cell_folder", "mitigation_slug", "plan_cells", "read_plan",

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import inspect
 import re
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Container, Mapping
@@ -208,9 +207,9 @@ def metric_kwargs(metric: Any, rows: list[dict], options: Mapping[str, Any]) -> 
     """Keyword arguments for ``metric.compute`` beyond predictions/references: the record fields and
     options its ``_compute`` signature names. An option it does not accept, or whose value does not
     fit the option's declared type, is an error (:mod:`medheval.scoring.metric_options`)."""
-    from medheval.scoring.metric_options import check_options
+    from medheval.scoring.metric_options import check_options, compute_parameters
 
-    accepted = inspect.signature(metric._compute).parameters
+    accepted = compute_parameters(metric)
     kwargs = {name: [field(row) for row in rows] for name, field in RECORD_INPUTS.items() if name in accepted}
     kwargs.update(check_options(metric.name, metric, options, set(RECORD_INPUTS)))
     return kwargs

@@ -35,12 +35,15 @@ is set), so ``medheval run --predictions`` on that file inherits it (from the li
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 CLEAN_PROTOCOL = "clean"
+RESCORE_BACKEND = "predictions_file"  # the backend settings' name of a predictions file (a re-score)
+_INHERITED = "_medheval_inherited_provenance"  # where inherited() keeps its result on the backend
 # the per-split annotation revisions: of the questions the answers were generated for, of the files a re-score
 # scored against where they are not those (or those are unknown); kept in results.json, never in log lines
 REVISION_KEYS = ("dataset_revision", "scoring_dataset_revision")
@@ -50,6 +53,18 @@ ALLOW_FLAGS = {"random_weights": "--allow-random-weights", "fixture": "--allow-f
 WHY = {"random_weights": "come from a random-weight model (their numbers mean nothing)",
        "fixture": "were scored on the embedded fixture (synthetic records), not the released data",
        "limit": "scored only the first {limit} record(s) of each split (--limit {limit})"}
+
+
+def is_rescore(run_or_backend: Any) -> bool:
+    """Whether the answers were read from a predictions file (a re-score), not generated: ``run_or_backend`` is
+    a run of ``results.json`` (its ``settings``), a ``run.json`` or settings block (its ``backend``), a backend's
+    settings (``"backend": "predictions_file"``) or a backend object (a predictions file carries provenance)."""
+    if not isinstance(run_or_backend, Mapping):
+        return hasattr(run_or_backend, "carried_provenance")
+    for key in ("settings", "backend"):
+        if isinstance(run_or_backend.get(key), Mapping):
+            return is_rescore(run_or_backend[key])
+    return run_or_backend.get("backend") == RESCORE_BACKEND
 
 
 def empty() -> dict[str, Any]:
@@ -196,7 +211,7 @@ def of_run(run: Mapping[str, Any], model_revision: Mapping[str, Any] | None = No
     if model_revision:
         own["model_revision"] = dict(model_revision)
     read = dataset_revision_of(run)  # the files this run read: of its questions, or for a re-score, of its scoring
-    rescore = backend.get("backend") == "predictions_file"
+    rescore = is_rescore(run)
     if read and not rescore:
         own["dataset_revision"] = read
     found = merge(run.get("provenance"), own)
@@ -211,26 +226,40 @@ def of_run(run: Mapping[str, Any], model_revision: Mapping[str, Any] | None = No
 def inherited(backend: Any) -> dict[str, Any] | None:
     """What a run inherits from its backend: for a predictions file (``carried_provenance``, ``path``), the
     ``provenance`` of its lines and of the ``results.json`` beside it when it is a run's ``predictions.jsonl``;
-    ``None`` when there is nothing to inherit."""
-    if not hasattr(backend, "carried_provenance"):
+    ``None`` when there is nothing to inherit. Worked out once per backend (kept on it): each later call (a
+    grid's cells, each split's files check) gets a copy, without reading ``results.json`` again."""
+    if not is_rescore(backend):
         return None
-    path = Path(backend.path)
+    if _INHERITED not in vars(backend):
+        setattr(backend, _INHERITED, _inherited(backend))
+    return copy.deepcopy(getattr(backend, _INHERITED))
+
+
+def _inherited(backend: Any) -> dict[str, Any] | None:
+    """:func:`inherited`, worked out: the lines' provenance, then each run's beside the answers."""
     found: list[Mapping[str, Any]] = [part for part in backend.carried_provenance if isinstance(part, Mapping)]
     made: dict[str, Any] = {"generation": backend.carried_generation} if getattr(backend, "carried_generation",
                                                                                   None) else {}
-    beside = path.parent / "results.json"
-    if path.name == "predictions.jsonl" and beside.is_file():
-        try:
-            results = json.loads(beside.read_text())
-        except ValueError:
-            results = {}
-        for run in (results.get("runs") or [results]) if isinstance(results, dict) else []:
-            if isinstance(run, Mapping):
-                found.append(of_run(run))
-                made.update(_made_with(run))
+    for run in _runs_beside(Path(backend.path)):
+        found.append(of_run(run))
+        made.update(_made_with(run))
     if made:
         found.append({"made_with": made})  # after the lines' and results' own: an earlier run's wins
     return merge(*found) if found else None
+
+
+def _runs_beside(path: Path) -> list[Mapping[str, Any]]:
+    """The runs of the ``results.json`` beside ``path`` when ``path`` is a run's ``predictions.jsonl`` (one, or a
+    grid's ``runs``); none for another file, or one that does not read as JSON."""
+    beside = path.parent / "results.json"
+    if path.name != "predictions.jsonl" or not beside.is_file():
+        return []
+    try:
+        results = json.loads(beside.read_text())
+    except ValueError:
+        return []
+    runs = (results.get("runs") or [results]) if isinstance(results, dict) else []
+    return [run for run in runs if isinstance(run, Mapping)]
 
 
 # backend settings that decide what the model saw, not how it decoded: the grey canvas of a grayscale image
@@ -243,7 +272,7 @@ def _made_with(run: Mapping[str, Any]) -> dict[str, Any]:
     ``results.json`` generated its answers with."""
     settings = run.get("settings") or {}
     backend = settings.get("backend") if isinstance(settings.get("backend"), Mapping) else {}
-    if backend.get("backend") == "predictions_file":  # a re-score generated nothing
+    if is_rescore(run):  # a re-score generated nothing
         return {}
     seed = settings.get("seed", backend.get("seed"))
     made: dict[str, Any] = {} if seed is None else {"seed": seed}
@@ -260,7 +289,7 @@ def input_settings(run: Mapping[str, Any]) -> dict[str, Any]:
     run that generated them (``provenance.made_with.inputs``)."""
     settings = run.get("settings") or {}
     backend = settings.get("backend") if isinstance(settings.get("backend"), Mapping) else {}
-    if backend.get("backend") != "predictions_file":
+    if not is_rescore(run):
         return {key: backend[key] for key in INPUT_SETTINGS if key in backend}
     made = (run.get("provenance") or {}).get("made_with") if isinstance(run.get("provenance"), Mapping) else None
     inputs = made.get("inputs") if isinstance(made, Mapping) else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import json
 import os
 import re
@@ -32,7 +31,7 @@ from medheval.run.distributed import shard_batches
 # mitigation_slug lives in grid_plan now; it is still imported from here
 from medheval.run.grid_plan import PlannedCell, cell_folder, changes, mitigation_slug, record_plan  # noqa: F401
 from medheval.run.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
-from medheval.scoring.metric_options import check_options
+from medheval.scoring.metric_options import check_options, compute_parameters, takes
 from medheval.run.outputs import atomic_write_text, open_owned
 from medheval.run.prompts import describe_templates
 from medheval.run.predictions_log import LogWriter, jsonl_line, log_key, read_log
@@ -140,7 +139,7 @@ def _check_run_settings(output: Path, settings: dict[str, Any], versions: Mappin
                            f"folder.")
         if isinstance(recorded.get("device"), str):  # folders of earlier versions hold a data-parallel "cuda:N"
             recorded["device"] = recorded["device"].split(":")[0]
-        if recorded.get("backend") == "predictions_file" and isinstance(recorded.get("path"), str):
+        if run_provenance.is_rescore(recorded) and isinstance(recorded.get("path"), str):
             recorded["path"] = str(Path(recorded["path"]).resolve())  # earlier versions kept the path as typed
         batch_before, batch_after = recorded.get("batch_size"), (settings.get("backend") or {}).get("batch_size")
         resized = "batch_size" in recorded and batch_after is not None and batch_before != batch_after
@@ -389,8 +388,7 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
     whose image does not decode is left out of every metric and counted (``warnings`` says so)."""
     rows = [row for row in loaded.dataset.to_list() if row["id"] in predictions]
     images = None
-    if loaded.resolver and rows and any("images" in inspect.signature(load_metric(name)._compute).parameters
-                                        for name in metric_names):
+    if loaded.resolver and rows and any(takes(load_metric(name), "images") for name in metric_names):
         rows, images = _images_without_reference(loaded, rows, skip_undecodable, [] if warnings is None else warnings)
     results: dict[str, Any] = {}
     split = f"{loaded.name}:{loaded.config}"  # what the report groups and filters items by
@@ -403,9 +401,9 @@ def score(loaded: LoadedBenchmark, predictions: Mapping[str, str], metric_names:
     for name in _run_results_last(metric_names):
         metric = load_metric(name)
         kwargs = metric_kwargs(metric, rows, (options or {}).get(name, {}))
-        if "images" in inspect.signature(metric._compute).parameters and "images" not in kwargs and images is not None:
+        if takes(metric, "images") and "images" not in kwargs and images is not None:
             kwargs["images"] = images
-        if "run_results" in inspect.signature(metric._compute).parameters and "run_results" not in kwargs:
+        if takes(metric, "run_results") and "run_results" not in kwargs:
             kwargs["run_results"] = dict(computed)
         out = metric.compute(predictions=[predictions[row["id"]] for row in rows],
                              references=[row["answer"] for row in rows], **kwargs)
@@ -429,7 +427,7 @@ def count_empty(items: Sequence[Mapping[str, Any]]) -> int:
 def _run_results_last(metric_names: Sequence[str]) -> list[str]:
     """The metrics in order, those whose ``_compute`` takes ``run_results`` (a composite such as RadCliQ-v1,
     built from the other metrics' per-item outputs on the same items) after all others."""
-    reads = {name: "run_results" in inspect.signature(load_metric(name)._compute).parameters for name in metric_names}
+    reads = {name: takes(load_metric(name), "run_results") for name in metric_names}
     return [name for name in metric_names if not reads[name]] + [name for name in metric_names if reads[name]]
 
 
@@ -453,7 +451,7 @@ def _options_for(spec: RunSpec, metric_names: Sequence[str]) -> dict[str, dict[s
     protocol_options = get_protocol(spec.protocol).metric_options
     for name in metric_names:
         metric = load_metric(name)
-        accepted = inspect.signature(metric._compute).parameters
+        accepted = compute_parameters(metric)
         for key, value in protocol_options.get(name, {}).items():  # the paper's scoring, under the user's
             options[name].setdefault(key, value)
         if spec.upstream_compat and "upstream_compat" in accepted:
@@ -475,13 +473,19 @@ def _check_options_used(spec: RunSpec, computed: set[str]) -> None:
                        f"(it computes: {', '.join(sorted(computed)) or 'none'})")
 
 
+def _unknown_ids(ids: Iterable[str], splits: Sequence[LoadedBenchmark], own_prefix: bool = False) -> list[str]:
+    """The ``ids`` (in order) that name no record of ``splits`` (every record, before ``--limit``); with
+    ``own_prefix``, only those that look like the splits' own (:func:`split_id_prefixes`)."""
+    known = {rid for loaded in splits for rid in (loaded.all_ids or loaded.dataset["id"])}
+    prefixes = tuple(prefix for loaded in splits for prefix in split_id_prefixes(loaded)) if own_prefix else ("",)
+    return [rid for rid in ids if rid.startswith(prefixes) and rid not in known]
+
+
 def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
     """Compare a predictions file's ids with the split; report mismatches clearly."""
     missing, extra = backend.check_against(loaded.dataset["id"])
-    prefixes = split_id_prefixes(loaded)
-    known = set(loaded.all_ids or loaded.dataset["id"])
     # ids that look like this split's but name no record of it (typos, another release): counted, not dropped
-    unknown = [rid for rid in extra if rid.startswith(prefixes) and rid not in known]
+    unknown = _unknown_ids(extra, [loaded], own_prefix=True)
     if missing and not allow_missing:
         raise RunError(
             f"{len(missing)} record(s) of {loaded.name}:{loaded.config} have no prediction in {backend.path} "
@@ -527,9 +531,7 @@ def check_rescored_files(loaded: LoadedBenchmark, backend: Any, warnings: list[s
     change = run_provenance.files_changed(generated, scoring)
     if change is None:
         return
-    prefixes = split_id_prefixes(loaded)
-    known = set(loaded.all_ids or loaded.dataset["id"])
-    gone = [rid for rid in backend.ids() if rid.startswith(prefixes) and rid not in known]
+    gone = _unknown_ids(backend.ids(), [loaded], own_prefix=True)
     asked = {row["id"]: (backend.prompts[row["id"]], [row["question"] or "", *(row["choices"] or [])])
              for row in loaded.dataset.select_columns(["id", "question", "choices"]).to_list()
              if row["id"] in backend.prompts}  # the records to score whose answer recorded its prompt
@@ -639,7 +641,7 @@ def _refuse_own_log(backend: Backend, output: Path) -> None:
     """A ``--predictions`` file must not be one of the logs this run appends to (``predictions.jsonl`` or a
     data-parallel part log of ``output``): the run would write into the user's input file."""
     given = getattr(backend, "path", None)
-    if not isinstance(given, (str, Path)) or not hasattr(backend, "check_against"):
+    if not isinstance(given, (str, Path)) or not run_provenance.is_rescore(backend):
         return
     source, folder = Path(given).resolve(), output.resolve()
     if source.parent == folder and source.name.startswith("predictions") and source.suffix == ".jsonl":
@@ -737,7 +739,7 @@ class QAProtocol(SplitProtocol):
     name = "qa"
 
     def prepare(self, loaded: LoadedBenchmark, backend: Backend, spec: RunSpec) -> list[str]:
-        if hasattr(backend, "check_against"):  # a predictions file: its ids against the split's
+        if run_provenance.is_rescore(backend):  # a predictions file: its ids against the split's
             _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
         return _metric_names(loaded, spec.metrics, spec.judge)
 
@@ -784,7 +786,7 @@ def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str, warning
     if callable(getattr(backend, "check_records", None)):  # an API model: credentialed records refused up front
         fields = [name for name in ("id", "source", "meta") if name in loaded.dataset.column_names]
         backend.check_records(loaded.dataset.select_columns(fields).to_list())
-    if hasattr(backend, "check_against"):  # a re-score: is it scored against the files its answers were made from?
+    if run_provenance.is_rescore(backend):  # scored against the files its answers were made from?
         check_rescored_files(loaded, backend, warnings)
     metric_names = protocol.prepare(loaded, backend, spec)
     options = _options_for(spec, metric_names)
@@ -858,13 +860,12 @@ def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit
 def _predictions_file_summary(backend: Any, prepared: list[PreparedSplit],
                               warnings: list[str]) -> dict[str, Any] | None:
     """How many of a predictions file's ids this run scored, and how many match none of its records."""
-    if not hasattr(backend, "ids"):
+    if not run_provenance.is_rescore(backend):
         return None
     in_run = {rid for split in prepared for rid in split.loaded.dataset["id"]}
-    known = {rid for split in prepared for rid in (split.loaded.all_ids or split.loaded.dataset["id"])}
     ids = backend.ids()
     unused = [rid for rid in ids if rid not in in_run]
-    unknown = [rid for rid in unused if rid not in known]
+    unknown = _unknown_ids(unused, [split.loaded for split in prepared])
     if unknown:
         _warn(warnings, f"{len(unknown)} of {len(ids)} id(s) in the predictions file match no record of the "
                         f"split(s) in this run and were not scored (first: {unknown[:5]})")

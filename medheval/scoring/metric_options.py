@@ -13,12 +13,13 @@ the truthy string ``"False"``).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import sys
 import types
 import typing
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
@@ -117,10 +118,25 @@ def _convert(value: Any, tp: Any) -> Any:
     raise MetricOptionError(f"unsupported option type {tp!r}")
 
 
+@functools.lru_cache(maxsize=256)
+def _parameters(compute: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    return inspect.signature(compute).parameters
+
+
+def compute_parameters(metric: Any) -> Mapping[str, inspect.Parameter]:
+    """The parameters of ``metric._compute`` (its signature is read once per metric)."""
+    return _parameters(metric._compute)
+
+
+def takes(metric: Any, name: str) -> bool:
+    """Whether ``metric._compute`` takes ``name`` (a record field, an option, ``images``, ``run_results`` …)."""
+    return name in compute_parameters(metric)
+
+
 def option_types(metric: Any) -> dict[str, Any]:
     """``{option: type}`` for every option of ``metric._compute`` whose type is declared or derivable."""
     compute = metric._compute
-    parameters = inspect.signature(compute).parameters
+    parameters = compute_parameters(metric)
     try:
         hints = typing.get_type_hints(compute)
     except Exception:  # unresolvable string annotations: fall back to OPTION_TYPES and defaults
@@ -144,7 +160,7 @@ def check_options(metric_name: str, metric: Any, options: Mapping[str, Any],
                   record_inputs: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
     """``options`` converted to the declared types; raises :class:`MetricOptionError` naming the
     option, the value and the expected type, or the options the metric accepts."""
-    accepted = [name for name in inspect.signature(metric._compute).parameters
+    accepted = [name for name in compute_parameters(metric)
                 if name not in NOT_OPTIONS and name not in record_inputs]
     types_ = option_types(metric)
     out: dict[str, Any] = {}
@@ -168,7 +184,7 @@ def check_options(metric_name: str, metric: Any, options: Mapping[str, Any],
 def non_default_options(metric: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     """The entries of ``options`` (already typed) whose value differs from the default of ``metric._compute``
     (what ``results.md`` lists under "How items were scored"); an option without a default is always listed."""
-    parameters = inspect.signature(metric._compute).parameters
+    parameters = compute_parameters(metric)
     out: dict[str, Any] = {}
     for key, value in options.items():
         parameter = parameters.get(key)
