@@ -1,7 +1,7 @@
 """Find pixels hidden in text: the encodings :func:`medheval.publish.hub.check_no_credentialed_bytes` refuses.
 
-No repo medheval publishes holds image bytes, in any spelling. A text file (or a Parquet column, read as
-its JSON) is refused when, by content:
+No repo medheval publishes holds image bytes, in any spelling. A text file (or a Parquet column: its values,
+decoded once, :func:`parts_kind`) is refused when, by content:
 
 - it starts with a netpbm header (``P1``-``P7`` then a width and height: ASCII or binary PBM/PGM/PPM/PAM);
 - after normalising (:func:`normalise`: whitespace and ``\\n``/``\\r``/``\\t`` escapes dropped, ``\\/`` and
@@ -214,26 +214,43 @@ def _json_value(data: bytes) -> tuple[bool, Any]:
         return False, None
 
 
-def text_kind(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), numbers: bool = True) -> str | None:
-    """What a text file (or a Parquet column's JSON) hides: ``"netpbm image"``, ``"text with an image data URL"``,
-    ``"base64 text"``, ``"hex text"``, ``"bytes as characters"``, ``"list of byte values"`` or ``"list of
-    numbers"`` (these two only with ``numbers``); ``None`` for plain text. A JSON document is read twice: as text,
-    and decoded (:func:`json_parts`)."""
-    if netpbm_header(data):
-        return "netpbm image"
+def parts_kind(parts: tuple[bytes, bytes, bytes], magic: Iterable[tuple[int, bytes, str]] = (), numbers: bool = True,
+               text: bytes = b"") -> str | None:
+    """What a decoded JSON value hides, given its :func:`json_parts` (a Parquet column's values, read once:
+    no JSON text to write and parse back); ``text``, the JSON document it was parsed from when there is one, is
+    read too for bytes as characters and number runs. The kinds of :func:`text_kind`."""
+    texts, values, numbered = parts
+    return _kind((texts, values), (text, texts), (text, numbered), magic, numbers)
+
+
+def _kind(runs: Iterable[bytes], chars: Iterable[bytes], numbered: Iterable[bytes],
+          magic: Iterable[tuple[int, bytes, str]], numbers: bool) -> str | None:
+    """The first finding, in order: an encoded run in ``runs``, bytes as characters in ``chars``, then (with
+    ``numbers``) a number run in ``numbered``."""
     magic = tuple(magic)
-    parsed, value = _json_value(data)
-    texts, values, numbers_text = json_parts(value) if parsed else (b"", b"", b"")
-    for text in (texts, values) if parsed else (data,):  # decoded JSON: every escape undone, its values joined
+    for text in runs:
         found = encoded_run(text, magic)
         if found:
             return found
-    if latin1_text(data) or (parsed and latin1_text(texts)):
+    if any(latin1_text(text) for text in chars):
         return "bytes as characters"
     if not numbers:
         return None
-    return number_run(data) or (number_run(numbers_text) if parsed else None)
+    return next(filter(None, map(number_run, numbered)), None)
+
+
+def text_kind(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), numbers: bool = True) -> str | None:
+    """What a text file hides: ``"netpbm image"``, ``"text with an image data URL"``, ``"base64 text"``, ``"hex
+    text"``, ``"bytes as characters"``, ``"list of byte values"`` or ``"list of numbers"`` (these two only with
+    ``numbers``); ``None`` for plain text. A JSON document is read twice: as text, and decoded
+    (:func:`json_parts`, :func:`parts_kind`)."""
+    if netpbm_header(data):
+        return "netpbm image"
+    parsed, value = _json_value(data)
+    if parsed:  # decoded JSON: every escape undone, its values joined
+        return parts_kind(json_parts(value), magic, numbers, data)
+    return _kind((data,), (data,), (data,), magic, numbers)
 
 
 __all__ = ["MAX_NUMBERS", "MAX_SMALL_INTS", "MIN_HEX_RUN", "MIN_RUN", "encoded_run", "json_parts", "latin1_text",
-           "looks_encoded", "netpbm_header", "normalise", "number_run", "text_kind"]
+           "looks_encoded", "netpbm_header", "normalise", "number_run", "parts_kind", "text_kind"]
