@@ -14,8 +14,9 @@ decoded once, :func:`parts_kind`) is refused when, by content:
   :func:`is_encoded` (mixed like encoded binary data, or decoding to a file's header): :data:`MIN_B32_RUN` base32
   characters (``b32encode``, ``b32hexencode``, either case) or :data:`MIN_B85_RUN` base85 or ascii85 characters
   (``b85encode``, ``a85encode``; ascii85, whose alphabet has quotes, commas and backslashes, is read with
-  whitespace alone dropped). Each run is read in the normalised text and in the text as it is (where it starts
-  where its encoding starts, so a header decodes even when a heading or key joins in front);
+  whitespace alone dropped). Each run is read in the normalised text and in the text as it is (where a run
+  starts where its encoding does), and a decoded header of 3 bytes or more may start up to :data:`MAX_SHIFT`
+  characters in (a heading or key the normalised text joined in front);
 - it holds bytes mapped one to one onto a Unicode block (:func:`block_run`: ``chr(0x2800 + b)``, ``chr(0x100
   + b)``): :data:`MIN_BLOCK_RUN` characters in a row, ``\\uXXXX`` escapes undone, all in one 256-wide block
   above U+00FF, whose low bytes start like an image, DICOM, array or archive file;
