@@ -1,7 +1,7 @@
 """Find pixels hidden in text: the encodings :func:`medheval.publish.hub.check_no_credentialed_bytes` refuses.
 
-No repo medheval publishes holds image bytes, in any spelling. A text file (or a Parquet column, read as
-its JSON) is refused when, by content:
+No repo medheval publishes holds image bytes, in any spelling. A text file (or a Parquet column: its values,
+decoded once, :func:`parts_kind`) is refused when, by content:
 
 - it starts with a netpbm header (``P1``-``P7`` then a width and height: ASCII or binary PBM/PGM/PPM/PAM);
 - after normalising (:func:`normalise`: whitespace and ``\\n``/``\\r``/``\\t`` escapes dropped, ``\\/`` and
@@ -9,8 +9,17 @@ its JSON) is refused when, by content:
   so base64 wrapped at 76 characters, split into list items or slash-escaped reads as one run) it holds an image
   data URL, a run of :data:`MIN_RUN` or more base64 characters (standard or URL-safe alphabet) that looks like
   encoded bytes (:func:`looks_encoded`: upper case, lower case and digits mixed as in base64 of binary data, or
-  the decoded run starts like an image, DICOM, array or archive file), or a run of :data:`MIN_HEX_RUN` or more
-  hex digits (hex of 1 KB of bytes);
+  the decoded run starts like an image, DICOM, array or archive file), a run of :data:`MIN_HEX_RUN` or more
+  hex digits (hex of 1 KB of bytes), or 1 KB of bytes in another encoding of :data:`ENCODINGS` that
+  :func:`is_encoded` (mixed like encoded binary data, or decoding to a file's header): :data:`MIN_B32_RUN` base32
+  characters (``b32encode``, ``b32hexencode``, either case) or :data:`MIN_B85_RUN` base85 or ascii85 characters
+  (``b85encode``, ``a85encode``; ascii85, whose alphabet has quotes, commas and backslashes, is read with
+  whitespace alone dropped). Each run is read in the normalised text and in the text as it is (where a run
+  starts where its encoding does), and a decoded header of 3 bytes or more may start up to :data:`MAX_SHIFT`
+  characters in (a heading or key the normalised text joined in front);
+- it holds bytes mapped one to one onto a Unicode block (:func:`block_run`: ``chr(0x2800 + b)``, ``chr(0x100
+  + b)``): :data:`MIN_BLOCK_RUN` characters in a row, ``\\uXXXX`` escapes undone, all in one 256-wide block
+  above U+00FF, whose low bytes start like an image, DICOM, array or archive file;
 - the same, in the strings of its JSON (:func:`json_parts`): a file (or a Parquet cell) that parses as JSON is
   decoded (every escape undone) and the keys and string values of each object and array, nested ones and JSON
   held in strings included, are joined in order, so base64 or hex split across object values (``"k1": chunk,
@@ -24,7 +33,11 @@ its JSON) is refused when, by content:
 
 Prose, identifiers, hashes and paths do not look encoded: lower-case words fail the mix test, punctuation
 breaks a run, and a digest is 64 hex digits (a bare list of more than 31 digests in a row reads as hex bytes and
-is refused). A results table breaks its number runs at every row's label.
+is refused). A results table breaks its number runs at every row's label. Upper-case words hold no 12% of
+digits 2-7 (base32 of binary data: 19%), code and tables no 15% each of upper case, lower case and symbols
+(base85 of binary data: 25-33% each), and text in one script (Cyrillic, kana, braille) or CJK text (whose
+characters spread over dozens of blocks: runs of 1-3 in one block) is refused only when its low bytes carry a
+header, as a run of characters never does by chance (one in 2^16 for the shortest headers, ``BM``).
 """
 
 from __future__ import annotations
@@ -33,7 +46,8 @@ import base64
 import binascii
 import json
 import re
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 MIN_RUN = 2048  # base64 characters: about 1.5 KB of bytes, far longer than any annotation's token
 # hex digits in a row: 1 KB of bytes; 32 sha256 digests with nothing between them (a provenance record or a card
@@ -45,6 +59,16 @@ MAX_SMALL_INTS = 512  # byte values in a row: a 16x32 thumbnail; no annotation o
 MAX_NUMBERS = 1024
 LATIN1_WINDOW = 1024  # characters; a quarter of them bytes-as-characters is binary (prose in French: about 3%)
 LATIN1_SHARE = 0.25
+# 1 KB of bytes in the other encodings, as for hex. Measured on this repository, ../shared (578 files) and
+# samples (upper-case reports, Chinese, Russian, kana, braille, sha256 lists, long words, '=' and '~' rules),
+# benign runs this long exist (joined words: 23,700 characters) but none is mixed as encoded binary data is
+# base32 characters (RFC 4648 or its extended-hex alphabet) in a row: 205 groups of 8
+MIN_B32_RUN = 1640
+MIN_B85_RUN = 1280  # base85 / ascii85 characters in a row: 256 groups of 5
+# characters in a row within one 256-wide Unicode block above U+00FF (chr(0x2800 + byte)), one per byte; braille
+# or kana text runs longer (6,600 measured) and passes: its low bytes start no file
+MIN_BLOCK_RUN = 1024
+MAX_SHIFT = 16  # characters a run's decoded header may start after: a heading or key joined in front of it
 MAX_GAP = 8  # punctuation between two numbers of one run (whitespace not counted): '", "', '], [', ' | '
 NETPBM_HEADER = re.compile(rb"\s*(?:P[1-6](?:\s+#[^\n]*)*\s+\d+\s+\d+|P7\s+(?:WIDTH|HEIGHT|DEPTH|MAXVAL|TUPLTYPE)\b)")
 DATA_URL = re.compile(rb"data:image/[a-z0-9.+-]+;base64", re.IGNORECASE)
@@ -60,6 +84,8 @@ _NUMBER = re.compile(rb"(?<![A-Za-z0-9_.])(?:[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE]
                      rb"(?![A-Za-z0-9_])")
 _WORD = re.compile(rb"[A-Za-z0-9_]")
 _BYTE_ESCAPE = re.compile(r"\\u00[0-9A-Fa-f]{2}|\\x[0-9A-Fa-f]{2}")
+_ANY_ESCAPE = re.compile(rb"\\u([0-9A-Fa-f]{4})")
+_SPACES = re.compile(rb"\s+")
 
 
 def normalise(data: bytes) -> bytes:
@@ -72,38 +98,136 @@ def normalise(data: bytes) -> bytes:
     return _BOUNDARIES.sub(b"", text)
 
 
-def _decoded_head(run: bytes, size: int = 264) -> bytes:
-    """The first bytes ``run`` decodes to as base64 (either alphabet); ``b""`` when it does not decode."""
-    head = run[: size // 3 * 4].replace(b"-", b"+").replace(b"_", b"/")
-    try:
-        return base64.b64decode(head[: len(head) // 4 * 4], validate=True)
-    except (binascii.Error, ValueError):
-        return b""
+@dataclass(frozen=True)
+class Encoding:
+    """A text encoding of bytes: ``run`` finds its runs, ``decode`` decodes ``group = (characters, bytes)``
+    groups; a run is encoded bytes when each ``(characters, share)`` of ``mix`` makes up that share of it (as
+    encoded binary data does, and words do not) or when it decodes to a file's leading bytes."""
+
+    kind: str
+    run: re.Pattern[bytes]
+    decode: Callable[[bytes], bytes]
+    group: tuple[int, int]
+    mix: tuple[tuple[bytes, float], ...]  # empty: every run is encoded bytes (hex)
+    normalised: bool = True  # False: read with whitespace alone dropped (ascii85 has quotes, commas, backslashes)
+
+
+_UPPER, _LOWER, _DIGITS = bytes(range(65, 91)), bytes(range(97, 123)), b"0123456789"
+_B85_SYMBOLS = b"!#$%&()*+-;<=>?@^_`{|}~"
+_A85_SYMBOLS = bytes(range(0x21, 0x30)) + bytes(range(0x3A, 0x41)) + bytes(range(0x5B, 0x61))
+BASE64 = Encoding("base64 text", _RUN, lambda run: base64.b64decode(run.translate(bytes.maketrans(b"-_", b"+/")),
+                                                                    validate=True),
+                  (4, 3), ((_UPPER, 0.10), (_LOWER, 0.10), (_DIGITS, 0.03)))  # base64 of binary data: 40/40/16
+HEX = Encoding("hex text", _HEX_RUN, bytes.fromhex, (2, 1), ())
+# encodings read after base64 and hex (base64.b32encode, b32hexencode, b85encode, a85encode): upper or lower case
+# for base32. Binary data as base32 is 19% digits (12% asked), as base32hex 50% G-V and 31% digits (20%, 15%), as
+# base85 or ascii85 about 30% upper case, 25-30% lower case, 12% digits, 27-33% symbols (15/15/5/15%); data mostly
+# zeros (a DICOM file's preamble and padding) falls below and is caught by its decoded header
+OTHER_ENCODINGS = (
+    Encoding("base32 text", re.compile(rb"[A-Za-z2-7]{%d,}" % MIN_B32_RUN),
+             lambda run: base64.b32decode(run, casefold=True), (8, 5), ((b"234567", 0.12), (_UPPER + _LOWER, 0.5))),
+    Encoding("base32 text", re.compile(rb"[0-9A-Va-v]{%d,}" % MIN_B32_RUN),
+             lambda run: base64.b32hexdecode(run, casefold=True), (8, 5),
+             ((b"GHIJKLMNOPQRSTUVghijklmnopqrstuv", 0.20), (_DIGITS, 0.15))),
+    Encoding("base85 text", re.compile(rb"[0-9A-Za-z!#$%%&()*+\-;<=>?@^_`{|}~]{%d,}" % MIN_B85_RUN), base64.b85decode,
+             (5, 4), ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_B85_SYMBOLS, 0.15))),
+    Encoding("ascii85 text", re.compile(rb"[!-uz]{%d,}" % MIN_B85_RUN), base64.a85decode,
+             (5, 4), ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_A85_SYMBOLS, 0.15)), normalised=False),
+)
+ENCODINGS = (BASE64, HEX, *OTHER_ENCODINGS)
+
+
+def _share(run: bytes, characters: bytes) -> float:
+    """The share of ``run`` that is one of ``characters``."""
+    return (len(run) - len(run.translate(None, characters))) / max(len(run), 1)
+
+
+def _starts_like(head: bytes, magic: Iterable[tuple[int, bytes, str]]) -> bool:
+    """Whether ``head`` starts like a file in ``magic`` (``(offset, leading bytes, kind)``)."""
+    return bool(head) and any(head[offset : offset + len(lead)] == lead for offset, lead, _ in magic)
+
+
+def decoded_head(encoding: Encoding, run: bytes, size: int = 264) -> bytes:
+    """The first ``size`` or so bytes ``run`` decodes to (whole groups); ``b""`` when it does not decode."""
+    characters, width = encoding.group
+    head = run[: -(-size // width) * characters]
+    for end in range(len(head), max(len(head) - characters, 0), -1):  # an ascii85 'z' shifts the groups
+        try:
+            return encoding.decode(head[:end])
+        except (binascii.Error, ValueError):
+            continue
+    return b""
+
+
+def is_encoded(encoding: Encoding, run: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> bool:
+    """Whether a run of ``encoding``'s alphabet is encoded bytes rather than joined words: its characters are
+    mixed as in ``encoding.mix``, or its decoded head starts like a file in ``magic`` (``(offset, leading bytes,
+    kind)``, as :data:`medheval.publish.hub.MAGIC_BYTES`), from the run's start or, for headers of 3 bytes or
+    more, from one of its next :data:`MAX_SHIFT` characters (a heading or key the normalised text joined in
+    front)."""
+    if all(_share(run, characters) >= share for characters, share in encoding.mix):
+        return True
+    magic = tuple(magic)
+    longer = tuple(entry for entry in magic if len(entry[1]) >= 3)  # 2 bytes (BM, gzip) words would hit by chance
+    return _starts_like(decoded_head(encoding, run), magic) or any(
+        _starts_like(decoded_head(encoding, run[start:]), longer) for start in range(1, MAX_SHIFT + 1))
 
 
 def looks_encoded(run: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> bool:
     """Whether a base64-alphabet run is encoded bytes rather than joined words: at least 10% upper case,
     10% lower case and 3% digits (base64 of binary data has about 40/40/16), or a decoded head that starts
-    like a file in ``magic`` (``(offset, leading bytes, kind)``, as :data:`medheval.publish.hub.MAGIC_BYTES`)."""
-    upper = sum(65 <= c <= 90 for c in run)
-    lower = sum(97 <= c <= 122 for c in run)
-    digits = sum(48 <= c <= 57 for c in run)
-    if upper >= 0.10 * len(run) and lower >= 0.10 * len(run) and digits >= 0.03 * len(run):
-        return True
-    head = _decoded_head(run)
-    return bool(head) and any(head[offset : offset + len(lead)] == lead for offset, lead, _ in magic)
+    like a file in ``magic`` (:func:`is_encoded` with :data:`BASE64`)."""
+    return is_encoded(BASE64, run, magic)
 
 
 def encoded_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> str | None:
     """What ``data`` hides once normalised (``"text with an image data URL"``, ``"base64 text"``, ``"hex
-    text"``), or ``None``."""
+    text"``, ``"base32 text"``, ``"base85 text"``, ``"ascii85 text"``, ``"bytes as characters"``: a run of each
+    of :data:`ENCODINGS` that :func:`is_encoded`, then :func:`block_run`), or ``None``."""
     text = normalise(data)
     if DATA_URL.search(text):
         return "text with an image data URL"
     magic = tuple(magic)
-    if any(looks_encoded(m.group(), magic) for m in _RUN.finditer(text)):
-        return "base64 text"
-    return "hex text" if _HEX_RUN.search(text) else None
+    unescaped = unescape(data)
+    # the normalised text joins wrapped lines and split values; the text as it is starts each run where its
+    # encoding starts (a heading or a key joined in front would hide a decoded header)
+    sources = {True: (text, data), False: (_SPACES.sub(b"", unescaped), unescaped)}
+    for encoding in ENCODINGS:
+        runs = (match.group() for source in sources[encoding.normalised] for match in encoding.run.finditer(source))
+        if any(is_encoded(encoding, run, magic) for run in runs):
+            return encoding.kind
+    return "bytes as characters" if block_run(text, magic) else None
+
+
+def unescape(data: bytes) -> bytes:
+    """``data`` with its ``\\uXXXX`` escapes (JSON, YAML) undone, as UTF-8."""
+    return _ANY_ESCAPE.sub(lambda match: chr(int(match.group(1), 16)).encode("utf-8", "surrogatepass"), data)
+
+
+def _code_points(text: str) -> Any:
+    """``text``'s code points as a NumPy array."""
+    import numpy as np
+
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+def block_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), size: int = MIN_BLOCK_RUN) -> bool:
+    """Whether ``data`` holds bytes mapped one to one onto a Unicode block above Latin-1 (``chr(0x2800 + b)``,
+    ``chr(0x100 + b)``): a run of ``size`` or more characters (``\\uXXXX`` escapes undone) all in one 256-wide
+    block whose low bytes start like a file in ``magic``. Scripts of one block (Cyrillic, Greek, kana, braille)
+    and CJK text (which spans many blocks) pass: their low bytes are no image, DICOM, array or archive header."""
+    import numpy as np
+
+    codes = _code_points(unescape(data).decode("utf-8", "replace"))
+    blocks = codes >> 8
+    edges = np.concatenate(([0], np.flatnonzero(blocks[1:] != blocks[:-1]) + 1, [len(codes)]))
+    magic = tuple(magic)
+    for start, end in zip(edges[:-1], edges[1:]):
+        if end - start >= size and blocks[start] > 0:
+            head = (codes[start : start + 264] & 0xFF).astype(np.uint8).tobytes()
+            if _starts_like(head, magic):
+                return True
+    return False
 
 
 def _walk(value: Any, parts: tuple[list[str], list[str], list[str]], seen: set[str], depth: int = 0) -> None:
@@ -161,7 +285,7 @@ def latin1_text(data: bytes, window: int = LATIN1_WINDOW, share: float = LATIN1_
     text = _BYTE_ESCAPE.sub("\x80", data.decode("utf-8", "replace"))
     if len(text) < window // 4:
         return False
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    codes = _code_points(text)
     odd = ((codes >= 0x80) & (codes <= 0xFF)) | ((codes < 0x20) & ~np.isin(codes, (9, 10, 13)))
     size = min(window, len(codes))
     if int(odd.sum()) < share * size:
@@ -214,26 +338,45 @@ def _json_value(data: bytes) -> tuple[bool, Any]:
         return False, None
 
 
-def text_kind(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), numbers: bool = True) -> str | None:
-    """What a text file (or a Parquet column's JSON) hides: ``"netpbm image"``, ``"text with an image data URL"``,
-    ``"base64 text"``, ``"hex text"``, ``"bytes as characters"``, ``"list of byte values"`` or ``"list of
-    numbers"`` (these two only with ``numbers``); ``None`` for plain text. A JSON document is read twice: as text,
-    and decoded (:func:`json_parts`)."""
-    if netpbm_header(data):
-        return "netpbm image"
+def parts_kind(parts: tuple[bytes, bytes, bytes], magic: Iterable[tuple[int, bytes, str]] = (), numbers: bool = True,
+               text: bytes = b"") -> str | None:
+    """What a decoded JSON value hides, given its :func:`json_parts` (a Parquet column's values, read once:
+    no JSON text to write and parse back); ``text``, the JSON document it was parsed from when there is one, is
+    read too for bytes as characters and number runs. The kinds of :func:`text_kind`."""
+    texts, values, numbered = parts
+    return _kind((texts, values), (text, texts), (text, numbered), magic, numbers)
+
+
+def _kind(runs: Iterable[bytes], chars: Iterable[bytes], numbered: Iterable[bytes],
+          magic: Iterable[tuple[int, bytes, str]], numbers: bool) -> str | None:
+    """The first finding, in order: an encoded run in ``runs``, bytes as characters in ``chars``, then (with
+    ``numbers``) a number run in ``numbered``."""
     magic = tuple(magic)
-    parsed, value = _json_value(data)
-    texts, values, numbers_text = json_parts(value) if parsed else (b"", b"", b"")
-    for text in (texts, values) if parsed else (data,):  # decoded JSON: every escape undone, its values joined
+    for text in runs:
         found = encoded_run(text, magic)
         if found:
             return found
-    if latin1_text(data) or (parsed and latin1_text(texts)):
+    if any(latin1_text(text) for text in chars):
         return "bytes as characters"
     if not numbers:
         return None
-    return number_run(data) or (number_run(numbers_text) if parsed else None)
+    return next(filter(None, map(number_run, numbered)), None)
 
 
-__all__ = ["MAX_NUMBERS", "MAX_SMALL_INTS", "MIN_HEX_RUN", "MIN_RUN", "encoded_run", "json_parts", "latin1_text",
-           "looks_encoded", "netpbm_header", "normalise", "number_run", "text_kind"]
+def text_kind(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), numbers: bool = True) -> str | None:
+    """What a text file hides: ``"netpbm image"``, ``"text with an image data URL"``, ``"base64 text"``, ``"hex
+    text"``, ``"bytes as characters"``, ``"list of byte values"`` or ``"list of numbers"`` (these two only with
+    ``numbers``); ``None`` for plain text. A JSON document is read twice: as text, and decoded
+    (:func:`json_parts`, :func:`parts_kind`)."""
+    if netpbm_header(data):
+        return "netpbm image"
+    parsed, value = _json_value(data)
+    if parsed:  # decoded JSON: every escape undone, its values joined
+        return parts_kind(json_parts(value), magic, numbers, data)
+    return _kind((data,), (data,), (data,), magic, numbers)
+
+
+__all__ = ["BASE64", "ENCODINGS", "HEX", "MAX_NUMBERS", "MAX_SHIFT", "MAX_SMALL_INTS", "MIN_B32_RUN", "MIN_B85_RUN", "MIN_BLOCK_RUN",
+           "MIN_HEX_RUN", "MIN_RUN", "OTHER_ENCODINGS", "Encoding", "block_run", "decoded_head", "encoded_run",
+           "is_encoded", "json_parts", "latin1_text", "looks_encoded", "netpbm_header", "normalise", "number_run",
+           "parts_kind", "text_kind", "unescape"]

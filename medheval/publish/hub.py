@@ -50,7 +50,7 @@ import yaml
 
 from medheval.data.credentialed import CredentialedImageError, refuse_credentialed_images
 from medheval.data.images import DICOM_ID_PATTERN
-from medheval.publish.content_scan import netpbm_header, text_kind
+from medheval.publish.content_scan import json_parts, netpbm_header, parts_kind, text_kind
 from medheval.publish.meta_check import MetaError, publishable_meta
 from medheval.publish.results_check import ResultsError, check_results, check_size, publishable_made_with
 from medheval.data.registry import list_units, unit_dir
@@ -348,7 +348,8 @@ BASE64_RUN = re.compile(rb"(?:data:image/[a-z0-9.+-]+;base64,)|[A-Za-z0-9+/]{204
 def file_kind(path: Path) -> str | None:
     """What ``path`` holds when it can carry an image (by content, not by name): ``"JPEG image"``,
     ``"DICOM file"``, ``"zip archive"``, ``"netpbm image"``, ``"binary file"``, and in a text file
-    ``"base64 text"``, ``"text with an image data URL"`` or ``"list of byte values"`` in any spelling
+    ``"base64 text"`` (or hex, base32, base85, ascii85), ``"text with an image data URL"``, ``"bytes as
+    characters"`` or ``"list of byte values"`` in any spelling
     (:func:`medheval.publish.content_scan.text_kind`: wrapped, URL-safe, slash-escaped or split base64, bytes
     as a list of numbers); ``None`` for plain text (or Parquet, which :func:`check_no_credentialed_bytes` reads
     column by column)."""
@@ -683,10 +684,11 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
     follow it), no file named like a MIMIC-CXR file (:func:`mimic_file_name`: ``p<XX>/p<subject>/s<study>/``,
     ``<dicom_id>.jpg``), and, by content whatever the file's name: no image, DICOM, array, archive or netpbm
     file, no other binary file, no base64 run, image data URL or long list of byte values in a text file in any
-    spelling (:func:`file_kind`: base64, hex, bytes as Latin-1 characters, long runs of numbers, in the text and
-    in its decoded JSON), and Parquet files of text columns only (:func:`column_problems`: no binary, Image,
-    numeric-list or nested column, at most :data:`MAX_PARQUET_NUMBERS` numeric cells) whose string columns, read
-    as one JSON list, pass :func:`medheval.publish.content_scan.text_kind`, without base64 in their metadata.
+    spelling (:func:`file_kind`: base64, hex, base32, base85, bytes as Latin-1 characters or as characters of
+    another Unicode block, long runs of numbers, in the text and in its decoded JSON), and Parquet files of text
+    columns only (:func:`column_problems`: no binary, Image, numeric-list or nested column, at most
+    :data:`MAX_PARQUET_NUMBERS` numeric cells) whose string columns, their values decoded as one list, pass
+    :func:`medheval.publish.content_scan.parts_kind`, without base64 in their metadata.
     (:func:`push` also uploads each Parquet file rewritten from its table: :func:`rewrite_parquet`.) So a folder edited by hand
     after :func:`export_dataset`, or a manifest entry written by hand, is checked too."""
     import pyarrow as pa
@@ -743,10 +745,9 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
             storage = _storage(column.type)
             if not (pa.types.is_string(storage) or pa.types.is_large_string(storage) or pa.types.is_nested(storage)):
                 continue
-            rows = [json.dumps(value, default=str).encode() for value in column.to_pylist()]
-            # the column as one JSON list: base64, hex or numbers split over rows (or over a cell's JSON) join up
-            text = b"[" + b", ".join(rows) + b"]"
-            found = "base64 data" if BASE64_RUN.search(text) else text_kind(text, MAGIC_BYTES)
+            # the column's values as one list: base64, hex or numbers split over rows (or over a cell's JSON) join up
+            parts = json_parts(column.to_pylist())
+            found = "base64 data" if BASE64_RUN.search(parts[0]) else parts_kind(parts, MAGIC_BYTES)
             if found:
                 raise CredentialedImageError(f"{repo.repo_id}: {where} column {name!r} holds {found}"
                                              f"{in_repo}; publish image references only: {how}")
