@@ -55,6 +55,16 @@ def test_every_unit_gets_a_repo_folder_and_a_manifest(exported):
     assert "annotation files not available" in skipped["med_hallmark"]
 
 
+def test_offline_without_a_data_dir_a_skipped_dataset_says_how_to_provide_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "empty_cache"))  # nothing fetched by other tests
+    with pytest.raises(hub.PublishError, match="no dataset was exported"):
+        hub.export_all(tmp_path / "out", kinds=["datasets"])
+    err = capsys.readouterr().err
+    assert "skipped dataset mm_vishal: annotation files not available (" in err
+    assert "offline" in err and "pass --data-dir DIR" in err
+
+
 def test_a_dataset_that_is_never_published_is_refused_by_name(tmp_path):
     with pytest.raises(hub.PublishError, match="med_stepbench.*no public release"):
         hub.export_all(tmp_path, kinds=["datasets"], names=["med_stepbench"])

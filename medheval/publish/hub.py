@@ -1139,7 +1139,9 @@ def _export_units(stage: Path, repos: list[RepoFolder], org: str, kinds: Sequenc
                     except FileNotFoundError as error:  # its annotations are not where data_dir points
                         if wanted is not None:
                             raise
-                        reason = f"annotation files not available ({str(error).splitlines()[0]})"
+                        reason = f"annotation files not available ({str(error).splitlines()[0]})" + (
+                            "" if data_dir is not None else "; pass --data-dir DIR, a local copy of the upstream "
+                            "annotation folder, or allow network access to fetch them once")
                 if wanted is not None:
                     raise PublishError(f"dataset {name!r} is not published: {reason}")
                 skipped[name] = reason
