@@ -17,7 +17,7 @@ from medheval.data.fetch import AnotherConfigsFile, ChecksumMismatch, PinnedFile
 from medheval.families.medheval import source
 from medheval.integrations import splits
 
-from conftest import UPSTREAM_MEDHEVAL
+from conftest import UPSTREAM_MEDHEVAL, requires_upstream
 
 # three items in the schema of the earlier file (same keys as the released one; the instruction differs)
 OLD = [{"img_name": f"p10/p10{i:06d}/s5{i:07d}/{i:08x}-00000000-00000000-00000000-00000000.jpg", "question": "Describe the findings in this X-ray.",
@@ -153,7 +153,7 @@ def test_a_local_file_pinned_for_the_other_config_is_refused(config, other, othe
     assert json.loads(capsys.readouterr().out)["item_counts"]["vishal_report"] == {config: None, other: 3}
 
 
-@pytest.mark.skipif(not UPSTREAM_MEDHEVAL.is_dir(), reason="../shared/data/upstream/medheval is absent")
+@requires_upstream
 def test_the_released_upstream_folder_is_refused_for_ba4586e(dataset_cache):
     """The current benchmark_data/ holds the released (490-item) report file: `ba4586e` refuses it."""
     with pytest.raises(AnotherConfigsFile, match=r"is the file of config `default` \(sha256 9b933043"):
