@@ -293,3 +293,23 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141
     assert stderr == ""
+
+
+def test_a_metric_whose_package_is_missing_is_one_error_line_naming_the_install(fixture_benchmark, tmp_path, capsys,
+                                                                               monkeypatch):
+    """text_generation without nltk (hidden here): `run` exits 2 with one `error:` line naming the metric, the
+    package and the pip command, not evaluate's ImportError traceback."""
+    from medheval.run.protocol import load_metric
+
+    predictions = _answer_all_but_blank(fixture_benchmark, tmp_path)
+    monkeypatch.setitem(sys.modules, "nltk", None)  # `import nltk` raises ModuleNotFoundError
+    load_metric.cache_clear()
+    try:
+        code = main(["run", "--benchmark", "knowledge:open", "--predictions", str(predictions),
+                     "--data-dir", str(fixture_benchmark["data_dir"]), "--output", str(tmp_path / "run")])
+    finally:
+        load_metric.cache_clear()
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2
+    assert errors == ["error: metric `text_generation` cannot load: it imports nltk, which is not installed; "
+                      "install it: pip install medheval (it brings what its metrics import)"]

@@ -133,3 +133,40 @@ def test_interop_constraints_are_the_interop_lock_without_torch():
     assert "torch" in lock and "torch" not in constraints
     assert constraints == {name: version for name, version in lock.items() if name != "torch"}
     assert constraints["filelock"].split(".")[0] == "3" and constraints["decord"] == "0.6.0"
+
+
+def _metric_packages(metric: str) -> set[str]:
+    """The packages a metric folder's requirements.txt lists, beyond evaluate's git pin and medheval itself."""
+    lines = (REPO / "metrics" / metric / "requirements.txt").read_text().splitlines()
+    names = {re.split(r"[<>=!\[;\s]", line.strip(), maxsplit=1)[0].lower().replace("-", "_") for line in lines}
+    return {name for name in names if name and not name.startswith(("#", "git+")) and name != "medheval"}
+
+
+def test_default_metrics_need_only_the_core_install():
+    """`pip install medheval` alone runs the demo and the default metrics of every split (text_generation's
+    nltk, rouge-score and sacrebleu are core dependencies, not an extra's)."""
+    from medheval.data.registry import list_units
+    from medheval.run.protocol import benchmark_default_metrics
+    from medheval.run.runner import DEFAULT_METRICS
+
+    defaults = {name for names in DEFAULT_METRICS.values() for name in names}
+    defaults |= {name for unit in list_units("datasets") for name in benchmark_default_metrics(unit) or ()}
+    core = set(_install_requires())
+    for metric in sorted(defaults):
+        assert _metric_packages(metric) <= core, f"{metric} needs {sorted(_metric_packages(metric) - core)}"
+
+
+def test_each_metric_package_outside_the_core_comes_with_the_extra_the_runner_names():
+    """A metric's other packages are in setup.cfg's extra that ``METRIC_EXTRAS`` (the runner's install hint) names."""
+    from medheval.run.protocol import METRIC_EXTRAS
+
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    extras = {extra: {re.split(r"[<>=!\[;]", line, maxsplit=1)[0].lower().replace("-", "_")
+                      for line in lines.split()} for extra, lines in config["options.extras_require"].items()}
+    core = set(_install_requires())
+    for metric in sorted(path.name for path in (REPO / "metrics").iterdir() if (path / "requirements.txt").is_file()):
+        beyond = _metric_packages(metric) - core
+        extra = METRIC_EXTRAS.get(metric)
+        assert beyond <= extras.get(extra, set()), f"{metric}: {sorted(beyond)} not in extra {extra!r}"
+        assert extra is None or beyond, f"{metric}: METRIC_EXTRAS names {extra!r} but it needs nothing beyond the core"

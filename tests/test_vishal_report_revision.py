@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from medheval.data.benchmarks import load_benchmark, prepare_benchmark
-from medheval.data.fetch import ChecksumMismatch, PinnedFile
+from medheval.cli import main
+from medheval.data.fetch import AnotherConfigsFile, ChecksumMismatch, PinnedFile
 from medheval.families.medheval import source
 from medheval.integrations import splits
+
+from conftest import UPSTREAM_MEDHEVAL, requires_upstream
 
 # three items in the schema of the earlier file (same keys as the released one; the instruction differs)
 OLD = [{"img_name": f"p10/p10{i:06d}/s5{i:07d}/{i:08x}-00000000-00000000-00000000-00000000.jpg", "question": "Describe the findings in this X-ray.",
@@ -118,3 +121,40 @@ def test_the_paper_protocols_run_the_released_report_file_and_say_why():
         assert len(notes) == 1 and "490" in notes[0] and "vishal_report:ba4586e" in notes[0] and "42e36fc" in notes[0]
         card = (Path(__file__).resolve().parents[1] / "docs" / "protocols" / f"{protocol.name}.md").read_text()
         assert notes[0] in card
+
+
+def _data_dir_with(tmp_path: Path, payload: bytes) -> Path:
+    data_dir = tmp_path / "benchmark_data"
+    (data_dir / RELPATH).parent.mkdir(parents=True)
+    (data_dir / RELPATH).write_bytes(payload)
+    return data_dir
+
+
+@pytest.mark.parametrize(("config", "other", "other_key"), [("ba4586e", "default", "report"),
+                                                            ("default", "ba4586e", "report_ba4586e")])
+def test_a_local_file_pinned_for_the_other_config_is_refused(config, other, other_key, tmp_path, dataset_cache,
+                                                             monkeypatch, capsys):
+    """Both configs read the same relative path: a --data-dir file with the *other* config's pinned bytes would load
+    under this config's ids with only a "modified copy" warning, so it is refused, naming both configs and how to
+    get the right file; `medheval list` shows that config as unavailable (–) instead of counting it."""
+    digest = hashlib.sha256(PAYLOAD).hexdigest()
+    pinned = source.FILES[other_key]
+    monkeypatch.setitem(source.FILES, other_key, PinnedFile(pinned.relpath, pinned.url, digest))
+    data_dir = _data_dir_with(tmp_path, PAYLOAD)
+    own = source.FILES["report_ba4586e" if other_key == "report" else "report"]
+    with pytest.raises(AnotherConfigsFile) as refused:
+        prepare_benchmark("vishal_report", config, data_dir=str(data_dir), cache_dir=dataset_cache)
+    assert str(refused.value) == (
+        f"{data_dir / RELPATH} is the file of config `{other}` (sha256 {digest}), not of `{config}` (sha256 "
+        f"{own.sha256}): `{config}` needs a --data-dir copy of {own.url.removesuffix(RELPATH)} (that upstream "
+        f"commit), or drop --data-dir to download its file")
+    assert len(prepare_benchmark("vishal_report", other, data_dir=str(data_dir), cache_dir=dataset_cache).dataset) == 3
+    assert main(["list", "--json", "--data-dir", str(data_dir)]) == 0
+    assert json.loads(capsys.readouterr().out)["item_counts"]["vishal_report"] == {config: None, other: 3}
+
+
+@requires_upstream
+def test_the_released_upstream_folder_is_refused_for_ba4586e(dataset_cache):
+    """The current benchmark_data/ holds the released (490-item) report file: `ba4586e` refuses it."""
+    with pytest.raises(AnotherConfigsFile, match=r"is the file of config `default` \(sha256 9b933043"):
+        prepare_benchmark("vishal_report", "ba4586e", data_dir=str(UPSTREAM_MEDHEVAL), cache_dir=dataset_cache)

@@ -177,7 +177,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     """``medheval list``: one line per benchmark (configs with item counts), metric and mitigation;
     ``--json`` for scripts. Counts come from annotation files already on this machine (``--data-dir`` or
-    the download cache): ``list`` never downloads; ``–`` means the files are not here yet."""
+    the download cache): ``list`` never downloads; ``–`` means the files are not here yet (or are
+    another config's revision of the same path)."""
     from medheval.data.benchmarks import benchmark_configs, list_benchmarks
     from medheval.data.registry import list_units
 
@@ -194,7 +195,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
     width = max(len(name) for name in [*benchmarks, *metrics, *mitigations])
     lines = [f"Benchmarks ({len(benchmarks)}): configs with their item counts (– = annotation files not on this "
-             "machine; --data-dir DIR, or run once to download them)"]
+             "machine, or --data-dir holds another config's revision: `medheval run` says which; --data-dir DIR, "
+             "or run once to download them)"]
     lines += [f"  {name:<{width}}  " + " · ".join(f"{config} {'–' if n is None else n}"
                                                   for config, n in counts[name].items()) for name in benchmarks]
     for kind, names in (("Metrics", metrics), ("Mitigations", mitigations)):

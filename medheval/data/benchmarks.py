@@ -21,7 +21,7 @@ from medheval.scoring import parsing
 from medheval.data import builders, schema
 from medheval.data.builders import quality_summary
 from medheval.data.credentialed import image_feature
-from medheval.data.fetch import FIXTURE_MARKER, default_cache_dir, fetch
+from medheval.data.fetch import FIXTURE_MARKER, default_cache_dir
 from medheval.data.registry import list_units, load_unit_module
 
 ON_MISSING = ("error", "skip")
@@ -149,7 +149,7 @@ def prepare_benchmark(
         files = probe.input_files()
         fetched = []
     else:
-        fetched = [(key, fetch(pinned[key], data_dir=data_dir)) for key, _ in probe.config_files()]
+        fetched = [(key, probe.fetch_file(key)) for key, _ in probe.config_files()]
         fixture = data_dir is not None and (Path(data_dir) / FIXTURE_MARKER).is_file()
         files = [
             {"relpath": pinned[key].relpath, "sha256": item.sha256, "verified": item.verified,

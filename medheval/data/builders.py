@@ -15,7 +15,7 @@ from typing import Any
 
 import datasets
 
-from medheval.data.fetch import PinnedFile, fetch
+from medheval.data.fetch import AnotherConfigsFile, FetchedFile, PinnedFile, fetch
 from medheval.data.schema import FEATURES
 
 
@@ -137,8 +137,37 @@ class PinnedFilesBuilder(datasets.GeneratorBasedBuilder):
     def config_files(self) -> list[tuple[str, Any]]:  # pragma: no cover - each unit overrides
         raise NotImplementedError
 
+    def fetch_file(self, key: str) -> FetchedFile:
+        """Fetch ``PINNED[key]`` (``data_dir`` first, :func:`~medheval.data.fetch.fetch`). A ``data_dir`` file
+        whose bytes are another pin at the same relative path (another config's revision of the file) is refused
+        (:class:`~medheval.data.fetch.AnotherConfigsFile`): it would load under this config's record ids."""
+        pinned = self.PINNED[key]
+        got = fetch(pinned, data_dir=self.config.data_dir)
+        if got.verified or got.origin != "data_dir":
+            return got
+        other = next((name for name, pin in self.PINNED.items()
+                      if name != key and pin.relpath == pinned.relpath and pin.sha256 == got.sha256), None)
+        if other is None:
+            return got  # a modified copy: read, and the run says so
+        configs = " / ".join(f"`{name}`" for name in self._configs_reading(other)) or f"pinned as `{other}`"
+        folder = pinned.url.removesuffix(pinned.relpath)
+        raise AnotherConfigsFile(
+            f"{got.path} is the file of config {configs} (sha256 {got.sha256}), not of `{self.config.name}` "
+            f"(sha256 {pinned.sha256}): `{self.config.name}` needs a --data-dir copy of {folder} (that upstream "
+            f"commit), or drop --data-dir to download its file")
+
+    def _configs_reading(self, key: str) -> list[str]:
+        """The names of this builder's configs whose ``config_files()`` include ``PINNED[key]``."""
+        names = []
+        for config in self.BUILDER_CONFIGS:
+            view = object.__new__(type(self))  # a shallow copy (copy.copy would share __dict__: datasets' setstate)
+            view.__dict__.update(vars(self), config=config)
+            if any(name == key for name, _ in view.config_files()):
+                names.append(config.name)
+        return names
+
     def _split_generators(self, dl_manager: datasets.DownloadManager) -> list[datasets.SplitGenerator]:
-        parts = [(fetch(self.PINNED[key], data_dir=self.config.data_dir).path, make) for key, make in self.config_files()]
+        parts = [(self.fetch_file(key).path, make) for key, make in self.config_files()]
         return [datasets.SplitGenerator(name=datasets.Split.TEST, gen_kwargs={"parts": parts})]
 
     def _generate_examples(self, parts: list[tuple[Path, Any]]) -> Iterator[tuple[str, dict]]:

@@ -8,7 +8,8 @@ returns a local path, in this order:
 1. ``data_dir`` given: ``data_dir/<relpath>`` (a local copy of the upstream folder).
    Its sha256 is computed and returned so results can record which bytes were used;
    a mismatch with the pin is reported (``verified=False``), not an error, because
-   users may evaluate on a patched copy on purpose. With ``data_dir_optional`` a
+   users may evaluate on a patched copy on purpose (but a builder refuses another config's pinned file:
+   :meth:`medheval.data.builders.PinnedFilesBuilder.fetch_file`). With ``data_dir_optional`` a
    ``data_dir`` without the file is passed over (the next places are tried), else it is an error.
 2. the cache (``$MEDHEVAL_CACHE`` or ``~/.cache/medheval/annotations``), when the
    cached file's sha256 matches the pin;
@@ -43,6 +44,10 @@ FIXTURE_MARKER = ".medheval-fixture"
 
 class AnnotationUnavailable(FileNotFoundError):
     """An annotation file is neither in ``data_dir``, nor cached, nor downloadable."""
+
+
+class AnotherConfigsFile(AnnotationUnavailable):
+    """A ``data_dir`` file holds the pinned bytes of another config that reads the same relative path."""
 
 
 class ChecksumMismatch(ValueError):

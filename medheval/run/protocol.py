@@ -177,15 +177,40 @@ def detector_options(detector: str | None, accepted: Container[str]) -> dict[str
     return {"detector_path": detector, **({"classifier": "detector"} if "classifier" in accepted else {})}
 
 
+# The pip extra that brings a metric's optional packages (setup.cfg extras_require; a test checks every metric's
+# requirements.txt against it). Every other metric needs only medheval's own dependencies.
+METRIC_EXTRAS: dict[str, str] = {"radgraph_f1": "radiology"}
+
+
+def metric_install_hint(name: str) -> str:
+    """The pip command that installs what metric ``name`` imports."""
+    extra = METRIC_EXTRAS.get(name)
+    return f"pip install 'medheval[{extra}]'" if extra else "pip install medheval (it brings what its metrics import)"
+
+
+def missing_packages(error: ImportError) -> str:
+    """The packages an ImportError says are missing: evaluate's list (``... the following dependencies['nltk',
+    'rouge_score'] ...``), else the module a ModuleNotFoundError names, else the error's text."""
+    listed = re.search(r"dependencies\s*\[([^\]]*)\]", str(error))
+    if listed:
+        return ", ".join(name.strip(" '\"") for name in listed.group(1).split(","))
+    return error.name or str(error)
+
+
 @functools.lru_cache(maxsize=None)
 def load_metric(name: str) -> Any:
     """Each metric module is loaded once per process, however many splits use it. A local folder never
-    reaches the Hub, so no offline setting is needed (and the runner leaves ``os.environ`` alone)."""
+    reaches the Hub, so no offline setting is needed (and the runner leaves ``os.environ`` alone). A package
+    the metric imports that is not installed is a :class:`RunError` naming the pip command that brings it."""
     import evaluate
 
     from medheval.data.registry import metric_path
 
-    return evaluate.load(metric_path(name))
+    try:
+        return evaluate.load(metric_path(name))
+    except ImportError as error:
+        raise RunError(f"metric `{name}` cannot load: it imports {missing_packages(error)}, which is not installed; "
+                       f"install it: {metric_install_hint(name)}") from error
 
 
 # Record fields a metric receives when its ``_compute`` names them (one value per scored record).
@@ -256,6 +281,7 @@ def safe_options(spec: Any) -> dict[str, Any]:
 
 
 __all__ = [
+    "METRIC_EXTRAS",
     "RECORD_INPUTS",
     "TASKS",
     "RunError",
@@ -266,7 +292,9 @@ __all__ = [
     "benchmark_default_metrics",
     "detector_options",
     "load_metric",
+    "metric_install_hint",
     "metric_kwargs",
+    "missing_packages",
     "protocol_for",
     "record_credentialed",
     "safe_options",

@@ -197,7 +197,7 @@ def load_wordnet(roots=None):
     try:
         import nltk  # noqa: F401
     except ImportError:
-        return None, "nltk is not installed (pip install 'medheval[radiology]')"
+        return None, "nltk is not installed (pip install medheval: it is one of its dependencies)"
     corpus = find_wordnet(roots)
     if corpus is None:
         searched = [Path(r) for r in roots] if roots is not None else _nltk_search_roots()
