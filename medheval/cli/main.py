@@ -65,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         protocol_given="protocol" in given_options(list(getattr(args, "argv", None) or [])[1:]),
         chat_template=args.chat_template,
     )
-    check_before_model(spec)  # files the benchmarks need, named before the model loads
+    check_before_model(spec, args.mitigation or [])  # files and mitigation options, named before the model loads
     backend, labels = build_backend(args)
     spec = dataclasses.replace(spec, labels=labels)
     from medheval.run.seeds import parse_seeds

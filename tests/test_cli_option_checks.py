@@ -1,0 +1,45 @@
+"""``medheval run`` refuses a mistyped option before the model loads and before the output folder is written,
+so the corrected command runs into the same folder (docs/running.md: every check before the first generation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from medheval.cli import main
+
+SPLIT = "mm_vishal:slake"
+
+
+def _fixture_flags(fixture_benchmark: dict) -> list[str]:
+    return ["--data-dir", fixture_benchmark["data_dir"], "--image-root",
+            f"slake={fixture_benchmark['image_roots']['slake']}"]
+
+
+@pytest.mark.parametrize("mitigation,named", [
+    ("pai:alpha=x", "pai: option alpha='x' must be a number (float)"),
+    ("dola:layers=abc", "dola: option layers='abc' must be 'medheval', 'low', 'high'"),
+    ("vcd:alpha=abc", "vcd: option alpha='abc' must be a number (float)"),
+])
+def test_a_mistyped_mitigation_option_is_refused_before_the_model_loads(mitigation, named, fixture_benchmark,
+                                                                        tmp_path, capsys):
+    """The model path does not exist: had the model loaded first, the error would name the model. Was: the
+    run started, wrote run.json and an empty predictions.jsonl, then failed, and the corrected command was
+    refused as 'different settings'."""
+    output = tmp_path / "run"
+    code = main(["run", "--benchmark", SPLIT, "--model", str(tmp_path / "no-such-model"), "--output", str(output),
+                 *_fixture_flags(fixture_benchmark), "--mitigation", mitigation])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and named in err and "no-such-model" not in err
+    assert not output.exists()
+
+
+def test_the_corrected_command_runs_into_the_folder_a_refused_one_named(fixture_benchmark, tmp_path, capsys):
+    output = tmp_path / "run"
+    common = ["run", "--benchmark", SPLIT, "--model", "tiny-random-llava", "--output", str(output), "--limit", "1",
+              "--max-new-tokens", "2", *_fixture_flags(fixture_benchmark)]
+    assert main([*common, "--mitigation", "pai:alpha=x"]) == 2
+    assert main([*common, "--mitigation", "pai:alpha=0.5"]) == 0
+    assert (output / "results.json").exists()
+
