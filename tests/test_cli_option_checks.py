@@ -43,3 +43,20 @@ def test_the_corrected_command_runs_into_the_folder_a_refused_one_named(fixture_
     assert main([*common, "--mitigation", "pai:alpha=0.5"]) == 0
     assert (output / "results.json").exists()
 
+
+def test_the_api_option_help_lists_every_key_the_error_accepts(capsys):
+    """The help listed 10 of the 15 keys (not backoff_base, backoff_max, name, api_key, api_key_env)."""
+    from medheval.run.options import API_OPTIONS
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    start = help_text.index("--api-option KEY=VALUE --model")
+    listed = help_text[help_text.index(": ", start) + 2:help_text.index(" (values read as JSON", start)]
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "api-models.md").read_text()
+    for key in API_OPTIONS:
+        assert key in listed.replace(" only)", "").replace(" (", ", ").split(", ") and f"`{key}`" in docs, key
+    assert main(["run", "--model", "openai:m@http://127.0.0.1:9/v1", "--benchmark", SPLIT, "--output", "/tmp/unused",
+                 "--api-option", "deadlne=5"]) == 2
+    assert "api_version (azure only)" in listed and "api_version (azure only)" in capsys.readouterr().err
+

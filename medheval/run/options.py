@@ -36,6 +36,28 @@ def batch_size_argument(value: str) -> int | str:
     return number
 
 
+# the --api-option keys of an API model (docs/api-models.md); api_version is Azure's alone, anthropic takes no
+# json/extra_body options
+API_OPTIONS = ("timeout", "deadline", "max_retries", "requests_per_minute", "cache_dir", "api_version", "headers",
+               "extra_body", "continue_final_message", "max_consecutive_failures", "backoff_base", "backoff_max",
+               "name", "api_key", "api_key_env")
+_API_OPTIONS_NOT_FOR = {"api_version": ("openai", "anthropic"), "extra_body": ("anthropic",)}
+# what build_api_backend sets from a flag of its own: an --api-option of the same name is refused, naming the flag
+_API_OPTIONS_WITH_A_FLAG = {
+    "max_new_tokens": "--max-new-tokens", "do_sample": "--do-sample", "temperature": "--temperature",
+    "top_p": "--top-p", "seed": "--seed", "concurrency": "--api-concurrency", "batch_size": "--batch-size",
+    "allow_remote_credentialed": "--allow-remote-credentialed",
+}
+
+
+def api_option_names() -> str:
+    """The ``--api-option`` keys, those for some model kinds only marked so: what ``--help`` and the error of an
+    unknown key both list."""
+    kinds = ("openai", "azure", "anthropic")
+    return ", ".join(key + (f" ({'/'.join(k for k in kinds if k not in _API_OPTIONS_NOT_FOR[key])} only)"
+                            if key in _API_OPTIONS_NOT_FOR else "") for key in API_OPTIONS)
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``medheval run`` / ``run_eval.py``."""
     parser.add_argument("--config", metavar="GRID.yaml",
@@ -132,10 +154,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-concurrency", type=int, default=16, metavar="N",
                         help="--model openai:/azure:/anthropic:… : requests in flight at once (default 16)")
     parser.add_argument("--api-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="--model openai:/azure:/anthropic:… : timeout, deadline, max_retries, "
-                             "requests_per_minute, continue_final_message, api_version (azure), cache_dir, "
-                             "max_consecutive_failures, headers, extra_body (values read as JSON when they parse; "
-                             "repeatable)")
+                        help=f"--model openai:/azure:/anthropic:… : {api_option_names()} (values read as JSON "
+                             "when they parse; repeatable; docs/api-models.md)")
     parser.add_argument("--protocol", default="clean", metavar="NAME",
                         help="what the model receives and how it decodes (instructions, conversation template, "
                              "sampling, lengths, mitigation settings): " + protocol_help())
@@ -146,20 +166,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-cache", action="store_true",
                         help="encode the prompt prefix of records sharing images once and reuse its KV cache "
                              "(same greedy answers; Med-StepBench: statements of one study)")
-
-
-# the --api-option keys of an API model (docs/api-models.md); api_version is Azure's alone, anthropic takes no
-# json/extra_body options
-API_OPTIONS = ("timeout", "deadline", "max_retries", "requests_per_minute", "cache_dir", "api_version", "headers",
-               "extra_body", "continue_final_message", "max_consecutive_failures", "backoff_base", "backoff_max",
-               "name", "api_key", "api_key_env")
-_API_OPTIONS_NOT_FOR = {"api_version": ("openai", "anthropic"), "extra_body": ("anthropic",)}
-# what build_api_backend sets from a flag of its own: an --api-option of the same name is refused, naming the flag
-_API_OPTIONS_WITH_A_FLAG = {
-    "max_new_tokens": "--max-new-tokens", "do_sample": "--do-sample", "temperature": "--temperature",
-    "top_p": "--top-p", "seed": "--seed", "concurrency": "--api-concurrency", "batch_size": "--batch-size",
-    "allow_remote_credentialed": "--allow-remote-credentialed",
-}
 
 
 def protocol_help() -> str:
@@ -269,7 +275,7 @@ def build_api_backend(args: argparse.Namespace):
             close = difflib.get_close_matches(key, API_OPTIONS, n=1)
             raise BackendError(f"--api-option {key!r} is not an option of an API model"
                                + (f" (did you mean {close[0]!r}?)" if close else "")
-                               + f"; the options are {', '.join(API_OPTIONS)} (docs/api-models.md)")
+                               + f"; the options are {api_option_names()} (docs/api-models.md)")
         if kind in _API_OPTIONS_NOT_FOR.get(key, ()):
             raise BackendError(f"--api-option {key!r} does not apply to {kind}: models (it is for "
                                + ("azure" if key == "api_version" else "openai and azure") + " models)")
