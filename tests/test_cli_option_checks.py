@@ -60,3 +60,14 @@ def test_the_api_option_help_lists_every_key_the_error_accepts(capsys):
                  "--api-option", "deadlne=5"]) == 2
     assert "api_version (azure only)" in listed and "api_version (azure only)" in capsys.readouterr().err
 
+
+@pytest.mark.parametrize("command", ["run", "inputs"])
+@pytest.mark.parametrize("limit", ["0", "-1", "two"])
+def test_a_limit_below_one_is_refused_while_the_arguments_are_parsed(command, limit, tmp_path, capsys):
+    """``run --limit 0`` used to write a run, then say 'nothing was scored ... check the predictions' ids'."""
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--benchmark", SPLIT, "--model", "tiny-random-llava", "--limit", limit,
+              *(["--output", str(tmp_path / "run")] if command == "run" else [])])
+    assert exited.value.code == 2
+    assert f"--limit: expected a whole number >= 1, got '{limit}'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

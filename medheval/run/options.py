@@ -23,17 +23,25 @@ def split_list(values: Sequence[str] | None) -> list[str] | None:
     return [item.strip() for value in values for item in value.split(",") if item.strip()]
 
 
-def batch_size_argument(value: str) -> int | str:
-    """``--batch-size``: a positive integer or ``auto``."""
-    if value == "auto":
-        return value
+def positive_int(value: str) -> int:
+    """An argument that must be a whole number >= 1 (``--limit``): refused while the arguments are parsed."""
     try:
         number = int(value)
     except ValueError:
         number = 0
     if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}")
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
     return number
+
+
+def batch_size_argument(value: str) -> int | str:
+    """``--batch-size``: a positive integer or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        return positive_int(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
 
 
 # the --api-option keys of an API model (docs/api-models.md); api_version is Azure's alone, anthropic takes no
@@ -85,7 +93,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="missing or undecodable images: stop with the list of ids (default) or skip and "
                              "count them")
     parser.add_argument("--metrics", action="append", help="metric names (default: by answer type)")
-    parser.add_argument("--limit", type=int, help="only the first N records of each split")
+    parser.add_argument("--limit", type=positive_int, metavar="N", help="only the first N records of each split (N >= 1)")
     parser.add_argument("--batch-size", type=batch_size_argument, default=8, metavar="N|auto",
                         help="records per generate call; 'auto': the largest batch that fits the device's memory, "
                              "per split and method (backs off on out-of-memory; recorded in results.json)")
