@@ -3,6 +3,7 @@ so the corrected command runs into the same folder (docs/running.md: every check
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,28 @@ def test_a_limit_below_one_is_refused_while_the_arguments_are_parsed(command, li
     assert exited.value.code == 2
     assert f"--limit: expected a whole number >= 1, got '{limit}'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--temperature", "0.7"], "--temperature 0.7 has no effect without --do-sample (decoding is greedy); add "
+                               "--do-sample, or drop --temperature"),
+    (["--temperature", "0.7", "--top-p", "0.9"], "--temperature 0.7 and --top-p 0.9 have no effect without "
+                                                 "--do-sample"),
+])
+def test_sampling_values_without_do_sample_are_refused_before_anything_runs(flags, said, tmp_path, capsys):
+    """Was: a greedy run recording temperature 0.7 and do_sample false, silently."""
+    output = tmp_path / "run"
+    code = main(["run", "--benchmark", SPLIT, "--model", str(tmp_path / "no-such-model"), "--output", str(output),
+                 *flags])
+    assert code == 2 and said in capsys.readouterr().err and not output.exists()
+
+
+def test_sampling_values_are_left_to_a_protocol_that_samples(fixture_benchmark, tmp_path, capsys):
+    """medheval-mitigation samples its 'none' row at its temperature 0.7: a typed --temperature replaces it."""
+    output = tmp_path / "run"
+    assert main(["run", "--benchmark", SPLIT, "--model", "tiny-random-llava", "--output", str(output), "--limit", "1",
+                 "--max-new-tokens", "2", "--protocol", "medheval-mitigation", "--chat-template", "model",
+                 "--temperature", "0.3", *_fixture_flags(fixture_benchmark)]) == 0
+    assert "no effect without --do-sample" not in capsys.readouterr().err
+    (entry,) = map(json.loads, (output / "predictions.jsonl").read_text().splitlines())
+    assert entry["generation"]["do_sample"] is True and entry["generation"]["temperature"] == 0.3

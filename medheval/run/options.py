@@ -93,7 +93,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="missing or undecodable images: stop with the list of ids (default) or skip and "
                              "count them")
     parser.add_argument("--metrics", action="append", help="metric names (default: by answer type)")
-    parser.add_argument("--limit", type=positive_int, metavar="N", help="only the first N records of each split (N >= 1)")
+    parser.add_argument("--limit", type=positive_int, metavar="N",
+                        help="only the first N records of each split (N >= 1)")
     parser.add_argument("--batch-size", type=batch_size_argument, default=8, metavar="N|auto",
                         help="records per generate call; 'auto': the largest batch that fits the device's memory, "
                              "per split and method (backs off on out-of-memory; recorded in results.json)")
@@ -104,8 +105,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one length for every record (default: per answer type / benchmark, see "
                              "medheval/run/generation.py: 16 yes/no … 512 reports, 4096 ClinHallu traces)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    parser.add_argument("--temperature", type=float)
-    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--temperature", type=float, help="sampling temperature; needs --do-sample (or a protocol "
+                                                          "that samples): refused without it")
+    parser.add_argument("--top-p", type=float, help="nucleus sampling's p; needs --do-sample (or a protocol that "
+                                                    "samples): refused without it")
     parser.add_argument("--seed", type=int, default=0,
                         help="sampling seed (each record samples from its own generator seeded from seed and its "
                              "id: batch size never changes a sample) and the noise control's seed")
