@@ -189,6 +189,35 @@ LAYERS = [  # (rule, N, tied, expected)
 ]
 
 
+@pytest.mark.parametrize("spec,message", [
+    ("pai:alpha=x", "pai: option alpha='x' must be a number (float), e.g. --mitigation pai:alpha=0.2"),
+    ("vcd:alpha=abc", "vcd: option alpha='abc' must be a number (float)"),
+    ("opera:num_beams=2.5", "opera: option num_beams=2.5 must be a whole number (int)"),
+    ("pai:use_cfg=1", "pai: option use_cfg=1 must be true or false (bool)"),
+    ("avisc:top_k=ten", "avisc: option top_k='ten' must be a whole number (int) or none"),
+    ("dola:layers=abc", "dola: option layers='abc' must be 'medheval', 'low', 'high' or a non-empty list"),
+    ("dola:layers=0/-2", "dola: option layers=[0, -2] must be"),
+    ("dola:relative_top=high", "dola: option relative_top='high' must be a number (float)"),
+])
+def test_a_mistyped_option_value_is_refused_when_the_method_is_built(spec, message):
+    """Was found only at the first generation (``could not convert string to float: 'x'``), or not at all."""
+    with pytest.raises(MitigationError) as error:
+        get_mitigation(spec)
+    assert message in str(error.value)
+
+
+def test_option_types_accept_what_the_specs_and_constructors_write():
+    assert get_mitigation("vcd:alpha=1,noise_seed=none").spec() == (
+        "vcd:preset=medheval,alpha=1,beta=0.1,noise_step=500,noise_seed=none")  # an int is a float: spec unchanged
+    assert get_mitigation("dola:layers=4").layers == 4 and get_mitigation("dola:layers=4/").layers == [4]
+    assert DoLa(layers=(0, 2)).layers == (0, 2) and get_mitigation("avisc:top_k=none").top_k is None
+    for cls in MITIGATIONS.values():  # every preset's values fit the declared types
+        for preset in cls.PRESETS:
+            assert get_mitigation(cls(preset=preset).spec()).spec() == cls(preset=preset).spec()
+    with pytest.raises(MitigationError, match="option alpha='x' must be a number"):
+        AvisC(alpha="x")  # constructed directly, too
+
+
 @pytest.mark.parametrize("rule,n,tied,expected", LAYERS)
 def test_dola_candidate_layers(rule, n, tied, expected):
     assert candidate_layers(rule, n, tied_embeddings=tied) == expected

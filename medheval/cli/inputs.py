@@ -15,6 +15,8 @@ import json
 import sys
 from typing import Any
 
+from medheval.run.options import positive_int
+
 DEFAULT_LIMIT = 3
 
 
@@ -28,7 +30,7 @@ def add_inputs_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-dir", help="local copy of the annotation files (as for `run`)")
     parser.add_argument("--image-root", action="append", default=[], metavar="SOURCE=ROOT")
     parser.add_argument("--on-missing", choices=("error", "skip"), default="error")
-    parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=f"items per split (default {DEFAULT_LIMIT})")
+    parser.add_argument("--limit", type=positive_int, default=DEFAULT_LIMIT, help=f"items per split (default {DEFAULT_LIMIT})")
     parser.add_argument("--protocol", default="clean", metavar="NAME", help="paper protocol (as for `run`)")
     parser.add_argument("--chat-template", metavar="NAME", help="model, vicuna_v1, llava_v1, mistral_instruct")
     parser.add_argument("--mitigation", default="none", metavar="NAME[:KEY=VALUE,...]",
@@ -105,8 +107,6 @@ def cmd_inputs(args: argparse.Namespace) -> int:
     from medheval.run.paper_protocols import configure_backend, get_protocol
     from medheval.run.runner import _method_name
 
-    if args.limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {args.limit}")
     protocol = get_protocol(args.protocol)
     benchmarks = split_list(args.benchmark) or []
     protocol.check_benchmarks(benchmarks)

@@ -38,6 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not (args.model or args.predictions):
         raise RunError("give --model (a model answers) or --predictions (a file of answers), "
                        "or --task detection to score a level source on Med-HallMark's released answers")
+    _check_sampling_flags(args)
     from medheval.run.outputs import check_output_folder
 
     args.output_folder = check_output_folder(args.output)  # before the model loads
@@ -65,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         protocol_given="protocol" in given_options(list(getattr(args, "argv", None) or [])[1:]),
         chat_template=args.chat_template,
     )
-    check_before_model(spec)  # files the benchmarks need, named before the model loads
+    check_before_model(spec, args.mitigation or [])  # files and mitigation options, named before the model loads
     backend, labels = build_backend(args)
     spec = dataclasses.replace(spec, labels=labels)
     from medheval.run.seeds import parse_seeds
@@ -74,6 +75,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", fallback),
                        controls=getattr(args, "control", None) or ["none"], seeds=parse_seeds(getattr(args, "seeds", None)))
     return _finish(results, Path(args.output))
+
+
+def _check_sampling_flags(args: argparse.Namespace) -> None:
+    """Refuse ``--temperature`` / ``--top-p`` typed without ``--do-sample`` under the clean protocol, where decoding
+    is then greedy: the values would be recorded and change nothing. A paper protocol sets ``do_sample`` per
+    mitigation (and a grid config in its generation layers), so there the typed values are left to apply where it
+    samples."""
+    from medheval.run.runner import RunError
+
+    if args.do_sample or args.protocol != "clean" or not args.model:
+        return
+    typed = [(flag, value) for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p))
+             if value is not None]
+    if typed:
+        named = " and ".join(f"{flag} {value}" for flag, value in typed)
+        raise RunError(f"{named} {'has' if len(typed) == 1 else 'have'} no effect without --do-sample (decoding is "
+                       f"greedy); add --do-sample, or drop {' and '.join(flag for flag, _ in typed)}")
 
 
 def _finish(results: dict, output: Path) -> int:

@@ -236,18 +236,20 @@ class DecodingMethod:
 
     def spec(self) -> str:
         """``name:key=value,...`` (the CLI form), parseable by ``medheval.mitigations.get_mitigation``."""
-        def text(value: Any) -> str:
-            if value is None:
-                return "none"
-            if isinstance(value, bool):
-                return str(value).lower()
-            if isinstance(value, (list, tuple)):
-                joined = "/".join(text(v) for v in value)
-                return joined + "/" if len(value) == 1 else joined  # "4/" parses back to [4]
-            return str(value)
-
-        items = ",".join(f"{k}={text(v)}" for k, v in self.settings().items())
+        items = ",".join(f"{k}={spec_value(v)}" for k, v in self.settings().items())
         return f"{self.name}:{items}" if items else self.name
+
+
+def spec_value(value: Any) -> str:
+    """One option value as a mitigation spec writes it: ``none``, ``true``/``false``, a list as ``0/2/4``."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        joined = "/".join(spec_value(v) for v in value)
+        return joined + "/" if len(value) == 1 else joined  # "4/" parses back to [4]
+    return str(value)
 
 
 def _validate_generation_config(method: DecodingMethod, generation_config) -> None:
@@ -483,4 +485,4 @@ def generate_from_folder(method_cls: type[DecodingMethod], model, **generate_arg
     return internals.generate_entry()(model, custom_generate=method, **arguments)
 
 
-__all__ = ["DecodingContext", "DecodingMethod", "decode", "generate_from_folder"]
+__all__ = ["DecodingContext", "DecodingMethod", "decode", "generate_from_folder", "spec_value"]

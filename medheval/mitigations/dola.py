@@ -79,9 +79,31 @@ def low_start_layer(total_layers: int, tied_embeddings: bool) -> int:
     return 2 if total_layers > 2 else 1 if total_layers == 2 else 0
 
 
-def candidate_layers(spec: str | list[int] | tuple[int, ...], total_layers: int, tied_embeddings: bool = False) -> list[int]:
+LAYER_RULES = ("medheval", "low", "high")
+"""The named rules of :attr:`DoLa.layers` (a list of layer indices is the other form)."""
+
+
+def check_layers(spec: str | int | list[int] | tuple[int, ...]) -> None:
+    """Check a ``layers`` value whatever the model: a rule of :data:`LAYER_RULES`, or indices ``>= 0`` (a bound
+    of ``N`` needs the model: :func:`candidate_layers`).
+
+    Raises:
+        MitigationError: naming the value and the allowed forms.
+    """
+    indices = [spec] if isinstance(spec, int) else spec
+    bad = (spec.strip().lower() not in LAYER_RULES if isinstance(spec, str)
+           else not indices or any(int(j) < 0 for j in indices))
+    if bad:
+        raise MitigationError(
+            f"dola: option layers={spec!r} must be {', '.join(map(repr, LAYER_RULES))} or a non-empty list of layer "
+            "indices >= 0, e.g. --mitigation dola:layers=low or dola:layers=0/2/4 (one layer: dola:layers=4/)")
+
+
+def candidate_layers(spec: str | int | list[int] | tuple[int, ...], total_layers: int,
+                     tied_embeddings: bool = False) -> list[int]:
     """The premature-layer candidates for an ``total_layers``-layer model (rules in the module docstring)."""
     n = int(total_layers)
+    check_layers(spec)
     if isinstance(spec, str):
         key = spec.strip().lower()
         if key == "medheval":
@@ -92,12 +114,8 @@ def candidate_layers(spec: str | list[int] | tuple[int, ...], total_layers: int,
                 layers = [start]
             else:
                 layers = list(range(start, n // 2, 2)) if n <= 40 else list(range(start, 20, 2))
-        elif key == "high":
+        else:  # "high"
             layers = list(range(n // 2, n, 2)) if n <= 40 else list(range(n - 20, n, 2))
-        else:
-            raise MitigationError(
-                f"DoLa layers must be 'medheval', 'low', 'high' or a list of layer indices, got {spec!r}"
-            )
         if not layers:
             raise MitigationError(
                 f"DoLa layers={spec!r} gives no candidate layer for a {n}-layer language model"
@@ -105,10 +123,10 @@ def candidate_layers(spec: str | list[int] | tuple[int, ...], total_layers: int,
             )
         return layers
     layers = sorted({int(j) for j in (spec if isinstance(spec, (list, tuple)) else [spec])})
-    bad = [j for j in layers if not 0 <= j < n]
-    if bad or not layers:
+    bad = [j for j in layers if j >= n]
+    if bad:
         raise MitigationError(
-            f"DoLa candidate layers {bad or layers} are not in [0, {n}) for a {n}-layer language model "
+            f"DoLa candidate layers {bad} are not in [0, {n}) for a {n}-layer language model "
             f"(layer {n} is the mature layer itself)"
         )
     return layers
@@ -120,13 +138,14 @@ class DoLa(DecodingMethod):
 
     Args:
         preset: ``"medheval"`` (default) or ``"official"``; the unset options below take its values.
-        layers: premature candidates: ``"medheval"``, ``"low"``, ``"high"`` or a list of indices in ``[0, N)``.
+        layers: premature candidates: ``"medheval"``, ``"low"``, ``"high"`` or a list of indices in ``[0, N)``
+            (checked here; the bound ``N`` when a model decodes).
         relative_top: the relative-top filter's threshold (0.1 in the paper).
         final_norm: apply the final norm to early-exit hidden states.
     """
 
     preset: str = DEFAULT_PRESET
-    layers: str | list[int] = from_preset()
+    layers: str | int | list[int] = from_preset()
     relative_top: float = from_preset()
     final_norm: bool = from_preset()
 
@@ -144,6 +163,7 @@ class DoLa(DecodingMethod):
 
     def __post_init__(self):
         resolve_preset(self)
+        check_layers(self.layers)
         self._contrast = DoLaContrast(self.relative_top)
 
     def candidate_layers(self, model) -> list[int]:
@@ -210,4 +230,4 @@ def chosen_layers(state: dict[str, Any]) -> list[list[int]]:
     return [[candidates[i] for i in row] for row in indices]
 
 
-__all__ = ["DoLa", "candidate_layers", "chosen_layers", "early_exit_logits"]
+__all__ = ["DoLa", "LAYER_RULES", "candidate_layers", "check_layers", "chosen_layers", "early_exit_logits"]

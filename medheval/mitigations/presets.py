@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import types
+import typing
 from typing import Any
 
+from medheval.decoding.loop import spec_value
 from medheval.decoding.visual_tokens import MitigationError
 
 DEFAULT_PRESET = "medheval"
@@ -53,10 +56,11 @@ def from_preset() -> Any:
 
 
 def resolve_preset(method: Any) -> None:
-    """Fill ``method``'s fields still at :data:`FROM_PRESET` from ``PRESETS[method.preset]``.
+    """Fill ``method``'s fields still at :data:`FROM_PRESET` from ``PRESETS[method.preset]``, then check every
+    field's value against its declared type (:func:`check_option_types`).
 
     Raises:
-        MitigationError: unknown preset (the message lists the method's presets).
+        MitigationError: unknown preset (the message lists the method's presets), or an option of the wrong type.
     """
     presets: dict[str, dict[str, Any]] = type(method).PRESETS
     name = method.preset
@@ -71,6 +75,49 @@ def resolve_preset(method: Any) -> None:
             if field.name not in values:  # a definition error in the method, not a user error
                 raise MitigationError(f"{method.name}: preset {name!r} has no value for {field.name!r}")
             setattr(method, field.name, copy.deepcopy(values[field.name]))
+    check_option_types(method)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the declared type ``hint`` (``float`` takes an int; no number takes a bool)."""
+    if hint is type(None):
+        return value is None
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return any(_fits(value, option) for option in typing.get_args(hint))
+    if typing.get_origin(hint) is list:
+        return isinstance(value, (list, tuple)) and all(_fits(v, typing.get_args(hint)[0]) for v in value)
+    if hint in (int, float):
+        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _described(hint: Any) -> str:
+    """``float`` -> ``"a number (float)"``; unions joined with "or" (``None`` written as ``none``, the spec form)."""
+    if hint is type(None):
+        return "none"
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return " or ".join(_described(option) for option in typing.get_args(hint))
+    if typing.get_origin(hint) is list:
+        return "a list of whole numbers such as 0/2/4 (list[int])"
+    names = {float: "a number (float)", int: "a whole number (int)", bool: "true or false (bool)", str: "text (str)"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def check_option_types(method: Any) -> None:
+    """Check each of ``method``'s dataclass fields against its declared type, at construction (so a typo in
+    ``--mitigation pai:alpha=x`` fails before a model loads, not at the first generation).
+
+    Raises:
+        MitigationError: naming the method, the option, the value, the expected type and the preset's value.
+    """
+    hints = typing.get_type_hints(type(method))
+    for field in dataclasses.fields(method):
+        value, hint = getattr(method, field.name), hints[field.name]
+        if not _fits(value, hint):
+            example = type(method).PRESETS[DEFAULT_PRESET].get(field.name, field.default)
+            raise MitigationError(
+                f"{method.name}: option {field.name}={value!r} must be {_described(hint)}, e.g. "
+                f"--mitigation {method.name}:{field.name}={spec_value(example)}")
 
 
 def _cell(value: Any) -> str:
@@ -101,5 +148,5 @@ def preset_table(cls: type) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_PRESET", "FROM_PRESET", "from_preset", "preset_table", "resolve_preset"]
+__all__ = ["DEFAULT_PRESET", "FROM_PRESET", "check_option_types", "from_preset", "preset_table", "resolve_preset"]
 

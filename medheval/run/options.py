@@ -23,17 +23,47 @@ def split_list(values: Sequence[str] | None) -> list[str] | None:
     return [item.strip() for value in values for item in value.split(",") if item.strip()]
 
 
-def batch_size_argument(value: str) -> int | str:
-    """``--batch-size``: a positive integer or ``auto``."""
-    if value == "auto":
-        return value
+def positive_int(value: str) -> int:
+    """An argument that must be a whole number >= 1 (``--limit``): refused while the arguments are parsed."""
     try:
         number = int(value)
     except ValueError:
         number = 0
     if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}")
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
     return number
+
+
+def batch_size_argument(value: str) -> int | str:
+    """``--batch-size``: a positive integer or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        return positive_int(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
+
+
+# the --api-option keys of an API model (docs/api-models.md); api_version is Azure's alone, anthropic takes no
+# json/extra_body options
+API_OPTIONS = ("timeout", "deadline", "max_retries", "requests_per_minute", "cache_dir", "api_version", "headers",
+               "extra_body", "continue_final_message", "max_consecutive_failures", "backoff_base", "backoff_max",
+               "name", "api_key", "api_key_env")
+_API_OPTIONS_NOT_FOR = {"api_version": ("openai", "anthropic"), "extra_body": ("anthropic",)}
+# what build_api_backend sets from a flag of its own: an --api-option of the same name is refused, naming the flag
+_API_OPTIONS_WITH_A_FLAG = {
+    "max_new_tokens": "--max-new-tokens", "do_sample": "--do-sample", "temperature": "--temperature",
+    "top_p": "--top-p", "seed": "--seed", "concurrency": "--api-concurrency", "batch_size": "--batch-size",
+    "allow_remote_credentialed": "--allow-remote-credentialed",
+}
+
+
+def api_option_names() -> str:
+    """The ``--api-option`` keys, those for some model kinds only marked so: what ``--help`` and the error of an
+    unknown key both list."""
+    kinds = ("openai", "azure", "anthropic")
+    return ", ".join(key + (f" ({'/'.join(k for k in kinds if k not in _API_OPTIONS_NOT_FOR[key])} only)"
+                            if key in _API_OPTIONS_NOT_FOR else "") for key in API_OPTIONS)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +93,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="missing or undecodable images: stop with the list of ids (default) or skip and "
                              "count them")
     parser.add_argument("--metrics", action="append", help="metric names (default: by answer type)")
-    parser.add_argument("--limit", type=int, help="only the first N records of each split")
+    parser.add_argument("--limit", type=positive_int, metavar="N",
+                        help="only the first N records of each split (N >= 1)")
     parser.add_argument("--batch-size", type=batch_size_argument, default=8, metavar="N|auto",
                         help="records per generate call; 'auto': the largest batch that fits the device's memory, "
                              "per split and method (backs off on out-of-memory; recorded in results.json)")
@@ -74,8 +105,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one length for every record (default: per answer type / benchmark, see "
                              "medheval/run/generation.py: 16 yes/no … 512 reports, 4096 ClinHallu traces)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    parser.add_argument("--temperature", type=float)
-    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--temperature", type=float, help="sampling temperature; needs --do-sample (or a protocol "
+                                                          "that samples): refused without it")
+    parser.add_argument("--top-p", type=float, help="nucleus sampling's p; needs --do-sample (or a protocol that "
+                                                    "samples): refused without it")
     parser.add_argument("--seed", type=int, default=0,
                         help="sampling seed (each record samples from its own generator seeded from seed and its "
                              "id: batch size never changes a sample) and the noise control's seed")
@@ -132,10 +165,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-concurrency", type=int, default=16, metavar="N",
                         help="--model openai:/azure:/anthropic:… : requests in flight at once (default 16)")
     parser.add_argument("--api-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="--model openai:/azure:/anthropic:… : timeout, deadline, max_retries, "
-                             "requests_per_minute, continue_final_message, api_version (azure), cache_dir, "
-                             "max_consecutive_failures, headers, extra_body (values read as JSON when they parse; "
-                             "repeatable)")
+                        help=f"--model openai:/azure:/anthropic:… : {api_option_names()} (values read as JSON "
+                             "when they parse; repeatable; docs/api-models.md)")
     parser.add_argument("--protocol", default="clean", metavar="NAME",
                         help="what the model receives and how it decodes (instructions, conversation template, "
                              "sampling, lengths, mitigation settings): " + protocol_help())
@@ -146,20 +177,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-cache", action="store_true",
                         help="encode the prompt prefix of records sharing images once and reuse its KV cache "
                              "(same greedy answers; Med-StepBench: statements of one study)")
-
-
-# the --api-option keys of an API model (docs/api-models.md); api_version is Azure's alone, anthropic takes no
-# json/extra_body options
-API_OPTIONS = ("timeout", "deadline", "max_retries", "requests_per_minute", "cache_dir", "api_version", "headers",
-               "extra_body", "continue_final_message", "max_consecutive_failures", "backoff_base", "backoff_max",
-               "name", "api_key", "api_key_env")
-_API_OPTIONS_NOT_FOR = {"api_version": ("openai", "anthropic"), "extra_body": ("anthropic",)}
-# what build_api_backend sets from a flag of its own: an --api-option of the same name is refused, naming the flag
-_API_OPTIONS_WITH_A_FLAG = {
-    "max_new_tokens": "--max-new-tokens", "do_sample": "--do-sample", "temperature": "--temperature",
-    "top_p": "--top-p", "seed": "--seed", "concurrency": "--api-concurrency", "batch_size": "--batch-size",
-    "allow_remote_credentialed": "--allow-remote-credentialed",
-}
 
 
 def protocol_help() -> str:
@@ -269,7 +286,7 @@ def build_api_backend(args: argparse.Namespace):
             close = difflib.get_close_matches(key, API_OPTIONS, n=1)
             raise BackendError(f"--api-option {key!r} is not an option of an API model"
                                + (f" (did you mean {close[0]!r}?)" if close else "")
-                               + f"; the options are {', '.join(API_OPTIONS)} (docs/api-models.md)")
+                               + f"; the options are {api_option_names()} (docs/api-models.md)")
         if kind in _API_OPTIONS_NOT_FOR.get(key, ()):
             raise BackendError(f"--api-option {key!r} does not apply to {kind}: models (it is for "
                                + ("azure" if key == "api_version" else "openai and azure") + " models)")

@@ -1074,12 +1074,16 @@ def _method_name(spec: str) -> str:
     return "none" if name in NO_MITIGATION else name
 
 
-def check_before_model(spec: RunSpec) -> None:
+def check_before_model(spec: RunSpec, mitigations: Sequence[str] = ()) -> None:
     """What each split's protocol needs whatever the model (:meth:`SplitProtocol.check_inputs`, under the paper
-    protocol's options), checked before the model loads: a missing file is named before minutes of loading."""
+    protocol's options), and each of ``mitigations`` (:func:`resolve_mitigations`), checked before the model loads:
+    a missing file or a mistyped option is named before minutes of loading, and before the run writes anything."""
     from medheval.run.paper_protocols import get_protocol
 
-    spec = _with_protocol_options(spec, get_protocol(spec.protocol))
+    protocol = get_protocol(spec.protocol)
+    protocol.check_benchmarks(spec.benchmarks)
+    resolve_mitigations(protocol, mitigations)
+    spec = _with_protocol_options(spec, protocol)
     for name in dict.fromkeys(parse_benchmark_spec(benchmark)[0] for benchmark in spec.benchmarks):
         protocol = protocol_for(name)
         if protocol is not None:
@@ -1126,6 +1130,22 @@ def _note_protocol(spec: RunSpec, inherited: Mapping[str, Any], warnings: list[s
                         f"pass --protocol clean to score them with the clean scorer", console_once=True)
 
 
+def resolve_mitigations(protocol: Any, mitigations: Sequence[str]) -> list[tuple[str, Any]]:
+    """``(spec, method)`` of each mitigation under ``protocol`` (its method options added; method ``None``: plain
+    decoding), ``[("none", None)]`` for none.
+
+    Raises:
+        RunError: the protocol has no settings for a method.
+        MitigationError: an unknown method, option or option value (each checked when the method is built).
+    """
+    from medheval.mitigations import get_mitigation
+
+    specs = [protocol.mitigation_spec(text) for text in mitigations]
+    for text in specs or ["none"]:
+        protocol.check_mitigation(_method_name(text))
+    return [(text, get_mitigation(text)) for text in specs] or [("none", None)]
+
+
 def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8,
              controls: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """Run ``spec`` once per mitigation (``none`` = plain decoding) × image control (``controls``; default
@@ -1136,19 +1156,15 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
     (``<output>/<mitigation>/``, ``<output>/<mitigation>__<control>/`` for a blind cell,
     ``…__seed-<s>/`` per seed, each resumable on its own) plus a combined ``results.md``/``results.json``.
     """
-    from medheval.mitigations import get_mitigation
     from medheval.run.seeds import check_seeds, record_seeds
     from medheval.run.paper_protocols import configure_backend, get_protocol
 
     spec = _adopt_answers_protocol(spec, backend)
     protocol = get_protocol(spec.protocol)
     protocol.check_benchmarks(spec.benchmarks)
-    mitigations = [protocol.mitigation_spec(text) for text in mitigations]
-    for text in mitigations or ["none"]:
-        protocol.check_mitigation(_method_name(text))
+    methods = resolve_mitigations(protocol, mitigations)
     backend = configure_backend(backend, protocol, spec.chat_template)
     spec = _with_protocol_options(spec, protocol)
-    methods = [(text, get_mitigation(text)) for text in mitigations] or [("none", None)]
     controls = list(dict.fromkeys(controls or [spec.control]))
     try:
         for kind in controls:

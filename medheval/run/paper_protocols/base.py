@@ -99,6 +99,7 @@ class PaperProtocol:
     def mitigation_spec(self, spec: str) -> str:
         """``spec`` with this protocol's method options added where the user gave none (a user ``preset=``
         replaces them all: the user chose the method's values)."""
+        from medheval.decoding.loop import spec_value
         from medheval.mitigations import parse_spec
 
         name, given = parse_spec(spec)
@@ -106,7 +107,7 @@ class PaperProtocol:
         if not extra or "preset" in given:
             return spec
         merged = {**extra, **given}
-        return f"{name}:" + ",".join(f"{key}={_spec_value(value)}" for key, value in merged.items())
+        return f"{name}:" + ",".join(f"{key}={spec_value(value)}" for key, value in merged.items())
 
     def plan(self, mitigation: str, user: GenerationPlan | None, accepted: Sequence[str] | None = None
              ) -> GenerationPlan | None:
@@ -148,17 +149,6 @@ class Instruction:
 
     def __call__(self, record: dict) -> str:
         return self.build(record, self.script)
-
-
-def _spec_value(value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return "/".join(str(v) for v in value)
-    return str(value)
-
 
 
 __all__ = ["CLEAN", "Conflict", "Instruction", "PaperProtocol"]

@@ -1,0 +1,99 @@
+"""``medheval run`` refuses a mistyped option before the model loads and before the output folder is written,
+so the corrected command runs into the same folder (docs/running.md: every check before the first generation)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from medheval.cli import main
+
+SPLIT = "mm_vishal:slake"
+
+
+def _fixture_flags(fixture_benchmark: dict) -> list[str]:
+    return ["--data-dir", fixture_benchmark["data_dir"], "--image-root",
+            f"slake={fixture_benchmark['image_roots']['slake']}"]
+
+
+@pytest.mark.parametrize("mitigation,named", [
+    ("pai:alpha=x", "pai: option alpha='x' must be a number (float)"),
+    ("dola:layers=abc", "dola: option layers='abc' must be 'medheval', 'low', 'high'"),
+    ("vcd:alpha=abc", "vcd: option alpha='abc' must be a number (float)"),
+])
+def test_a_mistyped_mitigation_option_is_refused_before_the_model_loads(mitigation, named, fixture_benchmark,
+                                                                        tmp_path, capsys):
+    """The model path does not exist: had the model loaded first, the error would name the model. Was: the
+    run started, wrote run.json and an empty predictions.jsonl, then failed, and the corrected command was
+    refused as 'different settings'."""
+    output = tmp_path / "run"
+    code = main(["run", "--benchmark", SPLIT, "--model", str(tmp_path / "no-such-model"), "--output", str(output),
+                 *_fixture_flags(fixture_benchmark), "--mitigation", mitigation])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and named in err and "no-such-model" not in err
+    assert not output.exists()
+
+
+def test_the_corrected_command_runs_into_the_folder_a_refused_one_named(fixture_benchmark, tmp_path, capsys):
+    output = tmp_path / "run"
+    common = ["run", "--benchmark", SPLIT, "--model", "tiny-random-llava", "--output", str(output), "--limit", "1",
+              "--max-new-tokens", "2", *_fixture_flags(fixture_benchmark)]
+    assert main([*common, "--mitigation", "pai:alpha=x"]) == 2
+    assert main([*common, "--mitigation", "pai:alpha=0.5"]) == 0
+    assert (output / "results.json").exists()
+
+
+def test_the_api_option_help_lists_every_key_the_error_accepts(capsys):
+    """The help listed 10 of the 15 keys (not backoff_base, backoff_max, name, api_key, api_key_env)."""
+    from medheval.run.options import API_OPTIONS
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    start = help_text.index("--api-option KEY=VALUE --model")
+    listed = help_text[help_text.index(": ", start) + 2:help_text.index(" (values read as JSON", start)]
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "api-models.md").read_text()
+    for key in API_OPTIONS:
+        assert key in listed.replace(" only)", "").replace(" (", ", ").split(", ") and f"`{key}`" in docs, key
+    assert main(["run", "--model", "openai:m@http://127.0.0.1:9/v1", "--benchmark", SPLIT, "--output", "/tmp/unused",
+                 "--api-option", "deadlne=5"]) == 2
+    assert "api_version (azure only)" in listed and "api_version (azure only)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["run", "inputs"])
+@pytest.mark.parametrize("limit", ["0", "-1", "two"])
+def test_a_limit_below_one_is_refused_while_the_arguments_are_parsed(command, limit, tmp_path, capsys):
+    """``run --limit 0`` used to write a run, then say 'nothing was scored ... check the predictions' ids'."""
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--benchmark", SPLIT, "--model", "tiny-random-llava", "--limit", limit,
+              *(["--output", str(tmp_path / "run")] if command == "run" else [])])
+    assert exited.value.code == 2
+    assert f"--limit: expected a whole number >= 1, got '{limit}'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--temperature", "0.7"], "--temperature 0.7 has no effect without --do-sample (decoding is greedy); add "
+                               "--do-sample, or drop --temperature"),
+    (["--temperature", "0.7", "--top-p", "0.9"], "--temperature 0.7 and --top-p 0.9 have no effect without "
+                                                 "--do-sample"),
+])
+def test_sampling_values_without_do_sample_are_refused_before_anything_runs(flags, said, tmp_path, capsys):
+    """Was: a greedy run recording temperature 0.7 and do_sample false, silently."""
+    output = tmp_path / "run"
+    code = main(["run", "--benchmark", SPLIT, "--model", str(tmp_path / "no-such-model"), "--output", str(output),
+                 *flags])
+    assert code == 2 and said in capsys.readouterr().err and not output.exists()
+
+
+def test_sampling_values_are_left_to_a_protocol_that_samples(fixture_benchmark, tmp_path, capsys):
+    """medheval-mitigation samples its 'none' row at its temperature 0.7: a typed --temperature replaces it."""
+    output = tmp_path / "run"
+    assert main(["run", "--benchmark", SPLIT, "--model", "tiny-random-llava", "--output", str(output), "--limit", "1",
+                 "--max-new-tokens", "2", "--protocol", "medheval-mitigation", "--chat-template", "model",
+                 "--temperature", "0.3", *_fixture_flags(fixture_benchmark)]) == 0
+    assert "no effect without --do-sample" not in capsys.readouterr().err
+    (entry,) = map(json.loads, (output / "predictions.jsonl").read_text().splitlines())
+    assert entry["generation"]["do_sample"] is True and entry["generation"]["temperature"] == 0.3
