@@ -65,3 +65,14 @@ def test_the_documented_tiny_grid_example_runs_as_written(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "try" / "results.json").read_text())
     assert results["runs"] and all(run["benchmarks"] for run in results["runs"])
+
+
+def test_python_dash_m_medheval_is_the_command():
+    """``python -m medheval`` runs the ``medheval`` command (for a venv whose scripts are not on PATH)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "medheval", "run", "--help"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--benchmark" in done.stdout and "--mitigation" in done.stdout
