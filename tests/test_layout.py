@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "medheval"
-TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "versions.py"}
+TOP_LEVEL_MODULES = {"__init__.py", "__main__.py", "errors.py", "versions.py"}  # __main__: `python -m medheval`
 ABOVE_FAMILIES = {"cli", "families"}  # the only sub-packages that may import medheval.families
 
 
