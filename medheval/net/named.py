@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from medheval.net.hosts import host_and_port, host_entry
+from medheval.net.hosts import host_entry, host_named
 
 
 class UserNamedHosts:
@@ -55,11 +55,7 @@ class UserNamedHosts:
 
     def covers(self, url: str, *extra: str) -> bool:
         """Whether an entry (or one of ``extra``) names ``url``'s host on any port, or its ``host:port``."""
-        host, port = host_and_port(url)
-        if not host:
-            return False
-        named = self.names(*extra)
-        return host in named or (port is not None and f"{host}:{port}" in named)
+        return host_named(url, self.names(*extra))
 
 
 __all__ = ["UserNamedHosts"]
