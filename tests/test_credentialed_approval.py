@@ -151,6 +151,7 @@ ENDPOINT_ANSWERS = [
     ("https://example.org/v1", "https://example.org:443/v1", True),
     ("https://example.org/v1/", "https://EXAMPLE.org./v1", True),
     ("https://example.org/v1", "https://example.org/v2", False),
+    ("https://example.org/v1", "https://example.org/V1", False),  # a path is compared as written
     ("https://example.org/v1", "https://example.org", False),
     ("https://example.org/v1", "http://example.org/v1", False),
     ("https://example.org:8443/v1", "https://example.org/v1", False),

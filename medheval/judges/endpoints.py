@@ -13,8 +13,13 @@ Approval of a non-local endpoint for credentialed records comes from the user on
 HOST`` on the command line (:func:`set_approved_endpoints`, from ``main()`` before any config is read),
 ``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED=host1,host2``, :func:`approve_endpoints` or ``make_judge(...,
 allow_remote_credentialed=...)`` from Python. An ``allow_remote_credentialed`` in a grid YAML (top level, a
-``metric_options`` entry or a judge dict in one) is refused unless the user approved the same endpoint
-(:func:`check_config_approval`): a downloaded config cannot approve its own host.
+``metric_options`` entry or a judge dict in one) is refused unless the user approved everything it
+approves (:func:`check_config_approval`, :func:`entry_approved`): a downloaded config cannot approve its own host.
+
+An approval entry is a ``host`` (that host on any port), a ``host:port`` (that port only; a URL's port defaulting
+to its scheme's 443/80) or a base URL (only that scheme, host, port and path): hosts are matched as every list of
+hosts the user names is (:mod:`medheval.net.named`: exactly, letter case and a trailing dot ignored, IPv6 with or
+without brackets); :func:`endpoint_allowed`.
 
 Traffic to an endpoint judged local never goes through a proxy from the environment
 (``HTTP(S)_PROXY``/``ALL_PROXY``): :mod:`medheval.judges.http` ignores them for local endpoints.
@@ -81,8 +86,8 @@ def normalise_allow_list(allow: str | Iterable[str] | None) -> tuple[str, ...]:
 
 def _base_url_key(text: str) -> tuple[str, str, int | None, str] | None:
     """``(scheme, host, port or the scheme's default, path)`` of a URL (text with ``://``): what a base-URL entry
-    must equal (host without its trailing dot, path without its trailing ``/``; letter case ignored); None for
-    other text or a URL that cannot be parsed."""
+    must equal (scheme and host in lower case, the host without its trailing dot, the path as written without its
+    trailing ``/``); None for other text or a URL that cannot be parsed."""
     if "://" not in text:
         return None
     try:
@@ -90,7 +95,7 @@ def _base_url_key(text: str) -> tuple[str, str, int | None, str] | None:
         path = urlsplit(safe_base_url(text.strip()) or "").path
     except ValueError:
         return None
-    return (address.scheme, address.name, address.default_port, path.lower()) if address.name else None
+    return (address.scheme, address.name, address.default_port, path) if address.name else None
 
 
 def _host_form(text: str) -> bool:
