@@ -133,3 +133,97 @@ def test_a_config_value_is_accepted_only_within_what_the_user_approved(tmp_path,
                                                                        "allow_remote_credentialed": True}}}}, "g.yaml")
     with pytest.raises(GridConfigError, match=r"g.yaml: metric_options.sh_judge.judge.allow_remote_credentialed: .*True"):
         check_credentialed_approvals(bad, [])
+
+
+# endpoint_allowed(url, [entry]): a host entry approves that host on any port, host:port that port (a URL's port
+# defaulting to its scheme's), a base URL only the same base URL; case, trailing dot and IPv6 brackets ignored
+ENDPOINT_ANSWERS = [
+    ("https://example.org/v1", "example.org", True),
+    ("https://example.org:8080/v1", "example.org", True),
+    ("https://Example.ORG./v1", "example.org", True),
+    ("https://example.org/v1", "EXAMPLE.org.", True),
+    ("https://a.example.org/v1", "example.org", False),
+    ("https://example.org/v1", "example.org:443", True),
+    ("https://example.org:443/v1", "example.org:443", True),
+    ("https://example.org:8080/v1", "example.org:443", False),
+    ("http://example.org/v1", "example.org:80", True),
+    ("http://example.org/v1", "example.org:443", False),
+    ("https://example.org/v1", "https://example.org:443/v1", True),
+    ("https://example.org/v1/", "https://EXAMPLE.org./v1", True),
+    ("https://example.org/v1", "https://example.org/v2", False),
+    ("https://example.org/v1", "https://example.org/V1", False),  # a path is compared as written
+    ("https://example.org/v1", "https://example.org", False),
+    ("https://example.org/v1", "http://example.org/v1", False),
+    ("https://example.org:8443/v1", "https://example.org/v1", False),
+    ("https://example.org/v1", "example.org/v1", False),  # neither a host nor a URL: names nothing
+    ("https://[2001:db8::1]:8443/v1", "[2001:db8::1]", True),
+    ("https://[2001:db8::1]:8443/v1", "2001:db8::1", True),
+    ("https://[2001:db8::1]:8443/v1", "[2001:db8::1]:8443", True),
+    ("https://[2001:db8::1]/v1", "[2001:db8::1]:443", True),
+    ("https://[2001:db8::1]:8443/v1", "[2001:db8::1]:443", False),
+    ("https://[2001:db8::1]:8443/v1", "https://[2001:DB8::1]:8443/v1", True),
+]
+
+
+@pytest.mark.parametrize("url, entry, allowed", ENDPOINT_ANSWERS)
+def test_endpoint_allowed_known_answers(url, entry, allowed):
+    from medheval.judges.endpoints import endpoint_allowed
+    assert endpoint_allowed(url, (entry,)) is allowed
+
+
+# entry_approved(config entry, [user entry]): covered only when everything the config entry approves is approved
+ENTRY_ANSWERS = [
+    ("example.org", "example.org", True),
+    ("EXAMPLE.org.", "example.org", True),
+    ("example.org", "example.org:443", False),  # the config's host would approve example.org:8080 too
+    ("example.org", "https://example.org", False),
+    ("a.example.org", "example.org", False),
+    ("example.org:443", "example.org", True),
+    ("example.org:443", "example.org:443", True),
+    ("example.org:443", "example.org.:443", True),
+    ("example.org:8443", "example.org:443", False),
+    ("example.org:443", "https://example.org", False),  # a bare host:port is any scheme on that port
+    ("example.org:8443", "https://example.org:8443", False),
+    ("https://example.org/v1", "example.org", True),
+    ("https://example.org/v1", "example.org:443", True),
+    ("https://example.org:8443/v1", "example.org:443", False),
+    ("http://example.org/v1", "example.org:80", True),
+    ("https://example.org/v1", "example.org:80", False),
+    ("https://example.org/v1", "https://EXAMPLE.org.:443/v1/", True),
+    ("https://example.org/v1", "https://example.org", False),
+    ("https://example.org", "https://example.org/v1", False),
+    ("http://example.org/v1", "https://example.org/v1", False),
+    ("[2001:db8::1]", "2001:db8::1", True),
+    ("2001:db8::1", "[2001:db8::1]", True),
+    ("[2001:db8::1]:8443", "[2001:db8::1]", True),
+    ("[2001:db8::1]", "[2001:db8::1]:443", False),
+    ("https://[2001:db8::1]:8443/v1", "[2001:db8::1]:8443", True),
+    ("https://[2001:db8::1]/v1", "[2001:db8::1]:8443", False),
+    ("example.org/v1", "example.org/v1", False),  # names no endpoint
+]
+
+
+@pytest.mark.parametrize("config_entry, user_entry, covered", ENTRY_ANSWERS)
+def test_entry_approved_known_answers(config_entry, user_entry, covered):
+    from medheval.judges.endpoints import entry_approved
+    assert entry_approved(config_entry, (user_entry,)) is covered
+
+
+def test_a_host_port_approval_does_not_widen_into_the_configs_bare_host(fixture_benchmark, recording_proxy,
+                                                                       tmp_path, capsys):
+    """The user approves judge.example:443; a config naming judge.example (any port) is refused, and its judge on
+    judge.example:8080 gets nothing, from the config or from the user's approval."""
+    request = JudgeRequest(id="mimic-1", messages=[{"role": "user", "content": "report"}], reply_format="raw",
+                           credentialed=True)
+    approve_endpoints("judge.example:443")
+    with pytest.raises(CredentialedDataError):
+        make_judge("openai:j@http://judge.example:8080/v1", **FAST).run([request])
+    judge = {**JUDGE_DICT, "base_url": "http://judge.example:8080/v1", "allow_remote_credentialed": "judge.example"}
+    with JudgeServer("openai", reply=lambda body: "An answer.") as model:
+        config = _grid(tmp_path, fixture_benchmark, f"openai:m@{model.base_url}", "knowledge:open",
+                       metrics=["sh_judge"], metric_options={"sh_judge": {"cache_dir": False, "judge": judge}})
+        assert main(["run", "--config", str(config), "--allow-remote-credentialed", "judge.example:443"]) == 2
+        assert model.requests == []
+    assert recording_proxy.hits == []
+    err = capsys.readouterr().err
+    assert "metric_options.sh_judge.judge.allow_remote_credentialed: approves 'judge.example'" in err

@@ -13,8 +13,13 @@ Approval of a non-local endpoint for credentialed records comes from the user on
 HOST`` on the command line (:func:`set_approved_endpoints`, from ``main()`` before any config is read),
 ``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED=host1,host2``, :func:`approve_endpoints` or ``make_judge(...,
 allow_remote_credentialed=...)`` from Python. An ``allow_remote_credentialed`` in a grid YAML (top level, a
-``metric_options`` entry or a judge dict in one) is refused unless the user approved the same endpoint
-(:func:`check_config_approval`): a downloaded config cannot approve its own host.
+``metric_options`` entry or a judge dict in one) is refused unless the user approved everything it
+approves (:func:`check_config_approval`, :func:`entry_approved`): a downloaded config cannot approve its own host.
+
+An approval entry is a ``host`` (that host on any port), a ``host:port`` (that port only; a URL's port defaulting
+to its scheme's 443/80) or a base URL (only that scheme, host, port and path): hosts are matched as every list of
+hosts the user names is (:mod:`medheval.net.named`: exactly, letter case and a trailing dot ignored, IPv6 with or
+without brackets); :func:`endpoint_allowed`.
 
 Traffic to an endpoint judged local never goes through a proxy from the environment
 (``HTTP(S)_PROXY``/``ALL_PROXY``): :mod:`medheval.judges.http` ignores them for local endpoints.
@@ -25,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
-from medheval.net.hosts import is_local_host, is_local_url, parse_address, resolves_to_loopback
+from medheval.net.hosts import (host_entry, host_named, is_local_host, is_local_url, parse_address,
+                                 resolves_to_loopback)
 from medheval.net.named import UserNamedHosts
 
 APPROVED_ENV = "MEDHEVAL_ALLOW_REMOTE_CREDENTIALED"
@@ -78,21 +84,38 @@ def normalise_allow_list(allow: str | Iterable[str] | None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def endpoint_allowed(base_url: str | None, allow: tuple[str, ...]) -> bool:
-    """Whether an opt-in entry names this endpoint: its host, ``host:port`` or exact base URL."""
-    if not base_url:
+def _base_url_key(text: str) -> tuple[str, str, int | None, str] | None:
+    """``(scheme, host, port or the scheme's default, path)`` of a URL (text with ``://``): what a base-URL entry
+    must equal (scheme and host in lower case, the host without its trailing dot, the path as written without its
+    trailing ``/``); None for other text or a URL that cannot be parsed."""
+    if "://" not in text:
+        return None
+    try:
+        address = parse_address(text)
+        path = urlsplit(safe_base_url(text.strip()) or "").path
+    except ValueError:
+        return None
+    return (address.scheme, address.name, address.default_port, path) if address.name else None
+
+
+def _host_form(text: str) -> bool:
+    """Whether ``text`` is written as ``host`` or ``host:port``: no ``://``, path, query or user-info."""
+    return not any(mark in text for mark in ("://", "/", "?", "#", "@"))
+
+
+def endpoint_allowed(base_url: str | None, allow: Iterable[str]) -> bool:
+    """Whether ``base_url`` lies within what an entry of ``allow`` approves: a ``host`` entry approves that host on
+    any port, ``host:port`` that port only (a URL's port defaulting to its scheme's), a base URL only the same base
+    URL (scheme, host, port, path); hosts compared as :func:`~medheval.net.hosts.host_named` does (letter case and
+    a trailing dot ignored, IPv6 with or without brackets). ``base_url`` may itself be an entry (``host`` or
+    ``host:port``): then it lies within a ``host`` entry or the same ``host:port``, never within a base URL."""
+    allow = tuple(allow)
+    if not base_url or not ("://" in base_url or _host_form(base_url.strip())):
         return False
-    address = parse_address(base_url)
-    host, host_port = address.host.strip("[]"), address.netloc  # a bare IPv6 entry is written without brackets
-    safe = (safe_base_url(base_url) or "").lower()
-    for entry in allow:
-        entry_l = entry.lower().rstrip("/")
-        if "://" in entry_l:
-            if safe_base_url(entry_l) == safe:
-                return True
-        elif entry_l in (host, host_port):
-            return True
-    return False
+    key = _base_url_key(base_url)
+    if key is not None and key in {_base_url_key(entry) for entry in allow}:
+        return True
+    return host_named(base_url, {host_entry(entry) for entry in allow if _host_form(entry.strip())})
 
 
 def set_approved_endpoints(values: Iterable[str]) -> tuple[str, ...]:
@@ -117,13 +140,11 @@ def user_approved(base_url: str | None) -> bool:
 
 
 def entry_approved(entry: str, approved: Iterable[str]) -> bool:
-    """Whether an ``allow_remote_credentialed`` entry (host, ``host:port`` or base URL) is covered by
-    ``approved``: the same entry, or an approved host / ``host:port`` / base URL it lies within."""
-    approved = tuple(approved)
-    wanted = entry.strip().lower().rstrip("/")
-    if wanted in {item.strip().lower().rstrip("/") for item in approved}:
-        return True
-    return endpoint_allowed(entry if "://" in entry else f"https://{entry}", approved)
+    """Whether everything an ``allow_remote_credentialed`` entry (host, ``host:port`` or base URL) approves is
+    approved by ``approved`` (:func:`endpoint_allowed` with the entry as the endpoint): a ``host`` entry only by the
+    same host, ``host:port`` by its host or the same ``host:port``, a base URL by its host, its ``host:port`` or
+    the same base URL."""
+    return endpoint_allowed(entry.strip(), approved)
 
 
 def check_config_approval(value: object, approved: Iterable[str] = ()) -> None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import socket
-from urllib.parse import urlsplit
+from collections.abc import Collection
 from typing import Callable
+from urllib.parse import urlsplit
 
 _PRIVATE_NETWORKS = tuple(
     ipaddress.ip_network(net)
@@ -136,6 +137,13 @@ def host_and_port(value: str) -> tuple[str, int | None]:
     return address.name, address.default_port
 
 
+def host_named(value: str, named: Collection[str]) -> bool:
+    """Whether ``named`` (entries as :func:`host_entry` writes them) names ``value``'s host on any port (``host``)
+    or on its port (``host:port``; a URL's port defaulting to its scheme's, a bare host having none)."""
+    host, port = host_and_port(value)
+    return bool(host) and (host in named or (port is not None and f"{host}:{port}" in named))
+
+
 def host_entry(value: str) -> str:
     """``host`` or ``host:port`` (lower case, no trailing dot) from a host name, ``host:port`` or URL; ``''`` when
     it names none or cannot be parsed. A URL without a port names its host on any port."""
@@ -145,5 +153,5 @@ def host_entry(value: str) -> str:
         return ""
 
 
-__all__ = ["Address", "DEFAULT_PORTS", "host_and_port", "host_entry", "is_local_host", "is_local_url",
-           "is_loopback_host", "parse_address", "resolves_to_loopback"]
+__all__ = ["Address", "DEFAULT_PORTS", "host_and_port", "host_entry", "host_named", "is_local_host",
+           "is_local_url", "is_loopback_host", "parse_address", "resolves_to_loopback"]

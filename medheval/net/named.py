@@ -11,11 +11,12 @@ Python (the caller is the user) and those of one environment variable (comma-sep
   ``MEDHEVAL_PROXY_FOR``);
 * :mod:`medheval.data.images`: the one image server the generic image credentials go to (``MEDHEVAL_IMAGE_HOST``);
 * :mod:`medheval.judges.endpoints`: non-local endpoints approved for credentialed (MIMIC) records
-  (``--allow-remote-credentialed``; ``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED``), matched by its own rule.
+  (``--allow-remote-credentialed``; ``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED``): its host entries by the same rule, its
+  base-URL entries only that base URL (:func:`medheval.judges.endpoints.endpoint_allowed`).
 
-:meth:`UserNamedHosts.covers` is the matching rule of the first three: an entry names one host exactly (no
-suffix or wildcard matching; letter case and a trailing dot ignored), on any port, or on the one port
-``host:port`` gives (a URL's port defaulting to its scheme's); an entry that names no host names nothing.
+:meth:`UserNamedHosts.covers` (:func:`~medheval.net.hosts.host_named`) is the matching rule: an entry names one
+host exactly (no suffix or wildcard matching; letter case and a trailing dot ignored), on any port, or on the one
+port ``host:port`` gives (a URL's port defaulting to its scheme's); an entry that names no host names nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from medheval.net.hosts import host_and_port, host_entry
+from medheval.net.hosts import host_entry, host_named
 
 
 class UserNamedHosts:
@@ -55,11 +56,7 @@ class UserNamedHosts:
 
     def covers(self, url: str, *extra: str) -> bool:
         """Whether an entry (or one of ``extra``) names ``url``'s host on any port, or its ``host:port``."""
-        host, port = host_and_port(url)
-        if not host:
-            return False
-        named = self.names(*extra)
-        return host in named or (port is not None and f"{host}:{port}" in named)
+        return host_named(url, self.names(*extra))
 
 
 __all__ = ["UserNamedHosts"]
