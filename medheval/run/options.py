@@ -24,7 +24,8 @@ def split_list(values: Sequence[str] | None) -> list[str] | None:
 
 
 def positive_int(value: str) -> int:
-    """An argument that must be a whole number >= 1 (``--limit``): refused while the arguments are parsed."""
+    """An argument that must be a whole number >= 1 (``--limit``, ``--max-new-tokens``, ``--api-concurrency``):
+    refused while the arguments are parsed."""
     try:
         number = int(value)
     except ValueError:
@@ -101,7 +102,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compile", dest="compile", action="store_const", const=False, default=None,
                         help="decode eagerly (default on CUDA: the decode steps run on a static cache through "
                              "torch.compile with CUDA graphs, which gives eager's tokens in float32)")
-    parser.add_argument("--max-new-tokens", type=int,
+    parser.add_argument("--max-new-tokens", type=positive_int, metavar="N",
                         help="one length for every record (default: per answer type / benchmark, see "
                              "medheval/run/generation.py: 16 yes/no … 512 reports, 4096 ClinHallu traces)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
@@ -162,8 +163,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmark-option", action="append", default=[], metavar="BENCHMARK.KEY=VALUE",
                         help="a run option of one benchmark, e.g. med_stepbench.knowledge=prior, "
                              "med_stepbench.rationale=clinician, med_stepbench.modality=separate (repeatable)")
-    parser.add_argument("--api-concurrency", type=int, default=16, metavar="N",
-                        help="--model openai:/azure:/anthropic:… : requests in flight at once (default 16)")
+    parser.add_argument("--api-concurrency", type=positive_int, default=16, metavar="N",
+                        help="--model openai:/azure:/anthropic:… : requests in flight at once (N >= 1; default 16)")
     parser.add_argument("--api-option", action="append", default=[], metavar="KEY=VALUE",
                         help=f"--model openai:/azure:/anthropic:… : {api_option_names()} (values read as JSON "
                              "when they parse; repeatable; docs/api-models.md)")
