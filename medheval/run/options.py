@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Sequence
 
 from medheval.net.secrets import register_named
@@ -222,6 +223,30 @@ def protocol_dtype(protocol: str | None, device: str | None) -> str | None:
     dtype = get_protocol(protocol or "clean").gpu_dtype
     on_gpu = device.startswith("cuda") if device else torch.cuda.is_available()
     return dtype if dtype and on_gpu else None
+
+
+def model_type_before_loading(model: str) -> str | None:
+    """``config.model_type`` of a local ``--model`` read from its ``config.json`` alone (a folder's, or the Hub's,
+    cached or fetched), without loading weights; ``None`` for an API model or where the file cannot be read
+    (loading the model then says why)."""
+    from medheval.backends.api import is_api_model
+
+    if model == TINY_MODEL:  # build_tiny_llava's
+        from transformers import LlavaConfig
+
+        return LlavaConfig.model_type
+    if is_api_model(model):
+        return None
+    path = Path(model).expanduser() / "config.json"
+    try:
+        if not path.parent.exists():
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(model, "config.json"))
+        model_type = json.loads(path.read_text()).get("model_type")
+    except Exception:  # noqa: BLE001 - offline, gated, no such model, not JSON: loading names the reason
+        return None
+    return model_type if isinstance(model_type, str) else None
 
 
 def build_backend(args: argparse.Namespace):
