@@ -74,6 +74,19 @@ def test_a_limit_below_one_is_refused_while_the_arguments_are_parsed(command, li
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("flag", ["--max-new-tokens", "--api-concurrency"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_a_length_or_concurrency_below_one_is_refused_while_the_arguments_are_parsed(flag, value, tmp_path, capsys):
+    """Both were plain ints: ``--max-new-tokens 0`` fell back to the default length (or went on to the backend),
+    ``--api-concurrency 0`` reached the API backend after the run had started."""
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--benchmark", SPLIT, "--model", "tiny-random-llava", "--output", str(tmp_path / "run"),
+              flag, value])
+    assert exited.value.code == 2
+    assert f"{flag}: expected a whole number >= 1, got '{value}'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("flags,said", [
     (["--temperature", "0.7"], "--temperature 0.7 has no effect without --do-sample (decoding is greedy); add "
                                "--do-sample, or drop --temperature"),

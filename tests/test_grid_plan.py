@@ -127,7 +127,8 @@ def test_another_protocol_over_the_same_axes_is_refused_before_anything_is_writt
 
     def config(protocol: str) -> grids.GridConfig:
         return parse_grid_config({"output": str(out), "models": MODELS, "benchmarks": ["context"],
-                                  "mitigations": ["none", "avisc"], "protocol": protocol}, "grid.yaml")
+                                  "mitigations": ["none", "avisc"], "protocol": protocol,
+                                  "data_dir": fixture_benchmark["data_dir"]}, "grid.yaml")
 
     def run(protocol: str) -> None:
         run_config(config(protocol), build_backend=lambda args: (SimpleNamespace(name=args.model, needs_images=True),

@@ -174,6 +174,13 @@ def conversation_template(name: str) -> ConversationTemplate:
     return templates[name]
 
 
+def check_template_file(name: str | None) -> None:
+    """Fetch, verify and parse the upstream file template ``name`` is read from (memoized, so rendering reads it
+    again for free); nothing for ``None`` or ``model`` (no upstream file)."""
+    if name not in (None, MODEL_TEMPLATE):
+        conversation_template(name)
+
+
 def check_template_name(name: str | None) -> str | None:
     """``name`` when it is a known template name (or ``None``), else a :class:`TemplateError` listing them."""
     if name is not None and name not in TEMPLATE_NAMES:
@@ -182,5 +189,5 @@ def check_template_name(name: str | None) -> str | None:
 
 
 __all__ = ["ConversationTemplate", "LLAVA_16_CONVERSATION", "LLAVA_MED_CONVERSATION", "MODEL_TEMPLATE",
-           "TEMPLATE_NAMES", "TEMPLATE_SOURCES", "TemplateError", "check_template_name", "conversation_template",
-           "parse_conversation_file", "upstream_code_dir"]
+           "TEMPLATE_NAMES", "TEMPLATE_SOURCES", "TemplateError", "check_template_file", "check_template_name",
+           "conversation_template", "parse_conversation_file", "upstream_code_dir"]

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from medheval.run.options import (
     add_run_arguments,
@@ -24,10 +24,14 @@ from medheval.run.options import (
     split_list,
 )
 
+if TYPE_CHECKING:
+    from medheval.run.runner import RunSpec
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from medheval.data.images import parse_image_root_args
     from medheval.run.grids import given_options
-    from medheval.run.runner import RunError, RunSpec, check_before_model, run_grid
+    from medheval.run.runner import RunError, RunSpec, run_grid
 
     if getattr(args, "config", None):
         return cmd_grid(args)
@@ -66,8 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         protocol_given="protocol" in given_options(list(getattr(args, "argv", None) or [])[1:]),
         chat_template=args.chat_template,
     )
-    check_before_model(spec, args.mitigation or [])  # files and mitigation options, named before the model loads
-    backend, labels = build_backend(args)
+    backend, labels = _backend_after_checks(args, spec)
     spec = dataclasses.replace(spec, labels=labels)
     from medheval.run.seeds import parse_seeds
 
@@ -75,6 +78,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", fallback),
                        controls=getattr(args, "control", None) or ["none"], seeds=parse_seeds(getattr(args, "seeds", None)))
     return _finish(results, Path(args.output))
+
+
+def _backend_after_checks(args: argparse.Namespace, spec: "RunSpec") -> tuple[Any, dict[str, str]]:
+    """:func:`medheval.run.options.build_backend`, after :func:`medheval.run.runner.check_before_model` (files,
+    mitigation options, the model's conversation template) where it loads a model's weights; an API model or a
+    predictions file loads none, so its own argument checks come first (before any data is fetched)."""
+    from medheval.backends.api import is_api_model
+    from medheval.run.runner import check_before_model
+
+    def check() -> None:
+        check_before_model(spec, args.mitigation or [], [args.model] if args.model else [])
+
+    if args.predictions or is_api_model(args.model):
+        built = build_backend(args)
+        check()
+        return built
+    check()
+    return build_backend(args)
 
 
 def _check_sampling_flags(args: argparse.Namespace) -> None:

@@ -112,7 +112,9 @@ class DecodingMethod:
     Subclasses are small dataclasses (their fields are the method's settings, all with
     defaults) and override some of:
 
-    - :meth:`check` — fail early, naming the internal the model lacks;
+    - :meth:`check_model` — fail early on what the model alone decides (an option beyond its layer count, an
+      internal it lacks): a run calls it once the model loads, before it writes anything;
+    - :meth:`check` — fail early, naming what the model's inputs lack;
     - :meth:`contrast_streams` — the extra streams (same prompt → prefilled in the clean batch;
       another prompt → prefilled alone, then joined to the clean batch);
     - :meth:`deferred_streams` — streams that can only be built after the clean prefill
@@ -202,8 +204,12 @@ class DecodingMethod:
         return 2 if contrast else 1
 
     # -- extension points --------------------------------------------------------------
+    def check_model(self, model) -> None:
+        """Raise :class:`MitigationError` (:class:`MissingInternalError` for an internal) if the method's options
+        do not fit ``model`` or it lacks what the method needs, whatever the inputs."""
+
     def check(self, model, ctx: DecodingContext) -> None:
-        """Raise :class:`MissingInternalError` if the model or inputs lack what the method needs."""
+        """Raise :class:`MissingInternalError` if the inputs lack what the method needs (after :meth:`check_model`)."""
 
     def question_inputs(self, tokenizer, questions: list[str]) -> dict[str, Any]:
         """Per-call inputs this method builds from each row's question text (the user's text, before any
@@ -353,6 +359,7 @@ def decode(
     main = Stream("main", input_ids, attention_mask, prefill)
     ctx = DecodingContext(model=model, generation_config=generation_config, main=main,
                           batch_size=batch_size, input_ids=input_ids, method_inputs=dict(method_inputs or {}))
+    method.check_model(model)
     method.check(model, ctx)
 
     extra = method.contrast_streams(ctx)

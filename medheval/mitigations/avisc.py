@@ -188,9 +188,11 @@ class AvisC(DecodingMethod):
         self._contrast = LogitContrast(self.alpha)
 
     # -- extension points ------------------------------------------------------------------
-    def check(self, model, ctx: DecodingContext) -> None:
+    def check_model(self, model) -> None:
         visual_token_ids(model.config)
         attention_modules(model)
+
+    def check(self, model, ctx: DecodingContext) -> None:
         if not has_image_inputs(ctx):
             raise MissingInternalError(
                 "AvisC needs the prompt's images: pass the processor's pixel_values (or mm_encoder_outputs) to generate"

@@ -272,7 +272,7 @@ class DAMRO(DecodingMethod):
         self._cutoff = PlausibilityCutoff(self.beta)
         self._contrast = LogitContrast(self.alpha)
 
-    def check(self, model, ctx: DecodingContext) -> None:
+    def check_model(self, model) -> None:
         visual_token_ids(model.config)
         if getattr(_vision_embeddings(model), "class_embedding", None) is None:
             vision = getattr(model.config, "vision_config", None)
@@ -283,8 +283,10 @@ class DAMRO(DecodingMethod):
                 "(Gemma 3 / MedGemma) and Qwen-VL's patch-merging ViT do not compute; use DAMRO with a CLIP-style "
                 "tower (LLaVA, LLaVA-NeXT) or another mitigation (VCD, M3ID, PAI, DoLa)"
             )
-        vision_encoder_layers(model)
+        vision_layer_index(model, self.vision_layer)  # the encoder's layers, and vision_layer among them
         image_encoder(model, "DAMRO")
+
+    def check(self, model, ctx: DecodingContext) -> None:
         check_drop_supported(ctx, "DAMRO", self.masking_scheme)
         if ctx.main.inputs.get("pixel_values") is None:
             raise MissingInternalError(

@@ -171,7 +171,7 @@ class DoLa(DecodingMethod):
         tied = bool(getattr(text_config, "tie_word_embeddings", getattr(model.config, "tie_word_embeddings", False)))
         return candidate_layers(self.layers, num_layers(model), tied)
 
-    def check(self, model, ctx: DecodingContext) -> None:
+    def check_model(self, model) -> None:
         if model.get_output_embeddings() is None:
             raise MissingInternalError(f"DoLa needs the LM head of {type(model).__name__} (get_output_embeddings())")
         if self.final_norm and getattr(language_model(model), "norm", None) is None:
@@ -179,6 +179,9 @@ class DoLa(DecodingMethod):
                 f"DoLa with final_norm=True needs the language model's final norm (language_model.norm) "
                 f"of {type(model).__name__}"
             )
+        self.candidate_layers(model)
+
+    def check(self, model, ctx: DecodingContext) -> None:
         ctx.state["dola_candidates"] = self.candidate_layers(model)
         ctx.state["dola_chosen_index"] = []
 

@@ -170,7 +170,7 @@ class PAI(DecodingMethod):
         start, end = default_layer_range(num_layers(model), self.start_layer, self.end_layer)
         return range(start, end)
 
-    def check(self, model, ctx: DecodingContext) -> None:
+    def check_model(self, model) -> None:
         visual_token_ids(model.config)
         self.layers(model)
 

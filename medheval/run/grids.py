@@ -31,17 +31,18 @@ records must be approved by the user too (:func:`check_credentialed_approvals`);
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from medheval.run.control import CONTROLS, Control, ControlError
 from medheval.run.generation import GenerationPlan, check_settings
-from medheval.run.grid_plan import PlannedCell, plan_cells, record_plan
-from medheval.run.runner import RunError, RunSpec, check_before_model, run_grid, write_report_html
+from medheval.run.grid_plan import GRID_FILE, PlannedCell, plan_cells, record_plan
+from medheval.run.runner import RunError, RunSpec, check_before_model, configure_run, run_grid, write_report_html
 
 # key -> (accepted types, description for the error). ``None`` is accepted for every optional key.
 CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -502,8 +503,8 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     if problems:
         raise GridConfigError(f"{config.source}: models: cannot be loaded, nothing was run: "
                               + "; ".join(f"{model!r} ({why})" for model, why in problems))
-    if config.models:  # the benchmarks' own inputs (e.g. ClinHallu's pinned prompt files), before any model loads
-        check_before_model(run_spec(config, config.models[0], {}))
+    if config.models:  # annotation and pinned files, mitigation options, templates: before any model loads
+        check_before_model(run_spec(config, config.models[0], {}), config.mitigations, config.models)
     output = Path(config.output)
     if (output / "run.json").exists():
         raise RunError(f"{output} holds a single run (run.json); a grid there would overwrite its results. "
@@ -511,12 +512,18 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     runs: list[dict[str, Any]] = []
     group = process_group()  # one launch of several processes (accelerate) is one grid run
     with group.lock(output, float(config.get("lock_timeout", 0.0))):
+        plan = output / GRID_FILE
+        before = plan.read_bytes() if plan.exists() else None
         if group.is_main:  # the plan of every cell, before the first model loads (medheval.run.grid_plan)
             record_plan(output, {"models": list(config.models), "mitigations": list(config.mitigations),
                                  "controls": list(config.controls)}, grid_plan(config))
-        for model in config.models:
+        for position, model in enumerate(config.models):
             backend, labels = build_backend(backend_args(config, model))
-            result = run_grid(run_spec(config, model, labels), backend, config.mitigations, controls=config.controls,
+            spec = run_spec(config, model, labels)
+            if position == 0:
+                with _plan_restored_on_refusal(plan if group.is_main else None, before):
+                    configure_run(spec, backend, config.mitigations)
+            result = run_grid(spec, backend, config.mitigations, controls=config.controls,
                               batch_size=int(config.get("batch_size", 8)), seeds=config.get("seeds"))
             runs.extend(result["runs"] if "runs" in result else [result])
             del backend
@@ -533,6 +540,24 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
             write_report_html(output, combined, config.get("cluster", "auto"),
                               bool(config.get("compare_published", False)))
     return combined
+
+
+@contextlib.contextmanager
+def _plan_restored_on_refusal(plan: Path | None, before: bytes | None) -> Iterator[None]:
+    """Around the checks the first loaded model decides (:func:`medheval.run.runner.configure_run`): when they
+    refuse the grid, ``plan`` (``grid.json``; ``None``: not this process's to write) is put back as it was
+    (``before``: its bytes, ``None``: absent), so the corrected grid starts in the same folder as if the refused
+    one never ran."""
+    from medheval.run.outputs import atomic_write_bytes
+
+    try:
+        yield
+    except Exception:
+        if plan is not None and before is None:
+            plan.unlink(missing_ok=True)
+        elif plan is not None and plan.read_bytes() != before:
+            atomic_write_bytes(plan, before)
+        raise
 
 
 def _free_memory() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Sequence
 
 from medheval.net.secrets import register_named
@@ -24,7 +25,8 @@ def split_list(values: Sequence[str] | None) -> list[str] | None:
 
 
 def positive_int(value: str) -> int:
-    """An argument that must be a whole number >= 1 (``--limit``): refused while the arguments are parsed."""
+    """An argument that must be a whole number >= 1 (``--limit``, ``--max-new-tokens``, ``--api-concurrency``):
+    refused while the arguments are parsed."""
     try:
         number = int(value)
     except ValueError:
@@ -101,7 +103,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compile", dest="compile", action="store_const", const=False, default=None,
                         help="decode eagerly (default on CUDA: the decode steps run on a static cache through "
                              "torch.compile with CUDA graphs, which gives eager's tokens in float32)")
-    parser.add_argument("--max-new-tokens", type=int,
+    parser.add_argument("--max-new-tokens", type=positive_int, metavar="N",
                         help="one length for every record (default: per answer type / benchmark, see "
                              "medheval/run/generation.py: 16 yes/no … 512 reports, 4096 ClinHallu traces)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
@@ -162,8 +164,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmark-option", action="append", default=[], metavar="BENCHMARK.KEY=VALUE",
                         help="a run option of one benchmark, e.g. med_stepbench.knowledge=prior, "
                              "med_stepbench.rationale=clinician, med_stepbench.modality=separate (repeatable)")
-    parser.add_argument("--api-concurrency", type=int, default=16, metavar="N",
-                        help="--model openai:/azure:/anthropic:… : requests in flight at once (default 16)")
+    parser.add_argument("--api-concurrency", type=positive_int, default=16, metavar="N",
+                        help="--model openai:/azure:/anthropic:… : requests in flight at once (N >= 1; default 16)")
     parser.add_argument("--api-option", action="append", default=[], metavar="KEY=VALUE",
                         help=f"--model openai:/azure:/anthropic:… : {api_option_names()} (values read as JSON "
                              "when they parse; repeatable; docs/api-models.md)")
@@ -221,6 +223,30 @@ def protocol_dtype(protocol: str | None, device: str | None) -> str | None:
     dtype = get_protocol(protocol or "clean").gpu_dtype
     on_gpu = device.startswith("cuda") if device else torch.cuda.is_available()
     return dtype if dtype and on_gpu else None
+
+
+def model_type_before_loading(model: str) -> str | None:
+    """``config.model_type`` of a local ``--model`` read from its ``config.json`` alone (a folder's, or the Hub's,
+    cached or fetched), without loading weights; ``None`` for an API model or where the file cannot be read
+    (loading the model then says why)."""
+    from medheval.backends.api import is_api_model
+
+    if model == TINY_MODEL:  # build_tiny_llava's
+        from transformers import LlavaConfig
+
+        return LlavaConfig.model_type
+    if is_api_model(model):
+        return None
+    path = Path(model).expanduser() / "config.json"
+    try:
+        if not path.parent.exists():
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(model, "config.json"))
+        model_type = json.loads(path.read_text()).get("model_type")
+    except Exception:  # noqa: BLE001 - offline, gated, no such model, not JSON: loading names the reason
+        return None
+    return model_type if isinstance(model_type, str) else None
 
 
 def build_backend(args: argparse.Namespace):

@@ -738,6 +738,15 @@ class QAProtocol(SplitProtocol):
 
     name = "qa"
 
+    def check_inputs(self, benchmark: str, spec: RunSpec) -> None:
+        """The annotation files of the run's splits of ``benchmark`` (found, checked against their pins, built into
+        the Arrow cache the run reads again); images are checked when the split is prepared, and per record."""
+        for text in spec.benchmarks:
+            name, config = parse_benchmark_spec(text)
+            if name == benchmark:
+                prepare_benchmark(name, config, data_dir=spec.data_dir, limit=spec.limit,
+                                  run_options=spec.benchmark_options.get(name, {}))
+
     def prepare(self, loaded: LoadedBenchmark, backend: Backend, spec: RunSpec) -> list[str]:
         if run_provenance.is_rescore(backend):  # a predictions file: its ids against the split's
             _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
@@ -1074,20 +1083,25 @@ def _method_name(spec: str) -> str:
     return "none" if name in NO_MITIGATION else name
 
 
-def check_before_model(spec: RunSpec, mitigations: Sequence[str] = ()) -> None:
+def check_before_model(spec: RunSpec, mitigations: Sequence[str] = (), models: Sequence[str] = ()) -> None:
     """What each split's protocol needs whatever the model (:meth:`SplitProtocol.check_inputs`, under the paper
-    protocol's options), and each of ``mitigations`` (:func:`resolve_mitigations`), checked before the model loads:
-    a missing file or a mistyped option is named before minutes of loading, and before the run writes anything."""
-    from medheval.run.paper_protocols import get_protocol
+    protocol's options: a QA split's annotation files), each of ``mitigations`` (:func:`resolve_mitigations`), the
+    run's own settings (:func:`_check_spec`) and the upstream conversation template each of ``models`` (``--model``
+    values) renders under the protocol (its type read from its config.json), checked before the model loads: a
+    missing file or a mistyped option is named before minutes of loading, and before the run writes anything."""
+    from medheval.backends.conversation import check_template_file
+    from medheval.run.options import model_type_before_loading
+    from medheval.run.paper_protocols import get_protocol, template_for_model
 
+    _check_spec(spec)
     protocol = get_protocol(spec.protocol)
     protocol.check_benchmarks(spec.benchmarks)
     resolve_mitigations(protocol, mitigations)
+    for model in models:
+        check_template_file(template_for_model(protocol, spec.chat_template, model_type_before_loading(model)))
     spec = _with_protocol_options(spec, protocol)
     for name in dict.fromkeys(parse_benchmark_spec(benchmark)[0] for benchmark in spec.benchmarks):
-        protocol = protocol_for(name)
-        if protocol is not None:
-            protocol.check_inputs(name, spec)
+        (protocol_for(name) or QAProtocol()).check_inputs(name, spec)
 
 
 def _with_protocol_options(spec: RunSpec, protocol: Any) -> RunSpec:
@@ -1146,6 +1160,44 @@ def resolve_mitigations(protocol: Any, mitigations: Sequence[str]) -> list[tuple
     return [(text, get_mitigation(text)) for text in specs] or [("none", None)]
 
 
+def check_loaded_model(backend: Backend, methods: Sequence[tuple[str, Any]]) -> None:
+    """What only the loaded model tells, checked before a run writes anything (a refused start leaves its
+    ``--output`` reusable): the upstream conversation template it renders with (fetched and verified), and what
+    each mitigation needs of it (:meth:`~medheval.decoding.loop.DecodingMethod.check_model`: its layer count,
+    internals).
+
+    Raises:
+        RunError: a mitigation's option does not fit the model, or the model lacks an internal it needs.
+    """
+    from medheval.backends.conversation import check_template_file
+    from medheval.mitigations import MitigationError
+
+    check_template_file(getattr(backend, "conversation", None))
+    model = getattr(backend, "model", None)
+    for text, method in methods:
+        if method is not None and model is not None:
+            try:
+                method.check_model(model)
+            except MitigationError as error:
+                raise RunError(f"--mitigation {text} on model {backend.name}: {error}") from None
+
+
+def configure_run(spec: RunSpec, backend: Backend, mitigations: Sequence[str]
+                  ) -> tuple[RunSpec, Backend, list[tuple[str, Any]]]:
+    """``spec`` under its paper protocol (a re-score's answers' own when none was chosen), ``backend`` rendering
+    under it and ``mitigations`` resolved under it, checked against the loaded model (:func:`check_loaded_model`):
+    what :func:`run_grid` checks first, and a config grid before it writes its plan."""
+    from medheval.run.paper_protocols import configure_backend, get_protocol
+
+    spec = _adopt_answers_protocol(spec, backend)
+    protocol = get_protocol(spec.protocol)
+    protocol.check_benchmarks(spec.benchmarks)
+    methods = resolve_mitigations(protocol, mitigations)
+    backend = configure_backend(backend, protocol, spec.chat_template)
+    check_loaded_model(backend, methods)
+    return _with_protocol_options(spec, protocol), backend, methods
+
+
 def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8,
              controls: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """Run ``spec`` once per mitigation (``none`` = plain decoding) × image control (``controls``; default
@@ -1157,14 +1209,8 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
     ``…__seed-<s>/`` per seed, each resumable on its own) plus a combined ``results.md``/``results.json``.
     """
     from medheval.run.seeds import check_seeds, record_seeds
-    from medheval.run.paper_protocols import configure_backend, get_protocol
 
-    spec = _adopt_answers_protocol(spec, backend)
-    protocol = get_protocol(spec.protocol)
-    protocol.check_benchmarks(spec.benchmarks)
-    methods = resolve_mitigations(protocol, mitigations)
-    backend = configure_backend(backend, protocol, spec.chat_template)
-    spec = _with_protocol_options(spec, protocol)
+    spec, backend, methods = configure_run(spec, backend, mitigations)
     controls = list(dict.fromkeys(controls or [spec.control]))
     try:
         for kind in controls:

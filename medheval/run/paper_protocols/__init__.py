@@ -52,6 +52,12 @@ def list_protocols() -> list[PaperProtocol]:
     return list(_registry().values())
 
 
+def template_for_model(protocol: PaperProtocol, chat_template: str | None, model_type: str | None) -> str | None:
+    """The conversation template a model of ``model_type`` renders under ``protocol``; ``chat_template``
+    (``--chat-template``) beats the protocol's (``None``: the backend's own choice)."""
+    return chat_template if chat_template is not None else protocol.template_for(model_type)
+
+
 def configure_backend(backend: Any, protocol: PaperProtocol, chat_template: str | None = None) -> Any:
     """A copy of ``backend`` that renders records under ``protocol`` (its instruction and its conversation
     template for the backend's model type, its ``grey_padding``, and LLaVA's chunked prompt tokenization for
@@ -69,7 +75,7 @@ def configure_backend(backend: Any, protocol: PaperProtocol, chat_template: str 
         return backend
     model_type = getattr(getattr(getattr(backend, "model", None), "config", None), "model_type", None)
     instruction = protocol.instruction_for(model_type)
-    template = chat_template if chat_template is not None else protocol.template_for(model_type)
+    template = template_for_model(protocol, chat_template, model_type)
     grey = protocol.grey_padding and hasattr(backend, "grey_padding")
     chunked = model_type in protocol.upstream_tokens and hasattr(backend, "upstream_tokens")
     if instruction is None and template is None and not grey and not chunked:
@@ -87,4 +93,4 @@ def configure_backend(backend: Any, protocol: PaperProtocol, chat_template: str 
 
 
 __all__ = ["CLEAN", "Conflict", "Instruction", "PROTOCOL_NAMES", "PaperProtocol", "configure_backend",
-           "get_protocol", "list_protocols"]
+           "get_protocol", "list_protocols", "template_for_model"]

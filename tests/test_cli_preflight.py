@@ -1,0 +1,146 @@
+"""``medheval run`` refuses a start before it writes anything (docs/running.md: every check before the first
+generation): what the model does not decide is checked before it loads (a paper protocol's upstream conversation
+template, a QA split's annotation files), what the loaded model decides (a mitigation's layers) before run.json,
+predictions.jsonl or a grid's plan are written. A refused start exits 2 with one ``error:`` line and leaves
+``--output`` as it was, so the corrected command runs into the same folder."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+
+import pytest
+
+from medheval.cli import main
+
+cli_main = importlib.import_module("medheval.cli.main")  # the module (medheval.cli.main is also the function)
+
+SPLIT = "mm_vishal:slake"
+
+
+def _flags(fixture_benchmark: dict, output: Path) -> list[str]:
+    return ["--benchmark", SPLIT, "--output", str(output), "--limit", "1", "--max-new-tokens", "2",
+            "--data-dir", fixture_benchmark["data_dir"], "--image-root",
+            f"slake={fixture_benchmark['image_roots']['slake']}"]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+def _error_line(capsys) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.fixture()
+def no_model_loads(monkeypatch):
+    """Loading a model fails the test: a refusal must come first."""
+    def refuse(args):
+        raise AssertionError(f"model {args.model} loaded before the refusal")
+
+    monkeypatch.setattr(cli_main, "build_backend", refuse)
+
+
+def test_a_missing_upstream_conversation_template_is_named_before_the_model_loads(fixture_benchmark, tmp_path,
+                                                                                  monkeypatch, capsys,
+                                                                                  no_model_loads):
+    """medheval-mitigation renders a LLaVA model with LLaVA-Med's vicuna_v1 from the pinned conversation.py. Was:
+    the model loaded, run.json and an empty predictions.jsonl were written, then the fetch failed offline."""
+    monkeypatch.setenv("MEDHEVAL_UPSTREAM_CODE", str(tmp_path / "no-copy"))
+    output = tmp_path / "run"
+    flags = [*_flags(fixture_benchmark, output), "--model", "tiny-random-llava", "--protocol", "medheval-mitigation"]
+    assert main(["run", *flags]) == 2
+    error = _error_line(capsys)
+    assert "llava-med-1.5/llava/conversation.py" in error and "not available" in error
+    assert not output.exists()
+
+
+def test_the_corrected_protocol_run_goes_into_the_refused_folder(fixture_benchmark, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDHEVAL_UPSTREAM_CODE", str(tmp_path / "no-copy"))
+    output = tmp_path / "run"
+    flags = [*_flags(fixture_benchmark, output), "--model", "tiny-random-llava", "--protocol", "medheval-mitigation"]
+    assert main(["run", *flags]) == 2
+    assert not output.exists()
+    assert main(["run", *flags, "--chat-template", "model"]) == 0
+    assert (output / "results.json").is_file()
+
+
+def test_a_missing_annotation_file_is_named_before_the_model_loads(fixture_benchmark, tmp_path, capsys,
+                                                                   no_model_loads):
+    """Was: the model loaded (minutes for a 7B one), then the split's file was found missing."""
+    output = tmp_path / "run"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    flags = _flags(fixture_benchmark, output)
+    flags[flags.index("--data-dir") + 1] = str(empty)
+    assert main(["run", *flags, "--model", "tiny-random-llava"]) == 2
+    error = _error_line(capsys)
+    assert f"data_dir='{empty}' has no file" in error and "slake_qa_pairs.json" in error
+    assert not output.exists()
+
+
+def test_another_configs_file_in_data_dir_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys,
+                                                                            no_model_loads):
+    """vishal_report's two configs read one relative path: a --data-dir file pinned for `default` under
+    `ba4586e` (AnotherConfigsFile) is refused before the model loads."""
+    from medheval.data.fetch import PinnedFile
+    from medheval.families.medheval import source
+
+    payload = b"[]"
+    pinned = source.FILES["report"]
+    monkeypatch.setitem(source.FILES, "report", PinnedFile(pinned.relpath, pinned.url,
+                                                           hashlib.sha256(payload).hexdigest()))
+    data_dir = tmp_path / "benchmark_data"
+    (data_dir / pinned.relpath).parent.mkdir(parents=True)
+    (data_dir / pinned.relpath).write_bytes(payload)
+    output = tmp_path / "run"
+    assert main(["run", "--benchmark", "vishal_report:ba4586e", "--model", "tiny-random-llava", "--output",
+                 str(output), "--data-dir", str(data_dir)]) == 2
+    assert "is the file of config `default`" in _error_line(capsys)
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("bad,named", [
+    ("dola:layers=40/", "--mitigation dola:layers=40/ on model tiny-random-llava: DoLa candidate layers [40] are "
+                        "not in [0, 2) for a 2-layer language model"),
+    ("pai:start_layer=1,end_layer=50", "PAI layers [1, 50) do not fit a language model with 2 layers"),
+])
+def test_a_mitigation_option_the_model_refuses_leaves_the_folder_as_it_was(bad, named, fixture_benchmark,
+                                                                           tmp_path, capsys):
+    """Was: run.json and an empty predictions.jsonl were written before the first generation refused the
+    layers, and the corrected command was refused as 'holds predictions made with different settings'."""
+    output = tmp_path / "run"
+    flags = [*_flags(fixture_benchmark, output), "--model", "tiny-random-llava"]
+    assert main(["run", *flags, "--mitigation", bad]) == 2
+    assert named in _error_line(capsys)
+    assert not output.exists()
+    good = bad.replace("40/", "1/").replace("end_layer=50", "end_layer=2")
+    assert main(["run", *flags, "--mitigation", good]) == 0
+    before = _files(output)
+    assert main(["run", *flags, "--mitigation", bad]) == 2  # an existing run folder: left byte-identical
+    assert _files(output) == before
+
+
+def test_a_grid_refused_by_its_first_model_leaves_no_plan(fixture_benchmark, tmp_path, capsys):
+    """A config grid writes grid.json before the first model loads; a mitigation that model refuses puts it back,
+    so the corrected grid (other mitigation axes) runs into the same folder."""
+    output = tmp_path / "grid"
+    config = tmp_path / "grid.yaml"
+
+    def write(mitigation: str) -> None:
+        config.write_text(
+            f"output: {output}\nmodels: [tiny-random-llava]\nbenchmarks: [{SPLIT}]\nlimit: 1\n"
+            f"mitigations: [none, '{mitigation}']\ndata_dir: {fixture_benchmark['data_dir']}\n"
+            f"image_roots: {{slake: {fixture_benchmark['image_roots']['slake']}}}\n"
+            "generation: {defaults: {max_new_tokens: 2}}\n")
+
+    write("dola:layers=40/")
+    assert main(["run", "--config", str(config)]) == 2
+    assert "DoLa candidate layers [40]" in _error_line(capsys)
+    assert sorted(_files(output)) == [".medheval.lock"]
+    write("dola:layers=1/")
+    assert main(["run", "--config", str(config)]) == 0
+    assert (output / "results.json").is_file()
