@@ -97,23 +97,28 @@ def test_a_copy_with_another_sha256_is_refused(tmp_path, monkeypatch):
         check_template_name("chatml")
 
 
-def test_an_unavailable_template_file_says_how_to_get_it_or_do_without(tmp_path, monkeypatch):
-    """Offline with nothing cached, the error named the template file an "annotation file" and sent the user to
-    --data-dir (a copy of benchmark_data/, which never holds code/); it names the file, the variable that points
-    at a copy of the repository, and the ways to run without it."""
+def _template_unavailable() -> str:
+    """The error of loading the vicuna_v1 template where its file cannot be had (the memo cleared around it)."""
     import medheval.backends.conversation as conversation
     from medheval.data.fetch import AnnotationUnavailable
 
-    monkeypatch.delenv("MEDHEVAL_UPSTREAM_CODE", raising=False)
-    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.setenv("MEDHEVAL_OFFLINE", "1")
     conversation._load.cache_clear()
     try:
         with pytest.raises(AnnotationUnavailable) as raised:
             conversation_template("vicuna_v1")
     finally:
         conversation._load.cache_clear()
-    message = str(raised.value)
+    return str(raised.value)
+
+
+def test_an_unavailable_template_file_says_how_to_get_it_or_do_without(tmp_path, monkeypatch):
+    """Offline with nothing cached, the error named the template file an "annotation file" and sent the user to
+    --data-dir (a copy of benchmark_data/, which never holds code/); it names the file, the variable that points
+    at a copy of the repository, and the ways to run without it."""
+    monkeypatch.delenv("MEDHEVAL_UPSTREAM_CODE", raising=False)
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("MEDHEVAL_OFFLINE", "1")
+    message = _template_unavailable()
     assert message.startswith("conversation template file of MedHEval's release "
                               f"'{LLAVA_MED_CONVERSATION.relpath}' is not available (offline mode")
     assert "MEDHEVAL_UPSTREAM_CODE=<folder>" in message and "--chat-template model" in message
@@ -123,17 +128,8 @@ def test_an_unavailable_template_file_says_how_to_get_it_or_do_without(tmp_path,
 def test_a_repository_copy_without_the_template_file_is_named_by_its_variable(tmp_path, monkeypatch):
     """$MEDHEVAL_UPSTREAM_CODE set to a folder without the file: the error names the variable and the path looked
     at (it used to speak of a data_dir the user never gave)."""
-    import medheval.backends.conversation as conversation
-    from medheval.data.fetch import AnnotationUnavailable
-
     monkeypatch.setenv("MEDHEVAL_UPSTREAM_CODE", str(tmp_path))
-    conversation._load.cache_clear()
-    try:
-        with pytest.raises(AnnotationUnavailable) as raised:
-            conversation_template("vicuna_v1")
-    finally:
-        conversation._load.cache_clear()
-    message = str(raised.value)
+    message = _template_unavailable()
     assert f"is not available (not in $MEDHEVAL_UPSTREAM_CODE={tmp_path}, looked at " \
            f"{tmp_path / LLAVA_MED_CONVERSATION.relpath})" in message and "data_dir" not in message
 
