@@ -240,7 +240,9 @@ def test_the_shell_working_folder_is_no_secret_but_a_key_next_to_it_is():
 def test_secret_names_include_a_signature_and_sig_only_as_a_word_of_its_own():
     """``sig`` (an Azure SAS or CDN URL's signature) joined SECRET_NAME when it replaced images' own query-name
     pattern; as a substring it would also mark ``design``, ``signal`` or ``SIGTERM``. ``tokens`` stays a count, as
-    in ``max_tokens`` (images' pattern masked it; its value is still registered by register_url)."""
+    in ``max_tokens``. A URL's query names are read more broadly (:func:`is_secret_query_name`): ``sig`` or
+    ``token`` anywhere in the name (``urlsig``, ``hmacsig``, ``tokens``), as images' own pattern did; masking a
+    harmless ``design`` in a URL shown on screen costs nothing."""
     from medheval.data.images import _redact_url
     from medheval.net.secrets import SECRET_NAME
 
@@ -249,6 +251,7 @@ def test_secret_names_include_a_signature_and_sig_only_as_a_word_of_its_own():
     plain = ["design", "signal", "assign", "SIGTERM", "signed", "insignia", "apiSig", "max_tokens", "sv", "se", "sp"]
     assert [name for name in secret if not SECRET_NAME.search(name)] == []
     assert [name for name in plain if SECRET_NAME.search(name)] == []
-    url = "https://acct.blob.core.windows.net/c/{path}?sv=2022-11-02&sig=c2lnbmF0dXJl&design=a&token=t&tokens=9"
-    assert _redact_url(url) == ("https://acct.blob.core.windows.net/c/{path}?sv=2022-11-02&sig=***&design=a"
-                                "&token=***&tokens=9")
+    url = ("https://acct.blob.core.windows.net/c/{path}?sv=2022-11-02&sig=c2lnbmF0dXJl&design=a&token=t&tokens=9"
+           "&urlsig=u&hmacsig=h&apisig=a&esig=e&se=2030")
+    assert _redact_url(url) == ("https://acct.blob.core.windows.net/c/{path}?sv=2022-11-02&sig=***&design=***"
+                                "&token=***&tokens=***&urlsig=***&hmacsig=***&apisig=***&esig=***&se=2030")

@@ -49,7 +49,7 @@ from medheval.data.schema import is_credentialed
 from medheval.net import transport
 from medheval.net.keys import check_plain_http
 from medheval.net.named import UserNamedHosts
-from medheval.net.secrets import SECRET_NAME, redact, register_basic_auth, register_url
+from medheval.net.secrets import is_secret_query_name, redact, register_basic_auth, register_url
 
 __all__ = [
     "REFERENCE_PATTERNS",
@@ -464,7 +464,7 @@ def _redact_url(url: str) -> str:
         items = []
         for item in query.split("&"):
             name, sep, _ = item.partition("=")
-            items.append(f"{name}{sep}***" if sep and SECRET_NAME.search(name) else item)
+            items.append(f"{name}{sep}***" if sep and is_secret_query_name(name) else item)
         query = "&".join(items)
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 

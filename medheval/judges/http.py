@@ -32,7 +32,7 @@ import requests
 
 from medheval.net import transport
 from medheval.net.keys import carries_secret_header, check_plain_http
-from medheval.net.secrets import PLAIN_HEADERS, SECRET_NAME, register_basic_auth, register_headers
+from medheval.net.secrets import PLAIN_HEADERS, is_secret_query_name, register_basic_auth, register_headers
 from medheval.net.untrusted import printable
 from medheval.judges.base import Completion, Judge, JudgeError, JudgeResult, _Item
 from medheval.judges.endpoints import endpoint_host, split_userinfo
@@ -123,7 +123,7 @@ class HTTPJudge(Judge):
             raise ValueError(f"deadline must be positive, got {deadline}")
         self.deadline = deadline
         url, user, password = split_userinfo(base_url)
-        query_secret = any(SECRET_NAME.search(item.partition("=")[0]) for item in urlsplit(url).query.split("&") if item)
+        query_secret = any(is_secret_query_name(item.partition("=")[0]) for item in urlsplit(url).query.split("&") if item)
         # only credentials written into the spec reach this check: make_judge withholds a key from the
         # environment from such a URL (medheval.judges.spec._env_key)
         origins = [what for what, present in (

@@ -54,6 +54,17 @@ PLACEHOLDERS = frozenset({"empty", "none", "null", "nil", "dummy", "placeholder"
 # ``sig`` (a SAS or CDN URL's signature) only as a word of its own, so ``design`` or ``signal`` is no secret
 SECRET_NAME = re.compile(r"key|token(?!s)|secret|pass(word|wd|phrase)?|pwd|auth|cookie|credential|signature|session"
                          r"|(?<![a-z])sig(?![a-z])", re.IGNORECASE)
+# a URL query parameter's name marks its value as a secret more often: a signed URL's ``urlsig``, ``hmacsig`` or
+# ``tokens`` (the ``sig``/``token`` inside a name, which SECRET_NAME leaves to field and variable names)
+_SECRET_QUERY_EXTRA = re.compile(r"sig|token", re.IGNORECASE)
+
+
+def is_secret_query_name(name: str) -> bool:
+    """Whether a URL query parameter named ``name`` holds a secret: :data:`SECRET_NAME`, or ``sig``/``token`` anywhere
+    in the name (``urlsig``, ``X-Amz-Signature``, ``tokens``)."""
+    return bool(SECRET_NAME.search(name) or _SECRET_QUERY_EXTRA.search(name))
+
+
 # environment variables named like secrets that hold none: the shell's working folders (``PWD`` would blank out
 # every path under the current folder), agent sockets and desktop-session plumbing
 NOT_SECRET_ENVIRONMENT = frozenset({"PWD", "OLDPWD", "SSH_AUTH_SOCK", "GPG_AGENT_INFO", "XAUTHORITY",
@@ -263,5 +274,6 @@ def install_redacting_hooks() -> None:
 
 
 __all__ = ["install_redacting_hooks", "register_basic_auth", "MIN_LENGTH", "PASSWORD_NAME", "SHORT_MIN_LENGTH",
-           "URL_PATTERN", "NOT_SECRET_ENVIRONMENT", "PLACEHOLDERS", "is_placeholder", "PLAIN_HEADERS", "SECRET_NAME", "redact", "redact_data", "register_environment",
+           "URL_PATTERN", "NOT_SECRET_ENVIRONMENT", "PLACEHOLDERS", "is_placeholder", "PLAIN_HEADERS", "SECRET_NAME",
+           "is_secret_query_name", "redact", "redact_data", "register_environment",
            "register_headers", "register_named", "register_secrets", "register_url", "register_urls_in"]
