@@ -156,6 +156,8 @@ ENDPOINT_ANSWERS = [
     ("https://example.org/v1", "http://example.org/v1", False),
     ("https://example.org:8443/v1", "https://example.org/v1", False),
     ("https://example.org/v1", "example.org/v1", False),  # neither a host nor a URL: names nothing
+    ("https://example.org/v1", "example.org/", True),  # a host typed with a trailing slash is that host
+    ("https://example.org:8080/v1", "example.org:443/", False),
     ("https://[2001:db8::1]:8443/v1", "[2001:db8::1]", True),
     ("https://[2001:db8::1]:8443/v1", "2001:db8::1", True),
     ("https://[2001:db8::1]:8443/v1", "[2001:db8::1]:8443", True),
@@ -200,6 +202,9 @@ ENTRY_ANSWERS = [
     ("https://[2001:db8::1]:8443/v1", "[2001:db8::1]:8443", True),
     ("https://[2001:db8::1]/v1", "[2001:db8::1]:8443", False),
     ("example.org/v1", "example.org/v1", False),  # names no endpoint
+    ("example.org/", "example.org", True),
+    ("example.org", "example.org/", True),
+    ("example.org/", "example.org:443/", False),
 ]
 
 

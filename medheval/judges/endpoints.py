@@ -99,8 +99,9 @@ def _base_url_key(text: str) -> tuple[str, str, int | None, str] | None:
 
 
 def _host_form(text: str) -> bool:
-    """Whether ``text`` is written as ``host`` or ``host:port``: no ``://``, path, query or user-info."""
-    return not any(mark in text for mark in ("://", "/", "?", "#", "@"))
+    """Whether ``text`` is written as ``host`` or ``host:port`` (a trailing ``/`` allowed): no ``://``, path, query
+    or user-info."""
+    return not any(mark in text.strip().rstrip("/") for mark in ("://", "/", "?", "#", "@"))
 
 
 def endpoint_allowed(base_url: str | None, allow: Iterable[str]) -> bool:
@@ -110,12 +111,12 @@ def endpoint_allowed(base_url: str | None, allow: Iterable[str]) -> bool:
     a trailing dot ignored, IPv6 with or without brackets). ``base_url`` may itself be an entry (``host`` or
     ``host:port``): then it lies within a ``host`` entry or the same ``host:port``, never within a base URL."""
     allow = tuple(allow)
-    if not base_url or not ("://" in base_url or _host_form(base_url.strip())):
+    if not base_url or not ("://" in base_url or _host_form(base_url)):
         return False
     key = _base_url_key(base_url)
     if key is not None and key in {_base_url_key(entry) for entry in allow}:
         return True
-    return host_named(base_url, {host_entry(entry) for entry in allow if _host_form(entry.strip())})
+    return host_named(base_url, {host_entry(entry) for entry in allow if _host_form(entry)})
 
 
 def set_approved_endpoints(values: Iterable[str]) -> tuple[str, ...]:
