@@ -375,3 +375,16 @@ def test_runner_records_preset_and_resolved_values(fixture_benchmark, tmp_path):
     assert json.loads((out / "results.json").read_text())["settings"]["mitigation"] == expected
     assert expected in (out / "results.md").read_text()
     assert all('"mitigation": "' + expected in line for line in (out / "predictions.jsonl").read_text().splitlines())
+
+
+def test_option_types_the_check_does_not_read_take_any_value():
+    """A field typed ``Any``, ``Literal``, ``dict[...]`` or ``tuple[...]`` (no method has one today) must not crash
+    the type check with a TypeError: the check reads numbers, text, booleans, lists and unions only."""
+    import typing
+
+    from medheval.mitigations.presets import _fits
+
+    for hint in (typing.Any, typing.Literal["a"], dict[str, float], tuple[int, ...]):
+        assert _fits({"a": 1}, hint), hint
+    assert _fits(2, float) and not _fits(True, float) and not _fits("x", float)
+    assert _fits([0, 2], list[int]) and not _fits(["a"], list[int]) and _fits(None, float | None)

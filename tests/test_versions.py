@@ -170,3 +170,20 @@ def test_each_metric_package_outside_the_core_comes_with_the_extra_the_runner_na
         extra = METRIC_EXTRAS.get(metric)
         assert beyond <= extras.get(extra, set()), f"{metric}: {sorted(beyond)} not in extra {extra!r}"
         assert extra is None or beyond, f"{metric}: METRIC_EXTRAS names {extra!r} but it needs nothing beyond the core"
+
+
+def test_a_missing_package_is_named_and_a_version_mismatch_is_not_called_missing():
+    """``from os import nonexistent`` sets ``error.name`` to ``os``: an installed module, not a missing one."""
+    from medheval.run.protocol import missing_packages
+
+    import importlib
+
+
+    with pytest.raises(ImportError) as missing:
+        importlib.import_module("medheval_no_such_package")
+    assert missing_packages(missing.value) == "medheval_no_such_package"
+    with pytest.raises(ImportError) as mismatch:
+        exec("from os import medheval_no_such_name", {})
+    assert missing_packages(mismatch.value) is None
+    listed = ImportError("To be able to use x, you need to install the following dependencies['nltk', 'rouge_score']")
+    assert missing_packages(listed) == "nltk, rouge_score"

@@ -79,16 +79,20 @@ def resolve_preset(method: Any) -> None:
 
 
 def _fits(value: Any, hint: Any) -> bool:
-    """Whether ``value`` is of the declared type ``hint`` (``float`` takes an int; no number takes a bool)."""
+    """Whether ``value`` is of the declared type ``hint`` (``float`` takes an int; no number takes a bool); a hint
+    this check does not read (``Any``, ``Literal``, ``dict[...]``, ``tuple[...]``) takes any value."""
     if hint is type(None):
         return value is None
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         return any(_fits(value, option) for option in typing.get_args(hint))
-    if typing.get_origin(hint) is list:
+    if typing.get_origin(hint) is list and typing.get_args(hint):
         return isinstance(value, (list, tuple)) and all(_fits(v, typing.get_args(hint)[0]) for v in value)
     if hint in (int, float):
         return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
-    return isinstance(value, hint)
+    try:
+        return isinstance(value, hint)
+    except TypeError:  # Any, Literal[...], dict[...]: not a class isinstance can test
+        return True
 
 
 def _described(hint: Any) -> str:
@@ -114,7 +118,7 @@ def check_option_types(method: Any) -> None:
     for field in dataclasses.fields(method):
         value, hint = getattr(method, field.name), hints[field.name]
         if not _fits(value, hint):
-            example = type(method).PRESETS[DEFAULT_PRESET].get(field.name, field.default)
+            example = type(method).PRESETS.get(DEFAULT_PRESET, {}).get(field.name, field.default)
             raise MitigationError(
                 f"{method.name}: option {field.name}={value!r} must be {_described(hint)}, e.g. "
                 f"--mitigation {method.name}:{field.name}={spec_value(example)}")

@@ -188,13 +188,14 @@ def metric_install_hint(name: str) -> str:
     return f"pip install 'medheval[{extra}]'" if extra else "pip install medheval (it brings what its metrics import)"
 
 
-def missing_packages(error: ImportError) -> str:
+def missing_packages(error: ImportError) -> str | None:
     """The packages an ImportError says are missing: evaluate's list (``... the following dependencies['nltk',
-    'rouge_score'] ...``), else the module a ModuleNotFoundError names, else the error's text."""
+    'rouge_score'] ...``), else the module a ModuleNotFoundError names; None for another ImportError (a name
+    missing from an installed module: a version mismatch, not a missing package)."""
     listed = re.search(r"dependencies\s*\[([^\]]*)\]", str(error))
     if listed:
         return ", ".join(name.strip(" '\"") for name in listed.group(1).split(","))
-    return error.name or str(error)
+    return error.name if isinstance(error, ModuleNotFoundError) else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -209,7 +210,11 @@ def load_metric(name: str) -> Any:
     try:
         return evaluate.load(metric_path(name))
     except ImportError as error:
-        raise RunError(f"metric `{name}` cannot load: it imports {missing_packages(error)}, which is not installed; "
+        missing = missing_packages(error)
+        if missing is None:
+            raise RunError(f"metric `{name}` cannot load: {error}; an installed package is of a version it does not "
+                           f"work with: reinstall it with {metric_install_hint(name)}") from error
+        raise RunError(f"metric `{name}` cannot load: it imports {missing}, which is not installed; "
                        f"install it: {metric_install_hint(name)}") from error
 
 
