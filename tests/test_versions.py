@@ -174,10 +174,9 @@ def test_each_metric_package_outside_the_core_comes_with_the_extra_the_runner_na
 
 def test_a_missing_package_is_named_and_a_version_mismatch_is_not_called_missing():
     """``from os import nonexistent`` sets ``error.name`` to ``os``: an installed module, not a missing one."""
-    from medheval.run.protocol import missing_packages
-
     import importlib
 
+    from medheval.run.protocol import missing_packages
 
     with pytest.raises(ImportError) as missing:
         importlib.import_module("medheval_no_such_package")
