@@ -237,20 +237,25 @@ def test_a_split_key_cannot_write_outside_the_output_folder(tmp_path, split):
     """Issue 23 point 2: the YAML file name comes from results.json; a hostile key is refused, nothing lands outside."""
     from medheval.cli import main
 
+    # the work sits deep in tmp_path, so any '..' a hostile key climbs lands in tmp_path, which nothing else writes
+    # (the worker's basetemp, shared with other tests' caches and background writers, is not compared)
+    work = tmp_path.joinpath(*"abcdefgh")
     results = _results(random_weights=False)
     results["runs"][0]["benchmarks"] = {split: results["runs"][0]["benchmarks"]["cxr_vishal:mimic_cxr"]}
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "results.json").write_text(json.dumps(results))
-    before = sorted(str(p) for p in tmp_path.parent.rglob("*") if tmp_path not in p.parents and p != tmp_path)
+    (work / "run").mkdir(parents=True)
+    (work / "run" / "results.json").write_text(json.dumps(results))
+    absolute_before = Path("/tmp/absolute").exists()
+    before = sorted(str(p) for p in tmp_path.rglob("*") if work not in p.parents)
     with pytest.raises(hub.PublishError, match="expected BENCHMARK:CONFIG"):
-        hub.export_results(tmp_path / "run", tmp_path / "out", "org/model")
-    assert main(["publish", "--results", str(tmp_path / "run"), "--model-repo", "org/model",
-                 "--to", str(tmp_path / "out2")]) == 2
-    after = sorted(str(p) for p in tmp_path.parent.rglob("*") if tmp_path not in p.parents and p != tmp_path)
-    assert after == before and not list((tmp_path / "out").rglob("*.yaml"))
+        hub.export_results(work / "run", work / "out", "org/model")
+    assert main(["publish", "--results", str(work / "run"), "--model-repo", "org/model",
+                 "--to", str(work / "out2")]) == 2
+    after = sorted(str(p) for p in tmp_path.rglob("*") if work not in p.parents)
+    assert after == before and not list(work.rglob("*.yaml"))
+    assert Path("/tmp/absolute").exists() == absolute_before
     for repo in ("../model", "org/..", "org/model/../../x", "/abs/model"):
         with pytest.raises(hub.PublishError, match="expected ORG/MODEL"):
-            hub.export_results(tmp_path / "run", tmp_path / "out", repo)
+            hub.export_results(work / "run", work / "out", repo)
 
 
 def _png(size: int = 64) -> bytes:
