@@ -18,6 +18,7 @@ from medheval.cli.main import build_parser, cli_key_hosts
 from medheval.data.images import URLTemplateSource, _host_env_prefix
 from medheval.judges import JudgeError, JudgeRequest, make_judge
 from medheval.net import keys
+from medheval.net.hosts import host_entry
 from medheval.net.secrets import SHORT_MIN_LENGTH, redact, register_basic_auth, register_environment, register_secrets
 from medheval.net.untrusted import printable
 
@@ -310,7 +311,7 @@ def test_cli_key_hosts_come_from_the_typed_specs_only():
     args = build_parser().parse_args(["run", "--model", "vllm:qwen", "--judge", "openai:m@https://gw.example.org/v1",
                                       "--metric-option", 'sh_judge.judge={"base_url": "https://j.example.org:8443/v1"}',
                                       "--api-key-host", "keys.example.org", "--output", "x"])
-    hosts = {keys.host_entry(h) for h in cli_key_hosts(args)}
+    hosts = {host_entry(h) for h in cli_key_hosts(args)}
     assert hosts == {"localhost:8000", "gw.example.org", "j.example.org:8443", "keys.example.org"}
 
 

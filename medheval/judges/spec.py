@@ -20,7 +20,7 @@ from typing import Any
 
 from medheval.judges.base import Judge, JudgeError
 from medheval.net import keys
-from medheval.net.hosts import is_local_host
+from medheval.net.hosts import host_and_port, host_entry, is_local_host
 
 _BACKENDS = {
     "openai": "openai", "openai-compatible": "openai", "openai_compatible": "openai", "vllm": "openai",
@@ -179,7 +179,7 @@ def make_judge(
 def _provider_hosts(backend: str) -> set[str]:
     """The hosts a key from the environment may always go to: the provider's own."""
     url = os.environ.get("AZURE_OPENAI_ENDPOINT", "") if backend == "azure" else _PROVIDER_URL.get(backend, "")
-    return {keys.host_and_port(url)[0]} - {""} if url else set()
+    return {host_and_port(url)[0]} - {""} if url else set()
 
 
 def _env_key(backend: str, base_url: str | None, api_key_env: Any) -> tuple[str | None, str | None]:
@@ -202,15 +202,15 @@ def _env_key(backend: str, base_url: str | None, api_key_env: Any) -> tuple[str 
     url = base_url or _PROVIDER_URL.get(backend, "")
     if not api_key or not url:
         return api_key, None
-    entry = keys.host_entry(url)
+    entry = host_entry(url)
     if keys.plain_http_to_network(url):
         # never in clear text across the network, whoever named the host: the request goes without it
         origin = f"{env_name} (named by api_key_env)" if api_key_env else env_name
         return None, (f"{origin} is set but was not sent to {entry}: a key from the environment never goes over "
                       f"plain http to a host other than loopback; to send it, serve the endpoint over https:// "
                       f"or reach it through an SSH tunnel to 127.0.0.1")
-    host, _ = keys.host_and_port(url)
-    if host in _provider_hosts(backend) or keys.host_named(url):
+    host, _ = host_and_port(url)
+    if host in _provider_hosts(backend) or keys.key_host_named(url):
         return api_key, None
     allow = (f"name it on the command line (--judge / --model {backend}:MODEL@{_root(url)}, or "
              f"--api-key-host {entry}) or set {keys.KEY_HOSTS_ENV}={entry}")
@@ -225,7 +225,7 @@ def _env_key(backend: str, base_url: str | None, api_key_env: Any) -> tuple[str 
 
 def _root(url: str) -> str:
     """``scheme://host[:port]/…`` of ``url`` (no user-info, path or query), for messages."""
-    return f"{url.split(':', 1)[0]}://{keys.host_entry(url)}/…"
+    return f"{url.split(':', 1)[0]}://{host_entry(url)}/…"
 
 
 def check_key_destination(spec: Any) -> None:

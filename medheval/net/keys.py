@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from medheval.net.hosts import host_and_port, host_entry, is_loopback_host
+from medheval.net.hosts import host_entry, is_loopback_host
 from medheval.net.named import UserNamedHosts
 
 KEY_HOSTS_ENV = "MEDHEVAL_API_KEY_HOSTS"
@@ -50,7 +50,7 @@ def named_key_hosts() -> set[str]:
     return _named.names()
 
 
-def host_named(url: str) -> bool:
+def key_host_named(url: str) -> bool:
     """Whether the user named ``url``'s host (on any port) or its ``host:port``."""
     return _named.covers(url)
 
@@ -93,4 +93,4 @@ def check_plain_http(url: str, what: str) -> None:
 
 
 __all__ = ["API_KEY_NAME", "KEY_HOSTS_ENV", "allow_key_hosts", "carries_secret_header", "check_key_env_name",
-           "check_plain_http", "host_and_port", "plain_http_to_network", "host_entry", "host_named", "named_key_hosts", "set_key_hosts"]
+           "check_plain_http", "key_host_named", "named_key_hosts", "plain_http_to_network", "set_key_hosts"]
