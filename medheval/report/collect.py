@@ -218,8 +218,9 @@ def _prompts(path: Path) -> dict[str, str]:
 
 
 def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
-    """Every run folder under ``paths`` (a run, a grid, or a folder of them), each once, in path order
-    except that each model's ``none`` run comes first (:func:`baseline_first`). A folder given twice, or inside
+    """Every run folder under ``paths`` (a run, a grid, or a folder of them), each once: the folders given in their
+    order, a folder inside another one given moved after it (:func:`_outermost_first`), each model's ``none`` run
+    first (:func:`baseline_first`). A folder given twice, or inside
     another one given (a grid's own model folder), is searched once, as part of the outer one, so its cells and
     caveats are not counted twice.
 
