@@ -114,6 +114,19 @@ def test_a_rescore_adopts_the_protocol_of_its_answers_and_says_so(runs):
                for warning in rescore["warnings"])
 
 
+def test_a_rescore_is_checked_before_scoring_under_the_protocol_of_its_answers(runs, monkeypatch):
+    """The pre-run check of the splits' files uses the protocol the run will score under (the answers'), not the
+    default clean one."""
+    from medheval.run import runner
+
+    checked, check = [], runner.QAProtocol.check_inputs
+    monkeypatch.setattr(runner.QAProtocol, "check_inputs",
+                        lambda self, name, spec: checked.append(spec.protocol) or check(self, name, spec))
+    assert main(["run", "--benchmark", SPLIT, "--predictions", str(runs["proto_copy"]),
+                 "--output", str(runs["root"] / "proto_checked"), "--data-dir", str(runs["data"])]) == 0
+    assert checked and set(checked) == {"medheval-baseline"}
+
+
 def test_another_protocol_given_on_a_rescore_is_warned_and_named_in_the_notes(runs, capsys):
     out = runs["root"] / "proto_clean"
     assert main(["run", "--benchmark", SPLIT, "--predictions", str(runs["proto_copy"]), "--output", str(out),

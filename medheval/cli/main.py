@@ -87,12 +87,12 @@ def _backend_after_checks(args: argparse.Namespace, spec: "RunSpec") -> tuple[An
     from medheval.backends.api import is_api_model
     from medheval.run.runner import check_before_model
 
-    def check() -> None:
-        check_before_model(spec, args.mitigation or [], [args.model] if args.model else [])
+    def check(backend: Any = None) -> None:
+        check_before_model(spec, args.mitigation or [], [args.model] if args.model else [], backend)
 
     if args.predictions or is_api_model(args.model):
         built = build_backend(args)
-        check()
+        check(built[0])
         return built
     check()
     return build_backend(args)

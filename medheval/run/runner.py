@@ -1083,16 +1083,21 @@ def _method_name(spec: str) -> str:
     return "none" if name in NO_MITIGATION else name
 
 
-def check_before_model(spec: RunSpec, mitigations: Sequence[str] = (), models: Sequence[str] = ()) -> None:
+def check_before_model(spec: RunSpec, mitigations: Sequence[str] = (), models: Sequence[str] = (),
+                       backend: Backend | None = None) -> None:
     """What each split's protocol needs whatever the model (:meth:`SplitProtocol.check_inputs`, under the paper
     protocol's options: a QA split's annotation files), each of ``mitigations`` (:func:`resolve_mitigations`), the
     run's own settings (:func:`_check_spec`) and the upstream conversation template each of ``models`` (``--model``
     values) renders under the protocol (its type read from its config.json), checked before the model loads: a
-    missing file or a mistyped option is named before minutes of loading, and before the run writes anything."""
+    missing file or a mistyped option is named before minutes of loading, and before the run writes anything. A
+    re-score's ``backend`` (a predictions file) is checked under the protocol its answers were made under, as it
+    runs."""
     from medheval.backends.conversation import check_template_file
     from medheval.run.options import model_type_before_loading
     from medheval.run.paper_protocols import get_protocol, template_for_model
 
+    if backend is not None and run_provenance.is_rescore(backend):
+        spec = _adopt_answers_protocol(spec, backend)
     _check_spec(spec)
     protocol = get_protocol(spec.protocol)
     protocol.check_benchmarks(spec.benchmarks)
