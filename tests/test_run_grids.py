@@ -384,3 +384,21 @@ def test_a_plain_run_without_max_new_tokens_uses_the_table_and_with_it_one_lengt
     assert _generation_plan(build_parser().parse_args([*base, "--max-new-tokens", "64"])) is None  # as before
     assert _generation_plan(build_parser().parse_args(["run", "--benchmark", "context", "--predictions", "p",
                                                        "--output", "o"])) is None
+
+
+def test_check_model_and_the_model_type_read_one_config_json(tmp_path):
+    """A grid's model check and the pre-load template choice find a model's config.json the same way
+    (:func:`medheval.run.options.model_config_file`), without loading weights."""
+    from medheval.run.grids import check_model
+    from medheval.run.options import model_type_before_loading
+
+    empty, folder = tmp_path / "empty", tmp_path / "model"
+    empty.mkdir()
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    assert check_model(str(empty)) == f"{empty} is not a model folder (no config.json)"
+    assert check_model("no hub id") == "not a Hub id (ORG/NAME), a local folder or tiny-random-llava"
+    assert check_model(str(folder)) is None and check_model("tiny-random-llava") is None
+    assert model_type_before_loading(str(folder)) == "qwen2_5_vl"
+    assert model_type_before_loading(str(empty)) is None and model_type_before_loading("openai:gpt-4o") is None
+    assert model_type_before_loading("tiny-random-llava") == "llava"

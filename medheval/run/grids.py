@@ -423,19 +423,14 @@ def check_model(model: str) -> str | None:
     """Why ``model`` cannot be loaded (``None`` when it looks loadable), without loading weights:
     the tiny demo model and API specs pass; a local folder needs ``config.json``; a Hub id needs a
     ``config.json`` that can be fetched (or is cached, offline)."""
-    from medheval.run.options import TINY_MODEL
+    from medheval.run.options import TINY_MODEL, ModelConfigError, model_config_file
 
     if model == TINY_MODEL or re.match(r"^(openai|azure|anthropic):", model):
         return None
-    path = Path(model).expanduser()
-    if path.exists() or model.startswith((".", "/", "~")):
-        return None if (path / "config.json").is_file() else f"{path} is not a model folder (no config.json)"
-    if model.count("/") != 1:
-        return "not a Hub id (ORG/NAME), a local folder or tiny-random-llava"
     try:
-        from huggingface_hub import hf_hub_download
-
-        hf_hub_download(model, "config.json")
+        model_config_file(model)
+    except ModelConfigError as error:
+        return str(error)
     except Exception as error:  # noqa: BLE001 - offline, gated, missing: the reason is the message
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     return None

@@ -225,10 +225,30 @@ def protocol_dtype(protocol: str | None, device: str | None) -> str | None:
     return dtype if dtype and on_gpu else None
 
 
+class ModelConfigError(ValueError):
+    """A ``--model`` that is neither a model folder nor a Hub id (the message says which)."""
+
+
+def model_config_file(model: str) -> Path:
+    """The ``config.json`` of a ``--model`` (a local folder's, or a Hub id's, cached or fetched), without loading
+    weights. :class:`ModelConfigError` for a folder without one or text that is no Hub id; the Hub's own error when
+    the file cannot be fetched (offline and not cached, gated, no such repo)."""
+    path = Path(model).expanduser()
+    if path.exists() or model.startswith((".", "/", "~")):
+        if not (path / "config.json").is_file():
+            raise ModelConfigError(f"{path} is not a model folder (no config.json)")
+        return path / "config.json"
+    if model.count("/") != 1:
+        raise ModelConfigError("not a Hub id (ORG/NAME), a local folder or tiny-random-llava")
+    from huggingface_hub import hf_hub_download
+
+    return Path(hf_hub_download(model, "config.json"))
+
+
 def model_type_before_loading(model: str) -> str | None:
-    """``config.model_type`` of a local ``--model`` read from its ``config.json`` alone (a folder's, or the Hub's,
-    cached or fetched), without loading weights; ``None`` for an API model or where the file cannot be read
-    (loading the model then says why)."""
+    """``config.model_type`` of a local ``--model`` read from its ``config.json`` alone (:func:`model_config_file`),
+    without loading weights; ``None`` for an API model or where the file cannot be read (loading the model then
+    says why)."""
     from medheval.backends.api import is_api_model
 
     if model == TINY_MODEL:  # build_tiny_llava's
@@ -237,13 +257,8 @@ def model_type_before_loading(model: str) -> str | None:
         return LlavaConfig.model_type
     if is_api_model(model):
         return None
-    path = Path(model).expanduser() / "config.json"
     try:
-        if not path.parent.exists():
-            from huggingface_hub import hf_hub_download
-
-            path = Path(hf_hub_download(model, "config.json"))
-        model_type = json.loads(path.read_text()).get("model_type")
+        model_type = json.loads(model_config_file(model).read_text()).get("model_type")
     except Exception:  # noqa: BLE001 - offline, gated, no such model, not JSON: loading names the reason
         return None
     return model_type if isinstance(model_type, str) else None
