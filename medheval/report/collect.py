@@ -220,9 +220,8 @@ def _prompts(path: Path) -> dict[str, str]:
 def find_runs(paths: Iterable[str | Path], cluster: str = "auto") -> list[Run]:
     """Every run folder under ``paths`` (a run, a grid, or a folder of them), each once: the folders given in their
     order, a folder inside another one given moved after it (:func:`_outermost_first`), each model's ``none`` run
-    first (:func:`baseline_first`). A folder given twice, or inside
-    another one given (a grid's own model folder), is searched once, as part of the outer one, so its cells and
-    caveats are not counted twice.
+    first (:func:`baseline_first`). A folder given twice, or inside another one given (a grid's own model folder),
+    is searched once, as part of the outer one, so its cells and caveats are not counted twice.
 
     A grid's combined results.json whose sub-folders are gone still yields its runs (without items). A run
     folder started but not finished (:func:`unfinished_run`) and a grid without its combined results.json
