@@ -113,3 +113,65 @@ def test_a_local_or_unparseable_url_never_uses_a_proxy(monkeypatch):
     monkeypatch.setenv(transport.PROXY_OPT_IN_ENV, "127.0.0.1,example.org")
     assert not transport.proxy_allowed("http://127.0.0.1:8000/v1", credentialed=False)
     assert not transport.proxy_allowed("https://example.org:abc/", credentialed=False)
+
+
+@pytest.mark.parametrize("text, address", [
+    ("2001:0db8:0000:0000:0000:0000:0000:0001", Address("", "[2001:db8::1]", None)),  # expanded -> compressed
+    ("[2001:DB8:0:0::1]:8443", Address("", "[2001:db8::1]", 8443)),  # upper-case hex, brackets with a port
+    ("https://[2001:0DB8::0001]/v1", Address("https", "[2001:db8::1]", None)),
+    ("[0:0:0:0:0:0:0:1]", Address("", "[::1]", None)),
+    ("::ffff:7f00:1", Address("", "127.0.0.1", None)),  # IPv4-mapped IPv6: the IPv4 address it reaches
+    ("http://[::FFFF:127.0.0.1]:8000/v1", Address("http", "127.0.0.1", 8000)),
+    ("[::ffff:a00:1]", Address("", "10.0.0.1", None)),
+    ("127.1", Address("", "127.1", None)),  # a legacy IPv4 spelling is a name, matched as written
+])
+def test_parse_address_spells_ip_literals_canonically(text, address):
+    assert parse_address(text) == address
+
+
+@pytest.mark.parametrize("text", ["fe80::1%eth0", "FE80::1%ETH0", "[fe80::1%eth0]:8080", "http://[fe80::1%25eth0]:8000/v1"])
+def test_an_ipv6_zone_id_is_refused_naming_the_text(text):
+    with pytest.raises(ValueError, match=r"zone id .*give a global or unique-local address") as caught:
+        parse_address(text)
+    assert repr(text) in str(caught.value)
+    assert host_entry(text) == "" and host_and_port(text) == ("", None)  # so it names nothing in a host list
+
+
+def test_every_spelling_of_one_ip_matches_one_entry(named):
+    named.set(["2001:0DB8::0001", "127.0.0.1:8000"])
+    assert named.names() == {"[2001:db8::1]", "127.0.0.1:8000"}
+    assert named.covers("https://[2001:db8:0:0:0:0:0:1]:8443/x") and named.covers("https://[2001:DB8::1]/")
+    assert named.covers("http://[::ffff:7f00:1]:8000/v1")  # the mapped form of 127.0.0.1
+    assert not named.covers("http://[::ffff:7f00:1]:8001/v1") and not named.covers("https://[2001:db8::2]/")
+
+
+def test_an_ipv4_mapped_address_is_judged_as_the_ipv4_address():
+    from medheval.net.hosts import is_local_host, is_local_url, is_loopback_host
+    from medheval.net.keys import plain_http_to_network
+
+    assert is_loopback_host("::ffff:127.0.0.1") and is_loopback_host("[::ffff:7f00:1]")
+    assert is_local_host("[::ffff:10.1.2.3]") and not is_local_host("::ffff:8.8.8.8")
+    assert not is_local_host("::ffff:169.254.169.254")  # link-local (cloud metadata) stays non-local
+    assert is_local_url("http://[::ffff:192.168.1.5]:8000/v1") and not is_local_url("192.168.1.5:8000")
+    assert not plain_http_to_network("http://[::ffff:7f00:1]:8000/v1")  # loopback: a key may go in clear
+    assert plain_http_to_network("http://[::ffff:10.0.0.1]:8000/v1")  # the LAN: it may not
+    assert not is_loopback_host("127.1")  # a name, never resolved: not loopback
+
+
+def test_a_zoned_address_is_never_local_and_plain_http_to_it_crosses_the_network():
+    from medheval.net.hosts import is_local_url, is_loopback_host
+    from medheval.net.keys import plain_http_to_network
+
+    assert not is_loopback_host("::1%lo") and not is_local_url("http://[fe80::1%25eth0]:8000/v1")
+    assert plain_http_to_network("http://[fe80::1%25eth0]:8000/v1")  # unreadable: counted as crossing it
+    assert not plain_http_to_network("https://[fe80::1%25eth0]:8000/v1")
+
+
+def test_redirect_origins_and_approvals_compare_canonical_ips():
+    from medheval.judges.endpoints import endpoint_allowed
+    from medheval.net.transport import origin
+
+    assert origin("https://[2001:DB8:0::1]:443/a") == origin("https://[2001:db8::1]/b") == ("https", "[2001:db8::1]", 443)
+    assert endpoint_allowed("https://[2001:0db8::1]/v1", ["2001:db8::1"])
+    assert endpoint_allowed("https://[2001:0db8::1]/v1/", ["https://[2001:DB8::1]:443/v1"])
+    assert not endpoint_allowed("https://[2001:0db8::1]/v2", ["https://[2001:DB8::1]:443/v1"])
