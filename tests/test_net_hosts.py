@@ -59,8 +59,8 @@ def named(monkeypatch) -> UserNamedHosts:
 
 
 def test_a_named_host_matches_exactly_on_any_port_and_host_port_on_that_port_only(named, monkeypatch):
-    monkeypatch.setenv(ENV, " , Images.Example.ORG., ,api.example.org:8443,not a:port, [::1]:9000")
-    assert named.names() == {"images.example.org", "api.example.org:8443", "[::1]:9000"}  # empty/garbage dropped
+    monkeypatch.setenv(ENV, " , Images.Example.ORG., ,api.example.org:8443, [::1]:9000")
+    assert named.names() == {"images.example.org", "api.example.org:8443", "[::1]:9000"}  # empty parts skipped
     assert named.covers("https://images.example.org/x") and named.covers("http://IMAGES.example.org.:81/")
     assert named.covers("https://api.example.org:8443/v1") and named.covers("http://[::1]:9000/v1")
     for url in ("https://api.example.org/v1", "https://evil-images.example.org/", "https://images.example.org.evil/",
@@ -87,7 +87,6 @@ def test_extra_entries_and_entries_from_python_count_too(named):
     ("https://physionet.org/files", "https://physionet.org:443/x", True),  # a URL names its host (was ignored)
     ("physionet.org:443", "https://physionet.org/x", True),  # host:port on its port (was ignored) ...
     ("physionet.org:8443", "https://physionet.org/x", False),  # ... and on no other
-    (" , physionet.org:abc, ", "https://physionet.org/x", False),  # empty and unparseable entries name nothing
     ("physionet.org", "https://www.physionet.org/x", False),  # never a subdomain ...
     ("physionet.org", "https://physionet.org.evil.example/x", False),  # ... nor a look-alike
     ("2001:db8::1", "https://[2001:db8::1]:8443/x", True),  # a bare IPv6 literal, as before
@@ -175,3 +174,62 @@ def test_redirect_origins_and_approvals_compare_canonical_ips():
     assert endpoint_allowed("https://[2001:0db8::1]/v1", ["2001:db8::1"])
     assert endpoint_allowed("https://[2001:0db8::1]/v1/", ["https://[2001:DB8::1]:443/v1"])
     assert not endpoint_allowed("https://[2001:0db8::1]/v2", ["https://[2001:DB8::1]:443/v1"])
+
+
+@pytest.mark.parametrize("entry, says", [
+    ("example.org/v1", r"'example.org/v1' is neither a host nor a URL: give either the host \(example.org\), which "
+                       r"names every path on it, or a base URL with its scheme \(https://example.org/v1\)"),
+    ("example.org:8443/v1?x=1", r"'example.org:8443/v1\?x=1' is neither a host nor a URL: give either the host "
+                                r"\(example.org:8443\)"),
+    ("user@example.org", r"'user@example.org' is neither a host nor a URL"),
+    ("example.org:abc", r"'example.org:abc' is not a host name, host:port or URL"),
+    ("fe80::1%eth0", r"'fe80::1%eth0' names an IPv6 address with a zone id"),
+    (":8080", r"':8080' names no host"),
+])
+def test_an_entry_that_is_not_a_host_or_url_is_refused_where_it_is_given(named, monkeypatch, entry, says):
+    from medheval.net.hosts import check_host_entry
+
+    with pytest.raises(ValueError, match=r"^--flag: " + says):
+        check_host_entry(f" {entry} ", "--flag")
+    with pytest.raises(ValueError, match=r"^on the command line: " + says):
+        named.set(["example.net", entry])
+    assert named.entries() == ()  # a refused set() changes nothing
+    with pytest.raises(ValueError, match=r"^a host added from Python \(for MEDHEVAL_TEST_NAMED_HOSTS\): " + says):
+        named.add(entry)
+    monkeypatch.setenv(ENV, f"example.net,{entry}")
+    with pytest.raises(ValueError, match=rf"^{ENV}: " + says):
+        named.covers("https://example.net/")
+
+
+@pytest.mark.parametrize("entry", ["example.org", "example.org/", "Example.ORG.:8443", "[2001:db8::1]:443", "::1",
+                                   "https://example.org/v1", "http://[::1]:8000/v1?x=1"])
+def test_a_host_host_port_or_url_entry_is_accepted_as_given(entry):
+    from medheval.net.hosts import check_host_entry
+
+    assert check_host_entry(f"  {entry} ") == entry
+
+
+def test_the_cli_flags_refuse_a_path_without_a_scheme_naming_the_flag(capsys):
+    from medheval.cli.main import build_parser
+
+    for flag in ("--api-key-host", "--proxy-for", "--allow-remote-credentialed"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", flag, "example.org/v1"])
+        error = capsys.readouterr().err
+        assert f"argument {flag}: 'example.org/v1' is neither a host nor a URL" in error, error
+        assert "https://example.org/v1" in error
+    args = build_parser().parse_args(["run", "--api-key-host", "example.org", "--proxy-for", "https://a.example/",
+                                      "--allow-remote-credentialed", "https://example.org/v1"])
+    assert (args.api_key_host, args.proxy_for, args.allow_remote_credentialed) == (
+        ["example.org"], ["https://a.example/"], ["https://example.org/v1"])
+
+
+def test_main_reports_an_unreadable_host_of_a_judge_url_as_a_user_error(capsys):
+    from medheval.cli import main
+    from medheval.net import keys
+
+    before = keys.named_key_hosts()
+    assert main(["run", "--judge", "openai:m@http://h.example:abc/v1", "--benchmark", "knowledge:open"]) == 2
+    assert ("error: on the command line: 'http://h.example:abc/v1' is not a host name, host:port or URL"
+            in capsys.readouterr().err)
+    assert keys.named_key_hosts() == before  # the earlier lists are restored

@@ -174,5 +174,32 @@ def host_entry(value: str) -> str:
         return ""
 
 
-__all__ = ["Address", "DEFAULT_PORTS", "host_and_port", "host_entry", "host_named", "is_local_host",
+def is_host_form(text: str) -> bool:
+    """Whether ``text`` is written as a host or ``host:port`` (a trailing ``/`` allowed): no ``://``, path, query,
+    fragment or user-info."""
+    return not any(mark in text.strip().rstrip("/") for mark in ("://", "/", "?", "#", "@"))
+
+
+def check_host_entry(text: str, where: str = "") -> str:
+    """``text`` stripped, when it may stand in a list of hosts the user names: a host, ``host:port`` or IPv6 literal
+    (:func:`is_host_form`), or a URL with its ``scheme://``. ``ValueError`` beginning with ``where`` otherwise: a
+    scheme-less entry with a path, query, fragment or user-info (``example.org/v1`` would name the whole host in
+    one list and nothing in another: give ``example.org`` or ``https://example.org/v1``), text
+    :func:`parse_address` refuses, or one that names no host."""
+    entry = text.strip()
+    prefix = f"{where}: " if where else ""
+    try:
+        address = parse_address(entry)
+    except ValueError as error:
+        raise ValueError(f"{prefix}{error}") from None
+    if not address.name:
+        raise ValueError(f"{prefix}{entry[:80]!r} names no host: give a host (example.org), host:port or a URL")
+    if "://" not in entry and not is_host_form(entry):
+        raise ValueError(
+            f"{prefix}{entry[:80]!r} is neither a host nor a URL: give either the host ({address.netloc}), which "
+            f"names every path on it, or a base URL with its scheme (https://{entry[:80]})")
+    return entry
+
+
+__all__ = ["Address", "check_host_entry", "is_host_form", "DEFAULT_PORTS", "host_and_port", "host_entry", "host_named", "is_local_host",
            "is_local_url", "is_loopback_host", "parse_address", "resolves_to_loopback"]
