@@ -255,3 +255,14 @@ def test_secret_names_include_a_signature_and_sig_only_as_a_word_of_its_own():
            "&urlsig=u&hmacsig=h&apisig=a&esig=e&se=2030")
     assert _redact_url(url) == ("https://acct.blob.core.windows.net/c/{path}?sv=2022-11-02&sig=***&design=***"
                                 "&token=***&tokens=***&urlsig=***&hmacsig=***&apisig=***&esig=***&se=2030")
+
+
+def test_every_letter_case_of_a_key_is_redacted_also_beside_its_exact_spelling():
+    """Was: once the exact spelling was found, the other letter cases in the same text were left as they were."""
+    from medheval.net.secrets import redact, register_secrets
+
+    key = "sk-case-canary-Hq73-mixed"
+    register_secrets(key)
+    assert redact(f"{key} then {key.upper()} then {key.swapcase()}") == "*** then *** then ***"
+    assert redact(f"{key.upper()} alone") == "*** alone"
+    assert redact(f"{key.upper()} and {key.lower()}", [f"extra-{key}"]) == "*** and ***"

@@ -211,7 +211,7 @@ def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
     for form, folded_form in pairs:
         if form in text:
             text = text.replace(form, MASK)
-        elif folded_form in folded:
+        if folded_form in folded:  # also when the exact spelling was there: other letter cases may be too
             text = re.sub(re.escape(form), MASK, text, flags=re.IGNORECASE)
     for pattern in short:
         text = pattern.sub(MASK, text)
