@@ -201,5 +201,5 @@ def check_host_entry(text: str, where: str = "") -> str:
     return entry
 
 
-__all__ = ["Address", "check_host_entry", "is_host_form", "DEFAULT_PORTS", "host_and_port", "host_entry", "host_named", "is_local_host",
-           "is_local_url", "is_loopback_host", "parse_address", "resolves_to_loopback"]
+__all__ = ["Address", "DEFAULT_PORTS", "check_host_entry", "host_and_port", "host_entry", "host_named", "is_host_form",
+           "is_local_host", "is_local_url", "is_loopback_host", "parse_address", "resolves_to_loopback"]

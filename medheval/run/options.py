@@ -147,7 +147,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "judge named in a grid config (repeatable; or MEDHEVAL_API_KEY_HOSTS=host1,host2)")
     parser.add_argument("--allow-missing-predictions", action="store_true",
                         help="with --predictions: score the records present, count the others as missing")
-    parser.add_argument("--allow-remote-credentialed", action="append", type=host_list_entry, default=[], metavar="HOST_OR_URL",
+    parser.add_argument("--allow-remote-credentialed", action="append", type=host_list_entry, default=[],
+                        metavar="HOST_OR_URL",
                         help="a non-local judge or model endpoint approved under your PhysioNet agreement for "
                              "credentialed (MIMIC-derived) records, e.g. myorg.openai.azure.com (repeatable; recorded "
                              "in results; or MEDHEVAL_ALLOW_REMOTE_CREDENTIALED=host1,host2). A grid config cannot "
