@@ -232,3 +232,27 @@ def test_a_host_port_approval_does_not_widen_into_the_configs_bare_host(fixture_
     assert recording_proxy.hits == []
     err = capsys.readouterr().err
     assert "metric_options.sh_judge.judge.allow_remote_credentialed: approves 'judge.example'" in err
+
+
+def test_a_path_without_a_scheme_is_refused_as_an_approval_wherever_it_is_given(tmp_path, monkeypatch, recording_proxy):
+    """``judge.example/v1`` would approve nothing (not a host, not a base URL), while the key-host list read it as
+    the whole host: it is refused where it is given, the error naming the place and both forms that work."""
+    from medheval.run.grids import GridConfigError, check_credentialed_approvals, parse_grid_config
+
+    says = (r"'judge.example/v1' is neither a host nor a URL: give either the host \(judge.example\), which names "
+            r"every path on it, or a base URL with its scheme \(https://judge.example/v1\)")
+    with pytest.raises(ValueError, match=r"^allow_remote_credentialed: " + says):
+        make_judge(f"openai:j@{JUDGE}", allow_remote_credentialed="judge.example/v1", **FAST)
+    with pytest.raises(ValueError, match=r"^allow_remote_credentialed: " + says):
+        approve_endpoints("judge.example/v1")
+    config = parse_grid_config({"output": str(tmp_path), "models": ["tiny-random-llava"],
+                                "benchmarks": ["knowledge:open"], "allow_remote_credentialed": ["judge.example/v1"]},
+                               "g.yaml")
+    with pytest.raises(GridConfigError, match=r"g.yaml: allow_remote_credentialed: .*" + says):
+        check_credentialed_approvals(config, ["judge.example"])
+    monkeypatch.setenv(APPROVED_ENV, "judge.example/v1")
+    request = JudgeRequest(id="mimic-1", messages=[{"role": "user", "content": "report"}], reply_format="raw",
+                           credentialed=True)
+    with pytest.raises(ValueError, match=r"^MEDHEVAL_ALLOW_REMOTE_CREDENTIALED: " + says):
+        make_judge(f"openai:j@{JUDGE}", **FAST).run([request])
+    assert recording_proxy.hits == []

@@ -59,8 +59,8 @@ def named(monkeypatch) -> UserNamedHosts:
 
 
 def test_a_named_host_matches_exactly_on_any_port_and_host_port_on_that_port_only(named, monkeypatch):
-    monkeypatch.setenv(ENV, " , Images.Example.ORG., ,api.example.org:8443,not a:port, [::1]:9000")
-    assert named.names() == {"images.example.org", "api.example.org:8443", "[::1]:9000"}  # empty/garbage dropped
+    monkeypatch.setenv(ENV, " , Images.Example.ORG., ,api.example.org:8443, [::1]:9000")
+    assert named.names() == {"images.example.org", "api.example.org:8443", "[::1]:9000"}  # empty parts skipped
     assert named.covers("https://images.example.org/x") and named.covers("http://IMAGES.example.org.:81/")
     assert named.covers("https://api.example.org:8443/v1") and named.covers("http://[::1]:9000/v1")
     for url in ("https://api.example.org/v1", "https://evil-images.example.org/", "https://images.example.org.evil/",
@@ -87,7 +87,6 @@ def test_extra_entries_and_entries_from_python_count_too(named):
     ("https://physionet.org/files", "https://physionet.org:443/x", True),  # a URL names its host (was ignored)
     ("physionet.org:443", "https://physionet.org/x", True),  # host:port on its port (was ignored) ...
     ("physionet.org:8443", "https://physionet.org/x", False),  # ... and on no other
-    (" , physionet.org:abc, ", "https://physionet.org/x", False),  # empty and unparseable entries name nothing
     ("physionet.org", "https://www.physionet.org/x", False),  # never a subdomain ...
     ("physionet.org", "https://physionet.org.evil.example/x", False),  # ... nor a look-alike
     ("2001:db8::1", "https://[2001:db8::1]:8443/x", True),  # a bare IPv6 literal, as before
@@ -113,3 +112,124 @@ def test_a_local_or_unparseable_url_never_uses_a_proxy(monkeypatch):
     monkeypatch.setenv(transport.PROXY_OPT_IN_ENV, "127.0.0.1,example.org")
     assert not transport.proxy_allowed("http://127.0.0.1:8000/v1", credentialed=False)
     assert not transport.proxy_allowed("https://example.org:abc/", credentialed=False)
+
+
+@pytest.mark.parametrize("text, address", [
+    ("2001:0db8:0000:0000:0000:0000:0000:0001", Address("", "[2001:db8::1]", None)),  # expanded -> compressed
+    ("[2001:DB8:0:0::1]:8443", Address("", "[2001:db8::1]", 8443)),  # upper-case hex, brackets with a port
+    ("https://[2001:0DB8::0001]/v1", Address("https", "[2001:db8::1]", None)),
+    ("[0:0:0:0:0:0:0:1]", Address("", "[::1]", None)),
+    ("::ffff:7f00:1", Address("", "127.0.0.1", None)),  # IPv4-mapped IPv6: the IPv4 address it reaches
+    ("http://[::FFFF:127.0.0.1]:8000/v1", Address("http", "127.0.0.1", 8000)),
+    ("[::ffff:a00:1]", Address("", "10.0.0.1", None)),
+    ("127.1", Address("", "127.1", None)),  # a legacy IPv4 spelling is a name, matched as written
+])
+def test_parse_address_spells_ip_literals_canonically(text, address):
+    assert parse_address(text) == address
+
+
+@pytest.mark.parametrize("text", ["fe80::1%eth0", "FE80::1%ETH0", "[fe80::1%eth0]:8080", "http://[fe80::1%25eth0]:8000/v1"])
+def test_an_ipv6_zone_id_is_refused_naming_the_text(text):
+    with pytest.raises(ValueError, match=r"zone id .*give a global or unique-local address") as caught:
+        parse_address(text)
+    assert repr(text) in str(caught.value)
+    assert host_entry(text) == "" and host_and_port(text) == ("", None)  # so it names nothing in a host list
+
+
+def test_every_spelling_of_one_ip_matches_one_entry(named):
+    named.set(["2001:0DB8::0001", "127.0.0.1:8000"])
+    assert named.names() == {"[2001:db8::1]", "127.0.0.1:8000"}
+    assert named.covers("https://[2001:db8:0:0:0:0:0:1]:8443/x") and named.covers("https://[2001:DB8::1]/")
+    assert named.covers("http://[::ffff:7f00:1]:8000/v1")  # the mapped form of 127.0.0.1
+    assert not named.covers("http://[::ffff:7f00:1]:8001/v1") and not named.covers("https://[2001:db8::2]/")
+
+
+def test_an_ipv4_mapped_address_is_judged_as_the_ipv4_address():
+    from medheval.net.hosts import is_local_host, is_local_url, is_loopback_host
+    from medheval.net.keys import plain_http_to_network
+
+    assert is_loopback_host("::ffff:127.0.0.1") and is_loopback_host("[::ffff:7f00:1]")
+    assert is_local_host("[::ffff:10.1.2.3]") and not is_local_host("::ffff:8.8.8.8")
+    assert not is_local_host("::ffff:169.254.169.254")  # link-local (cloud metadata) stays non-local
+    assert is_local_url("http://[::ffff:192.168.1.5]:8000/v1") and not is_local_url("192.168.1.5:8000")
+    assert not plain_http_to_network("http://[::ffff:7f00:1]:8000/v1")  # loopback: a key may go in clear
+    assert plain_http_to_network("http://[::ffff:10.0.0.1]:8000/v1")  # the LAN: it may not
+    assert not is_loopback_host("127.1")  # a name, never resolved: not loopback
+
+
+def test_a_zoned_address_is_never_local_and_plain_http_to_it_crosses_the_network():
+    from medheval.net.hosts import is_local_url, is_loopback_host
+    from medheval.net.keys import plain_http_to_network
+
+    assert not is_loopback_host("::1%lo") and not is_local_url("http://[fe80::1%25eth0]:8000/v1")
+    assert plain_http_to_network("http://[fe80::1%25eth0]:8000/v1")  # unreadable: counted as crossing it
+    assert not plain_http_to_network("https://[fe80::1%25eth0]:8000/v1")
+
+
+def test_redirect_origins_and_approvals_compare_canonical_ips():
+    from medheval.judges.endpoints import endpoint_allowed
+    from medheval.net.transport import origin
+
+    assert origin("https://[2001:DB8:0::1]:443/a") == origin("https://[2001:db8::1]/b") == ("https", "[2001:db8::1]", 443)
+    assert endpoint_allowed("https://[2001:0db8::1]/v1", ["2001:db8::1"])
+    assert endpoint_allowed("https://[2001:0db8::1]/v1/", ["https://[2001:DB8::1]:443/v1"])
+    assert not endpoint_allowed("https://[2001:0db8::1]/v2", ["https://[2001:DB8::1]:443/v1"])
+
+
+@pytest.mark.parametrize("entry, says", [
+    ("example.org/v1", r"'example.org/v1' is neither a host nor a URL: give either the host \(example.org\), which "
+                       r"names every path on it, or a base URL with its scheme \(https://example.org/v1\)"),
+    ("example.org:8443/v1?x=1", r"'example.org:8443/v1\?x=1' is neither a host nor a URL: give either the host "
+                                r"\(example.org:8443\)"),
+    ("user@example.org", r"'user@example.org' is neither a host nor a URL"),
+    ("example.org:abc", r"'example.org:abc' is not a host name, host:port or URL"),
+    ("fe80::1%eth0", r"'fe80::1%eth0' names an IPv6 address with a zone id"),
+    (":8080", r"':8080' names no host"),
+])
+def test_an_entry_that_is_not_a_host_or_url_is_refused_where_it_is_given(named, monkeypatch, entry, says):
+    from medheval.net.hosts import check_host_entry
+
+    with pytest.raises(ValueError, match=r"^--flag: " + says):
+        check_host_entry(f" {entry} ", "--flag")
+    with pytest.raises(ValueError, match=r"^on the command line: " + says):
+        named.set(["example.net", entry])
+    assert named.entries() == ()  # a refused set() changes nothing
+    with pytest.raises(ValueError, match=r"^a host added from Python \(for MEDHEVAL_TEST_NAMED_HOSTS\): " + says):
+        named.add(entry)
+    monkeypatch.setenv(ENV, f"example.net,{entry}")
+    with pytest.raises(ValueError, match=rf"^{ENV}: " + says):
+        named.covers("https://example.net/")
+
+
+@pytest.mark.parametrize("entry", ["example.org", "example.org/", "Example.ORG.:8443", "[2001:db8::1]:443", "::1",
+                                   "https://example.org/v1", "http://[::1]:8000/v1?x=1"])
+def test_a_host_host_port_or_url_entry_is_accepted_as_given(entry):
+    from medheval.net.hosts import check_host_entry
+
+    assert check_host_entry(f"  {entry} ") == entry
+
+
+def test_the_cli_flags_refuse_a_path_without_a_scheme_naming_the_flag(capsys):
+    from medheval.cli.main import build_parser
+
+    for flag in ("--api-key-host", "--proxy-for", "--allow-remote-credentialed"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", flag, "example.org/v1"])
+        error = capsys.readouterr().err
+        assert f"argument {flag}: 'example.org/v1' is neither a host nor a URL" in error, error
+        assert "https://example.org/v1" in error
+    args = build_parser().parse_args(["run", "--api-key-host", "example.org", "--proxy-for", "https://a.example/",
+                                      "--allow-remote-credentialed", "https://example.org/v1"])
+    assert (args.api_key_host, args.proxy_for, args.allow_remote_credentialed) == (
+        ["example.org"], ["https://a.example/"], ["https://example.org/v1"])
+
+
+def test_main_reports_an_unreadable_host_of_a_judge_url_as_a_user_error(capsys):
+    from medheval.cli import main
+    from medheval.net import keys
+
+    before = keys.named_key_hosts()
+    assert main(["run", "--judge", "openai:m@http://h.example:abc/v1", "--benchmark", "knowledge:open"]) == 2
+    assert ("error: on the command line: 'http://h.example:abc/v1' is not a host name, host:port or URL"
+            in capsys.readouterr().err)
+    assert keys.named_key_hosts() == before  # the earlier lists are restored

@@ -411,3 +411,15 @@ def test_old_style_credential_variables_of_a_hyphenated_host_are_not_sent_but_po
     monkeypatch.setenv("IMAGES__EXAMPLE_COM_PASSWORD", "CorpImagePw9")
     renamed = URLTemplateSource("https://images-example.com/{path}")
     assert renamed.renamed_credentials is None and renamed._auth == ("bob", "CorpImagePw9")
+
+
+def test_a_key_host_with_a_path_but_no_scheme_is_refused_not_widened_to_the_host(monkeypatch):
+    """``gateway.example.org/v1`` used to name the whole host as a key host while naming nothing as an approval:
+    both lists now refuse it, naming the variable and the two forms that work; no key is sent."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv(keys.KEY_HOSTS_ENV, "gateway.example.org/v1")
+    with pytest.raises(ValueError, match=r"^MEDHEVAL_API_KEY_HOSTS: 'gateway.example.org/v1' is neither a host nor "
+                                         r"a URL: give either the host \(gateway.example.org\)"):
+        make_judge("openai:m@https://gateway.example.org/v1", **FAST)
+    monkeypatch.setenv(keys.KEY_HOSTS_ENV, "https://gateway.example.org/v1")  # a URL names its host, as before
+    assert keys.key_host_named("https://gateway.example.org:443/v2")

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 from judge_servers import JudgeServer
 from medheval.cli import main
@@ -255,3 +257,45 @@ def test_secret_names_include_a_signature_and_sig_only_as_a_word_of_its_own():
            "&urlsig=u&hmacsig=h&apisig=a&esig=e&se=2030")
     assert _redact_url(url) == ("https://acct.blob.core.windows.net/c/{path}?sv=2022-11-02&sig=***&design=***"
                                 "&token=***&tokens=***&urlsig=***&hmacsig=***&apisig=***&esig=***&se=2030")
+
+
+def test_every_letter_case_of_a_key_is_redacted_also_beside_its_exact_spelling():
+    """Was: once the exact spelling was found, the other letter cases in the same text were left as they were."""
+    from medheval.net.secrets import redact, register_secrets
+
+    key = "sk-case-canary-Hq73-mixed"
+    register_secrets(key)
+    assert redact(f"{key} then {key.upper()} then {key.swapcase()}") == "*** then *** then ***"
+    assert redact(f"{key.upper()} alone") == "*** alone"
+    assert redact(f"{key.upper()} and {key.lower()}", [f"extra-{key}"]) == "*** and ***"
+
+
+def test_a_word_like_key_is_still_redacted_everywhere_and_the_user_is_warned_once(caplog):
+    """``Quokkafield7`` reads like a word: redacted all the same (it may be the real key), every occurrence, with
+    one warning naming the variable and never the value; a random-looking key is redacted without a warning."""
+    import logging
+
+    from medheval.net.secrets import redact, register_environment
+
+    word, number, random_key = "Quokkafield7", "31415926535", "q7-Zr81xWv-k3Lm0"
+    with caplog.at_level(logging.WARNING, logger="medheval.net.secrets"):
+        register_environment({"WORDY_API_KEY": word, "NUMBER_TOKEN": number, "RANDOM_API_KEY": random_key})
+        register_environment({"WORDY_API_KEY": word})  # registered again: no second warning
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("the value of WORDY_API_KEY looks like an ordinary word or number")
+    assert warnings[1].startswith("the value of NUMBER_TOKEN looks like an ordinary word or number")
+    assert all(word not in w and number not in w and "***" in w and "openssl rand" in w for w in warnings)
+    text = f"the {word} field, {word.upper()}s, pi={number}, key={random_key}"
+    assert redact(text) == "the *** field, ***s, pi=***, key=***"
+
+
+@pytest.mark.parametrize("value, word_like", [
+    ("testtest", True), ("password1", True), ("Radiology2024", True), ("20240101", True),
+    ("Radiology20240", False),  # five digits after the letters
+    ("sk-proj-Ab12", False), ("a3f9c2e1b7d4", False), ("my-local-key", False), ("test test", False),
+])
+def test_looks_like_word_known_answers(value, word_like):
+    from medheval.net.secrets import looks_like_word
+
+    assert looks_like_word(value) is word_like

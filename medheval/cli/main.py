@@ -511,11 +511,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     register_environment()  # OPENAI_API_KEY, HF_TOKEN, PHYSIONET_PASSWORD …: redacted wherever they appear
     register_urls_in(args.argv)  # a password or ?api-key= in a --model/--judge/--image-root URL, before any error
     install_redacting_hooks()  # uncaught tracebacks and log records too
-    proxies_before = transport.set_proxy_for(tuple(getattr(args, "proxy_for", None) or ()))
-    key_hosts_before = keys.set_key_hosts(cli_key_hosts(args))  # a config file never names them
-    # endpoints approved for credentialed (MIMIC) records: typed flags only, never a config file's
-    approved_before = endpoints.set_approved_endpoints(getattr(args, "allow_remote_credentialed", None) or ())
+    # the host lists of this command line, in place of earlier ones (restored at the end), set inside the try:
+    # an entry that is not a host, host:port or URL (a --judge URL with a bad port) is a user error
+    before = transport.set_proxy_for(()), keys.set_key_hosts(()), endpoints.set_approved_endpoints(())
     try:
+        transport.set_proxy_for(tuple(getattr(args, "proxy_for", None) or ()))
+        keys.set_key_hosts(cli_key_hosts(args))  # a config file never names them
+        # endpoints approved for credentialed (MIMIC) records: typed flags only, never a config file's
+        endpoints.set_approved_endpoints(getattr(args, "allow_remote_credentialed", None) or ())
         status = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
         return status
@@ -535,9 +538,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {redact(disk_full_message(error))}", file=sys.stderr)
         return 1
     finally:
-        transport.set_proxy_for(proxies_before)
-        keys.set_key_hosts(key_hosts_before)
-        endpoints.set_approved_endpoints(approved_before)
+        transport.set_proxy_for(before[0])
+        keys.set_key_hosts(before[1])
+        endpoints.set_approved_endpoints(before[2])
 
 
 if __name__ == "__main__":

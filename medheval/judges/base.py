@@ -254,7 +254,7 @@ class Judge:
         # redacted from every output of the run (errors below included); API keys and header values from 8
         # characters, as a short one is a placeholder (OPENAI_API_KEY=EMPTY) whose word must stay in predictions;
         # passwords (4+ characters, whole words) are registered where they are known to be passwords
-        register_secrets(*self._secrets)
+        register_secrets(*self._secrets, source="the API key (or base-URL password) of this judge or model endpoint")
         register_url(base_url)  # a password or ?key= in the base URL, too
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")

@@ -19,7 +19,9 @@ approves (:func:`check_config_approval`, :func:`entry_approved`): a downloaded c
 An approval entry is a ``host`` (that host on any port), a ``host:port`` (that port only; a URL's port defaulting
 to its scheme's 443/80) or a base URL (only that scheme, host, port and path): hosts are matched as every list of
 hosts the user names is (:mod:`medheval.net.named`: exactly, letter case and a trailing dot ignored, IPv6 with or
-without brackets); :func:`endpoint_allowed`.
+without brackets, an IP however it is spelled); :func:`endpoint_allowed`. A path without a scheme
+(``example.org/v1``) is refused where it is given, as in every such list
+(:func:`~medheval.net.hosts.check_host_entry`).
 
 Traffic to an endpoint judged local never goes through a proxy from the environment
 (``HTTP(S)_PROXY``/``ALL_PROXY``): :mod:`medheval.judges.http` ignores them for local endpoints.
@@ -30,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
-from medheval.net.hosts import (host_entry, host_named, is_local_host, is_local_url, parse_address,
-                                 resolves_to_loopback)
+from medheval.net.hosts import (check_host_entry, host_entry, host_named, is_host_form, is_local_host, is_local_url,
+                                 parse_address, resolves_to_loopback)
 from medheval.net.named import UserNamedHosts
 
 APPROVED_ENV = "MEDHEVAL_ALLOW_REMOTE_CREDENTIALED"
@@ -66,7 +68,8 @@ def endpoint_host(url: str | None) -> str | None:
 
 
 def normalise_allow_list(allow: str | Iterable[str] | None) -> tuple[str, ...]:
-    """``allow_remote_credentialed`` as a tuple of strings; ``True`` is refused (name the endpoint)."""
+    """``allow_remote_credentialed`` as a tuple of entries; ``True`` is refused (name the endpoint), and so is an
+    entry :func:`~medheval.net.hosts.check_host_entry` refuses (``example.org/v1``: a path without a scheme)."""
     if allow is None or allow is False:
         return ()
     if allow is True:
@@ -80,7 +83,7 @@ def normalise_allow_list(allow: str | Iterable[str] | None) -> tuple[str, ...]:
     for item in allow:
         if not isinstance(item, str) or not item.strip():
             raise ValueError(f"allow_remote_credentialed entries must be host names or base URLs, got {item!r}")
-        out.append(item.strip())
+        out.append(check_host_entry(item, "allow_remote_credentialed"))
     return tuple(out)
 
 
@@ -98,12 +101,6 @@ def _base_url_key(text: str) -> tuple[str, str, int | None, str] | None:
     return (address.scheme, address.name, address.default_port, path) if address.name else None
 
 
-def _host_form(text: str) -> bool:
-    """Whether ``text`` is written as ``host`` or ``host:port`` (a trailing ``/`` allowed): no ``://``, path, query
-    or user-info."""
-    return not any(mark in text.strip().rstrip("/") for mark in ("://", "/", "?", "#", "@"))
-
-
 def endpoint_allowed(base_url: str | None, allow: Iterable[str]) -> bool:
     """Whether ``base_url`` lies within what an entry of ``allow`` approves: a ``host`` entry approves that host on
     any port, ``host:port`` that port only (a URL's port defaulting to its scheme's), a base URL only the same base
@@ -111,12 +108,12 @@ def endpoint_allowed(base_url: str | None, allow: Iterable[str]) -> bool:
     a trailing dot ignored, IPv6 with or without brackets). ``base_url`` may itself be an entry (``host`` or
     ``host:port``): then it lies within a ``host`` entry or the same ``host:port``, never within a base URL."""
     allow = tuple(allow)
-    if not base_url or not ("://" in base_url or _host_form(base_url)):
+    if not base_url or not ("://" in base_url or is_host_form(base_url)):
         return False
     key = _base_url_key(base_url)
     if key is not None and key in {_base_url_key(entry) for entry in allow}:
         return True
-    return host_named(base_url, {host_entry(entry) for entry in allow if _host_form(entry)})
+    return host_named(base_url, {host_entry(entry) for entry in allow if is_host_form(entry)})
 
 
 def set_approved_endpoints(values: Iterable[str]) -> tuple[str, ...]:

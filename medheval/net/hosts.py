@@ -7,7 +7,15 @@ host *names* are never resolved (DNS can point anywhere), so they count as remot
 cloud metadata) and carrier-grade NAT (100.64/10) ranges are not local.
 
 :func:`parse_address` is the one parser of what names a host: a host name, ``host:port``, an IPv6 literal
-(``::1``, ``[::1]:8080``) or a URL, into an :class:`Address`.
+(``::1``, ``[::1]:8080``) or a URL, into an :class:`Address`. It spells an IP literal one way, so every rule
+compares like with like: IPv6 compressed in lower case (``[2001:0DB8::1]`` is ``[2001:db8::1]``), an
+IPv4-mapped IPv6 address as the IPv4 address it reaches (``[::ffff:7f00:1]`` is ``127.0.0.1``). An IPv6 zone id
+(``fe80::1%eth0``) is refused: it names an interface of this machine, and ``%`` / ``%25`` would spell one host two
+ways. Legacy IPv4 spellings (``127.1``, ``0x7f.0.0.1``, ``2130706433``) are not IP literals to :mod:`ipaddress`:
+they count as host names, so never as local, and match only the same spelling.
+
+:func:`check_host_entry` is the rule for an entry of a list of hosts the user names (``--api-key-host``,
+``--proxy-for``, ``--allow-remote-credentialed``, ``MEDHEVAL_IMAGE_HOST`` …): a host, ``host:port`` or URL.
 """
 
 from __future__ import annotations
@@ -31,9 +39,22 @@ def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
         address = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
         return None
-    if getattr(address, "ipv4_mapped", None) is not None:
-        address = address.ipv4_mapped
-    return address
+    return getattr(address, "ipv4_mapped", None) or address
+
+
+def _canonical_host(host: str, text: str) -> str:
+    """``host`` (lower case, without brackets) as :class:`Address` spells it: an IP literal canonical (IPv6
+    compressed in brackets, IPv4-mapped IPv6 as IPv4), a name as it is (an IPvFuture literal in brackets).
+    ``ValueError`` naming ``text`` for an IPv6 literal with a zone id."""
+    address = _ip_literal(host)
+    if address is None:
+        return f"[{host}]" if ":" in host else host
+    if "%" in host:
+        raise ValueError(
+            f"{text[:80]!r} names an IPv6 address with a zone id (the part from '%'), which names an interface of "
+            "this machine and is not accepted: give a global or unique-local address, an IPv4 address or a host "
+            "name")
+    return f"[{address}]" if address.version == 6 else str(address)
 
 
 def resolves_to_loopback(name: str) -> bool:
@@ -49,9 +70,10 @@ def resolves_to_loopback(name: str) -> bool:
 def _classify(host: str | None, accept: Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address], bool]) -> bool:
     """``localhost`` / ``*.localhost``: whether it resolves to loopback only; an IP literal: ``accept(address)``;
     any other name (or none): False."""
-    if not host:
+    try:
+        host = parse_address(host or "").name.strip("[]")
+    except ValueError:
         return False
-    host = host.strip().lower().strip("[]").rstrip(".")
     if host == "localhost" or host.endswith(".localhost"):
         return resolves_to_loopback(host)
     address = _ip_literal(host)
@@ -64,7 +86,8 @@ def is_local_host(host: str | None) -> bool:
 
 
 def is_local_url(url: str | None) -> bool:
-    return bool(url) and is_local_host(urlsplit(url).hostname)
+    """True for a URL (text with ``://``) whose host is local (:func:`is_local_host`); False for other text."""
+    return bool(url) and "://" in url and is_local_host(url)
 
 
 def is_loopback_host(host: str | None) -> bool:
@@ -80,8 +103,9 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 class Address:
     """Where a host, ``host:port`` or URL points.
 
-    ``scheme``: lower case, ``''`` for a bare host; ``host``: lower case, an IPv6 literal in brackets, a trailing
-    dot kept, ``''`` when the text names none; ``port``: as written, None when not."""
+    ``scheme``: lower case, ``''`` for a bare host; ``host``: lower case, an IP literal canonical (IPv6 compressed
+    in brackets, IPv4-mapped IPv6 as IPv4), a trailing dot kept, ``''`` when the text names none; ``port``: as
+    written, None when not."""
 
     scheme: str
     host: str
@@ -99,7 +123,7 @@ class Address:
 
     @property
     def netloc(self) -> str:
-        """``host[:port]`` as written (lower case, no user-info)."""
+        """``host[:port]`` (the host as :attr:`host` spells it, no user-info)."""
         return f"{self.host}:{self.port}" if self.port is not None else self.host
 
     @property
@@ -110,21 +134,18 @@ class Address:
 
 def parse_address(value: str) -> Address:
     """The :class:`Address` of a host name, ``host:port``, IPv6 literal or URL (text with ``://``); user-info,
-    path and query are dropped. ``ValueError`` naming the text when it cannot be parsed (a port that is not a
-    number from 0 to 65535, an unclosed ``[``)."""
+    path and query are dropped; an IP literal is spelled canonically (:class:`Address`). ``ValueError`` naming the
+    text when it cannot be parsed (a port that is not a number from 0 to 65535, an unclosed ``[``) or names an
+    IPv6 zone id."""
     text = value.strip()
-    if ":" in text and "://" not in text and "[" not in text:
-        try:  # a bare IPv6 literal ("::1"), which urlsplit would read as host:port; spelled as written
-            ipaddress.IPv6Address(text)
-            return Address("", f"[{text.lower()}]", None)
-        except ValueError:
-            pass
+    if ":" in text and "://" not in text and "[" not in text and _ip_literal(text) is not None:
+        return Address("", _canonical_host(text.lower(), text), None)  # a bare IPv6 literal ("::1"), not host:port
     try:
         parts = urlsplit(text if "://" in text else "//" + text)
         host, port = parts.hostname or "", parts.port
     except ValueError as error:
         raise ValueError(f"{text[:80]!r} is not a host name, host:port or URL ({error})") from None
-    return Address(parts.scheme.lower(), f"[{host}]" if ":" in host else host, port)
+    return Address(parts.scheme.lower(), _canonical_host(host, text), port)
 
 
 def host_and_port(value: str) -> tuple[str, int | None]:
@@ -153,5 +174,32 @@ def host_entry(value: str) -> str:
         return ""
 
 
-__all__ = ["Address", "DEFAULT_PORTS", "host_and_port", "host_entry", "host_named", "is_local_host",
-           "is_local_url", "is_loopback_host", "parse_address", "resolves_to_loopback"]
+def is_host_form(text: str) -> bool:
+    """Whether ``text`` is written as a host or ``host:port`` (a trailing ``/`` allowed): no ``://``, path, query,
+    fragment or user-info."""
+    return not any(mark in text.strip().rstrip("/") for mark in ("://", "/", "?", "#", "@"))
+
+
+def check_host_entry(text: str, where: str = "") -> str:
+    """``text`` stripped, when it may stand in a list of hosts the user names: a host, ``host:port`` or IPv6 literal
+    (:func:`is_host_form`), or a URL with its ``scheme://``. ``ValueError`` beginning with ``where`` otherwise: a
+    scheme-less entry with a path, query, fragment or user-info (``example.org/v1`` would name the whole host in
+    one list and nothing in another: give ``example.org`` or ``https://example.org/v1``), text
+    :func:`parse_address` refuses, or one that names no host."""
+    entry = text.strip()
+    prefix = f"{where}: " if where else ""
+    try:
+        address = parse_address(entry)
+    except ValueError as error:
+        raise ValueError(f"{prefix}{error}") from None
+    if not address.name:
+        raise ValueError(f"{prefix}{entry[:80]!r} names no host: give a host (example.org), host:port or a URL")
+    if "://" not in entry and not is_host_form(entry):
+        raise ValueError(
+            f"{prefix}{entry[:80]!r} is neither a host nor a URL: give either the host ({address.netloc}), which "
+            f"names every path on it, or a base URL with its scheme (https://{entry[:80]})")
+    return entry
+
+
+__all__ = ["Address", "DEFAULT_PORTS", "check_host_entry", "host_and_port", "host_entry", "host_named", "is_host_form",
+           "is_local_host", "is_local_url", "is_loopback_host", "parse_address", "resolves_to_loopback"]

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from urllib.parse import urlsplit
 
-from medheval.net.hosts import host_entry, is_loopback_host
+from medheval.net.hosts import host_entry, is_loopback_host, parse_address
 from medheval.net.named import UserNamedHosts
 
 KEY_HOSTS_ENV = "MEDHEVAL_API_KEY_HOSTS"
@@ -74,13 +73,14 @@ def carries_secret_header(headers: dict | None) -> bool:
 
 
 def plain_http_to_network(url: str) -> bool:
-    """Whether ``url`` is ``http://`` to a host other than loopback: what it carries crosses the network in clear."""
+    """Whether ``url`` is ``http://`` to a host other than loopback: what it carries crosses the network in clear.
+    An ``http://`` URL that :func:`~medheval.net.hosts.parse_address` cannot read (an IPv6 zone id, a bad port)
+    counts as crossing it."""
     try:
-        parts = urlsplit(url)
-        host = parts.hostname
+        address = parse_address(url)
     except ValueError:
-        return False
-    return parts.scheme.lower() == "http" and not is_loopback_host(host)
+        return url.strip().lower().startswith("http://")
+    return address.scheme == "http" and not is_loopback_host(address.host)
 
 
 def check_plain_http(url: str, what: str) -> None:

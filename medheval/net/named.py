@@ -14,6 +14,10 @@ Python (the caller is the user) and those of one environment variable (comma-sep
   (``--allow-remote-credentialed``; ``MEDHEVAL_ALLOW_REMOTE_CREDENTIALED``): its host entries by the same rule, its
   base-URL entries only that base URL (:func:`medheval.judges.endpoints.endpoint_allowed`).
 
+Every entry is checked where it is given (:func:`~medheval.net.hosts.check_host_entry`): a host, ``host:port`` or
+URL with its scheme; ``example.org/v1`` (a path without a scheme), an unparseable entry or an IPv6 zone id is a
+``ValueError`` naming the flag, the variable or the Python call, never an entry quietly naming nothing.
+
 :meth:`UserNamedHosts.covers` (:func:`~medheval.net.hosts.host_named`) is the matching rule: an entry names one
 host exactly (no suffix or wildcard matching; letter case and a trailing dot ignored), on any port, or on the one
 port ``host:port`` gives (a URL's port defaulting to its scheme's); an entry that names no host names nothing.
@@ -24,7 +28,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from medheval.net.hosts import host_entry, host_named
+from medheval.net.hosts import check_host_entry, host_entry, host_named
+
+
+def _checked(values: Iterable[object], where: str) -> list[str]:
+    """The non-empty ``values``, each checked by :func:`~medheval.net.hosts.check_host_entry`."""
+    return [check_host_entry(str(v), where) for v in values if v and str(v).strip()]
 
 
 class UserNamedHosts:
@@ -35,19 +44,21 @@ class UserNamedHosts:
         self._given: list[str] = []
 
     def set(self, values: Iterable[str]) -> tuple[str, ...]:
-        """The command line's entries, in place of any earlier ones; returns the earlier ones (to restore)."""
+        """The command line's entries, in place of any earlier ones; returns the earlier ones (to restore).
+        ``ValueError`` for an entry :func:`~medheval.net.hosts.check_host_entry` refuses (nothing is changed)."""
+        given = _checked(values, "on the command line")
         previous = tuple(self._given)
-        self._given = [str(v).strip() for v in values if v and str(v).strip()]
+        self._given = given
         return previous
 
     def add(self, *values: str) -> None:
-        """Add entries (from Python: the caller is the user)."""
-        self._given += [str(v).strip() for v in values if v and str(v).strip()]
+        """Add entries (from Python: the caller is the user); ``ValueError`` as :meth:`set`."""
+        self._given += _checked(values, f"a host added from Python (for {self.env})")
 
     def entries(self) -> tuple[str, ...]:
-        """The entries given on the command line or from Python, then those of the environment variable."""
-        from_env = [part.strip() for part in os.environ.get(self.env, "").split(",") if part.strip()]
-        return (*self._given, *from_env)
+        """The entries given on the command line or from Python, then those of the environment variable;
+        ``ValueError`` naming the variable for an entry of it that is not a host, ``host:port`` or URL."""
+        return (*self._given, *_checked(os.environ.get(self.env, "").split(","), self.env))
 
     def names(self, *extra: str) -> set[str]:
         """The entries, and ``extra``, as ``host`` or ``host:port`` (:func:`~medheval.net.hosts.host_entry`);

@@ -24,6 +24,12 @@ prediction and reference containing that word. Values of 1 to 3 characters are n
 a known placeholder in any letter case (:data:`PLACEHOLDERS`: ``EMPTY``, ``none``, ``dummy``,
 ``sk-no-key-required`` …) whatever its length: such a value is a common word, not a secret, so redacting it would
 blank that word in model outputs. A real key must not be an English word.
+
+Word-like rule. A registered value that reads like ordinary text (:func:`looks_like_word`: letters then at most
+four digits, ``testtest``, ``password1``, ``Radiology2024``, or digits only, ``20240101``) is redacted all the
+same, since it may be the real key and must not leak; but every occurrence of that word in predictions,
+references and results then reads ``***``, so a warning says so once, naming where the value came from (the
+variable, or the kind of value) and never the value: use a random key.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 import os
 import re
 import threading
@@ -39,6 +46,8 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
 
 from medheval.net.untrusted import printable
+
+logger = logging.getLogger(__name__)
 
 MIN_LENGTH = 8  # values merely named like secrets
 SHORT_MIN_LENGTH = 4  # known passwords and keys (whole-word matches below MIN_LENGTH)
@@ -79,6 +88,8 @@ _secrets: set[str] = set()
 _forms: list[tuple[str, str]] = []  # every registered value in every spelling, longest first, with its casefold
 _short: list[re.Pattern[str]] = []  # the spellings of 4-7 character values, as one whole-word pattern
 _WORD = "A-Za-z0-9"
+_WORD_LIKE = re.compile(r"[A-Za-z]+[0-9]{0,4}|[0-9]+")
+_warned: set[str] = set()  # word-like values already pointed out (never printed)
 
 
 def _base64_forms(secret: str) -> set[str]:
@@ -103,22 +114,38 @@ def is_placeholder(value: str) -> bool:
     return value.strip().casefold() in PLACEHOLDERS
 
 
-def register_secrets(*secrets: Any, min_length: int = MIN_LENGTH) -> None:
+def looks_like_word(value: str) -> bool:
+    """Whether ``value`` reads like ordinary text rather than a random key: letters then at most four digits
+    (``testtest``, ``password1``, ``Radiology2024``), or digits only (``20240101``)."""
+    return bool(_WORD_LIKE.fullmatch(value))
+
+
+def register_secrets(*secrets: Any, min_length: int = MIN_LENGTH,
+                     source: str = "a secret value this run was given (an API key, password, header or URL value)"
+                     ) -> None:
     """Remember secret values, so that :func:`redact` removes them from everything written or printed. Values
     shorter than ``min_length`` (never below :data:`SHORT_MIN_LENGTH`) and placeholders (:func:`is_placeholder`) are
     skipped; pass ``min_length=SHORT_MIN_LENGTH`` only for a value known to be a password, never for an API key
-    (see the module's length rule)."""
+    (see the module's length rule). A word-like value (:func:`looks_like_word`) is registered too, with a warning
+    naming ``source`` (never the value), the first time that value is registered."""
     floor = max(int(min_length), SHORT_MIN_LENGTH)
     new = {str(s) for s in secrets if s is not None and len(str(s)) >= floor and not is_placeholder(str(s))}
     with _lock:
         if new <= _secrets:
             return
+        word_like = {value for value in new - _warned if looks_like_word(value)}
+        _warned.update(word_like)
         _secrets.update(new)
         forms = set().union(*(_spellings(s) for s in _secrets))
         _forms[:] = [(f, f.casefold()) for f in sorted((f for f in forms if len(f) >= MIN_LENGTH), key=len, reverse=True)]
         short = sorted((f for f in forms if SHORT_MIN_LENGTH <= len(f) < MIN_LENGTH), key=len, reverse=True)
         _short[:] = [re.compile(f"(?<![{_WORD}])(?:{'|'.join(map(re.escape, short))})(?![{_WORD}])",
                                 re.IGNORECASE)] if short else []
+    if word_like:
+        logger.warning(
+            "%s looks like an ordinary word or number, not a random key: it is redacted all the same, so every "
+            "occurrence of that word in predictions, references, results and logs will read %s. Use a random key "
+            "(e.g. `openssl rand -hex 24`)", source, MASK)
 
 
 def register_named(value: Any, secret: bool = False) -> None:
@@ -187,11 +214,10 @@ def register_environment(environ: Mapping[str, str] | None = None) -> None:
     """Register the values of environment variables named like secrets (``*_API_KEY``, ``HF_TOKEN``,
     ``PHYSIONET_PASSWORD`` …)."""
     environ = os.environ if environ is None else environ
-    named = {name: value for name, value in environ.items()
-             if SECRET_NAME.search(name) and name.upper() not in NOT_SECRET_ENVIRONMENT}
-    register_secrets(*(value for name, value in named.items() if not PASSWORD_NAME.search(name)))
-    register_secrets(*(value for name, value in named.items() if PASSWORD_NAME.search(name)),
-                     min_length=SHORT_MIN_LENGTH)
+    for name, value in environ.items():
+        if SECRET_NAME.search(name) and name.upper() not in NOT_SECRET_ENVIRONMENT:
+            register_secrets(value, min_length=SHORT_MIN_LENGTH if PASSWORD_NAME.search(name) else MIN_LENGTH,
+                             source=f"the value of {name}")
 
 
 def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
@@ -211,7 +237,7 @@ def redact(text: str | None, secrets: Iterable[str] = ()) -> str | None:
     for form, folded_form in pairs:
         if form in text:
             text = text.replace(form, MASK)
-        elif folded_form in folded:
+        if folded_form in folded:  # also when the exact spelling was there: other letter cases may be too
             text = re.sub(re.escape(form), MASK, text, flags=re.IGNORECASE)
     for pattern in short:
         text = pattern.sub(MASK, text)
@@ -274,6 +300,6 @@ def install_redacting_hooks() -> None:
 
 
 __all__ = ["install_redacting_hooks", "register_basic_auth", "MIN_LENGTH", "PASSWORD_NAME", "SHORT_MIN_LENGTH",
-           "URL_PATTERN", "NOT_SECRET_ENVIRONMENT", "PLACEHOLDERS", "is_placeholder", "PLAIN_HEADERS", "SECRET_NAME",
+           "URL_PATTERN", "NOT_SECRET_ENVIRONMENT", "PLACEHOLDERS", "is_placeholder", "looks_like_word", "PLAIN_HEADERS", "SECRET_NAME",
            "is_secret_query_name", "redact", "redact_data", "register_environment",
            "register_headers", "register_named", "register_secrets", "register_url", "register_urls_in"]

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from medheval.net.hosts import check_host_entry
 from medheval.net.secrets import register_named
 
 
@@ -34,6 +35,15 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
     return number
+
+
+def host_list_entry(value: str) -> str:
+    """``--api-key-host``, ``--proxy-for``, ``--allow-remote-credentialed``: a host, ``host:port`` or URL
+    (:func:`medheval.net.hosts.check_host_entry`), refused while the arguments are parsed."""
+    try:
+        return check_host_entry(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def batch_size_argument(value: str) -> int | str:
@@ -131,18 +141,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="LLM judge for judge-based metrics, e.g. openai:gpt-4o@http://127.0.0.1:8000/v1 "
                              "(keys from OPENAI_API_KEY / ANTHROPIC_API_KEY, sent to the provider's host or the "
                              "host named here)")
-    parser.add_argument("--api-key-host", action="append", default=[], metavar="HOST[:PORT]",
+    parser.add_argument("--api-key-host", action="append", type=host_list_entry, default=[], metavar="HOST[:PORT]",
                         help="a host an API key from the environment (OPENAI_API_KEY, a judge dict's api_key_env …) "
                              "may be sent to, besides the provider's own and the hosts of --judge/--model: for a "
                              "judge named in a grid config (repeatable; or MEDHEVAL_API_KEY_HOSTS=host1,host2)")
     parser.add_argument("--allow-missing-predictions", action="store_true",
                         help="with --predictions: score the records present, count the others as missing")
-    parser.add_argument("--allow-remote-credentialed", action="append", default=[], metavar="HOST_OR_URL",
+    parser.add_argument("--allow-remote-credentialed", action="append", type=host_list_entry, default=[],
+                        metavar="HOST_OR_URL",
                         help="a non-local judge or model endpoint approved under your PhysioNet agreement for "
                              "credentialed (MIMIC-derived) records, e.g. myorg.openai.azure.com (repeatable; recorded "
                              "in results; or MEDHEVAL_ALLOW_REMOTE_CREDENTIALED=host1,host2). A grid config cannot "
                              "approve an endpoint: its allow_remote_credentialed entries must be given here too")
-    parser.add_argument("--proxy-for", action="append", default=[], metavar="HOST",
+    parser.add_argument("--proxy-for", action="append", type=host_list_entry, default=[], metavar="HOST",
                         help="let credentialed traffic to HOST (PhysioNet images, an approved endpoint) use the proxy "
                              "from HTTP(S)_PROXY/ALL_PROXY; without it such traffic never goes through a proxy "
                              "(repeatable; or MEDHEVAL_PROXY_FOR=host1,host2)")
