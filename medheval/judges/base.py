@@ -420,8 +420,10 @@ class Judge:
         messages = request.conversation()
         try:
             images = [to_judge_image(img) for img in (request.images or [])]
-        except (ValueError, OSError) as err:
-            raise ValueError(f"JudgeRequest {request.id!r}: {err}") from err
+        except (ValueError, OSError) as err:  # a verdict needs its images: the request cannot be skipped here
+            raise ValueError(f"JudgeRequest {request.id!r}: {err}. To fix: re-download or replace the file, or leave "
+                             f"this request out (a judge cannot give a verdict without its image; `medheval run` "
+                             f"decodes images before judging and skips such records under --on-missing skip)") from err
         image_index = max(i for i, m in enumerate(messages) if m["role"] == "user")
         key = self.cache_key(messages, [img.digest for img in images], image_index if images else -1,
                              request.reply_format, request.params, request.extra_body)
