@@ -12,6 +12,8 @@ PIP_QUIET := --quiet --disable-pip-version-check
 # the tests that exercise transformers' generation internals (the drift alarm's subset)
 # (the compiled-path matrix is left out: compiling costs minutes per family; `make test-compiled` runs it)
 DECODING_TESTS := $(filter-out tests/test_decoding_compiled.py,$(wildcard tests/test_decoding*.py tests/test_mitigations*.py)) tests/test_deprecations.py tests/test_backends.py
+# what test-oldest and test-latest run: those, and text_generation's columns from nltk, rouge-score and sacrebleu
+STACK_TESTS := $(DECODING_TESTS) tests/test_metric_text_generation_floors.py
 
 .PHONY: demo test test-compiled bench install lock test-latest test-oldest interop test-interop clean
 
@@ -64,11 +66,11 @@ lock:
 
 # The drift alarm: newest versions the ranges allow, no lock. Prints a one-line verdict naming the versions.
 test-latest:
-	.ci/stack_check latest .venv-latest "$(DECODING_TESTS)"
+	.ci/stack_check latest .venv-latest "$(STACK_TESTS)"
 
-# The lower bounds of setup.cfg (requirements/oldest.txt): the decoding and mitigation tests and the self-test.
+# The lower bounds of setup.cfg (requirements/oldest.txt): the stack tests (STACK_TESTS) and the self-test.
 test-oldest:
-	.ci/stack_check oldest .venv-oldest "$(DECODING_TESTS)"
+	.ci/stack_check oldest .venv-oldest "$(STACK_TESTS)"
 
 # lmms-eval and inspect_ai in their own venv, for harness users: `make interop` builds .venv-interop from
 # requirements/interop-lock.txt (torch: TORCH_SPEC as above) and runs `medheval integrations check` in it.

@@ -659,7 +659,8 @@ def test_an_image_file_cut_short_after_its_header_never_reaches_the_judge(judge_
     with pytest.raises(ValueError, match="the image bytes is not a readable image"):
         to_judge_image(cut.read_bytes())
     server = judge_server_factory("openai", by_item)
-    with pytest.raises(ValueError, match=rf"JudgeRequest 'b': image file {re.escape(str(cut))}"):
+    with pytest.raises(ValueError, match=rf"JudgeRequest 'b': image file {re.escape(str(cut))} .*To fix: re-download "
+                                         rf"or replace the file, or leave this request out"):
         openai_judge(server).run([JudgeRequest("a", user="item=0", images=[whole], validate=score_validator),
                                   JudgeRequest("b", user="item=1", images=[cut], validate=score_validator)])
     assert server.request_count == 0

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from conftest import SHARED_UPSTREAM
-from judge_servers import JudgeServer, user_text
+from judge_servers import JudgeServer, Reply, user_text
 
 from medheval.backends.api import APIBackend
 from medheval.families.clinhallu.protocol import UPSTREAM_JUDGE, clinhallu_judge, validate_answer_reply
@@ -77,13 +77,52 @@ def test_the_upstream_judge_request_and_its_retries():
         json.dumps({"model": "j", "temperature": 0.01, "top_p": 0.9, "max_tokens": 4096,
                     "chat_template_kwargs": {"enable_thinking": False}}, sort_keys=True)}
     described = judge.describe()
-    assert (described["invalid_reply"], described["max_invalid_retries"], described["json_mode"]) == ("resend", 5, False)
+    assert (described["invalid_reply"], described["max_invalid_retries"], described["json_mode"],
+            described["max_tries"]) == ("resend", 5, False, 6)
     own = clinhallu_judge("openai:j@http://127.0.0.1:9/v1", cache_dir=False)
     assert (own.temperature, own.top_p, own.invalid_reply, own.json_mode) == (0.01, None, "follow_up", True)
     with pytest.raises(ValueError, match="judge backend 'anthropic' cannot take it"):
         clinhallu_judge("anthropic:claude@http://127.0.0.1:9", "upstream")
     assert clinhallu_judge("vllm:j@http://127.0.0.1:9/v1", "upstream", cache_dir=False).top_p == 0.9
 
+
+VALID = '{"answer_correct": 1}'
+BUSY = Reply(503, "busy")
+NOT_JSON = Reply(200, "not json")
+
+
+def _judged(settings: str, *script: Reply):
+    """One record judged by the ClinHallu judge (``settings``) against a server that answers ``script`` first,
+    then a usable reply: the result and the number of calls the server got."""
+    with JudgeServer("openai", reply=lambda request: VALID) as server:
+        server.script(*script)
+        judge = clinhallu_judge(f"openai:j@{server.base_url}", settings, cache_dir=False, progress=False,
+                                backoff_base=0.001, backoff_max=0.01)
+        [result] = judge.run([JudgeRequest("a", user="grade a", validate=validate_answer_reply)])
+        return result, server.request_count
+
+
+def test_a_failed_judge_call_counts_inside_clinhallus_six_tries():
+    """Under ClinHallu's judge request a 503 uses one of the record's 6 tries, as an unusable reply does; this
+    project's own judge re-sends a failed call on its own budget (5 per call) beside its unusable replies'."""
+    result, calls = _judged("upstream", NOT_JSON, *[BUSY] * 5)  # 1 unusable + 5 failed calls: the 6 tries are spent
+    assert (result.ok, result.attempts, calls) == (False, 6, 6)
+    assert result.error.startswith("gave up after 6 call(s) (max_tries=6); last error: HTTP 503")
+    result, calls = _judged("own", NOT_JSON, *[BUSY] * 5)  # its own budgets: the 7th call answers
+    assert (result.ok, result.attempts, calls) == (True, 7, 7)
+    result, calls = _judged("upstream", BUSY, BUSY, NOT_JSON, NOT_JSON, BUSY)  # the 6th and last try answers
+    assert (result.ok, result.attempts, calls) == (True, 6, 6)
+    result, calls = _judged("upstream", BUSY, BUSY, BUSY, *[NOT_JSON] * 5)  # 3 failed calls + 3 unusable replies
+    assert (result.ok, result.attempts, calls) == (False, 6, 6)
+    assert result.error.startswith("invalid output after 3 replies in 6 calls (max_tries=6): ")
+    assert UPSTREAM_JUDGE["max_tries"] == 1 + UPSTREAM_JUDGE["max_invalid_retries"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "6"])
+def test_max_tries_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match=rf"max_tries must be an integer >= 1 or None, got {bad!r}"):
+        clinhallu_judge("openai:j@http://127.0.0.1:9/v1", cache_dir=False, max_tries=bad)
+    assert "max_tries" not in clinhallu_judge("openai:j@http://127.0.0.1:9/v1", cache_dir=False).describe()
 
 def test_an_api_model_gets_text_first_and_no_thinking():
     image = Image.new("RGB", (8, 8), (10, 20, 30))

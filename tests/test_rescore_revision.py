@@ -152,6 +152,23 @@ def test_answers_to_other_questions_are_refused(source, tmp_path, capsys, edit, 
     assert not (out / "results.json").exists()
 
 
+def test_a_rescore_carries_the_prompts_so_a_rescore_of_it_still_compares_the_questions(source, tmp_path, capsys):
+    """The first re-score writes each answer's recorded prompt into its predictions.jsonl; a re-score of that
+    against files whose question 2 changed is refused as the first level would be, not waved through on ids."""
+    first = tmp_path / "first"
+    assert _rescore(source["answers"], first, source["data"]) == 0
+    recorded = {line["id"]: line["prompt"] for line in map(json.loads, source["answers"].read_text().splitlines())}
+    carried = {line["id"]: line.get("prompt") for line in map(json.loads, (first / "predictions.jsonl").read_text()
+                                                                   .splitlines())}
+    assert carried == recorded and len(carried) >= 3
+    data = _edited(source["data"], tmp_path / "data", lambda records: records[2].update(question="Is there a rib "
+                                                                                                   "fracture?"))
+    capsys.readouterr()
+    assert _rescore(first / "predictions.jsonl", tmp_path / "second", data) == 2
+    assert ("1 record(s) ask another question or choices than the prompt their answer recorded (first: "
+            "['context/default/2'])") in capsys.readouterr().err
+    assert not (tmp_path / "second" / "results.json").exists()
+
 def test_answers_of_an_old_run_without_revisions_record_the_scoring_files_only(source, capsys):
     folder = source["root"] / "old"
     folder.mkdir()

@@ -107,6 +107,23 @@ def test_malformed_rows_are_named(tmp_path, fixture, dataset_cache, row, change,
         prepare_benchmark("med_stepbench", data_dir=_write(tmp_path, rows), cache_dir=dataset_cache)
 
 
+@pytest.mark.parametrize("blank", ["   ", "\u3000\u00a0\t"], ids=["spaces", "unicode_whitespace"])
+def test_a_blank_nested_view_path_in_parquet_names_the_file_row_and_field(tmp_path, fixture, dataset_cache, blank):
+    """A Parquet file goes through the same check: a leaf view path of only (Unicode) whitespace is refused
+    naming the file, the row, its statement_id and the dotted field."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = _rows(fixture)[:4]
+    rows[2]["views"]["axial"]["ct"]["lung"] = blank
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "statements.parquet")
+    sid = rows[2]["statement_id"]
+    with pytest.raises(StepBenchDataError) as raised:
+        prepare_benchmark("med_stepbench", data_dir=tmp_path, cache_dir=dataset_cache)
+    assert str(raised.value).startswith(f"{tmp_path / 'statements.parquet'}: row 3 (statement_id={sid!r}): field "
+                                        f"'views.axial.ct.lung' is only whitespace ({blank!r}); give a path relative "
+                                        f"to DIR, or leave the key out.")
+
 def test_missing_required_field_and_broken_json(tmp_path, fixture, dataset_cache):
     rows = _rows(fixture)[:4]
     rows[2] = {k: v for k, v in rows[2].items() if k != "label"}

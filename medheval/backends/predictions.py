@@ -10,7 +10,8 @@ lines' ``mitigation`` and image-blind ``control`` (:attr:`~PredictionsFileBacken
 :attr:`~PredictionsFileBackend.carried_control`; a file mixing values is refused), the first line's
 ``generation`` settings (:attr:`~PredictionsFileBackend.carried_generation`) and each line's recorded
 ``prompt`` (:attr:`~PredictionsFileBackend.prompts`: what a re-score against changed annotation files checks
-the questions against, :func:`medheval.run.runner.check_rescored_files`).
+the questions against, :func:`medheval.run.runner.check_rescored_files`; the re-score writes each into its own
+``predictions.jsonl``, so a re-score of it checks them too).
 
 Bounds: a line holds at most :data:`MAX_LINE_BYTES` bytes, a prediction at most
 :data:`MAX_PREDICTION_CHARS` characters, an id at most :data:`MAX_ID_CHARS`; past them the line is
@@ -214,6 +215,11 @@ class PredictionsFileBackend:
         missing = [rid for rid in record_ids if rid not in self._predictions]
         extra = [rid for rid in self._predictions if rid not in wanted]
         return missing, extra
+
+    def recorded_prompt(self, record_id: str) -> str | None:
+        """The model input the line of ``record_id`` recorded (``None`` without one): a re-score writes it into
+        its own ``predictions.jsonl`` (:func:`medheval.run.generation.rendered_prompt`)."""
+        return self.prompts.get(record_id)
 
     # -- Backend ----------------------------------------------------------------------
     def generate(self, records: list[dict], images: list | None = None) -> list[str]:

@@ -249,6 +249,7 @@ class Judge:
         max_consecutive_failures: int | None = 8,
         top_p: float | None = None,
         invalid_reply: str = "follow_up",
+        max_tries: int | None = None,
     ):
         self._secrets = tuple(s for s in secrets if s)
         # redacted from every output of the run (errors below included); API keys and header values from 8
@@ -270,6 +271,8 @@ class Judge:
             raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}")
         if invalid_reply not in INVALID_REPLY_MODES:
             raise ValueError(f"invalid_reply must be one of {INVALID_REPLY_MODES}, got {invalid_reply!r}")
+        if max_tries is not None and (isinstance(max_tries, bool) or not isinstance(max_tries, int) or max_tries < 1):
+            raise ValueError(f"max_tries must be an integer >= 1 or None, got {max_tries!r}")
         self.model = model
         self.base_url = base_url
         self.concurrency = int(concurrency)
@@ -282,6 +285,9 @@ class Judge:
         self.top_p = None if top_p is None else float(top_p)  # None: not sent (the API's default)
         self.max_tokens = int(max_tokens)
         self.invalid_reply = invalid_reply
+        # one budget of calls per record, failed calls and unusable replies alike (ClinHallu's judge loop);
+        # None: each kind its own (max_retries per call, max_invalid_retries per record)
+        self.max_tries = max_tries
         self.progress = progress
         self.backoff_base = float(backoff_base)
         self.backoff_max = float(backoff_max)
@@ -327,6 +333,7 @@ class Judge:
             "max_invalid_retries": self.max_invalid_retries,
             "invalid_reply": self.invalid_reply,
             "max_retries": self.max_retries,
+            **({"max_tries": self.max_tries} if self.max_tries is not None else {}),
             "timeout": self.timeout,
             "concurrency": self.concurrency,
             "requests_per_minute": self.requests_per_minute,
@@ -413,8 +420,10 @@ class Judge:
         messages = request.conversation()
         try:
             images = [to_judge_image(img) for img in (request.images or [])]
-        except (ValueError, OSError) as err:
-            raise ValueError(f"JudgeRequest {request.id!r}: {err}") from err
+        except (ValueError, OSError) as err:  # a verdict needs its images: the request cannot be skipped here
+            raise ValueError(f"JudgeRequest {request.id!r}: {err}. To fix: re-download or replace the file, or leave "
+                             f"this request out (a judge cannot give a verdict without its image; `medheval run` "
+                             f"decodes images before judging and skips such records under --on-missing skip)") from err
         image_index = max(i for i, m in enumerate(messages) if m["role"] == "user")
         key = self.cache_key(messages, [img.digest for img in images], image_index if images else -1,
                              request.reply_format, request.params, request.extra_body)
@@ -437,6 +446,10 @@ class Judge:
             error=self._redact(error), attempts=item.attempts, cached=cached, metadata=item.request.metadata,
         )
 
+    def _out_of_tries(self, item: _Item) -> bool:
+        """Whether ``item`` has used the ``max_tries`` calls it may make (never, without ``max_tries``)."""
+        return self.max_tries is not None and item.attempts >= self.max_tries
+
     def _fail(self, item: _Item, reason: str) -> JudgeResult:
         self._bump(failures=1)
         reason = self._redact(reason)
@@ -457,9 +470,10 @@ class Judge:
             reason = str(err) or type(err).__name__
             if completion.note:
                 reason = f"{reason} ({completion.note})"
-            if item.replies > self.max_invalid_retries:
+            if item.replies > self.max_invalid_retries or self._out_of_tries(item):
                 replies = f"{item.replies} repl{'y' if item.replies == 1 else 'ies'}"
-                return self._fail(item, f"invalid output after {replies}: {reason}")
+                calls = f" in {item.attempts} calls (max_tries={self.max_tries})" if self._out_of_tries(item) else ""
+                return self._fail(item, f"invalid output after {replies}{calls}: {reason}")
             logger.info("%s record %r: invalid output (%s); asking again", self.role, item.request.id,
                         self._redact(reason))
             self._bump(invalid_retries=1)

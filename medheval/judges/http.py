@@ -9,7 +9,8 @@ Each record runs in a worker thread (at most ``concurrency`` at once) with its o
 ``requests.Session`` per thread (connections are reused). Sessions to a local endpoint ignore
 proxy settings from the environment, so loopback/private traffic never leaves through a proxy, and so
 do sessions to an endpoint named in ``allow_remote_credentialed`` unless ``--proxy-for`` names it too. A call is re-sent on 408/409/425/429,
-any 5xx, a timeout or a dropped/refused connection, up to ``max_retries`` times, after an
+any 5xx, a timeout or a dropped/refused connection, up to ``max_retries`` times (and, with ``max_tries``,
+while the record has calls left of that budget, which its unusable replies share), after an
 exponential backoff with jitter or the server's ``Retry-After`` (a 429's ``Retry-After`` pauses
 every thread). 401/403/404 stop the whole run (:class:`JudgeError`: a wrong key or model
 name fails every record alike); other 4xx fail just that record. ``max_consecutive_failures``
@@ -254,6 +255,9 @@ class HTTPJudge(Judge):
             failures += 1
             if failures > self.max_retries:
                 raise _CallFailed(f"gave up after {failures} attempt(s); last error: {problem}")
+            if self._out_of_tries(item):  # the record's whole budget: unusable replies used some of it
+                raise _CallFailed(f"gave up after {item.attempts} call(s) (max_tries={self.max_tries}); last error: "
+                                  f"{problem}")
             self._bump(retries=1)
             delay = backoff_delay(failures, self.backoff_base, self.backoff_max, retry_after)
             logger.info("%s record %r: %s; retry %d/%d in %.2fs", self.role, item.request.id, problem, failures,

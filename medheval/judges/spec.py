@@ -36,7 +36,7 @@ _PROVIDER_URL = {"openai": "https://api.openai.com/v1", "anthropic": "https://ap
 _JUDGE_OPTIONS = {
     "cache_dir", "concurrency", "requests_per_minute", "max_retries", "timeout", "max_invalid_retries",
     "allow_remote_credentialed", "temperature", "max_tokens", "progress", "backoff_base", "backoff_max",
-    "max_consecutive_failures", "top_p", "invalid_reply",
+    "max_consecutive_failures", "top_p", "invalid_reply", "max_tries",
 }
 _BACKEND_OPTIONS = {
     "openai": {"json_mode", "extra_body", "headers", "images_first", "deadline"},
@@ -108,7 +108,9 @@ def make_judge(
         progress: show a progress bar.
         **options: ``top_p`` (sent when given; the transformers judge uses it when sampling), ``invalid_reply``
             (``"follow_up"``, the default: a corrective turn after an unusable reply; ``"resend"``: the same
-            conversation again, after a backoff on HTTP backends), ``backoff_base``/``backoff_max`` (seconds), ``max_consecutive_failures`` (records
+            conversation again, after a backoff on HTTP backends), ``max_tries`` (at most this many calls per
+            record, failed calls and unusable replies alike: ClinHallu's judge loop; default None: each its own
+            budget), ``backoff_base``/``backoff_max`` (seconds), ``max_consecutive_failures`` (records
             whose calls failed for good in a row that stop the run, HTTP backends; default 8, None: never), ``images_first``
             (openai/azure: images before the text), ``deadline`` (HTTP backends: seconds for one whole request,
             connect to the last byte, default 300) and the backend options above.

@@ -147,7 +147,13 @@ def used_settings(backend: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def rendered_prompt(backend: Any, record: dict, images: list[Any]) -> dict[str, str]:
-    """``{"prompt": full model input text}`` from a backend with ``format_prompt(record, num_images)``."""
+    """``{"prompt": full model input text}`` from a backend with ``format_prompt(record, num_images)``; from a
+    predictions file (``recorded_prompt(id)``, a re-score), the prompt the answer's own line recorded, so a
+    re-score of the re-score can compare the questions too; ``{}`` where there is none."""
+    recorded = getattr(backend, "recorded_prompt", None)
+    if callable(recorded):
+        prompt = recorded(record["id"])
+        return {} if prompt is None else {"prompt": prompt}
     render = getattr(backend, "format_prompt", None)
     return {"prompt": render(record, len(images))} if callable(render) else {}
 

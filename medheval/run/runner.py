@@ -293,7 +293,8 @@ def generate_predictions(loaded: LoadedBenchmark, backend: Backend, writer: LogW
                          skipped: list[SkippedRecord] | None = None) -> int:
     """Generate for every record not yet in the log; returns how many were generated now. Every secret the
     run holds (API keys, passwords: :func:`medheval.net.secrets.register_secrets`) is redacted from the
-    predictions, which a server may have echoed it into. Each log entry records the rendered prompt (when the backend has ``format_prompt``) and the generation settings.
+    predictions, which a server may have echoed it into. Each log entry records the rendered prompt (when the backend has ``format_prompt``; a re-score: the one its
+    answer recorded) and the generation settings.
     ``shard=(rank, world_size)``: only this process's batches (:func:`medheval.run.distributed.shard_batches`).
     ``control``: the images the model gets instead (:mod:`medheval.run.control`); a blind entry records it.
     ``provenance``: written into every entry when it is not a clean full run (:mod:`medheval.run.provenance`).

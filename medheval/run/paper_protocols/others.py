@@ -100,8 +100,11 @@ CLINHALLU = PaperProtocol(
         "a local HF model receives the same message order through its chat template (text part, then image "
         "parts); enable_thinking=False goes to templates that take it (Qwen3) and to API servers as "
         "chat_template_kwargs",
-        "not reproduced: the judge's transport faults (HTTP 429/5xx, timeouts, dropped connections) are re-sent on "
-        "their own budget (5 retries) beside an unusable reply's 1 + 5 tries; ClinHallu counts both in its 6 tries",
+        "a judge call that fails (HTTP 429/5xx, a timeout, a dropped connection) counts as one of the record's "
+        "1 + 5 tries, as an unusable reply does (judge option max_tries=6)",
+        "not reproduced: a judge HTTP 4xx other than 408/409/425/429 is not retried (401/403/404 stop the run, any "
+        "other fails the record at once), where ClinHallu retries every exception within its 6 tries; the backoff "
+        "between tries is this project's (exponential with jitter), not ClinHallu's min(2^try + U(0, 1), 30) s",
         "not reproduced: a judge reply is read leniently (a JSON object inside prose or fences, single quotes; "
         "ClinHallu: the whole reply as JSON once fences are removed), and an answer_correct other than 0 or 1 is "
         "asked again (ClinHallu reads it as 0)",
