@@ -105,6 +105,10 @@ CLINHALLU = PaperProtocol(
         "not reproduced: a judge HTTP 4xx other than 408/409/425/429 is not retried (401/403/404 stop the run, any "
         "other fails the record at once), where ClinHallu retries every exception within its 6 tries; the backoff "
         "between tries is this project's (exponential with jitter), not ClinHallu's min(2^try + U(0, 1), 30) s",
+        "not reproduced: a model under test served over an API is re-asked after a failed call (HTTP 429/5xx, a "
+        "timeout; --api-option max_retries), and a record still without a reply stops the batch and is asked again "
+        "when the command is re-run; ClinHallu sends each call once and, when the first call of a trace fails, keeps "
+        "the trace as invalid (api_failed), later failures counting among its 51 generations",
         "not reproduced: a judge reply is read leniently (a JSON object inside prose or fences, single quotes; "
         "ClinHallu: the whole reply as JSON once fences are removed), and an answer_correct other than 0 or 1 is "
         "asked again (ClinHallu reads it as 0)",
