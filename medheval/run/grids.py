@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from medheval.run.control import CONTROLS, Control, ControlError
 from medheval.run.generation import GenerationPlan, check_settings
 from medheval.run.grid_plan import GRID_FILE, PlannedCell, plan_cells, record_plan
-from medheval.run.runner import RunError, RunSpec, check_before_model, configure_run, run_grid, write_report_html
+from medheval.run.runner import RunError, RunSpec, check_before_model, configure_run, run_configured, write_report_html
 
 # key -> (accepted types, description for the error). ``None`` is accepted for every optional key.
 CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -498,8 +498,10 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     if problems:
         raise GridConfigError(f"{config.source}: models: cannot be loaded, nothing was run: "
                               + "; ".join(f"{model!r} ({why})" for model, why in problems))
-    if config.models:  # annotation and pinned files, mitigation options, templates: before any model loads
-        check_before_model(run_spec(config, config.models[0], {}), config.mitigations, config.models)
+    splits = None
+    if config.models:  # annotation and pinned files, image roots, mitigation options, templates: before any model loads
+        splits = check_before_model(run_spec(config, config.models[0], {}), config.mitigations, config.models,
+                                    controls=config.controls)
     output = Path(config.output)
     if (output / "run.json").exists():
         raise RunError(f"{output} holds a single run (run.json); a grid there would overwrite its results. "
@@ -509,17 +511,16 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     with group.lock(output, float(config.get("lock_timeout", 0.0))):
         plan = output / GRID_FILE
         before = plan.read_bytes() if plan.exists() else None
-        if group.is_main:  # the plan of every cell, before the first model loads (medheval.run.grid_plan)
-            record_plan(output, {"models": list(config.models), "mitigations": list(config.mitigations),
-                                 "controls": list(config.controls)}, grid_plan(config))
+        with group.together("recording the grid plan"):  # a refused plan stops every process of a launch
+            if group.is_main:  # the plan of every cell, before the first model loads (medheval.run.grid_plan)
+                record_plan(output, {"models": list(config.models), "mitigations": list(config.mitigations),
+                                     "controls": list(config.controls)}, grid_plan(config))
         for position, model in enumerate(config.models):
             backend, labels = build_backend(backend_args(config, model))
             spec = run_spec(config, model, labels)
-            if position == 0:
-                with _plan_restored_on_refusal(plan if group.is_main else None, before):
-                    configure_run(spec, backend, config.mitigations)
-            result = run_grid(spec, backend, config.mitigations, controls=config.controls,
-                              batch_size=int(config.get("batch_size", 8)), seeds=config.get("seeds"))
+            with _plan_restored_on_refusal(plan if group.is_main and position == 0 else None, before):
+                configured = configure_run(spec, backend, config.mitigations, config.controls, config.get("seeds"))
+            result = run_configured(configured, int(config.get("batch_size", 8)), splits)
             runs.extend(result["runs"] if "runs" in result else [result])
             del backend
             _free_memory()
