@@ -182,7 +182,8 @@ def cmd_grid(args: argparse.Namespace) -> int:
     from medheval.run.outputs import check_output_folder
 
     args.output_folder = check_output_folder(config.output)  # before any model loads
-    return _finish(run_config(config), Path(config.output))
+    return _finish(run_config(config, allow_remote_credentialed=list(args.allow_remote_credentialed or ())),
+                   Path(config.output))
 
 
 def cmd_detect(args: argparse.Namespace) -> int:
