@@ -233,3 +233,14 @@ def test_a_grid_without_an_image_root_is_refused_before_any_model_loads(fixture_
     assert main(["run", "--config", str(config)]) == 2
     assert "error: image roots (model tiny-random-llava reads images):" in capsys.readouterr().err
     assert not output.exists()
+
+
+def test_a_split_given_twice_is_refused_before_the_model_loads(fixture_benchmark, tmp_path, capsys, no_model_loads):
+    """Was: --benchmark X --benchmark X,Y answered X twice into one log, then refused it as edited."""
+    output = tmp_path / "run"
+    flags = [*_flags(fixture_benchmark, output), "--benchmark", f"mm_vishal:vqa_rad,{SPLIT}", "--model",
+             "tiny-random-llava"]
+    assert main(["run", *flags]) == 2
+    assert _error_line(capsys) == (f"error: --benchmark {SPLIT} is given twice (benchmarks: {SPLIT}, mm_vishal:vqa_rad, "
+                                   f"{SPLIT}); each split runs once: name it once")
+    assert not output.exists()

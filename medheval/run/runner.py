@@ -605,9 +605,14 @@ def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
 
 
 def _check_spec(spec: RunSpec) -> None:
-    """Refuse, before the output folder is made, a run that would compute nothing or names an unknown benchmark."""
+    """Refuse, before the output folder is made, a run that would compute nothing, names an unknown benchmark or
+    one split twice."""
     if not spec.benchmarks:
         raise RunError("no benchmark given: pass --benchmark NAME[:CONFIG] (see `medheval list`)")
+    repeated = [text for position, text in enumerate(spec.benchmarks) if text in spec.benchmarks[:position]]
+    if repeated:  # its records would be answered twice into one log, which then reads as edited
+        raise RunError(f"--benchmark {repeated[0]} is given twice (benchmarks: {', '.join(spec.benchmarks)}); "
+                       f"each split runs once: name it once")
     try:
         check_control(spec.control)
     except ControlError as error:
