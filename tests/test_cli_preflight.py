@@ -144,3 +144,103 @@ def test_a_grid_refused_by_its_first_model_leaves_no_plan(fixture_benchmark, tmp
     write("dola:layers=1/")
     assert main(["run", "--config", str(config)]) == 0
     assert (output / "results.json").is_file()
+
+
+@pytest.fixture()
+def builds(monkeypatch) -> list[str]:
+    """Every split build of the command (the runner's ``prepare_benchmark``, which the pre-check and the run share)."""
+    from medheval.run import runner
+
+    real, built = runner.prepare_benchmark, []
+
+    def counting(name, config=None, **kwargs):
+        built.append(f"{name}:{config}")
+        return real(name, config, **kwargs)
+
+    monkeypatch.setattr(runner, "prepare_benchmark", counting)
+    return built
+
+
+def test_a_run_builds_each_split_once(fixture_benchmark, tmp_path, builds):
+    """Was: the pre-check built each split, and the run built it again once the model had loaded (twice per
+    command, one more per cell of a grid)."""
+    flags = [*_flags(fixture_benchmark, tmp_path / "run"), "--model", "tiny-random-llava"]
+    assert main(["run", *flags]) == 0
+    assert builds == [SPLIT]
+    builds.clear()
+    two = [*_flags(fixture_benchmark, tmp_path / "two"), "--benchmark", "mm_vishal:vqa_rad", "--image-root",
+           f"vqa_rad={fixture_benchmark['image_roots']['vqa_rad']}", "--model", "tiny-random-llava",
+           "--control", "none", "--control", "no_image"]  # two splits, two cells
+    assert main(["run", *two]) == 0
+    assert builds == [SPLIT, "mm_vishal:vqa_rad"]
+    assert sorted(path.name for path in (tmp_path / "two").iterdir() if path.is_dir()) == ["none", "none__no_image"]
+
+
+def test_each_run_gets_its_own_copy_of_a_built_split(fixture_benchmark, builds):
+    from medheval.run.runner import BuiltSplits, RunSpec
+
+    spec = RunSpec(benchmarks=[SPLIT], output="unused", data_dir=fixture_benchmark["data_dir"], limit=2)
+    splits = BuiltSplits()
+    first, second = splits.load(SPLIT, spec), splits.load(SPLIT, spec)
+    assert builds == [SPLIT] and first is not second and first.dataset["id"] == second.dataset["id"]
+    first.quality["missing_predictions"] = 1  # what one run does to its split ...
+    first.skipped_undecodable_images.append(("x", "y.png"))
+    first.dataset = first.dataset.select([0])
+    assert "missing_predictions" not in second.quality and second.skipped_undecodable_images == []  # ... not another's
+    assert len(splits.load(SPLIT, spec).dataset) == 2
+    import dataclasses
+
+    splits.load(SPLIT, dataclasses.replace(spec, limit=1))  # other arguments: another build
+    assert builds == [SPLIT, SPLIT]
+
+
+def test_a_source_without_an_image_root_is_named_before_the_model_loads(fixture_benchmark, tmp_path, capsys,
+                                                                        no_model_loads):
+    """Was: the model loaded (minutes for a 7B one), then the run found no image root for the split's images."""
+    output = tmp_path / "run"
+    flags = _flags(fixture_benchmark, output)[:-2]  # no --image-root at all
+    assert main(["run", *flags, "--model", "tiny-random-llava"]) == 2
+    err = capsys.readouterr().err
+    assert "error: image roots (model tiny-random-llava reads images):" in err
+    assert f"{SPLIT}: no image root for source(s) slake" in err and "Pass --image-root slake=PATH_OR_URL." in err
+    assert not output.exists()
+    with pytest.raises(AssertionError, match="loaded before the refusal"):  # no image read: the check lets it load
+        main(["run", *flags, "--model", "tiny-random-llava", "--control", "no_image"])
+
+
+def test_a_rescore_needs_no_image_root(fixture_benchmark, tmp_path):
+    from medheval.data.benchmarks import prepare_benchmark
+
+    ids = prepare_benchmark("mm_vishal", "slake", data_dir=fixture_benchmark["data_dir"], limit=1).dataset["id"]
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(f'{{"id": "{rid}", "prediction": "yes"}}\n' for rid in ids))
+    output = tmp_path / "run"
+    flags = _flags(fixture_benchmark, output)[:-2]
+    assert main(["run", *[flag for flag in flags if flag not in ("--max-new-tokens", "2")], "--predictions",
+                 str(answers)]) == 0
+    assert (output / "results.json").is_file()
+
+
+def test_a_grid_without_an_image_root_is_refused_before_any_model_loads(fixture_benchmark, tmp_path, capsys,
+                                                                        monkeypatch):
+    from medheval.run import options
+
+    monkeypatch.setattr(options, "build_backend", lambda args: pytest.fail(f"model {args.model} loaded"))
+    output = tmp_path / "grid"
+    config = tmp_path / "grid.yaml"
+    config.write_text(f"output: {output}\nmodels: [tiny-random-llava]\nbenchmarks: [{SPLIT}]\nlimit: 1\n"
+                      f"mitigations: [none, 'vcd:alpha=0']\ndata_dir: {fixture_benchmark['data_dir']}\n")
+    assert main(["run", "--config", str(config)]) == 2
+    assert "error: image roots (model tiny-random-llava reads images):" in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_a_split_given_twice_is_refused_before_the_model_loads(fixture_benchmark, tmp_path, capsys, no_model_loads):
+    """Was: --benchmark X --benchmark X,Y answered X twice into one log, then refused it as edited."""
+    output = tmp_path / "run"
+    flags = [*_flags(fixture_benchmark, output), "--benchmark", f"mm_vishal:vqa_rad,{SPLIT}", "--model",
+             "tiny-random-llava"]
+    assert main(["run", *flags]) == 2
+    assert _error_line(capsys) == (f"error: --benchmark {SPLIT} is given twice (benchmarks: {SPLIT}, mm_vishal:vqa_rad, "
+                                   f"{SPLIT}); each split runs once: name it once")
+    assert not output.exists()

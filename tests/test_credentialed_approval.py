@@ -135,6 +135,34 @@ def test_a_config_value_is_accepted_only_within_what_the_user_approved(tmp_path,
         check_credentialed_approvals(bad, [])
 
 
+
+def test_run_config_from_python_holds_the_config_to_the_callers_approvals(tmp_path, fixture_benchmark, monkeypatch):
+    """Was: only `medheval run --config` (apply_cli) checked a config's approvals; run_config(config) from Python
+    accepted them. Now run_config checks first, whoever calls it: the caller's approvals are its argument."""
+    from medheval.run import grids
+    from medheval.run.grids import GridConfigError, load_grid_config, run_config
+
+    class Loaded(Exception):
+        """The first model loads: the grid was accepted."""
+
+    def load(args):
+        raise Loaded(args.model)
+
+    monkeypatch.setattr(grids, "check_model", lambda model: None)
+    config = load_grid_config(_grid(tmp_path, fixture_benchmark, "tiny-random-llava", "knowledge:open",
+                                    allow_remote_credentialed=["judge.example"]))
+    output = Path(config.output)
+    with pytest.raises(GridConfigError, match=r"hostile.yaml: allow_remote_credentialed: approves 'judge.example' "
+                                              r"for credentialed \(MIMIC\) records, but a config file cannot approve"):
+        run_config(config, build_backend=load)
+    assert not output.exists()
+    with pytest.raises(GridConfigError):  # an approval that does not cover it approves nothing
+        run_config(config, build_backend=load, allow_remote_credentialed=["other.example"])
+    assert not output.exists()
+    with pytest.raises(Loaded):
+        run_config(config, build_backend=load, allow_remote_credentialed=["judge.example"])
+    assert (output / "grid.json").is_file()
+
 # endpoint_allowed(url, [entry]): a host entry approves that host on any port, host:port that port (a URL's port
 # defaulting to its scheme's), a base URL only the same base URL; case, trailing dot and IPv6 brackets ignored
 ENDPOINT_ANSWERS = [

@@ -128,7 +128,8 @@ def test_another_protocol_over_the_same_axes_is_refused_before_anything_is_writt
     def config(protocol: str) -> grids.GridConfig:
         return parse_grid_config({"output": str(out), "models": MODELS, "benchmarks": ["context"],
                                   "mitigations": ["none", "avisc"], "protocol": protocol,
-                                  "data_dir": fixture_benchmark["data_dir"]}, "grid.yaml")
+                                  "data_dir": fixture_benchmark["data_dir"],
+                                  "image_roots": dict(fixture_benchmark["image_roots"])}, "grid.yaml")
 
     def run(protocol: str) -> None:
         run_config(config(protocol), build_backend=lambda args: (SimpleNamespace(name=args.model, needs_images=True),
@@ -328,3 +329,67 @@ def test_a_resumed_grid_keeps_its_plan_and_reports_no_caveat(interrupted, fixtur
     written = write_report([interrupted], tmp_path / "report", plots=False)
     assert not any("did not finish" in line or "incomplete run" in line for line in _caveats(written))
     assert len(find_runs([interrupted])) == 4
+
+
+# -- each model configured once; a refused plan reaches every process -------------------------------------------
+def test_each_model_of_a_grid_is_configured_once_and_each_split_built_once(fixture_benchmark, tmp_path, monkeypatch):
+    """Was: the first model ran configure_run for the refusal that puts the plan back, then again in run_grid; and
+    every cell built the split again."""
+    monkeypatch.setattr(grids, "check_model", lambda model: None)
+    configured, built = [], []
+    real_configure, real_prepare = runner.configure_run, runner.prepare_benchmark
+
+    def configure(spec, backend, *args, **kwargs):
+        configured.append(backend.name)
+        return real_configure(spec, backend, *args, **kwargs)
+
+    def prepare(name, config=None, **kwargs):
+        built.append(name)
+        return real_prepare(name, config, **kwargs)
+
+    for module in (grids, runner):  # the grid's own call and any inside the runner
+        monkeypatch.setattr(module, "configure_run", configure)
+    monkeypatch.setattr(runner, "prepare_benchmark", prepare)
+    out = tmp_path / "grid"
+    combined = run_config(_config(fixture_benchmark, out, mitigations=["none"]), build_backend=_tiny_as_named)
+    assert configured == MODELS and built == ["context"]
+    assert [run["settings"]["model"] for run in combined["runs"]] == MODELS
+
+
+def _launch(rank: int, statuses: list[list]) -> tuple[Group, list]:
+    """Process ``rank`` of 2 whose n-th meeting hears ``statuses[n]`` from the processes (its own entry: what it
+    sends)."""
+    sent: list = []
+
+    def gather(value):
+        sent.append(value)
+        return [value if r == rank else status for r, status in enumerate(statuses[len(sent) - 1])]
+
+    return Group(rank=rank, world_size=2, gather=gather), sent
+
+
+def test_a_grid_plan_the_main_process_refuses_stops_the_other_processes_before_a_model_loads(fixture_benchmark,
+                                                                                            tmp_path, monkeypatch):
+    """Was: only the main process checked the recorded plan; the others loaded their model and waited for it."""
+    monkeypatch.setattr(grids, "check_model", lambda model: None)
+    out = tmp_path / "grid"
+    record_plan(out, {"models": MODELS, "mitigations": ["none"], "controls": ["none"]},
+                plan_cells(MODELS[0], ["context"], ["none"], ["none"]))
+    recorded = (out / GRID_FILE).read_text()
+    loaded: list[str] = []
+
+    def load(args):
+        loaded.append(args.model)
+        raise Interrupted("a model loaded")
+
+    main, sent = _launch(0, [[None, None], [None, None]])
+    monkeypatch.setattr(distributed, "group", lambda device=None: main)
+    with pytest.raises(RunError, match="holds a grid over other axes"):
+        run_config(_config(fixture_benchmark, out), build_backend=load)
+    assert sent[0] is None and sent[1].startswith("RunError: ") and "holds a grid over other axes" in sent[1]
+    other, sent = _launch(1, [[None, None], [sent[1], None]])  # the main process's refusal, as it sent it
+    monkeypatch.setattr(distributed, "group", lambda device=None: other)
+    with pytest.raises(distributed.RankFailed, match="process 0 of 2 failed while recording the grid plan: "
+                                                     "RunError: .* holds a grid over other axes"):
+        run_config(_config(fixture_benchmark, out), build_backend=load)
+    assert loaded == [] and sent == [None, None] and (out / GRID_FILE).read_text() == recorded

@@ -136,7 +136,7 @@ def test_a_grid_config_cannot_choose_where_a_key_goes(judge, expected, tmp_path,
 
 
 def test_a_host_named_on_the_command_line_lets_the_configs_judge_have_the_key(tmp_path, monkeypatch):
-    from medheval.run.grids import apply_cli, given_options, load_grid_config
+    from medheval.run.grids import apply_cli, check_config_policy, given_options, load_grid_config
 
     monkeypatch.setenv("MY_JUDGE_API_KEY", KEY)
     url = "https://judge.example.org/v1"
@@ -144,10 +144,27 @@ def test_a_host_named_on_the_command_line_lets_the_configs_judge_have_the_key(tm
     argv = ["run", "--config", str(config), "--api-key-host", "judge.example.org"]
     args = build_parser().parse_args(argv)
     with pytest.raises(Exception, match="judge.example.org"):
-        apply_cli(load_grid_config(config), args, given_options(argv[1:]))
+        check_config_policy(apply_cli(load_grid_config(config), args, given_options(argv[1:])))
     keys.set_key_hosts(cli_key_hosts(args))
-    apply_cli(load_grid_config(config), args, given_options(argv[1:]))
+    check_config_policy(apply_cli(load_grid_config(config), args, given_options(argv[1:])))
 
+
+
+def test_run_config_from_python_sends_no_key_to_a_host_the_config_names(tmp_path, monkeypatch):
+    """Was: only `medheval run --config` (apply_cli) checked where a config's judge sends a key; run_config(config)
+    from Python did not. A host named from Python (keys.allow_key_hosts) lets it through."""
+    from medheval.run import grids
+    from medheval.run.grids import GridConfigError, load_grid_config, run_config
+
+    monkeypatch.setenv("MY_JUDGE_API_KEY", KEY)
+    monkeypatch.setattr(grids, "check_model", lambda model: None)
+    judge = "{backend: openai, model: m, base_url: 'https://judge.example.org/v1', api_key_env: MY_JUDGE_API_KEY}"
+    config = load_grid_config(_hostile_config(tmp_path, judge))
+    with pytest.raises(GridConfigError, match="hostile.yaml: metric_options.sh_judge.judge: .*judge.example.org"):
+        run_config(config, build_backend=lambda args: pytest.fail("a model loaded"))
+    assert not Path(config.output).exists()
+    keys.allow_key_hosts("judge.example.org")
+    grids.check_config_policy(config)
 
 def test_a_model_named_on_the_command_line_gets_its_key(fixture_benchmark, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)

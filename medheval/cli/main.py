@@ -25,7 +25,7 @@ from medheval.run.options import (
 )
 
 if TYPE_CHECKING:
-    from medheval.run.runner import RunSpec
+    from medheval.run.runner import BuiltSplits, RunSpec
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -70,32 +70,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         protocol_given="protocol" in given_options(list(getattr(args, "argv", None) or [])[1:]),
         chat_template=args.chat_template,
     )
-    backend, labels = _backend_after_checks(args, spec)
+    backend, labels, splits = _backend_after_checks(args, spec)
     spec = dataclasses.replace(spec, labels=labels)
     from medheval.run.seeds import parse_seeds
 
     fallback = args.batch_size if isinstance(args.batch_size, int) else 8  # 'auto' is the HF backend's
     results = run_grid(spec, backend, args.mitigation or ["none"], batch_size=getattr(backend, "batch_size", fallback),
-                       controls=getattr(args, "control", None) or ["none"], seeds=parse_seeds(getattr(args, "seeds", None)))
+                       controls=getattr(args, "control", None) or ["none"], seeds=parse_seeds(getattr(args, "seeds", None)),
+                       splits=splits)
     return _finish(results, Path(args.output))
 
 
-def _backend_after_checks(args: argparse.Namespace, spec: "RunSpec") -> tuple[Any, dict[str, str]]:
+def _backend_after_checks(args: argparse.Namespace, spec: "RunSpec") -> tuple[Any, dict[str, str], "BuiltSplits"]:
     """:func:`medheval.run.options.build_backend`, after :func:`medheval.run.runner.check_before_model` (files,
-    mitigation options, the model's conversation template) where it loads a model's weights; an API model or a
-    predictions file loads none, so its own argument checks come first (before any data is fetched)."""
+    image roots, mitigation options, the model's conversation template) where it loads a model's weights; an API
+    model or a predictions file loads none, so its own argument checks come first (before any data is fetched).
+    Returns the backend, its labels and the splits the checks built (for the run: each is built once)."""
     from medheval.backends.api import is_api_model
-    from medheval.run.runner import check_before_model
+    from medheval.run.runner import BuiltSplits, check_before_model
 
-    def check(backend: Any = None) -> None:
-        check_before_model(spec, args.mitigation or [], [args.model] if args.model else [], backend)
+    def check(backend: Any = None) -> BuiltSplits:
+        return check_before_model(spec, args.mitigation or [], [args.model] if args.model else [], backend,
+                                  getattr(args, "control", None) or ["none"])
 
     if args.predictions or is_api_model(args.model):
-        built = build_backend(args)
-        check(built[0])
-        return built
-    check()
-    return build_backend(args)
+        backend, labels = build_backend(args)
+        return backend, labels, check(backend)
+    splits = check()
+    return (*build_backend(args), splits)
 
 
 def _check_sampling_flags(args: argparse.Namespace) -> None:
@@ -180,7 +182,8 @@ def cmd_grid(args: argparse.Namespace) -> int:
     from medheval.run.outputs import check_output_folder
 
     args.output_folder = check_output_folder(config.output)  # before any model loads
-    return _finish(run_config(config), Path(config.output))
+    return _finish(run_config(config, allow_remote_credentialed=list(args.allow_remote_credentialed or ())),
+                   Path(config.output))
 
 
 def cmd_detect(args: argparse.Namespace) -> int:

@@ -24,8 +24,8 @@ later (out of memory …) stops the grid, and re-running the same config resumes
 
 A config never decides where data or keys go: a judge or API model it names gets a key from the environment only
 at a host the user named (:func:`check_key_destinations`), and an endpoint it approves for credentialed (MIMIC)
-records must be approved by the user too (:func:`check_credentialed_approvals`); both are checked in
-:func:`apply_cli`, before anything runs.
+records must be approved by the user too (:func:`check_credentialed_approvals`); both are checked first in
+:func:`run_config` (:func:`check_config_policy`), from the command line and from Python alike.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from medheval.run.control import CONTROLS, Control, ControlError
 from medheval.run.generation import GenerationPlan, check_settings
 from medheval.run.grid_plan import GRID_FILE, PlannedCell, plan_cells, record_plan
-from medheval.run.runner import RunError, RunSpec, check_before_model, configure_run, run_grid, write_report_html
+from medheval.run.runner import RunError, RunSpec, check_before_model, configure_run, run_configured, write_report_html
 
 # key -> (accepted types, description for the error). ``None`` is accepted for every optional key.
 CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -350,9 +350,6 @@ def apply_cli(config: GridConfig, args: argparse.Namespace, given: set[str]) -> 
             config.options[key] = merged
     fixed = {dest: getattr(args, dest) for dest in CLI_GENERATION if dest in given}
     config.generation = replace(config.generation, fixed={**config.generation.fixed, **fixed})
-    check_key_destinations(config)
-    check_credentialed_approvals(config, list(args.allow_remote_credentialed) if "allow_remote_credentialed" in given
-                                 else [])
     return config
 
 
@@ -463,7 +460,7 @@ def backend_args(config: GridConfig, model: str) -> argparse.Namespace:
         top_p=fixed.get("top_p"), seed=int(config.get("seed", 0)), device=config.get("device"),
         dtype=config.get("dtype"), prefix_cache=bool(config.get("prefix_cache", False)),
         chat_template=config.get("chat_template"), protocol=config.get("protocol", "clean"),
-        allow_remote_credentialed=list(config.get("allow_remote_credentialed", ())))  # checked by apply_cli
+        allow_remote_credentialed=list(config.get("allow_remote_credentialed", ())))  # checked by run_config
 
 
 def grid_plan(config: GridConfig) -> list[PlannedCell]:
@@ -483,14 +480,30 @@ def grid_plan(config: GridConfig) -> list[PlannedCell]:
             for cell in plan_cells(model, config.benchmarks, labels, controls, config.get("seeds"), model_slug(model))]
 
 
-def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace], tuple[Any, dict]] | None = None
-               ) -> dict[str, Any]:
+def check_config_policy(config: GridConfig, approved: Sequence[str] = ()) -> None:
+    """What a config may not decide, checked before anything runs (:class:`GridConfigError` naming the file and
+    the field): where keys from the environment go (:func:`check_key_destinations`) and which endpoints get
+    credentialed records (:func:`check_credentialed_approvals`, within ``approved`` and what the user approved
+    elsewhere)."""
+    check_key_destinations(config)
+    check_credentialed_approvals(config, approved)
+
+
+def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace], tuple[Any, dict]] | None = None,
+               allow_remote_credentialed: Sequence[str] = ()) -> dict[str, Any]:
     """Run every model × mitigation × control cell of ``config``; writes ``<output>/<model>/…`` and a combined
-    ``<output>/results.json`` / ``results.md``. Returns the combined results (``{"runs": [...]}``)."""
+    ``<output>/results.json`` / ``results.md``. Returns the combined results (``{"runs": [...]}``).
+
+    First, whoever calls it, the config is held to what the user decides (:func:`check_config_policy`): its
+    ``allow_remote_credentialed`` entries must be within ``allow_remote_credentialed`` (the user's approvals:
+    ``--allow-remote-credentialed`` on the command line, or the caller's from Python), ``MEDHEVAL_ALLOW_REMOTE_
+    CREDENTIALED`` or :func:`medheval.judges.endpoints.approve_endpoints`; keys go only to hosts the user named
+    (:mod:`medheval.net.keys`)."""
     from medheval.run.distributed import group as process_group
     from medheval.run.outputs import atomic_write_text
     from medheval.report.tables import write_grid_markdown
 
+    check_config_policy(config, allow_remote_credentialed)
     if build_backend is None:
         from medheval.run.options import build_backend
     problems = [(model, check_model(model)) for model in config.models]
@@ -498,8 +511,10 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     if problems:
         raise GridConfigError(f"{config.source}: models: cannot be loaded, nothing was run: "
                               + "; ".join(f"{model!r} ({why})" for model, why in problems))
-    if config.models:  # annotation and pinned files, mitigation options, templates: before any model loads
-        check_before_model(run_spec(config, config.models[0], {}), config.mitigations, config.models)
+    splits = None
+    if config.models:  # annotation and pinned files, image roots, mitigation options, templates: before any model loads
+        splits = check_before_model(run_spec(config, config.models[0], {}), config.mitigations, config.models,
+                                    controls=config.controls)
     output = Path(config.output)
     if (output / "run.json").exists():
         raise RunError(f"{output} holds a single run (run.json); a grid there would overwrite its results. "
@@ -509,17 +524,16 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     with group.lock(output, float(config.get("lock_timeout", 0.0))):
         plan = output / GRID_FILE
         before = plan.read_bytes() if plan.exists() else None
-        if group.is_main:  # the plan of every cell, before the first model loads (medheval.run.grid_plan)
-            record_plan(output, {"models": list(config.models), "mitigations": list(config.mitigations),
-                                 "controls": list(config.controls)}, grid_plan(config))
+        with group.together("recording the grid plan"):  # a refused plan stops every process of a launch
+            if group.is_main:  # the plan of every cell, before the first model loads (medheval.run.grid_plan)
+                record_plan(output, {"models": list(config.models), "mitigations": list(config.mitigations),
+                                     "controls": list(config.controls)}, grid_plan(config))
         for position, model in enumerate(config.models):
             backend, labels = build_backend(backend_args(config, model))
             spec = run_spec(config, model, labels)
-            if position == 0:
-                with _plan_restored_on_refusal(plan if group.is_main else None, before):
-                    configure_run(spec, backend, config.mitigations)
-            result = run_grid(spec, backend, config.mitigations, controls=config.controls,
-                              batch_size=int(config.get("batch_size", 8)), seeds=config.get("seeds"))
+            with _plan_restored_on_refusal(plan if group.is_main and position == 0 else None, before):
+                configured = configure_run(spec, backend, config.mitigations, config.controls, config.get("seeds"))
+            result = run_configured(configured, int(config.get("batch_size", 8)), splits)
             runs.extend(result["runs"] if "runs" in result else [result])
             del backend
             _free_memory()
@@ -579,5 +593,6 @@ def given_options(argv: Sequence[str]) -> set[str]:
     return set(vars(namespace))
 
 
-__all__ = ["GridConfig", "GridConfigError", "apply_cli", "check_credentialed_approvals", "check_model", "given_options", "grid_plan",
+__all__ = ["GridConfig", "GridConfigError", "apply_cli", "check_config_policy", "check_credentialed_approvals",
+           "check_model", "given_options", "grid_plan",
            "load_grid_config", "model_slug", "parse_grid_config", "run_config"]

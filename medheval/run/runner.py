@@ -9,6 +9,7 @@ run only warns about), ``scored.jsonl`` (per-item correctness), ``results.json``
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import os
@@ -605,9 +606,14 @@ def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
 
 
 def _check_spec(spec: RunSpec) -> None:
-    """Refuse, before the output folder is made, a run that would compute nothing or names an unknown benchmark."""
+    """Refuse, before the output folder is made, a run that would compute nothing, names an unknown benchmark or
+    one split twice."""
     if not spec.benchmarks:
         raise RunError("no benchmark given: pass --benchmark NAME[:CONFIG] (see `medheval list`)")
+    repeated = [text for position, text in enumerate(spec.benchmarks) if text in spec.benchmarks[:position]]
+    if repeated:  # its records would be answered twice into one log, which then reads as edited
+        raise RunError(f"--benchmark {repeated[0]} is given twice (benchmarks: {', '.join(spec.benchmarks)}); "
+                       f"each split runs once: name it once")
     try:
         check_control(spec.control)
     except ControlError as error:
@@ -739,15 +745,6 @@ class QAProtocol(SplitProtocol):
 
     name = "qa"
 
-    def check_inputs(self, benchmark: str, spec: RunSpec) -> None:
-        """The annotation files of the run's splits of ``benchmark`` (found, checked against their pins, built into
-        the Arrow cache the run reads again); images are checked when the split is prepared, and per record."""
-        for text in spec.benchmarks:
-            name, config = parse_benchmark_spec(text)
-            if name == benchmark:
-                prepare_benchmark(name, config, data_dir=spec.data_dir, limit=spec.limit,
-                                  run_options=spec.benchmark_options.get(name, {}))
-
     def prepare(self, loaded: LoadedBenchmark, backend: Backend, spec: RunSpec) -> list[str]:
         if run_provenance.is_rescore(backend):  # a predictions file: its ids against the split's
             _predictions_backend_check(loaded, backend, spec.allow_missing_predictions)
@@ -783,16 +780,41 @@ class QAProtocol(SplitProtocol):
         return entry, [{**item, "model": backend.name, "mitigation": spec.mitigation, **blind} for item in per_item]
 
 
-def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str, warnings: list[str]) -> PreparedSplit:
-    """Load one split and check everything about it that can fail before generation: the protocol's
-    backend and judge, images, the protocol's own checks (a predictions file's ids...), the metric names
-    and their (typed) options."""
-    name, config = parse_benchmark_spec(benchmark_spec)
+class BuiltSplits:
+    """The splits one command built, so that it builds each once: :func:`check_before_model` builds them before
+    the model loads and hands them to the run (:func:`run_grid`, every cell of it). :meth:`load` builds a split
+    the first time it is asked for with given :func:`prepare_benchmark` arguments, and gives every caller its own
+    copy (a run filters its split and counts what it skipped)."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, LoadedBenchmark] = {}
+
+    def load(self, benchmark_spec: str, spec: RunSpec) -> LoadedBenchmark:
+        """Split ``benchmark_spec`` (``name[:config]``) as ``spec`` reads it (its data folder, limit and the
+        benchmark's run options), built on the first call."""
+        name, config = parse_benchmark_spec(benchmark_spec)
+        options = spec.benchmark_options.get(name, {})
+        key = json.dumps([name, config, str(spec.data_dir), spec.limit, options], sort_keys=True, default=repr)
+        if key not in self._built:
+            self._built[key] = prepare_benchmark(name, config, data_dir=spec.data_dir, limit=spec.limit,
+                                                 run_options=options)
+        built = self._built[key]
+        return dataclasses.replace(built, files=copy.deepcopy(built.files), quality=copy.deepcopy(built.quality),
+                                   skipped_missing_images=list(built.skipped_missing_images),
+                                   skipped_undecodable_images=list(built.skipped_undecodable_images),
+                                   run_options=copy.deepcopy(built.run_options))
+
+
+def _prepare_split(spec: RunSpec, backend: Backend, benchmark_spec: str, warnings: list[str],
+                   splits: BuiltSplits | None = None) -> PreparedSplit:
+    """Load one split (from ``splits`` when the command built it already) and check everything about it that
+    can fail before generation: the protocol's backend and judge, images, the protocol's own checks (a
+    predictions file's ids...), the metric names and their (typed) options."""
+    name, _ = parse_benchmark_spec(benchmark_spec)
     protocol = protocol_for(name) or QAProtocol()
     protocol.check(name, backend, spec)
     # images are attached once every split is loaded (:func:`_attach_images`: all root problems in one message)
-    loaded = prepare_benchmark(name, config, data_dir=spec.data_dir, limit=spec.limit,
-                               run_options=spec.benchmark_options.get(name, {}))
+    loaded = (splits or BuiltSplits()).load(benchmark_spec, spec)
     if callable(getattr(backend, "check_records", None)):  # an API model: credentialed records refused up front
         fields = [name for name in ("id", "source", "meta") if name in loaded.dataset.column_names]
         backend.check_records(loaded.dataset.select_columns(fields).to_list())
@@ -820,18 +842,40 @@ def _note_once(text: str) -> None:
 
 
 def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit], note_unused: bool = True) -> None:
-    """Check the image roots against every split of the run and attach them (the images themselves are read
-    during generation and scoring). Every problem of every split is reported in one error: a root naming a
-    source no split has, each split's sources without a root, then each split's missing image files.
-    Roots no split uses are fine (kept for other benchmarks): one note names them all, once per process
-    (``note_unused=False``: none, for a harness whose one ``MEDHEVAL_IMAGE_ROOTS`` serves every split)."""
+    """Check the image roots against every split of the run (:func:`check_image_roots`) and attach them (the
+    images themselves are read during generation and scoring): each split's missing image files are reported
+    in one error."""
     from medheval.data.benchmarks import attach_images
     from medheval.data.images import ImageError
 
-    roots = dict(spec.image_roots or {})
-    if not roots and (not backend.needs_images or spec.control == "no_image"):  # no image is read
+    reader = backend.name if backend.needs_images and spec.control != "no_image" else None
+    if not check_image_roots(spec, [split.loaded for split in prepared], reader, note_unused):
         return
-    needed = {f"{split.loaded.name}:{split.loaded.config}": _image_sources(split.loaded) for split in prepared}
+    roots = dict(spec.image_roots or {})
+    errors = []
+    for split in prepared:
+        try:
+            attach_images(split.loaded, roots, spec.on_missing)
+        except ImageError as error:
+            errors.append(f"{split.loaded.name}:{split.loaded.config}: {error}")
+    if len(errors) == 1:
+        raise ImageError(errors[0])
+    if errors:
+        raise ImageError(f"{len(errors)} splits have missing images:\n" + "\n".join(errors))
+
+
+def check_image_roots(spec: RunSpec, splits: Sequence[LoadedBenchmark], reader: str | None,
+                      note_unused: bool = True) -> bool:
+    """Whether the run attaches image roots to ``splits`` (it does when roots were given, or when model
+    ``reader`` reads images; ``None``: none does), after refusing (:class:`RunError`, every problem in one message)
+    a root naming a source no split has and each split's sources without a root (with ``--on-missing skip`` a
+    source without a root is skipped, unless no root was given at all). Roots no split uses are fine (kept for
+    other benchmarks): one note names them all, once per process (``note_unused=False``: none, for a harness
+    whose one ``MEDHEVAL_IMAGE_ROOTS`` serves every split, or a check the run repeats)."""
+    roots = dict(spec.image_roots or {})
+    if not roots and reader is None:  # no image is read
+        return False
+    needed = {f"{loaded.name}:{loaded.config}": _image_sources(loaded) for loaded in splits}
     every_source = sorted({source for sources in needed.values() for source in sources})
     unused = [f"--image-root {key}=…: no split of this run has images from source {key!r} (this run's image "
               f"sources: {', '.join(every_source) or 'none'})" for key in roots if key != "*" and key not in
@@ -851,20 +895,11 @@ def _attach_images(spec: RunSpec, backend: Backend, prepared: list[PreparedSplit
                    f"{', '.join(every_source) or 'none'}); not used")
     if problems:
         lacking = sorted({source for sources in without_root.values() for source in sources})
-        needs = f" (model {backend.name} reads images)" if backend.needs_images else ""
+        needs = f" (model {reader} reads images)" if reader else ""
         hint = (" Pass " + " ".join(f"--image-root {source}=PATH_OR_URL" for source in lacking) + "."
                 if lacking else "")
         raise RunError(f"image roots{needs}:\n  - " + "\n  - ".join(problems) + "\n" + hint.strip())
-    errors = []
-    for split in prepared:
-        try:
-            attach_images(split.loaded, roots, spec.on_missing)
-        except ImageError as error:
-            errors.append(f"{split.loaded.name}:{split.loaded.config}: {error}")
-    if len(errors) == 1:
-        raise ImageError(errors[0])
-    if errors:
-        raise ImageError(f"{len(errors)} splits have missing images:\n" + "\n".join(errors))
+    return True
 
 
 def _predictions_file_summary(backend: Any, prepared: list[PreparedSplit],
@@ -913,11 +948,12 @@ def _non_default_options(spec: RunSpec, prepared: list[PreparedSplit]) -> dict[s
     return safe_options(dataclasses.replace(spec, metric_options=found, judge=None))["metric_options"]
 
 
-def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
+def run(spec: RunSpec, backend: Backend, batch_size: int = 8, splits: BuiltSplits | None = None) -> dict[str, Any]:
     """Run every benchmark of ``spec`` with ``backend``; writes and returns ``results.json``'s content.
 
     Everything that can be checked is checked before the first generation (splits, images, metric
-    names, typed metric options). The output folder is locked for the whole run
+    names, typed metric options). ``splits``: the splits the command built already (:func:`check_before_model`),
+    else each is built here. The output folder is locked for the whole run
     (:class:`medheval.run.outputs.OutputLock`) and every summary file is replaced atomically. Launched
     with several processes (``accelerate launch``), records are sharded across them
     (:mod:`medheval.run.distributed`); the main process merges, scores and writes."""
@@ -934,7 +970,8 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
         if newer:
             warnings.append(newer)
         prepared, settings, predictions_file = group.main_first(
-            "preparing the run", lambda: _prepare_run(spec, backend, output, warnings, group.is_main, versions))
+            "preparing the run", lambda: _prepare_run(spec, backend, output, warnings, group.is_main, versions,
+                                                      splits))
         entries = read_log(log_path, repair=group.is_main)
         _check_reused_generation(prepared, backend, spec, entries, log_path)
         order = [rid for split in prepared for rid in split.loaded.dataset["id"]]
@@ -979,17 +1016,18 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8) -> dict[str, Any]:
 
 
 def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[str], main: bool = True,
-                 versions: Mapping[str, str | None] | None = None
+                 versions: Mapping[str, str | None] | None = None, splits: BuiltSplits | None = None
                  ) -> tuple[list, dict[str, Any], dict[str, Any] | None]:
-    """Every split prepared and checked, the run's settings checked against ``run.json`` (the main process
-    writes it with ``versions``, the stack, and merges predictions left by the processes of a killed
-    data-parallel run)."""
+    """Every split prepared (from ``splits`` when built already) and checked, the run's settings checked against
+    ``run.json`` (the main process writes it with ``versions``, the stack, and merges predictions left by the
+    processes of a killed data-parallel run)."""
     from medheval.run.distributed import merge_parts
 
     _refuse_own_log(backend, output)
     _refuse_grid_folder(output)
     _refuse_foreign_folder(output)
-    prepared = [_prepare_split(spec, backend, benchmark_spec, warnings) for benchmark_spec in spec.benchmarks]
+    splits = splits or BuiltSplits()
+    prepared = [_prepare_split(spec, backend, benchmark_spec, warnings, splits) for benchmark_spec in spec.benchmarks]
     _attach_images(spec, backend, prepared)
     _warn_prefix_cache_unused(spec, backend, prepared, warnings)
     _check_options_used(spec, {name for split in prepared for name in split.metric_names})
@@ -1085,14 +1123,17 @@ def _method_name(spec: str) -> str:
 
 
 def check_before_model(spec: RunSpec, mitigations: Sequence[str] = (), models: Sequence[str] = (),
-                       backend: Backend | None = None) -> None:
-    """What each split's protocol needs whatever the model (:meth:`SplitProtocol.check_inputs`, under the paper
-    protocol's options: a QA split's annotation files), each of ``mitigations`` (:func:`resolve_mitigations`), the
-    run's own settings (:func:`_check_spec`) and the upstream conversation template each of ``models`` (``--model``
-    values) renders under the protocol (its type read from its config.json), checked before the model loads: a
-    missing file or a mistyped option is named before minutes of loading, and before the run writes anything. A
-    re-score's ``backend`` (a predictions file) is checked under the protocol its answers were made under, as it
-    runs."""
+                       backend: Backend | None = None, controls: Sequence[str] = ()) -> BuiltSplits:
+    """What each split's protocol needs whatever the model (:meth:`SplitProtocol.check_inputs`), each split's
+    annotation files (built under the paper protocol's options), each of ``mitigations``
+    (:func:`resolve_mitigations`), the run's own settings (:func:`_check_spec`), the upstream conversation
+    template each of ``models`` (``--model`` values) renders under the protocol (its type read from its
+    config.json) and, when a model reads images (``models`` given and some of ``controls``, default
+    ``[spec.control]``, not ``no_image``), an image root for every source of the splits
+    (:func:`check_image_roots`), checked before the model loads: a missing file, root or a mistyped option is
+    named before minutes of loading, and before the run writes anything. A re-score's ``backend`` (a
+    predictions file) is checked under the protocol its answers were made under, as it runs. Returns the
+    splits built, for the run to take (:func:`run_grid`'s ``splits``)."""
     from medheval.backends.conversation import check_template_file
     from medheval.run.options import model_type_before_loading
     from medheval.run.paper_protocols import get_protocol, template_for_model
@@ -1108,6 +1149,13 @@ def check_before_model(spec: RunSpec, mitigations: Sequence[str] = (), models: S
     spec = _with_protocol_options(spec, protocol)
     for name in dict.fromkeys(parse_benchmark_spec(benchmark)[0] for benchmark in spec.benchmarks):
         (protocol_for(name) or QAProtocol()).check_inputs(name, spec)
+    splits = BuiltSplits()
+    loaded = [splits.load(benchmark, spec) for benchmark in spec.benchmarks]
+    reader = str(backend.name) if backend is not None and backend.needs_images else None
+    reader = reader or (models[0] if backend is None and models else None)
+    seeing = any(kind != "no_image" for kind in controls or [spec.control])
+    check_image_roots(spec, loaded, reader if seeing else None, note_unused=False)
+    return splits
 
 
 def _with_protocol_options(spec: RunSpec, protocol: Any) -> RunSpec:
@@ -1188,12 +1236,30 @@ def check_loaded_model(backend: Backend, methods: Sequence[tuple[str, Any]]) -> 
                 raise RunError(f"--mitigation {text} on model {backend.name}: {error}") from None
 
 
-def configure_run(spec: RunSpec, backend: Backend, mitigations: Sequence[str]
-                  ) -> tuple[RunSpec, Backend, list[tuple[str, Any]]]:
+class ConfiguredRun(NamedTuple):
+    """One model's grid as :func:`configure_run` settled it, for :func:`run_configured`."""
+
+    spec: RunSpec  # under its paper protocol, with the protocol's options
+    backend: Backend  # rendering under the protocol
+    methods: list[tuple[str, Any]]  # (mitigation spec, method or None) under the protocol
+    controls: list[str]  # the image controls, each once
+    seeds: list[int] | None
+
+
+def configure_run(spec: RunSpec, backend: Backend, mitigations: Sequence[str], controls: Sequence[str] | None = None,
+                  seeds: Sequence[int] | None = None) -> ConfiguredRun:
     """``spec`` under its paper protocol (a re-score's answers' own when none was chosen), ``backend`` rendering
-    under it and ``mitigations`` resolved under it, checked against the loaded model (:func:`check_loaded_model`):
-    what :func:`run_grid` checks first, and a config grid before it writes its plan."""
+    under it, ``mitigations`` resolved under it and checked against the loaded model (:func:`check_loaded_model`),
+    and every cell of mitigation × image control (``controls``; default ``[spec.control]``) × sampling seed
+    (``seeds``) checked against the backend: what :func:`run_grid` checks first (once per model), and a config
+    grid before it writes its plan.
+
+    Raises:
+        RunError: a control or mitigation this backend cannot run (a predictions file, an API model), or seeds
+            it cannot sample with.
+    """
     from medheval.run.paper_protocols import configure_backend, get_protocol
+    from medheval.run.seeds import check_seeds
 
     spec = _adopt_answers_protocol(spec, backend)
     protocol = get_protocol(spec.protocol)
@@ -1201,22 +1267,7 @@ def configure_run(spec: RunSpec, backend: Backend, mitigations: Sequence[str]
     methods = resolve_mitigations(protocol, mitigations)
     backend = configure_backend(backend, protocol, spec.chat_template)
     check_loaded_model(backend, methods)
-    return _with_protocol_options(spec, protocol), backend, methods
-
-
-def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8,
-             controls: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> dict[str, Any]:
-    """Run ``spec`` once per mitigation (``none`` = plain decoding) × image control (``controls``; default
-    ``[spec.control]``, :mod:`medheval.run.control`) × sampling seed (``seeds``, :mod:`medheval.run.seeds`),
-    side by side like MedHEval's Table 4.
-
-    One cell writes straight into ``spec.output``; several (or any with seeds) write one sub-folder each
-    (``<output>/<mitigation>/``, ``<output>/<mitigation>__<control>/`` for a blind cell,
-    ``…__seed-<s>/`` per seed, each resumable on its own) plus a combined ``results.md``/``results.json``.
-    """
-    from medheval.run.seeds import check_seeds, record_seeds
-
-    spec, backend, methods = configure_run(spec, backend, mitigations)
+    spec = _with_protocol_options(spec, protocol)
     controls = list(dict.fromkeys(controls or [spec.control]))
     try:
         for kind in controls:
@@ -1232,6 +1283,32 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
                        f"Run mitigations with an HF model (--model <hub id or folder>)")
     if seeds:
         check_seeds(backend, spec.generation, seeds)
+    return ConfiguredRun(spec, backend, methods, controls, list(seeds) if seeds else None)
+
+
+def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_size: int = 8,
+             controls: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+             splits: BuiltSplits | None = None) -> dict[str, Any]:
+    """Run ``spec`` once per mitigation (``none`` = plain decoding) × image control (``controls``; default
+    ``[spec.control]``, :mod:`medheval.run.control`) × sampling seed (``seeds``, :mod:`medheval.run.seeds`),
+    side by side like MedHEval's Table 4: :func:`configure_run`, then :func:`run_configured` (``splits``: those
+    :func:`check_before_model` built).
+
+    One cell writes straight into ``spec.output``; several (or any with seeds) write one sub-folder each
+    (``<output>/<mitigation>/``, ``<output>/<mitigation>__<control>/`` for a blind cell,
+    ``…__seed-<s>/`` per seed, each resumable on its own) plus a combined ``results.md``/``results.json``.
+    """
+    return run_configured(configure_run(spec, backend, mitigations, controls, seeds), batch_size, splits)
+
+
+def run_configured(configured: ConfiguredRun, batch_size: int = 8, splits: BuiltSplits | None = None
+                   ) -> dict[str, Any]:
+    """:func:`run_grid` of a model :func:`configure_run` has configured (each split built once: ``splits``, or
+    here). Several cells, or any seed, lock the folder and record the seeds and the plan (the main process, while
+    the others wait: a refused plan stops every process of a launch) before the first cell starts."""
+    from medheval.run.seeds import record_seeds
+
+    spec, backend, methods, controls, seeds = configured
     cells = [(text, method, kind, seed) for text, method in methods for kind in controls for seed in (seeds or [None])]
     group = process_group()
     several = len(cells) > 1 or bool(seeds)
@@ -1241,12 +1318,13 @@ def run_grid(spec: RunSpec, backend: Backend, mitigations: Sequence[str], batch_
             raise RunError(f"{spec.output} holds a single run (run.json); a grid of {len(cells)} mitigation × "
                            f"control × seed cells there would overwrite its results.md/results.json. Choose another "
                            f"--output folder.")
-        if group.is_main:  # the other processes of a launch write neither file
-            record_seeds(Path(spec.output), seeds)
-            if several:  # the plan, before the first cell starts (medheval.run.grid_plan)
-                record_plan(Path(spec.output), {"mitigations": [text for text, _ in methods], "controls": controls},
-                            _planned(spec, backend, cells))
-        return _run_methods(spec, backend, cells, batch_size, seeds)
+        with group.together("recording the grid plan"):
+            if group.is_main:  # the other processes of a launch write neither file
+                record_seeds(Path(spec.output), seeds)
+                if several:  # the plan, before the first cell starts (medheval.run.grid_plan)
+                    record_plan(Path(spec.output), {"mitigations": [text for text, _ in methods],
+                                                    "controls": controls}, _planned(spec, backend, cells))
+        return _run_methods(spec, backend, cells, batch_size, seeds, splits or BuiltSplits())
 
 
 def _cell_identity(backend: Backend, method: Any, control: str) -> tuple[str, str]:
@@ -1267,8 +1345,9 @@ def _planned(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, str, i
 
 
 def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, str, int | None]], batch_size: int,
-                 seeds: Sequence[int] | None = None) -> dict[str, Any]:
-    """The body of :func:`run_grid` (its folder locked when the grid has several runs)."""
+                 seeds: Sequence[int] | None = None, splits: BuiltSplits | None = None) -> dict[str, Any]:
+    """The body of :func:`run_grid` (its folder locked when the grid has several runs; every cell takes its
+    splits from ``splits``)."""
     import copy
 
     from medheval.report.tables import write_grid_markdown
@@ -1291,7 +1370,7 @@ def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, st
         output = Path(spec.output) / cell_folder(label, control, seed) if several else spec.output
         runs.append(run(dataclasses.replace(spec, output=output, mitigation=label, control=control, seed=seed,
                                             generation=plan),
-                        variant, batch_size=batch_size))
+                        variant, batch_size=batch_size, splits=splits))
     if several and process_group().is_main:
         combined: dict[str, Any] = {"runs": runs}
         seeded = None
