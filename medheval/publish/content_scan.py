@@ -16,10 +16,16 @@ decoded once, :func:`parts_kind`) is refused when, by content:
   (``b85encode``, ``a85encode``; ascii85, whose alphabet has quotes, commas and backslashes, is read with
   whitespace alone dropped). Each run is read in the normalised text and in the text as it is (where a run
   starts where its encoding does), and a decoded header of 3 bytes or more may start up to :data:`MAX_SHIFT`
-  characters in (a heading or key the normalised text joined in front);
-- it holds bytes mapped one to one onto a Unicode block (:func:`block_run`: ``chr(0x2800 + b)``, ``chr(0x100
-  + b)``): :data:`MIN_BLOCK_RUN` characters in a row, ``\\uXXXX`` escapes undone, all in one 256-wide block
-  above U+00FF, whose low bytes start like an image, DICOM, array or archive file;
+  characters in (a heading or key the normalised text joined in front). The mix is also measured without the
+  run's runs of zero bytes (:func:`mixed`: a headerless payload mostly zeros). A shorter run of
+  :data:`MIN_HEADER_BYTES` of bytes or more is refused when it decodes to a header of 3 bytes or more (a small
+  image). Runs cut by 1 to :data:`MAX_GAP` punctuation characters (``;``, ``.``, ``|``, ``:``) are joined
+  (:func:`runs`) and read the same way, a joined run of the full length only when also mixed with 7/8 of its
+  alphabet's symbols (hex: by its header alone);
+- it holds bytes mapped one to one onto a 256-wide window of code points (:func:`block_run`: ``chr(0x2800 +
+  b)``, ``chr(0x2810 + b)``, ``chr(0x100 + b)``): :data:`MIN_BLOCK_RUN` characters in a row (``\\uXXXX`` escapes
+  undone, ASCII dropped) within 256 of each other, whose values less the window's start start like an image,
+  DICOM, array or archive file or take :data:`MIN_BLOCK_DISTINCT` distinct values;
 - the same, in the strings of its JSON (:func:`json_parts`): a file (or a Parquet cell) that parses as JSON is
   decoded (every escape undone) and the keys and string values of each object and array, nested ones and JSON
   held in strings included, are joined in order, so base64 or hex split across object values (``"k1": chunk,
@@ -36,8 +42,9 @@ breaks a run, and a digest is 64 hex digits (a bare list of more than 31 digests
 is refused). A results table breaks its number runs at every row's label. Upper-case words hold no 12% of
 digits 2-7 (base32 of binary data: 19%), code and tables no 15% each of upper case, lower case and symbols
 (base85 of binary data: 25-33% each), and text in one script (Cyrillic, kana, braille) or CJK text (whose
-characters spread over dozens of blocks: runs of 1-3 in one block) is refused only when its low bytes carry a
-header, as a run of characters never does by chance (one in 2^16 for the shortest headers, ``BM``).
+characters spread over dozens of blocks) is refused only when its values carry a header, as a run of characters
+never does by chance (one in 2^16 for the shortest headers, ``BM``), or take 192 distinct values in 1,024
+characters (natural scripts: 30-100 letters in a window).
 """
 
 from __future__ import annotations
@@ -68,6 +75,11 @@ MIN_B85_RUN = 1280  # base85 / ascii85 characters in a row: 256 groups of 5
 # characters in a row within one 256-wide Unicode block above U+00FF (chr(0x2800 + byte)), one per byte; braille
 # or kana text runs longer (6,600 measured) and passes: its low bytes start no file
 MIN_BLOCK_RUN = 1024
+MIN_BLOCK_DISTINCT = 192  # distinct values in MIN_BLOCK_RUN characters of one window: bytes, never letters
+# bytes a shorter run decodes to at the least to be read for a file's header: a small image (a 1x1 PNG is 67
+# bytes) in base64, hex, base32 or base85, however short, is refused when its decoded head starts like a file
+MIN_HEADER_BYTES = 64
+MIN_REST = 64  # characters of a run left without its runs of zero bytes for their mix to be measured
 MAX_SHIFT = 16  # characters a run's decoded header may start after: a heading or key joined in front of it
 MAX_GAP = 8  # punctuation between two numbers of one run (whitespace not counted): '", "', '], [', ' | '
 NETPBM_HEADER = re.compile(rb"\s*(?:P[1-6](?:\s+#[^\n]*)*\s+\d+\s+\d+|P7\s+(?:WIDTH|HEIGHT|DEPTH|MAXVAL|TUPLTYPE)\b)")
@@ -76,8 +88,6 @@ _YAML_KEY = re.compile(rb"(?m)^[ \t]*(?:-[ \t]+)?[A-Za-z0-9_.-]{1,64}:(?=[ \t\r\
 _ESCAPES = re.compile(rb"\\[nrt]|\s+")  # whitespace, and JSON/YAML line-break and tab escapes
 _UNICODE_ESCAPE = re.compile(rb"\\u00(2[bBfF]|3[dD])")  # \u002b \u002f \u003d: '+', '/', '='
 _BOUNDARIES = re.compile(rb"[\"',\[\]]+")  # JSON/YAML string and list-item boundaries
-_RUN = re.compile(rb"[A-Za-z0-9+/_-]{%d,}" % MIN_RUN)
-_HEX_RUN = re.compile(rb"[0-9A-Fa-f]{%d,}" % MIN_HEX_RUN)
 # a number standing alone (not part of a word, a hash or a version): an integer, a decimal, an exponent; or one
 # byte as two hex digits (0x optional)
 _NUMBER = re.compile(rb"(?<![A-Za-z0-9_.])(?:[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|(?:0x)?[0-9A-Fa-f]{2})"
@@ -100,39 +110,107 @@ def normalise(data: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Encoding:
-    """A text encoding of bytes: ``run`` finds its runs, ``decode`` decodes ``group = (characters, bytes)``
-    groups; a run is encoded bytes when each ``(characters, share)`` of ``mix`` makes up that share of it (as
-    encoded binary data does, and words do not) or when it decodes to a file's leading bytes."""
+    """A text encoding of bytes: ``classes`` (byte -> 1 for its alphabet, 2 for punctuation, 0 for what ends a
+    run: whitespace, other letters and digits) finds its runs and chains (:func:`runs`), ``decode`` decodes
+    ``group = (characters, bytes)`` groups. A run of ``min_run`` characters or more is encoded bytes when each
+    ``(characters, share)`` of ``mix`` makes up that share of it (as encoded binary data does, and words do not),
+    measured on the run or on the run less its runs of zero bytes (``zero``, 8 or more in a row), or when it
+    decodes to a file's leading bytes; a chain of runs cut by punctuation must also hold ``distinct`` of the
+    alphabet's symbols (:func:`mixed`, :func:`is_encoded`)."""
 
     kind: str
-    run: re.Pattern[bytes]
+    classes: bytes
     decode: Callable[[bytes], bytes]
     group: tuple[int, int]
-    mix: tuple[tuple[bytes, float], ...]  # empty: every run is encoded bytes (hex)
+    mix: tuple[tuple[bytes, float], ...]  # empty: every run of min_run is encoded bytes (hex)
+    min_run: int
+    zero: bytes  # the character zero bytes encode to ('A' in base64 and base32, '0' in hex, 'z' in ascii85)
+    distinct: int = 0  # symbols a joined chain holds (binary data of 1 KB holds all of them); 0: no chains read
     normalised: bool = True  # False: read with whitespace alone dropped (ascii85 has quotes, commas, backslashes)
+
+    @property
+    def shortest(self) -> int:
+        """The characters :data:`MIN_HEADER_BYTES` take (padding left out): the shortest run read."""
+        characters, width = self.group
+        return -(-MIN_HEADER_BYTES * characters // width)
+
+    @property
+    def punctuation(self) -> bytes:
+        """The bytes a chain drops between its runs."""
+        return bytes(byte for byte in range(256) if self.classes[byte] == 2)
+
+
+def _encoding(kind: str, alphabet: bytes, decode: Callable[[bytes], bytes], group: tuple[int, int],
+              mix: tuple[tuple[bytes, float], ...], min_run: int, zero: bytes, distinct: int = 0,
+              normalised: bool = True) -> Encoding:
+    """An :class:`Encoding` of the regex class ``alphabet``: its other bytes are punctuation (2) unless
+    whitespace, an ASCII letter or a digit (0)."""
+    def kind_of(byte: int) -> int:
+        if re.fullmatch(rb"[%s]" % alphabet, bytes([byte])):
+            return 1
+        return 0 if re.fullmatch(rb"[A-Za-z0-9\s]", bytes([byte])) else 2
+
+    return Encoding(kind, bytes(map(kind_of, range(256))), decode, group, mix, min_run, zero, distinct, normalised)
+
+
+def _spans(mask: Any) -> tuple[Any, Any]:
+    """The starts and ends of the runs of ``True`` in the NumPy array ``mask``."""
+    import numpy as np
+
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).astype(np.int8)))
+    return edges[0::2], edges[1::2]
+
+
+def runs(encoding: Encoding, text: bytes, chains: bool = False) -> list[bytes]:
+    """The runs of ``encoding``'s alphabet in ``text`` of :attr:`Encoding.shortest` characters or more; with
+    ``chains``, its chains instead: two or more runs with 1 to :data:`MAX_GAP` punctuation characters (``;``,
+    ``.``, ``|``, ``:``, not whitespace, letters or digits) between each two, joined (the punctuation dropped)."""
+    import numpy as np
+
+    classes = np.frombuffer(encoding.classes, dtype=np.uint8)[np.frombuffer(text, dtype=np.uint8)]
+    if not chains:
+        starts, ends = _spans(classes == 1)
+        keep = ends - starts >= encoding.shortest
+        return [text[start:end] for start, end in zip(starts[keep].tolist(), ends[keep].tolist())]
+    starts, ends = _spans(classes == 2)
+    long = ends - starts > MAX_GAP  # punctuation longer than a cut ends a chain
+    bounds = np.zeros(len(classes) + 1, dtype=np.int64)
+    np.add.at(bounds, starts[long], 1)
+    np.add.at(bounds, ends[long], -1)
+    inside = (classes != 0) & (np.cumsum(bounds[:-1]) == 0)
+    found = []
+    punctuation = encoding.punctuation
+    for start, end in zip(*(part.tolist() for part in _spans(inside))):
+        if end - start < encoding.shortest:
+            continue
+        piece = text[start:end].strip(punctuation)
+        joined = piece.translate(None, punctuation)
+        if len(joined) != len(piece) and len(joined) >= encoding.shortest:
+            found.append(joined)
+    return found
 
 
 _UPPER, _LOWER, _DIGITS = bytes(range(65, 91)), bytes(range(97, 123)), b"0123456789"
 _B85_SYMBOLS = b"!#$%&()*+-;<=>?@^_`{|}~"
 _A85_SYMBOLS = bytes(range(0x21, 0x30)) + bytes(range(0x3A, 0x41)) + bytes(range(0x5B, 0x61))
-BASE64 = Encoding("base64 text", _RUN, lambda run: base64.b64decode(run.translate(bytes.maketrans(b"-_", b"+/")),
-                                                                    validate=True),
-                  (4, 3), ((_UPPER, 0.10), (_LOWER, 0.10), (_DIGITS, 0.03)))  # base64 of binary data: 40/40/16
-HEX = Encoding("hex text", _HEX_RUN, bytes.fromhex, (2, 1), ())
+BASE64 = _encoding("base64 text", rb"A-Za-z0-9+/_\-",
+                   lambda run: base64.b64decode(run.translate(bytes.maketrans(b"-_", b"+/")), validate=True),
+                   (4, 3), ((_UPPER, 0.10), (_LOWER, 0.10), (_DIGITS, 0.03)), MIN_RUN, b"A", 56)  # binary: 40/40/16
+HEX = _encoding("hex text", rb"0-9A-Fa-f", lambda run: bytes.fromhex(run.decode("ascii")), (2, 1), (), MIN_HEX_RUN, b"0", 16)
 # encodings read after base64 and hex (base64.b32encode, b32hexencode, b85encode, a85encode): upper or lower case
 # for base32. Binary data as base32 is 19% digits (12% asked), as base32hex 50% G-V and 31% digits (20%, 15%), as
 # base85 or ascii85 about 30% upper case, 25-30% lower case, 12% digits, 27-33% symbols (15/15/5/15%); data mostly
-# zeros (a DICOM file's preamble and padding) falls below and is caught by its decoded header
+# zeros (a DICOM file's preamble and padding) is measured without its runs of zero bytes too
 OTHER_ENCODINGS = (
-    Encoding("base32 text", re.compile(rb"[A-Za-z2-7]{%d,}" % MIN_B32_RUN),
-             lambda run: base64.b32decode(run, casefold=True), (8, 5), ((b"234567", 0.12), (_UPPER + _LOWER, 0.5))),
-    Encoding("base32 text", re.compile(rb"[0-9A-Va-v]{%d,}" % MIN_B32_RUN),
-             lambda run: base64.b32hexdecode(run, casefold=True), (8, 5),
-             ((b"GHIJKLMNOPQRSTUVghijklmnopqrstuv", 0.20), (_DIGITS, 0.15))),
-    Encoding("base85 text", re.compile(rb"[0-9A-Za-z!#$%%&()*+\-;<=>?@^_`{|}~]{%d,}" % MIN_B85_RUN), base64.b85decode,
-             (5, 4), ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_B85_SYMBOLS, 0.15))),
-    Encoding("ascii85 text", re.compile(rb"[!-uz]{%d,}" % MIN_B85_RUN), base64.a85decode,
-             (5, 4), ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_A85_SYMBOLS, 0.15)), normalised=False),
+    _encoding("base32 text", rb"A-Za-z2-7", lambda run: base64.b32decode(run, casefold=True), (8, 5),
+              ((b"234567", 0.12), (_UPPER + _LOWER, 0.5)), MIN_B32_RUN, b"A", 28),
+    _encoding("base32 text", rb"0-9A-Va-v", lambda run: base64.b32hexdecode(run, casefold=True), (8, 5),
+              ((b"GHIJKLMNOPQRSTUVghijklmnopqrstuv", 0.20), (_DIGITS, 0.15)), MIN_B32_RUN, b"0", 28),
+    _encoding("base85 text", rb"0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~", base64.b85decode, (5, 4),
+              ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_B85_SYMBOLS, 0.15)), MIN_B85_RUN, b"0", 75),
+    _encoding("ascii85 text", rb"!-uz", base64.a85decode, (5, 4),
+              ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_A85_SYMBOLS, 0.15)), MIN_B85_RUN, b"z",
+              normalised=False),
 )
 ENCODINGS = (BASE64, HEX, *OTHER_ENCODINGS)
 
@@ -159,18 +237,44 @@ def decoded_head(encoding: Encoding, run: bytes, size: int = 264) -> bytes:
     return b""
 
 
-def is_encoded(encoding: Encoding, run: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> bool:
-    """Whether a run of ``encoding``'s alphabet is encoded bytes rather than joined words: its characters are
-    mixed as in ``encoding.mix``, or its decoded head starts like a file in ``magic`` (``(offset, leading bytes,
-    kind)``, as :data:`medheval.publish.hub.MAGIC_BYTES`), from the run's start or, for headers of 3 bytes or
-    more, from one of its next :data:`MAX_SHIFT` characters (a heading or key the normalised text joined in
-    front)."""
-    if all(_share(run, characters) >= share for characters, share in encoding.mix):
-        return True
+def mixed(encoding: Encoding, run: bytes, joined: bool = False) -> bool:
+    """Whether ``run``'s characters are mixed as ``encoding`` of binary data: each share of ``encoding.mix``,
+    in the run or in what is left of it without its runs of zero bytes (8 or more ``encoding.zero`` in a row,
+    when :data:`MIN_REST` characters or more are left: a DICOM file's zero preamble and padding, an image's black
+    border). A ``joined`` chain (pieces cut by punctuation) must also hold ``encoding.distinct`` of its symbols;
+    hex has no mix (every run of it is bytes), so a joined hex chain is never mixed (only its header counts)."""
+    if not encoding.mix:
+        return not joined
+    pieces = [run]
+    if encoding.zero * 8 in run:
+        rest = re.sub(rb"%s{8,}" % re.escape(encoding.zero), b"", run)
+        pieces += [rest] if len(rest) >= MIN_REST else []
+    return any(all(_share(piece, characters) >= share for characters, share in encoding.mix) for piece in pieces) \
+        and (not joined or len(set(run)) >= encoding.distinct)
+
+
+def is_encoded(encoding: Encoding, run: bytes, magic: Iterable[tuple[int, bytes, str]] = (),
+               joined: bool = False) -> bool:
+    """Whether a run of ``encoding``'s alphabet is encoded bytes rather than joined words. A run of
+    ``encoding.min_run`` characters or more is when it is :func:`mixed` (a ``joined`` chain: more strictly), or
+    when its decoded head starts like a file in ``magic`` (``(offset, leading bytes, kind)``, as
+    :data:`medheval.publish.hub.MAGIC_BYTES`), from the run's start or, for headers of 3 bytes or more, from one
+    of its next :data:`MAX_SHIFT` characters (a heading or key the normalised text joined in front). A shorter run
+    (:data:`MIN_HEADER_BYTES` of bytes or more, whatever its mix) is when its decoded head starts like a file of a
+    3-byte header or longer, from its start, or shifted (as above) like one at offset 0: a small image, however
+    short."""
     magic = tuple(magic)
     longer = tuple(entry for entry in magic if len(entry[1]) >= 3)  # 2 bytes (BM, gzip) words would hit by chance
-    return _starts_like(decoded_head(encoding, run), magic) or any(
-        _starts_like(decoded_head(encoding, run[start:]), longer) for start in range(1, MAX_SHIFT + 1))
+    shifted = longer
+    if len(run) >= encoding.min_run:
+        if mixed(encoding, run, joined):
+            return True
+    else:  # many short runs (sentences of prose once spaces are dropped): decode a few bytes of each
+        magic, shifted = longer, tuple(entry for entry in longer if entry[0] == 0)
+    size, shifted_size = (max((offset + len(lead) for offset, lead, _ in entries), default=0)
+                          for entries in (magic, shifted))
+    return _starts_like(decoded_head(encoding, run, size), magic) or any(
+        _starts_like(decoded_head(encoding, run[start:], shifted_size), shifted) for start in range(1, MAX_SHIFT + 1))
 
 
 def looks_encoded(run: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> bool:
@@ -183,7 +287,8 @@ def looks_encoded(run: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> b
 def encoded_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> str | None:
     """What ``data`` hides once normalised (``"text with an image data URL"``, ``"base64 text"``, ``"hex
     text"``, ``"base32 text"``, ``"base85 text"``, ``"ascii85 text"``, ``"bytes as characters"``: a run of each
-    of :data:`ENCODINGS` that :func:`is_encoded`, then :func:`block_run`), or ``None``."""
+    of :data:`ENCODINGS` that :func:`is_encoded`, or a chain of its runs cut by punctuation that is once the cuts
+    are dropped, then :func:`block_run`), or ``None``."""
     text = normalise(data)
     if DATA_URL.search(text):
         return "text with an image data URL"
@@ -193,8 +298,12 @@ def encoded_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> st
     # encoding starts (a heading or a key joined in front would hide a decoded header)
     sources = {True: (text, data), False: (_SPACES.sub(b"", unescaped), unescaped)}
     for encoding in ENCODINGS:
-        runs = (match.group() for source in sources[encoding.normalised] for match in encoding.run.finditer(source))
-        if any(is_encoded(encoding, run, magic) for run in runs):
+        if any(is_encoded(encoding, run, magic) for source in sources[encoding.normalised]
+               for run in runs(encoding, source)):
+            return encoding.kind
+    for encoding in ENCODINGS:  # then the runs cut by punctuation (ascii85's own punctuation read first, above)
+        if encoding.distinct and any(is_encoded(encoding, chain, magic, joined=True)
+                                     for chain in runs(encoding, text, chains=True)):
             return encoding.kind
     return "bytes as characters" if block_run(text, magic) else None
 
@@ -212,20 +321,36 @@ def _code_points(text: str) -> Any:
 
 
 def block_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), size: int = MIN_BLOCK_RUN) -> bool:
-    """Whether ``data`` holds bytes mapped one to one onto a Unicode block above Latin-1 (``chr(0x2800 + b)``,
-    ``chr(0x100 + b)``): a run of ``size`` or more characters (``\\uXXXX`` escapes undone) all in one 256-wide
-    block whose low bytes start like a file in ``magic``. Scripts of one block (Cyrillic, Greek, kana, braille)
-    and CJK text (which spans many blocks) pass: their low bytes are no image, DICOM, array or archive header."""
+    """Whether ``data`` holds bytes mapped one to one onto a 256-wide window of code points above ASCII
+    (``chr(0x2800 + b)``, ``chr(0x2810 + b)``, ``chr(0x100 + b)``: any start, aligned to a Unicode block or not):
+    ``size`` or more characters in a row (``\\uXXXX`` escapes undone, ASCII characters dropped, so punctuation
+    or words between pieces join them) whose code points lie within 256 of each other, and whose values less the
+    window's start start like a file in ``magic`` or take :data:`MIN_BLOCK_DISTINCT` distinct values in some
+    ``size`` of them (compressed or pixel bytes: about 250). Text in a script of one block (Cyrillic, Greek, kana,
+    braille) runs that long with a few dozen letters, never 200; CJK, Korean and mixed scripts jump further."""
     import numpy as np
 
-    codes = _code_points(unescape(data).decode("utf-8", "replace"))
-    blocks = codes >> 8
-    edges = np.concatenate(([0], np.flatnonzero(blocks[1:] != blocks[:-1]) + 1, [len(codes)]))
+    codes = _code_points(unescape(data).decode("utf-8", "replace")).astype(np.int64)
+    codes = codes[codes >= 0x80]
+    if len(codes) < size:
+        return False
     magic = tuple(magic)
-    for start, end in zip(edges[:-1], edges[1:]):
-        if end - start >= size and blocks[start] > 0:
-            head = (codes[start : start + 264] & 0xFF).astype(np.uint8).tobytes()
-            if _starts_like(head, magic):
+    near = np.abs(np.diff(codes)) < 256  # a window holds no step of 256: runs of such steps are candidates
+    starts, ends = _spans(near)
+    for start, end in zip(starts.tolist(), (ends + 1).tolist()):
+        if end - start < size:
+            continue
+        run = codes[start:end]
+        windows = np.lib.stride_tricks.sliding_window_view(run, size)
+        low, high = windows.min(axis=1), windows.max(axis=1)
+        for first, last in zip(*(part.tolist() for part in _spans(high - low < 256))):
+            window = run[first : first + size]
+            bases = {int(low[first])} | {int(window[offset]) - lead[0] for offset, lead, _ in magic if offset < size}
+            heads = (window[:264] - base for base in bases)
+            if any(_starts_like(head.astype(np.uint8).tobytes(), magic) for head in heads
+                   if head.min() >= 0 and head.max() < 256):
+                return True
+            if any(len(np.unique(run[at : at + size])) >= MIN_BLOCK_DISTINCT for at in range(first, last, size // 2)):
                 return True
     return False
 
@@ -376,7 +501,8 @@ def text_kind(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), numbers
     return _kind((data,), (data,), (data,), magic, numbers)
 
 
-__all__ = ["BASE64", "ENCODINGS", "HEX", "MAX_NUMBERS", "MAX_SHIFT", "MAX_SMALL_INTS", "MIN_B32_RUN", "MIN_B85_RUN", "MIN_BLOCK_RUN",
-           "MIN_HEX_RUN", "MIN_RUN", "OTHER_ENCODINGS", "Encoding", "block_run", "decoded_head", "encoded_run",
-           "is_encoded", "json_parts", "latin1_text", "looks_encoded", "netpbm_header", "normalise", "number_run",
-           "parts_kind", "text_kind", "unescape"]
+__all__ = ["BASE64", "ENCODINGS", "HEX", "MAX_NUMBERS", "MAX_SHIFT", "MAX_SMALL_INTS", "MIN_B32_RUN", "MIN_B85_RUN",
+           "MIN_BLOCK_DISTINCT", "MIN_BLOCK_RUN", "MIN_HEADER_BYTES", "MIN_HEX_RUN", "MIN_REST", "MIN_RUN",
+           "OTHER_ENCODINGS", "Encoding", "block_run", "decoded_head", "encoded_run", "is_encoded", "json_parts",
+           "latin1_text", "looks_encoded", "mixed", "netpbm_header", "normalise", "number_run", "parts_kind", "runs",
+           "text_kind", "unescape"]

@@ -673,6 +673,20 @@ def check_recorded_files(repo: RepoFolder) -> bool:
     return gated
 
 
+def _values_kind(values: Any) -> str | None:
+    """What a Parquet column's values (or one cell) hide, read as one decoded JSON value: base64 data
+    (:data:`BASE64_RUN`), else :func:`medheval.publish.content_scan.parts_kind`; ``None`` for text."""
+    parts = json_parts(values)
+    return "base64 data" if BASE64_RUN.search(parts[0]) else parts_kind(parts, MAGIC_BYTES)
+
+
+def _first_row(values: Sequence[Any]) -> str:
+    """Where in a refused Parquet column its bytes lie: ``"in row N"``, the first row that alone
+    :func:`_values_kind` refuses, or ``"split over its rows"`` when none does."""
+    row = next((i for i, value in enumerate(values) if _values_kind(value)), None)
+    return "split over its rows" if row is None else f"in row {row}"
+
+
 def check_no_credentialed_bytes(repo: RepoFolder) -> None:
     """Refuse a repo folder that could publish credentialed pixels; runs on every push, for every repo,
     gated or not, on every file whether ``publish.json`` lists it or not.
@@ -746,11 +760,11 @@ def check_no_credentialed_bytes(repo: RepoFolder) -> None:
             if not (pa.types.is_string(storage) or pa.types.is_large_string(storage) or pa.types.is_nested(storage)):
                 continue
             # the column's values as one list: base64, hex or numbers split over rows (or over a cell's JSON) join up
-            parts = json_parts(column.to_pylist())
-            found = "base64 data" if BASE64_RUN.search(parts[0]) else parts_kind(parts, MAGIC_BYTES)
+            values = column.to_pylist()
+            found = _values_kind(values)
             if found:
                 raise CredentialedImageError(f"{repo.repo_id}: {where} column {name!r} holds {found}"
-                                             f"{in_repo}; publish image references only: {how}")
+                                             f" {_first_row(values)}{in_repo}; publish image references only: {how}")
 
 
 # -------------------------------------------------------------------------------------- metrics
