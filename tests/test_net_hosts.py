@@ -144,9 +144,15 @@ def test_every_spelling_of_one_ip_matches_one_entry(named):
     assert not named.covers("http://[::ffff:7f00:1]:8001/v1") and not named.covers("https://[2001:db8::2]/")
 
 
-def test_an_ipv4_mapped_address_is_judged_as_the_ipv4_address():
+def test_an_ipv4_mapped_address_is_judged_as_the_ipv4_address(named):
+    from medheval.judges.endpoints import endpoint_allowed
     from medheval.net.hosts import is_local_host, is_local_url, is_loopback_host
     from medheval.net.keys import plain_http_to_network
+
+    named.set(["127.0.0.1", "10.0.0.1:8000"])  # IPv4 entries name the IPv4-mapped spellings of their addresses
+    assert named.covers("http://[::ffff:7f00:1]:9/v1") and named.covers("http://[::FFFF:10.0.0.1]:8000/v1")
+    assert not named.covers("http://[::ffff:a00:1]:8001/v1")
+    assert endpoint_allowed("https://[::ffff:a00:1]:8000/v1", ["10.0.0.1:8000"])
 
     assert is_loopback_host("::ffff:127.0.0.1") and is_loopback_host("[::ffff:7f00:1]")
     assert is_local_host("[::ffff:10.1.2.3]") and not is_local_host("::ffff:8.8.8.8")
@@ -181,9 +187,12 @@ def test_redirect_origins_and_approvals_compare_canonical_ips():
                        r"names every path on it, or a base URL with its scheme \(https://example.org/v1\)"),
     ("example.org:8443/v1?x=1", r"'example.org:8443/v1\?x=1' is neither a host nor a URL: give either the host "
                                 r"\(example.org:8443\)"),
-    ("user@example.org", r"'user@example.org' is neither a host nor a URL"),
+    ("user:pw-secret@example.org", r"'\*\*\*@example.org' is neither a host nor a URL: give either the host "
+                                   r"\(example.org\), which names every path on it, or a base URL with its scheme "
+                                   r"\(https://\*\*\*@example.org\)$"),  # a password is never echoed
     ("example.org:abc", r"'example.org:abc' is not a host name, host:port or URL"),
-    ("fe80::1%eth0", r"'fe80::1%eth0' names an IPv6 address with a zone id"),
+    ("fe80::1%eth0", r"'fe80::1%eth0' names an IP address with a zone id \(the part from '%'\)"),
+    ("127.0.0.1%x", r"'127.0.0.1%x' names an IP address with a zone id \(the part from '%'\)"),
     (":8080", r"':8080' names no host"),
 ])
 def test_an_entry_that_is_not_a_host_or_url_is_refused_where_it_is_given(named, monkeypatch, entry, says):
@@ -233,3 +242,26 @@ def test_main_reports_an_unreadable_host_of_a_judge_url_as_a_user_error(capsys):
     assert ("error: on the command line: 'http://h.example:abc/v1' is not a host name, host:port or URL"
             in capsys.readouterr().err)
     assert keys.named_key_hosts() == before  # the earlier lists are restored
+
+
+@pytest.mark.parametrize("host, local", [
+    ("10.0.0.1", True), ("[::1]", True), ("::1", True), ("[::ffff:a00:1]", True), ("localhost", True),
+    ("10.0.0.1/x", False), ("localhost:8000", False), ("10.0.0.1:8000", False), ("evil.com\\@10.0.0.1", False),
+    ("http://10.0.0.1/", False), ("[10.0.0.1]", False), ("[localhost]", False), ("user@10.0.0.1", False),
+    ("127.0.0.1%x", False), ("[::1]:8000", False),
+])
+def test_is_local_host_judges_a_bare_host_only(monkeypatch, host, local):
+    import socket
+
+    from medheval.net.hosts import is_local_host, is_local_url, is_loopback_host
+
+    monkeypatch.setattr(socket, "getaddrinfo", lambda name, *a, **k: [(socket.AF_INET, 1, 6, "", ("127.0.0.1", 0))])
+    assert is_local_host(host) is local and is_loopback_host(host) is (local and host != "10.0.0.1"
+                                                                        and host != "[::ffff:a00:1]")
+    assert is_local_url("http://10.0.0.1:8000/x") and is_local_url("http://localhost:8000/v1")
+
+
+def test_an_ipvfuture_literal_keeps_its_brackets():
+    assert parse_address("[v1.abc]") == Address("", "[v1.abc]", None)
+    assert parse_address("HTTP://[v1.abc]:80/x") == Address("http", "[v1.abc]", 80)
+    assert host_entry("[v1.abc]") != host_entry("v1.abc")  # a literal is never the DNS name v1.abc
