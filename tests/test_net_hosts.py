@@ -233,15 +233,97 @@ def test_the_cli_flags_refuse_a_path_without_a_scheme_naming_the_flag(capsys):
         ["example.org"], ["https://a.example/"], ["https://example.org/v1"])
 
 
-def test_main_reports_an_unreadable_host_of_a_judge_url_as_a_user_error(capsys):
+@pytest.fixture
+def reached_run(monkeypatch) -> list:
+    """Replaces ``medheval run``'s handler: each call records the key hosts main() set, and returns 0."""
+    import sys
+
+    import medheval.cli  # noqa: F401 - loads medheval.cli.main (medheval.cli.main the attribute is the function)
+    from medheval.net import keys
+
+    reached: list = []
+    monkeypatch.setattr(sys.modules["medheval.cli.main"], "cmd_run", lambda args: reached.append(keys.named_key_hosts()) or 0)
+    return reached
+
+
+@pytest.mark.parametrize("option, hosts", [
+    ("x.cache=file:///tmp/cache", set()),  # a URL naming no host names none
+    ("x.y={base_url: http://127.0.0.1:8000}", {"127.0.0.1:8000"}),  # the flow map's '}' is not its port's
+    ("x.y={base_url: http://h.example:abc/v1}", set()),  # a URL naming no readable host names none
+    ("sh_judge.judge=openai:m@https://User:pw@Judge.example/v1", {"judge.example"}),
+])
+def test_a_url_inside_a_metric_option_names_its_host_or_nothing_and_never_stops_the_command(
+        reached_run, capsys, option, hosts):
     from medheval.cli import main
     from medheval.net import keys
 
     before = keys.named_key_hosts()
-    assert main(["run", "--judge", "openai:m@http://h.example:abc/v1", "--benchmark", "knowledge:open"]) == 2
-    assert ("error: on the command line: 'http://h.example:abc/v1' is not a host name, host:port or URL"
-            in capsys.readouterr().err)
+    assert main(["run", "--benchmark", "knowledge:open", "--metric-option", option]) == 0, capsys.readouterr().err
+    assert reached_run == [before | hosts]
     assert keys.named_key_hosts() == before  # the earlier lists are restored
+
+
+def test_the_api_key_host_flag_still_refuses_a_path_without_a_scheme(reached_run, capsys):
+    from medheval.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--api-key-host", "example.org/v1"])
+    assert "argument --api-key-host: 'example.org/v1' is neither a host nor a URL" in capsys.readouterr().err
+    assert reached_run == []
+
+
+def test_a_judge_url_that_names_no_readable_host_is_refused_where_the_judge_is_built():
+    from medheval.judges import JudgeError, make_judge
+
+    with pytest.raises(JudgeError, match=r"^the openai judge's base_url: 'http://h.example:abc/v1' is not a host "
+                                         r"name, host:port or URL \(Port could not be cast"):
+        make_judge("openai:m@http://h.example:abc/v1", cache_dir=False)
+    with pytest.raises(JudgeError, match=r"^the openai judge's base_url: 'https://\*\*\*@h.example:99999/v1' is "
+                                         r"not a host name"):
+        make_judge("openai:m@https://u:pw-secret@h.example:99999/v1", cache_dir=False)
+
+
+@pytest.mark.parametrize("variable", ["MEDHEVAL_PROXY_FOR", "MEDHEVAL_API_KEY_HOSTS",
+                                      "MEDHEVAL_ALLOW_REMOTE_CREDENTIALED", "MEDHEVAL_IMAGE_HOST"])
+def test_main_refuses_a_bad_entry_of_any_host_list_variable_before_anything_runs(
+        reached_run, capsys, monkeypatch, variable):
+    from medheval.cli import main
+
+    monkeypatch.setenv(variable, "example.net,example.org/v1")
+    assert main(["run", "--benchmark", "knowledge:open"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {variable}: 'example.org/v1' is neither a host nor a URL: give either the host (example.org), "
+        "which names every path on it, or a base URL with its scheme (https://example.org/v1)\n")
+    assert reached_run == []
+
+
+def test_a_bad_proxy_for_variable_stops_a_judge_run_once_with_its_message(monkeypatch, caplog):
+    """From Python (no main() to check it first), MEDHEVAL_PROXY_FOR is read when a judge thread opens its
+    session: the run stops once, naming the variable, not every record failing with an internal error."""
+    from medheval.judges import JudgeError, JudgeRequest, make_judge
+
+    monkeypatch.setenv("MEDHEVAL_PROXY_FOR", "judge.example/v1")
+    judge = make_judge("openai:m@https://judge.example/v1", cache_dir=False, progress=False,
+                       allow_remote_credentialed="judge.example", max_retries=0)
+    requests = [JudgeRequest(f"r{i}", user="x", credentialed=True) for i in range(3)]
+    with pytest.raises(JudgeError, match=r"^MEDHEVAL_PROXY_FOR: 'judge.example/v1' is neither a host nor a URL"):
+        judge.run(requests)
+    assert "internal error" not in caplog.text
+
+
+def test_an_extra_proxy_for_entry_from_python_is_checked_as_every_entry_is(monkeypatch):
+    from medheval.data.images import URLTemplateSource
+    from medheval.net import transport
+
+    monkeypatch.delenv(transport.PROXY_OPT_IN_ENV, raising=False)
+    says = r"^proxy_for: 'example.org/v1' is neither a host nor a URL"
+    for credentialed in (True, False):
+        with pytest.raises(ValueError, match=says):
+            transport.proxy_allowed("https://example.org/files/x", credentialed=credentialed,
+                                    proxy_for=("example.org/v1",))
+    with pytest.raises(ValueError, match=says):
+        URLTemplateSource("https://example.org/files/{path}", proxy_for=("example.org/v1",))
+    assert transport.proxy_allowed("https://example.org/files/x", credentialed=True, proxy_for=("example.org",))
 
 
 @pytest.mark.parametrize("host, local", [

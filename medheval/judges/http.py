@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import requests
 
 from medheval.net import transport
+from medheval.net.hosts import check_host_entry
 from medheval.net.keys import carries_secret_header, check_plain_http
 from medheval.net.secrets import PLAIN_HEADERS, is_secret_query_name, register_basic_auth, register_headers
 from medheval.net.untrusted import printable
@@ -123,6 +124,10 @@ class HTTPJudge(Judge):
         if deadline <= 0:
             raise ValueError(f"deadline must be positive, got {deadline}")
         self.deadline = deadline
+        try:  # a URL naming no host, a port that is not a number: refused here, not by every call
+            check_host_entry(base_url, f"the {self.backend} {self.role}'s base_url")
+        except ValueError as error:
+            raise JudgeError(str(error)) from None
         url, user, password = split_userinfo(base_url)
         query_secret = any(is_secret_query_name(item.partition("=")[0]) for item in urlsplit(url).query.split("&") if item)
         # only credentials written into the spec reach this check: make_judge withholds a key from the
@@ -191,6 +196,10 @@ class HTTPJudge(Judge):
     def _call(self, item: _Item, stop: threading.Event) -> Completion:
         url, headers, payload = self._request(item)
         headers = {**headers, **self._extra_headers}
+        try:
+            session = self._session()
+        except ValueError as err:  # a host list of the environment that is not one (MEDHEVAL_PROXY_FOR=host/v1)
+            raise _Fatal(self._redact(str(err)) or "") from None
         failures = 0
         while True:
             if stop.is_set():
@@ -202,7 +211,7 @@ class HTTPJudge(Judge):
             self._bump(requests=1)
             retry_after = None
             try:
-                response = transport.post(self._session(), url, json.dumps(payload).encode("utf-8"), headers,
+                response = transport.post(session, url, json.dumps(payload).encode("utf-8"), headers,
                                           timeout=self.timeout, deadline=self.deadline,
                                           max_bytes=self._reply_bytes(payload))
             except transport.RedirectRefused as err:
