@@ -118,7 +118,7 @@ JUDGE_SETTINGS = ("own", "upstream")
 # ClinHallu's judge request (configs/config.yaml ``judge``; src/common.py CoTAPIWrapper.generate: top_p, max_tokens
 # and chat_template_kwargs on every call, no response_format; 02_judge_answers.py / 04_judge_step_hallucination.py:
 # an unusable reply is re-sent as it was, 1 + retry_attempts (5) tries with backoff, a failed call counting as
-# one of those tries: max_tries, the one budget of both)
+# one of those tries, the OpenAI client itself not retrying (max_retries=0): max_tries, the one budget of both)
 UPSTREAM_JUDGE: dict[str, Any] = {"temperature": 0.01, "top_p": 0.9, "max_tokens": 4096, "timeout": 60.0,
                                   "json_mode": False, "extra_body": {"chat_template_kwargs": {"enable_thinking": False}},
                                   "max_invalid_retries": 5, "invalid_reply": "resend", "max_tries": 6}
