@@ -378,11 +378,13 @@ class ClinHalluRun:
         return [entry for key, entry in done.items() if key[0] in kept]
 
     def _judge_identity(self) -> dict[str, Any]:
-        """What decides a judgment besides its prompt: ``judge_settings`` (own | upstream request) and the judge's
-        backend and model (not its endpoint, concurrency or timeouts)."""
+        """What decides a judgment besides its prompt: ``judge_settings`` (own | upstream request), the judge's
+        backend and model, and its ``max_tries`` when set (the calls a record may use before it is logged as a
+        failed judgment, never judged again on resume); not its endpoint, concurrency or timeouts."""
         described = self.judge.describe() if callable(getattr(self.judge, "describe", None)) else {}
+        tries = described.get("max_tries")
         return {"judge_settings": self.judge_settings, "backend": described.get("backend"),
-                "model": described.get("model")}
+                "model": described.get("model"), **({"max_tries": tries} if tries is not None else {})}
 
     def _check_same_judge(self, judged: Iterable[dict]) -> None:
         """Refuse to add judgments to a log holding some made by another judge or judge settings (lines
