@@ -260,6 +260,32 @@ def test_a_resume_under_other_judge_settings_is_refused(loaded, tmp_path):
     assert read_log(tmp_path / JUDGMENTS, required=LOG_FIELDS) == judged
 
 
+def test_a_resume_under_another_max_tries_is_refused(loaded, tmp_path):
+    """max_tries decides which records end as failed judgments (logged, never judged again on resume): a judge
+    with another budget, or a log written before upstream judgments had one, is not resumed; own settings (no
+    max_tries) record none."""
+    records = _records(loaded, [EFF])
+    with JudgeServer("openai", reply=_judge_reply) as server:
+        def run(**options) -> dict:
+            judge = clinhallu_judge(f"openai:j@{server.base_url}", "upstream", cache_dir=False, progress=False,
+                                    **options)
+            return ClinHalluRun(ScriptedModel(SCRIPT), judge, prompt_set("own"), tmp_path, progress=False,
+                                images_for=loaded.resolver.load_record_images, judge_settings="upstream").run(records)
+
+        run()
+        judged = read_log(tmp_path / JUDGMENTS, required=LOG_FIELDS)
+        assert {json.dumps(entry["judge"], sort_keys=True) for entry in judged} == {json.dumps(
+            {"backend": "openai", "judge_settings": "upstream", "max_tries": 6, "model": "j"}, sort_keys=True)}
+        run()  # the same judge resumes
+        with pytest.raises(ValueError, match=r'"max_tries": 6.* not .*"max_tries": 3.*cannot be mixed'):
+            run(max_tries=3)
+        (tmp_path / JUDGMENTS).write_text("".join(  # as a log written before max_tries was recorded
+            json.dumps({**entry, "judge": {k: v for k, v in entry["judge"].items() if k != "max_tries"}}) + "\n"
+            for entry in judged))
+        with pytest.raises(ValueError, match="cannot be mixed"):
+            run()
+
+
 def test_an_item_whose_image_fails_while_judging_is_said_to_be_skipped_while_judging(loaded, tmp_path):
     """An image that decoded for the traces and not for the VR judge: the item is left out while judging, and
     the warning says judging (a re-run judges it; its traces are kept), not generation."""

@@ -144,9 +144,15 @@ def test_every_spelling_of_one_ip_matches_one_entry(named):
     assert not named.covers("http://[::ffff:7f00:1]:8001/v1") and not named.covers("https://[2001:db8::2]/")
 
 
-def test_an_ipv4_mapped_address_is_judged_as_the_ipv4_address():
+def test_an_ipv4_mapped_address_is_judged_as_the_ipv4_address(named):
+    from medheval.judges.endpoints import endpoint_allowed
     from medheval.net.hosts import is_local_host, is_local_url, is_loopback_host
     from medheval.net.keys import plain_http_to_network
+
+    named.set(["127.0.0.1", "10.0.0.1:8000"])  # IPv4 entries name the IPv4-mapped spellings of their addresses
+    assert named.covers("http://[::ffff:7f00:1]:9/v1") and named.covers("http://[::FFFF:10.0.0.1]:8000/v1")
+    assert not named.covers("http://[::ffff:a00:1]:8001/v1")
+    assert endpoint_allowed("https://[::ffff:a00:1]:8000/v1", ["10.0.0.1:8000"])
 
     assert is_loopback_host("::ffff:127.0.0.1") and is_loopback_host("[::ffff:7f00:1]")
     assert is_local_host("[::ffff:10.1.2.3]") and not is_local_host("::ffff:8.8.8.8")
@@ -181,9 +187,12 @@ def test_redirect_origins_and_approvals_compare_canonical_ips():
                        r"names every path on it, or a base URL with its scheme \(https://example.org/v1\)"),
     ("example.org:8443/v1?x=1", r"'example.org:8443/v1\?x=1' is neither a host nor a URL: give either the host "
                                 r"\(example.org:8443\)"),
-    ("user@example.org", r"'user@example.org' is neither a host nor a URL"),
+    ("user:pw-secret@example.org", r"'\*\*\*@example.org' is neither a host nor a URL: give either the host "
+                                   r"\(example.org\), which names every path on it, or a base URL with its scheme "
+                                   r"\(https://\*\*\*@example.org\)$"),  # a password is never echoed
     ("example.org:abc", r"'example.org:abc' is not a host name, host:port or URL"),
-    ("fe80::1%eth0", r"'fe80::1%eth0' names an IPv6 address with a zone id"),
+    ("fe80::1%eth0", r"'fe80::1%eth0' names an IP address with a zone id \(the part from '%'\)"),
+    ("127.0.0.1%x", r"'127.0.0.1%x' names an IP address with a zone id \(the part from '%'\)"),
     (":8080", r"':8080' names no host"),
 ])
 def test_an_entry_that_is_not_a_host_or_url_is_refused_where_it_is_given(named, monkeypatch, entry, says):
@@ -224,12 +233,117 @@ def test_the_cli_flags_refuse_a_path_without_a_scheme_naming_the_flag(capsys):
         ["example.org"], ["https://a.example/"], ["https://example.org/v1"])
 
 
-def test_main_reports_an_unreadable_host_of_a_judge_url_as_a_user_error(capsys):
+@pytest.fixture
+def reached_run(monkeypatch) -> list:
+    """Replaces ``medheval run``'s handler: each call records the key hosts main() set, and returns 0."""
+    import sys
+
+    import medheval.cli  # noqa: F401 - loads medheval.cli.main (medheval.cli.main the attribute is the function)
+    from medheval.net import keys
+
+    reached: list = []
+    monkeypatch.setattr(sys.modules["medheval.cli.main"], "cmd_run", lambda args: reached.append(keys.named_key_hosts()) or 0)
+    return reached
+
+
+@pytest.mark.parametrize("option, hosts", [
+    ("x.cache=file:///tmp/cache", set()),  # a URL naming no host names none
+    ("x.y={base_url: http://127.0.0.1:8000}", {"127.0.0.1:8000"}),  # the flow map's '}' is not its port's
+    ("x.y={base_url: http://h.example:abc/v1}", set()),  # a URL naming no readable host names none
+    ("sh_judge.judge=openai:m@https://User:pw@Judge.example/v1", {"judge.example"}),
+])
+def test_a_url_inside_a_metric_option_names_its_host_or_nothing_and_never_stops_the_command(
+        reached_run, capsys, option, hosts):
     from medheval.cli import main
     from medheval.net import keys
 
     before = keys.named_key_hosts()
-    assert main(["run", "--judge", "openai:m@http://h.example:abc/v1", "--benchmark", "knowledge:open"]) == 2
-    assert ("error: on the command line: 'http://h.example:abc/v1' is not a host name, host:port or URL"
-            in capsys.readouterr().err)
+    assert main(["run", "--benchmark", "knowledge:open", "--metric-option", option]) == 0, capsys.readouterr().err
+    assert reached_run == [before | hosts]
     assert keys.named_key_hosts() == before  # the earlier lists are restored
+
+
+def test_the_api_key_host_flag_still_refuses_a_path_without_a_scheme(reached_run, capsys):
+    from medheval.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--api-key-host", "example.org/v1"])
+    assert "argument --api-key-host: 'example.org/v1' is neither a host nor a URL" in capsys.readouterr().err
+    assert reached_run == []
+
+
+def test_a_judge_url_that_names_no_readable_host_is_refused_where_the_judge_is_built():
+    from medheval.judges import JudgeError, make_judge
+
+    with pytest.raises(JudgeError, match=r"^the openai judge's base_url: 'http://h.example:abc/v1' is not a host "
+                                         r"name, host:port or URL \(Port could not be cast"):
+        make_judge("openai:m@http://h.example:abc/v1", cache_dir=False)
+    with pytest.raises(JudgeError, match=r"^the openai judge's base_url: 'https://\*\*\*@h.example:99999/v1' is "
+                                         r"not a host name"):
+        make_judge("openai:m@https://u:pw-secret@h.example:99999/v1", cache_dir=False)
+
+
+@pytest.mark.parametrize("variable", ["MEDHEVAL_PROXY_FOR", "MEDHEVAL_API_KEY_HOSTS",
+                                      "MEDHEVAL_ALLOW_REMOTE_CREDENTIALED", "MEDHEVAL_IMAGE_HOST"])
+def test_main_refuses_a_bad_entry_of_any_host_list_variable_before_anything_runs(
+        reached_run, capsys, monkeypatch, variable):
+    from medheval.cli import main
+
+    monkeypatch.setenv(variable, "example.net,example.org/v1")
+    assert main(["run", "--benchmark", "knowledge:open"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {variable}: 'example.org/v1' is neither a host nor a URL: give either the host (example.org), "
+        "which names every path on it, or a base URL with its scheme (https://example.org/v1)\n")
+    assert reached_run == []
+
+
+def test_a_bad_proxy_for_variable_stops_a_judge_run_once_with_its_message(monkeypatch, caplog):
+    """From Python (no main() to check it first), MEDHEVAL_PROXY_FOR is read when a judge thread opens its
+    session: the run stops once, naming the variable, not every record failing with an internal error."""
+    from medheval.judges import JudgeError, JudgeRequest, make_judge
+
+    monkeypatch.setenv("MEDHEVAL_PROXY_FOR", "judge.example/v1")
+    judge = make_judge("openai:m@https://judge.example/v1", cache_dir=False, progress=False,
+                       allow_remote_credentialed="judge.example", max_retries=0)
+    requests = [JudgeRequest(f"r{i}", user="x", credentialed=True) for i in range(3)]
+    with pytest.raises(JudgeError, match=r"^MEDHEVAL_PROXY_FOR: 'judge.example/v1' is neither a host nor a URL"):
+        judge.run(requests)
+    assert "internal error" not in caplog.text
+
+
+def test_an_extra_proxy_for_entry_from_python_is_checked_as_every_entry_is(monkeypatch):
+    from medheval.data.images import URLTemplateSource
+    from medheval.net import transport
+
+    monkeypatch.delenv(transport.PROXY_OPT_IN_ENV, raising=False)
+    says = r"^proxy_for: 'example.org/v1' is neither a host nor a URL"
+    for credentialed in (True, False):
+        with pytest.raises(ValueError, match=says):
+            transport.proxy_allowed("https://example.org/files/x", credentialed=credentialed,
+                                    proxy_for=("example.org/v1",))
+    with pytest.raises(ValueError, match=says):
+        URLTemplateSource("https://example.org/files/{path}", proxy_for=("example.org/v1",))
+    assert transport.proxy_allowed("https://example.org/files/x", credentialed=True, proxy_for=("example.org",))
+
+
+@pytest.mark.parametrize("host, local", [
+    ("10.0.0.1", True), ("[::1]", True), ("::1", True), ("[::ffff:a00:1]", True), ("localhost", True),
+    ("10.0.0.1/x", False), ("localhost:8000", False), ("10.0.0.1:8000", False), ("evil.com\\@10.0.0.1", False),
+    ("http://10.0.0.1/", False), ("[10.0.0.1]", False), ("[localhost]", False), ("user@10.0.0.1", False),
+    ("127.0.0.1%x", False), ("[::1]:8000", False),
+])
+def test_is_local_host_judges_a_bare_host_only(monkeypatch, host, local):
+    import socket
+
+    from medheval.net.hosts import is_local_host, is_local_url, is_loopback_host
+
+    monkeypatch.setattr(socket, "getaddrinfo", lambda name, *a, **k: [(socket.AF_INET, 1, 6, "", ("127.0.0.1", 0))])
+    assert is_local_host(host) is local and is_loopback_host(host) is (local and host != "10.0.0.1"
+                                                                        and host != "[::ffff:a00:1]")
+    assert is_local_url("http://10.0.0.1:8000/x") and is_local_url("http://localhost:8000/v1")
+
+
+def test_an_ipvfuture_literal_keeps_its_brackets():
+    assert parse_address("[v1.abc]") == Address("", "[v1.abc]", None)
+    assert parse_address("HTTP://[v1.abc]:80/x") == Address("http", "[v1.abc]", 80)
+    assert host_entry("[v1.abc]") != host_entry("v1.abc")  # a literal is never the DNS name v1.abc

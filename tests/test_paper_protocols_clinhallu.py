@@ -118,6 +118,40 @@ def test_a_failed_judge_call_counts_inside_clinhallus_six_tries():
     assert UPSTREAM_JUDGE["max_tries"] == 1 + UPSTREAM_JUDGE["max_invalid_retries"]
 
 
+def _tried(*script: Reply, **options):
+    """One record judged by a plain openai judge (``options``) against a server that answers ``script`` first,
+    then a usable reply: (ok, attempts, calls the server got, error)."""
+    from medheval.judges import make_judge
+
+    with JudgeServer("openai", reply=lambda request: VALID) as server:
+        server.script(*script)
+        judge = make_judge(f"openai:j@{server.base_url}", cache_dir=False, progress=False, backoff_base=0.001,
+                           backoff_max=0.01, **options)
+        [result] = judge.run([JudgeRequest("a", user="grade a", validate=validate_answer_reply)])
+        return result.ok, result.attempts, server.request_count, result.error or ""
+
+
+def test_max_tries_is_the_one_budget_when_set():
+    """With max_tries set, a record's calls end only when it is spent: max_retries (per run of failed calls)
+    and max_invalid_retries no longer apply, as ClinHallu counts every failure within its tries."""
+    assert _tried(BUSY, BUSY, max_tries=6, max_retries=1)[:3] == (True, 3, 3)
+    assert _tried(NOT_JSON, NOT_JSON, max_tries=3, max_invalid_retries=0, invalid_reply="resend")[:3] == (True, 3, 3)
+    ok, attempts, calls, error = _tried(BUSY, NOT_JSON, BUSY, max_tries=3, max_retries=0, max_invalid_retries=0,
+                                        invalid_reply="resend")
+    assert (ok, attempts, calls) == (False, 3, 3) and error.startswith("gave up after 3 call(s) (max_tries=3)")
+    assert _tried(BUSY, BUSY, max_retries=1)[:3] == (False, 2, 2)  # without it, each budget its own
+
+
+def test_a_rewritten_request_after_a_400_counts_within_max_tries():
+    """A 400 the backend works around (max_tokens -> max_completion_tokens) is a call of the record's budget: a
+    record whose last try it was ends there instead of calling once more."""
+    adapt = Reply(400, {"error": {"message": "use max_completion_tokens instead"}})
+    ok, attempts, calls, error = _tried(NOT_JSON, adapt, max_tries=2, invalid_reply="resend", json_mode=False)
+    assert (ok, attempts, calls) == (False, 2, 2)
+    assert error.startswith("gave up after 2 call(s) (max_tries=2); last error: HTTP 400: use max_completion_tokens")
+    assert _tried(NOT_JSON, adapt, max_tries=3, invalid_reply="resend", json_mode=False)[:3] == (True, 3, 3)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "6"])
 def test_max_tries_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match=rf"max_tries must be an integer >= 1 or None, got {bad!r}"):

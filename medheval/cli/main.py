@@ -484,20 +484,26 @@ def _silence_stdout() -> None:
 
 def cli_key_hosts(args: argparse.Namespace) -> list[str]:
     """The hosts the user named on the command line, where API keys from the environment may go
-    (:mod:`medheval.net.keys`): those of ``--judge`` / ``--model`` specs (a ``vllm:``/``ollama:`` spec's default
-    local server included), of URLs in ``--metric-option`` values, and ``--api-key-host``."""
+    (:mod:`medheval.net.keys`): ``--api-key-host`` (entries argparse checked), and the ``host`` / ``host:port``
+    (:func:`~medheval.net.hosts.host_entry`) of each URL in a ``--judge`` / ``--model`` spec or a
+    ``--metric-option`` value (a ``vllm:``/``ollama:`` spec's default local server included). A URL found inside
+    a value names its host or nothing (``file:///tmp``, a bad port): it is never an entry to refuse, and the
+    judge or model built from the spec reports a URL it cannot use."""
     from medheval.judges.spec import _DEFAULT_BASE
+    from medheval.net.hosts import host_entry
     from medheval.net.secrets import URL_PATTERN
 
-    hosts = list(getattr(args, "api_key_host", None) or [])
+    urls: list[str] = []
     for value in (getattr(args, "judge", None), getattr(args, "model", None),
                   *(getattr(args, "metric_option", None) or [])):
         if isinstance(value, str):
-            hosts += URL_PATTERN.findall(value)
+            # a YAML flow value's closing bracket or comma (x.y={base_url: http://h:8000}) is not part of its URL
+            urls += (url.rstrip(",;)]}") for url in URL_PATTERN.findall(value))
             alias = value.split(":", 1)[0].strip().lower()
             if alias in _DEFAULT_BASE and "@http" not in value:
-                hosts.append(_DEFAULT_BASE[alias])
-    return hosts
+                urls.append(_DEFAULT_BASE[alias])
+    found = [entry for entry in map(host_entry, urls) if entry]
+    return [*(getattr(args, "api_key_host", None) or []), *found]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -506,6 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from medheval.judges import endpoints
     from medheval.net import keys, transport
+    from medheval.net.named import check_environment
     from medheval.net.secrets import install_redacting_hooks, redact, register_environment, register_urls_in
     from medheval.net.untrusted import printable
 
@@ -514,10 +521,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     register_environment()  # OPENAI_API_KEY, HF_TOKEN, PHYSIONET_PASSWORD …: redacted wherever they appear
     register_urls_in(args.argv)  # a password or ?api-key= in a --model/--judge/--image-root URL, before any error
     install_redacting_hooks()  # uncaught tracebacks and log records too
-    # the host lists of this command line, in place of earlier ones (restored at the end), set inside the try:
-    # an entry that is not a host, host:port or URL (a --judge URL with a bad port) is a user error
+    # the host lists of this command line, in place of earlier ones (restored at the end), and those of the
+    # environment (MEDHEVAL_PROXY_FOR …), read inside the try: a bad entry is one user error before anything runs
     before = transport.set_proxy_for(()), keys.set_key_hosts(()), endpoints.set_approved_endpoints(())
     try:
+        check_environment()
         transport.set_proxy_for(tuple(getattr(args, "proxy_for", None) or ()))
         keys.set_key_hosts(cli_key_hosts(args))  # a config file never names them
         # endpoints approved for credentialed (MIMIC) records: typed flags only, never a config file's

@@ -47,8 +47,7 @@ from PIL import Image
 
 from medheval.data.schema import is_credentialed
 from medheval.net import transport
-from medheval.net.keys import check_plain_http
-from medheval.net.named import UserNamedHosts
+from medheval.net.keys import IMAGE_HOST_ENV, check_plain_http, image_hosts
 from medheval.net.secrets import is_secret_query_name, redact, register_basic_auth, register_url
 
 __all__ = [
@@ -473,9 +472,10 @@ def _redact_url(url: str) -> str:
 KNOWN_CREDENTIAL_HOSTS = {"physionet.org": "PHYSIONET"}
 # the generic image-server credentials, and the one host they belong to
 GENERIC_CREDENTIALS = "MEDHEVAL_IMAGE"
-GENERIC_HOST_ENV = "MEDHEVAL_IMAGE_HOST"
-# the image servers it names (a host, host:port or URL; comma-separated for several), matched as the API-key hosts
-_generic_hosts = UserNamedHosts(GENERIC_HOST_ENV)
+# the image servers MEDHEVAL_IMAGE_HOST names (a host, host:port or URL; comma-separated for several), matched as the
+# API-key hosts
+GENERIC_HOST_ENV = IMAGE_HOST_ENV
+_generic_hosts = image_hosts
 _LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 logger = logging.getLogger(__name__)
 _renamed_warned: set[str] = set()  # hosts whose renamed credential variables were already pointed out

@@ -285,8 +285,8 @@ class Judge:
         self.top_p = None if top_p is None else float(top_p)  # None: not sent (the API's default)
         self.max_tokens = int(max_tokens)
         self.invalid_reply = invalid_reply
-        # one budget of calls per record, failed calls and unusable replies alike (ClinHallu's judge loop);
-        # None: each kind its own (max_retries per call, max_invalid_retries per record)
+        # when set, the record's one budget: at most this many calls, failed calls and unusable replies alike
+        # (ClinHallu's judge loop), max_retries and max_invalid_retries not applying; None: those two budgets
         self.max_tries = max_tries
         self.progress = progress
         self.backoff_base = float(backoff_base)
@@ -450,6 +450,11 @@ class Judge:
         """Whether ``item`` has used the ``max_tries`` calls it may make (never, without ``max_tries``)."""
         return self.max_tries is not None and item.attempts >= self.max_tries
 
+    def _out_of_replies(self, item: _Item) -> bool:
+        """Whether ``item``'s unusable replies end it: its ``max_tries`` calls used when set (the one budget), else
+        more than ``max_invalid_retries`` re-asks."""
+        return self._out_of_tries(item) if self.max_tries is not None else item.replies > self.max_invalid_retries
+
     def _fail(self, item: _Item, reason: str) -> JudgeResult:
         self._bump(failures=1)
         reason = self._redact(reason)
@@ -470,7 +475,7 @@ class Judge:
             reason = str(err) or type(err).__name__
             if completion.note:
                 reason = f"{reason} ({completion.note})"
-            if item.replies > self.max_invalid_retries or self._out_of_tries(item):
+            if self._out_of_replies(item):
                 replies = f"{item.replies} repl{'y' if item.replies == 1 else 'ies'}"
                 calls = f" in {item.attempts} calls (max_tries={self.max_tries})" if self._out_of_tries(item) else ""
                 return self._fail(item, f"invalid output after {replies}{calls}: {reason}")

@@ -9,9 +9,9 @@ Each record runs in a worker thread (at most ``concurrency`` at once) with its o
 ``requests.Session`` per thread (connections are reused). Sessions to a local endpoint ignore
 proxy settings from the environment, so loopback/private traffic never leaves through a proxy, and so
 do sessions to an endpoint named in ``allow_remote_credentialed`` unless ``--proxy-for`` names it too. A call is re-sent on 408/409/425/429,
-any 5xx, a timeout or a dropped/refused connection, up to ``max_retries`` times (and, with ``max_tries``,
-while the record has calls left of that budget, which its unusable replies share), after an
-exponential backoff with jitter or the server's ``Retry-After`` (a 429's ``Retry-After`` pauses
+any 5xx, a timeout or a dropped/refused connection, up to ``max_retries`` times (with ``max_tries`` set
+instead: while the record has calls left of that one budget, which its unusable replies and re-sent 400s
+share), after an exponential backoff with jitter or the server's ``Retry-After`` (a 429's ``Retry-After`` pauses
 every thread). 401/403/404 stop the whole run (:class:`JudgeError`: a wrong key or model
 name fails every record alike); other 4xx fail just that record. ``max_consecutive_failures``
 (default 8; ``None``: never) records whose calls failed for good one after another (in completion
@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import requests
 
 from medheval.net import transport
+from medheval.net.hosts import check_host_entry
 from medheval.net.keys import carries_secret_header, check_plain_http
 from medheval.net.secrets import PLAIN_HEADERS, is_secret_query_name, register_basic_auth, register_headers
 from medheval.net.untrusted import printable
@@ -123,6 +124,10 @@ class HTTPJudge(Judge):
         if deadline <= 0:
             raise ValueError(f"deadline must be positive, got {deadline}")
         self.deadline = deadline
+        try:  # a URL naming no host, a port that is not a number: refused here, not by every call
+            check_host_entry(base_url, f"the {self.backend} {self.role}'s base_url")
+        except ValueError as error:
+            raise JudgeError(str(error)) from None
         url, user, password = split_userinfo(base_url)
         query_secret = any(is_secret_query_name(item.partition("=")[0]) for item in urlsplit(url).query.split("&") if item)
         # only credentials written into the spec reach this check: make_judge withholds a key from the
@@ -191,6 +196,10 @@ class HTTPJudge(Judge):
     def _call(self, item: _Item, stop: threading.Event) -> Completion:
         url, headers, payload = self._request(item)
         headers = {**headers, **self._extra_headers}
+        try:
+            session = self._session()
+        except ValueError as err:  # a host list of the environment that is not one (MEDHEVAL_PROXY_FOR=host/v1)
+            raise _Fatal(self._redact(str(err)) or "") from None
         failures = 0
         while True:
             if stop.is_set():
@@ -202,7 +211,7 @@ class HTTPJudge(Judge):
             self._bump(requests=1)
             retry_after = None
             try:
-                response = transport.post(self._session(), url, json.dumps(payload).encode("utf-8"), headers,
+                response = transport.post(session, url, json.dumps(payload).encode("utf-8"), headers,
                                           timeout=self.timeout, deadline=self.deadline,
                                           max_bytes=self._reply_bytes(payload))
             except transport.RedirectRefused as err:
@@ -238,6 +247,8 @@ class HTTPJudge(Judge):
                     message = self._redact(_error_excerpt(response)) or ""
                     adapted = self._adapt(status, message, payload) if status == 400 else None
                     if adapted is not None:
+                        if self._out_of_tries(item):
+                            raise _CallFailed(self._tries_spent(item, f"HTTP {status}: {message}"))
                         payload = adapted
                         continue
                     host = endpoint_host(self.base_url)
@@ -253,17 +264,22 @@ class HTTPJudge(Judge):
                         )
                     raise _CallFailed(f"HTTP {status} (not retried): {message}")
             failures += 1
-            if failures > self.max_retries:
+            if self.max_tries is not None:  # the record's one budget, which its unusable replies share
+                if self._out_of_tries(item):
+                    raise _CallFailed(self._tries_spent(item, problem))
+            elif failures > self.max_retries:
                 raise _CallFailed(f"gave up after {failures} attempt(s); last error: {problem}")
-            if self._out_of_tries(item):  # the record's whole budget: unusable replies used some of it
-                raise _CallFailed(f"gave up after {item.attempts} call(s) (max_tries={self.max_tries}); last error: "
-                                  f"{problem}")
             self._bump(retries=1)
             delay = backoff_delay(failures, self.backoff_base, self.backoff_max, retry_after)
-            logger.info("%s record %r: %s; retry %d/%d in %.2fs", self.role, item.request.id, problem, failures,
-                        self.max_retries, delay)
+            logger.info("%s record %r: %s; retry %d/%d in %.2fs", self.role, item.request.id, problem,
+                        *((item.attempts, self.max_tries - 1) if self.max_tries is not None
+                          else (failures, self.max_retries)), delay)
             if stop.wait(delay):
                 raise _Stopped
+
+    def _tries_spent(self, item: _Item, problem: str) -> str:
+        """Why a record that used its ``max_tries`` calls ends on a failed call."""
+        return f"gave up after {item.attempts} call(s) (max_tries={self.max_tries}); last error: {problem}"
 
     def _key_hint(self) -> str:
         return "a key was sent" if self._api_key else "no key is configured"

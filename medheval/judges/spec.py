@@ -108,9 +108,9 @@ def make_judge(
         progress: show a progress bar.
         **options: ``top_p`` (sent when given; the transformers judge uses it when sampling), ``invalid_reply``
             (``"follow_up"``, the default: a corrective turn after an unusable reply; ``"resend"``: the same
-            conversation again, after a backoff on HTTP backends), ``max_tries`` (at most this many calls per
-            record, failed calls and unusable replies alike: ClinHallu's judge loop; default None: each its own
-            budget), ``backoff_base``/``backoff_max`` (seconds), ``max_consecutive_failures`` (records
+            conversation again, after a backoff on HTTP backends), ``max_tries`` (when set, a record's one budget:
+            at most this many calls, failed calls and unusable replies alike, ``max_retries`` and
+            ``max_invalid_retries`` not applying: ClinHallu's judge loop; default None: those two budgets), ``backoff_base``/``backoff_max`` (seconds), ``max_consecutive_failures`` (records
             whose calls failed for good in a row that stop the run, HTTP backends; default 8, None: never), ``images_first``
             (openai/azure: images before the text), ``deadline`` (HTTP backends: seconds for one whole request,
             connect to the last byte, default 300) and the backend options above.

@@ -9,10 +9,14 @@ cloud metadata) and carrier-grade NAT (100.64/10) ranges are not local.
 :func:`parse_address` is the one parser of what names a host: a host name, ``host:port``, an IPv6 literal
 (``::1``, ``[::1]:8080``) or a URL, into an :class:`Address`. It spells an IP literal one way, so every rule
 compares like with like: IPv6 compressed in lower case (``[2001:0DB8::1]`` is ``[2001:db8::1]``), an
-IPv4-mapped IPv6 address as the IPv4 address it reaches (``[::ffff:7f00:1]`` is ``127.0.0.1``). An IPv6 zone id
-(``fe80::1%eth0``) is refused: it names an interface of this machine, and ``%`` / ``%25`` would spell one host two
-ways. Legacy IPv4 spellings (``127.1``, ``0x7f.0.0.1``, ``2130706433``) are not IP literals to :mod:`ipaddress`:
+IPv4-mapped IPv6 address as the IPv4 address it reaches (``[::ffff:7f00:1]`` is ``127.0.0.1``), an IPvFuture
+literal kept in its brackets (``[v1.abc]`` is never the name ``v1.abc``). A zone id (``fe80::1%eth0``, the part
+of an IP literal from ``%``) is refused: it names an interface of this machine, and ``%`` / ``%25`` would spell one
+host two ways. Legacy IPv4 spellings (``127.1``, ``0x7f.0.0.1``, ``2130706433``) are not IP literals to :mod:`ipaddress`:
 they count as host names, so never as local, and match only the same spelling.
+
+:func:`is_local_host` / :func:`is_loopback_host` judge a bare host (a name or an IP literal, an IPv6 one with or
+without brackets; anything else is False); :func:`is_local_url` reads a URL's host first.
 
 :func:`check_host_entry` is the rule for an entry of a list of hosts the user names (``--api-key-host``,
 ``--proxy-for``, ``--allow-remote-credentialed``, ``MEDHEVAL_IMAGE_HOST`` …): a host, ``host:port`` or URL.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 import socket
 from collections.abc import Collection
 from typing import Callable
@@ -42,16 +47,31 @@ def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
     return getattr(address, "ipv4_mapped", None) or address
 
 
-def _canonical_host(host: str, text: str) -> str:
+def _masked(text: str, message: str | None = None) -> str:
+    """``message`` (by default ``text``) with ``text``'s user-info (what comes before the last ``@`` after any
+    ``scheme://``) as ``***``: a ``user:password@`` never reaches an error message."""
+    scheme, mark, rest = text.rpartition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return text if message is None else message
+    return f"{scheme}{mark}***@{host}" if message is None else message.replace(f"{userinfo}@", "***@")
+
+
+def _shown(text: str) -> str:
+    """``text`` as an error message quotes it: user-info masked (:func:`_masked`), cut to 80 characters."""
+    return repr(_masked(text)[:80])
+
+
+def _canonical_host(host: str, text: str, bracketed: bool = False) -> str:
     """``host`` (lower case, without brackets) as :class:`Address` spells it: an IP literal canonical (IPv6
-    compressed in brackets, IPv4-mapped IPv6 as IPv4), a name as it is (an IPvFuture literal in brackets).
-    ``ValueError`` naming ``text`` for an IPv6 literal with a zone id."""
+    compressed in brackets, IPv4-mapped IPv6 as IPv4), a name as it is (an IPvFuture literal, ``bracketed``, in its
+    brackets). ``ValueError`` naming ``text`` for an IP literal with a zone id."""
     address = _ip_literal(host)
     if address is None:
-        return f"[{host}]" if ":" in host else host
+        return f"[{host}]" if bracketed else host
     if "%" in host:
         raise ValueError(
-            f"{text[:80]!r} names an IPv6 address with a zone id (the part from '%'), which names an interface of "
+            f"{_shown(text)} names an IP address with a zone id (the part from '%'), which names an interface of "
             "this machine and is not accepted: give a global or unique-local address, an IPv4 address or a host "
             "name")
     return f"[{address}]" if address.version == 6 else str(address)
@@ -67,32 +87,45 @@ def resolves_to_loopback(name: str) -> bool:
     return bool(addresses) and all(a is not None and a.is_loopback for a in addresses)
 
 
+_NAME = re.compile(r"^[a-z0-9_-]+(?:\.[a-z0-9_-]+)*$")  # a DNS name's letters (the trailing dot stripped)
+
+
 def _classify(host: str | None, accept: Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address], bool]) -> bool:
-    """``localhost`` / ``*.localhost``: whether it resolves to loopback only; an IP literal: ``accept(address)``;
-    any other name (or none): False."""
-    try:
-        host = parse_address(host or "").name.strip("[]")
-    except ValueError:
+    """For a bare host only (a name or an IP literal, an IPv6 one with or without brackets; not ``host:port``, a
+    URL or anything else, which are False): ``localhost`` / ``*.localhost``: whether it resolves to loopback only;
+    an IP literal without a zone id: ``accept(address)``; any other name: False."""
+    text = (host or "").strip().lower()
+    inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    address = _ip_literal(inner) if "%" not in inner else None
+    if address is not None:
+        return (inner == text or ":" in inner) and accept(address)  # brackets only around an IPv6 literal
+    name = text.rstrip(".")
+    if inner != text or not _NAME.match(name):
         return False
-    if host == "localhost" or host.endswith(".localhost"):
-        return resolves_to_loopback(host)
-    address = _ip_literal(host)
-    return address is not None and accept(address)
+    return (name == "localhost" or name.endswith(".localhost")) and resolves_to_loopback(name)
 
 
 def is_local_host(host: str | None) -> bool:
-    """True for localhost, loopback and private-range IP literals (see the module docstring)."""
+    """True for a bare host (a name, or an IP literal: an IPv6 one with or without brackets) that is localhost,
+    loopback or a private-range IP literal (see the module docstring); False for anything else, ``host:port`` and
+    URLs included (:func:`is_local_url` reads a URL)."""
     return _classify(host, lambda address: any(address in net for net in _PRIVATE_NETWORKS))
 
 
 def is_local_url(url: str | None) -> bool:
-    """True for a URL (text with ``://``) whose host is local (:func:`is_local_host`); False for other text."""
-    return bool(url) and "://" in url and is_local_host(url)
+    """True for a URL (text with ``://``) whose host is local (:func:`is_local_host`); False for other text and a
+    URL :func:`parse_address` refuses."""
+    if not url or "://" not in url:
+        return False
+    try:
+        return is_local_host(parse_address(url).host)
+    except ValueError:
+        return False
 
 
 def is_loopback_host(host: str | None) -> bool:
-    """True for loopback IP literals (127.0.0.0/8, ::1) and ``localhost`` / ``*.localhost`` resolving to loopback
-    only: traffic that never leaves the machine (unlike :func:`is_local_host`, which admits private ranges)."""
+    """True for a bare host that is a loopback IP literal (127.0.0.0/8, ::1) or ``localhost`` / ``*.localhost``
+    resolving to loopback only: traffic that never leaves the machine (unlike :func:`is_local_host`, which admits private ranges)."""
     return _classify(host, lambda address: address.is_loopback)
 
 
@@ -144,8 +177,9 @@ def parse_address(value: str) -> Address:
         parts = urlsplit(text if "://" in text else "//" + text)
         host, port = parts.hostname or "", parts.port
     except ValueError as error:
-        raise ValueError(f"{text[:80]!r} is not a host name, host:port or URL ({error})") from None
-    return Address(parts.scheme.lower(), _canonical_host(host, text), port)
+        raise ValueError(f"{_shown(text)} is not a host name, host:port or URL ({_masked(text, str(error))})") from None
+    bracketed = parts.netloc.rpartition("@")[2].startswith("[")
+    return Address(parts.scheme.lower(), _canonical_host(host, text, bracketed), port)
 
 
 def host_and_port(value: str) -> tuple[str, int | None]:
@@ -193,11 +227,11 @@ def check_host_entry(text: str, where: str = "") -> str:
     except ValueError as error:
         raise ValueError(f"{prefix}{error}") from None
     if not address.name:
-        raise ValueError(f"{prefix}{entry[:80]!r} names no host: give a host (example.org), host:port or a URL")
+        raise ValueError(f"{prefix}{_shown(entry)} names no host: give a host (example.org), host:port or a URL")
     if "://" not in entry and not is_host_form(entry):
         raise ValueError(
-            f"{prefix}{entry[:80]!r} is neither a host nor a URL: give either the host ({address.netloc}), which "
-            f"names every path on it, or a base URL with its scheme (https://{entry[:80]})")
+            f"{prefix}{_shown(entry)} is neither a host nor a URL: give either the host ({address.netloc}), which "
+            f"names every path on it, or a base URL with its scheme (https://{_masked(entry)[:80]})")
     return entry
 
 

@@ -8,6 +8,9 @@ the variable a judge dict names in ``api_key_env``) goes only to
   ``--metric-option``, or ``--api-key-host HOST``; :func:`set_key_hosts`), in ``MEDHEVAL_API_KEY_HOSTS``
   (comma-separated ``host`` or ``host:port``), or from Python with :func:`allow_key_hosts`.
 
+The generic image-server credentials (``MEDHEVAL_IMAGE_USERNAME`` / ``_PASSWORD``) go only to the server
+``MEDHEVAL_IMAGE_HOST`` names (:data:`image_hosts`, used by :mod:`medheval.data.images`).
+
 A grid YAML, a ``metric_options`` judge dict or an annotation file never decides this: what a config file names
 is not a host the user named. ``api_key_env`` must name a ``*_API_KEY`` variable (:func:`check_key_env_name`),
 so no config can pick ``HF_TOKEN`` or ``PHYSIONET_PASSWORD``. A key written in the spec itself (``api_key``, a
@@ -32,6 +35,10 @@ API_KEY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*_API_KEY$")
 RESERVED_PREFIXES = ("HF_", "HUGGING_FACE", "HUGGINGFACE", "PHYSIONET", "MEDHEVAL_IMAGE")
 
 _named = UserNamedHosts(KEY_HOSTS_ENV)  # hosts named on this process's command line, from Python, or in the variable
+# the image servers the generic image credentials (MEDHEVAL_IMAGE_USERNAME/_PASSWORD) go to (medheval.data.images):
+# declared here, with the other secrets' hosts, so that main() checks the variable without loading the data stack
+IMAGE_HOST_ENV = "MEDHEVAL_IMAGE_HOST"
+image_hosts = UserNamedHosts(IMAGE_HOST_ENV)
 
 
 def set_key_hosts(hosts: Iterable[str]) -> tuple[str, ...]:
@@ -92,5 +99,5 @@ def check_plain_http(url: str, what: str) -> None:
             f"read it. Use https:// (or an SSH tunnel to 127.0.0.1)")
 
 
-__all__ = ["API_KEY_NAME", "KEY_HOSTS_ENV", "allow_key_hosts", "carries_secret_header", "check_key_env_name",
-           "check_plain_http", "key_host_named", "named_key_hosts", "plain_http_to_network", "set_key_hosts"]
+__all__ = ["API_KEY_NAME", "IMAGE_HOST_ENV", "KEY_HOSTS_ENV", "allow_key_hosts", "carries_secret_header", "check_key_env_name",
+           "check_plain_http", "image_hosts", "key_host_named", "named_key_hosts", "plain_http_to_network", "set_key_hosts"]

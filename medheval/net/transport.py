@@ -40,7 +40,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
-from medheval.net.hosts import is_local_host, parse_address
+from medheval.net.hosts import check_host_entry, is_local_host, parse_address
 from medheval.net.named import UserNamedHosts
 
 REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
@@ -194,7 +194,9 @@ def set_proxy_for(hosts: tuple[str, ...]) -> tuple[str, ...]:
 
 def proxy_allowed(url: str, *, credentialed: bool, proxy_for: tuple[str, ...] = ()) -> bool:
     """Whether a request to ``url`` may go through a proxy from the environment (the module's proxy rule; the
-    hosts named are matched by :meth:`~medheval.net.named.UserNamedHosts.covers`)."""
+    hosts named are matched by :meth:`~medheval.net.named.UserNamedHosts.covers`). ``ValueError`` for an entry of
+    ``proxy_for`` that :func:`~medheval.net.hosts.check_host_entry` refuses (``example.org/v1``), used or not."""
+    proxy_for = tuple(check_host_entry(entry, "proxy_for") for entry in proxy_for)
     try:
         host = parse_address(url).host
     except ValueError:  # requests refuses such a URL anyway

@@ -118,7 +118,7 @@ JUDGE_SETTINGS = ("own", "upstream")
 # ClinHallu's judge request (configs/config.yaml ``judge``; src/common.py CoTAPIWrapper.generate: top_p, max_tokens
 # and chat_template_kwargs on every call, no response_format; 02_judge_answers.py / 04_judge_step_hallucination.py:
 # an unusable reply is re-sent as it was, 1 + retry_attempts (5) tries with backoff, a failed call counting as
-# one of those tries: max_tries, the one budget of both)
+# one of those tries, the OpenAI client itself not retrying (max_retries=0): max_tries, the one budget of both)
 UPSTREAM_JUDGE: dict[str, Any] = {"temperature": 0.01, "top_p": 0.9, "max_tokens": 4096, "timeout": 60.0,
                                   "json_mode": False, "extra_body": {"chat_template_kwargs": {"enable_thinking": False}},
                                   "max_invalid_retries": 5, "invalid_reply": "resend", "max_tries": 6}
@@ -378,11 +378,13 @@ class ClinHalluRun:
         return [entry for key, entry in done.items() if key[0] in kept]
 
     def _judge_identity(self) -> dict[str, Any]:
-        """What decides a judgment besides its prompt: ``judge_settings`` (own | upstream request) and the judge's
-        backend and model (not its endpoint, concurrency or timeouts)."""
+        """What decides a judgment besides its prompt: ``judge_settings`` (own | upstream request), the judge's
+        backend and model, and its ``max_tries`` when set (the calls a record may use before it is logged as a
+        failed judgment, never judged again on resume); not its endpoint, concurrency or timeouts."""
         described = self.judge.describe() if callable(getattr(self.judge, "describe", None)) else {}
+        tries = described.get("max_tries")
         return {"judge_settings": self.judge_settings, "backend": described.get("backend"),
-                "model": described.get("model")}
+                "model": described.get("model"), **({"max_tries": tries} if tries is not None else {})}
 
     def _check_same_judge(self, judged: Iterable[dict]) -> None:
         """Refuse to add judgments to a log holding some made by another judge or judge settings (lines
