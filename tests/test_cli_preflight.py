@@ -242,5 +242,21 @@ def test_a_split_given_twice_is_refused_before_the_model_loads(fixture_benchmark
              "tiny-random-llava"]
     assert main(["run", *flags]) == 2
     assert _error_line(capsys) == (f"error: --benchmark {SPLIT} is given twice (benchmarks: {SPLIT}, mm_vishal:vqa_rad, "
-                                   f"{SPLIT}); each split runs once: name it once")
+                                   f"{SPLIT}); each record is answered once: name each split once")
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("first, second", [("mm_vishal:all", SPLIT), ("mm_vishal", "mm_vishal:all")])
+def test_two_names_of_one_record_are_refused_before_the_model_loads(first, second, fixture_benchmark, tmp_path,
+                                                                    capsys, no_model_loads):
+    """``mm_vishal:all`` gathers slake's records under their own ids (mm_vishal/slake/…), and ``mm_vishal`` is its
+    default config: either pair would answer one record twice into one log."""
+    output = tmp_path / "run"
+    flags = [*_flags(fixture_benchmark, output)[2:], "--benchmark", f"{first},{second}", "--model", "tiny-random-llava",
+             "--image-root", f"vqa_rad={fixture_benchmark['image_roots']['vqa_rad']}"]
+    assert main(["run", *flags]) == 2
+    error = _error_line(capsys)
+    assert error.startswith(f"error: --benchmark {first} and --benchmark {second} hold the same records (e.g. "
+                            f"'mm_vishal/"), error
+    assert error.endswith(f"(benchmarks: {first}, {second}); each record is answered once: name each split once")
     assert not output.exists()

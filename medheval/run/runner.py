@@ -606,14 +606,9 @@ def _split_warnings(loaded: LoadedBenchmark, warnings: list[str]) -> None:
 
 
 def _check_spec(spec: RunSpec) -> None:
-    """Refuse, before the output folder is made, a run that would compute nothing, names an unknown benchmark or
-    one split twice."""
+    """Refuse, before the output folder is made, a run that would compute nothing or names an unknown benchmark."""
     if not spec.benchmarks:
         raise RunError("no benchmark given: pass --benchmark NAME[:CONFIG] (see `medheval list`)")
-    repeated = [text for position, text in enumerate(spec.benchmarks) if text in spec.benchmarks[:position]]
-    if repeated:  # its records would be answered twice into one log, which then reads as edited
-        raise RunError(f"--benchmark {repeated[0]} is given twice (benchmarks: {', '.join(spec.benchmarks)}); "
-                       f"each split runs once: name it once")
     try:
         check_control(spec.control)
     except ControlError as error:
@@ -778,6 +773,24 @@ class QAProtocol(SplitProtocol):
                             generated_this_run=generated, metrics=metric_results)
         blind = {"control": spec.control} if spec.control != "none" else {}
         return entry, [{**item, "model": backend.name, "mitigation": spec.mitigation, **blind} for item in per_item]
+
+
+def check_distinct_records(benchmarks: Sequence[str], splits: Sequence[LoadedBenchmark]) -> None:
+    """Refuse two splits of one run (``benchmarks[i]`` loaded as ``splits[i]``) that hold one record: the same
+    ``--benchmark`` twice, a benchmark and its default config (``mm_vishal`` beside ``mm_vishal:slake``), or a
+    config that gathers others beside a member (``mm_vishal:all``). Its answer would be logged twice into one
+    ``predictions.jsonl``, which then reads as edited."""
+    first: dict[str, int] = {}
+    for position, loaded in enumerate(splits):
+        for record_id in loaded.dataset["id"]:
+            earlier = first.setdefault(record_id, position)
+            if earlier == position:
+                continue
+            one, other = benchmarks[earlier], benchmarks[position]
+            what = (f"--benchmark {one} is given twice" if one == other else
+                    f"--benchmark {one} and --benchmark {other} hold the same records (e.g. {record_id!r})")
+            raise RunError(f"{what} (benchmarks: {', '.join(benchmarks)}); each record is answered once: name each "
+                           f"split once")
 
 
 class BuiltSplits:
@@ -1028,6 +1041,7 @@ def _prepare_run(spec: RunSpec, backend: Backend, output: Path, warnings: list[s
     _refuse_foreign_folder(output)
     splits = splits or BuiltSplits()
     prepared = [_prepare_split(spec, backend, benchmark_spec, warnings, splits) for benchmark_spec in spec.benchmarks]
+    check_distinct_records(spec.benchmarks, [split.loaded for split in prepared])
     _attach_images(spec, backend, prepared)
     _warn_prefix_cache_unused(spec, backend, prepared, warnings)
     _check_options_used(spec, {name for split in prepared for name in split.metric_names})
@@ -1126,9 +1140,9 @@ def check_before_model(spec: RunSpec, mitigations: Sequence[str] = (), models: S
                        backend: Backend | None = None, controls: Sequence[str] = ()) -> BuiltSplits:
     """What each split's protocol needs whatever the model (:meth:`SplitProtocol.check_inputs`), each split's
     annotation files (built under the paper protocol's options), each of ``mitigations``
-    (:func:`resolve_mitigations`), the run's own settings (:func:`_check_spec`), the upstream conversation
-    template each of ``models`` (``--model`` values) renders under the protocol (its type read from its
-    config.json) and, when a model reads images (``models`` given and some of ``controls``, default
+    (:func:`resolve_mitigations`), the run's own settings (:func:`_check_spec`), no record in two splits
+    (:func:`check_distinct_records`), the upstream conversation template each of ``models`` (``--model`` values)
+    renders under the protocol (its type read from its config.json) and, when a model reads images (``models`` given and some of ``controls``, default
     ``[spec.control]``, not ``no_image``), an image root for every source of the splits
     (:func:`check_image_roots`), checked before the model loads: a missing file, root or a mistyped option is
     named before minutes of loading, and before the run writes anything. A re-score's ``backend`` (a
@@ -1151,6 +1165,7 @@ def check_before_model(spec: RunSpec, mitigations: Sequence[str] = (), models: S
         (protocol_for(name) or QAProtocol()).check_inputs(name, spec)
     splits = BuiltSplits()
     loaded = [splits.load(benchmark, spec) for benchmark in spec.benchmarks]
+    check_distinct_records(spec.benchmarks, loaded)
     reader = str(backend.name) if backend is not None and backend.needs_images else None
     reader = reader or (models[0] if backend is None and models else None)
     seeing = any(kind != "no_image" for kind in controls or [spec.control])
