@@ -176,6 +176,20 @@ def test_a_run_builds_each_split_once(fixture_benchmark, tmp_path, builds):
     assert sorted(path.name for path in (tmp_path / "two").iterdir() if path.is_dir()) == ["none", "none__no_image"]
 
 
+def test_a_launchs_other_process_leaves_the_builds_to_the_main_one(fixture_benchmark, builds, monkeypatch):
+    """In a data-parallel launch every process runs the pre-check at once; several processes building one Arrow
+    cache collide, so only the main process (RANK 0) builds there, and the others build in the run after it
+    (``Group.main_first``)."""
+    from medheval.run.runner import RunSpec, check_before_model
+
+    spec = RunSpec(benchmarks=[SPLIT], output="unused", data_dir=fixture_benchmark["data_dir"], limit=2)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert check_before_model(spec)._built == {} and builds == []
+    monkeypatch.setenv("RANK", "0")
+    assert len(check_before_model(spec)._built) == 1 and builds == [SPLIT]
+
+
 def test_each_run_gets_its_own_copy_of_a_built_split(fixture_benchmark, builds):
     from medheval.run.runner import BuiltSplits, RunSpec
 

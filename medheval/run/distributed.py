@@ -55,6 +55,15 @@ def launched_world_size() -> int:
         return 1
 
 
+def launched_rank() -> int:
+    """This process's rank in its launch (``RANK`` from accelerate/torchrun), read before any process group
+    exists; 0 when not launched."""
+    try:
+        return max(int(os.environ.get("RANK") or 0), 0)
+    except ValueError:
+        return 0
+
+
 def shard_batches(indices: Sequence[int], batch_size: int, rank: int, world_size: int) -> list[int]:
     """Rank ``rank``'s share of ``indices``: whole batches ``b`` (of ``batch_size``) with ``b % world_size == rank``.
 

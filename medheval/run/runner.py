@@ -28,7 +28,7 @@ from medheval.data.benchmarks import LoadedBenchmark, parse_benchmark_spec, prep
 from medheval.data.images import ImageDecodeError
 from medheval.run.control import Control, ControlError, check_control
 from medheval.run.distributed import group as process_group
-from medheval.run.distributed import shard_batches
+from medheval.run.distributed import launched_rank, shard_batches
 # mitigation_slug lives in grid_plan now; it is still imported from here
 from medheval.run.grid_plan import PlannedCell, cell_folder, changes, mitigation_slug, record_plan  # noqa: F401
 from medheval.run.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
@@ -1164,6 +1164,8 @@ def check_before_model(spec: RunSpec, mitigations: Sequence[str] = (), models: S
     for name in dict.fromkeys(parse_benchmark_spec(benchmark)[0] for benchmark in spec.benchmarks):
         (protocol_for(name) or QAProtocol()).check_inputs(name, spec)
     splits = BuiltSplits()
+    if launched_rank() != 0:  # a launch's other process: the main one builds first (the run's main_first)
+        return splits
     loaded = [splits.load(benchmark, spec) for benchmark in spec.benchmarks]
     check_distinct_records(spec.benchmarks, loaded)
     reader = str(backend.name) if backend is not None and backend.needs_images else None
@@ -1363,8 +1365,6 @@ def _run_methods(spec: RunSpec, backend: Backend, cells: list[tuple[str, Any, st
                  seeds: Sequence[int] | None = None, splits: BuiltSplits | None = None) -> dict[str, Any]:
     """The body of :func:`run_grid` (its folder locked when the grid has several runs; every cell takes its
     splits from ``splits``)."""
-    import copy
-
     from medheval.report.tables import write_grid_markdown
     from medheval.run.paper_protocols import get_protocol
 
