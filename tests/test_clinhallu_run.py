@@ -76,11 +76,11 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
         assert f"| tiny-random-llava | clinhallu:vqa_rad | vqa_rad | {n} | 0.0 |" in md
         # `medheval report` (and the run's report.html) read the per-item values back from the protocol logs:
         # they reproduce the figures; the run recorded each item's image, and two of the fixture's VQA-RAD
-        # questions ask about vqarad_00005.jpg, so its items fall in 2 clusters: too few for an interval
+        # questions ask about vqarad_00005.jpg, so its items fall in 2 clusters: too few for a bootstrap interval
         from medheval.families.clinhallu.task import CLUSTERS
         from medheval.report.collect import find_runs
         from medheval.report.paper import build_tables
-        from medheval.report.stats import FEW_CLUSTERS
+        from medheval.report.stats import FEW_CLUSTERS, zero_bound
 
         assert entry["cluster_unit"] == "image"
         assert sorted(json.loads((logs / CLUSTERS).read_text()).values()) == [
@@ -88,11 +88,18 @@ def test_run_eval_drives_the_protocol_and_resumes(snapshot, tmp_path):
         stage = next(t for t in build_tables(find_runs([out])) if t.key == "clinhallu_stages")
         (labels, cells), *_ = stage.rows
         assert labels[2] == "all"
-        assert (cells[0].value, cells[0].low, cells[0].n, cells[0].n_clusters) == (0.0, None, n, 2)
-        assert {cell.note for _, row in stage.rows for cell in row if cell.value is not None} == {FEW_CLUSTERS}
+        # every stage rate is 0 or 100% (the judge calls every answer wrong): below 6 clusters, only the exact
+        # bound of no success (or failure) over the 2 images, of 2 and 1 items (stats.zero_bound)
+        assert (cells[0].value, cells[0].low, cells[0].n, cells[0].n_clusters) == (0.0, 0.0, n, 2)
+        assert cells[0].high == pytest.approx(100 * zero_bound([2.0, 1.0])) and cells[0].note is None
+        assert {cell.note for _, row in stage.rows for cell in row if cell.value is not None} == {None}
         by_item = next(t for t in build_tables(find_runs([out], cluster="none")) if t.key == "clinhallu_stages")
-        item_cell = by_item.rows[0][1][0]  # by item: 3 items, also too few (and no unit named)
-        assert (item_cell.value, item_cell.low, item_cell.note, item_cell.unit) == (0.0, None, FEW_CLUSTERS, None)
+        item_cell = by_item.rows[0][1][0]  # by item: 3 items, 0 of 3 (and no unit named)
+        assert (item_cell.value, item_cell.low, item_cell.note, item_cell.unit) == (0.0, 0.0, None, None)
+        assert item_cell.high == pytest.approx(100 * (1 - 0.025 ** (1 / 3)))
+        replacement = next(t for t in build_tables(find_runs([out])) if t.key == "clinhallu_replacement")
+        delta = dict(zip([c.label for c in replacement.columns], replacement.rows[0][1]))["Δ^V"]
+        assert (delta.low, delta.note) == (None, FEW_CLUSTERS)  # a difference has no exact bound: too few
         assert f'title="{FEW_CLUSTERS[:40]}' in (out / "report.html").read_text()  # the cell says why
 
         # a second identical run: no model generation, no judge call, same metrics

@@ -74,14 +74,14 @@ def test_agreement_scatter_of_numeric_ratings(tmp_path):
 
 def _category_runs(tmp_path):
     """none: 28 items (7 per type, every type with an interval), its Acc-S dropped from results.json (no
-    figure); vcd: 20 items (5 per type: too few for an interval)."""
+    figure); vcd: 20 items (5 per type, each type with right and wrong answers: too few for an interval)."""
     from report_runs import write_run
 
     none = write_run(tmp_path / "grid" / "none", "none", [i % 3 != 0 for i in range(28)])
     results = json.loads((none / "results.json").read_text())
     del results["benchmarks"]["mm_vishal:all"]["metrics"]["close_ended_accuracy"]["accuracy_by_category"]["symptom"]
     (none / "results.json").write_text(json.dumps(results))
-    write_run(tmp_path / "grid" / "vcd", "vcd", [i % 4 != 1 for i in range(20)])
+    write_run(tmp_path / "grid" / "vcd", "vcd", [i % 3 != 0 for i in range(20)])
     return find_runs([tmp_path / "grid"])
 
 
@@ -95,8 +95,8 @@ def test_category_bars_skip_missing_figures_and_mark_no_interval(tmp_path):
     assert none.no_interval == [] and all(b is not None and b >= 0 for b in none.below + none.above)
     assert vcd.x == pytest.approx([0.4, 1.4, 2.4, 3.4]) and vcd.missing == []
     assert vcd.no_interval == vcd.x and vcd.below == [None] * 4  # no error bar of length 0
-    # vcd: items 1, 5, 9, ... wrong, all of them measurement (i % 4 == 1): Acc-M 0%, the others 100%
-    assert vcd.heights == [100.0, 0.0, 100.0, 100.0]
+    # vcd: items 0, 3, 6, ... wrong (i % 3 == 0), over the types in turn (i % 4): 2, 1, 2 and 2 of each 5 wrong
+    assert vcd.heights == pytest.approx([60.0, 80.0, 60.0, 60.0])
     assert bar_note([none, vcd]) == f"{NO_INTERVAL}: no interval (4 bar(s); the table's † says why); no figure, no bar: 1"
     assert bar_note([none]) == "no figure, no bar: 1" and bar_note([]) == ""
 

@@ -7,7 +7,7 @@ import pytest
 
 from medheval.report.stats import (FEW_CLUSTERS, LEVEL, MIN_CLUSTERS, NO_SPREAD, NO_VARIATION, adjust_p, bootstrap_ci,
                                    bootstrap_distribution, compare_accuracy, compare_scores, expanded_level,
-                                   figure_interval, mcnemar_exact, sign_flip, t_quantile, t_two_sided)
+                                   figure_interval, mcnemar_exact, sign_flip, t_quantile, t_two_sided, zero_bound)
 
 
 def test_interval_of_a_constant_is_a_point():
@@ -418,6 +418,24 @@ def test_a_rate_of_trials_without_spread_gets_the_exact_bound_over_the_units_hol
     images = [f"image:{i // 2}" for i in range(16)]  # 8 images; the last 2 hold only 0-of-0 items
     assert figure_interval([0.0] * 16, denominators=[1.0] * 12 + [0.0] * 4, clusters=images, binary=True) == (
         (0.0, pytest.approx(0.45926, abs=1e-5)), None)  # G = 6 images hold trials
+
+
+def test_below_the_minimum_only_a_rate_without_success_or_failure_gets_its_exact_bound():
+    """Below 6 units no bootstrap interval is bounded, but the bound of no success (or failure) is exact at any
+    number of units (stats.zero_bound): 0 of 2 right, [0, 1 − 0.025^(1/2)] = [0, 0.84189]; 1 of 1, [0.025, 1];
+    0 of 5 trials on 2 images (4 + 1): Π(1 − p_g) ≥ 0.025 over the two units, wider than for 2 equal ones. A
+    mixed 0/1 figure, a constant score and a one-cluster figure with a success keep no interval."""
+    assert figure_interval([0.0, 0.0], binary=True) == ((0.0, pytest.approx(0.84189, abs=1e-5)), None)
+    assert figure_interval([1.0], binary=True) == ((pytest.approx(0.025), 1.0), None)
+    assert figure_interval([0.0, 0.0], denominators=[4.0, 1.0], binary=True) == (
+        (0.0, pytest.approx(zero_bound([4.0, 1.0]))), None)
+    clustered = figure_interval([0.0] * 5, clusters=["a"] * 4 + ["b"], binary=True)
+    assert clustered == ((0.0, pytest.approx(zero_bound([4.0, 1.0]))), None)
+    assert zero_bound([4.0, 1.0]) > zero_bound([1.0, 1.0]) == pytest.approx(0.84189, abs=1e-5)
+    assert figure_interval([1.0, 0.0, 1.0], binary=True) == (None, FEW_CLUSTERS)
+    assert figure_interval([0.0] * 3) == (None, FEW_CLUSTERS)  # not marked 0/1: its range is unknown
+    assert figure_interval([1.0, 0.0] * 3, clusters=["a"] * 6, binary=True) == (None, FEW_CLUSTERS)
+    assert figure_interval([2.0, 2.0], denominators=[1.0, 1.0], binary=True) == (None, FEW_CLUSTERS)  # not of trials
 
 
 def test_a_rates_minimum_and_expansion_count_only_the_units_holding_trials():

@@ -240,18 +240,30 @@ def test_clinhallu_intervals_from_the_protocol_logs_known_answer(tmp_path):
         assert (cell.low, cell.high) == pytest.approx(_bounds(values, denominators)), column
     assert whole["Δ^V"].signed and whole["Δ^V"].low < 0 < whole["Δ^V"].high
     # Fix and Break are rates over the ORG-wrong (items 1, 2, 4, 5) or ORG-right (0, 3) answers only: 4 or 2
-    # units hold them, below the minimum of 6, so none has an interval (the other items are 0 of 0)
+    # units hold them, below the minimum of 6 (the other items are 0 of 0), so a mixed one has no interval; Rep-K
+    # Break, 0 of 2, has the exact bound of no success over its 2 units, [0, 1 − 0.025^(1/2)]
     assert whole["Rep-V Fix"].value == pytest.approx(50.0) and whole["Rep-VK Break"].value == pytest.approx(50.0)
     assert all((cell.low, cell.note) == (None, FEW_CLUSTERS) for name, cell in whole.items()
-               if "Fix" in name or "Break" in name)
+               if ("Fix" in name or "Break" in name) and name != "Rep-K Break")
+    rep_k_break = whole["Rep-K Break"]
+    assert (rep_k_break.value, rep_k_break.low, rep_k_break.note) == (0.0, 0.0, None)
+    assert rep_k_break.high == pytest.approx(100 * (1 - 0.025 ** 0.5))  # 84.19
     assert all(cell.low is not None for name, cell in whole.items() if cell.value is not None
                and "Fix" not in name and "Break" not in name)
     # per source: source a is items 0-2 only, too few for an interval (and the note says so)
     a = rows["a"]
     assert a["Acc"].value == pytest.approx(100 / 3) and a["Acc"].n == 3
     assert (a["Acc"].low, a["Acc"].note) == (None, FEW_CLUSTERS) and (a["H^V"].low, a["H^V"].note) == (None, FEW_CLUSTERS)
-    assert all(cell.note == FEW_CLUSTERS for source in ("a", "b") for cell in rows[source].values()
-               if cell.value is not None)
+    # 3 items: only a rate of 0/1 trials with no success or no failure has an interval, the exact one over its
+    # units (b's Rep-V Break, 1 of 1: [0.025, 1]; a's H^R, 0 of 3: [0, 1 − 0.025^(1/3)])
+    assert (rows["b"]["Rep-V Break"].low, rows["b"]["Rep-V Break"].high) == pytest.approx((2.5, 100.0))
+    assert (rows["a"]["H^R"].low, rows["a"]["H^R"].high) == pytest.approx((0.0, 100 * (1 - 0.025 ** (1 / 3))))
+    for source in ("a", "b"):
+        for cell in rows[source].values():
+            if cell.value is None:
+                continue
+            exact = cell.binary and cell.value in (0.0, 100.0)
+            assert (cell.note, cell.low is None) == ((None, False) if exact else (FEW_CLUSTERS, True)), cell
 
 
 def test_clinhallu_fix_and_break_intervals_over_the_answers_they_count(tmp_path):
@@ -339,7 +351,7 @@ def test_clinhallu_figure_the_logs_do_not_reproduce_gets_no_interval(tmp_path):
     assert rows["all"]["H^V"].value == pytest.approx(90.0) and rows["all"]["H^V"].low is None
     assert "not the reported 0.9" in rows["all"]["H^V"].note
     assert rows["a"]["Rep-V Fix"].low is None and "not the reported 0.25" in rows["a"]["Rep-V Fix"].note
-    assert rows["all"]["Acc"].low is not None and rows["a"]["Rep-V Break"].note == FEW_CLUSTERS  # others: as before
+    assert rows["all"]["Acc"].low is not None and rows["a"]["Rep-VK Fix"].note == FEW_CLUSTERS  # others: as before
     markdown = to_markdown(stage)
     assert "| m | clinhallu:all | all | 6 | 33.3 [" in markdown and "| 90.0 †" in markdown
     assert "No interval (†): the per-item values give 0.5, not the reported 0.9." in stage.footer

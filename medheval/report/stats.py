@@ -45,7 +45,8 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
   :data:`MIN_CLUSTERS` = 6 no 5% test can reject and no interval is bounded: the report shows the estimate
   with its p but no interval and no star, and says so. The same minimum holds for the interval of a figure
   whose items fall in fewer than 6 clusters (one cluster: every bootstrap resample is the same, a zero-width
-  interval; a few: too few distinct resamples to cover).
+  interval; a few: too few distinct resamples to cover), except a 0/1 figure with no success or no failure,
+  whose exact bound (below) holds at any number of units: 0 of 2 right, [0, 1 − 0.025^{1/2}] = [0, 0.842].
 * **Small samples** (:func:`expanded_level`): a percentile interval is about θ̂ ± z·σ̂ with the plug-in σ̂
   (divisor G), where the t interval is θ̂ ± t_{G−1}·s, so over few units it is too narrow: the report's 95%
   interval over 6 clusters held the truth in 91% of simulated accuracies and 85% of micro rates
@@ -308,7 +309,8 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
     """The interval a report shows for a figure, or ``None`` and why: the cluster bootstrap's expanded
     percentile interval (:func:`expanded_level`, G clusters) joined with the item bootstrap's (n items), so
     clustering never narrows it; none for fewer than :data:`MIN_CLUSTERS` items or clusters (one cluster:
-    every resample is the same, a zero-width interval; a few: too few distinct resamples to cover). A
+    every resample is the same, a zero-width interval; a few: too few distinct resamples to cover), except the
+    exact bound of a ``binary`` figure with no success or no failure (:func:`_exact_all_alike`). A
     ``binary`` figure (a 0/1 mean, or a ratio whose numerator counts the successes among its denominator's
     trials, 0 ≤ y ≤ d) also spans the binomial interval over its effective sample size and the exact bound of no
     success or failure (:func:`_binomial_hull`); any other figure without spread (every item alike) gets none.
@@ -325,7 +327,8 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
             return None, NO_DENOMINATOR
     units = len(set(clusters)) if is_clustered(clusters) else len(values)
     if units < MIN_CLUSTERS:
-        return None, FEW_CLUSTERS
+        exact = _exact_all_alike(values, denominators, clusters) if binary else None
+        return (exact, None) if exact is not None else (None, FEW_CLUSTERS)
     interval = bootstrap_ci(values, denominators, level=expanded_level(LEVEL, len(values)))
     if is_clustered(clusters):
         clustered = bootstrap_ci(values, denominators, clusters=clusters, level=expanded_level(LEVEL, units))
@@ -338,6 +341,24 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
     if interval is not None and interval[0] == interval[1]:
         return None, NO_SPREAD
     return interval, None if interval is not None else NO_DENOMINATOR
+
+
+def _exact_all_alike(values: Sequence[float], denominators: Sequence[float] | None,
+                     clusters: Sequence[object] | None) -> tuple[float, float] | None:
+    """Below :data:`MIN_CLUSTERS` units, a 0/1 figure with no success or no failure still has an exact interval,
+    valid for any dependence within a unit (:func:`zero_bound` over the units' trials): [0, U₀] at x = 0,
+    [1 − U₀, 1] at x = n (0 of 2 right: [0, 1 − 0.025^{1/2}] = [0, 0.842]); any other figure has none."""
+    if not _of_trials(values, denominators):
+        return None
+    total = sum(float(x) for x in values)
+    trials = [1.0] * len(values) if denominators is None else [float(d) for d in denominators]
+    if total not in (0.0, sum(trials)):
+        return None
+    if is_clustered(clusters):
+        index, groups = cluster_index(clusters, len(values))
+        trials = np.bincount(index, weights=trials, minlength=groups).tolist()
+    bound = zero_bound(trials)
+    return (0.0, bound) if total == 0.0 else (1.0 - bound, 1.0)
 
 
 def _with_trials(values: Sequence[float], denominators: Sequence[float], clusters: Sequence[object] | None
