@@ -19,13 +19,17 @@ decoded once, :func:`parts_kind`) is refused when, by content:
   characters in (a heading or key the normalised text joined in front). The mix is also measured without the
   run's runs of zero bytes (:func:`mixed`: a headerless payload mostly zeros). A shorter run of
   :data:`MIN_HEADER_BYTES` of bytes or more is refused when it decodes to a header of 3 bytes or more (a small
-  image). Runs cut by 1 to :data:`MAX_GAP` punctuation characters (``;``, ``.``, ``|``, ``:``) are joined
-  (:func:`runs`) and read the same way, a joined run of the full length only when also mixed with 7/8 of its
-  alphabet's symbols (hex: by its header alone);
-- it holds bytes mapped one to one onto a 256-wide window of code points (:func:`block_run`: ``chr(0x2800 +
-  b)``, ``chr(0x2810 + b)``, ``chr(0x100 + b)``): :data:`MIN_BLOCK_RUN` characters in a row (``\\uXXXX`` escapes
-  undone, ASCII dropped) within 256 of each other, whose values less the window's start start like an image,
-  DICOM, array or archive file or take :data:`MIN_BLOCK_DISTINCT` distinct values;
+  image). Runs cut by punctuation (:func:`chains`: pieces of :data:`MIN_PIECE` characters or more cut by 1 to
+  :data:`MAX_GAP` of ``;`` ``.`` ``|`` ``:`` ``!`` ``#`` ..., spaces or tabs around them) are joined inside one
+  line of one string (a JSON value, a Parquet cell, a line of a text file; never across values, rows or lines)
+  and refused when they decode to a header of 3 bytes or more (:func:`has_chain`); a headerless payload cut by
+  punctuation passes (ids and tokens cut by dots are mixed like base64 too);
+- it holds bytes mapped one to one onto 256 code points (:func:`block_run`), :data:`MIN_BLOCK_RUN` characters in
+  a row (``\\uXXXX`` escapes undone): all in one Unicode block above U+00FF (a space ends the run) whose low
+  bytes start like an image, DICOM, array or archive file, 2-byte headers included (``chr(0x2800 + b)``,
+  ``chr(0x100 + b)``); or, with any start (``chr(0x2810 + b)``) and ASCII dropped, within 256 of each other and
+  starting at any position with a header of :data:`MIN_FREE_HEADER` bytes or more less the start it implies, or
+  taking :data:`MIN_BLOCK_DISTINCT` distinct values;
 - the same, in the strings of its JSON (:func:`json_parts`): a file (or a Parquet cell) that parses as JSON is
   decoded (every escape undone) and the keys and string values of each object and array, nested ones and JSON
   held in strings included, are joined in order, so base64 or hex split across object values (``"k1": chunk,
@@ -42,9 +46,10 @@ breaks a run, and a digest is 64 hex digits (a bare list of more than 31 digests
 is refused). A results table breaks its number runs at every row's label. Upper-case words hold no 12% of
 digits 2-7 (base32 of binary data: 19%), code and tables no 15% each of upper case, lower case and symbols
 (base85 of binary data: 25-33% each), and text in one script (Cyrillic, kana, braille) or CJK text (whose
-characters spread over dozens of blocks) is refused only when its values carry a header, as a run of characters
-never does by chance (one in 2^16 for the shortest headers, ``BM``), or take 192 distinct values in 1,024
-characters (natural scripts: 30-100 letters in a window).
+characters spread over dozens of blocks) passes: no text runs 1,024 characters in one block without a space; with
+any start, a 2- or 3-byte header is just two or three letters a few code points apart (``Ха`` less 0x3E3 reads
+as ``BM``), so only headers of 4 bytes or more count, three code-point differences and 1,024 characters within
+the 256 they imply; and natural scripts take 30-100 values in a window, never 192.
 """
 
 from __future__ import annotations
