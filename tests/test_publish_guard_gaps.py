@@ -113,8 +113,8 @@ def test_a_mapping_after_a_nearby_character_is_refused():
         assert kind(json.dumps({"note": prefix, "blob": _mapped(NPY, 0x100)}, ensure_ascii=False)) \
             == "bytes as characters", prefix
         assert kind(prefix + _mapped(NPY, 0x100)) == "bytes as characters", prefix
-    for base in (0x2810, 0x4E80, 0x0480):  # off a block boundary: the NumPy header (6 bytes) at any position
-        for prefix in ("", "Résumé: ", "⠀⠁⠂ ", "Характер "):
+    for base in (0x2810, 0x4E80, 0x0480):  # off a block boundary: the NumPy header (6 bytes) where it starts
+        for prefix in ("", "Résumé: ", "⠀⠁⠂ ", "Характер ", "中文 "):
             assert kind(prefix + _mapped(NPY, base)) == "bytes as characters", (hex(base), prefix)
 
 
@@ -133,7 +133,11 @@ SCRIPTS = {
                 "ткани по типу матового стекла, преимущественно субплеврально, с утолщением междольковых перегородок. "
                 "Плевральный выпот не выявлен. Средостение не смещено, лимфатические узлы не увеличены.",
                 "Хаотичные тяжи, Юношеский возраст, Щитовидная железа: эхо-картина без особенностей; «контроль» через "
-                "месяц — рекомендовано."],
+                "месяц — рекомендовано.",
+                # 'екдо' of 'человек до' spells DICM less 0x3F1 (at 128 into a window): no mapping starts there
+                "Пациент поступил с жалобами на кашель и слабость. Легочные поля без очаговых изменений, корни "
+                "структурны. Сердце не расширено. Заключение: патологических изменений не выявлено. Человек доставлен "
+                "в приемное отделение в удовлетворительном состоянии, век дома не выходил."],
     "kana": ["かんじゃさんのしょうじょうについてくわしくせつめいします。せきとたんがいっしゅうかんつづいており、ねつはさんじゅう"
              "はちどです。ぱぴぷぺぽ、がぎぐげご、ざじずぜぞ、ゃゅょっ。ココロノサイズハセイジョウデス。ヴァヴィヴェヴォ、ファフィ"
              "フェフォ。ー・「」『』〜",  # U+3001..U+30FC: one window of 251 code points, 98 of them

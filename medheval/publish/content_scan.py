@@ -28,8 +28,9 @@ decoded once, :func:`parts_kind`) is refused when, by content:
   a row (``\\uXXXX`` escapes undone): all in one Unicode block above U+00FF (a space ends the run) whose low
   bytes start like an image, DICOM, array or archive file, 2-byte headers included (``chr(0x2800 + b)``,
   ``chr(0x100 + b)``); or, with any start (``chr(0x2810 + b)``) and ASCII dropped, within 256 of each other and
-  starting at any position with a header of :data:`MIN_FREE_HEADER` bytes or more less the start it implies, or
-  taking :data:`MIN_BLOCK_DISTINCT` distinct values;
+  starting with a header of :data:`MIN_FREE_HEADER` bytes or more less the start it implies (where a mapping
+  could start: first, or after a character outside those 256), or taking :data:`MIN_BLOCK_DISTINCT` distinct
+  values;
 - the same, in the strings of its JSON (:func:`json_parts`): a file (or a Parquet cell) that parses as JSON is
   decoded (every escape undone) and the keys and string values of each object and array, nested ones and JSON
   held in strings included, are joined in order, so base64 or hex split across object values (``"k1": chunk,
@@ -436,9 +437,11 @@ def _aligned_run(codes: Any, magic: tuple[tuple[int, bytes, str], ...], size: in
 
 
 def _free_header(codes: Any, magic: tuple[tuple[int, bytes, str], ...], size: int) -> bool:
-    """A header of 4 bytes or more (:data:`MIN_FREE_HEADER`) mapped onto a window of any start, at any position:
-    code points whose differences are those of the header's bytes, then ``size`` code points all within the 256
-    above the start the header implies (``codes``: ASCII dropped)."""
+    """A header of 4 bytes or more (:data:`MIN_FREE_HEADER`) mapped onto a window of any start, where a mapping
+    could start: code points whose differences are those of the header's bytes, the ``size`` code points from
+    the file's start all within the 256 above the start the header implies, and the code point before them (if
+    any) outside those 256 (``codes``: ASCII dropped). Inside text of one script a 4-letter pattern turns up by
+    chance (``екдо`` of ``человек до`` spells ``DICM`` less 0x3F1), never where a mapping would start."""
     import numpy as np
 
     positions = len(codes) - size + 1
@@ -452,6 +455,8 @@ def _free_header(codes: Any, magic: tuple[tuple[int, bytes, str], ...], size: in
         for at in np.flatnonzero(hits).tolist():
             base = int(codes[at + offset]) - lead[0]
             window = codes[at : at + size]
+            if at and base <= int(codes[at - 1]) < base + 256:
+                continue  # the mapping would have started earlier: a pattern inside text, no file's start
             if int(window.min()) >= base and int(window.max()) < base + 256:
                 return True
     return False
@@ -464,8 +469,9 @@ def block_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), size: i
     - aligned to a Unicode block (``chr(0x2800 + b)``, ``chr(0x100 + b)``): a run all in one block above U+00FF
       whose low bytes start like a file in ``magic``, 2-byte headers (``BM``) included (:func:`_aligned_run`);
     - any start (``chr(0x2810 + b)``, ``chr(0x4E80 + b)``), ASCII characters dropped (so punctuation or words
-      between pieces join them): a header of :data:`MIN_FREE_HEADER` bytes or more at any position, the ``size``
-      code points from there within the 256 it implies (:func:`_free_header`; a 2- or 3-byte header is two or
+      between pieces join them): a header of :data:`MIN_FREE_HEADER` bytes or more where a mapping could start
+      (the first character, or one after a character outside the 256 it implies), the ``size`` code points from
+      there within those 256 (:func:`_free_header`; a 2- or 3-byte header is two or
       three letters a few code points apart, as ``Ха`` in ``Характер`` reads as ``BM``), or
       :data:`MIN_BLOCK_DISTINCT` distinct values in ``size`` code points within 256 of each other (compressed or
       pixel bytes: about 250; a script of one block, a few dozen letters, never 200).
