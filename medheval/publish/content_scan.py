@@ -19,13 +19,18 @@ decoded once, :func:`parts_kind`) is refused when, by content:
   characters in (a heading or key the normalised text joined in front). The mix is also measured without the
   run's runs of zero bytes (:func:`mixed`: a headerless payload mostly zeros). A shorter run of
   :data:`MIN_HEADER_BYTES` of bytes or more is refused when it decodes to a header of 3 bytes or more (a small
-  image). Runs cut by 1 to :data:`MAX_GAP` punctuation characters (``;``, ``.``, ``|``, ``:``) are joined
-  (:func:`runs`) and read the same way, a joined run of the full length only when also mixed with 7/8 of its
-  alphabet's symbols (hex: by its header alone);
-- it holds bytes mapped one to one onto a 256-wide window of code points (:func:`block_run`: ``chr(0x2800 +
-  b)``, ``chr(0x2810 + b)``, ``chr(0x100 + b)``): :data:`MIN_BLOCK_RUN` characters in a row (``\\uXXXX`` escapes
-  undone, ASCII dropped) within 256 of each other, whose values less the window's start start like an image,
-  DICOM, array or archive file or take :data:`MIN_BLOCK_DISTINCT` distinct values;
+  image). Runs cut by punctuation (:func:`chains`: pieces of :data:`MIN_PIECE` characters or more cut by 1 to
+  :data:`MAX_GAP` of ``;`` ``.`` ``|`` ``:`` ``!`` ``#`` ..., spaces or tabs around them) are joined inside one
+  line of one string (a JSON value, a Parquet cell, a line of a text file; never across values, rows or lines)
+  and refused when they decode to a header of 3 bytes or more (:func:`has_chain`); a headerless payload cut by
+  punctuation passes (ids and tokens cut by dots are mixed like base64 too);
+- it holds bytes mapped one to one onto 256 code points (:func:`block_run`), :data:`MIN_BLOCK_RUN` characters in
+  a row (``\\uXXXX`` escapes undone): all in one Unicode block above U+00FF (a space ends the run) whose low
+  bytes start like an image, DICOM, array or archive file, 2-byte headers included (``chr(0x2800 + b)``,
+  ``chr(0x100 + b)``); or, with any start (``chr(0x2810 + b)``) and ASCII dropped, within 256 of each other and
+  starting with a header of :data:`MIN_FREE_HEADER` bytes or more less the start it implies (where a mapping
+  could start: first, or after a character outside those 256), or taking :data:`MIN_BLOCK_DISTINCT` distinct
+  values;
 - the same, in the strings of its JSON (:func:`json_parts`): a file (or a Parquet cell) that parses as JSON is
   decoded (every escape undone) and the keys and string values of each object and array, nested ones and JSON
   held in strings included, are joined in order, so base64 or hex split across object values (``"k1": chunk,
@@ -42,15 +47,17 @@ breaks a run, and a digest is 64 hex digits (a bare list of more than 31 digests
 is refused). A results table breaks its number runs at every row's label. Upper-case words hold no 12% of
 digits 2-7 (base32 of binary data: 19%), code and tables no 15% each of upper case, lower case and symbols
 (base85 of binary data: 25-33% each), and text in one script (Cyrillic, kana, braille) or CJK text (whose
-characters spread over dozens of blocks) is refused only when its values carry a header, as a run of characters
-never does by chance (one in 2^16 for the shortest headers, ``BM``), or take 192 distinct values in 1,024
-characters (natural scripts: 30-100 letters in a window).
+characters spread over dozens of blocks) passes: no text runs 1,024 characters in one block without a space; with
+any start, a 2- or 3-byte header is just two or three letters a few code points apart (``Ха`` less 0x3E3 reads
+as ``BM``), so only headers of 4 bytes or more count, three code-point differences and 1,024 characters within
+the 256 they imply; and natural scripts take 30-100 values in a window, never 192.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -75,6 +82,7 @@ MIN_B85_RUN = 1280  # base85 / ascii85 characters in a row: 256 groups of 5
 # characters in a row within one 256-wide Unicode block above U+00FF (chr(0x2800 + byte)), one per byte; braille
 # or kana text runs longer (6,600 measured) and passes: its low bytes start no file
 MIN_BLOCK_RUN = 1024
+MIN_FREE_HEADER = 4  # leading bytes a header mapped onto a window of any start has at the least (not BM, JPEG)
 MIN_BLOCK_DISTINCT = 192  # distinct values in MIN_BLOCK_RUN characters of one window: bytes, never letters
 # bytes a shorter run decodes to at the least to be read for a file's header: a small image (a 1x1 PNG is 67
 # bytes) in base64, hex, base32 or base85, however short, is refused when its decoded head starts like a file
@@ -82,6 +90,10 @@ MIN_HEADER_BYTES = 64
 MIN_REST = 64  # characters of a run left without its runs of zero bytes for their mix to be measured
 MAX_SHIFT = 16  # characters a run's decoded header may start after: a heading or key joined in front of it
 MAX_GAP = 8  # punctuation between two numbers of one run (whitespace not counted): '", "', '], [', ' | '
+# base64 (or hex, base32, base85) cut by punctuation inside one string: pieces of MIN_PIECE alphabet characters or
+# more, cut by 1 to MAX_GAP of these ASCII punctuation characters (those outside the encoding's alphabet)
+CUTS = b".;:|!#$%&*?@^~"
+MIN_PIECE = 16
 NETPBM_HEADER = re.compile(rb"\s*(?:P[1-6](?:\s+#[^\n]*)*\s+\d+\s+\d+|P7\s+(?:WIDTH|HEIGHT|DEPTH|MAXVAL|TUPLTYPE)\b)")
 DATA_URL = re.compile(rb"data:image/[a-z0-9.+-]+;base64", re.IGNORECASE)
 _YAML_KEY = re.compile(rb"(?m)^[ \t]*(?:-[ \t]+)?[A-Za-z0-9_.-]{1,64}:(?=[ \t\r\n]|$)")  # "key:" starting a line
@@ -110,22 +122,22 @@ def normalise(data: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Encoding:
-    """A text encoding of bytes: ``classes`` (byte -> 1 for its alphabet, 2 for punctuation, 0 for what ends a
-    run: whitespace, other letters and digits) finds its runs and chains (:func:`runs`), ``decode`` decodes
-    ``group = (characters, bytes)`` groups. A run of ``min_run`` characters or more is encoded bytes when each
-    ``(characters, share)`` of ``mix`` makes up that share of it (as encoded binary data does, and words do not),
-    measured on the run or on the run less its runs of zero bytes (``zero``, 8 or more in a row), or when it
-    decodes to a file's leading bytes; a chain of runs cut by punctuation must also hold ``distinct`` of the
-    alphabet's symbols (:func:`mixed`, :func:`is_encoded`)."""
+    """A text encoding of bytes: ``alphabet`` (a regex character class) finds its runs (:func:`runs`) and its
+    chains (:func:`chains`), ``decode`` decodes ``group = (characters, bytes)`` groups. A run of ``min_run``
+    characters or more is encoded bytes when each ``(characters, share)`` of ``mix`` makes up that share of it
+    (as encoded binary data does, and words do not), measured on the run or on the run less its runs of zero
+    bytes (``zero``, 8 or more in a row), or when it decodes to a file's leading bytes (:func:`mixed`,
+    :func:`is_encoded`); a chain (runs cut by punctuation inside one string) only when it decodes to a file's
+    header (:func:`has_chain`)."""
 
     kind: str
-    classes: bytes
+    alphabet: bytes
     decode: Callable[[bytes], bytes]
     group: tuple[int, int]
     mix: tuple[tuple[bytes, float], ...]  # empty: every run of min_run is encoded bytes (hex)
     min_run: int
     zero: bytes  # the character zero bytes encode to ('A' in base64 and base32, '0' in hex, 'z' in ascii85)
-    distinct: int = 0  # symbols a joined chain holds (binary data of 1 KB holds all of them); 0: no chains read
+    chains: bool = True  # whether runs cut by punctuation are joined and read for a header (not ascii85)
     normalised: bool = True  # False: read with whitespace alone dropped (ascii85 has quotes, commas, backslashes)
 
     @property
@@ -135,22 +147,32 @@ class Encoding:
         return -(-MIN_HEADER_BYTES * characters // width)
 
     @property
-    def punctuation(self) -> bytes:
-        """The bytes a chain drops between its runs."""
-        return bytes(byte for byte in range(256) if self.classes[byte] == 2)
+    def classes(self) -> bytes:
+        """Byte -> 1 for ``alphabet``, 0 otherwise."""
+        return bytes(int(bool(re.fullmatch(rb"[%s]" % self.alphabet, bytes([byte])))) for byte in range(256))
+
+    @property
+    def cuts(self) -> bytes:
+        """The punctuation a chain drops between its pieces: :data:`CUTS` outside ``alphabet``."""
+        return bytes(byte for byte in CUTS if not re.fullmatch(rb"[%s]" % self.alphabet, bytes([byte])))
 
 
-def _encoding(kind: str, alphabet: bytes, decode: Callable[[bytes], bytes], group: tuple[int, int],
-              mix: tuple[tuple[bytes, float], ...], min_run: int, zero: bytes, distinct: int = 0,
-              normalised: bool = True) -> Encoding:
-    """An :class:`Encoding` of the regex class ``alphabet``: its other bytes are punctuation (2) unless
-    whitespace, an ASCII letter or a digit (0)."""
-    def kind_of(byte: int) -> int:
-        if re.fullmatch(rb"[%s]" % alphabet, bytes([byte])):
-            return 1
-        return 0 if re.fullmatch(rb"[A-Za-z0-9\s]", bytes([byte])) else 2
+@functools.lru_cache(maxsize=None)
+def _classes(encoding: Encoding) -> Any:
+    import numpy as np
 
-    return Encoding(kind, bytes(map(kind_of, range(256))), decode, group, mix, min_run, zero, distinct, normalised)
+    return np.frombuffer(encoding.classes, dtype=np.uint8)
+
+
+@functools.lru_cache(maxsize=None)
+def _chain_pattern(encoding: Encoding) -> re.Pattern[bytes]:
+    """Two or more pieces of :data:`MIN_PIECE` or more alphabet characters, each two cut by 1 to :data:`MAX_GAP`
+    characters of :attr:`Encoding.cuts`, spaces and tabs (at least one cut: words are not pieces), starting where
+    a piece starts (so a long run is tried once)."""
+    alphabet, cuts = encoding.alphabet, re.escape(encoding.cuts)
+    cut = rb"(?=[%s \t]{1,%d}[%s])[ \t]*[%s][%s \t]*" % (cuts, MAX_GAP, alphabet, cuts, cuts)
+    return re.compile(rb"(?<![%s])[%s]{%d,}(?:%s[%s]{%d,})+"
+                      % (alphabet, alphabet, MIN_PIECE, cut, alphabet, MIN_PIECE))
 
 
 def _spans(mask: Any) -> tuple[Any, Any]:
@@ -161,56 +183,51 @@ def _spans(mask: Any) -> tuple[Any, Any]:
     return edges[0::2], edges[1::2]
 
 
-def runs(encoding: Encoding, text: bytes, chains: bool = False) -> list[bytes]:
-    """The runs of ``encoding``'s alphabet in ``text`` of :attr:`Encoding.shortest` characters or more; with
-    ``chains``, its chains instead: two or more runs with 1 to :data:`MAX_GAP` punctuation characters (``;``,
-    ``.``, ``|``, ``:``, not whitespace, letters or digits) between each two, joined (the punctuation dropped)."""
+def runs(encoding: Encoding, text: bytes) -> list[bytes]:
+    """The runs of ``encoding``'s alphabet in ``text`` of :attr:`Encoding.shortest` characters or more: any
+    byte outside the alphabet (whitespace, punctuation, non-ASCII) ends a run."""
     import numpy as np
 
-    classes = np.frombuffer(encoding.classes, dtype=np.uint8)[np.frombuffer(text, dtype=np.uint8)]
-    if not chains:
-        starts, ends = _spans(classes == 1)
-        keep = ends - starts >= encoding.shortest
-        return [text[start:end] for start, end in zip(starts[keep].tolist(), ends[keep].tolist())]
-    starts, ends = _spans(classes == 2)
-    long = ends - starts > MAX_GAP  # punctuation longer than a cut ends a chain
-    bounds = np.zeros(len(classes) + 1, dtype=np.int64)
-    np.add.at(bounds, starts[long], 1)
-    np.add.at(bounds, ends[long], -1)
-    inside = (classes != 0) & (np.cumsum(bounds[:-1]) == 0)
-    found = []
-    punctuation = encoding.punctuation
-    for start, end in zip(*(part.tolist() for part in _spans(inside))):
-        if end - start < encoding.shortest:
-            continue
-        piece = text[start:end].strip(punctuation)
-        joined = piece.translate(None, punctuation)
-        if len(joined) != len(piece) and len(joined) >= encoding.shortest:
-            found.append(joined)
-    return found
+    starts, ends = _spans(_classes(encoding)[np.frombuffer(text, dtype=np.uint8)] == 1)
+    keep = ends - starts >= encoding.shortest
+    return [text[start:end] for start, end in zip(starts[keep].tolist(), ends[keep].tolist())]
+
+
+def chains(encoding: Encoding, text: bytes) -> list[bytes]:
+    """The chains of ``encoding``'s runs in ``text``, joined (the cuts dropped): two or more pieces of
+    :data:`MIN_PIECE` or more alphabet characters with 1 to :data:`MAX_GAP` characters between each two, ASCII
+    punctuation of :attr:`Encoding.cuts` (``;`` ``.`` ``|`` ``:`` ``!`` ``#`` ...) with spaces or tabs around
+    it, :attr:`Encoding.shortest` characters or more in all. Anything else ends a chain: a line break, quotes,
+    commas, brackets, a shorter piece, a longer cut, whitespace alone, any non-ASCII character; so a chain lies
+    in one line of one string (a JSON value, a Parquet cell, a line of a text file), never across values, rows
+    or lines."""
+    cuts = encoding.cuts + b" \t"
+    return [joined for joined in (match.group().translate(None, cuts)
+                                  for match in _chain_pattern(encoding).finditer(text))
+            if len(joined) >= encoding.shortest]
 
 
 _UPPER, _LOWER, _DIGITS = bytes(range(65, 91)), bytes(range(97, 123)), b"0123456789"
 _B85_SYMBOLS = b"!#$%&()*+-;<=>?@^_`{|}~"
 _A85_SYMBOLS = bytes(range(0x21, 0x30)) + bytes(range(0x3A, 0x41)) + bytes(range(0x5B, 0x61))
-BASE64 = _encoding("base64 text", rb"A-Za-z0-9+/_\-",
-                   lambda run: base64.b64decode(run.translate(bytes.maketrans(b"-_", b"+/")), validate=True),
-                   (4, 3), ((_UPPER, 0.10), (_LOWER, 0.10), (_DIGITS, 0.03)), MIN_RUN, b"A", 56)  # binary: 40/40/16
-HEX = _encoding("hex text", rb"0-9A-Fa-f", lambda run: bytes.fromhex(run.decode("ascii")), (2, 1), (), MIN_HEX_RUN, b"0", 16)
+BASE64 = Encoding("base64 text", rb"A-Za-z0-9+/_\-",
+                  lambda run: base64.b64decode(run.translate(bytes.maketrans(b"-_", b"+/")), validate=True),
+                  (4, 3), ((_UPPER, 0.10), (_LOWER, 0.10), (_DIGITS, 0.03)), MIN_RUN, b"A")  # binary: 40/40/16
+HEX = Encoding("hex text", rb"0-9A-Fa-f", lambda run: bytes.fromhex(run.decode("ascii")), (2, 1), (), MIN_HEX_RUN, b"0")
 # encodings read after base64 and hex (base64.b32encode, b32hexencode, b85encode, a85encode): upper or lower case
 # for base32. Binary data as base32 is 19% digits (12% asked), as base32hex 50% G-V and 31% digits (20%, 15%), as
 # base85 or ascii85 about 30% upper case, 25-30% lower case, 12% digits, 27-33% symbols (15/15/5/15%); data mostly
 # zeros (a DICOM file's preamble and padding) is measured without its runs of zero bytes too
 OTHER_ENCODINGS = (
-    _encoding("base32 text", rb"A-Za-z2-7", lambda run: base64.b32decode(run, casefold=True), (8, 5),
-              ((b"234567", 0.12), (_UPPER + _LOWER, 0.5)), MIN_B32_RUN, b"A", 28),
-    _encoding("base32 text", rb"0-9A-Va-v", lambda run: base64.b32hexdecode(run, casefold=True), (8, 5),
-              ((b"GHIJKLMNOPQRSTUVghijklmnopqrstuv", 0.20), (_DIGITS, 0.15)), MIN_B32_RUN, b"0", 28),
-    _encoding("base85 text", rb"0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~", base64.b85decode, (5, 4),
-              ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_B85_SYMBOLS, 0.15)), MIN_B85_RUN, b"0", 75),
-    _encoding("ascii85 text", rb"!-uz", base64.a85decode, (5, 4),
-              ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_A85_SYMBOLS, 0.15)), MIN_B85_RUN, b"z",
-              normalised=False),
+    Encoding("base32 text", rb"A-Za-z2-7", lambda run: base64.b32decode(run, casefold=True), (8, 5),
+             ((b"234567", 0.12), (_UPPER + _LOWER, 0.5)), MIN_B32_RUN, b"A"),
+    Encoding("base32 text", rb"0-9A-Va-v", lambda run: base64.b32hexdecode(run, casefold=True), (8, 5),
+             ((b"GHIJKLMNOPQRSTUVghijklmnopqrstuv", 0.20), (_DIGITS, 0.15)), MIN_B32_RUN, b"0"),
+    Encoding("base85 text", rb"0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~", base64.b85decode, (5, 4),
+             ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_B85_SYMBOLS, 0.15)), MIN_B85_RUN, b"0"),
+    Encoding("ascii85 text", rb"!-uz", base64.a85decode, (5, 4),
+             ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_A85_SYMBOLS, 0.15)), MIN_B85_RUN, b"z",
+             chains=False, normalised=False),
 )
 ENCODINGS = (BASE64, HEX, *OTHER_ENCODINGS)
 
@@ -237,44 +254,128 @@ def decoded_head(encoding: Encoding, run: bytes, size: int = 264) -> bytes:
     return b""
 
 
-def mixed(encoding: Encoding, run: bytes, joined: bool = False) -> bool:
+def mixed(encoding: Encoding, run: bytes) -> bool:
     """Whether ``run``'s characters are mixed as ``encoding`` of binary data: each share of ``encoding.mix``,
     in the run or in what is left of it without its runs of zero bytes (8 or more ``encoding.zero`` in a row,
     when :data:`MIN_REST` characters or more are left: a DICOM file's zero preamble and padding, an image's black
-    border). A ``joined`` chain (pieces cut by punctuation) must also hold ``encoding.distinct`` of its symbols;
-    hex has no mix (every run of it is bytes), so a joined hex chain is never mixed (only its header counts)."""
+    border). Hex has no mix: every run of it is bytes."""
     if not encoding.mix:
-        return not joined
+        return True
     pieces = [run]
     if encoding.zero * 8 in run:
         rest = re.sub(rb"%s{8,}" % re.escape(encoding.zero), b"", run)
         pieces += [rest] if len(rest) >= MIN_REST else []
-    return any(all(_share(piece, characters) >= share for characters, share in encoding.mix) for piece in pieces) \
-        and (not joined or len(set(run)) >= encoding.distinct)
+    return any(all(_share(piece, characters) >= share for characters, share in encoding.mix) for piece in pieces)
 
 
-def is_encoded(encoding: Encoding, run: bytes, magic: Iterable[tuple[int, bytes, str]] = (),
-               joined: bool = False) -> bool:
+def _longer(magic: Iterable[tuple[int, bytes, str]]) -> tuple[tuple[int, bytes, str], ...]:
+    """The entries of ``magic`` of 3 leading bytes or more (2 bytes, ``BM`` or gzip's, words hit by chance)."""
+    return tuple(entry for entry in magic if len(entry[1]) >= 3)
+
+
+def _encode(encoding: Encoding, data: bytes) -> bytes:
+    """``data`` in ``encoding`` (the inverse of ``encoding.decode``, for :func:`_prefixes`)."""
+    characters, width = encoding.group
+    if encoding.kind == "hex text":
+        return data.hex().encode()
+    if encoding.kind == "base64 text":
+        return base64.b64encode(data)
+    if encoding.kind == "base32 text":
+        return base64.b32encode(data) if b"GHIJ" not in encoding.alphabet and encoding.alphabet[:3] == b"A-Z" \
+            else base64.b32hexencode(data)
+    return base64.b85encode(data) if encoding.kind == "base85 text" else base64.a85encode(data)
+
+
+@functools.lru_cache(maxsize=256)
+def _prefixes(encoding: Encoding, leads: tuple[bytes, ...]) -> re.Pattern[bytes] | None:
+    """A pattern matching (by lookahead, so overlapping) where a group of ``encoding`` could start one of
+    ``leads``: the characters its first bytes (up to a group's width) fix, whatever the bytes after them. A
+    run's header is decoded only where this matches: a regex scan instead of a decode at each shift."""
+    characters, width = encoding.group
+    found: set[bytes] = set()
+    for lead in leads:
+        known = lead[: max(width, 3)][:width] if width > 1 else lead[:3]  # hex: 3 bytes, 6 digits
+        if encoding.kind in ("base85 text", "ascii85 text"):
+            known = lead[:4]
+            spare = 4 - len(known)
+            low = int.from_bytes(known + bytes(spare), "big")
+            # the characters no value of the spare bytes changes, but for one carry: 85^(5-k) >= 256^spare
+            keep = max(k for k in range(6) if 85 ** (5 - k) >= 256 ** spare)
+            for value in (low, low + 256 ** spare - 1):
+                encoded = _encode(encoding, value.to_bytes(4, "big"))
+                found.add(encoded[:keep] if encoded != b"z" else b"!!!!!"[:keep])
+        else:
+            bits = {"hex text": 4, "base64 text": 6}.get(encoding.kind, 5)
+            found.add(_encode(encoding, known)[: len(known) * 8 // bits])
+    if encoding.kind == "base64 text":
+        found |= {prefix.translate(bytes.maketrans(b"+/", b"-_")) for prefix in found}
+    flags = re.IGNORECASE if encoding.kind in ("hex text", "base32 text") else 0
+    found.discard(b"")
+    return re.compile(b"(?=(?:%s))" % b"|".join(map(re.escape, sorted(found))), flags) if found else None
+
+
+def _decoded_at(encoding: Encoding, run: bytes, offset: int, size: int) -> bytes:
+    """The ``size`` bytes ``run`` decodes to at byte ``offset``, decoding the groups that hold them alone (the
+    whole head for ascii85 with a ``z`` before them, which shifts the groups); ``b""`` when they do not decode."""
+    characters, width = encoding.group
+    first, last = offset // width, -(-(offset + size) // width)
+    if len(run) < last * characters:
+        return b""
+    if encoding.kind == "ascii85 text" and b"z" in run[: last * characters]:
+        return decoded_head(encoding, run, offset + size)[offset : offset + size]
+    try:
+        return encoding.decode(run[first * characters : last * characters])[offset - first * width :][:size]
+    except (binascii.Error, ValueError):
+        return b""
+
+
+def _has_header(encoding: Encoding, run: bytes, magic: tuple[tuple[int, bytes, str], ...],
+                shifted: tuple[tuple[int, bytes, str], ...]) -> bool:
+    """Whether ``run`` decodes to a header of ``magic`` from its start, or to one of ``shifted`` from one of its
+    next :data:`MAX_SHIFT` characters. Headers at offset 0 are looked for by their encoded first characters
+    (:func:`_prefixes`, one regex scan) and decoded only where those match; a header further in (DICOM's at
+    128) by decoding the groups that hold it."""
+    at_start = tuple(lead for offset, lead, _ in magic if offset == 0)
+    moved = tuple(lead for offset, lead, _ in shifted if offset == 0)
+    pattern = _prefixes(encoding, at_start + moved)
+    if pattern is not None:
+        longest = max(map(len, at_start + moved))
+        for match in pattern.finditer(run[: MAX_SHIFT + 2 * encoding.group[0]]):
+            start = match.start()
+            if start > MAX_SHIFT or (start and not moved):
+                break
+            head = decoded_head(encoding, run[start:], longest)
+            if head.startswith(moved) or (start == 0 and head.startswith(at_start)):
+                return True
+    if any(_decoded_at(encoding, run, offset, len(lead)) == lead for offset, lead, _ in magic if offset):
+        return True
+    return any(_decoded_at(encoding, run[start:], offset, len(lead)) == lead
+               for offset, lead, _ in shifted if offset for start in range(1, MAX_SHIFT + 1))
+
+
+def is_encoded(encoding: Encoding, run: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> bool:
     """Whether a run of ``encoding``'s alphabet is encoded bytes rather than joined words. A run of
-    ``encoding.min_run`` characters or more is when it is :func:`mixed` (a ``joined`` chain: more strictly), or
-    when its decoded head starts like a file in ``magic`` (``(offset, leading bytes, kind)``, as
-    :data:`medheval.publish.hub.MAGIC_BYTES`), from the run's start or, for headers of 3 bytes or more, from one
-    of its next :data:`MAX_SHIFT` characters (a heading or key the normalised text joined in front). A shorter run
-    (:data:`MIN_HEADER_BYTES` of bytes or more, whatever its mix) is when its decoded head starts like a file of a
-    3-byte header or longer, from its start, or shifted (as above) like one at offset 0: a small image, however
-    short."""
+    ``encoding.min_run`` characters or more is when it is :func:`mixed`, or when its decoded head starts like a
+    file in ``magic`` (``(offset, leading bytes, kind)``, as :data:`medheval.publish.hub.MAGIC_BYTES`), from the
+    run's start or, for headers of 3 bytes or more (DICOM's at 128 too), from one of its next :data:`MAX_SHIFT`
+    characters (a heading or key the normalised text joined in front). A shorter run (:data:`MIN_HEADER_BYTES` of bytes or
+    more, whatever its mix) is when its decoded head starts like a file of a 3-byte header or longer, from its
+    start, or shifted (as above) like one at offset 0: a small image, however short. Each is looked for cheaply
+    (:func:`_has_header`)."""
     magic = tuple(magic)
-    longer = tuple(entry for entry in magic if len(entry[1]) >= 3)  # 2 bytes (BM, gzip) words would hit by chance
-    shifted = longer
-    if len(run) >= encoding.min_run:
-        if mixed(encoding, run, joined):
-            return True
-    else:  # many short runs (sentences of prose once spaces are dropped): decode a few bytes of each
-        magic, shifted = longer, tuple(entry for entry in longer if entry[0] == 0)
-    size, shifted_size = (max((offset + len(lead) for offset, lead, _ in entries), default=0)
-                          for entries in (magic, shifted))
-    return _starts_like(decoded_head(encoding, run, size), magic) or any(
-        _starts_like(decoded_head(encoding, run[start:], shifted_size), shifted) for start in range(1, MAX_SHIFT + 1))
+    longer = _longer(magic)
+    if len(run) >= encoding.min_run:  # few: every header of 3 bytes or more at each shift, DICOM's at 128 too
+        return mixed(encoding, run) or _has_header(encoding, run, magic, longer)
+    # many short runs (sentences of prose once spaces are dropped): shifted headers at offset 0 alone
+    return _has_header(encoding, run, longer, tuple(entry for entry in longer if entry[0] == 0))
+
+
+def has_chain(encoding: Encoding, text: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> bool:
+    """Whether ``text`` holds a chain of ``encoding`` (:func:`chains`: pieces cut by punctuation inside one
+    string) whose joined pieces decode to a file's header of 3 bytes or more, from the chain's start. A chain is
+    never judged by its mix: ids, digests, SRI hashes and version strings cut by dots or colons are mixed too."""
+    longer = _longer(magic)
+    return encoding.chains and any(_has_header(encoding, chain, longer, ()) for chain in chains(encoding, text))
 
 
 def looks_encoded(run: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> bool:
@@ -287,8 +388,8 @@ def looks_encoded(run: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> b
 def encoded_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> str | None:
     """What ``data`` hides once normalised (``"text with an image data URL"``, ``"base64 text"``, ``"hex
     text"``, ``"base32 text"``, ``"base85 text"``, ``"ascii85 text"``, ``"bytes as characters"``: a run of each
-    of :data:`ENCODINGS` that :func:`is_encoded`, or a chain of its runs cut by punctuation that is once the cuts
-    are dropped, then :func:`block_run`), or ``None``."""
+    of :data:`ENCODINGS` that :func:`is_encoded`, or a chain of its runs cut by punctuation that decodes to a
+    file's header (:func:`has_chain`), then :func:`block_run`), or ``None``."""
     text = normalise(data)
     if DATA_URL.search(text):
         return "text with an image data URL"
@@ -301,9 +402,8 @@ def encoded_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = ()) -> st
         if any(is_encoded(encoding, run, magic) for source in sources[encoding.normalised]
                for run in runs(encoding, source)):
             return encoding.kind
-    for encoding in ENCODINGS:  # then the runs cut by punctuation (ascii85's own punctuation read first, above)
-        if encoding.distinct and any(is_encoded(encoding, chain, magic, joined=True)
-                                     for chain in runs(encoding, text, chains=True)):
+    for encoding in ENCODINGS:  # then the runs cut by punctuation, in the text as it is (never across its lines)
+        if has_chain(encoding, unescaped, magic):
             return encoding.kind
     return "bytes as characters" if block_run(text, magic) else None
 
@@ -320,21 +420,74 @@ def _code_points(text: str) -> Any:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
-def block_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), size: int = MIN_BLOCK_RUN) -> bool:
-    """Whether ``data`` holds bytes mapped one to one onto a 256-wide window of code points above ASCII
-    (``chr(0x2800 + b)``, ``chr(0x2810 + b)``, ``chr(0x100 + b)``: any start, aligned to a Unicode block or not):
-    ``size`` or more characters in a row (``\\uXXXX`` escapes undone, ASCII characters dropped, so punctuation
-    or words between pieces join them) whose code points lie within 256 of each other, and whose values less the
-    window's start start like a file in ``magic`` or take :data:`MIN_BLOCK_DISTINCT` distinct values in some
-    ``size`` of them (compressed or pixel bytes: about 250). Text in a script of one block (Cyrillic, Greek, kana,
-    braille) runs that long with a few dozen letters, never 200; CJK, Korean and mixed scripts jump further."""
+def _aligned_run(codes: Any, magic: tuple[tuple[int, bytes, str], ...], size: int) -> bool:
+    """Bytes mapped onto a Unicode block (``chr(0x2800 + b)``, ``chr(0x100 + b)``): ``size`` or more code points
+    in a row (ASCII included: a space ends the run) in one 256-wide block above U+00FF whose low bytes start like
+    a file in ``magic``, headers of 2 bytes (``BM``) included: text never runs 1,024 characters without a space
+    or a character of another block."""
     import numpy as np
 
+    blocks = codes >> 8
+    edges = np.concatenate(([0], np.flatnonzero(blocks[1:] != blocks[:-1]) + 1, [len(codes)]))
+    for start, end in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        if end - start >= size and blocks[start] > 0:
+            if _starts_like((codes[start : start + 264] & 0xFF).astype(np.uint8).tobytes(), magic):
+                return True
+    return False
+
+
+def _free_header(codes: Any, magic: tuple[tuple[int, bytes, str], ...], size: int) -> bool:
+    """A header of 4 bytes or more (:data:`MIN_FREE_HEADER`) mapped onto a window of any start, where a mapping
+    could start: code points whose differences are those of the header's bytes, the ``size`` code points from
+    the file's start all within the 256 above the start the header implies, and the code point before them (if
+    any) outside those 256 (``codes``: ASCII dropped). Inside text of one script a 4-letter pattern turns up by
+    chance (``екдо`` of ``человек до`` spells ``DICM`` less 0x3F1), never where a mapping would start."""
+    import numpy as np
+
+    positions = len(codes) - size + 1
+    for offset, lead, _ in magic:
+        if len(lead) < MIN_FREE_HEADER or offset + len(lead) > size or positions <= 0:
+            continue
+        first = codes[offset : offset + positions]
+        hits = np.ones(positions, dtype=bool)
+        for k in range(1, len(lead)):
+            hits &= codes[offset + k : offset + k + positions] - first == lead[k] - lead[0]
+        for at in np.flatnonzero(hits).tolist():
+            base = int(codes[at + offset]) - lead[0]
+            window = codes[at : at + size]
+            if at and base <= int(codes[at - 1]) < base + 256:
+                continue  # the mapping would have started earlier: a pattern inside text, no file's start
+            if int(window.min()) >= base and int(window.max()) < base + 256:
+                return True
+    return False
+
+
+def block_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), size: int = MIN_BLOCK_RUN) -> bool:
+    """Whether ``data`` (``\\uXXXX`` escapes undone) holds bytes mapped one to one onto 256 code points above
+    ASCII, ``size`` characters or more in a row (1 KB), refused when:
+
+    - aligned to a Unicode block (``chr(0x2800 + b)``, ``chr(0x100 + b)``): a run all in one block above U+00FF
+      whose low bytes start like a file in ``magic``, 2-byte headers (``BM``) included (:func:`_aligned_run`);
+    - any start (``chr(0x2810 + b)``, ``chr(0x4E80 + b)``), ASCII characters dropped (so punctuation or words
+      between pieces join them): a header of :data:`MIN_FREE_HEADER` bytes or more where a mapping could start
+      (the first character, or one after a character outside the 256 it implies), the ``size`` code points from
+      there within those 256 (:func:`_free_header`; a 2- or 3-byte header is two or
+      three letters a few code points apart, as ``Ха`` in ``Характер`` reads as ``BM``), or
+      :data:`MIN_BLOCK_DISTINCT` distinct values in ``size`` code points within 256 of each other (compressed or
+      pixel bytes: about 250; a script of one block, a few dozen letters, never 200).
+
+    CJK, Korean and mixed scripts jump further than 256 every few characters."""
+    import numpy as np
+
+    magic = tuple(magic)
     codes = _code_points(unescape(data).decode("utf-8", "replace")).astype(np.int64)
+    if _aligned_run(codes, magic, size):
+        return True
     codes = codes[codes >= 0x80]
     if len(codes) < size:
         return False
-    magic = tuple(magic)
+    if _free_header(codes, magic, size):
+        return True
     near = np.abs(np.diff(codes)) < 256  # a window holds no step of 256: runs of such steps are candidates
     starts, ends = _spans(near)
     for start, end in zip(starts.tolist(), (ends + 1).tolist()):
@@ -344,12 +497,6 @@ def block_run(data: bytes, magic: Iterable[tuple[int, bytes, str]] = (), size: i
         windows = np.lib.stride_tricks.sliding_window_view(run, size)
         low, high = windows.min(axis=1), windows.max(axis=1)
         for first, last in zip(*(part.tolist() for part in _spans(high - low < 256))):
-            window = run[first : first + size]
-            bases = {int(low[first])} | {int(window[offset]) - lead[0] for offset, lead, _ in magic if offset < size}
-            heads = (window[:264] - base for base in bases)
-            if any(_starts_like(head.astype(np.uint8).tobytes(), magic) for head in heads
-                   if head.min() >= 0 and head.max() < 256):
-                return True
             if any(len(np.unique(run[at : at + size])) >= MIN_BLOCK_DISTINCT for at in range(first, last, size // 2)):
                 return True
     return False

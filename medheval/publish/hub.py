@@ -680,11 +680,25 @@ def _values_kind(values: Any) -> str | None:
     return "base64 data" if BASE64_RUN.search(parts[0]) else parts_kind(parts, MAGIC_BYTES)
 
 
-def _first_row(values: Sequence[Any]) -> str:
+FIRST_ROW_CHUNK = 256  # rows read together while looking for the row that holds a refused column's bytes
+
+
+def _first_row(values: Sequence[Any], chunk: int = FIRST_ROW_CHUNK) -> str:
     """Where in a refused Parquet column its bytes lie: ``"in row N"``, the first row that alone
-    :func:`_values_kind` refuses, or ``"split over its rows"`` when none does."""
-    row = next((i for i, value in enumerate(values) if _values_kind(value)), None)
-    return "split over its rows" if row is None else f"in row {row}"
+    :func:`_values_kind` refuses, ``"split over its rows, from row N"`` when the first ``chunk`` of rows refused
+    alone (N its first row) holds no such row, or ``"split over its rows"`` when no chunk is refused alone. Rows
+    are read ``chunk`` at a time (about one more read of the column) and one by one inside that chunk alone: a
+    refusal of 10,000 rows costs about one more read of the column and at most ``chunk`` calls (0.8 ms each),
+    not 10,000."""
+    for first in range(0, len(values), chunk):
+        rows = values[first : first + chunk]
+        if len(values) > chunk and not _values_kind(rows):
+            continue
+        row = next((first + i for i, value in enumerate(rows) if _values_kind(value)), None)
+        if row is not None:
+            return f"in row {row}"
+        return f"split over its rows, from row {first}" if len(values) > chunk else "split over its rows"
+    return "split over its rows"
 
 
 def check_no_credentialed_bytes(repo: RepoFolder) -> None:
