@@ -14,13 +14,13 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from medheval.data.credentialed import CredentialedImageError
 from conftest import UPSTREAM_MEDHEVAL, requires_upstream
 from medheval.publish import content_scan, hub
+from publish_folders import parquet_bytes, repo_folder
 
 RNG = np.random.default_rng(11)
 
@@ -49,19 +49,6 @@ ZEROS = b"".join(bytes(24) + RNG.integers(1, 256, 4, dtype=np.uint8).tobytes() f
 
 def kind(text: str | bytes) -> str | None:
     return content_scan.text_kind(text.encode() if isinstance(text, str) else text, hub.MAGIC_BYTES)
-
-
-def _folder(tmp_path: Path, relpath: str, data: bytes) -> hub.RepoFolder:
-    folder = tmp_path / "repo"
-    (folder / relpath).parent.mkdir(parents=True, exist_ok=True)
-    (folder / relpath).write_bytes(data)
-    return hub.RepoFolder(str(folder), "org/x", "dataset", "datasets")
-
-
-def _parquet(columns: dict[str, list[str]]) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(pa.table(columns), sink)
-    return sink.getvalue()
 
 
 def _mapped(data: bytes, base: int) -> str:
@@ -186,7 +173,7 @@ def test_text_in_any_script_passes(tmp_path, script):
             opening = " ".join(words[at:] + words[:at])
             assert content_scan.block_run((opening * (5000 // len(opening) + 1)).encode(), hub.MAGIC_BYTES) is False, \
                 (script, words[at])
-    hub.check_no_credentialed_bytes(_folder(tmp_path, "data/test.parquet", _parquet({"report": [text] * 5})))
+    hub.check_no_credentialed_bytes(repo_folder(tmp_path, "data/test.parquet", parquet_bytes({"report": [text] * 5})))
 
 
 # ---------------------------------------------------------------- 2. a small image, however short
@@ -203,9 +190,9 @@ def test_a_small_image_is_refused(tmp_path, encode, name):
     text = encode(PNG)
     assert len(PNG) < 200 and kind(json.dumps({"settings": {"model": text}})) == name
     assert kind(f"# Card\n\nSee {text} here.\n") == name
-    data = _parquet({"id": ["a", "b", "c"], "question": ["Is there a mass?", text, "Where?"]})
+    data = parquet_bytes({"id": ["a", "b", "c"], "question": ["Is there a mass?", text, "Where?"]})
     with pytest.raises(CredentialedImageError, match=f"column 'question' holds {name} in row 1;"):
-        hub.check_no_credentialed_bytes(_folder(tmp_path, "data/test.parquet", data))
+        hub.check_no_credentialed_bytes(repo_folder(tmp_path, "data/test.parquet", data))
 
 
 def test_the_header_rule_on_both_sides():
@@ -255,9 +242,9 @@ def test_an_image_cut_by_punctuation_is_refused(tmp_path, cut):
     text = _cut(base64.b64encode(JPEG).decode(), cut)
     assert kind(json.dumps({"notes": text})) == "base64 text"
     assert kind(f"# Card\n\nThe image: {text} (cut)\n") == "base64 text"
-    data = _parquet({"id": ["a", "b"], "question": ["Is there a mass?", text]})
+    data = parquet_bytes({"id": ["a", "b"], "question": ["Is there a mass?", text]})
     with pytest.raises(CredentialedImageError, match="column 'question' holds base64 text in row 1;"):
-        hub.check_no_credentialed_bytes(_folder(tmp_path, "data/test.parquet", data))
+        hub.check_no_credentialed_bytes(repo_folder(tmp_path, "data/test.parquet", data))
 
 
 @pytest.mark.parametrize("encode, name", [
@@ -333,7 +320,7 @@ CUT_BENIGN = {
 @pytest.mark.parametrize("name", sorted(CUT_BENIGN))
 def test_benign_text_cut_by_punctuation_passes(tmp_path, name):
     assert kind(CUT_BENIGN[name]) is None
-    hub.check_no_credentialed_bytes(_folder(tmp_path, "notes.md", CUT_BENIGN[name].encode()))
+    hub.check_no_credentialed_bytes(repo_folder(tmp_path, "notes.md", CUT_BENIGN[name].encode()))
 
 
 def test_the_published_results_table_passes(tmp_path):
@@ -341,7 +328,7 @@ def test_the_published_results_table_passes(tmp_path):
     from medheval.report.published import PUBLISHED_FILE
 
     assert kind(PUBLISHED_FILE.read_bytes()) is None
-    hub.check_no_credentialed_bytes(_folder(tmp_path, "published.jsonl", PUBLISHED_FILE.read_bytes()))
+    hub.check_no_credentialed_bytes(repo_folder(tmp_path, "published.jsonl", PUBLISHED_FILE.read_bytes()))
 
 
 @requires_upstream

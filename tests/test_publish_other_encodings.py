@@ -11,16 +11,14 @@ import hashlib
 import io
 import json
 import textwrap
-from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from medheval.data.credentialed import CredentialedImageError
 from medheval.publish import content_scan, hub
+from publish_folders import parquet_bytes, repo_folder
 from report_runs import export_results_json
 
 RNG = np.random.default_rng(7)
@@ -68,19 +66,6 @@ def _encoded(payload: str, encoding: str) -> tuple[str, str]:
     return encode(PAYLOADS[payload]), kind
 
 
-def _folder(tmp_path: Path, relpath: str, data: bytes) -> hub.RepoFolder:
-    folder = tmp_path / "repo"
-    (folder / relpath).parent.mkdir(parents=True, exist_ok=True)
-    (folder / relpath).write_bytes(data)
-    return hub.RepoFolder(str(folder), "org/x", "dataset", "datasets")
-
-
-def _parquet(columns: dict[str, list[str]]) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(pa.table(columns), sink)
-    return sink.getvalue()
-
-
 # ------------------------------------------------------------------------------------ refused
 
 
@@ -100,16 +85,16 @@ def test_an_image_in_a_results_json_string_field_is_refused(tmp_path, payload, e
         export_results_json(tmp_path, results, "org/model")
     # base32 of 2048 characters or more is in base64's alphabet: hub.BASE64_RUN, read first, names it base64
     with pytest.raises(CredentialedImageError, match=f"results\\.json is a (base64 text|{kind})"):
-        hub.check_no_credentialed_bytes(_folder(tmp_path, "results.json", json.dumps(results).encode()))
+        hub.check_no_credentialed_bytes(repo_folder(tmp_path, "results.json", json.dumps(results).encode()))
 
 
 @pytest.mark.parametrize("payload, encoding", CASES)
 def test_an_image_split_over_a_parquet_column_is_refused(tmp_path, payload, encoding):
     text, kind = _encoded(payload, encoding)
     rows = [text[i : i + 300] for i in range(0, len(text), 300)]
-    data = _parquet({"id": [f"r{i}" for i in range(len(rows))], "question": rows})
+    data = parquet_bytes({"id": [f"r{i}" for i in range(len(rows))], "question": rows})
     with pytest.raises(CredentialedImageError, match=f"data/test\\.parquet column 'question' holds {kind}"):
-        hub.check_no_credentialed_bytes(_folder(tmp_path, "data/test.parquet", data))
+        hub.check_no_credentialed_bytes(repo_folder(tmp_path, "data/test.parquet", data))
 
 
 @pytest.mark.parametrize("payload, encoding", CASES)
@@ -118,7 +103,7 @@ def test_an_image_wrapped_in_a_card_is_refused(tmp_path, payload, encoding):
     text, kind = _encoded(payload, encoding)
     card = "---\nlicense: mit\n---\n# Model\n\n" + "\n".join(textwrap.wrap(text, 76)) + "\n"
     with pytest.raises(CredentialedImageError, match=f"README\\.md is a {kind}"):
-        hub.check_no_credentialed_bytes(_folder(tmp_path, "README.md", card.encode()))
+        hub.check_no_credentialed_bytes(repo_folder(tmp_path, "README.md", card.encode()))
 
 
 def test_thresholds_on_both_sides():
@@ -167,10 +152,10 @@ BENIGN = {
     "models.json": json.dumps([f"org{i}/Qwen2.5-VL-{i}B-Instruct" for i in range(500)]).encode(),
     "results.json": json.dumps({"benchmarks": {f"split{i}": {"metrics": {"accuracy": i / 97, "n": i}}
                                                for i in range(300)}}).encode(),
-    "data/reports.parquet": _parquet({"id": [f"r{i}" for i in range(300)], "report": [ZH * 2] * 150 + [RU] * 150}),
+    "data/reports.parquet": parquet_bytes({"id": [f"r{i}" for i in range(300)], "report": [ZH * 2] * 150 + [RU] * 150}),
 }
 
 
 @pytest.mark.parametrize("relpath", sorted(BENIGN))
 def test_benign_text_still_passes(tmp_path, relpath):
-    hub.check_no_credentialed_bytes(_folder(tmp_path, relpath, BENIGN[relpath]))
+    hub.check_no_credentialed_bytes(repo_folder(tmp_path, relpath, BENIGN[relpath]))
