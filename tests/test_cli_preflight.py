@@ -188,6 +188,9 @@ def test_a_launchs_other_process_leaves_the_builds_to_the_main_one(fixture_bench
     assert check_before_model(spec)._built == {} and builds == []
     monkeypatch.setenv("RANK", "0")
     assert len(check_before_model(spec)._built) == 1 and builds == [SPLIT]
+    monkeypatch.setenv("RANK", "1")  # a RANK left in the environment of a process that was not launched
+    monkeypatch.delenv("WORLD_SIZE")
+    assert len(check_before_model(spec)._built) == 1
 
 
 def test_each_run_gets_its_own_copy_of_a_built_split(fixture_benchmark, builds):

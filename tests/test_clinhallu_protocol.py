@@ -282,7 +282,8 @@ def test_a_resume_under_another_max_tries_is_refused(loaded, tmp_path):
         (tmp_path / JUDGMENTS).write_text("".join(  # as a log written before max_tries was recorded
             json.dumps({**entry, "judge": {k: v for k, v in entry["judge"].items() if k != "max_tries"}}) + "\n"
             for entry in judged))
-        with pytest.raises(ValueError, match="cannot be mixed"):
+        with pytest.raises(ValueError, match=r"made before the judge recorded its max_tries .* cannot be mixed with "
+                                             r"judgments under max_tries=6\. Choose a new --output folder$"):
             run()
 
 

@@ -250,6 +250,9 @@ def reached_run(monkeypatch) -> list:
     ("x.cache=file:///tmp/cache", set()),  # a URL naming no host names none
     ("x.y={base_url: http://127.0.0.1:8000}", {"127.0.0.1:8000"}),  # the flow map's '}' is not its port's
     ("x.y={base_url: http://h.example:abc/v1}", set()),  # a URL naming no readable host names none
+    ("x.y={base_url: https://[2001:db8::1]}", {"[2001:db8::1]"}),  # an IPv6 literal keeps its ']'
+    ("x.y=[http://[::1]]", {"[::1]"}),  # the flow list's ']' is not the literal's
+    ("x.y=[https://Judge.example, http://[::1]:8000]", {"judge.example", "[::1]:8000"}),
     ("sh_judge.judge=openai:m@https://User:pw@Judge.example/v1", {"judge.example"}),
 ])
 def test_a_url_inside_a_metric_option_names_its_host_or_nothing_and_never_stops_the_command(
@@ -275,12 +278,18 @@ def test_the_api_key_host_flag_still_refuses_a_path_without_a_scheme(reached_run
 def test_a_judge_url_that_names_no_readable_host_is_refused_where_the_judge_is_built():
     from medheval.judges import JudgeError, make_judge
 
-    with pytest.raises(JudgeError, match=r"^the openai judge's base_url: 'http://h.example:abc/v1' is not a host "
+    with pytest.raises(JudgeError, match=r"^the openai endpoint's base_url: 'http://h.example:abc/v1' is not a host "
                                          r"name, host:port or URL \(Port could not be cast"):
         make_judge("openai:m@http://h.example:abc/v1", cache_dir=False)
-    with pytest.raises(JudgeError, match=r"^the openai judge's base_url: 'https://\*\*\*@h.example:99999/v1' is "
+    with pytest.raises(JudgeError, match=r"^the openai endpoint's base_url: 'https://\*\*\*@h.example:99999/v1' is "
                                          r"not a host name"):
         make_judge("openai:m@https://u:pw-secret@h.example:99999/v1", cache_dir=False)
+    from medheval.backends.api import APIBackend
+    from medheval.backends.base import BackendError
+
+    with pytest.raises(BackendError, match=r"^--model 'openai:m@http://h.example:abc/v1': the openai endpoint's "
+                                           r"base_url"):  # an API model under test is no judge
+        APIBackend("openai:m@http://h.example:abc/v1", cache_dir=False)
 
 
 @pytest.mark.parametrize("variable", ["MEDHEVAL_PROXY_FOR", "MEDHEVAL_API_KEY_HOSTS",

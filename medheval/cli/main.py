@@ -482,6 +482,15 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
+def _url_in_text(url: str) -> str:
+    """``url`` as found in a value, without a YAML flow value's closing bracket or comma after it
+    (``x.y={base_url: http://h:8000}``, ``[http://[::1]]``); an IPv6 literal keeps its own ``]``."""
+    url = url.rstrip(",;)}")
+    while url.endswith("]") and url.count("]") > url.count("["):
+        url = url[:-1].rstrip(",;)}")
+    return url
+
+
 def cli_key_hosts(args: argparse.Namespace) -> list[str]:
     """The hosts the user named on the command line, where API keys from the environment may go
     (:mod:`medheval.net.keys`): ``--api-key-host`` (entries argparse checked), and the ``host`` / ``host:port``
@@ -497,8 +506,7 @@ def cli_key_hosts(args: argparse.Namespace) -> list[str]:
     for value in (getattr(args, "judge", None), getattr(args, "model", None),
                   *(getattr(args, "metric_option", None) or [])):
         if isinstance(value, str):
-            # a YAML flow value's closing bracket or comma (x.y={base_url: http://h:8000}) is not part of its URL
-            urls += (url.rstrip(",;)]}") for url in URL_PATTERN.findall(value))
+            urls += map(_url_in_text, URL_PATTERN.findall(value))
             alias = value.split(":", 1)[0].strip().lower()
             if alias in _DEFAULT_BASE and "@http" not in value:
                 urls.append(_DEFAULT_BASE[alias])

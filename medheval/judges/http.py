@@ -125,7 +125,7 @@ class HTTPJudge(Judge):
             raise ValueError(f"deadline must be positive, got {deadline}")
         self.deadline = deadline
         try:  # a URL naming no host, a port that is not a number: refused here, not by every call
-            check_host_entry(base_url, f"the {self.backend} {self.role}'s base_url")
+            check_host_entry(base_url, f"the {self.backend} endpoint's base_url")
         except ValueError as error:
             raise JudgeError(str(error)) from None
         url, user, password = split_userinfo(base_url)

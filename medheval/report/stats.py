@@ -15,7 +15,8 @@ an exact (or Monte Carlo) sign-flip test whose inversion gives the interval, cor
   SE = sqrt(Σ_g (Σ_{i∈g} (y_i − ȳ))²) / n (Liang & Zeger 1986), and for a ratio R = Σy/Σd the linearised
   SE = sqrt(Σ_g (Σ_{i∈g} (y_i − R·d_i))²) / Σd; the tests check the bootstrap against both.
   :func:`figure_interval` is what the report shows: the cluster interval joined with the item interval (never
-  narrower than the item-level one), and none at all below :data:`MIN_CLUSTERS` units.
+  narrower than the item-level one), and below :data:`MIN_CLUSTERS` units none but the exact bound of a 0/1
+  figure with no success or no failure.
 * :func:`sign_flip` — paired comparison (other − baseline on the same items) by a sign-flip randomization test
   over cluster totals (Fisher 1935; Good 2005, §3; for clustered data Cameron, Gelbach & Miller 2008, and
   Canay, Romano & Shaikh 2017). With d_i the per-item difference, D_g = Σ_{i∈g} d_i and n_g the items of
@@ -143,11 +144,12 @@ COMPARISON_NOTE = (f"Mitigation − none (and with image − blind): paired by i
                    f"clusters, or every paired difference the same: no interval, no star.")
 SMALL_SAMPLE_NOTE = (f"percentiles expanded for the number of units G (Hesterberg 2015: tails at "
                      f"Φ(−√(G/(G−1))·t₀.₉₇₅,G−1), 0.24% at G = 6, 1.9% at G = 30), none below {MIN_CLUSTERS} units "
-                     f"(for a rate, units holding any of it: an item with 0 of 0 is none); a 0/1 figure or rate of "
+                     f"but the exact bound below (for a rate, units holding any of it: an item with 0 of 0 is "
+                     f"none); a 0/1 figure or rate of "
                      f"0/1 trials also spans Clopper–Pearson's interval over the effective sample size (Korn & "
                      f"Graubard 1998: n over the design effect, for the degrees of freedom of G units), and never "
                      f"lies inside the exact bound for no success (or no failure) over its units, which is its "
-                     f"interval when all are 0 (or 1)")
+                     f"interval when all are 0 (or 1), at any number of units")
 FEW_UNITS = 30  # below this many units an interval of a score that is not 0/1 still undercovers (docstring)
 FEW_UNITS_NOTE = (f"Some intervals here rest on fewer than {FEW_UNITS} clusters (or items): there the 95% interval "
                   f"of a score that is not 0/1 (an F1, a similarity, an error count) held the truth in only 89–92% "

@@ -57,7 +57,9 @@ def launched_world_size() -> int:
 
 def launched_rank() -> int:
     """This process's rank in its launch (``RANK`` from accelerate/torchrun), read before any process group
-    exists; 0 when not launched."""
+    exists; 0 when not launched (:func:`launched_world_size` 1, whatever ``RANK`` an environment left)."""
+    if launched_world_size() == 1:
+        return 0
     try:
         return max(int(os.environ.get("RANK") or 0), 0)
     except ValueError:

@@ -777,7 +777,7 @@ class QAProtocol(SplitProtocol):
 
 def check_distinct_records(benchmarks: Sequence[str], splits: Sequence[LoadedBenchmark]) -> None:
     """Refuse two splits of one run (``benchmarks[i]`` loaded as ``splits[i]``) that hold one record: the same
-    ``--benchmark`` twice, a benchmark and its default config (``mm_vishal`` beside ``mm_vishal:slake``), or a
+    ``--benchmark`` twice, a benchmark and its default config (``mm_vishal`` beside ``mm_vishal:all``), or a
     config that gathers others beside a member (``mm_vishal:all``). Its answer would be logged twice into one
     ``predictions.jsonl``, which then reads as edited."""
     first: dict[str, int] = {}

@@ -392,6 +392,13 @@ class ClinHalluRun:
         now = self._judge_identity()
         before = {json.dumps(entry["judge"], sort_keys=True) for entry in judged if isinstance(entry.get("judge"), dict)}
         other = sorted(text for text in before if json.loads(text) != now)
+        if other and "max_tries" in now and all(
+                "max_tries" not in json.loads(text) and {**json.loads(text), "max_tries": now["max_tries"]} == now
+                for text in other):
+            raise ValueError(f"{self.output_dir} holds ClinHallu judgments made before the judge recorded its "
+                             f"max_tries (an earlier medheval, whose judge retried a failed call apart from its "
+                             f"tries): they cannot be mixed with judgments under max_tries={now.get('max_tries')}. "
+                             f"Choose a new --output folder")
         if other:
             raise ValueError(f"{self.output_dir} holds ClinHallu judgments made by {', '.join(other)}, not "
                              f"{json.dumps(now, sort_keys=True)}: judgments made under other judge settings cannot "
