@@ -1,5 +1,5 @@
 """metrics/text_generation on one hand-worked pair: BLEU (NLTK), sacreBLEU and ROUGE come from nltk, sacrebleu and
-rouge-score, so this runs in ``make test-oldest`` (their setup.cfg floors: nltk 3.9, rouge-score 0.1.2, sacrebleu
+rouge-score, so this runs in ``make test-oldest`` (their setup.cfg floors: nltk 3.9.1, rouge-score 0.1.2, sacrebleu
 2.3.0) and ``make test-latest`` as well as in the suite. Offline: METEOR is checked only where WordNet is
 installed, else it must say why it is missing; BERTScore is pointed at a folder that does not exist."""
 
