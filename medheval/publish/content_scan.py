@@ -133,6 +133,7 @@ class Encoding:
     kind: str
     alphabet: bytes
     decode: Callable[[bytes], bytes]
+    encode: Callable[[bytes], bytes]  # decode's inverse (the encoded first characters of a header: _prefixes)
     group: tuple[int, int]
     mix: tuple[tuple[bytes, float], ...]  # empty: every run of min_run is encoded bytes (hex)
     min_run: int
@@ -212,20 +213,24 @@ _B85_SYMBOLS = b"!#$%&()*+-;<=>?@^_`{|}~"
 _A85_SYMBOLS = bytes(range(0x21, 0x30)) + bytes(range(0x3A, 0x41)) + bytes(range(0x5B, 0x61))
 BASE64 = Encoding("base64 text", rb"A-Za-z0-9+/_\-",
                   lambda run: base64.b64decode(run.translate(bytes.maketrans(b"-_", b"+/")), validate=True),
-                  (4, 3), ((_UPPER, 0.10), (_LOWER, 0.10), (_DIGITS, 0.03)), MIN_RUN, b"A")  # binary: 40/40/16
-HEX = Encoding("hex text", rb"0-9A-Fa-f", lambda run: bytes.fromhex(run.decode("ascii")), (2, 1), (), MIN_HEX_RUN, b"0")
+                  base64.b64encode, (4, 3), ((_UPPER, 0.10), (_LOWER, 0.10), (_DIGITS, 0.03)), MIN_RUN,
+                  b"A")  # binary: 40/40/16
+HEX = Encoding("hex text", rb"0-9A-Fa-f", lambda run: bytes.fromhex(run.decode("ascii")),
+               lambda data: data.hex().encode(), (2, 1), (), MIN_HEX_RUN, b"0")
 # encodings read after base64 and hex (base64.b32encode, b32hexencode, b85encode, a85encode): upper or lower case
 # for base32. Binary data as base32 is 19% digits (12% asked), as base32hex 50% G-V and 31% digits (20%, 15%), as
 # base85 or ascii85 about 30% upper case, 25-30% lower case, 12% digits, 27-33% symbols (15/15/5/15%); data mostly
 # zeros (a DICOM file's preamble and padding) is measured without its runs of zero bytes too
 OTHER_ENCODINGS = (
-    Encoding("base32 text", rb"A-Za-z2-7", lambda run: base64.b32decode(run, casefold=True), (8, 5),
+    Encoding("base32 text", rb"A-Za-z2-7", lambda run: base64.b32decode(run, casefold=True), base64.b32encode,
+             (8, 5),
              ((b"234567", 0.12), (_UPPER + _LOWER, 0.5)), MIN_B32_RUN, b"A"),
-    Encoding("base32 text", rb"0-9A-Va-v", lambda run: base64.b32hexdecode(run, casefold=True), (8, 5),
+    Encoding("base32 text", rb"0-9A-Va-v", lambda run: base64.b32hexdecode(run, casefold=True),
+             base64.b32hexencode, (8, 5),
              ((b"GHIJKLMNOPQRSTUVghijklmnopqrstuv", 0.20), (_DIGITS, 0.15)), MIN_B32_RUN, b"0"),
-    Encoding("base85 text", rb"0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~", base64.b85decode, (5, 4),
+    Encoding("base85 text", rb"0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~", base64.b85decode, base64.b85encode, (5, 4),
              ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_B85_SYMBOLS, 0.15)), MIN_B85_RUN, b"0"),
-    Encoding("ascii85 text", rb"!-uz", base64.a85decode, (5, 4),
+    Encoding("ascii85 text", rb"!-uz", base64.a85decode, base64.a85encode, (5, 4),
              ((_UPPER, 0.15), (_LOWER, 0.15), (_DIGITS, 0.05), (_A85_SYMBOLS, 0.15)), MIN_B85_RUN, b"z",
              chains=False, normalised=False),
 )
@@ -273,19 +278,6 @@ def _longer(magic: Iterable[tuple[int, bytes, str]]) -> tuple[tuple[int, bytes, 
     return tuple(entry for entry in magic if len(entry[1]) >= 3)
 
 
-def _encode(encoding: Encoding, data: bytes) -> bytes:
-    """``data`` in ``encoding`` (the inverse of ``encoding.decode``, for :func:`_prefixes`)."""
-    characters, width = encoding.group
-    if encoding.kind == "hex text":
-        return data.hex().encode()
-    if encoding.kind == "base64 text":
-        return base64.b64encode(data)
-    if encoding.kind == "base32 text":
-        return base64.b32encode(data) if b"GHIJ" not in encoding.alphabet and encoding.alphabet[:3] == b"A-Z" \
-            else base64.b32hexencode(data)
-    return base64.b85encode(data) if encoding.kind == "base85 text" else base64.a85encode(data)
-
-
 @functools.lru_cache(maxsize=256)
 def _prefixes(encoding: Encoding, leads: tuple[bytes, ...]) -> re.Pattern[bytes] | None:
     """A pattern matching (by lookahead, so overlapping) where a group of ``encoding`` could start one of
@@ -302,11 +294,11 @@ def _prefixes(encoding: Encoding, leads: tuple[bytes, ...]) -> re.Pattern[bytes]
             # the characters no value of the spare bytes changes, but for one carry: 85^(5-k) >= 256^spare
             keep = max(k for k in range(6) if 85 ** (5 - k) >= 256 ** spare)
             for value in (low, low + 256 ** spare - 1):
-                encoded = _encode(encoding, value.to_bytes(4, "big"))
+                encoded = encoding.encode(value.to_bytes(4, "big"))
                 found.add(encoded[:keep] if encoded != b"z" else b"!!!!!"[:keep])
         else:
             bits = {"hex text": 4, "base64 text": 6}.get(encoding.kind, 5)
-            found.add(_encode(encoding, known)[: len(known) * 8 // bits])
+            found.add(encoding.encode(known)[: len(known) * 8 // bits])
     if encoding.kind == "base64 text":
         found |= {prefix.translate(bytes.maketrans(b"+/", b"-_")) for prefix in found}
     flags = re.IGNORECASE if encoding.kind in ("hex text", "base32 text") else 0
