@@ -472,10 +472,7 @@ def _redact_url(url: str) -> str:
 KNOWN_CREDENTIAL_HOSTS = {"physionet.org": "PHYSIONET"}
 # the generic image-server credentials, and the one host they belong to
 GENERIC_CREDENTIALS = "MEDHEVAL_IMAGE"
-# the image servers MEDHEVAL_IMAGE_HOST names (a host, host:port or URL; comma-separated for several), matched as the
-# API-key hosts
-GENERIC_HOST_ENV = IMAGE_HOST_ENV
-_generic_hosts = image_hosts
+# the image servers they go to: IMAGE_HOST_ENV names them (net.keys.image_hosts, matched as the API-key hosts)
 _LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 logger = logging.getLogger(__name__)
 _renamed_warned: set[str] = set()  # hosts whose renamed credential variables were already pointed out
@@ -632,12 +629,12 @@ class URLTemplateSource:
         user = os.environ.get(f"{GENERIC_CREDENTIALS}_USERNAME")
         password = os.environ.get(f"{GENERIC_CREDENTIALS}_PASSWORD")
         if user and password is not None:
-            if not _generic_hosts.entries():
+            if not image_hosts.entries():
                 raise ValueError(
-                    f"{GENERIC_CREDENTIALS}_USERNAME/{GENERIC_CREDENTIALS}_PASSWORD are set but {GENERIC_HOST_ENV} "
-                    f"is not: they are sent only to the image server it names. Set {GENERIC_HOST_ENV}={self.host} "
+                    f"{GENERIC_CREDENTIALS}_USERNAME/{GENERIC_CREDENTIALS}_PASSWORD are set but {IMAGE_HOST_ENV} "
+                    f"is not: they are sent only to the image server it names. Set {IMAGE_HOST_ENV}={self.host} "
                     f"if they are this server's, or unset them")
-            if _generic_hosts.covers(self.template):
+            if image_hosts.covers(self.template):
                 return (user, password), f"env {GENERIC_CREDENTIALS}_USERNAME/{GENERIC_CREDENTIALS}_PASSWORD"
         return self._netrc_auth()
 
@@ -675,14 +672,14 @@ class URLTemplateSource:
         if self._auth is None:
             return (
                 f"The server needs credentials and none were found: set {names} "
-                f"(or MEDHEVAL_IMAGE_USERNAME/MEDHEVAL_IMAGE_PASSWORD with {GENERIC_HOST_ENV}={self.host}) in the "
+                f"(or MEDHEVAL_IMAGE_USERNAME/MEDHEVAL_IMAGE_PASSWORD with {IMAGE_HOST_ENV}={self.host}) in the "
                 f"environment, or add 'machine {self.host} login USER password PASSWORD' to ~/.netrc"
             )
         hint = f"The credentials from {self.auth_origin} were refused: check them"
         if self.host.endswith("physionet.org"):
             hint += ", and that your PhysioNet account is credentialed and has signed this dataset's data use agreement"
         return hint + (f" (credentials are read from {names}, MEDHEVAL_IMAGE_USERNAME/PASSWORD with "
-                       f"{GENERIC_HOST_ENV}, or ~/.netrc)")
+                       f"{IMAGE_HOST_ENV}, or ~/.netrc)")
 
     # -- URLs and HTTP ----------------------------------------------------------------
 
