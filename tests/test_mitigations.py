@@ -313,6 +313,28 @@ def test_pai_attention_only_changes_output_and_restores_attention(tiny):
     assert not torch.equal(plain, cfg)
 
 
+def test_pai_gamma_one_is_log_p_c_without_cutoff(llava):
+    """At γ = 1 PAI's CFG processor (``CFG.py``) returns ``log_softmax`` of the logits before its cutoff: every
+    token stays, so neutral PAI also samples as plain sampling (the β cutoff used to drop the tail)."""
+    logits = torch.tensor([[4.0, 0.0, -3.0]])  # p(-3) < 0.1 · p(4): below the cutoff
+    scores = PAI(gamma=1.0).scores(None, {"main": logits, "text_only": torch.zeros(1, 3)})
+    assert torch.allclose(scores, F.log_softmax(logits, -1)) and torch.isfinite(scores).all()
+    assert torch.isinf(PAI(gamma=1.5).scores(None, {"main": logits, "text_only": torch.zeros(1, 3)})).any()
+    model, processor = llava
+    inputs = _inputs("llava", processor)
+    with torch.no_grad():
+        first = model(**inputs).logits[:, -1].float()
+    out = _gen(model, inputs, max_new_tokens=1, custom_generate=PAI(alpha=0.0, gamma=1.0),
+               return_dict_in_generate=True, output_scores=True)
+    assert torch.allclose(out.scores[0], F.log_softmax(first, -1), atol=1e-5)
+    sampled = {}
+    for name, method in (("plain", None), ("pai", PAI(alpha=0.0, gamma=1.0))):
+        torch.manual_seed(0)
+        sampled[name] = _gen(model, inputs, max_new_tokens=8, do_sample=True, top_k=0, temperature=3.0,
+                             **({"custom_generate": method} if method else {}))
+    assert torch.equal(sampled["plain"], sampled["pai"])
+
+
 def test_pai_forward_after_call_matches_fresh_model(llava):
     from medheval.backends.tiny import build_tiny_llava
 

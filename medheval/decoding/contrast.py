@@ -4,7 +4,9 @@ Each class is pure tensor arithmetic on next-token logits ``[B, V]`` (no model, 
 state), in the style of transformers' ``generation/logits_process.py``: the formula
 and the paper are in the docstring. The decoding loop (:mod:`medheval.decoding.loop`)
 calls them *before* the user's logits processors and warpers (repetition penalty,
-temperature, top-k/top-p), as the original implementations do.
+temperature, top-k/top-p), as the original implementations do, except two that their cards list:
+DAMRO's sampler skipped every processor, and PAI's CFG step ran after transformers' built-in
+processors (before the warpers).
 
 Notation: ``ℓ`` = next-token logits of the clean (full-image) stream, ``ℓ'`` = logits
 of a contrast stream, ``log p = log_softmax(ℓ)``.

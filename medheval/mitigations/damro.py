@@ -52,9 +52,11 @@ forward of 2B rows as well. The images are encoded once, with the [CLS] attentio
 captured from that same pass. No attention weights of the language model are needed, and the
 vision tower keeps its attention implementation (q/k projections are hooked).
 
-Differences from MedHEval: image tokens are located from ``input_ids`` (MedHEval hard-coded
+Differences from the upstream code: image tokens are located from ``input_ids`` (MedHEval hard-coded
 34..610), batches are supported, and the base decoding follows the generation config (greedy by
-default) instead of forcing sampling at T = 1.
+default) instead of forcing sampling at T = 1 (MedHEval) or skipping every processor (DAMRO). With
+``"drop"`` the outlier tokens keep their image order; DAMRO's code feeds them in ``torch.topk`` order
+(decreasing [CLS] attention).
 """
 
 from __future__ import annotations
@@ -254,8 +256,9 @@ class DAMRO(DecodingMethod):
         "beta": "MedHEval and DAMRO `0.1`",
         "top_k": "`None` = 10 per 576 patches (MedHEval `topK=10`; DAMRO `damro_topk=10` for LLaVA-1.5, "
                  "4 for InstructBLIP), scaled to other grids",
-        "vision_layer": "MedHEval appendix A.4 / `get_damro_mask_idx`: the vision tower's last layer (`-1`); "
-                        "DAMRO hooks layer `vision_feature_layer` (`None`; −2 for LLaVA-1.5)",
+        "vision_layer": "MedHEval `clip_encoder.get_damro_mask_idx` reads `attentions[-1]`, the vision tower's last "
+                        "layer (`-1`; appendix A.4 names no layer); DAMRO hooks layer `vision_feature_layer` "
+                        "(`None`; −2 for LLaVA-1.5)",
         "cls_heads": "MedHEval averages the heads; DAMRO's LLaVA code uses one head over the full width "
                      "(its InstructBLIP code averages heads)",
         "masking_scheme": "MedHEval zeroes the other image-token embeddings; DAMRO feeds only the k outlier "

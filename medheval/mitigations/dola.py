@@ -2,8 +2,9 @@ r"""DoLa — Decoding by Contrasting Layers.
 
 Chuang, Xie, Luo, Kim, Glass, He, *DoLa: Decoding by Contrasting Layers Improves
 Factuality in Large Language Models*, ICLR 2024 (arXiv 2309.03883); code ``voidism/DoLa``.
-transformers shipped it as ``generate(dola_layers=…)`` (4.39–4.52) and 5.x moved it to a Hub
-repo; this is a self-contained port on medheval's decoding loop.
+transformers shipped it as ``generate(dola_layers=…)`` (PR #29619, still in review after 4.39 was
+released; the Hub repo that replaced it matches transformers < 4.53) and 5.x moved it to a Hub repo;
+this is a self-contained port on medheval's decoding loop.
 
 Per step, with ``q_j = softmax(lm_head(h_j))`` the early-exit distribution of layer ``j``
 (``h_0`` = embeddings, ``h_N`` = the final, normed hidden state, i.e. the model's logits):

@@ -18,6 +18,9 @@ Two parts:
        s = \gamma(\log p_c - \log p_u) + \log p_u,\qquad
        s(y) = -\infty \text{ unless } \log p_c(y) \ge \log\beta + \max \log p_c
 
+   At ``γ = 1`` the score is ``log p_c`` with no cutoff, as PAI's CFG processor returns it
+   (``use_cfg=False`` gives the raw logits and runs no text-only stream).
+
 The text-only stream (``cfg_stream``): ``"templated"`` (default) is the templated prompt without
 its image tokens, as PAI's own LLaVA code builds it; ``"raw_question"`` is BOS + the tokens of the
 user's question text alone (no conversation template, no image marker, no other special token), as
@@ -31,7 +34,8 @@ Presets: ``medheval`` (default) and ``official`` are the same: α = 0.2, γ = 1.
 (hard-coded in PAI), layers 2..32 of a 32-layer model — MedHEval's runner and the run commands
 of PAI's README agree (PAI's evaluation scripts default to γ = 2 when none is passed). Layer
 defaults adapt to depth: ``start_layer = round(2·N/32)``, ``end_layer = N`` for an ``N``-layer
-language model (2..32 for 7B, 2..40 for 13B). ``alpha=0, gamma=1`` is the neutral setting (scores = ``log p_c``, whose arg-max is plain greedy's).
+language model (2..32 for 7B, 2..40 for 13B). ``alpha=0, gamma=1`` is the neutral setting (scores = ``log p_c``, uncut: plain greedy, and plain
+sampling up to sign-dependent processors such as a repetition penalty).
 
 Needs eager attention on the language model: while PAI runs, its attention is switched to
 medheval's hookable eager implementation and switched back afterwards (also on errors);
@@ -41,7 +45,12 @@ Differences from the upstream code: image columns come from ``input_ids`` (not
 hard-coded 34..610); the intervention applies at every prompt's first (prefill) step — the
 upstream code skipped it there for the first prompt of each process only, whose prefill ran
 while its ``use_cfg`` flag was still set from setup (``reference/mitigations.md`` §5 says
-"skipped", without the "first prompt only"); and the base decoding follows the generation config.
+"skipped", without the "first prompt only"); at ``γ = 1`` the intervention still applies (upstream's
+CFG processor returned before clearing that flag, so no step of any prompt was boosted); the
+generation config's processors (e.g. a repetition penalty) run on the CFG score, where upstream's CFG
+processor came after transformers' built-in ones, which therefore saw the clean logits only (the same
+when none is set: MedHEval's and PAI's scripts pass none); and the base decoding follows the generation
+config.
 """
 
 from __future__ import annotations
@@ -125,7 +134,7 @@ class PAI(DecodingMethod):
         preset: ``"medheval"`` (default) or ``"official"`` (identical for PAI); the unset options below
             take the preset's values.
         alpha: attention amplification α (``0`` = no intervention).
-        gamma: CFG scale γ against the text-only stream (``1`` = no CFG term).
+        gamma: CFG scale γ against the text-only stream (``1`` = no CFG term and no cutoff: the score is ``log p_c``).
         start_layer, end_layer: the intervened layers ``[start, end)``; ``None`` = scaled defaults.
         beta: plausibility cutoff β (``0`` = no cutoff).
         use_cfg: run the text-only stream, the CFG step and the cutoff (``False`` = attention
@@ -192,6 +201,8 @@ class PAI(DecodingMethod):
     def scores(self, ctx: DecodingContext, logits: dict[str, torch.Tensor]) -> torch.Tensor:
         if not self.use_cfg:  # attention intervention only: plain scores, as PAI without its CFG processor
             return logits["main"]
+        if float(self.gamma) == 1.0:  # PAI's CFG processor returns log p_c as it is at γ = 1: no cutoff
+            return torch.log_softmax(logits["main"].float(), dim=-1)
         combined = LogProbContrast(self.gamma - 1.0)(logits["main"], logits["text_only"])
         return self._cutoff(combined, logits["main"])
 

@@ -250,10 +250,11 @@ MITIGATION = PaperProtocol(
         "the OPERA branch and its 128 new tokens apply to every split (the paper's 25/25 note concerns reports)",
         "OPERA: the released branch sets response_start to the prompt's input_ids length + 576, which counts the "
         "<image> placeholder itself, so the local window starts one position past the first answer token and is "
-        "empty at the first step, where the released gen_utils.py then takes a max over an empty dimension and "
-        "raises; the published numbers cannot have come from that code as released. Here the window starts at "
+        "empty at the first step, where the released opera_beam_search (Med-LVLMs/llava-med-1.5/transformers-4.37.2/"
+        "src/transformers/generation/utils.py) then takes a max over an empty dimension and raises; the "
+        "published numbers cannot have come from that code as released. Here the window starts at "
         "the first answer token, as in OPERA's own code",
-        "OPERA's image bonus (answers of up to 10 tokens): the released gen_utils.py sums the last row's "
+        "OPERA's image bonus (answers of up to 10 tokens): the released opera_beam_search sums the last row's "
         "attention over columns image_start to image_end inclusive, with model_vqa.py's key_position "
         "image_start 34 and image_end 34 + 576: 577 columns, the 576 image positions and the one position after "
         "them. Here the sum covers the image tokens only (found from the input ids, medheval/mitigations/"
