@@ -246,6 +246,29 @@ def test_the_netrc_default_entry_is_sent_to_no_host(image_server, tmp_path):
     assert source.auth_origin == "no credentials" and seen == [None]
 
 
+@pytest.mark.parametrize("netrc_text", ["default login alice password DefaultPw123\n",
+                                        "machine 127.0.0.1 login alice password MachinePw123\n"])
+def test_requests_never_reads_the_netrc_itself(netrc_text, image_server):
+    """A session that uses the environment (one for a remote host without credentialed data) would have requests
+    read ~/.netrc and send its default entry to any host, over a judge's own key too: no request of
+    medheval.net.transport carries anything the caller did not give. (Image sources read a host's own machine
+    entry themselves.)"""
+    from medheval.net import transport
+
+    url, seen = image_server
+    home = Path(os.environ["HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / ".netrc").write_text(netrc_text)
+    (home / ".netrc").chmod(0o600)
+    session = transport.session_for("https://images.example.org/", credentialed=False)
+    assert session.trust_env  # the environment's proxies may be used here (NO_PROXY covers 127.0.0.1)
+    for headers in ({}, {"Authorization": "Bearer judge-key"}):
+        transport.request(session, "GET", f"{url}/a.png", headers, timeout=5, deadline=10, max_bytes=4096)
+    session.auth = ("bob", "OwnPw1234")  # a caller's own credentials still go
+    transport.request(session, "GET", f"{url}/a.png", timeout=5, deadline=10, max_bytes=4096)
+    assert seen == [None, "Bearer judge-key", "Basic " + base64.b64encode(b"bob:OwnPw1234").decode()]
+
+
 def test_generic_image_credentials_go_only_to_the_host_medheval_image_host_names(image_server, monkeypatch):
     url, seen = image_server
     monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", "bob")
