@@ -277,6 +277,9 @@ def test_a_resume_under_another_max_tries_is_refused(loaded, tmp_path):
         assert {json.dumps(entry["judge"], sort_keys=True) for entry in judged} == {json.dumps(
             {"backend": "openai", "judge_settings": "upstream", "max_tries": 6, "model": "j"}, sort_keys=True)}
         run()  # the same judge resumes
+        described = json.loads((tmp_path / RUN_INFO).read_text())["judge"]  # the budget that applies, alone
+        assert described["max_tries"] == 6 and not {"max_retries", "max_invalid_retries"} & set(described)
+        run(max_retries=0, max_invalid_retries=0)  # budgets that do not apply under max_tries: the same judge
         with pytest.raises(ValueError, match=r'"max_tries": 6.* not .*"max_tries": 3.*cannot be mixed'):
             run(max_tries=3)
         (tmp_path / JUDGMENTS).write_text("".join(  # as a log written before max_tries was recorded

@@ -356,3 +356,61 @@ def test_an_ipvfuture_literal_keeps_its_brackets():
     assert parse_address("[v1.abc]") == Address("", "[v1.abc]", None)
     assert parse_address("HTTP://[v1.abc]:80/x") == Address("http", "[v1.abc]", 80)
     assert host_entry("[v1.abc]") != host_entry("v1.abc")  # a literal is never the DNS name v1.abc
+
+
+# -- a user-info never reaches a message, whatever it holds ----------------------------------------------------
+# each piece of these user-infos holds "qz": no message may hold it, in any letter case (a host is lower-cased)
+HOSTILE_USERINFOS = ["uQz1:pQz2://Qz3", "Qz1://Qz2:Qz3", "uQz1://Qz2", "uQz1:pQz2@Qz3", "uQz1:Qz2@Qz3://Qz4",
+                     "uQz1:pQz2%40Qz3", "uQz1:Qz2:Qz3", "uQz1:pQz2/Qz3", "uQz1:80/Qz2", "uQz1:80://Qz2",
+                     "uQz1:pQz2?Qz3", "uQz1:pQz2#Qz3", "uQz1:[Qz2]", "[Qz1", "uQz1:pQz2 @Qz3"]
+HOSTILE_FORMS = ["https://{}@example.org/v1", "http://{}@10.0.0.1:8000/v1", "https://{}@example.org:abc/v1",
+                 "http://{}@[fe80::1%25eth0]:8000/v1", "HTTPS://{}@[::1", "{}@example.org", "{}@example.org/v1",
+                 "{}@:8080", "https://{}@"]
+
+
+def _messages(text: str) -> list[str]:
+    """What each host rule of medheval.net says about ``text``: its error, or the host it read."""
+    from medheval.net.hosts import check_host_entry, mask_userinfo
+    from medheval.net.keys import check_plain_http
+    from medheval.net.transport import _host
+
+    said = [host_entry(text), _host(text), mask_userinfo(text)]
+    for rule in (parse_address, lambda t: check_host_entry(t, "--flag"), lambda t: check_plain_http(t, "a key")):
+        try:
+            rule(text)
+        except ValueError as error:
+            said.append(str(error))
+    return said
+
+
+@pytest.mark.parametrize("form", HOSTILE_FORMS)
+@pytest.mark.parametrize("userinfo", HOSTILE_USERINFOS)
+def test_no_part_of_a_user_info_reaches_a_message(form, userinfo):
+    text = form.format(userinfo)
+    said = _messages(text)
+    assert not [message for message in said if "qz" in message.lower()], said
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("https://us://er:pw@example.org/v1", "https://***@example.org/v1"),
+    ("us://er:pw@example.org", "***@example.org"),  # not http(s): which part is a scheme is anyone's guess
+    ("https://a@b:c@d.example/x", "https://***@d.example/x"),
+    ("https://example.org/@user/x", "https://***@user/x"),  # an "@" in a path: less shown, never a password
+    ("https://example.org/v1", "https://example.org/v1"),
+    ("example.org", "example.org"),
+])
+def test_mask_userinfo_masks_up_to_the_last_at(text, shown):
+    from medheval.net.hosts import mask_userinfo
+
+    assert mask_userinfo(text) == shown
+
+
+@pytest.mark.parametrize("text", ["http://alice:80/pw@10.0.0.1/v1", "https://alice:80?x@example.org/",
+                                  "https://alice#pw@example.org/", "https://example.org/v1?mail=a@b.org"])
+def test_an_at_after_the_host_is_refused_not_read_as_a_path(text):
+    """A password holding an unencoded '/', '?' or '#' ends the host early: every URL parser then reads the user
+    name as the host and the password as the port or path. Refused, as no reading is safe; encoded, it is read."""
+    with pytest.raises(ValueError, match=r"^'[^']*\*\*\*@[^']*' holds an '@' after its host: percent-encode"):
+        parse_address(text)
+    assert host_entry(text) == ""
+    assert parse_address("http://alice:80%2Fpw@10.0.0.1/v1") == Address("http", "10.0.0.1", None)

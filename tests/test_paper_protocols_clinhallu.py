@@ -77,8 +77,8 @@ def test_the_upstream_judge_request_and_its_retries():
         json.dumps({"model": "j", "temperature": 0.01, "top_p": 0.9, "max_tokens": 4096,
                     "chat_template_kwargs": {"enable_thinking": False}}, sort_keys=True)}
     described = judge.describe()
-    assert (described["invalid_reply"], described["max_invalid_retries"], described["json_mode"],
-            described["max_tries"]) == ("resend", 5, False, 6)
+    assert (described["invalid_reply"], described["json_mode"], described["max_tries"]) == ("resend", False, 6)
+    assert "max_invalid_retries" not in described and "max_retries" not in described  # max_tries is the budget
     own = clinhallu_judge("openai:j@http://127.0.0.1:9/v1", cache_dir=False)
     assert (own.temperature, own.top_p, own.invalid_reply, own.json_mode) == (0.01, None, "follow_up", True)
     with pytest.raises(ValueError, match="judge backend 'anthropic' cannot take it"):
@@ -140,6 +140,21 @@ def test_max_tries_is_the_one_budget_when_set():
                                         invalid_reply="resend")
     assert (ok, attempts, calls) == (False, 3, 3) and error.startswith("gave up after 3 call(s) (max_tries=3)")
     assert _tried(BUSY, BUSY, max_retries=1)[:3] == (False, 2, 2)  # without it, each budget its own
+
+
+@pytest.mark.parametrize("backend", ["openai", "anthropic", "azure", "vllm"])
+def test_a_judge_records_the_budgets_that_apply(backend):
+    """describe() names max_tries when it is set, and then not max_retries / max_invalid_retries, which no longer
+    apply; without it, those two as before."""
+    from medheval.judges import make_judge
+
+    spec = f"{backend}:j@https://127.0.0.1:9/v1"
+    tries = make_judge(spec, cache_dir=False, max_tries=4, max_retries=3, max_invalid_retries=1).describe()
+    assert tries["max_tries"] == 4 and not {"max_retries", "max_invalid_retries"} & set(tries)
+    plain = make_judge(spec, cache_dir=False, max_retries=3, max_invalid_retries=1).describe()
+    assert (plain["max_retries"], plain["max_invalid_retries"]) == (3, 1) and "max_tries" not in plain
+    assert {key: value for key, value in tries.items() if key != "max_tries"} == {
+        key: value for key, value in plain.items() if key not in ("max_retries", "max_invalid_retries")}
 
 
 def test_a_rewritten_request_after_a_400_counts_within_max_tries():

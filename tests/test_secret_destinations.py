@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import http.server
+import json
 import logging
 import os
 import threading
@@ -245,6 +246,29 @@ def test_the_netrc_default_entry_is_sent_to_no_host(image_server, tmp_path):
     assert source.auth_origin == "no credentials" and seen == [None]
 
 
+@pytest.mark.parametrize("netrc_text", ["default login alice password DefaultPw123\n",
+                                        "machine 127.0.0.1 login alice password MachinePw123\n"])
+def test_requests_never_reads_the_netrc_itself(netrc_text, image_server):
+    """A session that uses the environment (one for a remote host without credentialed data) would have requests
+    read ~/.netrc and send its default entry to any host, over a judge's own key too: no request of
+    medheval.net.transport carries anything the caller did not give. (Image sources read a host's own machine
+    entry themselves.)"""
+    from medheval.net import transport
+
+    url, seen = image_server
+    home = Path(os.environ["HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / ".netrc").write_text(netrc_text)
+    (home / ".netrc").chmod(0o600)
+    session = transport.session_for("https://images.example.org/", credentialed=False)
+    assert session.trust_env  # the environment's proxies may be used here (NO_PROXY covers 127.0.0.1)
+    for headers in ({}, {"Authorization": "Bearer judge-key"}):
+        transport.request(session, "GET", f"{url}/a.png", headers, timeout=5, deadline=10, max_bytes=4096)
+    session.auth = ("bob", "OwnPw1234")  # a caller's own credentials still go
+    transport.request(session, "GET", f"{url}/a.png", timeout=5, deadline=10, max_bytes=4096)
+    assert seen == [None, "Bearer judge-key", "Basic " + base64.b64encode(b"bob:OwnPw1234").decode()]
+
+
 def test_generic_image_credentials_go_only_to_the_host_medheval_image_host_names(image_server, monkeypatch):
     url, seen = image_server
     monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", "bob")
@@ -284,6 +308,153 @@ def test_each_host_has_its_own_credential_prefix(host, prefix, monkeypatch):
     source = URLTemplateSource(f"https://{host}/{{path}}")
     assert (source.auth_origin == "env IMAGES_EXAMPLE_COM_USERNAME/IMAGES_EXAMPLE_COM_PASSWORD") == (
         host == "images.example.com")
+
+
+# -- one host however it is written: credentials by the canonical host, never to another -------------------
+NETRC_AUTH = "Basic " + base64.b64encode(b"alice:NetrcPw77").decode()
+
+
+class _Redirecting(http.server.BaseHTTPRequestHandler):
+    """Records (path, Authorization) of each GET; ``/go/<n>`` answers 302 to ``moves[n]``, anything else an image."""
+    seen: list = []
+    moves: dict = {}
+
+    def do_GET(self):  # noqa: N802
+        type(self).seen.append((self.path, self.headers.get("Authorization")))
+        target = self.moves.get(self.path.removeprefix("/go/")) if self.path.startswith("/go/") else None
+        body = b"" if target else b"\x89PNG\r\n\x1a\n"
+        self.send_response(302 if target else 200)
+        if target:
+            self.send_header("Location", target)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def recording_servers():
+    """Two loopback servers (another port is another origin): yields [(port, seen, moves), ...]."""
+    servers = []
+    for _ in range(2):
+        handler = type("Handler", (_Redirecting,), {"seen": [], "moves": {}})
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append((httpd, handler))
+    try:
+        yield [(httpd.server_address[1], handler.seen, handler.moves) for httpd, handler in servers]
+    finally:
+        for httpd, _ in servers:
+            httpd.shutdown()
+            httpd.server_close()
+
+
+def _netrc(tmp_path, machine: str) -> str:
+    path = tmp_path / "netrc"
+    path.write_text(f"machine {machine} login alice password NetrcPw77\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def _mapped_reachable(port: int) -> None:
+    """Skip where this machine cannot reach 127.0.0.1 through its IPv4-mapped IPv6 address (no IPv6 stack)."""
+    import socket
+
+    try:
+        socket.create_connection(("::ffff:127.0.0.1", port), timeout=2).close()
+    except OSError:
+        pytest.skip("no IPv6 socket reaches ::ffff:127.0.0.1 here")
+
+
+@pytest.mark.parametrize("machine, host", [
+    ("127.0.0.1", "[::ffff:127.0.0.1]"), ("127.0.0.1", "[::FFFF:7F00:1]"), ("::ffff:127.0.0.1", "127.0.0.1"),
+    ("[::ffff:7f00:1]", "127.0.0.1"), ("127.0.0.1", "127.0.0.1"),
+])
+def test_a_netrc_machine_names_its_host_however_either_is_spelled(recording_servers, tmp_path, machine, host):
+    [(port, seen, _), _] = recording_servers
+    if host.startswith("["):
+        _mapped_reachable(port)
+    source = URLTemplateSource(f"http://{host}:{port}/img/{{path}}", netrc_file=_netrc(tmp_path, machine))
+    assert source.auth_origin.startswith("netrc") and source.host == "127.0.0.1"
+    source.open_bytes("a.png")
+    assert seen == [("/img/a.png", NETRC_AUTH)]
+
+
+@pytest.mark.parametrize("machine", ["localhost", "127.0.0.2", "127.0.0.1:{other}", "http://127.0.0.1",
+                                     "[::ffff:127.0.0.2]", "alice@127.0.0.1", "127.0.0.1/img"])
+def test_a_netrc_machine_for_another_host_port_or_form_sends_nothing(recording_servers, tmp_path, machine):
+    [(port, seen, _), (other, _, _)] = recording_servers
+    source = URLTemplateSource(f"http://127.0.0.1:{port}/img/{{path}}",
+                               netrc_file=_netrc(tmp_path, machine.format(other=other)))
+    source.open_bytes("a.png")
+    assert source.auth_origin == "no credentials" and seen == [("/img/a.png", None)]
+
+
+@pytest.mark.parametrize("machine, template", [
+    ("2001:db8::1", "https://[2001:0DB8::1]/{path}"), ("[2001:DB8:0:0::1]", "https://[2001:db8::1]:8443/{path}"),
+    ("images.example.org", "https://Images.Example.ORG./{path}"), ("IMAGES.example.org.", "https://images.example.org/{path}"),
+])
+def test_a_netrc_machine_is_compared_as_the_hosts_of_every_host_list_are(tmp_path, machine, template):
+    assert URLTemplateSource(template, netrc_file=_netrc(tmp_path, machine)).auth_origin.startswith("netrc")
+
+
+def test_the_generic_image_credentials_hint_names_the_canonical_host(monkeypatch):
+    monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", "bob")
+    monkeypatch.setenv("MEDHEVAL_IMAGE_PASSWORD", "ImagePw9")
+    with pytest.raises(ValueError, match=r"Set MEDHEVAL_IMAGE_HOST=127\.0\.0\.1 if"):
+        URLTemplateSource("http://[::ffff:7f00:1]:8080/{path}")
+    monkeypatch.setenv("MEDHEVAL_IMAGE_HOST", "127.0.0.1")  # the value it names matches the template's host
+    assert URLTemplateSource("http://[::ffff:7f00:1]:8080/{path}").auth_origin.startswith("env MEDHEVAL_IMAGE")
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_image_credentials_never_follow_a_redirect_to_another_host(recording_servers, tmp_path, mapped):
+    """Whichever way the image host is written, a redirect to another origin (another port, or the same server
+    under another host name) is refused: the credentials went to the named host only, once."""
+    from medheval.data.images import ImageFetchError
+
+    [(port, seen, moves), (other, elsewhere, _)] = recording_servers
+    host = "[::ffff:127.0.0.1]" if mapped else "127.0.0.1"
+    if mapped:
+        _mapped_reachable(port)
+    moves.update({"1": f"http://127.0.0.1:{other}/x.png", "2": f"http://localhost:{port}/x.png",
+                  "3": f"http://{'127.0.0.1' if mapped else '[::ffff:7f00:1]'}:{port}/moved.png"})
+    source = URLTemplateSource(f"http://{host}:{port}/go/{{path}}", netrc_file=_netrc(tmp_path, "127.0.0.1"))
+    for ref in ("1", "2"):
+        with pytest.raises(ImageFetchError, match="another host"):
+            source.open_bytes(ref)
+    assert elsewhere == [] and seen == [("/go/1", NETRC_AUTH), ("/go/2", NETRC_AUTH)]
+    if not mapped:
+        _mapped_reachable(port)
+    source.open_bytes("3")  # the same origin written the other way: followed, as one host
+    assert seen[2:] == [("/go/3", NETRC_AUTH), ("/moved.png", NETRC_AUTH)]
+
+
+# -- a user-info in an image root or a base URL never reaches an error ---------------------------------------
+# each piece holds "qz": no error, describe() or repr may hold it in any letter case (a host is lower-cased)
+HOSTILE_USERINFOS = ["uQz1:pQz2://Qz3", "Qz1://Qz2:Qz3", "uQz1:pQz2@Qz3", "uQz1:Qz2@Qz3://Qz4", "uQz1:pQz2%40Qz3",
+                     "uQz1:Qz2:Qz3", "uQz1:pQz2/Qz3", "uQz1:80/Qz2", "uQz1:pQz2?Qz3", "uQz1:[Qz2]", "[Qz1"]
+
+
+@pytest.mark.parametrize("host", ["images.example.org", "127.0.0.1:9", "10.0.0.1", "example.org:abc",
+                                  "[fe80::1%25eth0]"])
+@pytest.mark.parametrize("userinfo", HOSTILE_USERINFOS)
+@pytest.mark.parametrize("scheme", ["https", "http"])
+def test_no_part_of_a_user_info_reaches_an_image_or_judge_error(scheme, userinfo, host):
+    from medheval.data.images import parse_image_root
+
+    url = f"{scheme}://{userinfo}@{host}"
+    said = []
+    for build in (lambda: parse_image_root(url + "/files/{path}"), lambda: URLTemplateSource(url + "/files/"),
+                  lambda: make_judge(f"openai:m@{url}/v1", **FAST)):
+        try:
+            built = build()
+            said += [repr(built), json.dumps(built.describe(), default=str)]
+        except (ValueError, JudgeError) as error:
+            said.append(str(error))
+    assert not [text for text in said if "qz" in text.lower()], said
 
 
 # -- short passwords -----------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from PIL import Image
 
 from medheval.data.schema import is_credentialed
 from medheval.net import transport
+from medheval.net.hosts import is_host_form, mask_userinfo, parse_address
 from medheval.net.keys import IMAGE_HOST_ENV, check_plain_http, image_hosts
 from medheval.net.secrets import is_secret_query_name, redact, register_basic_auth, register_url
 
@@ -452,12 +453,13 @@ def open_image(source: Any, what: str) -> Image.Image:
 
 
 def _redact_url(url: str) -> str:
-    """``url`` without user-info and with secret-looking query values replaced by ``***``."""
+    """``url`` with its user-info as ``***`` (:func:`~medheval.net.hosts.mask_userinfo`, whatever it holds) and
+    secret-looking query values replaced by ``***``."""
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(mask_userinfo(url))
     except ValueError:
         return "<unparseable URL>"
-    netloc = parts.netloc.rsplit("@", 1)[-1]
+    netloc = parts.netloc
     query = parts.query
     if query:
         items = []
@@ -500,6 +502,18 @@ def _host_env_prefix(host: str) -> str | None:
     return "_".join(label.replace("-", "__") for label in labels).upper()
 
 
+def _netrc_host(machine: str) -> str | None:
+    """A netrc ``machine`` name as :func:`~medheval.net.hosts.parse_address` names its host (``Address.name``),
+    or None for one that is not a bare host (a port, path, scheme or user-info: never matched)."""
+    if not is_host_form(machine):
+        return None
+    try:
+        address = parse_address(machine)
+    except ValueError:
+        return None
+    return address.name if address.port is None else None
+
+
 def _legacy_env_prefix(host: str) -> str | None:
     """The prefix a hyphenated host had before ``-`` mapped to ``__`` (each ``-`` as ``_``, so
     ``images-example.com`` -> ``IMAGES_EXAMPLE_COM``, which is now ``images.example.com``'s); None when the host
@@ -538,6 +552,9 @@ class URLTemplateSource:
     ``physionet.org`` -> ``PHYSIONET``, or ``env_prefix``); env ``MEDHEVAL_IMAGE_USERNAME``/``MEDHEVAL_IMAGE_PASSWORD``
     only for the host ``MEDHEVAL_IMAGE_HOST`` names (set without it they are refused); the ``machine`` entry of
     exactly this host in ``netrc_file`` (default ``$NETRC`` or ``~/.netrc``; its ``default`` entry is never used).
+    The host is :func:`~medheval.net.hosts.parse_address`'s (:attr:`host`: lower case, no trailing dot, an IP
+    literal canonical), so one host written two ways (``[::ffff:127.0.0.1]``, ``127.0.0.1``) is one host; the
+    credentials go to it only (a redirect to another origin is refused by :mod:`medheval.net.transport`).
     Credentials are refused over plain ``http://`` to a host other than loopback. They never appear in
     ``describe()``, ``repr`` or errors. 5xx/429 answers, connection errors and timeouts are retried ``retries`` times
     with exponential backoff; 404 raises :class:`ImageNotFound`, anything else
@@ -568,8 +585,15 @@ class URLTemplateSource:
     ) -> None:
         if "{path}" not in template:
             raise ValueError(f"URL template {_redact_url(template)!r} has no '{{path}}' placeholder")
+        try:  # the host as medheval.net spells it: one host however it is written
+            address = parse_address(template)
+        except ValueError:  # (its message would quote a ?token= of the template)
+            raise ValueError(
+                f"URL template {_redact_url(template)!r}: its host cannot be read. A port is a number from 0 to "
+                "65535, an IPv6 address has no zone id, and a '/', '?', '#' or '@' in a user name or password is "
+                "percent-encoded (%2F, %3F, %23, %40), as is an '@' in the path") from None
         parts = urlsplit(template)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if address.scheme not in ("http", "https") or not address.name:
             raise ValueError(f"URL template {_redact_url(template)!r} must be an http(s) URL with a host")
         url_auth: tuple[str, str] | None = None
         if "@" in parts.netloc:
@@ -578,7 +602,8 @@ class URLTemplateSource:
             url_auth = (unquote(user), unquote(password))
             template = urlunsplit((parts.scheme, hostport, parts.path, parts.query, parts.fragment))
         self.template = template
-        self.host: str = parts.hostname
+        # what the credentials are looked up by (prefix, netrc): lower case, no trailing dot, an IP literal canonical
+        self.host: str = address.name
         self.timeout = float(timeout)
         self.deadline = float(deadline if deadline is not None else _env_number(DEADLINE_ENV, DEFAULT_DEADLINE))
         self.max_bytes = int(max_bytes if max_bytes is not None
@@ -659,8 +684,7 @@ class URLTemplateSource:
                 f"could not read netrc file {path} (line {exc.lineno}): fix its syntax and make it "
                 "readable only by you (chmod 600)"
             ) from None
-        host = self.host.lower().rstrip(".")
-        entry = next((value for name, value in machines.items() if name.lower().rstrip(".") == host), None)
+        entry = next((value for name, value in machines.items() if _netrc_host(name) == self.host), None)
         if entry is None or not entry[0]:
             return None, "no credentials"
         return (entry[0], entry[2] or ""), f"netrc {path}"

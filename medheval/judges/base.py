@@ -319,7 +319,11 @@ class Judge:
         return endpoint_allowed(self.base_url, self.allow_remote_credentialed) or user_approved(self.base_url)
 
     def describe(self) -> dict:
-        """Settings to store with results: backend, model, endpoint host, parameters. No credentials."""
+        """Settings to store with results: backend, model, endpoint host, parameters. No credentials. With
+        ``max_tries`` set, the record's one budget, ``max_retries`` and ``max_invalid_retries`` (which then do
+        not apply) are left out."""
+        budgets = ({"max_tries": self.max_tries} if self.max_tries is not None
+                   else {"max_invalid_retries": self.max_invalid_retries, "max_retries": self.max_retries})
         return {
             "backend": self.backend,
             "model": self.model,
@@ -330,10 +334,8 @@ class Judge:
             **({"top_p": self.top_p} if self.top_p is not None else {}),
             "max_tokens": self.max_tokens,
             "structured_output": "json_object",
-            "max_invalid_retries": self.max_invalid_retries,
             "invalid_reply": self.invalid_reply,
-            "max_retries": self.max_retries,
-            **({"max_tries": self.max_tries} if self.max_tries is not None else {}),
+            **budgets,
             "timeout": self.timeout,
             "concurrency": self.concurrency,
             "requests_per_minute": self.requests_per_minute,

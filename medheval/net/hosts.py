@@ -18,6 +18,10 @@ they count as host names, so never as local, and match only the same spelling.
 :func:`is_local_host` / :func:`is_loopback_host` judge a bare host (a name or an IP literal, an IPv6 one with or
 without brackets; anything else is False); :func:`is_local_url` reads a URL's host first.
 
+:func:`mask_userinfo` is how a message shows such a text: nothing of a user-info (``user:password@``), whatever
+it holds; :func:`parse_address` refuses a text with an ``@`` after its host, where a password holding ``/`` would
+be read as the host.
+
 :func:`check_host_entry` is the rule for an entry of a list of hosts the user names (``--api-key-host``,
 ``--proxy-for``, ``--allow-remote-credentialed``, ``MEDHEVAL_IMAGE_HOST`` …): a host, ``host:port`` or URL.
 """
@@ -47,19 +51,28 @@ def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
     return getattr(address, "ipv4_mapped", None) or address
 
 
-def _masked(text: str, message: str | None = None) -> str:
-    """``message`` (by default ``text``) with ``text``'s user-info (what comes before the last ``@`` after any
-    ``scheme://``) as ``***``: a ``user:password@`` never reaches an error message."""
-    scheme, mark, rest = text.rpartition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not at:
-        return text if message is None else message
-    return f"{scheme}{mark}***@{host}" if message is None else message.replace(f"{userinfo}@", "***@")
+_SCHEME = re.compile(r"https?://", re.IGNORECASE)  # the schemes an error message shows
+
+
+def mask_userinfo(text: str) -> str:
+    """``text`` with everything from after its ``http(s)://`` (from its start without one) to its last ``@`` as
+    ``***``: a user-info never reaches a message, whatever it holds (``://``, ``@``, ``%40``, ``/``, ``:``). An
+    ``@`` in a path masks the host as well: less is shown, never a password."""
+    scheme = _SCHEME.match(text)
+    start = scheme.end() if scheme else 0
+    at = text.rfind("@")
+    return text if at < start else f"{text[:start]}***{text[at:]}"
+
+
+def _parse_error(text: str, error: ValueError) -> str:
+    """The URL parser's reason for refusing ``text``; not quoted when ``text`` has an ``@``, as the parser may
+    quote a piece of a user-info (a password holding ``/`` ends the host early: ``'pa:'`` is not a port)."""
+    return "its host or port cannot be read" if "@" in text else str(error)
 
 
 def _shown(text: str) -> str:
-    """``text`` as an error message quotes it: user-info masked (:func:`_masked`), cut to 80 characters."""
-    return repr(_masked(text)[:80])
+    """``text`` as an error message quotes it: user-info masked (:func:`mask_userinfo`), cut to 80 characters."""
+    return repr(mask_userinfo(text)[:80])
 
 
 def _canonical_host(host: str, text: str, bracketed: bool = False) -> str:
@@ -168,8 +181,9 @@ class Address:
 def parse_address(value: str) -> Address:
     """The :class:`Address` of a host name, ``host:port``, IPv6 literal or URL (text with ``://``); user-info,
     path and query are dropped; an IP literal is spelled canonically (:class:`Address`). ``ValueError`` naming the
-    text when it cannot be parsed (a port that is not a number from 0 to 65535, an unclosed ``[``) or names an
-    IPv6 zone id."""
+    text (its user-info masked) when it cannot be parsed (a port that is not a number from 0 to 65535, an unclosed
+    ``[``), names an IPv6 zone id, or holds an ``@`` after its host (a password with an unencoded ``/`` would
+    otherwise be read as the host)."""
     text = value.strip()
     if ":" in text and "://" not in text and "[" not in text and _ip_literal(text) is not None:
         return Address("", _canonical_host(text.lower(), text), None)  # a bare IPv6 literal ("::1"), not host:port
@@ -177,7 +191,11 @@ def parse_address(value: str) -> Address:
         parts = urlsplit(text if "://" in text else "//" + text)
         host, port = parts.hostname or "", parts.port
     except ValueError as error:
-        raise ValueError(f"{_shown(text)} is not a host name, host:port or URL ({_masked(text, str(error))})") from None
+        raise ValueError(f"{_shown(text)} is not a host name, host:port or URL ({_parse_error(text, error)})") from None
+    if "@" in parts.path + parts.query + parts.fragment:  # which "@" ends a user-info? no reading is safe
+        raise ValueError(
+            f"{_shown(text)} holds an '@' after its host: percent-encode a '/', '?' or '#' in a user name or "
+            "password (%2F, %3F, %23) and an '@' in a path or query (%40)")
     bracketed = parts.netloc.rpartition("@")[2].startswith("[")
     return Address(parts.scheme.lower(), _canonical_host(host, text, bracketed), port)
 
@@ -231,9 +249,9 @@ def check_host_entry(text: str, where: str = "") -> str:
     if "://" not in entry and not is_host_form(entry):
         raise ValueError(
             f"{prefix}{_shown(entry)} is neither a host nor a URL: give either the host ({address.netloc}), which "
-            f"names every path on it, or a base URL with its scheme (https://{_masked(entry)[:80]})")
+            f"names every path on it, or a base URL with its scheme (https://{mask_userinfo(entry)[:80]})")
     return entry
 
 
 __all__ = ["Address", "DEFAULT_PORTS", "check_host_entry", "host_and_port", "host_entry", "host_named", "is_host_form",
-           "is_local_host", "is_local_url", "is_loopback_host", "parse_address", "resolves_to_loopback"]
+           "is_local_host", "is_local_url", "is_loopback_host", "mask_userinfo", "parse_address", "resolves_to_loopback"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from medheval.net.hosts import host_entry, is_loopback_host, parse_address
+from medheval.net.hosts import host_entry, is_loopback_host, mask_userinfo, parse_address
 from medheval.net.named import UserNamedHosts
 
 KEY_HOSTS_ENV = "MEDHEVAL_API_KEY_HOSTS"
@@ -94,9 +94,10 @@ def check_plain_http(url: str, what: str) -> None:
     """``ValueError`` when ``url`` is ``http://`` to a host other than loopback: ``what`` (a key, a password)
     would cross the network in clear text."""
     if plain_http_to_network(url):
+        host = host_entry(url)
         raise ValueError(
-            f"refusing to send {what} over plain http to {host_entry(url)!r}: anyone on the network path could "
-            f"read it. Use https:// (or an SSH tunnel to 127.0.0.1)")
+            f"refusing to send {what} over plain http to {host or mask_userinfo(url)[:80]!r}: anyone on the "
+            f"network path could read it. Use https:// (or an SSH tunnel to 127.0.0.1)")
 
 
 __all__ = ["API_KEY_NAME", "IMAGE_HOST_ENV", "KEY_HOSTS_ENV", "allow_key_hosts", "carries_secret_header", "check_key_env_name",

@@ -19,6 +19,10 @@ cannot stretch. One policy:
   (:class:`DeadlineExceeded`).
 - **A capped body.** At most ``max_bytes`` are read (:class:`ReplyTooLarge`), in 64 KiB chunks, so an
   endless body is refused before it fills memory.
+- **No credentials from** ``~/.netrc`` **by requests itself.** A session that uses the environment would have
+  requests add the netrc's entry for the host, or its ``default`` entry for any host, over a judge's own key;
+  :func:`request` stops that (the session's own auth, or none). :mod:`medheval.data.images` reads an image
+  host's own ``machine`` entry.
 
 :func:`request` works through a :class:`requests.Session` made by :func:`session_for` (or any session on which
 :func:`mount` installed :class:`DeadlineAdapter`).
@@ -36,6 +40,7 @@ from typing import Any, Mapping
 from urllib.parse import urljoin, urlsplit
 
 import requests
+import requests.auth
 import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
@@ -81,6 +86,17 @@ class Reply:
 
     def json(self) -> Any:
         return json.loads(self.content)
+
+
+class _NoAuth(requests.auth.AuthBase):
+    """A request's auth that adds nothing: given one, requests never reads ``~/.netrc`` itself (whose ``default``
+    entry would go to any host, over a judge's own key)."""
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        return request
+
+
+_NO_AUTH = _NoAuth()
 
 
 class _Slot:
@@ -283,7 +299,7 @@ def request(session: requests.Session, method: str, url: str, headers: Mapping[s
                 raise DeadlineExceeded(f"no complete reply within deadline={deadline:g}s")
             try:
                 response = session.request(method, url, data=body, headers=dict(headers or {}),
-                                           allow_redirects=False, stream=True,
+                                           auth=session.auth or _NO_AUTH, allow_redirects=False, stream=True,
                                            timeout=(min(timeout, remaining), timeout))
                 try:
                     if response.status_code in REDIRECT_STATUS:
