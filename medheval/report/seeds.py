@@ -8,8 +8,9 @@ model × mitigation × control, told apart by ``settings.seed``, shown as ``· s
   the range ``min_s x_s – max_s x_s``;
 * over items: the half-width of each pass's 95% interval over items (or the split's clusters), ``(high_s −
   low_s) / 2``, averaged over the seeds that have one. It is the interval of the figure's table
-  (:mod:`medheval.report.stats`): for a figure the expanded percentile bootstrap (a 0/1 figure's also spans
-  the Clopper–Pearson interval over its effective sample size and the exact bound of no success or failure),
+  (:mod:`medheval.report.stats`): for a figure the expanded percentile bootstrap (joined with the BCa interval
+  for a figure that is not 0/1; a 0/1 figure's also spans the Clopper–Pearson interval over its effective
+  sample size and the exact bound of no success or failure),
   for a paired Δ (mitigation − none, with image − blind) the sign-flip test inverted (joined with Tango's
   score interval for 0/1 answers).
 
@@ -28,8 +29,9 @@ SEED_LABEL = re.compile(r"^(.*) · seed (\d+)$")
 NOTE = ("Mean and SD (sample, n − 1) and min–max over the sampling seeds of each row; item ± : the half-width "
         "of each seed's 95% interval over items (or clusters), averaged over the seeds that have one: the interval "
         "of the row's table — for a figure its bootstrap interval (for a 0/1 figure widened to the binomial "
-        "interval over its effective sample size), for a paired Δ (mitigation − none, with image − blind) the "
-        "sign-flip test inverted (for 0/1 answers joined with Tango's score interval) (medheval/report/seeds.py).")
+        "interval over its effective sample size, for any other joined with the BCa interval), for a paired Δ "
+        "(mitigation − none, with image − blind) the sign-flip test inverted (for 0/1 answers joined with "
+        "Tango's score interval) (medheval/report/seeds.py).")
 
 
 def _unseeded(labels: list[str]) -> tuple[tuple[str, ...], int | None]:
