@@ -9,6 +9,7 @@ radgraph_f1, ratescore, green, sh_judge) are checked here without their models o
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -145,6 +146,29 @@ def test_stepbench_empty_inputs_have_no_rates_and_bad_labels_are_named():
         compute("stepbench", ["a"], ["hallucination"], steps=[True])
 
 
+def test_radcliq_components_numpy_numbers_count_and_percentages_are_refused():
+    """Reproductions: numpy float32 components were all "skipped" as missing (n 0, radcliq None); a BERTScore
+    given in percent (text_generation's bertscore_per_item, 0-100) gave RadCliQ -105.7 without a word; a string
+    or a list component was skipped as if missing."""
+    base = dict(radgraph_combined=[0.5, 0.4], bertscore=[0.6, 0.7], semb_score=[0.3, 0.2], bleu_score=[0.2, 0.1])
+    expected = compute("radcliq", ["a", "b"], ["a", "b"], **base)
+    as_numpy = {key: np.array(values, dtype=np.float32) for key, values in base.items()}
+    out = compute("radcliq", ["a", "b"], ["a", "b"], **as_numpy)
+    assert out["n"] == 2 and out["n_skipped"] == 0
+    assert out["radcliq"] == pytest.approx(expected["radcliq"], abs=1e-6)
+    with pytest.raises(ValueError, match=r"^bertscore\[0\] is 60\.0, above 1; give it as a fraction: "
+                                         r"text_generation's bertscore_per_item is on a 0-100 scale, divide it by 100"):
+        compute("radcliq", ["a", "b"], ["a", "b"], **{**base, "bertscore": [60.0, 70.0]})
+    with pytest.raises(ValueError, match=r"^radgraph_combined\[1\] is 1\.5, outside \[0, 1\]"):
+        compute("radcliq", ["a", "b"], ["a", "b"], **{**base, "radgraph_combined": [0.5, 1.5]})
+    for bad, shown in (("0.5", "str '0.5'"), ([0.5], r"list \[0\.5\]"), (True, "bool True")):
+        with pytest.raises(ValueError, match=rf"^semb_score\[1\] is {shown}; pass a number \(None where it is"):
+            compute("radcliq", ["a", "b"], ["a", "b"], **{**base, "semb_score": [0.3, bad]})
+    # missing values are still skipped and counted, never scored
+    out = compute("radcliq", ["a", "b"], ["a", "b"], **{**base, "semb_score": [0.3, float("inf")]})
+    assert out["n"] == 1 and out["skipped"] == {"1": ["semb_score"]}
+
+
 def test_radgraph_f1_names_a_malformed_given_graph():
     """Reproduction: a graph that is not a dict failed with "a RadGraph graph must be a dict ...", no index."""
     graph = {"text": "x", "entities": {}}
@@ -196,7 +220,7 @@ def test_sh_judge_empty_and_generator_inputs(judge_server_factory, tmp_path):
 
 
 def test_shared_checks_directly():
-    from medheval.scoring.metric_inputs import per_item_column, surrogate_problem
+    from medheval.scoring.metric_inputs import number_column, per_item_column, surrogate_problem
 
     assert surrogate_problem("fine 😷") is None and "U+DFFF at character 1" in surrogate_problem("a\udfff")
     assert per_item_column("sources", pd.Series(["a", np.nan, None]), 3, kind="label") == ["a", None, None]
@@ -204,3 +228,4 @@ def test_shared_checks_directly():
         per_item_column("sources", "abc", 3)
     with pytest.raises(ValueError, match=r"^sources is a DataFrame: pass one of its columns"):
         per_item_column("sources", pd.DataFrame({"a": [1, 2, 3]}), 3)  # iterating it gives the column names
+    assert number_column("x", [np.float32(0.5), None, math.nan, math.inf], 4, 0, 1) == [0.5, None, None, None]

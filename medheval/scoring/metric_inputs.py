@@ -310,6 +310,32 @@ def per_item_column(name: str, values: Iterable[Any] | None, n: int, missing: An
     return values
 
 
+def number_column(name: str, values: Iterable[Any] | None, n: int, low: float = -math.inf,
+                  high: float = math.inf, hint: str = "") -> list[float | None] | None:
+    """A per-item numeric input as floats (numpy scalars included); ``None``, NaN and infinities are ``None``
+    (missing: the caller skips and counts the item). A value that is not a number (a string, a list, a bool)
+    or lies outside ``[low, high]`` (beyond float rounding) is a ``ValueError`` naming ``name[index]``."""
+    column = per_item_column(name, values, n)
+    if column is None:
+        return None
+    out: list[float | None] = []
+    for index, value in enumerate(column):
+        if value is None or type(value).__name__ == "NAType":
+            out.append(None)
+            continue
+        if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real):
+            raise ValueError(f"{name}[{index}] is {_described(value)}; pass a number (None where it is missing)")
+        number = float(value)
+        if not math.isfinite(number):
+            out.append(None)
+            continue
+        if not low - 1e-9 <= number <= high + 1e-9:
+            span = f"outside [{low:g}, {high:g}]" if math.isfinite(low) else f"above {high:g}"
+            raise ValueError(f"{name}[{index}] is {number!r}, {span}{'; ' + hint if hint else ''}")
+        out.append(number)
+    return out
+
+
 def credentialed_column(values: bool | Iterable[Any] | None, n: int) -> list[bool | None]:
     """The per-item ``credentialed`` input of a judge-taking metric: ``True``/``False`` per item, ``None``
     where unknown. ``None`` (not given) means unknown for every item; one bool applies to every item.
