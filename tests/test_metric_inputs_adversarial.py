@@ -219,6 +219,24 @@ def test_sh_judge_empty_and_generator_inputs(judge_server_factory, tmp_path):
                    judge=f"openai:m@{server.base_url}", cache_dir=str(tmp_path))
 
 
+# -- the re-scoring path (run_eval.py --predictions FILE) --------------------------------------------------------
+
+
+def test_a_predictions_file_with_a_surrogate_names_the_line(tmp_path):
+    """Reproduction: a JSON "\\ud800" escape passed the file check and the run stopped later with
+    "error: 'utf-8' codec can't encode character '\\ud800' in position 120", naming no line or record."""
+    from medheval.backends.base import BackendError
+    from medheval.backends.predictions import PredictionsFileBackend
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "a/1", "prediction": "No."}\n{"id": "a/2", "prediction": "No\\ud800."}\n')
+    with pytest.raises(BackendError, match=r"line 2 \(id 'a/2'\): the prediction holds a surrogate code point U\+D800 "
+                                           r"at character 2"):
+        PredictionsFileBackend(path)
+    path.write_text('{"id": "a/1", "prediction": "No \\ud83d\\ude37."}\n')  # a whole pair is fine
+    assert PredictionsFileBackend(path).generate([{"id": "a/1"}]) == ["No \U0001f637."]
+
+
 def test_shared_checks_directly():
     from medheval.scoring.metric_inputs import number_column, per_item_column, surrogate_problem
 
