@@ -30,6 +30,7 @@ from typing import Any
 from medheval.backends.base import BackendError
 from medheval.run.control import CONTROLS
 from medheval.run.provenance import RESCORE_BACKEND
+from medheval.scoring.metric_inputs import surrogate_problem
 
 MAX_LINE_BYTES = 1_000_000  # one line of a predictions file (or of a run's predictions.jsonl)
 MAX_PREDICTION_CHARS = 100_000  # one prediction: far above any model's answer or report
@@ -107,6 +108,11 @@ class PredictionsFileBackend:
                 errors.append(
                     f"line {lineno} (id {rid!r}): 'prediction' must be a string, got {type(pred).__name__}"
                 )
+                continue
+            unstorable = surrogate_problem(rid) or surrogate_problem(pred)
+            if unstorable:
+                errors.append(f"line {lineno} (id {rid!r}): the {'id' if surrogate_problem(rid) else 'prediction'} "
+                              f"{unstorable}")
                 continue
             if len(pred) > MAX_PREDICTION_CHARS:
                 errors.append(f"line {lineno} (id {rid!r}): the prediction has {len(pred)} characters; at most "

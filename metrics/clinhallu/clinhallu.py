@@ -184,9 +184,10 @@ def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v
     result = stage_metrics(columns, upstream_compat, settings, stage_denominator)
     result["per_source"] = {}
     if sources is not None:
-        sources = list(sources)
-        if len(sources) != n:
+        sources = medheval.scoring.metric_inputs.as_list(sources)
+        if not isinstance(sources, (str, bytes, dict)) and len(sources) != n:
             raise ValueError(f"Mismatch in the number of items: correct has {n}, sources has {len(sources)}")
+        sources = medheval.scoring.metric_inputs.per_item_column("sources", sources, n, kind="label")
         for source in sorted({str(s) for s in sources}):
             rows = [i for i, s in enumerate(sources) if str(s) == source]
             group = {key: [values[i] for i in rows] for key, values in columns.items()}

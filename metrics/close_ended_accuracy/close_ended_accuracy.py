@@ -1,7 +1,9 @@
 # Copyright 2025 The MedHEval-HF authors. Licensed under the Apache License, Version 2.0.
 """Close-ended accuracy (yes/no and multiple choice) for medical VQA hallucination benchmarks."""
 
+import numbers
 from collections import defaultdict
+from collections.abc import Iterable
 
 import datasets
 import evaluate
@@ -144,7 +146,8 @@ def _upstream_means(correct, kinds, categories, sources):
         if category is not None:
             by_category[category][0] += weighted
             by_category[category][1] += size
-    return _ratio(*total), {str(k): _ratio(*v) for k, v in sorted(by_category.items(), key=lambda kv: str(kv[0]))}
+    overall = _ratio(*total) if total[1] else None  # no item at all: no accuracy, not 0 %
+    return overall, {str(k): _ratio(*v) for k, v in sorted(by_category.items(), key=lambda kv: str(kv[0]))}
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
@@ -188,11 +191,15 @@ class CloseEndedAccuracy(medheval.scoring.metric_inputs.NoneChecked, evaluate.Me
                 f"Mismatch in the number of predictions ({n}), references ({len(references)}) "
                 f"and answer_types ({len(answer_types)})"
             )
-        choices = medheval.scoring.metric_inputs.per_item_column("choices", choices, n)
-        categories = medheval.scoring.metric_inputs.per_item_column("categories", categories, n)
-        raw_choices = medheval.scoring.metric_inputs.per_item_column("raw_choices", raw_choices, n)
-        questions = medheval.scoring.metric_inputs.per_item_column("questions", questions, n)
-        sources = medheval.scoring.metric_inputs.per_item_column("sources", sources, n)
+        inputs = medheval.scoring.metric_inputs
+        choices = inputs.per_item_column("choices", choices, n)
+        categories = inputs.per_item_column("categories", categories, n, kind="label")
+        raw_choices = inputs.per_item_column("raw_choices", raw_choices, n, kind="text")
+        questions = inputs.per_item_column("questions", questions, n, kind="text")
+        sources = inputs.per_item_column("sources", sources, n, kind="label")
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
+            raise ValueError(f"threshold={threshold!r}: expected a number from 0 to 1 (the minimum difflib ratio of "
+                             "a fuzzy option match; default 0.6)")
 
         kinds = []
         for i, answer_type in enumerate(answer_types):
@@ -204,6 +211,10 @@ class CloseEndedAccuracy(medheval.scoring.metric_inputs.NoneChecked, evaluate.Me
                 ) from None
             if kinds[-1] == "multiple_choice" and not (choices and choices[i]) and not (raw_choices and raw_choices[i]):
                 raise ValueError(f"item {i}: answer_type {answer_type!r} needs choices, got none")
+            if choices is not None and choices[i] is not None and not isinstance(choices[i], str) and (
+                    isinstance(choices[i], dict) or not isinstance(choices[i], Iterable)):
+                raise ValueError(f"item {i}: choices[{i}] is {type(choices[i]).__name__} {choices[i]!r:.60}; give the "
+                                 "options as a list of strings (or one 'A. x, B. y' string)")
             if kinds[-1] == "multiple_choice" and choices is not None and not isinstance(choices[i], (str, type(None))):
                 for j, option in enumerate(choices[i]):
                     if not isinstance(option, str):

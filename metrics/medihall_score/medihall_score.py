@@ -191,9 +191,13 @@ class MedihallScore(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric)
         if classifier not in _CLASSIFIERS:
             raise ValueError(f"classifier must be one of {_CLASSIFIERS}, got {classifier!r}")
         n = len(predictions)
-        questions = medheval.scoring.metric_inputs.per_item_column("questions", questions, n, missing=None)
-        question_types = medheval.scoring.metric_inputs.per_item_column("question_types", question_types if question_types is not None else categories, n, missing=None)
-        answer_types = medheval.scoring.metric_inputs.per_item_column("answer_types", answer_types, n, missing=None)
+        questions = medheval.scoring.metric_inputs.per_item_column("questions", questions, n, missing=None,
+                                                                  kind="text")
+        question_types = medheval.scoring.metric_inputs.per_item_column(
+            "question_types" if question_types is not None else "categories",
+            question_types if question_types is not None else categories, n, missing=None, kind="label")
+        answer_types = medheval.scoring.metric_inputs.per_item_column("answer_types", answer_types, n, missing=None,
+                                                                     kind="text")
         choices = medheval.scoring.metric_inputs.per_item_column("choices", choices, n, missing=None)
         credentialed = medheval.scoring.metric_inputs.credentialed_column(credentialed, n)
         images = medheval.scoring.metric_inputs.per_item_column("images", images, n, missing=None)

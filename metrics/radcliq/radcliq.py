@@ -54,9 +54,11 @@ Args:
     run_results (`dict`, *optional*): metric name -> output of the metrics already computed on
         the same items (`medheval run` passes it); components not given are taken from it.
 
-    A pair with a missing (None or non-finite) component is skipped and counted, never scored. A component
-    neither given nor in `run_results` is an error; in a run (`run_results` given) every pair is skipped
-    instead and `unavailable_reason` says which metrics to add (the predictions are kept).
+    A pair with a missing (None or non-finite) component is skipped and counted, never scored. A given
+    component that is not a number, or lies outside its range (radgraph_combined and bleu_score in [0, 1],
+    semb_score in [-1, 1], bertscore at most 1: a 0-100 percentage is refused), is an error naming the
+    pair. A component neither given nor in `run_results` is an error; in a run (`run_results` given) every
+    pair is skipped instead and `unavailable_reason` says which metrics to add (the predictions are kept).
 
 Returns:
     radcliq (`float`): mean RadCliQ-v1 over scored pairs (lower is better); `None` if none scored.
@@ -113,6 +115,19 @@ def bleu2(prediction: str, reference: str) -> float:
     if not hypothesis or not ref:
         return 0.0
     return float(sentence_bleu([ref], hypothesis, weights=(0.5, 0.5), smoothing_function=SmoothingFunction().method1))
+
+
+#: The range of each given component (beyond float rounding a value outside it is an error: most likely a
+#: percentage, e.g. text_generation's 0-100 bertscore_per_item), and what to do about it. A baseline-rescaled
+#: BERTScore can fall below 0 (and below -1), so it has an upper bound only.
+_RANGES = {
+    "radgraph_combined": (0.0, 1.0, "give it as a fraction (radgraph_f1's radgraph_f1_per_item)"),
+    "bertscore": (-math.inf, 1.0, "give it as a fraction: text_generation's bertscore_per_item is on a 0-100 "
+                                  "scale, divide it by 100"),
+    "semb_score": (-1.0, 1.0, "give the cosine similarity (chexbert_similarity's similarities)"),
+    "bleu_score": (0.0, 1.0, "give it as a fraction: text_generation's bleu_per_item is on a 0-100 scale "
+                             "(and is BLEU-4, not RadCliQ's BLEU-2); leave bleu_score out to compute it here"),
+}
 
 
 def _finite(value) -> bool:
@@ -176,7 +191,8 @@ class Radcliq(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
         columns, sources = {}, {}
         for name in COLUMNS:
             if given[name] is not None:
-                columns[name] = medheval.scoring.metric_inputs.per_item_column(name, given[name], n)
+                low, high, hint = _RANGES[name]
+                columns[name] = medheval.scoring.metric_inputs.number_column(name, given[name], n, low, high, hint)
                 sources[name] = "given"
             elif name in from_run:
                 sources[name], columns[name] = from_run[name]

@@ -191,6 +191,11 @@ class RadgraphF1(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
         for name, graphs in (("prediction_graphs", prediction_graphs), ("reference_graphs", reference_graphs)):
             if graphs is not None and len(graphs) != n:
                 raise ValueError(f"{name} has {len(graphs)} graphs for {n} predictions")
+            for i, graph in enumerate(graphs or []):
+                if not isinstance(graph, dict) or not isinstance(graph.get("entities"), dict):
+                    raise ValueError(f"{name}[{i}] is {type(graph).__name__} {graph!r:.60}, not a RadGraph graph: "
+                                     "give a dict with an 'entities' dict (as radgraph_f1 returns with "
+                                     "return_graphs=True)")
 
         used_type = model_type
         if prediction_graphs is None or reference_graphs is None:

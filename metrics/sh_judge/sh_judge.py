@@ -105,6 +105,7 @@ class ShJudge(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
         """Multi-mode inputs (dict per item, or ``models`` as a dict of answer lists) become lists of
         answers in a fixed model order before evaluate stores them."""
         models = kwargs.get("models")
+        predictions = medheval.scoring.metric_inputs.as_list(predictions)  # a generator is read twice below
         if isinstance(models, dict):
             names = [str(m) for m in models]
             columns = [list(v) for v in models.values()]
@@ -115,7 +116,12 @@ class ShJudge(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
                 raise ValueError(f"models= answer lists differ in length: {lengths}")
             predictions = [list(row) for row in zip(*columns)]
             kwargs.update(models=names, mode="multi")
-        elif predictions is not None and any(isinstance(p, dict) for p in predictions):
+        elif predictions is not None and not isinstance(predictions, (str, bytes, dict)) and any(
+                isinstance(p, dict) for p in predictions):
+            for i, p in enumerate(predictions):
+                if p is not None and not isinstance(p, dict):
+                    raise ValueError(f"predictions[{i}] is {type(p).__name__} {p!r:.60}: with answers given as dicts "
+                                     "(model name -> answer), give every item as one (None or {} for no answer)")
             if models is None:  # every model named in any item, in first-seen order
                 models = dict.fromkeys(k for p in predictions for k in (p or {}))
             names = list(models)
@@ -163,7 +169,8 @@ class ShJudge(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
                              "'openai:gpt-4o@http://127.0.0.1:8000/v1', 'anthropic:claude-3-5-sonnet-20240620') "
                              "or a dict (see medheval.judges.make_judge)")
         n = len(predictions)
-        questions = medheval.scoring.metric_inputs.per_item_column("questions", questions, n, missing=None)
+        questions = medheval.scoring.metric_inputs.per_item_column("questions", questions, n, missing=None,
+                                                                  kind="text")
         credentialed = medheval.scoring.metric_inputs.credentialed_column(credentialed, n)
         ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in medheval.scoring.metric_inputs.per_item_column("ids", ids, n, missing=None)]
         if mode == "single" and any(isinstance(p, (list, tuple)) for p in predictions):

@@ -28,7 +28,8 @@ definitions were not public when this module was written):
 TP: a hallucination answered inconsistent; FN: a hallucination answered consistent; FP: a
 ground-truth statement answered inconsistent; TN: a ground-truth statement answered consistent.
 An answer that cannot be parsed is a miss on its true class (an FN for a hallucination, an FP
-for a ground-truth statement) and is counted in `n_unparsed`. A ratio with a zero denominator is 0.
+for a ground-truth statement) and is counted in `n_unparsed`. A ratio with a zero denominator is 0;
+with no statements at all (empty inputs) every rate and `macro_f1` is `None`.
 `macro_f1` is the mean F1 over the steps present. Everything is also given per language.
 Answers are parsed by `medheval.families.stepbench.source.parse_verdict`, which reads the verdict of a
 verbose answer rather than its first matching word ("There is no lesion in the liver, so the statement
@@ -78,11 +79,12 @@ def _scores(truth, said, parsed):
     fp = int(np.sum(~truth & said))
     tn = int(np.sum(~truth & ~said))
     precision, recall = _ratio(tp, tp + fp), _ratio(tp, tp + fn)
+    empty = not len(truth)  # no statement at all: no rate (None), not 0
     return {
-        "precision": precision,
-        "recall": recall,
-        "f1": _ratio(2 * precision * recall, precision + recall),
-        "accuracy": _ratio(tp + tn, len(truth)),
+        "precision": None if empty else precision,
+        "recall": None if empty else recall,
+        "f1": None if empty else _ratio(2 * precision * recall, precision + recall),
+        "accuracy": None if empty else _ratio(tp + tn, len(truth)),
         "tp": tp, "fp": fp, "fn": fn, "tn": tn,
         "n": int(len(truth)),
         "n_unparsed": int(np.sum(~parsed)),
@@ -95,7 +97,7 @@ def _summary(truth, said, parsed, steps):
     overall = _scores(truth, said, parsed)
     return {
         "per_step": per_step,
-        "macro_f1": float(np.mean([s["f1"] for s in per_step.values()])) if per_step else 0.0,
+        "macro_f1": float(np.mean([s["f1"] for s in per_step.values()])) if per_step else None,
         **{key: overall[key] for key in ("precision", "recall", "f1", "accuracy", "n", "n_unparsed")},
     }
 
@@ -121,12 +123,13 @@ class StepBench(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
         if len(references) != n:
             raise ValueError(f"Mismatch in the number of predictions ({n}) and references ({len(references)})")
         steps = medheval.scoring.metric_inputs.per_item_column("steps", steps, n)
-        languages = medheval.scoring.metric_inputs.per_item_column("languages", languages, n)
+        languages = medheval.scoring.metric_inputs.per_item_column("languages", languages, n, kind="label")
         refs = np.asarray(references, dtype=object)
         bad = np.flatnonzero(~np.isin(refs, sb.LABELS))
         if bad.size:
             raise ValueError(f"item {bad[0]}: reference {refs[bad[0]]!r} is not one of {list(sb.LABELS)}")
-        step_ids = np.asarray([sb.STEP_OF_CATEGORY.get(s, s) if isinstance(s, str) else s for s in steps], dtype=object)
+        step_ids = np.asarray([sb.STEP_OF_CATEGORY.get(s, s) if isinstance(s, str) else None if isinstance(s, bool)
+                               else s for s in steps], dtype=object)  # True is not step 1
         bad = np.flatnonzero(~np.isin(step_ids, list(sb.STEPS)))
         if bad.size:
             raise ValueError(f"item {bad[0]}: step {steps[bad[0]]!r} is not one of 1, 2, 3, 4 (or a step name)")
