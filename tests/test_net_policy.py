@@ -191,7 +191,23 @@ def test_a_same_origin_redirect_of_an_image_is_followed():
     assert [hit[1] for hit in images.hits] == ["/old/a.png", "/moved/x.png"]
 
 
+def test_a_same_origin_redirect_whose_path_or_query_holds_an_at_is_followed():
+    """An '@' in a redirect's path or query names no host: only user-written text is refused for one (a password
+    holding '/'); a server's Location is followed when its origin is the endpoint's, as before."""
+    from medheval.net import transport
+
+    moved = "/files/me@example.org/x.png?next=/b@c"
+    with Server(lambda handler: _send(handler, 302, headers={"Location": moved}) if handler.path.startswith("/old/")
+                else _image(handler)) as images:
+        session = transport.session_for(images.url, credentialed=False)
+        reply = transport.request(session, "GET", f"{images.url}/old/a.png", timeout=5, deadline=10, max_bytes=2**20)
+    assert (reply.status_code, reply.content, reply.url) == (200, PNG, f"{images.url}{moved}")
+    assert [hit[1] for hit in images.hits] == ["/old/a.png", moved]
+
+
 @pytest.mark.parametrize("location, followed", [
+    ("/@scope/b?mail=a@b.org", True),  # an "@" in a path or query names no host
+    ("https://example.org/files/me@example.org/b", True),
     ("https://EXAMPLE.org:443/b", True),  # the same origin, spelled otherwise
     ("/b?x=1", True),
     ("https://example.org./b", False),  # a trailing dot is another origin (as before the one host parser)
@@ -199,6 +215,7 @@ def test_a_same_origin_redirect_of_an_image_is_followed():
     ("http://example.org/b", False),
     ("https://example.org:abc/b", False),  # unparseable: refused, not a ValueError from the parser
     ("mailto:someone@example.org", False),
+    ("http://[", False),  # not even urljoin reads it: refused, not a ValueError
 ])
 def test_a_redirect_is_followed_only_within_the_origin(location, followed):
     from medheval.net.transport import RedirectRefused, _redirect_target

@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 from typing import Any, Mapping
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import requests
 import requests.auth
@@ -241,6 +241,17 @@ def origin(url: str) -> tuple[str, str, int | None]:
     return address.scheme, address.host, address.default_port
 
 
+def _authority(url: str) -> str:
+    """``url``'s ``scheme://authority`` alone: the origin of a server's ``Location``, in whose path or query an
+    ``@`` names no other host (``/files/me@example.org/a.jpg``, ``?next=``); :func:`origin` refuses a text with one
+    there, as in what a user writes it may end a password holding ``/``. ``url`` itself when it cannot be split."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "http://[": origin() refuses it
+        return url
+    return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+
+
 def _host(url: str) -> str:
     """``host:port`` of ``url``, for messages."""
     try:
@@ -328,15 +339,18 @@ def _redirect_target(url: str, response: requests.Response, method: str = "POST"
     location = response.headers.get("Location")
     if not location:
         raise RedirectRefused(f"{_host(url)!r} answered {status} without a Location")
-    target = urljoin(url, location)
     try:
-        same_origin = origin(target) == origin(url)
+        target = urljoin(url, location)
+    except ValueError:  # "http://[": no host can be read, so not the endpoint's
+        target = location
+    try:
+        same_origin = origin(_authority(target)) == origin(_authority(url))
     except ValueError:  # a Location that names no host and port: another origin, whatever it means
         same_origin = False
     if not same_origin:
         raise RedirectRefused(
-            f"{_host(url)!r} answered {status} redirecting to another host, {_host(target)!r}: refused, so the "
-            f"request (its text, images, key headers and credentials) is not sent there; if you trust that "
+            f"{_host(url)!r} answered {status} redirecting to another host, {_host(_authority(target))!r}: refused, "
+            f"so the request (its text, images, key headers and credentials) is not sent there; if you trust that "
             f"host, point the base URL or image root at it")
     if method not in ("GET", "HEAD") and status not in KEEPS_METHOD_AND_BODY:
         raise RedirectRefused(
