@@ -216,6 +216,9 @@ def test_a_same_origin_redirect_whose_path_or_query_holds_an_at_is_followed():
     ("https://example.org:abc/b", False),  # unparseable: refused, not a ValueError from the parser
     ("mailto:someone@example.org", False),
     ("http://[", False),  # not even urljoin reads it: refused, not a ValueError
+    ("https://evil.example\\@example.org/b", False),  # example.org to urlsplit, evil.example to requests
+    ("https://evil.example:443\\x@example.org:443/b", False),
+    ("/b\\@evil.example", True),  # in the path: example.org to both
 ])
 def test_a_redirect_is_followed_only_within_the_origin(location, followed):
     from medheval.net.transport import RedirectRefused, _redirect_target
@@ -229,6 +232,23 @@ def test_a_redirect_is_followed_only_within_the_origin(location, followed):
     else:
         with pytest.raises(RedirectRefused, match="redirecting to another host"):
             _redirect_target("https://example.org/a", Answer(), "GET")
+
+
+def test_a_redirect_requests_would_send_to_another_origin_is_refused_and_the_credentials_stay():
+    """A Location with a backslash before its '@' names the endpoint to Python's urlsplit and another host to
+    requests (urllib3 ends the authority at a backslash): comparing urlsplit's reading alone followed it, and the
+    image server's basic-auth credentials went to the other port."""
+    with Server(lambda handler: _send(handler, 200, FOREIGN)) as foreign:
+        holder: dict = {}
+        location = (lambda path: f"http://127.0.0.1:{foreign.port}\\@127.0.0.1:{holder['port']}/x.png"
+                    if path.startswith("/old/") else None)
+        with Server(_serving("/nonexistent", location)) as images:
+            holder["port"] = images.port
+            source = URLTemplateSource(f"{images.url}/old/{{path}}", auth=("reader", "physio-canary-pass-913"),
+                                       retries=0)
+            with pytest.raises(ImageFetchError, match=f"another host, '127.0.0.1:{foreign.port}'"):
+                source.open_bytes("a.png")
+    assert foreign.hits == []
 
 
 # -- deadlines and size caps ----------------------------------------------------------------------------

@@ -252,6 +252,22 @@ def _authority(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
 
 
+def _requests_origin(url: str) -> tuple[str, str, int | None]:
+    """:func:`origin` of the host and port requests itself connects to for ``url``: urllib3 ends the authority at
+    a backslash as well as at ``/?#``, Python's ``urlsplit`` only at ``/?#``, so
+    ``https://evil.example\\@good.example/`` is ``good.example`` to :func:`origin` and ``evil.example`` to
+    requests. ``ValueError`` when requests cannot read it."""
+    prepared = requests.PreparedRequest()
+    try:
+        prepared.prepare_url(url, None)
+        parsed = urllib3.util.parse_url(prepared.url or "")
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as error:
+        raise ValueError(str(error)) from None
+    if not parsed.scheme or not parsed.host:
+        raise ValueError("names no host")
+    return origin(f"{parsed.scheme}://{parsed.host}" + (f":{parsed.port}" if parsed.port is not None else ""))
+
+
 def _host(url: str) -> str:
     """``host:port`` of ``url``, for messages."""
     try:
@@ -343,13 +359,17 @@ def _redirect_target(url: str, response: requests.Response, method: str = "POST"
         target = urljoin(url, location)
     except ValueError:  # "http://[": no host can be read, so not the endpoint's
         target = location
-    try:
+    shown = _host(_authority(target))
+    try:  # the origin as medheval reads it, and the one requests would connect to: both the endpoint's
         same_origin = origin(_authority(target)) == origin(_authority(url))
+        sent = _requests_origin(target) if same_origin else None
+        if sent is not None and sent != _requests_origin(url):  # a backslash before an "@": requests goes elsewhere
+            same_origin, shown = False, f"{sent[1]}:{sent[2]}"
     except ValueError:  # a Location that names no host and port: another origin, whatever it means
         same_origin = False
     if not same_origin:
         raise RedirectRefused(
-            f"{_host(url)!r} answered {status} redirecting to another host, {_host(_authority(target))!r}: refused, "
+            f"{_host(url)!r} answered {status} redirecting to another host, {shown!r}: refused, "
             f"so the request (its text, images, key headers and credentials) is not sent there; if you trust that "
             f"host, point the base URL or image root at it")
     if method not in ("GET", "HEAD") and status not in KEEPS_METHOD_AND_BODY:
