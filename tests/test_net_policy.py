@@ -251,6 +251,61 @@ def test_a_redirect_requests_would_send_to_another_origin_is_refused_and_the_cre
     assert foreign.hits == []
 
 
+def _redirect_dripping_its_body(handler) -> None:
+    """``/old/...``: a 302 to ``/new.png`` whose announced body drips a byte every 0.1 s; anything else: the image."""
+    if not handler.path.startswith("/old/"):
+        _image(handler)
+        return
+    handler.send_response(302)
+    handler.send_header("Location", "/new.png")
+    handler.send_header("Content-Length", "100000")
+    handler.end_headers()
+    for _ in range(100):
+        handler.wfile.write(b"x")
+        handler.wfile.flush()
+        time.sleep(0.1)
+
+
+def test_a_redirect_body_is_never_read():
+    """requests prepares the next request of a 3xx even under allow_redirects=False, reading the whole 3xx body
+    first (no max_bytes cap: a 200 MB body took 400 MB) and asking ~/.netrc for the target's credentials; the
+    transport follows redirects itself, so neither happens: the redirect is followed at once."""
+    from medheval.net import transport
+
+    with Server(_redirect_dripping_its_body) as images:
+        session = transport.session_for(images.url, credentialed=False)
+        start = time.monotonic()
+        reply = transport.request(session, "GET", f"{images.url}/old/a.png", timeout=5, deadline=4, max_bytes=2**20)
+        assert (reply.status_code, reply.content) == (200, PNG)
+        assert time.monotonic() - start < 2  # not the 10 s of the dripping body, nor the 4 s deadline
+
+
+def test_requests_never_asks_the_netrc_even_for_a_redirect(monkeypatch, tmp_path):
+    import requests
+    import requests.sessions
+
+    from medheval.net import transport
+
+    netrc = tmp_path / ".netrc"
+    netrc.write_text("default login reader password netrc-canary-pass-5521\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("NETRC", raising=False)
+    asked: list[str] = []
+    real = requests.sessions.get_netrc_auth
+    monkeypatch.setattr(requests.sessions, "get_netrc_auth", lambda url, *a: asked.append(url) or real(url, *a))
+    seen: list = []
+
+    def handle(handler) -> None:
+        seen.append(handler.headers.get("Authorization"))
+        _send(handler, 302, headers={"Location": "/new.png"}) if handler.path.startswith("/old/") else _image(handler)
+
+    with Server(handle) as images:
+        session = transport.mount(requests.Session())  # one that uses the environment (trust_env)
+        reply = transport.request(session, "GET", f"{images.url}/old/a.png", timeout=5, deadline=5, max_bytes=2**20)
+    assert (reply.status_code, seen, asked) == (200, [None, None], [])
+
+
 # -- deadlines and size caps ----------------------------------------------------------------------------
 def test_a_dripping_image_server_hits_the_deadline_and_the_error_names_the_record(monkeypatch):
     def drip(handler) -> None:

@@ -193,11 +193,21 @@ class DeadlineAdapter(HTTPAdapter):
         return manager
 
 
+def _no_redirect_target(response: requests.Response) -> None:
+    """What :func:`mount` makes a session's ``get_redirect_target``: none, whatever the reply (see there)."""
+    return None
+
+
 def mount(session: requests.Session) -> requests.Session:
-    """Install :class:`DeadlineAdapter` for http and https on ``session``; returns it."""
+    """Install :class:`DeadlineAdapter` for http and https on ``session``; returns it.
+
+    The session is also told that no reply redirects (``get_redirect_target``): :func:`request` follows a redirect
+    itself, and with ``allow_redirects=False`` requests would still prepare the next request, reading the whole
+    3xx body without the ``max_bytes`` cap and asking ``~/.netrc`` for the target's credentials."""
     adapter = DeadlineAdapter()
     session.mount("http://", adapter)
     session.mount("https://", adapter)
+    session.get_redirect_target = _no_redirect_target  # type: ignore[method-assign]
     return session
 
 
