@@ -269,6 +269,39 @@ def test_requests_never_reads_the_netrc_itself(netrc_text, image_server):
     assert seen == [None, "Bearer judge-key", "Basic " + base64.b64encode(b"bob:OwnPw1234").decode()]
 
 
+def test_the_hub_probe_sends_no_netrc_credentials(monkeypatch):
+    """medheval.publish.hub_access probes the Hub (or $HF_ENDPOINT, a mirror) with a plain requests.head: requests
+    then read ~/.netrc and sent its default entry (a PhysioNet login kept there) as basic auth to that host."""
+    from medheval.publish import hub_access
+
+    home = Path(os.environ["HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / ".netrc").write_text("default login alice password DefaultPw123\n")
+    (home / ".netrc").chmod(0o600)
+    seen: list = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    hub_access._probe.cache_clear()
+    try:
+        assert hub_access._probe(f"http://127.0.0.1:{httpd.server_address[1]}") == (True, None)
+    finally:
+        hub_access._probe.cache_clear()
+        httpd.shutdown()
+        httpd.server_close()
+    assert seen == [None]
+
+
 def test_generic_image_credentials_go_only_to_the_host_medheval_image_host_names(image_server, monkeypatch):
     url, seen = image_server
     monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", "bob")
