@@ -611,6 +611,30 @@ def test_a_key_written_into_the_spec_is_refused_over_plain_http_naming_its_origi
         make_judge("openai:m@http://u:pw-9zq@10.1.2.3:8000/v1", **FAST)
 
 
+@pytest.mark.parametrize("base_url", ["https://api.openai.com/v1/@x", "https://gw.example.org/v1?user=a@b.org",
+                                      "https://api.openai.com:abc/v1"])
+def test_a_base_url_no_host_is_read_from_is_refused_for_what_it_is_with_a_key_set(base_url, monkeypatch):
+    """With a key in the environment, the key rule read the host first and said the key was 'not sent to' an
+    empty host the user did not name, whose advice (--api-key-host with nothing after it) could not be followed.
+    Now the refusal is the judge's own, naming what to percent-encode, with or without a key."""
+    from medheval.judges.spec import check_key_destination
+
+    for key in (None, KEY):
+        if key:
+            monkeypatch.setenv("OPENAI_API_KEY", key)
+        for build in (lambda: make_judge(f"openai:m@{base_url}", **FAST),
+                      lambda: check_key_destination({"backend": "openai", "model": "m", "base_url": base_url})):
+            try:
+                build()
+            except JudgeError as error:
+                message = str(error)
+            else:
+                assert not key  # without a key, the config check has nothing to say
+                continue
+            assert message.startswith("the openai endpoint's base_url: '") and "not sent to" not in message
+            assert "holds an '@' after its host" in message or "is not a host name" in message
+
+
 def test_old_style_credential_variables_of_a_hyphenated_host_are_not_sent_but_pointed_out(monkeypatch, caplog):
     from medheval.data import images
 
