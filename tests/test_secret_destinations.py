@@ -635,6 +635,45 @@ def test_a_base_url_no_host_is_read_from_is_refused_for_what_it_is_with_a_key_se
             assert "holds an '@' after its host" in message or "is not a host name" in message
 
 
+@pytest.mark.parametrize("template", ["https://cdn.example.org/{path}?who=me@example.org&sig=tok-canary-77",
+                                      "https://cdn.jsdelivr.net/gh/org/repo@main/{path}"])
+def test_an_image_root_with_an_at_after_its_host_is_refused_saying_where_to_encode_it(template):
+    """The refusal names the '@' after the host and the path or query it is in (the root, masked up to its last
+    '@', no longer shows its host): not only 'its host cannot be read'."""
+    with pytest.raises(ValueError) as info:
+        URLTemplateSource(template)
+    message = str(info.value)
+    assert "an '@' follows it" in message and "an '@' in the path or query" in message
+    assert "tok-canary-77" not in message
+
+
+@pytest.mark.parametrize("url", ["https://cdn.example.org/img?who=me@example.org&sig=tok-canary-77",
+                                 "https://u:pa/ss@cdn.example.org/{path}?token=tok-canary-77",
+                                 "https://cdn.example.org/@scope/{path}?X-Goog-Signature=tok-canary-77"])
+def test_an_image_url_shown_in_a_message_keeps_its_secret_query_values_masked(url):
+    """_redact_url masked the user-info first: an '@' in the path or query then ended it, the '?' went with it,
+    and the ?sig= / &token= after it was shown as part of the host."""
+    from medheval.data.images import _redact_url
+
+    shown = _redact_url(url)
+    assert "tok-canary-77" not in shown and "pa/ss" not in shown and shown.endswith("=***")
+    with pytest.raises(ValueError) as info:  # no '{path}', or an '@' after the host: the error shows the root
+        URLTemplateSource(url)
+    assert "tok-canary-77" not in str(info.value)
+
+
+@pytest.mark.parametrize("template", ["https://cdn.example.org/{path}?who=me@example.org&sig=tok-canary-77",
+                                      "https://cdn.jsdelivr.net/gh/org/repo@main/{path}"])
+def test_an_image_root_with_an_at_after_its_host_is_refused_saying_where_to_encode_it(template):
+    """The refusal names the '@' after the host and the path or query it is in (the root, masked up to its last
+    '@', no longer shows its host): not only 'its host cannot be read'."""
+    with pytest.raises(ValueError) as info:
+        URLTemplateSource(template)
+    message = str(info.value)
+    assert "an '@' follows it" in message and "an '@' in the path or query" in message
+    assert "tok-canary-77" not in message
+
+
 def test_old_style_credential_variables_of_a_hyphenated_host_are_not_sent_but_pointed_out(monkeypatch, caplog):
     from medheval.data import images
 
