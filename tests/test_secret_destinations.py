@@ -674,6 +674,17 @@ def test_an_image_root_with_an_at_after_its_host_is_refused_saying_where_to_enco
     assert "tok-canary-77" not in message
 
 
+def test_physionet_credentials_never_go_to_a_host_written_before_a_backslash(monkeypatch):
+    """``https://evil.example\\.physionet.org/{path}`` (an image root a grid config may set) was a physionet.org
+    subdomain to urlsplit, so it took PHYSIONET_USERNAME/PASSWORD, while requests connects to evil.example."""
+    monkeypatch.setenv("PHYSIONET_USERNAME", "alice")
+    monkeypatch.setenv("PHYSIONET_PASSWORD", "physio-canary-pass-4410")
+    for root in ("https://evil.example\\.physionet.org/files/{path}", "https://evil.example\\x.physionet.org/{path}"):
+        with pytest.raises(ValueError) as info:
+            URLTemplateSource(root)
+        assert "backslash" in str(info.value) and "physio-canary-pass-4410" not in str(info.value)
+
+
 def test_old_style_credential_variables_of_a_hyphenated_host_are_not_sent_but_pointed_out(monkeypatch, caplog):
     from medheval.data import images
 

@@ -369,15 +369,17 @@ def _redirect_target(url: str, response: requests.Response, method: str = "POST"
         target = urljoin(url, location)
     except ValueError:  # "http://[": no host can be read, so not the endpoint's
         target = location
-    shown = _host(_authority(target))
     try:  # the origin as medheval reads it, and the one requests would connect to: both the endpoint's
-        same_origin = origin(_authority(target)) == origin(_authority(url))
-        sent = _requests_origin(target) if same_origin else None
-        if sent is not None and sent != _requests_origin(url):  # a backslash before an "@": requests goes elsewhere
-            same_origin, shown = False, f"{sent[1]}:{sent[2]}"
-    except ValueError:  # a Location that names no host and port: another origin, whatever it means
+        same_origin = (origin(_authority(target)) == origin(_authority(url))
+                       and _requests_origin(target) == _requests_origin(url))
+    except ValueError:  # a Location that names no host and port (or two): another origin, whatever it means
         same_origin = False
     if not same_origin:
+        try:  # the host requests would have reached (for http://other\@endpoint/: other)
+            _, host, port = _requests_origin(target)
+            shown = f"{host}:{port}" if port is not None else host
+        except ValueError:
+            shown = _host(_authority(target))
         raise RedirectRefused(
             f"{_host(url)!r} answered {status} redirecting to another host, {shown!r}: refused, "
             f"so the request (its text, images, key headers and credentials) is not sent there; if you trust that "
