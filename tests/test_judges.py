@@ -482,6 +482,22 @@ def test_url_credentials_are_redacted(judge_server_factory):
     assert "pw-secret-123" not in text and "reader" not in text
 
 
+def test_a_percent_encoded_user_info_is_sent_decoded(judge_server_factory):
+    """The docs (and the refusal of an '@' after the host) say a '/', '?', '#' or '@' in a base URL's user name or
+    password is percent-encoded: the judge sent it as written (bob:p%40ss%2Fw0rd), so such a password always failed
+    (401). Decoded, as requests itself and the image roots read a user-info."""
+    import base64
+
+    server = judge_server_factory("openai", by_item)
+    url = server.base_url.replace("http://", "http://b%40b:p%40ss%2Fw0rd-secret-1@")
+    judge = make_judge(f"openai:judge-model@{url}", cache_dir=False, **FAST)
+    assert judge.run(requests_for(1))[0].ok
+    sent = server.requests[0].headers["Authorization"]
+    assert sent == "Basic " + base64.b64encode(b"b@b:p@ss/w0rd-secret-1").decode()
+    text = json.dumps(judge.describe()) + repr(judge) + str(judge.base_url)
+    assert "w0rd-secret-1" not in text
+
+
 # -- credentialed data guard --------------------------------------------------------------------
 # "judge.localhost" left this list (issue 9, part 8): a *.localhost name is local only when it resolves to
 # loopback, which depends on the machine's resolver; see test_localhost_names_count_only_when_loopback.

@@ -414,3 +414,24 @@ def test_an_at_after_the_host_is_refused_not_read_as_a_path(text):
         parse_address(text)
     assert host_entry(text) == ""
     assert parse_address("http://alice:80%2Fpw@10.0.0.1/v1") == Address("http", "10.0.0.1", None)
+
+
+@pytest.mark.parametrize("text", ["https://evil.example\\.physionet.org/files/", "https://evil.example\\@good.example/",
+                                  "evil.example\\.physionet.org", "http://127.0.0.1:8000\\@10.0.0.1/v1"])
+def test_a_backslash_before_the_path_is_refused(text):
+    """urllib3, under requests, ends the authority at a backslash; urlsplit does not. Read by urlsplit,
+    ``https://evil.example\\.physionet.org/`` was a physionet.org subdomain (its PHYSIONET_* credentials) that
+    requests sent to evil.example. Refused wherever a host is read; encoded (%5C) in a user-info, it is read."""
+    from urllib.parse import urlsplit
+
+    import requests
+    from urllib3.util import parse_url
+
+    from medheval.net.hosts import host_named
+
+    if "://" in text:  # the two readings, as they were
+        assert parse_url(requests.Request("GET", text).prepare().url).host != urlsplit(text).hostname
+    with pytest.raises(ValueError, match=r"holds a backslash before its path.*%5C"):
+        parse_address(text)
+    assert host_entry(text) == "" and not host_named(text, {"physionet.org", "good.example", "10.0.0.1"})
+    assert parse_address("https://CORP%5Cbob:pw@good.example/a\\b") == Address("https", "good.example", None)

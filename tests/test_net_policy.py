@@ -191,7 +191,23 @@ def test_a_same_origin_redirect_of_an_image_is_followed():
     assert [hit[1] for hit in images.hits] == ["/old/a.png", "/moved/x.png"]
 
 
+def test_a_same_origin_redirect_whose_path_or_query_holds_an_at_is_followed():
+    """An '@' in a redirect's path or query names no host: only user-written text is refused for one (a password
+    holding '/'); a server's Location is followed when its origin is the endpoint's, as before."""
+    from medheval.net import transport
+
+    moved = "/files/me@example.org/x.png?next=/b@c"
+    with Server(lambda handler: _send(handler, 302, headers={"Location": moved}) if handler.path.startswith("/old/")
+                else _image(handler)) as images:
+        session = transport.session_for(images.url, credentialed=False)
+        reply = transport.request(session, "GET", f"{images.url}/old/a.png", timeout=5, deadline=10, max_bytes=2**20)
+    assert (reply.status_code, reply.content, reply.url) == (200, PNG, f"{images.url}{moved}")
+    assert [hit[1] for hit in images.hits] == ["/old/a.png", moved]
+
+
 @pytest.mark.parametrize("location, followed", [
+    ("/@scope/b?mail=a@b.org", True),  # an "@" in a path or query names no host
+    ("https://example.org/files/me@example.org/b", True),
     ("https://EXAMPLE.org:443/b", True),  # the same origin, spelled otherwise
     ("/b?x=1", True),
     ("https://example.org./b", False),  # a trailing dot is another origin (as before the one host parser)
@@ -199,6 +215,10 @@ def test_a_same_origin_redirect_of_an_image_is_followed():
     ("http://example.org/b", False),
     ("https://example.org:abc/b", False),  # unparseable: refused, not a ValueError from the parser
     ("mailto:someone@example.org", False),
+    ("http://[", False),  # not even urljoin reads it: refused, not a ValueError
+    ("https://evil.example\\@example.org/b", False),  # example.org to urlsplit, evil.example to requests
+    ("https://evil.example:443\\x@example.org:443/b", False),
+    ("/b\\@evil.example", True),  # in the path: example.org to both
 ])
 def test_a_redirect_is_followed_only_within_the_origin(location, followed):
     from medheval.net.transport import RedirectRefused, _redirect_target
@@ -212,6 +232,78 @@ def test_a_redirect_is_followed_only_within_the_origin(location, followed):
     else:
         with pytest.raises(RedirectRefused, match="redirecting to another host"):
             _redirect_target("https://example.org/a", Answer(), "GET")
+
+
+def test_a_redirect_requests_would_send_to_another_origin_is_refused_and_the_credentials_stay():
+    """A Location with a backslash before its '@' names the endpoint to Python's urlsplit and another host to
+    requests (urllib3 ends the authority at a backslash): comparing urlsplit's reading alone followed it, and the
+    image server's basic-auth credentials went to the other port."""
+    with Server(lambda handler: _send(handler, 200, FOREIGN)) as foreign:
+        holder: dict = {}
+        location = (lambda path: f"http://127.0.0.1:{foreign.port}\\@127.0.0.1:{holder['port']}/x.png"
+                    if path.startswith("/old/") else None)
+        with Server(_serving("/nonexistent", location)) as images:
+            holder["port"] = images.port
+            source = URLTemplateSource(f"{images.url}/old/{{path}}", auth=("reader", "physio-canary-pass-913"),
+                                       retries=0)
+            with pytest.raises(ImageFetchError, match=f"another host, '127.0.0.1:{foreign.port}'"):
+                source.open_bytes("a.png")
+    assert foreign.hits == []
+
+
+def _redirect_dripping_its_body(handler) -> None:
+    """``/old/...``: a 302 to ``/new.png`` whose announced body drips a byte every 0.1 s; anything else: the image."""
+    if not handler.path.startswith("/old/"):
+        _image(handler)
+        return
+    handler.send_response(302)
+    handler.send_header("Location", "/new.png")
+    handler.send_header("Content-Length", "100000")
+    handler.end_headers()
+    for _ in range(100):
+        handler.wfile.write(b"x")
+        handler.wfile.flush()
+        time.sleep(0.1)
+
+
+def test_a_redirect_body_is_never_read():
+    """requests prepares the next request of a 3xx even under allow_redirects=False, reading the whole 3xx body
+    first (no max_bytes cap: a 200 MB body took 400 MB) and asking ~/.netrc for the target's credentials; the
+    transport follows redirects itself, so neither happens: the redirect is followed at once."""
+    from medheval.net import transport
+
+    with Server(_redirect_dripping_its_body) as images:
+        session = transport.session_for(images.url, credentialed=False)
+        start = time.monotonic()
+        reply = transport.request(session, "GET", f"{images.url}/old/a.png", timeout=5, deadline=4, max_bytes=2**20)
+        assert (reply.status_code, reply.content) == (200, PNG)
+        assert time.monotonic() - start < 2  # not the 10 s of the dripping body, nor the 4 s deadline
+
+
+def test_requests_never_asks_the_netrc_even_for_a_redirect(monkeypatch, tmp_path):
+    import requests
+    import requests.sessions
+
+    from medheval.net import transport
+
+    netrc = tmp_path / ".netrc"
+    netrc.write_text("default login reader password netrc-canary-pass-5521\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("NETRC", raising=False)
+    asked: list[str] = []
+    real = requests.sessions.get_netrc_auth
+    monkeypatch.setattr(requests.sessions, "get_netrc_auth", lambda url, *a: asked.append(url) or real(url, *a))
+    seen: list = []
+
+    def handle(handler) -> None:
+        seen.append(handler.headers.get("Authorization"))
+        _send(handler, 302, headers={"Location": "/new.png"}) if handler.path.startswith("/old/") else _image(handler)
+
+    with Server(handle) as images:
+        session = transport.mount(requests.Session())  # one that uses the environment (trust_env)
+        reply = transport.request(session, "GET", f"{images.url}/old/a.png", timeout=5, deadline=5, max_bytes=2**20)
+    assert (reply.status_code, seen, asked) == (200, [None, None], [])
 
 
 # -- deadlines and size caps ----------------------------------------------------------------------------

@@ -269,6 +269,39 @@ def test_requests_never_reads_the_netrc_itself(netrc_text, image_server):
     assert seen == [None, "Bearer judge-key", "Basic " + base64.b64encode(b"bob:OwnPw1234").decode()]
 
 
+def test_the_hub_probe_sends_no_netrc_credentials(monkeypatch):
+    """medheval.publish.hub_access probes the Hub (or $HF_ENDPOINT, a mirror) with a plain requests.head: requests
+    then read ~/.netrc and sent its default entry (a PhysioNet login kept there) as basic auth to that host."""
+    from medheval.publish import hub_access
+
+    home = Path(os.environ["HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / ".netrc").write_text("default login alice password DefaultPw123\n")
+    (home / ".netrc").chmod(0o600)
+    seen: list = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    hub_access._probe.cache_clear()
+    try:
+        assert hub_access._probe(f"http://127.0.0.1:{httpd.server_address[1]}") == (True, None)
+    finally:
+        hub_access._probe.cache_clear()
+        httpd.shutdown()
+        httpd.server_close()
+    assert seen == [None]
+
+
 def test_generic_image_credentials_go_only_to_the_host_medheval_image_host_names(image_server, monkeypatch):
     url, seen = image_server
     monkeypatch.setenv("MEDHEVAL_IMAGE_USERNAME", "bob")
@@ -576,6 +609,80 @@ def test_a_key_written_into_the_spec_is_refused_over_plain_http_naming_its_origi
         make_judge({"backend": "openai", "model": "m", "base_url": LAN, "api_key": "sk-written-123456"}, **FAST)
     with pytest.raises(JudgeError, match=r"password in the base URL"):
         make_judge("openai:m@http://u:pw-9zq@10.1.2.3:8000/v1", **FAST)
+
+
+@pytest.mark.parametrize("base_url", ["https://api.openai.com/v1/@x", "https://gw.example.org/v1?user=a@b.org",
+                                      "https://api.openai.com:abc/v1"])
+def test_a_base_url_no_host_is_read_from_is_refused_for_what_it_is_with_a_key_set(base_url, monkeypatch):
+    """With a key in the environment, the key rule read the host first and said the key was 'not sent to' an
+    empty host the user did not name, whose advice (--api-key-host with nothing after it) could not be followed.
+    Now the refusal is the judge's own, naming what to percent-encode, with or without a key."""
+    from medheval.judges.spec import check_key_destination
+
+    for key in (None, KEY):
+        if key:
+            monkeypatch.setenv("OPENAI_API_KEY", key)
+        for build in (lambda: make_judge(f"openai:m@{base_url}", **FAST),
+                      lambda: check_key_destination({"backend": "openai", "model": "m", "base_url": base_url})):
+            try:
+                build()
+            except JudgeError as error:
+                message = str(error)
+            else:
+                assert not key  # without a key, the config check has nothing to say
+                continue
+            assert message.startswith("the openai endpoint's base_url: '") and "not sent to" not in message
+            assert "holds an '@' after its host" in message or "is not a host name" in message
+
+
+@pytest.mark.parametrize("template", ["https://cdn.example.org/{path}?who=me@example.org&sig=tok-canary-77",
+                                      "https://cdn.jsdelivr.net/gh/org/repo@main/{path}"])
+def test_an_image_root_with_an_at_after_its_host_is_refused_saying_where_to_encode_it(template):
+    """The refusal names the '@' after the host and the path or query it is in (the root, masked up to its last
+    '@', no longer shows its host): not only 'its host cannot be read'."""
+    with pytest.raises(ValueError) as info:
+        URLTemplateSource(template)
+    message = str(info.value)
+    assert "an '@' follows it" in message and "an '@' in the path or query" in message
+    assert "tok-canary-77" not in message
+
+
+@pytest.mark.parametrize("url", ["https://cdn.example.org/img?who=me@example.org&sig=tok-canary-77",
+                                 "https://u:pa/ss@cdn.example.org/{path}?token=tok-canary-77",
+                                 "https://cdn.example.org/@scope/{path}?X-Goog-Signature=tok-canary-77"])
+def test_an_image_url_shown_in_a_message_keeps_its_secret_query_values_masked(url):
+    """_redact_url masked the user-info first: an '@' in the path or query then ended it, the '?' went with it,
+    and the ?sig= / &token= after it was shown as part of the host."""
+    from medheval.data.images import _redact_url
+
+    shown = _redact_url(url)
+    assert "tok-canary-77" not in shown and "pa/ss" not in shown and shown.endswith("=***")
+    with pytest.raises(ValueError) as info:  # no '{path}', or an '@' after the host: the error shows the root
+        URLTemplateSource(url)
+    assert "tok-canary-77" not in str(info.value)
+
+
+@pytest.mark.parametrize("template", ["https://cdn.example.org/{path}?who=me@example.org&sig=tok-canary-77",
+                                      "https://cdn.jsdelivr.net/gh/org/repo@main/{path}"])
+def test_an_image_root_with_an_at_after_its_host_is_refused_saying_where_to_encode_it(template):
+    """The refusal names the '@' after the host and the path or query it is in (the root, masked up to its last
+    '@', no longer shows its host): not only 'its host cannot be read'."""
+    with pytest.raises(ValueError) as info:
+        URLTemplateSource(template)
+    message = str(info.value)
+    assert "an '@' follows it" in message and "an '@' in the path or query" in message
+    assert "tok-canary-77" not in message
+
+
+def test_physionet_credentials_never_go_to_a_host_written_before_a_backslash(monkeypatch):
+    """``https://evil.example\\.physionet.org/{path}`` (an image root a grid config may set) was a physionet.org
+    subdomain to urlsplit, so it took PHYSIONET_USERNAME/PASSWORD, while requests connects to evil.example."""
+    monkeypatch.setenv("PHYSIONET_USERNAME", "alice")
+    monkeypatch.setenv("PHYSIONET_PASSWORD", "physio-canary-pass-4410")
+    for root in ("https://evil.example\\.physionet.org/files/{path}", "https://evil.example\\x.physionet.org/{path}"):
+        with pytest.raises(ValueError) as info:
+            URLTemplateSource(root)
+        assert "backslash" in str(info.value) and "physio-canary-pass-4410" not in str(info.value)
 
 
 def test_old_style_credential_variables_of_a_hyphenated_host_are_not_sent_but_pointed_out(monkeypatch, caplog):

@@ -453,13 +453,13 @@ def open_image(source: Any, what: str) -> Image.Image:
 
 
 def _redact_url(url: str) -> str:
-    """``url`` with its user-info as ``***`` (:func:`~medheval.net.hosts.mask_userinfo`, whatever it holds) and
-    secret-looking query values replaced by ``***``."""
+    """``url`` with secret-looking query values replaced by ``***``, then its user-info as ``***``
+    (:func:`~medheval.net.hosts.mask_userinfo`, whatever it holds). In this order: masking first would turn an
+    ``@`` in the path or query into the end of a user-info, and the ``?sig=`` after it into part of the host."""
     try:
-        parts = urlsplit(mask_userinfo(url))
+        parts = urlsplit(url)
     except ValueError:
         return "<unparseable URL>"
-    netloc = parts.netloc
     query = parts.query
     if query:
         items = []
@@ -467,7 +467,7 @@ def _redact_url(url: str) -> str:
             name, sep, _ = item.partition("=")
             items.append(f"{name}{sep}***" if sep and is_secret_query_name(name) else item)
         query = "&".join(items)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return mask_userinfo(urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment)))
 
 
 # hosts whose credentials have a documented name; the prefix covers the host and its subdomains only
@@ -589,9 +589,10 @@ class URLTemplateSource:
             address = parse_address(template)
         except ValueError:  # (its message would quote a ?token= of the template)
             raise ValueError(
-                f"URL template {_redact_url(template)!r}: its host cannot be read. A port is a number from 0 to "
-                "65535, an IPv6 address has no zone id, and a '/', '?', '#' or '@' in a user name or password is "
-                "percent-encoded (%2F, %3F, %23, %40), as is an '@' in the path") from None
+                f"URL template {_redact_url(template)!r}: its host cannot be read, or an '@' follows it. A port is "
+                "a number from 0 to 65535, an IPv6 address has no zone id, a host holds no backslash, and a '/', "
+                "'?', '#', '@' or backslash in a user name or password is percent-encoded (%2F, %3F, %23, %40, %5C), "
+                "as is an '@' in the path or query") from None
         parts = urlsplit(template)
         if address.scheme not in ("http", "https") or not address.name:
             raise ValueError(f"URL template {_redact_url(template)!r} must be an http(s) URL with a host")

@@ -30,7 +30,7 @@ Traffic to an endpoint judged local never goes through a proxy from the environm
 from __future__ import annotations
 
 from collections.abc import Iterable
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from medheval.net.hosts import (check_host_entry, host_entry, host_named, is_host_form, is_local_host, is_local_url,
                                  parse_address, resolves_to_loopback)
@@ -45,12 +45,14 @@ class CredentialedDataError(PermissionError):
 
 
 def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
-    """``(url without user:password@, user, password)``."""
+    """``(url without user:password@, user, password)``, user and password percent-decoded (``p%40ss`` is ``p@ss``:
+    a ``/``, ``?``, ``#`` or ``@`` in them must be encoded), as requests and the image roots read a user-info."""
     parts = urlsplit(url)
     if parts.username is None and parts.password is None:
         return url, None, None
     netloc = parse_address(url).netloc
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), parts.username, parts.password
+    user, password = (unquote(value) if value is not None else None for value in (parts.username, parts.password))
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), user, password
 
 
 def safe_base_url(url: str | None) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from medheval.judges.base import Judge, JudgeError
 from medheval.net import keys
-from medheval.net.hosts import host_and_port, host_entry, is_local_host
+from medheval.net.hosts import check_host_entry, host_and_port, host_entry, is_local_host
 
 _BACKENDS = {
     "openai": "openai", "openai-compatible": "openai", "openai_compatible": "openai", "vllm": "openai",
@@ -204,6 +204,10 @@ def _env_key(backend: str, base_url: str | None, api_key_env: Any) -> tuple[str 
     url = base_url or _PROVIDER_URL.get(backend, "")
     if not api_key or not url:
         return api_key, None
+    try:  # a URL no host can be read from: the judge's own refusal, not "not sent to ''"
+        check_host_entry(url, f"the {backend} endpoint's base_url")
+    except ValueError as error:
+        raise JudgeError(str(error)) from None
     entry = host_entry(url)
     if keys.plain_http_to_network(url):
         # never in clear text across the network, whoever named the host: the request goes without it

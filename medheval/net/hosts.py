@@ -182,8 +182,9 @@ def parse_address(value: str) -> Address:
     """The :class:`Address` of a host name, ``host:port``, IPv6 literal or URL (text with ``://``); user-info,
     path and query are dropped; an IP literal is spelled canonically (:class:`Address`). ``ValueError`` naming the
     text (its user-info masked) when it cannot be parsed (a port that is not a number from 0 to 65535, an unclosed
-    ``[``), names an IPv6 zone id, or holds an ``@`` after its host (a password with an unencoded ``/`` would
-    otherwise be read as the host)."""
+    ``[``), names an IPv6 zone id, holds an ``@`` after its host (a password with an unencoded ``/`` would
+    otherwise be read as the host) or a backslash before its path (``https://evil.example\\.physionet.org/``:
+    ``evil.example\\.physionet.org`` here, ``evil.example`` to requests, which ends the host at a backslash)."""
     text = value.strip()
     if ":" in text and "://" not in text and "[" not in text and _ip_literal(text) is not None:
         return Address("", _canonical_host(text.lower(), text), None)  # a bare IPv6 literal ("::1"), not host:port
@@ -192,6 +193,10 @@ def parse_address(value: str) -> Address:
         host, port = parts.hostname or "", parts.port
     except ValueError as error:
         raise ValueError(f"{_shown(text)} is not a host name, host:port or URL ({_parse_error(text, error)})") from None
+    if "\\" in parts.netloc:  # urllib3 (requests) ends the authority there, urlsplit does not: two hosts
+        raise ValueError(
+            f"{_shown(text)} holds a backslash before its path, where the HTTP library reads the host as ending "
+            "while this reading goes on: percent-encode one in a user name or password (%5C)")
     if "@" in parts.path + parts.query + parts.fragment:  # which "@" ends a user-info? no reading is safe
         raise ValueError(
             f"{_shown(text)} holds an '@' after its host: percent-encode a '/', '?' or '#' in a user name or "

@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 from typing import Any, Mapping
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import requests
 import requests.auth
@@ -193,11 +193,21 @@ class DeadlineAdapter(HTTPAdapter):
         return manager
 
 
+def _no_redirect_target(response: requests.Response) -> None:
+    """What :func:`mount` makes a session's ``get_redirect_target``: none, whatever the reply (see there)."""
+    return None
+
+
 def mount(session: requests.Session) -> requests.Session:
-    """Install :class:`DeadlineAdapter` for http and https on ``session``; returns it."""
+    """Install :class:`DeadlineAdapter` for http and https on ``session``; returns it.
+
+    The session is also told that no reply redirects (``get_redirect_target``): :func:`request` follows a redirect
+    itself, and with ``allow_redirects=False`` requests would still prepare the next request, reading the whole
+    3xx body without the ``max_bytes`` cap and asking ``~/.netrc`` for the target's credentials."""
     adapter = DeadlineAdapter()
     session.mount("http://", adapter)
     session.mount("https://", adapter)
+    session.get_redirect_target = _no_redirect_target  # type: ignore[method-assign]
     return session
 
 
@@ -239,6 +249,33 @@ def origin(url: str) -> tuple[str, str, int | None]:
     is another origin); ``ValueError`` for a URL that cannot be parsed."""
     address = parse_address(url)
     return address.scheme, address.host, address.default_port
+
+
+def _authority(url: str) -> str:
+    """``url``'s ``scheme://authority`` alone: the origin of a server's ``Location``, in whose path or query an
+    ``@`` names no other host (``/files/me@example.org/a.jpg``, ``?next=``); :func:`origin` refuses a text with one
+    there, as in what a user writes it may end a password holding ``/``. ``url`` itself when it cannot be split."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "http://[": origin() refuses it
+        return url
+    return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+
+
+def _requests_origin(url: str) -> tuple[str, str, int | None]:
+    """:func:`origin` of the host and port requests itself connects to for ``url``: urllib3 ends the authority at
+    a backslash as well as at ``/?#``, Python's ``urlsplit`` only at ``/?#``, so
+    ``https://evil.example\\@good.example/`` is ``good.example`` to :func:`origin` and ``evil.example`` to
+    requests. ``ValueError`` when requests cannot read it."""
+    prepared = requests.PreparedRequest()
+    try:
+        prepared.prepare_url(url, None)
+        parsed = urllib3.util.parse_url(prepared.url or "")
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as error:
+        raise ValueError(str(error)) from None
+    if not parsed.scheme or not parsed.host:
+        raise ValueError("names no host")
+    return origin(f"{parsed.scheme}://{parsed.host}" + (f":{parsed.port}" if parsed.port is not None else ""))
 
 
 def _host(url: str) -> str:
@@ -328,15 +365,24 @@ def _redirect_target(url: str, response: requests.Response, method: str = "POST"
     location = response.headers.get("Location")
     if not location:
         raise RedirectRefused(f"{_host(url)!r} answered {status} without a Location")
-    target = urljoin(url, location)
     try:
-        same_origin = origin(target) == origin(url)
-    except ValueError:  # a Location that names no host and port: another origin, whatever it means
+        target = urljoin(url, location)
+    except ValueError:  # "http://[": no host can be read, so not the endpoint's
+        target = location
+    try:  # the origin as medheval reads it, and the one requests would connect to: both the endpoint's
+        same_origin = (origin(_authority(target)) == origin(_authority(url))
+                       and _requests_origin(target) == _requests_origin(url))
+    except ValueError:  # a Location that names no host and port (or two): another origin, whatever it means
         same_origin = False
     if not same_origin:
+        try:  # the host requests would have reached (for http://other\@endpoint/: other)
+            _, host, port = _requests_origin(target)
+            shown = f"{host}:{port}" if port is not None else host
+        except ValueError:
+            shown = _host(_authority(target))
         raise RedirectRefused(
-            f"{_host(url)!r} answered {status} redirecting to another host, {_host(target)!r}: refused, so the "
-            f"request (its text, images, key headers and credentials) is not sent there; if you trust that "
+            f"{_host(url)!r} answered {status} redirecting to another host, {shown!r}: refused, "
+            f"so the request (its text, images, key headers and credentials) is not sent there; if you trust that "
             f"host, point the base URL or image root at it")
     if method not in ("GET", "HEAD") and status not in KEEPS_METHOD_AND_BODY:
         raise RedirectRefused(

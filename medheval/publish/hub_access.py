@@ -58,7 +58,10 @@ def _probe(endpoint: str) -> tuple[bool, str | None]:
     import requests
 
     try:
-        requests.head(endpoint, timeout=(PROBE_TIMEOUT, PROBE_TIMEOUT), allow_redirects=False)
+        # an auth that adds nothing: without one, requests reads ~/.netrc and sends its entry for the endpoint, or
+        # its default entry (a PhysioNet login kept there), as basic auth
+        requests.head(endpoint, timeout=(PROBE_TIMEOUT, PROBE_TIMEOUT), allow_redirects=False,
+                      auth=lambda request: request)
     except requests.RequestException as err:
         message = " ".join(str(err).split())[:200]
         return False, f"no answer from {endpoint} (timeout {PROBE_TIMEOUT:g}s; {type(err).__name__}: {message})"
