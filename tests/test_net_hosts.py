@@ -406,14 +406,27 @@ def test_mask_userinfo_masks_up_to_the_last_at(text, shown):
 
 
 @pytest.mark.parametrize("text", ["http://alice:80/pw@10.0.0.1/v1", "https://alice:80?x@example.org/",
-                                  "https://alice#pw@example.org/", "https://example.org/v1?mail=a@b.org"])
-def test_an_at_after_the_host_is_refused_not_read_as_a_path(text):
-    """A password holding an unencoded '/', '?' or '#' ends the host early: every URL parser then reads the user
-    name as the host and the password as the port or path. Refused, as no reading is safe; encoded, it is read."""
-    with pytest.raises(ValueError, match=r"^'[^']*\*\*\*@[^']*' holds an '@' after its host: percent-encode"):
+                                  "https://alice:443#pw@example.org/", "https://alice:/pw@example.org/",
+                                  "https://example.org:8443/v1?mail=a@b.org"])
+def test_an_at_after_a_host_and_port_is_refused_not_read_as_a_path(text):
+    """A password of digits holding an unencoded '/', '?' or '#' ends the host early: every URL parser then reads
+    the user name as the host and the password as the port. Refused, as no reading is safe; encoded, it is read."""
+    with pytest.raises(ValueError, match=r"^'[^']*\*\*\*@[^']*' holds an '@' after its host and port: percent-enc"):
         parse_address(text)
     assert host_entry(text) == ""
     assert parse_address("http://alice:80%2Fpw@10.0.0.1/v1") == Address("http", "10.0.0.1", None)
+
+
+@pytest.mark.parametrize("text, host", [("https://cdn.jsdelivr.net/gh/org/repo@main/x", "cdn.jsdelivr.net"),
+                                        ("https://registry.npmjs.org/@scope/pkg", "registry.npmjs.org"),
+                                        ("https://example.org/v1?mail=a@b.org", "example.org"),
+                                        ("https://[::1]/a@b", "[::1]")])
+def test_an_at_in_the_path_or_query_of_a_host_without_port_is_the_paths(text, host):
+    """Without a ':' in the authority no password can have been cut short there (a cut user name alone would
+    be read as the host, and no credential goes to it): the '@' is the path's or query's, as every URL parser
+    reads it."""
+    assert parse_address(text).name == host
+    assert host_entry(text) == host
 
 
 @pytest.mark.parametrize("text", ["https://evil.example\\.physionet.org/files/", "https://evil.example\\@good.example/",

@@ -589,10 +589,10 @@ class URLTemplateSource:
             address = parse_address(template)
         except ValueError:  # (its message would quote a ?token= of the template)
             raise ValueError(
-                f"URL template {_redact_url(template)!r}: its host cannot be read, or an '@' follows it. A port is "
-                "a number from 0 to 65535, an IPv6 address has no zone id, a host holds no backslash, and a '/', "
-                "'?', '#', '@' or backslash in a user name or password is percent-encoded (%2F, %3F, %23, %40, %5C), "
-                "as is an '@' in the path or query") from None
+                f"URL template {_redact_url(template)!r}: its host cannot be read, or an '@' follows its host and "
+                "port. A port is a number from 0 to 65535, an IPv6 address has no zone id, a host holds no "
+                "backslash, and a '/', '?', '#', '@' or backslash in a user name or password is percent-encoded "
+                "(%2F, %3F, %23, %40, %5C), as is an '@' in the path or query of a root with a port") from None
         parts = urlsplit(template)
         if address.scheme not in ("http", "https") or not address.name:
             raise ValueError(f"URL template {_redact_url(template)!r} must be an http(s) URL with a host")

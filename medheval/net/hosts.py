@@ -19,8 +19,8 @@ they count as host names, so never as local, and match only the same spelling.
 without brackets; anything else is False); :func:`is_local_url` reads a URL's host first.
 
 :func:`mask_userinfo` is how a message shows such a text: nothing of a user-info (``user:password@``), whatever
-it holds; :func:`parse_address` refuses a text with an ``@`` after its host, where a password holding ``/`` would
-be read as the host.
+it holds; :func:`parse_address` refuses a text with an ``@`` after a ``host:port``, where a password holding ``/``
+would be read as the port (and the user name as the host).
 
 :func:`check_host_entry` is the rule for an entry of a list of hosts the user names (``--api-key-host``,
 ``--proxy-for``, ``--allow-remote-credentialed``, ``MEDHEVAL_IMAGE_HOST`` …): a host, ``host:port`` or URL.
@@ -34,7 +34,7 @@ import re
 import socket
 from collections.abc import Collection
 from typing import Callable
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 _PRIVATE_NETWORKS = tuple(
     ipaddress.ip_network(net)
@@ -178,12 +178,22 @@ class Address:
         return f"{self.name}:{self.port}" if self.name and self.port is not None else self.name
 
 
+def _cut_userinfo(parts: SplitResult) -> bool:
+    """Whether ``parts`` may be a ``user:password@host`` cut short by a ``/``, ``?`` or ``#`` in the password: an
+    ``@`` after an authority that holds a ``:`` outside an IPv6 literal's brackets (``http://alice:80/pw@10.0.0.1``:
+    read as host ``alice``, port 80; ``http://u:p@h://x@10.0.0.1``: host ``h``). Without a ``:`` there
+    (``https://cdn.jsdelivr.net/gh/org/repo@main/``, ``https://example.org/@scope/x``, ``?mail=a@b.org``) no
+    password was cut short, and the ``@`` is the path's or query's."""
+    authority = re.sub(r"\[[^\]]*\]", "", parts.netloc)
+    return ":" in authority and "@" in parts.path + parts.query + parts.fragment
+
+
 def parse_address(value: str) -> Address:
     """The :class:`Address` of a host name, ``host:port``, IPv6 literal or URL (text with ``://``); user-info,
     path and query are dropped; an IP literal is spelled canonically (:class:`Address`). ``ValueError`` naming the
     text (its user-info masked) when it cannot be parsed (a port that is not a number from 0 to 65535, an unclosed
-    ``[``), names an IPv6 zone id, holds an ``@`` after its host (a password with an unencoded ``/`` would
-    otherwise be read as the host) or a backslash before its path (``https://evil.example\\.physionet.org/``:
+    ``[``), names an IPv6 zone id, holds an ``@`` after a ``host:port`` (:func:`_cut_userinfo`: a password
+    with an unencoded ``/`` would otherwise be read as the port) or a backslash before its path (``https://evil.example\\.physionet.org/``:
     ``evil.example\\.physionet.org`` here, ``evil.example`` to requests, which ends the host at a backslash)."""
     text = value.strip()
     if ":" in text and "://" not in text and "[" not in text and _ip_literal(text) is not None:
@@ -197,10 +207,10 @@ def parse_address(value: str) -> Address:
         raise ValueError(
             f"{_shown(text)} holds a backslash before its path, where the HTTP library reads the host as ending "
             "while this reading goes on: percent-encode one in a user name or password (%5C)")
-    if "@" in parts.path + parts.query + parts.fragment:  # which "@" ends a user-info? no reading is safe
+    if _cut_userinfo(parts):  # which "@" ends a user-info? no reading is safe
         raise ValueError(
-            f"{_shown(text)} holds an '@' after its host: percent-encode a '/', '?' or '#' in a user name or "
-            "password (%2F, %3F, %23) and an '@' in a path or query (%40)")
+            f"{_shown(text)} holds an '@' after its host and port: percent-encode a '/', '?' or '#' in a user name "
+            "or password (%2F, %3F, %23), or an '@' in a path or query (%40)")
     bracketed = parts.netloc.rpartition("@")[2].startswith("[")
     return Address(parts.scheme.lower(), _canonical_host(host, text, bracketed), port)
 
