@@ -185,7 +185,7 @@ def test_redirect_origins_and_approvals_compare_canonical_ips():
 @pytest.mark.parametrize("entry, says", [
     ("example.org/v1", r"'example.org/v1' is neither a host nor a URL: give either the host \(example.org\), which "
                        r"names every path on it, or a base URL with its scheme \(https://example.org/v1\)"),
-    ("example.org:8443/v1?x=1", r"'example.org:8443/v1\?x=1' is neither a host nor a URL: give either the host "
+    ("example.org:8443/v1?x=1", r"'example.org:8443/v1\?x=\*\*\*' is neither a host nor a URL: give either the host "
                                 r"\(example.org:8443\)"),
     ("user:pw-secret@example.org", r"'\*\*\*@example.org' is neither a host nor a URL: give either the host "
                                    r"\(example.org\), which names every path on it, or a base URL with its scheme "
@@ -448,3 +448,15 @@ def test_a_backslash_before_the_path_is_refused(text):
         parse_address(text)
     assert host_entry(text) == "" and not host_named(text, {"physionet.org", "good.example", "10.0.0.1"})
     assert parse_address("https://CORP%5Cbob:pw@good.example/a\\b") == Address("https", "good.example", None)
+
+
+@pytest.mark.parametrize("text", ["https://gw.example.org:8443/v1?user=a@b.org&api-key=kq-canary-1",
+                                  "https://gw.example.org:abc/v1?api-key=kq-canary-1",
+                                  "https://u:p?a=kq-canary-1@gw.example.org:8443/v1?x@y",
+                                  "gw.example.org:8443/v1?sig=kq-canary-1&x=@"])
+def test_a_host_error_shows_no_query_value(text):
+    """A host error quotes the text it refuses: its user-info masked first (up to the last '@', which may stand
+    in a query), then every query value, so a key or signature in the query never shows."""
+    with pytest.raises(ValueError) as info:
+        parse_address(text)
+    assert "kq-canary" not in str(info.value) and "***" in str(info.value)

@@ -70,9 +70,18 @@ def _parse_error(text: str, error: ValueError) -> str:
     return "its host or port cannot be read" if "@" in text else str(error)
 
 
+_QUERY_VALUE = re.compile(r"([?&;][^=&;#?]*=)[^&;#]*")
+
+
+def _masked(text: str) -> str:
+    """``text`` with its user-info masked (:func:`mask_userinfo`), then every query value (``?name=value``,
+    ``&name=value``: a key or signature in a query is no part of a host) as ``***``."""
+    return _QUERY_VALUE.sub(r"\1***", mask_userinfo(text))
+
+
 def _shown(text: str) -> str:
-    """``text`` as an error message quotes it: user-info masked (:func:`mask_userinfo`), cut to 80 characters."""
-    return repr(mask_userinfo(text)[:80])
+    """``text`` as an error message quotes it: :func:`_masked`, cut to 80 characters."""
+    return repr(_masked(text)[:80])
 
 
 def _canonical_host(host: str, text: str, bracketed: bool = False) -> str:
@@ -264,7 +273,7 @@ def check_host_entry(text: str, where: str = "") -> str:
     if "://" not in entry and not is_host_form(entry):
         raise ValueError(
             f"{prefix}{_shown(entry)} is neither a host nor a URL: give either the host ({address.netloc}), which "
-            f"names every path on it, or a base URL with its scheme (https://{mask_userinfo(entry)[:80]})")
+            f"names every path on it, or a base URL with its scheme (https://{_masked(entry)[:80]})")
     return entry
 
 
