@@ -169,6 +169,22 @@ def test_radcliq_components_numpy_numbers_count_and_percentages_are_refused():
     assert out["n"] == 1 and out["skipped"] == {"1": ["semb_score"]}
 
 
+def test_radcliq_components_at_float32_rounding_of_their_bound_are_accepted():
+    """Reproduction: the float32 scores of an identical pair, bert_score's baseline-rescaled F1 1.0000006 and a
+    float32 cosine 1.0000001, were refused as "bertscore[0] is 1.0000005960464478, above 1; ... divide it by
+    100" (a slack of 1e-9, below float32's step of 1.2e-7 at 1); they scored before the range check."""
+    base = dict(radgraph_combined=[1.0, 0.4], bertscore=[1.0000005960464478, 0.7],
+                semb_score=[float(np.float32(1.0000001)), 0.2], bleu_score=[1.0, 0.1])
+    out = compute("radcliq", ["a", "b"], ["a", "c"], **base)
+    assert out["n"] == 2 and out["n_skipped"] == 0
+    assert compute("radcliq", ["a", "b"], ["a", "c"], **{**base, "semb_score": np.array([1.0000001, 0.2],
+                                                                                         dtype=np.float32)})["n"] == 2
+    with pytest.raises(ValueError, match=r"^bertscore\[0\] is 1\.001, above 1"):  # past rounding: refused
+        compute("radcliq", ["a", "b"], ["a", "c"], **{**base, "bertscore": [1.001, 0.7]})
+    with pytest.raises(ValueError, match=r"^semb_score\[1\] is -1\.001, outside \[-1, 1\]"):
+        compute("radcliq", ["a", "b"], ["a", "c"], **{**base, "semb_score": [0.3, -1.001]})
+
+
 def test_radgraph_f1_names_a_malformed_given_graph():
     """Reproduction: a graph that is not a dict failed with "a RadGraph graph must be a dict ...", no index."""
     graph = {"text": "x", "entities": {}}

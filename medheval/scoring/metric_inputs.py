@@ -310,11 +310,17 @@ def per_item_column(name: str, values: Iterable[Any] | None, n: int, missing: An
     return values
 
 
+# How far past its bound a value may lie and still be taken as rounding: float32 scores (bert_score's F1, rescaled
+# by 1/(1 - baseline); a float32 cosine) of an identical pair land up to a few 1e-7 above 1, a percentage far out.
+_ROUNDING = 1e-5
+
+
 def number_column(name: str, values: Iterable[Any] | None, n: int, low: float = -math.inf,
                   high: float = math.inf, hint: str = "") -> list[float | None] | None:
     """A per-item numeric input as floats (numpy scalars included); ``None``, NaN and infinities are ``None``
     (missing: the caller skips and counts the item). A value that is not a number (a string, a list, a bool)
-    or lies outside ``[low, high]`` (beyond float rounding) is a ``ValueError`` naming ``name[index]``."""
+    or lies outside ``[low, high]`` (beyond float32 rounding, :data:`_ROUNDING`) is a ``ValueError`` naming
+    ``name[index]``."""
     column = per_item_column(name, values, n)
     if column is None:
         return None
@@ -329,7 +335,7 @@ def number_column(name: str, values: Iterable[Any] | None, n: int, low: float = 
         if not math.isfinite(number):
             out.append(None)
             continue
-        if not low - 1e-9 <= number <= high + 1e-9:
+        if not low - _ROUNDING <= number <= high + _ROUNDING:
             span = f"outside [{low:g}, {high:g}]" if math.isfinite(low) else f"above {high:g}"
             raise ValueError(f"{name}[{index}] is {number!r}, {span}{'; ' + hint if hint else ''}")
         out.append(number)
