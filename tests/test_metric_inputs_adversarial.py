@@ -212,6 +212,20 @@ def test_clinhallu_judgements_are_whole_numbers_not_coerced():
     assert clinhallu.compute(**{**base, "correct": pd.Series([1.0, 0.0])}) == expected
 
 
+def test_clinhallu_numpy_bool_judgements_score_as_python_bools():
+    """Reproduction: correct=np.array([True, False]) (a bool column's .to_numpy()) was refused with "correct[0] is
+    bool np.True_, not a number" while [True, False] scored; it scored before the per-index checks too. A pandas
+    "boolean" column (True / False / <NA>) reads the same."""
+    base = dict(correct=[1, 0], correct_rep_v=[1, 1], correct_rep_k=[0, 1], correct_rep_vk=[1, 0], h_v=[0, 1],
+                h_k=[0, 0], h_r=[1, 0])
+    clinhallu = metric("clinhallu")
+    expected = clinhallu.compute(**{**base, "correct": [True, False]})
+    assert clinhallu.compute(**{**base, "correct": np.array([True, False])}) == expected
+    assert clinhallu.compute(**{**base, "h_v": np.array([False, True])}) == expected
+    assert (clinhallu.compute(**{**base, "correct": pd.array([True, None], dtype="boolean")})
+            == clinhallu.compute(**{**base, "correct": [1, None]}))
+
+
 # -- the judge metrics ------------------------------------------------------------------------------------------
 
 

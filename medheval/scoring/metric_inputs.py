@@ -18,6 +18,8 @@ import numbers
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 _MISSING = object()
 
 # What to pass instead of None, per input of the metric modules.
@@ -45,6 +47,11 @@ def _missing(value: Any) -> bool:
         return True
     return (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
             and math.isnan(value))
+
+
+def _is_bool(value: Any) -> bool:
+    """Python's or numpy's bool (numpy 2 names its type ``bool``, numpy 1 ``bool_``; it is no ``numbers.Real``)."""
+    return isinstance(value, (bool, np.bool_))
 
 
 def _preview(value: Any, limit: int = 60) -> str:
@@ -128,10 +135,12 @@ def _item_problem(kind: str, value: Any, feature: Any) -> str | None:
                 return f"[{j}] {problem}"
         return None
     if kind == "bool":
-        if isinstance(value, bool) or type(value).__name__ == "bool_":
+        if _is_bool(value):
             return None
         return f"is {_described(value)}, not a bool"
     if kind in ("int", "float"):
+        if _is_bool(value):  # numpy's bool too (a bool column's .to_numpy()), as Python's bool counts as 0/1
+            value = bool(value)
         if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Real):
             return f"is {_described(value)}, not a number"
         if kind == "int":
@@ -329,7 +338,7 @@ def number_column(name: str, values: Iterable[Any] | None, n: int, low: float = 
         if value is None or type(value).__name__ == "NAType":
             out.append(None)
             continue
-        if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real):
+        if _is_bool(value) or not isinstance(value, numbers.Real):
             raise ValueError(f"{name}[{index}] is {_described(value)}; pass a number (None where it is missing)")
         number = float(value)
         if not math.isfinite(number):
