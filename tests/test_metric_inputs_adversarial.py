@@ -127,6 +127,27 @@ def test_close_ended_accuracy_names_bad_per_item_inputs():
     assert out["accuracy_by_category"] == {"a": 1.0}
 
 
+def test_choices_as_numpy_arrays_score_as_lists():
+    """Reproduction: a list column of ``Dataset.to_pandas()`` (or a parquet file read by pandas) holds a numpy
+    array per cell; choices=df["choices"] failed with "The truth value of an array with more than one element is
+    ambiguous" (close_ended_accuracy, in default and upstream mode, and medihall_score)."""
+    import datasets
+
+    frame = datasets.Dataset.from_dict({
+        "answer": ["Pneumonia", "yes", "Left"], "answer_type": ["multiple_choice", "yes_no", "multiple_choice"],
+        "choices": [["Pleural effusion", "Pneumonia"], [], ["Left", "Right", "Both"]]}).to_pandas()
+    assert isinstance(frame["choices"][0], np.ndarray)
+    args = dict(predictions=["B", "yes", "A. Left"], references=frame["answer"], answer_types=frame["answer_type"])
+    acc = metric("close_ended_accuracy")
+    for upstream in (False, True):
+        expected = acc.compute(**args, choices=[list(c) for c in frame["choices"]], upstream_compat=upstream)
+        assert acc.compute(**args, choices=frame["choices"], upstream_compat=upstream) == expected
+    assert expected["accuracy"] == 1.0
+    score, args = metric("medihall_score"), {**args, "answer_types": list(frame["answer_type"])}
+    expected = score.compute(**args, choices=[list(c) for c in frame["choices"]])
+    assert score.compute(**args, choices=frame["choices"]) == expected
+
+
 def test_medihall_score_names_bad_per_item_inputs():
     """Reproduction: answer_types=["open", 5] failed with "'int' object has no attribute 'strip'"."""
     with pytest.raises(ValueError, match=r"^answer_types\[1\] is int 5; pass a string \(or None\)"):

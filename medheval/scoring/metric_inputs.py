@@ -319,6 +319,16 @@ def per_item_column(name: str, values: Iterable[Any] | None, n: int, missing: An
     return values
 
 
+def options_column(name: str, values: Iterable[Any] | None, n: int, missing: Any = _MISSING) -> list[Any] | None:
+    """:func:`per_item_column` of per-item option lists (``choices``): an item given as a numpy array (each cell of
+    a list column of ``Dataset.to_pandas()``, or of a parquet file read by pandas) becomes a list, as a numpy
+    array has no truth value to test for "no options"."""
+    column = per_item_column(name, values, n, missing)
+    if column is None:
+        return None
+    return [value.tolist() if type(value).__name__ == "ndarray" else value for value in column]
+
+
 # How far past its bound a value may lie and still be taken as rounding: float32 scores (bert_score's F1, rescaled
 # by 1/(1 - baseline); a float32 cosine) of an identical pair land up to a few 1e-7 above 1, a percentage far out.
 _ROUNDING = 1e-5
