@@ -127,6 +127,27 @@ def test_close_ended_accuracy_names_bad_per_item_inputs():
     assert out["accuracy_by_category"] == {"a": 1.0}
 
 
+def test_choices_as_numpy_arrays_score_as_lists():
+    """Reproduction: a list column of ``Dataset.to_pandas()`` (or a parquet file read by pandas) holds a numpy
+    array per cell; choices=df["choices"] failed with "The truth value of an array with more than one element is
+    ambiguous" (close_ended_accuracy, in default and upstream mode, and medihall_score)."""
+    import datasets
+
+    frame = datasets.Dataset.from_dict({
+        "answer": ["Pneumonia", "yes", "Left"], "answer_type": ["multiple_choice", "yes_no", "multiple_choice"],
+        "choices": [["Pleural effusion", "Pneumonia"], [], ["Left", "Right", "Both"]]}).to_pandas()
+    assert isinstance(frame["choices"][0], np.ndarray)
+    args = dict(predictions=["B", "yes", "A. Left"], references=frame["answer"], answer_types=frame["answer_type"])
+    acc = metric("close_ended_accuracy")
+    for upstream in (False, True):
+        expected = acc.compute(**args, choices=[list(c) for c in frame["choices"]], upstream_compat=upstream)
+        assert acc.compute(**args, choices=frame["choices"], upstream_compat=upstream) == expected
+    assert expected["accuracy"] == 1.0
+    score, args = metric("medihall_score"), {**args, "answer_types": list(frame["answer_type"])}
+    expected = score.compute(**args, choices=[list(c) for c in frame["choices"]])
+    assert score.compute(**args, choices=frame["choices"]) == expected
+
+
 def test_medihall_score_names_bad_per_item_inputs():
     """Reproduction: answer_types=["open", 5] failed with "'int' object has no attribute 'strip'"."""
     with pytest.raises(ValueError, match=r"^answer_types\[1\] is int 5; pass a string \(or None\)"):
@@ -169,6 +190,22 @@ def test_radcliq_components_numpy_numbers_count_and_percentages_are_refused():
     assert out["n"] == 1 and out["skipped"] == {"1": ["semb_score"]}
 
 
+def test_radcliq_components_at_float32_rounding_of_their_bound_are_accepted():
+    """Reproduction: the float32 scores of an identical pair, bert_score's baseline-rescaled F1 1.0000006 and a
+    float32 cosine 1.0000001, were refused as "bertscore[0] is 1.0000005960464478, above 1; ... divide it by
+    100" (a slack of 1e-9, below float32's step of 1.2e-7 at 1); they scored before the range check."""
+    base = dict(radgraph_combined=[1.0, 0.4], bertscore=[1.0000005960464478, 0.7],
+                semb_score=[float(np.float32(1.0000001)), 0.2], bleu_score=[1.0, 0.1])
+    out = compute("radcliq", ["a", "b"], ["a", "c"], **base)
+    assert out["n"] == 2 and out["n_skipped"] == 0
+    assert compute("radcliq", ["a", "b"], ["a", "c"], **{**base, "semb_score": np.array([1.0000001, 0.2],
+                                                                                         dtype=np.float32)})["n"] == 2
+    with pytest.raises(ValueError, match=r"^bertscore\[0\] is 1\.001, above 1"):  # past rounding: refused
+        compute("radcliq", ["a", "b"], ["a", "c"], **{**base, "bertscore": [1.001, 0.7]})
+    with pytest.raises(ValueError, match=r"^semb_score\[1\] is -1\.001, outside \[-1, 1\]"):
+        compute("radcliq", ["a", "b"], ["a", "c"], **{**base, "semb_score": [0.3, -1.001]})
+
+
 def test_radgraph_f1_names_a_malformed_given_graph():
     """Reproduction: a graph that is not a dict failed with "a RadGraph graph must be a dict ...", no index."""
     graph = {"text": "x", "entities": {}}
@@ -194,6 +231,20 @@ def test_clinhallu_judgements_are_whole_numbers_not_coerced():
     # pandas' float columns (1.0 / 0.0 / NaN) still read as judgements
     expected = clinhallu.compute(**base)
     assert clinhallu.compute(**{**base, "correct": pd.Series([1.0, 0.0])}) == expected
+
+
+def test_clinhallu_numpy_bool_judgements_score_as_python_bools():
+    """Reproduction: correct=np.array([True, False]) (a bool column's .to_numpy()) was refused with "correct[0] is
+    bool np.True_, not a number" while [True, False] scored; it scored before the per-index checks too. A pandas
+    "boolean" column (True / False / <NA>) reads the same."""
+    base = dict(correct=[1, 0], correct_rep_v=[1, 1], correct_rep_k=[0, 1], correct_rep_vk=[1, 0], h_v=[0, 1],
+                h_k=[0, 0], h_r=[1, 0])
+    clinhallu = metric("clinhallu")
+    expected = clinhallu.compute(**{**base, "correct": [True, False]})
+    assert clinhallu.compute(**{**base, "correct": np.array([True, False])}) == expected
+    assert clinhallu.compute(**{**base, "h_v": np.array([False, True])}) == expected
+    assert (clinhallu.compute(**{**base, "correct": pd.array([True, None], dtype="boolean")})
+            == clinhallu.compute(**{**base, "correct": [1, None]}))
 
 
 # -- the judge metrics ------------------------------------------------------------------------------------------

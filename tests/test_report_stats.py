@@ -393,6 +393,17 @@ def test_a_figure_without_spread_gets_no_zero_width_interval():
 # --- BCa: bias-corrected and accelerated interval (Efron 1987) for figures that are not 0/1 -------------------
 
 
+def test_alike_items_in_units_of_unequal_size_get_no_interval_from_rounding():
+    """Reproduction: every item 0.7 over image clusters of 1 to 3 items gave the interval (0.6999999999999997,
+    0.7000000000000001) (a resample's Σ/D rounds in its last bits), shown as [70.0, 70.0], not "no interval";
+    so did a ratio whose every item is 0.1 of its denominator (0.1/1, 0.2/2, 0.3/3)."""
+    labels = ["a", "a", "a", "b", "c", "c", "d", "e", "e", "e", "f", "g"]
+    assert figure_interval([0.7] * 12, clusters=labels) == (None, NO_SPREAD)
+    assert figure_interval([0.1, 0.2, 0.3] * 4, denominators=[1.0, 2.0, 3.0] * 4) == (None, NO_SPREAD)
+    near = [0.7] * 11 + [0.7 + 1e-6]  # a real (if tiny) spread keeps its interval
+    assert figure_interval(near, clusters=labels)[0] is not None
+
+
 def test_bca_acceleration_of_a_hand_worked_jackknife():
     """Items 1, 2, 3, 10: leave-one-out means 5, 14/3, 13/3, 2, their mean 4, u = 4 − θ₍i₎ = −1, −2/3, −1/3, 2;
     Σu² = 50/9, Σu³ = 20/3, a = (20/3) / (6 (50/9)^{3/2}) = 3/(25√2) = 0.0848528 (the long right tail: a > 0).

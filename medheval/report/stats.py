@@ -424,7 +424,8 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
                         clusters=clusters if is_clustered(clusters) else None)
         if skewed is not None:
             interval = (min(interval[0], skewed[0]), max(interval[1], skewed[1]))
-    if interval is not None and interval[0] == interval[1]:
+    # every item alike: all resamples give the figure, up to the last bits of a resample's Σ/D (units of unequal size)
+    if interval is not None and math.isclose(interval[0], interval[1], rel_tol=1e-12, abs_tol=1e-15):
         return None, NO_SPREAD
     return interval, None if interval is not None else NO_DENOMINATOR
 

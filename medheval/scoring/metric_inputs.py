@@ -18,6 +18,8 @@ import numbers
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 _MISSING = object()
 
 # What to pass instead of None, per input of the metric modules.
@@ -45,6 +47,11 @@ def _missing(value: Any) -> bool:
         return True
     return (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
             and math.isnan(value))
+
+
+def _is_bool(value: Any) -> bool:
+    """Python's or numpy's bool (numpy 2 names its type ``bool``, numpy 1 ``bool_``; it is no ``numbers.Real``)."""
+    return isinstance(value, (bool, np.bool_))
 
 
 def _preview(value: Any, limit: int = 60) -> str:
@@ -128,10 +135,12 @@ def _item_problem(kind: str, value: Any, feature: Any) -> str | None:
                 return f"[{j}] {problem}"
         return None
     if kind == "bool":
-        if isinstance(value, bool) or type(value).__name__ == "bool_":
+        if _is_bool(value):
             return None
         return f"is {_described(value)}, not a bool"
     if kind in ("int", "float"):
+        if _is_bool(value):  # numpy's bool too (a bool column's .to_numpy()), as Python's bool counts as 0/1
+            value = bool(value)
         if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Real):
             return f"is {_described(value)}, not a number"
         if kind == "int":
@@ -310,11 +319,27 @@ def per_item_column(name: str, values: Iterable[Any] | None, n: int, missing: An
     return values
 
 
+def options_column(name: str, values: Iterable[Any] | None, n: int, missing: Any = _MISSING) -> list[Any] | None:
+    """:func:`per_item_column` of per-item option lists (``choices``): an item given as a numpy array (each cell of
+    a list column of ``Dataset.to_pandas()``, or of a parquet file read by pandas) becomes a list, as a numpy
+    array has no truth value to test for "no options"."""
+    column = per_item_column(name, values, n, missing)
+    if column is None:
+        return None
+    return [value.tolist() if type(value).__name__ == "ndarray" else value for value in column]
+
+
+# How far past its bound a value may lie and still be taken as rounding: float32 scores (bert_score's F1, rescaled
+# by 1/(1 - baseline); a float32 cosine) of an identical pair land up to a few 1e-7 above 1, a percentage far out.
+_ROUNDING = 1e-5
+
+
 def number_column(name: str, values: Iterable[Any] | None, n: int, low: float = -math.inf,
                   high: float = math.inf, hint: str = "") -> list[float | None] | None:
     """A per-item numeric input as floats (numpy scalars included); ``None``, NaN and infinities are ``None``
     (missing: the caller skips and counts the item). A value that is not a number (a string, a list, a bool)
-    or lies outside ``[low, high]`` (beyond float rounding) is a ``ValueError`` naming ``name[index]``."""
+    or lies outside ``[low, high]`` (beyond float32 rounding, :data:`_ROUNDING`) is a ``ValueError`` naming
+    ``name[index]``."""
     column = per_item_column(name, values, n)
     if column is None:
         return None
@@ -323,13 +348,13 @@ def number_column(name: str, values: Iterable[Any] | None, n: int, low: float = 
         if value is None or type(value).__name__ == "NAType":
             out.append(None)
             continue
-        if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real):
+        if _is_bool(value) or not isinstance(value, numbers.Real):
             raise ValueError(f"{name}[{index}] is {_described(value)}; pass a number (None where it is missing)")
         number = float(value)
         if not math.isfinite(number):
             out.append(None)
             continue
-        if not low - 1e-9 <= number <= high + 1e-9:
+        if not low - _ROUNDING <= number <= high + _ROUNDING:
             span = f"outside [{low:g}, {high:g}]" if math.isfinite(low) else f"above {high:g}"
             raise ValueError(f"{name}[{index}] is {number!r}, {span}{'; ' + hint if hint else ''}")
         out.append(number)

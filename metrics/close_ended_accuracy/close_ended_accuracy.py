@@ -192,7 +192,7 @@ class CloseEndedAccuracy(medheval.scoring.metric_inputs.NoneChecked, evaluate.Me
                 f"and answer_types ({len(answer_types)})"
             )
         inputs = medheval.scoring.metric_inputs
-        choices = inputs.per_item_column("choices", choices, n)
+        choices = inputs.options_column("choices", choices, n)
         categories = inputs.per_item_column("categories", categories, n, kind="label")
         raw_choices = inputs.per_item_column("raw_choices", raw_choices, n, kind="text")
         questions = inputs.per_item_column("questions", questions, n, kind="text")

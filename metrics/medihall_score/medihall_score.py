@@ -198,7 +198,7 @@ class MedihallScore(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric)
             question_types if question_types is not None else categories, n, missing=None, kind="label")
         answer_types = medheval.scoring.metric_inputs.per_item_column("answer_types", answer_types, n, missing=None,
                                                                      kind="text")
-        choices = medheval.scoring.metric_inputs.per_item_column("choices", choices, n, missing=None)
+        choices = medheval.scoring.metric_inputs.options_column("choices", choices, n, missing=None)
         credentialed = medheval.scoring.metric_inputs.credentialed_column(credentialed, n)
         images = medheval.scoring.metric_inputs.per_item_column("images", images, n, missing=None)
         ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in medheval.scoring.metric_inputs.per_item_column("ids", ids, n, missing=None)]
