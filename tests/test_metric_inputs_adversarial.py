@@ -298,3 +298,13 @@ def test_shared_checks_directly():
     with pytest.raises(ValueError, match=r"^sources is a DataFrame: pass one of its columns"):
         per_item_column("sources", pd.DataFrame({"a": [1, 2, 3]}), 3)  # iterating it gives the column names
     assert number_column("x", [np.float32(0.5), None, math.nan, math.inf], 4, 0, 1) == [0.5, None, None, None]
+
+
+def test_medihall_score_takes_its_answer_types_as_a_pandas_series():
+    """``answer_types=df["type"]`` failed with "The truth value of a Series is ambiguous" where the task is
+    chosen (irg when every type is "report"); a Series now scores as its list does."""
+    args = dict(predictions=["Yes", "No"], references=["yes", "yes"])
+    types = ["yes_no", "yes_no"]
+    expected = metric("medihall_score").compute(**args, answer_types=types)
+    for convert in (lambda v: pd.Series(v, index=[3, 5]), np.array):
+        assert metric("medihall_score").compute(**args, answer_types=convert(types)) == expected

@@ -180,8 +180,9 @@ class MedihallScore(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric)
         rule_without_reference=False,
     ):
         mh = medheval.families.med_hallmark
-        if task is None:
-            task = "irg" if answer_types and all(t == "report" for t in answer_types) else "vqa"
+        if task is None:  # (answer_types may be a pandas Series or numpy array: no truth value of its own)
+            types = [] if answer_types is None else list(answer_types)
+            task = "irg" if types and all(t == "report" for t in types) else "vqa"
         if prompt_style not in mh.PROMPT_STYLES:
             raise ValueError(f"prompt_style must be one of {mh.PROMPT_STYLES}, got {prompt_style!r}")
         if task not in _TASKS:
