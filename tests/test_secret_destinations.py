@@ -213,14 +213,21 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802
         type(self).seen.append(self.headers.get("Authorization"))
-        body = b"\x89PNG\r\n\x1a\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _reply(self)
 
     def log_message(self, *args):
         pass
+
+
+def _reply(handler: http.server.BaseHTTPRequestHandler, location: str | None = None) -> None:
+    """A PNG signature with status 200, or an empty 302 to ``location``."""
+    body = b"" if location else b"\x89PNG\r\n\x1a\n"
+    handler.send_response(302 if location else 200)
+    if location:
+        handler.send_header("Location", location)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 @pytest.fixture()
@@ -354,14 +361,7 @@ class _Redirecting(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802
         type(self).seen.append((self.path, self.headers.get("Authorization")))
-        target = self.moves.get(self.path.removeprefix("/go/")) if self.path.startswith("/go/") else None
-        body = b"" if target else b"\x89PNG\r\n\x1a\n"
-        self.send_response(302 if target else 200)
-        if target:
-            self.send_header("Location", target)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _reply(self, self.moves.get(self.path.removeprefix("/go/")) if self.path.startswith("/go/") else None)
 
     def log_message(self, *args):
         pass
