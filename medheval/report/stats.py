@@ -259,7 +259,11 @@ def bootstrap_ci(values: Sequence[float], denominators: Sequence[float] | None =
     ``clusters`` (one label per item) resamples whole clusters instead of items (module docstring)."""
     if len(values) == 0:
         return None
-    flat = bootstrap_distribution(values, denominators, clusters, n_boot, seed)
+    return _percentile_interval(bootstrap_distribution(values, denominators, clusters, n_boot, seed), level)
+
+
+def _percentile_interval(flat: np.ndarray, level: float) -> tuple[float, float] | None:
+    """The ``level`` percentile interval of the replicates ``flat``; ``None`` with none."""
     if flat.size == 0:
         return None
     alpha = (1 - level) / 2
@@ -312,7 +316,13 @@ def bca_ci(values: Sequence[float], denominators: Sequence[float] | None = None,
     replicate, or an estimate or acceleration that is not a number (a NaN input)."""
     if len(values) == 0:
         return None
-    flat = bootstrap_distribution(values, denominators, clusters, n_boot, seed)
+    return _bca_interval(bootstrap_distribution(values, denominators, clusters, n_boot, seed), values, denominators,
+                         clusters, level)
+
+
+def _bca_interval(flat: np.ndarray, values: Sequence[float], denominators: Sequence[float] | None,
+                  clusters: Sequence[object] | None, level: float) -> tuple[float, float] | None:
+    """:func:`bca_ci` from the replicates ``flat`` of the same data and units."""
     x = np.asarray(values, dtype=float)
     d = np.ones_like(x) if denominators is None else np.asarray(denominators, dtype=float)
     if clusters is not None:
@@ -410,18 +420,20 @@ def figure_interval(values: Sequence[float], denominators: Sequence[float] | Non
     if units < MIN_CLUSTERS:
         exact = _exact_all_alike(values, denominators, clusters) if binary else None
         return (exact, None) if exact is not None else (None, FEW_CLUSTERS)
-    interval = bootstrap_ci(values, denominators, level=expanded_level(LEVEL, len(values)))
-    if is_clustered(clusters):
-        clustered = bootstrap_ci(values, denominators, clusters=clusters, level=expanded_level(LEVEL, units))
-        if interval is None or clustered is None:
-            interval = interval or clustered
+    unit_clusters = clusters if is_clustered(clusters) else None
+    unit_level = expanded_level(LEVEL, units)
+    replicates = bootstrap_distribution(values, denominators, unit_clusters)  # the units': percentiles and BCa
+    interval = _percentile_interval(replicates, unit_level)
+    if unit_clusters is not None:
+        items = bootstrap_ci(values, denominators, level=expanded_level(LEVEL, len(values)))
+        if interval is None or items is None:
+            interval = items or interval
         else:
-            interval = (min(interval[0], clustered[0]), max(interval[1], clustered[1]))
+            interval = (min(items[0], interval[0]), max(items[1], interval[1]))
     if binary and interval is not None and _of_trials(values, denominators):
-        return _binomial_hull(interval, values, denominators, clusters if is_clustered(clusters) else None), None
+        return _binomial_hull(interval, values, denominators, unit_clusters), None
     if interval is not None and math.isfinite(interval[0]) and math.isfinite(interval[1]):
-        skewed = bca_ci(values, denominators, level=expanded_level(LEVEL, units),
-                        clusters=clusters if is_clustered(clusters) else None)
+        skewed = _bca_interval(replicates, values, denominators, unit_clusters, unit_level)
         if skewed is not None:
             interval = (min(interval[0], skewed[0]), max(interval[1], skewed[1]))
     # every item alike: all resamples give the figure, up to the last bits of a resample's Σ/D (units of unequal size)

@@ -326,7 +326,7 @@ def options_column(name: str, values: Iterable[Any] | None, n: int, missing: Any
     column = per_item_column(name, values, n, missing)
     if column is None:
         return None
-    return [value.tolist() if type(value).__name__ == "ndarray" else value for value in column]
+    return [value.tolist() if isinstance(value, np.ndarray) else value for value in column]
 
 
 # How far past its bound a value may lie and still be taken as rounding: float32 scores (bert_score's F1, rescaled
@@ -345,7 +345,7 @@ def number_column(name: str, values: Iterable[Any] | None, n: int, low: float = 
         return None
     out: list[float | None] = []
     for index, value in enumerate(column):
-        if value is None or type(value).__name__ == "NAType":
+        if _missing(value):
             out.append(None)
             continue
         if _is_bool(value) or not isinstance(value, numbers.Real):
