@@ -96,7 +96,7 @@ class _NoAuth(requests.auth.AuthBase):
         return request
 
 
-_NO_AUTH = _NoAuth()
+NO_AUTH = _NoAuth()  # what a request made outside :func:`request` passes too (publish.hub_access)
 
 
 class _Slot:
@@ -336,7 +336,7 @@ def request(session: requests.Session, method: str, url: str, headers: Mapping[s
                 raise DeadlineExceeded(f"no complete reply within deadline={deadline:g}s")
             try:
                 response = session.request(method, url, data=body, headers=dict(headers or {}),
-                                           auth=session.auth or _NO_AUTH, allow_redirects=False, stream=True,
+                                           auth=session.auth or NO_AUTH, allow_redirects=False, stream=True,
                                            timeout=(min(timeout, remaining), timeout))
                 try:
                     if response.status_code in REDIRECT_STATUS:
@@ -395,6 +395,7 @@ __all__ = [
     "DeadlineAdapter",
     "DeadlineExceeded",
     "MAX_REDIRECTS",
+    "NO_AUTH",
     "RedirectRefused",
     "Reply",
     "ReplyTooLarge",

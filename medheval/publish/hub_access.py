@@ -57,11 +57,12 @@ def hub_reachable(endpoint: str | None = None) -> tuple[bool, str | None]:
 def _probe(endpoint: str) -> tuple[bool, str | None]:
     import requests
 
+    from medheval.net.transport import NO_AUTH
+
     try:
         # an auth that adds nothing: without one, requests reads ~/.netrc and sends its entry for the endpoint, or
         # its default entry (a PhysioNet login kept there), as basic auth
-        requests.head(endpoint, timeout=(PROBE_TIMEOUT, PROBE_TIMEOUT), allow_redirects=False,
-                      auth=lambda request: request)
+        requests.head(endpoint, timeout=(PROBE_TIMEOUT, PROBE_TIMEOUT), allow_redirects=False, auth=NO_AUTH)
     except requests.RequestException as err:
         message = " ".join(str(err).split())[:200]
         return False, f"no answer from {endpoint} (timeout {PROBE_TIMEOUT:g}s; {type(err).__name__}: {message})"
