@@ -107,9 +107,9 @@ def test_close_ended_accuracy_names_bad_per_item_inputs():
     threshold was accepted."""
     one = dict(predictions=["A"], references=["A"], answer_types=["multiple_choice"])
     acc = metric("close_ended_accuracy")
-    with pytest.raises(ValueError, match=r"^item 0: choices\[0\] is int 5; give the options as a list of strings"):
+    with pytest.raises(ValueError, match=r"^choices\[0\] is int 5; pass the options as a list of strings"):
         acc.compute(**one, choices=[5])
-    with pytest.raises(ValueError, match=r"^item 0: choices\[0\] is dict \{'A': 'x'\}; give the options as a list"):
+    with pytest.raises(ValueError, match=r"^choices\[0\] is dict \{'A': 'x'\}; pass the options as a list"):
         acc.compute(**one, choices=[{"A": "x"}])
     two = dict(predictions=["yes", "no"], references=["yes", "no"], answer_types=["yes_no"] * 2)
     with pytest.raises(ValueError, match=r"^categories\[0\] is list \['a'\]; pass a string \(or None\)"):
@@ -146,6 +146,43 @@ def test_choices_as_numpy_arrays_score_as_lists():
     score, args = metric("medihall_score"), {**args, "answer_types": list(frame["answer_type"])}
     expected = score.compute(**args, choices=[list(c) for c in frame["choices"]])
     assert score.compute(**args, choices=frame["choices"]) == expected
+
+
+OPTION_METRICS = ("close_ended_accuracy", "medihall_score")  # the metrics that read per-item option lists
+
+
+@pytest.mark.parametrize("name", OPTION_METRICS)
+@pytest.mark.parametrize("choices, message", [
+    ([5], r"^choices\[0\] is int 5; pass the options as a list of strings \(or one 'A\. x, B\. y' string\)$"),
+    ([{"A": "x"}], r"^choices\[0\] is dict \{'A': 'x'\}; pass the options as a list of strings"),
+    ([b"A. x, B. y"], r"^choices\[0\] is bytes b'A\. x, B\. y'; pass the options as a list of strings"),
+    ([["x", None]], r"^choices\[0\]\[1\] is None; pass every option as a string$"),
+    ([("x", 3)], r"^choices\[0\]\[1\] is int 3; pass every option as a string$"),
+    ([np.array([1, 2])], r"^choices\[0\]\[0\] is int 1; pass every option as a string$"),
+    ([["x", "y\ud800"]], r"^choices\[0\]\[1\] holds a surrogate code point U\+D800"),
+])
+def test_every_metric_reading_options_checks_them_alike(name, choices, message):
+    """One check (metric_inputs.options_column) for every metric that reads per-item options, naming the input,
+    the item (and option) and what to pass. Reproductions on medihall_score, which read its options without it:
+    choices=[5] failed with "'int' object is not iterable", a dict was read as its keys (["A"], scored correct), a
+    None option failed inside the parser."""
+    with pytest.raises(ValueError, match=message):
+        compute(name, ["A"], ["A"], answer_types=["multiple_choice"], choices=choices)
+
+
+@pytest.mark.parametrize("name", OPTION_METRICS)
+def test_options_as_tuples_strings_or_missing_read_alike(name):
+    """A tuple of options reads as the list; a missing item (None, NaN, pandas.NA) as no options (for a
+    multiple-choice item close_ended_accuracy names it as needing choices)."""
+    args = dict(answer_types=["multiple_choice", "yes_no"])
+    expected = compute(name, ["B", "yes"], ["Pneumonia", "yes"], **args, choices=[["Effusion", "Pneumonia"], []])
+    for choices in ([("Effusion", "Pneumonia"), []], ["A. Effusion, B. Pneumonia", None],
+                    pd.Series([np.array(["Effusion", "Pneumonia"]), float("nan")]),
+                    pd.Series([["Effusion", "Pneumonia"], pd.NA], dtype=object)):
+        assert compute(name, ["B", "yes"], ["Pneumonia", "yes"], **args, choices=choices) == expected
+    if name == "close_ended_accuracy":
+        with pytest.raises(ValueError, match=r"^item 0: answer_type 'multiple_choice' needs choices, got none"):
+            compute(name, ["B"], ["Pneumonia"], answer_types=["multiple_choice"], choices=[float("nan")])
 
 
 def test_medihall_score_names_bad_per_item_inputs():
