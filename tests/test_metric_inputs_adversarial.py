@@ -204,6 +204,35 @@ def test_stepbench_empty_inputs_have_no_rates_and_bad_labels_are_named():
         compute("stepbench", ["a"], ["hallucination"], steps=[True])
 
 
+def test_whole_number_labels_of_any_type_are_one_group():
+    """A category column of ints with a missing value comes out of pandas as floats (1.0, NaN): it was refused
+    ("categories[0] is float 1.0; pass a string") while the ints were accepted. A whole number of any type is the
+    group its digits name: 1, 1.0, np.int64(1), np.float32(1) and "1" are one group "1" (1 and "1" were two groups
+    under one key "1", the later one's accuracy kept)."""
+    frame = pd.DataFrame({"category": [1, None, 2, 1]})
+    assert frame["category"].dtype == np.float64
+    two = dict(predictions=["yes", "no", "yes", "no"], references=["yes", "yes", "yes", "no"], answer_types=["yes_no"] * 4)
+    acc = metric("close_ended_accuracy")
+    out = acc.compute(**two, categories=frame["category"])
+    assert out["accuracy_by_category"] == {"1": 1.0, "2": 1.0}
+    for categories in ([1, None, 2, 1], ["1", None, "2", "1"], [np.int64(1), None, np.float32(2.0), 1.0]):
+        assert acc.compute(**two, categories=categories) == out
+    assert acc.compute(**two, categories=[1, "1", 1.0, np.int8(1)])["accuracy_by_category"] == {"1": 0.75}
+    for bad, shown in ((1.5, "float 1.5"), (float("inf"), "float inf"), (np.float64(-0.25), r"float64 np.float64\(-0.25\)")):
+        with pytest.raises(ValueError, match=rf"^categories\[1\] is {shown}, not a whole number; pass a string or a "
+                                             r"whole number \(or None\)$"):
+            acc.compute(**two, categories=[1, bad, 2, 1])
+    with pytest.raises(ValueError, match=r"^categories\[0\] is bool True; pass a string \(or None\)$"):
+        acc.compute(**two, categories=[True, None, 2, 1])
+    # every metric with a per-item label: stepbench's languages (1 and "1" failed to sort), clinhallu's sources
+    steps = dict(steps=[1, 2, 1, 2])
+    out = compute("stepbench", ["no", "yes", "no", "yes"], ["hallucination"] * 4, **steps, languages=[1, "1", 1.0, None])
+    assert list(out["by_language"]) == ["1"] and out["by_language"]["1"]["n"] == 3
+    base = dict(correct=[1, 0], correct_rep_v=[1, 1], correct_rep_k=[0, 1], correct_rep_vk=[1, 0], h_v=[0, 1],
+                h_k=[0, 0], h_r=[1, 0])
+    assert list(metric("clinhallu").compute(**base, sources=pd.Series([3.0, 3]))["per_source"]) == ["3"]
+
+
 def test_radcliq_components_numpy_numbers_count_and_percentages_are_refused():
     """Reproductions: numpy float32 components were all "skipped" as missing (n 0, radcliq None); a BERTScore
     given in percent (text_generation's bertscore_per_item, 0-100) gave RadCliQ -105.7 without a word; a string

@@ -279,9 +279,17 @@ def as_list(values: Any) -> Any:
 def _label_problem(value: Any) -> str | None:
     if isinstance(value, str):
         return surrogate_problem(value)
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    if _is_bool(value) or not isinstance(value, numbers.Real):
+        return f"is {_described(value)}; pass a string (or None)"
+    if isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer()):
         return None
-    return f"is {_described(value)}; pass a string (or None)"
+    return f"is {_described(value)}, not a whole number; pass a string or a whole number (or None)"
+
+
+def _label_text(value: Any) -> str:
+    """A group key as text: a string as it is; a whole number (an int, numpy's too, or a float such as the ``1.0``
+    of a pandas int column with NaN) as its digits, so ``1``, ``np.int64(1)``, ``1.0`` and ``"1"`` are one group."""
+    return value if isinstance(value, str) else str(int(value))
 
 
 def _text_problem(value: Any) -> str | None:
@@ -299,8 +307,9 @@ def per_item_column(name: str, values: Iterable[Any] | None, n: int, missing: An
 
     ``values=None`` gives ``None``, or ``[missing] * n`` when ``missing`` is given. A single string (which
     would be read one character per item) or a mapping is a ``ValueError``. With ``kind`` each item is
-    checked: ``"text"`` a string, ``"label"`` a string or an integer (a group key); a missing item (``None``,
-    NaN, ``pandas.NA``) is ``None``; anything else is a ``ValueError`` naming ``name[index]``.
+    checked: ``"text"`` a string, ``"label"`` a string or a whole number (a group key, given back as text:
+    :func:`_label_text`; a fraction such as ``1.5`` is refused); a missing item (``None``, NaN, ``pandas.NA``) is
+    ``None``; anything else is a ``ValueError`` naming ``name[index]``.
     """
     if values is None:
         return None if missing is _MISSING else [missing] * n
@@ -316,6 +325,8 @@ def per_item_column(name: str, values: Iterable[Any] | None, n: int, missing: An
             problem = check(value)
             if problem:
                 raise ValueError(f"{name}[{index}] {problem}")
+            if kind == "label":
+                values[index] = _label_text(value)
     return values
 
 
