@@ -277,6 +277,6 @@ def test_none_reference_and_answer_type_are_errors_naming_them(metric):
 
 
 def test_none_option_is_an_error_naming_item_and_option(metric):
-    with pytest.raises(ValueError, match=r"^item 1: choices\[1\]\[1\] is None; give every option as a string"):
+    with pytest.raises(ValueError, match=r"^choices\[1\]\[1\] is None; pass every option as a string"):
         metric.compute(predictions=["Yes", "A"], references=["Yes", "A"], answer_types=["yes_no", "multiple_choice"],
                        choices=[[], ["x", None]])

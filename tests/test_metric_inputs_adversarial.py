@@ -107,9 +107,9 @@ def test_close_ended_accuracy_names_bad_per_item_inputs():
     threshold was accepted."""
     one = dict(predictions=["A"], references=["A"], answer_types=["multiple_choice"])
     acc = metric("close_ended_accuracy")
-    with pytest.raises(ValueError, match=r"^item 0: choices\[0\] is int 5; give the options as a list of strings"):
+    with pytest.raises(ValueError, match=r"^choices\[0\] is int 5; pass the options as a list of strings"):
         acc.compute(**one, choices=[5])
-    with pytest.raises(ValueError, match=r"^item 0: choices\[0\] is dict \{'A': 'x'\}; give the options as a list"):
+    with pytest.raises(ValueError, match=r"^choices\[0\] is dict \{'A': 'x'\}; pass the options as a list"):
         acc.compute(**one, choices=[{"A": "x"}])
     two = dict(predictions=["yes", "no"], references=["yes", "no"], answer_types=["yes_no"] * 2)
     with pytest.raises(ValueError, match=r"^categories\[0\] is list \['a'\]; pass a string \(or None\)"):
@@ -148,6 +148,43 @@ def test_choices_as_numpy_arrays_score_as_lists():
     assert score.compute(**args, choices=frame["choices"]) == expected
 
 
+OPTION_METRICS = ("close_ended_accuracy", "medihall_score")  # the metrics that read per-item option lists
+
+
+@pytest.mark.parametrize("name", OPTION_METRICS)
+@pytest.mark.parametrize("choices, message", [
+    ([5], r"^choices\[0\] is int 5; pass the options as a list of strings \(or one 'A\. x, B\. y' string\)$"),
+    ([{"A": "x"}], r"^choices\[0\] is dict \{'A': 'x'\}; pass the options as a list of strings"),
+    ([b"A. x, B. y"], r"^choices\[0\] is bytes b'A\. x, B\. y'; pass the options as a list of strings"),
+    ([["x", None]], r"^choices\[0\]\[1\] is None; pass every option as a string$"),
+    ([("x", 3)], r"^choices\[0\]\[1\] is int 3; pass every option as a string$"),
+    ([np.array([1, 2])], r"^choices\[0\]\[0\] is int 1; pass every option as a string$"),
+    ([["x", "y\ud800"]], r"^choices\[0\]\[1\] holds a surrogate code point U\+D800"),
+])
+def test_every_metric_reading_options_checks_them_alike(name, choices, message):
+    """One check (metric_inputs.options_column) for every metric that reads per-item options, naming the input,
+    the item (and option) and what to pass. Reproductions on medihall_score, which read its options without it:
+    choices=[5] failed with "'int' object is not iterable", a dict was read as its keys (["A"], scored correct), a
+    None option failed inside the parser."""
+    with pytest.raises(ValueError, match=message):
+        compute(name, ["A"], ["A"], answer_types=["multiple_choice"], choices=choices)
+
+
+@pytest.mark.parametrize("name", OPTION_METRICS)
+def test_options_as_tuples_strings_or_missing_read_alike(name):
+    """A tuple of options reads as the list; a missing item (None, NaN, pandas.NA) as no options (for a
+    multiple-choice item close_ended_accuracy names it as needing choices)."""
+    args = dict(answer_types=["multiple_choice", "yes_no"])
+    expected = compute(name, ["B", "yes"], ["Pneumonia", "yes"], **args, choices=[["Effusion", "Pneumonia"], []])
+    for choices in ([("Effusion", "Pneumonia"), []], ["A. Effusion, B. Pneumonia", None],
+                    pd.Series([np.array(["Effusion", "Pneumonia"]), float("nan")]),
+                    pd.Series([["Effusion", "Pneumonia"], pd.NA], dtype=object)):
+        assert compute(name, ["B", "yes"], ["Pneumonia", "yes"], **args, choices=choices) == expected
+    if name == "close_ended_accuracy":
+        with pytest.raises(ValueError, match=r"^item 0: answer_type 'multiple_choice' needs choices, got none"):
+            compute(name, ["B"], ["Pneumonia"], answer_types=["multiple_choice"], choices=[float("nan")])
+
+
 def test_medihall_score_names_bad_per_item_inputs():
     """Reproduction: answer_types=["open", 5] failed with "'int' object has no attribute 'strip'"."""
     with pytest.raises(ValueError, match=r"^answer_types\[1\] is int 5; pass a string \(or None\)"):
@@ -165,6 +202,35 @@ def test_stepbench_empty_inputs_have_no_rates_and_bad_labels_are_named():
         compute("stepbench", ["a", "b"], ["hallucination"] * 2, steps=[1, 2], languages=[["en"], "en"])
     with pytest.raises(ValueError, match=r"^item 0: step True is not one of 1, 2, 3, 4"):
         compute("stepbench", ["a"], ["hallucination"], steps=[True])
+
+
+def test_whole_number_labels_of_any_type_are_one_group():
+    """A category column of ints with a missing value comes out of pandas as floats (1.0, NaN): it was refused
+    ("categories[0] is float 1.0; pass a string") while the ints were accepted. A whole number of any type is the
+    group its digits name: 1, 1.0, np.int64(1), np.float32(1) and "1" are one group "1" (1 and "1" were two groups
+    under one key "1", the later one's accuracy kept)."""
+    frame = pd.DataFrame({"category": [1, None, 2, 1]})
+    assert frame["category"].dtype == np.float64
+    two = dict(predictions=["yes", "no", "yes", "no"], references=["yes", "yes", "yes", "no"], answer_types=["yes_no"] * 4)
+    acc = metric("close_ended_accuracy")
+    out = acc.compute(**two, categories=frame["category"])
+    assert out["accuracy_by_category"] == {"1": 1.0, "2": 1.0}
+    for categories in ([1, None, 2, 1], ["1", None, "2", "1"], [np.int64(1), None, np.float32(2.0), 1.0]):
+        assert acc.compute(**two, categories=categories) == out
+    assert acc.compute(**two, categories=[1, "1", 1.0, np.int8(1)])["accuracy_by_category"] == {"1": 0.75}
+    for bad, shown in ((1.5, "float 1.5"), (float("inf"), "float inf"), (np.float64(-0.25), r"float64 np.float64\(-0.25\)")):
+        with pytest.raises(ValueError, match=rf"^categories\[1\] is {shown}, not a whole number; pass a string or a "
+                                             r"whole number \(or None\)$"):
+            acc.compute(**two, categories=[1, bad, 2, 1])
+    with pytest.raises(ValueError, match=r"^categories\[0\] is bool True; pass a string \(or None\)$"):
+        acc.compute(**two, categories=[True, None, 2, 1])
+    # every metric with a per-item label: stepbench's languages (1 and "1" failed to sort), clinhallu's sources
+    steps = dict(steps=[1, 2, 1, 2])
+    out = compute("stepbench", ["no", "yes", "no", "yes"], ["hallucination"] * 4, **steps, languages=[1, "1", 1.0, None])
+    assert list(out["by_language"]) == ["1"] and out["by_language"]["1"]["n"] == 3
+    base = dict(correct=[1, 0], correct_rep_v=[1, 1], correct_rep_k=[0, 1], correct_rep_vk=[1, 0], h_v=[0, 1],
+                h_k=[0, 0], h_r=[1, 0])
+    assert list(metric("clinhallu").compute(**base, sources=pd.Series([3.0, 3]))["per_source"]) == ["3"]
 
 
 def test_radcliq_components_numpy_numbers_count_and_percentages_are_refused():

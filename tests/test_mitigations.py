@@ -335,6 +335,35 @@ def test_pai_gamma_one_is_log_p_c_without_cutoff(llava):
     assert torch.equal(sampled["plain"], sampled["pai"])
 
 
+def _forward_rows(model, inputs, method) -> list[int]:
+    """The rows of every language-model forward of one greedy call (read at the token embedding)."""
+    rows: list[int] = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda module, args, out: rows.append(out.shape[0]))
+    try:
+        _gen(model, inputs, max_new_tokens=4, **({"custom_generate": method} if method else {}))
+    finally:
+        handle.remove()
+    return rows
+
+
+def test_pai_gamma_one_runs_no_text_only_stream(llava):
+    """At γ = 1 the score is log p_c alone: the text-only stream was prefilled and decoded with the clean one (2B
+    rows a step) for nothing. Now neutral PAI runs the forwards plain decoding runs, B rows each; γ ≠ 1 still
+    runs the stream (and use_cfg=False none), and the batch sizing counts the rows each runs."""
+    model, processor = llava
+    inputs = _inputs("llava", processor)
+    batch = int(inputs["input_ids"].shape[0])
+    plain = _forward_rows(model, inputs, None)
+    assert plain == [batch] * 4
+    assert _forward_rows(model, inputs, PAI(alpha=0.0, gamma=1.0)) == plain
+    assert _forward_rows(model, inputs, PAI(alpha=0.5, gamma=1.0, cfg_stream="raw_question")) == plain
+    assert 2 * batch in _forward_rows(model, inputs, PAI(alpha=0.0, gamma=1.5))  # the stream joined the batch
+    assert _forward_rows(model, inputs, PAI(alpha=0.5, use_cfg=False)) == plain
+    assert [PAI(gamma=g, use_cfg=c).rows_per_record() for g, c in ((1.0, True), (1.1, True), (1.1, False))] == [1, 2, 1]
+    # the raw question is not needed where its stream does not run
+    assert PAI(gamma=1.0, cfg_stream="raw_question").question_inputs(processor.tokenizer, PROMPTS) == {}
+
+
 def test_pai_forward_after_call_matches_fresh_model(llava):
     from medheval.backends.tiny import build_tiny_llava
 

@@ -22,7 +22,8 @@ import torch
 
 from medheval.decoding import MitigationError, compiled, internals
 from medheval.mitigations import PAI, get_mitigation, selftest
-from medheval.mitigations.pai import CFG_STREAMS, RAW_QUESTION_IDS, raw_question_ids
+from medheval.mitigations.m3id import text_only_stream
+from medheval.mitigations.pai import CFG_STREAMS, RAW_QUESTION_IDS, raw_question_ids, raw_question_stream
 
 from conftest import SHARED_UPSTREAM
 
@@ -42,6 +43,17 @@ class SpyPAI(PAI):
             self.separate = dict(ctx.state.get("separate_streams", {}))
         self.compiled_steps = bool(ctx.state.get("compiled"))
         return super().scores(ctx, logits)
+
+
+class StreamingNeutralPAI(PAI):
+    """PAI that runs its text-only stream at γ = 1 too (PAI skips it there): joined to the clean batch, the stream
+    must leave the clean rows' tokens as they are."""
+
+    def contrast_streams(self, ctx):
+        return [raw_question_stream(ctx) if self.cfg_stream == "raw_question" else text_only_stream(ctx)]
+
+    def question_inputs(self, tokenizer, questions):
+        return {RAW_QUESTION_IDS: raw_question_ids(tokenizer, questions)} if self.cfg_stream == "raw_question" else {}
 
 
 def _llava_inputs(processor, questions):
@@ -149,6 +161,9 @@ def test_neutral_raw_equals_templated_equals_plain_greedy(tiny):
     plain = _new(model, inputs)
     assert torch.equal(_new(model, inputs, raw, **_raw(raw, processor.tokenizer, QUESTIONS)), plain)
     assert torch.equal(_new(model, inputs, PAI(alpha=0.0, gamma=1.0)), plain)
+    for stream in CFG_STREAMS:  # with the (unused) stream joined to the clean batch, as PAI ran it at γ = 1 before
+        joined = StreamingNeutralPAI(alpha=0.0, gamma=1.0, cfg_stream=stream)
+        assert torch.equal(_new(model, inputs, joined, **_raw(joined, processor.tokenizer, QUESTIONS)), plain)
 
 
 def test_raw_question_moves_the_output_and_batch_equals_single(tiny):
@@ -179,7 +194,7 @@ def test_every_family(family):
     for index, question in enumerate(prompts):
         assert _row(spy.stream, index) == bos + tok(question, add_special_tokens=False)["input_ids"]
     assert spy.separate == {}, spy.separate  # joined the clean batch: one forward per step
-    neutral = PAI(alpha=0.0, gamma=1.0, cfg_stream="raw_question")
+    neutral = StreamingNeutralPAI(alpha=0.0, gamma=1.0, cfg_stream="raw_question")  # the stream joined, unused
     assert torch.equal(_new(model, batch, neutral, **_raw(neutral, tok, prompts)), _new(model, batch))
     for index in range(len(prompts)):
         alone = selftest._inputs(processor, [index])

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from medheval.net.hosts import Address, host_and_port, host_entry, parse_address
@@ -411,10 +413,61 @@ def test_mask_userinfo_masks_up_to_the_last_at(text, shown):
 def test_an_at_after_a_host_and_port_is_refused_not_read_as_a_path(text):
     """A password of digits holding an unencoded '/', '?' or '#' ends the host early: every URL parser then reads
     the user name as the host and the password as the port. Refused, as no reading is safe; encoded, it is read."""
-    with pytest.raises(ValueError, match=r"^'[^']*\*\*\*@[^']*' holds an '@' after its host and port: percent-enc"):
+    with pytest.raises(ValueError, match=r"^'[^']*\*\*\*@[^']*' holds an '@' after its host and port, so it reads "):
         parse_address(text)
     assert host_entry(text) == ""
     assert parse_address("http://alice:80%2Fpw@10.0.0.1/v1") == Address("http", "10.0.0.1", None)
+
+
+# every URL parser in use agrees on these hosts: the refusal is of what the writer may have meant, not of a disagreement
+AT_AFTER_PORT = [("https://cdn.example.org:8443/repo@main/x", "cdn.example.org", 8443),
+                 ("http://alice:80/pw@10.0.0.1", "alice", 80),  # alice:80/pw as user:password for 10.0.0.1
+                 ("http://user:pw@host:80/x@evil", "host", 80),  # pw@host:80/x as the password for evil
+                 ("https://alice:443?pw@evil.example/", "alice", 443), ("http://[::1]:80/x@evil", "[::1]", 80)]
+
+
+@pytest.mark.parametrize("text, host, port", AT_AFTER_PORT)
+def test_an_at_after_a_port_is_read_alike_by_every_parser_and_still_refused(text, host, port):
+    """urlsplit and requests (urllib3) both read the host before the ':'; so would a browser. So "refuse only where
+    the parsers disagree" would accept every one of these, the credential-bearing ones included, whose writer may
+    have meant a password holding '/', '?' or '#' (sent in the path to the user name as a host). Refused, saying
+    how to write each reading; nothing before the last '@' is shown."""
+    from urllib.parse import urlsplit
+
+    import requests
+    import urllib3
+
+    from medheval.net.hosts import AT_AFTER_PORT as ADVICE, AtAfterPort, mask_userinfo
+
+    prepared = requests.PreparedRequest()
+    prepared.prepare_url(text, None)
+    parsed = urllib3.util.parse_url(prepared.url)
+    assert (parsed.host, parsed.port) == (host, port)
+    assert (urlsplit(text).hostname, urlsplit(text).port) == (host.strip("[]"), port)
+    with pytest.raises(AtAfterPort) as info:
+        parse_address(text)
+    message = str(info.value)
+    assert message == f"{mask_userinfo(text)!r} {ADVICE}"
+    assert "%40 (https://host:8443/repo%40main/...)" in message and "%2F, %3F, %23 (https://user:pa%2Fss@" in message
+    shown = message[: -len(ADVICE)]
+    hidden = text.split("://", 1)[1].rpartition("@")[0]  # the user-info of the other reading
+    assert [piece for piece in re.split(r"[:/?@\[\]]", hidden) if piece and piece in shown] == []
+
+
+@pytest.mark.parametrize("text, host, port", [("https://cdn.example.org:8443/repo%40main/x", "cdn.example.org", 8443),
+                                              ("http://alice:80%2Fpw@10.0.0.1/x", "10.0.0.1", None),
+                                              ("http://user:pw%40host:80%2Fx@evil/", "evil", None),
+                                              ("http://user:pw@host:80/x%40evil", "host", 80)])
+def test_an_at_after_a_port_written_as_the_message_says_is_read_one_way(text, host, port):
+    """Each reading, written as the refusal says (%40 in a path, %2F / %40 in a password), is read by every parser
+    as the one host it names."""
+    import requests
+    import urllib3
+
+    assert (parse_address(text).host, parse_address(text).port) == (host, port)
+    prepared = requests.PreparedRequest()
+    prepared.prepare_url(text, None)
+    assert urllib3.util.parse_url(prepared.url).host == host
 
 
 @pytest.mark.parametrize("text, host", [("https://cdn.jsdelivr.net/gh/org/repo@main/x", "cdn.jsdelivr.net"),

@@ -638,13 +638,42 @@ def test_a_base_url_no_host_is_read_from_is_refused_for_what_it_is_with_a_key_se
 @pytest.mark.parametrize("template", ["https://cdn.example.org:8443/{path}?who=me@example.org&sig=tok-canary-77",
                                       "https://cdn.example.org:8443/gh/org/repo@main/{path}"])
 def test_an_image_root_with_an_at_after_its_host_and_port_is_refused_saying_where_to_encode_it(template):
-    """The refusal names the '@' after the host and the path or query it is in (the root, masked up to its last
-    '@', no longer shows its host): not only 'its host cannot be read'."""
+    """The refusal names the '@' after the host and port and says how to write either reading (the root, masked up
+    to its last '@', no longer shows its host): not only 'its host cannot be read'."""
+    from medheval.net.hosts import AT_AFTER_PORT
+
     with pytest.raises(ValueError) as info:
         URLTemplateSource(template)
     message = str(info.value)
-    assert "an '@' follows it" in message and "an '@' in the path or query" in message
-    assert "tok-canary-77" not in message
+    assert message.endswith(f"' {AT_AFTER_PORT}") and "an '@' in the path or query as %40" in message
+    assert "tok-canary-77" not in message and "cannot be read" not in message
+
+
+@pytest.mark.parametrize("root, path, auth", [
+    ("http://127.0.0.1:{port}/gh/org/repo%40main/{{path}}", "/gh/org/repo%40main/a.png", None),
+    ("http://u:pa%2Fss%40x@127.0.0.1:{port}/repo%40main/{{path}}", "/repo%40main/a.png", "u:pa/ss@x"),
+])
+def test_an_image_root_with_a_port_written_as_the_refusal_says_reaches_its_path(root, path, auth):
+    """Written as the refusal says (%40 in the path, %2F / %40 in a password), a root with a port reaches its own
+    host with the path as written, the credentials decoded, on a loopback server."""
+    class Handler(_Recorder):
+        seen: list = []
+
+        def do_GET(self):  # noqa: N802
+            type(self).seen.append((self.path, self.headers.get("Authorization")))
+            _reply(self)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        source = URLTemplateSource(root.format(port=httpd.server_address[1]))
+        assert source.host == "127.0.0.1"
+        assert source.open_bytes("a.png").startswith(b"\x89PNG")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    basic = None if auth is None else "Basic " + base64.b64encode(auth.encode()).decode()
+    assert Handler.seen == [(path, basic)]
 
 
 def test_an_image_root_with_an_at_in_its_path_and_no_port_is_read_as_written():

@@ -47,7 +47,7 @@ from PIL import Image
 
 from medheval.data.schema import is_credentialed
 from medheval.net import transport
-from medheval.net.hosts import is_host_form, mask_userinfo, parse_address
+from medheval.net.hosts import AT_AFTER_PORT, AtAfterPort, is_host_form, mask_userinfo, parse_address
 from medheval.net.keys import IMAGE_HOST_ENV, check_plain_http, image_hosts
 from medheval.net.secrets import is_secret_query_name, redact, register_basic_auth, register_url
 
@@ -587,12 +587,13 @@ class URLTemplateSource:
             raise ValueError(f"URL template {_redact_url(template)!r} has no '{{path}}' placeholder")
         try:  # the host as medheval.net spells it: one host however it is written
             address = parse_address(template)
-        except ValueError:  # (its message would quote a ?token= of the template)
+        except AtAfterPort:  # (parse_address's message would quote a ?token= of the template)
+            raise ValueError(f"URL template {_redact_url(template)!r} {AT_AFTER_PORT}") from None
+        except ValueError:
             raise ValueError(
-                f"URL template {_redact_url(template)!r}: its host cannot be read, or an '@' follows its host and "
-                "port. A port is a number from 0 to 65535, an IPv6 address has no zone id, a host holds no "
-                "backslash, and a '/', '?', '#', '@' or backslash in a user name or password is percent-encoded "
-                "(%2F, %3F, %23, %40, %5C), as is an '@' in the path or query of a root with a port") from None
+                f"URL template {_redact_url(template)!r}: its host cannot be read. A port is a number from 0 to "
+                "65535, an IPv6 address has no zone id, a host holds no backslash, and a '/', '?', '#', '@' or "
+                "backslash in a user name or password is percent-encoded (%2F, %3F, %23, %40, %5C)") from None
         parts = urlsplit(template)
         if address.scheme not in ("http", "https") or not address.name:
             raise ValueError(f"URL template {_redact_url(template)!r} must be an http(s) URL with a host")

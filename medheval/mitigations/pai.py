@@ -18,8 +18,9 @@ Two parts:
        s = \gamma(\log p_c - \log p_u) + \log p_u,\qquad
        s(y) = -\infty \text{ unless } \log p_c(y) \ge \log\beta + \max \log p_c
 
-   At ``γ = 1`` the score is ``log p_c`` with no cutoff, as PAI's CFG processor returns it
-   (``use_cfg=False`` gives the raw logits and runs no text-only stream).
+   At ``γ = 1`` the score is ``log p_c`` with no cutoff, as PAI's CFG processor returns it, and the text-only
+   stream, which it would not read, is not run (``use_cfg=False`` gives the raw logits, with no text-only stream
+   either).
 
 The text-only stream (``cfg_stream``): ``"templated"`` (default) is the templated prompt without
 its image tokens, as PAI's own LLaVA code builds it; ``"raw_question"`` is BOS + the tokens of the
@@ -134,7 +135,8 @@ class PAI(DecodingMethod):
         preset: ``"medheval"`` (default) or ``"official"`` (identical for PAI); the unset options below
             take the preset's values.
         alpha: attention amplification α (``0`` = no intervention).
-        gamma: CFG scale γ against the text-only stream (``1`` = no CFG term and no cutoff: the score is ``log p_c``).
+        gamma: CFG scale γ against the text-only stream (``1`` = no CFG term and no cutoff: the score is ``log p_c``,
+            and no text-only stream runs).
         start_layer, end_layer: the intervened layers ``[start, end)``; ``None`` = scaled defaults.
         beta: plausibility cutoff β (``0`` = no cutoff).
         use_cfg: run the text-only stream, the CFG step and the cutoff (``False`` = attention
@@ -183,25 +185,33 @@ class PAI(DecodingMethod):
         visual_token_ids(model.config)
         self.layers(model)
 
+    def _runs_cfg_stream(self) -> bool:
+        """Whether decoding runs the text-only stream: with ``use_cfg``, unless ``γ = 1`` (whose score reads none)."""
+        return bool(self.use_cfg) and float(self.gamma) != 1.0
+
+    def rows_per_record(self) -> int:
+        """2 with the text-only stream (:meth:`_runs_cfg_stream`), else 1."""
+        return 2 if self._runs_cfg_stream() else 1
+
     def hooks(self, ctx: DecodingContext) -> list[AttentionHook]:
         return [ImageAttentionBoost(self.alpha, self.layers(ctx.model))]
 
     def question_inputs(self, tokenizer, questions: list[str]) -> dict[str, Any]:
         """``{"raw_question_ids": ...}`` (:func:`raw_question_ids`) when the CFG stream is the raw question,
         else ``{}``."""
-        if not (self.use_cfg and self.cfg_stream == "raw_question"):
+        if not (self._runs_cfg_stream() and self.cfg_stream == "raw_question"):
             return {}
         return {RAW_QUESTION_IDS: raw_question_ids(tokenizer, questions)}
 
     def contrast_streams(self, ctx: DecodingContext) -> list[Stream]:
-        if not self.use_cfg:
+        if not self._runs_cfg_stream():
             return []
         return [raw_question_stream(ctx) if self.cfg_stream == "raw_question" else text_only_stream(ctx)]
 
     def scores(self, ctx: DecodingContext, logits: dict[str, torch.Tensor]) -> torch.Tensor:
         if not self.use_cfg:  # attention intervention only: plain scores, as PAI without its CFG processor
             return logits["main"]
-        if float(self.gamma) == 1.0:  # PAI's CFG processor returns log p_c as it is at γ = 1: no cutoff
+        if not self._runs_cfg_stream():  # γ = 1: PAI's CFG processor returns log p_c as it is, no cutoff
             return torch.log_softmax(logits["main"].float(), dim=-1)
         combined = LogProbContrast(self.gamma - 1.0)(logits["main"], logits["text_only"])
         return self._cutoff(combined, logits["main"])

@@ -187,6 +187,19 @@ class Address:
         return f"{self.name}:{self.port}" if self.name and self.port is not None else self.name
 
 
+#: Why a text with an ``@`` after a ``host:port`` is refused, and how to write it (after the text an error shows).
+AT_AFTER_PORT = (
+    "holds an '@' after its host and port, so it reads two ways: as a path or query holding an '@' (the host "
+    "before the ':'), or as a user name and password holding a '/', '?' or '#' (the host after the '@'; every "
+    "URL parser takes the first reading, sending such a password in the path to the user name as a host). "
+    "Write the one meant: an '@' in the path or query as %40 (https://host:8443/repo%40main/...), or a '/', "
+    "'?' or '#' in a user name or password as %2F, %3F, %23 (https://user:pa%2Fss@host:8443/...)")
+
+
+class AtAfterPort(ValueError):
+    """:func:`parse_address`'s refusal of a text with an ``@`` after a ``host:port`` (:data:`AT_AFTER_PORT`)."""
+
+
 def _cut_userinfo(parts: SplitResult) -> bool:
     """Whether ``parts`` may be a ``user:password@host`` cut short by a ``/``, ``?`` or ``#`` in the password: an
     ``@`` after an authority that holds a ``:`` outside an IPv6 literal's brackets (``http://alice:80/pw@10.0.0.1``:
@@ -201,8 +214,8 @@ def parse_address(value: str) -> Address:
     """The :class:`Address` of a host name, ``host:port``, IPv6 literal or URL (text with ``://``); user-info,
     path and query are dropped; an IP literal is spelled canonically (:class:`Address`). ``ValueError`` naming the
     text (its user-info masked) when it cannot be parsed (a port that is not a number from 0 to 65535, an unclosed
-    ``[``), names an IPv6 zone id, holds an ``@`` after a ``host:port`` (:func:`_cut_userinfo`: a password
-    with an unencoded ``/`` would otherwise be read as the port) or a backslash before its path (``https://evil.example\\.physionet.org/``:
+    ``[``), names an IPv6 zone id, holds an ``@`` after a ``host:port`` (:class:`AtAfterPort`, :func:`_cut_userinfo`:
+    a password with an unencoded ``/`` would otherwise be read as the port) or a backslash before its path (``https://evil.example\\.physionet.org/``:
     ``evil.example\\.physionet.org`` here, ``evil.example`` to requests, which ends the host at a backslash)."""
     text = value.strip()
     if ":" in text and "://" not in text and "[" not in text and _ip_literal(text) is not None:
@@ -216,10 +229,8 @@ def parse_address(value: str) -> Address:
         raise ValueError(
             f"{_shown(text)} holds a backslash before its path, where the HTTP library reads the host as ending "
             "while this reading goes on: percent-encode one in a user name or password (%5C)")
-    if _cut_userinfo(parts):  # which "@" ends a user-info? no reading is safe
-        raise ValueError(
-            f"{_shown(text)} holds an '@' after its host and port: percent-encode a '/', '?' or '#' in a user name "
-            "or password (%2F, %3F, %23), or an '@' in a path or query (%40)")
+    if _cut_userinfo(parts):  # which "@" ends a user-info? the parsers agree, the writer may not have meant it
+        raise AtAfterPort(f"{_shown(text)} {AT_AFTER_PORT}")
     bracketed = parts.netloc.rpartition("@")[2].startswith("[")
     return Address(parts.scheme.lower(), _canonical_host(host, text, bracketed), port)
 
@@ -277,5 +288,6 @@ def check_host_entry(text: str, where: str = "") -> str:
     return entry
 
 
-__all__ = ["Address", "DEFAULT_PORTS", "check_host_entry", "host_and_port", "host_entry", "host_named", "is_host_form",
-           "is_local_host", "is_local_url", "is_loopback_host", "mask_userinfo", "parse_address", "resolves_to_loopback"]
+__all__ = ["AT_AFTER_PORT", "Address", "AtAfterPort", "DEFAULT_PORTS", "check_host_entry", "host_and_port",
+           "host_entry", "host_named", "is_host_form", "is_local_host", "is_local_url", "is_loopback_host",
+           "mask_userinfo", "parse_address", "resolves_to_loopback"]

@@ -279,9 +279,17 @@ def as_list(values: Any) -> Any:
 def _label_problem(value: Any) -> str | None:
     if isinstance(value, str):
         return surrogate_problem(value)
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    if _is_bool(value) or not isinstance(value, numbers.Real):
+        return f"is {_described(value)}; pass a string (or None)"
+    if isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer()):
         return None
-    return f"is {_described(value)}; pass a string (or None)"
+    return f"is {_described(value)}, not a whole number; pass a string or a whole number (or None)"
+
+
+def _label_text(value: Any) -> str:
+    """A group key as text: a string as it is; a whole number (an int, numpy's too, or a float such as the ``1.0``
+    of a pandas int column with NaN) as its digits, so ``1``, ``np.int64(1)``, ``1.0`` and ``"1"`` are one group."""
+    return value if isinstance(value, str) else str(int(value))
 
 
 def _text_problem(value: Any) -> str | None:
@@ -299,8 +307,9 @@ def per_item_column(name: str, values: Iterable[Any] | None, n: int, missing: An
 
     ``values=None`` gives ``None``, or ``[missing] * n`` when ``missing`` is given. A single string (which
     would be read one character per item) or a mapping is a ``ValueError``. With ``kind`` each item is
-    checked: ``"text"`` a string, ``"label"`` a string or an integer (a group key); a missing item (``None``,
-    NaN, ``pandas.NA``) is ``None``; anything else is a ``ValueError`` naming ``name[index]``.
+    checked: ``"text"`` a string, ``"label"`` a string or a whole number (a group key, given back as text:
+    :func:`_label_text`; a fraction such as ``1.5`` is refused); a missing item (``None``, NaN, ``pandas.NA``) is
+    ``None``; anything else is a ``ValueError`` naming ``name[index]``.
     """
     if values is None:
         return None if missing is _MISSING else [missing] * n
@@ -316,17 +325,52 @@ def per_item_column(name: str, values: Iterable[Any] | None, n: int, missing: An
             problem = check(value)
             if problem:
                 raise ValueError(f"{name}[{index}] {problem}")
+            if kind == "label":
+                values[index] = _label_text(value)
     return values
 
 
+def _options_problem(value: Any) -> str | None:
+    """Why ``value`` (one item's options, not missing) is not a list of strings or one ``'A. x, B. y'`` string."""
+    if isinstance(value, str):
+        return surrogate_problem(value)
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
+        return f"is {_described(value)}; pass the options as a list of strings (or one 'A. x, B. y' string)"
+    return None
+
+
+def _option_problem(option: Any) -> str | None:
+    """Why ``option`` (one entry of an item's option list) is not an option's text."""
+    if isinstance(option, str):
+        return surrogate_problem(option)
+    return f"is {'None' if option is None else _described(option)}; pass every option as a string"
+
+
 def options_column(name: str, values: Iterable[Any] | None, n: int, missing: Any = _MISSING) -> list[Any] | None:
-    """:func:`per_item_column` of per-item option lists (``choices``): an item given as a numpy array (each cell of
-    a list column of ``Dataset.to_pandas()``, or of a parquet file read by pandas) becomes a list, as a numpy
-    array has no truth value to test for "no options"."""
+    """:func:`per_item_column` of per-item option lists (``choices``), each item checked: a list (tuple, numpy
+    array: each cell of a list column of ``Dataset.to_pandas()`` or of a parquet file read by pandas) of strings,
+    given back as a list, or one ``'A. x, B. y'`` string; a missing item (``None``, NaN, ``pandas.NA``) is ``None``.
+    Anything else (a number, a dict, an option that is not a string) is a ``ValueError`` naming ``name[index]``
+    (``name[index][option]``) and what to pass."""
     column = per_item_column(name, values, n, missing)
     if column is None:
         return None
-    return [value.tolist() if isinstance(value, np.ndarray) else value for value in column]
+    out: list[Any] = []
+    for index, value in enumerate(column):
+        if _missing(value):
+            out.append(None)
+            continue
+        problem = _options_problem(value)
+        if problem:
+            raise ValueError(f"{name}[{index}] {problem}")
+        if not isinstance(value, str):
+            value = value.tolist() if isinstance(value, np.ndarray) else list(value)
+            for position, option in enumerate(value):
+                problem = _option_problem(option)
+                if problem:
+                    raise ValueError(f"{name}[{index}][{position}] {problem}")
+        out.append(value)
+    return out
 
 
 # How far past its bound a value may lie and still be taken as rounding: float32 scores (bert_score's F1, rescaled

@@ -3,7 +3,6 @@
 
 import numbers
 from collections import defaultdict
-from collections.abc import Iterable
 
 import datasets
 import evaluate
@@ -211,14 +210,6 @@ class CloseEndedAccuracy(medheval.scoring.metric_inputs.NoneChecked, evaluate.Me
                 ) from None
             if kinds[-1] == "multiple_choice" and not (choices and choices[i]) and not (raw_choices and raw_choices[i]):
                 raise ValueError(f"item {i}: answer_type {answer_type!r} needs choices, got none")
-            if choices is not None and choices[i] is not None and not isinstance(choices[i], str) and (
-                    isinstance(choices[i], dict) or not isinstance(choices[i], Iterable)):
-                raise ValueError(f"item {i}: choices[{i}] is {type(choices[i]).__name__} {choices[i]!r:.60}; give the "
-                                 "options as a list of strings (or one 'A. x, B. y' string)")
-            if kinds[-1] == "multiple_choice" and choices is not None and not isinstance(choices[i], (str, type(None))):
-                for j, option in enumerate(choices[i]):
-                    if not isinstance(option, str):
-                        raise ValueError(f"item {i}: choices[{i}][{j}] is {option!r}; give every option as a string")
 
         if upstream_compat:
             correct, parsed, n_skipped = _upstream_items(predictions, references, kinds, choices, raw_choices,
