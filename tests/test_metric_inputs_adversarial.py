@@ -171,6 +171,16 @@ def test_every_metric_reading_options_checks_them_alike(name, choices, message):
 
 
 @pytest.mark.parametrize("name", OPTION_METRICS)
+@pytest.mark.parametrize("options", [{"Effusion", "Pneumonia"}, frozenset({"Effusion", "Pneumonia"})])
+def test_options_in_no_order_are_refused(name, options):
+    """Reproduction: a set of options was read in its iteration order, which for strings changes with
+    PYTHONHASHSEED: "B" was Pneumonia in one process and Effusion in the next, the score with it."""
+    with pytest.raises(ValueError, match=r"^choices\[0\] is \w+ .*; pass the options as a list of strings, in "
+                                         r"their order \(a set has no order"):
+        compute(name, ["B"], ["Pneumonia"], answer_types=["multiple_choice"], choices=[options])
+
+
+@pytest.mark.parametrize("name", OPTION_METRICS)
 def test_options_as_tuples_strings_or_missing_read_alike(name):
     """A tuple of options reads as the list; a missing item (None, NaN, pandas.NA) as no options (for a
     multiple-choice item close_ended_accuracy names it as needing choices)."""
