@@ -243,6 +243,18 @@ def test_whole_number_labels_of_any_type_are_one_group():
     assert list(metric("clinhallu").compute(**base, sources=pd.Series([3.0, 3]))["per_source"]) == ["3"]
 
 
+def test_clinhallu_leaves_a_missing_source_out_of_per_source():
+    """Reproduction: per_source grouped str(source), so a missing source (None, NaN) was a source named "None", one
+    group with an item whose source is the text "None"; close_ended_accuracy and stepbench leave a missing label out
+    of their groups."""
+    base = dict(correct=[1, 0, 1], correct_rep_v=[1, 1, 0], correct_rep_k=[0, 1, 1], correct_rep_vk=[1, 0, 0],
+                h_v=[0, 1, 0], h_k=[0, 0, 1], h_r=[1, 0, 0])
+    out = metric("clinhallu").compute(**base, sources=["a", None, float("nan")])
+    assert list(out["per_source"]) == ["a"] and out["per_source"]["a"]["counts"]["n"] == 1
+    named = metric("clinhallu").compute(**base, sources=["a", "None", None])["per_source"]
+    assert sorted(named) == ["None", "a"] and named["None"]["counts"]["n"] == 1
+
+
 def test_radcliq_components_numpy_numbers_count_and_percentages_are_refused():
     """Reproductions: numpy float32 components were all "skipped" as missing (n 0, radcliq None); a BERTScore
     given in percent (text_generation's bertscore_per_item, 0-100) gave RadCliQ -105.7 without a word; a string
