@@ -171,6 +171,16 @@ def test_every_metric_reading_options_checks_them_alike(name, choices, message):
 
 
 @pytest.mark.parametrize("name", OPTION_METRICS)
+@pytest.mark.parametrize("options", [{"Effusion", "Pneumonia"}, frozenset({"Effusion", "Pneumonia"})])
+def test_options_in_no_order_are_refused(name, options):
+    """Reproduction: a set of options was read in its iteration order, which for strings changes with
+    PYTHONHASHSEED: "B" was Pneumonia in one process and Effusion in the next, the score with it."""
+    with pytest.raises(ValueError, match=r"^choices\[0\] is \w+ .*; pass the options as a list of strings, in "
+                                         r"their order \(a set has no order"):
+        compute(name, ["B"], ["Pneumonia"], answer_types=["multiple_choice"], choices=[options])
+
+
+@pytest.mark.parametrize("name", OPTION_METRICS)
 def test_options_as_tuples_strings_or_missing_read_alike(name):
     """A tuple of options reads as the list; a missing item (None, NaN, pandas.NA) as no options (for a
     multiple-choice item close_ended_accuracy names it as needing choices)."""
@@ -231,6 +241,18 @@ def test_whole_number_labels_of_any_type_are_one_group():
     base = dict(correct=[1, 0], correct_rep_v=[1, 1], correct_rep_k=[0, 1], correct_rep_vk=[1, 0], h_v=[0, 1],
                 h_k=[0, 0], h_r=[1, 0])
     assert list(metric("clinhallu").compute(**base, sources=pd.Series([3.0, 3]))["per_source"]) == ["3"]
+
+
+def test_clinhallu_leaves_a_missing_source_out_of_per_source():
+    """Reproduction: per_source grouped str(source), so a missing source (None, NaN) was a source named "None", one
+    group with an item whose source is the text "None"; close_ended_accuracy and stepbench leave a missing label out
+    of their groups."""
+    base = dict(correct=[1, 0, 1], correct_rep_v=[1, 1, 0], correct_rep_k=[0, 1, 1], correct_rep_vk=[1, 0, 0],
+                h_v=[0, 1, 0], h_k=[0, 0, 1], h_r=[1, 0, 0])
+    out = metric("clinhallu").compute(**base, sources=["a", None, float("nan")])
+    assert list(out["per_source"]) == ["a"] and out["per_source"]["a"]["counts"]["n"] == 1
+    named = metric("clinhallu").compute(**base, sources=["a", "None", None])["per_source"]
+    assert sorted(named) == ["None", "a"] and named["None"]["counts"]["n"] == 1
 
 
 def test_radcliq_components_numpy_numbers_count_and_percentages_are_refused():

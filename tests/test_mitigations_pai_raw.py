@@ -164,6 +164,13 @@ def test_neutral_raw_equals_templated_equals_plain_greedy(tiny):
     for stream in CFG_STREAMS:  # with the (unused) stream joined to the clean batch, as PAI ran it at γ = 1 before
         joined = StreamingNeutralPAI(alpha=0.0, gamma=1.0, cfg_stream=stream)
         assert torch.equal(_new(model, inputs, joined, **_raw(joined, processor.tokenizer, QUESTIONS)), plain)
+    # with the boost on (α ≠ 0, γ = 1): dropping the stream changes no token of what PAI gave before, the boosted
+    # clean rows of the joined batch
+    boosted = _new(model, inputs, PAI(alpha=0.5, gamma=1.0))
+    assert not torch.equal(boosted, plain)  # the boost moves this output: the comparison below can fail
+    for stream in CFG_STREAMS:
+        joined = StreamingNeutralPAI(alpha=0.5, gamma=1.0, cfg_stream=stream)
+        assert torch.equal(_new(model, inputs, joined, **_raw(joined, processor.tokenizer, QUESTIONS)), boosted)
 
 
 def test_raw_question_moves_the_output_and_batch_equals_single(tiny):

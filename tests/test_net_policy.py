@@ -205,6 +205,23 @@ def test_a_same_origin_redirect_whose_path_or_query_holds_an_at_is_followed():
     assert [hit[1] for hit in images.hits] == ["/old/a.png", moved]
 
 
+@pytest.mark.parametrize("second", ["http://198.51.100.7:9/x.png", "/files/me@example.org/x.png"])
+def test_a_refusal_after_a_redirect_whose_path_holds_an_at_names_the_endpoint(second):
+    """Reproduction: after a same-origin redirect to /files/me@example.org/... on a host with a port, the next
+    refusal (a redirect to another host, or one redirect too many) named the endpoint '<unparseable URL>': _host
+    read the whole URL, which parse_address refuses for the '@' after its host:port (AtAfterPort), where the
+    origin check reads its scheme://authority alone."""
+    from medheval.net import transport
+
+    moved = "/files/me@example.org/x.png"
+    with Server(lambda handler: _send(handler, 302, headers={"Location": moved if handler.path.startswith("/old/")
+                                                                     else second})) as images:
+        session = transport.session_for(images.url, credentialed=False)
+        with pytest.raises(transport.RedirectRefused) as info:
+            transport.request(session, "GET", f"{images.url}/old/a.png", timeout=5, deadline=10, max_bytes=2**20)
+    assert f"'127.0.0.1:{images.port}'" in str(info.value) and "unparseable" not in str(info.value)
+
+
 @pytest.mark.parametrize("location, followed", [
     ("/@scope/b?mail=a@b.org", True),  # an "@" in a path or query names no host
     ("https://example.org/files/me@example.org/b", True),

@@ -649,6 +649,23 @@ def test_an_image_root_with_an_at_after_its_host_and_port_is_refused_saying_wher
     assert "tok-canary-77" not in message and "cannot be read" not in message
 
 
+@pytest.mark.parametrize("template", ["https://cdn.example.org:8443/{path}@x?code=tok-canary-78",
+                                      "https://cdn.example.org:8443/{path}@x?a=1;sig=tok-canary-78",
+                                      "https://cdn.example.org:8443/{path}@x?id=1&hmac=tok-canary-78",
+                                      "https://u:pw@cdn.example.org:8443/{path}@x#access_token=tok-canary-78"])
+def test_an_image_root_with_an_at_after_its_port_shows_no_query_or_fragment_value(template):
+    """Reproduction: the refusal quoted the root through _redact_url, which masks only secret-named values of
+    '&'-separated query items: '?code=', '?hmac=', a ';sig=' were shown, while parse_address's own message (and
+    register_url, which takes every query value of a template for a secret) masks every value. A fragment's
+    '#access_token=' was shown by both."""
+    with pytest.raises(ValueError) as info:
+        URLTemplateSource(template)
+    assert "tok-canary-78" not in str(info.value) and "an '@' in the path or query as %40" in str(info.value)
+    with pytest.raises(JudgeError) as info:  # a judge's base URL: parse_address's message
+        make_judge(f"openai:m@{template.replace('{path}', 'v1')}", **FAST)
+    assert "tok-canary-78" not in str(info.value) and "an '@' in the path or query as %40" in str(info.value)
+
+
 @pytest.mark.parametrize("root, path, auth", [
     ("http://127.0.0.1:{port}/gh/org/repo%40main/{{path}}", "/gh/org/repo%40main/a.png", None),
     ("http://u:pa%2Fss%40x@127.0.0.1:{port}/repo%40main/{{path}}", "/repo%40main/a.png", "u:pa/ss@x"),

@@ -47,7 +47,7 @@ from PIL import Image
 
 from medheval.data.schema import is_credentialed
 from medheval.net import transport
-from medheval.net.hosts import AT_AFTER_PORT, AtAfterPort, is_host_form, mask_userinfo, parse_address
+from medheval.net.hosts import AtAfterPort, is_host_form, mask_userinfo, parse_address
 from medheval.net.keys import IMAGE_HOST_ENV, check_plain_http, image_hosts
 from medheval.net.secrets import is_secret_query_name, redact, register_basic_auth, register_url
 
@@ -587,8 +587,8 @@ class URLTemplateSource:
             raise ValueError(f"URL template {_redact_url(template)!r} has no '{{path}}' placeholder")
         try:  # the host as medheval.net spells it: one host however it is written
             address = parse_address(template)
-        except AtAfterPort:  # (parse_address's message would quote a ?token= of the template)
-            raise ValueError(f"URL template {_redact_url(template)!r} {AT_AFTER_PORT}") from None
+        except AtAfterPort as error:  # its text is masked there: user-info, every query and fragment value
+            raise ValueError(f"URL template {error}") from None
         except ValueError:
             raise ValueError(
                 f"URL template {_redact_url(template)!r}: its host cannot be read. A port is a number from 0 to "

@@ -70,12 +70,13 @@ def _parse_error(text: str, error: ValueError) -> str:
     return "its host or port cannot be read" if "@" in text else str(error)
 
 
-_QUERY_VALUE = re.compile(r"([?&;][^=&;#?]*=)[^&;#]*")
+_QUERY_VALUE = re.compile(r"([?&;#][^=&;#?]*=)[^&;#]*")
 
 
 def _masked(text: str) -> str:
-    """``text`` with its user-info masked (:func:`mask_userinfo`), then every query value (``?name=value``,
-    ``&name=value``: a key or signature in a query is no part of a host) as ``***``."""
+    """``text`` with its user-info masked (:func:`mask_userinfo`), then every query or fragment value
+    (``?name=value``, ``&name=value``, ``#access_token=value``: a key or signature there is no part of a host) as
+    ``***``."""
     return _QUERY_VALUE.sub(r"\1***", mask_userinfo(text))
 
 

@@ -329,6 +329,7 @@ def request(session: requests.Session, method: str, url: str, headers: Mapping[s
     previous = getattr(_active, "slot", None)
     _active.slot = slot
     watchdog.start()
+    endpoint = url  # what the messages name: every redirect followed stays on its origin
     try:
         for _ in range(MAX_REDIRECTS + 1):
             remaining = stop_at - time.monotonic()
@@ -340,7 +341,7 @@ def request(session: requests.Session, method: str, url: str, headers: Mapping[s
                                            timeout=(min(timeout, remaining), timeout))
                 try:
                     if response.status_code in REDIRECT_STATUS:
-                        url = _redirect_target(url, response, method)
+                        url = _redirect_target(url, response, method, endpoint)
                         continue
                     content = b"" if method == "HEAD" else _read(response, max_bytes, stop_at, deadline)
                 finally:
@@ -352,19 +353,21 @@ def request(session: requests.Session, method: str, url: str, headers: Mapping[s
             if slot.expired:
                 raise DeadlineExceeded(f"no complete reply within deadline={deadline:g}s")
             return Reply(response.status_code, CaseInsensitiveDict(response.headers), content, url)
-        raise RedirectRefused(f"more than {MAX_REDIRECTS} redirects from {_host(url)!r}")
+        raise RedirectRefused(f"more than {MAX_REDIRECTS} redirects from {_host(endpoint)!r}")
     finally:
         watchdog.cancel()
         _active.slot = previous
 
 
-def _redirect_target(url: str, response: requests.Response, method: str = "POST") -> str:
+def _redirect_target(url: str, response: requests.Response, method: str = "POST", endpoint: str | None = None) -> str:
     """The URL a same-origin redirect points at (of a POST: a 307/308 only); :class:`RedirectRefused` for every
-    other redirect."""
+    other redirect, naming ``endpoint`` (default ``url``): the URL first requested, as a URL a server redirected to
+    may hold an ``@`` in its path after a ``host:port``, which :func:`origin` refuses in a whole URL."""
     status = response.status_code
+    named = _host(endpoint if endpoint is not None else url)
     location = response.headers.get("Location")
     if not location:
-        raise RedirectRefused(f"{_host(url)!r} answered {status} without a Location")
+        raise RedirectRefused(f"{named!r} answered {status} without a Location")
     try:
         target = urljoin(url, location)
     except ValueError:  # "http://[": no host can be read, so not the endpoint's
@@ -381,12 +384,12 @@ def _redirect_target(url: str, response: requests.Response, method: str = "POST"
         except ValueError:
             shown = _host(_authority(target))
         raise RedirectRefused(
-            f"{_host(url)!r} answered {status} redirecting to another host, {shown!r}: refused, "
+            f"{named!r} answered {status} redirecting to another host, {shown!r}: refused, "
             f"so the request (its text, images, key headers and credentials) is not sent there; if you trust that "
             f"host, point the base URL or image root at it")
     if method not in ("GET", "HEAD") and status not in KEEPS_METHOD_AND_BODY:
         raise RedirectRefused(
-            f"{_host(url)!r} answered {status} (to {urlsplit(target).path!r}), a redirect that turns the POST into "
+            f"{named!r} answered {status} (to {urlsplit(target).path!r}), a redirect that turns the POST into "
             f"a GET without its body: set the base URL to the final endpoint")
     return target
 

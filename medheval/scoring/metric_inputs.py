@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Set
 from typing import Any
 
 import numpy as np
@@ -336,6 +336,9 @@ def _options_problem(value: Any) -> str | None:
         return surrogate_problem(value)
     if isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
         return f"is {_described(value)}; pass the options as a list of strings (or one 'A. x, B. y' string)"
+    if isinstance(value, Set):  # read in hash order, which for strings changes from process to process
+        return (f"is {_described(value)}; pass the options as a list of strings, in their order (a set has no "
+                "order: which option is A would change from run to run)")
     return None
 
 
@@ -350,8 +353,8 @@ def options_column(name: str, values: Iterable[Any] | None, n: int, missing: Any
     """:func:`per_item_column` of per-item option lists (``choices``), each item checked: a list (tuple, numpy
     array: each cell of a list column of ``Dataset.to_pandas()`` or of a parquet file read by pandas) of strings,
     given back as a list, or one ``'A. x, B. y'`` string; a missing item (``None``, NaN, ``pandas.NA``) is ``None``.
-    Anything else (a number, a dict, an option that is not a string) is a ``ValueError`` naming ``name[index]``
-    (``name[index][option]``) and what to pass."""
+    Anything else (a number, a dict, a set: its order is the hash's, an option that is not a string) is a
+    ``ValueError`` naming ``name[index]`` (``name[index][option]``) and what to pass."""
     column = per_item_column(name, values, n, missing)
     if column is None:
         return None

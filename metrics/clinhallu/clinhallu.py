@@ -57,7 +57,7 @@ Args:
         Rep-K and Rep-VK.
     h_v, h_k, h_r (`list` of `int` or `None`): stage hallucination judgements (1 hallucinated).
     sources (`list` of `str`, *optional*): source dataset per item (vqa_rad, pathvqa, ...): gives
-        `per_source`.
+        `per_source`; a `None` entry (or NaN) is scored overall but left out of it.
     settings (`list` of `str`, *optional*): the settings that were run, from "org", "rep_v",
         "rep_k", "rep_vk" (default: all four); pass all-None columns for the others.
     upstream_compat (`bool`, *optional*, defaults to `False`): answer denominators as ClinHallu's
@@ -188,8 +188,8 @@ def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v
         if not isinstance(sources, (str, bytes, dict)) and len(sources) != n:
             raise ValueError(f"Mismatch in the number of items: correct has {n}, sources has {len(sources)}")
         sources = medheval.scoring.metric_inputs.per_item_column("sources", sources, n, kind="label")
-        for source in sorted({str(s) for s in sources}):
-            rows = [i for i, s in enumerate(sources) if str(s) == source]
+        for source in sorted({s for s in sources if s is not None}):  # labels as text; a missing one left out
+            rows = [i for i, s in enumerate(sources) if s == source]
             group = {key: [values[i] for i in rows] for key, values in columns.items()}
             result["per_source"][source] = stage_metrics(group, upstream_compat, settings, stage_denominator)
     result["denominator"] = "valid_only" if upstream_compat else "all_items"
