@@ -112,7 +112,7 @@ def test_close_ended_accuracy_names_bad_per_item_inputs():
     with pytest.raises(ValueError, match=r"^choices\[0\] is dict \{'A': 'x'\}; pass the options as a list"):
         acc.compute(**one, choices=[{"A": "x"}])
     two = dict(predictions=["yes", "no"], references=["yes", "no"], answer_types=["yes_no"] * 2)
-    with pytest.raises(ValueError, match=r"^categories\[0\] is list \['a'\]; pass a string \(or None\)"):
+    with pytest.raises(ValueError, match=r"^categories\[0\] is list \['a'\]; pass a string or a whole number \(or None\)"):
         acc.compute(**two, categories=[["a"], "a"])
     with pytest.raises(ValueError, match=r"^questions\[0\] is int 1; pass a string \(or None\)"):
         acc.compute(**two, questions=[1, None])
@@ -208,7 +208,7 @@ def test_stepbench_empty_inputs_have_no_rates_and_bad_labels_are_named():
     assert out["n"] == 0
     assert [out[k] for k in ("accuracy", "precision", "recall", "f1", "macro_f1")] == [None] * 5
     json.dumps(out)
-    with pytest.raises(ValueError, match=r"^languages\[0\] is list \['en'\]; pass a string \(or None\)"):
+    with pytest.raises(ValueError, match=r"^languages\[0\] is list \['en'\]; pass a string or a whole number \(or None\)"):
         compute("stepbench", ["a", "b"], ["hallucination"] * 2, steps=[1, 2], languages=[["en"], "en"])
     with pytest.raises(ValueError, match=r"^item 0: step True is not one of 1, 2, 3, 4"):
         compute("stepbench", ["a"], ["hallucination"], steps=[True])
@@ -232,7 +232,7 @@ def test_whole_number_labels_of_any_type_are_one_group():
         with pytest.raises(ValueError, match=rf"^categories\[1\] is {shown}, not a whole number; pass a string or a "
                                              r"whole number \(or None\)$"):
             acc.compute(**two, categories=[1, bad, 2, 1])
-    with pytest.raises(ValueError, match=r"^categories\[0\] is bool True; pass a string \(or None\)$"):
+    with pytest.raises(ValueError, match=r"^categories\[0\] is bool True; pass a string or a whole number \(or None\)$"):
         acc.compute(**two, categories=[True, None, 2, 1])
     # every metric with a per-item label: stepbench's languages (1 and "1" failed to sort), clinhallu's sources
     steps = dict(steps=[1, 2, 1, 2])
@@ -314,7 +314,7 @@ def test_clinhallu_judgements_are_whole_numbers_not_coerced():
             clinhallu.compute(**{**base, "correct": [1, bad]})
     with pytest.raises(ValueError, match=r"^correct is a single str \('10'\), not a list"):
         clinhallu.compute(**{**base, "correct": "10"})
-    with pytest.raises(ValueError, match=r"^sources\[0\] is list \['a'\]; pass a string \(or None\)"):
+    with pytest.raises(ValueError, match=r"^sources\[0\] is list \['a'\]; pass a string or a whole number \(or None\)"):
         clinhallu.compute(**base, sources=[["a"], "b"])
     # pandas' float columns (1.0 / 0.0 / NaN) still read as judgements
     expected = clinhallu.compute(**base)

@@ -280,7 +280,7 @@ def _label_problem(value: Any) -> str | None:
     if isinstance(value, str):
         return surrogate_problem(value)
     if _is_bool(value) or not isinstance(value, numbers.Real):
-        return f"is {_described(value)}; pass a string (or None)"
+        return f"is {_described(value)}; pass a string or a whole number (or None)"
     if isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer()):
         return None
     return f"is {_described(value)}, not a whole number; pass a string or a whole number (or None)"
