@@ -14,7 +14,11 @@ the extraction is the package's, not a re-implementation. What this module adds:
   the package get both back (``encode_plus(a, b, **kw)`` is ``tokenizer(a, b, **kw)``; the special
   tokens wrapped around a segment are read off the tokenizer itself). Nothing else is patched;
 - strict, explained weight loading (a missing, unexpected or mis-shaped tensor names itself);
-- empty reports get an empty graph without a model call (the package would feed the word "None").
+- empty reports get an empty graph without a model call (the package would feed the word "None");
+- **long reports**: the package turns the model's predictions into a graph in time cubic in the
+  report length (and builds the relation head's pair features in one piece); by default
+  ``radgraph_decoding`` gives the same graph in linear time and blockwise memory
+  (``decoding="package"`` keeps the package's own path, for checking).
 
 **Model folder layout** (what the package extracts from ``StanfordAIMI/RRG_scorers``
 ``radgraph.tar.gz`` / ``radgraph-xl.tar.gz`` / ``modern-radgraph-xl.tar.gz`` / ``echograph.tar.gz``,
@@ -51,11 +55,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from medheval.radiology import radgraph_decoding
+
 RADGRAPH_PATH_ENV = "MEDHEVAL_RADGRAPH_PATH"
 RADGRAPH_ENCODER_ENV = "MEDHEVAL_RADGRAPH_ENCODER"
 MODEL_TYPES: tuple[str, ...] = ("radgraph", "radgraph-xl", "modern-radgraph-xl", "echograph")
 DEFAULT_MODEL_TYPE = "radgraph"
 REQUIRED_FILES: tuple[str, ...] = ("config.json", "weights.th", "vocabulary")
+DECODINGS: tuple[str, ...] = ("linear", "package")
 ENCODER_SUBDIR = "encoder"
 PACKAGE_SPEC = "radgraph==0.1.18"
 # Constant buffers older transformers wrote into state dicts (transformers >= 4.31 / 5 keep them out).
@@ -450,12 +457,23 @@ class RadGraphAnnotator:
         model_type: ``radgraph`` (v1), ``radgraph-xl``, ``modern-radgraph-xl`` or ``echograph``; picks
             the pre-tokenization (default: from the folder name, else ``radgraph``).
         device: ``"cpu"``, ``"cuda"``, … (default: CUDA when available).
+        decoding: ``"linear"`` (default): predictions become the graph in time linear in its size,
+            and the relation head's pair tensor is built in blocks (``radgraph_decoding``);
+            ``"package"``: radgraph 0.1.18's own decoding, unchanged (cubic in the report length; kept
+            to check the linear one against).
+        pair_block_bytes: with ``decoding="linear"``, the relation head's candidate-pair tensor is
+            built in one piece up to this size, in row blocks of this size above it.
     """
 
     def __init__(self, model_dir: str | os.PathLike, encoder_path: str | os.PathLike | None = None,
-                 model_type: str | None = None, device: str | None = None) -> None:
+                 model_type: str | None = None, device: str | None = None, decoding: str = "linear",
+                 pair_block_bytes: int = radgraph_decoding.PAIR_BLOCK_BYTES) -> None:
         import torch
 
+        if decoding not in DECODINGS:
+            raise RadGraphError(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
+        if not isinstance(pair_block_bytes, int) or pair_block_bytes < 1:
+            raise RadGraphError(f"pair_block_bytes must be a positive number of bytes, got {pair_block_bytes!r}")
         self._rg = _import_radgraph()
         self.model_dir = Path(model_dir)
         self.model_type = infer_model_type(self.model_dir, model_type)
@@ -470,7 +488,10 @@ class RadGraphAnnotator:
                                           f"{error})") from error
         model.load_state_dict(_check_and_clean_state(state, model, weights), strict=True)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.decoding = decoding
         self.model = model.to(self.device).eval()
+        if decoding == "linear":
+            radgraph_decoding.install(self.model, self.dataset, pair_block_bytes)
 
     def __repr__(self) -> str:
         return (f"RadGraphAnnotator(model_dir={str(self.model_dir)!r}, model_type={self.model_type!r}, "
@@ -486,13 +507,16 @@ class RadGraphAnnotator:
             return {"text": "", "entities": {}}
         data = rg["AllennlpDataset"]([self.reader.text_to_instance(document)])
         data.index_with(self.model.vocab)
-        results = []
+        batches = list(rg["PyTorchDataLoader"](batch_size=1, dataset=data))
+        if len(batches) != 1:
+            raise RuntimeError(f"RadGraph made {len(batches)} batches of report {text[:80]!r}")
+        batch = rg["utils"].batch_to_device(batches[0], self.device)
         with torch.no_grad():
-            for batch in rg["PyTorchDataLoader"](batch_size=1, dataset=data):
-                output = self.model(**rg["utils"].batch_to_device(batch, self.device))
-                results.append(self.model.make_output_human_readable(output).to_json())
-        graphs = rg["utils"].postprocess_reports(results)
-        graph = graphs.get(document["doc_key"])
+            if self.decoding == "linear":
+                with radgraph_decoding.paused_gc():
+                    return radgraph_decoding.graph_from_output(self.model(**batch))
+            output = self.model.make_output_human_readable(self.model(**batch)).to_json()
+        graph = rg["utils"].postprocess_reports([output]).get(document["doc_key"])
         if graph is None:
             raise RuntimeError(f"RadGraph produced no output for report {text[:80]!r}")
         return {"text": graph["text"], "entities": graph["entities"]}
@@ -510,7 +534,18 @@ class RadGraphAnnotator:
             graphs[text] = self._annotate_one(text)
             if callback is not None:
                 callback(1)
-        return [copy.deepcopy(graphs[text]) if text.strip() else {"text": "", "entities": {}} for text in texts]
+        handed_out: set[str] = set()  # a text given twice gets two independent graphs
+        results = []
+        with radgraph_decoding.paused_gc():
+            for text in texts:
+                if not text.strip():
+                    results.append({"text": "", "entities": {}})
+                elif text in handed_out:
+                    results.append(copy.deepcopy(graphs[text]))
+                else:
+                    handed_out.add(text)
+                    results.append(graphs[text])
+        return results
 
 
 def load_radgraph(radgraph_path: str | os.PathLike | None = None, encoder_path: str | os.PathLike | None = None,

@@ -90,8 +90,12 @@ def tiny_dygie_config(encoder_name: str = ENCODER_HUB_NAME, max_span_width: int 
 def build_random_radgraph(directory: str | os.PathLike, model_type: str = "radgraph", seed: int = 0,
                           entity_labels: Sequence[str] = V1_ENTITY_LABELS,
                           relation_labels: Sequence[str] = RELATION_LABELS,
-                          encoder_name: str = ENCODER_HUB_NAME, hidden_size: int = 16) -> Path:
+                          encoder_name: str = ENCODER_HUB_NAME, hidden_size: int = 16, feature_size: int = 8,
+                          hidden_dims: int = 16) -> Path:
     """Write a tiny random-weight RadGraph model folder with the real layout; returns the folder.
+
+    ``hidden_size`` (encoder), ``feature_size`` (span-width embedding) and ``hidden_dims`` (head
+    feed-forwards) set the widths; 768 / 20 / 150 give the real models' head sizes.
 
     ``config.json`` names the encoder by its Hub id (as the real archives do) and the tiny encoder
     sits in ``encoder/``, which is where an offline user puts it. Weights are random (seeded; the
@@ -104,7 +108,8 @@ def build_random_radgraph(directory: str | os.PathLike, model_type: str = "radgr
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     write_tiny_bert(folder / ENCODER_SUBDIR, hidden_size=hidden_size, seed=seed)
-    (folder / "config.json").write_text(json.dumps(tiny_dygie_config(encoder_name), indent=2), encoding="utf-8")
+    config = tiny_dygie_config(encoder_name, feature_size=feature_size, hidden_dims=hidden_dims)
+    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     vocab = folder / "vocabulary"
     vocab.mkdir(exist_ok=True)
     (vocab / "non_padded_namespaces.txt").write_text("*tags\n*labels\n", encoding="utf-8")

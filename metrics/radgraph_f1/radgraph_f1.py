@@ -58,7 +58,8 @@ F1RadGraph rewards (Delbrouck et al., 2022; radgraph 0.1.18) are returned too: `
 entities), `partial` (RG_ER, entities flagged by whether they have a relation) and `complete`
 (RG_ER-bar, entities with their relations). The model runs through the `radgraph` package's model
 code from a local model folder or archive; without one the metric raises an error saying where
-to get it.
+to get it. Long reports are not truncated; the model's predictions become graphs in time near-linear in
+the graph's size (the package's own decoding grows with the cube of the report length).
 """
 
 _KWARGS_DESCRIPTION = """
