@@ -400,10 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(run_parser)
     run_parser.set_defaults(handler=cmd_run)
     demo = commands.add_parser("demo", help="the whole pipeline on the embedded fixtures with a tiny random model")
-    demo.add_argument("--output", default="runs/demo")
-    demo.add_argument("--batch-size", type=int, default=8)
+    demo.add_argument("--output", default="runs/demo",
+                      help="folder for the fixture data and the runs (default: runs/demo)")
+    demo.add_argument("--batch-size", type=int, default=8, help="records per generate call (default 8)")
     demo.set_defaults(handler=cmd_demo)
-    listing = commands.add_parser("list", help="benchmarks (configs, item counts), metrics, mitigations: one line each")
+    listing = commands.add_parser("list", help="benchmarks (configs, item counts), metrics, mitigations, protocols: "
+                                                   "one line each")
     listing.add_argument("--json", action="store_true", help="machine-readable output for scripts")
     listing.add_argument("--data-dir", help="count items in this local copy of the annotation files (never "
                                             "downloads; default: the download cache)")
