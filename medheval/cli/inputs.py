@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from medheval.run.options import positive_int
+from medheval.run.options import check_sampling_flags, positive_int
 
 DEFAULT_LIMIT = 3
 
@@ -111,9 +111,7 @@ def cmd_inputs(args: argparse.Namespace) -> int:
     from medheval.run.paper_protocols import configure_backend, get_protocol
     from medheval.run.runner import _method_name
 
-    from medheval.cli.main import _check_sampling_flags
-
-    _check_sampling_flags(args)  # what `run` refuses is not shown as if it ran
+    check_sampling_flags(args)  # what `run` refuses is not shown as if it ran
     protocol = get_protocol(args.protocol)
     benchmarks = split_list(args.benchmark) or []
     protocol.check_benchmarks(benchmarks)
