@@ -74,16 +74,21 @@ def test_a_limit_below_one_is_refused_while_the_arguments_are_parsed(command, li
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("flag", ["--max-new-tokens", "--api-concurrency"])
+@pytest.mark.parametrize("command,flag", [("run", "--max-new-tokens"), ("run", "--api-concurrency"),
+                                          ("inputs", "--max-new-tokens")])
 @pytest.mark.parametrize("value", ["0", "-2"])
-def test_a_length_or_concurrency_below_one_is_refused_while_the_arguments_are_parsed(flag, value, tmp_path, capsys):
+def test_a_length_or_concurrency_below_one_is_refused_while_the_arguments_are_parsed(command, flag, value, tmp_path,
+                                                                                     capsys):
     """Both were plain ints: ``--max-new-tokens 0`` fell back to the default length (or went on to the backend),
-    ``--api-concurrency 0`` reached the API backend after the run had started."""
+    ``--api-concurrency 0`` reached the API backend after the run had started. ``inputs --max-new-tokens 0``
+    was refused by `run`'s parser, printing `run`'s usage under the name ``medheval``."""
     with pytest.raises(SystemExit) as exited:
-        main(["run", "--benchmark", SPLIT, "--model", "tiny-random-llava", "--output", str(tmp_path / "run"),
-              flag, value])
+        main([command, "--benchmark", SPLIT, "--model", "tiny-random-llava", flag, value,
+              *(["--output", str(tmp_path / "run")] if command == "run" else [])])
     assert exited.value.code == 2
-    assert f"{flag}: expected a whole number >= 1, got '{value}'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"medheval {command}: error: argument {flag}: expected a whole number >= 1, got '{value}'" in err
+    assert command == "run" or "--output" not in err  # the usage of the command typed, not of `run`
     assert not (tmp_path / "run").exists()
 
 
@@ -99,6 +104,18 @@ def test_sampling_values_without_do_sample_are_refused_before_anything_runs(flag
     code = main(["run", "--benchmark", SPLIT, "--model", str(tmp_path / "no-such-model"), "--output", str(output),
                  *flags])
     assert code == 2 and said in capsys.readouterr().err and not output.exists()
+
+
+def test_inputs_refuses_the_sampling_values_run_refuses(fixture_benchmark, capsys):
+    """``medheval inputs`` shows what ``run`` sends: it showed ``temperature 0.5`` beside greedy decoding for a
+    command that ``run`` refuses."""
+    common = ["inputs", "--benchmark", SPLIT, "--model", "tiny-random-llava", "--limit", "1",
+              *_fixture_flags(fixture_benchmark)]
+    assert main([*common, "--temperature", "0.5"]) == 2
+    assert "--temperature 0.5 has no effect without --do-sample" in capsys.readouterr().err
+    assert main([*common, "--temperature", "0.5", "--do-sample", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert shown["generation"]["do_sample"] is True and shown["generation"]["temperature"] == 0.5
 
 
 def test_sampling_values_are_left_to_a_protocol_that_samples(fixture_benchmark, tmp_path, capsys):

@@ -176,3 +176,131 @@ def test_every_dotted_medheval_name_imports():
     assert len(names) > 20
     missing = {name: sorted(pages) for name, pages in names.items() if not _resolves(name)}
     assert not missing, f"names in the docs that do not import: {missing}"
+
+
+# -- every option documented, and the defaults the pages and the help give are the parser's -----------------------
+
+
+def _command_parsers(parser: argparse.ArgumentParser = PARSER, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by name: 'run', 'integrations check', ..."""
+    found = {}
+    for name, sub in _subcommands(parser).items():
+        found[f"{prefix}{name}"] = sub
+        found.update(_command_parsers(sub, f"{prefix}{name} "))
+    return found
+
+
+COMMAND_PARSERS = _command_parsers()
+
+
+def _has_default(action: argparse.Action) -> bool:
+    """A value the parser fills in (None, False, [] mean "not given": the code decides, e.g. --control's none)."""
+    return not (action.default is None or action.default is False or action.default == []
+                or action.default == argparse.SUPPRESS)
+
+
+def _defaults(option: str) -> dict[str, object] | None:
+    """{command: default} of each command that has ``option`` with a default; None when no command has the
+    option."""
+    found, known = {}, False
+    for command, parser in COMMAND_PARSERS.items():
+        for action in parser._actions:
+            if option in action.option_strings:
+                known = True
+                if _has_default(action):
+                    found[command] = action.default
+    return found if known else None
+
+
+def _same(said: str, default: object) -> bool:
+    said = said.strip("`'\"").rstrip(".")
+    try:
+        return float(said) == float(default)  # '0' for 0.0
+    except (TypeError, ValueError):
+        return said == str(default)
+
+
+OPTION_SPAN = re.compile(r"`(?:[^`\n]*\s)?(--[a-z][\w-]*)(?:[ =]([^`\s]+))?[^`]*`")
+SAID_DEFAULT = re.compile(r"(?:\(|, )default:?\s+(`?[\w./-]+`?)")
+VALUE_IS_DEFAULT = re.compile(r"^\s*\(default\b")
+COMMAND_NAMED = re.compile(r"(?:medheval|medheval\.cli) ([a-z][\w-]*)|run_eval\.py")
+
+
+def _documented_defaults(text: str) -> list[tuple[str, str, str, str]]:
+    """(option, value said to be its default, command named before it in its paragraph or '', the words) for
+    "`--opt` ... (default V" (no other code span between), "`--opt N`, default V", "`--opt V` (default" and a
+    table row "| `V` (default) |" under a header naming `--opt`."""
+    found = []
+    for span in OPTION_SPAN.finditer(text):
+        option, value = span.group(1), span.group(2)
+        after = text[span.end():span.end() + 120]
+        after = re.split(r"`[^`]*--[a-z]|\.\s|\n\n", after)[0]  # up to the next option, the sentence's or paragraph's end
+        paragraph = text[:span.start()].rsplit("\n\n", 1)[-1]
+        named = [m.group(1) or "run" for m in COMMAND_NAMED.finditer(paragraph + span.group(0))]
+        command = named[-1] if named else ""
+        if value and not _placeholder(value) and VALUE_IS_DEFAULT.match(after):
+            found.append((option, value, command, span.group(0) + after[:20]))
+        elif (said := SAID_DEFAULT.search(after)) and "`" not in after[:said.start()]:  # said of this option
+            found.append((option, said.group(1), command, span.group(0) + after[:said.end()]))
+    for table in re.finditer(r"^\| `(--[a-z][\w-]*)` \|.*\n\|[-| ]+\|\n((?:\|.*\n)+)", text, re.M):
+        for row in re.finditer(r"^\| `([^`]+)` \(default\) \|", table.group(2), re.M):
+            found.append((table.group(1), row.group(1), "", row.group(0)))
+    return found
+
+
+def test_every_option_of_every_command_is_documented():
+    """Each option `medheval <command> --help` lists is named in the README or docs/ (was: `selftest --quiet`,
+    `report --no-plots` and `report --no-html` were in no page)."""
+    text = "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
+    missing = [f"medheval {command} {option}" for command, parser in COMMAND_PARSERS.items()
+               for action in parser._actions for option in action.option_strings
+               if option.startswith("--") and option != "--help"
+               and not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text)]
+    assert not missing, f"options no page names: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_documented_defaults_are_the_parsers(page: Path):
+    wrong = []
+    for option, said, command, words in _documented_defaults(page.read_text(encoding="utf-8")):
+        defaults = _defaults(option)
+        if defaults is None and option in OTHER_TOOLS:
+            continue  # another tool's option (its defaults are its own)
+        if defaults is None:
+            wrong.append(f"{words!r}: no command has {option}")
+            continue
+        if command in defaults:
+            defaults = {command: defaults[command]}
+        if not defaults:
+            continue  # the parser leaves it None: the code decides (e.g. --control none), nothing to compare
+        if len({str(d) for d in defaults.values()}) > 1:
+            wrong.append(f"{words!r}: {option}'s default differs by command {defaults}: name the command before it")
+        elif not _same(said, next(iter(defaults.values()))):
+            wrong.append(f"{words!r}: the parser's default is {defaults}")
+    assert not wrong, f"{page.relative_to(ROOT)}:\n" + "\n".join(wrong)
+
+
+def test_the_documented_defaults_are_found():
+    """The extraction sees the defaults the pages give (a change to it cannot silence the test above)."""
+    found = {(option, said.strip("`")) for page in PAGES
+             for option, said, _, _ in _documented_defaults(page.read_text(encoding="utf-8"))}
+    assert {("--api-concurrency", "16"), ("--p-adjust", "holm"), ("--control", "none"), ("--batch-size", "8"),
+            ("--seed", "0"), ("--limit", "3")} <= found
+    assert _documented_defaults("`medheval inputs --limit N`, default 4") == [
+        ("--limit", "4", "inputs", "`medheval inputs --limit N`, default 4")]
+    assert _documented_defaults("`--seed`), not the protocol's default.") == []
+
+
+def test_the_defaults_the_help_gives_are_the_parsers():
+    """`--help` says "(default V" or "V (default" (V one of the choices) only for the parser's default."""
+    wrong = []
+    for command, parser in COMMAND_PARSERS.items():
+        for action in parser._actions:
+            if not action.help or not _has_default(action):
+                continue
+            said = [m.group(1) for m in re.finditer(r"\bdefault:?\s+([\w./-]+)", action.help)]
+            said += [m.group(1) for m in re.finditer(r"([\w./-]+) \(default\b", action.help)
+                     if action.choices and m.group(1) in action.choices]
+            wrong += [f"medheval {command} {action.option_strings[-1]}: help says default {value}, parser {action.default!r}"
+                      for value in said if not _same(value, action.default)]
+    assert not wrong, "\n".join(wrong)

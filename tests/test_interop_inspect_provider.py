@@ -133,6 +133,17 @@ def test_provider_gives_the_predictions_of_medheval_run(tiny_dir, split_items, r
     assert len(set(got.values())) > 1  # the images and prompts reach the model
 
 
+def test_the_demo_model_by_name_is_the_saved_tiny_model(tiny_dir, split_items, tmp_path):
+    """``--model medheval/tiny-random-llava`` builds the demo model in-process, as ``medheval run --model
+    tiny-random-llava`` does (it was looked up on the Hub, an offline error): the completions of the same model
+    saved to a folder, and outputs marked ``random_weights``."""
+    samples = samples_of(split_items[:4])
+    _, saved = run_inspect(samples, f"medheval/{tiny_dir}", tmp_path / "saved", device="cpu")
+    log, named = run_inspect(samples, "medheval/tiny-random-llava", tmp_path / "named", device="cpu")
+    assert named == saved
+    assert {sample.output.metadata.get("random_weights") for sample in log.samples} == {True}
+
+
 def test_the_medheval_task_run_by_the_provider_matches_medheval_run(tiny_dir, run_folder, fixture_benchmark, tmp_path):
     """Our task ``medheval/cxr_vishal`` (its own samples, settings and scorer) run by the provider with
     ``max_tokens=6``: the predictions of ``medheval run --model`` with ``--max-new-tokens 6``, and the split

@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from medheval.run.options import positive_int
+from medheval.run.options import check_sampling_flags, positive_int
 
 DEFAULT_LIMIT = 3
 
@@ -28,20 +28,24 @@ def add_inputs_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", required=True, help="as for `run`: a Hub id, a local folder, tiny-random-llava, "
                                                        "or openai:<model>@<base_url> …")
     parser.add_argument("--data-dir", help="local copy of the annotation files (as for `run`)")
-    parser.add_argument("--image-root", action="append", default=[], metavar="SOURCE=ROOT")
-    parser.add_argument("--on-missing", choices=("error", "skip"), default="error")
+    parser.add_argument("--image-root", action="append", default=[], metavar="SOURCE=ROOT",
+                        help="image root per source, as for `run` (repeatable; without it the text alone is shown)")
+    parser.add_argument("--on-missing", choices=("error", "skip"), default="error",
+                        help="missing or undecodable images: stop (default) or skip them, as for `run`")
     parser.add_argument("--limit", type=positive_int, default=DEFAULT_LIMIT, help=f"items per split (default {DEFAULT_LIMIT})")
     parser.add_argument("--protocol", default="clean", metavar="NAME", help="paper protocol (as for `run`)")
     parser.add_argument("--chat-template", metavar="NAME", help="model, vicuna_v1, llava_v1, mistral_instruct")
     parser.add_argument("--mitigation", default="none", metavar="NAME[:KEY=VALUE,...]",
                         help="whose generation settings to show (a protocol's differ per mitigation; default none)")
-    parser.add_argument("--max-new-tokens", type=int)
-    parser.add_argument("--do-sample", action="store_true")
-    parser.add_argument("--temperature", type=float)
-    parser.add_argument("--top-p", type=float)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=positive_int, metavar="N",
+                        help="one length for every record (default: per answer type, as for `run`)")
+    parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding, as for `run`")
+    parser.add_argument("--temperature", type=float,
+                        help="needs --do-sample (or a protocol that samples), as for `run`")
+    parser.add_argument("--top-p", type=float, help="needs --do-sample (or a protocol that samples), as for `run`")
+    parser.add_argument("--seed", type=int, default=0, help="the seed `run` would use (default 0)")
     parser.add_argument("--device", help="cpu, cuda … (default: cuda when available)")
-    parser.add_argument("--dtype")
+    parser.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--json", action="store_true", help="one JSON object per item instead of text")
     parser.set_defaults(handler=cmd_inputs)
 
@@ -107,6 +111,7 @@ def cmd_inputs(args: argparse.Namespace) -> int:
     from medheval.run.paper_protocols import configure_backend, get_protocol
     from medheval.run.runner import _method_name
 
+    check_sampling_flags(args)  # what `run` refuses is not shown as if it ran
     protocol = get_protocol(args.protocol)
     benchmarks = split_list(args.benchmark) or []
     protocol.check_benchmarks(benchmarks)

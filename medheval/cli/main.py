@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from medheval.run.options import (
     add_run_arguments,
     build_backend,
+    check_sampling_flags,
     parse_benchmark_options,
     parse_metric_options,
     split_list,
@@ -42,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not (args.model or args.predictions):
         raise RunError("give --model (a model answers) or --predictions (a file of answers), "
                        "or --task detection to score a level source on Med-HallMark's released answers")
-    _check_sampling_flags(args)
+    check_sampling_flags(args)
     from medheval.run.outputs import check_output_folder
 
     args.output_folder = check_output_folder(args.output)  # before the model loads
@@ -98,23 +99,6 @@ def _backend_after_checks(args: argparse.Namespace, spec: "RunSpec") -> tuple[An
         return backend, labels, check(backend)
     splits = check()
     return (*build_backend(args), splits)
-
-
-def _check_sampling_flags(args: argparse.Namespace) -> None:
-    """Refuse ``--temperature`` / ``--top-p`` typed without ``--do-sample`` under the clean protocol, where decoding
-    is then greedy: the values would be recorded and change nothing. A paper protocol sets ``do_sample`` per
-    mitigation (and a grid config in its generation layers), so there the typed values are left to apply where it
-    samples."""
-    from medheval.run.runner import RunError
-
-    if args.do_sample or args.protocol != "clean" or not args.model:
-        return
-    typed = [(flag, value) for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p))
-             if value is not None]
-    if typed:
-        named = " and ".join(f"{flag} {value}" for flag, value in typed)
-        raise RunError(f"{named} {'has' if len(typed) == 1 else 'have'} no effect without --do-sample (decoding is "
-                       f"greedy); add --do-sample, or drop {' and '.join(flag for flag, _ in typed)}")
 
 
 def _finish(results: dict, output: Path) -> int:
@@ -400,10 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(run_parser)
     run_parser.set_defaults(handler=cmd_run)
     demo = commands.add_parser("demo", help="the whole pipeline on the embedded fixtures with a tiny random model")
-    demo.add_argument("--output", default="runs/demo")
-    demo.add_argument("--batch-size", type=int, default=8)
+    demo.add_argument("--output", default="runs/demo",
+                      help="folder for the fixture data and the runs (default: runs/demo)")
+    demo.add_argument("--batch-size", type=int, default=8, help="records per generate call (default 8)")
     demo.set_defaults(handler=cmd_demo)
-    listing = commands.add_parser("list", help="benchmarks (configs, item counts), metrics, mitigations: one line each")
+    listing = commands.add_parser("list", help="benchmarks (configs, item counts), metrics, mitigations, protocols: "
+                                                   "one line each")
     listing.add_argument("--json", action="store_true", help="machine-readable output for scripts")
     listing.add_argument("--data-dir", help="count items in this local copy of the annotation files (never "
                                             "downloads; default: the download cache)")

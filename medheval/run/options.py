@@ -37,6 +37,23 @@ def positive_int(value: str) -> int:
     return number
 
 
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """Refuse ``--temperature`` / ``--top-p`` typed without ``--do-sample`` under the clean protocol, where decoding
+    is then greedy: the values would be recorded and change nothing. A paper protocol sets ``do_sample`` per
+    mitigation (and a grid config in its generation layers), so there the typed values are left to apply where it
+    samples. ``medheval run`` and ``medheval inputs`` both check it."""
+    from medheval.run.protocol import RunError
+
+    if args.do_sample or args.protocol != "clean" or not args.model:
+        return
+    typed = [(flag, value) for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p))
+             if value is not None]
+    if typed:
+        named = " and ".join(f"{flag} {value}" for flag, value in typed)
+        raise RunError(f"{named} {'has' if len(typed) == 1 else 'have'} no effect without --do-sample (decoding is "
+                       f"greedy); add --do-sample, or drop {' and '.join(flag for flag, _ in typed)}")
+
+
 def host_list_entry(value: str) -> str:
     """``--api-key-host``, ``--proxy-for``, ``--allow-remote-credentialed``: a host, ``host:port`` or URL
     (:func:`medheval.net.hosts.check_host_entry`), refused while the arguments are parsed."""

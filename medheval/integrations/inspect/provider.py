@@ -4,6 +4,7 @@ our HF backend (:class:`medheval.backends.hf.HFBackend`), optionally with one of
     inspect eval medheval/cxr_vishal -T allow_credentialed=true --model medheval/llava-hf/llava-1.5-7b-hf \
         -M mitigation=vcd:alpha=1,beta=0.1
     inspect eval medheval/mm_vishal --model medheval//models/my-llava -M batch_size=16 -M device=cuda
+    inspect eval medheval/mm_vishal --model medheval/tiny-random-llava   # the demo model, random weights, offline
 
 Model args (``-M``): ``mitigation`` (our spec syntax, ``-M mitigation=vcd:alpha=1,beta=0.1``: inspect splits it
 at the commas and the list is joined back; or a YAML mapping, ``-M 'mitigation={name: vcd, alpha: 1, beta: 0.1}'``;
@@ -210,11 +211,21 @@ class MedHEvalModelAPI(ModelAPI):
                                 "-M batch_wait=SECONDS")
         from medheval.backends.hf import HFBackend
         from medheval.integrations.inspect.model_args import resolve_mitigation
+        from medheval.run.options import TINY_MODEL
 
         method = resolve_mitigation(mitigation)  # inspect's list of a comma spec joined back (model_args)
         self.mitigation = method.spec() if method is not None else "none"
-        self.backend = HFBackend(model_name, batch_size=int(batch_size), device=device, dtype=dtype,
-                                 generate_kwargs={"custom_generate": method} if method is not None else None)
+        common = {"batch_size": int(batch_size), "device": device, "dtype": dtype,
+                  "generate_kwargs": {"custom_generate": method} if method is not None else None}
+        if model_name == TINY_MODEL:  # the demo model, built in-process as `medheval run --model` builds it
+            from medheval.backends.tiny import build_tiny_llava
+
+            model, processor = build_tiny_llava(seed=0)
+            model.name_or_path = TINY_MODEL
+            self.backend = HFBackend(model, processor, **common)
+            self.backend.name = TINY_MODEL
+        else:
+            self.backend = HFBackend(model_name, **common)
         self.batcher = CallBatcher(self._run_batch, int(batch_size), float(batch_wait))
 
     def _run_batch(self, requests: list[dict], images: list[list[Image.Image]], overrides: dict) -> list[str]:
