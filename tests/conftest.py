@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,19 @@ def loaded(snapshot: dict, tmp_path_factory: pytest.TempPathFactory):
 
     return prepare_benchmark("clinhallu", "all", data_dir=snapshot["data_dir"], image_roots=snapshot["image_roots"],
                              cache_dir=tmp_path_factory.mktemp("dcache"))
+
+
+# The radgraph package and a random-weight RadGraph model folder (test_metric_radgraph_f1, test_radgraph_decoding).
+@pytest.fixture(scope="module")
+def radgraph_pkg():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pytest.importorskip("radgraph", reason="the radgraph package (model code) is not installed",
+                                   exc_type=ImportError)
+
+
+@pytest.fixture(scope="module")
+def tiny_radgraph(radgraph_pkg, tmp_path_factory):
+    from medheval.radiology.tiny_models import build_random_radgraph
+
+    return build_random_radgraph(tmp_path_factory.mktemp("radgraph") / "radgraph", seed=0)

@@ -154,21 +154,6 @@ def test_rewards_match_the_radgraph_package():
 
 
 @pytest.fixture(scope="module")
-def radgraph_pkg():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return pytest.importorskip("radgraph", reason="the radgraph package (model code) is not installed",
-                                   exc_type=ImportError)
-
-
-@pytest.fixture(scope="module")
-def tiny_radgraph(radgraph_pkg, tmp_path_factory):
-    from medheval.radiology.tiny_models import build_random_radgraph
-
-    return build_random_radgraph(tmp_path_factory.mktemp("radgraph") / "radgraph", seed=0)
-
-
-@pytest.fixture(scope="module")
 def metric():
     return load_metric_offline(METRIC_DIR)
 

@@ -37,21 +37,6 @@ NORMAL_REPORTS = [
 
 
 @pytest.fixture(scope="module")
-def radgraph_pkg():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return pytest.importorskip("radgraph", reason="the radgraph package (model code) is not installed",
-                                   exc_type=ImportError)
-
-
-@pytest.fixture(scope="module")
-def tiny_radgraph(radgraph_pkg, tmp_path_factory):
-    from medheval.radiology.tiny_models import build_random_radgraph
-
-    return build_random_radgraph(tmp_path_factory.mktemp("radgraph") / "radgraph", seed=0)
-
-
-@pytest.fixture(scope="module")
 def metric():
     return load_metric_offline(Path(__file__).resolve().parents[1] / "metrics" / "radgraph_f1")
 
