@@ -87,6 +87,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_scoring.py
 	$(PY) benchmarks/bench_hf_backend.py
 	$(PY) benchmarks/bench_labeler.py
+	$(PY) benchmarks/bench_degenerate.py
 	$(PY) benchmarks/bench_image_check.py
 
 clean:

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Hashable
 from typing import Any
 
-_FENCE = re.compile(r"```[ \t]*(?:json5?|javascript|js|python|py)?[ \t]*\r?\n?(.*?)```", re.IGNORECASE | re.DOTALL)
+# A code fence's opening: the backticks, an optional language tag, then the rest of its line. The block runs
+# from there to the next ```. Matched at one place each (see _fence_blocks), never backtracked into: the old
+# single regex (opening, lazy body, closing) tried every split of a run of blanks after an unclosed ```
+# (minutes for a few thousand blanks).
+_FENCE_OPEN = re.compile(r"```[ \t]*(?:json5?|javascript|js|python|py)?[ \t]*\r?\n?", re.IGNORECASE)
 _SMART_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
 _BARE_WORDS = {"true": "true", "false": "false", "null": "null", "True": "true", "False": "false",
                "None": "null", "TRUE": "true", "FALSE": "false", "NULL": "null"}
@@ -55,6 +60,25 @@ def _balanced_objects(text: str):
                 yield text[start : pos + 1]
     if depth > 0 and start >= 0:  # unterminated object: offer it anyway (a missing final brace)
         yield text[start:] + "}" * depth
+
+
+def _fence_blocks(text: str) -> list[str]:
+    """The bodies of the Markdown code fences of ``text``, in order, in linear time.
+
+    The same blocks as ``re.findall(r"```[ \\t]*(?:json5?|...)?[ \\t]*\\r?\\n?(.*?)```", text, re.I | re.S)``: an
+    opening takes the longest language tag and blanks it can (its first reading in that regex), its body ends at
+    the next ```, and an opening with no ``` after its body ends the search (no later one has one either).
+    """
+    blocks: list[str] = []
+    pos = 0
+    while (start := text.find("```", pos)) >= 0:
+        body = _FENCE_OPEN.match(text, start).end()
+        close = text.find("```", body)
+        if close < 0:
+            break
+        blocks.append(text[body:close])
+        pos = close + 3
+    return blocks
 
 
 def _skip_blank(text: str, pos: int) -> int:
@@ -168,12 +192,26 @@ def _loads_object(candidate: str) -> dict | None:
     for attempt in (candidate, None):
         try:
             value = json.loads(attempt if attempt is not None else _normalise(candidate))
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # not JSON, or a number past Python's limit on digits (4,300)
             continue
         if isinstance(value, dict):
             return value
         return None
     return None
+
+
+_DEEP = ("nested too deep for a key",)
+
+
+def _same_key(value: Any) -> Hashable:
+    """A hashable stand-in for a JSON value, equal for equal values (an object's members as a frozenset, an
+    array's items as a tuple), so that each value is compared only with values that may equal it: a reply
+    holding thousands of different objects was checked pair by pair (quadratic)."""
+    if isinstance(value, dict):
+        return "object", frozenset((key, _same_key(item)) for key, item in value.items())
+    if isinstance(value, list):
+        return "array", tuple(_same_key(item) for item in value)
+    return value
 
 
 def parse_json_object(text: str) -> dict[str, Any]:
@@ -198,11 +236,12 @@ def parse_json_object(text: str) -> dict[str, Any]:
     if not stripped:
         raise ValueError("the judge's reply is empty (expected one JSON object)")
     candidates: list[str] = []
-    for block in _FENCE.findall(stripped):
+    for block in _fence_blocks(stripped):
         candidates.extend(_balanced_objects(block))
     candidates.extend(_balanced_objects(stripped))
     seen: set[str] = set()
     values: list[dict] = []
+    alike: dict[Hashable, list[dict]] = {}  # the values found so far, by _same_key
     for candidate in candidates:
         for variant in (candidate, candidate.translate(_SMART_QUOTES)):
             if variant in seen:
@@ -210,7 +249,12 @@ def parse_json_object(text: str) -> dict[str, Any]:
             seen.add(variant)
             value = _loads_object(variant)
             if value is not None:
-                if value not in values:
+                try:
+                    key = _same_key(value)
+                except RecursionError:
+                    key = _DEEP
+                if value not in alike.setdefault(key, []):
+                    alike[key].append(value)
                     values.append(value)
                 break
     if len(values) == 1:

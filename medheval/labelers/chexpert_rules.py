@@ -59,7 +59,7 @@ Usage::
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from functools import lru_cache
 from typing import Iterable, NamedTuple, Sequence
@@ -351,7 +351,10 @@ _OPENERS = (",", " and", " or", " with")
 def _opens_phrase(text: str, start: int) -> bool:
     """A hedge or negation ends an earlier forward scope only where it opens a new phrase
     ("no pneumonia, possible atelectasis"), not inside one ("no suspicious nodules")."""
-    return text[:start].rstrip().endswith(_OPENERS) or start == 0
+    end = start  # the text before ``start`` less its trailing blanks, found without copying it
+    while end and text[end - 1].isspace():
+        end -= 1
+    return text.endswith(_OPENERS, 0, end) or start == 0
 
 
 def _clause_after(words: list[str], wstarts: list[int], comma: int) -> bool:
@@ -526,15 +529,72 @@ def _in_scope(m: _Mention, t: _Trig, kind: str, direction: str, window: int | No
     return True
 
 
-def _context(m: _Mention, s_start: int, s_end: int, scan: _Scan, cuts: _Cuts) -> set[str]:
-    """The trigger kinds ("pre", "neg", "post", "stable") whose scope reaches mention ``m``."""
-    kinds: set[str] = set()
-    for t in cuts.triggers:
-        if t.end <= s_start or t.start >= s_end:
-            continue
+class _Reach(NamedTuple):
+    """The triggers of :class:`_Cuts` arranged so that a mention is checked against the few that can reach it.
+
+    Forward, per role ``(kind, window)``: a later trigger reaches every mention an earlier one reaches (its
+    window counts from nearer the mention, and a cut between it and the mention also lies between the
+    earlier one and the mention), so only the last one ending before the mention is checked. Backward: only
+    the triggers starting within the largest backward window after the mention (each starts at its own
+    word). Checking every trigger of the sentence cost mentions x triggers checks in a long sentence of
+    both ("no effusion no effusion …").
+    """
+
+    forward: dict[tuple[str, int | None], tuple[list[int], list[_Trig]]]  # role -> (ends, triggers), text order
+    backward: list[_Trig]  # triggers with a backward role, text order
+    backward_starts: list[int]
+    backward_window: int | None  # the largest backward window (None: unbounded)
+
+
+def _reach(triggers: list[_Trig]) -> _Reach:
+    forward: dict[tuple[str, int | None], tuple[list[int], list[_Trig]]] = {}
+    backward: list[_Trig] = []
+    windows: list[int | None] = []
+    for t in triggers:  # in text order, not overlapping
         for kind, direction, window in t.roles:
-            if _in_scope(m, t, kind, direction, window, scan, cuts):
+            if direction == FORWARD:
+                ends, found = forward.setdefault((kind, window), ([], []))
+                if not found or found[-1] is not t:
+                    ends.append(t.end)
+                    found.append(t)
+            else:
+                windows.append(window)
+                if not backward or backward[-1] is not t:
+                    backward.append(t)
+    widest = None if None in windows else max(windows, default=0)
+    return _Reach(forward, backward, [t.start for t in backward], widest)
+
+
+_FEW_TRIGGERS = 16  # a report with no more triggers checks them all for each mention (cheaper than _Reach)
+
+
+def _context(m: _Mention, s_start: int, s_end: int, scan: _Scan, cuts: _Cuts, reach: _Reach | None) -> set[str]:
+    """The trigger kinds ("pre", "neg", "post", "stable") whose scope reaches mention ``m``: of the triggers
+    overlapping its sentence, those whose role :func:`_in_scope` accepts (all of them checked when ``reach``
+    is ``None``, else those :class:`_Reach` selects)."""
+    kinds: set[str] = set()
+    if reach is None:
+        for t in cuts.triggers:
+            if t.end > s_start and t.start < s_end:
+                for kind, direction, window in t.roles:
+                    if _in_scope(m, t, kind, direction, window, scan, cuts):
+                        kinds.add(kind)
+        return kinds
+    for (kind, window), (ends, found) in reach.forward.items():
+        last = bisect_right(ends, m.start) - 1
+        if kind not in kinds and last >= 0:
+            t = found[last]
+            if t.end > s_start and _in_scope(m, t, kind, FORWARD, window, scan, cuts):
                 kinds.add(kind)
+    later = reach.backward
+    j = bisect_left(reach.backward_starts, m.end)
+    while j < len(later) and later[j].start < s_end and (
+            reach.backward_window is None or later[j].ws - m.we <= reach.backward_window):
+        t = later[j]
+        for kind, direction, window in t.roles:
+            if direction != FORWARD and _in_scope(m, t, kind, direction, window, scan, cuts):
+                kinds.add(kind)
+        j += 1
     return kinds
 
 
@@ -580,6 +640,7 @@ def _label_text(raw: str) -> list[Label]:
     # sentence-level "Findings: no …" / "Impression: no …" rule
     header_no = {k for k, b in enumerate(bounds) if _HEADER_NO_RE.match(text, b)}
     or_members = _or_members(text, scan.words, mentions, cuts.chain_cuts)
+    reach = _reach(cuts.triggers) if len(cuts.triggers) > _FEW_TRIGGERS else None
 
     labels: list[list[int]] = [[] for _ in range(n_cond)]
     no_finding = True
@@ -587,7 +648,7 @@ def _label_text(raw: str) -> list[Label]:
         sent = bisect_left(bounds, m.start + 1) - 1
         s_start = bounds[sent]
         s_end = bounds[sent + 1] if sent + 1 < len(bounds) else len(text)
-        kinds = {"neg"} if sent in header_no else _context(m, s_start, s_end, scan, cuts)
+        kinds = {"neg"} if sent in header_no else _context(m, s_start, s_end, scan, cuts, reach)
         post = "post" in kinds or k in or_members
         for obs, flags in m.outputs:
             if flags & _DESC:

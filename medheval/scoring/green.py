@@ -101,15 +101,51 @@ def render(reference: Any, candidate: Any, data_dir: str | None = None) -> str:
     return template.format(reference=words(reference), candidate=words(candidate))
 
 
-_HEADER = re.compile(r"^\s*\[([^\]\n]+)\]\s*:?", re.MULTILINE)
-_ITEM = re.compile(r"^\s*\(([a-f1-6])\)\s*(.*)$", re.MULTILINE)
+# A section header "[Header]:" and a category line "(a) ...", each after the blanks that open its line: what
+# re.finditer(r"^\s*" + pattern, text, re.MULTILINE) finds, read by _line_matches without the regex's retry at
+# every line start of a run of blank lines (quadratic in a reply of many empty lines).
+_HEADER = re.compile(r"\[([^\]\n]+)\]\s*:?")
+_ITEM = re.compile(r"\(([a-f1-6])\)\s*(.*)$", re.MULTILINE)
+_NON_BLANK = re.compile(r"\S")
+
+
+def _line_matches(pattern: re.Pattern[str], text: str) -> list[tuple[int, re.Match[str]]]:
+    """``(line start, match)`` of ``pattern`` after the blanks that open a line, as ``re.finditer`` finds
+    ``^\\s*`` + ``pattern`` (MULTILINE): every line start of one blank run reaches the same first non-blank
+    character, so each run is read once."""
+    found: list[tuple[int, re.Match[str]]] = []
+    pos = 0
+    while True:
+        if pos and text[pos - 1] != "\n":  # the next line start
+            pos = text.find("\n", pos) + 1
+            if not pos:
+                return found
+        blank_end = _NON_BLANK.search(text, pos)
+        first = blank_end.start() if blank_end else len(text)
+        match = pattern.match(text, first)
+        if match:
+            found.append((pos, match))
+            pos = match.end()
+        elif first >= len(text):
+            return found
+        else:
+            pos = first + 1
 
 
 def _sections(text: str) -> dict[str, str]:
     """``[Header]:`` sections of the reply, by lower-cased header."""
-    marks = list(_HEADER.finditer(text))
-    return {m.group(1).strip().lower(): text[m.end():marks[i + 1].start() if i + 1 < len(marks) else len(text)]
-            for i, m in enumerate(marks)}
+    marks = _line_matches(_HEADER, text)
+    return {m.group(1).strip().lower(): text[m.end():marks[i + 1][0] if i + 1 < len(marks) else len(text)]
+            for i, (_, m) in enumerate(marks)}
+
+
+def _count(digits: str, where: str) -> int:
+    """``int(digits)``; a ValueError naming ``where`` for a run of digits past Python's limit on digits converted
+    at once (4,300 by default), which is no count (a degenerate reply)."""
+    try:
+        return int(digits)
+    except ValueError:
+        raise ValueError(f"{where} has a count of {len(digits)} digits") from None
 
 
 def _counts(body: str, section: str) -> list[int]:
@@ -117,7 +153,7 @@ def _counts(body: str, section: str) -> list[int]:
     counts = [0] * len(CATEGORIES)
     if body.strip().lower().startswith("no"):
         return counts
-    items = _ITEM.findall(body)
+    items = [match.groups() for _, match in _line_matches(_ITEM, body)]
     if not items:
         raise ValueError(f"[{section}] lists no (a)-(f) categories")
     for label, rest in items:
@@ -125,7 +161,7 @@ def _counts(body: str, section: str) -> list[int]:
         number = re.search(r":\s*(\d+)\b", rest)
         if number is None:
             raise ValueError(f"[{section}] ({label}) has no count (expected '({label}) <type>: <number>. ...')")
-        counts[index] = int(number.group(1))
+        counts[index] = _count(number.group(1), f"[{section}] ({label})")
     return counts
 
 
@@ -144,7 +180,7 @@ def parse_reply(text: str) -> dict[str, Any]:
     if significant is None:
         raise ValueError("no [Clinically Significant Errors] section")
     insignificant = sections.get("clinically insignificant errors")
-    return {"matched": int(matched.group(1)) if matched else 0,
+    return {"matched": _count(matched.group(1), "[Matched Findings]") if matched else 0,
             "significant": _counts(significant, "Clinically Significant Errors"),
             "insignificant": None if insignificant is None else _counts(insignificant,
                                                                          "Clinically Insignificant Errors")}

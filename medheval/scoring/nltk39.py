@@ -47,7 +47,11 @@ _STARTING_QUOTES = (
     (re.compile(r"(?i)(')(?!re|ve|ll|m|t|s|d|n)(\w)\b"), r"\1 \2"),
 )
 _PUNCTUATION = (
-    (re.compile(r"""([^\.])(\.)([\]\)}>"'""" + _CLOSE_QUOTES + r" ]*)\s*$"), r"\1 \2 \3 "),
+    # NLTK's "([^\.])(\.)([\]\)}>\"'»”’ ]*)\s*$": its closers include the space, so a long blank run after a full
+    # stop was split every way between the two before the end was found missing (quadratic). Only the longest
+    # run of closers can be followed by blanks to the end, so the regex below, which tries no other, reads alike.
+    (re.compile(r"""([^\.])(\.)([\]\)}>"'""" + _CLOSE_QUOTES + r""" ]*)(?![\]\)}>"'""" + _CLOSE_QUOTES
+                + r" ])\s*$"), r"\1 \2 \3 "),
     (re.compile(r"([:,])([^\d])"), r" \1 \2"),
     (re.compile(r"([:,])$"), r" \1 "),
     (re.compile(r"\.{2,}"), r" \g<0> "),
@@ -161,9 +165,12 @@ def single_meteor(reference, hypothesis, wordnet, stemmer=None, alpha=0.9, beta=
     hyp = list(enumerate(w.lower() for w in hypothesis))
     ref = list(enumerate(w.lower() for w in reference))
     exact, hyp_left, ref_left = _align_stage(hyp, ref, lambda word: {word})
-    stem = lambda pairs: [(k, stemmer.stem(w)) for k, w in pairs]  # noqa: E731
+    # a degenerate hypothesis repeats a few words thousands of times: each is stemmed and looked up once
+    stem_word = functools.lru_cache(maxsize=None)(stemmer.stem)
+    stem = lambda pairs: [(k, stem_word(w)) for k, w in pairs]  # noqa: E731
     stemmed, hyp_left, ref_left = _align_stage(stem(hyp_left), stem(ref_left), lambda word: {word})
 
+    @functools.lru_cache(maxsize=None)
     def synonyms(word):
         names = (lemma.name() for synset in wordnet.synsets(word) for lemma in synset.lemmas())
         return {name for name in names if "_" not in name} | {word}

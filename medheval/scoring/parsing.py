@@ -49,10 +49,11 @@ Decisions worth knowing (the tests pin them):
 from __future__ import annotations
 
 import difflib
+import inspect
 import re
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import NamedTuple
+from functools import lru_cache, wraps
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from medheval.scoring.text_cues import (
     ANSWER_SENTENCES,
@@ -89,6 +90,35 @@ __all__ = [
 ]
 
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+#: A text longer than this is not memoised (see :func:`_memo`).
+MEMO_MAX_CHARS = 1_000
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _memo(maxsize: int) -> Callable[[_F], _F]:
+    """``lru_cache(maxsize)``, except for calls whose first argument (the text read) is a string of more than
+    :data:`MEMO_MAX_CHARS` characters (a degenerate answer, which does not repeat): those are read each time. With the plain
+    cache a run of such answers kept every one: 65,536 entries of 100,000-character answers, gigabytes."""
+
+    def decorate(function: _F) -> _F:
+        cached = lru_cache(maxsize=maxsize)(function)
+
+        def call(text: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(text, str) and len(text) > MEMO_MAX_CHARS:
+                return function(text, *args, **kwargs)
+            return cached(text, *args, **kwargs)
+
+        def call_one(text: Any) -> Any:  # the hot one-argument functions (_stem, _norm) without argument packing
+            return function(text) if isinstance(text, str) and len(text) > MEMO_MAX_CHARS else cached(text)
+
+        call = wraps(function)(call_one if len(inspect.signature(function).parameters) == 1 else call)
+        call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        call.cache_info = cached.cache_info  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
+
+    return decorate
+
 
 #: Accepted spellings of the two close-ended answer types (schema names first).
 YES_NO_TYPES = frozenset({"yes_no", "binary", "yes/no", "yesno", "closed"})
@@ -196,7 +226,7 @@ def _split_marked(s: str) -> list[str] | None:
     ]
 
 
-@lru_cache(maxsize=8192)
+@_memo(maxsize=8192)
 def _split_choices_str(raw: str) -> tuple[str, ...]:
     s = raw.strip()
     if not s:
@@ -332,7 +362,7 @@ class _Finding(NamedTuple):
     keys: frozenset[str]
 
 
-@lru_cache(maxsize=65536)
+@_memo(maxsize=65536)
 def _stem(word: str) -> str:
     """Crude stemming: a plural ending off, then the first five letters (effusion/effusions,
     enlarged/enlargement, mass/masses, lung/lungs)."""
@@ -343,7 +373,7 @@ def _stem(word: str) -> str:
     return word[:5]
 
 
-@lru_cache(maxsize=8192)
+@_memo(maxsize=8192)
 def _question_finding(question: str) -> _Finding | None:
     """The finding a yes/no question asks about, from its last clause that has content words.
 
@@ -425,7 +455,7 @@ def _sentence_verdict(sentence: str, finding: _Finding | None) -> str | None:
     return None
 
 
-@lru_cache(maxsize=65536)
+@_memo(maxsize=65536)
 def parse_yes_no(text: str, question: str | None = None) -> str | None:
     """Read a free-text answer to a yes/no question: ``"yes"``, ``"no"`` or ``None``.
 
@@ -482,10 +512,12 @@ def _read_sentences(low: str, finding: _Finding | None) -> str | None:
 
 _NON_WORD = re.compile(r"[\W_]+")
 _ARTICLE_WORDS = frozenset({"a", "an", "the"})
-_WHOLE_LETTER = re.compile(r"^\(?\s*([A-Za-z])\s*\)?\s*[.:)]?$")
+# Blank runs are read in one way only (no "\s*X?\s*"): the regex engine tried every split of a long blank run
+# (quadratic, cubic for _EXPLICIT_LETTER's three runs) before failing.
+_WHOLE_LETTER = re.compile(r"^\(?\s*([A-Za-z])\s*(?:\)\s*)?[.:)]?$")
 _LEAD_LETTER = re.compile(r"^(?:\(([A-Z])\)|([A-Z])\s*[.:)]|([A-Z]),|([A-Z])\s+-)(?=\s|$)")
 _EXPLICIT_LETTER = re.compile(
-    r"\b(?:answer|option|choice)\b(?:\s+(?:is|would\s+be|will\s+be|should\s+be))?\s*[:\-]?\s*"
+    r"\b(?:answer|option|choice)\b(?:\s+(?:is|would\s+be|will\s+be|should\s+be))?\s*(?:[:\-]\s*)?"
     r"(?:option\s+|choice\s+)?\(?([A-Za-z])(?![A-Za-z0-9])\)?",
     re.I,
 )
@@ -495,7 +527,7 @@ _AFTER_ARTICLE = re.compile(r"\s+[a-z]")
 _SHORT_LETTER = re.compile(r"(?<![A-Za-z'])([B-H])(?![A-Za-z'\-])")
 
 
-@lru_cache(maxsize=65536)
+@_memo(maxsize=65536)
 def _norm(text: str) -> str:
     """Lower case, punctuation to spaces, articles dropped, spaces collapsed."""
     if not text.isascii():
@@ -521,11 +553,10 @@ def _find_letter(t: str, n: int) -> int | None:
     found: set[int] = set()
     for m in _EXPLICIT_LETTER.finditer(t):
         letter = m.group(1)
-        after = t[m.end() :]
         if letter.islower():
-            if not _AFTER_LOWER.match(after):
+            if not _AFTER_LOWER.match(t, m.end()):
                 continue
-        elif letter in "AI" and _AFTER_ARTICLE.match(after):
+        elif letter in "AI" and _AFTER_ARTICLE.match(t, m.end()):
             continue  # "The answer is A large effusion": an article, not a letter.
         idx = _letter_index(letter, n)
         if idx is not None:
@@ -548,7 +579,7 @@ def _find_short_letter(t: str, n: int) -> int | None:
     return short.pop() if len(short) == 1 else None
 
 
-@lru_cache(maxsize=8192)
+@_memo(maxsize=8192)
 def _norm_options(choices: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(_norm(c) for c in choices)
 
@@ -683,7 +714,7 @@ def _is_negated(t: str, idx: int, options: tuple[str, ...], threshold: float) ->
     return False
 
 
-@lru_cache(maxsize=65536)
+@_memo(maxsize=65536)
 def _parse_mc_cached(text: str, choices: tuple[str, ...], threshold: float) -> int | None:
     t = _clean_text(text)
     if not t or not choices:
@@ -730,7 +761,7 @@ _REF_LETTER = re.compile(r"^\(?([A-Z])\)?\s*(?:[.:),]\s*(.*))?$", re.S)
 _REF_LOWER_LETTER = re.compile(r"^\(?([a-z])\)?\s*[.:)]?()$")
 
 
-@lru_cache(maxsize=65536)
+@_memo(maxsize=65536)
 def _normalize_mc_reference(answer: str, choices: tuple[str, ...]) -> int | None:
     idx = _read_mc_reference(answer, choices)
     # A reference that negates the option it names ("Not an MRI") is label noise, as a prediction would be unparsed.
@@ -937,7 +968,7 @@ def upstream_split_choice(raw_choices: str) -> list[str]:
     return pieces
 
 
-@lru_cache(maxsize=8192)
+@_memo(maxsize=8192)
 def _upstream_options(raw_choices: str) -> tuple[str, ...] | None:
     """``option_A`` ... list as ``eval_mc`` builds it; ``None`` when upstream skips the item."""
     slots: dict[str, str] = {}
@@ -963,7 +994,7 @@ def _upstream_most_similar(options: tuple[str, ...], target: str) -> int | None:
     return best_i
 
 
-@lru_cache(maxsize=65536)
+@_memo(maxsize=65536)
 def _upstream_label_index(reference: str, raw_choices: str) -> int | None:
     options = _upstream_options(raw_choices)
     return None if options is None else _upstream_most_similar(options, reference)

@@ -82,6 +82,17 @@ def _blocks(text: str, how: str) -> list[str]:
     raise ValueError(f"SentenceOptions.blocks must be 'text', 'blank_lines' or 'lines', not {how!r}")
 
 
+def _last_word(text: str, start: int, end: int) -> str:
+    """``text[start:end].split()[-1]``, or ``""`` when that has no word, read backwards from ``end``: a line of
+    many abbreviations ("dr. A dr. A ...") would otherwise re-split its growing sentence at every boundary."""
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    first = end
+    while first > start and not text[first - 1].isspace():
+        first -= 1
+    return text[first:end]
+
+
 def split_sentences(text: str | None, options: SentenceOptions) -> list[str]:
     """The sentences of ``text`` under ``options`` (see :class:`SentenceOptions` and the presets)."""
     if not text:
@@ -93,12 +104,12 @@ def split_sentences(text: str | None, options: SentenceOptions) -> list[str]:
         pieces: list[str] = []
         start = 0
         for m in options.boundary.finditer(block):
-            piece = block[start:m.end() if options.keep_boundary else m.start()]
+            end = m.end() if options.keep_boundary else m.start()
             if options.abbreviations:
-                words = piece.split()
-                if words and words[-1].lower().lstrip("(\"'") in options.abbreviations:
+                word = _last_word(block, start, end)
+                if word and word.lower().lstrip("(\"'") in options.abbreviations:
                     continue
-            pieces.append(piece)
+            pieces.append(block[start:end])
             start = m.end()
         pieces.append(block[start:])
         if options.strip:

@@ -217,9 +217,37 @@ def irg_validator(n_sentences: int) -> Callable[[dict], list[Classified]]:
     return validate
 
 
-_UPSTREAM_IRG_BLOCK = re.compile(
-    r"Sentence\"?\s*[:：]\s*(?P<sentence>.*?)\s*\n\s*\"?Hallucination type\"?\s*[:：]\s*(?P<level>[^\n]*)", re.I | re.S
-)
+# One block of the upstream IRG reply: 'Sentence: <text>', a line break, '"Hallucination type": <level>'. Read
+# in parts by _irg_blocks: as one regex with a lazy middle, every "Sentence:" without a type line after it
+# rescanned the rest of the reply, and every blank of a long run was tried as the middle's end (quadratic).
+_IRG_HEAD = re.compile(r"Sentence\"?\s*[:：]", re.I)
+_IRG_TYPE = re.compile(r"\"?Hallucination type\"?\s*[:：]\s*(?P<level>[^\n]*)", re.I)
+# a type line after a blank run that starts after a non-blank character and holds a line break
+_IRG_BREAK_TYPE = re.compile(r"(?<=\S)(?=[^\S\n]*\n)\s*" + _IRG_TYPE.pattern, re.I)
+_NON_BLANK = re.compile(r"\S")
+
+
+def _irg_blocks(text: str) -> list[tuple[str, str]]:
+    """``(sentence, level)`` text of each block, in linear time: the groups that ``re.finditer`` gives for
+    ``Sentence"?\\s*[:：]\\s*(?P<sentence>.*?)\\s*\\n\\s*"?Hallucination type"?\\s*[:：]\\s*(?P<level>[^\\n]*)``
+    (``re.I | re.S``), the single regex this replaced. The sentence runs from the first non-blank after
+    "Sentence:" to the first type line after it; with none, a type line right after the colon's blanks gives
+    an empty sentence when those blanks hold a line break (the regex's last resort); else no later block can
+    match either."""
+    blocks: list[tuple[str, str]] = []
+    pos = 0
+    while (head := _IRG_HEAD.search(text, pos)) is not None:
+        first = _NON_BLANK.search(text, head.end())
+        start = first.start() if first else len(text)
+        tail = _IRG_BREAK_TYPE.search(text, start)
+        if tail is not None:
+            blocks.append((text[start:tail.start()], tail["level"]))
+        elif "\n" in text[head.end():start] and (tail := _IRG_TYPE.match(text, start)) is not None:
+            blocks.append(("", tail["level"]))
+        else:
+            break
+        pos = tail.end()
+    return blocks
 
 
 def parse_irg_upstream(text: str) -> list[tuple[str, str]]:
@@ -228,11 +256,11 @@ def parse_irg_upstream(text: str) -> list[tuple[str, str]]:
     ``ValueError`` when no block is found or a block's type is not an IRG level.
     """
     out = []
-    for m in _UPSTREAM_IRG_BLOCK.finditer(text or ""):
-        level = parse_level(m["level"], IRG_LEVELS)
+    for sentence, raw_level in _irg_blocks(text or ""):
+        level = parse_level(raw_level, IRG_LEVELS)
         if level is None:
-            raise ValueError(f"unknown hallucination type {m['level'].strip()!r} for sentence {m['sentence'][:60]!r}")
-        out.append((m["sentence"].strip().strip('"'), level))
+            raise ValueError(f"unknown hallucination type {raw_level.strip()!r} for sentence {sentence[:60]!r}")
+        out.append((sentence.strip().strip('"'), level))
     if not out:
         raise ValueError('no "Sentence: … / "Hallucination type": …" blocks in the reply')
     return out

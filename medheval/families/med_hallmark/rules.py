@@ -16,6 +16,7 @@ reported in ``metrics/medihall_score/README.md``. A reference given as the answe
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -412,6 +413,9 @@ _DEVICE = "device"
 # negation / hedge / clause cues of report text: one home (medheval.scoring.text_cues)
 _NEGATION = text_cues.REPORT_NEGATION
 _POST_NEGATION = text_cues.REPORT_POST_NEGATION
+# the same, matched where a finding ends (re's "^" matches at the string's start only, not at a match position)
+_POST_NEGATION_AT = re.compile(_POST_NEGATION.pattern.removeprefix("^"))
+_BLANK_SEPARATED = re.compile(r"\S+")  # str.split()'s words
 _UNCERTAIN = text_cues.REPORT_UNCERTAIN
 _CLAUSE_BREAK = text_cues.REPORT_CLAUSE_BREAK
 _NORMAL_HEART = re.compile(
@@ -449,25 +453,66 @@ def _sides(text: str) -> frozenset:
     return frozenset(out)
 
 
+def _first_cue_end(pattern: re.Pattern[str], clause: str, starts: list[int]) -> int | None:
+    """The first of ``starts`` (sorted finding starts) with ``pattern`` in the clause before it, or ``None``.
+
+    Whether ``pattern`` occurs in ``clause[:start]`` only turns from no to yes as the start grows: a finding
+    starts after a non-word character, where no cue can end. So a binary search finds the turn in a few
+    searches of the clause, where one search per finding was quadratic in a long clause of findings."""
+    low, high = 0, len(starts)
+    while low < high:
+        middle = (low + high) // 2
+        if pattern.search(clause, 0, starts[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return starts[low] if low < len(starts) else None
+
+
+def _last_words(clause: str, words: list[re.Match[str]], word_starts: list[int], end: int, count: int) -> str:
+    """``" ".join(clause[:end].split()[-count:])``, from the clause's words (the last one cut at ``end``)."""
+    last = bisect_left(word_starts, end)
+    kept = [match.group() for match in words[max(0, last - count):last]]
+    if kept and words[last - 1].end() > end:
+        kept[-1] = clause[words[last - 1].start():end]
+    return " ".join(kept)
+
+
+def _clause_mentions(clause: str) -> list[tuple[str, _Mention]]:
+    """The findings of one clause, in vocabulary order: "absent" with a negation cue before it in the clause
+    or a post-negation after it, else "uncertain" with a hedge before it, else "present"; the severity words
+    among the three words before it; the clause's sides and whether it says chronic/stable."""
+    hits = [(name, m) for name, pattern in FINDINGS.items() for m in pattern.finditer(clause)]
+    if not hits:
+        return []
+    starts = sorted({m.start() for _, m in hits})
+    negated_from = _first_cue_end(_NEGATION, clause, starts)
+    hedged_from = _first_cue_end(_UNCERTAIN, clause, starts)
+    words = list(_BLANK_SEPARATED.finditer(clause))
+    word_starts = [word.start() for word in words]
+    sides, chronic = _sides(clause), bool(_CHRONIC.search(clause))
+    out = []
+    for name, m in hits:
+        if (negated_from is not None and m.start() >= negated_from) or _POST_NEGATION_AT.match(clause, m.end()):
+            state = "absent"
+        elif hedged_from is not None and m.start() >= hedged_from:
+            state = "uncertain"
+        else:
+            state = "present"
+        near = _last_words(clause, words, word_starts, m.start(), _SEVERITY_SCOPE)
+        out.append((name, _Mention(state, sides, frozenset(_SEVERITY[w] for w in _SEVERITY_RE.findall(near)),
+                                   chronic)))
+    return out
+
+
 def _mentions(sentence: str) -> tuple[dict[str, list[_Mention]], str | None]:
-    """Findings of one sentence with their polarity and attributes, and its normality claim if any:
-    ``"acute"`` ("no acute process"), ``"normal"`` ("normal study") or ``None``."""
+    """Findings of one sentence with their polarity and attributes (:func:`_clause_mentions`), and its
+    normality claim if any: ``"acute"`` ("no acute process"), ``"normal"`` ("normal study") or ``None``."""
     low = sentence.lower()
     found: dict[str, list[_Mention]] = {}
     for clause in _CLAUSE_BREAK.split(low):
-        for name, pattern in FINDINGS.items():
-            for m in pattern.finditer(clause):
-                before, after = clause[:m.start()], clause[m.end():]
-                if _NEGATION.search(before) or _POST_NEGATION.match(after):
-                    state = "absent"
-                elif _UNCERTAIN.search(before):
-                    state = "uncertain"
-                else:
-                    state = "present"
-                near = " ".join(before.split()[-_SEVERITY_SCOPE:])
-                found.setdefault(name, []).append(_Mention(
-                    state, _sides(clause), frozenset(_SEVERITY[w] for w in _SEVERITY_RE.findall(near)),
-                    bool(_CHRONIC.search(clause))))
+        for name, mention in _clause_mentions(clause):
+            found.setdefault(name, []).append(mention)
         if _NORMAL_HEART.search(clause) and "cardiomegaly" not in found:
             found["cardiomegaly"] = [_Mention("absent", frozenset(), frozenset(), False)]
         if _CLEAR_LUNGS.search(clause):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -187,9 +188,11 @@ def check_score(value: Any) -> int:
             value = None
         if value is None:
             raise ValueError(f"score must be an integer from {SCORE_MIN} to {SCORE_MAX}, got {stripped!r}")
-    if not isinstance(value, (int, float)) or value != value or float(value) != int(value):
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):  # a fraction, an infinity or NaN ("1e999" too), or no number
         raise ValueError(f"score must be an integer from {SCORE_MIN} to {SCORE_MAX}, got {value!r}")
-    score = int(value)
+    score = value
     if not SCORE_MIN <= score <= SCORE_MAX:
         raise ValueError(f"score must be an integer from {SCORE_MIN} to {SCORE_MAX}, got {score}")
     return score
