@@ -104,7 +104,7 @@ def test_thousands_of_different_objects_are_counted_in_linear_time():
 ])
 def test_objects_count_as_the_same_exactly_when_they_are_equal(reply, objects):
     if objects == 1:
-        assert parse_json_object(reply) == {key: value for key, value in parse_json_object(reply).items()}
+        assert parse_json_object(reply) == parse_json_object(reply[:reply.index("} {") + 1])  # the first one
     else:
         with pytest.raises(ValueError, match=f"holds {objects} different JSON objects"):
             parse_json_object(reply)
@@ -248,7 +248,7 @@ def test_chexpert_labels_equal_those_of_checking_every_trigger(monkeypatch):
                 text[:start].rstrip().endswith(chexpert_rules._OPENERS) or start == 0)
 
 
-def _old_mention_states(clause: str) -> list[tuple]:
+def _old_clause_mentions(clause: str) -> list[tuple]:
     """What the IRG rule read per finding of a clause, from slices of it (the definition)."""
     out = []
     for name, pattern in rules.FINDINGS.items():
@@ -257,7 +257,9 @@ def _old_mention_states(clause: str) -> list[tuple]:
             state = ("absent" if rules._NEGATION.search(before) or rules._POST_NEGATION.match(after)
                      else "uncertain" if rules._UNCERTAIN.search(before) else "present")
             near = " ".join(before.split()[-rules._SEVERITY_SCOPE:])
-            out.append((name, state, frozenset(rules._SEVERITY[w] for w in rules._SEVERITY_RE.findall(near))))
+            severity = frozenset(rules._SEVERITY[w] for w in rules._SEVERITY_RE.findall(near))
+            chronic = bool(rules._CHRONIC.search(clause))
+            out.append((name, rules._Mention(state, rules._sides(clause), severity, chronic)))
     return out
 
 
@@ -267,10 +269,8 @@ def test_irg_mentions_equal_those_read_from_slices():
              "(effusion) x-ray").split()
     rng = random.Random(11)
     for _ in range(3_000):
-        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
-        new = [(name, m.state, m.severity) for name, ms in rules._mentions(sentence)[0].items() for m in ms]
-        old = [item for clause in rules._CLAUSE_BREAK.split(sentence.lower()) for item in _old_mention_states(clause)]
-        assert sorted(new, key=repr) == sorted(old, key=repr), sentence
+        clause = " ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
+        assert rules._clause_mentions(clause) == _old_clause_mentions(clause), clause
 
 
 def test_irg_cues_are_searched_a_few_times_per_clause(monkeypatch):
