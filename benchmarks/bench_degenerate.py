@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import multiprocessing
 import random
 import re
@@ -126,7 +127,7 @@ CASES: list[tuple[str, Callable[[str], object], Callable[[int], str], Swap]] = [
     ("judge reply: many different objects", _json, lambda n: " ".join(f'{{"score": {i}}}' for i in range(n // 16)),
      lambda: _swapped((structured, "_same_key", lambda value: 0))),
     ("GREEN reply: blank lines", lambda text: green.parse_reply(text),
-     lambda n: "[Matched Findings]:\n1\n" + "\n" * n + "[Clinically Significant Errors]:\n(a) x: 1\n",
+     lambda n: "[Matched Findings]:\n1\n[Clinically Significant Errors]:\n(a) x: 1" + "\n" * n + "x",
      lambda: _swapped((green, "_line_matches", lambda pattern, text: [(m.start(), m)
                                                                      for m in OLD_GREEN[pattern].finditer(text)]))),
     ("MediHall IRG reply: 'Sentence:' repeated", _irg, lambda n: _fit("Sentence: ", n),
@@ -149,6 +150,7 @@ def _timed(call: Callable[[str], object], text: str, swap, budget: float) -> flo
     """Seconds for one call (best of three when quick) in a forked process; ``None`` past ``budget``."""
 
     def child(pipe) -> None:
+        gc.disable()  # as timeit does: no collection of the parent's objects inside a timed call
         with swap() if swap else contextlib.nullcontext():
             best = float("inf")
             for _ in range(3):

@@ -98,8 +98,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def _memo(maxsize: int) -> Callable[[_F], _F]:
     """``lru_cache(maxsize)``, except for calls whose first argument (the text read) is a string of more than
-    :data:`MEMO_MAX_CHARS` characters (a degenerate answer, which does not repeat): those are read each time. With the plain
-    cache a run of such answers kept every one: 65,536 entries of 100,000-character answers, gigabytes."""
+    :data:`MEMO_MAX_CHARS` characters (a degenerate answer, which does not repeat): those are read each time.
+    With the plain cache a run of such answers kept every one: 65,536 of 100,000 characters are gigabytes."""
 
     def decorate(function: _F) -> _F:
         cached = lru_cache(maxsize=maxsize)(function)
@@ -112,10 +112,10 @@ def _memo(maxsize: int) -> Callable[[_F], _F]:
         def call_one(text: Any) -> Any:  # the hot one-argument functions (_stem, _norm) without argument packing
             return function(text) if isinstance(text, str) and len(text) > MEMO_MAX_CHARS else cached(text)
 
-        call = wraps(function)(call_one if len(inspect.signature(function).parameters) == 1 else call)
-        call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
-        call.cache_info = cached.cache_info  # type: ignore[attr-defined]
-        return call  # type: ignore[return-value]
+        memoised = wraps(function)(call_one if len(inspect.signature(function).parameters) == 1 else call)
+        memoised.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        memoised.cache_info = cached.cache_info  # type: ignore[attr-defined]
+        return memoised  # type: ignore[return-value]
 
     return decorate
 
