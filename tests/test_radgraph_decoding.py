@@ -18,15 +18,15 @@ from conftest import load_metric_offline
 from medheval.radiology import radgraph_decoding as decoding
 from medheval.radiology import radgraph_rewards as rewards
 
-SENTENCE = "Small left pleural effusion with mild basilar atelectasis. "
+SENTENCE = "Trace right effusion and faint left basal collapse. "
 NORMAL_REPORTS = [
     "No acute cardiopulmonary process.",
-    "Small left pleural effusion. Heart size is normal.",
-    "ET tube terminates 2 cm above the carina; bibasilar opacities likely atelectasis.",
-    "Interval placement of ET tube, terminates 3 cm above the carina; mild edema / basilar atelectasis (stable).",
+    "Tiny right effusion. Heart not enlarged.",
+    "Endotracheal tube tip 4 cm over the carina; patchy right base opacity, maybe collapse.",
+    "New right chest port, tip in the lower SVC; faint left base haze / small effusion (unchanged).",
     "Lungs: clear!  No pneumothorax?  Moderate cardiomegaly, unchanged since prior.",
-    "PA and lateral views of the chest. The lungs are clear without consolidation, effusion or edema. "
-    "The cardiomediastinal silhouette is within normal limits. No acute osseous abnormalities.",
+    "Frontal and side chest images. Clear lungs, no focal opacity, fluid or congestion. "
+    "Heart and mediastinum look ordinary. Bones intact.",
     "x",
     "no",
     "",
