@@ -117,6 +117,33 @@ def test_without_a_launcher_a_run_is_one_process_on_its_own_device(monkeypatch):
     assert group() is SOLO and device_for("cuda:1") == "cuda:1"
 
 
+
+_ENDING = """
+import atexit, sys
+from pathlib import Path
+from medheval.run import distributed
+from medheval.run.distributed import Group, end_process
+
+assert end_process(5) == 5  # not launched: the status back, nothing else
+distributed._GROUP = Group(rank=1, world_size=2, gather=lambda value: [value, value])
+atexit.register(lambda: Path(sys.argv[1]).write_text("handlers ran"))
+sys.stdout.write("buffered, no newline")
+sys.stderr.write("and on stderr")
+end_process(3)
+raise SystemExit("end_process returned in a launched process")
+"""
+
+
+def test_a_launched_process_ends_with_its_status_its_output_and_its_exit_handlers(tmp_path):
+    """A launched process leaves through ``os._exit`` (no interpreter teardown, where gloo's C++ threads can abort a
+    finished process): the status it returns is the exit code, buffered output still arrives, exit handlers ran."""
+    marker = tmp_path / "marker"
+    done = subprocess.run([sys.executable, "-c", _ENDING, str(marker)], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stdout, done.stderr) == (3, "buffered, no newline", "and on stderr")
+    assert marker.read_text() == "handlers ran"
+
+
 # -- 2 processes through `accelerate launch` ---------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as sock:

@@ -501,7 +501,14 @@ def cli_key_hosts(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; user errors print one clear message and exit 2."""
+    """Entry point; user errors print one clear message and exit 2. A process of a data-parallel launch ends here
+    (:func:`medheval.run.distributed.end_process`)."""
+    from medheval.run.distributed import end_process
+
+    return end_process(_main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from medheval.errors import USER_ERRORS
 
     from medheval.judges import endpoints

@@ -21,6 +21,11 @@ failed; a failure on one rank becomes a clear error on every rank. A process tha
 makes the others' next sync fail at once (and ``accelerate launch``/``torchrun`` stops them); a
 process that hangs makes the others fail after ``MEDHEVAL_DP_TIMEOUT`` seconds (default 4 h).
 
+Exit: a launched process ends through :func:`end_process`: streams flushed, exit handlers run (the process groups
+destroyed), then ``os._exit``, without the interpreter's teardown, where torch's C++ destructors of gloo's threads
+can abort a process that has finished its work. ``faulthandler`` is on in a launched process: a crash prints every
+thread's Python stack.
+
 Distribution is detected from ``WORLD_SIZE`` (set by ``accelerate launch`` and ``torchrun``); a
 single-process run never imports ``accelerate``.
 """
@@ -29,7 +34,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
+import gc
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -228,6 +236,8 @@ def group(device: str | None = None) -> Group:
     import torch.distributed as dist
     from accelerate import PartialState
 
+    if not faulthandler.is_enabled():  # an abort in one process names where each of its threads was
+        faulthandler.enable()
     timeout = timedelta(seconds=float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S))
     cpu = not torch.cuda.is_available() or not (device or "cuda").startswith("cuda")
     state = PartialState(cpu=cpu, timeout=timeout)
@@ -245,13 +255,35 @@ def group(device: str | None = None) -> Group:
 
 
 def _shut_down() -> None:
-    """Destroy the process groups before the interpreter exits: a gloo group torn down by static destructors
-    (threads still running) can abort the process ("terminate called without an active exception")."""
+    """Destroy the process groups and let go of ours while the interpreter is whole (an exit handler): a gloo
+    group torn down by the interpreter's teardown (threads still running) can abort the process ("terminate called
+    without an active exception")."""
+    global _GROUP
     import torch.distributed as dist
 
-    with contextlib.suppress(Exception):
+    try:
         if dist.is_initialized():
             dist.destroy_process_group()
+    except Exception as error:  # the run's work is done: say so, and end anyway
+        print(f"warning: the process group was not shut down cleanly: {type(error).__name__}: {error}",
+              file=sys.stderr)
+    _GROUP = None  # its gather holds the sync group: free it now, not in the interpreter's teardown
+    gc.collect()
+
+
+def end_process(status: int) -> int:
+    """``status`` in a process that is not part of a launch. In a launched process (its group built), the end of the
+    process: flush stdout and stderr, run the exit handlers (:func:`_shut_down` among them), then
+    ``os._exit(status)``. Skipping the interpreter's teardown keeps torch's C++ destructors from aborting a process
+    whose work is done (the launcher would report the whole run failed); every file the run writes is closed by
+    then (:func:`medheval.run.outputs.atomic_write_text`)."""
+    if _GROUP is None:
+        return status
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing more to say
+            stream.flush()
+    atexit._run_exitfuncs()
+    os._exit(status)
 
 
 def device_for(requested: str | None) -> str | None:
