@@ -9,7 +9,7 @@
 
 import sys
 
-from medheval.cli import main
+from medheval.cli import entry_point
 
 if __name__ == "__main__":
-    sys.exit(main(["run", *sys.argv[1:]]))
+    sys.exit(entry_point(["run", *sys.argv[1:]]))

@@ -1,9 +1,9 @@
-"""``python -m medheval …``: the ``medheval`` command (:func:`medheval.cli.main`), where the console script is not
+"""``python -m medheval …``: the ``medheval`` command (:func:`medheval.cli.entry_point`), where the console script is not
 on ``PATH``."""
 
 import sys
 
-from medheval.cli import main
+from medheval.cli import entry_point
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point())

@@ -122,6 +122,7 @@ _ENDING = """
 import atexit, sys
 from pathlib import Path
 from medheval.run import distributed
+from medheval.cli import entry_point
 from medheval.run.distributed import Group, end_process
 
 assert end_process(5) == 5  # not launched: the status back, nothing else
@@ -129,7 +130,10 @@ distributed._GROUP = Group(rank=1, world_size=2, gather=lambda value: [value, va
 atexit.register(lambda: Path(sys.argv[1]).write_text("handlers ran"))
 sys.stdout.write("buffered, no newline")
 sys.stderr.write("and on stderr")
-end_process(3)
+if sys.argv[2] == "direct":
+    end_process(3)
+else:  # the command line's entry: main's status (a user error: 2), then end_process
+    entry_point(["run", "--benchmark", "no_such_benchmark", "--model", "tiny-random-llava", "--output", sys.argv[1]])
 raise SystemExit("end_process returned in a launched process")
 """
 
@@ -138,10 +142,25 @@ def test_a_launched_process_ends_with_its_status_its_output_and_its_exit_handler
     """A launched process leaves through ``os._exit`` (no interpreter teardown, where gloo's C++ threads can abort a
     finished process): the status it returns is the exit code, buffered output still arrives, exit handlers ran."""
     marker = tmp_path / "marker"
-    done = subprocess.run([sys.executable, "-c", _ENDING, str(marker)], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert (done.returncode, done.stdout, done.stderr) == (3, "buffered, no newline", "and on stderr")
-    assert marker.read_text() == "handlers ran"
+    for how, status, also_on_stderr in [("direct", 3, ""), ("entry", 2, "error: unknown dataset 'no_such_benchmark'")]:
+        marker.unlink(missing_ok=True)
+        done = subprocess.run([sys.executable, "-c", _ENDING, str(marker), how], capture_output=True, text=True,
+                              timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert (done.returncode, done.stdout) == (status, "buffered, no newline"), done.stderr
+        assert done.stderr.startswith("and on stderr" + also_on_stderr), done.stderr
+        assert marker.read_text() == "handlers ran"
+
+
+def test_every_command_line_entry_ends_a_launched_process_through_end_process():
+    """The console script, ``python -m medheval``, ``python -m medheval.cli`` and ``run_eval.py`` call
+    ``entry_point`` (``main`` then ``end_process``); ``main`` itself returns, for callers in Python."""
+    import configparser
+
+    scripts = configparser.ConfigParser()
+    scripts.read(REPO / "setup.cfg")
+    assert "medheval = medheval.cli:entry_point" in scripts["options.entry_points"]["console_scripts"]
+    for path in ("medheval/__main__.py", "medheval/cli/__main__.py", "run_eval.py"):
+        assert "sys.exit(entry_point(" in (REPO / path).read_text(), path
 
 
 # -- 2 processes through `accelerate launch` ---------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The ``medheval`` command and the demo (``medheval.cli:main`` is the console script)."""
 
-from medheval.cli.main import build_parser, main
+from medheval.cli.main import build_parser, entry_point, main
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "entry_point", "main"]

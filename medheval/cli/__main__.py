@@ -2,6 +2,6 @@
 
 import sys
 
-from medheval.cli.main import main
+from medheval.cli.main import entry_point
 
-sys.exit(main())
+sys.exit(entry_point())

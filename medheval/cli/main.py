@@ -500,15 +500,16 @@ def cli_key_hosts(args: argparse.Namespace) -> list[str]:
     return [*(getattr(args, "api_key_host", None) or []), *found]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; user errors print one clear message and exit 2. A process of a data-parallel launch ends here
-    (:func:`medheval.run.distributed.end_process`)."""
+def entry_point(argv: Sequence[str] | None = None) -> int:
+    """The command line's entry (the ``medheval`` script, ``python -m medheval``, ``run_eval.py``): :func:`main`,
+    and a process of a data-parallel launch ends here (:func:`medheval.run.distributed.end_process`)."""
     from medheval.run.distributed import end_process
 
-    return end_process(_main(argv))
+    return end_process(main(argv))
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; user errors print one clear message and exit 2."""
     from medheval.errors import USER_ERRORS
 
     from medheval.judges import endpoints
@@ -556,4 +557,4 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point())
