@@ -649,6 +649,22 @@ def test_an_image_root_with_an_at_after_its_host_and_port_is_refused_saying_wher
     assert "tok-canary-77" not in message and "cannot be read" not in message
 
 
+@pytest.mark.parametrize("template, reason", [
+    ("https://cdn.example.org:99999/{path}?sig=tok-canary-79", "Port out of range"),
+    ("https://u:pw-canary-79@cdn.example.org:99999/{path}", "its host or port cannot be read"),  # the parser may quote the password
+    ("https://[fe80::1%25eth0]/{path}?sig=tok-canary-79", "names an IP address with a zone id"),
+    ("https://cdn.example.org\\.physionet.org/{path}?sig=tok-canary-79", "holds a backslash before its path"),
+])
+def test_an_image_root_whose_host_cannot_be_read_is_refused_for_its_reason(template, reason):
+    """The refusal gave one generic sentence for every reason parse_address has; it now gives that reason, with the
+    root masked as parse_address masks it (user-info, every query value)."""
+    with pytest.raises(ValueError) as info:
+        URLTemplateSource(template)
+    message = str(info.value)
+    assert message.startswith("URL template '") and reason in message and "percent-encoded" in message
+    assert "canary-79" not in message
+
+
 @pytest.mark.parametrize("template", ["https://cdn.example.org:8443/{path}@x?code=tok-canary-78",
                                       "https://cdn.example.org:8443/{path}@x?a=1;sig=tok-canary-78",
                                       "https://cdn.example.org:8443/{path}@x?id=1&hmac=tok-canary-78",

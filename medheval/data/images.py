@@ -589,11 +589,11 @@ class URLTemplateSource:
             address = parse_address(template)
         except AtAfterPort as error:  # its text is masked there: user-info, every query and fragment value
             raise ValueError(f"URL template {error}") from None
-        except ValueError:
+        except ValueError as error:  # parse_address's reason (a port, a zone id, a backslash), the text masked
             raise ValueError(
-                f"URL template {_redact_url(template)!r}: its host cannot be read. A port is a number from 0 to "
-                "65535, an IPv6 address has no zone id, a host holds no backslash, and a '/', '?', '#', '@' or "
-                "backslash in a user name or password is percent-encoded (%2F, %3F, %23, %40, %5C)") from None
+                f"URL template {error}. A port is a number from 0 to 65535, an IPv6 address has no zone id, a host "
+                "holds no backslash, and a '/', '?', '#', '@' or backslash in a user name or password is "
+                "percent-encoded (%2F, %3F, %23, %40, %5C)") from None
         parts = urlsplit(template)
         if address.scheme not in ("http", "https") or not address.name:
             raise ValueError(f"URL template {_redact_url(template)!r} must be an http(s) URL with a host")
