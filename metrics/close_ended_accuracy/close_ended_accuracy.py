@@ -127,6 +127,11 @@ def _group_key(i, categories, sources):
     return (sources[i] if sources is not None else None, categories[i] if categories is not None else None)
 
 
+def _ratios_by_label(counts):
+    """{label: ratio} from {label: [sum, count]}, in label order (labels are text: ``per_item_column`` kind "label")."""
+    return {label: _ratio(*count) for label, count in sorted(counts.items())}
+
+
 def _upstream_means(correct, kinds, categories, sources):
     """MedHEval's weighted means: per (source, category) group ``upstream_group_accuracy``, then
     each category's groups and all groups weighted by their item counts (skipped items included)."""
@@ -146,7 +151,7 @@ def _upstream_means(correct, kinds, categories, sources):
             by_category[category][0] += weighted
             by_category[category][1] += size
     overall = _ratio(*total) if total[1] else None  # no item at all: no accuracy, not 0 %
-    return overall, {str(k): _ratio(*v) for k, v in sorted(by_category.items(), key=lambda kv: str(kv[0]))}
+    return overall, _ratios_by_label(by_category)
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
@@ -243,7 +248,7 @@ class CloseEndedAccuracy(medheval.scoring.metric_inputs.NoneChecked, evaluate.Me
         else:
             # no item scored: no accuracy (None, as the other metrics give), not 0 %
             accuracy = _ratio(sum(bool(correct[i]) for i in scored), len(scored)) if scored else None
-            accuracy_by_category = {str(k): _ratio(*v) for k, v in sorted(by_category.items(), key=lambda kv: str(kv[0]))}
+            accuracy_by_category = _ratios_by_label(by_category)
         result = {
             "accuracy": accuracy,
             "accuracy_by_category": accuracy_by_category,

@@ -146,7 +146,7 @@ class StepBench(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
         if languages is not None:
             langs = np.asarray(languages, dtype=object)
             result["by_language"] = {
-                str(lang): _summary(truth[langs == lang], said[langs == lang], parsed[langs == lang],
+                lang: _summary(truth[langs == lang], said[langs == lang], parsed[langs == lang],
                                     step_ids[langs == lang])
                 for lang in sorted({lang for lang in languages if lang is not None})
             }
