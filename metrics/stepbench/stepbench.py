@@ -147,7 +147,7 @@ class StepBench(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric):
             langs = np.asarray(languages, dtype=object)
             result["by_language"] = {
                 lang: _summary(truth[langs == lang], said[langs == lang], parsed[langs == lang],
-                                    step_ids[langs == lang])
+                               step_ids[langs == lang])
                 for lang in sorted({lang for lang in languages if lang is not None})
             }
             result["n_without_language"] = sum(lang is None for lang in languages)
