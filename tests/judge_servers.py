@@ -20,7 +20,8 @@ What ``reply(request_json)`` (or a scripted entry) may return:
 - ``(status, headers, body)``: body a dict (JSON), str or bytes;
 - ``Reply(status, body, headers, delay)``; ``Drop()`` (close the socket without answering);
   ``Drip(interval, part)`` (a reply trickling one byte at a time: headers or body);
-  ``Hang(seconds)`` (answer only after ``seconds``: sleeps are bounded, keep them short).
+  ``Hang(seconds)`` (answer only after ``seconds``, or never once the server stops: a long hang, which no
+  client timeout can lose the race to on a slow machine, costs nothing past the test).
 
 ``server.requests`` holds every received request (``path``, ``headers``, ``json``, ``time``);
 ``request_count``, ``max_in_flight`` (requests being answered at the same time) are counted
@@ -72,7 +73,8 @@ class Drop:
 
 @dataclass
 class Hang:
-    """Wait ``seconds`` before answering (past the client's timeout), then answer ``then``."""
+    """Wait ``seconds`` before answering (past the client's timeout), then answer ``then``; nothing if the
+    server stops first."""
 
     seconds: float = 1.0
     then: Any = None
@@ -167,6 +169,7 @@ class JudgeServer:
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()  # cuts every Hang short
 
     # -- control -----------------------------------------------------------------------
     def script(self, *behaviours: Any) -> "JudgeServer":
@@ -197,6 +200,7 @@ class JudgeServer:
 
     def start(self) -> "JudgeServer":
         server = self
+        self._stopping.clear()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -220,6 +224,7 @@ class JudgeServer:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -310,7 +315,9 @@ class JudgeServer:
                 handler.wfile.flush()
             return
         if isinstance(behaviour, Hang):
-            time.sleep(behaviour.seconds)
+            if self._stopping.wait(behaviour.seconds):
+                handler.close_connection = True  # stopped: no answer
+                return
             behaviour = behaviour.then if behaviour.then is not None else '{"score": 0}'
         if isinstance(behaviour, tuple):
             status, headers, body = behaviour
