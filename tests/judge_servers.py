@@ -57,7 +57,8 @@ class Reply:
 @dataclass
 class Drip:
     """A 200 reply sent one byte every ``interval`` seconds: from its status line (``part="headers"``) or
-    after complete headers (``part="body"``); at most ``limit`` bytes, then the connection is closed."""
+    after complete headers (``part="body"``); at most ``limit`` bytes, then the connection is closed (or once
+    the server stops)."""
 
     interval: float = 0.2
     part: str = "body"
@@ -169,7 +170,7 @@ class JudgeServer:
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()  # cuts every Hang short
+        self._stopping = threading.Event()  # cuts every Hang and Drip short
 
     # -- control -----------------------------------------------------------------------
     def script(self, *behaviours: Any) -> "JudgeServer":
@@ -310,7 +311,8 @@ class JudgeServer:
             else:
                 data = head + body
             for byte in data[: behaviour.limit]:
-                time.sleep(behaviour.interval)
+                if self._stopping.wait(behaviour.interval):  # a long drip ends with the server
+                    return
                 handler.wfile.write(bytes([byte]))
                 handler.wfile.flush()
             return
