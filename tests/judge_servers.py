@@ -20,7 +20,8 @@ What ``reply(request_json)`` (or a scripted entry) may return:
 - ``(status, headers, body)``: body a dict (JSON), str or bytes;
 - ``Reply(status, body, headers, delay)``; ``Drop()`` (close the socket without answering);
   ``Drip(interval, part)`` (a reply trickling one byte at a time: headers or body);
-  ``Hang(seconds)`` (answer only after ``seconds``: sleeps are bounded, keep them short).
+  ``Hang(seconds)`` (answer only after ``seconds``, or never once the server stops: a long hang, which no
+  client timeout can lose the race to on a slow machine, costs nothing past the test).
 
 ``server.requests`` holds every received request (``path``, ``headers``, ``json``, ``time``);
 ``request_count``, ``max_in_flight`` (requests being answered at the same time) are counted
@@ -56,7 +57,8 @@ class Reply:
 @dataclass
 class Drip:
     """A 200 reply sent one byte every ``interval`` seconds: from its status line (``part="headers"``) or
-    after complete headers (``part="body"``); at most ``limit`` bytes, then the connection is closed."""
+    after complete headers (``part="body"``); at most ``limit`` bytes, then the connection is closed (or once
+    the server stops)."""
 
     interval: float = 0.2
     part: str = "body"
@@ -72,7 +74,8 @@ class Drop:
 
 @dataclass
 class Hang:
-    """Wait ``seconds`` before answering (past the client's timeout), then answer ``then``."""
+    """Wait ``seconds`` before answering (past the client's timeout), then answer ``then``; nothing if the
+    server stops first."""
 
     seconds: float = 1.0
     then: Any = None
@@ -167,6 +170,7 @@ class JudgeServer:
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()  # cuts every Hang and Drip short
 
     # -- control -----------------------------------------------------------------------
     def script(self, *behaviours: Any) -> "JudgeServer":
@@ -197,6 +201,7 @@ class JudgeServer:
 
     def start(self) -> "JudgeServer":
         server = self
+        self._stopping.clear()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -220,6 +225,7 @@ class JudgeServer:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -305,12 +311,15 @@ class JudgeServer:
             else:
                 data = head + body
             for byte in data[: behaviour.limit]:
-                time.sleep(behaviour.interval)
+                if self._stopping.wait(behaviour.interval):  # a long drip ends with the server
+                    return
                 handler.wfile.write(bytes([byte]))
                 handler.wfile.flush()
             return
         if isinstance(behaviour, Hang):
-            time.sleep(behaviour.seconds)
+            if self._stopping.wait(behaviour.seconds):
+                handler.close_connection = True  # stopped: no answer
+                return
             behaviour = behaviour.then if behaviour.then is not None else '{"score": 0}'
         if isinstance(behaviour, tuple):
             status, headers, body = behaviour

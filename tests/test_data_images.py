@@ -581,12 +581,14 @@ def test_http_netrc_credentials(server, tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_http_timeout(server) -> None:
-    base, _ = server
+    base, handler = server
+    handler.sleep_s = 30.0  # far past the timeout, however slow the machine (daemon threads: no wait at teardown)
     source = URLTemplateSource(base + "/slow/{path}", auth=(USER, PASSWORD), timeout=0.3, retries=1, backoff=0.01)
     started = time.monotonic()
     with pytest.raises(ImageFetchError, match=r"timed out after 0\.3 s") as info:
         source.open_bytes(MIMIC)
-    assert time.monotonic() - started < 1.9  # two attempts of 0.3 s, not the server's 2 s
+    assert time.monotonic() - started < 15  # two attempts of 0.3 s (a margin for a loaded machine), not 30 s
+    assert [path for _, path in handler.hits] == ["/slow/" + MIMIC] * 2  # the retry: one more attempt, no more
     assert info.value.status is None
     _assert_no_secret(info.value)
 

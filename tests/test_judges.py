@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -286,12 +288,13 @@ def test_faults_are_retried_and_every_record_settles(judge_server_factory):
         Reply(429, {"error": {"message": "rate limited"}}, {"Retry-After": "0"}),
         Reply(500, {"error": {"message": "boom"}}),
         Drop(),
-        Hang(0.6),
+        Hang(30),  # far past the timeout, however slow the machine (cut short when the server stops)
         Reply(503, "upstream overloaded"),
         Reply(502, b"<html>bad gateway</html>"),
         Reply(200, "this is {not json"),  # malformed -> corrective follow-up
     )
-    judge = openai_judge(server, concurrency=4, timeout=0.25, max_retries=5)
+    # a timeout far above a loopback reply's milliseconds: a stalled machine never adds a retry to the counts
+    judge = openai_judge(server, concurrency=4, timeout=2.0, max_retries=5)
     results = judge.run(requests_for(10))
     assert_all_settled(results)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
@@ -325,7 +328,7 @@ def test_retries_are_bounded(judge_server_factory):
 
 def test_timeouts_and_dropped_connections_exhaust_to_failure(judge_server_factory):
     server = judge_server_factory("openai", by_item)
-    server.script(Hang(0.5), Hang(0.5), Drop(), Drop())
+    server.script(Hang(30), Hang(30), Drop(), Drop())  # no reply can beat the 0.15 s timeout, however slow the machine
     judge = openai_judge(server, concurrency=1, timeout=0.15, max_retries=1)
     first, second = judge.run(requests_for(2))
     assert not first.ok and "no response within timeout=0.15s" in first.error
@@ -368,22 +371,31 @@ def test_authentication_failure_stops_the_run_without_leaking_the_key(judge_serv
 
 # -- concurrency and rate limits ----------------------------------------------------------------
 def test_concurrency_overlaps_requests_within_the_bound(judge_server_factory):
-    server = judge_server_factory("openai", by_item, latency=0.1)
-    judge = openai_judge(server, concurrency=6)
-    start = time.monotonic()
+    # the first 6 requests are answered only once all 6 are in flight (counts, not wall-clock: a sequential
+    # judge breaks the barrier and fails); the rest, 0.1 s each, would show more than 6 at once
+    barrier, first = threading.Barrier(6, timeout=30), itertools.count()
+
+    def together(request_json: dict) -> str:
+        if next(first) < 6:
+            barrier.wait()
+        return by_item(request_json)
+
+    server = judge_server_factory("openai", together, latency=0.1)
+    judge = openai_judge(server, concurrency=6, max_retries=0, timeout=60)  # the barrier bounds a hang
     results = judge.run(requests_for(24))
-    elapsed = time.monotonic() - start
-    assert all(r.ok for r in results)
-    assert 1 < server.max_in_flight <= 6
-    assert elapsed < 24 * 0.1 / 2  # sequential would take 2.4 s
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    assert server.max_in_flight == 6 and server.request_count == 24
 
 
 def test_rate_limit_spaces_requests(judge_server_factory):
     server = judge_server_factory("openai", by_item)
     judge = openai_judge(server, concurrency=5, requests_per_minute=600)  # one per 0.1 s
+    began = time.monotonic()
     judge.run(requests_for(5))
-    times = sorted(r.time for r in server.requests)
-    assert times[-1] - times[0] >= 0.35
+    times = sorted(r.time - began for r in server.requests)
+    # the k-th request to arrive was sent no earlier than its slot, k x 0.1 s after the run began: lower bounds
+    # only, which a loaded machine can only push later (the first to last spread could shrink with a late first)
+    assert len(times) == 5 and all(t >= 0.1 * k - 0.005 for k, t in enumerate(times)), times
 
 
 # -- cache --------------------------------------------------------------------------------------

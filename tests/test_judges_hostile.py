@@ -91,14 +91,16 @@ def test_the_model_under_test_refuses_a_cross_host_redirect(fixture_benchmark):
 def test_a_dripping_server_fails_within_the_deadline_and_the_retry_budget(part):
     deadline, retries = 1.0, 1
     with JudgeServer("openai") as endpoint:
-        endpoint.script(*[Drip(interval=0.2, part=part, limit=60)] * (retries + 1))
+        endpoint.script(*[Drip(interval=0.2, part=part)] * (retries + 1))  # 80 s each if let run
         judge = _judge(endpoint, timeout=3, deadline=deadline, max_retries=retries, backoff_base=0.05,
                        backoff_max=0.1)
         began = time.monotonic()
         (result,) = judge.run([_raw()])
         elapsed = time.monotonic() - began
     assert not result.ok and "deadline=1s" in result.error and result.attempts == retries + 1
-    assert elapsed < (retries + 1) * deadline + 0.1 * retries + 1.5, elapsed  # never the 12 s the drip would take
+    # about 2.1 s (the deadline per attempt and a backoff); the margin is for a loaded machine, the bound still
+    # far below one attempt's 80 s drip (a deadline that fired late, or on the first attempt only)
+    assert elapsed < 20, elapsed
 
 
 def test_deadline_defaults_for_judges_and_models():
