@@ -1,5 +1,5 @@
-"""``python -m medheval …``: the ``medheval`` command (:func:`medheval.cli.entry_point`), where the console script is not
-on ``PATH``."""
+"""``python -m medheval …``: the ``medheval`` command (:func:`medheval.cli.entry_point`), where the console
+script is not on ``PATH``."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""The ``medheval`` command and the demo (``medheval.cli:main`` is the console script)."""
+"""The ``medheval`` command and the demo (``medheval.cli:entry_point`` is the console script)."""
 
 from medheval.cli.main import build_parser, entry_point, main
 
