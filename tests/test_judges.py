@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from judge_servers import (
@@ -396,6 +397,24 @@ def test_rate_limit_spaces_requests(judge_server_factory):
     # the k-th request to arrive was sent no earlier than its slot, k x 0.1 s after the run began: lower bounds
     # only, which a loaded machine can only push later (the first to last spread could shrink with a late first)
     assert len(times) == 5 and all(t >= 0.1 * k - 0.005 for k, t in enumerate(times)), times
+
+
+
+def test_rate_limiter_gives_each_request_its_own_slot(monkeypatch):
+    """The limiter's own spacing, on a clock only its sleeps move (no machine load can blur it): one start per
+    0.1 s from the first, none held back and released together."""
+    from medheval.judges import ratelimit
+
+    clock = [100.0]
+    fake_time = SimpleNamespace(monotonic=lambda: clock[0],
+                                sleep=lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    monkeypatch.setattr(ratelimit, "time", fake_time)  # this module's clock only, not the process's
+    limiter = ratelimit.RateLimiter(requests_per_minute=600)
+    starts = []
+    for _ in range(5):
+        limiter.acquire()
+        starts.append(clock[0])
+    assert starts == pytest.approx([100.0, 100.1, 100.2, 100.3, 100.4])
 
 
 # -- cache --------------------------------------------------------------------------------------

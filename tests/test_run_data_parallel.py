@@ -119,7 +119,7 @@ def test_without_a_launcher_a_run_is_one_process_on_its_own_device(monkeypatch):
 
 
 _ENDING = """
-import atexit, sys
+import atexit, importlib, sys
 from pathlib import Path
 from medheval.run import distributed
 from medheval.cli import entry_point
@@ -127,28 +127,54 @@ from medheval.run.distributed import Group, end_process
 
 assert end_process(5) == 5  # not launched: the status back, nothing else
 distributed._GROUP = Group(rank=1, world_size=2, gather=lambda value: [value, value])
-atexit.register(lambda: Path(sys.argv[1]).write_text("handlers ran"))
+atexit.register(lambda: (Path(sys.argv[1]).write_text("handlers ran"), sys.stdout.write(" / said at exit")))
 sys.stdout.write("buffered, no newline")
 sys.stderr.write("and on stderr")
-if sys.argv[2] == "direct":
+
+
+class Teardown:  # collected only by the interpreter's teardown, which a launched process must not reach
+    def __del__(self, write=Path(sys.argv[1] + ".teardown").write_text):  # bound now: globals go first
+        write("the interpreter tore down")
+
+
+witness = Teardown()
+how = sys.argv[2]
+if how == "direct":
     end_process(3)
-else:  # the command line's entry: main's status (a user error: 2), then end_process
+elif how == "user error":  # the command line's entry: main's status (a user error: 2), then end_process
     entry_point(["run", "--benchmark", "no_such_benchmark", "--model", "tiny-random-llava", "--output", sys.argv[1]])
+elif how == "crash":  # main raises: traceback, status 1, still no interpreter teardown
+    def crashing(argv):
+        raise RuntimeError("a bug in the run")
+    importlib.import_module("medheval.cli.main").main = crashing
+    entry_point([])
+elif how == "exit":  # argparse's SystemExit(2) on a bad flag, or any SystemExit inside main
+    entry_point(["run", "--no-such-flag"])
 raise SystemExit("end_process returned in a launched process")
 """
 
 
-def test_a_launched_process_ends_with_its_status_its_output_and_its_exit_handlers(tmp_path):
+@pytest.mark.parametrize("how, status, on_stderr", [
+    ("direct", 3, ""),
+    ("user error", 2, "error: unknown dataset 'no_such_benchmark'"),
+    ("crash", 1, "Traceback (most recent call last):"),
+    ("exit", 2, "usage: medheval "),
+])
+def test_a_launched_process_ends_with_its_status_its_output_and_its_exit_handlers(tmp_path, how, status, on_stderr):
     """A launched process leaves through ``os._exit`` (no interpreter teardown, where gloo's C++ threads can abort a
-    finished process): the status it returns is the exit code, buffered output still arrives, exit handlers ran."""
+    finished process), however ``main`` ends: its status is the exit code, buffered output (also what an exit handler
+    prints) still arrives, exit handlers ran. Unbuffered output would hide a missing flush: the child runs without
+    PYTHONUNBUFFERED."""
     marker = tmp_path / "marker"
-    for how, status, also_on_stderr in [("direct", 3, ""), ("entry", 2, "error: unknown dataset 'no_such_benchmark'")]:
-        marker.unlink(missing_ok=True)
-        done = subprocess.run([sys.executable, "-c", _ENDING, str(marker), how], capture_output=True, text=True,
-                              timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert (done.returncode, done.stdout) == (status, "buffered, no newline"), done.stderr
-        assert done.stderr.startswith("and on stderr" + also_on_stderr), done.stderr
-        assert marker.read_text() == "handlers ran"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"} | {"PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", _ENDING, str(marker), how], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env=env)
+    assert (done.returncode, done.stdout) == (status, "buffered, no newline / said at exit"), done.stderr
+    assert done.stderr.startswith("and on stderr" + on_stderr), done.stderr
+    assert "Fatal Python error" not in done.stderr and marker.read_text() == "handlers ran"
+    assert not marker.with_name("marker.teardown").exists()
+    if how == "crash":
+        assert "RuntimeError: a bug in the run" in done.stderr
 
 
 def test_every_command_line_entry_ends_a_launched_process_through_end_process():

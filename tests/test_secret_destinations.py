@@ -651,6 +651,7 @@ def test_an_image_root_with_an_at_after_its_host_and_port_is_refused_saying_wher
 
 @pytest.mark.parametrize("template, reason", [
     ("https://cdn.example.org:99999/{path}?sig=tok-canary-79", "Port out of range"),
+    ("https://cdn.example.org:99999/{path}?sig=tok;canary-79", "Port out of range"),  # a ';' inside a value
     ("https://u:pw-canary-79@cdn.example.org:99999/{path}", "its host or port cannot be read"),  # the parser may quote the password
     ("https://[fe80::1%25eth0]/{path}?sig=tok-canary-79", "names an IP address with a zone id"),
     ("https://cdn.example.org\\.physionet.org/{path}?sig=tok-canary-79", "holds a backslash before its path"),
@@ -667,6 +668,7 @@ def test_an_image_root_whose_host_cannot_be_read_is_refused_for_its_reason(templ
 
 @pytest.mark.parametrize("template", ["https://cdn.example.org:8443/{path}@x?code=tok-canary-78",
                                       "https://cdn.example.org:8443/{path}@x?a=1;sig=tok-canary-78",
+                                      "https://cdn.example.org:8443/{path}@x?sig=tok;tok-canary-78",
                                       "https://cdn.example.org:8443/{path}@x?id=1&hmac=tok-canary-78",
                                       "https://u:pw@cdn.example.org:8443/{path}@x#access_token=tok-canary-78"])
 def test_an_image_root_with_an_at_after_its_port_shows_no_query_or_fragment_value(template):

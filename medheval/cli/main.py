@@ -502,10 +502,11 @@ def cli_key_hosts(args: argparse.Namespace) -> list[str]:
 
 def entry_point(argv: Sequence[str] | None = None) -> int:
     """The command line's entry (the ``medheval`` script, ``python -m medheval``, ``run_eval.py``): :func:`main`,
-    and a process of a data-parallel launch ends here (:func:`medheval.run.distributed.end_process`)."""
-    from medheval.run.distributed import end_process
+    and a process of a data-parallel launch ends here, whether main returns, exits or raises
+    (:func:`medheval.run.distributed.run_to_end`)."""
+    from medheval.run.distributed import run_to_end
 
-    return end_process(main(argv))
+    return run_to_end(lambda: main(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

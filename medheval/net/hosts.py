@@ -70,7 +70,7 @@ def _parse_error(text: str, error: ValueError) -> str:
     return "its host or port cannot be read" if "@" in text else str(error)
 
 
-_QUERY_VALUE = re.compile(r"([?&;#][^=&;#?]*=)[^&;#]*")
+_QUERY_VALUE = re.compile(r"([?&;#][^=&;#?]*=)[^&#]*")  # a value runs to the next "&" or "#" (a ";" inside too)
 
 
 def _masked(text: str) -> str:

@@ -237,7 +237,8 @@ def group(device: str | None = None) -> Group:
     from accelerate import PartialState
 
     if not faulthandler.is_enabled():  # an abort in one process names where each of its threads was
-        faulthandler.enable()
+        with contextlib.suppress(ValueError, OSError, AttributeError):  # a stderr without a file descriptor
+            faulthandler.enable()
     timeout = timedelta(seconds=float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S))
     cpu = not torch.cuda.is_available() or not (device or "cuda").startswith("cuda")
     state = PartialState(cpu=cpu, timeout=timeout)
@@ -273,17 +274,52 @@ def _shut_down() -> None:
 
 def end_process(status: int) -> int:
     """``status`` in a process that is not part of a launch. In a launched process (its group built), the end of the
-    process: flush stdout and stderr, run the exit handlers (:func:`_shut_down` among them), then
+    process: flush stdout and stderr, run the exit handlers (:func:`_shut_down` among them), flush again, then
     ``os._exit(status)``. Skipping the interpreter's teardown keeps torch's C++ destructors from aborting a process
-    whose work is done (the launcher would report the whole run failed); every file the run writes is closed by
-    then (:func:`medheval.run.outputs.atomic_write_text`)."""
+    whose work is done (the launcher would report the whole run failed). Every file the run writes is closed by
+    then (:func:`medheval.run.outputs.atomic_write_text`, the logs' writers); a thread still running (an API judge's
+    requests after an error stopped the run) is not waited for."""
     if _GROUP is None:
         return status
+    _flush_streams()
+    atexit._run_exitfuncs()
+    _flush_streams()  # what the exit handlers printed
+    os._exit(status)
+
+
+def run_to_end(main: Callable[[], int]) -> int:
+    """``main()``'s status, and in a launched process :func:`end_process` however ``main`` ends: a status, a
+    ``SystemExit`` (its code, as the interpreter reads it) or an exception (its traceback through ``sys.excepthook``,
+    status 1). Outside a launch an exception propagates as it would without this wrapper."""
+    try:
+        status = main()
+    except SystemExit as stop:
+        if _GROUP is None:
+            raise
+        status = _exit_status(stop.code)
+    except BaseException:
+        if _GROUP is None:
+            raise
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    return end_process(status)
+
+
+def _exit_status(code: object) -> int:
+    """The exit status the interpreter gives ``SystemExit(code)``: ``None`` 0, an int itself, anything else
+    printed to stderr and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe: nothing more to say
             stream.flush()
-    atexit._run_exitfuncs()
-    os._exit(status)
 
 
 def device_for(requested: str | None) -> str | None:
