@@ -4,13 +4,16 @@ Models under evaluation write the same phrase until ``max_new_tokens``, long bla
 objects. Each rewritten piece is checked against the expression it replaced on many short random strings
 (where that one is fast), and each degenerate input below is sized so that the replaced code takes five to
 twenty seconds on it (its growth is quadratic or cubic) where the new code takes milliseconds. The labelers'
-scope checks are counted, not timed.
+scope checks are counted, not timed. The replaced code is kept in one place, ``benchmarks/bench_degenerate.py``,
+which times it against the current code; the tests read it from there.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -23,16 +26,25 @@ from medheval.scoring import green, nltk39, parsing, text_cues
 CXR = ["Pleural effusion", "Pneumonia", "Cardiomegaly", "Pulmonary edema"]
 
 
+def _replaced_code():
+    """``benchmarks/bench_degenerate.py``: the patterns and the CheXpert context the rewrites replaced."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_degenerate.py"
+    spec = importlib.util.spec_from_file_location("bench_degenerate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REPLACED = _replaced_code()
+
+
 def _strings(tokens: list[str], count: int, longest: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     return ["".join(rng.choice(tokens) for _ in range(rng.randint(0, longest))) for _ in range(count)]
 
 
 # -- close-ended answers ----------------------------------------------------------------------------------
-OLD_WHOLE_LETTER = re.compile(r"^\(?\s*([A-Za-z])\s*\)?\s*[.:)]?$")
-OLD_EXPLICIT_LETTER = re.compile(
-    r"\b(?:answer|option|choice)\b(?:\s+(?:is|would\s+be|will\s+be|should\s+be))?\s*[:\-]?\s*"
-    r"(?:option\s+|choice\s+)?\(?([A-Za-z])(?![A-Za-z0-9])\)?", re.I)
+OLD_WHOLE_LETTER, OLD_EXPLICIT_LETTER = REPLACED.OLD_WHOLE_LETTER, REPLACED.OLD_EXPLICIT_LETTER
 
 
 def test_letter_patterns_read_as_before():
@@ -71,7 +83,7 @@ def test_long_answers_are_not_memoised():
 
 
 # -- judge replies ----------------------------------------------------------------------------------------
-OLD_FENCE = re.compile(r"```[ \t]*(?:json5?|javascript|js|python|py)?[ \t]*\r?\n?(.*?)```", re.I | re.S)
+OLD_FENCE = REPLACED.OLD_FENCE
 
 
 def test_code_fences_are_found_as_before():
@@ -127,8 +139,7 @@ def test_an_infinite_score_is_an_invalid_reply(score):
         check_score(score)
 
 
-OLD_GREEN_HEADER = re.compile(r"^\s*\[([^\]\n]+)\]\s*:?", re.MULTILINE)
-OLD_GREEN_ITEM = re.compile(r"^\s*\(([a-f1-6])\)\s*(.*)$", re.MULTILINE)
+OLD_GREEN_HEADER, OLD_GREEN_ITEM = REPLACED.OLD_GREEN[green._HEADER], REPLACED.OLD_GREEN[green._ITEM]
 
 
 def test_green_lines_are_found_as_before():
@@ -147,8 +158,7 @@ def test_a_green_reply_of_many_blank_lines_parses_at_once():
     assert green.parse_reply(reply) == {"matched": 2, "significant": [1, 0, 0, 0, 0, 0], "insignificant": None}
 
 
-OLD_IRG_BLOCK = re.compile(r"Sentence\"?\s*[:：]\s*(?P<sentence>.*?)\s*\n\s*\"?Hallucination type\"?\s*[:：]\s*"
-                           r"(?P<level>[^\n]*)", re.I | re.S)
+OLD_IRG_BLOCK = REPLACED.OLD_IRG_BLOCK
 
 
 def test_irg_blocks_are_found_as_before():
@@ -166,7 +176,7 @@ def test_an_irg_reply_without_type_lines_fails_at_once(reply):
 
 
 # -- report text --------------------------------------------------------------------------------------------
-OLD_FULL_STOP = re.compile(r"""([^\.])(\.)([\]\)}>"'""" + nltk39._CLOSE_QUOTES + r" ]*)\s*$")
+OLD_FULL_STOP = REPLACED.OLD_FULL_STOP
 
 
 def test_the_full_stop_rule_rewrites_as_before():
@@ -222,14 +232,7 @@ def test_chexpert_scopes_are_checked_a_bounded_number_of_times_per_mention(monke
     assert checks <= 30 * 2 * 2_000  # old: every trigger for every mention, 4 million checks
 
 
-def _old_context(m, s_start, s_end, scan, cuts, reach):
-    """The definition: every trigger overlapping the sentence, every role."""
-    kinds = set()
-    for t in cuts.triggers:
-        if t.end > s_start and t.start < s_end:
-            kinds.update(kind for kind, direction, window in t.roles
-                         if chexpert_rules._in_scope(m, t, kind, direction, window, scan, cuts))
-    return kinds
+_old_context = REPLACED._old_context  # the definition: every trigger overlapping the sentence, every role
 
 
 def test_chexpert_labels_equal_those_of_checking_every_trigger(monkeypatch):
