@@ -85,6 +85,17 @@ requires_upstream = pytest.mark.skipif(
 )
 
 
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (the scripts are not a package): the tests run their ``main`` or read
+    what they keep (the code a rewrite replaced, the coverage figures)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_metric_offline(path: str | Path):
     """An evaluate module loaded from a local folder with evaluate's offline switch on (the variable and
     the value evaluate parsed from it at import), so no test can reach the Hub."""

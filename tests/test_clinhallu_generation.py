@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import load_benchmark
 
 from clinhallu_fixture import scripted_trace_reply
 from judge_servers import JudgeServer
@@ -341,11 +342,6 @@ def test_a_mitigation_that_cannot_sample_is_refused_before_any_generation(snapsh
 
 def test_hf_chunk_benchmark_writes_the_log_of_one_request_per_call():
     """``benchmarks/bench_clinhallu_hf.py`` (the speed-up of chunks over one request per call) on 2 items."""
-    import importlib.util
-
-    path = REPO / "benchmarks" / "bench_clinhallu_hf.py"
-    spec = importlib.util.spec_from_file_location("bench_clinhallu_hf", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_clinhallu_hf")
     measured = bench.main(["--items", "2", "--batch-size", "2", "--max-new-tokens", "3"])
     assert measured["same_log"] == 1.0 and measured["chunks_items_per_s"] > 0 < measured["one_per_call_items_per_s"]

@@ -24,6 +24,7 @@ import transformers
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from conftest import load_benchmark
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import medheval
@@ -356,14 +357,7 @@ def test_late_flag_with_row_samplers():
 # benchmarks/bench_host_step.py: host time of a step, the forward replayed
 # ---------------------------------------------------------------------------------------
 def _bench_host_step():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_host_step.py"
-    spec = importlib.util.spec_from_file_location("bench_host_step", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_host_step")
 
 
 def test_host_step_benchmark_replays_one_forward_per_shape(monkeypatch):

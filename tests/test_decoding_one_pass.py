@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import load_benchmark
 
 from medheval.decoding import internals
 from medheval.decoding import DecodingMethod, MitigationError, Stream, StreamGroup, hooks_installed
@@ -221,14 +222,9 @@ def test_llava_7b_shaped_model_has_llava_1_5_7b_parameter_count():
 
 
 def test_benchmark_runs_and_skips_the_gpu_model_without_cuda(tmp_path, capsys, monkeypatch):
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mitigations.py"
-    spec = importlib.util.spec_from_file_location("bench_mitigations", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_mitigations")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "bench.json"
     assert bench.main(["--models", "tiny", "llava-1.5-7b", "--device", "cpu", "--prompts", "2", "--batch-size", "2",
@@ -249,13 +245,7 @@ def test_benchmark_two_pass_rows_give_the_same_tokens_at_32_tokens(capsys):
     tokens for every ``-2pass`` row. The one-pass method runs the same per-stream computation as its
     two-pass reference, only batched into one forward of 2B rows, so greedy decoding over 32 steps picks the
     same token at every step (torch.equal on both rows of a left-padded batch of the tiny model)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mitigations.py"
-    spec = importlib.util.spec_from_file_location("bench_mitigations", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_mitigations")
     methods = [m for name in sorted(bench.TWO_STREAM) for m in (name, f"{name}-2pass")]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine

@@ -10,12 +10,11 @@ which times it against the current code; the tests read it from there.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import re
-from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from medheval.families.med_hallmark import prompts, rules
 from medheval.judges import structured
@@ -24,18 +23,7 @@ from medheval.labelers import chexpert_rules
 from medheval.scoring import green, nltk39, parsing, text_cues
 
 CXR = ["Pleural effusion", "Pneumonia", "Cardiomegaly", "Pulmonary edema"]
-
-
-def _replaced_code():
-    """``benchmarks/bench_degenerate.py``: the patterns and the CheXpert context the rewrites replaced."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_degenerate.py"
-    spec = importlib.util.spec_from_file_location("bench_degenerate", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REPLACED = _replaced_code()
+REPLACED = load_benchmark("bench_degenerate")  # the patterns and the CheXpert context the rewrites replaced
 
 
 def _strings(tokens: list[str], count: int, longest: int, seed: int) -> list[str]:

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_UPSTREAM, load_metric_offline
+from conftest import SHARED_UPSTREAM, load_benchmark, load_metric_offline
 
 from judge_servers import judge_server_factory, recording_proxy, user_text  # noqa: F401 - fixtures
 from medheval.families import med_hallmark as mh
@@ -508,13 +508,7 @@ def test_judge_prompt_levels_a_confidence_preface_by_the_answer(reference):
 
 @pytest.fixture(scope="module")
 def bench():
-    import importlib.util
-
-    path = REPO / "benchmarks" / "bench_medihall_agreement.py"
-    spec = importlib.util.spec_from_file_location("bench_medihall_agreement", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_medihall_agreement")
 
 
 def test_agreement_statistics_hand_worked(bench):

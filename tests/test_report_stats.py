@@ -5,6 +5,7 @@ import statistics
 
 import numpy as np
 import pytest
+from conftest import load_benchmark
 
 from medheval.report.stats import (FEW_CLUSTERS, LEVEL, MIN_CLUSTERS, NO_SPREAD, NO_VARIATION, adjust_p,
                                    bca_acceleration, bca_ci, bca_levels, bootstrap_ci, bootstrap_distribution,
@@ -516,13 +517,7 @@ def test_the_coverage_benchmark_runs_and_measures_proportions():
     """benchmarks/interval_coverage.py (the numbers in docs/reports.md), on 20 data sets of each figure: it runs
     and gives three shares in [0, 1] and widths, the shown interval never narrower than the expanded bootstrap
     it spans; with the truth far outside any data (accuracy 2.0) nothing covers it."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "interval_coverage.py"
-    spec = importlib.util.spec_from_file_location("interval_coverage", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("interval_coverage")
     for name, (make, truth) in bench.FIGURES.items():
         shares, (expanded_width, bca_width, shown_width) = bench.coverage(make, truth, 6, 5, sets=20, seed=1,
                                                                           binary=name != "skewed score")

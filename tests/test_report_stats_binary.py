@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import load_benchmark
 
 from medheval.report import stats
 from medheval.report.paper import Cell, Column, Table, adjust_family
@@ -204,13 +205,7 @@ def test_tango_interval_matches_its_definition(b, c, n):
 def test_paired_binary_interval_covers_and_agrees_with_the_star():
     """Exact coverage over the trinomial (benchmarks/interval_coverage.py): p_b = 0.005, p_c = 0.03 over 200 items
     was 92.5% by the sign-flip inversion alone; now at least 95%. Every (b, c) cell: 0 outside ⇔ p < 0.05."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "interval_coverage.py"
-    spec = importlib.util.spec_from_file_location("interval_coverage", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("interval_coverage")
     before, after, left = bench.paired_coverage(200, 0.005, 0.03, floor=1e-9)
     assert before < 0.94 and after >= 0.95 and left < 1e-6, (before, after)
     for b in range(0, 12):
