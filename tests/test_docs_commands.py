@@ -5,7 +5,9 @@
   option's choices where it has any (placeholders such as ``<vlm>``, ``…`` and ``NAME`` are not checked);
 * every ``--option`` named anywhere in the pages is an option of a ``medheval`` command, or of the other tool the
   page runs it with (:data:`OTHER_TOOLS`);
-* every dotted ``medheval.…`` name and ``from medheval… import name`` in the pages imports.
+* every dotted ``medheval.…`` name and ``from medheval… import name`` in the pages imports;
+* every ``medheval run`` with a model names an ``--image-root`` for each image source of its splits (the
+  benchmarks the embedded fixture holds), as the run's own check before the first generation requires.
 
 What runs as written on the embedded fixture is run elsewhere (``tests/test_cli_demo.py``: the demo and the docs'
 tiny-model grid block); the links between the pages are ``tests/test_docs_links.py``.
@@ -304,3 +306,90 @@ def test_the_defaults_the_help_gives_are_the_parsers():
             wrong += [f"medheval {command} {action.option_strings[-1]}: help says default {value}, parser {action.default!r}"
                       for value in said if not _same(value, action.default)]
     assert not wrong, "\n".join(wrong)
+
+
+# -- a documented run whose model reads images names a root for every image source of its splits -------------------
+# (was: docs/api-models.md's vLLM example ran mm_vishal,cxr_vishal with roots for slake and mimic_cxr alone, which
+# `medheval run` refuses before the first request: no root for vqa_rad, iu_xray)
+
+FIXTURE_BENCHMARKS = ("mm_vishal", "cxr_vishal", "vishal_report", "knowledge", "context")  # the embedded fixture's
+
+
+@pytest.fixture(scope="module")
+def image_sources(tmp_path_factory):
+    """``sources(benchmark, config)``: the image sources of a split of the embedded fixture (the real splits' own
+    sources, in their file formats), or None for a benchmark the fixture does not hold."""
+    from medheval import load_benchmark
+    from medheval.families.medheval.fixtures import write_fixture_benchmark
+
+    data_dir = write_fixture_benchmark(tmp_path_factory.mktemp("fixture"), with_images=False)["data_dir"]
+    found: dict[tuple[str, str | None], set[str]] = {}
+
+    def sources(benchmark: str, config: str | None) -> set[str] | None:
+        if benchmark not in FIXTURE_BENCHMARKS:
+            return None
+        if (benchmark, config) not in found:
+            found[benchmark, config] = set(load_benchmark(benchmark, config=config, data_dir=data_dir).unique("source"))
+        return found[benchmark, config]
+    return sources
+
+
+def _option_values(argv: list[str], option: str) -> list[str]:
+    values = []
+    for i, token in enumerate(argv):
+        if token == option and i + 1 < len(argv):
+            values.append(argv[i + 1])
+        elif token.startswith(option + "="):
+            values.append(token.partition("=")[2])
+    return values
+
+
+def _missing_image_roots(argv: list[str], sources) -> dict[str, list[str]] | None:
+    """{split: image sources no ``--image-root`` names} of a ``medheval run`` argv (after ``run``), or None when it
+    cannot be told: no ``--model`` (a predictions file needs no image), a ``--config`` (its roots are in the file),
+    every ``--control`` ``no_image``, an elided part (``...``, which may hold the roots) or a placeholder root, or no
+    benchmark the fixture holds."""
+    models = _option_values(argv, "--model")
+    controls = _option_values(argv, "--control")
+    roots = _option_values(argv, "--image-root")
+    if (not models or "--config" in argv or (controls and set(controls) == {"no_image"})
+            or "..." in argv or "…" in argv or any(_placeholder(root) for root in roots)):
+        return None
+    named = {root.partition("=")[0] for root in roots}
+    missing, told = {}, False
+    for spec in (s for value in _option_values(argv, "--benchmark") for s in value.split(",") if s):
+        benchmark, _, config = spec.partition(":")
+        found = sources(benchmark, config or None)
+        if found is None:
+            continue
+        told = True
+        if found - named:
+            missing[spec] = sorted(found - named)
+    return missing if told else None
+
+
+def test_the_image_root_check_finds_a_missing_root(image_sources):
+    old = shlex.split("--benchmark mm_vishal,cxr_vishal --model openai:llava-1.5-7b@http://127.0.0.1:8000/v1 "
+                      "--image-root slake=/data/slake/imgs --image-root mimic_cxr=/data/mimic-cxr-jpg/2.1.0/files")
+    assert _missing_image_roots(old, image_sources) == {"mm_vishal": ["vqa_rad"], "cxr_vishal": ["iu_xray"]}
+    assert _missing_image_roots(old + ["--image-root", "vqa_rad=/v", "--image-root=iu_xray=/i"], image_sources) == {}
+    assert _missing_image_roots(["--benchmark", "knowledge:open", "--model", "m"], image_sources) == {
+        "knowledge:open": ["mimic_cxr"]}
+    assert _missing_image_roots(["--benchmark", "mm_vishal", "--predictions", "p.jsonl"], image_sources) is None
+    assert _missing_image_roots(["--benchmark", "mm_vishal", "--model", "m", "--control", "no_image"],
+                                image_sources) is None
+    assert _missing_image_roots(["--benchmark", "cxr_vishal", "--model", "m", "--image-root", "..."],
+                                image_sources) is None
+
+
+def test_every_documented_run_with_a_model_names_its_image_roots(image_sources):
+    checked, broken = 0, []
+    for page in PAGES:
+        for where, argv in _commands(page):
+            if argv[0] != "run" or (missing := _missing_image_roots(argv[1:], image_sources)) is None:
+                continue
+            checked += 1
+            broken += [f"{page.relative_to(ROOT)}: {where} -> {split}: no --image-root for {', '.join(gap)}"
+                       for split, gap in missing.items()]
+    assert not broken, "\n".join(broken)
+    assert checked >= 3  # README's own-model run, running.md's, api-models.md's vLLM run (at least)
