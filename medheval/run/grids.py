@@ -281,6 +281,14 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
     for key in ("limit", "batch_size"):
         if data.get(key) is not None and data[key] < 1:
             raise _fail(source, key, f"must be >= 1, got {data[key]}")
+    if data.get("seed") is not None:
+        from medheval.run.seeds import seed_problem
+
+        problem = seed_problem(data["seed"])
+        if problem:
+            raise _fail(source, "seed", f"{problem}; a seed is a whole number >= 0")
+    if data.get("lock_timeout") is not None and not data["lock_timeout"] >= 0:  # NaN would wait forever
+        raise _fail(source, "lock_timeout", f"must be a number of seconds >= 0, got {data['lock_timeout']}")
     for key in set(CONFIG_KEYS) - set(options) - {"output", "models", "benchmarks", "mitigations", "controls",
                                                    "generation"}:
         if data.get(key) is not None:
