@@ -483,6 +483,21 @@ def _unknown_ids(ids: Iterable[str], splits: Sequence[LoadedBenchmark], own_pref
     return [rid for rid in ids if rid.startswith(prefixes) and rid not in known]
 
 
+def _unmatched_ids_note(missing: list[str], extra: list[str]) -> str:
+    """What the predictions file's own unmatched ids look like, for the error of a split with records that have no
+    prediction: ``""`` when every id of the file matched; named when an id matches a record once the spaces or
+    line breaks around it are removed (the id must be exact)."""
+    if not extra:
+        return ""
+    wanted = set(missing)
+    padded = [rid for rid in extra if rid.strip() != rid and rid.strip() in wanted]
+    note = f"; {len(extra)} id(s) of the file match no record of this split, e.g. {', '.join(repr(i) for i in extra[:2])}"
+    if padded:
+        note += (f" ({len(padded)} match a record once the spaces around them are removed: ids must be exact, "
+                 f"strip them in the file)")
+    return note
+
+
 def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
     """Compare a predictions file's ids with the split; report mismatches clearly."""
     missing, extra = backend.check_against(loaded.dataset["id"])
@@ -491,7 +506,8 @@ def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_miss
     if missing and not allow_missing:
         raise RunError(
             f"{len(missing)} record(s) of {loaded.name}:{loaded.config} have no prediction in {backend.path} "
-            f"(first: {missing[:10]}). This split's ids look like {', '.join(repr(i) for i in loaded.dataset['id'][:2])}. "
+            f"(first: {missing[:10]}). This split's ids look like {', '.join(repr(i) for i in loaded.dataset['id'][:2])}"
+            f"{_unmatched_ids_note(missing, extra)}. "
             f"Pass --allow-missing-predictions to score only the records present (the others are counted as missing)."
         )
     if missing:
