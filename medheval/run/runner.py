@@ -931,6 +931,19 @@ def check_image_roots(spec: RunSpec, splits: Sequence[LoadedBenchmark], reader: 
     return True
 
 
+def _warn_unknown_log_ids(entries: list[dict[str, Any]], prepared: list[PreparedSplit], log_path: Path,
+                          warnings: list[str]) -> None:
+    """Warn about lines of the run's own ``predictions.jsonl`` whose id looks like a split's of this run but names
+    none of its records (a hand-edited id, or annotation files that no longer hold the record): they are not
+    scored, and were left out without a word."""
+    unknown = _unknown_ids(dict.fromkeys(entry["id"] for entry in entries),
+                           [split.loaded for split in prepared], own_prefix=True)
+    if unknown:
+        _warn(warnings, f"{len(unknown)} line(s) of {log_path} answer no record of the split(s) in this run and are "
+                        f"not scored (first ids: {unknown[:5]}): the file was edited, or the annotation files no "
+                        f"longer hold those records; remove the lines, or start a new --output folder")
+
+
 def _predictions_file_summary(backend: Any, prepared: list[PreparedSplit],
                               warnings: list[str]) -> dict[str, Any] | None:
     """How many of a predictions file's ids this run scored, and how many match none of its records."""
@@ -1003,6 +1016,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8, splits: BuiltSplit
                                                       splits))
         entries = read_log(log_path, repair=group.is_main)
         _check_reused_generation(prepared, backend, spec, entries, log_path)
+        _warn_unknown_log_ids(entries, prepared, log_path, warnings)
         order = [rid for split in prepared for rid in split.loaded.dataset["id"]]
         recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
         results: dict[str, Any] = {"settings": settings, "versions": versions, "labels": dict(spec.labels),
