@@ -88,6 +88,10 @@ def test_the_shipped_configs_cover_the_papers_tables():
     ("output: o\nmodels: [m/x]\nbenchmarks: [context]\nlock_timeout: .nan\n", "lock_timeout", "seconds >= 0"),
     ("output: o\nmodels: [m/x]\nbenchmarks: [context]\nmitigations: ['vcd:alpha=nan']\n", "mitigations[0]",
      "option alpha=nan must be a finite number"),
+    ("output: o\nmodels: [m/x]\nbenchmarks: [context]\nmitigation: [vcd]\n", "mitigation",
+     "unknown key (did you mean 'mitigations'?)"),
+    ("output: o\nmodels: [m/x]\nbenchmarks: [context]\ngeneration: {default: {}}\n", "generation.default",
+     "unknown key (did you mean 'defaults'?)"),
     ("- output: o\n", "", "expected a mapping of settings at the top"),
     ("output: o\nmodels: [m/x, m/x]\nbenchmarks: [context]\n", "models", "listed twice: 'm__x'"),
 ])

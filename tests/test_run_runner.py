@@ -101,6 +101,9 @@ def test_unknown_benchmark_and_metric_names(fixture_benchmark, tmp_path, capsys)
     _write_jsonl(path, [{"id": rid, "prediction": "no"} for rid in ids])
     assert main([*base, "--benchmark", "context", "--metrics", "bleuu", "--output", str(tmp_path / "b")]) == 2
     assert "unknown metric" in capsys.readouterr().err
+    # a near miss names the metric it was meant to be (the list alone left the user to spot it)
+    assert main([*base, "--benchmark", "context", "--metrics", "text_generaton", "--output", str(tmp_path / "c")]) == 2
+    assert "unknown metric(s) ['text_generaton'] (did you mean 'text_generation'?)" in capsys.readouterr().err
 
 
 def test_torn_last_line_is_repaired_and_corruption_elsewhere_is_refused(tmp_path):

@@ -177,6 +177,15 @@ def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to a mistyped ``name`` (``mitigation`` → ``mitigations``),
+    ``""`` when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judge: Any = None) -> list[str]:
     """The requested metrics (checked), or the defaults for the split's answer types."""
     unit_defaults = benchmark_default_metrics(loaded.name)
@@ -186,7 +195,8 @@ def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judg
         available = list_units("metrics")
         unknown = [name for name in requested if name not in available]
         if unknown:
-            raise RunError(f"unknown metric(s) {unknown}; available: {', '.join(available)}")
+            hint = "".join(did_you_mean(name, available) for name in unknown[:1])
+            raise RunError(f"unknown metric(s) {unknown}{hint}; available: {', '.join(available)}")
         return list(requested)
     answer_types = set(loaded.dataset.unique("answer_type"))
     kind = "close" if answer_types <= CLOSE_ENDED_TYPES else "report" if answer_types == {"report"} else "open"
