@@ -260,6 +260,66 @@ def test_predictions_file_missing_keys_and_wrong_types(tmp_path):
     assert '"prediction"' in message  # the expected shape is shown
 
 
+def test_predictions_file_null_and_odd_values_say_what_to_write(tmp_path):
+    """A null prediction said ``got NoneType`` (Python's word) and not what to do; a non-string ``mitigation`` was
+    accepted and recorded in results.json as the text of a Python dict."""
+    path = write_jsonl(tmp_path / "p.jsonl", [
+        {"id": "b/c/1", "prediction": None},
+        '{"id": "b/c/2", "prediction": NaN}',
+        {"id": "b/c/3", "prediction": "yes", "mitigation": {"alpha": 1}},
+        {"id": "b/c/4", "prediction": "yes", "control": ["blank"]},
+    ])
+    with pytest.raises(BackendError) as err:
+        PredictionsFileBackend(path)
+    message = str(err.value)
+    assert ("line 1 (id 'b/c/1'): 'prediction' must be a string, got null: write \"\" for an empty answer, or leave "
+            "the line out and pass --allow-missing-predictions") in message
+    assert "line 2 (id 'b/c/2'): 'prediction' must be a string, got a number (nan)" in message
+    assert ("line 3 (id 'b/c/3'): 'mitigation' must be a string, as a run writes it (e.g. \"none\" or "
+            "\"vcd:alpha=1\"), got an object") in message
+    assert "line 4 (id 'b/c/4'): 'control' must be a string" in message and "got an array" in message
+    assert "NoneType" not in message
+
+
+@pytest.mark.parametrize("name,content,said,command", [
+    ("preds.csv", 'id,prediction\nb/c/1,yes\n"b/c/2","no, none"\n', "looks like a CSV table (columns ['id', 'prediction'])",
+     "csv.DictReader"),
+    ("preds.tsv", "id\tprediction\nb/c/1\tyes\n", "looks like a TSV table", 'delimiter="\\t"'),
+    ("answers.csv", "qid,answer\n1,yes\n", "columns ['qid', 'answer']",
+     "name the columns holding the record id and the model output 'id' and 'prediction', then python -c"),
+    ("preds.json", '[\n {"id": "b/c/1", "prediction": "yes"},\n {"id": "b/c/2", "prediction": "no"}\n]\n',
+     "looks like one JSON array", "json.load"),
+    ("one.json", '[{"id": "b/c/1", "prediction": "yes"}]\n', "looks like one JSON array", "json.load"),
+    ("pretty.jsonl", '{\n  "id": "b/c/1",\n  "prediction": "yes"\n}\n', "one JSON document spread over several lines",
+     "json.load"),
+])
+def test_predictions_file_in_another_format_says_so_and_how_to_convert(tmp_path, name, content, said, command):
+    """A CSV, TSV or JSON-array file got one "invalid JSON" per line (cut off at 2,000 characters on the command line,
+    with the expected shape at its end) and no word of the format or of what to do. The hint comes first, and its
+    command converts the file (run here on the CSV and JSON ones)."""
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(BackendError) as err:
+        PredictionsFileBackend(path)
+    message = str(err.value)
+    head = message.split("\n")[0]
+    assert head.startswith(f"predictions file {str(path)!r} has ") and said in head and command in head
+    assert "not JSON Lines (one JSON object per line" in head and "Convert it:" in head
+    if name in ("preds.csv", "preds.json", "pretty.jsonl"):
+        import shlex
+        from pathlib import Path
+        import subprocess
+        import sys
+
+        converted = head.split("Convert it: ", 1)[1].rstrip(":")
+        program, _, target = converted.partition(" > ")
+        argv = shlex.split(program)
+        out = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, check=True).stdout
+        Path(shlex.split(target)[0]).write_text(out, encoding="utf-8")
+        backend = PredictionsFileBackend(shlex.split(target)[0])
+        assert backend.ids()[0] == "b/c/1"
+
+
 def test_predictions_file_reports_all_duplicates(tmp_path):
     path = write_jsonl(
         tmp_path / "p.jsonl",

@@ -92,6 +92,36 @@ def test_a_length_or_concurrency_below_one_is_refused_while_the_arguments_are_pa
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("command,flag,value,said", [
+    ("run", "--top-p", "2", "must be between 0 and 1"),
+    ("run", "--top-p", "nan", "must be a finite number"),
+    ("run", "--temperature", "nan", "must be a finite number"),
+    ("run", "--temperature", "-0.5", "must be >= 0"),
+    ("inputs", "--top-p", "1.5", "must be between 0 and 1"),
+    ("run", "--seed", "-1", "expected a whole number from 0 to 9223372036854775807"),
+    ("run", "--seed", "99999999999999999999999", "expected a whole number from 0 to 9223372036854775807"),
+    ("inputs", "--seed", "-1", "expected a whole number from 0 to 9223372036854775807"),
+    ("run", "--lock-timeout", "nan", "expected a number of seconds >= 0"),
+    ("run", "--lock-timeout", "-5", "expected a number of seconds >= 0"),
+    ("report", "--lock-timeout", "nan", "expected a number of seconds >= 0"),
+])
+def test_an_out_of_range_number_is_refused_while_the_arguments_are_parsed(command, flag, value, said, tmp_path,
+                                                                          capsys):
+    """Were plain floats/ints: ``--top-p 2`` was recorded and ignored by the decoder, ``--temperature nan`` failed at
+    the first batch in transformers' words, ``--seed -1 --control noise`` stopped at the first image with numpy's
+    "expected non-negative integer" (a huge seed: "Overflow when unpacking long long"), ``--lock-timeout nan``
+    waited forever on a held folder."""
+    args = {"run": ["run", "--benchmark", SPLIT, "--model", "tiny-random-llava", "--do-sample",
+                    "--output", str(tmp_path / "run")],
+            "inputs": ["inputs", "--benchmark", SPLIT, "--model", "tiny-random-llava", "--do-sample"],
+            "report": ["report", str(tmp_path / "runs"), "--output", str(tmp_path / "run")]}[command]
+    with pytest.raises(SystemExit) as exited:
+        main([*args, flag, value])
+    assert exited.value.code == 2
+    assert f"medheval {command}: error: argument {flag}: {said}, got '{value}'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("flags,said", [
     (["--temperature", "0.7"], "--temperature 0.7 has no effect without --do-sample (decoding is greedy); add "
                                "--do-sample, or drop --temperature"),

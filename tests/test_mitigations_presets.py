@@ -206,6 +206,18 @@ def test_a_mistyped_option_value_is_refused_when_the_method_is_built(spec, messa
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize("spec", ["vcd:alpha=nan", "pai:gamma=inf", "m3id:lam=nan", "avisc:lamb=-inf",
+                                  "damro:alpha=nan", "opera:penalty_weights=nan", "opera:scale_factor=inf"])
+def test_a_non_finite_option_is_refused_when_the_method_is_built(spec):
+    """Was accepted: ``--mitigation vcd:alpha=nan`` ran and wrote NaN-scored noise as answers, without an error."""
+    name, _, option = spec.partition(":")
+    key, _, value = option.partition("=")
+    with pytest.raises(MitigationError) as error:
+        get_mitigation(spec)
+    assert f"{name}: option {key}={float(value)!r} must be a finite number, e.g. --mitigation {name}:{key}=" \
+        in str(error.value)
+
+
 def test_option_types_accept_what_the_specs_and_constructors_write():
     assert get_mitigation("vcd:alpha=1,noise_seed=none").spec() == (
         "vcd:preset=medheval,alpha=1,beta=0.1,noise_step=500,noise_seed=none")  # an int is a float: spec unchanged

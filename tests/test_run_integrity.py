@@ -184,3 +184,22 @@ def test_re_running_a_grid_with_other_axes_is_refused_naming_the_change(fixture_
     err = capsys.readouterr().err
     assert str(out) in err and "controls none, no_image → none, blank" in err and "same axes" in err
     assert (out / "results.json").read_bytes() == combined
+
+
+def test_a_log_line_whose_id_names_no_record_is_warned_about(fixture_benchmark, tmp_path, capsys):
+    """A line of the run's own predictions.jsonl whose id was edited (or whose record the annotation files no longer
+    hold) was left out of the scores without a word: the record was answered again and the line ignored."""
+    _, args = _predictions(fixture_benchmark, tmp_path / "mine.jsonl")
+    out = tmp_path / "run"
+    assert main([*args, "--output", str(out)]) == 0
+    log = out / "predictions.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    edited = json.loads(lines[1])
+    edited["id"] = edited["id"].rsplit("/", 1)[0] + "/no-such-record"
+    log.write_text("".join([lines[0], json.dumps(edited) + "\n", *lines[2:]]))
+    capsys.readouterr()
+    assert main([*args, "--output", str(out)]) == 0
+    said = (f"1 line(s) of {log} answer no record of the split(s) in this run and are not scored (first ids: "
+            f"[{edited['id']!r}])")
+    assert said in capsys.readouterr().err
+    assert any(said in warning for warning in json.loads((out / "results.json").read_text())["warnings"])

@@ -72,6 +72,18 @@ def test_predictions_file_with_wrong_ids_is_a_clear_error(fixture_benchmark, tmp
     assert entry["n_scored"] == len(ds) - 2 and entry["data_quality"]["missing_predictions"] == 2
 
 
+def test_predictions_with_padded_ids_say_so(fixture_benchmark, tmp_path, capsys):
+    """Ids with spaces around them (a spreadsheet's export) matched nothing, and the error named only the split's
+    ids and --allow-missing-predictions: not the file's ids, nor that stripping them was the fix."""
+    ds = load_benchmark("context", data_dir=fixture_benchmark["data_dir"])
+    path = _write_jsonl(tmp_path / "padded.jsonl", [{"id": f" {rid}\t", "prediction": "yes"} for rid in ds["id"]])
+    assert main(["run", "--benchmark", "context", "--predictions", str(path), "--data-dir",
+                 fixture_benchmark["data_dir"], "--output", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"{len(ds)} id(s) of the file match no record of this split, e.g. {' ' + ds['id'][0] + chr(9)!r}" in err
+    assert f"({len(ds)} match a record once the spaces around them are removed: ids must be exact, strip them" in err
+
+
 def test_empty_predictions_file_is_refused(fixture_benchmark, tmp_path, capsys):
     path = tmp_path / "empty.jsonl"
     path.write_text("")
@@ -89,6 +101,9 @@ def test_unknown_benchmark_and_metric_names(fixture_benchmark, tmp_path, capsys)
     _write_jsonl(path, [{"id": rid, "prediction": "no"} for rid in ids])
     assert main([*base, "--benchmark", "context", "--metrics", "bleuu", "--output", str(tmp_path / "b")]) == 2
     assert "unknown metric" in capsys.readouterr().err
+    # a near miss names the metric it was meant to be (the list alone left the user to spot it)
+    assert main([*base, "--benchmark", "context", "--metrics", "text_generaton", "--output", str(tmp_path / "c")]) == 2
+    assert "unknown metric(s) ['text_generaton'] (did you mean 'text_generation'?)" in capsys.readouterr().err
 
 
 def test_torn_last_line_is_repaired_and_corruption_elsewhere_is_refused(tmp_path):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,51 @@ def _preview(items: list[str], limit: int = _MAX_LISTED) -> str:
     shown = ", ".join(repr(x) for x in items[:limit])
     more = f", ... and {len(items) - limit} more" if len(items) > limit else ""
     return f"{len(items)} id(s): {shown}{more}"
+
+
+def _json_kind(value: Any) -> str:
+    """How a JSON value that is not a string is named in an error, in JSON's words (``null``, not ``NoneType``);
+    ``null`` says what to write instead."""
+    if value is None:
+        return ('null: write "" for an empty answer, or leave the line out and pass --allow-missing-predictions '
+                'to count the record as missing')
+    if isinstance(value, bool):
+        return f"a boolean ({json.dumps(value)})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def other_format_hint(path: Path, first_line: str) -> str:
+    """A sentence saying the file at ``path`` is in another format than JSON Lines, judged by its first non-blank
+    line (a JSON array, a JSON document over several lines, a CSV or TSV table), with a command that converts it;
+    ``""`` when the line does not look like one of them. Without it such a file got one "invalid JSON" per line
+    and no word of what to do."""
+    text = first_line.strip()
+    target = shlex.quote(str(path.with_suffix(".jsonl") if path.suffix != ".jsonl"
+                             else path.with_name(f"{path.stem}-lines.jsonl")))
+    source = shlex.quote(str(path))
+    if text.startswith("["):
+        what = "one JSON array"
+        command = (f"python -c 'import json,sys; [print(json.dumps(o)) for o in json.load(open(sys.argv[1]))]' "
+                   f"{source} > {target}")
+    elif text.startswith("{"):
+        what = "one JSON document spread over several lines"
+        command = f"python -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))' {source} > {target}"
+    else:
+        delimiter = "\t" if "\t" in text else ","
+        if delimiter not in text:
+            return ""
+        columns = [column.strip().strip('"').lower() for column in text.removeprefix("\ufeff").split(delimiter)]
+        what = f"a {'TSV' if delimiter == chr(9) else 'CSV'} table (columns {columns[:6]})"
+        rename = ("" if {"id", "prediction"} <= set(columns)
+                  else "name the columns holding the record id and the model output 'id' and 'prediction', then ")
+        option = ', delimiter="\\t"' if delimiter == "\t" else ""
+        command = (f"{rename}python -c 'import csv,json,sys; [print(json.dumps({{\"id\": r[\"id\"], \"prediction\": "
+                   f"r[\"prediction\"]}})) for r in csv.DictReader(open(sys.argv[1], newline=\"\", "
+                   f"encoding=\"utf-8-sig\"){option})]' {source} > {target}")
+    return (f"it looks like {what}, not JSON Lines (one JSON object per line, like {EXPECTED_LINE}). "
+            f"Convert it: {command}")
 
 
 class PredictionsFileBackend:
@@ -80,16 +126,21 @@ class PredictionsFileBackend:
         prompts: dict[str, str] = {}  # the model input each line recorded (a run's predictions.jsonl)
 
         digest = hashlib.sha256()
+        hint = ""  # the file is in another format (other_format_hint)
+        opening = True  # the first non-blank line: the one that tells the file's format
         for lineno, line in self._lines(digest, errors):
             if not line.strip():
                 continue
+            opening, is_opening = False, opening
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
                 errors.append(f"line {lineno}: invalid JSON ({err.msg} at column {err.colno})")
+                hint = other_format_hint(self.path, line) if is_opening else hint
                 continue
             if not isinstance(obj, dict):
                 errors.append(f"line {lineno}: expected a JSON object, got {type(obj).__name__}")
+                hint = other_format_hint(self.path, line) if is_opening else hint
                 continue
             missing = [key for key in ("id", "prediction") if key not in obj]
             if missing:
@@ -105,9 +156,7 @@ class PredictionsFileBackend:
                               f"characters, got {shown}")
                 continue
             if not isinstance(pred, str):
-                errors.append(
-                    f"line {lineno} (id {rid!r}): 'prediction' must be a string, got {type(pred).__name__}"
-                )
+                errors.append(f"line {lineno} (id {rid!r}): 'prediction' must be a string, got {_json_kind(pred)}")
                 continue
             unstorable = surrogate_problem(rid) or surrogate_problem(pred)
             if unstorable:
@@ -117,6 +166,12 @@ class PredictionsFileBackend:
             if len(pred) > MAX_PREDICTION_CHARS:
                 errors.append(f"line {lineno} (id {rid!r}): the prediction has {len(pred)} characters; at most "
                               f"{MAX_PREDICTION_CHARS} are accepted")
+                continue
+            odd = [key for key in variants if obj.get(key) is not None and not isinstance(obj[key], str)]
+            if odd:  # was written into results.json as the text of the Python value ("{'a': 1}")
+                example = '"none" or "vcd:alpha=1"' if odd[0] == "mitigation" else '"none" or "no_image"'
+                errors.append(f"line {lineno} (id {rid!r}): {odd[0]!r} must be a string, as a run writes it "
+                              f"(e.g. {example}), got {_json_kind(obj[odd[0]]).split(':')[0]}")
                 continue
             if rid in first_line:
                 duplicates.setdefault(rid, [first_line[rid]]).append(lineno)
@@ -143,7 +198,8 @@ class PredictionsFileBackend:
             shown = errors[:_MAX_ERRORS]
             more = f"\n  ... and {len(errors) - _MAX_ERRORS} more" if len(errors) > _MAX_ERRORS else ""
             raise BackendError(
-                f"predictions file {str(self.path)!r} has {len(errors)} problem(s):\n  "
+                f"predictions file {str(self.path)!r} has {len(errors)} problem(s)"
+                + (f"; {hint}" if hint else "") + ":\n  "
                 + "\n  ".join(shown)
                 + more
                 + f"\nEach line must be a JSON object like {EXPECTED_LINE}."

@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from medheval.run.options import check_sampling_flags, positive_int
+from medheval.run.options import check_sampling_flags, generation_number, positive_int, seed_argument
 
 DEFAULT_LIMIT = 3
 
@@ -40,10 +40,10 @@ def add_inputs_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, metavar="N",
                         help="one length for every record (default: per answer type, as for `run`)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding, as for `run`")
-    parser.add_argument("--temperature", type=float,
+    parser.add_argument("--temperature", type=generation_number("temperature"),
                         help="needs --do-sample (or a protocol that samples), as for `run`")
-    parser.add_argument("--top-p", type=float, help="needs --do-sample (or a protocol that samples), as for `run`")
-    parser.add_argument("--seed", type=int, default=0, help="the seed `run` would use (default 0)")
+    parser.add_argument("--top-p", type=generation_number("top_p"), help="needs --do-sample (or a protocol that samples), as for `run`")
+    parser.add_argument("--seed", type=seed_argument, default=0, help="the seed `run` would use (default 0)")
     parser.add_argument("--device", help="cpu, cuda … (default: cuda when available)")
     parser.add_argument("--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--json", action="store_true", help="one JSON object per item instead of text")

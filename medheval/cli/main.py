@@ -22,6 +22,7 @@ from medheval.run.options import (
     check_sampling_flags,
     parse_benchmark_options,
     parse_metric_options,
+    seconds_argument,
     split_list,
 )
 
@@ -337,7 +338,7 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
                          "embedded fixture data anyway (said in each entry's notes)")
     publish.add_argument("--allow-limit", action="store_true", help="results: publish a --limit run anyway (said "
                          "in each entry's notes)")
-    publish.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+    publish.add_argument("--lock-timeout", type=seconds_argument, default=0.0, metavar="SECONDS",
                          help="another publish into the same --to folder holds it: wait up to SECONDS for it "
                               "(default 0: refuse at once, naming it). Folders are built aside and each replaces "
                               "its target in one rename, so a kill never leaves a half-written repo folder listed")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
@@ -111,16 +112,21 @@ def check_option_types(method: Any) -> None:
     """Check each of ``method``'s dataclass fields against its declared type, at construction (so a typo in
     ``--mitigation pai:alpha=x`` fails before a model loads, not at the first generation).
 
+    A number must also be finite: ``nan`` or ``inf`` (``--mitigation vcd:alpha=nan``) would turn every score into
+    NaN and the answers into noise without an error.
+
     Raises:
         MitigationError: naming the method, the option, the value, the expected type and the preset's value.
     """
     hints = typing.get_type_hints(type(method))
     for field in dataclasses.fields(method):
         value, hint = getattr(method, field.name), hints[field.name]
-        if not _fits(value, hint):
+        fits = _fits(value, hint)
+        if not fits or (isinstance(value, float) and not math.isfinite(value)):
             example = type(method).PRESETS.get(DEFAULT_PRESET, {}).get(field.name, field.default)
+            expected = _described(hint) if not fits else "a finite number"
             raise MitigationError(
-                f"{method.name}: option {field.name}={value!r} must be {_described(hint)}, e.g. "
+                f"{method.name}: option {field.name}={value!r} must be {expected}, e.g. "
                 f"--mitigation {method.name}:{field.name}={spec_value(example)}")
 
 

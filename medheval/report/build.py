@@ -280,11 +280,13 @@ def stack_section(runs: Sequence["Run"]) -> list[str]:
 
 def add_report_command(commands: argparse._SubParsersAction) -> None:
     """``medheval report RUN_DIR... --output DIR``."""
+    from medheval.run.options import seconds_argument
+
     parser = commands.add_parser("report", help="tables with intervals, plots and one HTML file from run folders")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders, mitigation grids, or folders of them")
     parser.add_argument("--output", required=True, help="folder for report.md/.json/.html, tables.csv, plots/")
     parser.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib needed)")
-    parser.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+    parser.add_argument("--lock-timeout", type=seconds_argument, default=0.0, metavar="SECONDS",
                         help="another report into --output holds it: wait up to SECONDS (default 0: refuse at "
                              "once). The folder is built aside and replaced in one rename")
     parser.add_argument("--no-html", action="store_true", help="no report.html")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -47,8 +48,32 @@ BUILTIN_BY_BENCHMARK: dict[str, dict[str, Any]] = {"clinhallu": {"max_new_tokens
 FALLBACK_MAX_NEW_TOKENS = 64  # the backend's own value when no layer sets one
 
 
+# The range of each numeric setting: (lowest, highest, whether the lowest itself is allowed); every value finite.
+SETTING_RANGES: dict[str, tuple[float, float, bool]] = {
+    "max_new_tokens": (1, math.inf, True), "num_beams": (1, math.inf, True), "top_k": (0, math.inf, True),
+    "temperature": (0, math.inf, True), "top_p": (0, 1, True), "repetition_penalty": (0, math.inf, False),
+}
+
+
+def setting_problem(key: str, value: Any) -> str | None:
+    """What is wrong with the number ``value`` of the generation setting ``key`` (NaN, infinite, out of its range
+    in :data:`SETTING_RANGES`), or ``None`` when it is usable: e.g. ``"must be between 0 and 1"`` for
+    ``top_p=2``, which the decoders would otherwise ignore without a word."""
+    if key not in SETTING_RANGES or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    low, high, low_allowed = SETTING_RANGES[key]
+    if not math.isfinite(value):
+        return "must be a finite number"
+    if value < low or (value == low and not low_allowed) or value > high:
+        if math.isfinite(high):
+            return f"must be between {low} and {high}"
+        return f"must be >= {low}" if low_allowed else f"must be > {low}"
+    return None
+
+
 def check_settings(settings: Any, where: str) -> dict[str, Any]:
-    """A mapping of known generation keys with values of the right type; errors name ``where``."""
+    """A mapping of known generation keys with values of the right type and range (:func:`setting_problem`);
+    errors name ``where``."""
     if not isinstance(settings, Mapping):
         raise ValueError(f"{where}: expected a mapping of generation settings, got {type(settings).__name__}")
     for key, value in settings.items():
@@ -58,8 +83,9 @@ def check_settings(settings: Any, where: str) -> dict[str, Any]:
         if (isinstance(value, bool) and wanted is not bool) or not isinstance(value, wanted):
             names = " or ".join(t.__name__ for t in (wanted if isinstance(wanted, tuple) else (wanted,)))
             raise ValueError(f"{where}.{key}: expected {names}, got {value!r}")
-        if key in ("max_new_tokens", "num_beams") and value < 1:
-            raise ValueError(f"{where}.{key}: must be >= 1, got {value}")
+        problem = setting_problem(key, value)
+        if problem:
+            raise ValueError(f"{where}.{key}: {problem}, got {value}")
     return dict(settings)
 
 
@@ -159,5 +185,5 @@ def rendered_prompt(backend: Any, record: dict, images: list[Any]) -> dict[str, 
 
 
 __all__ = ["BUILTIN_BY_ANSWER_TYPE", "BUILTIN_BY_BENCHMARK", "FALLBACK_MAX_NEW_TOKENS", "GENERATION_KEYS",
-           "GenerationPlan", "accepts_overrides", "check_settings", "effective_settings", "generate_with",
+           "GenerationPlan", "SETTING_RANGES", "accepts_overrides", "check_settings", "effective_settings", "generate_with",
            "group_by_settings", "rendered_prompt", "settings_for", "used_settings"]

@@ -42,7 +42,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from medheval.run.control import CONTROLS, Control, ControlError
 from medheval.run.generation import GenerationPlan, check_settings
 from medheval.run.grid_plan import GRID_FILE, PlannedCell, plan_cells, record_plan
-from medheval.run.runner import RunError, RunSpec, check_before_model, configure_run, run_configured, write_report_html
+from medheval.run.runner import (RunError, RunSpec, check_before_model, configure_run, did_you_mean, run_configured,
+                                  write_report_html)
 
 # key -> (accepted types, description for the error). ``None`` is accepted for every optional key.
 CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -172,7 +173,8 @@ def _generation_plan(source: str, value: Mapping[str, Any]) -> GenerationPlan:
 
     unknown = sorted(set(value) - set(GENERATION_SECTIONS))
     if unknown:
-        raise _fail(source, f"generation.{unknown[0]}", f"unknown key; known: {', '.join(GENERATION_SECTIONS)}")
+        raise _fail(source, f"generation.{unknown[0]}", f"unknown key{did_you_mean(str(unknown[0]), GENERATION_SECTIONS)}"
+                                                         f"; known: {', '.join(GENERATION_SECTIONS)}")
 
     def settings(where: str, given: Any) -> dict[str, Any]:
         try:
@@ -207,7 +209,8 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
     _expanded_size(data, source)
     for key, value in data.items():
         if key not in CONFIG_KEYS:
-            raise _fail(source, str(key), f"unknown key; known: {', '.join(CONFIG_KEYS)}")
+            raise _fail(source, str(key), f"unknown key{did_you_mean(str(key), CONFIG_KEYS)}; known: "
+                                          f"{', '.join(CONFIG_KEYS)}")
         types, wanted = CONFIG_KEYS[key]
         if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
             raise _fail(source, key, f"expected {wanted}, got {type(value).__name__} {value!r}")
@@ -281,6 +284,14 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
     for key in ("limit", "batch_size"):
         if data.get(key) is not None and data[key] < 1:
             raise _fail(source, key, f"must be >= 1, got {data[key]}")
+    if data.get("seed") is not None:
+        from medheval.run.seeds import seed_problem
+
+        problem = seed_problem(data["seed"])
+        if problem:
+            raise _fail(source, "seed", f"{problem}; a seed is a whole number >= 0")
+    if data.get("lock_timeout") is not None and not data["lock_timeout"] >= 0:  # NaN would wait forever
+        raise _fail(source, "lock_timeout", f"must be a number of seconds >= 0, got {data['lock_timeout']}")
     for key in set(CONFIG_KEYS) - set(options) - {"output", "models", "benchmarks", "mitigations", "controls",
                                                    "generation"}:
         if data.get(key) is not None:

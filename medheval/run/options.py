@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -34,6 +35,52 @@ def positive_int(value: str) -> int:
         number = 0
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
+    return number
+
+
+def generation_number(key: str):
+    """The argparse type of a generation flag holding a number (``--temperature``, ``--top-p``): a finite number
+    within the setting's range (:func:`medheval.run.generation.setting_problem`), refused while the arguments are
+    parsed (``--top-p 2`` was recorded and ignored, ``--temperature nan`` stopped the run at its first batch)."""
+    from medheval.run.generation import setting_problem
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+        problem = setting_problem(key, number)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{problem}, got {value!r}")
+        return number
+
+    parse.__name__ = key  # what argparse names in "invalid <name> value"
+    return parse
+
+
+def seconds_argument(value: str) -> float:
+    """``--lock-timeout``: seconds >= 0 (``inf``: wait as long as it takes), refused while the arguments are parsed:
+    ``nan`` waited forever, a negative number was read as 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {value!r}")
+    return number
+
+
+def seed_argument(value: str) -> int:
+    """``--seed``: a whole number from 0 to :data:`medheval.run.seeds.MAX_SEED`, refused while the arguments are
+    parsed (as ``--seeds`` is)."""
+    from medheval.run.seeds import MAX_SEED, seed_problem
+
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or seed_problem(number):
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_SEED}, got {value!r}")
     return number
 
 
@@ -134,11 +181,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one length for every record (default: per answer type / benchmark, see "
                              "medheval/run/generation.py: 16 yes/no … 512 reports, 4096 ClinHallu traces)")
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    parser.add_argument("--temperature", type=float, help="sampling temperature; needs --do-sample (or a protocol "
+    parser.add_argument("--temperature", type=generation_number("temperature"), help="sampling temperature; needs --do-sample (or a protocol "
                                                           "that samples): refused without it")
-    parser.add_argument("--top-p", type=float, help="nucleus sampling's p; needs --do-sample (or a protocol that "
+    parser.add_argument("--top-p", type=generation_number("top_p"), help="nucleus sampling's p; needs --do-sample (or a protocol that "
                                                     "samples): refused without it")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=seed_argument, default=0,
                         help="sampling seed (each record samples from its own generator seeded from seed and its "
                              "id: batch size never changes a sample) and the noise control's seed")
     parser.add_argument("--seeds", metavar="S1,S2,...",
@@ -181,7 +228,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="report.html gets the Reproduction table: each cell beside the papers' published "
                              "value, with the difference where the run is comparable (as `medheval report "
                              "--compare-published`; docs/reproduction.md)")
-    parser.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+    parser.add_argument("--lock-timeout", type=seconds_argument, default=0.0, metavar="SECONDS",
                         help="when another run holds --output: wait up to SECONDS for it (default 0: refuse at once)")
     parser.add_argument("--task", choices=("generate", "detection"), default="generate",
                         help="generate: a model answers, metrics score it (default); detection: score a MediHall "

@@ -177,6 +177,15 @@ def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to a mistyped ``name`` (``mitigation`` → ``mitigations``),
+    ``""`` when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judge: Any = None) -> list[str]:
     """The requested metrics (checked), or the defaults for the split's answer types."""
     unit_defaults = benchmark_default_metrics(loaded.name)
@@ -186,7 +195,8 @@ def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judg
         available = list_units("metrics")
         unknown = [name for name in requested if name not in available]
         if unknown:
-            raise RunError(f"unknown metric(s) {unknown}; available: {', '.join(available)}")
+            hint = "".join(did_you_mean(name, available) for name in unknown[:1])
+            raise RunError(f"unknown metric(s) {unknown}{hint}; available: {', '.join(available)}")
         return list(requested)
     answer_types = set(loaded.dataset.unique("answer_type"))
     kind = "close" if answer_types <= CLOSE_ENDED_TYPES else "report" if answer_types == {"report"} else "open"
@@ -483,6 +493,21 @@ def _unknown_ids(ids: Iterable[str], splits: Sequence[LoadedBenchmark], own_pref
     return [rid for rid in ids if rid.startswith(prefixes) and rid not in known]
 
 
+def _unmatched_ids_note(missing: list[str], extra: list[str]) -> str:
+    """What the predictions file's own unmatched ids look like, for the error of a split with records that have no
+    prediction: ``""`` when every id of the file matched; named when an id matches a record once the spaces or
+    line breaks around it are removed (the id must be exact)."""
+    if not extra:
+        return ""
+    wanted = set(missing)
+    padded = [rid for rid in extra if rid.strip() != rid and rid.strip() in wanted]
+    note = f"; {len(extra)} id(s) of the file match no record of this split, e.g. {', '.join(repr(i) for i in extra[:2])}"
+    if padded:
+        note += (f" ({len(padded)} match a record once the spaces around them are removed: ids must be exact, "
+                 f"strip them in the file)")
+    return note
+
+
 def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_missing: bool) -> LoadedBenchmark:
     """Compare a predictions file's ids with the split; report mismatches clearly."""
     missing, extra = backend.check_against(loaded.dataset["id"])
@@ -491,7 +516,8 @@ def _predictions_backend_check(loaded: LoadedBenchmark, backend: Any, allow_miss
     if missing and not allow_missing:
         raise RunError(
             f"{len(missing)} record(s) of {loaded.name}:{loaded.config} have no prediction in {backend.path} "
-            f"(first: {missing[:10]}). This split's ids look like {', '.join(repr(i) for i in loaded.dataset['id'][:2])}. "
+            f"(first: {missing[:10]}). This split's ids look like {', '.join(repr(i) for i in loaded.dataset['id'][:2])}"
+            f"{_unmatched_ids_note(missing, extra)}. "
             f"Pass --allow-missing-predictions to score only the records present (the others are counted as missing)."
         )
     if missing:
@@ -915,6 +941,19 @@ def check_image_roots(spec: RunSpec, splits: Sequence[LoadedBenchmark], reader: 
     return True
 
 
+def _warn_unknown_log_ids(entries: list[dict[str, Any]], prepared: list[PreparedSplit], log_path: Path,
+                          warnings: list[str]) -> None:
+    """Warn about lines of the run's own ``predictions.jsonl`` whose id looks like a split's of this run but names
+    none of its records (a hand-edited id, or annotation files that no longer hold the record): they are not
+    scored, and were left out without a word."""
+    unknown = _unknown_ids(dict.fromkeys(entry["id"] for entry in entries),
+                           [split.loaded for split in prepared], own_prefix=True)
+    if unknown:
+        _warn(warnings, f"{len(unknown)} line(s) of {log_path} answer no record of the split(s) in this run and are "
+                        f"not scored (first ids: {unknown[:5]}): the file was edited, or the annotation files no "
+                        f"longer hold those records; remove the lines, or start a new --output folder")
+
+
 def _predictions_file_summary(backend: Any, prepared: list[PreparedSplit],
                               warnings: list[str]) -> dict[str, Any] | None:
     """How many of a predictions file's ids this run scored, and how many match none of its records."""
@@ -987,6 +1026,7 @@ def run(spec: RunSpec, backend: Backend, batch_size: int = 8, splits: BuiltSplit
                                                       splits))
         entries = read_log(log_path, repair=group.is_main)
         _check_reused_generation(prepared, backend, spec, entries, log_path)
+        _warn_unknown_log_ids(entries, prepared, log_path, warnings)
         order = [rid for split in prepared for rid in split.loaded.dataset["id"]]
         recorded = dataclasses.replace(spec, metric_options=_typed_options(spec, prepared))
         results: dict[str, Any] = {"settings": settings, "versions": versions, "labels": dict(spec.labels),

@@ -29,6 +29,18 @@ from typing import Any, Sequence
 from medheval.run.protocol import RunError
 
 SEEDS_FILE = "seeds.json"
+MAX_SEED = 2**63 - 1  # the largest seed every generator seeded from it takes (torch, numpy, the row hash)
+
+
+def seed_problem(value: Any) -> str | None:
+    """What keeps ``value`` from being a seed (``--seed``, an entry of ``--seeds``, a grid's ``seed``), or ``None``:
+    a whole number from 0 to :data:`MAX_SEED` (a negative one failed at the noise control's first image with
+    numpy's "expected non-negative integer", a huge one with "Overflow when unpacking long long")."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{value!r} is not a whole number"
+    if not 0 <= value <= MAX_SEED:
+        return f"{value} is out of range (0 to {MAX_SEED})"
+    return None
 
 
 def parse_seeds(text: str | Sequence[Any] | None, where: str = "--seeds") -> list[int] | None:
@@ -39,8 +51,10 @@ def parse_seeds(text: str | Sequence[Any] | None, where: str = "--seeds") -> lis
     parts = [p.strip() for p in text.split(",") if p.strip()] if isinstance(text, str) else list(text)
     seeds: list[int] = []
     for part in parts:
-        if isinstance(part, bool) or not (isinstance(part, int) or (isinstance(part, str) and part.isdigit())):
-            raise RunError(f"{where}: {part!r} is not a seed; give non-negative integers, e.g. --seeds 0,1,2")
+        if isinstance(part, bool) or not (isinstance(part, int) or (isinstance(part, str) and part.isdecimal())) \
+                or seed_problem(int(part)):
+            raise RunError(f"{where}: {part!r} is not a seed; give non-negative integers up to {MAX_SEED}, e.g. "
+                           f"--seeds 0,1,2")
         seeds.append(int(part))
     if not seeds:
         raise RunError(f"{where} names no seed; give e.g. --seeds 0,1,2, or leave it out for one pass")
@@ -95,4 +109,4 @@ def seed_folder(cell: str, seed: int | None) -> str:
     return cell if seed is None else f"{cell}__seed-{seed}"
 
 
-__all__ = ["SEEDS_FILE", "check_seeds", "parse_seeds", "record_seeds", "samples", "seed_folder"]
+__all__ = ["MAX_SEED", "SEEDS_FILE", "check_seeds", "parse_seeds", "record_seeds", "samples", "seed_folder", "seed_problem"]
