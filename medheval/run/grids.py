@@ -42,8 +42,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from medheval.run.control import CONTROLS, Control, ControlError
 from medheval.run.generation import GenerationPlan, check_settings
 from medheval.run.grid_plan import GRID_FILE, PlannedCell, plan_cells, record_plan
-from medheval.run.runner import (RunError, RunSpec, check_before_model, configure_run, did_you_mean, run_configured,
-                                  write_report_html)
+from medheval.run.options import did_you_mean
+from medheval.run.runner import RunError, RunSpec, check_before_model, configure_run, run_configured, write_report_html
 
 # key -> (accepted types, description for the error). ``None`` is accepted for every optional key.
 CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {

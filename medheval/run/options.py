@@ -4,10 +4,11 @@ parsers (``--metric-option``, ``--benchmark-option``, comma lists) and the backe
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from medheval.net.hosts import check_host_entry
 from medheval.net.secrets import register_named
@@ -36,6 +37,13 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
     return number
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to a mistyped ``name`` (``mitigation`` → ``mitigations``),
+    ``""`` when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def generation_number(key: str):
@@ -397,12 +405,8 @@ def build_api_backend(args: argparse.Namespace):
         kind = str(args.model).split(":", 1)[0].lower()
         kind = {"azure-openai": "azure", "azure_openai": "azure", "claude": "anthropic"}.get(kind, kind)
         if key not in API_OPTIONS:
-            import difflib
-
-            close = difflib.get_close_matches(key, API_OPTIONS, n=1)
-            raise BackendError(f"--api-option {key!r} is not an option of an API model"
-                               + (f" (did you mean {close[0]!r}?)" if close else "")
-                               + f"; the options are {api_option_names()} (docs/api-models.md)")
+            raise BackendError(f"--api-option {key!r} is not an option of an API model{did_you_mean(key, API_OPTIONS)}"
+                               f"; the options are {api_option_names()} (docs/api-models.md)")
         if kind in _API_OPTIONS_NOT_FOR.get(key, ()):
             raise BackendError(f"--api-option {key!r} does not apply to {kind}: models (it is for "
                                + ("azure" if key == "api_version" else "openai and azure") + " models)")

@@ -31,6 +31,7 @@ from medheval.run.distributed import group as process_group
 from medheval.run.distributed import launched_rank, shard_batches
 # mitigation_slug lives in grid_plan now; it is still imported from here
 from medheval.run.grid_plan import PlannedCell, cell_folder, changes, mitigation_slug, record_plan  # noqa: F401
+from medheval.run.options import did_you_mean
 from medheval.run.generation import GenerationPlan, generate_with, group_by_settings, rendered_prompt, settings_for
 from medheval.scoring.metric_options import check_options, compute_parameters, takes
 from medheval.run.outputs import atomic_write_text, open_owned
@@ -177,15 +178,6 @@ def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the known name closest to a mistyped ``name`` (``mitigation`` → ``mitigations``),
-    ``""`` when none is close."""
-    import difflib
-
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judge: Any = None) -> list[str]:
     """The requested metrics (checked), or the defaults for the split's answer types."""
     unit_defaults = benchmark_default_metrics(loaded.name)
@@ -195,7 +187,7 @@ def _metric_names(loaded: LoadedBenchmark, requested: Sequence[str] | None, judg
         available = list_units("metrics")
         unknown = [name for name in requested if name not in available]
         if unknown:
-            hint = "".join(did_you_mean(name, available) for name in unknown[:1])
+            hint = did_you_mean(unknown[0], available)
             raise RunError(f"unknown metric(s) {unknown}{hint}; available: {', '.join(available)}")
         return list(requested)
     answer_types = set(loaded.dataset.unique("answer_type"))
