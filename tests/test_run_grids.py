@@ -13,7 +13,7 @@ from conftest import REPO
 from medheval.cli import main
 from medheval.run.generation import BUILTIN_BY_ANSWER_TYPE, GenerationPlan
 from medheval.run.grids import (GridConfigError, apply_cli, given_options, load_grid_config, model_slug,
-                                  parse_grid_config, run_spec)
+                                  parse_grid_config, run_config, run_spec)
 from medheval.run.predictions_log import read_log
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -417,3 +417,9 @@ def test_check_model_and_the_model_type_read_one_config_json(tmp_path):
     assert model_type_before_loading(str(folder)) == "qwen2_5_vl"
     assert model_type_before_loading(str(empty)) is None and model_type_before_loading("openai:gpt-4o") is None
     assert model_type_before_loading("tiny-random-llava") == "llava"
+
+
+def test_run_config_given_a_plain_mapping_says_how_to_build_a_config():
+    """From Python, ``run_config({...})`` failed with ``'dict' object has no attribute 'models'``."""
+    with pytest.raises(TypeError, match=r"run_config takes a GridConfig, got dict: build it with parse_grid_config"):
+        run_config({"models": ["tiny-llava"], "benchmarks": ["mm_vishal"]})

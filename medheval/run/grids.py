@@ -514,6 +514,9 @@ def run_config(config: GridConfig, build_backend: Callable[[argparse.Namespace],
     from medheval.run.outputs import atomic_write_text
     from medheval.report.tables import write_grid_markdown
 
+    if not isinstance(config, GridConfig):  # a plain mapping failed deep inside with an AttributeError
+        raise TypeError(f"run_config takes a GridConfig, got {type(config).__name__}: build it with "
+                        "parse_grid_config(mapping) or load_grid_config(path), which check every key")
     check_config_policy(config, allow_remote_credentialed)
     if build_backend is None:
         from medheval.run.options import build_backend
