@@ -281,3 +281,68 @@ def measure(backends: dict, up: dict) -> list[tuple]:
                     n = counts[(kind, answer_type, True)] + counts[(kind, answer_type, False)]
                     rows.append((split, answer_type, protocol_name, kind, n, counts[(kind, answer_type, True)]))
     return rows
+
+
+# ------------------------------------------------------------------ launchers and every baseline script's decoding
+def _argparse_defaults(path: Path) -> dict:
+    found = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args:
+            for keyword in node.keywords:
+                if keyword.arg == "default":
+                    found[ast.literal_eval(node.args[0])] = ast.literal_eval(keyword.value)
+    return found
+
+
+def _generate_calls(path: Path) -> list[dict[str, str]]:
+    """Each ``*.generate(...)`` call of a script: keyword -> its source text."""
+    return [{k.arg: ast.unparse(k.value) for k in node.keywords if k.arg}
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "generate"]
+
+
+@pytest.mark.parametrize("fork,template", [(MED, "vicuna_v1"), (NEXT, "llava_v1")], ids=["llava-med-1.5", "llava-1.6"])
+def test_every_baseline_script_and_launcher_decodes_as_the_protocol(fork, template):
+    """Both baseline scripts of each fork (close-ended model_vqa.py, open-ended model_open_vqa.py) decode with
+    the protocol's settings, and nothing between the shell scripts and them changes those settings: the
+    shell scripts and eval_batch.py pass no decoding or template flag, and open-ended files go to the open
+    script only through --question_type open (Type1_open.sh, Type2_open.sh)."""
+    import re
+
+    from medheval.run.paper_protocols import get_protocol
+
+    ours = get_protocol("medheval-baseline").generation["none"]["defaults"]
+    # no repetition, length or stop-string setting of our own: the scripts set none either
+    assert set(ours) == {"do_sample", "temperature", "top_p", "top_k", "num_beams", "max_new_tokens"}
+    allowed = {"images", "image_sizes", "do_sample", "temperature", "top_p", "num_beams", "max_new_tokens",
+               "use_cache", "stopping_criteria"}
+    sep2 = conversation_fields(fork / "llava/conversation.py", f"conv_{template}")["sep2"]
+    for script in ("model_vqa.py", "model_open_vqa.py"):
+        path = fork / "llava/eval" / script
+        args = _argparse_defaults(path)
+        assert (args["--temperature"], args["--top_p"], args["--num_beams"], args["--conv-mode"]) == \
+            (ours["temperature"], None, ours["num_beams"], template), script
+        (call,) = _generate_calls(path)
+        assert set(call) <= allowed, (script, set(call) - allowed)
+        assert call["do_sample"] == "True if args.temperature > 0 else False" and ours["do_sample"] is True
+        assert (call["temperature"], call["top_p"], call["num_beams"]) == \
+            ("args.temperature", "args.top_p", "args.num_beams"), script
+        assert int(call["max_new_tokens"]) == ours["max_new_tokens"], script
+        if "stopping_criteria" in call:  # the keyword is the template's sep2, i.e. the EOS token itself
+            assert "keywords = [stop_str]" in path.read_text() and sep2 == "</s>", script
+
+    # the command template: the string literal whose .format() builds ``cmd`` (comments are not part of it)
+    launcher = ast.parse((fork / "llava/eval/eval_batch.py").read_text())
+    (command,) = [node.value.func.value.value for node in ast.walk(launcher)
+                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "cmd"]
+    flags = set(re.findall(r"--[\w-]+", command))
+    assert flags == {"--model-path", "--question-file", "--image-folder", "--answers-file", "--num-chunks",
+                     "--chunk-idx"}, flags
+    for shell in sorted((fork / "inference_scripts").glob("*.sh")):
+        text = shell.read_text()
+        given = set(re.findall(r"--[\w-]+", text))
+        assert given <= {"--num-chunks", "--model-name", "--question-file", "--image-folder", "--answers-file",
+                         "--question_type"}, (shell.name, given)
+        question_file = re.search(r"--question-file\s+(\S+)", text).group(1)
+        opens = "--question_type open" in text or "open" in question_file
+        assert opens == shell.name.startswith(("Type1_open", "Type2_open")), shell.name

@@ -182,9 +182,10 @@ BASELINE = PaperProtocol(
         "lack (they name it ground_truth_type, always binary); the yes/no suffix is applied as for binary items, "
         "which is what the script does with the question_type the building notebooks saved ('type4_Diagnosis' in "
         "Type2_Close-ended.ipynb, 'type3_contextual' in Type3.ipynb: not multi-choice, so the yes/no branch)",
-        "vishal_report: Type1_open.sh runs model_open_vqa.py, whose filter keeps only type4_Knowledge items, "
-        "so the released script answers no report item; its open-ended text rule is applied to the report "
-        "questions",
+        "vishal_report: Type1_open.sh runs model_open_vqa.py, whose filter reads line['question_type'], a key "
+        "the released report file lacks (a KeyError before the first item; with the key it would keep only "
+        "type4_Knowledge items), so the released script answers no report item; its open-ended text rule is "
+        "applied to the report questions",
         "multiple-choice items whose choices string is shorter than 4 characters are skipped by model_vqa.py; "
         "the released files have none",
         "seed: LLaVA-Med's scripts call set_seed(0) once per process (items then share one RNG stream); "
