@@ -146,3 +146,47 @@ def test_clinhallu_org_pairing_counts_what_it_leaves_out(tmp_path):
     assert record["baseline"] == pytest.approx(50.0) and record["value"] == 100.0  # none's 1, 0, 1, 0 of items 0, 1, 3, 4
     assert any(line.startswith("Unpaired, m · vcd · clinhallu:all · Acc (ORG): n = 4 paired; left out 1 only in "
                                "none, 1 in both but unscored") for line in table.footer)
+
+
+def _rewrite(run, change):
+    """``run``'s scored.jsonl with ``change`` applied to each row."""
+    rows = [json.loads(line) for line in (run / "scored.jsonl").read_text().splitlines()]
+    for row in rows:
+        change(row)
+    (run / "scored.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_a_comparison_that_pairs_no_item_is_said_not_dropped(tmp_path):
+    """none scored items 0–19; vcd scored 20 other ids (e.g. a resume limited to other items): no id in both,
+    so no Δ can be computed, and the comparison used to vanish with no row, record or footer line. It is now a
+    footer line counting what was left out (20 only in none, 20 only in vcd); pai's values are all None: 20 in
+    both but unscored."""
+    grid = tmp_path / "grid"
+    write_run(grid / "none", "none", BASE)
+    _rewrite(write_run(grid / "vcd", "vcd", _fix(3)), lambda row: row.update(id=row["id"] + "-other"))
+    table, records = comparisons(find_runs([grid]))
+    assert records == [] and table is not None and table.rows == []
+    assert [line for line in table.footer if line.startswith("Not compared")] == [
+        "Not compared, m · vcd · mm_vishal:all · Acc: no item paired (n = 0); 20 only in none, 20 only in the "
+        "mitigation run, 0 in both but unscored in one or both (no per-item value)."]
+    _rewrite(write_run(grid / "pai", "pai", _fix(3)), lambda row: row.update(correct=None))
+    table, records = comparisons(find_runs([grid]))
+    assert any(line.startswith("Not compared, m · pai · mm_vishal:all · Acc: no item paired (n = 0); 0 only in none, "
+                               "0 only in the mitigation run, 20 in both but unscored") for line in table.footer)
+    tables = {t.key: t for t in build_tables(find_runs([grid]))}
+    assert "Not compared, m · vcd" in to_markdown(tables["mitigation_vs_none"])
+
+
+def test_a_blind_run_that_pairs_no_item_is_said_not_dropped(tmp_path):
+    out = tmp_path / "out"
+    write_run(out / "none", "none", BASE)
+    blind = write_run(out / "none__no_image", "none", BASE)
+    results = json.loads((blind / "results.json").read_text())
+    results["settings"]["control"] = "no_image"
+    (blind / "results.json").write_text(json.dumps(results))
+    _rewrite(blind, lambda row: row.update(id=row["id"] + "-other"))
+    table, records = image_deltas(find_runs([out]))
+    assert records == [] and table is not None
+    assert [line for line in table.footer if line.startswith("Not compared")] == [
+        "Not compared, m · none · no_image · mm_vishal:all · Acc: no item paired (n = 0); 20 only in the blind run, "
+        "20 only in the run with its image, 0 in both but unscored in one or both (no per-item value)."]

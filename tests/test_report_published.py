@@ -698,3 +698,18 @@ def test_report_rows_on_the_earlier_report_file_are_matched_and_flagged(split: s
     table5 = [r for r in records if r["table"] == "5"]
     assert len(table5) == 1 and table5[0]["metric"] == "CHAIR" and table5[0]["run_split"] == split
     assert table5[0]["reasons"] == extra and table5[0]["comparable"] is (not extra)
+
+
+def test_the_flag_allows_for_the_papers_rounding() -> None:
+    """Table 3 prints LLaVA-NeXT 7B's MM-VisHal Acc as 0.494 (3 decimals): 49.4 in the report's %, i.e. any value
+    in [49.35, 49.45]. A run interval [49.42, 56.0] holds 49.44, which prints as 0.494, so the paper is not
+    shown to lie outside it (it was flagged: 49.4 < 49.42); [49.46, 56.0] holds none of them: flagged. Acc-A
+    (0.576 → [57.55, 57.65]) against [45.0, 57.56]: not flagged; against [45.0, 57.54]: flagged."""
+    model = "llava-hf/llava-v1.6-vicuna-7b-hf"
+    run = _run(model, protocol="medheval-baseline")
+    for acc_a_high, acc_low, expected in ((57.56, 49.42, (False, False)), (57.54, 49.46, (True, True))):
+        table = _close_ended(model, "none", Cell(value=50.0, low=45.0, high=acc_a_high),
+                             Cell(value=52.0, low=acc_low, high=56.0))
+        _, records = reproduction([table], runs=[run])
+        got = {r["metric"]: r["outside_interval"] for r in records if r["table"] == "3"}
+        assert (got["Acc-A"], got["Acc"]) == expected

@@ -103,3 +103,18 @@ def test_the_note_names_each_interval_the_half_width_comes_from(tmp_path):
     assert "bootstrap interval over items, averaged" not in NOTE  # the old wording, true of figures only
     assert "for a paired Δ (mitigation − none, with image − blind) the sign-flip test inverted" in NOTE
     assert "for a figure its bootstrap interval (for a 0/1 figure widened" in NOTE and "Tango" in NOTE and NOTE in table.footer
+
+
+def test_the_seeds_named_are_those_with_a_figure():
+    """Seeds 1, 2, 3 ran; seed 2 has no F1 (a "–" cell): the F1 row is over 2 seeds, and names 1 and 3, not
+    "2 (1, 2, 3)". Its mean is (1.234 + 1.266)/2 = 1.25 and its SD sqrt(2·0.016²/1) = 0.0226."""
+    rows = [(["m", "vcd · seed 1", "s"], [Cell(50.0), Cell(1.234)]),
+            (["m", "vcd · seed 2", "s"], [Cell(54.0), Cell()]),
+            (["m", "vcd · seed 3", "s"], [Cell(52.0), Cell(1.266)])]
+    source = Table("medheval_report", "Report (%)", ["Model", "Mitigation", "Split"], [Column("Acc"), Column("F1")])
+    source.rows = rows
+    table = over_seeds([source])
+    by_column = {labels[2]: cells for labels, cells in table.rows}
+    assert by_column["Acc"][0].text == "3 (1, 2, 3)"
+    assert by_column["F1"][0].text == "2 (1, 3)" and by_column["F1"][0].n == 2
+    assert by_column["F1"][1].value == pytest.approx(1.25) and by_column["F1"][1].std == pytest.approx(0.016 * 2 ** 0.5)

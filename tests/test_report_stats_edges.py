@@ -75,3 +75,33 @@ def test_wrong_number_of_labels_or_denominators_is_an_error_before_the_few_clust
         figure_interval([1, 0, 1, 1, 0, 1, 1], clusters=list("aab"))
     with pytest.raises(ValueError, match="3 numerators but 2 denominators"):
         figure_interval([1, 0, 1], denominators=[1, 1])
+
+
+# --- p-value adjustment at the 0.05 boundary ---------------------------------------------------------------------
+
+
+def test_bh_adjusted_p_of_exactly_005_is_not_significant():
+    """A Monte Carlo p is (1 + k)/10000, so 0.0375 occurs. BH over m = 4 at rank 3: 4 · 0.0375 / 3 = 0.05
+    exactly, not below 0.05 (no star); in floating point it was 0.049999999999999996. Likewise 5 · 0.03 / 3."""
+    from medheval.report.stats import ALPHA
+
+    adjusted = adjust_p([0.01, 0.02, 0.0375, 0.9], "bh")
+    assert adjusted == [0.04, 0.04, 0.05, 0.9]
+    assert not adjusted[2] < ALPHA
+    assert adjust_p([0.001, 0.002, 0.03, 0.5, 0.6], "bh")[2] == 0.05
+
+
+@pytest.mark.parametrize("method", ["holm", "bh"])
+def test_adjusted_p_is_never_below_raw_and_keeps_the_order(method):
+    """p̃ ≥ p for every p (3 · 0.7 / 3 was 0.6999999999999998 < 0.7), a tie adjusts alike, and p̃ rises with p."""
+    families = [[0.7, 0.5, 0.1], [1.0, 1.0, 0.01], [0.03], [0.02, 0.02, 0.02, 0.04], [1e-20, 0.3]]
+    for p in families:
+        adjusted = adjust_p(p, method)
+        assert all(a >= raw for a, raw in zip(adjusted, p)), (p, adjusted)
+        for i, pi in enumerate(p):
+            for j, pj in enumerate(p):
+                if pi < pj:
+                    assert adjusted[i] <= adjusted[j]
+                if pi == pj:
+                    assert adjusted[i] == adjusted[j]
+    assert adjust_p([0.03], method) == [0.03]  # one comparison: nothing to adjust

@@ -735,18 +735,22 @@ def comparisons(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None, 
     names = _run_labels(runs)
     with_image = [run for run in runs if run.control == "none"]  # blind runs are compared by image_deltas
     baselines = [run for run in with_image if run.mitigation == "none" and run.items]
+    skipped: list[tuple[list[str], Unpaired]] = []
     for run in with_image:
         base = _baseline(run, baselines)
         if run.mitigation == "none" or base is None or not run.items:
             continue
-        for split, label, cells, record in _paired_rows(base, run):
+        unpaired: list[tuple[str, str, Unpaired]] = []
+        for split, label, cells, record in _paired_rows(base, run, unpaired):
             table.rows.append(([run.model, names[id(run)][1], split, label], cells))
             records.append({**_who(run), **record})
+        skipped += [([run.model, names[id(run)][1], split, label], left) for split, label, left in unpaired]
     _clinhallu_comparisons(with_image, table, records, names)
     adjust_family(table, records, p_adjust, "every mitigation × split × metric against none of the same model")
     short = mitigation_labels(run.mitigation for run in runs)
     table.footer += unpaired_lines(table, records, "none", "the mitigation run", short)
-    return (table if table.rows else None), records
+    table.footer += not_compared_lines(skipped, "none", "the mitigation run", short)
+    return (table if table.rows or skipped else None), records
 
 
 def _who(run: Run) -> dict[str, Any]:
@@ -783,6 +787,20 @@ def unpaired_lines(table: Table, records: list[dict[str, Any]], first: str, seco
                  f"{unscored} in both but unscored in one or both (no per-item value)" if unscored else ""]
         lines.append(f"Unpaired, {where}: n = {record['n']} paired; left out " + ", ".join(p for p in parts if p)
                      + ".")
+    return lines
+
+
+def not_compared_lines(skipped: list[tuple[list[str], Unpaired]], first: str, second: str,
+                       short: dict[str, str]) -> list[str]:
+    """A footer line per comparison that paired no item at all (both runs scored the split, but no id is in
+    both with a per-item value in each: e.g. runs limited to different items, or one run's values missing), so
+    it is said instead of dropped: ``skipped`` holds its row labels and what was left out (:class:`Unpaired`)."""
+    lines = []
+    for labels, left in skipped:
+        where = " · ".join(_short_label(label, short) for label in labels)
+        parts = [f"{left.only_baseline} only in {first}", f"{left.only_other} only in {second}",
+                 f"{left.unscored} in both but unscored in one or both (no per-item value)"]
+        lines.append(f"Not compared, {where}: no item paired (n = 0); " + ", ".join(parts) + ".")
     return lines
 
 
@@ -824,10 +842,13 @@ def adjust_family(table: Table, records: list[dict[str, Any]], p_adjust: str, fa
                         f"`medheval report --p-adjust holm|bh|none` chooses the adjustment.")
 
 
-def _paired_rows(base: Run, run: Run) -> list[tuple[str, str, list[Cell], dict[str, Any]]]:
+def _paired_rows(base: Run, run: Run, skipped: list[tuple[str, str, Unpaired]] | None = None
+                 ) -> list[tuple[str, str, list[Cell], dict[str, Any]]]:
     """(split, metric label, cells, record) of ``run`` − ``base`` per split and :data:`COMPARED` metric, on the
     items both scored (paired by id), tested over the split's clusters and over items
-    (:func:`medheval.report.stats.compare_scores`). Cells: base, run, Δ with its interval, p, adjusted p, n."""
+    (:func:`medheval.report.stats.compare_scores`). Cells: base, run, Δ with its interval, p, adjusted p, n.
+    A metric both runs have items for but no item pairs is appended to ``skipped`` (split, label, what was
+    left out) instead of vanishing."""
     rows = []
     for split in run.results["benchmarks"]:
         ours = {item["id"]: item for item in run.items_of(split)}
@@ -839,10 +860,12 @@ def _paired_rows(base: Run, run: Run) -> list[tuple[str, str, list[Cell], dict[s
             pairs = [(_item_value(theirs[i], metric, per_item), _item_value(ours[i], metric, per_item), ours[i])
                      for i in ours if i in theirs]
             scored = [(a, b, item) for a, b, item in pairs if _scored(a) and _scored(b)]
-            if not scored:
-                continue
             unpaired = Unpaired(only_baseline=len(theirs.keys() - ours.keys()),
                                 only_other=len(ours.keys() - theirs.keys()), unscored=len(pairs) - len(scored))
+            if not scored:
+                if skipped is not None and ours and theirs:
+                    skipped.append((split, label, unpaired))
+                continue
             a, b, paired = zip(*scored)
             labels, unit = clusters(run, split, list(paired))
             result = compare_accuracy(a, b, clusters=labels) if per_item == "correct" else \
@@ -890,15 +913,18 @@ def image_deltas(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None,
     renamed = {"baseline": "blind", "value": "with_image", "n_only_baseline": "n_only_blind",
                "n_only_other": "n_only_with_image"}
     sighted = [run for run in runs if run.control == "none" and (run.items or _clinhallu_splits(run))]
+    skipped: list[tuple[list[str], Unpaired]] = []
     for blind in (run for run in runs if run.control != "none" and (run.items or _clinhallu_splits(run))):
         run = _sighted(blind, sighted)
         if run is None:
             continue
-        rows = _paired_rows(blind, run) if run.items and blind.items else []
+        unpaired: list[tuple[str, str, Unpaired]] = []
+        rows = _paired_rows(blind, run, unpaired) if run.items and blind.items else []
         rows += [(split, "Acc (ORG)", *paired) for split in _clinhallu_splits(run)  # from ClinHallu's protocol logs
                  if (paired := _clinhallu_org_pair(blind, run, split)) is not None]
         control = blind.control if blind.seed == run.seed else blind.control + (
             seed_label(blind.seed) if blind.seed is not None else " · no seed")  # paired across seeds: said
+        skipped += [([run.model, names[id(run)][1], control, split, label], left) for split, label, left in unpaired]
         for split, label, cells, record in rows:
             table.rows.append(([run.model, names[id(run)][1], control, split, label],
                                [cells[1], cells[0], *cells[2:]]))  # with image first, then blind
@@ -910,7 +936,8 @@ def image_deltas(runs: list[Run], p_adjust: str = "holm") -> tuple[Table | None,
     short = mitigation_labels(run.mitigation for run in runs)
     table.footer += unpaired_lines(table, [{key: record.get(renamed.get(key, key), 0) for key in (*UNPAIRED_KEYS, "n")}
                                            for record in records], "the blind run", "the run with its image", short)
-    return (table if table.rows else None), records
+    table.footer += not_compared_lines(skipped, "the blind run", "the run with its image", short)
+    return (table if table.rows or skipped else None), records
 
 
 def _sighted(blind: Run, sighted: list[Run]) -> Run | None:

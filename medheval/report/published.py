@@ -208,7 +208,8 @@ REPRODUCTION_NOTE = ("Reproduction: each report cell whose model, split, mitigat
                      "the report's units at the paper's precision. Comparable: the run used the protocol that "
                      "produced the paper's cell (medheval run --protocol), real weights, the real data, no "
                      "--limit and the paper's one pass; only then Δ = run − paper, and flag ⚠ when the paper's "
-                     "value lies outside the run's 95% interval. That interval is the run's item-resampling "
+                     "value lies outside the run's 95% interval (every value that rounds to the printed one: 49.4 is "
+                     "49.35–49.45). That interval is the run's item-resampling "
                      "uncertainty (items or clusters redrawn), while the paper scored the same items: the flag is an "
                      "informal scale for the gap, not a test of the reproduction.")
 INTERVAL_COLUMN = "Paper outside run's 95% item-resampling CI (informal)"  # its data key: outside_interval
@@ -560,7 +561,9 @@ def reproduction(tables: Sequence[Table], records: Sequence[Published] | None = 
                 for record, paper in matches(source, labels, column.label, records, conditions.options):
                     reasons = conditions.reasons(record)
                     digits = shown_digits(record, source.key, column.label)
-                    outside = None if reasons or cell.low is None else not (cell.low <= paper <= cell.high)
+                    half = printed_half_unit(record, source.key, column.label)  # the paper's rounding
+                    outside = None if reasons or cell.low is None else (
+                        cell.high < paper - half or cell.low > paper + half)
                     flag = ("–" if reasons else "no interval" if outside is None else "⚠ yes" if outside else "no")
                     table.rows.append(([*labels[:3], f"{record.where()} ({record.printed})"], [
                         Cell(value=cell.value, low=cell.low, high=cell.high, std=cell.std, digits=digits),
@@ -598,6 +601,14 @@ def chance_flags(checked: int, flagged: int) -> list[str]:
     return [f"By chance: {flagged} of the {checked} comparable cell(s) with an interval are flagged; about "
             f"{rate:.0%} of them (≈ {rate * checked:.1f}) would be even if every run matched its paper up to "
             f"item-sampling noise, so read a flag as a pointer to look, not a finding."]
+
+
+def printed_half_unit(record: Published, table_key: str, column: str) -> float:
+    """Half a unit of the paper's last printed digit, in the units ``table_key``'s ``column`` shows: the printed
+    value v stands for any value in [v − h, v + h], h = 0.5·10^(−decimals)·factor (0.494 → 49.4 ± 0.05), so the
+    paper's value is outside the run's interval [L, U] only when U < v − h or L > v + h."""
+    shown = "0-100" if table_key == "med_stepbench" else COLUMNS[table_key][2][column][1]
+    return 0.5 * 10.0 ** -record.decimals * _factor(record.unit, shown)
 
 
 def shown_digits(record: Published, table_key: str, column: str) -> int:

@@ -74,8 +74,10 @@ def over_seeds(tables: list[Table]) -> Table | None:
                 continue
             seeds = sorted(by_seed)
             for index, column in enumerate(table.columns):
-                cells = [by_seed[s][index] for s in seeds if index < len(by_seed[s])]
-                numbers = [(c.value, c.low, c.high) for c in cells if c.value is not None and c.text is None]
+                # the seeds with a figure in this column: the count and the list name only those
+                having = [s for s in seeds if index < len(by_seed[s]) and by_seed[s][index].value is not None
+                          and by_seed[s][index].text is None]
+                numbers = [(by_seed[s][index].value, by_seed[s][index].low, by_seed[s][index].high) for s in having]
                 if len(numbers) < 2:
                     continue
                 values = [v for v, _, _ in numbers]
@@ -84,7 +86,7 @@ def over_seeds(tables: list[Table]) -> Table | None:
                 half = sum(halves) / len(halves) if halves else None
                 shown = " · ".join(table.shown(label) for label in key)
                 out.rows.append(([table.title, shown, column.label], [
-                    Cell(text=f"{len(values)} ({', '.join(str(s) for s in seeds)})", n=len(values)),
+                    Cell(text=f"{len(values)} ({', '.join(str(s) for s in having)})", n=len(values)),
                     Cell(value=mean, std=sd, digits=2),
                     Cell(text=f"{min(values):.1f}–{max(values):.1f}", low=min(values), high=max(values)),
                     Cell(value=half, text=f"± {half:.1f}" if half is not None else "–"),

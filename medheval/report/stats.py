@@ -846,7 +846,11 @@ def compare_accuracy(baseline: Sequence[bool], other: Sequence[bool], clusters: 
 
 
 def adjust_p(p_values: Sequence[float], method: str = "holm") -> list[float]:
-    """``p_values`` adjusted for their family (module docstring): ``holm`` (FWER), ``bh`` (FDR) or ``none``."""
+    """``p_values`` adjusted for their family (module docstring): ``holm`` (FWER), ``bh`` (FDR) or ``none``.
+
+    Holm: p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) p_(j)); BH: p̃_(i) = min_{j ≥ i} min(1, m p_(j) / j). Each
+    product is rounded to 12 places, as the module's p-values are, and p̃ ≥ p is kept: in floating point
+    4·0.0375/3 is 0.049999999999999996, which starred an adjusted p of exactly 0.05 (and 3·0.7/3 fell below 0.7)."""
     if method not in P_ADJUST:
         raise ValueError(f"p-value adjustment {method!r}: choose one of {', '.join(P_ADJUST)}")
     p = np.asarray(p_values, dtype=float)
@@ -860,9 +864,12 @@ def adjust_p(p_values: Sequence[float], method: str = "holm") -> list[float]:
     order = np.argsort(p, kind="stable")
     ranked = p[order]
     if method == "holm":
-        adjusted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * ranked))
+        scaled = np.round((m - np.arange(m)) * ranked, 12)
+        adjusted = np.maximum.accumulate(np.minimum(1.0, scaled))
     else:
-        adjusted = np.minimum.accumulate(np.minimum(1.0, m * ranked / np.arange(1, m + 1))[::-1])[::-1]
+        scaled = np.round(m * ranked / np.arange(1, m + 1), 12)
+        adjusted = np.minimum.accumulate(np.minimum(1.0, scaled)[::-1])[::-1]
+    adjusted = np.maximum(adjusted, ranked)  # an adjusted p is never below its raw p
     out = np.empty(m)
     out[order] = adjusted
     return [float(x) for x in out]
