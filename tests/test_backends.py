@@ -359,6 +359,32 @@ def test_predictions_file_json_array_with_byte_order_mark_converts(tmp_path):
     assert PredictionsFileBackend(shlex.split(target)[0]).ids() == ["b/c/1"]
 
 
+@pytest.mark.parametrize("name,content", [
+    ("upper.csv", "ID,Prediction\nb/c/1,yes\n"),
+    ("spaced.csv", 'id, prediction\nb/c/1,"yes, small"\n'),
+    ("upper.tsv", "Id\tPREDICTION\nb/c/1\tyes\n"),
+])
+def test_predictions_table_with_other_case_or_spaced_header_converts(tmp_path, name, content):
+    """The hint matched the header case- and space-blind ('ID,Prediction' needs no renaming) but its command read
+    r["id"] and r["prediction"] exactly: it stopped with KeyError: 'id'."""
+    import shlex
+    import subprocess
+    import sys
+
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(BackendError) as err:
+        PredictionsFileBackend(path)
+    head = str(err.value).split("\n")[0]
+    converted = head.split("Convert it: ", 1)[1].rstrip(":")
+    assert converted.startswith("python -c")  # no renaming asked
+    program, _, target = converted.partition(" > ")
+    out = subprocess.run([sys.executable, *shlex.split(program)[1:]], capture_output=True, text=True, check=True).stdout
+    (tmp_path / "out.jsonl").write_text(out, encoding="utf-8")
+    backend = PredictionsFileBackend(tmp_path / "out.jsonl")
+    assert backend.ids() == ["b/c/1"]
+
+
 def test_predictions_file_reports_all_duplicates(tmp_path):
     path = write_jsonl(
         tmp_path / "p.jsonl",

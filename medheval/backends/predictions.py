@@ -20,6 +20,7 @@ refused, naming its number, without being parsed (the file is read line by line,
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -101,14 +102,17 @@ def other_format_hint(path: Path, first_line: str, objects_seen: bool = False) -
         delimiter = "\t" if "\t" in text else ","
         if delimiter not in text or objects_seen or _parses(text):
             return ""
-        columns = [column.strip().strip('"').lower() for column in text.removeprefix("\ufeff").split(delimiter)]
-        what = f"a {'TSV' if delimiter == chr(9) else 'CSV'} table (columns {columns[:6]})"
+        header = next(csv.reader([text.removeprefix("\ufeff")], delimiter=delimiter), [])
+        columns = [column.strip().lower() for column in header]
+        what = f"a {'TSV' if delimiter == chr(9) else 'CSV'} table (columns {header[:6]})"
         rename = ("" if {"id", "prediction"} <= set(columns)
                   else "name the columns holding the record id and the model output 'id' and 'prediction', then ")
         option = ', delimiter="\\t"' if delimiter == "\t" else ""
+        # the header's names are matched as the check above matches them (case and spaces aside: "ID, Prediction")
         command = (f"{rename}python -c 'import csv,json,sys; [print(json.dumps({{\"id\": r[\"id\"], \"prediction\": "
-                   f"r[\"prediction\"]}})) for r in csv.DictReader(open(sys.argv[1], newline=\"\", "
-                   f"encoding=\"utf-8-sig\"){option})]' {source} > {target}")
+                   f"r[\"prediction\"]}})) for r in ({{(k or \"\").strip().lower(): v for k, v in row.items()}} for row "
+                   f"in csv.DictReader(open(sys.argv[1], newline=\"\", encoding=\"utf-8-sig\"){option}))]' "
+                   f"{source} > {target}")
     return (f"it looks like {what}, not JSON Lines (one JSON object per line, like {EXPECTED_LINE}). "
             f"Convert it: {command}")
 
