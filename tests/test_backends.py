@@ -385,6 +385,21 @@ def test_predictions_table_with_other_case_or_spaced_header_converts(tmp_path, n
     assert backend.ids() == ["b/c/1"]
 
 
+@pytest.mark.parametrize("name", ["preds.JSONL", "preds.Jsonl"])
+def test_predictions_hint_never_writes_over_its_source(tmp_path, name):
+    """'preds.JSONL' holding a JSON array was told to convert itself '> preds.jsonl': on a case-insensitive file
+    system (macOS, Windows) that is the same file, emptied by the shell before the command reads it."""
+    import shlex
+
+    path = tmp_path / name
+    path.write_text('[{"id": "b/c/1", "prediction": "yes"}]\n', encoding="utf-8")
+    with pytest.raises(BackendError) as err:
+        PredictionsFileBackend(path)
+    head = str(err.value).split("\n")[0]
+    target = shlex.split(head.split("Convert it: ", 1)[1].rstrip(":").partition(" > ")[2])[0]
+    assert target.lower() != str(path).lower() and target == str(tmp_path / "preds-lines.jsonl")
+
+
 def test_predictions_file_reports_all_duplicates(tmp_path):
     path = write_jsonl(
         tmp_path / "p.jsonl",

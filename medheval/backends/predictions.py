@@ -84,7 +84,9 @@ def other_format_hint(path: Path, first_line: str, objects_seen: bool = False) -
     is broken, e.g. truncated or with an unescaped quote, also starts with ``{``: it is not told to convert itself);
     a table only when the first line is not JSON and no line of the file (``objects_seen``) is a JSON object."""
     text = first_line.strip()
-    target = shlex.quote(str(path.with_suffix(".jsonl") if path.suffix != ".jsonl"
+    # never the source itself: "preds.JSONL" -> "preds.jsonl" is the same file on a case-insensitive file system
+    # (macOS, Windows), which the shell's ">" would empty before the command reads it
+    target = shlex.quote(str(path.with_suffix(".jsonl") if path.suffix.lower() != ".jsonl"
                              else path.with_name(f"{path.stem}-lines.jsonl")))
     source = shlex.quote(str(path))
     if text.startswith(("[", "{")):
