@@ -320,6 +320,86 @@ def test_predictions_file_in_another_format_says_so_and_how_to_convert(tmp_path,
         assert backend.ids()[0] == "b/c/1"
 
 
+@pytest.mark.parametrize("content", [
+    '{"id": "b/c/1", "prediction": "he said "hi""}\n{"id": "b/c/2", "prediction": "no"}\n',  # unescaped quote
+    '{"id": "b/c/1", "prediction": "yes"\n{"id": "b/c/2", "prediction": "no"}\n',  # a truncated first line
+    '{"id": "b/c/1", "prediction": "yes"},\n{"id": "b/c/2", "prediction": "no"},\n',  # trailing commas
+    '["b/c/1", "yes"]\n["b/c/2", "no"]\n',  # one array per line: not one JSON array
+    'x{"id": "b/c/1", "prediction": "yes, no"}\n{"id": "b/c/2", "prediction": "no"}\n',  # a stray byte, a comma
+])
+def test_predictions_file_broken_first_line_is_not_called_another_format(tmp_path, content):
+    """A JSON Lines file whose first line is broken was told it 'looks like one JSON document spread over several
+    lines' (or a CSV table) and given a command that fails on it: the hint is only given when the whole file is one
+    JSON document, or, for a table, when no line is a JSON object."""
+    path = tmp_path / "preds.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(BackendError) as err:
+        PredictionsFileBackend(path)
+    head = str(err.value).split("\n")[0]
+    assert "looks like" not in head and "Convert it" not in head
+    assert head.endswith("problem(s):")
+
+
+def test_predictions_file_json_array_with_byte_order_mark_converts(tmp_path):
+    """The JSON commands open the file as utf-8-sig: a file with a byte order mark (skipped by the reader, so it got
+    the hint) made the suggested command fail with 'Unexpected UTF-8 BOM'."""
+    import shlex
+    import subprocess
+    import sys
+
+    path = tmp_path / "with bom's.json"
+    path.write_text('\ufeff[{"id": "b/c/1", "prediction": "yes"}]\n', encoding="utf-8")
+    with pytest.raises(BackendError) as err:
+        PredictionsFileBackend(path)
+    head = str(err.value).split("\n")[0]
+    assert "looks like one JSON array" in head
+    program, _, target = head.split("Convert it: ", 1)[1].rstrip(":").partition(" > ")
+    out = subprocess.run([sys.executable, *shlex.split(program)[1:]], capture_output=True, text=True, check=True).stdout
+    (tmp_path / shlex.split(target)[0]).write_text(out, encoding="utf-8")
+    assert PredictionsFileBackend(shlex.split(target)[0]).ids() == ["b/c/1"]
+
+
+@pytest.mark.parametrize("name,content", [
+    ("upper.csv", "ID,Prediction\nb/c/1,yes\n"),
+    ("spaced.csv", 'id, prediction\nb/c/1,"yes, small"\n'),
+    ("upper.tsv", "Id\tPREDICTION\nb/c/1\tyes\n"),
+])
+def test_predictions_table_with_other_case_or_spaced_header_converts(tmp_path, name, content):
+    """The hint matched the header case- and space-blind ('ID,Prediction' needs no renaming) but its command read
+    r["id"] and r["prediction"] exactly: it stopped with KeyError: 'id'."""
+    import shlex
+    import subprocess
+    import sys
+
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(BackendError) as err:
+        PredictionsFileBackend(path)
+    head = str(err.value).split("\n")[0]
+    converted = head.split("Convert it: ", 1)[1].rstrip(":")
+    assert converted.startswith("python -c")  # no renaming asked
+    program, _, target = converted.partition(" > ")
+    out = subprocess.run([sys.executable, *shlex.split(program)[1:]], capture_output=True, text=True, check=True).stdout
+    (tmp_path / "out.jsonl").write_text(out, encoding="utf-8")
+    backend = PredictionsFileBackend(tmp_path / "out.jsonl")
+    assert backend.ids() == ["b/c/1"]
+
+
+@pytest.mark.parametrize("name", ["preds.JSONL", "preds.Jsonl"])
+def test_predictions_hint_never_writes_over_its_source(tmp_path, name):
+    """'preds.JSONL' holding a JSON array was told to convert itself '> preds.jsonl': on a case-insensitive file
+    system (macOS, Windows) that is the same file, emptied by the shell before the command reads it."""
+    import shlex
+
+    path = tmp_path / name
+    path.write_text('[{"id": "b/c/1", "prediction": "yes"}]\n', encoding="utf-8")
+    with pytest.raises(BackendError) as err:
+        PredictionsFileBackend(path)
+    head = str(err.value).split("\n")[0]
+    target = shlex.split(head.split("Convert it: ", 1)[1].rstrip(":").partition(" > ")[2])[0]
+    assert target.lower() != str(path).lower() and target == str(tmp_path / "preds-lines.jsonl")
+
+
 def test_predictions_file_reports_all_duplicates(tmp_path):
     path = write_jsonl(
         tmp_path / "p.jsonl",

@@ -203,3 +203,28 @@ def test_a_log_line_whose_id_names_no_record_is_warned_about(fixture_benchmark, 
             f"[{edited['id']!r}])")
     assert said in capsys.readouterr().err
     assert any(said in warning for warning in json.loads((out / "results.json").read_text())["warnings"])
+
+
+def test_a_log_line_whose_id_was_edited_past_its_prefix_is_warned_about(fixture_benchmark, tmp_path, capsys):
+    """docs/running.md: a line of the run's own predictions.jsonl whose id names no record of the run's splits is
+    warned about. An id edited in its benchmark/config part (``context/x`` for ``context/context/x``) was not: only
+    ids carrying a split's own prefix were looked at, though the run's own log holds nothing but its splits'
+    records."""
+    _, args = _predictions(fixture_benchmark, tmp_path / "mine.jsonl")
+    out = tmp_path / "run"
+    assert main([*args, "--output", str(out)]) == 0
+    log = out / "predictions.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    edited = json.loads(lines[1])
+    edited["id"] = "edited-by-hand/" + edited["id"].rsplit("/", 1)[1]
+    log.write_text("".join([lines[0], json.dumps(edited) + "\n", *lines[2:]]))
+    capsys.readouterr()
+    assert main([*args, "--output", str(out)]) == 0
+    said = (f"1 line(s) of {log} answer no record of the split(s) in this run and are not scored (first ids: "
+            f"[{edited['id']!r}])")
+    assert said in capsys.readouterr().err
+    # a resume of an untouched log says nothing
+    log.write_text("".join(lines))
+    capsys.readouterr()
+    assert main([*args, "--output", str(out)]) == 0
+    assert "answer no record" not in capsys.readouterr().err

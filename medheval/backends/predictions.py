@@ -20,6 +20,7 @@ refused, naming its number, without being parsed (the file is read line by line,
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -60,36 +61,70 @@ def _json_kind(value: Any) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
-def other_format_hint(path: Path, first_line: str) -> str:
+_MAX_HINT_BYTES = 256 << 20  # a file parsed whole to confirm it is one JSON document (other_format_hint)
+
+
+def _whole_file_json(path: Path) -> Any:
+    """The file at ``path`` parsed as one JSON document, or ``None`` when it is not one (or too large to check)."""
+    try:
+        if path.stat().st_size > _MAX_HINT_BYTES:
+            return None
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return None
+
+
+def other_format_hint(path: Path, first_line: str, objects_seen: bool = False) -> str:
     """A sentence saying the file at ``path`` is in another format than JSON Lines, judged by its first non-blank
     line (a JSON array, a JSON document over several lines, a CSV or TSV table), with a command that converts it;
     ``""`` when the line does not look like one of them. Without it such a file got one "invalid JSON" per line
-    and no word of what to do."""
+    and no word of what to do.
+
+    A JSON array or document is named only when the whole file parses as one (a JSON Lines file whose first line
+    is broken, e.g. truncated or with an unescaped quote, also starts with ``{``: it is not told to convert itself);
+    a table only when the first line is not JSON and no line of the file (``objects_seen``) is a JSON object."""
     text = first_line.strip()
-    target = shlex.quote(str(path.with_suffix(".jsonl") if path.suffix != ".jsonl"
+    # never the source itself: "preds.JSONL" -> "preds.jsonl" is the same file on a case-insensitive file system
+    # (macOS, Windows), which the shell's ">" would empty before the command reads it
+    target = shlex.quote(str(path.with_suffix(".jsonl") if path.suffix.lower() != ".jsonl"
                              else path.with_name(f"{path.stem}-lines.jsonl")))
     source = shlex.quote(str(path))
-    if text.startswith("["):
-        what = "one JSON array"
-        command = (f"python -c 'import json,sys; [print(json.dumps(o)) for o in json.load(open(sys.argv[1]))]' "
-                   f"{source} > {target}")
-    elif text.startswith("{"):
-        what = "one JSON document spread over several lines"
-        command = f"python -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))' {source} > {target}"
+    if text.startswith(("[", "{")):
+        document = _whole_file_json(path)
+        opened = 'open(sys.argv[1], encoding="utf-8-sig")'
+        if text.startswith("[") and isinstance(document, list):
+            what = "one JSON array"
+            command = f"python -c 'import json,sys; [print(json.dumps(o)) for o in json.load({opened})]' {source} > {target}"
+        elif text.startswith("{") and isinstance(document, dict):
+            what = "one JSON document spread over several lines"
+            command = f"python -c 'import json,sys; print(json.dumps(json.load({opened})))' {source} > {target}"
+        else:
+            return ""
     else:
         delimiter = "\t" if "\t" in text else ","
-        if delimiter not in text:
+        if delimiter not in text or objects_seen or _parses(text):
             return ""
-        columns = [column.strip().strip('"').lower() for column in text.removeprefix("\ufeff").split(delimiter)]
-        what = f"a {'TSV' if delimiter == chr(9) else 'CSV'} table (columns {columns[:6]})"
+        header = next(csv.reader([text.removeprefix("\ufeff")], delimiter=delimiter), [])
+        columns = [column.strip().lower() for column in header]
+        what = f"a {'TSV' if delimiter == chr(9) else 'CSV'} table (columns {header[:6]})"
         rename = ("" if {"id", "prediction"} <= set(columns)
                   else "name the columns holding the record id and the model output 'id' and 'prediction', then ")
         option = ', delimiter="\\t"' if delimiter == "\t" else ""
+        # the header's names are matched as the check above matches them (case and spaces aside: "ID, Prediction")
         command = (f"{rename}python -c 'import csv,json,sys; [print(json.dumps({{\"id\": r[\"id\"], \"prediction\": "
-                   f"r[\"prediction\"]}})) for r in csv.DictReader(open(sys.argv[1], newline=\"\", "
-                   f"encoding=\"utf-8-sig\"){option})]' {source} > {target}")
+                   f"r[\"prediction\"]}})) for r in ({{(k or \"\").strip().lower(): v for k, v in row.items()}} for row "
+                   f"in csv.DictReader(open(sys.argv[1], newline=\"\", encoding=\"utf-8-sig\"){option}))]' "
+                   f"{source} > {target}")
     return (f"it looks like {what}, not JSON Lines (one JSON object per line, like {EXPECTED_LINE}). "
             f"Convert it: {command}")
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 class PredictionsFileBackend:
@@ -126,22 +161,25 @@ class PredictionsFileBackend:
         prompts: dict[str, str] = {}  # the model input each line recorded (a run's predictions.jsonl)
 
         digest = hashlib.sha256()
-        hint = ""  # the file is in another format (other_format_hint)
-        opening = True  # the first non-blank line: the one that tells the file's format
+        opening: str | None = None  # the first non-blank line: the one that tells the file's format
+        opening_refused = False  # it is not a JSON object (other_format_hint then looks at the file's format)
+        objects_seen = False  # some line is a JSON object: the file is JSON Lines, not a table
         for lineno, line in self._lines(digest, errors):
             if not line.strip():
                 continue
-            opening, is_opening = False, opening
+            is_opening = opening is None
+            opening = line if is_opening else opening
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
                 errors.append(f"line {lineno}: invalid JSON ({err.msg} at column {err.colno})")
-                hint = other_format_hint(self.path, line) if is_opening else hint
+                opening_refused = opening_refused or is_opening
                 continue
             if not isinstance(obj, dict):
                 errors.append(f"line {lineno}: expected a JSON object, got {type(obj).__name__}")
-                hint = other_format_hint(self.path, line) if is_opening else hint
+                opening_refused = opening_refused or is_opening
                 continue
+            objects_seen = True
             missing = [key for key in ("id", "prediction") if key not in obj]
             if missing:
                 errors.append(
@@ -195,6 +233,7 @@ class PredictionsFileBackend:
                 f"duplicate id {rid!r} on lines {', '.join(map(str, lines))}" for rid, lines in duplicates.items()
             )
         if errors:
+            hint = other_format_hint(self.path, opening, objects_seen) if opening_refused and opening else ""
             shown = errors[:_MAX_ERRORS]
             more = f"\n  ... and {len(errors) - _MAX_ERRORS} more" if len(errors) > _MAX_ERRORS else ""
             raise BackendError(

@@ -935,11 +935,12 @@ def check_image_roots(spec: RunSpec, splits: Sequence[LoadedBenchmark], reader: 
 
 def _warn_unknown_log_ids(entries: list[dict[str, Any]], prepared: list[PreparedSplit], log_path: Path,
                           warnings: list[str]) -> None:
-    """Warn about lines of the run's own ``predictions.jsonl`` whose id looks like a split's of this run but names
-    none of its records (a hand-edited id, or annotation files that no longer hold the record): they are not
-    scored, and were left out without a word."""
-    unknown = _unknown_ids(dict.fromkeys(entry["id"] for entry in entries),
-                           [split.loaded for split in prepared], own_prefix=True)
+    """Warn about lines of the run's own ``predictions.jsonl`` whose id names none of the records of this run's
+    splits (a hand-edited id, or annotation files that no longer hold the record): they are not scored, and were
+    left out without a word. Every id is looked at, not only those with a split's prefix: the run's own log holds
+    nothing but its splits' records (``run.json`` pins the benchmarks, limit and options of a resume), so an id
+    edited in its benchmark/config part is as foreign as one edited at its end."""
+    unknown = _unknown_ids(dict.fromkeys(entry["id"] for entry in entries), [split.loaded for split in prepared])
     if unknown:
         _warn(warnings, f"{len(unknown)} line(s) of {log_path} answer no record of the split(s) in this run and are "
                         f"not scored (first ids: {unknown[:5]}): the file was edited, or the annotation files no "
