@@ -127,9 +127,12 @@ def test_an_out_of_range_number_is_refused_while_the_arguments_are_parsed(comman
                                "--do-sample, or drop --temperature"),
     (["--temperature", "0.7", "--top-p", "0.9"], "--temperature 0.7 and --top-p 0.9 have no effect without "
                                                  "--do-sample"),
+    (["--do-sample", "--temperature", "0"], "--temperature 0 with --do-sample: sampling needs a temperature > 0; "
+                                            "for greedy decoding drop --do-sample and --temperature"),
 ])
 def test_sampling_values_without_do_sample_are_refused_before_anything_runs(flags, said, tmp_path, capsys):
-    """Was: a greedy run recording temperature 0.7 and do_sample false, silently."""
+    """Was: a greedy run recording temperature 0.7 and do_sample false, silently; and a sampled run at
+    temperature 0 stopped in transformers' words at its first batch, once the model had loaded."""
     output = tmp_path / "run"
     code = main(["run", "--benchmark", SPLIT, "--model", str(tmp_path / "no-such-model"), "--output", str(output),
                  *flags])

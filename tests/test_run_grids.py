@@ -79,6 +79,8 @@ def test_the_shipped_configs_cover_the_papers_tables():
     ("output: o\nmodels: [m/x]\nbenchmarks: [context]\ncompare_published: 1\n", "compare_published", "true or false"),
     ("output: o\nmodels: [m/x]\nbenchmarks: [context]\ngeneration: {defaults: {top_p: 2}}\n",
      "generation.defaults.top_p", "must be between 0 and 1, got 2"),
+    ("output: o\nmodels: [m/x]\nbenchmarks: [context]\ngeneration: {defaults: {do_sample: true, temperature: 0}}\n",
+     "generation.defaults.temperature", "must be > 0 where do_sample is true"),
     ("output: o\nmodels: [m/x]\nbenchmarks: [context]\ngeneration: {defaults: {temperature: .nan}}\n",
      "generation.defaults.temperature", "must be a finite number"),
     ("output: o\nmodels: [m/x]\nbenchmarks: [context]\ngeneration: {answer_types: {open: {repetition_penalty: 0}}}\n",

@@ -86,6 +86,9 @@ def check_settings(settings: Any, where: str) -> dict[str, Any]:
         problem = setting_problem(key, value)
         if problem:
             raise ValueError(f"{where}.{key}: {problem}, got {value}")
+    if settings.get("do_sample") is True and settings.get("temperature") == 0:
+        raise ValueError(f"{where}.temperature: must be > 0 where do_sample is true (sampling divides by it), got 0; "
+                         f"for greedy decoding set do_sample: false")
     return dict(settings)
 
 

@@ -96,9 +96,13 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
     """Refuse ``--temperature`` / ``--top-p`` typed without ``--do-sample`` under the clean protocol, where decoding
     is then greedy: the values would be recorded and change nothing. A paper protocol sets ``do_sample`` per
     mitigation (and a grid config in its generation layers), so there the typed values are left to apply where it
-    samples. ``medheval run`` and ``medheval inputs`` both check it."""
+    samples. A temperature of 0 with ``--do-sample`` is refused too (sampling divides by it). ``medheval run`` and
+    ``medheval inputs`` both check it."""
     from medheval.run.protocol import RunError
 
+    if args.do_sample and args.temperature == 0:  # was refused at the first batch, after the model loaded
+        raise RunError("--temperature 0 with --do-sample: sampling needs a temperature > 0; for greedy decoding "
+                       "drop --do-sample and --temperature")
     if args.do_sample or args.protocol != "clean" or not args.model:
         return
     typed = [(flag, value) for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p))
