@@ -299,3 +299,50 @@ def test_looks_like_word_known_answers(value, word_like):
     from medheval.net.secrets import looks_like_word
 
     assert looks_like_word(value) is word_like
+
+
+LOGIN_TOKEN = "hf_loginfile-canary-Jq58Tz"
+
+
+def test_a_hub_token_from_hf_auth_login_echoed_by_the_hub_is_not_printed(tmp_path):
+    """The token `hf auth login` keeps in a file (no HF_TOKEN variable, so register_environment never sees it):
+    a hostile or broken Hub endpoint answering the repo creation with ``{"url": <the Authorization header>}``
+    makes huggingface_hub raise ``Invalid HF URI 'hf://Bearer <token>'``; the error the publish command prints
+    holds ``***`` in its place."""
+    import http.server
+    import threading
+
+    class EchoHub(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps({"url": self.headers.get("Authorization", "")}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EchoHub)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    home = tmp_path / "hf_home"
+    home.mkdir()
+    (home / "token").write_text(LOGIN_TOKEN)  # where `hf auth login` writes it
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
+                                                                          "HF_TOKEN_PATH")}
+    env.update(PYTHONPATH=str(REPO), HF_HOME=str(home), HF_ENDPOINT=f"http://127.0.0.1:{httpd.server_address[1]}",
+               HF_HUB_OFFLINE="0", HF_HUB_DISABLE_XET="1")
+    try:
+        done = subprocess.run([sys.executable, "-m", "medheval", "publish", "--to", str(tmp_path / "hub_out"),
+                               "--push", "--org", "my-org", "--kind", "metrics", "--name", "chair"],
+                              capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    printed = done.stdout + done.stderr
+    assert done.returncode == 2 and "Bearer ***" in printed, printed  # the echo reached the message ...
+    assert not _leaks(tmp_path / "hub_out", printed, [LOGIN_TOKEN])  # ... without the token
