@@ -423,8 +423,10 @@ def check_key_destinations(config: GridConfig) -> None:
 
 
 def model_slug(model: str) -> str:
-    """A folder name for one model (``llava-hf/llava-1.5-7b-hf`` -> ``llava-hf__llava-1.5-7b-hf``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", model.replace("/", "__")).strip("_") or "model"
+    """A folder name for one model (``llava-hf/llava-1.5-7b-hf`` -> ``llava-hf__llava-1.5-7b-hf``); never ``.`` or
+    ``..`` (a model named ``..``, the local folder above, would write its cell into the grid folder's parent)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model.replace("/", "__")).strip("_")
+    return slug if slug not in ("", ".", "..") else "model"
 
 
 def check_model(model: str) -> str | None:
