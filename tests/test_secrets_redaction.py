@@ -346,3 +346,30 @@ def test_a_hub_token_from_hf_auth_login_echoed_by_the_hub_is_not_printed(tmp_pat
     printed = done.stdout + done.stderr
     assert done.returncode == 2 and "Bearer ***" in printed, printed  # the echo reached the message ...
     assert not _leaks(tmp_path / "hub_out", printed, [LOGIN_TOKEN])  # ... without the token
+
+
+CONFIG_KEY = "cfg-url-canary-Hx73-Qk2"
+
+
+def test_a_key_in_a_grid_configs_model_url_names_no_folder_and_reaches_no_file(fixture_benchmark, monkeypatch,
+                                                                                  tmp_path, capsys):
+    """A grid YAML whose model is ``openai:m@http://127.0.0.1:PORT/v1?api-key=KEY``: grid.json (its plan is written
+    before the model registers its key) and the cell folder's name (``..._v1_api-key_KEY``) held the key."""
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    with JudgeServer("openai", reply=lambda body: "Yes") as server:
+        config = tmp_path / "grid.yaml"
+        config.write_text(json.dumps({"output": str(tmp_path / "grid"), "benchmarks": ["mm_vishal:slake"],
+                                      "models": [f"openai:m@{server.base_url}?api-key={CONFIG_KEY}"]}))
+        code = main(["run", "--config", str(config), "--data-dir", fixture_benchmark["data_dir"], "--limit", "2",
+                     "--image-root", f"slake={fixture_benchmark['image_roots']['slake']}",
+                     "--api-option", "max_retries=0"])
+        assert server.requests and CONFIG_KEY in server.requests[0].path  # the key was sent as configured
+    printed = "".join(capsys.readouterr())
+    # the server answers 404 (a query in a base URL ends up before /chat/completions): the run stops after
+    # writing the plan and the cell's folder, which is all this test needs
+    assert code in (0, 2) and "api-key=***" in printed, printed
+    assert (tmp_path / "grid" / "grid.json").is_file()
+    names = [path.name for path in (tmp_path / "grid").rglob("*")]
+    assert [name for name in names if name.startswith("openai_m_http")], names  # the cell's folder
+    assert not [name for name in names if CONFIG_KEY.casefold() in name.casefold()], names
+    assert not _leaks(tmp_path / "grid", printed, [CONFIG_KEY])
