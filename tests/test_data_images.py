@@ -658,6 +658,38 @@ def test_http_cache_dir(server, tmp_path: Path) -> None:
     assert URLTemplateSource(base + "/files/{path}", auth=(USER, PASSWORD)).cache_dir is None  # off by default
 
 
+def test_a_symbolic_link_planted_in_the_image_cache_is_neither_read_nor_written_through(server, tmp_path: Path) -> None:
+    """Someone who can write into a shared image cache plants links: a cached "image" that is a link to a file
+    outside the cache (read as the record's image, then sent to a model), and a cache sub-folder that is a link
+    to another folder (a downloaded credentialed image written there). Both are refused naming the reference;
+    nothing is read from or written outside the cache."""
+    import hashlib
+    import os
+
+    from medheval.data.images import _redact_url
+
+    base, handler = server
+    cache = tmp_path / "cache"
+    source = URLTemplateSource(base + "/files/{path}", auth=(USER, PASSWORD), cache_dir=cache)
+    folder = cache / hashlib.sha256(_redact_url(source.template).encode()).hexdigest()[:16]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    planted = outside / "not-this-image.png"
+    Image.new("RGB", (3, 3), (0, 255, 0)).save(planted)
+    linked = "CXR1_IM-0001/0.png"
+    (folder / linked).parent.mkdir(parents=True)
+    os.symlink(planted, folder / linked)  # a cached "image" that is a link to a file outside the cache
+    with pytest.raises(UnsafeImagePath, match="outside the image cache"):
+        source.open_bytes(linked)
+    with pytest.raises(UnsafeImagePath, match="outside the image cache"):
+        source.exists(linked)
+    os.symlink(outside, folder / IU.split("/")[0])  # the reference's folder is a link to another folder
+    with pytest.raises(UnsafeImagePath, match="outside the image cache"):
+        source.open_bytes(IU)
+    assert sorted(p.name for p in outside.iterdir()) == ["not-this-image.png"]  # nothing written there
+    assert planted.read_bytes()[:4] == b"\x89PNG"
+
+
 # --------------------------------------------------------------------------- HF datasets
 
 

@@ -425,3 +425,14 @@ def test_run_config_given_a_plain_mapping_says_how_to_build_a_config():
     """From Python, ``run_config({...})`` failed with ``'dict' object has no attribute 'models'``."""
     with pytest.raises(TypeError, match=r"run_config takes a GridConfig, got dict: build it with parse_grid_config"):
         run_config({"models": ["tiny-llava"], "benchmarks": ["mm_vishal"]})
+
+
+@pytest.mark.parametrize("model", ["..", ".", "..é", "./"])
+def test_a_model_named_like_the_parent_folder_writes_its_cell_inside_the_grid_folder(model, tmp_path):
+    """A grid config naming the local model folder ``..`` (the folder above, holding config.json) or ``.``: its
+    cell folder must be a sub-folder of ``output``, never ``output/..`` (the run's files written beside the grid
+    folder, into the user's own folder) nor the grid folder itself."""
+    config = parse_grid_config({"output": str(tmp_path / "grid"), "models": [model], "benchmarks": ["mm_vishal"]})
+    cell = run_spec(config, model, {}).output
+    assert Path(cell).resolve().parent == (tmp_path / "grid").resolve(), cell
+    assert model_slug(model) not in (".", "..")

@@ -299,3 +299,77 @@ def test_looks_like_word_known_answers(value, word_like):
     from medheval.net.secrets import looks_like_word
 
     assert looks_like_word(value) is word_like
+
+
+LOGIN_TOKEN = "hf_loginfile-canary-Jq58Tz"
+
+
+def test_a_hub_token_from_hf_auth_login_echoed_by_the_hub_is_not_printed(tmp_path):
+    """The token `hf auth login` keeps in a file (no HF_TOKEN variable, so register_environment never sees it):
+    a hostile or broken Hub endpoint answering the repo creation with ``{"url": <the Authorization header>}``
+    makes huggingface_hub raise ``Invalid HF URI 'hf://Bearer <token>'``; the error the publish command prints
+    holds ``***`` in its place."""
+    import http.server
+    import threading
+
+    class EchoHub(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps({"url": self.headers.get("Authorization", "")}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EchoHub)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    home = tmp_path / "hf_home"
+    home.mkdir()
+    (home / "token").write_text(LOGIN_TOKEN)  # where `hf auth login` writes it
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
+                                                                          "HF_TOKEN_PATH")}
+    env.update(PYTHONPATH=str(REPO), HF_HOME=str(home), HF_ENDPOINT=f"http://127.0.0.1:{httpd.server_address[1]}",
+               HF_HUB_OFFLINE="0", HF_HUB_DISABLE_XET="1")
+    try:
+        done = subprocess.run([sys.executable, "-m", "medheval", "publish", "--to", str(tmp_path / "hub_out"),
+                               "--push", "--org", "my-org", "--kind", "metrics", "--name", "chair"],
+                              capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    printed = done.stdout + done.stderr
+    assert done.returncode == 2 and "Bearer ***" in printed, printed  # the echo reached the message ...
+    assert not _leaks(tmp_path / "hub_out", printed, [LOGIN_TOKEN])  # ... without the token
+
+
+CONFIG_KEY = "cfg-url-canary-Hx73-Qk2"
+
+
+def test_a_key_in_a_grid_configs_model_url_names_no_folder_and_reaches_no_file(fixture_benchmark, monkeypatch,
+                                                                                  tmp_path, capsys):
+    """A grid YAML whose model is ``openai:m@http://127.0.0.1:PORT/v1?api-key=KEY``: grid.json (its plan is written
+    before the model registers its key) and the cell folder's name (``..._v1_api-key_KEY``) held the key."""
+    monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
+    with JudgeServer("openai", reply=lambda body: "Yes") as server:
+        config = tmp_path / "grid.yaml"
+        config.write_text(json.dumps({"output": str(tmp_path / "grid"), "benchmarks": ["mm_vishal:slake"],
+                                      "models": [f"openai:m@{server.base_url}?api-key={CONFIG_KEY}"]}))
+        code = main(["run", "--config", str(config), "--data-dir", fixture_benchmark["data_dir"], "--limit", "2",
+                     "--image-root", f"slake={fixture_benchmark['image_roots']['slake']}",
+                     "--api-option", "max_retries=0"])
+        assert server.requests and CONFIG_KEY in server.requests[0].path  # the key was sent as configured
+    printed = "".join(capsys.readouterr())
+    # the server answers 404 (a query in a base URL ends up before /chat/completions): the run stops after
+    # writing the plan and the cell's folder, which is all this test needs
+    assert code in (0, 2) and "api-key=***" in printed, printed
+    assert (tmp_path / "grid" / "grid.json").is_file()
+    names = [path.name for path in (tmp_path / "grid").rglob("*")]
+    assert [name for name in names if name.startswith("openai_m_http")], names  # the cell's folder
+    assert not [name for name in names if CONFIG_KEY.casefold() in name.casefold()], names
+    assert not _leaks(tmp_path / "grid", printed, [CONFIG_KEY])

@@ -519,10 +519,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from medheval.net.named import check_environment
     from medheval.net.secrets import install_redacting_hooks, redact, register_environment, register_urls_in
     from medheval.net.untrusted import printable
+    from medheval.publish.hub_access import register_hub_credentials
 
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # which flags were typed (a grid config's overrides)
     register_environment()  # OPENAI_API_KEY, HF_TOKEN, PHYSIONET_PASSWORD …: redacted wherever they appear
+    register_hub_credentials()  # the token of `hf auth login` (a file, not a variable) and HF_ENDPOINT's password
     register_urls_in(args.argv)  # a password or ?api-key= in a --model/--judge/--image-root URL, before any error
     install_redacting_hooks()  # uncaught tracebacks and log records too
     # the host lists of this command line, in place of earlier ones (restored at the end), and those of the

@@ -724,7 +724,13 @@ class URLTemplateSource:
         if self.cache_dir is None:
             return None
         key = hashlib.sha256(_redact_url(self.template).encode()).hexdigest()[:16]
-        return self.cache_dir.joinpath(key, *_safe_parts(ref, str(self.cache_dir)))
+        path = self.cache_dir.joinpath(key, *_safe_parts(ref, str(self.cache_dir)))
+        # a symbolic link planted in the cache (a shared or synced folder) must not make a run read another file
+        # as this image, nor write a downloaded (credentialed) image into another folder
+        if not path.resolve().is_relative_to(self.cache_dir.resolve() / key):
+            raise UnsafeImagePath(ref, str(self.cache_dir), "resolves outside the image cache (through a symbolic "
+                                  "link)", hint="remove the link from the cache folder, or choose another cache_dir")
+        return path
 
     def _request(self, method: str, url: str) -> transport.Reply:
         """One request through :mod:`medheval.net.transport`, with retries on connection errors, read

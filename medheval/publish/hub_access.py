@@ -32,6 +32,24 @@ def hub_endpoint() -> str:
     return endpoint.rstrip("/")
 
 
+def register_hub_credentials(token: str | bool | None = None) -> None:
+    """Register the Hub token huggingface_hub sends (``token`` when it is one, else ``HF_TOKEN`` or the file
+    ``hf auth login`` wrote, which :func:`medheval.net.secrets.register_environment` never sees) and a password
+    or query value in ``HF_ENDPOINT``, so that :func:`~medheval.net.secrets.redact` removes them from every
+    message: a Hub endpoint may echo the ``Authorization`` header into an error or a reply field."""
+    from medheval.net.secrets import register_secrets, register_url
+
+    register_url(os.environ.get("HF_ENDPOINT"))
+    if not isinstance(token, str):
+        try:
+            from huggingface_hub import get_token
+
+            token = get_token()
+        except Exception:  # noqa: BLE001 - no huggingface_hub, an unreadable token file: nothing to register
+            token = None
+    register_secrets(token, source="the Hugging Face token (HF_TOKEN or `hf auth login`)")
+
+
 def hub_offline() -> bool:
     """Whether the Hub client is in offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
     try:
@@ -69,4 +87,4 @@ def _probe(endpoint: str) -> tuple[bool, str | None]:
     return True, None
 
 
-__all__ = ["PROBE_TIMEOUT", "hub_endpoint", "hub_offline", "hub_reachable"]
+__all__ = ["PROBE_TIMEOUT", "hub_endpoint", "hub_offline", "hub_reachable", "register_hub_credentials"]

@@ -41,7 +41,8 @@ PLAN_KEY = "plan"
 
 def mitigation_slug(spec: str) -> str:
     """A folder name for one mitigation spec (``vcd:alpha=1`` -> ``vcd_alpha-1``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", spec.replace("=", "-")).strip("_") or "none"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.replace("=", "-")).strip("_")
+    return slug if slug not in ("", ".", "..") else "none"  # never the grid folder itself or its parent
 
 
 def cell_folder(mitigation: str, control: str, seed: int | None) -> str:

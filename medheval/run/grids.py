@@ -38,7 +38,9 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
+from medheval.net.secrets import URL_PATTERN, register_urls_in
 from medheval.run.control import CONTROLS, Control, ControlError
 from medheval.run.generation import GenerationPlan, check_settings
 from medheval.run.grid_plan import GRID_FILE, PlannedCell, plan_cells, record_plan
@@ -207,6 +209,9 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
     if not isinstance(data, dict):
         raise GridConfigError(f"{source}: expected a mapping of settings at the top, got {type(data).__name__}")
     _expanded_size(data, source)
+    # a key in a model's or judge's URL (?api-key=, user:pass@) or a judge dict's api_key: redacted from every file
+    # and message from here on (grid.json is written before any model or judge registers its own)
+    register_urls_in(data)
     for key, value in data.items():
         if key not in CONFIG_KEYS:
             raise _fail(source, str(key), f"unknown key{did_you_mean(str(key), CONFIG_KEYS)}; known: "
@@ -423,8 +428,21 @@ def check_key_destinations(config: GridConfig) -> None:
 
 
 def model_slug(model: str) -> str:
-    """A folder name for one model (``llava-hf/llava-1.5-7b-hf`` -> ``llava-hf__llava-1.5-7b-hf``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", model.replace("/", "__")).strip("_") or "model"
+    """A folder name for one model (``llava-hf/llava-1.5-7b-hf`` -> ``llava-hf__llava-1.5-7b-hf``); never ``.`` or
+    ``..`` (a model named ``..``, the local folder above, would write its cell into the grid folder's parent), and
+    never a URL's user-info, query or fragment (an API key in ``?api-key=`` would name a folder)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", URL_PATTERN.sub(_url_without_secrets, model).replace("/", "__")).strip("_")
+    return slug if slug not in ("", ".", "..") else "model"
+
+
+def _url_without_secrets(match: re.Match[str]) -> str:
+    """A URL in a model spec without its user-info, query and fragment, which may hold a key
+    (``openai:m@https://host/v1?api-key=…``): a folder name is never redacted."""
+    try:
+        parts = urlsplit(match.group(0))
+    except ValueError:
+        return "url"
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def check_model(model: str) -> str | None:
