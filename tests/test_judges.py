@@ -935,3 +935,23 @@ def test_shared_loader_errors_name_the_model_and_the_fix(tmp_path):
     judge = make_judge(f"transformers:{tmp_path / 'empty'}", cache_dir=False, progress=False)
     with pytest.raises(JudgeError, match="(could not load|has no config.json)"):
         judge.run([JudgeRequest("r0", user="x")])
+
+
+@pytest.mark.parametrize("backend,base_url,url", [
+    ("openai", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/chat/completions"),
+    ("openai", "http://127.0.0.1:9/v1/?key=K&x=1", "http://127.0.0.1:9/v1/chat/completions?key=K&x=1"),
+    ("azure", "http://127.0.0.1:9?key=K",
+     "http://127.0.0.1:9/openai/deployments/dep/chat/completions?key=K&api-version=2024-06-01"),
+    ("azure", "http://127.0.0.1:9/openai/v1?key=K", "http://127.0.0.1:9/openai/v1/chat/completions?key=K"),
+    ("anthropic", "http://127.0.0.1:9?key=K", "http://127.0.0.1:9/v1/messages?key=K"),
+    ("anthropic", "http://127.0.0.1:9/v1?key=K", "http://127.0.0.1:9/v1/messages?key=K"),
+])
+def test_the_endpoint_path_goes_before_the_base_urls_query(backend, base_url, url):
+    """A gateway key given as ``?key=`` in the base URL: the path was appended after the query
+    (``…/v1?key=K/chat/completions``), so the key never reached the server and the path was wrong."""
+    from medheval.judges.anthropic import AnthropicJudge
+    from medheval.judges.openai import AzureOpenAIJudge, OpenAIJudge
+
+    kind = {"openai": OpenAIJudge, "azure": AzureOpenAIJudge, "anthropic": AnthropicJudge}[backend]
+    options = {"api_version": "2024-06-01"} if backend == "azure" else {}
+    assert kind("dep", base_url=base_url, **options)._url() == url

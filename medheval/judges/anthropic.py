@@ -65,9 +65,10 @@ class AnthropicJudge(HTTPJudge):
         headers = {"Content-Type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
         if self._api_key:
             headers["x-api-key"] = self._api_key
-        root = self._url_root
-        url = f"{root}/messages" if root.endswith("/v1") else f"{root}/v1/messages"
-        return url, headers, payload
+        return self._url(), headers, payload
+
+    def _url(self) -> str:
+        return self._endpoint("/messages" if self._url_root.endswith("/v1") else "/v1/messages")
 
     def _parse(self, body: Any) -> Completion:
         text = reply_text(body["content"], "content")

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
@@ -145,7 +145,9 @@ class HTTPJudge(Judge):
         secrets = [s for s in (api_key, password) if s]
         # the URL's user:password (if any) is used as basic auth, never kept in base_url
         super().__init__(model, base_url=url, secrets=secrets + list(options.pop("secrets", ())), **options)
-        self._url_root = url.rstrip("/")
+        parts = urlsplit(url)  # the path is joined before the base URL's own query (a gateway's ?key=)
+        self._url_root = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+        self._url_query = parts.query
         self._api_key = api_key
         self._basic_auth = (user or "", password or "") if (user or password) and not api_key else None
         register_basic_auth(user, password)
@@ -158,6 +160,13 @@ class HTTPJudge(Judge):
         register_headers(self._extra_headers)
         self._limiter = RateLimiter(self.requests_per_minute)
         self._local = threading.local()
+
+    def _endpoint(self, path: str, query: str = "") -> str:
+        """The URL of ``path`` under the base URL, its own query after it, then ``query``:
+        ``https://h/v1?key=K`` + ``/chat/completions`` → ``https://h/v1/chat/completions?key=K`` (the path was
+        appended after the query, ``…/v1?key=K/chat/completions``, so a key given there never reached the server)."""
+        queries = "&".join(q for q in (self._url_query, query) if q)
+        return self._url_root + path + (f"?{queries}" if queries else "")
 
     # -- subclass hooks -------------------------------------------------------------------------
     def _request(self, item: _Item) -> tuple[str, dict, dict]:

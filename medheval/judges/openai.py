@@ -79,7 +79,7 @@ class OpenAIJudge(HTTPJudge):
         return out
 
     def _url(self) -> str:
-        return f"{self._url_root}/chat/completions"
+        return self._endpoint("/chat/completions")
 
     def _headers(self) -> dict:
         headers = {"Content-Type": "application/json"}
@@ -154,8 +154,8 @@ class AzureOpenAIJudge(OpenAIJudge):
 
     def _url(self) -> str:
         if self._url_root.endswith("/openai/v1"):
-            return f"{self._url_root}/chat/completions"
-        return f"{self._url_root}/openai/deployments/{self.model}/chat/completions?api-version={self.api_version}"
+            return self._endpoint("/chat/completions")
+        return self._endpoint(f"/openai/deployments/{self.model}/chat/completions", f"api-version={self.api_version}")
 
     def _headers(self) -> dict:
         headers = {"Content-Type": "application/json"}
