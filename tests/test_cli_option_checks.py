@@ -160,3 +160,22 @@ def test_sampling_values_are_left_to_a_protocol_that_samples(fixture_benchmark, 
     assert "no effect without --do-sample" not in capsys.readouterr().err
     (entry,) = map(json.loads, (output / "predictions.jsonl").read_text().splitlines())
     assert entry["generation"]["do_sample"] is True and entry["generation"]["temperature"] == 0.3
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--metric-option", 'sh_judge.judge={"backend": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", '
+                         '"bogus": 1}'], "metric option sh_judge.judge: unknown option(s) ['bogus'] for the openai judge"),
+    (["--judge", "vllmx:m@http://127.0.0.1:9/v1"], "unknown judge backend 'vllmx'"),
+    (["--metric-option", 'sh_judge.judge={"model": "m"}'], "a judge dict needs 'backend' and 'model'"),
+])
+def test_a_judge_the_scorer_would_refuse_is_refused_before_the_first_generation(flags, said, fixture_benchmark,
+                                                                                  tmp_path, capsys):
+    """A judge dict's unknown option (or an unknown backend) was refused when the judge was built, at scoring:
+    after every answer had been generated."""
+    output = tmp_path / "run"
+    code = main(["run", "--benchmark", "knowledge:open", "--model", "tiny-random-llava", "--metrics", "sh_judge",
+                 "--output", str(output), "--limit", "1", "--max-new-tokens", "2", "--data-dir",
+                 fixture_benchmark["data_dir"], "--image-root", f"mimic_cxr={fixture_benchmark['image_roots']['mimic_cxr']}",
+                 *flags])
+    assert code == 2 and said in capsys.readouterr().err
+    assert not (output / "predictions.jsonl").exists()  # nothing was generated

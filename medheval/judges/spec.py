@@ -124,26 +124,9 @@ def make_judge(
         progress=progress,
     )
     settings.update(options)
-    if isinstance(spec, str):
-        fields = parse_spec(spec)
-    elif isinstance(spec, dict):
-        if "backend" not in spec or "model" not in spec:
-            raise JudgeError(f"a judge dict needs 'backend' and 'model' (got keys {sorted(spec)})")
-        fields = {"backend": str(spec["backend"]).lower(), "model": spec["model"], "base_url": spec.get("base_url")}
-        settings.update({k: v for k, v in spec.items() if k not in ("backend", "model", "base_url")})
-    else:
-        raise JudgeError(f"judge must be a spec string, a dict or a Judge, got {type(spec).__name__}")
-
+    fields, given, backend = _checked_form(spec, set(settings))
+    settings.update(given)
     alias = fields["backend"]
-    backend = _BACKENDS.get(alias)
-    if backend is None:
-        raise JudgeError(f"unknown judge backend {alias!r}; use one of {sorted(set(_BACKENDS))}")
-    unknown = set(settings) - _JUDGE_OPTIONS - _BACKEND_OPTIONS[backend] - _SPEC_KEYS
-    if unknown:
-        raise JudgeError(
-            f"unknown option(s) {sorted(unknown)} for the {backend} judge; allowed: "
-            f"{sorted(_JUDGE_OPTIONS | _BACKEND_OPTIONS[backend] | _SPEC_KEYS - {'backend', 'model'})}"
-        )
     model = fields["model"]
     base_url = _base_url(alias, backend, fields["base_url"])
     api_key = settings.pop("api_key", None)
@@ -234,6 +217,40 @@ def _root(url: str) -> str:
     return f"{url.split(':', 1)[0]}://{host_entry(url)}/…"
 
 
+def _checked_form(spec: Any, options: set[str] = frozenset()) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """``(fields, the dict's own settings, canonical backend)`` of a spec string or judge dict, with ``options``
+    (setting names given besides it) checked against the backend's: :class:`JudgeError` for a malformed string,
+    a dict without ``backend`` and ``model``, an unknown backend or option."""
+    given: dict[str, Any] = {}
+    if isinstance(spec, str):
+        fields = parse_spec(spec)
+    elif isinstance(spec, dict):
+        if "backend" not in spec or "model" not in spec:
+            raise JudgeError(f"a judge dict needs 'backend' and 'model' (got keys {sorted(spec)})")
+        fields = {"backend": str(spec["backend"]).lower(), "model": spec["model"], "base_url": spec.get("base_url")}
+        given = {k: v for k, v in spec.items() if k not in ("backend", "model", "base_url")}
+    else:
+        raise JudgeError(f"judge must be a spec string, a dict or a Judge, got {type(spec).__name__}")
+    backend = _BACKENDS.get(fields["backend"])
+    if backend is None:
+        raise JudgeError(f"unknown judge backend {fields['backend']!r}; use one of {sorted(set(_BACKENDS))}")
+    unknown = (set(options) | set(given)) - _JUDGE_OPTIONS - _BACKEND_OPTIONS[backend] - _SPEC_KEYS
+    if unknown:
+        raise JudgeError(
+            f"unknown option(s) {sorted(unknown)} for the {backend} judge; allowed: "
+            f"{sorted(_JUDGE_OPTIONS | _BACKEND_OPTIONS[backend] | _SPEC_KEYS - {'backend', 'model'})}"
+        )
+    return fields, given, backend
+
+
+def check_judge_spec(spec: Any) -> None:
+    """:class:`JudgeError` when :func:`make_judge` would refuse the form of ``spec`` (a spec string or judge dict:
+    malformed, no backend or model, an unknown backend or option); builds nothing and reads no key, so a run
+    checks it before its first generation. A :class:`Judge` object or ``None`` passes."""
+    if spec is not None and not isinstance(spec, Judge):
+        _checked_form(spec)
+
+
 def check_key_destination(spec: Any) -> None:
     """:class:`JudgeError` when ``spec`` (a spec string or judge dict) would send a key from the environment where
     :func:`make_judge` refuses to (see :func:`_env_key`); sends and builds nothing. For a config's checks."""
@@ -275,7 +292,7 @@ def backend_of(spec: str | dict | Judge) -> str:
     return _BACKENDS[alias]
 
 
-__all__ = ["backend_of", "check_key_destination", "close_judges", "judge_for", "make_judge", "parse_spec"]
+__all__ = ["backend_of", "check_judge_spec", "check_key_destination", "close_judges", "judge_for", "make_judge", "parse_spec"]
 
 
 def judge_for(owner: object, spec: Any, **options: Any) -> Any:

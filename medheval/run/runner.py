@@ -466,6 +466,14 @@ def _options_for(spec: RunSpec, metric_names: Sequence[str]) -> dict[str, dict[s
         if spec.allow_remote_credentialed and "allow_remote_credentialed" in accepted:
             options[name].setdefault("allow_remote_credentialed", list(spec.allow_remote_credentialed))
         options[name] = check_options(name, metric, options[name], set(RECORD_INPUTS))
+        if "judge" in options[name]:  # an unknown backend or option fails now, not at scoring after generation
+            from medheval.judges.base import JudgeError
+            from medheval.judges.spec import check_judge_spec
+
+            try:
+                check_judge_spec(options[name]["judge"])
+            except JudgeError as error:
+                raise RunError(f"metric option {name}.judge: {error}") from None
     return options
 
 
@@ -641,10 +649,10 @@ def _check_spec(spec: RunSpec) -> None:
         if folder is not None and not folder.is_dir():
             what = "is not a folder" if folder.exists() else "does not exist"
             raise RunError(f"--image-root {'' if key == '*' else key + '='}{root}: the folder {folder} {what}")
-    if isinstance(spec.judge, str):  # a malformed --judge fails now, not after generation
-        from medheval.judges.spec import parse_spec
+    if spec.judge is not None:  # a malformed --judge (or an unknown backend or option) fails now, not after generation
+        from medheval.judges.spec import check_judge_spec
 
-        parse_spec(spec.judge)
+        check_judge_spec(spec.judge)
 
 
 def _local_folder(root: Any) -> Path | None:
