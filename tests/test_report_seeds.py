@@ -118,3 +118,15 @@ def test_the_seeds_named_are_those_with_a_figure():
     assert by_column["Acc"][0].text == "3 (1, 2, 3)"
     assert by_column["F1"][0].text == "2 (1, 3)" and by_column["F1"][0].n == 2
     assert by_column["F1"][1].value == pytest.approx(1.25) and by_column["F1"][1].std == pytest.approx(0.016 * 2 ** 0.5)
+
+
+def test_a_raw_scale_figure_keeps_its_decimals_over_seeds():
+    """A RadCliQ-like figure shown with two decimals (digits=2): min–max and the item half-width keep two, the mean
+    beside its SD three (the SD keeps the tables' two). With one decimal, "1.2–1.3" hid the spread of 1.25 ± 0.02."""
+    rows = [(["m", "vcd · seed 1", "s"], [Cell(1.234, 1.134, 1.334, digits=2)]),
+            (["m", "vcd · seed 2", "s"], [Cell(1.266, 1.186, 1.346, digits=2)])]
+    source = Table("medheval_report", "Report", ["Model", "Mitigation", "Split"], [Column("RadCliQ")])
+    source.rows = rows
+    (_, (seeds, mean, spread, items)), = over_seeds([source]).rows
+    assert spread.text == "1.23–1.27" and items.text == "± 0.09"  # half-widths 0.10 and 0.08
+    assert mean.digits == 3 and "| 1.250 ± 0.02 | 1.23–1.27 | ± 0.09 |" in to_markdown(over_seeds([source]))

@@ -85,11 +85,14 @@ def over_seeds(tables: list[Table]) -> Table | None:
                 halves = [(high - low) / 2 for _, low, high in numbers if low is not None and high is not None]
                 half = sum(halves) / len(halves) if halves else None
                 shown = " · ".join(table.shown(label) for label in key)
+                # the figures' own decimals (one for percentages, two for a raw scale such as RadCliQ's), one more
+                # for the mean beside its SD: "1.2–1.3" hid the spread of 1.25 ± 0.02
+                digits = max(by_seed[s][index].digits or 1 for s in having)
                 out.rows.append(([table.title, shown, column.label], [
                     Cell(text=f"{len(values)} ({', '.join(str(s) for s in having)})", n=len(values)),
-                    Cell(value=mean, std=sd, digits=2),
-                    Cell(text=f"{min(values):.1f}–{max(values):.1f}", low=min(values), high=max(values)),
-                    Cell(value=half, text=f"± {half:.1f}" if half is not None else "–"),
+                    Cell(value=mean, std=sd, digits=digits + 1),
+                    Cell(text=f"{min(values):.{digits}f}–{max(values):.{digits}f}", low=min(values), high=max(values)),
+                    Cell(value=half, text=f"± {half:.{digits}f}" if half is not None else "–"),
                 ]))
     if not out.rows:
         return None
