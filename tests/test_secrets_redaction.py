@@ -355,16 +355,22 @@ CONFIG_KEY = "cfg-url-canary-Hx73-Qk2"
 def test_a_key_in_a_grid_configs_model_url_names_no_folder_and_reaches_no_file(fixture_benchmark, monkeypatch,
                                                                                   tmp_path, capsys):
     """A grid YAML whose model is ``openai:m@http://127.0.0.1:PORT/v1?api-key=KEY``: grid.json (its plan is written
-    before the model registers its key) and the cell folder's name (``..._v1_api-key_KEY``) held the key."""
+    before the model registers its key) and the cell folder's name (``..._v1_api-key_KEY``) held the key. And the
+    grid resumes: its grid.json, written with ***, was compared with the plan holding the key, and the second run
+    was refused ("holds a grid over other axes (changed: models …?api-key=*** → …?api-key=***)")."""
     monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
     with JudgeServer("openai", reply=lambda body: "Yes") as server:
         config = tmp_path / "grid.yaml"
         config.write_text(json.dumps({"output": str(tmp_path / "grid"), "benchmarks": ["mm_vishal:slake"],
                                       "models": [f"openai:m@{server.base_url}?api-key={CONFIG_KEY}"]}))
-        code = main(["run", "--config", str(config), "--data-dir", fixture_benchmark["data_dir"], "--limit", "2",
-                     "--image-root", f"slake={fixture_benchmark['image_roots']['slake']}",
-                     "--api-option", "max_retries=0"])
+        args = ["run", "--config", str(config), "--data-dir", fixture_benchmark["data_dir"], "--limit", "2",
+                "--image-root", f"slake={fixture_benchmark['image_roots']['slake']}", "--api-option", "max_retries=0"]
+        code = main(args)
         assert server.requests[0].path == f"/v1/chat/completions?api-key={CONFIG_KEY}"  # sent as configured
+        assert code == 0, "".join(capsys.readouterr())
+        sent = len(server.requests)
+        code = main(args)  # the same grid again: it resumes (nothing left to generate)
+        assert len(server.requests) == sent
     printed = "".join(capsys.readouterr())
     assert code == 0, printed
     assert (tmp_path / "grid" / "grid.json").is_file()
