@@ -179,3 +179,27 @@ def test_a_judge_the_scorer_would_refuse_is_refused_before_the_first_generation(
                  *flags])
     assert code == 2 and said in capsys.readouterr().err
     assert not (output / "predictions.jsonl").exists()  # nothing was generated
+
+
+def test_an_api_model_may_still_sample_at_temperature_zero():
+    """An API takes ``temperature: 0`` with --do-sample's seed and top_p (docs/api-models.md: sent as such), as it
+    did before temperature 0 with sampling was refused for transformers' sake; a local model is still refused, on
+    the command line and in a grid config's generation layer."""
+    import argparse
+
+    from medheval.run.grids import GridConfigError, parse_grid_config
+    from medheval.run.options import check_sampling_flags
+    from medheval.run.protocol import RunError
+
+    def flags(model: str) -> argparse.Namespace:
+        return argparse.Namespace(do_sample=True, temperature=0.0, top_p=None, protocol="clean", model=model)
+
+    check_sampling_flags(flags("openai:gpt-4o@http://127.0.0.1:9/v1"))  # no error
+    with pytest.raises(RunError, match="--temperature 0 with --do-sample"):
+        check_sampling_flags(flags("llava-hf/llava-1.5-7b-hf"))
+    layer = {"generation": {"defaults": {"do_sample": True, "temperature": 0.0}}, "output": "o",
+             "benchmarks": ["mm_vishal"]}
+    config = parse_grid_config({**layer, "models": ["openai:gpt-4o@http://127.0.0.1:9/v1", "anthropic:claude-x"]})
+    assert config.generation.defaults == {"do_sample": True, "temperature": 0.0}
+    with pytest.raises(GridConfigError, match="temperature: must be > 0 where do_sample is true"):
+        parse_grid_config({**layer, "models": ["openai:gpt-4o@http://127.0.0.1:9/v1", "llava-hf/llava-1.5-7b-hf"]})

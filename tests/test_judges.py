@@ -955,3 +955,22 @@ def test_the_endpoint_path_goes_before_the_base_urls_query(backend, base_url, ur
     kind = {"openai": OpenAIJudge, "azure": AzureOpenAIJudge, "anthropic": AnthropicJudge}[backend]
     options = {"api_version": "2024-06-01"} if backend == "azure" else {}
     assert kind("dep", base_url=base_url, **options)._url() == url
+
+
+def test_an_azure_endpoint_with_an_api_version_in_its_query_sends_it_once_and_records_it():
+    """``azure:dep@https://r.openai.azure.com/?api-version=V``: the request carried ``api-version=V&api-version=
+    2024-10-21`` (the default appended after the base URL's query), the judge recorded 2024-10-21, and V, a
+    query value, was registered as a secret (results read api_version ***)."""
+    from medheval.judges.openai import AzureOpenAIJudge
+    from medheval.net.secrets import redact
+
+    base = "http://127.0.0.1:9/?key=Kq81-secret&api-version=2025-01-01-preview"
+    judge = make_judge(f"azure:dep@{base}", cache_dir=False, progress=False)
+    assert judge._url() == ("http://127.0.0.1:9/openai/deployments/dep/chat/completions?key=Kq81-secret"
+                            "&api-version=2025-01-01-preview")
+    assert judge.describe()["api_version"] == "2025-01-01-preview"
+    assert redact("api_version 2025-01-01-preview, key Kq81-secret") == "api_version 2025-01-01-preview, key ***"
+    same = AzureOpenAIJudge("dep", base_url=base, api_version="2025-01-01-preview", cache_dir=False, progress=False)
+    assert same._url() == judge._url()
+    with pytest.raises(JudgeError, match="api-version 2025-01-01-preview and api_version is 2024-06-01"):
+        AzureOpenAIJudge("dep", base_url=base, api_version="2024-06-01", cache_dir=False, progress=False)

@@ -355,16 +355,22 @@ CONFIG_KEY = "cfg-url-canary-Hx73-Qk2"
 def test_a_key_in_a_grid_configs_model_url_names_no_folder_and_reaches_no_file(fixture_benchmark, monkeypatch,
                                                                                   tmp_path, capsys):
     """A grid YAML whose model is ``openai:m@http://127.0.0.1:PORT/v1?api-key=KEY``: grid.json (its plan is written
-    before the model registers its key) and the cell folder's name (``..._v1_api-key_KEY``) held the key."""
+    before the model registers its key) and the cell folder's name (``..._v1_api-key_KEY``) held the key. And the
+    grid resumes: its grid.json, written with ***, was compared with the plan holding the key, and the second run
+    was refused ("holds a grid over other axes (changed: models …?api-key=*** → …?api-key=***)")."""
     monkeypatch.setenv("MEDHEVAL_CACHE", str(tmp_path / "cache"))
     with JudgeServer("openai", reply=lambda body: "Yes") as server:
         config = tmp_path / "grid.yaml"
         config.write_text(json.dumps({"output": str(tmp_path / "grid"), "benchmarks": ["mm_vishal:slake"],
                                       "models": [f"openai:m@{server.base_url}?api-key={CONFIG_KEY}"]}))
-        code = main(["run", "--config", str(config), "--data-dir", fixture_benchmark["data_dir"], "--limit", "2",
-                     "--image-root", f"slake={fixture_benchmark['image_roots']['slake']}",
-                     "--api-option", "max_retries=0"])
+        args = ["run", "--config", str(config), "--data-dir", fixture_benchmark["data_dir"], "--limit", "2",
+                "--image-root", f"slake={fixture_benchmark['image_roots']['slake']}", "--api-option", "max_retries=0"]
+        code = main(args)
         assert server.requests[0].path == f"/v1/chat/completions?api-key={CONFIG_KEY}"  # sent as configured
+        assert code == 0, "".join(capsys.readouterr())
+        sent = len(server.requests)
+        code = main(args)  # the same grid again: it resumes (nothing left to generate)
+        assert len(server.requests) == sent
     printed = "".join(capsys.readouterr())
     assert code == 0, printed
     assert (tmp_path / "grid" / "grid.json").is_file()
@@ -372,3 +378,51 @@ def test_a_key_in_a_grid_configs_model_url_names_no_folder_and_reaches_no_file(f
     assert [name for name in names if name.startswith("openai_m_http")], names  # the cell's folder
     assert not [name for name in names if CONFIG_KEY.casefold() in name.casefold()], names
     assert not _leaks(tmp_path / "grid", printed, [CONFIG_KEY])
+
+
+def test_registering_the_hub_token_at_a_commands_start_makes_no_request(tmp_path):
+    """register_hub_credentials() runs at every command's start: it reads HF_TOKEN or the token file and asks
+    nothing of the Hub. huggingface_hub's get_token() mints an OIDC token (HF_OIDC_RESOURCE) or refreshes an
+    expiring login over the network: `medheval list` posted to <HF_ENDPOINT>/oauth/token."""
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            hits.append(f"{self.command} {self.path}")
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps({"access_token": "hf_minted-canary-Wq81Lz", "expires_in": 3600}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    home = tmp_path / "hf_home"
+    home.mkdir()
+    (home / "token").write_text(LOGIN_TOKEN + "\n")
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
+                                                                          "HF_TOKEN_PATH")}
+    env.update(PYTHONPATH=str(REPO), HF_HOME=str(home), HF_ENDPOINT=f"http://127.0.0.1:{httpd.server_address[1]}",
+               HF_HUB_OFFLINE="0", HF_OIDC_RESOURCE="user/me", HF_OIDC_ID_TOKEN="oidc-id-token-Zr4")
+    script = ("from medheval.publish.hub_access import register_hub_credentials\n"
+              "from medheval.net.secrets import redact\n"
+              f"register_hub_credentials()\nprint(redact('token: {LOGIN_TOKEN}'))\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,
+                              timeout=120)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert done.returncode == 0, done.stderr
+    assert hits == []  # no request at a command's start
+    assert done.stdout.strip() == "token: ***"  # the login file's token is registered all the same

@@ -13,6 +13,7 @@ the base URL ends in ``/openai/v1``).
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote, unquote_plus
 
 from medheval.judges.base import Completion, _Item
 from medheval.judges.http import HTTPJudge, reply_text
@@ -135,16 +136,26 @@ class AzureOpenAIJudge(OpenAIJudge):
     backend = "azure"
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
-                 api_version: str = DEFAULT_AZURE_API_VERSION, **options: Any):
-        if not base_url:
-            from medheval.judges.base import JudgeError
+                 api_version: str | None = None, **options: Any):
+        from medheval.judges.base import JudgeError
 
+        if not base_url:
             raise JudgeError(
                 "the azure judge needs the resource endpoint: azure:<deployment>@https://<resource>.openai.azure.com "
                 "or set AZURE_OPENAI_ENDPOINT"
             )
         super().__init__(model, base_url=base_url, api_key=api_key, **options)
-        self.api_version = api_version
+        # an api-version in the endpoint's query (…azure.com/?api-version=…) is the version: sent once, recorded
+        # (it was sent beside the default's, api-version=A&api-version=2024-10-21, and the default recorded)
+        in_url = [unquote_plus(item.partition("=")[2]) for item in self._url_query.split("&")
+                  if unquote_plus(item.partition("=")[0]).strip().lower() == "api-version"]
+        if len(set(in_url)) > 1 or (api_version and in_url and str(api_version) != in_url[0]):
+            raise JudgeError(f"the azure endpoint's query names api-version {', '.join(sorted(set(in_url)))}"
+                             + (f" and api_version is {api_version}" if api_version else "")
+                             + ": give the version once")
+        self.api_version = str(api_version or (in_url[0] if in_url else DEFAULT_AZURE_API_VERSION))
+        self._other_query = "&".join(item for item in self._url_query.split("&") if item and
+                                     unquote_plus(item.partition("=")[0]).strip().lower() != "api-version")
 
     def describe(self) -> dict:
         return {**super().describe(), "api_version": self.api_version}
@@ -155,7 +166,8 @@ class AzureOpenAIJudge(OpenAIJudge):
     def _url(self) -> str:
         if self._url_root.endswith("/openai/v1"):
             return self._endpoint("/chat/completions")
-        return self._endpoint(f"/openai/deployments/{self.model}/chat/completions", f"api-version={self.api_version}")
+        query = "&".join(q for q in (self._other_query, f"api-version={quote(self.api_version, safe='')}") if q)
+        return f"{self._url_root}/openai/deployments/{self.model}/chat/completions?{query}"
 
     def _headers(self) -> dict:
         headers = {"Content-Type": "application/json"}

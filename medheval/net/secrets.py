@@ -178,8 +178,14 @@ def register_basic_auth(user: str | None, password: str | None) -> None:
         register_secrets(password, token, min_length=SHORT_MIN_LENGTH)
 
 
+# query parameters whose value is never a secret: Azure's ``?api-version=2024-10-21`` (a date, recorded as the run's
+# api_version, would otherwise read *** there and in every text holding that date)
+NOT_SECRET_QUERY = frozenset({"api-version"})
+
+
 def register_url(url: str | None) -> None:
-    """Register a URL's password and every query parameter value (``?key=…``, ``?sig=…``)."""
+    """Register a URL's password and every query parameter value (``?key=…``, ``?sig=…``) but those of
+    :data:`NOT_SECRET_QUERY`."""
     if not url:
         return
     try:
@@ -188,7 +194,8 @@ def register_url(url: str | None) -> None:
     except ValueError:
         return
     register_secrets(password, min_length=SHORT_MIN_LENGTH)
-    register_secrets(*(value for _, value in parse_qsl(parts.query, keep_blank_values=False)))
+    register_secrets(*(value for name, value in parse_qsl(parts.query, keep_blank_values=False)
+                       if name.strip().lower() not in NOT_SECRET_QUERY))
 
 
 URL_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")

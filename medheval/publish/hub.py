@@ -1232,7 +1232,7 @@ def push(repos: Sequence[RepoFolder], token: str | bool | None = None, create_pr
 
     from medheval.publish.hub_access import register_hub_credentials
 
-    register_hub_credentials(token)  # a Hub echoing the token into an error or a reply field prints ***
+    register_hub_credentials(token, resolve=True)  # a Hub echoing the token into an error or a reply field prints ***
     api = HfApi(token=token, library_name="medheval")
     with tempfile.TemporaryDirectory(prefix="medheval-push-") as private:
         checked = []

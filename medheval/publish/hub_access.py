@@ -32,22 +32,50 @@ def hub_endpoint() -> str:
     return endpoint.rstrip("/")
 
 
-def register_hub_credentials(token: str | bool | None = None) -> None:
+def register_hub_credentials(token: str | bool | None = None, *, resolve: bool = False) -> None:
     """Register the Hub token huggingface_hub sends (``token`` when it is one, else ``HF_TOKEN`` or the file
     ``hf auth login`` wrote, which :func:`medheval.net.secrets.register_environment` never sees) and a password
     or query value in ``HF_ENDPOINT``, so that :func:`~medheval.net.secrets.redact` removes them from every
-    message: a Hub endpoint may echo the ``Authorization`` header into an error or a reply field."""
+    message: a Hub endpoint may echo the ``Authorization`` header into an error or a reply field.
+
+    Without ``resolve`` (every command's start) the token is only read, from the variables and the token file: no
+    request is made. ``huggingface_hub.get_token`` may mint an OIDC token (``HF_OIDC_RESOURCE``) or refresh an
+    expiring login over the network, which a command that never talks to the Hub (``medheval list``, ``report``)
+    must not do. ``resolve=True`` (:func:`medheval.publish.hub.push`, about to talk to the Hub) asks
+    ``get_token``, so the token it then sends is the one registered."""
     from medheval.net.secrets import register_secrets, register_url
 
     register_url(os.environ.get("HF_ENDPOINT"))
     if not isinstance(token, str):
-        try:
-            from huggingface_hub import get_token
-
-            token = get_token()
-        except Exception:  # noqa: BLE001 - no huggingface_hub, an unreadable token file: nothing to register
-            token = None
+        token = _resolved_token() if resolve else _stored_token()
     register_secrets(token, source="the Hugging Face token (HF_TOKEN or `hf auth login`)")
+
+
+def _stored_token() -> str | None:
+    """``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN``, else the content of huggingface_hub's token file; read, never
+    fetched. ``None`` without huggingface_hub or with an unreadable file."""
+    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    if not token:
+        try:
+            from huggingface_hub import constants
+
+            if not os.path.isfile(constants.HF_TOKEN_PATH):  # (a named pipe would block the command's start)
+                return None
+            with open(constants.HF_TOKEN_PATH, encoding="utf-8") as file:
+                token = file.read(4096)
+        except Exception:  # noqa: BLE001 - no huggingface_hub, no or an unreadable token file: nothing to register
+            return None
+    return token.replace("\r", "").replace("\n", "").strip() or None
+
+
+def _resolved_token() -> str | None:
+    """``huggingface_hub.get_token()``: the token the Hub client sends now (it may make a request)."""
+    try:
+        from huggingface_hub import get_token
+
+        return get_token()
+    except Exception:  # noqa: BLE001 - no huggingface_hub, an unreadable token file, a failed exchange
+        return _stored_token()
 
 
 def hub_offline() -> bool:

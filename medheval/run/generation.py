@@ -71,9 +71,10 @@ def setting_problem(key: str, value: Any) -> str | None:
     return None
 
 
-def check_settings(settings: Any, where: str) -> dict[str, Any]:
+def check_settings(settings: Any, where: str, local: bool = True) -> dict[str, Any]:
     """A mapping of known generation keys with values of the right type and range (:func:`setting_problem`);
-    errors name ``where``."""
+    errors name ``where``. ``local``: the settings may reach a local model, which cannot sample at temperature 0
+    (an API takes it, as it was sent before: ``local=False`` where every model is an API model)."""
     if not isinstance(settings, Mapping):
         raise ValueError(f"{where}: expected a mapping of generation settings, got {type(settings).__name__}")
     for key, value in settings.items():
@@ -86,7 +87,7 @@ def check_settings(settings: Any, where: str) -> dict[str, Any]:
         problem = setting_problem(key, value)
         if problem:
             raise ValueError(f"{where}.{key}: {problem}, got {value}")
-    if settings.get("do_sample") is True and settings.get("temperature") == 0:
+    if local and settings.get("do_sample") is True and settings.get("temperature") == 0:
         raise ValueError(f"{where}.temperature: must be > 0 where do_sample is true (sampling divides by it), got 0; "
                          f"for greedy decoding set do_sample: false")
     return dict(settings)

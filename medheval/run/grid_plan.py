@@ -121,11 +121,17 @@ def record_plan(output: str | Path, axes: Mapping[str, Sequence[str]], cells: Se
     one, else replaced by it (a grid folder from before plans were recorded, or a resume with other benchmarks)."""
     from medheval.run.outputs import atomic_write_text
 
+    from medheval.net.secrets import redact
+
     path = Path(output) / GRID_FILE
     wanted = {**{name: list(values) for name, values in axes.items()},
               PLAN_KEY: {"cells": [cell.to_json() for cell in cells]}}
     if path.exists():
         recorded = json.loads(path.read_text(encoding="utf-8"))
+        # the file was written redacted (a key in a model's URL reads ***): compared with this plan as it would be
+        # written, else a grid whose model URL holds a key is refused on every resume ("changed: models X → X")
+        wanted = json.loads(redact(json.dumps(wanted)))
+        cells = _plan_of(wanted) or cells
         changed = changes({k: v for k, v in recorded.items() if k != PLAN_KEY},
                           {k: v for k, v in wanted.items() if k != PLAN_KEY},
                           lambda values: ", ".join(map(str, values or [])))

@@ -169,7 +169,8 @@ def _nested_mapping(source: str, key: str, value: dict) -> dict[str, dict[str, A
     return {str(name): dict(inner) for name, inner in value.items()}
 
 
-def _generation_plan(source: str, value: Mapping[str, Any]) -> GenerationPlan:
+def _generation_plan(source: str, value: Mapping[str, Any], models: Sequence[str] = ()) -> GenerationPlan:
+    from medheval.backends.api import is_api_model
     from medheval.data.benchmarks import list_benchmarks, parse_benchmark_spec
     from medheval.data.schema import ANSWER_TYPES
 
@@ -180,7 +181,7 @@ def _generation_plan(source: str, value: Mapping[str, Any]) -> GenerationPlan:
 
     def settings(where: str, given: Any) -> dict[str, Any]:
         try:
-            return check_settings(given, where)
+            return check_settings(given, where, local=not models or not all(map(is_api_model, models)))
         except ValueError as error:
             raise GridConfigError(f"{source}: {error}") from None
 
@@ -302,7 +303,7 @@ def parse_grid_config(data: Any, source: str = "<config>") -> GridConfig:
         if data.get(key) is not None:
             options[key] = data[key]
     return GridConfig(source=source, output=data["output"], models=models, benchmarks=benchmarks,
-                      mitigations=mitigations, controls=controls, generation=_generation_plan(source, data.get("generation") or {}),
+                      mitigations=mitigations, controls=controls, generation=_generation_plan(source, data.get("generation") or {}, models),
                       options=options)
 
 

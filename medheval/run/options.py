@@ -96,11 +96,15 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
     """Refuse ``--temperature`` / ``--top-p`` typed without ``--do-sample`` under the clean protocol, where decoding
     is then greedy: the values would be recorded and change nothing. A paper protocol sets ``do_sample`` per
     mitigation (and a grid config in its generation layers), so there the typed values are left to apply where it
-    samples. A temperature of 0 with ``--do-sample`` is refused too (sampling divides by it). ``medheval run`` and
+    samples. A temperature of 0 with ``--do-sample`` is refused too for a local model (sampling divides by it). ``medheval run`` and
     ``medheval inputs`` both check it."""
     from medheval.run.protocol import RunError
 
-    if args.do_sample and args.temperature == 0:  # was refused at the first batch, after the model loaded
+    from medheval.backends.api import is_api_model
+
+    # a local model's sampling divides by the temperature (transformers refused it at the first batch, after the
+    # model loaded); an API model takes temperature 0 with --do-sample's seed and top_p, sent as such
+    if args.do_sample and args.temperature == 0 and args.model and not is_api_model(args.model):
         raise RunError("--temperature 0 with --do-sample: sampling needs a temperature > 0; for greedy decoding "
                        "drop --do-sample and --temperature")
     if args.do_sample or args.protocol != "clean" or not args.model:
