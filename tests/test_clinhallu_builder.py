@@ -147,3 +147,38 @@ def test_duplicate_upstream_ids_are_refused(snapshot, dataset_cache, tmp_path):
         prepare_benchmark("clinhallu", "medxpertqa", data_dir=copy, cache_dir=dataset_cache)
     cause = raised.value if isinstance(raised.value, ValueError) else raised.value.__cause__
     assert "duplicate record id 'clinhallu/medxpertqa/MM-26'" in str(cause)
+
+
+def _snapshot_row(snapshot, source: str = "vqa_rad", position: int = 0) -> dict:
+    return dict(snapshot["rows"][source][position])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"question": 5}, r"ClinHallu vqa_rad row 0 \(id 'clinhallu/vqa_rad/5'\): field 'question' is int 5, expected a "
+                      r"string"),
+    ({"answer": ["yes"]}, r"row 0 \(id 'clinhallu/vqa_rad/5'\): field 'answer' is list \[\"yes\"\], expected a string"),
+    ({"question": "x" * 60_000}, r"row 0 \(id 'clinhallu/vqa_rad/5'\): field 'question' holds 60,000 characters"),
+    ({"question_type": "multiple_choice", "options": "A. Heart"},
+     r"row 0 \(id 'clinhallu/vqa_rad/5'\): field 'options' is str 'A\. Heart', expected a list of option strings"),
+    ({"question_type": "multiple_choice", "options": 3}, r"row 0 .*field 'options' is int 3, expected a list"),
+    ({"images": 7}, r"row 0 \(id 'clinhallu/vqa_rad/5'\): field 'images' is int 7, expected a list of image references"),
+], ids=["int_question", "list_answer", "huge_question", "string_options", "int_options", "int_images"])
+def test_a_row_of_the_wrong_shape_names_source_row_id_and_field(snapshot, change, message):
+    """Were: a number question or a list answer became its text ('5', "['yes']"); options "A. Heart" were eight
+    one-character options; int options or images stopped the build with TypeError ('int' object is not iterable);
+    a 60,000-character question was read (every other builder refuses it)."""
+    with pytest.raises(ValueError, match=message):
+        clinhallu_source.record({**_snapshot_row(snapshot), **change}, 0, "vqa_rad")
+
+
+def test_an_empty_question_is_kept_and_flagged(snapshot, dataset_cache, tmp_path):
+    """Was: a row whose question is blank loaded without a flag (the MedHEval builders flag empty_question)."""
+    copy = tmp_path / "snap"
+    shutil.copytree(snapshot["data_dir"], copy)
+    path = copy / "VQA-RAD" / "test-00000-of-00001.parquet"
+    rows = datasets.Dataset.from_parquet(str(path)).to_list()
+    rows[1]["question"] = " \n"
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    loaded = prepare_benchmark("clinhallu", "vqa_rad", data_dir=copy, cache_dir=dataset_cache)
+    assert loaded.dataset[1]["meta"]["quality_flags"] == ["empty_question"]
+    assert loaded.quality["flags"]["empty_question"] == 1

@@ -205,3 +205,16 @@ def test_nan_judgement_is_unjudged_like_none(metric):
                             correct_rep_vk=[1, 1, 0], h_v=[0, nan, 1], h_k=[0, 0, 1], h_r=[0, 0, 1])
     assert by_nan == by_none
     assert by_nan["acc"] == pytest.approx(1 / 3)  # Eq. 13: the unjudged item counts in the denominator
+
+
+def test_a_non_bool_upstream_compat_and_a_string_settings_are_refused(metric):
+    """Were: upstream_compat="no" (truthy) switched to ClinHallu's valid-only denominators without a word;
+    settings="org" was refused as the unknown settings ['g', 'o', 'r']."""
+    columns = {"correct": [1, 0], "correct_rep_v": [1, 1], "correct_rep_k": [0, 0], "correct_rep_vk": [1, None],
+               "h_v": [0, 1], "h_k": [0, 0], "h_r": [1, 0]}
+    with pytest.raises(ValueError, match=r"^upstream_compat='no': expected True or False"):
+        metric.compute(**columns, upstream_compat="no")
+    with pytest.raises(ValueError, match=r"^settings='org' is one string; pass a list of setting names, e.g. \['org'\]"):
+        metric.compute(**columns, settings="org")
+    assert metric.compute(**columns, upstream_compat=False)["acc_rep_vk"] == 0.5
+    assert metric.compute(**columns, settings=["org"])["acc"] == 0.5

@@ -205,3 +205,34 @@ def test_tables_shaped_like_the_papers_tables_2_and_3():
     assert clinhallu_replacement_table([run]).splitlines()[2] == (
         "| m | clinhallu:all | all | 4 | 50.0 | +10.0 | -5.0 | – | 40.0 | 0.0 | – | 50.0 | 100.0 | – |")
     assert clinhallu_stage_table([{"settings": {"model": "m"}, "benchmarks": {}}]) == ""
+
+
+@pytest.mark.parametrize("option, message", [
+    ("clinhallu.top_p=5", "clinhallu.top_p='5': must be between 0 and 1"),
+    ("clinhallu.temperature=nan", "clinhallu.temperature='nan': must be a finite number"),
+    ("clinhallu.temperature=inf", "clinhallu.temperature='inf': must be a finite number"),
+    ("clinhallu.top_p=nan", "clinhallu.top_p='nan': must be a finite number"),
+])
+def test_out_of_range_sampling_options_are_refused_before_the_model_loads(snapshot, tmp_path, capsys, monkeypatch,
+                                                                          option, message):
+    """Were accepted and recorded: top_p=5 (which the decoders ignore without a word, as --top-p 2 was) and a NaN or
+    infinite temperature, which failed only in the first generation."""
+    import sys
+
+    from medheval.cli import main
+
+    monkeypatch.setattr(sys.modules["medheval.cli.main"], "build_backend",
+                        lambda args: pytest.fail("the model loaded before the check"))
+    assert main(_args(snapshot, tmp_path / "out", "--model", "tiny-random-llava", "--judge",
+                      "openai:m@http://127.0.0.1:9/v1", "--benchmark-option", option)) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_fractional_max_attempts_is_refused_not_truncated():
+    from medheval.families.clinhallu.task import apply_run_options
+
+    with pytest.raises(ValueError, match=r"clinhallu\.max_attempts=2\.5: expected an integer >= 1"):
+        apply_run_options(None, {"max_attempts": 2.5})
+    assert apply_run_options(None, {"max_attempts": 3.0, "top_p": "0.9"})[1] == {
+        "prompts": "own", "temperature": 0.7, "max_attempts": 3, "top_p": 0.9}

@@ -543,3 +543,44 @@ def test_confidence_weakening_plain_question_run_option(hallmark_dir, tmp_path):
     with pytest.raises(ValueError, match="choose one of"):
         prepare_benchmark("med_hallmark", "confidence_weakening", data_dir=hallmark_dir, cache_dir=tmp_path / "c",
                           run_options={"question": "bare"})
+
+
+# -- malformed records of the released formats: refused naming file, record and field ------------------------
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"id": None}, r"Conventional\.\.json: record #1: field 'id' is null, expected an integer or a non-empty string"),
+    ({"id": " "}, r"record #1: field 'id' is str \" \", expected an integer or a non-empty string"),
+    ({"id": [2]}, r"record #1: field 'id' is list \[2\], expected an integer"),
+    ({"classification_label": True}, r"record #1 \(id=2\): classification_label True is not an integer 0-5"),
+    ({"image": 5}, r"record #1 \(id=2\): field 'image': image 5 is int, not a reference string"),
+    ({"conversations": [{"from": "human", "value": "Grade this.\n\nNo fields.\n\nAnswer."},
+                        {"from": "gpt", "value": "Minor"}]},
+     r"record #1 \(id=2\): field 'conversations' \(human turn\): no 'question: … / Med-VLM answer: …' block"),
+    ({"conversations": [{"from": "human", "value": _grading_turn("Q" * 60_000, "A.", "B")},
+                        {"from": "gpt", "value": "Minor"}]},
+     r"record #1 \(id=2\): field 'question' holds 60,000 characters, more than the 50,000"),
+], ids=["null_id", "blank_id", "list_id", "bool_label", "int_image", "no_fields", "huge_question"])
+def test_malformed_judged_records_name_file_record_and_field(hallmark_dir, tmp_path, change, message):
+    """Were: a null/blank/list id became the record id '.../None', '.../ ', '.../[2]'; classification_label true
+    was read as level 1; an int image was called "empty"; a human turn without the fields was reported as a
+    problem of field 'image'; a 60,000-character question was read (every other builder refuses it)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = json.loads((hallmark_dir / "Conventional..json").read_text())
+    rows[1].update(change)
+    (folder / "Conventional..json").write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=message):
+        _load("conventional", folder, tmp_path)
+
+
+def test_an_empty_question_is_kept_and_flagged(hallmark_dir, tmp_path):
+    """Was: a record whose question is blank loaded without a flag (the MedHEval builders flag empty_question)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = json.loads((hallmark_dir / "Conventional..json").read_text())
+    rows[1]["conversations"][0]["value"] = _grading_turn("  ", "It is a sagittal image.", "Axial")
+    (folder / "Conventional..json").write_text(json.dumps(rows))
+    loaded = _load("conventional", folder, tmp_path)
+    assert loaded.dataset[1]["meta"]["quality_flags"] == ["empty_question"]
+    assert loaded.quality["flags"] == {"no_ground_truth": 1, "empty_question": 1}

@@ -608,3 +608,22 @@ def test_none_reference_in_row_0_is_no_reference(metric):
     assert out["failed"][0]["id"] == "0" and "no reference" in out["failed"][0]["reason"]
     with pytest.raises(ValueError, match=r"^predictions\[0\] is None; pass the model's answer as a string"):
         metric.compute(predictions=[None, "No"], references=["Yes", "No"], questions=["Is there a mass?"] * 2)
+
+
+@pytest.mark.parametrize("overlap", [-1, 0, 5, float("nan"), "0.5", None])
+def test_an_overlap_outside_0_1_is_refused(metric, overlap):
+    """Was read as given: overlap=-1 or NaN graded 'the liver' against 'kidney' correct (a MediHall Score of 1.0),
+    overlap=5 graded every open answer catastrophic; None failed with float()'s TypeError."""
+    with pytest.raises(ValueError, match=r"^overlap=.*: expected a number in \(0, 1\], the fraction of the reference"):
+        metric.compute(predictions=["the liver"], references=["kidney"], answer_types=["open"], overlap=overlap)
+    assert metric.compute(predictions=["the liver"], references=["kidney"], answer_types=["open"],
+                          overlap=0.5)["levels"] == ["catastrophic"]
+
+
+def test_an_unknown_answer_type_names_the_item(metric):
+    """Was read as an open answer: an answer_types entry outside the known types (a typo) was graded by word
+    overlap, never as the yes/no item it is."""
+    with pytest.raises(ValueError, match=r"^answer_types\[1\] is 'bogus': expected one of \['yes_no', "):
+        metric.compute(predictions=["yes", "no"], references=["yes", "yes"], answer_types=["yes_no", "bogus"])
+    out = metric.compute(predictions=["yes", "no"], references=["yes", "yes"], answer_types=["closed", None])
+    assert out["levels"][0] == "correct"

@@ -602,3 +602,25 @@ def test_metric_leaves_a_none_language_out_of_by_language_and_counts_it():
     assert out["n"] == 3 and out["n_without_language"] == 1
     assert set(out["by_language"]) == {"en"} and out["by_language"]["en"]["n"] == 2
     assert out["accuracy"] == pytest.approx(2 / 3) and out["by_language"]["en"]["accuracy"] == pytest.approx(1 / 2)
+
+
+@pytest.mark.parametrize("content", ["", "\n\n  \n"], ids=["empty", "blank_lines"])
+def test_a_statements_file_without_rows_says_so(tmp_path, dataset_cache, content):
+    """Were: 'could not be read as JSON Lines: Empty JSON file' (an empty file) and "no column(s) ['views'] in
+    any row" (blank lines only)."""
+    (tmp_path / "statements.jsonl").write_text(content)
+    with pytest.raises(StepBenchDataError, match=r"statements\.jsonl: no statements \(the file holds no rows\); "
+                                                 r"write one"):
+        prepare_benchmark("med_stepbench", data_dir=tmp_path, cache_dir=dataset_cache)
+
+
+@pytest.mark.parametrize("views, kind", [(["views/a.png"], "array"), ("views/a.png", "string")])
+def test_views_of_another_json_type_in_a_later_row_name_the_row(tmp_path, fixture, dataset_cache, views, kind):
+    """Was pyarrow's 'could not be read as JSON Lines: JSON parse error: Column(/views) changed from object to
+    array in row 1', naming neither the line nor the statement."""
+    rows = _rows(fixture)[:4]
+    rows[2] = {**rows[2], "views": views}
+    sid = rows[2]["statement_id"]
+    with pytest.raises(StepBenchDataError, match=rf"statements\.jsonl: row 3 \(statement_id={sid!r}\): field 'views' "
+                                                 rf"is of JSON type {kind} here but object in earlier rows"):
+        prepare_benchmark("med_stepbench", data_dir=_write(tmp_path, rows), cache_dir=dataset_cache)

@@ -170,6 +170,10 @@ def clinhallu_metrics(correct, correct_rep_v, correct_rep_k, correct_rep_vk, h_v
     named = {"org": ("correct", correct), "rep_v": ("correct_rep_v", correct_rep_v),
              "rep_k": ("correct_rep_k", correct_rep_k), "rep_vk": ("correct_rep_vk", correct_rep_vk),
              "h_v": ("h_v", h_v), "h_k": ("h_k", h_k), "h_r": ("h_r", h_r)}
+    if not isinstance(upstream_compat, bool):  # "no" and "false" are truthy: they would switch the denominators
+        raise ValueError(f"upstream_compat={upstream_compat!r}: expected True or False")
+    if isinstance(settings, str):  # iterated, "org" would be the settings 'o', 'r', 'g'
+        raise ValueError(f"settings={settings!r} is one string; pass a list of setting names, e.g. [{settings!r}]")
     settings = tuple(SETTINGS if settings is None else settings)
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:

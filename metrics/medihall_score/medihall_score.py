@@ -2,6 +2,7 @@
 """MediHall Score (Med-HallMark): hierarchical hallucination score for medical VQA and report generation."""
 
 import json
+import numbers
 import os
 
 import datasets
@@ -9,6 +10,8 @@ import evaluate
 import medheval.scoring.metric_inputs
 import medheval.families.med_hallmark.source
 import medheval.families.med_hallmark
+import medheval.data.schema
+import medheval.scoring.parsing
 
 
 _CITATION = """\
@@ -68,7 +71,7 @@ Args:
         dict (`medheval.judges.make_judge`), e.g. "openai:gpt-4o@http://127.0.0.1:8000/v1".
     detector_path (`str`): local folder of the detector checkpoint (classifier "detector").
     cache_dir, concurrency, allow_remote_credentialed: passed to `make_judge`.
-    overlap (`float`, defaults to 1.0): rule classifier, open answers: the fraction of the
+    overlap (`float` in (0, 1], defaults to 1.0): rule classifier, open answers: the fraction of the
         reference's content words the answer must contain to count as correct.
     prompt_style (`str`, defaults to "json"): judge/detector prompt: "json" (this project's wording,
         JSON reply) or "upstream" (Med-HallMark's exact prompts, read at run time from the pinned,
@@ -115,6 +118,18 @@ _CLASSIFIERS = ("rule", "judge", "detector")
 
 # Option types a default cannot tell (run_eval.py --metric-option checks values against them;
 # the other options take the type of their bool/int/float/str default).
+def _check_answer_type(index, answer_type):
+    """Refuse an ``answer_types`` entry that is neither ``None``, a canonical answer type nor a close-ended spelling
+    (``binary``, ``closed`` ...): the rules would read a typo as an open answer."""
+    if answer_type is None or answer_type in medheval.data.schema.ANSWER_TYPES:
+        return
+    try:
+        medheval.scoring.parsing.canonical_answer_type(answer_type)
+    except ValueError:
+        raise ValueError(f"answer_types[{index}] is {answer_type!r}: expected one of "
+                         f"{list(medheval.data.schema.ANSWER_TYPES)} (or None)") from None
+
+
 OPTION_TYPES = {"classifier": str | None, "judge": str | dict | object | None, "detector_path": str | None,
                 "cache_dir": str | bool | None, "allow_remote_credentialed": str | list[str] | None,
                 "question_types": list | None, "images": list | None, "task": str | None,
@@ -191,6 +206,9 @@ class MedihallScore(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric)
             classifier = "judge" if judge is not None else "detector" if detector_path else "rule"
         if classifier not in _CLASSIFIERS:
             raise ValueError(f"classifier must be one of {_CLASSIFIERS}, got {classifier!r}")
+        if isinstance(overlap, bool) or not isinstance(overlap, numbers.Real) or not 0 < overlap <= 1:
+            raise ValueError(f"overlap={overlap!r}: expected a number in (0, 1], the fraction of the reference's content "
+                             "words an open answer must contain to count as correct (1 = all, the default)")
         n = len(predictions)
         questions = medheval.scoring.metric_inputs.per_item_column("questions", questions, n, missing=None,
                                                                   kind="text")
@@ -199,6 +217,8 @@ class MedihallScore(medheval.scoring.metric_inputs.NoneChecked, evaluate.Metric)
             question_types if question_types is not None else categories, n, missing=None, kind="label")
         answer_types = medheval.scoring.metric_inputs.per_item_column("answer_types", answer_types, n, missing=None,
                                                                      kind="text")
+        for i, answer_type in enumerate(answer_types or []):
+            _check_answer_type(i, answer_type)
         choices = medheval.scoring.metric_inputs.options_column("choices", choices, n, missing=None)
         credentialed = medheval.scoring.metric_inputs.credentialed_column(credentialed, n)
         images = medheval.scoring.metric_inputs.per_item_column("images", images, n, missing=None)

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from medheval.families.clinhallu.trace import STAGES, parse_trace
+from medheval.data.builders import text_field
 from medheval.data.fetch import sha256_of
 from medheval.scoring.parsing import normalize_reference
 from medheval.data.schema import make_id
@@ -187,6 +188,9 @@ def image_refs(value: Any, where: str) -> list[str]:
         return []
     if isinstance(value, str):
         return [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{where}: field 'images' is {type(value).__name__} {value!r:.60}, expected a list of image "
+                         f"references (or one reference string); fix the row")
     refs = list(value)
     for position, ref in enumerate(refs):
         if not isinstance(ref, str) or not ref.strip():
@@ -204,17 +208,23 @@ def record(row: Mapping[str, Any], index: int, config: str) -> dict:
                              f"Parquet layout (question, answer, options, images, gold_cot)?")
     kind, value = upstream_id(row, index)
     rid = make_id(BENCHMARK, config, value)
-    flags: list[str] = []
+    where = f"ClinHallu {config} row {index} (id {rid!r})"
+    question, answer = text_field(row, "question", where), text_field(row, "answer", where)
+    options = row.get("options")
+    if options is not None and not isinstance(options, (list, tuple)):
+        raise ValueError(f"{where}: field 'options' is {type(options).__name__} {options!r:.60}, expected a list of "
+                         f"option strings such as [\"A. ...\", \"B. ...\"]; fix the row")
+    flags: list[str] = [] if question.strip() else ["empty_question"]
     answer_type = _answer_type(row, flags)
     choices: list[str] = []
     letter = str(row.get("answer_letter") or "").strip()
     if answer_type == "multiple_choice":
-        choices, letters = _choices(row.get("options"), flags)
+        choices, letters = _choices(options, flags)
         if letter and letter not in letters:
             flags.append("answer_letter_not_in_options")
-        if normalize_reference(str(row["answer"]), "multiple_choice", choices) is None:
+        if normalize_reference(answer, "multiple_choice", choices) is None:
             flags.append("answer_not_in_choices")
-    images = image_refs(row.get("images"), f"ClinHallu {config} row {index} (id {rid!r})")
+    images = image_refs(row.get("images"), where)
     if not images:
         flags.append("no_images")
     meta = {
@@ -223,7 +233,7 @@ def record(row: Mapping[str, Any], index: int, config: str) -> dict:
         "source_id": row.get("source_id"),
         "question_type": row.get("question_type"),
         "answer_letter": letter or None,
-        "options": list(row.get("options") or []),
+        "options": list(options or []),
         "gold_trace": _gold_trace(row.get("gold_cot"), flags),
         **{name: row.get(name) for name in _META_COLUMNS if row.get(name) is not None},
         "quality_flags": flags,
@@ -234,8 +244,8 @@ def record(row: Mapping[str, Any], index: int, config: str) -> dict:
         "benchmark": BENCHMARK,
         "config": config,
         "images": images,
-        "question": str(row["question"]),
-        "answer": str(row["answer"]),
+        "question": question,
+        "answer": answer,
         "answer_type": answer_type,
         "choices": choices,
         "category": "",

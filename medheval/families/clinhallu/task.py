@@ -32,12 +32,21 @@ def check_backend_and_judge(name: str, backend: Any, judge: Any) -> None:
 
 
 def _number(key: str, value: Any, cast: type, low: float) -> Any:
+    """``value`` as ``cast`` (text is parsed), at least ``low`` and within the generation setting's range
+    (:func:`~medheval.run.generation.setting_problem`: finite, ``top_p`` at most 1); a fraction is no integer."""
+    from medheval.run.generation import setting_problem
+
     try:
         number = cast(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         number = None
-    if number is None or isinstance(value, bool) or number < low:
-        kind = "an integer" if cast is int else "a number"
+    if cast is int and isinstance(value, float) and not value.is_integer():
+        number = None  # 2.5 attempts: refused, not truncated to 2
+    kind = "an integer" if cast is int else "a number"
+    problem = None if number is None or isinstance(value, bool) else setting_problem(key, number)
+    if problem:
+        raise ValueError(f"clinhallu.{key}={value!r}: {problem}")
+    if number is None or isinstance(value, bool) or not number >= low:
         raise ValueError(f"clinhallu.{key}={value!r}: expected {kind} >= {low:g}")
     return number
 

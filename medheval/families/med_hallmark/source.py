@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from medheval.data.fetch import PinnedFile, fetch
-from medheval.data.builders import read_json_records, text_field
+from medheval.data.builders import check_text_length, id_field, read_json_records, text_field
 from medheval.scoring.parsing import parse_yes_no
 from medheval.data.schema import is_credentialed, make_id
 from medheval.data.images import DICOM_ID_PATTERN
@@ -155,8 +155,12 @@ def image_reference(image: Any) -> tuple[str, str]:
     ``<dicom_id>.jpg`` -> ``mimic_cxr`` (mapped to its folder by a metadata CSV at load time, see
     :class:`medheval.data.images.MimicDicomSource`). ``ValueError`` for anything else.
     """
-    if not isinstance(image, str) or not image.strip():
-        raise ValueError(f"image {'null' if image is None else repr(image)} is empty: every Med-HallMark record "
+    if not isinstance(image, str):
+        raise ValueError(f"image {'null' if image is None else repr(image)} is {type(image).__name__}, not a "
+                         f"reference string: every Med-HallMark record has one image (a VQA-RAD synpic, SLAKE xmlab "
+                         f"or MIMIC-CXR dicom reference)")
+    if not image.strip():
+        raise ValueError(f"image {image!r} is empty: every Med-HallMark record "
                          f"has one image (a VQA-RAD synpic, SLAKE xmlab or MIMIC-CXR dicom reference)")
     ref = image
     if re.fullmatch(r"(?:rad/)?synpic\d+\.jpg", ref):
@@ -185,6 +189,12 @@ def _record(config: str, upstream_id: Any, raw: dict, question: str, answer: str
         source, ref = image_reference(raw.get("image"))
     except ValueError as error:
         raise ValueError(f"{path}: record #{index} (id={upstream_id!r}): field 'image': {error}") from None
+    where = f"{path}: record #{index} (id={upstream_id!r})"
+    for key, text in (("question", question), ("answer", answer), ("released_response", meta.get("released_response"))):
+        if isinstance(text, str):
+            check_text_length(text, key, where)
+    if not question.strip():  # the model would get the image and the answer-format suffix only
+        flags = [*flags, "empty_question"]
     meta.update(upstream_id=upstream_id, upstream_image=raw.get("image"), quality_flags=flags,
                 credentialed=is_credentialed(source))
     return {
@@ -221,15 +231,16 @@ def judged_records(path: str | Path, config: str) -> Iterator[dict]:
     path = str(path)
     for index, raw in enumerate(read_json_records(path, "a Med-HallMark file")):
         human, gpt = _turns(raw, path, index)
-        upstream_id = raw.get("id", index + 1)
+        upstream_id = id_field(raw, "id", f"{path}: record #{index}") if "id" in raw else index + 1
         try:
             item = split_judge_prompt(human)
         except ValueError as error:
-            raise ValueError(f"{path}: record #{index} (id={upstream_id!r}): field 'image': {error}") from None
+            raise ValueError(f"{path}: record #{index} (id={upstream_id!r}): field 'conversations' (human turn): "
+                             f"{error}") from None
         label = raw.get("classification_label")
-        if not isinstance(label, int) or not 0 <= label < len(_LABEL_LEVELS):
+        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(_LABEL_LEVELS):
             raise ValueError(f"{path}: record #{index} (id={upstream_id!r}): classification_label {label!r} "
-                             "is not an integer 0-5")
+                             "is not an integer 0-5 (0 = catastrophic ... 5 = correct); fix the record")
         reference = item.reference
         flags = [] if reference is not None else ["no_ground_truth"]
         if not gpt.lower().startswith(_LABEL_LEVELS[label].split("_")[0]):

@@ -108,7 +108,24 @@ def _scan_jsonl_for_error(path: Path, cause: Exception) -> StepBenchDataError:
                 if shapes.setdefault(key, shape) != shape:
                     return _row_error(path, row, sid, f"views.{key}",
                                       f"is a {shape} here but a {shapes[key]} in earlier rows; use one shape per view key")
+            for field, value in obj.items():  # a top-level field whose JSON type changes between rows
+                kind = _json_kind(value)
+                if kind is not None and shapes.setdefault(f"/{field}", kind) != kind:
+                    return _row_error(path, row, sid, field, f"is of JSON type {kind} here but {shapes[f'/{field}']} "
+                                                             "in earlier rows; give it one type in every row")
+    if row < 0:
+        return StepBenchDataError(f"{path}: no statements (the file holds no rows); write one JSON object per line, "
+                                  "as datasets/med_stepbench/README.md describes")
     return StepBenchDataError(f"{path}: could not be read as JSON Lines: {cause}")
+
+
+def _json_kind(value: Any) -> str | None:
+    """JSON's name for the type of ``value`` (``None`` for null, which fits any column)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "array", str: "string"}.get(type(value), "number")
 
 
 def _walk_views(views: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -246,11 +263,12 @@ def check_statements(table: pa.Table, path: str | Path) -> dict[str, pa.ChunkedA
     ``statement_id``, a row without any view, or a path that could leave ``DIR``.
     """
     path = Path(path)
+    if len(table) == 0:
+        raise StepBenchDataError(f"{path}: no statements (the file holds no rows); write one statement per row, as "
+                                 "datasets/med_stepbench/README.md describes")
     missing = [name for name in REQUIRED_FIELDS if name not in table.column_names]
     if missing:
         raise StepBenchDataError(f"{path}: no column(s) {missing} in any row; every row needs {list(REQUIRED_FIELDS)}")
-    if len(table) == 0:
-        raise StepBenchDataError(f"{path}: no statements")
     ids = table["statement_id"].cast(pa.string())
     for name in ("statement_id", "study_id", "statement", "label", "language"):
         column = table[name]
