@@ -116,8 +116,6 @@ _TASKS = {"vqa": medheval.families.med_hallmark.VQA_LEVELS, "irg": medheval.fami
 _CLASSIFIERS = ("rule", "judge", "detector")
 
 
-# Option types a default cannot tell (run_eval.py --metric-option checks values against them;
-# the other options take the type of their bool/int/float/str default).
 def _check_answer_type(index, answer_type):
     """Refuse an ``answer_types`` entry that is neither ``None``, a canonical answer type nor a close-ended spelling
     (``binary``, ``closed`` ...): the rules would read a typo as an open answer."""
@@ -130,6 +128,8 @@ def _check_answer_type(index, answer_type):
                          f"{list(medheval.data.schema.ANSWER_TYPES)} (or None)") from None
 
 
+# Option types a default cannot tell (run_eval.py --metric-option checks values against them;
+# the other options take the type of their bool/int/float/str default).
 OPTION_TYPES = {"classifier": str | None, "judge": str | dict | object | None, "detector_path": str | None,
                 "cache_dir": str | bool | None, "allow_remote_credentialed": str | list[str] | None,
                 "question_types": list | None, "images": list | None, "task": str | None,
