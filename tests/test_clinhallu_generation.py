@@ -285,7 +285,7 @@ def test_trace_temperature_is_a_run_option_and_the_length_a_generation_setting()
         "max_new_tokens": 20}})), loaded, backend) == 20
     assert trace_length(SimpleNamespace(generation=None), loaded, backend) == 64  # --max-new-tokens 64: no plan
     assert trace_length(SimpleNamespace(generation=None), loaded, SimpleNamespace()) == 4096
-    for bad, message in (({"temperature": "-1"}, "clinhallu.temperature='-1': expected a number >= 0"),
+    for bad, message in (({"temperature": "-1"}, "clinhallu.temperature='-1': must be >= 0"),
                          ({"max_new_tokens": "8"}, "unknown clinhallu run option"),
                          ({"top_k": "5"}, "unknown clinhallu run option")):
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
