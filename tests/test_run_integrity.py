@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from medheval.cli import main
 from medheval.data.benchmarks import load_benchmark
 
@@ -186,16 +188,22 @@ def test_re_running_a_grid_with_other_axes_is_refused_naming_the_change(fixture_
     assert (out / "results.json").read_bytes() == combined
 
 
-def test_a_log_line_whose_id_names_no_record_is_warned_about(fixture_benchmark, tmp_path, capsys):
+@pytest.mark.parametrize("edit", [
+    lambda rid: rid.rsplit("/", 1)[0] + "/no-such-record",  # a record the annotation files do not hold
+    lambda rid: "edited-by-hand/" + rid.rsplit("/", 1)[1],  # edited in its benchmark/config part
+], ids=["record", "prefix"])
+def test_a_log_line_whose_id_names_no_record_is_warned_about(edit, fixture_benchmark, tmp_path, capsys):
     """A line of the run's own predictions.jsonl whose id was edited (or whose record the annotation files no longer
-    hold) was left out of the scores without a word: the record was answered again and the line ignored."""
+    hold) was left out of the scores without a word: the record was answered again and the line ignored. An id
+    edited in its benchmark/config part was not looked at either (only ids with a split's own prefix were), though
+    the run's own log holds nothing but its splits' records."""
     _, args = _predictions(fixture_benchmark, tmp_path / "mine.jsonl")
     out = tmp_path / "run"
     assert main([*args, "--output", str(out)]) == 0
     log = out / "predictions.jsonl"
     lines = log.read_text().splitlines(keepends=True)
     edited = json.loads(lines[1])
-    edited["id"] = edited["id"].rsplit("/", 1)[0] + "/no-such-record"
+    edited["id"] = edit(edited["id"])
     log.write_text("".join([lines[0], json.dumps(edited) + "\n", *lines[2:]]))
     capsys.readouterr()
     assert main([*args, "--output", str(out)]) == 0
@@ -203,26 +211,6 @@ def test_a_log_line_whose_id_names_no_record_is_warned_about(fixture_benchmark, 
             f"[{edited['id']!r}])")
     assert said in capsys.readouterr().err
     assert any(said in warning for warning in json.loads((out / "results.json").read_text())["warnings"])
-
-
-def test_a_log_line_whose_id_was_edited_past_its_prefix_is_warned_about(fixture_benchmark, tmp_path, capsys):
-    """docs/running.md: a line of the run's own predictions.jsonl whose id names no record of the run's splits is
-    warned about. An id edited in its benchmark/config part (``context/x`` for ``context/context/x``) was not: only
-    ids carrying a split's own prefix were looked at, though the run's own log holds nothing but its splits'
-    records."""
-    _, args = _predictions(fixture_benchmark, tmp_path / "mine.jsonl")
-    out = tmp_path / "run"
-    assert main([*args, "--output", str(out)]) == 0
-    log = out / "predictions.jsonl"
-    lines = log.read_text().splitlines(keepends=True)
-    edited = json.loads(lines[1])
-    edited["id"] = "edited-by-hand/" + edited["id"].rsplit("/", 1)[1]
-    log.write_text("".join([lines[0], json.dumps(edited) + "\n", *lines[2:]]))
-    capsys.readouterr()
-    assert main([*args, "--output", str(out)]) == 0
-    said = (f"1 line(s) of {log} answer no record of the split(s) in this run and are not scored (first ids: "
-            f"[{edited['id']!r}])")
-    assert said in capsys.readouterr().err
     # a resume of an untouched log says nothing
     log.write_text("".join(lines))
     capsys.readouterr()
