@@ -199,6 +199,22 @@ def test_the_registry_redacts_each_spelling_of_a_value_and_only_secret_named_fie
     assert redact(plain) == plain
 
 
+
+def test_fields_named_like_secrets_that_hold_none_are_not_registered():
+    """``allow_remote_credentialed`` matches "credential", ``api_key_env`` "key", ``tokenizer_path`` "token": a grid
+    config's whole mapping is registered when it is read, and its approved host then read *** in every message
+    and file (the refusal naming the host to approve, a results.json naming the judge's host)."""
+    from medheval.net.secrets import redact, register_named
+
+    key = "sk-field-canary-Tz40-key"
+    register_named({"allow_remote_credentialed": ["judge-host.example.invalid"], "judge": {
+        "api_key_env": "FIELD_CANARY_API_KEY", "tokenizer_path": "/models/field-canary-tok", "api_key": key,
+        "allow_remote_credentialed": "judge-host2.example.invalid"}})
+    text = ("approve judge-host.example.invalid or judge-host2.example.invalid; set FIELD_CANARY_API_KEY; "
+            "tokenizer /models/field-canary-tok")
+    assert redact(text) == text
+    assert redact(f"key {key}") == "key ***"
+
 JUDGE_QUERY = "judge-canary-Qk72-urlkey"
 SPEC_PASSWORD = "spec-canary-Rb18-passwd"
 

@@ -148,12 +148,22 @@ def register_secrets(*secrets: Any, min_length: int = MIN_LENGTH,
             "(e.g. `openssl rand -hex 24`)", source, MASK)
 
 
+# field names SECRET_NAME matches whose values are not secrets: a host list (``allow_remote_credentialed``), the name of
+# a variable (``api_key_env``), a tokenizer or a path; registered, a host would read *** in every message and file
+NOT_SECRET_FIELD = re.compile(r"^allow_remote_credentialed$|tokenizer|_env$|_path$|_dir$", re.IGNORECASE)
+
+
+def is_secret_field(name: str) -> bool:
+    """Whether a field named ``name`` holds a secret: :data:`SECRET_NAME` and not :data:`NOT_SECRET_FIELD`."""
+    return bool(SECRET_NAME.search(name)) and not NOT_SECRET_FIELD.search(name)
+
+
 def register_named(value: Any, secret: bool = False) -> None:
-    """Register every string under a key named like a secret (:data:`SECRET_NAME`), at any depth of a JSON-like
+    """Register every string under a key named like a secret (:func:`is_secret_field`), at any depth of a JSON-like
     value (``extra_body={"api_key": "…", "auth": {"token": "…"}}``)."""
     if isinstance(value, Mapping):
         for key, item in value.items():
-            register_named(item, secret or bool(SECRET_NAME.search(str(key))))
+            register_named(item, secret or is_secret_field(str(key)))
     elif isinstance(value, (list, tuple)):
         for item in value:
             register_named(item, secret)
