@@ -155,12 +155,11 @@ def image_reference(image: Any) -> tuple[str, str]:
     ``<dicom_id>.jpg`` -> ``mimic_cxr`` (mapped to its folder by a metadata CSV at load time, see
     :class:`medheval.data.images.MimicDicomSource`). ``ValueError`` for anything else.
     """
-    if not isinstance(image, str):
-        raise ValueError(f"image {'null' if image is None else repr(image)} is {type(image).__name__}, not a "
-                         f"reference string: every Med-HallMark record has one image (a VQA-RAD synpic, SLAKE xmlab "
-                         f"or MIMIC-CXR dicom reference)")
-    if not image.strip():
-        raise ValueError(f"image {image!r} is empty: every Med-HallMark record "
+    if image is not None and not isinstance(image, str):
+        raise ValueError(f"image {image!r} is {type(image).__name__}, not a reference string: every Med-HallMark "
+                         f"record has one image (a VQA-RAD synpic, SLAKE xmlab or MIMIC-CXR dicom reference)")
+    if image is None or not image.strip():
+        raise ValueError(f"image {'null' if image is None else repr(image)} is empty: every Med-HallMark record "
                          f"has one image (a VQA-RAD synpic, SLAKE xmlab or MIMIC-CXR dicom reference)")
     ref = image
     if re.fullmatch(r"(?:rad/)?synpic\d+\.jpg", ref):
