@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from medheval.backends.base import BackendError
+from medheval.data.schema import json_kind
 from medheval.run.control import CONTROLS
 from medheval.run.provenance import RESCORE_BACKEND
 from medheval.scoring.metric_inputs import surrogate_problem
@@ -51,14 +52,13 @@ def _preview(items: list[str], limit: int = _MAX_LISTED) -> str:
 def _json_kind(value: Any) -> str:
     """How a JSON value that is not a string is named in an error, in JSON's words (``null``, not ``NoneType``);
     ``null`` says what to write instead."""
-    if value is None:
+    kind = json_kind(value)
+    if kind == "null":
         return ('null: write "" for an empty answer, or leave the line out and pass --allow-missing-predictions '
                 'to count the record as missing')
-    if isinstance(value, bool):
+    if kind == "boolean":
         return f"a boolean ({json.dumps(value)})"
-    if isinstance(value, (int, float)):
-        return f"a number ({value!r})"
-    return "an array" if isinstance(value, list) else "an object"
+    return f"a number ({value!r})" if kind == "number" else f"an {kind}"
 
 
 _MAX_HINT_BYTES = 256 << 20  # a file parsed whole to confirm it is one JSON document (other_format_hint)

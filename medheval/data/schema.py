@@ -78,6 +78,16 @@ def cluster_id(record: dict, unit: str) -> str:
     raise ValueError(f"unknown cluster unit {unit!r}; choose one of {sorted(CLUSTER_UNITS)}")
 
 
+def json_kind(value: object) -> str:
+    """JSON's name for the type of a parsed JSON ``value``: ``null``, ``boolean``, ``number``, ``string``, ``array``
+    or ``object`` (for errors about a file's fields: a Python type name reads ``NoneType``, ``dict``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "array", str: "string"}.get(type(value), "number")
+
+
 def make_id(benchmark: str, config: str, upstream_id: object) -> str:
     """The stable record id ``benchmark/config/upstream-id``."""
     return f"{benchmark}/{config}/{upstream_id}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Sequence
 
-from medheval.data.schema import is_credentialed
+from medheval.data.schema import is_credentialed, json_kind
 from medheval.versions import STACK_PACKAGES
 
 if TYPE_CHECKING:
@@ -517,8 +517,9 @@ EXPECTED = {dict: "an object", list: "a list"}
 
 
 def _kind(value: Any) -> str:
-    return "null" if value is None else {dict: "object", list: "list", str: "string", bool: "boolean"}.get(
-        type(value), "number")
+    """:func:`medheval.data.schema.json_kind`, an array named a list (as the report's messages say)."""
+    kind = json_kind(value)
+    return "list" if kind == "array" else kind
 
 
 def _breakdown(key: str) -> bool:

@@ -82,6 +82,8 @@ def _row_error(path: Path, row: int, sid: Any, field: str, problem: str) -> Step
 
 def _scan_jsonl_for_error(path: Path, cause: Exception) -> StepBenchDataError:
     """The slow path, only after the fast reader failed: find the first bad line and name it."""
+    from medheval.data.schema import json_kind
+
     with open(path, encoding="utf-8") as handle:
         row = -1
         shapes: dict[str, str] = {}
@@ -109,23 +111,14 @@ def _scan_jsonl_for_error(path: Path, cause: Exception) -> StepBenchDataError:
                     return _row_error(path, row, sid, f"views.{key}",
                                       f"is a {shape} here but a {shapes[key]} in earlier rows; use one shape per view key")
             for field, value in obj.items():  # a top-level field whose JSON type changes between rows
-                kind = _json_kind(value)
-                if kind is not None and shapes.setdefault(f"/{field}", kind) != kind:
+                kind = json_kind(value)  # null fits any column
+                if kind != "null" and shapes.setdefault(f"/{field}", kind) != kind:
                     return _row_error(path, row, sid, field, f"is of JSON type {kind} here but {shapes[f'/{field}']} "
                                                              "in earlier rows; give it one type in every row")
     if row < 0:
         return StepBenchDataError(f"{path}: no statements (the file holds no rows); write one JSON object per line, "
                                   "as datasets/med_stepbench/README.md describes")
     return StepBenchDataError(f"{path}: could not be read as JSON Lines: {cause}")
-
-
-def _json_kind(value: Any) -> str | None:
-    """JSON's name for the type of ``value`` (``None`` for null, which fits any column)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "boolean"
-    return {dict: "object", list: "array", str: "string"}.get(type(value), "number")
 
 
 def _walk_views(views: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
